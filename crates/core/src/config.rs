@@ -1,0 +1,571 @@
+//! Channel configuration with FairMQ's key names and defaults.
+//!
+//! The serde names are FairMQ's (`sndBufSize`, `rateLogging`, ...) so that a user's existing
+//! `--channel-config` strings and `--mq-config` JSON files keep working; the Rust field names are
+//! snake_case. All defaults live in one place, [`ChannelConfig::default`], and equal FairMQ's.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::address::{Address, AddressError};
+
+/// The messaging pattern of one end of a channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SocketType {
+    /// Sends to one of its peers, round robin; never drops.
+    Push,
+    /// Receives from all its peers, fair-queued.
+    Pull,
+    /// Sends to every matching subscriber; drops for slow subscribers.
+    Pub,
+    /// Receives what matches its topic filters.
+    Sub,
+    /// Sends a request, then receives its reply.
+    Req,
+    /// Receives a request, then sends its reply.
+    Rep,
+    /// Exclusive two-way link to one peer.
+    Pair,
+}
+
+impl SocketType {
+    /// Every socket type, for tables and tests.
+    pub const ALL: [SocketType; 7] = [
+        SocketType::Push,
+        SocketType::Pull,
+        SocketType::Pub,
+        SocketType::Sub,
+        SocketType::Req,
+        SocketType::Rep,
+        SocketType::Pair,
+    ];
+
+    /// The lowercase name used in configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SocketType::Push => "push",
+            SocketType::Pull => "pull",
+            SocketType::Pub => "pub",
+            SocketType::Sub => "sub",
+            SocketType::Req => "req",
+            SocketType::Rep => "rep",
+            SocketType::Pair => "pair",
+        }
+    }
+
+    /// The socket type the other end of a channel must have.
+    pub fn peer(self) -> SocketType {
+        match self {
+            SocketType::Push => SocketType::Pull,
+            SocketType::Pull => SocketType::Push,
+            SocketType::Pub => SocketType::Sub,
+            SocketType::Sub => SocketType::Pub,
+            SocketType::Req => SocketType::Rep,
+            SocketType::Rep => SocketType::Req,
+            SocketType::Pair => SocketType::Pair,
+        }
+    }
+
+    /// True when `self` and `other` can be the two ends of one channel.
+    pub fn is_compatible_with(self, other: SocketType) -> bool {
+        self.peer() == other
+    }
+
+    /// True for the types that send (push, pub, req, rep, pair).
+    pub fn can_send(self) -> bool {
+        !matches!(self, SocketType::Pull | SocketType::Sub)
+    }
+
+    /// True for the types that receive (pull, sub, req, rep, pair).
+    pub fn can_receive(self) -> bool {
+        !matches!(self, SocketType::Push | SocketType::Pub)
+    }
+}
+
+impl fmt::Display for SocketType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SocketType {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        SocketType::ALL
+            .into_iter()
+            .find(|socket_type| socket_type.as_str() == text)
+            .ok_or_else(|| ConfigError::InvalidValue {
+                key: "type".to_owned(),
+                value: text.to_owned(),
+                expected: "push, pull, pub, sub, req, rep or pair",
+            })
+    }
+}
+
+/// Whether a channel binds its address or connects to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    /// Listen on the address; peers connect to it.
+    Bind,
+    /// Connect to a peer that binds the address.
+    Connect,
+}
+
+impl Method {
+    /// The lowercase name used in configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Bind => "bind",
+            Method::Connect => "connect",
+        }
+    }
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Method {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "bind" => Ok(Method::Bind),
+            "connect" => Ok(Method::Connect),
+            other => Err(ConfigError::InvalidValue {
+                key: "method".to_owned(),
+                value: other.to_owned(),
+                expected: "bind or connect",
+            }),
+        }
+    }
+}
+
+/// A configuration that could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A key the channel configuration does not have.
+    #[error("unknown channel key {key:?}; known keys: {known}")]
+    UnknownKey {
+        /// The key found.
+        key: String,
+        /// The keys that exist.
+        known: &'static str,
+    },
+    /// A value of the wrong form.
+    #[error("channel key {key:?} has invalid value {value:?}: expected {expected}")]
+    InvalidValue {
+        /// The key.
+        key: String,
+        /// The value found.
+        value: String,
+        /// What was expected.
+        expected: &'static str,
+    },
+    /// `key` without `=value`.
+    #[error("channel option {0:?} is not of the form key=value")]
+    NotKeyValue(String),
+    /// A key every channel needs.
+    #[error("channel {channel:?} has no {key:?}")]
+    MissingKey {
+        /// The channel (empty when it has no name either).
+        channel: String,
+        /// The missing key.
+        key: &'static str,
+    },
+    /// The address did not parse.
+    #[error("channel {channel:?}: {source}")]
+    Address {
+        /// The channel.
+        channel: String,
+        /// Why.
+        #[source]
+        source: AddressError,
+    },
+}
+
+const KNOWN_KEYS: &str = "name, type, method, address, transport, sndBufSize, rcvBufSize, \
+sndKernelSize, rcvKernelSize, linger, rateLogging, portRangeMin, portRangeMax, autoBind, numSockets";
+
+/// The configuration of one channel (or of every sub-channel when `numSockets` > 1).
+///
+/// # Examples
+/// ```
+/// use ferromq_core::{ChannelConfig, Method, SocketType};
+/// let config = ChannelConfig::parse_key_values(
+///     "name=data,type=push,method=bind,address=tcp://*:0,rateLogging=0",
+/// )
+/// .unwrap();
+/// assert_eq!(config.socket_type, SocketType::Push);
+/// assert_eq!(config.method, Method::Bind);
+/// assert_eq!(config.snd_buf_size, 1000); // FairMQ's default
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChannelConfig {
+    /// Channel name, unique within a device.
+    pub name: String,
+    /// Messaging pattern.
+    #[serde(rename = "type")]
+    pub socket_type: SocketType,
+    /// Bind or connect.
+    pub method: Method,
+    /// Address as written; parsed by [`ChannelConfig::parsed_address`]. `None` lets a launcher
+    /// or `autoBind` choose.
+    pub address: Option<String>,
+    /// Transport name (`zeromq`, `shmem`, ...); `None` takes the device's default.
+    pub transport: Option<String>,
+    /// Send queue bound in messages (high-water mark): a full queue makes `send` wait.
+    #[serde(rename = "sndBufSize")]
+    pub snd_buf_size: usize,
+    /// Receive queue bound in messages.
+    #[serde(rename = "rcvBufSize")]
+    pub rcv_buf_size: usize,
+    /// Kernel send buffer in bytes, 0 = the OS default.
+    #[serde(rename = "sndKernelSize")]
+    pub snd_kernel_size: usize,
+    /// Kernel receive buffer in bytes, 0 = the OS default.
+    #[serde(rename = "rcvKernelSize")]
+    pub rcv_kernel_size: usize,
+    /// How long closing waits for queued messages to leave, in milliseconds.
+    pub linger: u64,
+    /// Seconds between rate log lines, 0 = off.
+    #[serde(rename = "rateLogging")]
+    pub rate_logging: u64,
+    /// Lowest port `autoBind` tries.
+    #[serde(rename = "portRangeMin")]
+    pub port_range_min: u16,
+    /// Highest port `autoBind` tries.
+    #[serde(rename = "portRangeMax")]
+    pub port_range_max: u16,
+    /// Whether a binding channel may pick another address when its own is taken.
+    #[serde(rename = "autoBind")]
+    pub auto_bind: bool,
+    /// Number of sub-channels (`data[0]`, `data[1]`, ...); 0 or 1 = a single channel.
+    #[serde(rename = "numSockets")]
+    pub num_sockets: usize,
+}
+
+impl Default for ChannelConfig {
+    /// FairMQ's channel defaults.
+    fn default() -> Self {
+        ChannelConfig {
+            name: String::new(),
+            socket_type: SocketType::Push,
+            method: Method::Bind,
+            address: None,
+            transport: None,
+            snd_buf_size: 1000,
+            rcv_buf_size: 1000,
+            snd_kernel_size: 0,
+            rcv_kernel_size: 0,
+            linger: 500,
+            rate_logging: 1,
+            port_range_min: 22000,
+            port_range_max: 23000,
+            auto_bind: true,
+            num_sockets: 0,
+        }
+    }
+}
+
+impl ChannelConfig {
+    /// A channel with the given name, type and method and FairMQ defaults otherwise.
+    pub fn new(name: impl Into<String>, socket_type: SocketType, method: Method) -> Self {
+        ChannelConfig {
+            name: name.into(),
+            socket_type,
+            method,
+            ..ChannelConfig::default()
+        }
+    }
+
+    /// Sets the address (builder style).
+    pub fn with_address(mut self, address: impl Into<String>) -> Self {
+        self.address = Some(address.into());
+        self
+    }
+
+    /// Sets the transport (builder style).
+    pub fn with_transport(mut self, transport: impl Into<String>) -> Self {
+        self.transport = Some(transport.into());
+        self
+    }
+
+    /// Parses FairMQ's `--channel-config` form:
+    /// `name=data,type=push,method=bind,address=tcp://*:5555,rateLogging=1`.
+    ///
+    /// `name`, `type` and `method` are required; everything else takes FairMQ's default.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the key and the value that is wrong.
+    pub fn parse_key_values(text: &str) -> Result<ChannelConfig, ConfigError> {
+        let mut config = ChannelConfig::default();
+        let (mut has_name, mut has_type, mut has_method) = (false, false, false);
+        for pair in text
+            .split(',')
+            .map(str::trim)
+            .filter(|pair| !pair.is_empty())
+        {
+            let Some((key, value)) = pair.split_once('=') else {
+                return Err(ConfigError::NotKeyValue(pair.to_owned()));
+            };
+            match key.trim() {
+                "name" => {
+                    config.name = value.to_owned();
+                    has_name = true;
+                }
+                "type" => {
+                    config.socket_type = value.parse()?;
+                    has_type = true;
+                }
+                "method" => {
+                    config.method = value.parse()?;
+                    has_method = true;
+                }
+                "address" => config.address = Some(value.to_owned()),
+                "transport" => config.transport = Some(value.to_owned()),
+                "sndBufSize" => config.snd_buf_size = parse_number(key, value)?,
+                "rcvBufSize" => config.rcv_buf_size = parse_number(key, value)?,
+                "sndKernelSize" => config.snd_kernel_size = parse_number(key, value)?,
+                "rcvKernelSize" => config.rcv_kernel_size = parse_number(key, value)?,
+                "linger" => config.linger = parse_number(key, value)?,
+                "rateLogging" => config.rate_logging = parse_number(key, value)?,
+                "portRangeMin" => config.port_range_min = parse_number(key, value)?,
+                "portRangeMax" => config.port_range_max = parse_number(key, value)?,
+                "autoBind" => config.auto_bind = parse_bool(key, value)?,
+                "numSockets" => config.num_sockets = parse_number(key, value)?,
+                other => {
+                    return Err(ConfigError::UnknownKey {
+                        key: other.to_owned(),
+                        known: KNOWN_KEYS,
+                    });
+                }
+            }
+        }
+        let missing = [
+            (has_name, "name"),
+            (has_type, "type"),
+            (has_method, "method"),
+        ]
+        .into_iter()
+        .find(|(present, _)| !present);
+        if let Some((_, key)) = missing {
+            return Err(ConfigError::MissingKey {
+                channel: config.name,
+                key,
+            });
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what can be checked without a transport: the name, the address and the buffers.
+    ///
+    /// # Errors
+    /// The first problem found, as a [`ConfigError`].
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.name.is_empty() {
+            return Err(ConfigError::MissingKey {
+                channel: String::new(),
+                key: "name",
+            });
+        }
+        if self.name.contains(['[', ']', '.', ',', '=']) {
+            return Err(ConfigError::InvalidValue {
+                key: "name".to_owned(),
+                value: self.name.clone(),
+                expected: "a name without '[', ']', '.', ',' or '='",
+            });
+        }
+        if self.snd_buf_size == 0 || self.rcv_buf_size == 0 {
+            return Err(ConfigError::InvalidValue {
+                key: if self.snd_buf_size == 0 {
+                    "sndBufSize"
+                } else {
+                    "rcvBufSize"
+                }
+                .to_owned(),
+                value: "0".to_owned(),
+                expected: "at least 1 message",
+            });
+        }
+        if self.port_range_min > self.port_range_max {
+            return Err(ConfigError::InvalidValue {
+                key: "portRangeMin".to_owned(),
+                value: self.port_range_min.to_string(),
+                expected: "a port not above portRangeMax",
+            });
+        }
+        self.parsed_address()?;
+        Ok(())
+    }
+
+    /// The parsed address, `None` when none is configured.
+    ///
+    /// # Errors
+    /// [`ConfigError::Address`] naming this channel.
+    pub fn parsed_address(&self) -> Result<Option<Address>, ConfigError> {
+        self.address
+            .as_deref()
+            .map(|text| {
+                Address::parse(text).map_err(|source| ConfigError::Address {
+                    channel: self.name.clone(),
+                    source,
+                })
+            })
+            .transpose()
+    }
+
+    /// The names of this channel's sockets: `["data"]`, or `["data[0]", "data[1]"]` when
+    /// `numSockets` is 2.
+    pub fn socket_names(&self) -> Vec<String> {
+        if self.num_sockets <= 1 {
+            return vec![self.name.clone()];
+        }
+        (0..self.num_sockets)
+            .map(|socket_idx| format!("{}[{socket_idx}]", self.name))
+            .collect()
+    }
+
+    /// The linger period.
+    pub fn linger_duration(&self) -> Duration {
+        Duration::from_millis(self.linger)
+    }
+}
+
+fn parse_number<T: FromStr>(key: &str, value: &str) -> Result<T, ConfigError> {
+    value.trim().parse().map_err(|_| ConfigError::InvalidValue {
+        key: key.to_owned(),
+        value: value.to_owned(),
+        expected: "a non-negative integer",
+    })
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool, ConfigError> {
+    match value.trim() {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(ConfigError::InvalidValue {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            expected: "true or false",
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_fairmqs() {
+        let config = ChannelConfig::default();
+        assert_eq!(config.snd_buf_size, 1000);
+        assert_eq!(config.rcv_buf_size, 1000);
+        assert_eq!(config.snd_kernel_size, 0);
+        assert_eq!(config.rcv_kernel_size, 0);
+        assert_eq!(config.linger, 500);
+        assert_eq!(config.rate_logging, 1);
+        assert_eq!(
+            (config.port_range_min, config.port_range_max),
+            (22000, 23000)
+        );
+        assert!(config.auto_bind);
+        assert_eq!(config.num_sockets, 0);
+        assert_eq!(config.address, None);
+        assert_eq!(config.transport, None);
+    }
+
+    #[test]
+    fn json_uses_fairmq_key_names_and_fills_defaults() {
+        let config: ChannelConfig = serde_json::from_str(
+            r#"{"name":"data","type":"pull","method":"connect","address":"ipc:///tmp/x","sndBufSize":5,"rateLogging":0}"#,
+        )
+        .unwrap();
+        assert_eq!(config.socket_type, SocketType::Pull);
+        assert_eq!(config.method, Method::Connect);
+        assert_eq!(config.snd_buf_size, 5);
+        assert_eq!(config.rcv_buf_size, 1000);
+        assert_eq!(config.rate_logging, 0);
+        let unknown = serde_json::from_str::<ChannelConfig>(r#"{"name":"d","sndbufsize":5}"#);
+        assert!(unknown.unwrap_err().to_string().contains("sndbufsize"));
+    }
+
+    fn check_key_values_err(text: &str, expected: ConfigError) {
+        assert_eq!(
+            ChannelConfig::parse_key_values(text).unwrap_err(),
+            expected,
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn key_values() {
+        let config = ChannelConfig::parse_key_values(
+            "name=data,type=sub,method=connect,address=tcp://localhost:5,numSockets=2,autoBind=false,linger=10",
+        )
+        .unwrap();
+        assert_eq!(config.socket_names(), vec!["data[0]", "data[1]"]);
+        assert!(!config.auto_bind);
+        assert_eq!(config.linger_duration(), Duration::from_millis(10));
+        check_key_values_err(
+            "name=d,type=push,method=bind,color=red",
+            ConfigError::UnknownKey {
+                key: "color".into(),
+                known: KNOWN_KEYS,
+            },
+        );
+        check_key_values_err(
+            "name=d,type=shove,method=bind",
+            ConfigError::InvalidValue {
+                key: "type".into(),
+                value: "shove".into(),
+                expected: "push, pull, pub, sub, req, rep or pair",
+            },
+        );
+        check_key_values_err(
+            "name=d,type=push",
+            ConfigError::MissingKey {
+                channel: "d".into(),
+                key: "method",
+            },
+        );
+        check_key_values_err("name=d,type", ConfigError::NotKeyValue("type".into()));
+        check_key_values_err(
+            "name=d,type=push,method=bind,sndBufSize=-1",
+            ConfigError::InvalidValue {
+                key: "sndBufSize".into(),
+                value: "-1".into(),
+                expected: "a non-negative integer",
+            },
+        );
+        check_key_values_err(
+            "name=d,type=push,method=bind,address=tcp://x",
+            ConfigError::Address {
+                channel: "d".into(),
+                source: AddressError::MissingPort("tcp://x".into()),
+            },
+        );
+    }
+
+    #[test]
+    fn compatibility() {
+        for socket_type in SocketType::ALL {
+            assert!(socket_type.is_compatible_with(socket_type.peer()));
+            assert_eq!(socket_type.peer().peer(), socket_type);
+        }
+        assert!(!SocketType::Push.is_compatible_with(SocketType::Push));
+        assert!(!SocketType::Pub.is_compatible_with(SocketType::Push));
+        assert!(!SocketType::Req.is_compatible_with(SocketType::Pull));
+    }
+}

@@ -1,0 +1,314 @@
+//! Errors of channels and transports.
+//!
+//! Every error names its culprit first, the way a user reads a log:
+//! `channel "data[0]" (push, tcp://127.0.0.1:5555): address in use`. A failed send hands the
+//! message back inside [`SendError`], so nothing the caller still owns is ever lost silently.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::address::AddressError;
+use crate::config::{ConfigError, SocketType};
+
+/// Identifies a channel in an error: its name, type and address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChannelLabel {
+    /// Channel name (`data`, `data[1]`).
+    pub name: String,
+    /// Its socket type.
+    pub socket_type: SocketType,
+    /// Its address, when it has one yet.
+    pub address: Option<String>,
+}
+
+impl ChannelLabel {
+    /// A label without an address.
+    pub fn new(name: impl Into<String>, socket_type: SocketType) -> Self {
+        ChannelLabel {
+            name: name.into(),
+            socket_type,
+            address: None,
+        }
+    }
+
+    /// The same label with an address.
+    pub fn with_address(mut self, address: impl Into<String>) -> Self {
+        self.address = Some(address.into());
+        self
+    }
+}
+
+impl fmt::Display for ChannelLabel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.address {
+            Some(address) => write!(
+                f,
+                "channel {:?} ({}, {address})",
+                self.name, self.socket_type
+            ),
+            None => write!(f, "channel {:?} ({})", self.name, self.socket_type),
+        }
+    }
+}
+
+/// Boxed lower-level error kept as a `#[source]`.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What went wrong on a channel or in a transport.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No message arrived or left within the timeout.
+    #[error("{channel}: timed out after {after:?}")]
+    Timeout {
+        /// The channel.
+        channel: ChannelLabel,
+        /// The timeout that ran out.
+        after: Duration,
+    },
+    /// The channel was closed (device shutdown) while the call waited.
+    #[error("{channel}: interrupted, the channel is closed")]
+    Interrupted {
+        /// The channel.
+        channel: ChannelLabel,
+    },
+    /// The peer went away and the pattern cannot go on without it.
+    #[error("{channel}: peer gone: {reason}")]
+    PeerGone {
+        /// The channel.
+        channel: ChannelLabel,
+        /// What was observed.
+        reason: String,
+    },
+    /// A message larger than the transport or the peer accepts.
+    #[error("{channel}: message of {size} bytes is larger than the limit of {limit} bytes")]
+    MessageTooLarge {
+        /// The channel.
+        channel: ChannelLabel,
+        /// Size of the message.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The address did not parse.
+    #[error("{channel}: bad address: {source}")]
+    BadAddress {
+        /// The channel.
+        channel: ChannelLabel,
+        /// Why the address was refused.
+        #[source]
+        source: AddressError,
+    },
+    /// The address is valid but cannot be used by this transport or this operation.
+    #[error("{channel}: address {address} cannot be used: {reason}")]
+    UnsupportedAddress {
+        /// The channel.
+        channel: ChannelLabel,
+        /// The address.
+        address: String,
+        /// Why.
+        reason: &'static str,
+    },
+    /// Another socket already binds the address.
+    #[error("{channel}: address in use")]
+    AddressInUse {
+        /// The channel, with the address.
+        channel: ChannelLabel,
+    },
+    /// Binding failed for another reason.
+    #[error("{channel}: bind failed")]
+    Bind {
+        /// The channel, with the address.
+        channel: ChannelLabel,
+        /// The transport's error.
+        #[source]
+        source: BoxError,
+    },
+    /// Connecting failed.
+    #[error("{channel}: connect failed")]
+    Connect {
+        /// The channel, with the address.
+        channel: ChannelLabel,
+        /// The transport's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The operation does not exist for this socket type (a receive on a push channel).
+    #[error("{channel}: cannot {operation} on a {} socket", channel.socket_type)]
+    WrongSocketType {
+        /// The channel.
+        channel: ChannelLabel,
+        /// The operation tried.
+        operation: &'static str,
+    },
+    /// Encoding or decoding a typed payload failed.
+    #[error("{channel}: {source}")]
+    Codec {
+        /// The channel.
+        channel: ChannelLabel,
+        /// Why.
+        #[source]
+        source: CodecError,
+    },
+    /// The channel configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// No transport of this name is built in.
+    #[error("unknown transport {name:?}; built in: {available}")]
+    UnknownTransport {
+        /// The name asked for.
+        name: String,
+        /// The names that exist in this build.
+        available: String,
+    },
+    /// The transport failed in a way the variants above do not describe.
+    #[error("{channel}: transport error")]
+    Transport {
+        /// The channel.
+        channel: ChannelLabel,
+        /// The transport's error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl Error {
+    /// The channel the error is about, when there is one.
+    pub fn channel(&self) -> Option<&ChannelLabel> {
+        match self {
+            Error::Timeout { channel, .. }
+            | Error::Interrupted { channel }
+            | Error::PeerGone { channel, .. }
+            | Error::MessageTooLarge { channel, .. }
+            | Error::BadAddress { channel, .. }
+            | Error::UnsupportedAddress { channel, .. }
+            | Error::AddressInUse { channel }
+            | Error::Bind { channel, .. }
+            | Error::Connect { channel, .. }
+            | Error::WrongSocketType { channel, .. }
+            | Error::Codec { channel, .. }
+            | Error::Transport { channel, .. } => Some(channel),
+            Error::Config(_) | Error::UnknownTransport { .. } => None,
+        }
+    }
+
+    /// True for [`Error::Timeout`].
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Timeout { .. })
+    }
+
+    /// True for [`Error::Interrupted`].
+    pub fn is_interrupted(&self) -> bool {
+        matches!(self, Error::Interrupted { .. })
+    }
+}
+
+/// A typed payload could not be encoded or decoded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CodecError {
+    /// serde_json failed.
+    #[error("json codec")]
+    Json(#[source] serde_json::Error),
+    /// postcard failed.
+    #[error("postcard codec")]
+    Postcard(#[source] postcard::Error),
+    /// A plain-old-data payload of the wrong size.
+    #[error("payload of {actual} bytes cannot be a {type_name} of {expected} bytes")]
+    PodSize {
+        /// Name of the Rust type.
+        type_name: &'static str,
+        /// Its size.
+        expected: usize,
+        /// Size of the message.
+        actual: usize,
+    },
+    /// A text payload that is not UTF-8.
+    #[error("payload is not valid UTF-8")]
+    Utf8(#[source] std::str::Utf8Error),
+}
+
+/// A send that failed, with the message it did not send.
+///
+/// Like tokio's `SendError<T>`: the caller gets its message back and decides whether to retry,
+/// reroute or drop it.
+#[derive(Debug)]
+pub struct SendError<T> {
+    /// Why the send failed.
+    pub error: Error,
+    /// The message that was not sent.
+    pub message: T,
+}
+
+impl<T> SendError<T> {
+    /// Pairs an error with the unsent message.
+    pub fn new(error: Error, message: T) -> Self {
+        SendError { error, message }
+    }
+
+    /// Converts the carried message.
+    pub fn map<U>(self, convert: impl FnOnce(T) -> U) -> SendError<U> {
+        SendError {
+            error: self.error,
+            message: convert(self.message),
+        }
+    }
+
+    /// The error without the message (the message is dropped).
+    pub fn into_error(self) -> Error {
+        self.error
+    }
+}
+
+impl<T> fmt::Display for SendError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "send failed: {}", self.error)
+    }
+}
+
+impl<T: fmt::Debug> std::error::Error for SendError<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// Result of channel and transport calls.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_names_the_culprit_first() {
+        let channel =
+            ChannelLabel::new("data[0]", SocketType::Push).with_address("tcp://127.0.0.1:5555");
+        let error = Error::AddressInUse { channel };
+        assert_eq!(
+            error.to_string(),
+            r#"channel "data[0]" (push, tcp://127.0.0.1:5555): address in use"#
+        );
+        let timeout = Error::Timeout {
+            channel: ChannelLabel::new("data", SocketType::Pull),
+            after: Duration::from_millis(5),
+        };
+        assert!(timeout.is_timeout());
+        assert_eq!(
+            timeout.to_string(),
+            r#"channel "data" (pull): timed out after 5ms"#
+        );
+    }
+
+    #[test]
+    fn send_error_returns_the_message() {
+        let error = SendError::new(
+            Error::Interrupted {
+                channel: ChannelLabel::new("d", SocketType::Push),
+            },
+            vec![1u8, 2, 3],
+        );
+        let mapped = error.map(|message| message.len());
+        assert_eq!(mapped.message, 3);
+        assert!(mapped.error.is_interrupted());
+    }
+}

@@ -1,0 +1,35 @@
+//! The bottom of ferromq: messages, channel configuration and the transport traits.
+//!
+//! `ferromq-core` knows no transport library and no configuration file format. Transports
+//! (`ferromq-zmq`, and later shared memory and libfabric) implement [`Transport`] and [`Socket`];
+//! devices hold [`Channel`]s and typed [`Sender`]/[`Receiver`] halves, and never see which
+//! transport is underneath.
+//!
+//! - [`Message`] owns its bytes and moves without copying; [`Parts`] is a multipart message.
+//! - [`ChannelConfig`] uses FairMQ's key names and defaults; [`Address`] parses channel addresses.
+//! - [`Error`] names the channel it is about; [`SendError`] hands an unsent message back.
+//! - [`Payload`] chooses a codec by type: raw bytes, [`Json`], [`Postcard`], [`Pod`].
+//!
+//! ```
+//! use ferromq_core::{Address, ChannelConfig, Message, Method, SocketType};
+//! let config = ChannelConfig::new("data", SocketType::Push, Method::Bind).with_address("ipc:///tmp/x");
+//! assert!(matches!(config.parsed_address(), Ok(Some(Address::Ipc { .. }))));
+//! let message = Message::from(vec![1u8, 2, 3]);
+//! assert_eq!(message.len(), 3);
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod address;
+mod config;
+mod error;
+mod message;
+mod transport;
+mod typed;
+
+pub use address::{Address, AddressError, TcpHost};
+pub use config::{ChannelConfig, ConfigError, Method, SocketType};
+pub use error::{BoxError, ChannelLabel, CodecError, Error, Result, SendError};
+pub use message::{Message, MessageBuffer, Parts, UsedSizeError, copied_bytes, record_copy};
+pub use transport::{Channel, ChannelCounters, CounterSnapshot, Socket, Transport};
+pub use typed::{Json, Payload, Pod, Postcard, Receiver, Sender};

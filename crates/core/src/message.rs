@@ -1,0 +1,508 @@
+//! Messages: one owner, bytes that move without copying.
+//!
+//! # Ownership
+//! A [`Message`] owns its bytes. Sending moves it into the transport; receiving hands a new owner
+//! the bytes. No two owners ever write the same bytes: a message built from shared memory
+//! (a [`Bytes`] whose buffer has other handles, or a transport buffer that is read-only) is
+//! copied the first time its owner asks for write access (copy-on-write).
+//!
+//! # Copies and allocation
+//! - [`Message::new`] allocates a zeroed heap buffer (`calloc`: large buffers are lazily zeroed pages).
+//! - `From<Vec<u8>>`, `From<Bytes>` and [`Message::from_buffer`] take the memory as it is.
+//! - [`Message::into_bytes`] gives a [`Bytes`] over the same memory, transport buffers included
+//!   (`Bytes::from_owner`); that is how a message reaches a byte-oriented transport without a copy.
+//! - The only copies are the copy-on-write above and [`Message::copy`]; both add to
+//!   [`copied_bytes`], which tests use to prove a path is zero-copy.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::{Bytes, BytesMut};
+
+static COPIED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes copied by messages in this process so far (copy-on-write and explicit copies).
+pub fn copied_bytes() -> u64 {
+    COPIED_BYTES.load(Ordering::Relaxed)
+}
+
+/// Adds to [`copied_bytes`]; transports call it where they copy a payload.
+pub fn record_copy(n_bytes: usize) {
+    COPIED_BYTES.fetch_add(n_bytes as u64, Ordering::Relaxed);
+}
+
+/// Memory owned by a transport (a shared-memory block, a registered region) that a
+/// [`Message`] wraps without copying.
+///
+/// The transport that made the buffer can recognise it again through [`MessageBuffer::as_any`]
+/// and send only a descriptor of it instead of its bytes.
+pub trait MessageBuffer: Send + Sync + 'static {
+    /// The whole buffer.
+    fn as_bytes(&self) -> &[u8];
+    /// The whole buffer for writing, or `None` when other owners may read it (a broadcast
+    /// buffer); the message then copies on write.
+    fn as_bytes_mut(&mut self) -> Option<&mut [u8]>;
+    /// For downcasting by the transport that made the buffer.
+    fn as_any(&self) -> &dyn Any;
+    /// For taking the buffer back by the transport that made it.
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
+    /// The transport the buffer belongs to (`"shmem"`, ...), for logs and errors.
+    fn transport_name(&self) -> &'static str;
+}
+
+enum Storage {
+    Heap(Vec<u8>),
+    Unique(BytesMut),
+    Shared(Bytes),
+    Buffer(Box<dyn MessageBuffer>),
+}
+
+/// A message: an owned, sized byte buffer, possibly backed by transport memory.
+///
+/// # Examples
+/// ```
+/// use ferromq_core::Message;
+/// let mut message = Message::new(8);
+/// message.data_mut()[..5].copy_from_slice(b"hello");
+/// message.set_used_size(5).unwrap();
+/// assert_eq!(message.data(), b"hello");
+/// ```
+pub struct Message {
+    storage: Storage,
+    size: usize,
+}
+
+/// [`Message::set_used_size`] asked to grow a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "cannot set the used size of a {size}-byte message to {requested} bytes: it can only shrink"
+)]
+pub struct UsedSizeError {
+    /// Current size.
+    pub size: usize,
+    /// Size asked for.
+    pub requested: usize,
+}
+
+impl Message {
+    /// A zeroed heap message of `size` bytes.
+    pub fn new(size: usize) -> Message {
+        Message {
+            storage: Storage::Heap(vec![0; size]),
+            size,
+        }
+    }
+
+    /// An empty message (FairMQ's `NewMessage()`), used as a marker or for pure signalling.
+    pub fn empty() -> Message {
+        Message::from(Vec::new())
+    }
+
+    /// A message over transport memory, sized to the whole buffer.
+    pub fn from_buffer(buffer: Box<dyn MessageBuffer>) -> Message {
+        let size = buffer.as_bytes().len();
+        Message {
+            storage: Storage::Buffer(buffer),
+            size,
+        }
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.size
+    }
+
+    /// True for a zero-byte message.
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
+    /// The bytes, for reading.
+    pub fn data(&self) -> &[u8] {
+        let whole: &[u8] = match &self.storage {
+            Storage::Heap(vec) => vec,
+            Storage::Unique(bytes) => bytes,
+            Storage::Shared(bytes) => bytes,
+            Storage::Buffer(buffer) => buffer.as_bytes(),
+        };
+        &whole[..self.size]
+    }
+
+    /// The bytes, for writing; copies first when the memory is shared (copy-on-write).
+    pub fn data_mut(&mut self) -> &mut [u8] {
+        let size = self.size;
+        self.make_unique();
+        match &mut self.storage {
+            Storage::Heap(vec) => &mut vec[..size],
+            Storage::Unique(bytes) => &mut bytes[..size],
+            Storage::Buffer(buffer) => &mut buffer
+                .as_bytes_mut()
+                .expect("make_unique left a writable buffer")[..size],
+            Storage::Shared(_) => unreachable!("make_unique replaces shared storage"),
+        }
+    }
+
+    fn make_unique(&mut self) {
+        let copy = match &mut self.storage {
+            Storage::Heap(_) | Storage::Unique(_) => return,
+            Storage::Buffer(buffer) => {
+                if buffer.as_bytes_mut().is_some() {
+                    return;
+                }
+                buffer.as_bytes()[..self.size].to_vec()
+            }
+            Storage::Shared(bytes) => {
+                let taken = std::mem::take(bytes);
+                match taken.try_into_mut() {
+                    Ok(unique) => {
+                        self.storage = Storage::Unique(unique);
+                        return;
+                    }
+                    Err(shared) => shared[..self.size].to_vec(),
+                }
+            }
+        };
+        record_copy(copy.len());
+        self.storage = Storage::Heap(copy);
+    }
+
+    /// Shrinks the message after filling it (FairMQ's `SetUsedSize`).
+    ///
+    /// # Errors
+    /// [`UsedSizeError`] when `size` is larger than the current size.
+    pub fn set_used_size(&mut self, size: usize) -> Result<(), UsedSizeError> {
+        if size > self.size {
+            return Err(UsedSizeError {
+                size: self.size,
+                requested: size,
+            });
+        }
+        self.size = size;
+        Ok(())
+    }
+
+    /// The transport buffer behind this message, if it has one.
+    pub fn buffer(&self) -> Option<&dyn MessageBuffer> {
+        match &self.storage {
+            Storage::Buffer(buffer) => Some(buffer.as_ref()),
+            _ => None,
+        }
+    }
+
+    /// Takes the transport buffer and the used size out of the message, or gives the message
+    /// back when it has none.
+    ///
+    /// # Errors
+    /// The message itself, unchanged, when it is not backed by a transport buffer.
+    pub fn into_buffer(self) -> Result<(Box<dyn MessageBuffer>, usize), Message> {
+        match self.storage {
+            Storage::Buffer(buffer) => Ok((buffer, self.size)),
+            storage => Err(Message {
+                storage,
+                size: self.size,
+            }),
+        }
+    }
+
+    /// The bytes as [`Bytes`] without copying (transport buffers stay alive inside it).
+    pub fn into_bytes(self) -> Bytes {
+        match self.storage {
+            Storage::Heap(mut vec) => {
+                vec.truncate(self.size);
+                Bytes::from(vec)
+            }
+            Storage::Unique(mut bytes) => {
+                bytes.truncate(self.size);
+                bytes.freeze()
+            }
+            Storage::Shared(mut bytes) => {
+                bytes.truncate(self.size);
+                bytes
+            }
+            Storage::Buffer(buffer) => Bytes::from_owner(BufferOwner {
+                buffer,
+                size: self.size,
+            }),
+        }
+    }
+
+    /// A heap copy of the bytes (FairMQ's `Copy`); counted in [`copied_bytes`].
+    pub fn copy(&self) -> Message {
+        record_copy(self.size);
+        Message::from(self.data().to_vec())
+    }
+
+    /// The transport that owns the memory: the buffer's, or `"heap"`.
+    pub fn memory_kind(&self) -> &'static str {
+        match &self.storage {
+            Storage::Buffer(buffer) => buffer.transport_name(),
+            _ => "heap",
+        }
+    }
+}
+
+struct BufferOwner {
+    buffer: Box<dyn MessageBuffer>,
+    size: usize,
+}
+
+impl AsRef<[u8]> for BufferOwner {
+    fn as_ref(&self) -> &[u8] {
+        &self.buffer.as_bytes()[..self.size]
+    }
+}
+
+impl From<Vec<u8>> for Message {
+    fn from(vec: Vec<u8>) -> Message {
+        let size = vec.len();
+        Message {
+            storage: Storage::Heap(vec),
+            size,
+        }
+    }
+}
+
+impl From<Bytes> for Message {
+    fn from(bytes: Bytes) -> Message {
+        let size = bytes.len();
+        Message {
+            storage: Storage::Shared(bytes),
+            size,
+        }
+    }
+}
+
+impl From<BytesMut> for Message {
+    fn from(bytes: BytesMut) -> Message {
+        let size = bytes.len();
+        Message {
+            storage: Storage::Unique(bytes),
+            size,
+        }
+    }
+}
+
+impl From<&'static [u8]> for Message {
+    fn from(bytes: &'static [u8]) -> Message {
+        Message::from(Bytes::from_static(bytes))
+    }
+}
+
+impl From<String> for Message {
+    fn from(text: String) -> Message {
+        Message::from(text.into_bytes())
+    }
+}
+
+impl From<&str> for Message {
+    fn from(text: &str) -> Message {
+        Message::from(text.as_bytes().to_vec())
+    }
+}
+
+impl fmt::Debug for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Message")
+            .field("size", &self.size)
+            .field("memory", &self.memory_kind())
+            .finish()
+    }
+}
+
+/// A multipart message: several [`Message`]s that travel and arrive together.
+///
+/// # Examples
+/// ```
+/// use ferromq_core::{Message, Parts};
+/// let parts: Parts = vec![Message::from("header"), Message::new(1024)].into();
+/// assert_eq!(parts.len(), 2);
+/// assert_eq!(parts.total_size(), 6 + 1024);
+/// ```
+#[derive(Debug, Default)]
+pub struct Parts {
+    messages: Vec<Message>,
+}
+
+impl Parts {
+    /// No parts yet.
+    pub fn new() -> Parts {
+        Parts::default()
+    }
+
+    /// Appends a part.
+    pub fn push(&mut self, message: Message) {
+        self.messages.push(message);
+    }
+
+    /// Number of parts.
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    /// True when there are no parts.
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    /// Sum of the parts' sizes.
+    pub fn total_size(&self) -> usize {
+        self.messages.iter().map(Message::len).sum()
+    }
+
+    /// The parts, in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, Message> {
+        self.messages.iter()
+    }
+
+    /// The parts, in order, for writing.
+    pub fn iter_mut(&mut self) -> std::slice::IterMut<'_, Message> {
+        self.messages.iter_mut()
+    }
+
+    /// Part `idx`.
+    pub fn get(&self, idx: usize) -> Option<&Message> {
+        self.messages.get(idx)
+    }
+
+    /// The parts as a vector.
+    pub fn into_vec(self) -> Vec<Message> {
+        self.messages
+    }
+}
+
+impl From<Message> for Parts {
+    fn from(message: Message) -> Parts {
+        Parts {
+            messages: vec![message],
+        }
+    }
+}
+
+impl From<Vec<Message>> for Parts {
+    fn from(messages: Vec<Message>) -> Parts {
+        Parts { messages }
+    }
+}
+
+impl FromIterator<Message> for Parts {
+    fn from_iter<I: IntoIterator<Item = Message>>(iter: I) -> Parts {
+        Parts {
+            messages: iter.into_iter().collect(),
+        }
+    }
+}
+
+impl IntoIterator for Parts {
+    type Item = Message;
+    type IntoIter = std::vec::IntoIter<Message>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.messages.into_iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a Parts {
+    type Item = &'a Message;
+    type IntoIter = std::slice::Iter<'a, Message>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.messages.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct ReadOnly(Vec<u8>);
+
+    impl MessageBuffer for ReadOnly {
+        fn as_bytes(&self) -> &[u8] {
+            &self.0
+        }
+        fn as_bytes_mut(&mut self) -> Option<&mut [u8]> {
+            None
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+        fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+            self
+        }
+        fn transport_name(&self) -> &'static str {
+            "test"
+        }
+    }
+
+    #[test]
+    fn vec_and_bytes_are_taken_without_copying() {
+        let vec = vec![7u8; 4096];
+        let pointer = vec.as_ptr();
+        let message = Message::from(vec);
+        assert_eq!(message.data().as_ptr(), pointer);
+        let bytes = message.into_bytes();
+        assert_eq!(bytes.as_ptr(), pointer);
+        let message = Message::from(bytes.clone());
+        assert_eq!(message.data().as_ptr(), pointer);
+    }
+
+    #[test]
+    fn shared_bytes_copy_on_write() {
+        let shared = Bytes::from(vec![1u8; 64]);
+        let keep = shared.clone();
+        let mut message = Message::from(shared);
+        message.data_mut()[0] = 9;
+        assert_eq!(keep[0], 1, "the other owner's bytes are untouched");
+        assert_eq!(message.data()[0], 9);
+        // A unique Bytes becomes writable in place.
+        let unique = Bytes::from(vec![1u8; 64]);
+        let pointer = unique.as_ptr();
+        let mut message = Message::from(unique);
+        message.data_mut()[0] = 2;
+        assert_eq!(message.data().as_ptr(), pointer);
+    }
+
+    #[test]
+    fn read_only_buffer_copies_on_write_and_round_trips_to_bytes() {
+        let mut message = Message::from_buffer(Box::new(ReadOnly(vec![5u8; 10])));
+        assert_eq!(message.memory_kind(), "test");
+        let pointer = message.data().as_ptr();
+        let bytes = Message::from_buffer(Box::new(ReadOnly(vec![5u8; 10]))).into_bytes();
+        assert_eq!(bytes.len(), 10);
+        message.set_used_size(4).unwrap();
+        assert_eq!(message.data().as_ptr(), pointer);
+        message.data_mut()[0] = 1;
+        assert_ne!(message.data().as_ptr(), pointer);
+        assert_eq!(message.data(), &[1, 5, 5, 5]);
+        assert_eq!(message.memory_kind(), "heap");
+    }
+
+    #[test]
+    fn used_size_only_shrinks() {
+        let mut message = Message::new(10);
+        assert_eq!(
+            message.set_used_size(11),
+            Err(UsedSizeError {
+                size: 10,
+                requested: 11
+            })
+        );
+        message.set_used_size(3).unwrap();
+        assert_eq!(message.len(), 3);
+        assert_eq!(message.into_bytes().len(), 3);
+    }
+
+    #[test]
+    fn into_buffer_gives_back_non_buffer_messages() {
+        let message = Message::from("abc");
+        let Err(message) = message.into_buffer() else {
+            panic!("a heap message has no buffer")
+        };
+        assert_eq!(message.data(), b"abc");
+        let (buffer, size) = Message::from_buffer(Box::new(ReadOnly(vec![0; 3])))
+            .into_buffer()
+            .unwrap();
+        assert_eq!((buffer.as_bytes().len(), size), (3, 3));
+    }
+}

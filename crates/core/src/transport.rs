@@ -1,0 +1,481 @@
+//! The seam between devices and transports: [`Transport`], [`Socket`] and [`Channel`].
+//!
+//! A transport implements two small traits: [`Transport`] makes messages and sockets, [`Socket`]
+//! binds, connects, sends and receives [`Parts`]. Everything that is the same for every transport
+//! (rate counters, frame-at-a-time receive, typed payloads, address parsing) lives once in
+//! [`Channel`], which wraps a socket and is what device code holds.
+//!
+//! # Backpressure
+//! A send waits while the channel's send queue holds `sndBufSize` messages, and while no peer is
+//! connected (push, req, pair). It never drops a message, except on pub, which drops for slow
+//! subscribers as ZeroMQ documents.
+//!
+//! # Cancel safety
+//! Receives are cancel-safe: a receive future dropped before it completed loses no message, so
+//! a receive can sit in `tokio::select!` (that is how the device poller works). A send future
+//! owns its message: dropping it drops the message, as with tokio's `mpsc::Sender::send`. Use
+//! the timeout forms to get the message back in the [`SendError`] instead.
+//!
+//! # Shutdown
+//! [`Channel::close`] waits up to `linger` for queued messages to leave the process, then closes.
+//! Dropping a channel without closing it gives no such guarantee.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::address::Address;
+use crate::config::{ChannelConfig, Method};
+use crate::error::{ChannelLabel, Error, Result, SendError};
+use crate::message::{Message, Parts};
+use crate::typed::{Payload, Receiver, Sender};
+
+/// A transport: makes messages in its own memory and sockets that move them.
+#[async_trait]
+pub trait Transport: Send + Sync + fmt::Debug {
+    /// The configuration name (`zeromq`, `shmem`, `ofi`).
+    fn name(&self) -> &'static str;
+
+    /// A message of `size` bytes in this transport's memory (the heap unless the transport has
+    /// its own, like shared memory).
+    ///
+    /// # Errors
+    /// The transport's allocation error (a full segment, say).
+    async fn new_message(&self, size: usize) -> Result<Message> {
+        Ok(Message::new(size))
+    }
+
+    /// A socket for one channel (or one sub-channel, named `socket_name`), not yet bound or
+    /// connected.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a configuration this transport cannot serve.
+    async fn create_socket(
+        &self,
+        config: &ChannelConfig,
+        socket_name: &str,
+    ) -> Result<Box<dyn Socket>>;
+}
+
+/// One end of a channel, as a transport implements it.
+///
+/// Device code does not call this directly; it holds a [`Channel`].
+#[async_trait]
+pub trait Socket: Send {
+    /// Name, type and address, for errors and logs.
+    fn label(&self) -> &ChannelLabel;
+
+    /// Binds `address` and returns the address actually bound (the real port for port 0).
+    ///
+    /// # Errors
+    /// [`Error::AddressInUse`], [`Error::UnsupportedAddress`], [`Error::Bind`].
+    async fn bind(&mut self, address: &Address) -> Result<Address>;
+
+    /// Connects to `address`. Does not wait for the peer to exist: sends wait for a peer instead.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedAddress`], [`Error::Connect`].
+    async fn connect(&mut self, address: &Address) -> Result<()>;
+
+    /// Sends every part as one multipart message, waiting at most `timeout` (forever if `None`)
+    /// for queue space and a peer.
+    ///
+    /// # Errors
+    /// [`SendError`] with the parts when the timeout ran out, the socket is closed, or the
+    /// transport failed.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the parts.
+    async fn send_parts(
+        &mut self,
+        parts: Parts,
+        timeout: Option<Duration>,
+    ) -> Result<(), SendError<Parts>>;
+
+    /// Receives one whole multipart message, waiting at most `timeout` (forever if `None`).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`], [`Error::Interrupted`], [`Error::WrongSocketType`], transport errors.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a dropped future loses no message.
+    async fn receive_parts(&mut self, timeout: Option<Duration>) -> Result<Parts>;
+
+    /// Adds a topic prefix filter (sub only; the empty prefix subscribes to everything).
+    ///
+    /// # Errors
+    /// [`Error::WrongSocketType`] on anything but sub.
+    async fn subscribe(&mut self, topic: &[u8]) -> Result<()> {
+        let _ = topic;
+        Err(Error::WrongSocketType {
+            channel: self.label().clone(),
+            operation: "subscribe",
+        })
+    }
+
+    /// Removes a topic prefix filter (sub only).
+    ///
+    /// # Errors
+    /// [`Error::WrongSocketType`] on anything but sub.
+    async fn unsubscribe(&mut self, topic: &[u8]) -> Result<()> {
+        let _ = topic;
+        Err(Error::WrongSocketType {
+            channel: self.label().clone(),
+            operation: "unsubscribe",
+        })
+    }
+
+    /// Waits up to `linger` for queued messages to leave, then releases the socket.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when messages were still queued after `linger` (they are lost, and the
+    /// error says how many).
+    async fn close(&mut self, linger: Duration) -> Result<()>;
+}
+
+/// Messages and bytes through one channel, readable from any thread.
+#[derive(Debug, Default)]
+pub struct ChannelCounters {
+    messages_in: AtomicU64,
+    bytes_in: AtomicU64,
+    messages_out: AtomicU64,
+    bytes_out: AtomicU64,
+}
+
+/// A snapshot of [`ChannelCounters`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CounterSnapshot {
+    /// Messages received (a multipart message counts once).
+    pub messages_in: u64,
+    /// Payload bytes received.
+    pub bytes_in: u64,
+    /// Messages sent.
+    pub messages_out: u64,
+    /// Payload bytes sent.
+    pub bytes_out: u64,
+}
+
+impl ChannelCounters {
+    fn record_in(&self, n_bytes: usize) {
+        self.messages_in.fetch_add(1, Ordering::Relaxed);
+        self.bytes_in.fetch_add(n_bytes as u64, Ordering::Relaxed);
+    }
+
+    fn record_out(&self, n_bytes: usize) {
+        self.messages_out.fetch_add(1, Ordering::Relaxed);
+        self.bytes_out.fetch_add(n_bytes as u64, Ordering::Relaxed);
+    }
+
+    /// The current values.
+    pub fn snapshot(&self) -> CounterSnapshot {
+        CounterSnapshot {
+            messages_in: self.messages_in.load(Ordering::Relaxed),
+            bytes_in: self.bytes_in.load(Ordering::Relaxed),
+            messages_out: self.messages_out.load(Ordering::Relaxed),
+            bytes_out: self.bytes_out.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A configured channel: a socket plus what every transport shares.
+///
+/// # Examples
+/// ```no_run
+/// # async fn demo(transport: &dyn ferromq_core::Transport) -> ferromq_core::Result<()> {
+/// use ferromq_core::{Channel, ChannelConfig, Message, Method, SocketType};
+/// let config = ChannelConfig::new("data", SocketType::Push, Method::Bind).with_address("tcp://127.0.0.1:0");
+/// let mut channel = Channel::open(transport, config, "data").await?;
+/// channel.bind_configured().await?;
+/// channel.send(Message::from("hello")).await.map_err(|failed| failed.error)?;
+/// # Ok(()) }
+/// ```
+pub struct Channel {
+    socket: Box<dyn Socket>,
+    config: ChannelConfig,
+    transport_name: &'static str,
+    bound_address: Option<Address>,
+    counters: Arc<ChannelCounters>,
+    pending_frames: VecDeque<Message>,
+}
+
+impl Channel {
+    /// Creates the socket of `socket_name` (the channel's name, or `name[i]` for a sub-channel).
+    ///
+    /// # Errors
+    /// [`Error::Config`] when the configuration is invalid, or the transport's error.
+    pub async fn open(
+        transport: &dyn Transport,
+        config: ChannelConfig,
+        socket_name: &str,
+    ) -> Result<Channel> {
+        config.validate()?;
+        let socket = transport.create_socket(&config, socket_name).await?;
+        Ok(Channel {
+            socket,
+            config,
+            transport_name: transport.name(),
+            bound_address: None,
+            counters: Arc::default(),
+            pending_frames: VecDeque::new(),
+        })
+    }
+
+    /// Name, type and address, for errors and logs.
+    pub fn label(&self) -> &ChannelLabel {
+        self.socket.label()
+    }
+
+    /// The socket's name (`data`, `data[1]`).
+    pub fn name(&self) -> &str {
+        &self.socket.label().name
+    }
+
+    /// The configuration it was made from.
+    pub fn config(&self) -> &ChannelConfig {
+        &self.config
+    }
+
+    /// The transport's name.
+    pub fn transport_name(&self) -> &'static str {
+        self.transport_name
+    }
+
+    /// The address bound, after a successful bind.
+    pub fn bound_address(&self) -> Option<&Address> {
+        self.bound_address.as_ref()
+    }
+
+    /// The counters, shareable with a rate logger.
+    pub fn counters(&self) -> Arc<ChannelCounters> {
+        Arc::clone(&self.counters)
+    }
+
+    /// Binds `address`; returns the address actually bound.
+    ///
+    /// # Errors
+    /// As [`Socket::bind`].
+    pub async fn bind(&mut self, address: &Address) -> Result<Address> {
+        let bound = self.socket.bind(address).await?;
+        self.bound_address = Some(bound.clone());
+        Ok(bound)
+    }
+
+    /// Connects to `address`.
+    ///
+    /// # Errors
+    /// As [`Socket::connect`].
+    pub async fn connect(&mut self, address: &Address) -> Result<()> {
+        self.socket.connect(address).await
+    }
+
+    /// Binds the configured address (method `bind`).
+    ///
+    /// # Errors
+    /// [`Error::Config`] without an address, or as [`Socket::bind`].
+    pub async fn bind_configured(&mut self) -> Result<Address> {
+        let address = self.configured_address()?;
+        self.bind(&address).await
+    }
+
+    /// Connects to the configured address (method `connect`).
+    ///
+    /// # Errors
+    /// [`Error::Config`] without an address, or as [`Socket::connect`].
+    pub async fn connect_configured(&mut self) -> Result<()> {
+        let address = self.configured_address()?;
+        self.connect(&address).await
+    }
+
+    /// Binds or connects as the configuration's `method` says; returns the bound address.
+    ///
+    /// # Errors
+    /// As [`Channel::bind_configured`] or [`Channel::connect_configured`].
+    pub async fn attach_configured(&mut self) -> Result<Option<Address>> {
+        match self.config.method {
+            Method::Bind => self.bind_configured().await.map(Some),
+            Method::Connect => self.connect_configured().await.map(|()| None),
+        }
+    }
+
+    fn configured_address(&self) -> Result<Address> {
+        let address = self.config.parsed_address()?;
+        address.ok_or_else(|| {
+            Error::Config(crate::config::ConfigError::MissingKey {
+                channel: self.name().to_owned(),
+                key: "address",
+            })
+        })
+    }
+
+    /// Sends one message, waiting for queue space and a peer as long as it takes.
+    ///
+    /// # Errors
+    /// [`SendError`] with the message when the channel is closed or the transport failed.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the message; use [`Channel::send_timeout`] to get it back.
+    pub async fn send(&mut self, message: Message) -> Result<(), SendError<Message>> {
+        self.send_inner(Parts::from(message), None)
+            .await
+            .map_err(single)
+    }
+
+    /// Sends one message, waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// [`SendError`] with the message; [`Error::Timeout`] when the time ran out.
+    pub async fn send_timeout(
+        &mut self,
+        message: Message,
+        timeout: Duration,
+    ) -> Result<(), SendError<Message>> {
+        self.send_inner(Parts::from(message), Some(timeout))
+            .await
+            .map_err(single)
+    }
+
+    /// Sends a multipart message.
+    ///
+    /// # Errors
+    /// [`SendError`] with the parts.
+    pub async fn send_parts(&mut self, parts: Parts) -> Result<(), SendError<Parts>> {
+        self.send_inner(parts, None).await
+    }
+
+    /// Sends a multipart message, waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// [`SendError`] with the parts.
+    pub async fn send_parts_timeout(
+        &mut self,
+        parts: Parts,
+        timeout: Duration,
+    ) -> Result<(), SendError<Parts>> {
+        self.send_inner(parts, Some(timeout)).await
+    }
+
+    async fn send_inner(
+        &mut self,
+        parts: Parts,
+        timeout: Option<Duration>,
+    ) -> Result<(), SendError<Parts>> {
+        let n_bytes = parts.total_size();
+        self.socket.send_parts(parts, timeout).await?;
+        self.counters.record_out(n_bytes);
+        Ok(())
+    }
+
+    /// Receives one frame. A multipart message arrives one part per call, in order, like
+    /// libzmq's frame-at-a-time `recv`; use [`Channel::receive_parts`] to get all parts at once.
+    ///
+    /// # Errors
+    /// As [`Socket::receive_parts`].
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub async fn receive(&mut self) -> Result<Message> {
+        self.receive_frame(None).await
+    }
+
+    /// Receives one frame, waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when nothing arrived in time.
+    pub async fn receive_timeout(&mut self, timeout: Duration) -> Result<Message> {
+        self.receive_frame(Some(timeout)).await
+    }
+
+    async fn receive_frame(&mut self, timeout: Option<Duration>) -> Result<Message> {
+        if let Some(frame) = self.pending_frames.pop_front() {
+            return Ok(frame);
+        }
+        let parts = self.receive_whole(timeout).await?;
+        self.pending_frames.extend(parts);
+        Ok(self
+            .pending_frames
+            .pop_front()
+            .unwrap_or_else(Message::empty))
+    }
+
+    /// Receives a whole multipart message (the rest of one, if [`Channel::receive`] already
+    /// took its first frames).
+    ///
+    /// # Errors
+    /// As [`Socket::receive_parts`].
+    pub async fn receive_parts(&mut self) -> Result<Parts> {
+        self.receive_parts_inner(None).await
+    }
+
+    /// Receives a whole multipart message, waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when nothing arrived in time.
+    pub async fn receive_parts_timeout(&mut self, timeout: Duration) -> Result<Parts> {
+        self.receive_parts_inner(Some(timeout)).await
+    }
+
+    async fn receive_parts_inner(&mut self, timeout: Option<Duration>) -> Result<Parts> {
+        if !self.pending_frames.is_empty() {
+            return Ok(self.pending_frames.drain(..).collect());
+        }
+        self.receive_whole(timeout).await
+    }
+
+    async fn receive_whole(&mut self, timeout: Option<Duration>) -> Result<Parts> {
+        let parts = self.socket.receive_parts(timeout).await?;
+        self.counters.record_in(parts.total_size());
+        Ok(parts)
+    }
+
+    /// Adds a topic prefix filter (sub only).
+    ///
+    /// # Errors
+    /// [`Error::WrongSocketType`] on anything but sub.
+    pub async fn subscribe(&mut self, topic: impl AsRef<[u8]>) -> Result<()> {
+        self.socket.subscribe(topic.as_ref()).await
+    }
+
+    /// Removes a topic prefix filter (sub only).
+    ///
+    /// # Errors
+    /// [`Error::WrongSocketType`] on anything but sub.
+    pub async fn unsubscribe(&mut self, topic: impl AsRef<[u8]>) -> Result<()> {
+        self.socket.unsubscribe(topic.as_ref()).await
+    }
+
+    /// Waits up to the configured `linger` for queued messages to leave, then closes.
+    ///
+    /// # Errors
+    /// As [`Socket::close`].
+    pub async fn close(&mut self) -> Result<()> {
+        let linger = self.config.linger_duration();
+        self.socket.close(linger).await
+    }
+
+    /// This channel as a typed sender of `T`.
+    pub fn into_sender<T: Payload>(self) -> Sender<T> {
+        Sender::new(self)
+    }
+
+    /// This channel as a typed receiver of `T`.
+    pub fn into_receiver<T: Payload>(self) -> Receiver<T> {
+        Receiver::new(self)
+    }
+}
+
+fn single(failed: SendError<Parts>) -> SendError<Message> {
+    failed.map(|parts| parts.into_iter().next().unwrap_or_else(Message::empty))
+}
+
+impl fmt::Debug for Channel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Channel")
+            .field("label", self.label())
+            .field("transport", &self.transport_name)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,308 @@
+//! `inproc://` channels: devices in one process, messages moved through tokio channels.
+//!
+//! zmq.rs has no inproc transport, so ferromq has its own. Each socket is a [`Node`] with an
+//! inbox (a bounded tokio channel of `rcvBufSize` messages); linking two nodes gives each a
+//! weak handle to the other. A [`Parts`] moves from sender to receiver without a copy.
+//!
+//! - push / req / pair send to their peers round robin and wait (backpressure) when the chosen
+//!   peer's inbox is full or no peer is linked yet;
+//! - pub offers to every subscriber whose prefix matches and drops for a full inbox; the
+//!   subscribers share one immutable buffer per part (copy-on-write);
+//! - rep answers the node its last request came from;
+//! - connecting before the binder exists is allowed: the connector waits in the registry and is
+//!   linked when the bind happens.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::time::Duration;
+
+use ferromq_core::{ChannelLabel, Error, Parts, SendError, SocketType};
+use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
+
+struct Envelope {
+    from: u64,
+    parts: Parts,
+}
+
+struct Node {
+    id: u64,
+    inbox: mpsc::Sender<Envelope>,
+    peers: Mutex<Vec<Weak<Node>>>,
+    peers_changed: Notify,
+    subscriptions: Mutex<Vec<Vec<u8>>>,
+}
+
+impl Node {
+    fn live_peers(&self) -> Vec<Arc<Node>> {
+        let mut peers = self.peers.lock().expect("inproc peer list poisoned");
+        peers.retain(|peer| peer.strong_count() > 0);
+        peers.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    fn matches_subscription(&self, first_frame: &[u8]) -> bool {
+        let subscriptions = self
+            .subscriptions
+            .lock()
+            .expect("inproc subscriptions poisoned");
+        subscriptions
+            .iter()
+            .any(|prefix| first_frame.starts_with(prefix))
+    }
+}
+
+fn link(first: &Arc<Node>, second: &Arc<Node>) {
+    for (node, peer) in [(first, second), (second, first)] {
+        node.peers
+            .lock()
+            .expect("inproc peer list poisoned")
+            .push(Arc::downgrade(peer));
+        node.peers_changed.notify_waiters();
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    binder: Weak<Node>,
+    waiting_connectors: Vec<Weak<Node>>,
+}
+
+static REGISTRY: LazyLock<Mutex<HashMap<String, Slot>>> = LazyLock::new(Mutex::default);
+static NEXT_NODE_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) struct InprocChannel {
+    node: Arc<Node>,
+    inbox: mpsc::Receiver<Envelope>,
+    socket_type: SocketType,
+    next_peer_idx: usize,
+    reply_to: Option<u64>,
+    bound_names: Vec<String>,
+}
+
+impl InprocChannel {
+    pub(crate) fn new(socket_type: SocketType, rcv_buf_size: usize) -> InprocChannel {
+        let (sender, inbox) = mpsc::channel(rcv_buf_size.max(1));
+        InprocChannel {
+            node: Arc::new(Node {
+                id: NEXT_NODE_ID.fetch_add(1, Ordering::Relaxed),
+                inbox: sender,
+                peers: Mutex::default(),
+                peers_changed: Notify::new(),
+                subscriptions: Mutex::default(),
+            }),
+            inbox,
+            socket_type,
+            next_peer_idx: 0,
+            reply_to: None,
+            bound_names: Vec::new(),
+        }
+    }
+
+    pub(crate) fn bind(&mut self, label: &ChannelLabel, name: &str) -> Result<(), Error> {
+        let mut registry = REGISTRY.lock().expect("inproc registry poisoned");
+        let slot = registry.entry(name.to_owned()).or_default();
+        if slot.binder.strong_count() > 0 {
+            return Err(Error::AddressInUse {
+                channel: label.clone().with_address(format!("inproc://{name}")),
+            });
+        }
+        slot.binder = Arc::downgrade(&self.node);
+        for connector in slot
+            .waiting_connectors
+            .drain(..)
+            .filter_map(|weak| weak.upgrade())
+        {
+            link(&self.node, &connector);
+        }
+        self.bound_names.push(name.to_owned());
+        Ok(())
+    }
+
+    pub(crate) fn connect(&mut self, name: &str) {
+        let mut registry = REGISTRY.lock().expect("inproc registry poisoned");
+        let slot = registry.entry(name.to_owned()).or_default();
+        match slot.binder.upgrade() {
+            Some(binder) => link(&binder, &self.node),
+            None => {
+                slot.waiting_connectors
+                    .retain(|weak| weak.strong_count() > 0);
+                slot.waiting_connectors.push(Arc::downgrade(&self.node));
+            }
+        }
+    }
+
+    pub(crate) fn subscribe(&mut self, topic: &[u8], subscribe: bool) {
+        let mut subscriptions = self
+            .node
+            .subscriptions
+            .lock()
+            .expect("inproc subscriptions poisoned");
+        if subscribe {
+            subscriptions.push(topic.to_vec());
+        } else if let Some(idx) = subscriptions.iter().position(|prefix| prefix == topic) {
+            subscriptions.remove(idx);
+        }
+    }
+
+    pub(crate) async fn send(
+        &mut self,
+        label: &ChannelLabel,
+        parts: Parts,
+        timeout: Option<Duration>,
+    ) -> Result<(), SendError<Parts>> {
+        let deadline = timeout.map(|timeout| Instant::now() + timeout);
+        if self.socket_type == SocketType::Pub {
+            self.publish(parts);
+            return Ok(());
+        }
+        let from = self.node.id;
+        loop {
+            let changed = self.node.peers_changed.notified();
+            let target = if self.socket_type == SocketType::Rep {
+                let reply_to = self.reply_to.take();
+                let peer = self
+                    .node
+                    .live_peers()
+                    .into_iter()
+                    .find(|peer| Some(peer.id) == reply_to);
+                if peer.is_none() {
+                    let error = match reply_to {
+                        Some(_) => Error::PeerGone {
+                            channel: label.clone(),
+                            reason: "the requester left before the reply".to_owned(),
+                        },
+                        None => Error::WrongSocketType {
+                            channel: label.clone(),
+                            operation: "send a reply before receiving a request",
+                        },
+                    };
+                    return Err(SendError::new(error, parts));
+                }
+                peer
+            } else {
+                let peers = self.node.live_peers();
+                if peers.is_empty() {
+                    None
+                } else {
+                    self.next_peer_idx = (self.next_peer_idx + 1) % peers.len();
+                    Some(Arc::clone(&peers[self.next_peer_idx]))
+                }
+            };
+            let Some(peer) = target else {
+                // No peer linked yet: wait for one.
+                match deadline {
+                    Some(deadline) => {
+                        if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                            return Err(timed_out(label, timeout, parts));
+                        }
+                    }
+                    None => changed.await,
+                }
+                continue;
+            };
+            let reserved = match deadline {
+                Some(deadline) => {
+                    match tokio::time::timeout_at(deadline, peer.inbox.reserve()).await {
+                        Ok(reserved) => reserved,
+                        Err(_) => return Err(timed_out(label, timeout, parts)),
+                    }
+                }
+                None => peer.inbox.reserve().await,
+            };
+            match reserved {
+                Ok(permit) => {
+                    permit.send(Envelope { from, parts });
+                    return Ok(());
+                }
+                // That peer closed meanwhile; pick another.
+                Err(_) => continue,
+            }
+        }
+    }
+
+    fn publish(&mut self, parts: Parts) {
+        let first_frame = parts
+            .get(0)
+            .map(|message| message.data().to_vec())
+            .unwrap_or_default();
+        let subscribers: Vec<Arc<Node>> = self
+            .node
+            .live_peers()
+            .into_iter()
+            .filter(|peer| peer.matches_subscription(&first_frame))
+            .collect();
+        if subscribers.is_empty() {
+            return;
+        }
+        // Subscribers share one immutable buffer per part; one that writes gets its own copy
+        // (copy-on-write in `Message::data_mut`).
+        let frames: Vec<bytes::Bytes> = parts
+            .into_iter()
+            .map(ferromq_core::Message::into_bytes)
+            .collect();
+        for subscriber in subscribers {
+            let shared: Parts = frames
+                .iter()
+                .cloned()
+                .map(ferromq_core::Message::from)
+                .collect();
+            let _ = subscriber.inbox.try_send(Envelope {
+                from: self.node.id,
+                parts: shared,
+            });
+        }
+    }
+
+    pub(crate) async fn receive(
+        &mut self,
+        label: &ChannelLabel,
+        timeout: Option<Duration>,
+    ) -> Result<Parts, Error> {
+        let received = match timeout {
+            Some(timeout) => match tokio::time::timeout(timeout, self.inbox.recv()).await {
+                Ok(received) => received,
+                Err(_) => return Err(timed_out(label, Some(timeout), ()).error),
+            },
+            None => self.inbox.recv().await,
+        };
+        // The node holds a sender to its own inbox, so it never reports closed.
+        let envelope = received.expect("an inproc inbox outlives its node");
+        if self.socket_type == SocketType::Rep {
+            self.reply_to = Some(envelope.from);
+        }
+        Ok(envelope.parts)
+    }
+
+    /// Waits up to `linger` for peers to take what this socket sent. Inproc sends hand messages
+    /// straight to the receiver's inbox, so there is nothing of ours left to flush.
+    pub(crate) fn close(&mut self) {
+        let mut registry = REGISTRY.lock().expect("inproc registry poisoned");
+        for name in self.bound_names.drain(..) {
+            if let Some(slot) = registry.get_mut(&name) {
+                if slot.binder.as_ptr() == Arc::as_ptr(&self.node) {
+                    slot.binder = Weak::new();
+                }
+                if slot.binder.strong_count() == 0 && slot.waiting_connectors.is_empty() {
+                    registry.remove(&name);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for InprocChannel {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn timed_out<T>(label: &ChannelLabel, timeout: Option<Duration>, value: T) -> SendError<T> {
+    SendError::new(
+        Error::Timeout {
+            channel: label.clone(),
+            after: timeout.unwrap_or_default(),
+        },
+        value,
+    )
+}

@@ -1,0 +1,82 @@
+//! The zeromq transport: tcp and ipc over the pure-Rust `zeromq` crate (zmq.rs), plus inproc and
+//! pair, which zmq.rs lacks, implemented here.
+//!
+//! [`ZmqTransport`] is selected by `transport = "zeromq"`; device code sees only
+//! [`ferromq_core::Transport`]. On the wire it speaks ZMTP 3, so a ferromq device talks to any
+//! libzmq program (FairMQ devices with `--transport zeromq` included) over push/pull, pub/sub
+//! and req/rep; ferromq's pair is a DEALER on both ends and talks to ferromq pairs.
+//!
+//! # Backpressure
+//! zmq.rs queues 100 000 messages per peer with no way to change it, and fails a send when no
+//! peer is connected. ferromq bounds what it hands to zmq.rs by `sndBufSize` (a full queue makes
+//! `send` wait, or time out with the message handed back) and makes a send with no peer wait for
+//! one. Pub drops for slow subscribers, as ZeroMQ documents.
+//!
+//! # Shutdown
+//! zmq.rs has no linger: what is queued when a socket drops is lost. `close` waits up to the
+//! channel's `linger` until zmq.rs has encoded every accepted message, then lets its writer flush.
+//!
+//! # Copies and allocation
+//! A [`ferromq_core::Message`] becomes zmq.rs frames with `Message::into_bytes`, which never
+//! copies (transport memory stays alive inside the `Bytes`). zmq.rs's encoder then copies each
+//! frame into the connection's write buffer: one copy per message on the send side, which is
+//! zmq.rs's design. Received frames arrive as `Bytes` and become messages without a copy.
+//! Inproc moves messages without any copy.
+//!
+//! ```
+//! # tokio_test();
+//! # fn tokio_test() { tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! use ferromq_core::{Channel, ChannelConfig, Message, Method, SocketType, Transport};
+//! use ferromq_zmq::ZmqTransport;
+//!
+//! let transport = ZmqTransport::new();
+//! let push = ChannelConfig::new("data", SocketType::Push, Method::Bind).with_address("inproc://doc");
+//! let pull = ChannelConfig::new("data", SocketType::Pull, Method::Connect).with_address("inproc://doc");
+//! let mut sender = Channel::open(&transport, push, "data").await.unwrap();
+//! let mut receiver = Channel::open(&transport, pull, "data").await.unwrap();
+//! sender.bind_configured().await.unwrap();
+//! receiver.connect_configured().await.unwrap();
+//! sender.send(Message::from("hello")).await.unwrap();
+//! assert_eq!(receiver.receive().await.unwrap().data(), b"hello");
+//! # }) }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod flow;
+mod inproc;
+mod net;
+mod socket;
+
+use async_trait::async_trait;
+use ferromq_core::{ChannelConfig, Result, Socket, Transport};
+
+/// The zeromq transport (`transport = "zeromq"`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ZmqTransport;
+
+impl ZmqTransport {
+    /// The configuration name of this transport.
+    pub const NAME: &'static str = "zeromq";
+
+    /// The transport.
+    pub fn new() -> ZmqTransport {
+        ZmqTransport
+    }
+}
+
+#[async_trait]
+impl Transport for ZmqTransport {
+    fn name(&self) -> &'static str {
+        ZmqTransport::NAME
+    }
+
+    async fn create_socket(
+        &self,
+        config: &ChannelConfig,
+        socket_name: &str,
+    ) -> Result<Box<dyn Socket>> {
+        config.validate()?;
+        Ok(Box::new(socket::ZmqSocket::new(config, socket_name)))
+    }
+}

@@ -1,0 +1,431 @@
+//! tcp and ipc sockets over zmq.rs.
+//!
+//! zmq.rs provides PUSH, PULL, PUB, SUB, REQ, REP and DEALER but no PAIR; ferromq's pair is a
+//! DEALER on both ends (same frames on the wire, one peer expected). What zmq.rs lacks that
+//! ferromq promises is added around it here:
+//! - binding is done by ferromq (std listeners handed to zmq.rs), so "address in use", port 0
+//!   and stale ipc socket files get exact answers;
+//! - a send with no peer yet waits (zmq.rs fails it), retrying with a short backoff;
+//! - `sndBufSize` and `linger` are enforced with [`InFlight`].
+
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use ferromq_core::{Address, ChannelLabel, Error, Message, Parts, SendError, SocketType, TcpHost};
+use tokio::time::Instant;
+use zeromq::{Socket as _, SocketRecv as _, SocketSend as _, ZmqError, ZmqMessage};
+
+use crate::flow::InFlight;
+
+/// The zmq.rs socket of each pattern.
+pub(crate) enum NetSocket {
+    Push(zeromq::PushSocket),
+    Pull(zeromq::PullSocket),
+    Pub(zeromq::PubSocket),
+    Sub(zeromq::SubSocket),
+    Req(zeromq::ReqSocket),
+    Rep(zeromq::RepSocket),
+    Pair(zeromq::DealerSocket),
+}
+
+/// Runs the same expression on whichever zmq.rs socket `$net` holds.
+macro_rules! on_socket {
+    ($net:expr, $socket:ident => $body:expr) => {
+        match $net {
+            NetSocket::Push($socket) => $body,
+            NetSocket::Pull($socket) => $body,
+            NetSocket::Pub($socket) => $body,
+            NetSocket::Sub($socket) => $body,
+            NetSocket::Req($socket) => $body,
+            NetSocket::Rep($socket) => $body,
+            NetSocket::Pair($socket) => $body,
+        }
+    };
+}
+
+impl NetSocket {
+    fn new(socket_type: SocketType) -> NetSocket {
+        // Connects wait for their peer as long as it takes: a device in CONNECTING waits for
+        // its binder, and the device's own timeout (or a STOP) ends the wait.
+        let options = || {
+            let mut options = zeromq::SocketOptions::default();
+            options.no_connect_timeout();
+            options
+        };
+        match socket_type {
+            SocketType::Push => NetSocket::Push(zeromq::PushSocket::with_options(options())),
+            SocketType::Pull => NetSocket::Pull(zeromq::PullSocket::with_options(options())),
+            SocketType::Pub => NetSocket::Pub(zeromq::PubSocket::with_options(options())),
+            SocketType::Sub => NetSocket::Sub(zeromq::SubSocket::with_options(options())),
+            SocketType::Req => NetSocket::Req(zeromq::ReqSocket::with_options(options())),
+            SocketType::Rep => NetSocket::Rep(zeromq::RepSocket::with_options(options())),
+            SocketType::Pair => NetSocket::Pair(zeromq::DealerSocket::with_options(options())),
+        }
+    }
+
+    async fn send(&mut self, message: ZmqMessage) -> Result<(), ZmqError> {
+        match self {
+            NetSocket::Push(socket) => socket.send(message).await,
+            NetSocket::Pub(socket) => socket.send(message).await,
+            NetSocket::Req(socket) => socket.send(message).await,
+            NetSocket::Rep(socket) => socket.send(message).await,
+            NetSocket::Pair(socket) => socket.send(message).await,
+            NetSocket::Pull(_) | NetSocket::Sub(_) => {
+                Err(ZmqError::Socket("cannot send on this socket"))
+            }
+        }
+    }
+
+    async fn recv(&mut self) -> Result<ZmqMessage, ZmqError> {
+        match self {
+            NetSocket::Pull(socket) => socket.recv().await,
+            NetSocket::Sub(socket) => socket.recv().await,
+            NetSocket::Req(socket) => socket.recv().await,
+            NetSocket::Rep(socket) => socket.recv().await,
+            NetSocket::Pair(socket) => socket.recv().await,
+            NetSocket::Push(_) | NetSocket::Pub(_) => {
+                Err(ZmqError::Socket("cannot receive on this socket"))
+            }
+        }
+    }
+}
+
+/// A channel's zmq.rs socket plus the state ferromq keeps around it.
+pub(crate) struct NetChannel {
+    socket: NetSocket,
+    socket_type: SocketType,
+    snd_buf_size: usize,
+    in_flight: Arc<InFlight>,
+    bound_ipc_paths: Vec<PathBuf>,
+}
+
+const PEER_WAIT_MIN: Duration = Duration::from_micros(200);
+const PEER_WAIT_MAX: Duration = Duration::from_millis(20);
+
+impl NetChannel {
+    pub(crate) fn new(socket_type: SocketType, snd_buf_size: usize) -> NetChannel {
+        NetChannel {
+            socket: NetSocket::new(socket_type),
+            socket_type,
+            snd_buf_size,
+            in_flight: Arc::default(),
+            bound_ipc_paths: Vec::new(),
+        }
+    }
+
+    pub(crate) async fn bind(
+        &mut self,
+        label: &ChannelLabel,
+        address: &Address,
+    ) -> Result<Address, Error> {
+        let label = label.clone().with_address(address.to_string());
+        let (listener, bound) = match address {
+            Address::Tcp { host, port } => bind_tcp(&label, host, *port)?,
+            Address::Ipc { path } => {
+                let listener = bind_ipc(&label, path)?;
+                self.bound_ipc_paths.push(path.clone());
+                (listener, address.clone())
+            }
+            other => {
+                return Err(Error::UnsupportedAddress {
+                    channel: label,
+                    address: other.to_string(),
+                    reason: "the zeromq transport binds tcp://, ipc:// and inproc:// addresses",
+                });
+            }
+        };
+        let bind_result =
+            on_socket!(&mut self.socket, socket => socket.bind_listener(listener).await);
+        bind_result.map_err(|source| Error::Bind {
+            channel: label,
+            source: Box::new(source),
+        })?;
+        Ok(bound)
+    }
+
+    pub(crate) async fn connect(
+        &mut self,
+        label: &ChannelLabel,
+        address: &Address,
+    ) -> Result<(), Error> {
+        let label = label.clone().with_address(address.to_string());
+        let endpoint = match address {
+            Address::Tcp {
+                host: TcpHost::Any, ..
+            } => {
+                return Err(Error::UnsupportedAddress {
+                    channel: label,
+                    address: address.to_string(),
+                    reason: "cannot connect to '*': name the host (127.0.0.1 for this machine)",
+                });
+            }
+            Address::Tcp { .. } | Address::Ipc { .. } => address.to_string(),
+            other => {
+                return Err(Error::UnsupportedAddress {
+                    channel: label,
+                    address: other.to_string(),
+                    reason: "the zeromq transport connects to tcp://, ipc:// and inproc:// addresses",
+                });
+            }
+        };
+        let connect_result =
+            on_socket!(&mut self.socket, socket => socket.connect(&endpoint).await);
+        connect_result.map_err(|source| Error::Connect {
+            channel: label,
+            source: Box::new(source),
+        })
+    }
+
+    pub(crate) async fn send(
+        &mut self,
+        label: &ChannelLabel,
+        parts: Parts,
+        timeout: Option<Duration>,
+    ) -> Result<(), SendError<Parts>> {
+        let deadline = timeout.map(|timeout| Instant::now() + timeout);
+        let timed_out = |parts| {
+            SendError::new(
+                Error::Timeout {
+                    channel: label.clone(),
+                    after: timeout.unwrap_or_default(),
+                },
+                parts,
+            )
+        };
+        if !self.in_flight.wait_below(self.snd_buf_size, deadline).await {
+            return Err(timed_out(parts));
+        }
+        let Some(mut frames) = self.to_frames(parts) else {
+            return Ok(());
+        };
+        let mut peer_wait = PEER_WAIT_MIN;
+        loop {
+            // Bytes clones share the buffer; the copy is kept so that a peer that breaks
+            // mid-send does not take the message with it.
+            let kept = frames.clone();
+            let message =
+                ZmqMessage::try_from(frames).expect("to_frames never returns an empty message");
+            match self.socket.send(message).await {
+                Ok(()) => return Ok(()),
+                Err(ZmqError::ReturnToSender { reason, .. }) if reason.contains("in progress") => {
+                    return Err(SendError::new(
+                        Error::WrongSocketType {
+                            channel: label.clone(),
+                            operation: "send a second request before receiving the reply",
+                        },
+                        frames_to_parts(kept),
+                    ));
+                }
+                // No peer (yet), or the peer broke while we sent: wait for one, then retry.
+                Err(ZmqError::ReturnToSender { .. } | ZmqError::BufferFull(_)) => {
+                    frames = kept;
+                    if deadline.is_some_and(|deadline| Instant::now() + peer_wait > deadline) {
+                        return Err(timed_out(frames_to_parts(frames)));
+                    }
+                    tokio::time::sleep(peer_wait).await;
+                    peer_wait = (peer_wait * 2).min(PEER_WAIT_MAX);
+                }
+                Err(other) => {
+                    return Err(SendError::new(
+                        Error::Transport {
+                            channel: label.clone(),
+                            source: Box::new(other),
+                        },
+                        frames_to_parts(kept),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The parts as zmq.rs frames, the last one tracked by [`InFlight`]. `None` for no parts.
+    fn to_frames(&self, parts: Parts) -> Option<Vec<Bytes>> {
+        let message_size = parts.total_size();
+        let mut frames: Vec<Bytes> = parts.into_iter().map(Message::into_bytes).collect();
+        let last = frames.pop()?;
+        frames.push(self.in_flight.track(last, message_size));
+        Some(frames)
+    }
+
+    pub(crate) async fn receive(
+        &mut self,
+        label: &ChannelLabel,
+        timeout: Option<Duration>,
+    ) -> Result<Parts, Error> {
+        let deadline = timeout.map(|timeout| Instant::now() + timeout);
+        loop {
+            let received = match deadline {
+                Some(deadline) => match tokio::time::timeout_at(deadline, self.socket.recv()).await
+                {
+                    Ok(received) => received,
+                    Err(_) => {
+                        return Err(Error::Timeout {
+                            channel: label.clone(),
+                            after: timeout.unwrap_or_default(),
+                        });
+                    }
+                },
+                None => self.socket.recv().await,
+            };
+            match received {
+                Ok(message) => return Ok(frames_to_parts(message.into_vec())),
+                // A fan-in socket keeps receiving from its other peers when one breaks.
+                Err(error @ (ZmqError::Codec(_) | ZmqError::Network(_)))
+                    if matches!(self.socket_type, SocketType::Pull | SocketType::Sub) =>
+                {
+                    tracing::debug!(channel = %label, %error, "peer dropped");
+                }
+                Err(ZmqError::Other(reason)) if reason.contains("disconnected") => {
+                    return Err(Error::PeerGone {
+                        channel: label.clone(),
+                        reason: reason.to_owned(),
+                    });
+                }
+                Err(other) => {
+                    return Err(Error::Transport {
+                        channel: label.clone(),
+                        source: Box::new(other),
+                    });
+                }
+            }
+        }
+    }
+
+    pub(crate) async fn subscribe(
+        &mut self,
+        label: &ChannelLabel,
+        topic: &[u8],
+        subscribe: bool,
+    ) -> Result<(), Error> {
+        let NetSocket::Sub(socket) = &mut self.socket else {
+            return Err(Error::WrongSocketType {
+                channel: label.clone(),
+                operation: if subscribe {
+                    "subscribe"
+                } else {
+                    "unsubscribe"
+                },
+            });
+        };
+        let topic = std::str::from_utf8(topic).map_err(|utf8_error| Error::Transport {
+            channel: label.clone(),
+            source: format!("zmq.rs topics must be UTF-8: {utf8_error}").into(),
+        })?;
+        let result = if subscribe {
+            socket.subscribe(topic).await
+        } else {
+            socket.unsubscribe(topic).await
+        };
+        result.map_err(|source| Error::Transport {
+            channel: label.clone(),
+            source: Box::new(source),
+        })
+    }
+
+    /// Waits up to `linger` for every accepted message to be encoded for the wire.
+    pub(crate) async fn close(
+        &mut self,
+        label: &ChannelLabel,
+        linger: Duration,
+    ) -> Result<(), Error> {
+        let deadline = Instant::now() + linger;
+        let drained = self.in_flight.wait_below(1, Some(deadline)).await;
+        if self.socket_type.can_send() {
+            // The writer flushes its last batch after encoding it; give it the time that takes.
+            let flush_until = (Instant::now() + self.in_flight.flush_estimate()).min(deadline);
+            tokio::time::sleep_until(flush_until).await;
+        }
+        for path in self.bound_ipc_paths.drain(..) {
+            let _ = std::fs::remove_file(path);
+        }
+        if drained {
+            return Ok(());
+        }
+        Err(Error::Timeout {
+            channel: label.clone(),
+            after: linger,
+        })
+    }
+}
+
+impl Drop for NetChannel {
+    fn drop(&mut self) {
+        for path in &self.bound_ipc_paths {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+fn frames_to_parts(frames: Vec<Bytes>) -> Parts {
+    frames.into_iter().map(Message::from).collect()
+}
+
+fn bind_error(label: &ChannelLabel, source: std::io::Error) -> Error {
+    if source.kind() == std::io::ErrorKind::AddrInUse {
+        return Error::AddressInUse {
+            channel: label.clone(),
+        };
+    }
+    Error::Bind {
+        channel: label.clone(),
+        source: Box::new(source),
+    }
+}
+
+fn bind_tcp(
+    label: &ChannelLabel,
+    host: &TcpHost,
+    port: u16,
+) -> Result<(zeromq::Listener, Address), Error> {
+    let host_text = match host {
+        TcpHost::Any => "0.0.0.0",
+        TcpHost::Name(name) => name.as_str(),
+    };
+    let listener = std::net::TcpListener::bind((host_text, port))
+        .map_err(|source| bind_error(label, source))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|source| bind_error(label, source))?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| bind_error(label, source))?;
+    let bound = Address::Tcp {
+        host: host.clone(),
+        port: local.port(),
+    };
+    Ok((listener.into(), bound))
+}
+
+fn bind_ipc(label: &ChannelLabel, path: &Path) -> Result<zeromq::Listener, Error> {
+    if path.to_string_lossy().starts_with('@') {
+        return Err(Error::UnsupportedAddress {
+            channel: label.clone(),
+            address: format!("ipc://{}", path.display()),
+            reason: "abstract unix sockets are not supported by zmq.rs; use a file path",
+        });
+    }
+    // A socket file left by a crashed process is stale when nobody accepts on it: remove it,
+    // as libzmq does. A live one means another process binds this address.
+    if let Ok(metadata) = std::fs::symlink_metadata(path) {
+        if !metadata.file_type().is_socket() {
+            return Err(Error::AddressInUse {
+                channel: label.clone(),
+            });
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(Error::AddressInUse {
+                channel: label.clone(),
+            });
+        }
+        let _ = std::fs::remove_file(path);
+    }
+    let listener =
+        std::os::unix::net::UnixListener::bind(path).map_err(|source| bind_error(label, source))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|source| bind_error(label, source))?;
+    Ok(listener.into())
+}

@@ -1,0 +1,234 @@
+//! [`ZmqSocket`]: one channel end, inproc or over zmq.rs depending on its first address.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ferromq_core::{
+    Address, ChannelConfig, ChannelLabel, Error, Parts, Result, SendError, Socket, SocketType,
+};
+
+use crate::inproc::InprocChannel;
+use crate::net::NetChannel;
+
+enum Backend {
+    Unattached,
+    Net(NetChannel),
+    Inproc(InprocChannel),
+}
+
+/// A socket of the zeromq transport.
+pub(crate) struct ZmqSocket {
+    label: ChannelLabel,
+    socket_type: SocketType,
+    snd_buf_size: usize,
+    rcv_buf_size: usize,
+    backend: Backend,
+    /// Topic prefixes asked for so far (sub only); applied when the backend is created.
+    subscriptions: Vec<Vec<u8>>,
+    /// True while the socket is subscribed to everything only because nobody asked otherwise.
+    subscribed_to_all_by_default: bool,
+}
+
+impl ZmqSocket {
+    pub(crate) fn new(config: &ChannelConfig, socket_name: &str) -> ZmqSocket {
+        let mut label = ChannelLabel::new(socket_name, config.socket_type);
+        label.address = config.address.clone();
+        ZmqSocket {
+            label,
+            socket_type: config.socket_type,
+            snd_buf_size: config.snd_buf_size,
+            rcv_buf_size: config.rcv_buf_size,
+            backend: Backend::Unattached,
+            subscriptions: Vec::new(),
+            subscribed_to_all_by_default: false,
+        }
+    }
+
+    /// The backend for `address`, created on first use; one socket cannot mix inproc with tcp/ipc.
+    fn backend_for(&mut self, address: &Address) -> Result<&mut Backend> {
+        let wants_inproc = matches!(address, Address::Inproc { .. });
+        match (&self.backend, wants_inproc) {
+            (Backend::Unattached, true) => {
+                self.backend =
+                    Backend::Inproc(InprocChannel::new(self.socket_type, self.rcv_buf_size));
+            }
+            (Backend::Unattached, false) => {
+                self.backend = Backend::Net(NetChannel::new(self.socket_type, self.snd_buf_size));
+            }
+            (Backend::Inproc(_), false) | (Backend::Net(_), true) => {
+                return Err(Error::UnsupportedAddress {
+                    channel: self.label.clone(),
+                    address: address.to_string(),
+                    reason: "one socket cannot mix inproc:// with tcp:// or ipc://",
+                });
+            }
+            _ => {}
+        }
+        Ok(&mut self.backend)
+    }
+
+    fn not_attached(&self, operation: &'static str) -> Error {
+        Error::PeerGone {
+            channel: self.label.clone(),
+            reason: format!("cannot {operation}: the socket is neither bound nor connected"),
+        }
+    }
+
+    fn check(&self, allowed: bool, operation: &'static str) -> Result<()> {
+        if allowed {
+            return Ok(());
+        }
+        Err(Error::WrongSocketType {
+            channel: self.label.clone(),
+            operation,
+        })
+    }
+}
+
+#[async_trait]
+impl Socket for ZmqSocket {
+    fn label(&self) -> &ChannelLabel {
+        &self.label
+    }
+
+    async fn bind(&mut self, address: &Address) -> Result<Address> {
+        let label = self.label.clone();
+        self.attach_subscriptions(address).await?;
+        let bound = match self.backend_for(address)? {
+            Backend::Net(net) => net.bind(&label, address).await?,
+            Backend::Inproc(inproc) => {
+                let Address::Inproc { name } = address else {
+                    unreachable!("backend_for gives inproc only for inproc addresses")
+                };
+                inproc.bind(&label, name)?;
+                address.clone()
+            }
+            Backend::Unattached => unreachable!("backend_for attaches a backend"),
+        };
+        self.label.address = Some(bound.to_string());
+        tracing::info!(channel = %self.label.name, address = %bound, "bound");
+        Ok(bound)
+    }
+
+    async fn connect(&mut self, address: &Address) -> Result<()> {
+        let label = self.label.clone();
+        self.attach_subscriptions(address).await?;
+        match self.backend_for(address)? {
+            Backend::Net(net) => net.connect(&label, address).await?,
+            Backend::Inproc(inproc) => {
+                let Address::Inproc { name } = address else {
+                    unreachable!("backend_for gives inproc only for inproc addresses")
+                };
+                inproc.connect(name);
+            }
+            Backend::Unattached => unreachable!("backend_for attaches a backend"),
+        }
+        self.label.address = Some(address.to_string());
+        tracing::debug!(channel = %self.label.name, %address, "connected");
+        Ok(())
+    }
+
+    async fn send_parts(
+        &mut self,
+        parts: Parts,
+        timeout: Option<Duration>,
+    ) -> Result<(), SendError<Parts>> {
+        if let Err(error) = self.check(self.socket_type.can_send(), "send") {
+            return Err(SendError::new(error, parts));
+        }
+        match &mut self.backend {
+            Backend::Net(net) => net.send(&self.label, parts, timeout).await,
+            Backend::Inproc(inproc) => inproc.send(&self.label, parts, timeout).await,
+            Backend::Unattached => Err(SendError::new(self.not_attached("send"), parts)),
+        }
+    }
+
+    async fn receive_parts(&mut self, timeout: Option<Duration>) -> Result<Parts> {
+        self.check(self.socket_type.can_receive(), "receive")?;
+        match &mut self.backend {
+            Backend::Net(net) => net.receive(&self.label, timeout).await,
+            Backend::Inproc(inproc) => inproc.receive(&self.label, timeout).await,
+            Backend::Unattached => Err(self.not_attached("receive")),
+        }
+    }
+
+    async fn subscribe(&mut self, topic: &[u8]) -> Result<()> {
+        self.set_subscription(topic, true).await
+    }
+
+    async fn unsubscribe(&mut self, topic: &[u8]) -> Result<()> {
+        self.set_subscription(topic, false).await
+    }
+
+    async fn close(&mut self, linger: Duration) -> Result<()> {
+        let result = match &mut self.backend {
+            Backend::Net(net) => net.close(&self.label, linger).await,
+            Backend::Inproc(inproc) => {
+                inproc.close();
+                Ok(())
+            }
+            Backend::Unattached => Ok(()),
+        };
+        self.backend = Backend::Unattached;
+        result
+    }
+}
+
+impl ZmqSocket {
+    /// On a sub socket's first bind or connect, creates the backend and applies the topic
+    /// filters asked for so far, or subscribes to everything when none were (FairMQ's default).
+    async fn attach_subscriptions(&mut self, address: &Address) -> Result<()> {
+        if self.socket_type != SocketType::Sub || !matches!(self.backend, Backend::Unattached) {
+            return Ok(());
+        }
+        self.backend_for(address)?;
+        let topics = if self.subscriptions.is_empty() {
+            self.subscribed_to_all_by_default = true;
+            vec![Vec::new()]
+        } else {
+            self.subscriptions.clone()
+        };
+        for topic in topics {
+            self.apply_subscription(&topic, true).await?;
+        }
+        Ok(())
+    }
+
+    async fn set_subscription(&mut self, topic: &[u8], subscribe: bool) -> Result<()> {
+        let operation = if subscribe {
+            "subscribe"
+        } else {
+            "unsubscribe"
+        };
+        self.check(self.socket_type == SocketType::Sub, operation)?;
+        if subscribe {
+            self.subscriptions.push(topic.to_vec());
+        } else {
+            self.subscriptions.retain(|kept| kept != topic);
+        }
+        if matches!(self.backend, Backend::Unattached) {
+            return Ok(());
+        }
+        if std::mem::take(&mut self.subscribed_to_all_by_default) {
+            // An explicit filter replaces the default subscribe-to-everything.
+            self.apply_subscription(b"", false).await?;
+        }
+        self.apply_subscription(topic, subscribe).await
+    }
+
+    async fn apply_subscription(&mut self, topic: &[u8], subscribe: bool) -> Result<()> {
+        let operation = if subscribe {
+            "subscribe"
+        } else {
+            "unsubscribe"
+        };
+        match &mut self.backend {
+            Backend::Net(net) => net.subscribe(&self.label, topic, subscribe).await,
+            Backend::Inproc(inproc) => {
+                inproc.subscribe(topic, subscribe);
+                Ok(())
+            }
+            Backend::Unattached => Err(self.not_attached(operation)),
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! ferromq: an async dataflow runtime for pipelines that move gigabytes per second between
+//! processes.
+//!
+//! This crate is the facade: it re-exports the public API of the member crates so that a user
+//! puts one dependency in their `Cargo.toml`.
+//!
+//! # A tour
+//! - [`Message`] owns its bytes and moves without copying; [`Parts`] is a multipart message.
+//! - [`Channel`] is one end of a channel (push/pull, pub/sub, req/rep, pair); [`Sender`] and
+//!   [`Receiver`] are its typed halves, with the codec chosen by the payload type
+//!   ([`Json`], [`Postcard`], [`Pod`], or raw bytes).
+//! - [`ChannelConfig`] uses FairMQ's key names and defaults.
+//! - Transports are picked by configuration: [`transport_by_name`] maps `"zeromq"` to
+//!   [`ZmqTransport`].
+//!
+//! ```
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! use ferromq::prelude::*;
+//!
+//! let transport = ferromq::transport_by_name("zeromq").unwrap();
+//! let push = ChannelConfig::new("data", SocketType::Push, Method::Bind).with_address("inproc://tour");
+//! let pull = ChannelConfig::new("data", SocketType::Pull, Method::Connect).with_address("inproc://tour");
+//! let mut sender = Channel::open(transport.as_ref(), push, "data").await?.into_sender::<Json<Vec<u32>>>();
+//! let mut receiver = Channel::open(transport.as_ref(), pull, "data").await?.into_receiver::<Json<Vec<u32>>>();
+//! sender.channel().bind_configured().await?;
+//! receiver.channel().connect_configured().await?;
+//! sender.send(Json(vec![1, 2, 3])).await?;
+//! assert_eq!(receiver.receive().await?.0, vec![1, 2, 3]);
+//! # Ok::<(), ferromq::Error>(()) }).unwrap();
+//! ```
+//!
+//! # Feature flags
+//! - `zeromq` (default): the zeromq transport (tcp, ipc, inproc) over the pure-Rust `zeromq` crate.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+use std::sync::Arc;
+
+pub use ferromq_core::*;
+#[cfg(feature = "zeromq")]
+pub use ferromq_zmq::ZmqTransport;
+
+/// The transport a configuration names (`"zeromq"`).
+///
+/// # Errors
+/// [`Error::UnknownTransport`] for a name not built into this binary, listing those that are.
+pub fn transport_by_name(name: &str) -> Result<Arc<dyn Transport>> {
+    match name {
+        #[cfg(feature = "zeromq")]
+        ZmqTransport::NAME => Ok(Arc::new(ZmqTransport::new())),
+        _ => Err(Error::UnknownTransport {
+            name: name.to_owned(),
+            available: available_transports().join(", "),
+        }),
+    }
+}
+
+/// The names of the transports built into this binary.
+pub fn available_transports() -> Vec<&'static str> {
+    let mut names = Vec::new();
+    #[cfg(feature = "zeromq")]
+    names.push("zeromq");
+    names
+}
+
+/// What device code usually needs, in one import.
+pub mod prelude {
+    pub use ferromq_core::{
+        Address, Channel, ChannelConfig, Json, Message, Method, Parts, Payload, Pod, Postcard,
+        Receiver, Sender, SocketType, Transport,
+    };
+}
