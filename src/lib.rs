@@ -57,10 +57,11 @@ pub fn transport_by_name(name: &str) -> Result<Arc<dyn Transport>> {
 
 /// The names of the transports built into this binary.
 pub fn available_transports() -> Vec<&'static str> {
-    let mut names = Vec::new();
-    #[cfg(feature = "zeromq")]
-    names.push("zeromq");
-    names
+    [
+        #[cfg(feature = "zeromq")]
+        "zeromq",
+    ]
+    .to_vec()
 }
 
 /// What device code usually needs, in one import.
