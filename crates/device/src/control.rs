@@ -1,0 +1,365 @@
+//! Ways to drive a device: the static sequence, a clean shutdown from any state, and the
+//! external control endpoint a launcher talks to.
+//!
+//! # The external control protocol
+//! A device started with `--control external --control-address ADDR` binds a zmq REP socket at
+//! ADDR (ipc or tcp). Each request is one JSON object ([`LauncherToDevice`], tagged by
+//! `"request"`); each reply one JSON object ([`DeviceToLauncher`]). Examples:
+//!
+//! ```text
+//! {"request":"transition","transition":"BIND"}        -> {"ok":true,"state":"BINDING"}
+//! {"request":"wait_for_state","state":"BOUND","timeout_ms":5000}
+//!                                                      -> {"ok":true,"state":"BOUND"}
+//! {"request":"state"}                                  -> {"ok":true,"state":"RUNNING"}
+//! {"request":"channels"}                               -> {"ok":true,"state":"BOUND","value":{"data":"tcp://*:41234"}}
+//! {"request":"counters"}                               -> {"ok":true,...,"value":{"data":{"messages_in":10,...}}}
+//! {"request":"get_property","key":"msg-size"}          -> {"ok":true,...,"value":"1024"}
+//! {"request":"set_property","key":"rate","value":"0"}  -> {"ok":true,...}
+//! {"request":"shutdown"}                               -> {"ok":true,...} then STOP ... END
+//! ```
+//! A refused request answers `{"ok":false,"state":...,"error":"transition RUN is not allowed in state IDLE"}`.
+
+use std::time::Duration;
+
+use ferromq_core::{Address, Channel, ChannelConfig, Message, Method, SocketType, Transport};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{DeviceError, Result};
+use crate::runner::DeviceController;
+use crate::state::{State, Transition};
+
+/// Drives a device from IDLE to RUNNING, waits until it leaves RUNNING (its `run` returned, or
+/// STOP), then takes it down to EXITING: FairMQ's `--control static`.
+///
+/// # Errors
+/// The device's error when it entered ERROR (it is still taken to EXITING).
+pub async fn run_static(controller: &DeviceController) -> Result<()> {
+    let steps = [
+        (Transition::InitDevice, State::InitializingDevice),
+        (Transition::CompleteInit, State::Initialized),
+        (Transition::Bind, State::Bound),
+        (Transition::Connect, State::DeviceReady),
+        (Transition::InitTask, State::Ready),
+        (Transition::Run, State::Ready),
+    ];
+    for (transition, target) in steps {
+        let reached = match controller.change_state(transition).await {
+            Ok(_) => controller.wait_for_state(target, None).await,
+            Err(error) => Err(error),
+        };
+        if reached.is_err() {
+            // ERROR or an abort: still leave through EXITING, reporting why.
+            return shut_down(controller).await;
+        }
+    }
+    shut_down(controller).await
+}
+
+/// Takes a device from whatever state it is in down to EXITING: STOP, RESET TASK, RESET DEVICE,
+/// END, waiting for each working state to finish.
+///
+/// # Errors
+/// The device's last error when it went through ERROR.
+pub async fn shut_down(controller: &DeviceController) -> Result<()> {
+    let mut states = controller.subscribe();
+    loop {
+        let state = *states.borrow_and_update();
+        let step = match state {
+            State::Exiting => {
+                return match controller.last_error() {
+                    Some(error) => Err(DeviceError::Interrupted {
+                        device: controller.id().to_owned(),
+                        state: State::Error,
+                        reason: error,
+                    }),
+                    None => Ok(()),
+                };
+            }
+            State::Running => Some(Transition::Stop),
+            State::Ready => Some(Transition::ResetTask),
+            State::Initialized | State::Bound | State::DeviceReady => Some(Transition::ResetDevice),
+            State::InitializingDevice => Some(Transition::CompleteInit),
+            State::Idle | State::Error => Some(Transition::End),
+            State::Binding
+            | State::Connecting
+            | State::InitializingTask
+            | State::ResettingTask
+            | State::ResettingDevice => None,
+        };
+        if let Some(transition) = step {
+            // A refusal means the state moved meanwhile; the loop looks again.
+            let _ = controller.change_state(transition).await;
+        }
+        if *states.borrow() == state && states.changed().await.is_err() {
+            return Err(DeviceError::DeviceGone {
+                device: controller.id().to_owned(),
+            });
+        }
+    }
+}
+
+/// A request from a launcher to a device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "request", rename_all = "snake_case", deny_unknown_fields)]
+pub enum LauncherToDevice {
+    /// Request a state transition.
+    Transition {
+        /// Which.
+        transition: Transition,
+    },
+    /// Read the current state.
+    State,
+    /// Wait until the device is in `state`.
+    WaitForState {
+        /// The state.
+        state: State,
+        /// Give up after this long (none: wait as long as it takes).
+        timeout_ms: Option<u64>,
+    },
+    /// Read a property.
+    GetProperty {
+        /// Its key.
+        key: String,
+    },
+    /// Set a property.
+    SetProperty {
+        /// Its key.
+        key: String,
+        /// Its value.
+        value: String,
+    },
+    /// Every property.
+    Properties,
+    /// The addresses bound by the device's channels.
+    Channels,
+    /// Every channel's message and byte counters.
+    Counters,
+    /// Go down to EXITING from wherever the device is (STOP, RESET TASK, RESET DEVICE, END).
+    Shutdown,
+}
+
+/// A device's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceToLauncher {
+    /// Whether the request was carried out.
+    pub ok: bool,
+    /// The device's state after the request.
+    pub state: State,
+    /// Why not, when `ok` is false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The answer's data, for the requests that read something.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<serde_json::Value>,
+}
+
+async fn answer(controller: &DeviceController, request: LauncherToDevice) -> DeviceToLauncher {
+    let value: Result<Option<serde_json::Value>> = match request {
+        LauncherToDevice::Transition { transition } => {
+            controller.change_state(transition).await.map(|_| None)
+        }
+        LauncherToDevice::State => Ok(None),
+        LauncherToDevice::WaitForState { state, timeout_ms } => controller
+            .wait_for_state(state, timeout_ms.map(Duration::from_millis))
+            .await
+            .map(|()| None),
+        LauncherToDevice::GetProperty { key } => {
+            Ok(controller.property(&key).map(serde_json::Value::String))
+        }
+        LauncherToDevice::SetProperty { key, value } => {
+            controller.set_property(key, value);
+            Ok(None)
+        }
+        LauncherToDevice::Properties => Ok(Some(serde_json::json!(controller.properties()))),
+        LauncherToDevice::Channels => {
+            let bound: serde_json::Map<String, serde_json::Value> = controller
+                .bound_addresses()
+                .into_iter()
+                .map(|(name, address)| (name, serde_json::Value::String(address)))
+                .collect();
+            Ok(Some(serde_json::Value::Object(bound)))
+        }
+        LauncherToDevice::Counters => {
+            let counters: serde_json::Map<String, serde_json::Value> = controller
+                .counters()
+                .into_iter()
+                .map(|(name, snapshot)| {
+                    let value = serde_json::json!({
+                        "messages_in": snapshot.messages_in,
+                        "bytes_in": snapshot.bytes_in,
+                        "messages_out": snapshot.messages_out,
+                        "bytes_out": snapshot.bytes_out,
+                    });
+                    (name, value)
+                })
+                .collect();
+            Ok(Some(serde_json::Value::Object(counters)))
+        }
+        LauncherToDevice::Shutdown => {
+            let controller = controller.clone();
+            tokio::spawn(async move {
+                let _ = shut_down(&controller).await;
+            });
+            Ok(None)
+        }
+    };
+    let state = controller.state();
+    match value {
+        Ok(value) => DeviceToLauncher {
+            ok: true,
+            state,
+            error: None,
+            value,
+        },
+        Err(error) => DeviceToLauncher {
+            ok: false,
+            state,
+            error: Some(crate::runner::error_chain(&error)),
+            value: None,
+        },
+    }
+}
+
+fn control_channel_config(socket_type: SocketType, method: Method, address: &str) -> ChannelConfig {
+    ChannelConfig {
+        rate_logging: 0,
+        linger: 100,
+        ..ChannelConfig::new("control", socket_type, method).with_address(address)
+    }
+}
+
+/// Serves the external control protocol at `address` until the device reaches EXITING.
+///
+/// # Errors
+/// [`DeviceError::Control`] when the endpoint cannot be bound.
+pub async fn serve_external_control(
+    transport: &dyn Transport,
+    address: &str,
+    controller: DeviceController,
+) -> Result<()> {
+    let control_error = |problem: String| DeviceError::Control {
+        address: address.to_owned(),
+        problem,
+    };
+    let config = control_channel_config(SocketType::Rep, Method::Bind, address);
+    let mut channel = Channel::open(transport, config, "control")
+        .await
+        .map_err(|error| control_error(error.to_string()))?;
+    channel
+        .bind_configured()
+        .await
+        .map_err(|error| control_error(error.to_string()))?;
+    tracing::info!(device = %controller.id(), %address, "external control endpoint bound");
+    let mut states = controller.subscribe();
+    loop {
+        let request = tokio::select! {
+            request = channel.receive() => request,
+            changed = states.changed() => {
+                if changed.is_err() || *states.borrow() == State::Exiting {
+                    break;
+                }
+                continue;
+            }
+        };
+        let request = match request {
+            Ok(request) => request,
+            Err(error) => {
+                tracing::warn!(device = %controller.id(), %error, "control endpoint receive failed");
+                continue;
+            }
+        };
+        let reply = match serde_json::from_slice::<LauncherToDevice>(request.data()) {
+            Ok(request) => answer(&controller, request).await,
+            Err(error) => DeviceToLauncher {
+                ok: false,
+                state: controller.state(),
+                error: Some(format!("malformed control request: {error}")),
+                value: None,
+            },
+        };
+        let bytes = serde_json::to_vec(&reply).expect("replies serialise");
+        if let Err(failed) = channel.send(Message::from(bytes)).await {
+            tracing::warn!(device = %controller.id(), error = %failed.error, "control reply failed");
+        }
+    }
+    let _ = channel.close().await;
+    Ok(())
+}
+
+/// The launcher's side of the external control protocol.
+pub struct ControlClient {
+    channel: Channel,
+    address: String,
+}
+
+impl ControlClient {
+    /// Connects to a device's control endpoint.
+    ///
+    /// # Errors
+    /// [`DeviceError::Control`] when the address is invalid.
+    pub async fn connect(transport: &dyn Transport, address: &str) -> Result<ControlClient> {
+        let control_error = |problem: String| DeviceError::Control {
+            address: address.to_owned(),
+            problem,
+        };
+        let config = control_channel_config(SocketType::Req, Method::Connect, address);
+        let mut channel = Channel::open(transport, config, "control")
+            .await
+            .map_err(|error| control_error(error.to_string()))?;
+        let parsed = Address::parse(address).map_err(|error| control_error(error.to_string()))?;
+        channel
+            .connect(&parsed)
+            .await
+            .map_err(|error| control_error(error.to_string()))?;
+        Ok(ControlClient {
+            channel,
+            address: address.to_owned(),
+        })
+    }
+
+    /// Sends one request and waits for its answer, at most `timeout`.
+    ///
+    /// # Errors
+    /// [`DeviceError::Control`] when the device does not answer in time or answers garbage.
+    pub async fn request(
+        &mut self,
+        request: &LauncherToDevice,
+        timeout: Duration,
+    ) -> Result<DeviceToLauncher> {
+        let control_error = |problem: String| DeviceError::Control {
+            address: self.address.clone(),
+            problem,
+        };
+        let bytes = serde_json::to_vec(request).expect("requests serialise");
+        self.channel
+            .send_timeout(Message::from(bytes), timeout)
+            .await
+            .map_err(|failed| control_error(failed.error.to_string()))?;
+        let reply = self
+            .channel
+            .receive_timeout(timeout)
+            .await
+            .map_err(|error| control_error(error.to_string()))?;
+        serde_json::from_slice(reply.data())
+            .map_err(|error| control_error(format!("malformed reply: {error}")))
+    }
+
+    /// Sends one request; an answer with `ok: false` becomes an error.
+    ///
+    /// # Errors
+    /// As [`ControlClient::request`], and [`DeviceError::Control`] with the device's refusal.
+    pub async fn expect_ok(
+        &mut self,
+        request: &LauncherToDevice,
+        timeout: Duration,
+    ) -> Result<DeviceToLauncher> {
+        let reply = self.request(request, timeout).await?;
+        if reply.ok {
+            return Ok(reply);
+        }
+        Err(DeviceError::Control {
+            address: self.address.clone(),
+            problem: reply.error.unwrap_or_else(|| "refused".to_owned()),
+        })
+    }
+}

@@ -1,0 +1,457 @@
+//! The [`Device`] trait users implement, and the [`DeviceContext`] its hooks receive.
+//!
+//! A device overrides either [`Device::run`] (a loop it writes, ending when
+//! [`DeviceContext::next_iteration`] says so) or [`Device::on_data`] (called for every message
+//! on its input channels by the default `run`). Everything else has a default.
+//!
+//! # Cancel safety and STOP
+//! STOP fires the context's cancellation token. The context's send and receive calls return
+//! [`Error::Interrupted`] as soon as it fires, so a device blocked on a channel leaves RUNNING
+//! promptly; a message whose send was interrupted is dropped, as the device is stopping.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use ferromq_core::{
+    BoxError, Channel, ChannelCounters, CounterSnapshot, Error, Message, Parts, Payload, Transport,
+};
+use futures_util::FutureExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::DeviceError;
+
+/// What an `on_data` handler wants next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Keep receiving.
+    Continue,
+    /// Leave RUNNING (as if `run` returned).
+    Stop,
+}
+
+/// A device: hooks called in the states of FairMQ's state machine.
+///
+/// # Examples
+/// ```
+/// use ferromq_device::{Device, DeviceContext, Flow};
+/// use ferromq_core::{BoxError, Parts};
+///
+/// struct Counter { n_msgs: u64 }
+///
+/// #[async_trait::async_trait]
+/// impl Device for Counter {
+///     async fn on_data(&mut self, _channel: &str, _parts: Parts, _ctx: &mut DeviceContext) -> Result<Flow, BoxError> {
+///         self.n_msgs += 1;
+///         Ok(Flow::Continue)
+///     }
+/// }
+/// ```
+#[async_trait]
+pub trait Device: Send + 'static {
+    /// INITIALIZING DEVICE, after the channels are created: read properties, check options.
+    ///
+    /// # Errors
+    /// Any error moves the device to ERROR.
+    async fn init(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let _ = ctx;
+        Ok(())
+    }
+
+    /// INITIALIZING TASK: prepare the work (open files, allocate buffers).
+    ///
+    /// # Errors
+    /// Any error moves the device to ERROR.
+    async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let _ = ctx;
+        Ok(())
+    }
+
+    /// RUNNING: the device's work. Returning leaves RUNNING for READY.
+    ///
+    /// The default receives from every input channel (fairly, see [`DeviceContext::poll`]) and
+    /// calls [`Device::on_data`], until STOP, `--max-iterations`, or `on_data` returns
+    /// [`Flow::Stop`].
+    ///
+    /// # Errors
+    /// Any error moves the device to ERROR.
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let inputs = ctx.input_channel_names();
+        if inputs.is_empty() {
+            return Err("the device has no input channel for on_data; implement `run`".into());
+        }
+        while ctx.next_iteration() {
+            let (channel, parts) = match ctx.poll(&inputs).await {
+                Ok(received) => received,
+                Err(DeviceError::Channel(Error::Interrupted { .. })) => break,
+                Err(error) => return Err(error.into()),
+            };
+            if self.on_data(&channel, parts, ctx).await? == Flow::Stop {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// A message arrived on `channel` (called by the default [`Device::run`]).
+    ///
+    /// # Errors
+    /// Any error moves the device to ERROR.
+    async fn on_data(
+        &mut self,
+        channel: &str,
+        parts: Parts,
+        ctx: &mut DeviceContext,
+    ) -> Result<Flow, BoxError> {
+        let _ = (channel, parts, ctx);
+        Err("the device implements neither `run` nor `on_data`".into())
+    }
+
+    /// RESETTING TASK: undo `init_task`.
+    ///
+    /// # Errors
+    /// Any error moves the device to ERROR.
+    async fn reset_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let _ = ctx;
+        Ok(())
+    }
+
+    /// RESETTING DEVICE, after the channels are closed: undo `init`.
+    ///
+    /// # Errors
+    /// Any error moves the device to ERROR.
+    async fn reset(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let _ = ctx;
+        Ok(())
+    }
+}
+
+/// A device's channels, properties and stop signal, as its hooks see them.
+pub struct DeviceContext {
+    pub(crate) id: String,
+    pub(crate) session: String,
+    pub(crate) channels: Vec<Channel>,
+    pub(crate) transports: BTreeMap<String, Arc<dyn Transport>>,
+    pub(crate) properties: Arc<Mutex<BTreeMap<String, String>>>,
+    pub(crate) stop: CancellationToken,
+    pub(crate) max_iterations: u64,
+    pub(crate) n_iterations: u64,
+    pub(crate) poll_start: usize,
+}
+
+impl DeviceContext {
+    /// The device id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The session id.
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+
+    /// Names of every socket (`data`, `out[0]`, `out[1]`).
+    pub fn channel_names(&self) -> Vec<String> {
+        self.channels
+            .iter()
+            .map(|channel| channel.name().to_owned())
+            .collect()
+    }
+
+    /// Names of the sockets that receive (pull, sub, rep, req, pair), in configuration order.
+    pub fn input_channel_names(&self) -> Vec<String> {
+        self.channels
+            .iter()
+            .filter(|channel| {
+                matches!(
+                    channel.config().socket_type,
+                    ferromq_core::SocketType::Pull
+                        | ferromq_core::SocketType::Sub
+                        | ferromq_core::SocketType::Rep
+                        | ferromq_core::SocketType::Pair
+                )
+            })
+            .map(|channel| channel.name().to_owned())
+            .collect()
+    }
+
+    /// Names of the sockets of channel `base` (`out` → `out[0]`, `out[1]`, or just `out`).
+    pub fn sub_channel_names(&self, base: &str) -> Vec<String> {
+        self.channels
+            .iter()
+            .filter(|channel| channel.config().name == base)
+            .map(|channel| channel.name().to_owned())
+            .collect()
+    }
+
+    fn channel_idx(&self, name: &str) -> Result<usize, DeviceError> {
+        let position = |wanted: &str| {
+            self.channels
+                .iter()
+                .position(|channel| channel.name() == wanted)
+        };
+        position(name)
+            // `data` reaches `data[0]` when the channel has sub-channels.
+            .or_else(|| position(&format!("{name}[0]")))
+            .ok_or_else(|| DeviceError::UnknownChannel {
+                device: self.id.clone(),
+                name: name.to_owned(),
+                available: self.channel_names().join(", "),
+            })
+    }
+
+    /// The channel (socket) `name`: `data`, `data[1]`.
+    ///
+    /// # Errors
+    /// [`DeviceError::UnknownChannel`] listing the names that exist.
+    pub fn channel(&mut self, name: &str) -> Result<&mut Channel, DeviceError> {
+        let idx = self.channel_idx(name)?;
+        Ok(&mut self.channels[idx])
+    }
+
+    /// The counters of channel `name`.
+    ///
+    /// # Errors
+    /// [`DeviceError::UnknownChannel`].
+    pub fn counters(&self, name: &str) -> Result<CounterSnapshot, DeviceError> {
+        let idx = self.channel_idx(name)?;
+        Ok(self.channels[idx].counters().snapshot())
+    }
+
+    pub(crate) fn shared_counters(&self) -> Vec<(String, u64, Arc<ChannelCounters>)> {
+        self.channels
+            .iter()
+            .map(|channel| {
+                (
+                    channel.name().to_owned(),
+                    channel.config().rate_logging,
+                    channel.counters(),
+                )
+            })
+            .collect()
+    }
+
+    /// A message of `size` bytes from the transport of channel `name` (shared memory for a
+    /// shmem channel, so that sending it copies nothing).
+    ///
+    /// # Errors
+    /// [`DeviceError::UnknownChannel`], or the transport's allocation error.
+    pub async fn new_message(&mut self, name: &str, size: usize) -> Result<Message, DeviceError> {
+        let idx = self.channel_idx(name)?;
+        let transport_name = self.channels[idx].transport_name();
+        match self.transports.get(transport_name) {
+            Some(transport) => Ok(transport.new_message(size).await?),
+            None => Ok(Message::new(size)),
+        }
+    }
+
+    async fn interruptible<T>(
+        stop: &CancellationToken,
+        label: &ferromq_core::ChannelLabel,
+        operation: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, DeviceError> {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => Err(DeviceError::Channel(Error::Interrupted { channel: label.clone() })),
+            result = operation => Ok(result?),
+        }
+    }
+
+    /// Sends on channel `name`; returns [`Error::Interrupted`] if STOP comes first.
+    ///
+    /// # Errors
+    /// [`DeviceError::UnknownChannel`], or the channel's error.
+    pub async fn send(&mut self, name: &str, message: Message) -> Result<(), DeviceError> {
+        let idx = self.channel_idx(name)?;
+        let channel = &mut self.channels[idx];
+        let label = channel.label().clone();
+        let send = async { channel.send(message).await.map_err(|failed| failed.error) };
+        Self::interruptible(&self.stop, &label, send).await
+    }
+
+    /// Sends a multipart message on channel `name`.
+    ///
+    /// # Errors
+    /// As [`DeviceContext::send`].
+    pub async fn send_parts(&mut self, name: &str, parts: Parts) -> Result<(), DeviceError> {
+        let idx = self.channel_idx(name)?;
+        let channel = &mut self.channels[idx];
+        let label = channel.label().clone();
+        let send = async {
+            channel
+                .send_parts(parts)
+                .await
+                .map_err(|failed| failed.error)
+        };
+        Self::interruptible(&self.stop, &label, send).await
+    }
+
+    /// Receives one frame from channel `name`.
+    ///
+    /// # Errors
+    /// As [`DeviceContext::send`].
+    pub async fn receive(&mut self, name: &str) -> Result<Message, DeviceError> {
+        let idx = self.channel_idx(name)?;
+        let channel = &mut self.channels[idx];
+        let label = channel.label().clone();
+        Self::interruptible(&self.stop, &label, channel.receive()).await
+    }
+
+    /// Receives a whole multipart message from channel `name`.
+    ///
+    /// # Errors
+    /// As [`DeviceContext::send`].
+    pub async fn receive_parts(&mut self, name: &str) -> Result<Parts, DeviceError> {
+        let idx = self.channel_idx(name)?;
+        let channel = &mut self.channels[idx];
+        let label = channel.label().clone();
+        Self::interruptible(&self.stop, &label, channel.receive_parts()).await
+    }
+
+    /// Encodes `value` with its type's codec and sends it on channel `name`.
+    ///
+    /// # Errors
+    /// As [`DeviceContext::send`], and [`Error::Codec`].
+    pub async fn send_value<T: Payload>(
+        &mut self,
+        name: &str,
+        value: T,
+    ) -> Result<(), DeviceError> {
+        let idx = self.channel_idx(name)?;
+        let label = self.channels[idx].label().clone();
+        let message = value.encode().map_err(|source| Error::Codec {
+            channel: label,
+            source,
+        })?;
+        self.send(name, message).await
+    }
+
+    /// Receives one message from channel `name` and decodes it with `T`'s codec.
+    ///
+    /// # Errors
+    /// As [`DeviceContext::receive`], and [`Error::Codec`].
+    pub async fn receive_value<T: Payload>(&mut self, name: &str) -> Result<T, DeviceError> {
+        let message = self.receive(name).await?;
+        let label = self.channel(name)?.label().clone();
+        Ok(T::decode(message).map_err(|source| Error::Codec {
+            channel: label,
+            source,
+        })?)
+    }
+
+    /// Waits for a message on any of `names`; returns the channel it came from and the message.
+    ///
+    /// Fair: each call starts looking one channel further than the last, so a busy channel
+    /// cannot starve the others.
+    ///
+    /// # Errors
+    /// [`DeviceError::UnknownChannel`], [`Error::Interrupted`] on STOP, or a channel's error.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: receives are cancel-safe, so no message is lost when another channel wins.
+    pub async fn poll(&mut self, names: &[String]) -> Result<(String, Parts), DeviceError> {
+        let mut wanted = Vec::with_capacity(names.len());
+        for name in names {
+            wanted.push(self.channel_idx(name)?);
+        }
+        if wanted.is_empty() {
+            return Err(DeviceError::UnknownChannel {
+                device: self.id.clone(),
+                name: String::new(),
+                available: self.channel_names().join(", "),
+            });
+        }
+        self.poll_start = (self.poll_start + 1) % wanted.len();
+        wanted.rotate_left(self.poll_start);
+        let stop = self.stop.clone();
+        let mut receives = Vec::with_capacity(wanted.len());
+        // Disjoint mutable borrows of the wanted channels, in the rotated order.
+        let mut slots: Vec<Option<&mut Channel>> = self.channels.iter_mut().map(Some).collect();
+        for idx in wanted {
+            let channel = slots[idx].take().expect("channel indices are distinct");
+            receives.push(
+                async move {
+                    let name = channel.name().to_owned();
+                    channel.receive_parts().await.map(|parts| (name, parts))
+                }
+                .boxed(),
+            );
+        }
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => Err(DeviceError::Channel(Error::Interrupted {
+                channel: ferromq_core::ChannelLabel::new("poll", ferromq_core::SocketType::Pull),
+            })),
+            (result, _, _) = futures_util::future::select_all(receives) => Ok(result?),
+        }
+    }
+
+    /// True until STOP or `--max-iterations`; counts one iteration per call.
+    pub fn next_iteration(&mut self) -> bool {
+        if self.stop.is_cancelled() {
+            return false;
+        }
+        if self.max_iterations > 0 && self.n_iterations >= self.max_iterations {
+            return false;
+        }
+        self.n_iterations += 1;
+        true
+    }
+
+    /// Iterations counted so far by [`DeviceContext::next_iteration`].
+    pub fn iterations(&self) -> u64 {
+        self.n_iterations
+    }
+
+    /// The `--max-iterations` limit (0 = none).
+    pub fn max_iterations(&self) -> u64 {
+        self.max_iterations
+    }
+
+    /// True once STOP was requested.
+    pub fn stop_requested(&self) -> bool {
+        self.stop.is_cancelled()
+    }
+
+    /// Completes when STOP is requested (for `select!` in a device's own loops). The future
+    /// does not borrow the context, so channel calls can run beside it.
+    pub fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.stop.clone().cancelled_owned()
+    }
+
+    /// A property as text.
+    pub fn property_text(&self, key: &str) -> Option<String> {
+        self.properties
+            .lock()
+            .expect("properties poisoned")
+            .get(key)
+            .cloned()
+    }
+
+    /// A property parsed as `T`, or `default` when absent.
+    ///
+    /// # Errors
+    /// [`DeviceError::Property`] when present but not a `T`.
+    pub fn property_or<T: FromStr>(&self, key: &str, default: T) -> Result<T, DeviceError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        match self.property_text(key) {
+            None => Ok(default),
+            Some(text) => text.parse().map_err(|error: T::Err| DeviceError::Property {
+                device: self.id.clone(),
+                key: key.to_owned(),
+                problem: format!("has invalid value {text:?}: {error}"),
+            }),
+        }
+    }
+
+    /// Sets a property (visible to controllers).
+    pub fn set_property(&self, key: impl Into<String>, value: impl ToString) {
+        self.properties
+            .lock()
+            .expect("properties poisoned")
+            .insert(key.into(), value.to_string());
+    }
+}

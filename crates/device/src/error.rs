@@ -1,0 +1,112 @@
+//! Errors of devices and their control.
+
+use ferromq_core::BoxError;
+
+use crate::state::{State, Transition};
+
+/// What went wrong in a device.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceError {
+    /// The state machine has no such edge.
+    #[error("transition {transition} is not allowed in state {state}")]
+    InvalidTransition {
+        /// The state the device was in.
+        state: State,
+        /// The transition refused.
+        transition: Transition,
+    },
+    /// A device hook (`init`, `run`, ...) failed; the device is in ERROR.
+    #[error("device {device:?}: {hook} failed in state {state}")]
+    Hook {
+        /// Device id.
+        device: String,
+        /// Hook name.
+        hook: &'static str,
+        /// State it ran in.
+        state: State,
+        /// The hook's error.
+        #[source]
+        source: BoxError,
+    },
+    /// A channel operation failed.
+    #[error(transparent)]
+    Channel(#[from] ferromq_core::Error),
+    /// No channel of that name.
+    #[error("device {device:?} has no channel {name:?}; its channels: {available}")]
+    UnknownChannel {
+        /// Device id.
+        device: String,
+        /// The name asked for.
+        name: String,
+        /// The names it has.
+        available: String,
+    },
+    /// A property is missing or of the wrong form.
+    #[error("device {device:?}: property {key:?} {problem}")]
+    Property {
+        /// Device id.
+        device: String,
+        /// Property key.
+        key: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A FairMQ JSON configuration could not be read.
+    #[error("{path}: {problem}")]
+    MqConfig {
+        /// The file.
+        path: String,
+        /// What is wrong, with the line and column where known.
+        problem: String,
+    },
+    /// The device task ended; its controller cannot reach it any more.
+    #[error("device {device:?} is gone")]
+    DeviceGone {
+        /// Device id.
+        device: String,
+    },
+    /// Waiting for a state took too long.
+    #[error("device {device:?} did not reach {wanted} within {timeout_ms} ms (it is {current})")]
+    WaitTimeout {
+        /// Device id.
+        device: String,
+        /// State waited for.
+        wanted: State,
+        /// State it is in.
+        current: State,
+        /// The timeout.
+        timeout_ms: u64,
+    },
+    /// The device stopped without reaching the awaited state (it ended or failed first).
+    #[error("device {device:?} ended in {current} before reaching {wanted}")]
+    StateUnreachable {
+        /// Device id.
+        device: String,
+        /// State waited for.
+        wanted: State,
+        /// Where it ended.
+        current: State,
+    },
+    /// The device's work was interrupted (a signal or a controller asked it to abort).
+    #[error("device {device:?} interrupted in {state}: {reason}")]
+    Interrupted {
+        /// Device id.
+        device: String,
+        /// State it was in.
+        state: State,
+        /// Why.
+        reason: String,
+    },
+    /// The external control endpoint failed.
+    #[error("control endpoint {address}: {problem}")]
+    Control {
+        /// Its address.
+        address: String,
+        /// What failed.
+        problem: String,
+    },
+}
+
+/// Result of device operations.
+pub type Result<T, E = DeviceError> = std::result::Result<T, E>;

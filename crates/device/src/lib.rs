@@ -1,0 +1,56 @@
+//! Devices: FairMQ's state machine around a user's async code.
+//!
+//! A user implements [`Device`] (hooks `init`, `init_task`, `run` or `on_data`, `reset_task`,
+//! `reset`); a [`DeviceRunner`] owns it with its [`DeviceConfig`] and executes the state machine
+//! of [`state`]; a [`DeviceController`] requests transitions and observes states. The
+//! [`control`] module drives a controller: the static sequence, a clean shutdown from any state,
+//! and the external control endpoint (JSON over a zmq REP socket) a launcher uses.
+//!
+//! Binding and connecting are done by the runner from the channel configuration; hooks reach
+//! channels by name through [`DeviceContext`] (`data`, `data[1]`), raw or typed, and
+//! [`DeviceContext::poll`] waits on several channels fairly.
+//!
+//! ```
+//! use ferromq_core::{BoxError, ChannelConfig, Message, Method, SocketType};
+//! use ferromq_device::{control, Device, DeviceConfig, DeviceContext, DeviceRunner};
+//!
+//! struct Hello;
+//!
+//! #[async_trait::async_trait]
+//! impl Device for Hello {
+//!     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+//!         while ctx.next_iteration() {
+//!             ctx.send("data", Message::from("hello")).await?;
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let channel = ChannelConfig::new("data", SocketType::Pub, Method::Bind).with_address("inproc://hello");
+//! let mut config = DeviceConfig::new("hello").with_channel(channel).unwrap();
+//! config.max_iterations = 3;
+//! let (runner, controller) = DeviceRunner::new(Hello, config);
+//! let device = tokio::spawn(runner.run());
+//! control::run_static(&controller).await.unwrap();
+//! device.await.unwrap().unwrap();
+//! # });
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod config;
+pub mod control;
+mod device;
+mod error;
+pub mod rates;
+mod runner;
+pub mod state;
+mod transports;
+
+pub use config::{DEFAULT_TRANSPORT, DeviceConfig, SocketConfig};
+pub use device::{Device, DeviceContext, Flow};
+pub use error::{DeviceError, Result};
+pub use runner::{DeviceController, DeviceRunner, StateChange, error_chain};
+pub use state::{State, Transition};
+pub use transports::{available_transports, transport_by_name};

@@ -1,0 +1,583 @@
+//! [`DeviceRunner`] drives one device through the state machine; [`DeviceController`] is the
+//! handle through which anything else (a static sequence, a terminal, the external control
+//! endpoint, a signal handler) requests transitions and observes states.
+//!
+//! # Shutdown
+//! Working states (binding, connecting, running, ...) run concurrently with the request queue, so
+//! a STOP or an abort is seen at once in every state: a device blocked in CONNECTING on a peer
+//! that never comes can still be taken down ([`DeviceController::abort`] moves it to ERROR).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferromq_core::{Address, Channel, CounterSnapshot, Error, Method, TcpHost};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::DeviceConfig;
+use crate::device::{Device, DeviceContext};
+use crate::error::{DeviceError, Result};
+use crate::rates;
+use crate::state::{State, Transition, next_state};
+use crate::transports::transport_by_name;
+
+enum Request {
+    Change(Transition, oneshot::Sender<Result<State>>),
+    Abort(String),
+}
+
+/// One state change, as seen by [`DeviceController::subscribe_changes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateChange {
+    /// The state left.
+    pub from: State,
+    /// The state entered.
+    pub to: State,
+}
+
+/// What controllers can read about the device without asking its task.
+#[derive(Default)]
+struct Shared {
+    bound_addresses: Vec<(String, String)>,
+    counters: Vec<(String, Arc<ferromq_core::ChannelCounters>)>,
+    last_error: Option<String>,
+}
+
+/// A handle to a running device: request transitions, wait for states, read properties.
+#[derive(Clone)]
+pub struct DeviceController {
+    id: String,
+    requests: mpsc::Sender<Request>,
+    state: watch::Receiver<State>,
+    changes: broadcast::Sender<StateChange>,
+    properties: Arc<Mutex<BTreeMap<String, String>>>,
+    shared: Arc<Mutex<Shared>>,
+}
+
+impl DeviceController {
+    /// The device id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The current state.
+    pub fn state(&self) -> State {
+        *self.state.borrow()
+    }
+
+    /// A receiver of the current state; it may skip states that pass quickly (use
+    /// [`DeviceController::subscribe_changes`] to see every one).
+    pub fn subscribe(&self) -> watch::Receiver<State> {
+        self.state.clone()
+    }
+
+    /// A receiver of every state change from now on, in order.
+    pub fn subscribe_changes(&self) -> broadcast::Receiver<StateChange> {
+        self.changes.subscribe()
+    }
+
+    /// Requests `transition`; returns the state it leads to once accepted (the work of that
+    /// state may still be going on: wait for the state that follows it).
+    ///
+    /// # Errors
+    /// [`DeviceError::InvalidTransition`] naming the state and the transition;
+    /// [`DeviceError::DeviceGone`] when the device task has ended.
+    pub async fn change_state(&self, transition: Transition) -> Result<State> {
+        let (reply, answer) = oneshot::channel();
+        self.requests
+            .send(Request::Change(transition, reply))
+            .await
+            .map_err(|_| self.gone())?;
+        answer.await.map_err(|_| self.gone())?
+    }
+
+    /// Takes the device out of whatever it is doing: a STOP when RUNNING, otherwise the current
+    /// working state is cancelled and the device goes to ERROR with `reason`.
+    pub fn abort(&self, reason: impl Into<String>) {
+        let _ = self.requests.try_send(Request::Abort(reason.into()));
+    }
+
+    /// Waits until the device is in `wanted`, at most `timeout` (forever if `None`).
+    ///
+    /// # Errors
+    /// [`DeviceError::WaitTimeout`]; [`DeviceError::StateUnreachable`] when the device enters
+    /// ERROR or EXITING first (unless that is what was asked for).
+    pub async fn wait_for_state(&self, wanted: State, timeout: Option<Duration>) -> Result<()> {
+        // Subscribe before reading the current state, so that no change falls in between.
+        let mut changes = self.changes.subscribe();
+        let mut state = self.state.clone();
+        let unreachable = |current| DeviceError::StateUnreachable {
+            device: self.id.clone(),
+            wanted,
+            current,
+        };
+        let wait = async {
+            let current = *state.borrow_and_update();
+            if current == wanted {
+                return Ok(());
+            }
+            if matches!(current, State::Error | State::Exiting) {
+                return Err(unreachable(current));
+            }
+            loop {
+                match changes.recv().await {
+                    Ok(change) if change.to == wanted => return Ok(()),
+                    Ok(change) if matches!(change.to, State::Error | State::Exiting) => {
+                        return Err(unreachable(change.to));
+                    }
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        let current = *state.borrow_and_update();
+                        if current == wanted {
+                            return Ok(());
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => {
+                        let current = *state.borrow();
+                        return if current == wanted {
+                            Ok(())
+                        } else {
+                            Err(unreachable(current))
+                        };
+                    }
+                }
+            }
+        };
+        match timeout {
+            None => wait.await,
+            Some(timeout) => tokio::time::timeout(timeout, wait)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(DeviceError::WaitTimeout {
+                        device: self.id.clone(),
+                        wanted,
+                        current: self.state(),
+                        timeout_ms: timeout.as_millis() as u64,
+                    })
+                }),
+        }
+    }
+
+    /// A property as text.
+    pub fn property(&self, key: &str) -> Option<String> {
+        self.properties
+            .lock()
+            .expect("properties poisoned")
+            .get(key)
+            .cloned()
+    }
+
+    /// Every property.
+    pub fn properties(&self) -> BTreeMap<String, String> {
+        self.properties.lock().expect("properties poisoned").clone()
+    }
+
+    /// Sets a property; the device reads it in its next hook.
+    pub fn set_property(&self, key: impl Into<String>, value: impl Into<String>) {
+        self.properties
+            .lock()
+            .expect("properties poisoned")
+            .insert(key.into(), value.into());
+    }
+
+    /// The addresses the device's channels bound, as `(socket name, address)`.
+    pub fn bound_addresses(&self) -> Vec<(String, String)> {
+        self.shared
+            .lock()
+            .expect("shared state poisoned")
+            .bound_addresses
+            .clone()
+    }
+
+    /// Every channel's counters, as `(socket name, snapshot)`.
+    pub fn counters(&self) -> Vec<(String, CounterSnapshot)> {
+        let shared = self.shared.lock().expect("shared state poisoned");
+        shared
+            .counters
+            .iter()
+            .map(|(name, counters)| (name.clone(), counters.snapshot()))
+            .collect()
+    }
+
+    /// The error that moved the device to ERROR, if any.
+    pub fn last_error(&self) -> Option<String> {
+        self.shared
+            .lock()
+            .expect("shared state poisoned")
+            .last_error
+            .clone()
+    }
+
+    fn gone(&self) -> DeviceError {
+        DeviceError::DeviceGone {
+            device: self.id.clone(),
+        }
+    }
+}
+
+/// Runs a device: owns it, its context and its configuration, and executes the state machine.
+pub struct DeviceRunner<D: Device> {
+    device: D,
+    config: DeviceConfig,
+    ctx: DeviceContext,
+    requests: mpsc::Receiver<Request>,
+    state_sender: watch::Sender<State>,
+    changes: broadcast::Sender<StateChange>,
+    shared: Arc<Mutex<Shared>>,
+    rate_logger: Option<CancellationToken>,
+    failure: Option<DeviceError>,
+}
+
+impl<D: Device> DeviceRunner<D> {
+    /// A runner in IDLE and its controller.
+    pub fn new(device: D, config: DeviceConfig) -> (DeviceRunner<D>, DeviceController) {
+        let (request_sender, requests) = mpsc::channel(16);
+        let (state_sender, state) = watch::channel(State::Idle);
+        let (changes, _) = broadcast::channel(64);
+        let properties = Arc::new(Mutex::new(config.properties.clone()));
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let ctx = DeviceContext {
+            id: config.id.clone(),
+            session: config.session.clone(),
+            channels: Vec::new(),
+            transports: BTreeMap::new(),
+            properties: Arc::clone(&properties),
+            stop: CancellationToken::new(),
+            max_iterations: config.max_iterations,
+            n_iterations: 0,
+            poll_start: 0,
+        };
+        let controller = DeviceController {
+            id: config.id.clone(),
+            requests: request_sender,
+            state,
+            changes: changes.clone(),
+            properties,
+            shared: Arc::clone(&shared),
+        };
+        let runner = DeviceRunner {
+            device,
+            config,
+            ctx,
+            requests,
+            state_sender,
+            changes,
+            shared,
+            rate_logger: None,
+            failure: None,
+        };
+        (runner, controller)
+    }
+
+    /// Executes requested transitions until EXITING.
+    ///
+    /// # Errors
+    /// The error that moved the device to ERROR (it still ends through END → EXITING), or
+    /// [`DeviceError::DeviceGone`] when every controller was dropped before END.
+    pub async fn run(mut self) -> Result<()> {
+        loop {
+            let state = *self.state_sender.borrow();
+            if state == State::Exiting {
+                break;
+            }
+            let Some(request) = self.requests.recv().await else {
+                self.stop_rate_logger();
+                return Err(DeviceError::DeviceGone {
+                    device: self.config.id.clone(),
+                });
+            };
+            match request {
+                Request::Abort(reason) => {
+                    if !matches!(state, State::Error | State::Idle) {
+                        self.fail(DeviceError::Interrupted {
+                            device: self.config.id.clone(),
+                            state,
+                            reason,
+                        });
+                    }
+                }
+                Request::Change(transition, reply) => {
+                    let Some(next) = next_state(state, transition) else {
+                        let _ =
+                            reply.send(Err(DeviceError::InvalidTransition { state, transition }));
+                        continue;
+                    };
+                    if transition == Transition::CompleteInit {
+                        // INITIALIZED is announced only once the channels exist and `init` ran.
+                        let _ = reply.send(Ok(next));
+                        self.work(State::InitializingDevice, State::Initialized)
+                            .await;
+                        continue;
+                    }
+                    // Published before the reply, so the requester never reads the old state.
+                    self.set_state(next);
+                    let _ = reply.send(Ok(next));
+                    if transition == Transition::ErrorFound {
+                        self.record_failure(DeviceError::Interrupted {
+                            device: self.config.id.clone(),
+                            state,
+                            reason: "ERROR FOUND requested".to_owned(),
+                        });
+                    } else if let Some(after) = next.auto_next() {
+                        self.work(next, after).await;
+                    }
+                }
+            }
+        }
+        self.stop_rate_logger();
+        match self.failure.take() {
+            Some(failure) => Err(failure),
+            None => Ok(()),
+        }
+    }
+
+    fn set_state(&mut self, next: State) {
+        let previous = self.state_sender.send_replace(next);
+        if previous != next {
+            tracing::info!(device = %self.config.id, "{previous} ---> {next}");
+            let _ = self.changes.send(StateChange {
+                from: previous,
+                to: next,
+            });
+        }
+    }
+
+    fn record_failure(&mut self, failure: DeviceError) {
+        let text = error_chain(&failure);
+        tracing::error!(device = %self.config.id, "{text}");
+        self.shared
+            .lock()
+            .expect("shared state poisoned")
+            .last_error = Some(text);
+        self.failure = Some(failure);
+    }
+
+    fn fail(&mut self, failure: DeviceError) {
+        self.ctx.stop.cancel();
+        self.record_failure(failure);
+        self.set_state(State::Error);
+    }
+
+    /// Does the work of `state` while answering requests, then moves to `after` (or ERROR).
+    async fn work(&mut self, state: State, after: State) {
+        if state == State::Running {
+            self.ctx.stop = CancellationToken::new();
+        }
+        let stop = self.ctx.stop.clone();
+        let id = self.config.id.clone();
+        let outcome = {
+            let step = do_work(
+                &mut self.device,
+                &mut self.ctx,
+                &self.config,
+                &self.shared,
+                state,
+            );
+            tokio::pin!(step);
+            loop {
+                tokio::select! {
+                    outcome = &mut step => break outcome,
+                    request = self.requests.recv() => match request {
+                        Some(Request::Change(Transition::Stop, reply)) if state == State::Running => {
+                            stop.cancel();
+                            let _ = reply.send(Ok(State::Ready));
+                        }
+                        Some(Request::Change(transition, reply)) if transition != Transition::ErrorFound => {
+                            let _ = reply.send(Err(DeviceError::InvalidTransition { state, transition }));
+                        }
+                        Some(Request::Change(_, reply)) => {
+                            let _ = reply.send(Ok(State::Error));
+                            break Err(DeviceError::Interrupted { device: id.clone(), state, reason: "ERROR FOUND requested".to_owned() });
+                        }
+                        Some(Request::Abort(reason)) if state == State::Running => {
+                            tracing::info!(device = %id, %reason, "stopping");
+                            stop.cancel();
+                        }
+                        Some(Request::Abort(reason)) => {
+                            break Err(DeviceError::Interrupted { device: id.clone(), state, reason });
+                        }
+                        None => {
+                            break Err(DeviceError::DeviceGone { device: id.clone() });
+                        }
+                    },
+                }
+            }
+        };
+        match outcome {
+            Ok(()) => {
+                match state {
+                    State::InitializingDevice => self.start_rate_logger(),
+                    State::ResettingDevice => self.stop_rate_logger(),
+                    _ => {}
+                }
+                self.set_state(after);
+            }
+            Err(failure) => self.fail(failure),
+        }
+    }
+
+    fn start_rate_logger(&mut self) {
+        self.stop_rate_logger();
+        let counters = self.ctx.shared_counters();
+        self.shared.lock().expect("shared state poisoned").counters = counters
+            .iter()
+            .map(|(name, _, counters)| (name.clone(), Arc::clone(counters)))
+            .collect();
+        self.rate_logger = rates::spawn_rate_logger(self.config.id.clone(), counters);
+    }
+
+    fn stop_rate_logger(&mut self) {
+        if let Some(token) = self.rate_logger.take() {
+            token.cancel();
+        }
+    }
+}
+
+/// The work of one state. Separate from the runner so that the request loop can borrow the
+/// runner's other fields while this future holds the device and its context.
+async fn do_work<D: Device>(
+    device: &mut D,
+    ctx: &mut DeviceContext,
+    config: &DeviceConfig,
+    shared: &Mutex<Shared>,
+    state: State,
+) -> Result<()> {
+    let hook_failed = |hook: &'static str| {
+        let device_id = config.id.clone();
+        move |source| DeviceError::Hook {
+            device: device_id,
+            hook,
+            state,
+            source,
+        }
+    };
+    match state {
+        State::InitializingDevice => {
+            create_channels(ctx, config).await?;
+            device.init(ctx).await.map_err(hook_failed("init"))
+        }
+        State::Binding => {
+            let mut bound = Vec::new();
+            for channel in ctx
+                .channels
+                .iter_mut()
+                .filter(|channel| channel.config().method == Method::Bind)
+            {
+                let address = bind_channel(channel).await?;
+                tracing::info!(device = %config.id, channel = %channel.name(), %address, "bound");
+                bound.push((channel.name().to_owned(), address.to_string()));
+            }
+            shared
+                .lock()
+                .expect("shared state poisoned")
+                .bound_addresses = bound;
+            Ok(())
+        }
+        State::Connecting => {
+            for channel in ctx
+                .channels
+                .iter_mut()
+                .filter(|channel| channel.config().method == Method::Connect)
+            {
+                channel.connect_configured().await?;
+                tracing::debug!(device = %config.id, channel = %channel.name(), "connected");
+            }
+            Ok(())
+        }
+        State::InitializingTask => device
+            .init_task(ctx)
+            .await
+            .map_err(hook_failed("init_task")),
+        State::Running => {
+            ctx.n_iterations = 0;
+            device.run(ctx).await.map_err(hook_failed("run"))
+        }
+        State::ResettingTask => device
+            .reset_task(ctx)
+            .await
+            .map_err(hook_failed("reset_task")),
+        State::ResettingDevice => {
+            for channel in &mut ctx.channels {
+                if let Err(error) = channel.close().await {
+                    tracing::warn!(device = %config.id, %error, "closing a channel lost messages");
+                }
+            }
+            ctx.channels.clear();
+            shared
+                .lock()
+                .expect("shared state poisoned")
+                .bound_addresses
+                .clear();
+            device.reset(ctx).await.map_err(hook_failed("reset"))
+        }
+        _ => Ok(()),
+    }
+}
+
+async fn create_channels(ctx: &mut DeviceContext, config: &DeviceConfig) -> Result<()> {
+    ctx.channels.clear();
+    for socket in &config.sockets {
+        let transport_name = socket
+            .config
+            .transport
+            .clone()
+            .unwrap_or_else(|| config.transport.clone());
+        let transport = match ctx.transports.get(&transport_name) {
+            Some(transport) => Arc::clone(transport),
+            None => {
+                let transport = transport_by_name(&transport_name)?;
+                ctx.transports
+                    .insert(transport_name, Arc::clone(&transport));
+                transport
+            }
+        };
+        let channel =
+            Channel::open(transport.as_ref(), socket.config.clone(), &socket.name).await?;
+        ctx.channels.push(channel);
+    }
+    Ok(())
+}
+
+/// Binds a channel's address; without one, or when a tcp port is taken and `autoBind` is on,
+/// binds a free port instead (FairMQ's autoBind).
+async fn bind_channel(channel: &mut Channel) -> Result<Address> {
+    let configured = channel.config().parsed_address().map_err(Error::from)?;
+    let Some(address) = configured else {
+        return Ok(channel
+            .bind(&Address::Tcp {
+                host: TcpHost::Any,
+                port: 0,
+            })
+            .await?);
+    };
+    match channel.bind(&address).await {
+        Err(Error::AddressInUse { .. }) if channel.config().auto_bind => {
+            let Address::Tcp { host, .. } = &address else {
+                return Err(Error::AddressInUse {
+                    channel: channel.label().clone(),
+                }
+                .into());
+            };
+            let free = Address::Tcp {
+                host: host.clone(),
+                port: 0,
+            };
+            tracing::warn!(channel = %channel.name(), %address, "address in use; autoBind picks a free port");
+            Ok(channel.bind(&free).await?)
+        }
+        other => Ok(other?),
+    }
+}
+
+/// An error and its sources, as one line.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

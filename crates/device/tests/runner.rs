@@ -1,0 +1,258 @@
+//! The device runner in one process, over inproc channels.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ferromq_core::{BoxError, ChannelConfig, Message, Method, Parts, SocketType};
+use ferromq_device::{
+    Device, DeviceConfig, DeviceContext, DeviceError, DeviceRunner, Flow, State, Transition,
+    control,
+};
+
+const WAIT: Option<Duration> = Some(Duration::from_secs(20));
+static NEXT_NAME: AtomicU64 = AtomicU64::new(0);
+
+fn unique(tag: &str) -> String {
+    format!(
+        "inproc://{tag}-{}",
+        NEXT_NAME.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+struct Idle;
+
+#[async_trait::async_trait]
+impl Device for Idle {
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        ctx.stopped().await;
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn invalid_transition_names_state_and_transition() {
+    let (runner, controller) = DeviceRunner::new(Idle, DeviceConfig::new("idle"));
+    let task = tokio::spawn(runner.run());
+    let error = controller.change_state(Transition::Run).await.unwrap_err();
+    assert!(matches!(
+        error,
+        DeviceError::InvalidTransition {
+            state: State::Idle,
+            transition: Transition::Run
+        }
+    ));
+    assert_eq!(
+        error.to_string(),
+        "transition RUN is not allowed in state IDLE"
+    );
+    controller.change_state(Transition::End).await.unwrap();
+    task.await.unwrap().unwrap();
+}
+
+struct FailsInInitTask;
+
+#[async_trait::async_trait]
+impl Device for FailsInInitTask {
+    async fn init_task(&mut self, _ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        Err("calibration file missing".into())
+    }
+    async fn run(&mut self, _ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn failing_hook_moves_to_error_with_its_cause() {
+    let (runner, controller) = DeviceRunner::new(FailsInInitTask, DeviceConfig::new("broken"));
+    let task = tokio::spawn(runner.run());
+    let outcome = control::run_static(&controller).await;
+    let text = outcome.unwrap_err().to_string();
+    assert!(text.contains("calibration file missing"), "{text}");
+    let error = task.await.unwrap().unwrap_err();
+    assert!(
+        matches!(
+            error,
+            DeviceError::Hook {
+                hook: "init_task",
+                state: State::InitializingTask,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(
+        controller
+            .last_error()
+            .unwrap()
+            .contains("calibration file missing")
+    );
+}
+
+struct BlockedReceiver;
+
+#[async_trait::async_trait]
+impl Device for BlockedReceiver {
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        // Nobody ever sends: STOP must interrupt the receive.
+        match ctx.receive("data").await {
+            Err(DeviceError::Channel(error)) if error.is_interrupted() => Ok(()),
+            other => Err(format!("expected an interruption, got {other:?}").into()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn stop_interrupts_a_blocked_receive_and_the_device_goes_down_cleanly() {
+    let channel =
+        ChannelConfig::new("data", SocketType::Pull, Method::Bind).with_address(unique("blocked"));
+    let config = DeviceConfig::new("sink").with_channel(channel).unwrap();
+    let (runner, controller) = DeviceRunner::new(BlockedReceiver, config);
+    let task = tokio::spawn(runner.run());
+    let mut changes = controller.subscribe_changes();
+    let driver = {
+        let controller = controller.clone();
+        tokio::spawn(async move { control::run_static(&controller).await })
+    };
+    controller
+        .wait_for_state(State::Running, WAIT)
+        .await
+        .unwrap();
+    controller.abort("SIGINT");
+    let mut seen = vec![];
+    while let Ok(change) = changes.recv().await {
+        seen.push(change.to);
+        if change.to == State::Exiting {
+            break;
+        }
+    }
+    let after_running = seen
+        .iter()
+        .position(|&state| state == State::Running)
+        .expect("RUNNING was seen");
+    let seen = &seen[after_running + 1..];
+    driver.await.unwrap().unwrap();
+    task.await.unwrap().unwrap();
+    assert_eq!(
+        seen,
+        [
+            State::Ready,
+            State::ResettingTask,
+            State::DeviceReady,
+            State::ResettingDevice,
+            State::Idle,
+            State::Exiting
+        ]
+    );
+}
+
+#[tokio::test]
+async fn abort_while_connecting_ends_in_error_not_a_hang() {
+    let path = std::env::temp_dir().join(format!("ferromq-never-bound-{}.ipc", std::process::id()));
+    let channel = ChannelConfig::new("data", SocketType::Pull, Method::Connect)
+        .with_address(format!("ipc://{}", path.display()));
+    let config = DeviceConfig::new("lonely").with_channel(channel).unwrap();
+    let (runner, controller) = DeviceRunner::new(Idle, config);
+    let task = tokio::spawn(runner.run());
+    let driver = {
+        let controller = controller.clone();
+        tokio::spawn(async move { control::run_static(&controller).await })
+    };
+    controller
+        .wait_for_state(State::Connecting, WAIT)
+        .await
+        .unwrap();
+    controller.abort("SIGTERM");
+    let error = driver.await.unwrap().unwrap_err();
+    assert!(error.to_string().contains("SIGTERM"), "{error}");
+    assert!(matches!(
+        task.await.unwrap(),
+        Err(DeviceError::Interrupted {
+            state: State::Connecting,
+            ..
+        })
+    ));
+}
+
+struct CountsPerChannel {
+    counts: std::collections::BTreeMap<String, u64>,
+    report: tokio::sync::mpsc::UnboundedSender<std::collections::BTreeMap<String, u64>>,
+}
+
+#[async_trait::async_trait]
+impl Device for CountsPerChannel {
+    async fn on_data(
+        &mut self,
+        channel: &str,
+        _parts: Parts,
+        _ctx: &mut DeviceContext,
+    ) -> Result<Flow, BoxError> {
+        *self.counts.entry(channel.to_owned()).or_default() += 1;
+        Ok(Flow::Continue)
+    }
+    async fn reset_task(&mut self, _ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.report.send(self.counts.clone())?;
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn on_data_poller_serves_every_busy_channel() {
+    let (left, right) = (unique("left"), unique("right"));
+    let config = DeviceConfig::new("merger")
+        .with_channel(
+            ChannelConfig::new("left", SocketType::Pull, Method::Bind).with_address(&left),
+        )
+        .unwrap()
+        .with_channel(
+            ChannelConfig::new("right", SocketType::Pull, Method::Bind).with_address(&right),
+        )
+        .unwrap();
+    let config = DeviceConfig {
+        max_iterations: 2000,
+        ..config
+    };
+    let (report, mut reports) = tokio::sync::mpsc::unbounded_channel();
+    let (runner, controller) = DeviceRunner::new(
+        CountsPerChannel {
+            counts: Default::default(),
+            report,
+        },
+        config,
+    );
+    let task = tokio::spawn(runner.run());
+    let driver = {
+        let controller = controller.clone();
+        tokio::spawn(async move { control::run_static(&controller).await })
+    };
+    controller
+        .wait_for_state(State::DeviceReady, WAIT)
+        .await
+        .unwrap();
+    // Both inputs are flooded: each must get a fair share of the 2000 iterations.
+    let transport = ferromq_device::transport_by_name("zeromq").unwrap();
+    let mut senders = Vec::new();
+    for address in [&left, &right] {
+        let config = ChannelConfig::new("out", SocketType::Push, Method::Connect)
+            .with_address(address.as_str());
+        let mut channel = ferromq_core::Channel::open(transport.as_ref(), config, "out")
+            .await
+            .unwrap();
+        channel.connect_configured().await.unwrap();
+        senders.push(tokio::spawn(async move {
+            while channel.send(Message::from("x")).await.is_ok() {}
+        }));
+    }
+    driver.await.unwrap().unwrap();
+    task.await.unwrap().unwrap();
+    let counts = reports.recv().await.unwrap();
+    assert_eq!(counts.values().sum::<u64>(), 2000);
+    for (channel, n_msgs) in &counts {
+        assert!(
+            *n_msgs >= 500,
+            "{channel} got only {n_msgs} of 2000: {counts:?}"
+        );
+    }
+    for sender in senders {
+        sender.abort();
+    }
+}
