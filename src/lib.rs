@@ -12,6 +12,8 @@
 //! - [`ChannelConfig`] uses FairMQ's key names and defaults.
 //! - Transports are picked by configuration: [`transport_by_name`] maps `"zeromq"` to
 //!   [`ZmqTransport`].
+//! - [`device`]: a [`device::Device`] is an async actor driven through FairMQ's state machine;
+//!   `ferromq_cli::run_device_main` gives its binary FairMQ's command-line options.
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -34,40 +36,24 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-use std::sync::Arc;
-
 pub use ferromq_core::*;
+pub use ferromq_device::{available_transports, transport_by_name};
 #[cfg(feature = "zeromq")]
 pub use ferromq_zmq::ZmqTransport;
 
-/// The transport a configuration names (`"zeromq"`).
-///
-/// # Errors
-/// [`Error::UnknownTransport`] for a name not built into this binary, listing those that are.
-pub fn transport_by_name(name: &str) -> Result<Arc<dyn Transport>> {
-    match name {
-        #[cfg(feature = "zeromq")]
-        ZmqTransport::NAME => Ok(Arc::new(ZmqTransport::new())),
-        _ => Err(Error::UnknownTransport {
-            name: name.to_owned(),
-            available: available_transports().join(", "),
-        }),
-    }
+/// Devices: the [`Device`](device::Device) trait, its context, runner, controller and control.
+pub mod device {
+    pub use ferromq_device::*;
 }
 
-/// The names of the transports built into this binary.
-pub fn available_transports() -> Vec<&'static str> {
-    [
-        #[cfg(feature = "zeromq")]
-        "zeromq",
-    ]
-    .to_vec()
-}
+/// The `#[async_trait]` attribute that `impl Device` blocks need.
+pub use ferromq_device::async_trait;
 
 /// What device code usually needs, in one import.
 pub mod prelude {
     pub use ferromq_core::{
-        Address, Channel, ChannelConfig, Json, Message, Method, Parts, Payload, Pod, Postcard,
-        Receiver, Sender, SocketType, Transport,
+        Address, BoxError, Channel, ChannelConfig, Decode, Encode, Json, Message, Method, Parts,
+        Payload, Pod, Postcard, Receiver, Sender, SocketType, Transport,
     };
+    pub use ferromq_device::{Device, DeviceContext, Flow};
 }

@@ -183,7 +183,7 @@ pub enum ConfigError {
         key: &'static str,
     },
     /// The address did not parse.
-    #[error("channel {channel:?}: {source}")]
+    #[error("channel {channel:?}: bad address")]
     Address {
         /// The channel.
         channel: String,

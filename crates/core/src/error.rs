@@ -91,7 +91,7 @@ pub enum Error {
         limit: usize,
     },
     /// The address did not parse.
-    #[error("{channel}: bad address: {source}")]
+    #[error("{channel}: bad address")]
     BadAddress {
         /// The channel.
         channel: ChannelLabel,
@@ -142,7 +142,7 @@ pub enum Error {
         operation: &'static str,
     },
     /// Encoding or decoding a typed payload failed.
-    #[error("{channel}: {source}")]
+    #[error("{channel}: payload codec failed")]
     Codec {
         /// The channel.
         channel: ChannelLabel,

@@ -32,4 +32,4 @@ pub use config::{ChannelConfig, ConfigError, Method, SocketType};
 pub use error::{BoxError, ChannelLabel, CodecError, Error, Result, SendError};
 pub use message::{Message, MessageBuffer, Parts, UsedSizeError, copied_bytes, record_copy};
 pub use transport::{Channel, ChannelCounters, CounterSnapshot, Socket, Transport};
-pub use typed::{Json, Payload, Pod, Postcard, Receiver, Sender};
+pub use typed::{Decode, Encode, Json, Payload, Pod, Postcard, Receiver, Sender};

@@ -32,7 +32,7 @@ use crate::address::Address;
 use crate::config::{ChannelConfig, Method};
 use crate::error::{ChannelLabel, Error, Result, SendError};
 use crate::message::{Message, Parts};
-use crate::typed::{Payload, Receiver, Sender};
+use crate::typed::{Decode, Encode, Receiver, Sender};
 
 /// A transport: makes messages in its own memory and sockets that move them.
 #[async_trait]
@@ -457,12 +457,12 @@ impl Channel {
     }
 
     /// This channel as a typed sender of `T`.
-    pub fn into_sender<T: Payload>(self) -> Sender<T> {
+    pub fn into_sender<T: Encode>(self) -> Sender<T> {
         Sender::new(self)
     }
 
     /// This channel as a typed receiver of `T`.
-    pub fn into_receiver<T: Payload>(self) -> Receiver<T> {
+    pub fn into_receiver<T: Decode>(self) -> Receiver<T> {
         Receiver::new(self)
     }
 }

@@ -1,6 +1,6 @@
 //! Typed channels: [`Sender<T>`] and [`Receiver<T>`] over byte messages.
 //!
-//! The codec is chosen by the type through [`Payload`]:
+//! The codec is chosen by the type through [`Encode`] and [`Decode`] ([`Payload`] is both):
 //!
 //! | type | encoding | copies |
 //! |---|---|---|
@@ -23,14 +23,17 @@ use crate::error::{CodecError, Error, Result, SendError};
 use crate::message::Message;
 use crate::transport::Channel;
 
-/// A value that travels as one message; the implementing type picks the codec.
-pub trait Payload: Sized + Send + 'static {
+/// A value that can be sent as one message; the implementing type picks the codec.
+pub trait Encode: Sized + Send + 'static {
     /// Encodes the value.
     ///
     /// # Errors
     /// The codec's error.
     fn encode(self) -> Result<Message, CodecError>;
+}
 
+/// A value that can be read from one received message; the implementing type picks the codec.
+pub trait Decode: Sized + Send + 'static {
     /// Decodes a received message.
     ///
     /// # Errors
@@ -38,37 +41,54 @@ pub trait Payload: Sized + Send + 'static {
     fn decode(message: Message) -> Result<Self, CodecError>;
 }
 
-impl Payload for Message {
+/// A value that travels both ways.
+pub trait Payload: Encode + Decode {}
+
+impl<T: Encode + Decode> Payload for T {}
+
+impl Encode for Message {
     fn encode(self) -> Result<Message, CodecError> {
         Ok(self)
     }
+}
+
+impl Decode for Message {
     fn decode(message: Message) -> Result<Self, CodecError> {
         Ok(message)
     }
 }
 
-impl Payload for Vec<u8> {
+impl Encode for Vec<u8> {
     fn encode(self) -> Result<Message, CodecError> {
         Ok(Message::from(self))
     }
+}
+
+impl Decode for Vec<u8> {
     fn decode(message: Message) -> Result<Self, CodecError> {
         Ok(message.into_bytes().into())
     }
 }
 
-impl Payload for Bytes {
+impl Encode for Bytes {
     fn encode(self) -> Result<Message, CodecError> {
         Ok(Message::from(self))
     }
+}
+
+impl Decode for Bytes {
     fn decode(message: Message) -> Result<Self, CodecError> {
         Ok(message.into_bytes())
     }
 }
 
-impl Payload for String {
+impl Encode for String {
     fn encode(self) -> Result<Message, CodecError> {
         Ok(Message::from(self))
     }
+}
+
+impl Decode for String {
     fn decode(message: Message) -> Result<Self, CodecError> {
         let bytes: Vec<u8> = message.into_bytes().into();
         String::from_utf8(bytes).map_err(|error| CodecError::Utf8(error.utf8_error()))
@@ -79,12 +99,15 @@ impl Payload for String {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Json<T>(pub T);
 
-impl<T: Serialize + DeserializeOwned + Send + 'static> Payload for Json<T> {
+impl<T: Serialize + Send + 'static> Encode for Json<T> {
     fn encode(self) -> Result<Message, CodecError> {
         serde_json::to_vec(&self.0)
             .map(Message::from)
             .map_err(CodecError::Json)
     }
+}
+
+impl<T: DeserializeOwned + Send + 'static> Decode for Json<T> {
     fn decode(message: Message) -> Result<Self, CodecError> {
         serde_json::from_slice(message.data())
             .map(Json)
@@ -96,12 +119,15 @@ impl<T: Serialize + DeserializeOwned + Send + 'static> Payload for Json<T> {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Postcard<T>(pub T);
 
-impl<T: Serialize + DeserializeOwned + Send + 'static> Payload for Postcard<T> {
+impl<T: Serialize + Send + 'static> Encode for Postcard<T> {
     fn encode(self) -> Result<Message, CodecError> {
         postcard::to_stdvec(&self.0)
             .map(Message::from)
             .map_err(CodecError::Postcard)
     }
+}
+
+impl<T: DeserializeOwned + Send + 'static> Decode for Postcard<T> {
     fn decode(message: Message) -> Result<Self, CodecError> {
         postcard::from_bytes(message.data())
             .map(Postcard)
@@ -115,10 +141,13 @@ impl<T: Serialize + DeserializeOwned + Send + 'static> Payload for Postcard<T> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Pod<T>(pub T);
 
-impl<T: bytemuck::Pod + Send> Payload for Pod<T> {
+impl<T: bytemuck::Pod + Send> Encode for Pod<T> {
     fn encode(self) -> Result<Message, CodecError> {
         Ok(Message::from(bytemuck::bytes_of(&self.0).to_vec()))
     }
+}
+
+impl<T: bytemuck::Pod + Send> Decode for Pod<T> {
     fn decode(message: Message) -> Result<Self, CodecError> {
         let expected = std::mem::size_of::<T>();
         if message.len() != expected {
@@ -139,7 +168,7 @@ pub struct Sender<T> {
     payload: PhantomData<fn(T)>,
 }
 
-impl<T: Payload> Sender<T> {
+impl<T: Encode> Sender<T> {
     /// Wraps a channel.
     pub fn new(channel: Channel) -> Self {
         Sender {
@@ -198,7 +227,7 @@ pub struct Receiver<T> {
     payload: PhantomData<fn() -> T>,
 }
 
-impl<T: Payload> Receiver<T> {
+impl<T: Decode> Receiver<T> {
     /// Wraps a channel.
     pub fn new(channel: Channel) -> Self {
         Receiver {

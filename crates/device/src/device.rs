@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use ferromq_core::{
-    BoxError, Channel, ChannelCounters, CounterSnapshot, Error, Message, Parts, Payload, Transport,
+    BoxError, Channel, ChannelCounters, CounterSnapshot, Decode, Encode, Error, Message, Parts,
+    Transport,
 };
 use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
@@ -40,7 +41,7 @@ pub enum Flow {
 ///
 /// struct Counter { n_msgs: u64 }
 ///
-/// #[async_trait::async_trait]
+/// #[ferromq_device::async_trait]
 /// impl Device for Counter {
 ///     async fn on_data(&mut self, _channel: &str, _parts: Parts, _ctx: &mut DeviceContext) -> Result<Flow, BoxError> {
 ///         self.n_msgs += 1;
@@ -124,6 +125,34 @@ pub trait Device: Send + 'static {
     async fn reset(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         let _ = ctx;
         Ok(())
+    }
+}
+
+/// A boxed device is a device, so that devices chosen at run time (by a kind name) run the same way.
+#[async_trait]
+impl Device for Box<dyn Device> {
+    async fn init(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.as_mut().init(ctx).await
+    }
+    async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.as_mut().init_task(ctx).await
+    }
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.as_mut().run(ctx).await
+    }
+    async fn on_data(
+        &mut self,
+        channel: &str,
+        parts: Parts,
+        ctx: &mut DeviceContext,
+    ) -> Result<Flow, BoxError> {
+        self.as_mut().on_data(channel, parts, ctx).await
+    }
+    async fn reset_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.as_mut().reset_task(ctx).await
+    }
+    async fn reset(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.as_mut().reset(ctx).await
     }
 }
 
@@ -313,11 +342,7 @@ impl DeviceContext {
     ///
     /// # Errors
     /// As [`DeviceContext::send`], and [`Error::Codec`].
-    pub async fn send_value<T: Payload>(
-        &mut self,
-        name: &str,
-        value: T,
-    ) -> Result<(), DeviceError> {
+    pub async fn send_value<T: Encode>(&mut self, name: &str, value: T) -> Result<(), DeviceError> {
         let idx = self.channel_idx(name)?;
         let label = self.channels[idx].label().clone();
         let message = value.encode().map_err(|source| Error::Codec {
@@ -331,7 +356,7 @@ impl DeviceContext {
     ///
     /// # Errors
     /// As [`DeviceContext::receive`], and [`Error::Codec`].
-    pub async fn receive_value<T: Payload>(&mut self, name: &str) -> Result<T, DeviceError> {
+    pub async fn receive_value<T: Decode>(&mut self, name: &str) -> Result<T, DeviceError> {
         let message = self.receive(name).await?;
         let label = self.channel(name)?.label().clone();
         Ok(T::decode(message).map_err(|source| Error::Codec {

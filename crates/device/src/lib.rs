@@ -16,7 +16,7 @@
 //!
 //! struct Hello;
 //!
-//! #[async_trait::async_trait]
+//! #[ferromq_device::async_trait]
 //! impl Device for Hello {
 //!     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
 //!         while ctx.next_iteration() {
@@ -48,6 +48,8 @@ mod runner;
 pub mod state;
 mod transports;
 
+/// The attribute `impl Device` blocks need (the trait has async methods and is object-safe).
+pub use async_trait::async_trait;
 pub use config::{DEFAULT_TRANSPORT, DeviceConfig, SocketConfig};
 pub use device::{Device, DeviceContext, Flow};
 pub use error::{DeviceError, Result};

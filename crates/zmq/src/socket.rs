@@ -106,7 +106,7 @@ impl Socket for ZmqSocket {
             Backend::Unattached => unreachable!("backend_for attaches a backend"),
         };
         self.label.address = Some(bound.to_string());
-        tracing::info!(channel = %self.label.name, address = %bound, "bound");
+        tracing::debug!(channel = %self.label.name, address = %bound, "bound");
         Ok(bound)
     }
 

@@ -1,0 +1,58 @@
+//! The `ferromq` command line, and the same option handling for your own device binaries.
+//!
+//! `ferromq device KIND --id ID --channel-config ...` runs a built-in device with FairMQ's option
+//! names; [`run_device_main`] gives a user's device binary exactly those options:
+//!
+//! ```no_run
+//! use ferromq_core::BoxError;
+//! use ferromq_device::{Device, DeviceContext};
+//!
+//! struct MyDevice;
+//!
+//! #[ferromq_device::async_trait]
+//! impl Device for MyDevice {
+//!     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+//!         while ctx.next_iteration() {
+//!             let message = ctx.receive("data").await?;
+//!             println!("{} bytes", message.len());
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//!
+//! fn main() -> std::process::ExitCode {
+//!     ferromq_cli::run_device_main(|_options| MyDevice)
+//! }
+//! ```
+//!
+//! Only this crate knows clap and the terminal; everything it runs lives in the libraries below.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod interactive;
+pub mod logging;
+pub mod options;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use ferromq_device::Device;
+
+pub use options::{BuiltinOptions, ControlMode, DeviceOptions};
+pub use run::run_device;
+
+#[derive(Parser)]
+#[command(about = "A ferromq device", version)]
+struct StandaloneDevice {
+    #[command(flatten)]
+    options: DeviceOptions,
+}
+
+/// `main` for a user's device binary: parses FairMQ's device options from the command line,
+/// builds the device with `make`, runs it, and returns the exit code.
+pub fn run_device_main<D: Device>(make: impl FnOnce(&DeviceOptions) -> D) -> ExitCode {
+    let parsed = StandaloneDevice::parse();
+    let device = make(&parsed.options);
+    run_device(device, &parsed.options, &[])
+}

@@ -1,0 +1,212 @@
+//! Devices that move messages between channels without looking into them (unless asked):
+//! [`Processor`], [`Splitter`], [`Merger`], [`Proxy`], [`Multiplier`].
+//!
+//! None of them copies a payload: a message received is the message sent on. The multiplier
+//! shares one immutable buffer between its outputs.
+
+use ferromq_core::{BoxError, Message, Parts};
+use ferromq_device::{Device, DeviceContext, DeviceError};
+
+use crate::{bool_property, channel_property, fnv1a};
+
+/// Receives from any of `inputs`; `None` once STOP or `--max-iterations` ends the run.
+async fn next_message(
+    ctx: &mut DeviceContext,
+    inputs: &[String],
+) -> Result<Option<Parts>, BoxError> {
+    if !ctx.next_iteration() {
+        return Ok(None);
+    }
+    match ctx.poll(inputs).await {
+        Ok((_, parts)) => Ok(Some(parts)),
+        Err(_) if ctx.stop_requested() => Ok(None),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Sends, treating an interruption by STOP as the end of the run.
+async fn forward(ctx: &mut DeviceContext, output: &str, parts: Parts) -> Result<bool, BoxError> {
+    match ctx.send_parts(output, parts).await {
+        Ok(()) => Ok(true),
+        Err(_) if ctx.stop_requested() => Ok(false),
+        Err(error) => Err(error.into()),
+    }
+}
+
+fn names_of(ctx: &DeviceContext, base: &str) -> Result<Vec<String>, DeviceError> {
+    let names = ctx.sub_channel_names(base);
+    if names.is_empty() {
+        return Err(DeviceError::UnknownChannel {
+            device: ctx.id().to_owned(),
+            name: base.to_owned(),
+            available: ctx.channel_names().join(", "),
+        });
+    }
+    Ok(names)
+}
+
+/// Passes each message from `in-channel` (`data-in`) to `out-channel` (`data-out`); with
+/// `touch`, reads every byte first (the cost a real processing step pays).
+#[derive(Debug, Default)]
+pub struct Processor {
+    inputs: Vec<String>,
+    output: String,
+    touch: bool,
+    /// Keeps the reads of `touch` from being optimised away.
+    digest: u64,
+}
+
+#[async_trait::async_trait]
+impl Device for Processor {
+    async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.inputs = names_of(ctx, &channel_property(ctx, "in-channel", "data-in"))?;
+        self.output = channel_property(ctx, "out-channel", "data-out");
+        ctx.channel(&self.output)?;
+        self.touch = bool_property(ctx, "touch", false)?;
+        Ok(())
+    }
+
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        while let Some(parts) = next_message(ctx, &self.inputs).await? {
+            if self.touch {
+                for part in &parts {
+                    self.digest ^= fnv1a(part.data());
+                }
+            }
+            if !forward(ctx, &self.output, parts).await? {
+                break;
+            }
+        }
+        tracing::debug!(digest = self.digest, "processor done");
+        Ok(())
+    }
+}
+
+/// How a splitter picks an output.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Routing {
+    #[default]
+    RoundRobin,
+    /// The first 8 bytes of the first part, little endian, modulo the number of outputs: all
+    /// messages with one key go to one output (event building routes by event id this way).
+    Key,
+}
+
+/// One input (`data-in`) to the sockets of `data-out`, round robin or by key (`routing`).
+#[derive(Debug, Default)]
+pub struct Splitter {
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+    routing: Routing,
+    next_output: usize,
+}
+
+#[async_trait::async_trait]
+impl Device for Splitter {
+    async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.inputs = names_of(ctx, &channel_property(ctx, "in-channel", "data-in"))?;
+        self.outputs = names_of(ctx, &channel_property(ctx, "out-channel", "data-out"))?;
+        self.routing = match channel_property(ctx, "routing", "round-robin").as_str() {
+            "round-robin" => Routing::RoundRobin,
+            "key" => Routing::Key,
+            other => return Err(format!("routing {other:?} is not round-robin or key").into()),
+        };
+        Ok(())
+    }
+
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        while let Some(parts) = next_message(ctx, &self.inputs).await? {
+            let output_idx = match self.routing {
+                Routing::RoundRobin => {
+                    self.next_output = (self.next_output + 1) % self.outputs.len();
+                    self.next_output
+                }
+                Routing::Key => {
+                    let first = parts.get(0).map(Message::data).unwrap_or_default();
+                    let mut key = [0u8; 8];
+                    let n_key = first.len().min(8);
+                    key[..n_key].copy_from_slice(&first[..n_key]);
+                    (u64::from_le_bytes(key) % self.outputs.len() as u64) as usize
+                }
+            };
+            let output = self.outputs[output_idx].clone();
+            if !forward(ctx, &output, parts).await? {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The sockets of `data-in` (fairly polled) to `data-out`.
+#[derive(Debug, Default)]
+pub struct Merger {
+    inputs: Vec<String>,
+    output: String,
+}
+
+#[async_trait::async_trait]
+impl Device for Merger {
+    async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.inputs = names_of(ctx, &channel_property(ctx, "in-channel", "data-in"))?;
+        self.output = channel_property(ctx, "out-channel", "data-out");
+        ctx.channel(&self.output)?;
+        Ok(())
+    }
+
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        while let Some(parts) = next_message(ctx, &self.inputs).await? {
+            if !forward(ctx, &self.output, parts).await? {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Forwards `data-in` to `data-out` unchanged (multipart kept).
+#[derive(Debug, Default)]
+pub struct Proxy {
+    merger: Merger,
+}
+
+#[async_trait::async_trait]
+impl Device for Proxy {
+    async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.merger.init_task(ctx).await
+    }
+
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.merger.run(ctx).await
+    }
+}
+
+/// Sends each message of `data-in` to every socket of `data-out`. The outputs share one
+/// immutable buffer per part; nothing is copied.
+#[derive(Debug, Default)]
+pub struct Multiplier {
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+}
+
+#[async_trait::async_trait]
+impl Device for Multiplier {
+    async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.inputs = names_of(ctx, &channel_property(ctx, "in-channel", "data-in"))?;
+        self.outputs = names_of(ctx, &channel_property(ctx, "out-channel", "data-out"))?;
+        Ok(())
+    }
+
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        while let Some(parts) = next_message(ctx, &self.inputs).await? {
+            let frames: Vec<bytes::Bytes> = parts.into_iter().map(Message::into_bytes).collect();
+            for output in self.outputs.clone() {
+                let shared: Parts = frames.iter().cloned().map(Message::from).collect();
+                if !forward(ctx, &output, shared).await? {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+}

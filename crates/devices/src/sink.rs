@@ -1,0 +1,115 @@
+//! [`Sink`]: receives, counts, optionally verifies checksums, and prints a summary.
+
+use std::time::Instant;
+
+use ferromq_core::{BoxError, Parts};
+use ferromq_device::{Device, DeviceContext, Flow};
+
+use crate::{bool_property, channel_property, checksum_ok};
+
+/// What a sink saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SinkSummary {
+    /// Messages received (a multipart message counts once).
+    pub n_msgs: u64,
+    /// Payload bytes received.
+    pub n_bytes: u64,
+    /// Messages whose checksum was verified.
+    pub n_verified: u64,
+}
+
+/// Counts what arrives on `in-channel` (default `data`) until STOP or `--max-iterations`;
+/// with `verify`, fails on the first message whose checksum is wrong.
+#[derive(Debug, Default)]
+pub struct Sink {
+    in_channel: String,
+    verify: bool,
+    summary: SinkSummary,
+    started: Option<Instant>,
+}
+
+impl Sink {
+    /// What this sink has seen so far.
+    pub fn summary(&self) -> SinkSummary {
+        self.summary
+    }
+}
+
+#[async_trait::async_trait]
+impl Device for Sink {
+    async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.in_channel = channel_property(ctx, "in-channel", "data");
+        ctx.channel(&self.in_channel)?;
+        self.verify = bool_property(ctx, "verify", false)?;
+        self.summary = SinkSummary::default();
+        Ok(())
+    }
+
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let inputs = vec![self.in_channel.clone()];
+        while ctx.next_iteration() {
+            let (_, parts) = match ctx.poll(&inputs).await {
+                Ok(received) => received,
+                Err(_) if ctx.stop_requested() => break,
+                Err(error) => return Err(error.into()),
+            };
+            self.on_data(&self.in_channel.clone(), parts, ctx).await?;
+        }
+        Ok(())
+    }
+
+    async fn on_data(
+        &mut self,
+        _channel: &str,
+        parts: Parts,
+        _ctx: &mut DeviceContext,
+    ) -> Result<Flow, BoxError> {
+        self.started.get_or_insert_with(Instant::now);
+        if self.verify {
+            for (part_idx, part) in parts.iter().enumerate() {
+                if !checksum_ok(part.data()) {
+                    return Err(format!(
+                        "message {} part {part_idx} ({} bytes): checksum mismatch",
+                        self.summary.n_msgs,
+                        part.len()
+                    )
+                    .into());
+                }
+            }
+            self.summary.n_verified += 1;
+        }
+        self.summary.n_msgs += 1;
+        self.summary.n_bytes += parts.total_size() as u64;
+        Ok(Flow::Continue)
+    }
+
+    async fn reset_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let seconds = self
+            .started
+            .take()
+            .map_or(0.0, |started| started.elapsed().as_secs_f64());
+        let SinkSummary {
+            n_msgs,
+            n_bytes,
+            n_verified,
+        } = self.summary;
+        let rate = if seconds > 0.0 {
+            n_msgs as f64 / seconds
+        } else {
+            0.0
+        };
+        let checksums = if self.verify {
+            format!(", {n_verified} checksums ok")
+        } else {
+            String::new()
+        };
+        // The summary is the sink's result: it goes to stdout whatever the log level.
+        println!(
+            "[{}] sink summary: received {n_msgs} messages, {n_bytes} bytes in {seconds:.3} s ({rate:.0} msg/s){checksums}",
+            ctx.id()
+        );
+        ctx.set_property("received-messages", n_msgs);
+        ctx.set_property("received-bytes", n_bytes);
+        Ok(())
+    }
+}
