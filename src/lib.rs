@@ -33,11 +33,14 @@
 //!
 //! # Feature flags
 //! - `zeromq` (default): the zeromq transport (tcp, ipc, inproc) over the pure-Rust `zeromq` crate.
+//! - `shmem` (default): the shared-memory transport, zero-copy between processes on one host.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub use ferromq_core::*;
 pub use ferromq_device::{available_transports, transport_by_name};
+#[cfg(feature = "shmem")]
+pub use ferromq_shm::{ShmOptions, ShmTransport, UnmanagedRegion};
 #[cfg(feature = "zeromq")]
 pub use ferromq_zmq::ZmqTransport;
 

@@ -33,6 +33,7 @@ pub mod interactive;
 pub mod logging;
 pub mod options;
 mod run;
+pub mod shm_command;
 
 use std::process::ExitCode;
 
@@ -52,6 +53,8 @@ struct StandaloneDevice {
 /// `main` for a user's device binary: parses FairMQ's device options from the command line,
 /// builds the device with `make`, runs it, and returns the exit code.
 pub fn run_device_main<D: Device>(make: impl FnOnce(&DeviceOptions) -> D) -> ExitCode {
+    // A device of a shmem session may re-execute this binary as the session's watchdog.
+    ferromq_shm::run_watchdog_if_requested();
     let parsed = StandaloneDevice::parse();
     let device = make(&parsed.options);
     run_device(device, &parsed.options, &[])

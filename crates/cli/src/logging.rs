@@ -172,6 +172,8 @@ pub fn init(device_id: &str, severity: Severity, verbosity: Verbosity, color: Co
         tracing_subscriber::fmt::format::debug_fn(|writer, field, value| match field.name() {
             "message" => write!(writer, "{value:?}"),
             "device" => Ok(()),
+            // Lines bridged from the `log` crate carry their origin; the target is enough.
+            name if name.starts_with("log.") => Ok(()),
             name => write!(writer, " {name}={value:?}"),
         });
     let _ = tracing_subscriber::fmt()

@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use ferromq_cli::shm_command::{self, ShmCommand};
 use ferromq_cli::{BuiltinOptions, DeviceOptions, run_device};
 use ferromq_devices::Builtin;
 
@@ -29,9 +30,16 @@ enum Command {
         #[command(flatten)]
         builtin: BuiltinOptions,
     },
+    /// Show or remove shared memory (`ferromq shm list`, `ferromq shm clean --stale`).
+    Shm {
+        #[command(subcommand)]
+        command: ShmCommand,
+    },
 }
 
 fn main() -> ExitCode {
+    // A device of a shmem session may re-execute this binary as the session's watchdog.
+    ferromq_shm::run_watchdog_if_requested();
     let cli = Cli::parse();
     match cli.command {
         Command::Device {
@@ -42,5 +50,6 @@ fn main() -> ExitCode {
             let kind = Builtin::from_name(&kind).expect("clap checked the kind");
             run_device(kind.create(), &options, &builtin.properties())
         }
+        Command::Shm { command } => shm_command::run(&command),
     }
 }

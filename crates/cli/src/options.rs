@@ -59,6 +59,12 @@ pub struct DeviceOptions {
     /// How much each log line says.
     #[arg(long, value_enum, default_value = "medium")]
     pub verbosity: Verbosity,
+    /// Size in bytes of this device's shared-memory segment (shmem channels; FairMQ's default 2 GiB).
+    #[arg(long = "shm-segment-size", value_name = "BYTES")]
+    pub shm_segment_size: Option<u64>,
+    /// How long a shared-memory allocation waits for room before failing (FairMQ's bad-alloc attempts).
+    #[arg(long = "shm-allocation-timeout-ms", value_name = "MS")]
+    pub shm_allocation_timeout_ms: Option<u64>,
     /// Any device property, KEY=VALUE (repeatable).
     #[arg(long = "property", value_name = "KEY=VALUE")]
     pub properties: Vec<String>,

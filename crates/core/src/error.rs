@@ -161,6 +161,15 @@ pub enum Error {
         /// The names that exist in this build.
         available: String,
     },
+    /// A transport could not provide memory for a message (a full shared-memory segment).
+    #[error("{transport} transport: cannot allocate a message")]
+    Allocation {
+        /// The transport's name.
+        transport: &'static str,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
     /// The transport failed in a way the variants above do not describe.
     #[error("{channel}: transport error")]
     Transport {
@@ -188,7 +197,7 @@ impl Error {
             | Error::WrongSocketType { channel, .. }
             | Error::Codec { channel, .. }
             | Error::Transport { channel, .. } => Some(channel),
-            Error::Config(_) | Error::UnknownTransport { .. } => None,
+            Error::Config(_) | Error::UnknownTransport { .. } | Error::Allocation { .. } => None,
         }
     }
 

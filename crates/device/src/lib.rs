@@ -55,4 +55,4 @@ pub use device::{Device, DeviceContext, Flow};
 pub use error::{DeviceError, Result};
 pub use runner::{DeviceController, DeviceRunner, StateChange, error_chain};
 pub use state::{State, Transition};
-pub use transports::{available_transports, transport_by_name};
+pub use transports::{TransportOptions, available_transports, transport_by_name, transport_for};

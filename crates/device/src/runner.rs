@@ -20,7 +20,7 @@ use crate::device::{Device, DeviceContext};
 use crate::error::{DeviceError, Result};
 use crate::rates;
 use crate::state::{State, Transition, next_state};
-use crate::transports::transport_by_name;
+use crate::transports::{TransportOptions, transport_for};
 
 enum Request {
     Change(Transition, oneshot::Sender<Result<State>>),
@@ -526,7 +526,11 @@ async fn create_channels(ctx: &mut DeviceContext, config: &DeviceConfig) -> Resu
         let transport = match ctx.transports.get(&transport_name) {
             Some(transport) => Arc::clone(transport),
             None => {
-                let transport = transport_by_name(&transport_name)?;
+                let options = TransportOptions {
+                    session: config.session.clone(),
+                    properties: ctx.properties.lock().expect("properties poisoned").clone(),
+                };
+                let transport = transport_for(&transport_name, &options)?;
                 ctx.transports
                     .insert(transport_name, Arc::clone(&transport));
                 transport

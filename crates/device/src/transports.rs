@@ -1,17 +1,60 @@
 //! The one place where a transport name becomes a transport.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ferromq_core::{Error, Result, Transport};
+use ferromq_core::{ConfigError, Error, Result, Transport};
 
-/// The transport a configuration names (`"zeromq"`).
+/// What a transport may need from the device that uses it.
+#[derive(Debug, Clone, Default)]
+pub struct TransportOptions {
+    /// The device's session.
+    pub session: String,
+    /// The device's properties (`shm-segment-size`, ...).
+    pub properties: BTreeMap<String, String>,
+}
+
+/// The transport a configuration names (`"zeromq"`, `"shmem"`), with default options.
 ///
 /// # Errors
 /// [`Error::UnknownTransport`] for a name not built into this binary, listing those that are.
 pub fn transport_by_name(name: &str) -> Result<Arc<dyn Transport>> {
+    transport_for(
+        name,
+        &TransportOptions {
+            session: "default".to_owned(),
+            ..TransportOptions::default()
+        },
+    )
+}
+
+/// The transport `name`, configured for a device with `options`.
+///
+/// # Errors
+/// [`Error::UnknownTransport`] for a name not built in; [`Error::Config`] for a transport
+/// property of the wrong form.
+pub fn transport_for(name: &str, options: &TransportOptions) -> Result<Arc<dyn Transport>> {
+    let _ = options;
     match name {
         #[cfg(feature = "zeromq")]
         ferromq_zmq::ZmqTransport::NAME => Ok(Arc::new(ferromq_zmq::ZmqTransport::new())),
+        #[cfg(feature = "shmem")]
+        ferromq_shm::ShmTransport::NAME => {
+            let mut shm = ferromq_shm::ShmOptions {
+                session: options.session.clone(),
+                ..ferromq_shm::ShmOptions::default()
+            };
+            if let Some(size) = number_property(options, "shm-segment-size")? {
+                shm.segment_size = size as usize;
+            }
+            if let Some(timeout_ms) = number_property(options, "shm-allocation-timeout-ms")? {
+                shm.allocation_timeout = std::time::Duration::from_millis(timeout_ms);
+            }
+            if let Some(inline_max) = number_property(options, "shm-inline-max")? {
+                shm.inline_max = inline_max as usize;
+            }
+            Ok(Arc::new(ferromq_shm::ShmTransport::new(shm)))
+        }
         _ => Err(Error::UnknownTransport {
             name: name.to_owned(),
             available: available_transports().join(", "),
@@ -19,11 +62,26 @@ pub fn transport_by_name(name: &str) -> Result<Arc<dyn Transport>> {
     }
 }
 
+fn number_property(options: &TransportOptions, key: &str) -> Result<Option<u64>> {
+    let Some(text) = options.properties.get(key) else {
+        return Ok(None);
+    };
+    text.trim().parse().map(Some).map_err(|_| {
+        Error::Config(ConfigError::InvalidValue {
+            key: key.to_owned(),
+            value: text.clone(),
+            expected: "a non-negative integer",
+        })
+    })
+}
+
 /// The names of the transports built into this binary.
 pub fn available_transports() -> Vec<&'static str> {
     [
         #[cfg(feature = "zeromq")]
         "zeromq",
+        #[cfg(feature = "shmem")]
+        "shmem",
     ]
     .to_vec()
 }

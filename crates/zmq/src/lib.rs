@@ -48,6 +48,60 @@ mod inproc;
 mod net;
 mod socket;
 
+/// Binding and connecting zmq.rs sockets the way ferromq does, for transports that use zmq.rs
+/// sockets of their own (the shmem transport's metadata channel).
+pub mod endpoint {
+    use std::path::PathBuf;
+
+    use ferromq_core::{Address, ChannelLabel, Error, TcpHost};
+
+    /// A listener for `address` (exact address-in-use errors, port 0 resolved, stale ipc socket
+    /// files removed), the address actually bound, and the ipc path to remove when closing.
+    ///
+    /// # Errors
+    /// [`Error::AddressInUse`], [`Error::Bind`], [`Error::UnsupportedAddress`] (inproc).
+    pub fn bind_listener(
+        label: &ChannelLabel,
+        address: &Address,
+    ) -> Result<(zeromq::Listener, Address, Option<PathBuf>), Error> {
+        let label = label.clone().with_address(address.to_string());
+        match address {
+            Address::Tcp { host, port } => {
+                let (listener, bound) = crate::net::bind_tcp(&label, host, *port)?;
+                Ok((listener, bound, None))
+            }
+            Address::Ipc { path } => Ok((
+                crate::net::bind_ipc(&label, path)?,
+                address.clone(),
+                Some(path.clone()),
+            )),
+            other => Err(Error::UnsupportedAddress {
+                channel: label,
+                address: other.to_string(),
+                reason: "this socket binds tcp:// and ipc:// addresses",
+            }),
+        }
+    }
+
+    /// The zmq.rs endpoint string to connect to `address`.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedAddress`] for `tcp://*` and inproc.
+    pub fn connect_endpoint(label: &ChannelLabel, address: &Address) -> Result<String, Error> {
+        match address {
+            Address::Tcp {
+                host: TcpHost::Any, ..
+            }
+            | Address::Inproc { .. } => Err(Error::UnsupportedAddress {
+                channel: label.clone(),
+                address: address.to_string(),
+                reason: "connect to tcp://host:port or ipc://path",
+            }),
+            _ => Ok(address.to_string()),
+        }
+    }
+}
+
 use async_trait::async_trait;
 use ferromq_core::{ChannelConfig, Result, Socket, Transport};
 

@@ -338,8 +338,13 @@ impl NetChannel {
             let flush_until = (Instant::now() + self.in_flight.flush_estimate()).min(deadline);
             tokio::time::sleep_until(flush_until).await;
         }
+        // Stop the listeners now (zmq.rs removes their socket files as they stop), so that the
+        // address is free when `close` returns.
+        let _ = on_socket!(&mut self.socket, socket => socket.unbind_all().await);
         for path in self.bound_ipc_paths.drain(..) {
-            let _ = std::fs::remove_file(path);
+            if std::fs::symlink_metadata(&path).is_ok() {
+                let _ = std::fs::remove_file(path);
+            }
         }
         if drained {
             return Ok(());
@@ -353,8 +358,16 @@ impl NetChannel {
 
 impl Drop for NetChannel {
     fn drop(&mut self) {
+        // zmq.rs removes the socket files of its listeners when they stop; one left behind by a
+        // listener that never started is removed here.
+        let socket = std::mem::replace(&mut self.socket, NetSocket::new(SocketType::Pull));
+        drop(socket);
         for path in &self.bound_ipc_paths {
-            let _ = std::fs::remove_file(path);
+            if std::fs::symlink_metadata(path).is_ok()
+                && std::os::unix::net::UnixStream::connect(path).is_err()
+            {
+                let _ = std::fs::remove_file(path);
+            }
         }
     }
 }
@@ -375,7 +388,7 @@ fn bind_error(label: &ChannelLabel, source: std::io::Error) -> Error {
     }
 }
 
-fn bind_tcp(
+pub(crate) fn bind_tcp(
     label: &ChannelLabel,
     host: &TcpHost,
     port: u16,
@@ -399,7 +412,7 @@ fn bind_tcp(
     Ok((listener.into(), bound))
 }
 
-fn bind_ipc(label: &ChannelLabel, path: &Path) -> Result<zeromq::Listener, Error> {
+pub(crate) fn bind_ipc(label: &ChannelLabel, path: &Path) -> Result<zeromq::Listener, Error> {
     if path.to_string_lossy().starts_with('@') {
         return Err(Error::UnsupportedAddress {
             channel: label.clone(),

@@ -1,0 +1,339 @@
+//! Shared memory outlives processes; this module makes sure it does not outlive its session.
+//!
+//! Three mechanisms, each enough on its own for its case:
+//! - the last device of a session to leave cleanly removes the session's objects;
+//! - a watchdog process per session (started by the first device, in its own process group so
+//!   a Ctrl-C or a `kill -9` of the devices does not reach it) removes them when every process
+//!   attached to them has died, crashes included, and then exits;
+//! - `ferromq shm clean --stale` removes every object whose processes are all dead, without the
+//!   user knowing any session id.
+//!
+//! Liveness is by process death (pid plus start time), never by timing, so a slow receiver is
+//! never mistaken for a dead one.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::names::{ObjectKind, ObjectName, PREFIX, sanitise_session};
+use crate::segment::{ProcessId, Segment};
+
+const WATCHDOG_SESSION_VAR: &str = "FERROMQ_SHM_WATCHDOG_SESSION";
+const WATCHDOG_POLL: Duration = Duration::from_millis(200);
+
+/// Set by [`run_watchdog_if_requested`]: this binary can act as a watchdog, so devices in it may
+/// start one by re-executing it.
+static WATCHDOG_ENTRY_POINT: AtomicBool = AtomicBool::new(false);
+static WATCHDOGS_STARTED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// What `ferromq shm list` shows of one object.
+#[derive(Debug, Clone)]
+pub struct ObjectInfo {
+    /// Its name.
+    pub name: ObjectName,
+    /// Total bytes.
+    pub size: usize,
+    /// Bytes in allocated blocks (managed segments).
+    pub used: u64,
+    /// Blocks allocated and not reclaimed.
+    pub live_blocks: u64,
+    /// Largest free block.
+    pub largest_free: u64,
+    /// Attached processes that still run.
+    pub live_processes: Vec<u32>,
+}
+
+fn shm_dir() -> PathBuf {
+    PathBuf::from("/dev/shm")
+}
+
+/// Every ferromq object of user `uid`, optionally of one session only.
+pub fn list_objects(uid: u32, session: Option<&str>) -> Vec<ObjectInfo> {
+    let Ok(entries) = std::fs::read_dir(shm_dir()) else {
+        return Vec::new();
+    };
+    let session = session.map(sanitise_session);
+    let mut objects: Vec<ObjectInfo> = entries
+        .flatten()
+        .filter_map(|entry| ObjectName::parse(&entry.file_name().to_string_lossy()))
+        .filter(|name| {
+            name.uid == uid
+                && session
+                    .as_ref()
+                    .is_none_or(|session| &name.session == session)
+        })
+        .filter_map(|name| {
+            let segment = Segment::inspect(name.clone()).ok()?;
+            let header = segment.header();
+            Some(ObjectInfo {
+                size: segment.len(),
+                used: header.used_bytes.load(Ordering::Relaxed),
+                live_blocks: header.live_blocks.load(Ordering::Relaxed),
+                largest_free: header.largest_free.load(Ordering::Relaxed),
+                live_processes: segment
+                    .attached()
+                    .into_iter()
+                    .filter(ProcessId::is_alive)
+                    .map(|process| process.pid)
+                    .collect(),
+                name,
+            })
+        })
+        .collect();
+    objects.sort_by(|a, b| a.name.cmp(&b.name));
+    objects
+}
+
+/// The objects of `uid` grouped by session.
+pub fn sessions(uid: u32) -> BTreeMap<String, Vec<ObjectInfo>> {
+    let mut sessions: BTreeMap<String, Vec<ObjectInfo>> = BTreeMap::new();
+    for object in list_objects(uid, None) {
+        sessions
+            .entry(object.name.session.clone())
+            .or_default()
+            .push(object);
+    }
+    sessions
+}
+
+fn lock_path(uid: u32, session: &str) -> PathBuf {
+    shm_dir().join(format!(
+        "{}watchdog",
+        ObjectName::session_prefix(uid, session)
+    ))
+}
+
+/// Removes every object of `session` (and its watchdog lock file); returns what was removed.
+fn remove_session(uid: u32, session: &str) -> Vec<String> {
+    let prefix = ObjectName::session_prefix(uid, session);
+    let mut removed = Vec::new();
+    for object in list_objects(uid, Some(session)) {
+        if Segment::remove(&object.name).is_ok() {
+            removed.push(object.name.to_string());
+        }
+    }
+    // Objects whose header could not be read (half-created by a crashed process) go too.
+    if let Ok(entries) = std::fs::read_dir(shm_dir()) {
+        for entry in entries.flatten() {
+            let file_name = entry.file_name().to_string_lossy().into_owned();
+            if file_name.starts_with(&prefix) && std::fs::remove_file(entry.path()).is_ok() {
+                removed.push(file_name);
+            }
+        }
+    }
+    removed
+}
+
+/// Why a session was not cleaned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "session {session:?} is in use by running processes {pids:?}; stop them first, or use --force"
+)]
+pub struct SessionInUse {
+    /// The session.
+    pub session: String,
+    /// Processes attached to its objects.
+    pub pids: Vec<u32>,
+}
+
+/// Removes the objects of `session`, refusing while processes use them unless `force`.
+///
+/// # Errors
+/// [`SessionInUse`] naming the processes.
+pub fn clean_session(uid: u32, session: &str, force: bool) -> Result<Vec<String>, SessionInUse> {
+    let mut pids: Vec<u32> = list_objects(uid, Some(session))
+        .into_iter()
+        .flat_map(|object| object.live_processes)
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    if !pids.is_empty() && !force {
+        return Err(SessionInUse {
+            session: sanitise_session(session),
+            pids,
+        });
+    }
+    Ok(remove_session(uid, session))
+}
+
+/// Removes every session of `uid` whose processes are all dead; returns what was removed.
+pub fn clean_stale(uid: u32) -> Vec<String> {
+    let mut removed = Vec::new();
+    for (session, objects) in sessions(uid) {
+        if objects
+            .iter()
+            .all(|object| object.live_processes.is_empty())
+        {
+            removed.extend(remove_session(uid, &session));
+        }
+    }
+    removed
+}
+
+/// Removes the session's objects when no process but this one uses them.
+pub fn remove_session_if_unused(uid: u32, session: &str) {
+    let me = std::process::id();
+    let in_use = list_objects(uid, Some(session))
+        .iter()
+        .any(|object| object.live_processes.iter().any(|&pid| pid != me));
+    if !in_use {
+        let removed = remove_session(uid, session);
+        if !removed.is_empty() {
+            tracing::debug!(
+                session,
+                n_objects = removed.len(),
+                "last process of the session removed its shared memory"
+            );
+        }
+    }
+}
+
+/// Starts the session's watchdog unless one runs (only in binaries that call
+/// [`run_watchdog_if_requested`] first thing in `main`).
+pub fn ensure_watchdog(uid: u32, session: &str) {
+    if !WATCHDOG_ENTRY_POINT.load(Ordering::Relaxed) {
+        return;
+    }
+    let session = sanitise_session(session);
+    {
+        let mut started = WATCHDOGS_STARTED.lock().expect("watchdog list poisoned");
+        if started.contains(&session) {
+            return;
+        }
+        started.push(session.clone());
+    }
+    if let Ok(file) = File::create(lock_path(uid, &session)) {
+        // A lock we can take is a lock nobody holds: no watchdog runs.
+        if nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err() {
+            return;
+        }
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let spawned = std::process::Command::new(exe)
+        .env(WATCHDOG_SESSION_VAR, &session)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn();
+    match spawned {
+        Ok(mut child) => {
+            tracing::debug!(session, pid = child.id(), "shared memory watchdog started");
+            // Reap it when it ends, so it never lingers as a zombie of a long-lived device.
+            std::thread::spawn(move || {
+                let _ = child.wait();
+            });
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot start the shared memory watchdog; `ferromq shm clean --stale` cleans after crashes")
+        }
+    }
+}
+
+use std::os::unix::process::CommandExt;
+
+/// Call first thing in `main`: when this process was started as a session's watchdog, watches
+/// and exits; otherwise returns at once and lets devices of this binary start watchdogs.
+pub fn run_watchdog_if_requested() {
+    WATCHDOG_ENTRY_POINT.store(true, Ordering::Relaxed);
+    let Ok(session) = std::env::var(WATCHDOG_SESSION_VAR) else {
+        return;
+    };
+    watch(crate::names::current_uid(), &session);
+    std::process::exit(0);
+}
+
+fn watch(uid: u32, session: &str) {
+    let Ok(file) = File::create(lock_path(uid, session)) else {
+        return;
+    };
+    let Ok(_lock) = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+    else {
+        return; // Another watchdog already watches this session.
+    };
+    let started = Instant::now();
+    let mut seen_objects = false;
+    loop {
+        std::thread::sleep(WATCHDOG_POLL);
+        let objects = list_objects(uid, Some(session));
+        if objects.is_empty() {
+            if seen_objects || started.elapsed() > Duration::from_secs(30) {
+                let _ = std::fs::remove_file(lock_path(uid, session));
+                return;
+            }
+            continue;
+        }
+        seen_objects = true;
+        if objects
+            .iter()
+            .all(|object| object.live_processes.is_empty())
+        {
+            remove_session(uid, session);
+            return;
+        }
+    }
+}
+
+/// Region created/destroyed events of a session, as seen in `/dev/shm`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegionEvent {
+    /// A region appeared.
+    Created(ObjectName),
+    /// A region went away.
+    Destroyed(ObjectName),
+}
+
+/// Polls `/dev/shm` for regions of `session` appearing and disappearing, every `interval`,
+/// until the receiver is dropped.
+pub fn watch_regions(
+    uid: u32,
+    session: &str,
+    interval: Duration,
+) -> tokio::sync::mpsc::UnboundedReceiver<RegionEvent> {
+    let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
+    let session = sanitise_session(session);
+    std::thread::spawn(move || {
+        let mut known: Vec<ObjectName> = Vec::new();
+        loop {
+            let current: Vec<ObjectName> = std::fs::read_dir(shm_dir())
+                .map(|entries| {
+                    entries
+                        .flatten()
+                        .filter_map(|entry| ObjectName::parse(&entry.file_name().to_string_lossy()))
+                        .filter(|name| {
+                            name.uid == uid
+                                && name.session == session
+                                && name.kind == ObjectKind::Region
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            for name in current.iter().filter(|name| !known.contains(name)) {
+                if events.send(RegionEvent::Created(name.clone())).is_err() {
+                    return;
+                }
+            }
+            for name in known.iter().filter(|name| !current.contains(name)) {
+                if events.send(RegionEvent::Destroyed(name.clone())).is_err() {
+                    return;
+                }
+            }
+            known = current;
+            if events.is_closed() {
+                return;
+            }
+            std::thread::sleep(interval);
+        }
+    });
+    receiver
+}
+
+/// True for names that belong to ferromq.
+pub fn is_ferromq_name(name: &str) -> bool {
+    name.starts_with(PREFIX)
+}

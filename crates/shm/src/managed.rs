@@ -1,0 +1,387 @@
+//! Managed segments: blocks allocated by the segment's owner, released by whoever drops the last
+//! reference, in any process.
+//!
+//! # Block layout
+//! Each block is a 64-byte header followed by its data, both 64-byte aligned:
+//! `refcount: AtomicU32 | magic: AtomicU32 | capacity: AtomicU64 | ...`. The descriptor that travels
+//! names the data offset; the receiver finds the header just before it and checks the magic, the
+//! capacity and the reference count before touching a byte.
+//!
+//! # Ownership
+//! A new block has one reference, held by the [`ShmBuffer`] inside a `Message`. Sending moves that
+//! reference to the receiver (the sender's handle is disarmed, not dropped); a publisher adds one
+//! reference per extra subscriber. Dropping a handle decrements; at zero the block is garbage,
+//! and the owner's next allocation reclaims it (first in FIFO order, everything when short of
+//! room).
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use ferromq_core::MessageBuffer;
+
+use crate::allocator::Allocator;
+use crate::error::ShmError;
+use crate::segment::{HEADER_SIZE, Segment};
+
+/// Alignment of blocks and their headers.
+pub const BLOCK_ALIGN: usize = 64;
+const BLOCK_MAGIC: u32 = 0xFE_22_0B_10;
+
+fn align_up(size: usize) -> usize {
+    size.div_ceil(BLOCK_ALIGN).max(1) * BLOCK_ALIGN
+}
+
+struct OwnerState {
+    allocator: Allocator,
+    /// Blocks handed out and not yet reclaimed: (header offset, total bytes), oldest first.
+    outstanding: VecDeque<(usize, usize)>,
+}
+
+/// A segment this process created and allocates from.
+pub struct OwnedSegment {
+    segment: Arc<Segment>,
+    state: Mutex<OwnerState>,
+}
+
+impl OwnedSegment {
+    /// Takes ownership of a freshly created segment.
+    pub fn new(segment: Segment) -> OwnedSegment {
+        let allocator = Allocator::new(HEADER_SIZE, segment.len());
+        segment
+            .header()
+            .largest_free
+            .store(allocator.largest_free() as u64, Ordering::Relaxed);
+        OwnedSegment {
+            segment: Arc::new(segment),
+            state: Mutex::new(OwnerState {
+                allocator,
+                outstanding: VecDeque::new(),
+            }),
+        }
+    }
+
+    /// The segment.
+    pub fn segment(&self) -> &Arc<Segment> {
+        &self.segment
+    }
+
+    /// Bytes a message can have at most in this segment.
+    pub fn max_message_size(&self) -> usize {
+        self.segment.len() - HEADER_SIZE - BLOCK_ALIGN
+    }
+
+    /// A block of at least `size` bytes with one reference, or `None` when there is no room now.
+    pub fn allocate(&self, size: usize) -> Option<ShmBuffer> {
+        let capacity = align_up(size);
+        let total = capacity + BLOCK_ALIGN;
+        let mut state = self.state.lock().expect("allocator lock poisoned");
+        self.reclaim(&mut state, false);
+        let header_offset = match state.allocator.allocate(total) {
+            Some(offset) => offset,
+            None => {
+                self.reclaim(&mut state, true);
+                state.allocator.allocate(total)?
+            }
+        };
+        let block = BlockHeader::at(&self.segment, header_offset)
+            .expect("allocated blocks lie inside the segment");
+        block.refcount.store(1, Ordering::Relaxed);
+        block.capacity.store(capacity as u64, Ordering::Relaxed);
+        block.magic.store(BLOCK_MAGIC, Ordering::Release);
+        state.outstanding.push_back((header_offset, total));
+        self.publish_usage(&state);
+        drop(state);
+        Some(ShmBuffer::new_block(
+            Arc::clone(&self.segment),
+            header_offset + BLOCK_ALIGN,
+            capacity,
+        ))
+    }
+
+    /// Frees blocks nobody references: the oldest ones in order, or all of them when `everything`.
+    fn reclaim(&self, state: &mut OwnerState, everything: bool) {
+        let released = |segment: &Segment, header_offset: usize| {
+            BlockHeader::at(segment, header_offset)
+                .is_some_and(|block| block.refcount.load(Ordering::Acquire) == 0)
+        };
+        let mut n_freed = 0;
+        if everything {
+            let mut kept = VecDeque::with_capacity(state.outstanding.len());
+            while let Some((offset, total)) = state.outstanding.pop_front() {
+                if released(&self.segment, offset) {
+                    self.release(&mut state.allocator, offset, total);
+                    n_freed += 1;
+                } else {
+                    kept.push_back((offset, total));
+                }
+            }
+            state.outstanding = kept;
+        } else {
+            while let Some(&(offset, total)) = state.outstanding.front() {
+                if !released(&self.segment, offset) {
+                    break;
+                }
+                state.outstanding.pop_front();
+                self.release(&mut state.allocator, offset, total);
+                n_freed += 1;
+            }
+        }
+        if n_freed > 0 {
+            self.publish_usage(state);
+        }
+    }
+
+    fn release(&self, allocator: &mut Allocator, header_offset: usize, total: usize) {
+        if let Some(block) = BlockHeader::at(&self.segment, header_offset) {
+            block.magic.store(0, Ordering::Release);
+        }
+        allocator.free(header_offset, total);
+    }
+
+    fn publish_usage(&self, state: &OwnerState) {
+        let header = self.segment.header();
+        let data_size = self.segment.len() - HEADER_SIZE;
+        header.used_bytes.store(
+            (data_size - state.allocator.free_bytes()) as u64,
+            Ordering::Relaxed,
+        );
+        header
+            .live_blocks
+            .store(state.outstanding.len() as u64, Ordering::Relaxed);
+        header
+            .largest_free
+            .store(state.allocator.largest_free() as u64, Ordering::Relaxed);
+    }
+
+    /// Reclaims everything releasable and reports (free bytes, blocks still referenced).
+    pub fn collect(&self) -> (usize, usize) {
+        let mut state = self.state.lock().expect("allocator lock poisoned");
+        self.reclaim(&mut state, true);
+        (state.allocator.free_bytes(), state.outstanding.len())
+    }
+
+    /// Free bytes when nothing is allocated.
+    pub fn capacity(&self) -> usize {
+        self.segment.len() - HEADER_SIZE
+    }
+
+    /// The "segment full" error for a request of `requested` bytes after `waited_ms`.
+    pub fn full_error(&self, requested: usize, waited_ms: u64) -> ShmError {
+        let header = self.segment.header();
+        ShmError::SegmentFull {
+            name: self.segment.name().to_string(),
+            size: self.capacity(),
+            used: header.used_bytes.load(Ordering::Relaxed),
+            live_blocks: header.live_blocks.load(Ordering::Relaxed),
+            largest_free: header.largest_free.load(Ordering::Relaxed),
+            requested,
+            waited_ms,
+        }
+    }
+}
+
+/// The shared fields of a block header.
+struct BlockHeader<'a> {
+    refcount: &'a std::sync::atomic::AtomicU32,
+    magic: &'a std::sync::atomic::AtomicU32,
+    capacity: &'a std::sync::atomic::AtomicU64,
+}
+
+impl<'a> BlockHeader<'a> {
+    fn at(segment: &'a Segment, header_offset: usize) -> Option<BlockHeader<'a>> {
+        Some(BlockHeader {
+            refcount: segment.atomic_u32(header_offset)?,
+            magic: segment.atomic_u32(header_offset + 4)?,
+            capacity: segment.atomic_u64(header_offset + 8)?,
+        })
+    }
+}
+
+/// What a [`ShmBuffer`] releases when it drops.
+enum Release {
+    /// One reference of a managed block.
+    Block,
+    /// A region buffer: the creator is told through its acknowledgement queue.
+    Region(Arc<dyn Fn(u64, u64, u64) + Send + Sync>, u64),
+    /// Nothing (the handle was sent on).
+    Nothing,
+}
+
+/// A message buffer in shared memory: a managed block or a range of an unmanaged region.
+pub struct ShmBuffer {
+    segment: Arc<Segment>,
+    data_offset: usize,
+    capacity: usize,
+    release: Release,
+}
+
+impl ShmBuffer {
+    fn new_block(segment: Arc<Segment>, data_offset: usize, capacity: usize) -> ShmBuffer {
+        ShmBuffer {
+            segment,
+            data_offset,
+            capacity,
+            release: Release::Block,
+        }
+    }
+
+    /// A region range whose release calls `acknowledge(offset, size, hint)`.
+    pub(crate) fn new_region(
+        segment: Arc<Segment>,
+        data_offset: usize,
+        size: usize,
+        acknowledge: Arc<dyn Fn(u64, u64, u64) + Send + Sync>,
+        hint: u64,
+    ) -> ShmBuffer {
+        ShmBuffer {
+            segment,
+            data_offset,
+            capacity: size,
+            release: Release::Region(acknowledge, hint),
+        }
+    }
+
+    /// Takes over one reference of the block at `data_offset` of `segment`, as named by a
+    /// descriptor from the wire, after checking that it is a live block of at least `size` bytes.
+    ///
+    /// # Errors
+    /// [`ShmError::BadDescriptor`] for anything that is not a live block of that size.
+    pub fn adopt_block(
+        segment: Arc<Segment>,
+        data_offset: usize,
+        size: usize,
+    ) -> Result<ShmBuffer, ShmError> {
+        let bad = |reason: String| ShmError::BadDescriptor {
+            reason: format!("{}: {reason}", segment.name()),
+        };
+        if !data_offset.is_multiple_of(BLOCK_ALIGN) || data_offset < HEADER_SIZE + BLOCK_ALIGN {
+            return Err(bad(format!("offset {data_offset} is not a block offset")));
+        }
+        let block = BlockHeader::at(&segment, data_offset - BLOCK_ALIGN).ok_or_else(|| {
+            bad(format!(
+                "offset {data_offset} is outside the segment of {} bytes",
+                segment.len()
+            ))
+        })?;
+        if block.magic.load(Ordering::Acquire) != BLOCK_MAGIC {
+            return Err(bad(format!("no live block at offset {data_offset}")));
+        }
+        let capacity = block.capacity.load(Ordering::Acquire) as usize;
+        if size > capacity || segment.bytes(data_offset, capacity).is_none() {
+            return Err(bad(format!(
+                "{size} bytes at offset {data_offset} exceed the block's {capacity}"
+            )));
+        }
+        if block.refcount.load(Ordering::Acquire) == 0 {
+            return Err(bad(format!(
+                "the block at offset {data_offset} was already released"
+            )));
+        }
+        Ok(ShmBuffer::new_block(segment, data_offset, capacity))
+    }
+
+    /// The segment holding the bytes.
+    pub fn segment(&self) -> &Arc<Segment> {
+        &self.segment
+    }
+
+    /// Offset of the first data byte in the segment.
+    pub fn data_offset(&self) -> usize {
+        self.data_offset
+    }
+
+    /// True for a range of an unmanaged region.
+    pub fn is_region(&self) -> bool {
+        matches!(self.release, Release::Region(..))
+    }
+
+    /// The region hint (0 for managed blocks).
+    pub fn hint(&self) -> u64 {
+        match &self.release {
+            Release::Region(_, hint) => *hint,
+            _ => 0,
+        }
+    }
+
+    fn block(&self) -> Option<BlockHeader<'_>> {
+        match self.release {
+            Release::Block => BlockHeader::at(&self.segment, self.data_offset - BLOCK_ALIGN),
+            _ => None,
+        }
+    }
+
+    /// Adds `n` references for `n` more receivers of the same block (pub/sub fan-out).
+    pub fn add_references(&self, n: u32) {
+        if let Some(block) = self.block() {
+            block.refcount.fetch_add(n, Ordering::AcqRel);
+        }
+    }
+
+    /// Takes back `n` references added with [`ShmBuffer::add_references`] for receivers that did
+    /// not get the block after all.
+    pub fn release_references(&self, n: u32) {
+        if let Some(block) = self.block() {
+            block.refcount.fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+
+    /// Gives up this handle without releasing its reference: the receiver now holds it.
+    pub fn disarm(mut self) {
+        self.release = Release::Nothing;
+    }
+}
+
+impl MessageBuffer for ShmBuffer {
+    fn as_bytes(&self) -> &[u8] {
+        self.segment
+            .bytes(self.data_offset, self.capacity)
+            .expect("a buffer's range was checked when it was made")
+    }
+
+    fn as_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        // Writable only by the single owner: a block with one reference held by this handle.
+        // Region ranges belong to their creator, who writes them through the region.
+        let block = self.block()?;
+        if block.refcount.load(Ordering::Acquire) != 1 {
+            return None;
+        }
+        // SAFETY: this handle holds the block's only reference, in every process, so nobody else
+        // reads or writes the range; the borrow of `self` keeps any other slice from this handle
+        // from coexisting.
+        unsafe { self.segment.bytes_mut(self.data_offset, self.capacity) }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+        self
+    }
+
+    fn transport_name(&self) -> &'static str {
+        "shmem"
+    }
+}
+
+impl Drop for ShmBuffer {
+    fn drop(&mut self) {
+        match &self.release {
+            Release::Block => {
+                if let Some(block) = self.block() {
+                    block.refcount.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+            Release::Region(acknowledge, hint) => {
+                acknowledge(
+                    (self.data_offset - crate::region::REGION_DATA_START) as u64,
+                    self.capacity as u64,
+                    *hint,
+                );
+            }
+            Release::Nothing => {}
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! Names of ferromq's shared-memory objects.
+//!
+//! Every object is `/dev/shm/ferromq_<uid>_<session>_<kind>_<pid>_<index>`: the user id keeps two
+//! users apart, the session keeps two workflows apart, the creating process and an index make it
+//! unique. `ferromq shm list` and `clean` find everything of a user or a session from the name
+//! alone, without any registry that could itself be lost in a crash.
+
+use std::fmt;
+
+/// The prefix of every ferromq shared-memory object.
+pub const PREFIX: &str = "ferromq_";
+
+/// What an object holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ObjectKind {
+    /// A managed segment (messages allocated by the framework).
+    Segment,
+    /// An unmanaged region (memory the user fills).
+    Region,
+}
+
+impl ObjectKind {
+    fn tag(self) -> &'static str {
+        match self {
+            ObjectKind::Segment => "seg",
+            ObjectKind::Region => "reg",
+        }
+    }
+}
+
+/// The parts of an object's name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectName {
+    /// Owner's user id.
+    pub uid: u32,
+    /// Session (sanitised: letters, digits, `-`).
+    pub session: String,
+    /// Segment or region.
+    pub kind: ObjectKind,
+    /// Process that created it.
+    pub creator_pid: u32,
+    /// Index among that process's objects of this kind.
+    pub index: u32,
+}
+
+/// Makes a session id safe for object names: letters, digits and `-`, at most 48 characters.
+pub fn sanitise_session(session: &str) -> String {
+    let cleaned: String = session
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(48)
+        .collect();
+    if cleaned.is_empty() {
+        "default".to_owned()
+    } else {
+        cleaned
+    }
+}
+
+impl ObjectName {
+    /// The name of object `index` of `kind` created by `creator_pid` in `session`.
+    pub fn new(
+        uid: u32,
+        session: &str,
+        kind: ObjectKind,
+        creator_pid: u32,
+        index: u32,
+    ) -> ObjectName {
+        ObjectName {
+            uid,
+            session: sanitise_session(session),
+            kind,
+            creator_pid,
+            index,
+        }
+    }
+
+    /// Reads a name back; `None` for anything that is not a ferromq object name.
+    pub fn parse(name: &str) -> Option<ObjectName> {
+        let rest = name
+            .strip_prefix('/')
+            .unwrap_or(name)
+            .strip_prefix(PREFIX)?;
+        let mut fields = rest.rsplitn(4, '_');
+        let index = fields.next()?.parse().ok()?;
+        let creator_pid = fields.next()?.parse().ok()?;
+        let kind = match fields.next()? {
+            "seg" => ObjectKind::Segment,
+            "reg" => ObjectKind::Region,
+            _ => return None,
+        };
+        let (uid, session) = fields.next()?.split_once('_')?;
+        Some(ObjectName {
+            uid: uid.parse().ok()?,
+            session: session.to_owned(),
+            kind,
+            creator_pid,
+            index,
+        })
+    }
+
+    /// The prefix shared by every object of `session` of user `uid`.
+    pub fn session_prefix(uid: u32, session: &str) -> String {
+        format!("{PREFIX}{uid}_{}_", sanitise_session(session))
+    }
+}
+
+impl fmt::Display for ObjectName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{PREFIX}{}_{}_{}_{}_{}",
+            self.uid,
+            self.session,
+            self.kind.tag(),
+            self.creator_pid,
+            self.index
+        )
+    }
+}
+
+/// This process's effective user id.
+pub fn current_uid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_sessions_are_sanitised() {
+        let name = ObjectName::new(1000, "run 42/a_b", ObjectKind::Segment, 4242, 3);
+        assert_eq!(name.to_string(), "ferromq_1000_run-42-a-b_seg_4242_3");
+        assert_eq!(ObjectName::parse(&name.to_string()), Some(name.clone()));
+        assert_eq!(
+            ObjectName::parse("/ferromq_1000_run-42-a-b_seg_4242_3"),
+            Some(name)
+        );
+        assert!(
+            ObjectName::session_prefix(1000, "run 42/a_b").starts_with("ferromq_1000_run-42-a-b_")
+        );
+        assert_eq!(ObjectName::parse("ferromq_x_s_seg_1_2"), None);
+        assert_eq!(ObjectName::parse("other_1_s_seg_1_2"), None);
+        assert_eq!(sanitise_session(""), "default");
+    }
+}

@@ -1,0 +1,376 @@
+//! Unmanaged regions: shared memory the user owns and fills; messages are sub-ranges of it.
+//!
+//! # Acknowledgements
+//! When the last receiver drops a region message, the creator must hear of it. Each process that
+//! releases region buffers claims one single-producer ring in the region's header and appends
+//! `(offset, size, hint)` there; only the creator consumes. A single-producer ring needs no lock,
+//! and a producer that dies mid-append leaves nothing half-visible (the entry is published by
+//! the index store that follows it). The creator polls the rings every millisecond while idle
+//! and immediately again while they hold entries, so acknowledgements are batched under load and
+//! never held back when idle (FairMQ could wait up to 500 ms).
+//!
+//! # Ownership
+//! The region's bytes are the creator's; a range lent to a message in flight cannot be written
+//! through the region until its acknowledgement returns ([`UnmanagedRegion::fill`] refuses).
+//! The framework removes the region only when the creator drops it, after a last delivery of
+//! the acknowledgements already queued.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferromq_core::Message;
+
+use crate::error::ShmError;
+use crate::managed::ShmBuffer;
+use crate::segment::{HEADER_SIZE, ProcessId, Segment};
+
+const N_RINGS: usize = 32;
+const RING_LEN: usize = 1024;
+/// Ring: owner pid (u64 slot), head, tail, then RING_LEN entries of three u64.
+const RING_BYTES: usize = 8 * 3 + RING_LEN * 24;
+/// Offset of the first data byte in a region object.
+pub const REGION_DATA_START: usize = (HEADER_SIZE + N_RINGS * RING_BYTES).div_ceil(4096) * 4096;
+
+/// One released region range, as the creator's callback receives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionBlock {
+    /// Offset in the region's data.
+    pub offset: u64,
+    /// Bytes.
+    pub size: u64,
+    /// The hint given when the message was made.
+    pub hint: u64,
+}
+
+/// Called once per released buffer.
+pub type SingleCallback = Box<dyn Fn(RegionBlock) + Send + Sync>;
+/// Called once per batch of released buffers.
+pub type BulkCallback = Box<dyn Fn(&[RegionBlock]) + Send + Sync>;
+
+/// How a region's creator hears of released buffers.
+pub enum RegionCallback {
+    /// Once per buffer.
+    Single(SingleCallback),
+    /// Once per batch of buffers.
+    Bulk(BulkCallback),
+}
+
+fn ring_offset(ring_idx: usize) -> usize {
+    HEADER_SIZE + ring_idx * RING_BYTES
+}
+
+/// Appends acknowledgements to this process's ring of a region.
+pub(crate) struct AckProducer {
+    segment: Arc<Segment>,
+    ring_idx: Mutex<Option<usize>>,
+}
+
+impl AckProducer {
+    pub(crate) fn new(segment: Arc<Segment>) -> AckProducer {
+        AckProducer {
+            segment,
+            ring_idx: Mutex::new(None),
+        }
+    }
+
+    fn claim(&self) -> Option<usize> {
+        let mut claimed = self.ring_idx.lock().expect("ring claim poisoned");
+        if let Some(ring_idx) = *claimed {
+            return Some(ring_idx);
+        }
+        let me = u64::from(std::process::id());
+        for ring_idx in 0..N_RINGS {
+            let owner = self.segment.atomic_u64(ring_offset(ring_idx))?;
+            let head = self.segment.atomic_u64(ring_offset(ring_idx) + 8)?;
+            let tail = self.segment.atomic_u64(ring_offset(ring_idx) + 16)?;
+            let current = owner.load(Ordering::Acquire);
+            // A ring is free when unowned, or owned by a dead process and fully drained.
+            let reusable = current == 0
+                || (!(ProcessId {
+                    pid: current as u32,
+                    start_time: 0,
+                })
+                .is_alive()
+                    && head.load(Ordering::Acquire) == tail.load(Ordering::Acquire));
+            if reusable
+                && owner
+                    .compare_exchange(current, me, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                *claimed = Some(ring_idx);
+                return Some(ring_idx);
+            }
+        }
+        None
+    }
+
+    /// Queues one acknowledgement; waits while the ring is full and the creator lives.
+    pub(crate) fn push(&self, block: RegionBlock) {
+        let Some(ring_idx) = self.claim() else {
+            tracing::error!(region = %self.segment.name(), "no free acknowledgement ring: a region buffer release is lost");
+            return;
+        };
+        let base = ring_offset(ring_idx);
+        let (Some(head), Some(tail)) = (
+            self.segment.atomic_u64(base + 8),
+            self.segment.atomic_u64(base + 16),
+        ) else {
+            return;
+        };
+        let position = head.load(Ordering::Relaxed);
+        let creator = ProcessId {
+            pid: self.segment.name().creator_pid,
+            start_time: 0,
+        };
+        while position - tail.load(Ordering::Acquire) >= RING_LEN as u64 {
+            if !creator.is_alive() {
+                return;
+            }
+            std::thread::yield_now();
+        }
+        let entry = base + 24 + (position as usize % RING_LEN) * 24;
+        for (field_idx, value) in [block.offset, block.size, block.hint]
+            .into_iter()
+            .enumerate()
+        {
+            if let Some(slot) = self.segment.atomic_u64(entry + field_idx * 8) {
+                slot.store(value, Ordering::Relaxed);
+            }
+        }
+        head.store(position + 1, Ordering::Release);
+    }
+}
+
+/// Takes every queued acknowledgement out of the region's rings.
+fn drain(segment: &Segment, into: &mut Vec<RegionBlock>) {
+    for ring_idx in 0..N_RINGS {
+        let base = ring_offset(ring_idx);
+        let (Some(head), Some(tail)) =
+            (segment.atomic_u64(base + 8), segment.atomic_u64(base + 16))
+        else {
+            continue;
+        };
+        let end = head.load(Ordering::Acquire);
+        let mut position = tail.load(Ordering::Relaxed);
+        while position < end {
+            let entry = base + 24 + (position as usize % RING_LEN) * 24;
+            let field = |field_idx: usize| {
+                segment
+                    .atomic_u64(entry + field_idx * 8)
+                    .map_or(0, |slot| slot.load(Ordering::Relaxed))
+            };
+            into.push(RegionBlock {
+                offset: field(0),
+                size: field(1),
+                hint: field(2),
+            });
+            position += 1;
+        }
+        tail.store(position, Ordering::Release);
+    }
+}
+
+/// A region of shared memory owned by its creator.
+pub struct UnmanagedRegion {
+    segment: Arc<Segment>,
+    index: u32,
+    data_size: usize,
+    lent: Arc<Mutex<BTreeMap<u64, u64>>>,
+    acknowledge: Arc<dyn Fn(u64, u64, u64) + Send + Sync>,
+    stop: Arc<AtomicBool>,
+    poller: Option<std::thread::JoinHandle<()>>,
+}
+
+impl UnmanagedRegion {
+    pub(crate) fn create(
+        segment: Segment,
+        index: u32,
+        callback: RegionCallback,
+    ) -> UnmanagedRegion {
+        let segment = Arc::new(segment);
+        let data_size = segment.len() - REGION_DATA_START;
+        let lent: Arc<Mutex<BTreeMap<u64, u64>>> = Arc::default();
+        let producer = Arc::new(AckProducer::new(Arc::clone(&segment)));
+        let acknowledge: Arc<dyn Fn(u64, u64, u64) + Send + Sync> =
+            Arc::new(move |offset, size, hint| producer.push(RegionBlock { offset, size, hint }));
+        let stop = Arc::new(AtomicBool::new(false));
+        // A plain thread: polling must not depend on the device's runtime being driven.
+        let poller = {
+            let (segment, lent, stop) =
+                (Arc::clone(&segment), Arc::clone(&lent), Arc::clone(&stop));
+            std::thread::Builder::new()
+                .name(format!("ferromq-region-{index}"))
+                .spawn(move || poll_acknowledgements(&segment, &lent, &stop, &callback))
+                .ok()
+        };
+        UnmanagedRegion {
+            segment,
+            index,
+            data_size,
+            lent,
+            acknowledge,
+            stop,
+            poller,
+        }
+    }
+
+    /// Usable bytes.
+    pub fn size(&self) -> usize {
+        self.data_size
+    }
+
+    /// The object name (what `ferromq shm list` shows).
+    pub fn name(&self) -> String {
+        self.segment.name().to_string()
+    }
+
+    /// The region's index among this process's regions.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    fn check(&self, offset: usize, size: usize) -> Result<(), ShmError> {
+        if offset
+            .checked_add(size)
+            .is_none_or(|end| end > self.data_size)
+        {
+            return Err(ShmError::BadDescriptor {
+                reason: format!(
+                    "{}: range {offset}+{size} is outside the region's {} bytes",
+                    self.name(),
+                    self.data_size
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes into `offset..offset + bytes.len()` through `fill`.
+    ///
+    /// # Errors
+    /// As [`UnmanagedRegion::fill`].
+    pub fn write(&self, offset: usize, bytes: &[u8]) -> Result<(), ShmError> {
+        self.fill(offset, bytes.len(), |range| range.copy_from_slice(bytes))
+    }
+
+    /// Lets `fill` write `offset..offset + size` (e.g. a detector readout).
+    ///
+    /// # Errors
+    /// [`ShmError::BadDescriptor`] when the range is outside the region or overlaps a range lent
+    /// to a message that has not been acknowledged yet.
+    pub fn fill(
+        &self,
+        offset: usize,
+        size: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<(), ShmError> {
+        self.check(offset, size)?;
+        let lent = self.lent.lock().expect("lent ranges poisoned");
+        let overlapping = lent
+            .range(..(offset + size) as u64)
+            .next_back()
+            .is_some_and(|(&start, &len)| start + len > offset as u64);
+        if overlapping {
+            return Err(ShmError::BadDescriptor {
+                reason: format!(
+                    "{}: range {offset}+{size} is lent to a message in flight",
+                    self.name()
+                ),
+            });
+        }
+        // SAFETY: only the creator writes region bytes, and only outside lent ranges (checked
+        // above while holding the lock that `message` takes to lend a range); receivers read
+        // lent ranges only.
+        let bytes = unsafe { self.segment.bytes_mut(REGION_DATA_START + offset, size) }
+            .expect("range checked above");
+        fill(bytes);
+        Ok(())
+    }
+
+    /// A message over `offset..offset + size`, without copying. `hint` comes back in the
+    /// callback when the buffer is released.
+    ///
+    /// # Errors
+    /// [`ShmError::BadDescriptor`] when the range is outside the region or already lent.
+    pub fn message(&self, offset: usize, size: usize, hint: u64) -> Result<Message, ShmError> {
+        self.check(offset, size)?;
+        let mut lent = self.lent.lock().expect("lent ranges poisoned");
+        let overlapping = lent
+            .range(..(offset + size).max(offset + 1) as u64)
+            .next_back()
+            .is_some_and(|(&start, &len)| start + len.max(1) > offset as u64);
+        if overlapping {
+            return Err(ShmError::BadDescriptor {
+                reason: format!("{}: range {offset}+{size} is already lent", self.name()),
+            });
+        }
+        lent.insert(offset as u64, size as u64);
+        let buffer = ShmBuffer::new_region(
+            Arc::clone(&self.segment),
+            REGION_DATA_START + offset,
+            size,
+            Arc::clone(&self.acknowledge),
+            hint,
+        );
+        Ok(Message::from_buffer(Box::new(buffer)))
+    }
+
+    /// Ranges lent and not yet acknowledged.
+    pub fn n_lent(&self) -> usize {
+        self.lent.lock().expect("lent ranges poisoned").len()
+    }
+}
+
+fn poll_acknowledgements(
+    segment: &Segment,
+    lent: &Mutex<BTreeMap<u64, u64>>,
+    stop: &AtomicBool,
+    callback: &RegionCallback,
+) {
+    let mut batch = Vec::new();
+    loop {
+        let stopping = stop.load(Ordering::Acquire);
+        drain(segment, &mut batch);
+        if !batch.is_empty() {
+            {
+                let mut lent = lent.lock().expect("lent ranges poisoned");
+                for block in &batch {
+                    lent.remove(&block.offset);
+                }
+            }
+            match callback {
+                RegionCallback::Single(single) => batch.iter().for_each(|block| single(*block)),
+                RegionCallback::Bulk(bulk) => bulk(&batch),
+            }
+            batch.clear();
+            continue;
+        }
+        if stopping {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+impl Drop for UnmanagedRegion {
+    fn drop(&mut self) {
+        // The poller delivers what is already acknowledged, then stops; then the region goes.
+        self.stop.store(true, Ordering::Release);
+        if let Some(poller) = self.poller.take() {
+            let _ = poller.join();
+        }
+        if let Err(error) = Segment::remove(self.segment.name()) {
+            tracing::warn!(%error, "removing a region failed");
+        }
+    }
+}
+
+/// Builds the acknowledgement closure for a region opened from the wire.
+pub(crate) fn remote_acknowledger(
+    segment: Arc<Segment>,
+) -> Arc<dyn Fn(u64, u64, u64) + Send + Sync> {
+    let producer = Arc::new(AckProducer::new(segment));
+    Arc::new(move |offset, size, hint| producer.push(RegionBlock { offset, size, hint }))
+}

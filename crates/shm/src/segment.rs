@@ -1,0 +1,435 @@
+//! [`Segment`]: one mapped shared-memory object (a managed segment or a region), its header, and
+//! bounds-checked access to its bytes. The only module that touches the raw mapping.
+//!
+//! # Layout
+//! The first [`HEADER_SIZE`] bytes are a [`Header`]: identity (magic written last, so an opener
+//! never reads a half-initialised header), usage figures for `ferromq shm list`, and a table of
+//! attached processes (pid and start time) that makes cleanup possible after crashes. Everything
+//! after it is data, addressed by offsets from the start of the object, never by pointers.
+//!
+//! # Safety model
+//! Other processes write this memory. Shared references are handed out only for ranges that the
+//! ownership protocol keeps unwritten while they live (a block is written by its single owner
+//! before it is sent, and read-only afterwards), and every mutable field shared between processes
+//! is an atomic.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use shared_memory::{Shmem, ShmemConf};
+
+use crate::error::ShmError;
+use crate::names::{ObjectKind, ObjectName};
+
+/// Bytes reserved at the start of every object for its [`Header`].
+pub const HEADER_SIZE: usize = 4096;
+const MAGIC: u64 = u64::from_le_bytes(*b"FERROMQ1");
+const VERSION: u32 = 1;
+/// Processes that can be attached to one object at once.
+pub const MAX_ATTACHED: usize = 128;
+
+/// One attached process.
+#[repr(C)]
+struct AttachSlot {
+    pid: AtomicU32,
+    _pad: u32,
+    start_time: AtomicU64,
+}
+
+/// The header at offset 0 of every ferromq shared-memory object.
+#[repr(C)]
+pub struct Header {
+    magic: AtomicU64,
+    version: u32,
+    kind: u32,
+    size: u64,
+    creator_pid: u32,
+    _pad: u32,
+    /// Bytes in allocated blocks (managed segments; kept by the owner).
+    pub used_bytes: AtomicU64,
+    /// Blocks allocated and not yet reclaimed.
+    pub live_blocks: AtomicU64,
+    /// Largest free block after the owner's last allocation or reclaim.
+    pub largest_free: AtomicU64,
+    attached: [AttachSlot; MAX_ATTACHED],
+}
+
+const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_SIZE);
+
+/// A process as the attach table records it: pid and start time (clock ticks since boot), so a
+/// reused pid is not mistaken for the process that attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessId {
+    /// The pid.
+    pub pid: u32,
+    /// Its start time from `/proc/<pid>/stat`, 0 when unknown.
+    pub start_time: u64,
+}
+
+impl ProcessId {
+    /// This process.
+    pub fn current() -> ProcessId {
+        let pid = std::process::id();
+        ProcessId {
+            pid,
+            start_time: process_start_time(pid).unwrap_or(0),
+        }
+    }
+
+    /// True while the process runs (and is the same process, not a reused pid).
+    pub fn is_alive(&self) -> bool {
+        match process_start_time(self.pid) {
+            Some(start_time) => self.start_time == 0 || start_time == self.start_time,
+            None => false,
+        }
+    }
+}
+
+fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22; the command name (field 2) may contain spaces, so count after its ')'.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // A zombie has exited: its memory is gone, it holds nothing.
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+/// A mapped ferromq shared-memory object.
+pub struct Segment {
+    shmem: Shmem,
+    name: ObjectName,
+    len: usize,
+    me: ProcessId,
+    /// False for objects only inspected (`ferromq shm list`, the watchdog): looking at an
+    /// object must not count as using it.
+    attached: bool,
+}
+
+// SAFETY: `Shmem` holds the mapping's address and file descriptor. The mapping stays valid until
+// the `Segment` drops, whichever thread uses it, and all cross-thread and cross-process mutation
+// of the mapped bytes goes through atomics or the single-owner protocol described above.
+unsafe impl Send for Segment {}
+// SAFETY: as for `Send`: `&Segment` only reads through atomics or ranges nobody writes meanwhile.
+unsafe impl Sync for Segment {}
+
+/// Free bytes of the file system that holds `/dev/shm`.
+pub fn shm_free_bytes() -> Option<u64> {
+    let stat = nix::sys::statvfs::statvfs("/dev/shm").ok()?;
+    Some(stat.blocks_available() as u64 * stat.fragment_size() as u64)
+}
+
+impl Segment {
+    /// Creates object `name` of `size` bytes (header included), readable and writable by this
+    /// user only (mode 0600), and attaches this process.
+    ///
+    /// # Errors
+    /// [`ShmError::TooSmall`], [`ShmError::NoSpace`] when `/dev/shm` has less room than `size`,
+    /// [`ShmError::Os`] for the system's refusal.
+    pub fn create(name: ObjectName, size: usize) -> Result<Segment, ShmError> {
+        if size < HEADER_SIZE * 2 {
+            return Err(ShmError::TooSmall {
+                name: name.to_string(),
+                size,
+                minimum: HEADER_SIZE * 2,
+            });
+        }
+        if let Some(free) = shm_free_bytes().filter(|&free| free < size as u64) {
+            return Err(ShmError::NoSpace {
+                name: name.to_string(),
+                size,
+                free,
+            });
+        }
+        let mut shmem = ShmemConf::new()
+            .size(size)
+            .os_id(name.to_string())
+            .create()
+            .map_err(|source| ShmError::Os {
+                name: name.to_string(),
+                operation: "create",
+                reason: source.to_string(),
+            })?;
+        // The object outlives this handle: the last process of the session (or the watchdog)
+        // removes it.
+        shmem.set_owner(false);
+        let len = shmem.len();
+        let segment = Segment {
+            shmem,
+            name,
+            len,
+            me: ProcessId::current(),
+            attached: true,
+        };
+        let kind = match segment.name.kind {
+            ObjectKind::Segment => 1,
+            ObjectKind::Region => 2,
+        };
+        let header = segment.shmem.as_ptr().cast::<Header>();
+        // SAFETY (for the four writes below): the object was just created by this process
+        // (O_EXCL) and nobody reads the plain fields before the magic is published, so these are
+        // the only accesses; the mapping is page-aligned and at least HEADER_SIZE long.
+        // SAFETY: see above.
+        unsafe { (*header).version = VERSION };
+        // SAFETY: see above.
+        unsafe { (*header).kind = kind };
+        // SAFETY: see above.
+        unsafe { (*header).size = len as u64 };
+        // SAFETY: see above.
+        unsafe { (*header).creator_pid = std::process::id() };
+        segment.header().magic.store(MAGIC, Ordering::Release);
+        segment.attach()?;
+        Ok(segment)
+    }
+
+    /// Opens and attaches to an existing object.
+    ///
+    /// # Errors
+    /// [`ShmError::NotFound`], [`ShmError::Corrupt`] for an object without a valid header.
+    pub fn open(name: ObjectName) -> Result<Segment, ShmError> {
+        let segment = Segment::map(name, true)?;
+        segment.attach()?;
+        Ok(segment)
+    }
+
+    /// Maps an existing object to read its header, without attaching to it.
+    ///
+    /// # Errors
+    /// As [`Segment::open`].
+    pub fn inspect(name: ObjectName) -> Result<Segment, ShmError> {
+        Segment::map(name, false)
+    }
+
+    fn map(name: ObjectName, attached: bool) -> Result<Segment, ShmError> {
+        let shmem =
+            ShmemConf::new()
+                .os_id(name.to_string())
+                .open()
+                .map_err(|source| match source {
+                    shared_memory::ShmemError::MapOpenFailed(_) => ShmError::NotFound {
+                        name: name.to_string(),
+                    },
+                    other => ShmError::Os {
+                        name: name.to_string(),
+                        operation: "open",
+                        reason: other.to_string(),
+                    },
+                })?;
+        let len = shmem.len();
+        if len < HEADER_SIZE * 2 {
+            return Err(ShmError::Corrupt {
+                name: name.to_string(),
+                reason: format!("only {len} bytes long"),
+            });
+        }
+        let segment = Segment {
+            shmem,
+            name,
+            len,
+            me: ProcessId::current(),
+            attached,
+        };
+        // The creator writes the magic last; a brand-new object may need a moment.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while segment.header().magic.load(Ordering::Acquire) != MAGIC {
+            if Instant::now() > deadline {
+                return Err(ShmError::Corrupt {
+                    name: segment.name.to_string(),
+                    reason: "no ferromq header".to_owned(),
+                });
+            }
+            std::thread::yield_now();
+        }
+        if segment.header().version != VERSION {
+            return Err(ShmError::Corrupt {
+                name: segment.name.to_string(),
+                reason: format!(
+                    "header version {}, this build reads {VERSION}",
+                    segment.header().version
+                ),
+            });
+        }
+        Ok(segment)
+    }
+
+    /// Removes object `name` from the system (mappings that exist stay valid until unmapped).
+    ///
+    /// # Errors
+    /// [`ShmError::Os`] when the object exists but cannot be removed.
+    pub fn remove(name: &ObjectName) -> Result<(), ShmError> {
+        match nix::sys::mman::shm_unlink(format!("/{name}").as_str()) {
+            Ok(()) | Err(nix::errno::Errno::ENOENT) => Ok(()),
+            Err(errno) => Err(ShmError::Os {
+                name: name.to_string(),
+                operation: "remove",
+                reason: errno.to_string(),
+            }),
+        }
+    }
+
+    /// The object's name.
+    pub fn name(&self) -> &ObjectName {
+        &self.name
+    }
+
+    /// Total length in bytes, header included.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an object without data bytes (never, for objects made by [`Segment::create`]).
+    pub fn is_empty(&self) -> bool {
+        self.len <= HEADER_SIZE
+    }
+
+    /// The header.
+    pub fn header(&self) -> &Header {
+        // SAFETY: the mapping is page-aligned, at least HEADER_SIZE long (checked when created or
+        // opened), lives as long as `self`, and every header field written after creation is an
+        // atomic.
+        unsafe { &*self.shmem.as_ptr().cast::<Header>() }
+    }
+
+    /// The address of the mapping in this process (for registration with RDMA hardware and for
+    /// tests that check zero-copy; never sent to another process).
+    pub fn base_address(&self) -> usize {
+        self.shmem.as_ptr() as usize
+    }
+
+    fn check_range(&self, offset: usize, len: usize) -> Option<()> {
+        let end = offset.checked_add(len)?;
+        (offset >= HEADER_SIZE && end <= self.len).then_some(())
+    }
+
+    /// The bytes `offset..offset + len`, or `None` when the range is not inside the data area.
+    ///
+    /// The ownership protocol guarantees that nobody writes a range while a reader holds it: a
+    /// block is written only by its single owner, before it is sent.
+    pub fn bytes(&self, offset: usize, len: usize) -> Option<&[u8]> {
+        self.check_range(offset, len)?;
+        // SAFETY: the range lies inside the mapping (checked above), which lives as long as the
+        // returned borrow of `self`; by the ownership protocol nobody writes it meanwhile.
+        Some(unsafe { std::slice::from_raw_parts(self.shmem.as_ptr().wrapping_add(offset), len) })
+    }
+
+    /// The bytes `offset..offset + len` for writing, or `None` when the range is not inside the
+    /// data area.
+    ///
+    /// # Safety
+    /// - The caller is the only owner of the range, in every process, while the slice lives.
+    /// - No other slice over an overlapping range exists meanwhile.
+    #[allow(clippy::mut_from_ref)] // Shared memory: exclusivity comes from the caller's ownership.
+    pub unsafe fn bytes_mut(&self, offset: usize, len: usize) -> Option<&mut [u8]> {
+        self.check_range(offset, len)?;
+        // SAFETY: the range is inside the mapping (checked above); exclusivity is the caller's
+        // duty (both bullets of `# Safety`).
+        Some(unsafe {
+            std::slice::from_raw_parts_mut(self.shmem.as_ptr().wrapping_add(offset), len)
+        })
+    }
+
+    /// The 4-byte atomic at `offset` (aligned, inside the data area).
+    pub fn atomic_u32(&self, offset: usize) -> Option<&AtomicU32> {
+        self.check_range(offset, 4)?;
+        if !offset.is_multiple_of(4) {
+            return None;
+        }
+        // SAFETY: inside the mapping, 4-aligned (the mapping is page-aligned), valid for the
+        // borrow of `self`; shared mutation goes only through this atomic.
+        Some(unsafe { AtomicU32::from_ptr(self.shmem.as_ptr().wrapping_add(offset).cast::<u32>()) })
+    }
+
+    /// The 8-byte atomic at `offset` (aligned, inside the data area).
+    pub fn atomic_u64(&self, offset: usize) -> Option<&AtomicU64> {
+        self.check_range(offset, 8)?;
+        if !offset.is_multiple_of(8) {
+            return None;
+        }
+        // SAFETY: inside the mapping, 8-aligned (the mapping is page-aligned), valid for the
+        // borrow of `self`; shared mutation goes only through this atomic.
+        Some(unsafe { AtomicU64::from_ptr(self.shmem.as_ptr().wrapping_add(offset).cast::<u64>()) })
+    }
+
+    fn attach(&self) -> Result<(), ShmError> {
+        let slots = &self.header().attached;
+        if slots
+            .iter()
+            .any(|slot| slot.pid.load(Ordering::Acquire) == self.me.pid)
+        {
+            return Ok(());
+        }
+        for slot in slots {
+            let pid = slot.pid.load(Ordering::Acquire);
+            let free = pid == 0
+                || !(ProcessId {
+                    pid,
+                    start_time: slot.start_time.load(Ordering::Acquire),
+                })
+                .is_alive();
+            if free
+                && slot
+                    .pid
+                    .compare_exchange(pid, self.me.pid, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                slot.start_time.store(self.me.start_time, Ordering::Release);
+                return Ok(());
+            }
+        }
+        Err(ShmError::TooManyProcesses {
+            name: self.name.to_string(),
+            max: MAX_ATTACHED,
+        })
+    }
+
+    /// The processes attached now (dead ones included until their slot is reused).
+    pub fn attached(&self) -> Vec<ProcessId> {
+        self.header()
+            .attached
+            .iter()
+            .filter_map(|slot| {
+                let pid = slot.pid.load(Ordering::Acquire);
+                (pid != 0).then(|| ProcessId {
+                    pid,
+                    start_time: slot.start_time.load(Ordering::Acquire),
+                })
+            })
+            .collect()
+    }
+
+    /// The attached processes that still run, this one excluded.
+    pub fn other_live_processes(&self) -> Vec<ProcessId> {
+        self.attached()
+            .into_iter()
+            .filter(|process| process.pid != self.me.pid && process.is_alive())
+            .collect()
+    }
+
+    fn detach(&self) {
+        if !self.attached {
+            return;
+        }
+        for slot in &self.header().attached {
+            let _ = slot
+                .pid
+                .compare_exchange(self.me.pid, 0, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
+impl std::fmt::Debug for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Segment")
+            .field("name", &self.name.to_string())
+            .field("len", &self.len)
+            .finish()
+    }
+}

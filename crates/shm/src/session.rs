@@ -1,0 +1,286 @@
+//! The per-device state of the shmem transport: its own segment, the segments and regions of
+//! other processes it has mapped, and its regions.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferromq_core::Message;
+use tokio::time::Instant;
+
+use crate::error::ShmError;
+use crate::managed::{OwnedSegment, ShmBuffer};
+use crate::names::{ObjectKind, ObjectName, current_uid};
+use crate::region::{REGION_DATA_START, RegionCallback, UnmanagedRegion, remote_acknowledger};
+use crate::segment::Segment;
+use crate::wire::{PartRef, session_hash};
+
+/// Options of the shmem transport.
+#[derive(Debug, Clone)]
+pub struct ShmOptions {
+    /// Session id; devices of one session exchange shared memory.
+    pub session: String,
+    /// Size of this process's managed segment (FairMQ's default: 2 GiB; pages are used only when
+    /// touched).
+    pub segment_size: usize,
+    /// How long an allocation waits for room in a full segment before failing.
+    pub allocation_timeout: Duration,
+    /// Payloads up to this size travel inside the descriptor instead of a segment block.
+    pub inline_max: usize,
+}
+
+impl Default for ShmOptions {
+    fn default() -> Self {
+        ShmOptions {
+            session: "default".to_owned(),
+            segment_size: 2 << 30,
+            allocation_timeout: Duration::from_secs(10),
+            inline_max: 256,
+        }
+    }
+}
+
+type RemoteRegion = (Arc<Segment>, Arc<dyn Fn(u64, u64, u64) + Send + Sync>);
+
+/// Segment indices are unique per process, whatever the number of transports in it.
+static NEXT_SEGMENT_INDEX: AtomicU32 = AtomicU32::new(0);
+static NEXT_REGION_INDEX: AtomicU32 = AtomicU32::new(0);
+
+pub(crate) struct Session {
+    pub(crate) options: ShmOptions,
+    pub(crate) uid: u32,
+    pub(crate) hash: u64,
+    own: tokio::sync::OnceCell<Arc<OwnedSegment>>,
+    segments: Mutex<HashMap<(u32, u32), Arc<Segment>>>,
+    regions: Mutex<HashMap<(u32, u32), RemoteRegion>>,
+}
+
+impl Session {
+    pub(crate) fn new(options: ShmOptions) -> Session {
+        let uid = current_uid();
+        let hash = session_hash(uid, &crate::names::sanitise_session(&options.session));
+        Session {
+            options,
+            uid,
+            hash,
+            own: tokio::sync::OnceCell::new(),
+            segments: Mutex::default(),
+            regions: Mutex::default(),
+        }
+    }
+
+    fn object_name(&self, kind: ObjectKind, creator_pid: u32, index: u32) -> ObjectName {
+        ObjectName::new(self.uid, &self.options.session, kind, creator_pid, index)
+    }
+
+    /// This process's managed segment, created on first use (off the async workers).
+    pub(crate) async fn own_segment(&self) -> Result<&Arc<OwnedSegment>, ShmError> {
+        self.own
+            .get_or_try_init(|| async {
+                let index = NEXT_SEGMENT_INDEX.fetch_add(1, Ordering::Relaxed);
+                let name = self.object_name(ObjectKind::Segment, std::process::id(), index);
+                let size = self.options.segment_size;
+                let session = self.options.session.clone();
+                let owned = tokio::task::spawn_blocking(move || {
+                    Segment::create(name, size).map(|segment| Arc::new(OwnedSegment::new(segment)))
+                })
+                .await
+                .map_err(|error| ShmError::Os { name: "segment".to_owned(), operation: "create", reason: error.to_string() })??;
+                tracing::debug!(segment = %owned.segment().name(), size, "shared memory segment created");
+                crate::cleanup::ensure_watchdog(self.uid, &session);
+                self.segments
+                    .lock()
+                    .expect("segment map poisoned")
+                    .insert((std::process::id(), index), Arc::clone(owned.segment()));
+                Ok(owned)
+            })
+            .await
+    }
+
+    /// A message of `size` bytes in this process's segment, waiting up to the allocation timeout
+    /// while the segment is full.
+    pub(crate) async fn allocate(&self, size: usize) -> Result<ShmBuffer, ShmError> {
+        let owned = self.own_segment().await?;
+        if size > owned.max_message_size() {
+            return Err(ShmError::LargerThanSegment {
+                requested: size,
+                segment_size: owned.capacity(),
+            });
+        }
+        let started = Instant::now();
+        let mut pause = Duration::from_micros(100);
+        loop {
+            if let Some(buffer) = owned.allocate(size) {
+                return Ok(buffer);
+            }
+            let waited = started.elapsed();
+            if waited >= self.options.allocation_timeout {
+                return Err(owned.full_error(size, waited.as_millis() as u64));
+            }
+            tokio::time::sleep(pause.min(self.options.allocation_timeout - waited)).await;
+            pause = (pause * 2).min(Duration::from_millis(10));
+        }
+    }
+
+    pub(crate) async fn new_message(&self, size: usize) -> Result<Message, ShmError> {
+        let buffer = self.allocate(size).await?;
+        let mut message = Message::from_buffer(Box::new(buffer));
+        message
+            .set_used_size(size)
+            .expect("blocks are at least as large as asked");
+        Ok(message)
+    }
+
+    fn segment(&self, owner_pid: u32, index: u32) -> Result<Arc<Segment>, ShmError> {
+        let mut segments = self.segments.lock().expect("segment map poisoned");
+        if let Some(segment) = segments.get(&(owner_pid, index)) {
+            return Ok(Arc::clone(segment));
+        }
+        let segment = Arc::new(Segment::open(self.object_name(
+            ObjectKind::Segment,
+            owner_pid,
+            index,
+        ))?);
+        segments.insert((owner_pid, index), Arc::clone(&segment));
+        Ok(segment)
+    }
+
+    fn region(&self, creator_pid: u32, index: u32) -> Result<RemoteRegion, ShmError> {
+        let mut regions = self.regions.lock().expect("region map poisoned");
+        if let Some((segment, acknowledge)) = regions.get(&(creator_pid, index)) {
+            return Ok((Arc::clone(segment), Arc::clone(acknowledge)));
+        }
+        let segment = Arc::new(Segment::open(self.object_name(
+            ObjectKind::Region,
+            creator_pid,
+            index,
+        ))?);
+        let acknowledge = remote_acknowledger(Arc::clone(&segment));
+        regions.insert(
+            (creator_pid, index),
+            (Arc::clone(&segment), Arc::clone(&acknowledge)),
+        );
+        Ok((segment, acknowledge))
+    }
+
+    /// The message a descriptor part names, after checking it.
+    pub(crate) fn materialise(&self, part: PartRef) -> Result<Message, ShmError> {
+        match part {
+            PartRef::Inline(bytes) => Ok(Message::from(bytes)),
+            PartRef::Block {
+                owner_pid,
+                segment_index,
+                offset,
+                size,
+            } => {
+                let segment = self.segment(owner_pid, segment_index)?;
+                let buffer = ShmBuffer::adopt_block(segment, offset as usize, size as usize)?;
+                let mut message = Message::from_buffer(Box::new(buffer));
+                message
+                    .set_used_size(size as usize)
+                    .expect("adopt_block checked the size");
+                Ok(message)
+            }
+            PartRef::Region {
+                creator_pid,
+                region_index,
+                offset,
+                size,
+                hint,
+            } => {
+                let (segment, acknowledge) = self.region(creator_pid, region_index)?;
+                let end = offset
+                    .checked_add(size)
+                    .map(|end| end as usize + REGION_DATA_START);
+                if end.is_none_or(|end| end > segment.len()) {
+                    return Err(ShmError::BadDescriptor {
+                        reason: format!(
+                            "{}: range {offset}+{size} is outside the region",
+                            segment.name()
+                        ),
+                    });
+                }
+                let buffer = ShmBuffer::new_region(
+                    segment,
+                    REGION_DATA_START + offset as usize,
+                    size as usize,
+                    acknowledge,
+                    hint,
+                );
+                Ok(Message::from_buffer(Box::new(buffer)))
+            }
+        }
+    }
+
+    /// The descriptor of a message that already lives in this session's shared memory.
+    pub(crate) fn describe(&self, message: &Message) -> Option<PartRef> {
+        let buffer = message.buffer()?.as_any().downcast_ref::<ShmBuffer>()?;
+        let name = buffer.segment().name();
+        if name.uid != self.uid
+            || name.session != crate::names::sanitise_session(&self.options.session)
+        {
+            return None;
+        }
+        let size = message.len() as u64;
+        Some(if buffer.is_region() {
+            PartRef::Region {
+                creator_pid: name.creator_pid,
+                region_index: name.index,
+                offset: (buffer.data_offset() - REGION_DATA_START) as u64,
+                size,
+                hint: buffer.hint(),
+            }
+        } else {
+            PartRef::Block {
+                owner_pid: name.creator_pid,
+                segment_index: name.index,
+                offset: buffer.data_offset() as u64,
+                size,
+            }
+        })
+    }
+
+    /// Creates a region of `size` usable bytes.
+    pub(crate) async fn create_region(
+        &self,
+        size: usize,
+        callback: RegionCallback,
+    ) -> Result<UnmanagedRegion, ShmError> {
+        let index = NEXT_REGION_INDEX.fetch_add(1, Ordering::Relaxed);
+        let name = self.object_name(ObjectKind::Region, std::process::id(), index);
+        let total = REGION_DATA_START + size;
+        let segment = tokio::task::spawn_blocking(move || Segment::create(name, total))
+            .await
+            .map_err(|error| ShmError::Os {
+                name: "region".to_owned(),
+                operation: "create",
+                reason: error.to_string(),
+            })??;
+        crate::cleanup::ensure_watchdog(self.uid, &self.options.session);
+        Ok(UnmanagedRegion::create(segment, index, callback))
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // The last process of a session to leave takes the session's shared memory with it.
+        let mut mapped: Vec<Arc<Segment>> = self
+            .segments
+            .lock()
+            .map(|map| map.values().cloned().collect())
+            .unwrap_or_default();
+        mapped.extend(
+            self.regions
+                .lock()
+                .map(|map| {
+                    map.values()
+                        .map(|(segment, _)| Arc::clone(segment))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default(),
+        );
+        drop(mapped);
+        crate::cleanup::remove_session_if_unused(self.uid, &self.options.session);
+    }
+}

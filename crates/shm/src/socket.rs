@@ -1,0 +1,535 @@
+//! [`ShmSocket`]: a channel end of the shmem transport.
+//!
+//! Payloads stay in shared memory; descriptor frames (see `wire.rs`) travel over zeromq.
+//! Push/pull, req/rep and pair use the zeromq transport's socket of the same pattern. Pub/sub
+//! uses a zmq.rs ROUTER (publisher) and DEALERs (subscriber) instead of PUB/SUB, because the
+//! publisher must know exactly which subscribers get a block to count its references (zmq's PUB
+//! drops silently, which would leak the references of dropped copies). Like ZeroMQ's PUB, the
+//! publisher drops a message for a subscriber whose queue is full, and releases that reference.
+//!
+//! # Copies and allocation
+//! A message already in this session's shared memory travels as a descriptor: no copy. A heap
+//! message is copied into this process's segment (counted in `ferromq_core::copied_bytes`),
+//! unless it is at most `inline_max` bytes: then it travels inside the descriptor frame.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use ferromq_core::{
+    Address, ChannelConfig, ChannelLabel, Error, Message, Parts, Result, SendError, Socket,
+    SocketType, Transport, record_copy,
+};
+use ferromq_zmq::endpoint::{bind_listener, connect_endpoint};
+use futures::{FutureExt, StreamExt};
+use zeromq::{Socket as _, SocketRecv as _, SocketSend as _, ZmqMessage};
+
+use crate::managed::ShmBuffer;
+use crate::session::Session;
+use crate::wire::{self, PartRef};
+
+const SUBSCRIBE_TAG: &[u8] = b"FMQSUB";
+
+struct SubscriberPeer {
+    identity: Bytes,
+    /// Topic prefixes; `None` until the subscriber said (then it gets everything and filters).
+    topics: Option<Vec<Vec<u8>>>,
+}
+
+struct Publisher {
+    router: zeromq::RouterSocket,
+    events: futures::channel::mpsc::Receiver<zeromq::SocketEvent>,
+    subscribers: Vec<SubscriberPeer>,
+}
+
+struct SubscriberSide {
+    /// One DEALER per attach, so that each publisher hears this subscriber's topics.
+    dealers: Vec<zeromq::DealerSocket>,
+    topics: Vec<Vec<u8>>,
+    next_dealer: usize,
+}
+
+enum Inner {
+    Plain(Box<dyn Socket>),
+    Publisher(Publisher),
+    Subscriber(SubscriberSide),
+}
+
+pub(crate) struct ShmSocket {
+    label: ChannelLabel,
+    session: Arc<Session>,
+    inner: Inner,
+    pending: VecDeque<Parts>,
+    bound_paths: Vec<PathBuf>,
+}
+
+fn transport_error(
+    label: &ChannelLabel,
+    error: impl std::error::Error + Send + Sync + 'static,
+) -> Error {
+    Error::Transport {
+        channel: label.clone(),
+        source: Box::new(error),
+    }
+}
+
+impl ShmSocket {
+    pub(crate) async fn new(
+        session: Arc<Session>,
+        config: &ChannelConfig,
+        socket_name: &str,
+    ) -> Result<ShmSocket> {
+        let mut label = ChannelLabel::new(socket_name, config.socket_type);
+        label.address = config.address.clone();
+        let inner = match config.socket_type {
+            SocketType::Pub => {
+                let mut router = zeromq::RouterSocket::new();
+                let events = router.monitor();
+                Inner::Publisher(Publisher {
+                    router,
+                    events,
+                    subscribers: Vec::new(),
+                })
+            }
+            SocketType::Sub => Inner::Subscriber(SubscriberSide {
+                dealers: Vec::new(),
+                topics: Vec::new(),
+                next_dealer: 0,
+            }),
+            _ => Inner::Plain(
+                ferromq_zmq::ZmqTransport::new()
+                    .create_socket(config, socket_name)
+                    .await?,
+            ),
+        };
+        Ok(ShmSocket {
+            label,
+            session,
+            inner,
+            pending: VecDeque::new(),
+            bound_paths: Vec::new(),
+        })
+    }
+}
+
+/// One descriptor record for `parts`, plus the blocks made for heap parts. (A free function: the
+/// future must not hold the socket, whose inner zeromq socket is not `Sync`.)
+async fn describe(
+    session: &Session,
+    label: &ChannelLabel,
+    parts: &Parts,
+) -> Result<(Vec<PartRef>, Vec<ShmBuffer>)> {
+    {
+        let mut record = Vec::with_capacity(parts.len());
+        let mut fresh = Vec::new();
+        for message in parts {
+            if let Some(part) = session.describe(message) {
+                record.push(part);
+                continue;
+            }
+            if message.len() <= session.options.inline_max {
+                record.push(PartRef::Inline(message.data().to_vec()));
+                continue;
+            }
+            let mut buffer = session
+                .allocate(message.len())
+                .await
+                .map_err(|error| transport_error(label, error))?;
+            let target = ferromq_core::MessageBuffer::as_bytes_mut(&mut buffer)
+                .expect("a new block has one owner");
+            target[..message.len()].copy_from_slice(message.data());
+            record_copy(message.len());
+            record.push(PartRef::Block {
+                owner_pid: buffer.segment().name().creator_pid,
+                segment_index: buffer.segment().name().index,
+                offset: buffer.data_offset() as u64,
+                size: message.len() as u64,
+            });
+            fresh.push(buffer);
+        }
+        Ok((record, fresh))
+    }
+}
+
+impl ShmSocket {
+    fn materialise(&self, record: Vec<PartRef>) -> Result<Parts> {
+        record
+            .into_iter()
+            .map(|part| {
+                self.session
+                    .materialise(part)
+                    .map_err(|error| transport_error(&self.label, error))
+            })
+            .collect()
+    }
+}
+
+/// Hands the references of the sent parts to the receiver: their handles must not release.
+fn disarm(parts: Parts, fresh: Vec<ShmBuffer>) {
+    for message in parts {
+        if let Ok((buffer, _)) = message.into_buffer()
+            && let Ok(buffer) = buffer.into_any().downcast::<ShmBuffer>()
+        {
+            buffer.disarm();
+        }
+    }
+    fresh.into_iter().for_each(ShmBuffer::disarm);
+}
+
+fn shm_buffers(parts: &Parts) -> impl Iterator<Item = &ShmBuffer> {
+    parts
+        .iter()
+        .filter_map(|message| message.buffer()?.as_any().downcast_ref::<ShmBuffer>())
+}
+
+fn topic_matches(topics: &[Vec<u8>], first_part: &[u8]) -> bool {
+    topics.is_empty() || topics.iter().any(|topic| first_part.starts_with(topic))
+}
+
+impl Publisher {
+    /// Takes in connection events and subscription messages that arrived since the last send.
+    fn refresh(&mut self) {
+        while let Some(Some(event)) = self.events.next().now_or_never() {
+            if let zeromq::SocketEvent::Accepted(_, peer)
+            | zeromq::SocketEvent::Connected(_, peer) = event
+            {
+                let identity = Bytes::from(peer);
+                if !self
+                    .subscribers
+                    .iter()
+                    .any(|known| known.identity == identity)
+                {
+                    self.subscribers.push(SubscriberPeer {
+                        identity,
+                        topics: None,
+                    });
+                }
+            }
+        }
+        while let Some(Ok(message)) = self.router.recv().now_or_never() {
+            let mut frames = message.into_vec().into_iter();
+            let (Some(identity), Some(tag)) = (frames.next(), frames.next()) else {
+                continue;
+            };
+            if tag != SUBSCRIBE_TAG {
+                continue;
+            }
+            let topics: Vec<Vec<u8>> = frames.map(|topic| topic.to_vec()).collect();
+            match self
+                .subscribers
+                .iter_mut()
+                .find(|known| known.identity == identity)
+            {
+                Some(known) => known.topics = Some(topics),
+                None => self.subscribers.push(SubscriberPeer {
+                    identity,
+                    topics: Some(topics),
+                }),
+            }
+        }
+    }
+}
+
+impl SubscriberSide {
+    fn hello(&self) -> ZmqMessage {
+        let mut frames = vec![Bytes::from_static(SUBSCRIBE_TAG)];
+        frames.extend(self.topics.iter().map(|topic| Bytes::from(topic.clone())));
+        ZmqMessage::try_from(frames).expect("the tag frame is always there")
+    }
+
+    async fn announce(&mut self) {
+        let hello = self.hello();
+        for dealer in &mut self.dealers {
+            // Best effort: a publisher that misses it sends everything, and we filter.
+            let _ = dealer.send(hello.clone()).now_or_never();
+        }
+    }
+}
+
+#[async_trait]
+impl Socket for ShmSocket {
+    fn label(&self) -> &ChannelLabel {
+        &self.label
+    }
+
+    async fn bind(&mut self, address: &Address) -> Result<Address> {
+        let bound = match &mut self.inner {
+            Inner::Plain(socket) => socket.bind(address).await?,
+            Inner::Publisher(publisher) => {
+                let (listener, bound, path) = bind_listener(&self.label, address)?;
+                publisher
+                    .router
+                    .bind_listener(listener)
+                    .await
+                    .map_err(|error| Error::Bind {
+                        channel: self.label.clone().with_address(address.to_string()),
+                        source: Box::new(error),
+                    })?;
+                self.bound_paths.extend(path);
+                bound
+            }
+            Inner::Subscriber(subscriber) => {
+                let (listener, bound, path) = bind_listener(&self.label, address)?;
+                let mut dealer = zeromq::DealerSocket::new();
+                dealer
+                    .bind_listener(listener)
+                    .await
+                    .map_err(|error| Error::Bind {
+                        channel: self.label.clone().with_address(address.to_string()),
+                        source: Box::new(error),
+                    })?;
+                subscriber.dealers.push(dealer);
+                self.bound_paths.extend(path);
+                bound
+            }
+        };
+        self.label.address = Some(bound.to_string());
+        Ok(bound)
+    }
+
+    async fn connect(&mut self, address: &Address) -> Result<()> {
+        let connect_error = |label: &ChannelLabel, error: zeromq::ZmqError| Error::Connect {
+            channel: label.clone().with_address(address.to_string()),
+            source: Box::new(error),
+        };
+        match &mut self.inner {
+            Inner::Plain(socket) => socket.connect(address).await?,
+            Inner::Publisher(publisher) => {
+                let endpoint = connect_endpoint(&self.label, address)?;
+                publisher
+                    .router
+                    .connect(&endpoint)
+                    .await
+                    .map_err(|error| connect_error(&self.label, error))?;
+            }
+            Inner::Subscriber(subscriber) => {
+                let endpoint = connect_endpoint(&self.label, address)?;
+                let mut dealer = zeromq::DealerSocket::new();
+                dealer
+                    .connect(&endpoint)
+                    .await
+                    .map_err(|error| connect_error(&self.label, error))?;
+                subscriber.dealers.push(dealer);
+                subscriber.announce().await;
+            }
+        }
+        self.label.address = Some(address.to_string());
+        Ok(())
+    }
+
+    async fn send_parts(
+        &mut self,
+        parts: Parts,
+        timeout: Option<Duration>,
+    ) -> Result<(), SendError<Parts>> {
+        let (record, fresh) = match describe(&self.session, &self.label, &parts).await {
+            Ok(described) => described,
+            Err(error) => return Err(SendError::new(error, parts)),
+        };
+        let first_part: Vec<u8> = parts
+            .get(0)
+            .map(|message| message.data().to_vec())
+            .unwrap_or_default();
+        let frame = Bytes::from(wire::encode(self.session.hash, &[record]));
+        match &mut self.inner {
+            Inner::Plain(socket) => match socket
+                .send_parts(Parts::from(Message::from(frame)), timeout)
+                .await
+            {
+                Ok(()) => {
+                    disarm(parts, fresh);
+                    Ok(())
+                }
+                Err(failed) => Err(SendError::new(failed.error, parts)),
+            },
+            Inner::Publisher(publisher) => {
+                publisher.refresh();
+                let mut gone = Vec::new();
+                for (subscriber_idx, subscriber) in publisher.subscribers.iter().enumerate() {
+                    if !subscriber
+                        .topics
+                        .as_deref()
+                        .is_none_or(|topics| topic_matches(topics, &first_part))
+                    {
+                        continue;
+                    }
+                    // One reference per subscriber that takes the message.
+                    shm_buffers(&parts)
+                        .chain(fresh.iter())
+                        .for_each(|buffer| buffer.add_references(1));
+                    let message =
+                        ZmqMessage::try_from(vec![subscriber.identity.clone(), frame.clone()])
+                            .expect("two frames");
+                    let delivered = match publisher.router.send(message).now_or_never() {
+                        Some(Ok(())) => true,
+                        Some(Err(_)) => {
+                            gone.push(subscriber_idx);
+                            false
+                        }
+                        // Queue full: a slow subscriber misses this message, as with ZeroMQ's PUB.
+                        None => false,
+                    };
+                    if !delivered {
+                        shm_buffers(&parts)
+                            .chain(fresh.iter())
+                            .for_each(|buffer| buffer.release_references(1));
+                    }
+                }
+                for subscriber_idx in gone.into_iter().rev() {
+                    publisher.subscribers.remove(subscriber_idx);
+                }
+                // The publisher's own references go with `parts` and `fresh` here.
+                drop((parts, fresh));
+                Ok(())
+            }
+            Inner::Subscriber(_) => Err(SendError::new(
+                Error::WrongSocketType {
+                    channel: self.label.clone(),
+                    operation: "send",
+                },
+                parts,
+            )),
+        }
+    }
+
+    async fn receive_parts(&mut self, timeout: Option<Duration>) -> Result<Parts> {
+        let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
+        loop {
+            if let Some(parts) = self.pending.pop_front() {
+                return Ok(parts);
+            }
+            let frames: Vec<Bytes> = match &mut self.inner {
+                Inner::Plain(socket) => {
+                    let remaining = deadline.map(|deadline| {
+                        deadline.saturating_duration_since(tokio::time::Instant::now())
+                    });
+                    socket
+                        .receive_parts(remaining)
+                        .await?
+                        .into_iter()
+                        .map(Message::into_bytes)
+                        .collect()
+                }
+                Inner::Subscriber(subscriber) if !subscriber.dealers.is_empty() => {
+                    let n_dealers = subscriber.dealers.len();
+                    subscriber.next_dealer = (subscriber.next_dealer + 1) % n_dealers;
+                    let start = subscriber.next_dealer;
+                    let receives: Vec<_> = subscriber
+                        .dealers
+                        .iter_mut()
+                        .enumerate()
+                        .map(|(idx, dealer)| ((idx + n_dealers - start) % n_dealers, dealer))
+                        .collect::<std::collections::BTreeMap<_, _>>()
+                        .into_values()
+                        .map(|dealer| dealer.recv().boxed())
+                        .collect();
+                    let any = futures::future::select_all(receives);
+                    let received = match deadline {
+                        Some(deadline) => match tokio::time::timeout_at(deadline, any).await {
+                            Ok((received, _, _)) => received,
+                            Err(_) => {
+                                return Err(Error::Timeout {
+                                    channel: self.label.clone(),
+                                    after: timeout.unwrap_or_default(),
+                                });
+                            }
+                        },
+                        None => any.await.0,
+                    };
+                    received
+                        .map_err(|error| transport_error(&self.label, error))?
+                        .into_vec()
+                }
+                Inner::Subscriber(_) => {
+                    return Err(Error::PeerGone {
+                        channel: self.label.clone(),
+                        reason: "the subscriber is neither bound nor connected".to_owned(),
+                    });
+                }
+                Inner::Publisher(_) => {
+                    return Err(Error::WrongSocketType {
+                        channel: self.label.clone(),
+                        operation: "receive",
+                    });
+                }
+            };
+            for frame in frames {
+                let records = wire::decode(&frame, self.session.hash)
+                    .map_err(|error| transport_error(&self.label, error))?;
+                for record in records {
+                    let parts = self.materialise(record)?;
+                    if let Inner::Subscriber(subscriber) = &self.inner {
+                        let first = parts.get(0).map(Message::data).unwrap_or_default();
+                        if !topic_matches(&subscriber.topics, first) {
+                            continue;
+                        }
+                    }
+                    self.pending.push_back(parts);
+                }
+            }
+        }
+    }
+
+    async fn subscribe(&mut self, topic: &[u8]) -> Result<()> {
+        self.set_topic(topic, true).await
+    }
+
+    async fn unsubscribe(&mut self, topic: &[u8]) -> Result<()> {
+        self.set_topic(topic, false).await
+    }
+
+    async fn close(&mut self, linger: Duration) -> Result<()> {
+        let result = match &mut self.inner {
+            Inner::Plain(socket) => socket.close(linger).await,
+            _ => Ok(()),
+        };
+        self.pending.clear();
+        result
+    }
+}
+
+impl ShmSocket {
+    async fn set_topic(&mut self, topic: &[u8], subscribe: bool) -> Result<()> {
+        let Inner::Subscriber(subscriber) = &mut self.inner else {
+            let operation = if subscribe {
+                "subscribe"
+            } else {
+                "unsubscribe"
+            };
+            return Err(Error::WrongSocketType {
+                channel: self.label.clone(),
+                operation,
+            });
+        };
+        if subscribe {
+            if !topic.is_empty() {
+                subscriber.topics.push(topic.to_vec());
+            }
+        } else {
+            subscriber.topics.retain(|kept| kept != topic);
+        }
+        subscriber.announce().await;
+        Ok(())
+    }
+}
+
+impl Drop for ShmSocket {
+    fn drop(&mut self) {
+        // zmq.rs removes its listeners' socket files; remove any that a listener left behind.
+        self.inner = Inner::Subscriber(SubscriberSide {
+            dealers: Vec::new(),
+            topics: Vec::new(),
+            next_dealer: 0,
+        });
+        for path in &self.bound_paths {
+            if std::fs::symlink_metadata(path).is_ok()
+                && std::os::unix::net::UnixStream::connect(path).is_err()
+            {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! The descriptor frames that travel over the zeromq metadata channel.
+//!
+//! One zmq frame carries a batch of records; a record is one (multipart) message; each part is
+//! inline bytes (small payloads), a managed block, or a region range:
+//!
+//! ```text
+//! frame  := magic "FMQSHM01" | session hash u64 | n_records u32 | record*
+//! record := n_parts u32 | part*
+//! part   := 0 u8 | len u32 | bytes            (inline)
+//!         | 1 u8 | owner pid u32 | segment index u32 | offset u64 | size u64
+//!         | 2 u8 | creator pid u32 | region index u32 | offset u64 | size u64 | hint u64
+//! ```
+//! All integers little endian. Decoding checks every length against the frame; the offsets are
+//! checked against the segment when the part is materialised.
+
+use crate::error::ShmError;
+
+/// First bytes of every descriptor frame.
+pub const MAGIC: &[u8; 8] = b"FMQSHM01";
+
+/// One part of a record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartRef {
+    /// The payload itself.
+    Inline(Vec<u8>),
+    /// A block of a managed segment.
+    Block {
+        /// Process that owns the segment.
+        owner_pid: u32,
+        /// Its segment index.
+        segment_index: u32,
+        /// Data offset.
+        offset: u64,
+        /// Bytes used.
+        size: u64,
+    },
+    /// A range of an unmanaged region.
+    Region {
+        /// Process that created the region.
+        creator_pid: u32,
+        /// Its region index.
+        region_index: u32,
+        /// Offset in the region's data.
+        offset: u64,
+        /// Bytes.
+        size: u64,
+        /// The creator's hint, handed back in its callback.
+        hint: u64,
+    },
+}
+
+/// Appends `records` to a new frame for `session_hash`.
+pub fn encode(session_hash: u64, records: &[Vec<PartRef>]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(20 + records.len() * 32);
+    frame.extend_from_slice(MAGIC);
+    frame.extend_from_slice(&session_hash.to_le_bytes());
+    frame.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    for record in records {
+        frame.extend_from_slice(&(record.len() as u32).to_le_bytes());
+        for part in record {
+            match part {
+                PartRef::Inline(bytes) => {
+                    frame.push(0);
+                    frame.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+                    frame.extend_from_slice(bytes);
+                }
+                PartRef::Block {
+                    owner_pid,
+                    segment_index,
+                    offset,
+                    size,
+                } => {
+                    frame.push(1);
+                    frame.extend_from_slice(&owner_pid.to_le_bytes());
+                    frame.extend_from_slice(&segment_index.to_le_bytes());
+                    frame.extend_from_slice(&offset.to_le_bytes());
+                    frame.extend_from_slice(&size.to_le_bytes());
+                }
+                PartRef::Region {
+                    creator_pid,
+                    region_index,
+                    offset,
+                    size,
+                    hint,
+                } => {
+                    frame.push(2);
+                    frame.extend_from_slice(&creator_pid.to_le_bytes());
+                    frame.extend_from_slice(&region_index.to_le_bytes());
+                    frame.extend_from_slice(&offset.to_le_bytes());
+                    frame.extend_from_slice(&size.to_le_bytes());
+                    frame.extend_from_slice(&hint.to_le_bytes());
+                }
+            }
+        }
+    }
+    frame
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ShmError> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&end| end <= self.bytes.len())
+            .ok_or_else(|| ShmError::BadDescriptor {
+                reason: format!("frame of {} bytes ends inside a record", self.bytes.len()),
+            })?;
+        let taken = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(taken)
+    }
+
+    fn u8(&mut self) -> Result<u8, ShmError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, ShmError> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    fn u64(&mut self) -> Result<u64, ShmError> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+}
+
+/// Decodes a frame that must belong to `session_hash`.
+///
+/// # Errors
+/// [`ShmError::BadDescriptor`] naming what is wrong: not a ferromq shmem frame (a peer on
+/// another transport), another session, or a truncated or malformed record.
+pub fn decode(frame: &[u8], session_hash: u64) -> Result<Vec<Vec<PartRef>>, ShmError> {
+    if frame.len() < 20 || &frame[..8] != MAGIC {
+        return Err(ShmError::BadDescriptor {
+            reason: "not a ferromq shmem frame: the peer uses another transport (zeromq?) or another protocol version"
+                .to_owned(),
+        });
+    }
+    let mut reader = Reader {
+        bytes: frame,
+        at: 8,
+    };
+    let peer_session = reader.u64()?;
+    if peer_session != session_hash {
+        return Err(ShmError::BadDescriptor {
+            reason: "the peer belongs to another shmem session (check --session on both ends)"
+                .to_owned(),
+        });
+    }
+    let n_records = reader.u32()? as usize;
+    // Every record takes at least 4 bytes: a forged count cannot make us allocate wildly.
+    if n_records > frame.len() / 4 {
+        return Err(ShmError::BadDescriptor {
+            reason: format!("{n_records} records cannot fit in {} bytes", frame.len()),
+        });
+    }
+    let mut records = Vec::with_capacity(n_records);
+    for _ in 0..n_records {
+        let n_parts = reader.u32()? as usize;
+        if n_parts > frame.len() {
+            return Err(ShmError::BadDescriptor {
+                reason: format!("{n_parts} parts cannot fit in the frame"),
+            });
+        }
+        let mut parts = Vec::with_capacity(n_parts);
+        for _ in 0..n_parts {
+            let part = match reader.u8()? {
+                0 => {
+                    let len = reader.u32()? as usize;
+                    PartRef::Inline(reader.take(len)?.to_vec())
+                }
+                1 => PartRef::Block {
+                    owner_pid: reader.u32()?,
+                    segment_index: reader.u32()?,
+                    offset: reader.u64()?,
+                    size: reader.u64()?,
+                },
+                2 => PartRef::Region {
+                    creator_pid: reader.u32()?,
+                    region_index: reader.u32()?,
+                    offset: reader.u64()?,
+                    size: reader.u64()?,
+                    hint: reader.u64()?,
+                },
+                kind => {
+                    return Err(ShmError::BadDescriptor {
+                        reason: format!("unknown part kind {kind}"),
+                    });
+                }
+            };
+            parts.push(part);
+        }
+        records.push(parts);
+    }
+    if reader.at != frame.len() {
+        return Err(ShmError::BadDescriptor {
+            reason: format!(
+                "{} stray bytes after the last record",
+                frame.len() - reader.at
+            ),
+        });
+    }
+    Ok(records)
+}
+
+/// The hash that identifies a session on the wire.
+pub fn session_hash(uid: u32, session: &str) -> u64 {
+    format!("{uid}/{session}")
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn records() -> Vec<Vec<PartRef>> {
+        vec![
+            vec![
+                PartRef::Inline(b"header".to_vec()),
+                PartRef::Block {
+                    owner_pid: 7,
+                    segment_index: 0,
+                    offset: 4160,
+                    size: 9000,
+                },
+            ],
+            vec![PartRef::Region {
+                creator_pid: 8,
+                region_index: 1,
+                offset: 0,
+                size: 64,
+                hint: 99,
+            }],
+            vec![],
+        ]
+    }
+
+    #[test]
+    fn round_trip() {
+        let frame = encode(42, &records());
+        assert_eq!(decode(&frame, 42).unwrap(), records());
+    }
+
+    #[test]
+    fn every_truncation_and_foreign_frame_is_an_error() {
+        let frame = encode(42, &records());
+        for len in 0..frame.len() {
+            assert!(decode(&frame[..len], 42).is_err(), "truncated at {len}");
+        }
+        assert!(
+            decode(&frame, 43)
+                .unwrap_err()
+                .to_string()
+                .contains("another shmem session")
+        );
+        assert!(
+            decode(b"plain zeromq payload bytes", 42)
+                .unwrap_err()
+                .to_string()
+                .contains("another transport")
+        );
+        let mut forged = encode(42, &[]);
+        forged[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode(&forged, 42).is_err());
+    }
+}
