@@ -26,9 +26,9 @@ enum Command {
         #[arg(value_parser = clap::builder::PossibleValuesParser::new(Builtin::names()))]
         kind: String,
         #[command(flatten)]
-        options: DeviceOptions,
+        options: Box<DeviceOptions>,
         #[command(flatten)]
-        builtin: BuiltinOptions,
+        builtin: Box<BuiltinOptions>,
     },
     /// Show or remove shared memory (`ferromq shm list`, `ferromq shm clean --stale`).
     Shm {
