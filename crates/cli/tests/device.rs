@@ -119,6 +119,72 @@ async fn sampler_to_sink_static_1000_checksummed() {
 }
 
 #[tokio::test]
+async fn sampler_to_sink_over_shared_memory_leaves_nothing_behind() {
+    let ipc = Ipc::new("shm");
+    let session = format!("cli-test-{}", std::process::id());
+    let common = [
+        "--control",
+        "static",
+        "--max-iterations",
+        "500",
+        "--transport",
+        "shmem",
+        "--session",
+        session.as_str(),
+        "--shm-segment-size",
+        "67108864",
+    ];
+    let sink = ferromq(
+        &[
+            &[
+                "device",
+                "sink",
+                "--id",
+                "sink1",
+                "--verify",
+                "--channel-config",
+                &channel("pull", "bind", &ipc.address()),
+            ][..],
+            &common,
+        ]
+        .concat(),
+    );
+    let sampler = ferromq(
+        &[
+            &[
+                "device",
+                "sampler",
+                "--id",
+                "sampler1",
+                "--msg-size",
+                "100000",
+                "--channel-config",
+                &channel("push", "connect", &ipc.address()),
+            ][..],
+            &common,
+        ]
+        .concat(),
+    );
+    let (sink, sampler) = tokio::join!(finish(sink), finish(sampler));
+    assert_eq!(sampler.code, Some(0), "sampler: {}", sampler.stderr);
+    assert_eq!(sink.code, Some(0), "sink: {}", sink.stderr);
+    assert!(
+        sink.stdout.contains("received 500 messages") && sink.stdout.contains("500 checksums ok"),
+        "{}",
+        sink.stdout
+    );
+    let list = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args(["shm", "list", "--session", &session])
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        list.contains("no ferromq shared memory"),
+        "the last device removed the session's memory: {list}"
+    );
+}
+
+#[tokio::test]
 async fn sink_connects_first_and_the_sampler_binds_later() {
     let ipc = Ipc::new("reverse");
     let sink = ferromq(&[

@@ -1,0 +1,714 @@
+//! The shmem transport across processes: this binary runs the tests and, started again with
+//! `FERROMQ_SHM_TEST_ROLE`, plays the peer. Every test has its own session, force-cleaned on
+//! drop, so a failing test leaves nothing in /dev/shm.
+
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use ferromq_core::{
+    Channel, ChannelConfig, Message, Method, Parts, SocketType, Transport, copied_bytes,
+};
+use ferromq_shm::cleanup::{clean_session, list_objects};
+use ferromq_shm::names::current_uid;
+use ferromq_shm::{RegionBlock, RegionCallback, ShmBuffer, ShmOptions, ShmTransport};
+use libtest_mimic::{Arguments, Failed, Trial};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStdout, Command};
+
+const ROLE_VAR: &str = "FERROMQ_SHM_TEST_ROLE";
+const STEP: Duration = Duration::from_secs(60);
+const SEGMENT: usize = 64 << 20;
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+fn main() {
+    ferromq_shm::run_watchdog_if_requested();
+    if let Ok(role) = std::env::var(ROLE_VAR) {
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        if let Err(error) = runtime.block_on(run_role(&role)) {
+            eprintln!("role {role} failed: {error:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    let tests = vec![
+        trial(
+            "push_pull_64_b_64_kib_8_mib_and_multipart_without_copies",
+            push_pull_zero_copy,
+        ),
+        trial(
+            "pub_sub_with_3_subscribers_and_a_topic_filter",
+            pub_sub_three,
+        ),
+        trial("req_rep_round_trips", req_rep),
+        trial(
+            "region_round_trip_10000_buffers_single_and_bulk_callbacks",
+            region_round_trip,
+        ),
+        trial(
+            "segment_full_errors_clearly_and_recovers_when_freed",
+            segment_full,
+        ),
+        trial(
+            "kill_9_of_every_device_leaves_no_shared_memory",
+            kill_9_cleanup,
+        ),
+        trial(
+            "forged_descriptors_are_rejected_and_the_receiver_goes_on",
+            forged_descriptors,
+        ),
+        trial(
+            "allocator_stress_threads_and_two_processes_leak_nothing",
+            allocator_stress,
+        ),
+    ];
+    libtest_mimic::run(&Arguments::from_args(), tests).exit();
+}
+
+fn trial(name: &'static str, test: fn() -> Result<()>) -> Trial {
+    Trial::test(name, move || {
+        test().map_err(|error| Failed::from(format!("{error:#}")))
+    })
+}
+
+fn block_on(test: impl Future<Output = Result<()>>) -> Result<()> {
+    tokio::runtime::Runtime::new()?
+        .block_on(async { tokio::time::timeout(Duration::from_secs(240), test).await? })
+}
+
+/// A session of its own, force-cleaned when the test ends however it ends.
+struct Session(String);
+
+impl Session {
+    fn new(tag: &str) -> Session {
+        Session(format!(
+            "test-{tag}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ))
+    }
+
+    fn transport(&self) -> ShmTransport {
+        ShmTransport::new(ShmOptions {
+            session: self.0.clone(),
+            segment_size: SEGMENT,
+            ..ShmOptions::default()
+        })
+    }
+
+    fn ipc(&self, name: &str) -> String {
+        format!(
+            "ipc://{}/ferromq-{}-{name}.ipc",
+            std::env::temp_dir().display(),
+            self.0
+        )
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = clean_session(current_uid(), &self.0, true);
+    }
+}
+
+fn payload_byte(msg_idx: u64, byte_idx: usize) -> u8 {
+    (msg_idx.wrapping_mul(31).wrapping_add(byte_idx as u64) % 251) as u8
+}
+
+fn fill(message: &mut Message, msg_idx: u64) {
+    for (byte_idx, byte) in message.data_mut().iter_mut().enumerate() {
+        *byte = payload_byte(msg_idx, byte_idx);
+    }
+}
+
+fn verify(message: &Message, msg_idx: u64) -> Result<()> {
+    if let Some(byte_idx) = message
+        .data()
+        .iter()
+        .enumerate()
+        .position(|(byte_idx, &byte)| byte != payload_byte(msg_idx, byte_idx))
+    {
+        bail!(
+            "message {msg_idx} of {} bytes corrupt at byte {byte_idx}",
+            message.len()
+        );
+    }
+    Ok(())
+}
+
+async fn open(
+    transport: &ShmTransport,
+    socket_type: SocketType,
+    method: Method,
+    address: &str,
+) -> Result<Channel> {
+    let config = ChannelConfig {
+        linger: 10_000,
+        ..ChannelConfig::new("data", socket_type, method).with_address(address)
+    };
+    let mut channel = Channel::open(transport, config, "data").await?;
+    channel.attach_configured().await?;
+    Ok(channel)
+}
+
+struct ChildRole {
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl ChildRole {
+    fn spawn(role: &str, session: &Session, address: &str, extra: &[(&str, String)]) -> ChildRole {
+        let mut command = Command::new(std::env::current_exe().expect("test binary"));
+        command
+            .env(ROLE_VAR, role)
+            .env("SESSION", &session.0)
+            .env("ADDRESS", address)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        for (key, value) in extra {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().expect("spawn role");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        ChildRole { child, stdout }
+    }
+
+    async fn line(&mut self) -> Result<String> {
+        let mut line = String::new();
+        tokio::time::timeout(STEP, self.stdout.read_line(&mut line))
+            .await
+            .context("child said nothing")??;
+        Ok(line.trim().to_owned())
+    }
+
+    async fn success(&mut self) -> Result<()> {
+        let status = tokio::time::timeout(STEP, self.child.wait())
+            .await
+            .context("child did not exit")??;
+        ensure!(status.success(), "child failed: {status}");
+        Ok(())
+    }
+}
+
+fn env(key: &str) -> String {
+    std::env::var(key).unwrap_or_else(|_| panic!("role needs {key}"))
+}
+
+fn block_location(message: &Message) -> Option<(String, usize)> {
+    let buffer = message.buffer()?.as_any().downcast_ref::<ShmBuffer>()?;
+    Some((buffer.segment().name().to_string(), buffer.data_offset()))
+}
+
+const SIZES: [usize; 3] = [64, 64 << 10, 8 << 20];
+
+// ---------------------------------------------------------------------------------------------
+// Child roles
+
+async fn run_role(role: &str) -> Result<()> {
+    let session = env("SESSION");
+    let transport = ShmTransport::new(ShmOptions {
+        session,
+        segment_size: SEGMENT,
+        ..ShmOptions::default()
+    });
+    let address = env("ADDRESS");
+    match role {
+        "sizes-sender" => {
+            let mut push = open(&transport, SocketType::Push, Method::Connect, &address).await?;
+            for (msg_idx, size) in SIZES.into_iter().enumerate() {
+                let mut message = transport.new_message(size).await?;
+                fill(&mut message, msg_idx as u64);
+                let (segment, offset) = block_location(&message).context("a shm message")?;
+                println!("BLOCK {segment} {offset}");
+                push.send(message).await.map_err(|failed| failed.error)?;
+            }
+            let mut parts = Parts::new();
+            for (part_idx, size) in [100, 64 << 10, 1 << 20].into_iter().enumerate() {
+                let mut message = transport.new_message(size).await?;
+                fill(&mut message, 100 + part_idx as u64);
+                parts.push(message);
+            }
+            push.send_parts(parts)
+                .await
+                .map_err(|failed| failed.error)?;
+            push.close().await?;
+            println!("COPIED {}", copied_bytes());
+        }
+        "subscriber" => {
+            let config =
+                ChannelConfig::new("data", SocketType::Sub, Method::Connect).with_address(&address);
+            let mut sub = Channel::open(&transport, config, "data").await?;
+            sub.subscribe("a").await?;
+            sub.connect_configured().await?;
+            println!("CONNECTED");
+            for _ in 0..200 {
+                let parts = sub.receive_parts().await?;
+                ensure!(
+                    parts.get(0).map(Message::data) == Some(&b"a"[..]),
+                    "only topic a passes"
+                );
+                let body = parts.get(1).context("body")?;
+                let msg_idx = u64::from_le_bytes(body.data()[..8].try_into()?);
+                ensure!(body.len() == 4096, "body size");
+                ensure!(
+                    body.data()[8..]
+                        .iter()
+                        .all(|&byte| byte == (msg_idx % 251) as u8),
+                    "body {msg_idx} corrupt"
+                );
+            }
+        }
+        "requester" => {
+            let mut req = open(&transport, SocketType::Req, Method::Connect, &address).await?;
+            for msg_idx in 0..100u64 {
+                let mut request = transport.new_message(64 << 10).await?;
+                fill(&mut request, msg_idx);
+                req.send(request).await.map_err(|failed| failed.error)?;
+                let reply = req.receive().await?;
+                verify(&reply, msg_idx + 1)?;
+            }
+            req.close().await?;
+        }
+        "dropper" => {
+            // Receives and drops everything; the senders' releases happen here.
+            let mut pull = open(&transport, SocketType::Pull, Method::Connect, &address).await?;
+            let n_msgs: u64 = env("COUNT").parse()?;
+            for _ in 0..n_msgs {
+                drop(pull.receive_parts().await?);
+            }
+            println!("DONE");
+        }
+        "endless-sender" => {
+            let mut push = open(&transport, SocketType::Push, Method::Connect, &address).await?;
+            for msg_idx in 0u64.. {
+                let mut message = transport.new_message(64 << 10).await?;
+                fill(&mut message, msg_idx);
+                push.send(message).await.map_err(|failed| failed.error)?;
+            }
+        }
+        "endless-receiver" => {
+            let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await?;
+            println!("BOUND");
+            for msg_idx in 0u64.. {
+                let message = pull.receive().await?;
+                if msg_idx == 100 {
+                    println!("GOT 100");
+                }
+                drop(message);
+            }
+        }
+        other => bail!("unknown role {other}"),
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+
+fn push_pull_zero_copy() -> Result<()> {
+    let session = Session::new("sizes");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("sizes");
+        let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await?;
+        let copied_before = copied_bytes();
+        let mut sender = ChildRole::spawn("sizes-sender", &session, &address, &[]);
+        for (msg_idx, size) in SIZES.into_iter().enumerate() {
+            let announced = sender.line().await?;
+            let message = tokio::time::timeout(STEP, pull.receive()).await??;
+            ensure!(
+                message.len() == size,
+                "message {msg_idx}: {} bytes",
+                message.len()
+            );
+            verify(&message, msg_idx as u64)?;
+            let (segment, offset) =
+                block_location(&message).context("received message is in shared memory")?;
+            ensure!(
+                announced == format!("BLOCK {segment} {offset}"),
+                "zero copy: sender said {announced:?}, got {segment} {offset}"
+            );
+        }
+        let parts = tokio::time::timeout(STEP, pull.receive_parts()).await??;
+        ensure!(parts.len() == 3, "multipart of 3");
+        for (part_idx, part) in parts.iter().enumerate() {
+            verify(part, 100 + part_idx as u64)?;
+        }
+        ensure!(
+            parts.get(0).is_some_and(|part| part.buffer().is_some()),
+            "shm messages stay in shm even when small"
+        );
+        ensure!(
+            sender.line().await? == "COPIED 0",
+            "the sender copied nothing"
+        );
+        ensure!(
+            copied_bytes() == copied_before,
+            "the receiver copied nothing"
+        );
+        sender.success().await
+    })
+}
+
+fn pub_sub_three() -> Result<()> {
+    let session = Session::new("pubsub");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("pubsub");
+        let mut publisher = open(&transport, SocketType::Pub, Method::Bind, &address).await?;
+        let mut subscribers: Vec<ChildRole> = (0..3)
+            .map(|_| ChildRole::spawn("subscriber", &session, &address, &[]))
+            .collect();
+        for subscriber in &mut subscribers {
+            ensure!(
+                subscriber.line().await? == "CONNECTED",
+                "subscriber connected"
+            );
+        }
+        let mut msg_idx = 0u64;
+        // Publish until every subscriber has its 200 messages of topic a (late joiners miss some).
+        while subscribers
+            .iter_mut()
+            .any(|subscriber| subscriber.child.try_wait().ok().flatten().is_none())
+        {
+            for topic in ["a", "b"] {
+                let mut body = transport.new_message(4096).await?;
+                body.data_mut().fill((msg_idx % 251) as u8);
+                body.data_mut()[..8].copy_from_slice(&msg_idx.to_le_bytes());
+                let parts: Parts = vec![Message::from(topic), body].into();
+                publisher
+                    .send_parts(parts)
+                    .await
+                    .map_err(|failed| failed.error)?;
+            }
+            msg_idx += 1;
+            if msg_idx.is_multiple_of(16) {
+                tokio::task::yield_now().await;
+            }
+            ensure!(msg_idx < 2_000_000, "subscribers never finished");
+        }
+        for subscriber in &mut subscribers {
+            subscriber.success().await?;
+        }
+        Ok(())
+    })
+}
+
+fn req_rep() -> Result<()> {
+    let session = Session::new("reqrep");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("reqrep");
+        let mut rep = open(&transport, SocketType::Rep, Method::Bind, &address).await?;
+        let mut requester = ChildRole::spawn("requester", &session, &address, &[]);
+        for msg_idx in 0..100u64 {
+            let request = tokio::time::timeout(STEP, rep.receive()).await??;
+            verify(&request, msg_idx)?;
+            let mut reply = transport.new_message(request.len()).await?;
+            fill(&mut reply, msg_idx + 1);
+            rep.send(reply).await.map_err(|failed| failed.error)?;
+        }
+        requester.success().await
+    })
+}
+
+fn region_round_trip() -> Result<()> {
+    let session = Session::new("region");
+    block_on(async {
+        let transport = session.transport();
+        for bulk in [false, true] {
+            let n_buffers = 10_000usize;
+            let seen: Arc<Mutex<Vec<u32>>> = Arc::new(Mutex::new(vec![0; n_buffers]));
+            let n_calls = Arc::new(AtomicUsize::new(0));
+            let record = {
+                let (seen, n_calls) = (Arc::clone(&seen), Arc::clone(&n_calls));
+                move |block: RegionBlock| {
+                    assert_eq!(
+                        block.offset,
+                        block.hint * 64,
+                        "the hint comes back with its buffer"
+                    );
+                    seen.lock().unwrap()[block.hint as usize] += 1;
+                    n_calls.fetch_add(1, Ordering::Relaxed);
+                }
+            };
+            let callback = if bulk {
+                RegionCallback::Bulk(Box::new(move |blocks: &[RegionBlock]| {
+                    blocks.iter().copied().for_each(&record)
+                }))
+            } else {
+                RegionCallback::Single(Box::new(record))
+            };
+            let region = transport.create_region(n_buffers * 64, callback).await?;
+            let address = session.ipc(if bulk { "region-bulk" } else { "region-single" });
+            let mut push = open(&transport, SocketType::Push, Method::Bind, &address).await?;
+            let mut dropper = ChildRole::spawn(
+                "dropper",
+                &session,
+                &address,
+                &[("COUNT", n_buffers.to_string())],
+            );
+            for buffer_idx in 0..n_buffers {
+                region.write(buffer_idx * 64, &[buffer_idx as u8; 64])?;
+                let message = region.message(buffer_idx * 64, 64, buffer_idx as u64)?;
+                push.send(message).await.map_err(|failed| failed.error)?;
+            }
+            ensure!(
+                dropper.line().await? == "DONE",
+                "receiver dropped everything"
+            );
+            dropper.success().await?;
+            let deadline = tokio::time::Instant::now() + STEP;
+            while n_calls.load(Ordering::Relaxed) < n_buffers {
+                ensure!(
+                    tokio::time::Instant::now() < deadline,
+                    "only {} of {n_buffers} acknowledgements",
+                    n_calls.load(Ordering::Relaxed)
+                );
+                tokio::task::yield_now().await;
+            }
+            let seen = seen.lock().unwrap();
+            ensure!(
+                seen.iter().all(|&count| count == 1),
+                "every buffer acknowledged exactly once"
+            );
+            ensure!(region.n_lent() == 0, "nothing is still lent");
+        }
+        Ok(())
+    })
+}
+
+fn segment_full() -> Result<()> {
+    let session = Session::new("full");
+    block_on(async {
+        let transport = ShmTransport::new(ShmOptions {
+            session: session.0.clone(),
+            segment_size: 1 << 20,
+            allocation_timeout: Duration::from_millis(200),
+            ..ShmOptions::default()
+        });
+        let too_big = transport.new_message(2 << 20).await.unwrap_err();
+        let text = format!("{:#}", anyhow::Error::from(too_big));
+        ensure!(
+            text.contains("cannot fit in a shared memory segment") && text.contains("2097152"),
+            "{text}"
+        );
+        let mut held = Vec::new();
+        while held.len() < 64 {
+            match transport.new_message(64 << 10).await {
+                Ok(message) => held.push(message),
+                Err(error) => {
+                    let text = format!("{:#}", anyhow::Error::from(error));
+                    ensure!(
+                        text.contains("has no room for 65536 bytes") && text.contains(&session.0),
+                        "{text}"
+                    );
+                    break;
+                }
+            }
+        }
+        ensure!(
+            held.len() > 8 && held.len() < 64,
+            "the 1 MiB segment filled after {} blocks",
+            held.len()
+        );
+        // A slow consumer frees one block while the allocation waits: the allocation succeeds.
+        let waiting = {
+            let transport = transport.clone();
+            tokio::spawn(async move { transport.new_message(64 << 10).await })
+        };
+        tokio::task::yield_now().await;
+        held.pop();
+        let recovered = waiting.await?;
+        ensure!(
+            recovered.is_ok(),
+            "allocation recovered once a block was freed: {:?}",
+            recovered.err()
+        );
+        drop(held);
+        drop(recovered);
+        let (free, referenced) = transport.collect().await?;
+        ensure!(
+            referenced == 0 && free == (1 << 20) - 4096,
+            "everything reclaimed: {free} free, {referenced} held"
+        );
+        Ok(())
+    })
+}
+
+fn kill_9_cleanup() -> Result<()> {
+    let session = Session::new("kill9");
+    block_on(async {
+        let address = session.ipc("kill9");
+        let mut receiver = ChildRole::spawn("endless-receiver", &session, &address, &[]);
+        ensure!(receiver.line().await? == "BOUND", "receiver bound");
+        let mut sender = ChildRole::spawn("endless-sender", &session, &address, &[]);
+        ensure!(receiver.line().await? == "GOT 100", "messages flow");
+        ensure!(
+            !list_objects(current_uid(), Some(&session.0)).is_empty(),
+            "the session has shared memory"
+        );
+        sender.child.kill().await?;
+        receiver.child.kill().await?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = list_objects(current_uid(), Some(&session.0));
+            let files_left = std::fs::read_dir("/dev/shm")?
+                .flatten()
+                .filter(|entry| entry.file_name().to_string_lossy().contains(&session.0))
+                .count();
+            if left.is_empty() && files_left == 0 {
+                return Ok(());
+            }
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "still in /dev/shm after 10 s: {files_left} object(s)"
+            );
+            tokio::task::yield_now().await;
+        }
+    })
+}
+
+fn forged_descriptors() -> Result<()> {
+    use ferromq_shm::wire::{PartRef, encode, session_hash};
+    use zeromq::{Socket as _, SocketSend as _};
+    let session = Session::new("forged");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("forged");
+        let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await?;
+        // Make this process's segment exist, so that forged offsets name a real segment.
+        let (segment_name, _) = transport.segment_info().await?;
+        let index: u32 = segment_name.rsplit('_').next().context("index")?.parse()?;
+        let hash = session_hash(current_uid(), &session.0);
+        let mut raw = zeromq::PushSocket::new();
+        raw.connect(&address).await?;
+        let forgeries: Vec<(Vec<u8>, &str)> = vec![
+            (
+                encode(
+                    hash,
+                    &[vec![PartRef::Block {
+                        owner_pid: std::process::id(),
+                        segment_index: index,
+                        offset: 1 << 40,
+                        size: 8,
+                    }]],
+                ),
+                "outside the segment",
+            ),
+            (
+                encode(
+                    hash,
+                    &[vec![PartRef::Block {
+                        owner_pid: std::process::id(),
+                        segment_index: index,
+                        offset: 8192,
+                        size: 8,
+                    }]],
+                ),
+                "no live block",
+            ),
+            (
+                encode(
+                    hash,
+                    &[vec![PartRef::Block {
+                        owner_pid: 999_999,
+                        segment_index: 7,
+                        offset: 4160,
+                        size: 8,
+                    }]],
+                ),
+                "does not exist",
+            ),
+            (
+                encode(hash ^ 1, &[vec![PartRef::Inline(vec![1])]]),
+                "another shmem session",
+            ),
+            (b"hello from a zeromq peer".to_vec(), "another transport"),
+        ];
+        for (frame, expected) in forgeries {
+            raw.send(zeromq::ZmqMessage::from(frame)).await?;
+            let error = tokio::time::timeout(STEP, pull.receive())
+                .await?
+                .err()
+                .context("a forged descriptor must fail")?;
+            let text = format!("{:#}", anyhow::Error::from(error));
+            ensure!(text.contains(expected), "expected {expected:?} in {text:?}");
+        }
+        // The receiver still works.
+        raw.send(zeromq::ZmqMessage::from(encode(
+            hash,
+            &[vec![PartRef::Inline(b"fine".to_vec())]],
+        )))
+        .await?;
+        let message = tokio::time::timeout(STEP, pull.receive()).await??;
+        ensure!(
+            message.data() == b"fine",
+            "a valid descriptor after the forged ones"
+        );
+        Ok(())
+    })
+}
+
+fn allocator_stress() -> Result<()> {
+    let session = Session::new("stress");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("stress");
+        let n_remote = 5000u64;
+        let mut push = open(&transport, SocketType::Push, Method::Bind, &address).await?;
+        let mut dropper = ChildRole::spawn(
+            "dropper",
+            &session,
+            &address,
+            &[("COUNT", n_remote.to_string())],
+        );
+        // Four tasks allocate and free random sizes while a second process frees what we send it.
+        let mut workers = Vec::new();
+        for worker_idx in 0..4u64 {
+            let transport = transport.clone();
+            workers.push(tokio::spawn(async move {
+                let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ worker_idx;
+                let mut held: Vec<Message> = Vec::new();
+                for _ in 0..5000 {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    let size = 64 + (state % (256 << 10)) as usize;
+                    held.push(transport.new_message(size).await?);
+                    if held.len() > 8 || state.is_multiple_of(3) {
+                        held.swap_remove((state as usize / 3) % held.len());
+                    }
+                    if state.is_multiple_of(64) {
+                        tokio::task::yield_now().await;
+                    }
+                }
+                anyhow::Ok(())
+            }));
+        }
+        for msg_idx in 0..n_remote {
+            let mut message = transport
+                .new_message(300 + (msg_idx as usize % 5000))
+                .await?;
+            fill(&mut message, msg_idx);
+            push.send(message).await.map_err(|failed| failed.error)?;
+        }
+        for worker in workers {
+            worker.await??;
+        }
+        ensure!(dropper.line().await? == "DONE", "remote frees done");
+        dropper.success().await?;
+        let (free, referenced) = transport.collect().await?;
+        ensure!(referenced == 0, "{referenced} blocks still referenced");
+        ensure!(
+            free == SEGMENT - 4096,
+            "free space {free} equals the initial {}",
+            SEGMENT - 4096
+        );
+        Ok(())
+    })
+}
