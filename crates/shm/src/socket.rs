@@ -329,10 +329,6 @@ impl Socket for ShmSocket {
             Ok(described) => described,
             Err(error) => return Err(SendError::new(error, parts)),
         };
-        let first_part: Vec<u8> = parts
-            .get(0)
-            .map(|message| message.data().to_vec())
-            .unwrap_or_default();
         let frame = Bytes::from(wire::encode(self.session.hash, &[record]));
         match &mut self.inner {
             Inner::Plain(socket) => match socket
@@ -347,12 +343,14 @@ impl Socket for ShmSocket {
             },
             Inner::Publisher(publisher) => {
                 publisher.refresh();
+                // Topics are matched against the first part where it lies: no copy.
+                let first_part = parts.get(0).map(Message::data).unwrap_or_default();
                 let mut gone = Vec::new();
                 for (subscriber_idx, subscriber) in publisher.subscribers.iter().enumerate() {
                     if !subscriber
                         .topics
                         .as_deref()
-                        .is_none_or(|topics| topic_matches(topics, &first_part))
+                        .is_none_or(|topics| topic_matches(topics, first_part))
                     {
                         continue;
                     }
