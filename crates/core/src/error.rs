@@ -161,6 +161,16 @@ pub enum Error {
         /// The names that exist in this build.
         available: String,
     },
+    /// The two ends of the channel use different transports (one shmem, one zeromq, say).
+    #[error(
+        "{channel}: the peer uses the {peer_transport} transport; configure the same transport on both ends"
+    )]
+    TransportMismatch {
+        /// The channel.
+        channel: ChannelLabel,
+        /// What the peer uses.
+        peer_transport: &'static str,
+    },
     /// A transport could not provide memory for a message (a full shared-memory segment).
     #[error("{transport} transport: cannot allocate a message")]
     Allocation {
@@ -196,6 +206,7 @@ impl Error {
             | Error::Connect { channel, .. }
             | Error::WrongSocketType { channel, .. }
             | Error::Codec { channel, .. }
+            | Error::TransportMismatch { channel, .. }
             | Error::Transport { channel, .. } => Some(channel),
             Error::Config(_) | Error::UnknownTransport { .. } | Error::Allocation { .. } => None,
         }

@@ -31,5 +31,7 @@ pub use address::{Address, AddressError, TcpHost};
 pub use config::{ChannelConfig, ConfigError, Method, SocketType};
 pub use error::{BoxError, ChannelLabel, CodecError, Error, Result, SendError};
 pub use message::{Message, MessageBuffer, Parts, UsedSizeError, copied_bytes, record_copy};
-pub use transport::{Channel, ChannelCounters, CounterSnapshot, Socket, Transport};
+pub use transport::{
+    Channel, ChannelCounters, CounterSnapshot, SHMEM_FRAME_MAGIC, Socket, Transport,
+};
 pub use typed::{Decode, Encode, Json, Payload, Pod, Postcard, Receiver, Sender};

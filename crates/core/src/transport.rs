@@ -34,6 +34,10 @@ use crate::error::{ChannelLabel, Error, Result, SendError};
 use crate::message::{Message, Parts};
 use crate::typed::{Decode, Encode, Receiver, Sender};
 
+/// The first bytes of every descriptor frame of the shmem transport. Other transports check for
+/// it so that a shmem peer on the other end is reported, not delivered as a payload.
+pub const SHMEM_FRAME_MAGIC: &[u8; 8] = b"FMQSHM01";
+
 /// A transport: makes messages in its own memory and sockets that move them.
 #[async_trait]
 pub trait Transport: Send + Sync + fmt::Debug {

@@ -54,8 +54,104 @@ struct SubscriberSide {
 
 enum Inner {
     Plain(Box<dyn Socket>),
+    Batched(BatchedPush),
     Publisher(Publisher),
     Subscriber(SubscriberSide),
+}
+
+/// What the batching task of a push socket is asked to do, in order.
+enum PushCommand {
+    Record(Vec<PartRef>),
+    Bind(Address, tokio::sync::oneshot::Sender<Result<Address>>),
+    Connect(Address, tokio::sync::oneshot::Sender<Result<()>>),
+    Close(Duration, tokio::sync::oneshot::Sender<Result<()>>),
+}
+
+/// A push socket whose descriptors go through a bounded queue (`sndBufSize` records) to a task
+/// that owns the zeromq socket and packs every record already queued into one frame. Under load
+/// a frame carries many descriptors; when idle each message leaves at once.
+struct BatchedPush {
+    commands: tokio::sync::mpsc::Sender<PushCommand>,
+    /// Set by the task when the zeromq socket failed; later sends report it.
+    failure: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+const MAX_RECORDS_PER_FRAME: usize = 64;
+const MAX_FRAME_BYTES: usize = 64 << 10;
+
+impl BatchedPush {
+    fn start(mut socket: Box<dyn Socket>, session_hash: u64, capacity: usize) -> BatchedPush {
+        let (commands, mut queue) = tokio::sync::mpsc::channel::<PushCommand>(capacity.max(1));
+        let failure: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+        let task_failure = Arc::clone(&failure);
+        tokio::spawn(async move {
+            let mut batch: Vec<Vec<PartRef>> = Vec::new();
+            let mut next: Option<PushCommand> = None;
+            loop {
+                let command = match next.take() {
+                    Some(command) => command,
+                    None => match queue.recv().await {
+                        Some(command) => command,
+                        None => return,
+                    },
+                };
+                match command {
+                    PushCommand::Record(record) => {
+                        batch.push(record);
+                        let mut frame_bytes = 0;
+                        // Everything already queued joins this frame.
+                        while batch.len() < MAX_RECORDS_PER_FRAME && frame_bytes < MAX_FRAME_BYTES {
+                            match queue.try_recv() {
+                                Ok(PushCommand::Record(record)) => {
+                                    frame_bytes += record.len() * 32;
+                                    batch.push(record);
+                                }
+                                Ok(other) => {
+                                    next = Some(other);
+                                    break;
+                                }
+                                Err(_) => break,
+                            }
+                        }
+                        let frame = Message::from(wire::encode(session_hash, &batch));
+                        batch.clear();
+                        if let Err(failed) = socket.send_parts(Parts::from(frame), None).await {
+                            tracing::error!(channel = %socket.label(), error = %failed.error, "shmem descriptors lost");
+                            *task_failure.lock().expect("failure flag poisoned") =
+                                Some(failed.error.to_string());
+                        }
+                    }
+                    PushCommand::Bind(address, reply) => {
+                        let _ = reply.send(socket.bind(&address).await);
+                    }
+                    PushCommand::Connect(address, reply) => {
+                        let _ = reply.send(socket.connect(&address).await);
+                    }
+                    PushCommand::Close(linger, reply) => {
+                        let _ = reply.send(socket.close(linger).await);
+                        return;
+                    }
+                }
+            }
+        });
+        BatchedPush { commands, failure }
+    }
+
+    async fn call<T>(
+        &self,
+        label: &ChannelLabel,
+        make: impl FnOnce(tokio::sync::oneshot::Sender<Result<T>>) -> PushCommand,
+    ) -> Result<T> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let closed = || Error::Interrupted {
+            channel: label.clone(),
+        };
+        self.commands
+            .send(make(reply))
+            .await
+            .map_err(|_| closed())?;
+        answer.await.map_err(|_| closed())?
+    }
 }
 
 pub(crate) struct ShmSocket {
@@ -99,8 +195,18 @@ impl ShmSocket {
                 topics: Vec::new(),
                 next_dealer: 0,
             }),
+            SocketType::Push => {
+                let socket = ferromq_zmq::ZmqTransport::for_shmem_descriptors()
+                    .create_socket(config, socket_name)
+                    .await?;
+                Inner::Batched(BatchedPush::start(
+                    socket,
+                    session.hash,
+                    config.snd_buf_size,
+                ))
+            }
             _ => Inner::Plain(
-                ferromq_zmq::ZmqTransport::new()
+                ferromq_zmq::ZmqTransport::for_shmem_descriptors()
                     .create_socket(config, socket_name)
                     .await?,
             ),
@@ -258,6 +364,12 @@ impl Socket for ShmSocket {
     async fn bind(&mut self, address: &Address) -> Result<Address> {
         let bound = match &mut self.inner {
             Inner::Plain(socket) => socket.bind(address).await?,
+            Inner::Batched(push) => {
+                push.call(&self.label, |reply| {
+                    PushCommand::Bind(address.clone(), reply)
+                })
+                .await?
+            }
             Inner::Publisher(publisher) => {
                 let (listener, bound, path) = bind_listener(&self.label, address)?;
                 publisher
@@ -297,6 +409,12 @@ impl Socket for ShmSocket {
         };
         match &mut self.inner {
             Inner::Plain(socket) => socket.connect(address).await?,
+            Inner::Batched(push) => {
+                push.call(&self.label, |reply| {
+                    PushCommand::Connect(address.clone(), reply)
+                })
+                .await?
+            }
             Inner::Publisher(publisher) => {
                 let endpoint = connect_endpoint(&self.label, address)?;
                 publisher
@@ -329,8 +447,50 @@ impl Socket for ShmSocket {
             Ok(described) => described,
             Err(error) => return Err(SendError::new(error, parts)),
         };
-        let frame = Bytes::from(wire::encode(self.session.hash, &[record]));
+        let frame = match &self.inner {
+            Inner::Batched(_) => Bytes::new(),
+            _ => Bytes::from(wire::encode(
+                self.session.hash,
+                std::slice::from_ref(&record),
+            )),
+        };
         match &mut self.inner {
+            Inner::Batched(push) => {
+                if let Some(failure) = push.failure.lock().expect("failure flag poisoned").clone() {
+                    let error = Error::PeerGone {
+                        channel: self.label.clone(),
+                        reason: failure,
+                    };
+                    return Err(SendError::new(error, parts));
+                }
+                let reserved = match timeout {
+                    Some(timeout) => {
+                        match tokio::time::timeout(timeout, push.commands.reserve()).await {
+                            Ok(reserved) => reserved,
+                            Err(_) => {
+                                let error = Error::Timeout {
+                                    channel: self.label.clone(),
+                                    after: timeout,
+                                };
+                                return Err(SendError::new(error, parts));
+                            }
+                        }
+                    }
+                    None => push.commands.reserve().await,
+                };
+                let Ok(permit) = reserved else {
+                    return Err(SendError::new(
+                        Error::Interrupted {
+                            channel: self.label.clone(),
+                        },
+                        parts,
+                    ));
+                };
+                // The record is queued: the receiver will own these references.
+                permit.send(PushCommand::Record(record));
+                disarm(parts, fresh);
+                Ok(())
+            }
             Inner::Plain(socket) => match socket
                 .send_parts(Parts::from(Message::from(frame)), timeout)
                 .await
@@ -447,7 +607,7 @@ impl Socket for ShmSocket {
                         reason: "the subscriber is neither bound nor connected".to_owned(),
                     });
                 }
-                Inner::Publisher(_) => {
+                Inner::Publisher(_) | Inner::Batched(_) => {
                     return Err(Error::WrongSocketType {
                         channel: self.label.clone(),
                         operation: "receive",
@@ -482,6 +642,11 @@ impl Socket for ShmSocket {
     async fn close(&mut self, linger: Duration) -> Result<()> {
         let result = match &mut self.inner {
             Inner::Plain(socket) => socket.close(linger).await,
+            // The task sends everything queued before the close, then closes with linger.
+            Inner::Batched(push) => {
+                push.call(&self.label, |reply| PushCommand::Close(linger, reply))
+                    .await
+            }
             _ => Ok(()),
         };
         self.pending.clear();

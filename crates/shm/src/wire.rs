@@ -16,7 +16,7 @@
 use crate::error::ShmError;
 
 /// First bytes of every descriptor frame.
-pub const MAGIC: &[u8; 8] = b"FMQSHM01";
+pub const MAGIC: &[u8; 8] = ferromq_core::SHMEM_FRAME_MAGIC;
 
 /// One part of a record.
 #[derive(Debug, Clone, PartialEq, Eq)]

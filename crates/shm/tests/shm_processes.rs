@@ -63,6 +63,10 @@ fn main() {
             "allocator_stress_threads_and_two_processes_leak_nothing",
             allocator_stress,
         ),
+        trial(
+            "a_zeromq_receiver_reports_a_shmem_sender",
+            transport_mismatch,
+        ),
     ];
     libtest_mimic::run(&Arguments::from_args(), tests).exit();
 }
@@ -708,6 +712,34 @@ fn allocator_stress() -> Result<()> {
             free == SEGMENT - 4096,
             "free space {free} equals the initial {}",
             SEGMENT - 4096
+        );
+        Ok(())
+    })
+}
+
+fn transport_mismatch() -> Result<()> {
+    let session = Session::new("mismatch");
+    block_on(async {
+        let shm = session.transport();
+        let address = session.ipc("mismatch");
+        let zmq = ferromq_zmq::ZmqTransport::new();
+        let config =
+            ChannelConfig::new("data", SocketType::Pull, Method::Bind).with_address(&address);
+        let mut pull = Channel::open(&zmq, config, "data").await?;
+        pull.bind_configured().await?;
+        let mut push = open(&shm, SocketType::Push, Method::Connect, &address).await?;
+        push.send(shm.new_message(1024).await?)
+            .await
+            .map_err(|failed| failed.error)?;
+        let error = tokio::time::timeout(STEP, pull.receive())
+            .await?
+            .err()
+            .context("a shmem frame must not pass as data")?;
+        ensure!(
+            error
+                .to_string()
+                .contains("the peer uses the shmem transport"),
+            "{error}"
         );
         Ok(())
     })

@@ -107,15 +107,27 @@ use ferromq_core::{ChannelConfig, Result, Socket, Transport};
 
 /// The zeromq transport (`transport = "zeromq"`).
 #[derive(Debug, Default, Clone, Copy)]
-pub struct ZmqTransport;
+pub struct ZmqTransport {
+    carries_shmem_descriptors: bool,
+}
 
 impl ZmqTransport {
     /// The configuration name of this transport.
     pub const NAME: &'static str = "zeromq";
 
-    /// The transport.
+    /// The transport. Its receivers report a shmem peer ([`ferromq_core::Error::TransportMismatch`])
+    /// instead of delivering its descriptor frames as data.
     pub fn new() -> ZmqTransport {
-        ZmqTransport
+        ZmqTransport {
+            carries_shmem_descriptors: false,
+        }
+    }
+
+    /// The transport as the shmem transport's metadata channel: descriptor frames are its data.
+    pub fn for_shmem_descriptors() -> ZmqTransport {
+        ZmqTransport {
+            carries_shmem_descriptors: true,
+        }
     }
 }
 
@@ -131,6 +143,10 @@ impl Transport for ZmqTransport {
         socket_name: &str,
     ) -> Result<Box<dyn Socket>> {
         config.validate()?;
-        Ok(Box::new(socket::ZmqSocket::new(config, socket_name)))
+        Ok(Box::new(socket::ZmqSocket::new(
+            config,
+            socket_name,
+            self.carries_shmem_descriptors,
+        )))
     }
 }

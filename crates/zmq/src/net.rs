@@ -100,19 +100,25 @@ pub(crate) struct NetChannel {
     snd_buf_size: usize,
     in_flight: Arc<InFlight>,
     bound_ipc_paths: Vec<PathBuf>,
+    carries_shmem_descriptors: bool,
 }
 
 const PEER_WAIT_MIN: Duration = Duration::from_micros(200);
 const PEER_WAIT_MAX: Duration = Duration::from_millis(20);
 
 impl NetChannel {
-    pub(crate) fn new(socket_type: SocketType, snd_buf_size: usize) -> NetChannel {
+    pub(crate) fn new(
+        socket_type: SocketType,
+        snd_buf_size: usize,
+        carries_shmem_descriptors: bool,
+    ) -> NetChannel {
         NetChannel {
             socket: NetSocket::new(socket_type),
             socket_type,
             snd_buf_size,
             in_flight: Arc::default(),
             bound_ipc_paths: Vec::new(),
+            carries_shmem_descriptors,
         }
     }
 
@@ -271,7 +277,21 @@ impl NetChannel {
                 None => self.socket.recv().await,
             };
             match received {
-                Ok(message) => return Ok(frames_to_parts(message.into_vec())),
+                Ok(message) => {
+                    // A shmem peer sends descriptor frames: report it rather than hand over garbage.
+                    let from_shmem = !self.carries_shmem_descriptors
+                        && message.len() == 1
+                        && message.get(0).is_some_and(|frame| {
+                            frame.len() >= 20 && frame.starts_with(ferromq_core::SHMEM_FRAME_MAGIC)
+                        });
+                    if from_shmem {
+                        return Err(Error::TransportMismatch {
+                            channel: label.clone(),
+                            peer_transport: "shmem",
+                        });
+                    }
+                    return Ok(frames_to_parts(message.into_vec()));
+                }
                 // A fan-in socket keeps receiving from its other peers when one breaks.
                 Err(error @ (ZmqError::Codec(_) | ZmqError::Network(_)))
                     if matches!(self.socket_type, SocketType::Pull | SocketType::Sub) =>

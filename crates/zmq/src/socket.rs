@@ -27,10 +27,16 @@ pub(crate) struct ZmqSocket {
     subscriptions: Vec<Vec<u8>>,
     /// True while the socket is subscribed to everything only because nobody asked otherwise.
     subscribed_to_all_by_default: bool,
+    /// True when this socket carries the shmem transport's descriptor frames.
+    carries_shmem_descriptors: bool,
 }
 
 impl ZmqSocket {
-    pub(crate) fn new(config: &ChannelConfig, socket_name: &str) -> ZmqSocket {
+    pub(crate) fn new(
+        config: &ChannelConfig,
+        socket_name: &str,
+        carries_shmem_descriptors: bool,
+    ) -> ZmqSocket {
         let mut label = ChannelLabel::new(socket_name, config.socket_type);
         label.address = config.address.clone();
         ZmqSocket {
@@ -41,6 +47,7 @@ impl ZmqSocket {
             backend: Backend::Unattached,
             subscriptions: Vec::new(),
             subscribed_to_all_by_default: false,
+            carries_shmem_descriptors,
         }
     }
 
@@ -53,7 +60,11 @@ impl ZmqSocket {
                     Backend::Inproc(InprocChannel::new(self.socket_type, self.rcv_buf_size));
             }
             (Backend::Unattached, false) => {
-                self.backend = Backend::Net(NetChannel::new(self.socket_type, self.snd_buf_size));
+                self.backend = Backend::Net(NetChannel::new(
+                    self.socket_type,
+                    self.snd_buf_size,
+                    self.carries_shmem_descriptors,
+                ));
             }
             (Backend::Inproc(_), false) | (Backend::Net(_), true) => {
                 return Err(Error::UnsupportedAddress {
