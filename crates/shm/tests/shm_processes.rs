@@ -67,6 +67,7 @@ fn main() {
             "a_zeromq_receiver_reports_a_shmem_sender",
             transport_mismatch,
         ),
+        trial("region_created_and_destroyed_events", region_events),
     ];
     libtest_mimic::run(&Arguments::from_args(), tests).exit();
 }
@@ -740,6 +741,36 @@ fn transport_mismatch() -> Result<()> {
                 .to_string()
                 .contains("the peer uses the shmem transport"),
             "{error}"
+        );
+        Ok(())
+    })
+}
+
+fn region_events() -> Result<()> {
+    use ferromq_shm::cleanup::RegionEvent;
+    let session = Session::new("events");
+    block_on(async {
+        let creator = session.transport();
+        let observer = session.transport();
+        let mut events = observer.region_events();
+        let region = creator
+            .create_region(1 << 20, RegionCallback::Single(Box::new(|_| {})))
+            .await?;
+        let created = tokio::time::timeout(STEP, events.recv())
+            .await?
+            .context("events ended")?;
+        ensure!(
+            matches!(&created, RegionEvent::Created(name) if name.to_string() == region.name()),
+            "{created:?}"
+        );
+        let name = region.name();
+        drop(region);
+        let destroyed = tokio::time::timeout(STEP, events.recv())
+            .await?
+            .context("events ended")?;
+        ensure!(
+            matches!(&destroyed, RegionEvent::Destroyed(gone) if gone.to_string() == name),
+            "{destroyed:?}"
         );
         Ok(())
     })
