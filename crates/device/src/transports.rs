@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ferromq_core::{ConfigError, Error, Result, Transport};
+use ferromq_core::{Error, Result, Transport};
 
 /// What a transport may need from the device that uses it.
 #[derive(Debug, Clone, Default)]
@@ -62,12 +62,13 @@ pub fn transport_for(name: &str, options: &TransportOptions) -> Result<Arc<dyn T
     }
 }
 
+#[cfg(feature = "shmem")]
 fn number_property(options: &TransportOptions, key: &str) -> Result<Option<u64>> {
     let Some(text) = options.properties.get(key) else {
         return Ok(None);
     };
     text.trim().parse().map(Some).map_err(|_| {
-        Error::Config(ConfigError::InvalidValue {
+        Error::Config(ferromq_core::ConfigError::InvalidValue {
             key: key.to_owned(),
             value: text.clone(),
             expected: "a non-negative integer",

@@ -13,6 +13,8 @@
 //! | `merger` | in `data-in[i]`, out `data-out` | |
 //! | `proxy` | in `data-in`, out `data-out` | |
 //! | `multiplier` | in `data-in`, out `data-out[i]` | |
+//! | `client` | req `data` | `msg-size` |
+//! | `server` | rep `data` | |
 //!
 //! `in-channel` and `out-channel` rename the channels. `--max-iterations` bounds the messages a
 //! sampler sends and a sink receives.
@@ -25,6 +27,7 @@
 
 mod forwarders;
 mod pacing;
+mod reqrep;
 mod sampler;
 mod sink;
 
@@ -32,6 +35,7 @@ use ferromq_device::{Device, DeviceContext, DeviceError};
 
 pub use forwarders::{Merger, Multiplier, Processor, Proxy, Splitter};
 pub use pacing::Pacer;
+pub use reqrep::{Client, Server};
 pub use sampler::{BenchmarkSampler, Sampler};
 pub use sink::{Sink, SinkSummary};
 
@@ -54,11 +58,15 @@ pub enum Builtin {
     Proxy,
     /// One input copied to N outputs.
     Multiplier,
+    /// Sends requests and checks the replies.
+    Client,
+    /// Echoes requests.
+    Server,
 }
 
 impl Builtin {
     /// Every kind with its name.
-    pub const ALL: [(&'static str, Builtin); 8] = [
+    pub const ALL: [(&'static str, Builtin); 10] = [
         ("sampler", Builtin::Sampler),
         ("bsampler", Builtin::BenchmarkSampler),
         ("sink", Builtin::Sink),
@@ -67,6 +75,8 @@ impl Builtin {
         ("merger", Builtin::Merger),
         ("proxy", Builtin::Proxy),
         ("multiplier", Builtin::Multiplier),
+        ("client", Builtin::Client),
+        ("server", Builtin::Server),
     ];
 
     /// The kind called `name`.
@@ -93,6 +103,8 @@ impl Builtin {
             Builtin::Merger => Box::new(Merger::default()),
             Builtin::Proxy => Box::new(Proxy::default()),
             Builtin::Multiplier => Box::new(Multiplier::default()),
+            Builtin::Client => Box::new(Client::default()),
+            Builtin::Server => Box::new(Server::default()),
         }
     }
 }

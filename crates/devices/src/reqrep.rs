@@ -1,0 +1,76 @@
+//! [`Client`] and [`Server`]: request/reply devices. The client sends `msg-size`-byte requests
+//! and checks every reply; the server answers each request with it (an echo), so a client can
+//! verify the round trip and measure it.
+
+use ferromq_core::BoxError;
+use ferromq_device::{Device, DeviceContext};
+
+use crate::channel_property;
+
+/// Sends requests on `out-channel` (default `data`) and checks that each reply echoes it.
+#[derive(Debug, Default)]
+pub struct Client {
+    channel: String,
+    msg_size: usize,
+}
+
+#[async_trait::async_trait]
+impl Device for Client {
+    async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.channel = channel_property(ctx, "out-channel", "data");
+        ctx.channel(&self.channel)?;
+        self.msg_size = ctx.property_or("msg-size", 64usize)?.max(8);
+        Ok(())
+    }
+
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let mut n_round_trips = 0u64;
+        while ctx.next_iteration() {
+            let mut request = ctx.new_message(&self.channel, self.msg_size).await?;
+            request.data_mut()[..8].copy_from_slice(&n_round_trips.to_le_bytes());
+            if ctx.send(&self.channel, request).await.is_err() && ctx.stop_requested() {
+                break;
+            }
+            let reply = match ctx.receive(&self.channel).await {
+                Ok(reply) => reply,
+                Err(_) if ctx.stop_requested() => break,
+                Err(error) => return Err(error.into()),
+            };
+            if reply.len() != self.msg_size || reply.data()[..8] != n_round_trips.to_le_bytes() {
+                return Err(format!("reply {n_round_trips} does not echo its request").into());
+            }
+            n_round_trips += 1;
+        }
+        tracing::info!(device = %ctx.id(), "{n_round_trips} round trips");
+        Ok(())
+    }
+}
+
+/// Answers every request on `in-channel` (default `data`) with the request itself.
+#[derive(Debug, Default)]
+pub struct Server {
+    channel: String,
+}
+
+#[async_trait::async_trait]
+impl Device for Server {
+    async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.channel = channel_property(ctx, "in-channel", "data");
+        ctx.channel(&self.channel)?;
+        Ok(())
+    }
+
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        while ctx.next_iteration() {
+            let request = match ctx.receive_parts(&self.channel).await {
+                Ok(request) => request,
+                Err(_) if ctx.stop_requested() => break,
+                Err(error) => return Err(error.into()),
+            };
+            if ctx.send_parts(&self.channel, request).await.is_err() && ctx.stop_requested() {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
