@@ -297,18 +297,18 @@ pub fn load(file: &str, text: &str, known: &Known<'_>) -> Result<Topology, Topol
         .transport
         .as_ref()
         .map_or("zeromq".to_owned(), |transport| transport.get_ref().clone());
-    if let Some(spanned) = &parsed.transport {
-        if !known.transports.contains(&spanned.get_ref().as_str()) {
-            checker.error(
-                spanned.span(),
-                "",
-                format!(
-                    "transport {:?} is not built in (built in: {})",
-                    spanned.get_ref(),
-                    known.transports.join(", ")
-                ),
-            );
-        }
+    if let Some(spanned) = &parsed.transport
+        && !known.transports.contains(&spanned.get_ref().as_str())
+    {
+        checker.error(
+            spanned.span(),
+            "",
+            format!(
+                "transport {:?} is not built in (built in: {})",
+                spanned.get_ref(),
+                known.transports.join(", ")
+            ),
+        );
     }
     let auto_address = match parsed
         .auto_address
@@ -391,17 +391,17 @@ pub fn load(file: &str, text: &str, known: &Known<'_>) -> Result<Topology, Topol
                 DeviceKind::Builtin(kind.to_owned())
             }
         };
-        if let Some(host) = &device.host {
-            if !matches!(host.get_ref().as_str(), "localhost" | "127.0.0.1" | "::1") {
-                checker.error(
-                    host.span(),
-                    &context,
-                    format!(
-                        "host {:?}: launching on other hosts is not supported yet; use localhost",
-                        host.get_ref()
-                    ),
-                );
-            }
+        if let Some(host) = &device.host
+            && !matches!(host.get_ref().as_str(), "localhost" | "127.0.0.1" | "::1")
+        {
+            checker.error(
+                host.span(),
+                &context,
+                format!(
+                    "host {:?}: launching on other hosts is not supported yet; use localhost",
+                    host.get_ref()
+                ),
+            );
         }
         let replicas = device
             .replicas
