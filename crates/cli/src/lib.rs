@@ -30,6 +30,7 @@
 #![warn(missing_docs)]
 
 pub mod interactive;
+pub mod launch;
 pub mod logging;
 pub mod options;
 mod run;

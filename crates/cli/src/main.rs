@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use ferromq_cli::shm_command::{self, ShmCommand};
-use ferromq_cli::{BuiltinOptions, DeviceOptions, run_device};
+use ferromq_cli::{BuiltinOptions, DeviceOptions, launch, run_device};
 use ferromq_devices::Builtin;
 
 #[derive(Parser)]
@@ -30,11 +30,44 @@ enum Command {
         #[command(flatten)]
         builtin: Box<BuiltinOptions>,
     },
+    /// Run a topology: one process per device, stepped through the state machine together.
+    Run {
+        /// The topology file (TOML).
+        file: std::path::PathBuf,
+        /// Stop after this many seconds.
+        #[arg(long)]
+        duration: Option<f64>,
+        /// Default transport of every channel that names none (overrides the file's).
+        #[arg(long)]
+        transport: Option<String>,
+        /// Session id (default: one per run).
+        #[arg(long)]
+        session: Option<String>,
+    },
+    /// Check a topology file without starting anything.
+    Validate {
+        /// The topology file (TOML).
+        file: std::path::PathBuf,
+    },
+    /// Print a topology's devices and channels as a graph.
+    Graph {
+        /// The topology file (TOML).
+        file: std::path::PathBuf,
+        /// Graphviz DOT or Mermaid.
+        #[arg(long, value_enum, default_value = "dot")]
+        format: GraphFormat,
+    },
     /// Show or remove shared memory (`ferromq shm list`, `ferromq shm clean --stale`).
     Shm {
         #[command(subcommand)]
         command: ShmCommand,
     },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum GraphFormat {
+    Dot,
+    Mermaid,
 }
 
 fn main() -> ExitCode {
@@ -51,5 +84,64 @@ fn main() -> ExitCode {
             run_device(kind.create(), &options, &builtin.properties())
         }
         Command::Shm { command } => shm_command::run(&command),
+        Command::Validate { file } => match launch::load_topology(&file) {
+            Ok(topology) => {
+                println!(
+                    "{}: valid, {} device(s), {} process(es)",
+                    file.display(),
+                    topology.devices.len(),
+                    topology.instances().len()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("{error:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Graph { file, format } => match launch::load_topology(&file) {
+            Ok(topology) => {
+                match format {
+                    GraphFormat::Dot => print!("{}", topology.to_dot()),
+                    GraphFormat::Mermaid => print!("{}", topology.to_mermaid()),
+                }
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("{error:#}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Run {
+            file,
+            duration,
+            transport,
+            session,
+        } => {
+            ferromq_cli::logging::init(
+                "ferromq",
+                ferromq_cli::logging::Severity::Warn,
+                ferromq_cli::logging::Verbosity::Medium,
+                ferromq_cli::logging::Color::Auto,
+            );
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    eprintln!("ferromq: cannot start the async runtime: {error}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let options = launch::RunOptions {
+                file,
+                duration: duration.map(std::time::Duration::from_secs_f64),
+                transport,
+                session,
+            };
+            runtime.block_on(launch::run(options))
+        }
     }
 }

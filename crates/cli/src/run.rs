@@ -85,6 +85,7 @@ async fn drive(controller: &DeviceController, options: &DeviceOptions) -> Result
             .await
             .map_err(|error| format!("{error:#}")),
         ControlMode::External => {
+            tokio::spawn(follow_parent(controller.clone()));
             let address = options
                 .control_address
                 .as_deref()
@@ -93,6 +94,22 @@ async fn drive(controller: &DeviceController, options: &DeviceOptions) -> Result
             control::serve_external_control(transport.as_ref(), address, controller.clone())
                 .await
                 .map_err(|error| error_chain(&error))
+        }
+    }
+}
+
+/// A device driven by a launcher goes down when its launcher dies, so that no device is left
+/// running without anybody to stop it.
+async fn follow_parent(controller: DeviceController) {
+    let launcher = nix::unistd::getppid();
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
+    loop {
+        tick.tick().await;
+        if nix::unistd::getppid() != launcher {
+            tracing::warn!("the launcher is gone; going down");
+            controller.abort("the launcher exited");
+            let _ = control::shut_down(&controller).await;
+            return;
         }
     }
 }

@@ -369,6 +369,71 @@ impl ChannelConfig {
         Ok(config)
     }
 
+    /// The configuration in `--channel-config` form (the inverse of
+    /// [`ChannelConfig::parse_key_values`]; keys at their default are left out).
+    pub fn to_key_values(&self) -> String {
+        let defaults = ChannelConfig::default();
+        let mut pairs = vec![
+            format!("name={}", self.name),
+            format!("type={}", self.socket_type),
+            format!("method={}", self.method),
+        ];
+        if let Some(address) = &self.address {
+            pairs.push(format!("address={address}"));
+        }
+        if let Some(transport) = &self.transport {
+            pairs.push(format!("transport={transport}"));
+        }
+        let numbers = [
+            (
+                "sndBufSize",
+                self.snd_buf_size as u64,
+                defaults.snd_buf_size as u64,
+            ),
+            (
+                "rcvBufSize",
+                self.rcv_buf_size as u64,
+                defaults.rcv_buf_size as u64,
+            ),
+            (
+                "sndKernelSize",
+                self.snd_kernel_size as u64,
+                defaults.snd_kernel_size as u64,
+            ),
+            (
+                "rcvKernelSize",
+                self.rcv_kernel_size as u64,
+                defaults.rcv_kernel_size as u64,
+            ),
+            ("linger", self.linger, defaults.linger),
+            ("rateLogging", self.rate_logging, defaults.rate_logging),
+            (
+                "portRangeMin",
+                u64::from(self.port_range_min),
+                u64::from(defaults.port_range_min),
+            ),
+            (
+                "portRangeMax",
+                u64::from(self.port_range_max),
+                u64::from(defaults.port_range_max),
+            ),
+            (
+                "numSockets",
+                self.num_sockets as u64,
+                defaults.num_sockets as u64,
+            ),
+        ];
+        for (key, value, default) in numbers {
+            if value != default {
+                pairs.push(format!("{key}={value}"));
+            }
+        }
+        if self.auto_bind != defaults.auto_bind {
+            pairs.push(format!("autoBind={}", self.auto_bind));
+        }
+        pairs.join(",")
+    }
+
     /// Checks what can be checked without a transport: the name, the address and the buffers.
     ///
     /// # Errors
@@ -555,6 +620,23 @@ mod tests {
                 channel: "d".into(),
                 source: AddressError::MissingPort("tcp://x".into()),
             },
+        );
+    }
+
+    #[test]
+    fn key_values_round_trip() {
+        let config = ChannelConfig {
+            snd_buf_size: 7,
+            linger: 0,
+            auto_bind: false,
+            num_sockets: 2,
+            ..ChannelConfig::new("out", SocketType::Push, Method::Connect)
+                .with_address("ipc:///tmp/x")
+                .with_transport("shmem")
+        };
+        assert_eq!(
+            ChannelConfig::parse_key_values(&config.to_key_values()).unwrap(),
+            config
         );
     }
 

@@ -458,13 +458,23 @@ async fn do_work<D: Device>(
             device.init(ctx).await.map_err(hook_failed("init"))
         }
         State::Binding => {
+            let overrides = address_overrides(ctx);
             let mut bound = Vec::new();
             for channel in ctx
                 .channels
                 .iter_mut()
                 .filter(|channel| channel.config().method == Method::Bind)
             {
-                let address = bind_channel(channel).await?;
+                let address = match overrides.get(channel.name()) {
+                    Some(addresses) => {
+                        let mut bound_to = None;
+                        for address in addresses {
+                            bound_to = Some(channel.bind(address).await?);
+                        }
+                        bound_to.expect("an override has at least one address")
+                    }
+                    None => bind_channel(channel).await?,
+                };
                 tracing::info!(device = %config.id, channel = %channel.name(), %address, "bound");
                 bound.push((channel.name().to_owned(), address.to_string()));
             }
@@ -475,12 +485,21 @@ async fn do_work<D: Device>(
             Ok(())
         }
         State::Connecting => {
+            let overrides = address_overrides(ctx);
             for channel in ctx
                 .channels
                 .iter_mut()
                 .filter(|channel| channel.config().method == Method::Connect)
             {
-                channel.connect_configured().await?;
+                match overrides.get(channel.name()) {
+                    // A launcher names the addresses its binders actually bound (one per replica).
+                    Some(addresses) => {
+                        for address in addresses {
+                            channel.connect(address).await?;
+                        }
+                    }
+                    None => channel.connect_configured().await?,
+                }
                 tracing::debug!(device = %config.id, channel = %channel.name(), "connected");
             }
             Ok(())
@@ -513,6 +532,26 @@ async fn do_work<D: Device>(
         }
         _ => Ok(()),
     }
+}
+
+/// Addresses set through properties `chan.<socket>.address` (`;` between several), which
+/// override the configured ones: how a launcher hands out addresses decided at run time.
+fn address_overrides(ctx: &DeviceContext) -> BTreeMap<String, Vec<Address>> {
+    let properties = ctx.properties.lock().expect("properties poisoned");
+    let mut overrides = BTreeMap::new();
+    for channel in &ctx.channels {
+        let Some(text) = properties.get(&format!("chan.{}.address", channel.name())) else {
+            continue;
+        };
+        let addresses: Vec<Address> = text
+            .split(';')
+            .filter_map(|address| Address::parse(address).ok())
+            .collect();
+        if !addresses.is_empty() {
+            overrides.insert(channel.name().to_owned(), addresses);
+        }
+    }
+    overrides
 }
 
 async fn create_channels(ctx: &mut DeviceContext, config: &DeviceConfig) -> Result<()> {

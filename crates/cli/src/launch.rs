@@ -1,0 +1,628 @@
+//! `ferromq run FILE`: one process per device, driven through the state machine in step.
+//!
+//! 1. Load and check the topology (every error with file:line:col); nothing starts on an error.
+//! 2. Start every device with `--control external` and connect to its control endpoint.
+//! 3. Step all of them together: INIT DEVICE and COMPLETE INIT, then BIND (all bound), read the
+//!    addresses they bound and hand each connector its binders' addresses, then CONNECT (all
+//!    ready), INIT TASK, RUN. No device connects before every binder is bound.
+//! 4. While running: a live table of states and rates (redrawn in place on a terminal, plain
+//!    periodic lines otherwise); the devices' own log lines pass through, prefixed with their id.
+//! 5. Stop on Ctrl-C/SIGTERM, `--duration`, or when every device has finished its work: each
+//!    device goes down through STOP, RESET TASK, RESET DEVICE, END; a device that does not exit
+//!    in time is killed. A second Ctrl-C kills at once.
+//! 6. A device that exits or enters ERROR stops everything, and the exit code says so, naming it,
+//!    its state and its last output lines.
+//! 7. Afterwards the session's shared memory is removed, whatever happened.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use ferromq_core::{Address, Method};
+use ferromq_device::control::{ControlClient, DeviceToLauncher, LauncherToDevice};
+use ferromq_device::rates::Rates;
+use ferromq_device::{State, Transition, available_transports, transport_by_name};
+use ferromq_devices::Builtin;
+use ferromq_topology::{AutoAddress, DeviceKind, Instance, Known, Topology};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+const LAST_LINES: usize = 20;
+
+/// What `ferromq run` was asked.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The topology file.
+    pub file: PathBuf,
+    /// Stop after this long.
+    pub duration: Option<Duration>,
+    /// Override the topology's default transport.
+    pub transport: Option<String>,
+    /// Session id (default: one per run).
+    pub session: Option<String>,
+}
+
+/// Loads and checks a topology file for this binary's kinds and transports.
+///
+/// # Errors
+/// The file cannot be read, or every validation error, one per line.
+pub fn load_topology(file: &Path) -> Result<Topology> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let kinds = Builtin::names();
+    let transports = available_transports();
+    let known = Known {
+        kinds: &kinds,
+        transports: &transports,
+    };
+    ferromq_topology::load(&file.display().to_string(), &text, &known)
+        .map_err(|errors| anyhow!("{errors}"))
+}
+
+struct Running {
+    instance: Instance,
+    child: Child,
+    control: Option<ControlClient>,
+    last_lines: Arc<Mutex<VecDeque<String>>>,
+    state: State,
+    counters: BTreeMap<String, ferromq_core::CounterSnapshot>,
+    exited: Option<std::process::ExitStatus>,
+}
+
+impl Running {
+    fn last_lines(&self) -> String {
+        self.last_lines
+            .lock()
+            .expect("line buffer poisoned")
+            .iter()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n    ")
+    }
+
+    async fn request(&mut self, request: &LauncherToDevice) -> Result<DeviceToLauncher> {
+        let id = self.instance.id.clone();
+        let control = self
+            .control
+            .as_mut()
+            .ok_or_else(|| anyhow!("device {id:?} has no control connection"))?;
+        let reply = control
+            .request(request, CONTROL_TIMEOUT)
+            .await
+            .with_context(|| format!("device {id:?}"))?;
+        self.state = reply.state;
+        if !reply.ok {
+            bail!(
+                "device {id:?} in {}: {}",
+                reply.state,
+                reply.error.unwrap_or_default()
+            );
+        }
+        Ok(reply)
+    }
+}
+
+fn forward_lines(
+    id: String,
+    stream: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    to_stderr: bool,
+    last_lines: Arc<Mutex<VecDeque<String>>>,
+) {
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stream).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            {
+                let mut last = last_lines.lock().expect("line buffer poisoned");
+                if last.len() == LAST_LINES {
+                    last.pop_front();
+                }
+                last.push_back(line.clone());
+            }
+            // Device log lines already carry the device id; other output gets it here.
+            let line = if line.contains(&format!("[{id}]")) {
+                line
+            } else {
+                format!("[{id}] {line}")
+            };
+            if to_stderr {
+                eprintln!("{line}");
+            } else {
+                println!("{line}");
+            }
+        }
+    });
+}
+
+fn auto_bind_address(topology: &Topology, run_dir: &Path, instance: &str, socket: &str) -> String {
+    match topology.auto_address {
+        AutoAddress::Ipc => format!("ipc://{}/{instance}.{socket}.ipc", run_dir.display()),
+        AutoAddress::Tcp => "tcp://127.0.0.1:0".to_owned(),
+    }
+}
+
+fn spawn_device(
+    topology: &Topology,
+    instance: &Instance,
+    session: &str,
+    run_dir: &Path,
+    control_address: &str,
+) -> Result<Child> {
+    let mut command = match &instance.kind {
+        DeviceKind::Builtin(kind) => {
+            let mut command =
+                Command::new(std::env::current_exe().context("cannot find the ferromq binary")?);
+            command.args(["device", kind]);
+            command
+        }
+        DeviceKind::Exec(argv) => {
+            let mut command = Command::new(&argv[0]);
+            command.args(&argv[1..]);
+            command
+        }
+    };
+    command.args([
+        "--id",
+        &instance.id,
+        "--session",
+        session,
+        "--transport",
+        &topology.transport,
+    ]);
+    command.args([
+        "--control",
+        "external",
+        "--control-address",
+        control_address,
+    ]);
+    command.args(["--max-iterations", &instance.max_iterations.to_string()]);
+    if !std::io::stdout().is_terminal() {
+        command.args(["--color", "false"]);
+    }
+    for channel in &instance.channels {
+        let mut config = channel.config.clone();
+        if config.method == Method::Bind && config.address.is_none() {
+            config.address = Some(auto_bind_address(
+                topology,
+                run_dir,
+                &instance.id,
+                &config.name,
+            ));
+        }
+        command.args(["--channel-config", &config.to_key_values()]);
+    }
+    for (key, value) in &instance.properties {
+        command.args(["--property", &format!("{key}={value}")]);
+    }
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    command
+        .spawn()
+        .with_context(|| format!("cannot start device {:?}", instance.id))
+}
+
+/// Steps every device through `transition`, then waits until all are in `target`.
+async fn step_all(
+    devices: &mut [Running],
+    transition: Transition,
+    target: Option<State>,
+) -> Result<()> {
+    for device in devices.iter_mut() {
+        device
+            .request(&LauncherToDevice::Transition { transition })
+            .await?;
+    }
+    if let Some(state) = target {
+        for device in devices.iter_mut() {
+            let timeout_ms = Some(CONTROL_TIMEOUT.as_millis() as u64);
+            device
+                .request(&LauncherToDevice::WaitForState { state, timeout_ms })
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Hands every connecting channel the addresses its binders bound.
+async fn wire_connections(devices: &mut [Running]) -> Result<()> {
+    let mut bound: BTreeMap<(String, String), String> = BTreeMap::new();
+    for device in devices.iter_mut() {
+        let reply = device.request(&LauncherToDevice::Channels).await?;
+        let Some(serde_json::Value::Object(channels)) = reply.value else {
+            continue;
+        };
+        for (socket, address) in channels {
+            let Some(address) = address.as_str() else {
+                continue;
+            };
+            let local = Address::parse(address)
+                .map(|address| address.for_local_connect().to_string())
+                .unwrap_or_else(|_| address.to_owned());
+            bound.insert((device.instance.id.clone(), socket), local);
+        }
+    }
+    for device in devices.iter_mut() {
+        for channel in device.instance.channels.clone() {
+            if channel.connect_to.is_empty() {
+                continue;
+            }
+            let mut addresses = Vec::new();
+            for (target, socket) in &channel.connect_to {
+                let address = bound
+                    .get(&(target.clone(), socket.clone()))
+                    .or_else(|| bound.get(&(target.clone(), format!("{socket}[0]"))))
+                    .ok_or_else(|| anyhow!("device {target:?} did not bind {socket:?}"))?;
+                addresses.push(address.clone());
+            }
+            let key = format!("chan.{}.address", channel.config.name);
+            device
+                .request(&LauncherToDevice::SetProperty {
+                    key,
+                    value: addresses.join(";"),
+                })
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+async fn start(
+    topology: &Topology,
+    session: &str,
+    run_dir: &Path,
+    devices: &mut Vec<Running>,
+) -> Result<()> {
+    let transport = transport_by_name("zeromq")?;
+    for instance in topology.instances() {
+        let control_address = format!("ipc://{}/{}.control", run_dir.display(), instance.id);
+        let mut child = spawn_device(topology, &instance, session, run_dir, &control_address)?;
+        let last_lines = Arc::new(Mutex::new(VecDeque::new()));
+        forward_lines(
+            instance.id.clone(),
+            child.stdout.take().expect("piped"),
+            false,
+            Arc::clone(&last_lines),
+        );
+        forward_lines(
+            instance.id.clone(),
+            child.stderr.take().expect("piped"),
+            true,
+            Arc::clone(&last_lines),
+        );
+        devices.push(Running {
+            instance,
+            child,
+            control: None,
+            last_lines,
+            state: State::Idle,
+            counters: BTreeMap::new(),
+            exited: None,
+        });
+        let device = devices.last_mut().expect("just pushed");
+        let connect = ControlClient::connect(transport.as_ref(), &control_address);
+        let control = tokio::select! {
+            control = tokio::time::timeout(CONTROL_TIMEOUT, connect) => control
+                .map_err(|_| anyhow!("device {:?} opened no control endpoint within {CONTROL_TIMEOUT:?}", device.instance.id))??,
+            status = device.child.wait() => {
+                bail!("device {:?} exited at start ({}):\n    {}", device.instance.id, status?, device.last_lines());
+            }
+        };
+        device.control = Some(control);
+    }
+    step_all(devices, Transition::InitDevice, None).await?;
+    step_all(devices, Transition::CompleteInit, Some(State::Initialized)).await?;
+    step_all(devices, Transition::Bind, Some(State::Bound)).await?;
+    wire_connections(devices).await?;
+    step_all(devices, Transition::Connect, Some(State::DeviceReady)).await?;
+    step_all(devices, Transition::InitTask, Some(State::Ready)).await?;
+    step_all(devices, Transition::Run, None).await?;
+    Ok(())
+}
+
+/// SIGINT and SIGTERM, installed before anything starts so that no signal finds the launcher
+/// without a handler.
+pub struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    /// The next SIGINT or SIGTERM.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
+        }
+    }
+}
+
+/// Why the run ends.
+enum Ending {
+    Signal(&'static str),
+    Duration,
+    Finished,
+    Failure(String),
+}
+
+fn table(
+    devices: &[Running],
+    previous: &BTreeMap<(String, String), ferromq_core::CounterSnapshot>,
+    seconds: f64,
+) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{:<16} {:<18} {:<12} {:>12} {:>10} {:>12} {:>10}",
+        "device", "state", "channel", "in msg/s", "in MB/s", "out msg/s", "out MB/s"
+    )];
+    for device in devices {
+        let state = match device.exited {
+            Some(status) => format!("exited ({status})"),
+            None => device.state.to_string(),
+        };
+        if device.counters.is_empty() {
+            lines.push(format!("{:<16} {state:<18}", device.instance.id));
+        }
+        for (channel_idx, (channel, now)) in device.counters.iter().enumerate() {
+            let before = previous
+                .get(&(device.instance.id.clone(), channel.clone()))
+                .copied()
+                .unwrap_or(*now);
+            let rates = Rates::between(before, *now, seconds);
+            let (id, state) = if channel_idx == 0 {
+                (device.instance.id.as_str(), state.as_str())
+            } else {
+                ("", "")
+            };
+            lines.push(format!(
+                "{id:<16} {state:<18} {channel:<12} {:>12.0} {:>10.1} {:>12.0} {:>10.1}",
+                rates.msgs_in, rates.mb_in, rates.msgs_out, rates.mb_out
+            ));
+        }
+    }
+    lines
+}
+
+async fn supervise(
+    devices: &mut [Running],
+    duration: Option<Duration>,
+    signals: &mut Signals,
+) -> Ending {
+    let started = Instant::now();
+    let terminal = std::io::stdout().is_terminal();
+    let interval = if terminal {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(2)
+    };
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut previous: BTreeMap<(String, String), ferromq_core::CounterSnapshot> = BTreeMap::new();
+    let mut last_table = Instant::now();
+    let mut drawn_lines = 0;
+    let mut seen_running = false;
+    loop {
+        tokio::select! {
+            name = signals.next() => return Ending::Signal(name),
+            _ = tick.tick() => {}
+        }
+        if duration.is_some_and(|duration| started.elapsed() >= duration) {
+            return Ending::Duration;
+        }
+        for device in devices.iter_mut() {
+            if let Ok(Some(status)) = device.child.try_wait() {
+                device.exited = Some(status);
+                return Ending::Failure(format!(
+                    "device {:?} exited ({status}) while {}; its last lines:\n    {}",
+                    device.instance.id,
+                    device.state,
+                    device.last_lines()
+                ));
+            }
+            let Ok(reply) = device.request(&LauncherToDevice::State).await else {
+                continue;
+            };
+            if reply.state == State::Error {
+                return Ending::Failure(format!(
+                    "device {:?} is in ERROR; its last lines:\n    {}",
+                    device.instance.id,
+                    device.last_lines()
+                ));
+            }
+        }
+        seen_running |= devices.iter().any(|device| device.state == State::Running);
+        if seen_running && devices.iter().all(|device| device.state == State::Ready) {
+            return Ending::Finished;
+        }
+        if last_table.elapsed() >= interval {
+            let seconds = last_table.elapsed().as_secs_f64();
+            let before: BTreeMap<_, _> = devices
+                .iter()
+                .flat_map(|device| {
+                    device.counters.iter().map(|(channel, counters)| {
+                        ((device.instance.id.clone(), channel.clone()), *counters)
+                    })
+                })
+                .collect();
+            for device in devices.iter_mut() {
+                if let Ok(reply) = device.request(&LauncherToDevice::Counters).await
+                    && let Some(serde_json::Value::Object(channels)) = reply.value
+                {
+                    device.counters = channels
+                        .into_iter()
+                        .map(|(channel, value)| {
+                            let field = |key: &str| {
+                                value
+                                    .get(key)
+                                    .and_then(serde_json::Value::as_u64)
+                                    .unwrap_or(0)
+                            };
+                            let snapshot = ferromq_core::CounterSnapshot {
+                                messages_in: field("messages_in"),
+                                bytes_in: field("bytes_in"),
+                                messages_out: field("messages_out"),
+                                bytes_out: field("bytes_out"),
+                            };
+                            (channel, snapshot)
+                        })
+                        .collect();
+                }
+            }
+            previous.extend(before);
+            let lines = table(devices, &previous, seconds);
+            if terminal {
+                // Redraw in place: up over the last table, clear to the end of the screen.
+                if drawn_lines > 0 {
+                    print!("\x1b[{drawn_lines}A\x1b[J");
+                }
+                drawn_lines = lines.len();
+            }
+            println!("{}", lines.join("\n"));
+            for device in devices.iter() {
+                for (channel, counters) in &device.counters {
+                    previous.insert((device.instance.id.clone(), channel.clone()), *counters);
+                }
+            }
+            last_table = Instant::now();
+        }
+    }
+}
+
+async fn stop_all(devices: &mut [Running], signals: &mut Signals) {
+    for device in devices.iter_mut().filter(|device| device.exited.is_none()) {
+        if let Some(control) = device.control.as_mut() {
+            let _ = control
+                .request(&LauncherToDevice::Shutdown, Duration::from_secs(2))
+                .await;
+        }
+    }
+    let deadline = tokio::time::Instant::now() + STOP_TIMEOUT;
+    for device in devices.iter_mut().filter(|device| device.exited.is_none()) {
+        let second_signal = signals.next();
+        tokio::select! {
+            status = tokio::time::timeout_at(deadline, device.child.wait()) => match status {
+                Ok(Ok(status)) => device.exited = Some(status),
+                _ => {
+                    eprintln!("ferromq: device {:?} did not stop in time (in {}); killing it", device.instance.id, device.state);
+                    let _ = device.child.kill().await;
+                }
+            },
+            _ = second_signal => {
+                eprintln!("ferromq: second signal, killing every device");
+                for device in devices.iter_mut() {
+                    let _ = device.child.start_kill();
+                }
+                break;
+            }
+        }
+    }
+    for device in devices.iter_mut() {
+        let _ = device.child.kill().await;
+    }
+}
+
+/// Runs a topology to its end; returns the exit code.
+pub async fn run(options: RunOptions) -> ExitCode {
+    let mut signals = match Signals::install() {
+        Ok(signals) => signals,
+        Err(error) => {
+            eprintln!("ferromq: cannot install signal handlers: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut topology = match load_topology(&options.file) {
+        Ok(topology) => topology,
+        Err(error) => {
+            eprintln!("{error:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(transport) = &options.transport {
+        if !available_transports().contains(&transport.as_str()) {
+            eprintln!(
+                "ferromq: --transport {transport:?} is not built in (built in: {})",
+                available_transports().join(", ")
+            );
+            return ExitCode::from(2);
+        }
+        topology.transport.clone_from(transport);
+    }
+    let session = options
+        .session
+        .clone()
+        .unwrap_or_else(|| format!("run-{}", std::process::id()));
+    let run_dir = std::env::temp_dir().join(format!("ferromq-{session}"));
+    if let Err(error) = std::fs::create_dir_all(&run_dir) {
+        eprintln!("ferromq: cannot create {}: {error}", run_dir.display());
+        return ExitCode::FAILURE;
+    }
+    let n_instances = topology.instances().len();
+    println!(
+        "ferromq: {} ({n_instances} processes, session {session}, default transport {})",
+        topology.file, topology.transport
+    );
+    let mut devices = Vec::new();
+    let started = tokio::select! {
+        started = start(&topology, &session, &run_dir, &mut devices) => started.map_err(|error| format!("{error:#}")),
+        name = signals.next() => Err(format!("{name} during start-up")),
+    };
+    let ending = match started {
+        Ok(()) => supervise(&mut devices, options.duration, &mut signals).await,
+        Err(failure) => Ending::Failure(failure),
+    };
+    match &ending {
+        Ending::Signal(name) => println!("ferromq: {name}: stopping every device (again to kill)"),
+        Ending::Duration => println!("ferromq: duration reached: stopping every device"),
+        Ending::Finished => println!("ferromq: every device finished its work: stopping"),
+        Ending::Failure(_) => {}
+    }
+    stop_all(&mut devices, &mut signals).await;
+    for device in &devices {
+        if let Some(status) = device.exited.filter(|status| !status.success()) {
+            eprintln!(
+                "ferromq: device {:?} exited with {status}",
+                device.instance.id
+            );
+        }
+    }
+    let outcome = match ending {
+        Ending::Failure(failure) => Err(failure),
+        _ if devices
+            .iter()
+            .any(|device| device.exited.is_some_and(|status| !status.success())) =>
+        {
+            Err("a device did not exit cleanly".to_owned())
+        }
+        _ => Ok(()),
+    };
+    let removed =
+        ferromq_shm::cleanup::clean_session(ferromq_shm::names::current_uid(), &session, true)
+            .unwrap_or_default();
+    if !removed.is_empty() {
+        println!(
+            "ferromq: removed {} shared memory object(s) of session {session}",
+            removed.len()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&run_dir);
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("ferromq: {failure}");
+            ExitCode::FAILURE
+        }
+    }
+}

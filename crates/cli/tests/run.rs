@@ -1,0 +1,237 @@
+//! `ferromq run` end to end on the bundled topologies: normal runs, Ctrl-C, and a device killed.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const STEP: Duration = Duration::from_secs(90);
+
+fn topology(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../topologies")
+        .join(name)
+}
+
+fn ferromq_run(file: &Path, extra: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .arg("run")
+        .arg(file)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn ferromq run")
+}
+
+async fn finish(mut child: Child) -> (Option<i32>, String, String) {
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let status = tokio::time::timeout(STEP, async {
+        let (_, _, status) = tokio::join!(
+            out.read_to_string(&mut stdout),
+            err.read_to_string(&mut stderr),
+            child.wait()
+        );
+        status
+    })
+    .await
+    .expect("ferromq run did not exit in time")
+    .expect("wait");
+    (status.code(), stdout, stderr)
+}
+
+/// Processes whose parent is `parent`, with their command lines.
+fn children_of(parent: u32) -> Vec<(u32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let after_name = &stat[stat.rfind(')')? + 2..];
+            let mut fields = after_name.split_whitespace();
+            let state = fields.next()?;
+            let ppid: u32 = fields.next()?.parse().ok()?;
+            let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .ok()?
+                .replace('\0', " ");
+            (ppid == parent && state != "Z").then_some((pid, cmdline))
+        })
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| !stat.contains(") Z "))
+}
+
+fn shm_objects_of(session: &str) -> usize {
+    std::fs::read_dir("/dev/shm")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|entry| entry.file_name().to_string_lossy().contains(session))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn every_bundled_topology_runs_and_counts_messages() {
+    let mut names: Vec<String> = std::fs::read_dir(topology(""))
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".toml"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 7, "{names:?}");
+    for name in names {
+        let session = format!(
+            "test-run-{}-{}",
+            std::process::id(),
+            name.trim_end_matches(".toml")
+        );
+        let (code, stdout, stderr) = finish(ferromq_run(
+            &topology(&name),
+            &["--duration", "2", "--session", &session],
+        ))
+        .await;
+        assert_eq!(code, Some(0), "{name}: {stderr}\n{stdout}");
+        let counted = stdout.lines().any(|line| {
+            let received =
+                line.contains("sink summary: received ") && !line.contains("received 0 messages");
+            received || (line.contains("round trips") && !line.contains(" 0 round trips"))
+        });
+        assert!(counted, "{name}: no messages counted:\n{stdout}");
+        assert_eq!(shm_objects_of(&session), 0, "{name} left shared memory");
+    }
+}
+
+async fn wait_until_running(
+    child: &mut Child,
+) -> (BufReader<tokio::process::ChildStdout>, Vec<String>) {
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    loop {
+        let line = tokio::time::timeout(STEP, lines.next_line())
+            .await
+            .expect("output")
+            .expect("read")
+            .expect("a line before RUNNING");
+        let running = line.contains("READY ---> RUNNING") && line.contains("[sink]");
+        seen.push(line);
+        if running {
+            return (lines.into_inner(), seen);
+        }
+    }
+}
+
+#[tokio::test]
+async fn sigint_during_running_stops_everything_cleanly() {
+    let session = format!("test-sigint-{}", std::process::id());
+    let mut run = ferromq_run(&topology("default.toml"), &["--session", &session]);
+    let launcher = run.id().expect("pid");
+    let (mut stdout, _) = wait_until_running(&mut run).await;
+    let devices = children_of(launcher);
+    assert_eq!(devices.len(), 3, "{devices:?}");
+    assert!(
+        shm_objects_of(&session) > 0,
+        "the shmem topology uses shared memory"
+    );
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-INT", &launcher.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::time::timeout(Duration::from_secs(30), run.wait())
+        .await
+        .expect("exit in time")
+        .expect("wait");
+    let mut rest = String::new();
+    let _ = stdout.read_to_string(&mut rest).await;
+    assert_eq!(status.code(), Some(0), "{rest}");
+    for (pid, cmdline) in devices {
+        assert!(
+            !alive(pid),
+            "device {pid} ({cmdline}) outlived the launcher"
+        );
+    }
+    assert_eq!(shm_objects_of(&session), 0, "shared memory left behind");
+}
+
+#[tokio::test]
+async fn a_killed_device_stops_the_topology_and_is_named() {
+    let session = format!("test-kill-{}", std::process::id());
+    let mut run = ferromq_run(&topology("default.toml"), &["--session", &session]);
+    let launcher = run.id().expect("pid");
+    let (_stdout, _) = wait_until_running(&mut run).await;
+    let devices = children_of(launcher);
+    let (sink, _) = devices
+        .iter()
+        .find(|(_, cmdline)| cmdline.contains("--id sink "))
+        .expect("the sink's process")
+        .clone();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-KILL", &sink.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut stderr = String::new();
+    let mut err = run.stderr.take().expect("stderr");
+    let (status, _) = tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::join!(run.wait(), err.read_to_string(&mut stderr))
+    })
+    .await
+    .expect("exit in time");
+    assert_ne!(status.expect("wait").code(), Some(0));
+    assert!(
+        stderr.contains("device \"sink\" exited") && stderr.contains("RUNNING"),
+        "{stderr}"
+    );
+    for (pid, cmdline) in devices {
+        assert!(!alive(pid), "device {pid} ({cmdline}) outlived the failure");
+    }
+    assert_eq!(shm_objects_of(&session), 0, "shared memory left behind");
+}
+
+#[tokio::test]
+async fn validate_and_graph() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .arg("validate")
+        .arg(topology("fan-out-fan-in.toml"))
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    assert!(String::from_utf8_lossy(&output.stdout).contains("valid, 3 device(s), 6 process(es)"));
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args(["graph", "--format", "mermaid"])
+        .arg(topology("mixed-transports.toml"))
+        .output()
+        .unwrap();
+    let graph = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        graph.contains("flowchart LR") && graph.contains("(zeromq)") && graph.contains("(shmem)"),
+        "{graph}"
+    );
+    let bad =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../topology/tests/data/invalid-push-push.toml");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .arg("validate")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("invalid-push-push.toml:14:11:"));
+}
