@@ -199,6 +199,14 @@ fn spawn_device(
     for (key, value) in &instance.properties {
         command.args(["--property", &format!("{key}={value}")]);
     }
+    command.args([
+        "--property",
+        &format!("replica-index={}", instance.replica_index),
+    ]);
+    command.args([
+        "--property",
+        &format!("replica-count={}", instance.replica_count),
+    ]);
     command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -262,13 +270,38 @@ async fn wire_connections(devices: &mut [Running]) -> Result<()> {
                     .ok_or_else(|| anyhow!("device {target:?} did not bind {socket:?}"))?;
                 addresses.push(address.clone());
             }
-            let key = format!("chan.{}.address", channel.config.name);
-            device
-                .request(&LauncherToDevice::SetProperty {
-                    key,
-                    value: addresses.join(";"),
-                })
-                .await?;
+            let name = &channel.config.name;
+            let n_sockets = channel.config.num_sockets;
+            if n_sockets > 1 && addresses.len() == n_sockets {
+                // As many sockets as targets: socket i connects to the i-th target.
+                for (socket_idx, address) in addresses.iter().enumerate() {
+                    let key = format!("chan.{name}[{socket_idx}].address");
+                    device
+                        .request(&LauncherToDevice::SetProperty {
+                            key,
+                            value: address.clone(),
+                        })
+                        .await?;
+                }
+            } else if n_sockets > 1 {
+                for socket_idx in 0..n_sockets {
+                    let key = format!("chan.{name}[{socket_idx}].address");
+                    device
+                        .request(&LauncherToDevice::SetProperty {
+                            key,
+                            value: addresses.join(";"),
+                        })
+                        .await?;
+                }
+            } else {
+                let key = format!("chan.{name}.address");
+                device
+                    .request(&LauncherToDevice::SetProperty {
+                        key,
+                        value: addresses.join(";"),
+                    })
+                    .await?;
+            }
         }
     }
     Ok(())

@@ -15,6 +15,8 @@
 //! | `multiplier` | in `data-in`, out `data-out[i]` | |
 //! | `client` | req `data` | `msg-size` |
 //! | `server` | rep `data` | |
+//! | `stf-source` | in `requests`, out `data-out[i]` (one per builder) | `stf-size` |
+//! | `builder` | in `data-in`, out `requests[i]` (one per source) | `max-outstanding` |
 //!
 //! `in-channel` and `out-channel` rename the channels. `--max-iterations` bounds the messages a
 //! sampler sends and a sink receives.
@@ -25,6 +27,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod event_building;
 mod forwarders;
 mod pacing;
 mod reqrep;
@@ -33,6 +36,7 @@ mod sink;
 
 use ferromq_device::{Device, DeviceContext, DeviceError};
 
+pub use event_building::{Builder as EventBuilder, StfSource};
 pub use forwarders::{Merger, Multiplier, Processor, Proxy, Splitter};
 pub use pacing::Pacer;
 pub use reqrep::{Client, Server};
@@ -62,11 +66,15 @@ pub enum Builtin {
     Client,
     /// Echoes requests.
     Server,
+    /// Event-building source of sub-timeframes.
+    StfSource,
+    /// Event builder.
+    Builder,
 }
 
 impl Builtin {
     /// Every kind with its name.
-    pub const ALL: [(&'static str, Builtin); 10] = [
+    pub const ALL: [(&'static str, Builtin); 12] = [
         ("sampler", Builtin::Sampler),
         ("bsampler", Builtin::BenchmarkSampler),
         ("sink", Builtin::Sink),
@@ -77,6 +85,8 @@ impl Builtin {
         ("multiplier", Builtin::Multiplier),
         ("client", Builtin::Client),
         ("server", Builtin::Server),
+        ("stf-source", Builtin::StfSource),
+        ("builder", Builtin::Builder),
     ];
 
     /// The kind called `name`.
@@ -105,6 +115,8 @@ impl Builtin {
             Builtin::Multiplier => Box::new(Multiplier::default()),
             Builtin::Client => Box::new(Client::default()),
             Builtin::Server => Box::new(Server::default()),
+            Builtin::StfSource => Box::new(StfSource::default()),
+            Builtin::Builder => Box::new(EventBuilder::default()),
         }
     }
 }

@@ -210,6 +210,10 @@ pub struct Instance {
     pub properties: BTreeMap<String, String>,
     /// `--max-iterations`.
     pub max_iterations: u64,
+    /// Which replica this is (0 for a device without replicas).
+    pub replica_index: usize,
+    /// How many replicas the device has.
+    pub replica_count: usize,
     /// Channels; a connecting channel lists the `(instance, socket)` pairs it connects to.
     pub channels: Vec<InstanceChannel>,
 }
@@ -674,7 +678,7 @@ impl Topology {
             .collect();
         let mut instances = Vec::new();
         for device in &self.devices {
-            for id in &ids_of[device.id.as_str()] {
+            for (replica_index, id) in ids_of[device.id.as_str()].iter().enumerate() {
                 let channels = device
                     .channels
                     .iter()
@@ -699,6 +703,8 @@ impl Topology {
                     kind: device.kind.clone(),
                     properties: device.properties.clone(),
                     max_iterations: device.max_iterations,
+                    replica_index,
+                    replica_count: device.replicas,
                     channels,
                 });
             }
