@@ -156,13 +156,22 @@ async fn sigint_during_running_stops_everything_cleanly() {
             .unwrap()
             .success()
     );
-    let status = tokio::time::timeout(Duration::from_secs(30), run.wait())
-        .await
-        .expect("exit in time")
-        .expect("wait");
-    let mut rest = String::new();
-    let _ = stdout.read_to_string(&mut rest).await;
-    assert_eq!(status.code(), Some(0), "{rest}");
+    let (mut rest, mut errors) = (String::new(), String::new());
+    let mut stderr = run.stderr.take().expect("stderr");
+    let (status, _, _) = tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::join!(
+            run.wait(),
+            stdout.read_to_string(&mut rest),
+            stderr.read_to_string(&mut errors)
+        )
+    })
+    .await
+    .expect("exit in time");
+    assert_eq!(
+        status.expect("wait").code(),
+        Some(0),
+        "stderr:\n{errors}\nstdout:\n{rest}"
+    );
     for (pid, cmdline) in devices {
         assert!(
             !alive(pid),
