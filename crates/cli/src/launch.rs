@@ -67,6 +67,7 @@ pub fn load_topology(file: &Path) -> Result<Topology> {
 
 struct Running {
     instance: Instance,
+    control_address: String,
     child: Child,
     control: Option<ControlClient>,
     last_lines: Arc<Mutex<VecDeque<String>>>,
@@ -312,7 +313,7 @@ async fn start(
     session: &str,
     run_dir: &Path,
     devices: &mut Vec<Running>,
-) -> Result<()> {
+) -> Result<Option<&'static str>> {
     let transport = transport_by_name("zeromq")?;
     for instance in topology.instances() {
         let control_address = format!("ipc://{}/{}.control", run_dir.display(), instance.id);
@@ -332,6 +333,7 @@ async fn start(
         );
         devices.push(Running {
             instance,
+            control_address: control_address.clone(),
             child,
             control: None,
             last_lines,
@@ -357,7 +359,7 @@ async fn start(
     step_all(devices, Transition::Connect, Some(State::DeviceReady)).await?;
     step_all(devices, Transition::InitTask, Some(State::Ready)).await?;
     step_all(devices, Transition::Run, None).await?;
-    Ok(())
+    Ok(None)
 }
 
 /// SIGINT and SIGTERM, installed before anything starts so that no signal finds the launcher
@@ -536,7 +538,16 @@ async fn supervise(
 
 async fn stop_all(devices: &mut [Running], signals: &mut Signals) {
     for device in devices.iter_mut().filter(|device| device.exited.is_none()) {
-        if let Some(control) = device.control.as_mut() {
+        // A fresh connection: a request cancelled by the signal may have left the old one waiting
+        // for a reply that will never be read.
+        let transport = transport_by_name("zeromq").ok();
+        let connect = async {
+            let transport = transport.as_ref()?;
+            ControlClient::connect(transport.as_ref(), &device.control_address)
+                .await
+                .ok()
+        };
+        if let Ok(Some(mut control)) = tokio::time::timeout(Duration::from_secs(2), connect).await {
             let _ = control
                 .request(&LauncherToDevice::Shutdown, Duration::from_secs(2))
                 .await;
@@ -610,10 +621,12 @@ pub async fn run(options: RunOptions) -> ExitCode {
     let mut devices = Vec::new();
     let started = tokio::select! {
         started = start(&topology, &session, &run_dir, &mut devices) => started.map_err(|error| format!("{error:#}")),
-        name = signals.next() => Err(format!("{name} during start-up")),
+        name = signals.next() => Ok(Some(name)),
     };
     let ending = match started {
-        Ok(()) => supervise(&mut devices, options.duration, &mut signals).await,
+        // A Ctrl-C during start-up is a stop like any other: everything goes down cleanly.
+        Ok(Some(name)) => Ending::Signal(name),
+        Ok(None) => supervise(&mut devices, options.duration, &mut signals).await,
         Err(failure) => Ending::Failure(failure),
     };
     match &ending {
