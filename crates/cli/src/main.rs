@@ -44,6 +44,11 @@ enum Command {
         #[arg(long)]
         session: Option<String>,
     },
+    /// Measure throughput (or latency) between two processes across transports and sizes.
+    Bench(ferromq_cli::bench::BenchOptions),
+    /// One side of a `ferromq bench` pair (started by `ferromq bench`).
+    #[command(hide = true)]
+    BenchRole(ferromq_cli::bench::RoleOptions),
     /// Check a topology file without starting anything.
     Validate {
         /// The topology file (TOML).
@@ -84,6 +89,8 @@ fn main() -> ExitCode {
             run_device(kind.create(), &options, &builtin.properties())
         }
         Command::Shm { command } => shm_command::run(&command),
+        Command::Bench(options) => current_thread(ferromq_cli::bench::run(options)),
+        Command::BenchRole(options) => current_thread(ferromq_cli::bench::run_role(options)),
         Command::Validate { file } => match launch::load_topology(&file) {
             Ok(topology) => {
                 println!(
@@ -142,6 +149,20 @@ fn main() -> ExitCode {
                 session,
             };
             runtime.block_on(launch::run(options))
+        }
+    }
+}
+
+/// zmq.rs is fastest on a current-thread runtime.
+fn current_thread(work: impl std::future::Future<Output = ExitCode>) -> ExitCode {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(work),
+        Err(error) => {
+            eprintln!("ferromq: cannot start the async runtime: {error}");
+            ExitCode::FAILURE
         }
     }
 }

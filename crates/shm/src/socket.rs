@@ -74,6 +74,7 @@ struct BatchedPush {
     commands: tokio::sync::mpsc::Sender<PushCommand>,
     /// Set by the task when the zeromq socket failed; later sends report it.
     failure: Arc<std::sync::Mutex<Option<String>>>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 const MAX_RECORDS_PER_FRAME: usize = 64;
@@ -84,7 +85,7 @@ impl BatchedPush {
         let (commands, mut queue) = tokio::sync::mpsc::channel::<PushCommand>(capacity.max(1));
         let failure: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
         let task_failure = Arc::clone(&failure);
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let mut batch: Vec<Vec<PartRef>> = Vec::new();
             let mut next: Option<PushCommand> = None;
             loop {
@@ -134,7 +135,11 @@ impl BatchedPush {
                 }
             }
         });
-        BatchedPush { commands, failure }
+        BatchedPush {
+            commands,
+            failure,
+            task,
+        }
     }
 
     async fn call<T>(
@@ -644,8 +649,20 @@ impl Socket for ShmSocket {
             Inner::Plain(socket) => socket.close(linger).await,
             // The task sends everything queued before the close, then closes with linger.
             Inner::Batched(push) => {
-                push.call(&self.label, |reply| PushCommand::Close(linger, reply))
-                    .await
+                // Queued descriptors wait for a peer; `linger` bounds how long. Past it the
+                // batching task is stopped and the loss reported, so closing never hangs on a
+                // receiver that is gone.
+                let close = push.call(&self.label, |reply| PushCommand::Close(linger, reply));
+                match tokio::time::timeout(linger + Duration::from_millis(100), close).await {
+                    Ok(result) => result,
+                    Err(_) => {
+                        push.task.abort();
+                        Err(Error::Timeout {
+                            channel: self.label.clone(),
+                            after: linger,
+                        })
+                    }
+                }
             }
             _ => Ok(()),
         };

@@ -68,6 +68,10 @@ fn main() {
             transport_mismatch,
         ),
         trial("region_created_and_destroyed_events", region_events),
+        trial(
+            "closing_a_push_whose_receiver_is_gone_returns_within_linger",
+            close_without_receiver,
+        ),
     ];
     libtest_mimic::run(&Arguments::from_args(), tests).exit();
 }
@@ -772,6 +776,36 @@ fn region_events() -> Result<()> {
             matches!(&destroyed, RegionEvent::Destroyed(gone) if gone.to_string() == name),
             "{destroyed:?}"
         );
+        Ok(())
+    })
+}
+
+fn close_without_receiver() -> Result<()> {
+    let session = Session::new("close");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("close");
+        let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await?;
+        let config = ChannelConfig {
+            linger: 200,
+            ..ChannelConfig::new("data", SocketType::Push, Method::Connect).with_address(&address)
+        };
+        let mut push = Channel::open(&transport, config, "data").await?;
+        push.connect_configured().await?;
+        push.send(transport.new_message(4096).await?)
+            .await
+            .map_err(|failed| failed.error)?;
+        tokio::time::timeout(STEP, pull.receive()).await??;
+        pull.close().await?;
+        drop(pull);
+        // Queued with nobody to take them: closing must give up after linger, not hang.
+        for _ in 0..10 {
+            push.send(transport.new_message(4096).await?)
+                .await
+                .map_err(|failed| failed.error)?;
+        }
+        let closed = tokio::time::timeout(Duration::from_secs(10), push.close()).await;
+        ensure!(closed.is_ok(), "close hung with no receiver");
         Ok(())
     })
 }
