@@ -3,11 +3,14 @@
 //! - `ci`: what `.ci/run` checks: formatting, clippy with warnings denied, the test suite.
 //! - `fmt`: formats the workspace.
 //! - `lint`: clippy over every target with warnings denied.
+//! - `bench`: the criterion suites and `ferromq bench`, then `target/bench-report/report.md` and
+//!   SVG plots.
 //!
 //! The project's tidy rules (no sleeps in tests, module docs, unsafe confined to the crates that
 //! need it) are `#[test]`s in this crate, so `cargo test --workspace` enforces them.
 #![forbid(unsafe_code)]
 
+mod bench;
 mod tidy;
 
 use std::process::{Command, ExitCode};
@@ -29,10 +32,23 @@ enum Task {
     Fmt,
     /// Clippy over every target with warnings denied.
     Lint,
+    /// Criterion suites and `ferromq bench`; writes target/bench-report/report.md and plots.
+    Bench,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.task, Task::Bench) {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("xtask sits in the workspace");
+        return if bench::run(&cargo, workspace) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
     let steps: Vec<Vec<&str>> = match cli.task {
         Task::Ci => vec![
             vec!["fmt", "--all", "--", "--check"],
@@ -55,6 +71,7 @@ fn main() -> ExitCode {
             "-D",
             "warnings",
         ]],
+        Task::Bench => unreachable!("handled above"),
     };
     for step in steps {
         if !run_cargo(&step) {

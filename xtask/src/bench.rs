@@ -1,0 +1,549 @@
+//! `cargo xtask bench`: runs the criterion suites and `ferromq bench`, then writes
+//! `target/bench-report/report.md` (medians with min/max, ratios between transports, the
+//! targets next to what was measured) and SVG plots.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use plotters::prelude::*;
+use serde::Deserialize;
+
+/// One line of `ferromq bench --json`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct BenchLine {
+    pub transport: String,
+    pub msg_size: usize,
+    pub msgs_per_s: f64,
+    pub gb_per_s: f64,
+    pub sender_cpu: f64,
+    pub receiver_cpu: f64,
+    pub latency_us: Option<[f64; 3]>,
+}
+
+/// Median, min and max of some runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    pub fn of(values: &[f64]) -> Spread {
+        let mut sorted = values.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let median = if sorted.is_empty() {
+            0.0
+        } else if sorted.len() % 2 == 1 {
+            sorted[sorted.len() / 2]
+        } else {
+            (sorted[sorted.len() / 2 - 1] + sorted[sorted.len() / 2]) / 2.0
+        };
+        Spread {
+            median,
+            min: sorted.first().copied().unwrap_or(0.0),
+            max: sorted.last().copied().unwrap_or(0.0),
+        }
+    }
+}
+
+/// A criterion benchmark's per-iteration times, from its `new/sample.json`.
+#[derive(Debug, Deserialize)]
+struct Sample {
+    iters: Vec<f64>,
+    times: Vec<f64>,
+}
+
+/// Parses a criterion `sample.json` into nanoseconds per iteration (median, min, max).
+pub fn criterion_spread(sample_json: &str) -> Option<Spread> {
+    let sample: Sample = serde_json::from_str(sample_json).ok()?;
+    let per_iteration: Vec<f64> = sample
+        .iters
+        .iter()
+        .zip(&sample.times)
+        .map(|(iters, time)| time / iters)
+        .collect();
+    (!per_iteration.is_empty()).then(|| Spread::of(&per_iteration))
+}
+
+/// Every `new/sample.json` under `target/criterion`, by benchmark id (`throughput/shmem/64`).
+fn criterion_results(criterion_dir: &Path) -> BTreeMap<String, Spread> {
+    let mut results = BTreeMap::new();
+    let mut stack = vec![criterion_dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.ends_with("new/sample.json") {
+                let id = path
+                    .parent()
+                    .and_then(Path::parent)
+                    .and_then(|bench| bench.strip_prefix(criterion_dir).ok());
+                if let (Some(id), Some(spread)) = (
+                    id,
+                    std::fs::read_to_string(&path)
+                        .ok()
+                        .and_then(|json| criterion_spread(&json)),
+                ) {
+                    results.insert(id.display().to_string(), spread);
+                }
+            }
+        }
+    }
+    results
+}
+
+/// FairMQ's figures on this kind of machine and ferromq's targets (issue: benchmarks).
+const TARGETS: [(&str, usize, f64, f64); 5] = [
+    // (transport, size, FairMQ msg/s, ferromq target msg/s)
+    ("shmem", 64, 1.44e6, 3.0e6),
+    ("shmem", 1024, 1.56e6, 3.0e6),
+    ("shmem", 65536, 1.45e6, 3.0e6),
+    ("shmem", 1048576, 1.33e6, 3.0e6),
+    ("shmem", 8388608, 0.94e6, 1.9e6),
+];
+const ZEROMQ_FAIRMQ: [(usize, f64); 5] = [
+    (64, 3.05e6),
+    (1024, 714e3),
+    (65536, 19.4e3),
+    (1048576, 3.5e3),
+    (8388608, 296.0),
+];
+
+fn size_label(size: usize) -> String {
+    match size {
+        size if size >= 1 << 20 => format!("{} MiB", size >> 20),
+        size if size >= 1 << 10 => format!("{} KiB", size >> 10),
+        size => format!("{size} B"),
+    }
+}
+
+/// Renders the report from the two-process runs and the criterion results.
+pub fn render_report(
+    runs: &[BenchLine],
+    criterion: &BTreeMap<String, Spread>,
+    machine: &str,
+    date: &str,
+) -> String {
+    let mut grouped: BTreeMap<(String, usize), Vec<&BenchLine>> = BTreeMap::new();
+    for run in runs.iter().filter(|run| run.latency_us.is_none()) {
+        grouped
+            .entry((run.transport.clone(), run.msg_size))
+            .or_default()
+            .push(run);
+    }
+    let rate = |transport: &str, size: usize| {
+        grouped
+            .get(&(transport.to_owned(), size))
+            .map(|runs| Spread::of(&runs.iter().map(|run| run.msgs_per_s).collect::<Vec<_>>()))
+    };
+    let mut report = String::new();
+    let _ = writeln!(
+        report,
+        "# ferromq benchmark report\n\nTaken {date} on {machine}. Medians of the runs, with min-max.\n"
+    );
+    let _ = writeln!(report, "## Two processes (`ferromq bench`)\n");
+    let _ = writeln!(
+        report,
+        "| transport | size | msg/s (min-max) | GB/s | sender CPU % | receiver CPU % |\n|---|---|---|---|---|---|"
+    );
+    for ((transport, size), runs) in &grouped {
+        let spread = Spread::of(&runs.iter().map(|run| run.msgs_per_s).collect::<Vec<_>>());
+        let median = |field: fn(&BenchLine) -> f64| {
+            Spread::of(&runs.iter().map(|run| field(run)).collect::<Vec<_>>()).median
+        };
+        let _ = writeln!(
+            report,
+            "| {transport} | {} | {:.0} ({:.0}-{:.0}) | {:.3} | {:.1} | {:.1} |",
+            size_label(*size),
+            spread.median,
+            spread.min,
+            spread.max,
+            median(|run| run.gb_per_s),
+            median(|run| run.sender_cpu),
+            median(|run| run.receiver_cpu)
+        );
+    }
+    let _ = writeln!(
+        report,
+        "\n## Ratios (same run)\n\n| size | shmem / zeromq-ipc | shmem / zeromq-tcp |\n|---|---|---|"
+    );
+    let sizes: std::collections::BTreeSet<usize> = grouped.keys().map(|(_, size)| *size).collect();
+    for size in &sizes {
+        let ratio = |other: &str| match (rate("shmem", *size), rate(other, *size)) {
+            (Some(shm), Some(other)) if other.median > 0.0 => {
+                format!("{:.2}x", shm.median / other.median)
+            }
+            _ => "-".to_owned(),
+        };
+        let _ = writeln!(
+            report,
+            "| {} | {} | {} |",
+            size_label(*size),
+            ratio("zeromq-ipc"),
+            ratio("zeromq-tcp")
+        );
+    }
+    let _ = writeln!(
+        report,
+        "\n## Targets\n\n| case | FairMQ | target | ferromq (median) | vs target |\n|---|---|---|---|---|"
+    );
+    for (transport, size, fairmq, target) in TARGETS {
+        let measured =
+            rate(transport, size).map_or("-".to_owned(), |spread| format!("{:.0}", spread.median));
+        let versus = rate(transport, size).map_or("-".to_owned(), |spread| {
+            format!("{:.0}%", spread.median / target * 100.0)
+        });
+        let _ = writeln!(
+            report,
+            "| {transport} {} msg/s | {fairmq:.0} | {target:.0} | {measured} | {versus} |",
+            size_label(size)
+        );
+    }
+    for (size, fairmq) in ZEROMQ_FAIRMQ {
+        let measured = rate("zeromq-ipc", size)
+            .map_or("-".to_owned(), |spread| format!("{:.0}", spread.median));
+        let versus = rate("zeromq-ipc", size).map_or("-".to_owned(), |spread| {
+            format!("{:.0}%", spread.median / fairmq * 100.0)
+        });
+        let _ = writeln!(
+            report,
+            "| zeromq-ipc {} msg/s | {fairmq:.0} | {fairmq:.0} | {measured} | {versus} |",
+            size_label(size)
+        );
+    }
+    let latencies: Vec<&BenchLine> = runs.iter().filter(|run| run.latency_us.is_some()).collect();
+    if !latencies.is_empty() {
+        let _ = writeln!(
+            report,
+            "\n## Round trips (req/rep, two processes)\n\n| transport | size | p50 µs | p99 µs | p99.9 µs |\n|---|---|---|---|---|"
+        );
+        for run in latencies {
+            let [p50, p99, p999] = run.latency_us.expect("filtered");
+            let _ = writeln!(
+                report,
+                "| {} | {} | {p50:.1} | {p99:.1} | {p999:.1} |",
+                run.transport,
+                size_label(run.msg_size)
+            );
+        }
+    }
+    if !criterion.is_empty() {
+        let _ = writeln!(
+            report,
+            "\n## In one process (criterion), time per iteration\n\n| benchmark | median | min-max |\n|---|---|---|"
+        );
+        for (id, spread) in criterion {
+            let _ = writeln!(
+                report,
+                "| {id} | {:.3} µs | {:.3}-{:.3} µs |",
+                spread.median / 1e3,
+                spread.min / 1e3,
+                spread.max / 1e3
+            );
+        }
+    }
+    let _ = writeln!(
+        report,
+        "\nPlots: [throughput.svg](throughput.svg), [latency.svg](latency.svg)."
+    );
+    report
+}
+
+fn plot_throughput(runs: &[BenchLine], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let mut series: BTreeMap<String, BTreeMap<usize, Vec<f64>>> = BTreeMap::new();
+    for run in runs.iter().filter(|run| run.latency_us.is_none()) {
+        series
+            .entry(run.transport.clone())
+            .or_default()
+            .entry(run.msg_size)
+            .or_default()
+            .push(run.msgs_per_s);
+    }
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Throughput between two processes (msg/s, log-log)",
+            ("sans-serif", 22),
+        )
+        .margin(20)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d((32f64..16e6f64).log_scale(), (10f64..1e8f64).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("message size (bytes)")
+        .y_desc("messages/s")
+        .draw()?;
+    for (idx, (transport, points)) in series.iter().enumerate() {
+        let color = Palette99::pick(idx).to_rgba();
+        let line: Vec<(f64, f64)> = points
+            .iter()
+            .map(|(size, rates)| (*size as f64, Spread::of(rates).median.max(10.0)))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))?
+            .label(transport.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart.draw_series(
+            line.into_iter()
+                .map(|point| Circle::new(point, 4, color.filled())),
+        )?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+fn plot_latency(runs: &[BenchLine], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Round-trip latency, cumulative (p50, p99, p99.9)",
+            ("sans-serif", 22),
+        )
+        .margin(20)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d((1f64..1e5f64).log_scale(), 0f64..1f64)?;
+    chart
+        .configure_mesh()
+        .x_desc("round trip (µs)")
+        .y_desc("fraction of round trips")
+        .draw()?;
+    for (idx, run) in runs
+        .iter()
+        .filter(|run| run.latency_us.is_some())
+        .enumerate()
+    {
+        let [p50, p99, p999] = run.latency_us.expect("filtered");
+        let color = Palette99::pick(idx).to_rgba();
+        let line = vec![
+            (p50.max(1.0), 0.5),
+            (p99.max(1.0), 0.99),
+            (p999.max(1.0), 0.999),
+        ];
+        let label = format!("{} {}", run.transport, size_label(run.msg_size));
+        chart
+            .draw_series(LineSeries::new(line, color.stroke_width(2)))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|line| line.starts_with("model name"))
+                .map(|line| line.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    format!("{cores} cores, {cpu}")
+}
+
+/// Runs everything and writes the report; false when a step failed.
+pub fn run(cargo: &str, workspace: &Path) -> bool {
+    let report_dir = workspace.join("target/bench-report");
+    let _ = std::fs::create_dir_all(&report_dir);
+    for bench in ["throughput", "latency", "shm_allocator", "messages"] {
+        eprintln!("xtask: cargo bench --bench {bench}");
+        let ok = Command::new(cargo)
+            .args(["bench", "--bench", bench])
+            .current_dir(workspace)
+            .status()
+            .is_ok_and(|status| status.success());
+        if !ok {
+            eprintln!("xtask: bench {bench} failed");
+            return false;
+        }
+    }
+    let built = Command::new(cargo)
+        .args(["build", "--release", "-p", "ferromq-cli"])
+        .current_dir(workspace)
+        .status()
+        .is_ok_and(|status| status.success());
+    if !built {
+        return false;
+    }
+    let ferromq: PathBuf = workspace.join("target/release/ferromq");
+    let mut runs = Vec::new();
+    let throughput_args = [
+        "bench",
+        "--json",
+        "--duration",
+        "2",
+        "--transport",
+        "shmem,zeromq-ipc,zeromq-tcp",
+        "--msg-size",
+        "64,1024,65536,1048576,8388608",
+    ];
+    let latency_args = [
+        "bench",
+        "--json",
+        "--latency",
+        "--duration",
+        "2",
+        "--transport",
+        "shmem,zeromq-ipc",
+        "--msg-size",
+        "64,1048576",
+    ];
+    for (repetition, args) in [
+        (0, &throughput_args[..]),
+        (1, &throughput_args[..]),
+        (2, &throughput_args[..]),
+        (3, &latency_args[..]),
+    ] {
+        eprintln!("xtask: ferromq {} (run {})", args.join(" "), repetition + 1);
+        let Ok(output) = Command::new(&ferromq)
+            .args(args)
+            .current_dir(workspace)
+            .output()
+        else {
+            return false;
+        };
+        if !output.status.success() {
+            eprintln!(
+                "xtask: ferromq bench failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            return false;
+        }
+        runs.extend(
+            String::from_utf8_lossy(&output.stdout)
+                .lines()
+                .filter_map(|line| serde_json::from_str::<BenchLine>(line).ok()),
+        );
+    }
+    let criterion = criterion_results(&workspace.join("target/criterion"));
+    let date = Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output()
+        .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let report = render_report(&runs, &criterion, &machine(), &date);
+    let written = std::fs::write(report_dir.join("report.md"), &report).is_ok()
+        && plot_throughput(&runs, &report_dir.join("throughput.svg")).is_ok()
+        && plot_latency(&runs, &report_dir.join("latency.svg")).is_ok();
+    if written {
+        println!("{report}");
+        eprintln!(
+            "xtask: report in {}",
+            report_dir.join("report.md").display()
+        );
+    }
+    written
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CANNED_SAMPLE: &str =
+        r#"{"sampling_mode":"Linear","iters":[10.0,20.0,30.0],"times":[1000.0,1800.0,3300.0]}"#;
+
+    fn line(transport: &str, size: usize, rate: f64) -> BenchLine {
+        BenchLine {
+            transport: transport.into(),
+            msg_size: size,
+            msgs_per_s: rate,
+            gb_per_s: rate * size as f64 / 1e9,
+            sender_cpu: 99.0,
+            receiver_cpu: 50.0,
+            latency_us: None,
+        }
+    }
+
+    #[test]
+    fn criterion_samples_become_per_iteration_spreads() {
+        let spread = criterion_spread(CANNED_SAMPLE).unwrap();
+        assert_eq!(
+            spread,
+            Spread {
+                median: 100.0,
+                min: 90.0,
+                max: 110.0
+            }
+        );
+        assert!(criterion_spread("{not json").is_none());
+    }
+
+    #[test]
+    fn report_has_medians_ratios_and_targets() {
+        let runs = vec![
+            line("shmem", 64, 1.4e6),
+            line("shmem", 64, 1.5e6),
+            line("shmem", 64, 1.6e6),
+            line("zeromq-ipc", 64, 2.0e6),
+            BenchLine {
+                latency_us: Some([50.0, 90.0, 150.0]),
+                ..line("shmem", 64, 0.0)
+            },
+        ];
+        let criterion = BTreeMap::from([(
+            "throughput/shmem/64".to_owned(),
+            criterion_spread(CANNED_SAMPLE).unwrap(),
+        )]);
+        let report = render_report(&runs, &criterion, "2 cores, test CPU", "2026-11-22");
+        assert!(
+            report.contains("| shmem | 64 B | 1500000 (1400000-1600000) |"),
+            "{report}"
+        );
+        assert!(report.contains("| 64 B | 0.75x | - |"), "{report}");
+        assert!(
+            report.contains("| shmem 64 B msg/s | 1440000 | 3000000 | 1500000 | 50% |"),
+            "{report}"
+        );
+        assert!(
+            report.contains("| shmem | 64 B | 50.0 | 90.0 | 150.0 |"),
+            "{report}"
+        );
+        assert!(
+            report.contains("| throughput/shmem/64 | 0.100 µs | 0.090-0.110 µs |"),
+            "{report}"
+        );
+        assert!(report.contains("Taken 2026-11-22 on 2 cores, test CPU"));
+    }
+
+    #[test]
+    fn plots_are_svg() {
+        let dir = std::env::temp_dir().join(format!("ferromq-xtask-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let runs = vec![
+            line("shmem", 64, 1.5e6),
+            line("shmem", 1048576, 1.4e6),
+            BenchLine {
+                latency_us: Some([50.0, 90.0, 150.0]),
+                ..line("shmem", 64, 0.0)
+            },
+        ];
+        plot_throughput(&runs, &dir.join("t.svg")).unwrap();
+        plot_latency(&runs, &dir.join("l.svg")).unwrap();
+        let svg = std::fs::read_to_string(dir.join("t.svg")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("shmem"));
+    }
+}
