@@ -350,10 +350,14 @@ async fn role(options: &RoleOptions) -> Result<RoleReport> {
     } else {
         (SocketType::Pull, SocketType::Push)
     };
+    // Queues bounded in bytes too (about 256 MiB in flight), so big messages do not pile up
+    // gigabytes that then take longer than the linger to drain.
+    let message_bytes = (options.msg_size * options.num_parts).max(1);
+    let queue = ((256 << 20) / message_bytes).clamp(4, 10_000);
     let config = |socket_type, method, address: &str| ChannelConfig {
-        snd_buf_size: 10_000,
-        rcv_buf_size: 10_000,
-        linger: 10_000,
+        snd_buf_size: queue,
+        rcv_buf_size: queue,
+        linger: 60_000,
         rate_logging: 0,
         ..ChannelConfig::new("data", socket_type, method).with_address(address)
     };

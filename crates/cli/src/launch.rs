@@ -448,7 +448,8 @@ async fn supervise(
     let mut previous: BTreeMap<(String, String), ferromq_core::CounterSnapshot> = BTreeMap::new();
     let mut last_table = Instant::now();
     let mut drawn_lines = 0;
-    let mut seen_running = false;
+    // The RUN replies said every device entered RUNNING; all back in READY later means done.
+    let mut seen_running = devices.iter().any(|device| device.state == State::Running);
     loop {
         tokio::select! {
             name = signals.next() => return Ending::Signal(name),

@@ -1,11 +1,14 @@
 //! `ferromq device` end to end: real processes, real sockets, real signals.
 
+mod support;
+
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use support::finish;
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 const STEP: Duration = Duration::from_secs(60);
@@ -41,35 +44,6 @@ fn ferromq(args: &[&str]) -> Child {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn ferromq")
-}
-
-struct Finished {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-async fn finish(mut child: Child) -> Finished {
-    let mut stdout = String::new();
-    let mut stderr = String::new();
-    let mut out = child.stdout.take().expect("stdout");
-    let mut err = child.stderr.take().expect("stderr");
-    let status = tokio::time::timeout(STEP, async {
-        let (_, _, status) = tokio::join!(
-            out.read_to_string(&mut stdout),
-            err.read_to_string(&mut stderr),
-            child.wait()
-        );
-        status
-    })
-    .await
-    .expect("ferromq did not exit in time")
-    .expect("wait for ferromq");
-    Finished {
-        code: status.code(),
-        stdout,
-        stderr,
-    }
 }
 
 fn channel(kind: &str, method: &str, address: &str) -> String {

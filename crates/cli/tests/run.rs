@@ -1,5 +1,7 @@
 //! `ferromq run` end to end on the bundled topologies: normal runs, Ctrl-C, and a device killed.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -26,24 +28,6 @@ fn ferromq_run(file: &Path, extra: &[&str]) -> Child {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn ferromq run")
-}
-
-async fn finish(mut child: Child) -> (Option<i32>, String, String) {
-    let (mut stdout, mut stderr) = (String::new(), String::new());
-    let mut out = child.stdout.take().expect("stdout");
-    let mut err = child.stderr.take().expect("stderr");
-    let status = tokio::time::timeout(STEP, async {
-        let (_, _, status) = tokio::join!(
-            out.read_to_string(&mut stdout),
-            err.read_to_string(&mut stderr),
-            child.wait()
-        );
-        status
-    })
-    .await
-    .expect("ferromq run did not exit in time")
-    .expect("wait");
-    (status.code(), stdout, stderr)
 }
 
 /// Processes whose parent is `parent`, with their command lines.
@@ -99,7 +83,11 @@ async fn every_bundled_topology_runs_and_counts_messages() {
             std::process::id(),
             name.trim_end_matches(".toml")
         );
-        let (code, stdout, stderr) = finish(ferromq_run(
+        let support::Finished {
+            code,
+            stdout,
+            stderr,
+        } = support::finish(ferromq_run(
             &topology(&name),
             &["--duration", "2", "--session", &session],
         ))
@@ -253,4 +241,57 @@ async fn validate_and_graph() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("invalid-push-push.toml:14:11:"));
+}
+
+#[tokio::test]
+async fn exec_devices_are_started_with_the_device_options() {
+    // Any binary that takes FairMQ's device options can be an exec device; ferromq itself does.
+    let exe = env!("CARGO_BIN_EXE_ferromq");
+    let text = format!(
+        r#"
+[[device]]
+id = "sampler"
+kind = "exec"
+command = ["{exe}", "device", "sampler"]
+max-iterations = 500
+
+[[device.channel]]
+name = "data"
+type = "push"
+
+[[device]]
+id = "sink"
+kind = "exec"
+command = ["{exe}", "device", "sink"]
+max-iterations = 500
+properties = {{ verify = true }}
+
+[[device.channel]]
+name = "data"
+type = "pull"
+connect = "sampler.data"
+"#
+    );
+    let file = std::env::temp_dir().join(format!("ferromq-exec-{}.toml", std::process::id()));
+    std::fs::write(&file, text).unwrap();
+    let finished = support::finish(ferromq_run(&file, &[])).await;
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(
+        finished.code,
+        Some(0),
+        "{}\n{}",
+        finished.stderr,
+        finished.stdout
+    );
+    assert!(
+        finished.stdout.contains("received 500 messages")
+            && finished.stdout.contains("500 checksums ok"),
+        "{}",
+        finished.stdout
+    );
+    assert!(
+        finished.stdout.contains("every device finished its work"),
+        "{}",
+        finished.stdout
+    );
 }

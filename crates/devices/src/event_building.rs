@@ -13,18 +13,6 @@ use std::collections::HashMap;
 use ferromq_core::{BoxError, Message};
 use ferromq_device::{Device, DeviceContext, DeviceError};
 
-fn names_of(ctx: &DeviceContext, base: &str) -> Result<Vec<String>, DeviceError> {
-    let names = ctx.sub_channel_names(base);
-    if names.is_empty() {
-        return Err(DeviceError::UnknownChannel {
-            device: ctx.id().to_owned(),
-            name: base.to_owned(),
-            available: ctx.channel_names().join(", "),
-        });
-    }
-    Ok(names)
-}
-
 fn read_u64(bytes: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?))
 }
@@ -45,7 +33,7 @@ pub struct StfSource {
 #[async_trait::async_trait]
 impl Device for StfSource {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        self.outputs = names_of(ctx, "data-out")?;
+        self.outputs = crate::sockets_of(ctx, "data-out")?;
         ctx.channel("requests")?;
         self.stf_size = ctx.property_or("stf-size", 65536usize)?.max(12);
         self.source_index = ctx.property_or("replica-index", 0u32)?;
@@ -113,7 +101,7 @@ impl Builder {
 #[async_trait::async_trait]
 impl Device for Builder {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        self.sources = names_of(ctx, "requests")?;
+        self.sources = crate::sockets_of(ctx, "requests")?;
         ctx.channel("data-in")?;
         self.index = ctx.property_or("replica-index", 0u64)?;
         self.n_builders = ctx.property_or("replica-count", 1u64)?.max(1);

@@ -5,7 +5,7 @@
 //! shares one immutable buffer between its outputs.
 
 use ferromq_core::{BoxError, Message, Parts};
-use ferromq_device::{Device, DeviceContext, DeviceError};
+use ferromq_device::{Device, DeviceContext};
 
 use crate::{bool_property, channel_property, fnv1a};
 
@@ -33,18 +33,6 @@ async fn forward(ctx: &mut DeviceContext, output: &str, parts: Parts) -> Result<
     }
 }
 
-fn names_of(ctx: &DeviceContext, base: &str) -> Result<Vec<String>, DeviceError> {
-    let names = ctx.sub_channel_names(base);
-    if names.is_empty() {
-        return Err(DeviceError::UnknownChannel {
-            device: ctx.id().to_owned(),
-            name: base.to_owned(),
-            available: ctx.channel_names().join(", "),
-        });
-    }
-    Ok(names)
-}
-
 /// Passes each message from `in-channel` (`data-in`) to `out-channel` (`data-out`); with
 /// `touch`, reads every byte first (the cost a real processing step pays).
 #[derive(Debug, Default)]
@@ -59,7 +47,7 @@ pub struct Processor {
 #[async_trait::async_trait]
 impl Device for Processor {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        self.inputs = names_of(ctx, &channel_property(ctx, "in-channel", "data-in"))?;
+        self.inputs = crate::sockets_of(ctx, &channel_property(ctx, "in-channel", "data-in"))?;
         self.output = channel_property(ctx, "out-channel", "data-out");
         ctx.channel(&self.output)?;
         self.touch = bool_property(ctx, "touch", false)?;
@@ -104,8 +92,8 @@ pub struct Splitter {
 #[async_trait::async_trait]
 impl Device for Splitter {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        self.inputs = names_of(ctx, &channel_property(ctx, "in-channel", "data-in"))?;
-        self.outputs = names_of(ctx, &channel_property(ctx, "out-channel", "data-out"))?;
+        self.inputs = crate::sockets_of(ctx, &channel_property(ctx, "in-channel", "data-in"))?;
+        self.outputs = crate::sockets_of(ctx, &channel_property(ctx, "out-channel", "data-out"))?;
         self.routing = match channel_property(ctx, "routing", "round-robin").as_str() {
             "round-robin" => Routing::RoundRobin,
             "key" => Routing::Key,
@@ -148,7 +136,7 @@ pub struct Merger {
 #[async_trait::async_trait]
 impl Device for Merger {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        self.inputs = names_of(ctx, &channel_property(ctx, "in-channel", "data-in"))?;
+        self.inputs = crate::sockets_of(ctx, &channel_property(ctx, "in-channel", "data-in"))?;
         self.output = channel_property(ctx, "out-channel", "data-out");
         ctx.channel(&self.output)?;
         Ok(())
@@ -192,8 +180,8 @@ pub struct Multiplier {
 #[async_trait::async_trait]
 impl Device for Multiplier {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        self.inputs = names_of(ctx, &channel_property(ctx, "in-channel", "data-in"))?;
-        self.outputs = names_of(ctx, &channel_property(ctx, "out-channel", "data-out"))?;
+        self.inputs = crate::sockets_of(ctx, &channel_property(ctx, "in-channel", "data-in"))?;
+        self.outputs = crate::sockets_of(ctx, &channel_property(ctx, "out-channel", "data-out"))?;
         Ok(())
     }
 

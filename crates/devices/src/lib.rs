@@ -146,6 +146,19 @@ pub(crate) fn channel_property(ctx: &DeviceContext, key: &str, default: &str) ->
     ctx.property_text(key).unwrap_or_else(|| default.to_owned())
 }
 
+/// The sockets of channel `base` (`data-out[0]`, `data-out[1]`, or just `data-out`).
+pub(crate) fn sockets_of(ctx: &DeviceContext, base: &str) -> Result<Vec<String>, DeviceError> {
+    let names = ctx.sub_channel_names(base);
+    if names.is_empty() {
+        return Err(DeviceError::UnknownChannel {
+            device: ctx.id().to_owned(),
+            name: base.to_owned(),
+            available: ctx.channel_names().join(", "),
+        });
+    }
+    Ok(names)
+}
+
 pub(crate) fn bool_property(
     ctx: &DeviceContext,
     key: &str,

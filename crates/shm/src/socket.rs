@@ -296,6 +296,26 @@ fn shm_buffers(parts: &Parts) -> impl Iterator<Item = &ShmBuffer> {
         .filter_map(|message| message.buffer()?.as_any().downcast_ref::<ShmBuffer>())
 }
 
+/// Binds a zmq.rs socket of the pub/sub pair the way the zeromq transport binds: our own
+/// listener (exact errors, port 0 resolved), the ipc path remembered for removal.
+async fn bind_raw(
+    socket: &mut impl zeromq::Socket,
+    label: &ChannelLabel,
+    address: &Address,
+    bound_paths: &mut Vec<PathBuf>,
+) -> Result<Address> {
+    let (listener, bound, path) = bind_listener(label, address)?;
+    socket
+        .bind_listener(listener)
+        .await
+        .map_err(|error| Error::Bind {
+            channel: label.clone().with_address(address.to_string()),
+            source: Box::new(error),
+        })?;
+    bound_paths.extend(path);
+    Ok(bound)
+}
+
 fn topic_matches(topics: &[Vec<u8>], first_part: &[u8]) -> bool {
     topics.is_empty() || topics.iter().any(|topic| first_part.starts_with(topic))
 }
@@ -376,30 +396,19 @@ impl Socket for ShmSocket {
                 .await?
             }
             Inner::Publisher(publisher) => {
-                let (listener, bound, path) = bind_listener(&self.label, address)?;
-                publisher
-                    .router
-                    .bind_listener(listener)
-                    .await
-                    .map_err(|error| Error::Bind {
-                        channel: self.label.clone().with_address(address.to_string()),
-                        source: Box::new(error),
-                    })?;
-                self.bound_paths.extend(path);
-                bound
+                bind_raw(
+                    &mut publisher.router,
+                    &self.label,
+                    address,
+                    &mut self.bound_paths,
+                )
+                .await?
             }
             Inner::Subscriber(subscriber) => {
-                let (listener, bound, path) = bind_listener(&self.label, address)?;
                 let mut dealer = zeromq::DealerSocket::new();
-                dealer
-                    .bind_listener(listener)
-                    .await
-                    .map_err(|error| Error::Bind {
-                        channel: self.label.clone().with_address(address.to_string()),
-                        source: Box::new(error),
-                    })?;
+                let bound =
+                    bind_raw(&mut dealer, &self.label, address, &mut self.bound_paths).await?;
                 subscriber.dealers.push(dealer);
-                self.bound_paths.extend(path);
                 bound
             }
         };
