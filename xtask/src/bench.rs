@@ -20,6 +20,8 @@ pub struct BenchLine {
     pub sender_cpu: f64,
     pub receiver_cpu: f64,
     pub latency_us: Option<[f64; 3]>,
+    #[serde(default)]
+    pub msg_rate: f64,
 }
 
 /// Median, min and max of some runs.
@@ -128,11 +130,15 @@ fn size_label(size: usize) -> String {
 pub fn render_report(
     runs: &[BenchLine],
     criterion: &BTreeMap<String, Spread>,
+    profile: Option<&str>,
     machine: &str,
     date: &str,
 ) -> String {
     let mut grouped: BTreeMap<(String, usize), Vec<&BenchLine>> = BTreeMap::new();
-    for run in runs.iter().filter(|run| run.latency_us.is_none()) {
+    for run in runs
+        .iter()
+        .filter(|run| run.latency_us.is_none() && run.msg_rate == 0.0)
+    {
         grouped
             .entry((run.transport.clone(), run.msg_size))
             .or_default()
@@ -218,6 +224,27 @@ pub fn render_report(
             size_label(size)
         );
     }
+    let paced: Vec<&BenchLine> = runs
+        .iter()
+        .filter(|run| run.latency_us.is_none() && run.msg_rate > 0.0)
+        .collect();
+    if !paced.is_empty() {
+        let _ = writeln!(
+            report,
+            "\n## CPU at a fixed rate (target: shmem at most 1% of a core per side at 1 MiB x 2500 msg/s)\n\n| transport | size | rate | sender CPU % | receiver CPU % |\n|---|---|---|---|---|"
+        );
+        for run in paced {
+            let _ = writeln!(
+                report,
+                "| {} | {} | {:.0} msg/s | {:.1} | {:.1} |",
+                run.transport,
+                size_label(run.msg_size),
+                run.msgs_per_s,
+                run.sender_cpu,
+                run.receiver_cpu
+            );
+        }
+    }
     let latencies: Vec<&BenchLine> = runs.iter().filter(|run| run.latency_us.is_some()).collect();
     if !latencies.is_empty() {
         let _ = writeln!(
@@ -248,6 +275,13 @@ pub fn render_report(
                 spread.max / 1e3
             );
         }
+    }
+    if let Some(profile) = profile {
+        let _ = writeln!(
+            report,
+            "\n## Where the time goes (perf, shmem 64 B, both processes)\n\nSelf time by process and symbol, entries above 1.5%:\n\n```text\n{}\n```",
+            profile.trim_end()
+        );
     }
     let _ = writeln!(
         report,
@@ -350,6 +384,54 @@ fn plot_latency(runs: &[BenchLine], path: &Path) -> Result<(), Box<dyn std::erro
     Ok(())
 }
 
+/// A `perf` profile of a shmem 64 B pair (sender and receiver), when `perf` works here.
+fn profile_shmem(ferromq: &Path, report_dir: &Path) -> Option<String> {
+    let data = report_dir.join("perf.data");
+    let recorded = Command::new("perf")
+        .args(["record", "-F", "999", "-g", "-o"])
+        .arg(&data)
+        .arg("--")
+        .arg(ferromq)
+        .args([
+            "bench",
+            "--transport",
+            "shmem",
+            "--msg-size",
+            "64",
+            "--duration",
+            "2",
+        ])
+        .output()
+        .ok()?;
+    if !recorded.status.success() {
+        return None;
+    }
+    let report = Command::new("perf")
+        .args([
+            "report",
+            "--no-children",
+            "--stdio",
+            "--sort",
+            "comm,symbol",
+            "--percent-limit",
+            "1.5",
+            "-g",
+            "none",
+            "-i",
+        ])
+        .arg(&data)
+        .output()
+        .ok()?;
+    let _ = std::fs::remove_file(&data);
+    let text = String::from_utf8_lossy(&report.stdout);
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .take(30)
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("\n"))
+}
+
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -438,13 +520,14 @@ pub fn run(cargo: &str, workspace: &Path) -> bool {
         );
     }
     let criterion = criterion_results(&workspace.join("target/criterion"));
+    let profile = profile_shmem(&ferromq, &report_dir);
     let date = Command::new("date")
         .arg("-u")
         .arg("+%Y-%m-%d %H:%M UTC")
         .output()
         .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
         .unwrap_or_default();
-    let report = render_report(&runs, &criterion, &machine(), &date);
+    let report = render_report(&runs, &criterion, profile.as_deref(), &machine(), &date);
     let written = std::fs::write(report_dir.join("report.md"), &report).is_ok()
         && plot_throughput(&runs, &report_dir.join("throughput.svg")).is_ok()
         && plot_latency(&runs, &report_dir.join("latency.svg")).is_ok();
@@ -474,6 +557,7 @@ mod tests {
             sender_cpu: 99.0,
             receiver_cpu: 50.0,
             latency_us: None,
+            msg_rate: 0.0,
         }
     }
 
@@ -507,7 +591,23 @@ mod tests {
             "throughput/shmem/64".to_owned(),
             criterion_spread(CANNED_SAMPLE).unwrap(),
         )]);
-        let report = render_report(&runs, &criterion, "2 cores, test CPU", "2026-11-22");
+        let runs = [
+            runs,
+            vec![BenchLine {
+                msg_rate: 2500.0,
+                sender_cpu: 0.8,
+                receiver_cpu: 0.5,
+                ..line("shmem", 1048576, 2500.0)
+            }],
+        ]
+        .concat();
+        let report = render_report(
+            &runs,
+            &criterion,
+            Some("  40.00%  ferromq  [.] describe"),
+            "2 cores, test CPU",
+            "2026-11-22",
+        );
         assert!(
             report.contains("| shmem | 64 B | 1500000 (1400000-1600000) |"),
             "{report}"
@@ -526,6 +626,11 @@ mod tests {
             "{report}"
         );
         assert!(report.contains("Taken 2026-11-22 on 2 cores, test CPU"));
+        assert!(
+            report.contains("| shmem | 1 MiB | 2500 msg/s | 0.8 | 0.5 |"),
+            "{report}"
+        );
+        assert!(report.contains("40.00%  ferromq  [.] describe"), "{report}");
     }
 
     #[test]
