@@ -427,6 +427,8 @@ fn profile_shmem(ferromq: &Path, report_dir: &Path) -> Option<String> {
     let lines: Vec<&str> = text
         .lines()
         .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        // perf pads each line with empty columns; keep the percentage, process and symbol.
+        .map(|line| line.trim_end().trim_end_matches(['-', ' ']))
         .take(30)
         .collect();
     (!lines.is_empty()).then(|| lines.join("\n"))

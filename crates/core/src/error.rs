@@ -171,6 +171,14 @@ pub enum Error {
         /// What the peer uses.
         peer_transport: &'static str,
     },
+    /// The peer uses the same shared-memory transport but belongs to another session.
+    #[error(
+        "{channel}: the peer belongs to another shmem session; use the same --session on both ends"
+    )]
+    SessionMismatch {
+        /// The channel.
+        channel: ChannelLabel,
+    },
     /// A transport could not provide memory for a message (a full shared-memory segment).
     #[error("{transport} transport: cannot allocate a message")]
     Allocation {
@@ -207,6 +215,7 @@ impl Error {
             | Error::WrongSocketType { channel, .. }
             | Error::Codec { channel, .. }
             | Error::TransportMismatch { channel, .. }
+            | Error::SessionMismatch { channel }
             | Error::Transport { channel, .. } => Some(channel),
             Error::Config(_) | Error::UnknownTransport { .. } | Error::Allocation { .. } => None,
         }

@@ -201,7 +201,7 @@ impl ShmSocket {
                 next_dealer: 0,
             }),
             SocketType::Push => {
-                let socket = ferromq_zmq::ZmqTransport::for_shmem_descriptors()
+                let socket = ferromq_zmq::ZmqTransport::for_shmem_descriptors(session.hash)
                     .create_socket(config, socket_name)
                     .await?;
                 Inner::Batched(BatchedPush::start(
@@ -211,7 +211,7 @@ impl ShmSocket {
                 ))
             }
             _ => Inner::Plain(
-                ferromq_zmq::ZmqTransport::for_shmem_descriptors()
+                ferromq_zmq::ZmqTransport::for_shmem_descriptors(session.hash)
                     .create_socket(config, socket_name)
                     .await?,
             ),

@@ -594,7 +594,11 @@ fn forged_descriptors() -> Result<()> {
         let (segment_name, _) = transport.segment_info().await?;
         let index: u32 = segment_name.rsplit('_').next().context("index")?.parse()?;
         let hash = session_hash(current_uid(), &session.0);
-        let mut raw = zeromq::PushSocket::new();
+        // The forger also forges a shmem identity of this session, to get past the handshake.
+        let mut options = zeromq::SocketOptions::default();
+        let identity = format!("fmqshm:{hash:016x}:{}:forger", std::process::id());
+        options.peer_identity(identity.as_bytes().try_into()?);
+        let mut raw = zeromq::PushSocket::with_options(options);
         raw.connect(&address).await?;
         let forgeries: Vec<(Vec<u8>, &str)> = vec![
             (
@@ -722,28 +726,72 @@ fn allocator_stress() -> Result<()> {
     })
 }
 
+/// Sends until a send fails (the batching task reports a peer problem asynchronously).
+async fn first_send_error(
+    transport: &ShmTransport,
+    push: &mut Channel,
+) -> Option<ferromq_core::Error> {
+    let deadline = tokio::time::Instant::now() + STEP;
+    while tokio::time::Instant::now() < deadline {
+        let message = transport.new_message(1024).await.ok()?;
+        match push.send_timeout(message, STEP).await {
+            Ok(()) => tokio::task::yield_now().await,
+            Err(failed) => return Some(failed.error),
+        }
+    }
+    None
+}
+
 fn transport_mismatch() -> Result<()> {
     let session = Session::new("mismatch");
     block_on(async {
         let shm = session.transport();
-        let address = session.ipc("mismatch");
         let zmq = ferromq_zmq::ZmqTransport::new();
+        // A shmem sender and a zeromq receiver: both ends say what is wrong.
+        let address = session.ipc("mismatch");
         let config =
             ChannelConfig::new("data", SocketType::Pull, Method::Bind).with_address(&address);
         let mut pull = Channel::open(&zmq, config, "data").await?;
         pull.bind_configured().await?;
         let mut push = open(&shm, SocketType::Push, Method::Connect, &address).await?;
-        push.send(shm.new_message(1024).await?)
-            .await
-            .map_err(|failed| failed.error)?;
+        let sender_error = first_send_error(&shm, &mut push).await;
+        let sender_error =
+            sender_error.context("the shmem sender must learn that its peer is zeromq")?;
+        ensure!(
+            sender_error
+                .to_string()
+                .contains("the peer uses the zeromq transport"),
+            "{sender_error}"
+        );
         let error = tokio::time::timeout(STEP, pull.receive())
             .await?
             .err()
-            .context("a shmem frame must not pass as data")?;
+            .context("a shmem peer must be reported")?;
         ensure!(
             error
                 .to_string()
                 .contains("the peer uses the shmem transport"),
+            "{error}"
+        );
+
+        // Two shmem sessions mixed up: the sender is told before anything is delivered.
+        let other = Session::new("other");
+        let other_transport = other.transport();
+        let address = session.ipc("sessions");
+        let mut pull = open(&other_transport, SocketType::Pull, Method::Bind, &address).await?;
+        let mut push = open(&shm, SocketType::Push, Method::Connect, &address).await?;
+        let sender_error = first_send_error(&shm, &mut push).await;
+        let sender_error = sender_error.context("session mismatch on send")?;
+        ensure!(
+            sender_error.to_string().contains("another shmem session"),
+            "{sender_error}"
+        );
+        let error = tokio::time::timeout(STEP, pull.receive_timeout(Duration::from_secs(5)))
+            .await?
+            .err()
+            .context("receiver")?;
+        ensure!(
+            error.to_string().contains("another shmem session"),
             "{error}"
         );
         Ok(())

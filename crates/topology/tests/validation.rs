@@ -17,6 +17,8 @@ const KNOWN: Known<'static> = Known {
         "multiplier",
         "client",
         "server",
+        "stf-source",
+        "builder",
     ],
     transports: &["zeromq", "shmem"],
 };

@@ -44,6 +44,7 @@
 #![warn(missing_docs)]
 
 mod flow;
+mod handshake;
 mod inproc;
 mod net;
 mod socket;
@@ -105,10 +106,24 @@ pub mod endpoint {
 use async_trait::async_trait;
 use ferromq_core::{ChannelConfig, Result, Socket, Transport};
 
+/// Who a socket says it is in its ZMTP handshake, so that a peer of another transport or another
+/// session is reported on both ends at connect time.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// A zeromq-transport channel.
+    #[default]
+    Zeromq,
+    /// The metadata channel of the shmem transport of one session.
+    ShmemMetadata {
+        /// The session's hash.
+        session_hash: u64,
+    },
+}
+
 /// The zeromq transport (`transport = "zeromq"`).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ZmqTransport {
-    carries_shmem_descriptors: bool,
+    role: Role,
 }
 
 impl ZmqTransport {
@@ -118,15 +133,14 @@ impl ZmqTransport {
     /// The transport. Its receivers report a shmem peer ([`ferromq_core::Error::TransportMismatch`])
     /// instead of delivering its descriptor frames as data.
     pub fn new() -> ZmqTransport {
-        ZmqTransport {
-            carries_shmem_descriptors: false,
-        }
+        ZmqTransport { role: Role::Zeromq }
     }
 
-    /// The transport as the shmem transport's metadata channel: descriptor frames are its data.
-    pub fn for_shmem_descriptors() -> ZmqTransport {
+    /// The transport as the metadata channel of the shmem session `session_hash`: descriptor
+    /// frames are its data, and peers of other transports or sessions are refused.
+    pub fn for_shmem_descriptors(session_hash: u64) -> ZmqTransport {
         ZmqTransport {
-            carries_shmem_descriptors: true,
+            role: Role::ShmemMetadata { session_hash },
         }
     }
 }
@@ -146,7 +160,7 @@ impl Transport for ZmqTransport {
         Ok(Box::new(socket::ZmqSocket::new(
             config,
             socket_name,
-            self.carries_shmem_descriptors,
+            self.role,
         )))
     }
 }

@@ -47,12 +47,15 @@ macro_rules! on_socket {
 }
 
 impl NetSocket {
-    fn new(socket_type: SocketType) -> NetSocket {
+    fn new(socket_type: SocketType, identity: &str) -> NetSocket {
         // Connects wait for their peer as long as it takes: a device in CONNECTING waits for
         // its binder, and the device's own timeout (or a STOP) ends the wait.
         let options = || {
             let mut options = zeromq::SocketOptions::default();
             options.no_connect_timeout();
+            if let Ok(identity) = zeromq::util::PeerIdentity::try_from(identity.as_bytes()) {
+                options.peer_identity(identity);
+            }
             options
         };
         match socket_type {
@@ -100,7 +103,10 @@ pub(crate) struct NetChannel {
     snd_buf_size: usize,
     in_flight: Arc<InFlight>,
     bound_ipc_paths: Vec<PathBuf>,
-    carries_shmem_descriptors: bool,
+    role: crate::Role,
+    /// Connection events, for the identities of the peers (see `handshake.rs`).
+    events: futures::channel::mpsc::Receiver<zeromq::SocketEvent>,
+    mismatch: Option<crate::handshake::Mismatch>,
 }
 
 const PEER_WAIT_MIN: Duration = Duration::from_micros(200);
@@ -110,15 +116,37 @@ impl NetChannel {
     pub(crate) fn new(
         socket_type: SocketType,
         snd_buf_size: usize,
-        carries_shmem_descriptors: bool,
+        role: crate::Role,
     ) -> NetChannel {
+        let mut socket = NetSocket::new(socket_type, &crate::handshake::identity(role));
+        let events = on_socket!(&mut socket, socket => socket.monitor());
         NetChannel {
-            socket: NetSocket::new(socket_type),
+            socket,
             socket_type,
             snd_buf_size,
             in_flight: Arc::default(),
             bound_ipc_paths: Vec::new(),
-            carries_shmem_descriptors,
+            role,
+            events,
+            mismatch: None,
+        }
+    }
+
+    /// Reads the identities of newly connected peers; an error once a peer of another transport
+    /// or session has connected.
+    fn check_peers(&mut self, label: &ChannelLabel) -> Result<(), Error> {
+        use futures::{FutureExt, StreamExt};
+        while let Some(Some(event)) = self.events.next().now_or_never() {
+            if let zeromq::SocketEvent::Accepted(_, peer) | zeromq::SocketEvent::Connected(_, peer) =
+                event
+                && let Some(mismatch) = crate::handshake::check(self.role, &peer)
+            {
+                self.mismatch.get_or_insert(mismatch);
+            }
+        }
+        match self.mismatch {
+            Some(mismatch) => Err(mismatch.error(label)),
+            None => Ok(()),
         }
     }
 
@@ -201,6 +229,9 @@ impl NetChannel {
                 parts,
             )
         };
+        if let Err(error) = self.check_peers(label) {
+            return Err(SendError::new(error, parts));
+        }
         if !self.in_flight.wait_below(self.snd_buf_size, deadline).await {
             return Err(timed_out(parts));
         }
@@ -228,6 +259,9 @@ impl NetChannel {
                 // No peer (yet), or the peer broke while we sent: wait for one, then retry.
                 Err(ZmqError::ReturnToSender { .. } | ZmqError::BufferFull(_)) => {
                     frames = kept;
+                    if let Err(error) = self.check_peers(label) {
+                        return Err(SendError::new(error, frames_to_parts(frames)));
+                    }
                     if deadline.is_some_and(|deadline| Instant::now() + peer_wait > deadline) {
                         return Err(timed_out(frames_to_parts(frames)));
                     }
@@ -263,9 +297,25 @@ impl NetChannel {
     ) -> Result<Parts, Error> {
         let deadline = timeout.map(|timeout| Instant::now() + timeout);
         loop {
+            self.check_peers(label)?;
+            // Wait for a message or a newly connected peer, whichever comes first: a peer of
+            // another transport or session is reported without waiting for its data.
+            let next = async {
+                use futures::StreamExt;
+                tokio::select! {
+                    received = self.socket.recv() => Some(received),
+                    event = self.events.next() => {
+                        if let Some(zeromq::SocketEvent::Accepted(_, peer) | zeromq::SocketEvent::Connected(_, peer)) = event
+                            && let Some(mismatch) = crate::handshake::check(self.role, &peer)
+                        {
+                            self.mismatch.get_or_insert(mismatch);
+                        }
+                        None
+                    }
+                }
+            };
             let received = match deadline {
-                Some(deadline) => match tokio::time::timeout_at(deadline, self.socket.recv()).await
-                {
+                Some(deadline) => match tokio::time::timeout_at(deadline, next).await {
                     Ok(received) => received,
                     Err(_) => {
                         return Err(Error::Timeout {
@@ -274,12 +324,13 @@ impl NetChannel {
                         });
                     }
                 },
-                None => self.socket.recv().await,
+                None => next.await,
             };
+            let Some(received) = received else { continue };
             match received {
                 Ok(message) => {
                     // A shmem peer sends descriptor frames: report it rather than hand over garbage.
-                    let from_shmem = !self.carries_shmem_descriptors
+                    let from_shmem = self.role == crate::Role::Zeromq
                         && message.len() == 1
                         && message.get(0).is_some_and(|frame| {
                             frame.len() >= 20 && frame.starts_with(ferromq_core::SHMEM_FRAME_MAGIC)
@@ -380,7 +431,7 @@ impl Drop for NetChannel {
     fn drop(&mut self) {
         // zmq.rs removes the socket files of its listeners when they stop; one left behind by a
         // listener that never started is removed here.
-        let socket = std::mem::replace(&mut self.socket, NetSocket::new(SocketType::Pull));
+        let socket = std::mem::replace(&mut self.socket, NetSocket::new(SocketType::Pull, ""));
         drop(socket);
         for path in &self.bound_ipc_paths {
             if std::fs::symlink_metadata(path).is_ok()

@@ -27,16 +27,12 @@ pub(crate) struct ZmqSocket {
     subscriptions: Vec<Vec<u8>>,
     /// True while the socket is subscribed to everything only because nobody asked otherwise.
     subscribed_to_all_by_default: bool,
-    /// True when this socket carries the shmem transport's descriptor frames.
-    carries_shmem_descriptors: bool,
+    /// What this socket announces to its peers.
+    role: crate::Role,
 }
 
 impl ZmqSocket {
-    pub(crate) fn new(
-        config: &ChannelConfig,
-        socket_name: &str,
-        carries_shmem_descriptors: bool,
-    ) -> ZmqSocket {
+    pub(crate) fn new(config: &ChannelConfig, socket_name: &str, role: crate::Role) -> ZmqSocket {
         let mut label = ChannelLabel::new(socket_name, config.socket_type);
         label.address = config.address.clone();
         ZmqSocket {
@@ -47,7 +43,7 @@ impl ZmqSocket {
             backend: Backend::Unattached,
             subscriptions: Vec::new(),
             subscribed_to_all_by_default: false,
-            carries_shmem_descriptors,
+            role,
         }
     }
 
@@ -63,7 +59,7 @@ impl ZmqSocket {
                 self.backend = Backend::Net(NetChannel::new(
                     self.socket_type,
                     self.snd_buf_size,
-                    self.carries_shmem_descriptors,
+                    self.role,
                 ));
             }
             (Backend::Inproc(_), false) | (Backend::Net(_), true) => {

@@ -1,0 +1,107 @@
+//! Telling transports and sessions apart at connect time.
+//!
+//! Every ferromq socket announces an identity in its ZMTP handshake: `fmqzmq:<pid>:<n>` for the
+//! zeromq transport, `fmqshm:<session hash>:<pid>:<n>` for the shmem transport's metadata
+//! channel (unique per socket, since zmq.rs keys its peers by identity). Each side reads the
+//! identities of the peers that connect, and a peer of the other transport, or of another shmem
+//! session, makes the socket's sends and receives fail with an error that says so: on both
+//! ends, push senders included, before any payload is misread. Peers that announce nothing of
+//! ours (libzmq, FairMQ) are accepted as zeromq peers.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ferromq_core::{ChannelLabel, Error};
+
+use crate::Role;
+
+static NEXT_SOCKET: AtomicU64 = AtomicU64::new(0);
+
+/// The identity a socket of `role` announces.
+pub(crate) fn identity(role: Role) -> String {
+    let socket_idx = NEXT_SOCKET.fetch_add(1, Ordering::Relaxed);
+    let pid = std::process::id();
+    match role {
+        Role::Zeromq => format!("fmqzmq:{pid}:{socket_idx}"),
+        Role::ShmemMetadata { session_hash } => {
+            format!("fmqshm:{session_hash:016x}:{pid}:{socket_idx}")
+        }
+    }
+}
+
+/// What a peer's identity says about it, as seen from a socket of `role`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mismatch {
+    /// The peer uses another transport.
+    Transport(&'static str),
+    /// The peer is shmem, of another session.
+    Session,
+}
+
+/// `None` when the peer fits this socket.
+pub(crate) fn check(role: Role, peer_identity: &[u8]) -> Option<Mismatch> {
+    let peer = String::from_utf8_lossy(peer_identity);
+    let peer_shm_session = peer
+        .strip_prefix("fmqshm:")
+        .and_then(|rest| rest.split(':').next());
+    match (role, peer_shm_session) {
+        (Role::Zeromq, Some(_)) => Some(Mismatch::Transport("shmem")),
+        (Role::ShmemMetadata { .. }, None) => Some(Mismatch::Transport("zeromq")),
+        (Role::ShmemMetadata { session_hash }, Some(peer_session)) => {
+            (peer_session != format!("{session_hash:016x}")).then_some(Mismatch::Session)
+        }
+        (Role::Zeromq, None) => None,
+    }
+}
+
+impl Mismatch {
+    pub(crate) fn error(self, channel: &ChannelLabel) -> Error {
+        match self {
+            Mismatch::Transport(peer_transport) => Error::TransportMismatch {
+                channel: channel.clone(),
+                peer_transport,
+            },
+            Mismatch::Session => Error::SessionMismatch {
+                channel: channel.clone(),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_are_classified() {
+        let shm = Role::ShmemMetadata {
+            session_hash: 0xabc,
+        };
+        let same_session = identity(shm);
+        let other_session = identity(Role::ShmemMetadata {
+            session_hash: 0xdef,
+        });
+        let zeromq = identity(Role::Zeromq);
+        assert_ne!(
+            identity(Role::Zeromq),
+            zeromq,
+            "identities are unique per socket"
+        );
+        assert_eq!(check(shm, same_session.as_bytes()), None);
+        assert_eq!(
+            check(shm, other_session.as_bytes()),
+            Some(Mismatch::Session)
+        );
+        assert_eq!(
+            check(shm, zeromq.as_bytes()),
+            Some(Mismatch::Transport("zeromq"))
+        );
+        assert_eq!(check(shm, b""), Some(Mismatch::Transport("zeromq")));
+        assert_eq!(
+            check(Role::Zeromq, same_session.as_bytes()),
+            Some(Mismatch::Transport("shmem"))
+        );
+        assert_eq!(check(Role::Zeromq, zeromq.as_bytes()), None);
+        // A libzmq peer announces nothing of ours.
+        assert_eq!(check(Role::Zeromq, b""), None);
+    }
+}
