@@ -494,6 +494,18 @@ pub fn run(cargo: &str, workspace: &Path) -> bool {
         "--msg-size",
         "64,1048576",
     ];
+    let busy_latency_args = [
+        "bench",
+        "--json",
+        "--latency",
+        "--busy-poll",
+        "--duration",
+        "2",
+        "--transport",
+        "shmem,zeromq-ipc",
+        "--msg-size",
+        "64,1048576",
+    ];
     // CPU at FairMQ's reference point: 1 MiB x 2500 msg/s (2.5 GB/s).
     let paced_args = [
         "bench",
@@ -512,7 +524,8 @@ pub fn run(cargo: &str, workspace: &Path) -> bool {
         (1, &throughput_args[..]),
         (2, &throughput_args[..]),
         (3, &latency_args[..]),
-        (4, &paced_args[..]),
+        (4, &busy_latency_args[..]),
+        (5, &paced_args[..]),
     ] {
         eprintln!("xtask: ferromq {} (run {})", args.join(" "), repetition + 1);
         let Ok(output) = Command::new(&ferromq)

@@ -46,6 +46,9 @@ pub struct BenchOptions {
     /// Measure round-trip latency over req/rep instead of throughput.
     #[arg(long)]
     pub latency: bool,
+    /// Both ends spin on their receives instead of sleeping (channel option busyPoll).
+    #[arg(long = "busy-poll")]
+    pub busy_poll: bool,
     /// One JSON object per measurement instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -237,6 +240,9 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
         if options.latency {
             command.arg("--latency");
         }
+        if options.busy_poll {
+            command.arg("--busy-poll");
+        }
         command
     };
     let mut receiver = common("receiver").spawn()?;
@@ -269,7 +275,11 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
     let receiver_report: RoleReport = serde_json::from_str(&receiver_report)?;
     let msgs_per_s = receiver_report.n_msgs as f64 / receiver_report.seconds.max(1e-9);
     Ok(BenchResult {
-        transport: transport.to_owned(),
+        transport: if options.busy_poll {
+            format!("{transport}+busy-poll")
+        } else {
+            transport.to_owned()
+        },
         msg_size,
         msgs_per_s,
         gb_per_s: msgs_per_s * (msg_size * options.num_parts) as f64 / 1e9,
@@ -309,6 +319,8 @@ pub struct RoleOptions {
     touch: bool,
     #[arg(long)]
     latency: bool,
+    #[arg(long = "busy-poll")]
+    busy_poll: bool,
 }
 
 /// Runs one side of a pair; prints one JSON report line.
@@ -338,6 +350,7 @@ async fn role(options: &RoleOptions) -> Result<RoleReport> {
         same_msg: options.same_msg,
         touch: options.touch,
         latency: options.latency,
+        busy_poll: options.busy_poll,
         json: true,
         shm_segment_size: options.shm_segment_size,
     };
@@ -363,6 +376,7 @@ async fn role(options: &RoleOptions) -> Result<RoleReport> {
         rcv_buf_size: queue,
         linger: 60_000,
         rate_logging: 0,
+        busy_poll: options.busy_poll,
         ..ChannelConfig::new("data", socket_type, method).with_address(address)
     };
     if options.role == "receiver" {

@@ -194,7 +194,7 @@ pub enum ConfigError {
 }
 
 const KNOWN_KEYS: &str = "name, type, method, address, transport, sndBufSize, rcvBufSize, \
-sndKernelSize, rcvKernelSize, linger, rateLogging, portRangeMin, portRangeMax, autoBind, numSockets";
+sndKernelSize, rcvKernelSize, linger, rateLogging, portRangeMin, portRangeMax, autoBind, numSockets, busyPoll";
 
 /// The configuration of one channel (or of every sub-channel when `numSockets` > 1).
 ///
@@ -253,6 +253,9 @@ pub struct ChannelConfig {
     /// Number of sub-channels (`data[0]`, `data[1]`, ...); 0 or 1 = a single channel.
     #[serde(rename = "numSockets")]
     pub num_sockets: usize,
+    /// Receives spin instead of sleeping until data arrives: lower latency for a whole core.
+    #[serde(rename = "busyPoll")]
+    pub busy_poll: bool,
 }
 
 impl Default for ChannelConfig {
@@ -274,6 +277,7 @@ impl Default for ChannelConfig {
             port_range_max: 23000,
             auto_bind: true,
             num_sockets: 0,
+            busy_poll: false,
         }
     }
 }
@@ -344,6 +348,7 @@ impl ChannelConfig {
                 "portRangeMax" => config.port_range_max = parse_number(key, value)?,
                 "autoBind" => config.auto_bind = parse_bool(key, value)?,
                 "numSockets" => config.num_sockets = parse_number(key, value)?,
+                "busyPoll" => config.busy_poll = parse_bool(key, value)?,
                 other => {
                     return Err(ConfigError::UnknownKey {
                         key: other.to_owned(),
@@ -430,6 +435,9 @@ impl ChannelConfig {
         }
         if self.auto_bind != defaults.auto_bind {
             pairs.push(format!("autoBind={}", self.auto_bind));
+        }
+        if self.busy_poll {
+            pairs.push("busyPoll=true".to_owned());
         }
         pairs.join(",")
     }
@@ -630,6 +638,7 @@ mod tests {
             linger: 0,
             auto_bind: false,
             num_sockets: 2,
+            busy_poll: true,
             ..ChannelConfig::new("out", SocketType::Push, Method::Connect)
                 .with_address("ipc:///tmp/x")
                 .with_transport("shmem")

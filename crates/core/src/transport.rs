@@ -430,9 +430,38 @@ impl Channel {
     }
 
     async fn receive_whole(&mut self, timeout: Option<Duration>) -> Result<Parts> {
-        let parts = self.socket.receive_parts(timeout).await?;
+        let parts = if self.config.busy_poll {
+            self.receive_busy(timeout).await?
+        } else {
+            self.socket.receive_parts(timeout).await?
+        };
         self.counters.record_in(parts.total_size());
         Ok(parts)
+    }
+
+    /// `busyPoll`: polls the socket once, and while nothing is there yields to the runtime
+    /// instead of sleeping, so the process never parks in the kernel waiting for data. The
+    /// runtime still polls its I/O driver between tasks (without blocking), so the transport's
+    /// own tasks keep running. Costs a core; saves the wake-up on every message.
+    async fn receive_busy(&mut self, timeout: Option<Duration>) -> Result<Parts> {
+        let deadline = timeout.map(|timeout| std::time::Instant::now() + timeout);
+        loop {
+            {
+                let mut attempt = std::pin::pin!(self.socket.receive_parts(None));
+                let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+                // Receives are cancel-safe: dropping an attempt that found nothing loses nothing.
+                if let std::task::Poll::Ready(result) = attempt.as_mut().poll(&mut context) {
+                    return result;
+                }
+            }
+            if deadline.is_some_and(|deadline| std::time::Instant::now() >= deadline) {
+                return Err(Error::Timeout {
+                    channel: self.label().clone(),
+                    after: timeout.unwrap_or_default(),
+                });
+            }
+            YieldNow { yielded: false }.await;
+        }
     }
 
     /// Adds a topic prefix filter (sub only).
@@ -468,6 +497,27 @@ impl Channel {
     /// This channel as a typed receiver of `T`.
     pub fn into_receiver<T: Decode>(self) -> Receiver<T> {
         Receiver::new(self)
+    }
+}
+
+/// Gives the other tasks of the runtime one turn (a runtime-independent `yield_now`).
+struct YieldNow {
+    yielded: bool,
+}
+
+impl Future for YieldNow {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.yielded {
+            return std::task::Poll::Ready(());
+        }
+        self.yielded = true;
+        context.waker().wake_by_ref();
+        std::task::Poll::Pending
     }
 }
 

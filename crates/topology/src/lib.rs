@@ -138,6 +138,8 @@ struct ChannelToml {
     auto_bind: Option<bool>,
     #[serde(rename = "numSockets")]
     num_sockets: Option<Spanned<i64>>,
+    #[serde(rename = "busyPoll")]
+    busy_poll: Option<bool>,
 }
 
 /// How a device is started.
@@ -561,6 +563,9 @@ pub fn load(file: &str, text: &str, known: &Known<'_>) -> Result<Topology, Topol
             }
             if let Some(auto_bind) = channel.auto_bind {
                 config.auto_bind = auto_bind;
+            }
+            if let Some(busy_poll) = channel.busy_poll {
+                config.busy_poll = busy_poll;
             }
             channel_index.insert(
                 (id.clone(), name.clone()),
