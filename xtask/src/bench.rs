@@ -290,6 +290,16 @@ pub fn render_report(
     report
 }
 
+/// Axis labels like 64, 1k, 1M for log axes.
+fn short_number(value: &f64) -> String {
+    match *value {
+        value if value >= 1e9 => format!("{}G", value / 1e9),
+        value if value >= 1e6 => format!("{}M", value / 1e6),
+        value if value >= 1e3 => format!("{}k", value / 1e3),
+        value => format!("{value}"),
+    }
+}
+
 fn plot_throughput(runs: &[BenchLine], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let mut series: BTreeMap<String, BTreeMap<usize, Vec<f64>>> = BTreeMap::new();
     for run in runs.iter().filter(|run| run.latency_us.is_none()) {
@@ -315,6 +325,8 @@ fn plot_throughput(runs: &[BenchLine], path: &Path) -> Result<(), Box<dyn std::e
         .configure_mesh()
         .x_desc("message size (bytes)")
         .y_desc("messages/s")
+        .x_label_formatter(&short_number)
+        .y_label_formatter(&short_number)
         .draw()?;
     for (idx, (transport, points)) in series.iter().enumerate() {
         let color = Palette99::pick(idx).to_rgba();
@@ -351,11 +363,12 @@ fn plot_latency(runs: &[BenchLine], path: &Path) -> Result<(), Box<dyn std::erro
         .margin(20)
         .x_label_area_size(45)
         .y_label_area_size(60)
-        .build_cartesian_2d((1f64..1e5f64).log_scale(), 0f64..1f64)?;
+        .build_cartesian_2d((1f64..1e5f64).log_scale(), 0.5f64..1f64)?;
     chart
         .configure_mesh()
         .x_desc("round trip (µs)")
         .y_desc("fraction of round trips")
+        .x_label_formatter(&short_number)
         .draw()?;
     for (idx, run) in runs
         .iter()
