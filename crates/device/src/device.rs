@@ -275,15 +275,26 @@ impl DeviceContext {
         }
     }
 
+    /// Runs a channel operation unless STOP comes first (`None` then).
     async fn interruptible<T>(
         stop: &CancellationToken,
-        label: &ferromq_core::ChannelLabel,
         operation: impl Future<Output = Result<T, Error>>,
-    ) -> Result<T, DeviceError> {
+    ) -> Option<Result<T, Error>> {
         tokio::select! {
             biased;
-            () = stop.cancelled() => Err(DeviceError::Channel(Error::Interrupted { channel: label.clone() })),
-            result = operation => Ok(result?),
+            () = stop.cancelled() => None,
+            result = operation => Some(result),
+        }
+    }
+
+    /// The outcome of an operation on channel `idx`: its label is read only if STOP interrupted
+    /// it, so the hot path clones nothing.
+    fn settle<T>(&self, idx: usize, outcome: Option<Result<T, Error>>) -> Result<T, DeviceError> {
+        match outcome {
+            Some(result) => Ok(result?),
+            None => Err(DeviceError::Channel(Error::Interrupted {
+                channel: self.channels[idx].label().clone(),
+            })),
         }
     }
 
@@ -293,10 +304,14 @@ impl DeviceContext {
     /// [`DeviceError::UnknownChannel`], or the channel's error.
     pub async fn send(&mut self, name: &str, message: Message) -> Result<(), DeviceError> {
         let idx = self.channel_idx(name)?;
-        let channel = &mut self.channels[idx];
-        let label = channel.label().clone();
-        let send = async { channel.send(message).await.map_err(|failed| failed.error) };
-        Self::interruptible(&self.stop, &label, send).await
+        let send = async {
+            self.channels[idx]
+                .send(message)
+                .await
+                .map_err(|failed| failed.error)
+        };
+        let outcome = Self::interruptible(&self.stop, send).await;
+        self.settle(idx, outcome)
     }
 
     /// Sends a multipart message on channel `name`.
@@ -305,15 +320,14 @@ impl DeviceContext {
     /// As [`DeviceContext::send`].
     pub async fn send_parts(&mut self, name: &str, parts: Parts) -> Result<(), DeviceError> {
         let idx = self.channel_idx(name)?;
-        let channel = &mut self.channels[idx];
-        let label = channel.label().clone();
         let send = async {
-            channel
+            self.channels[idx]
                 .send_parts(parts)
                 .await
                 .map_err(|failed| failed.error)
         };
-        Self::interruptible(&self.stop, &label, send).await
+        let outcome = Self::interruptible(&self.stop, send).await;
+        self.settle(idx, outcome)
     }
 
     /// Receives one frame from channel `name`.
@@ -322,9 +336,8 @@ impl DeviceContext {
     /// As [`DeviceContext::send`].
     pub async fn receive(&mut self, name: &str) -> Result<Message, DeviceError> {
         let idx = self.channel_idx(name)?;
-        let channel = &mut self.channels[idx];
-        let label = channel.label().clone();
-        Self::interruptible(&self.stop, &label, channel.receive()).await
+        let outcome = Self::interruptible(&self.stop, self.channels[idx].receive()).await;
+        self.settle(idx, outcome)
     }
 
     /// Receives a whole multipart message from channel `name`.
@@ -333,9 +346,8 @@ impl DeviceContext {
     /// As [`DeviceContext::send`].
     pub async fn receive_parts(&mut self, name: &str) -> Result<Parts, DeviceError> {
         let idx = self.channel_idx(name)?;
-        let channel = &mut self.channels[idx];
-        let label = channel.label().clone();
-        Self::interruptible(&self.stop, &label, channel.receive_parts()).await
+        let outcome = Self::interruptible(&self.stop, self.channels[idx].receive_parts()).await;
+        self.settle(idx, outcome)
     }
 
     /// Encodes `value` with its type's codec and sends it on channel `name`.
@@ -344,9 +356,8 @@ impl DeviceContext {
     /// As [`DeviceContext::send`], and [`Error::Codec`].
     pub async fn send_value<T: Encode>(&mut self, name: &str, value: T) -> Result<(), DeviceError> {
         let idx = self.channel_idx(name)?;
-        let label = self.channels[idx].label().clone();
         let message = value.encode().map_err(|source| Error::Codec {
-            channel: label,
+            channel: self.channels[idx].label().clone(),
             source,
         })?;
         self.send(name, message).await
@@ -357,10 +368,10 @@ impl DeviceContext {
     /// # Errors
     /// As [`DeviceContext::receive`], and [`Error::Codec`].
     pub async fn receive_value<T: Decode>(&mut self, name: &str) -> Result<T, DeviceError> {
+        let idx = self.channel_idx(name)?;
         let message = self.receive(name).await?;
-        let label = self.channel(name)?.label().clone();
         Ok(T::decode(message).map_err(|source| Error::Codec {
-            channel: label,
+            channel: self.channels[idx].label().clone(),
             source,
         })?)
     }
@@ -386,6 +397,12 @@ impl DeviceContext {
                 name: String::new(),
                 available: self.channel_names().join(", "),
             });
+        }
+        if let [idx] = wanted[..] {
+            // One input: no rotation, no boxed futures (the path of every sink and processor).
+            let outcome = Self::interruptible(&self.stop, self.channels[idx].receive_parts()).await;
+            let parts = self.settle(idx, outcome)?;
+            return Ok((self.channels[idx].name().to_owned(), parts));
         }
         self.poll_start = (self.poll_start + 1) % wanted.len();
         wanted.rotate_left(self.poll_start);
