@@ -13,7 +13,6 @@
 //! unless it is at most `inline_max` bytes: then it travels inside the descriptor frame.
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +22,7 @@ use ferromq_core::{
     Address, ChannelConfig, ChannelLabel, Error, Message, Parts, Result, SendError, Socket,
     SocketType, Transport, record_copy,
 };
-use ferromq_zmq::endpoint::{bind_listener, connect_endpoint};
+use ferromq_zmq::endpoint::{bind, connect_endpoint};
 use futures::{FutureExt, StreamExt};
 use zeromq::{Socket as _, SocketRecv as _, SocketSend as _, ZmqMessage};
 
@@ -164,7 +163,6 @@ pub(crate) struct ShmSocket {
     session: Arc<Session>,
     inner: Inner,
     pending: VecDeque<Parts>,
-    bound_paths: Vec<PathBuf>,
 }
 
 fn transport_error(
@@ -221,7 +219,6 @@ impl ShmSocket {
             session,
             inner,
             pending: VecDeque::new(),
-            bound_paths: Vec::new(),
         })
     }
 }
@@ -294,26 +291,6 @@ fn shm_buffers(parts: &Parts) -> impl Iterator<Item = &ShmBuffer> {
     parts
         .iter()
         .filter_map(|message| message.buffer()?.as_any().downcast_ref::<ShmBuffer>())
-}
-
-/// Binds a zmq.rs socket of the pub/sub pair the way the zeromq transport binds: our own
-/// listener (exact errors, port 0 resolved), the ipc path remembered for removal.
-async fn bind_raw(
-    socket: &mut impl zeromq::Socket,
-    label: &ChannelLabel,
-    address: &Address,
-    bound_paths: &mut Vec<PathBuf>,
-) -> Result<Address> {
-    let (listener, bound, path) = bind_listener(label, address)?;
-    socket
-        .bind_listener(listener)
-        .await
-        .map_err(|error| Error::Bind {
-            channel: label.clone().with_address(address.to_string()),
-            source: Box::new(error),
-        })?;
-    bound_paths.extend(path);
-    Ok(bound)
 }
 
 fn topic_matches(topics: &[Vec<u8>], first_part: &[u8]) -> bool {
@@ -396,18 +373,11 @@ impl Socket for ShmSocket {
                 .await?
             }
             Inner::Publisher(publisher) => {
-                bind_raw(
-                    &mut publisher.router,
-                    &self.label,
-                    address,
-                    &mut self.bound_paths,
-                )
-                .await?
+                bind(&mut publisher.router, &self.label, address).await?.0
             }
             Inner::Subscriber(subscriber) => {
                 let mut dealer = zeromq::DealerSocket::new();
-                let bound =
-                    bind_raw(&mut dealer, &self.label, address, &mut self.bound_paths).await?;
+                let (bound, _) = bind(&mut dealer, &self.label, address).await?;
                 subscriber.dealers.push(dealer);
                 bound
             }
@@ -673,7 +643,17 @@ impl Socket for ShmSocket {
                     }
                 }
             }
-            _ => Ok(()),
+            // Stop the listeners now (zmq.rs removes their socket files as they stop).
+            Inner::Publisher(publisher) => {
+                publisher.router.unbind_all().await;
+                Ok(())
+            }
+            Inner::Subscriber(subscriber) => {
+                for dealer in &mut subscriber.dealers {
+                    dealer.unbind_all().await;
+                }
+                Ok(())
+            }
         };
         self.pending.clear();
         result
@@ -702,23 +682,5 @@ impl ShmSocket {
         }
         subscriber.announce().await;
         Ok(())
-    }
-}
-
-impl Drop for ShmSocket {
-    fn drop(&mut self) {
-        // zmq.rs removes its listeners' socket files; remove any that a listener left behind.
-        self.inner = Inner::Subscriber(SubscriberSide {
-            dealers: Vec::new(),
-            topics: Vec::new(),
-            next_dealer: 0,
-        });
-        for path in &self.bound_paths {
-            if std::fs::symlink_metadata(path).is_ok()
-                && std::os::unix::net::UnixStream::connect(path).is_err()
-            {
-                let _ = std::fs::remove_file(path);
-            }
-        }
     }
 }

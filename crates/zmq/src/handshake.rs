@@ -53,6 +53,15 @@ pub(crate) fn check(role: Role, peer_identity: &[u8]) -> Option<Mismatch> {
     }
 }
 
+/// Takes in one connection event: a peer that does not fit `role` is remembered in `mismatch`.
+pub(crate) fn note_peer(role: Role, mismatch: &mut Option<Mismatch>, event: zeromq::SocketEvent) {
+    if let zeromq::SocketEvent::Accepted(_, peer) | zeromq::SocketEvent::Connected(_, peer) = event
+        && let Some(found) = check(role, &peer)
+    {
+        mismatch.get_or_insert(found);
+    }
+}
+
 impl Mismatch {
     pub(crate) fn error(self, channel: &ChannelLabel) -> Error {
         match self {

@@ -56,32 +56,48 @@ pub mod endpoint {
 
     use ferromq_core::{Address, ChannelLabel, Error, TcpHost};
 
-    /// A listener for `address` (exact address-in-use errors, port 0 resolved, stale ipc socket
-    /// files removed), the address actually bound, and the ipc path to remove when closing.
+    /// Binds a zmq.rs socket to `address` the way ferromq binds: its own listener (exact
+    /// address-in-use errors, port 0 resolved, stale ipc socket files removed), handed to zmq.rs.
+    /// Returns the address actually bound and, for ipc, the socket file, which zmq.rs removes
+    /// when the listener stops (and this function removes when zmq.rs refuses the listener).
     ///
     /// # Errors
     /// [`Error::AddressInUse`], [`Error::Bind`], [`Error::UnsupportedAddress`] (inproc).
-    pub fn bind_listener(
+    pub async fn bind(
+        socket: &mut impl zeromq::Socket,
         label: &ChannelLabel,
         address: &Address,
-    ) -> Result<(zeromq::Listener, Address, Option<PathBuf>), Error> {
+    ) -> Result<(Address, Option<PathBuf>), Error> {
         let label = label.clone().with_address(address.to_string());
-        match address {
+        let (listener, bound, path) = match address {
             Address::Tcp { host, port } => {
                 let (listener, bound) = crate::net::bind_tcp(&label, host, *port)?;
-                Ok((listener, bound, None))
+                (listener, bound, None)
             }
-            Address::Ipc { path } => Ok((
+            Address::Ipc { path } => (
                 crate::net::bind_ipc(&label, path)?,
                 address.clone(),
                 Some(path.clone()),
-            )),
-            other => Err(Error::UnsupportedAddress {
+            ),
+            other => {
+                return Err(Error::UnsupportedAddress {
+                    channel: label,
+                    address: other.to_string(),
+                    reason: "tcp:// and ipc:// addresses bind here; inproc:// has its own sockets",
+                });
+            }
+        };
+        if let Err(source) = socket.bind_listener(listener).await {
+            // A listener zmq.rs refused never started, so its socket file is ours to remove.
+            if let Some(path) = &path {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(Error::Bind {
                 channel: label,
-                address: other.to_string(),
-                reason: "this socket binds tcp:// and ipc:// addresses",
-            }),
+                source: Box::new(source),
+            });
         }
+        Ok((bound, path))
     }
 
     /// The zmq.rs endpoint string to connect to `address`.

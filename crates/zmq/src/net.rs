@@ -137,12 +137,7 @@ impl NetChannel {
     fn check_peers(&mut self, label: &ChannelLabel) -> Result<(), Error> {
         use futures::{FutureExt, StreamExt};
         while let Some(Some(event)) = self.events.next().now_or_never() {
-            if let zeromq::SocketEvent::Accepted(_, peer) | zeromq::SocketEvent::Connected(_, peer) =
-                event
-                && let Some(mismatch) = crate::handshake::check(self.role, &peer)
-            {
-                self.mismatch.get_or_insert(mismatch);
-            }
+            crate::handshake::note_peer(self.role, &mut self.mismatch, event);
         }
         match self.mismatch {
             Some(mismatch) => Err(mismatch.error(label)),
@@ -155,28 +150,8 @@ impl NetChannel {
         label: &ChannelLabel,
         address: &Address,
     ) -> Result<Address, Error> {
-        let label = label.clone().with_address(address.to_string());
-        let (listener, bound) = match address {
-            Address::Tcp { host, port } => bind_tcp(&label, host, *port)?,
-            Address::Ipc { path } => {
-                let listener = bind_ipc(&label, path)?;
-                self.bound_ipc_paths.push(path.clone());
-                (listener, address.clone())
-            }
-            other => {
-                return Err(Error::UnsupportedAddress {
-                    channel: label,
-                    address: other.to_string(),
-                    reason: "the zeromq transport binds tcp://, ipc:// and inproc:// addresses",
-                });
-            }
-        };
-        let bind_result =
-            on_socket!(&mut self.socket, socket => socket.bind_listener(listener).await);
-        bind_result.map_err(|source| Error::Bind {
-            channel: label,
-            source: Box::new(source),
-        })?;
+        let (bound, path) = on_socket!(&mut self.socket, socket => crate::endpoint::bind(socket, label, address).await)?;
+        self.bound_ipc_paths.extend(path);
         Ok(bound)
     }
 
@@ -305,10 +280,8 @@ impl NetChannel {
                 tokio::select! {
                     received = self.socket.recv() => Some(received),
                     event = self.events.next() => {
-                        if let Some(zeromq::SocketEvent::Accepted(_, peer) | zeromq::SocketEvent::Connected(_, peer)) = event
-                            && let Some(mismatch) = crate::handshake::check(self.role, &peer)
-                        {
-                            self.mismatch.get_or_insert(mismatch);
+                        if let Some(event) = event {
+                            crate::handshake::note_peer(self.role, &mut self.mismatch, event);
                         }
                         None
                     }
@@ -424,22 +397,6 @@ impl NetChannel {
             channel: label.clone(),
             after: linger,
         })
-    }
-}
-
-impl Drop for NetChannel {
-    fn drop(&mut self) {
-        // zmq.rs removes the socket files of its listeners when they stop; one left behind by a
-        // listener that never started is removed here.
-        let socket = std::mem::replace(&mut self.socket, NetSocket::new(SocketType::Pull, ""));
-        drop(socket);
-        for path in &self.bound_ipc_paths {
-            if std::fs::symlink_metadata(path).is_ok()
-                && std::os::unix::net::UnixStream::connect(path).is_err()
-            {
-                let _ = std::fs::remove_file(path);
-            }
-        }
     }
 }
 
