@@ -52,6 +52,31 @@ struct StandaloneDevice {
     options: DeviceOptions,
 }
 
+/// Runs `work` to completion on a tokio runtime of `worker_threads` threads (1: a current-thread
+/// runtime, on which zmq.rs is 32-37% faster for small messages) and returns its exit code.
+pub fn block_on(
+    worker_threads: usize,
+    work: impl std::future::Future<Output = ExitCode>,
+) -> ExitCode {
+    let runtime = if worker_threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(worker_threads)
+            .enable_all()
+            .build()
+    };
+    match runtime {
+        Ok(runtime) => runtime.block_on(work),
+        Err(error) => {
+            eprintln!("ferromq: cannot start the async runtime: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// `main` for a user's device binary: parses FairMQ's device options from the command line,
 /// builds the device with `make`, runs it, and returns the exit code.
 pub fn run_device_main<D: Device>(make: impl FnOnce(&DeviceOptions) -> D) -> ExitCode {

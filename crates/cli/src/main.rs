@@ -89,8 +89,10 @@ fn main() -> ExitCode {
             run_device(kind.create(), &options, &builtin.properties())
         }
         Command::Shm { command } => shm_command::run(&command),
-        Command::Bench(options) => current_thread(ferromq_cli::bench::run(options)),
-        Command::BenchRole(options) => current_thread(ferromq_cli::bench::run_role(options)),
+        Command::Bench(options) => ferromq_cli::block_on(1, ferromq_cli::bench::run(options)),
+        Command::BenchRole(options) => {
+            ferromq_cli::block_on(1, ferromq_cli::bench::run_role(options))
+        }
         Command::Validate { file } => match launch::load_topology(&file) {
             Ok(topology) => {
                 println!(
@@ -131,38 +133,13 @@ fn main() -> ExitCode {
                 ferromq_cli::logging::Verbosity::Medium,
                 ferromq_cli::logging::Color::Auto,
             );
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(error) => {
-                    eprintln!("ferromq: cannot start the async runtime: {error}");
-                    return ExitCode::FAILURE;
-                }
-            };
             let options = launch::RunOptions {
                 file,
                 duration: duration.map(std::time::Duration::from_secs_f64),
                 transport,
                 session,
             };
-            runtime.block_on(launch::run(options))
-        }
-    }
-}
-
-/// zmq.rs is fastest on a current-thread runtime.
-fn current_thread(work: impl std::future::Future<Output = ExitCode>) -> ExitCode {
-    match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime.block_on(work),
-        Err(error) => {
-            eprintln!("ferromq: cannot start the async runtime: {error}");
-            ExitCode::FAILURE
+            ferromq_cli::block_on(2, launch::run(options))
         }
     }
 }

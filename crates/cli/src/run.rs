@@ -39,36 +39,25 @@ pub fn run_device<D: Device>(
             return ExitCode::from(2);
         }
     };
-    // zmq.rs is fastest on a current-thread runtime (32-37% over multi-thread for small messages).
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("ferromq: cannot start the async runtime: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
     let id = config.id.clone();
-    let outcome = runtime.block_on(async move {
+    crate::block_on(1, async move {
         let (runner, controller) = DeviceRunner::new(device, config);
         let device_task = tokio::spawn(runner.run());
         tokio::spawn(handle_signals(controller.clone()));
         let driven = drive(&controller, options).await;
-        let ended = device_task
-            .await
-            .map_err(|error| format!("device task failed: {error}"))?;
-        ended.map_err(|error| error_chain(&error))?;
-        driven
-    });
-    match outcome {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(cause) => {
-            eprintln!("ferromq: device {id:?} failed: {cause}");
-            ExitCode::FAILURE
+        let outcome = match device_task.await {
+            Err(error) => Err(format!("device task failed: {error}")),
+            Ok(Err(error)) => Err(error_chain(&error)),
+            Ok(Ok(())) => driven,
+        };
+        match outcome {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(cause) => {
+                eprintln!("ferromq: device {id:?} failed: {cause}");
+                ExitCode::FAILURE
+            }
         }
-    }
+    })
 }
 
 async fn drive(controller: &DeviceController, options: &DeviceOptions) -> Result<(), String> {

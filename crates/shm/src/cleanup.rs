@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::names::{ObjectKind, ObjectName, PREFIX, sanitise_session};
+use crate::names::{ObjectKind, ObjectName, sanitise_session};
 use crate::segment::{ProcessId, Segment};
 
 const WATCHDOG_SESSION_VAR: &str = "FERROMQ_SHM_WATCHDOG_SESSION";
@@ -331,9 +331,4 @@ pub fn watch_regions(
         }
     });
     receiver
-}
-
-/// True for names that belong to ferromq.
-pub fn is_ferromq_name(name: &str) -> bool {
-    name.starts_with(PREFIX)
 }

@@ -292,12 +292,6 @@ impl Segment {
         unsafe { &*self.shmem.as_ptr().cast::<Header>() }
     }
 
-    /// The address of the mapping in this process (for registration with RDMA hardware and for
-    /// tests that check zero-copy; never sent to another process).
-    pub fn base_address(&self) -> usize {
-        self.shmem.as_ptr() as usize
-    }
-
     fn check_range(&self, offset: usize, len: usize) -> Option<()> {
         let end = offset.checked_add(len)?;
         (offset >= HEADER_SIZE && end <= self.len).then_some(())
@@ -396,14 +390,6 @@ impl Segment {
                     start_time: slot.start_time.load(Ordering::Acquire),
                 })
             })
-            .collect()
-    }
-
-    /// The attached processes that still run, this one excluded.
-    pub fn other_live_processes(&self) -> Vec<ProcessId> {
-        self.attached()
-            .into_iter()
-            .filter(|process| process.pid != self.me.pid && process.is_alive())
             .collect()
     }
 
