@@ -54,6 +54,7 @@ async fn ping_pong(transport: &dyn Transport, address: &str) {
 async fn busy_poll_round_trips_over_zeromq_ipc() {
     let path = std::env::temp_dir().join(format!("ferromq-busy-{}.ipc", std::process::id()));
     ping_pong(&ZmqTransport::new(), &format!("ipc://{}", path.display())).await;
+    let _ = std::fs::remove_file(path);
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -66,6 +67,7 @@ async fn busy_poll_round_trips_over_shmem() {
     });
     let path = std::env::temp_dir().join(format!("ferromq-busy-shm-{}.ipc", std::process::id()));
     ping_pong(&transport, &format!("ipc://{}", path.display())).await;
+    let _ = std::fs::remove_file(path);
     drop(transport);
     let _ = ferromq_shm::cleanup::clean_session(ferromq_shm::names::current_uid(), &session, true);
 }

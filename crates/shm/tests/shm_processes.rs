@@ -119,6 +119,15 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         let _ = clean_session(current_uid(), &self.0, true);
+        // The session's ipc socket files too: roles killed with -9 cannot remove their own.
+        let prefix = format!("ferromq-{}-", self.0);
+        if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+            for entry in entries.flatten() {
+                if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
     }
 }
 
