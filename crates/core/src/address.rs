@@ -1,4 +1,5 @@
-//! Channel addresses: `tcp://host:port`, `tcp://*:port`, `ipc://path`, `inproc://name`.
+//! Channel addresses: `tcp://host:port`, `tcp://*:port`, `ipc://path`, `inproc://name`, and
+//! `verbs://host:port` (the ofi transport over RDMA).
 //!
 //! An [`Address`] is parsed once, when a channel is configured, so that every transport sees
 //! the same validated value and every malformed address is reported with its own
@@ -19,10 +20,12 @@ pub enum AddressError {
     #[error("address is empty")]
     Empty,
     /// No `scheme://` prefix.
-    #[error("address {0:?} has no scheme: expected tcp://, ipc:// or inproc://")]
+    #[error("address {0:?} has no scheme: expected tcp://, ipc://, inproc:// or verbs://")]
     MissingScheme(String),
     /// A scheme no transport knows.
-    #[error("address {address:?} has unknown scheme {scheme:?}: expected tcp, ipc or inproc")]
+    #[error(
+        "address {address:?} has unknown scheme {scheme:?}: expected tcp, ipc, inproc or verbs"
+    )]
     UnknownScheme {
         /// The whole address.
         address: String,
@@ -89,6 +92,14 @@ pub enum Address {
         /// Name shared by the binder and its connectors.
         name: String,
     },
+    /// `verbs://host:port`: the ofi transport over RDMA (libfabric's verbs provider); the
+    /// host names the InfiniBand or RoCE interface.
+    Verbs {
+        /// Interface to bind or host to connect to.
+        host: TcpHost,
+        /// Port of the side channel, 0 for "any free port".
+        port: u16,
+    },
 }
 
 impl Address {
@@ -114,6 +125,10 @@ impl Address {
         };
         match scheme {
             "tcp" => parse_tcp(text, rest),
+            "verbs" => match parse_tcp(text, rest)? {
+                Address::Tcp { host, port } => Ok(Address::Verbs { host, port }),
+                _ => unreachable!("parse_tcp gives tcp addresses"),
+            },
             "ipc" => {
                 if rest.is_empty() {
                     return Err(AddressError::EmptyPath(text.to_owned()));
@@ -139,13 +154,17 @@ impl Address {
 
     /// True for a tcp address with port 0, which the transport replaces by a free port.
     pub fn wants_free_port(&self) -> bool {
-        matches!(self, Address::Tcp { port: 0, .. })
+        matches!(
+            self,
+            Address::Tcp { port: 0, .. } | Address::Verbs { port: 0, .. }
+        )
     }
 
-    /// The scheme, as written in the address (`tcp`, `ipc`, `inproc`).
+    /// The scheme, as written in the address (`tcp`, `ipc`, `inproc`, `verbs`).
     pub fn scheme(&self) -> &'static str {
         match self {
             Address::Tcp { .. } => "tcp",
+            Address::Verbs { .. } => "verbs",
             Address::Ipc { .. } => "ipc",
             Address::Inproc { .. } => "inproc",
         }
@@ -158,6 +177,13 @@ impl Address {
                 host: TcpHost::Any,
                 port,
             } => Address::Tcp {
+                host: TcpHost::Name("127.0.0.1".to_owned()),
+                port: *port,
+            },
+            Address::Verbs {
+                host: TcpHost::Any,
+                port,
+            } => Address::Verbs {
                 host: TcpHost::Name("127.0.0.1".to_owned()),
                 port: *port,
             },
@@ -235,6 +261,14 @@ impl fmt::Display for Address {
             } => write!(f, "tcp://{host}:{port}"),
             Address::Ipc { path } => write!(f, "ipc://{}", path.display()),
             Address::Inproc { name } => write!(f, "inproc://{name}"),
+            Address::Verbs { host, port } => {
+                let tcp = Address::Tcp {
+                    host: host.clone(),
+                    port: *port,
+                }
+                .to_string();
+                write!(f, "verbs{}", &tcp[3..])
+            }
         }
     }
 }
@@ -256,6 +290,36 @@ mod tests {
 
     fn name(host: &str) -> TcpHost {
         TcpHost::Name(host.to_owned())
+    }
+
+    #[test]
+    fn verbs_addresses_parse_like_tcp() {
+        check_ok(
+            "verbs://10.0.0.1:5555",
+            Address::Verbs {
+                host: name("10.0.0.1"),
+                port: 5555,
+            },
+        );
+        check_ok(
+            "verbs://*:0",
+            Address::Verbs {
+                host: TcpHost::Any,
+                port: 0,
+            },
+        );
+        assert!(Address::parse("verbs://*:0").unwrap().wants_free_port());
+        assert_eq!(
+            Address::parse("verbs://*:7")
+                .unwrap()
+                .for_local_connect()
+                .to_string(),
+            "verbs://127.0.0.1:7"
+        );
+        check_err(
+            "verbs://host",
+            AddressError::MissingPort("verbs://host".to_owned()),
+        );
     }
 
     #[test]

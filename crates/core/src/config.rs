@@ -194,7 +194,7 @@ pub enum ConfigError {
 }
 
 const KNOWN_KEYS: &str = "name, type, method, address, transport, sndBufSize, rcvBufSize, \
-sndKernelSize, rcvKernelSize, linger, rateLogging, portRangeMin, portRangeMax, autoBind, numSockets, busyPoll";
+sndKernelSize, rcvKernelSize, linger, rateLogging, portRangeMin, portRangeMax, autoBind, numSockets, busyPoll, provider";
 
 /// The configuration of one channel (or of every sub-channel when `numSockets` > 1).
 ///
@@ -256,6 +256,10 @@ pub struct ChannelConfig {
     /// Receives spin instead of sleeping until data arrives: lower latency for a whole core.
     #[serde(rename = "busyPoll")]
     pub busy_poll: bool,
+    /// The libfabric provider of an ofi channel (`tcp;ofi_rxm`, `verbs;ofi_rxm`, ...); `None`
+    /// follows the address: tcp:// takes `tcp;ofi_rxm`, verbs:// `verbs;ofi_rxm`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
 }
 
 impl Default for ChannelConfig {
@@ -278,6 +282,7 @@ impl Default for ChannelConfig {
             auto_bind: true,
             num_sockets: 0,
             busy_poll: false,
+            provider: None,
         }
     }
 }
@@ -349,6 +354,7 @@ impl ChannelConfig {
                 "autoBind" => config.auto_bind = parse_bool(key, value)?,
                 "numSockets" => config.num_sockets = parse_number(key, value)?,
                 "busyPoll" => config.busy_poll = parse_bool(key, value)?,
+                "provider" => config.provider = Some(value.to_owned()),
                 other => {
                     return Err(ConfigError::UnknownKey {
                         key: other.to_owned(),
@@ -438,6 +444,9 @@ impl ChannelConfig {
         }
         if self.busy_poll {
             pairs.push("busyPoll=true".to_owned());
+        }
+        if let Some(provider) = &self.provider {
+            pairs.push(format!("provider={provider}"));
         }
         pairs.join(",")
     }
@@ -639,6 +648,7 @@ mod tests {
             auto_bind: false,
             num_sockets: 2,
             busy_poll: true,
+            provider: Some("tcp;ofi_rxm".to_owned()),
             ..ChannelConfig::new("out", SocketType::Push, Method::Connect)
                 .with_address("ipc:///tmp/x")
                 .with_transport("shmem")

@@ -140,6 +140,7 @@ struct ChannelToml {
     num_sockets: Option<Spanned<i64>>,
     #[serde(rename = "busyPoll")]
     busy_poll: Option<bool>,
+    provider: Option<String>,
 }
 
 /// How a device is started.
@@ -566,6 +567,9 @@ pub fn load(file: &str, text: &str, known: &Known<'_>) -> Result<Topology, Topol
             }
             if let Some(busy_poll) = channel.busy_poll {
                 config.busy_poll = busy_poll;
+            }
+            if let Some(provider) = &channel.provider {
+                config.provider = Some(provider.clone());
             }
             channel_index.insert(
                 (id.clone(), name.clone()),

@@ -1,0 +1,145 @@
+//! The ofi transport: libfabric reliable-datagram endpoints between hosts (verbs on
+//! InfiniBand/RoCE, tcp anywhere), with shared memory on both ends and no copy in between.
+//!
+//! Selecting it is configuration only: `transport = "ofi"` on a channel whose address is
+//! `tcp://host:port` (libfabric's `tcp;ofi_rxm`) or `verbs://host:port` (`verbs;ofi_rxm`); the
+//! channel key `provider` names another provider. The address is where the zmq side channel
+//! binds; the libfabric endpoint picks its own port on the same interface and tells the peer.
+//!
+//! - [`fabric`](crate::fabric) (private): the only module that calls libfabric.
+//! - `engine`: one thread per endpoint posts operations and polls the completion queue, and
+//!   keeps the registration cache (each shm segment or region registered once).
+//! - `protocol`: the side channel's messages (hello, announce, grant, heartbeat, bye) and the
+//!   tags of data operations.
+//! - `socket`: the async socket and the per-channel driver task that speaks the protocol.
+//!
+//! # Zero copy
+//! A message in shared memory is sent from its segment (registered once); a message is
+//! received into a block of the receiving device's shm segment when the device has shmem
+//! channels, so a relay that receives over ofi and forwards over shmem copies nothing, and one
+//! that receives over shmem and forwards over ofi neither. Heap messages are sent from the heap.
+//!
+//! # Guarantees
+//! - Flow control by credits: at most `sndBufSize` messages in flight per channel (a full window
+//!   makes `send` wait), at most `rcvBufSize` messages and a bounded number of bytes posted for
+//!   receiving; nothing is dropped.
+//! - Messages larger than the provider's maximum (or `ofi-max-chunk-size`) travel in chunks and
+//!   are reassembled in place.
+//! - `send` returns once the message is accepted; `close` waits up to `linger` until every
+//!   accepted message reached the peer. A message accepted before any peer existed waits for
+//!   one (it is not lost); one never granted by a peer that died goes to the next peer.
+//! - A peer that dies (no heartbeat for `ofi-peer-timeout-ms`, a broken side channel, a failed
+//!   completion) is reported by the next send or receive as [`ferromq_core::Error::PeerGone`],
+//!   with the number of messages lost in transfer; nothing hangs.
+//!
+//! Without the `ofi` feature this crate is empty.
+#![cfg(feature = "ofi")]
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+#![warn(missing_docs)]
+
+mod engine;
+mod fabric;
+mod protocol;
+mod socket;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ferromq_core::{ChannelConfig, Result, Socket, Transport};
+
+pub use engine::EngineStats;
+
+/// Options of the ofi transport (device properties `ofi-*`).
+#[derive(Clone)]
+pub struct OfiOptions {
+    /// Where received messages are allocated (the device's shmem transport, so that forwarding
+    /// over shmem copies nothing); `None`: the heap.
+    pub receive_memory: Option<Arc<dyn Transport>>,
+    /// Largest single libfabric operation; larger parts are split (`ofi-max-chunk-size`).
+    pub max_chunk: usize,
+    /// Bytes a receiving channel posts at most at once, beyond one message
+    /// (`ofi-receive-window`).
+    pub receive_window: usize,
+    /// Silence after which the peer counts as dead (`ofi-peer-timeout-ms`).
+    pub peer_timeout: Duration,
+}
+
+impl Default for OfiOptions {
+    fn default() -> Self {
+        OfiOptions {
+            receive_memory: None,
+            max_chunk: 8 << 20,
+            receive_window: 256 << 20,
+            peer_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl std::fmt::Debug for OfiOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OfiOptions")
+            .field(
+                "receive_memory",
+                &self.receive_memory.as_ref().map(|memory| memory.name()),
+            )
+            .field("max_chunk", &self.max_chunk)
+            .field("receive_window", &self.receive_window)
+            .field("peer_timeout", &self.peer_timeout)
+            .finish()
+    }
+}
+
+/// The ofi transport (`transport = "ofi"`).
+#[derive(Debug, Clone)]
+pub struct OfiTransport {
+    options: Arc<OfiOptions>,
+    stats: Arc<EngineStats>,
+}
+
+impl OfiTransport {
+    /// The configuration name of this transport.
+    pub const NAME: &'static str = "ofi";
+
+    /// A transport with `options`.
+    pub fn new(options: OfiOptions) -> OfiTransport {
+        OfiTransport {
+            options: Arc::new(options),
+            stats: Arc::default(),
+        }
+    }
+
+    /// Counters over every endpoint this transport opened: registrations (the cache's misses),
+    /// bytes sent and received.
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+}
+
+#[async_trait]
+impl Transport for OfiTransport {
+    fn name(&self) -> &'static str {
+        OfiTransport::NAME
+    }
+
+    async fn new_message(&self, size: usize) -> Result<ferromq_core::Message> {
+        match &self.options.receive_memory {
+            Some(memory) => memory.new_message(size).await,
+            None => Ok(ferromq_core::Message::new(size)),
+        }
+    }
+
+    async fn create_socket(
+        &self,
+        config: &ChannelConfig,
+        socket_name: &str,
+    ) -> Result<Box<dyn Socket>> {
+        config.validate()?;
+        Ok(Box::new(socket::OfiSocket::new(
+            config,
+            socket_name,
+            Arc::clone(&self.options),
+            Arc::clone(&self.stats),
+        )?))
+    }
+}

@@ -1,0 +1,1134 @@
+//! [`OfiSocket`]: one end of an ofi channel, and the driver task behind it.
+//!
+//! The socket is a thin async front: `send` takes a credit and hands the message to the
+//! driver; `receive` takes whole messages from a queue the driver fills. The driver owns the zmq
+//! side channel and the peer's state, and speaks the protocol in `protocol.rs`; the engine moves
+//! the bytes. An ofi channel has exactly one peer at a time: a second connector is refused
+//! with a reason it reports.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use ferromq_core::{
+    Address, ChannelConfig, ChannelLabel, Error, Message, Parts, Result, SendError, Socket,
+    SocketType, TcpHost, Transport,
+};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use zeromq::{Socket as _, SocketRecv as _, SocketSend as _, ZmqMessage};
+
+use crate::OfiOptions;
+use crate::engine::{Command, EngineHandle, EngineStats, Memory};
+use crate::protocol::{Control, MAX_CHUNKS, MAX_PARTS, PROTOCOL_VERSION, compatible, tag_base};
+
+/// Why a channel's peer could not be used, kept until a send or receive reports it.
+#[derive(Debug, Clone)]
+enum Problem {
+    Gone(String),
+    Refused(String),
+    Mismatch,
+}
+
+impl Problem {
+    fn into_error(self, label: &ChannelLabel) -> Error {
+        match self {
+            Problem::Gone(reason) => Error::PeerGone {
+                channel: label.clone(),
+                reason,
+            },
+            Problem::Refused(reason) => Error::Connect {
+                channel: label.clone(),
+                source: reason.into(),
+            },
+            Problem::Mismatch => Error::TransportMismatch {
+                channel: label.clone(),
+                peer_transport: "zeromq or shmem",
+            },
+        }
+    }
+}
+
+/// State shared by the socket and its driver.
+#[derive(Default)]
+struct Shared {
+    send_problem: Mutex<Option<Problem>>,
+    receive_problem: Mutex<Option<Problem>>,
+    receive_wakeup: Notify,
+    send_wakeup: Notify,
+}
+
+impl Shared {
+    fn report(&self, problem: &Problem, sends: bool, receives: bool) {
+        if sends {
+            *self.send_problem.lock().expect("problem lock") = Some(problem.clone());
+            self.send_wakeup.notify_one();
+        }
+        if receives {
+            *self.receive_problem.lock().expect("problem lock") = Some(problem.clone());
+            self.receive_wakeup.notify_one();
+        }
+    }
+}
+
+/// A message accepted by `send`, holding its credit until its bytes left.
+struct Outgoing {
+    parts: Vec<Message>,
+    _credit: OwnedSemaphorePermit,
+}
+
+enum DriverCommand {
+    Send(Outgoing),
+    Close {
+        linger: Duration,
+        done: oneshot::Sender<usize>,
+    },
+}
+
+struct Link {
+    commands: mpsc::UnboundedSender<DriverCommand>,
+    task: JoinHandle<()>,
+}
+
+/// One end of an ofi channel.
+pub(crate) struct OfiSocket {
+    label: ChannelLabel,
+    config: ChannelConfig,
+    options: Arc<OfiOptions>,
+    shared: Arc<Shared>,
+    credits: Arc<Semaphore>,
+    link: Option<Link>,
+    received: Option<mpsc::Receiver<Parts>>,
+    /// req: a reply is owed to us; rep: we owe a reply.
+    awaiting_reply: bool,
+    stats: Arc<EngineStats>,
+}
+
+impl OfiSocket {
+    pub(crate) fn new(
+        config: &ChannelConfig,
+        socket_name: &str,
+        options: Arc<OfiOptions>,
+        stats: Arc<EngineStats>,
+    ) -> Result<OfiSocket> {
+        let mut label = ChannelLabel::new(socket_name, config.socket_type);
+        label.address = config.address.clone();
+        if !matches!(
+            config.socket_type,
+            SocketType::Push
+                | SocketType::Pull
+                | SocketType::Pair
+                | SocketType::Req
+                | SocketType::Rep
+        ) {
+            return Err(Error::WrongSocketType {
+                channel: label,
+                operation: "use the ofi transport (it carries push, pull, pair, req and rep)",
+            });
+        }
+        Ok(OfiSocket {
+            label,
+            config: config.clone(),
+            options,
+            shared: Arc::default(),
+            credits: Arc::new(Semaphore::new(config.snd_buf_size.max(1))),
+            link: None,
+            received: None,
+            awaiting_reply: false,
+            stats,
+        })
+    }
+
+    fn can_send(&self) -> bool {
+        !matches!(self.config.socket_type, SocketType::Pull)
+    }
+
+    fn can_receive(&self) -> bool {
+        !matches!(self.config.socket_type, SocketType::Push)
+    }
+
+    /// The zmq address of the side channel, the default provider and the interface to open the
+    /// endpoint on, for an ofi address.
+    fn plan(&self, address: &Address) -> Result<(Address, String)> {
+        let (host, port, provider) = match address {
+            Address::Tcp { host, port } => (host, port, "tcp;ofi_rxm"),
+            Address::Verbs { host, port } => (host, port, "verbs;ofi_rxm"),
+            _ => {
+                return Err(Error::UnsupportedAddress {
+                    channel: self.label.clone(),
+                    address: address.to_string(),
+                    reason: "ofi channels take tcp://host:port (libfabric's tcp provider) or verbs://host:port (RDMA)",
+                });
+            }
+        };
+        let provider = self
+            .config
+            .provider
+            .clone()
+            .unwrap_or_else(|| provider.to_owned());
+        Ok((
+            Address::Tcp {
+                host: host.clone(),
+                port: *port,
+            },
+            provider,
+        ))
+    }
+
+    fn start_engine(&mut self, provider: &str, node: Option<&str>) -> Result<EngineHandle> {
+        let engine = EngineHandle::start(
+            provider,
+            node,
+            self.options.max_chunk,
+            &self.label.name,
+            Arc::clone(&self.stats),
+        )
+        .map_err(|error| Error::Transport {
+            channel: self.label.clone(),
+            source: format!(
+                "cannot open a libfabric endpoint with provider {provider:?}{}: {error}",
+                node.map(|node| format!(" on {node}")).unwrap_or_default()
+            )
+            .into(),
+        })?;
+        Ok(engine)
+    }
+
+    fn start_driver(&mut self, engine: EngineHandle, side: Side) {
+        let (commands, command_receiver) = mpsc::unbounded_channel();
+        let capacity = self.config.rcv_buf_size.max(1);
+        let (deliver, received) = mpsc::channel(capacity);
+        let (events, event_receiver) = mpsc::unbounded_channel();
+        let driver = Driver {
+            label: self.label.clone(),
+            socket_type: self.config.socket_type,
+            options: Arc::clone(&self.options),
+            shared: Arc::clone(&self.shared),
+            engine,
+            side,
+            peer: None,
+            epoch: 0,
+            commands: command_receiver,
+            events,
+            event_receiver,
+            next_seq: 0,
+            unannounced: VecDeque::new(),
+            awaiting_grant: BTreeMap::new(),
+            sends_in_flight: 0,
+            announced: VecDeque::new(),
+            receiving: HashMap::new(),
+            receiving_bytes: 0,
+            ready: BTreeMap::new(),
+            next_delivery: 0,
+            deliver,
+            closing: None,
+        };
+        let task = tokio::spawn(driver.run());
+        self.link = Some(Link { commands, task });
+        self.received = Some(received);
+    }
+
+    fn check_unlinked(&self, address: &Address) -> Result<()> {
+        if self.link.is_some() {
+            return Err(Error::UnsupportedAddress {
+                channel: self.label.clone(),
+                address: address.to_string(),
+                reason: "an ofi channel has one peer: bind or connect it once",
+            });
+        }
+        Ok(())
+    }
+}
+
+fn is_loopback(host: &TcpHost) -> bool {
+    match host {
+        TcpHost::Any => false,
+        TcpHost::Name(name) => {
+            name == "localhost" || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        }
+    }
+}
+
+#[async_trait]
+impl Socket for OfiSocket {
+    fn label(&self) -> &ChannelLabel {
+        &self.label
+    }
+
+    async fn bind(&mut self, address: &Address) -> Result<Address> {
+        self.check_unlinked(address)?;
+        let (side_address, provider) = self.plan(address)?;
+        let node = match &side_address {
+            Address::Tcp {
+                host: TcpHost::Name(name),
+                ..
+            } => Some(name.clone()),
+            _ => None,
+        };
+        let mut router = zeromq::RouterSocket::new();
+        let (bound, _) =
+            ferromq_zmq::endpoint::bind(&mut router, &self.label, &side_address).await?;
+        let engine = self.start_engine(&provider, node.as_deref())?;
+        let Address::Tcp { host, port } = bound else {
+            unreachable!("a tcp bind reports a tcp address")
+        };
+        let bound = match address {
+            Address::Verbs { .. } => Address::Verbs { host, port },
+            _ => Address::Tcp { host, port },
+        };
+        tracing::debug!(channel = %self.label, %bound, provider = engine.provider(), "ofi bound");
+        self.start_driver(engine, Side::Binder(router));
+        self.label.address = Some(bound.to_string());
+        Ok(bound)
+    }
+
+    async fn connect(&mut self, address: &Address) -> Result<()> {
+        self.check_unlinked(address)?;
+        let (side_address, provider) = self.plan(address)?;
+        let endpoint = ferromq_zmq::endpoint::connect_endpoint(&self.label, &side_address)?;
+        let node = match &side_address {
+            Address::Tcp { host, .. } if is_loopback(host) => match host {
+                TcpHost::Name(name) => Some(name.clone()),
+                TcpHost::Any => None,
+            },
+            _ => None,
+        };
+        let engine = self.start_engine(&provider, node.as_deref())?;
+        self.start_driver(
+            engine,
+            Side::Connector {
+                endpoint,
+                dealer: None,
+                retry_at: Instant::now(),
+            },
+        );
+        self.label.address = Some(address.to_string());
+        Ok(())
+    }
+
+    async fn send_parts(
+        &mut self,
+        parts: Parts,
+        timeout: Option<Duration>,
+    ) -> Result<(), SendError<Parts>> {
+        if !self.can_send()
+            || (self.config.socket_type == SocketType::Req && self.awaiting_reply)
+            || (self.config.socket_type == SocketType::Rep && !self.awaiting_reply)
+        {
+            let operation = match self.config.socket_type {
+                SocketType::Req => "send again before the reply arrived",
+                SocketType::Rep => "send a reply before a request arrived",
+                _ => "send",
+            };
+            return Err(SendError::new(
+                Error::WrongSocketType {
+                    channel: self.label.clone(),
+                    operation,
+                },
+                parts,
+            ));
+        }
+        if parts.len() > MAX_PARTS {
+            return Err(SendError::new(
+                Error::Transport {
+                    channel: self.label.clone(),
+                    source: format!(
+                        "a message of {} parts; the ofi transport carries at most {MAX_PARTS}",
+                        parts.len()
+                    )
+                    .into(),
+                },
+                parts,
+            ));
+        }
+        if let Some(part) = parts
+            .iter()
+            .find(|part| part.len().div_ceil(self.options.max_chunk) > MAX_CHUNKS)
+        {
+            let size = part.len();
+            return Err(SendError::new(
+                Error::MessageTooLarge {
+                    channel: self.label.clone(),
+                    size,
+                    limit: MAX_CHUNKS * self.options.max_chunk,
+                },
+                parts,
+            ));
+        }
+        let Some(link) = &self.link else {
+            return Err(SendError::new(
+                Error::Interrupted {
+                    channel: self.label.clone(),
+                },
+                parts,
+            ));
+        };
+        // Wait for a credit; a peer's death reported meanwhile ends the wait.
+        let deadline = timeout.map(|after| Instant::now() + after);
+        let credit = loop {
+            if let Some(problem) = self
+                .shared
+                .send_problem
+                .lock()
+                .expect("problem lock")
+                .take()
+            {
+                return Err(SendError::new(problem.into_error(&self.label), parts));
+            }
+            tokio::select! {
+                credit = Arc::clone(&self.credits).acquire_owned() => {
+                    break credit.expect("the credit semaphore is never closed");
+                }
+                () = self.shared.send_wakeup.notified() => {}
+                () = sleep_until_opt(deadline) => {
+                    return Err(SendError::new(
+                        Error::Timeout {
+                            channel: self.label.clone(),
+                            after: timeout.unwrap_or_default(),
+                        },
+                        parts,
+                    ));
+                }
+            }
+        };
+        let outgoing = Outgoing {
+            parts: parts.into_vec(),
+            _credit: credit,
+        };
+        if let Err(mpsc::error::SendError(DriverCommand::Send(outgoing))) =
+            link.commands.send(DriverCommand::Send(outgoing))
+        {
+            return Err(SendError::new(
+                Error::Interrupted {
+                    channel: self.label.clone(),
+                },
+                outgoing.parts.into(),
+            ));
+        }
+        if matches!(self.config.socket_type, SocketType::Req | SocketType::Rep) {
+            self.awaiting_reply = !self.awaiting_reply;
+        }
+        Ok(())
+    }
+
+    async fn receive_parts(&mut self, timeout: Option<Duration>) -> Result<Parts> {
+        if !self.can_receive()
+            || (self.config.socket_type == SocketType::Req && !self.awaiting_reply)
+            || (self.config.socket_type == SocketType::Rep && self.awaiting_reply)
+        {
+            let operation = match self.config.socket_type {
+                SocketType::Req => "receive before sending a request",
+                SocketType::Rep => "receive another request before replying",
+                _ => "receive",
+            };
+            return Err(Error::WrongSocketType {
+                channel: self.label.clone(),
+                operation,
+            });
+        }
+        let deadline = timeout.map(|after| Instant::now() + after);
+        let Some(received) = self.received.as_mut() else {
+            return Err(Error::Interrupted {
+                channel: self.label.clone(),
+            });
+        };
+        loop {
+            if let Ok(parts) = received.try_recv() {
+                if matches!(self.config.socket_type, SocketType::Req | SocketType::Rep) {
+                    self.awaiting_reply = !self.awaiting_reply;
+                }
+                return Ok(parts);
+            }
+            if let Some(problem) = self
+                .shared
+                .receive_problem
+                .lock()
+                .expect("problem lock")
+                .take()
+            {
+                return Err(problem.into_error(&self.label));
+            }
+            let sleep = sleep_until_opt(deadline);
+            tokio::select! {
+                parts = received.recv() => match parts {
+                    Some(parts) => {
+                        if matches!(self.config.socket_type, SocketType::Req | SocketType::Rep) {
+                            self.awaiting_reply = !self.awaiting_reply;
+                        }
+                        return Ok(parts);
+                    }
+                    None => return Err(Error::Interrupted { channel: self.label.clone() }),
+                },
+                () = self.shared.receive_wakeup.notified() => {}
+                () = sleep => {
+                    return Err(Error::Timeout {
+                        channel: self.label.clone(),
+                        after: timeout.unwrap_or_default(),
+                    });
+                }
+            }
+        }
+    }
+
+    async fn close(&mut self, linger: Duration) -> Result<()> {
+        let Some(link) = self.link.take() else {
+            return Ok(());
+        };
+        let (done, lost) = oneshot::channel();
+        let lost = if link
+            .commands
+            .send(DriverCommand::Close { linger, done })
+            .is_ok()
+        {
+            lost.await.unwrap_or(0)
+        } else {
+            0
+        };
+        let _ = link.task.await;
+        self.received = None;
+        if lost > 0 {
+            tracing::warn!(channel = %self.label, lost, "ofi: messages not delivered within linger");
+            return Err(Error::Timeout {
+                channel: self.label.clone(),
+                after: linger,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for OfiSocket {
+    fn drop(&mut self) {
+        if let Some(link) = self.link.take() {
+            link.task.abort();
+        }
+    }
+}
+
+/// The zmq end of the side channel.
+enum Side {
+    Binder(zeromq::RouterSocket),
+    Connector {
+        endpoint: String,
+        dealer: Option<zeromq::DealerSocket>,
+        retry_at: Instant,
+    },
+}
+
+struct Peer {
+    /// The ROUTER identity (binder only).
+    identity: Option<Bytes>,
+    fi_addr: u64,
+    last_heard: Instant,
+    address_text: String,
+}
+
+enum Event {
+    Posted {
+        epoch: u64,
+        seq: u64,
+    },
+    Received {
+        epoch: u64,
+        seq: u64,
+        result: std::result::Result<Vec<Message>, String>,
+    },
+    Sent {
+        epoch: u64,
+        result: std::result::Result<(), String>,
+    },
+}
+
+struct Driver {
+    label: ChannelLabel,
+    socket_type: SocketType,
+    options: Arc<OfiOptions>,
+    shared: Arc<Shared>,
+    engine: EngineHandle,
+    side: Side,
+    peer: Option<Peer>,
+    /// Bumped whenever a peer goes: events of older epochs are stale.
+    epoch: u64,
+    commands: mpsc::UnboundedReceiver<DriverCommand>,
+    events: mpsc::UnboundedSender<Event>,
+    event_receiver: mpsc::UnboundedReceiver<Event>,
+    // Sending.
+    next_seq: u64,
+    unannounced: VecDeque<Outgoing>,
+    awaiting_grant: BTreeMap<u64, Outgoing>,
+    sends_in_flight: usize,
+    // Receiving.
+    announced: VecDeque<(u64, Vec<u64>)>,
+    receiving: HashMap<u64, (mpsc::OwnedPermit<Parts>, u64)>,
+    receiving_bytes: u64,
+    ready: BTreeMap<u64, (mpsc::OwnedPermit<Parts>, Vec<Message>)>,
+    next_delivery: u64,
+    deliver: mpsc::Sender<Parts>,
+    closing: Option<(Instant, oneshot::Sender<usize>)>,
+}
+
+impl Driver {
+    async fn run(mut self) {
+        let tick_every = (self.options.peer_timeout / 8).max(Duration::from_millis(20));
+        let mut tick = tokio::time::interval(tick_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if self.finish_closing().await {
+                break;
+            }
+            let may_post = !self.announced.is_empty()
+                && (self.receiving.is_empty()
+                    || self.receiving_bytes < self.options.receive_window as u64);
+            let closing_deadline = self.closing.as_ref().map(|(deadline, _)| *deadline);
+            tokio::select! {
+                frame = receive_frame(&mut self.side) => self.on_frame(frame).await,
+                command = self.commands.recv(), if self.closing.is_none() => match command {
+                    Some(DriverCommand::Send(outgoing)) => {
+                        self.unannounced.push_back(outgoing);
+                        self.announce_queued().await;
+                    }
+                    Some(DriverCommand::Close { linger, done }) => {
+                        self.closing = Some((Instant::now() + linger, done));
+                    }
+                    None => break,
+                },
+                Some(event) = self.event_receiver.recv() => self.on_event(event).await,
+                permit = self.deliver.clone().reserve_owned(), if may_post => {
+                    if let Ok(permit) = permit {
+                        self.start_receive(permit);
+                    }
+                }
+                _ = tick.tick() => self.on_tick().await,
+                () = sleep_until_opt(closing_deadline) => {
+                    let lost = self.unannounced.len() + self.awaiting_grant.len() + self.sends_in_flight;
+                    if let Some((_, done)) = self.closing.take() {
+                        let _ = done.send(lost);
+                    }
+                    break;
+                }
+            }
+        }
+        if let Some(peer) = self.peer.take() {
+            self.engine
+                .submit(Command::ForgetPeer { peer: peer.fi_addr });
+        }
+    }
+
+    /// When closing and every accepted message left: says goodbye, reports, and ends the loop.
+    async fn finish_closing(&mut self) -> bool {
+        let drained = self.unannounced.is_empty()
+            && self.awaiting_grant.is_empty()
+            && self.sends_in_flight == 0;
+        if self.closing.is_none() || !drained {
+            return false;
+        }
+        self.send_control(&Control::Bye).await;
+        if let Some((_, done)) = self.closing.take() {
+            let _ = done.send(0);
+        }
+        true
+    }
+
+    async fn send_control(&mut self, control: &Control) {
+        let payload = Bytes::from(control.encode());
+        let failed = match (&mut self.side, &self.peer) {
+            (Side::Binder(router), Some(peer)) => {
+                let identity = peer.identity.clone().unwrap_or_default();
+                let message = ZmqMessage::try_from(vec![identity, payload])
+                    .expect("two frames make a message");
+                router.send(message).await.is_err()
+            }
+            (
+                Side::Connector {
+                    dealer: Some(dealer),
+                    ..
+                },
+                _,
+            ) => dealer.send(ZmqMessage::from(payload)).await.is_err(),
+            _ => false,
+        };
+        if failed && self.peer.is_some() {
+            self.peer_lost("the side channel to the peer broke".to_owned(), false);
+        }
+    }
+
+    async fn reply_to(&mut self, identity: Option<Bytes>, control: &Control) {
+        let payload = Bytes::from(control.encode());
+        match (&mut self.side, identity) {
+            (Side::Binder(router), Some(identity)) => {
+                let message = ZmqMessage::try_from(vec![identity, payload])
+                    .expect("two frames make a message");
+                let _ = router.send(message).await;
+            }
+            (
+                Side::Connector {
+                    dealer: Some(dealer),
+                    ..
+                },
+                _,
+            ) => {
+                let _ = dealer.send(ZmqMessage::from(payload)).await;
+            }
+            _ => {}
+        }
+    }
+
+    fn my_type(&self) -> &'static str {
+        socket_type_name(self.socket_type)
+    }
+
+    async fn on_frame(&mut self, frame: Option<(Option<Bytes>, Bytes)>) {
+        let Some((identity, payload)) = frame else {
+            // The connector's dealer broke.
+            if let Side::Connector {
+                dealer, retry_at, ..
+            } = &mut self.side
+            {
+                *dealer = None;
+                *retry_at = Instant::now() + Duration::from_millis(100);
+            }
+            if self.peer.is_some() {
+                self.peer_lost("the side channel to the peer broke".to_owned(), false);
+            }
+            return;
+        };
+        let Some(control) = Control::decode(&payload) else {
+            tracing::warn!(channel = %self.label, "a peer that is not an ofi channel spoke on the side channel");
+            self.shared.report(&Problem::Mismatch, true, true);
+            return;
+        };
+        let from_peer = match (&self.peer, &identity) {
+            (Some(peer), Some(identity)) => peer.identity.as_ref() == Some(identity),
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if from_peer && let Some(peer) = &mut self.peer {
+            peer.last_heard = Instant::now();
+        }
+        tracing::trace!(channel = %self.label, ?control, from_peer, "ofi control");
+        match control {
+            Control::Hello {
+                version,
+                socket_type,
+                provider,
+                address,
+            } => {
+                self.on_hello(identity, version, &socket_type, &provider, &address)
+                    .await;
+            }
+            Control::Welcome { address } if self.peer.is_none() => {
+                let accepted = self.accept_peer(None, &address).await;
+                if accepted {
+                    self.announce_queued().await;
+                }
+            }
+            Control::Refused { reason } => {
+                tracing::error!(channel = %self.label, %reason, "ofi peer refused the connection");
+                self.shared.report(&Problem::Refused(reason), true, true);
+                if let Side::Connector {
+                    dealer, retry_at, ..
+                } = &mut self.side
+                {
+                    *dealer = None;
+                    *retry_at = Instant::now() + Duration::from_secs(1);
+                }
+            }
+            Control::Announce { seq, sizes } if from_peer => {
+                if self.socket_type == SocketType::Push {
+                    return;
+                }
+                self.announced.push_back((seq, sizes));
+            }
+            Control::Grant { seq } if from_peer => {
+                if let Some(outgoing) = self.awaiting_grant.remove(&seq) {
+                    self.start_send(seq, outgoing);
+                }
+            }
+            Control::Bye if from_peer => {
+                self.peer_lost("the peer closed".to_owned(), true);
+            }
+            _ => {}
+        }
+    }
+
+    async fn on_hello(
+        &mut self,
+        identity: Option<Bytes>,
+        version: u16,
+        socket_type: &str,
+        provider: &str,
+        address: &[u8],
+    ) {
+        let refusal = if version != PROTOCOL_VERSION {
+            Some(format!(
+                "ofi protocol version {version} cannot talk to version {PROTOCOL_VERSION}"
+            ))
+        } else if !compatible(self.my_type(), socket_type) {
+            Some(format!(
+                "channel '{}' is a {} and cannot talk to a {socket_type}",
+                self.label.name,
+                self.my_type()
+            ))
+        } else if provider != self.engine.provider() {
+            Some(format!(
+                "channel '{}' uses libfabric provider {:?}, the peer {provider:?}",
+                self.label.name,
+                self.engine.provider()
+            ))
+        } else if self
+            .peer
+            .as_ref()
+            .is_some_and(|peer| peer.identity != identity)
+        {
+            Some(format!(
+                "channel '{}' already has a peer (ofi channels are one-to-one)",
+                self.label.name
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = refusal {
+            tracing::error!(channel = %self.label, %reason, "refused an ofi peer");
+            if self.peer.is_none() {
+                self.shared
+                    .report(&Problem::Refused(reason.clone()), true, true);
+            }
+            self.reply_to(identity, &Control::Refused { reason }).await;
+            return;
+        }
+        if self.peer.is_some() {
+            // The same peer said hello again: it restarted its side.
+            self.peer_lost("the peer reconnected".to_owned(), true);
+        }
+        if self.accept_peer(identity.clone(), address).await {
+            let welcome = Control::Welcome {
+                address: self.engine.address.to_vec(),
+            };
+            self.reply_to(identity, &welcome).await;
+            self.announce_queued().await;
+        }
+    }
+
+    /// Puts the peer's endpoint in the address vector and starts a new epoch with it.
+    async fn accept_peer(&mut self, identity: Option<Bytes>, address: &[u8]) -> bool {
+        match self.engine.insert_peer(address) {
+            Ok(fi_addr) => {
+                let address_text = self.engine.address_text(address);
+                tracing::debug!(channel = %self.label, peer = %address_text, "ofi peer connected");
+                self.peer = Some(Peer {
+                    identity,
+                    fi_addr,
+                    last_heard: Instant::now(),
+                    address_text,
+                });
+                self.next_seq = 0;
+                self.next_delivery = 0;
+                true
+            }
+            Err(error) => {
+                let reason = format!("cannot add the peer's endpoint: {error}");
+                self.shared
+                    .report(&Problem::Refused(reason.clone()), true, true);
+                self.reply_to(identity, &Control::Refused { reason }).await;
+                false
+            }
+        }
+    }
+
+    /// Announces every queued message to the peer, if there is one.
+    async fn announce_queued(&mut self) {
+        while self.peer.is_some() {
+            let Some(outgoing) = self.unannounced.pop_front() else {
+                break;
+            };
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            let sizes = outgoing
+                .parts
+                .iter()
+                .map(|part| part.len() as u64)
+                .collect();
+            self.awaiting_grant.insert(seq, outgoing);
+            self.send_control(&Control::Announce { seq, sizes }).await;
+        }
+    }
+
+    fn start_send(&mut self, seq: u64, outgoing: Outgoing) {
+        let Some(peer) = &self.peer else {
+            return;
+        };
+        let peer = peer.fi_addr;
+        let engine = self.engine.clone();
+        let events = self.events.clone();
+        let epoch = self.epoch;
+        self.sends_in_flight += 1;
+        tokio::spawn(async move {
+            let Outgoing { parts, _credit } = outgoing;
+            let mut pending = Vec::new();
+            for (index, message) in parts.into_iter().enumerate() {
+                if message.is_empty() {
+                    continue;
+                }
+                let (done, result) = oneshot::channel();
+                engine.submit(Command::Send {
+                    peer,
+                    tag_base: tag_base(seq, index),
+                    memory: Memory::of(&message),
+                    message,
+                    done,
+                });
+                pending.push(result);
+            }
+            let mut outcome = Ok(());
+            for result in pending {
+                match result.await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(error)) => outcome = Err(error.to_string()),
+                    Err(_) => outcome = Err("the ofi engine stopped".to_owned()),
+                }
+            }
+            let _ = events.send(Event::Sent {
+                epoch,
+                result: outcome,
+            });
+        });
+    }
+
+    fn start_receive(&mut self, permit: mpsc::OwnedPermit<Parts>) {
+        let (Some((seq, sizes)), Some(peer)) = (self.announced.pop_front(), &self.peer) else {
+            return;
+        };
+        let peer = peer.fi_addr;
+        let bytes: u64 = sizes.iter().sum();
+        self.receiving.insert(seq, (permit, bytes));
+        self.receiving_bytes += bytes;
+        let engine = self.engine.clone();
+        let events = self.events.clone();
+        let epoch = self.epoch;
+        let memory = self.options.receive_memory.clone();
+        let label = self.label.clone();
+        tokio::spawn(async move {
+            let mut pending = Vec::new();
+            let mut parts = Vec::with_capacity(sizes.len());
+            for (index, &size) in sizes.iter().enumerate() {
+                let message = allocate(memory.as_deref(), size as usize, &label).await;
+                if message.is_empty() {
+                    parts.push(Some(message));
+                    continue;
+                }
+                let (done, result) = oneshot::channel();
+                engine.submit(Command::Receive {
+                    peer,
+                    tag_base: tag_base(seq, index),
+                    memory: Memory::of(&message),
+                    message,
+                    done,
+                });
+                parts.push(None);
+                pending.push((index, result));
+            }
+            let _ = events.send(Event::Posted { epoch, seq });
+            let mut outcome = Ok(());
+            for (index, result) in pending {
+                match result.await {
+                    Ok(Ok(message)) => parts[index] = Some(message),
+                    Ok(Err(error)) => outcome = Err(error.to_string()),
+                    Err(_) => outcome = Err("the ofi engine stopped".to_owned()),
+                }
+            }
+            let result = outcome.map(|()| parts.into_iter().flatten().collect());
+            let _ = events.send(Event::Received { epoch, seq, result });
+        });
+    }
+
+    async fn on_event(&mut self, event: Event) {
+        match event {
+            Event::Posted { epoch, seq } => {
+                if epoch == self.epoch {
+                    self.send_control(&Control::Grant { seq }).await;
+                }
+            }
+            Event::Received { epoch, seq, result } => {
+                if epoch != self.epoch {
+                    return;
+                }
+                let Some((permit, bytes)) = self.receiving.remove(&seq) else {
+                    return;
+                };
+                self.receiving_bytes -= bytes;
+                match result {
+                    Ok(parts) => {
+                        self.ready.insert(seq, (permit, parts));
+                        while let Some((permit, parts)) = self.ready.remove(&self.next_delivery) {
+                            permit.send(Parts::from(parts));
+                            self.next_delivery += 1;
+                        }
+                    }
+                    Err(reason) => {
+                        self.peer_lost(format!("receiving a message failed: {reason}"), false);
+                    }
+                }
+            }
+            Event::Sent { epoch, result } => {
+                self.sends_in_flight -= 1;
+                if epoch == self.epoch
+                    && let Err(reason) = result
+                {
+                    self.peer_lost(format!("sending a message failed: {reason}"), false);
+                }
+            }
+        }
+    }
+
+    async fn on_tick(&mut self) {
+        if let Some(peer) = &self.peer {
+            if peer.last_heard.elapsed() > self.options.peer_timeout {
+                let reason = format!(
+                    "no sign of life from {} for {} ms",
+                    peer.address_text,
+                    self.options.peer_timeout.as_millis()
+                );
+                self.peer_lost(reason, false);
+            } else {
+                self.send_control(&Control::Heartbeat).await;
+            }
+        }
+        let hello = Control::Hello {
+            version: PROTOCOL_VERSION,
+            socket_type: self.my_type().to_owned(),
+            provider: self.engine.provider().to_owned(),
+            address: self.engine.address.to_vec(),
+        };
+        if let Side::Connector {
+            endpoint,
+            dealer,
+            retry_at,
+        } = &mut self.side
+            && dealer.is_none()
+            && Instant::now() >= *retry_at
+        {
+            let mut fresh = zeromq::DealerSocket::new();
+            match fresh.connect(endpoint).await {
+                Ok(()) => {
+                    if fresh
+                        .send(ZmqMessage::from(Bytes::from(hello.encode())))
+                        .await
+                        .is_ok()
+                    {
+                        *dealer = Some(fresh);
+                    }
+                }
+                Err(error) => {
+                    tracing::trace!(%error, "ofi side channel not reachable yet");
+                }
+            }
+            *retry_at = Instant::now() + Duration::from_millis(100);
+        }
+    }
+
+    /// The peer left (`orderly`: it said so) or died: forget it, requeue what it never
+    /// granted, and report what was lost.
+    fn peer_lost(&mut self, reason: String, orderly: bool) {
+        let Some(peer) = self.peer.take() else {
+            return;
+        };
+        self.engine
+            .submit(Command::ForgetPeer { peer: peer.fi_addr });
+        self.epoch += 1;
+        let in_transfer = self.sends_in_flight + self.receiving.len();
+        // Never granted: nothing left this process; they go to the next peer.
+        let never_granted = std::mem::take(&mut self.awaiting_grant);
+        for (_, outgoing) in never_granted.into_iter().rev() {
+            self.unannounced.push_front(outgoing);
+        }
+        self.announced.clear();
+        self.receiving.clear();
+        self.receiving_bytes = 0;
+        self.ready.clear();
+        if let Side::Connector {
+            dealer, retry_at, ..
+        } = &mut self.side
+        {
+            *dealer = None;
+            *retry_at = Instant::now() + Duration::from_millis(100);
+        }
+        if orderly && in_transfer == 0 {
+            tracing::debug!(channel = %self.label, %reason, "ofi peer left");
+            return;
+        }
+        let reason = if in_transfer > 0 {
+            format!("{reason}; {in_transfer} message(s) in transfer were lost")
+        } else {
+            reason
+        };
+        tracing::error!(channel = %self.label, %reason, "ofi peer gone");
+        let problem = Problem::Gone(reason);
+        let sends = self.socket_type != SocketType::Pull;
+        let receives = self.socket_type != SocketType::Push;
+        self.shared.report(&problem, sends, receives);
+    }
+}
+
+fn socket_type_name(socket_type: SocketType) -> &'static str {
+    match socket_type {
+        SocketType::Push => "push",
+        SocketType::Pull => "pull",
+        SocketType::Pair => "pair",
+        SocketType::Req => "req",
+        SocketType::Rep => "rep",
+        _ => "other",
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next side-channel frame: `(identity, payload)`; `None` when the connector's dealer
+/// broke. Pending forever while there is nothing to read from.
+async fn receive_frame(side: &mut Side) -> Option<(Option<Bytes>, Bytes)> {
+    match side {
+        Side::Binder(router) => loop {
+            let Ok(message) = router.recv().await else {
+                continue;
+            };
+            let mut frames = message.into_vec().into_iter();
+            let (Some(identity), Some(payload)) = (frames.next(), frames.next()) else {
+                continue;
+            };
+            return Some((Some(identity), payload));
+        },
+        Side::Connector {
+            dealer: Some(dealer),
+            ..
+        } => match dealer.recv().await {
+            Ok(message) => Some((None, message.into_vec().pop().unwrap_or_default())),
+            Err(_) => None,
+        },
+        Side::Connector { dealer: None, .. } => std::future::pending().await,
+    }
+}
+
+/// A receive buffer: from the receive memory (the device's shm segment) when there is one,
+/// else, or when it is full, from the heap.
+async fn allocate(memory: Option<&dyn Transport>, size: usize, label: &ChannelLabel) -> Message {
+    if size == 0 {
+        return Message::empty();
+    }
+    if let Some(memory) = memory {
+        match memory.new_message(size).await {
+            Ok(message) => return message,
+            Err(error) => {
+                tracing::warn!(channel = %label, size, %error, "ofi: shared memory full, receiving into the heap (a shmem hop after this will copy)");
+            }
+        }
+    }
+    Message::new(size)
+}

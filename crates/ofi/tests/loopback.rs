@@ -1,0 +1,265 @@
+//! The ofi transport between sockets of one process over libfabric's tcp provider on loopback:
+//! payload sizes up to 64 MiB (split into chunks), multipart, shared memory on both ends,
+//! pair and req/rep, a late binder, a refused second peer and a peer that vanishes.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use ferromq_core::{
+    Address, Channel, ChannelConfig, Error, Message, Method, Parts, SocketType, Transport,
+    copied_bytes,
+};
+use ferromq_ofi::{OfiOptions, OfiTransport};
+
+fn transport() -> OfiTransport {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    OfiTransport::new(OfiOptions {
+        max_chunk: 1 << 20,
+        peer_timeout: Duration::from_millis(500),
+        ..OfiOptions::default()
+    })
+}
+
+fn config(name: &str, socket_type: SocketType, method: Method) -> ChannelConfig {
+    let mut config = ChannelConfig::new(name, socket_type, method);
+    config.rate_logging = 0;
+    config.linger = 5000;
+    config
+}
+
+/// A bound `binder` channel and a `connector` channel connected to it.
+async fn pair_up(
+    transport: &OfiTransport,
+    binder: SocketType,
+    connector: SocketType,
+) -> (Channel, Channel) {
+    let mut bound = Channel::open(transport, config("data", binder, Method::Bind), "data")
+        .await
+        .unwrap();
+    let address = bound
+        .bind(&Address::parse("tcp://127.0.0.1:0").unwrap())
+        .await
+        .unwrap();
+    let mut connected = Channel::open(
+        transport,
+        config("data", connector, Method::Connect),
+        "data",
+    )
+    .await
+    .unwrap();
+    connected.connect(&address).await.unwrap();
+    (bound, connected)
+}
+
+fn pattern(size: usize, seed: u8) -> Vec<u8> {
+    (0..size)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_pull_carries_every_size_intact_and_in_order() {
+    let transport = transport();
+    let (mut push, mut pull) = pair_up(&transport, SocketType::Push, SocketType::Pull).await;
+    let sizes = [0usize, 1, 64, 4096, 1 << 20, (1 << 20) + 7, 64 << 20];
+    for (seed, &size) in sizes.iter().enumerate() {
+        push.send(Message::from(pattern(size, seed as u8)))
+            .await
+            .unwrap();
+    }
+    for (seed, &size) in sizes.iter().enumerate() {
+        let message = pull.receive().await.unwrap();
+        assert_eq!(message.len(), size);
+        assert!(
+            message.data() == pattern(size, seed as u8).as_slice(),
+            "payload of {size} bytes differs"
+        );
+    }
+    push.close().await.unwrap();
+    pull.close().await.unwrap();
+    assert!(transport.stats().bytes_received.load(Ordering::Relaxed) >= (66 << 20));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multipart_messages_keep_their_parts() {
+    let transport = transport();
+    let (mut pull, mut push) = pair_up(&transport, SocketType::Pull, SocketType::Push).await;
+    for round in 0..50u8 {
+        let parts: Parts = vec![
+            Message::from(vec![round; 8]),
+            Message::empty(),
+            Message::from(pattern(3 << 20, round)),
+        ]
+        .into();
+        push.send_parts(parts).await.unwrap();
+    }
+    for round in 0..50u8 {
+        let parts = pull.receive_parts().await.unwrap();
+        assert_eq!(parts.len(), 3);
+        assert_eq!(parts.get(0).unwrap().data(), &[round; 8]);
+        assert!(parts.get(1).unwrap().is_empty());
+        assert!(parts.get(2).unwrap().data() == pattern(3 << 20, round).as_slice());
+    }
+    push.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pair_talks_both_ways_and_req_rep_alternates() {
+    let transport = transport();
+    let (mut left, mut right) = pair_up(&transport, SocketType::Pair, SocketType::Pair).await;
+    left.send(Message::from("ping")).await.unwrap();
+    assert_eq!(right.receive().await.unwrap().data(), b"ping");
+    right.send(Message::from("pong")).await.unwrap();
+    assert_eq!(left.receive().await.unwrap().data(), b"pong");
+
+    let (mut rep, mut req) = pair_up(&transport, SocketType::Rep, SocketType::Req).await;
+    for i in 0..20u32 {
+        req.send(Message::from(i.to_le_bytes().to_vec()))
+            .await
+            .unwrap();
+        let request = rep.receive().await.unwrap();
+        rep.send(Message::from([request.data(), b"!"].concat()))
+            .await
+            .unwrap();
+        let reply = req.receive().await.unwrap();
+        assert_eq!(
+            reply.data(),
+            [&i.to_le_bytes()[..], b"!"].concat().as_slice()
+        );
+    }
+    let error = rep.receive_timeout(Duration::from_millis(10)).await;
+    assert!(error.is_err());
+    let twice = req
+        .send(Message::from("a"))
+        .await
+        .and(req.send(Message::from("b")).await);
+    assert!(
+        matches!(twice, Err(ref failed) if matches!(failed.error, Error::WrongSocketType { .. })),
+        "{twice:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_sent_before_the_binder_exists_arrive() {
+    let transport = transport();
+    // Find a free port, release it, connect first, bind later.
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = probe.local_addr().unwrap().port();
+    drop(probe);
+    let address = Address::parse(&format!("tcp://127.0.0.1:{port}")).unwrap();
+    let mut push = Channel::open(
+        &transport,
+        config("data", SocketType::Push, Method::Connect),
+        "data",
+    )
+    .await
+    .unwrap();
+    push.connect(&address).await.unwrap();
+    for i in 0..10u8 {
+        push.send(Message::from(vec![i; 100])).await.unwrap();
+    }
+    let mut pull = Channel::open(
+        &transport,
+        config("data", SocketType::Pull, Method::Bind),
+        "data",
+    )
+    .await
+    .unwrap();
+    pull.bind(&address).await.unwrap();
+    for i in 0..10u8 {
+        assert_eq!(pull.receive().await.unwrap().data(), &[i; 100]);
+    }
+    push.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_connector_is_refused_by_name() {
+    let transport = transport();
+    let (mut pull, mut push) = pair_up(&transport, SocketType::Pull, SocketType::Push).await;
+    push.send(Message::from("first")).await.unwrap();
+    assert_eq!(pull.receive().await.unwrap().data(), b"first");
+    let address = Address::parse(pull.label().address.as_deref().unwrap()).unwrap();
+    let mut intruder = Channel::open(
+        &transport,
+        config("late", SocketType::Push, Method::Connect),
+        "late",
+    )
+    .await
+    .unwrap();
+    intruder.connect(&address).await.unwrap();
+    let error = loop {
+        match intruder.send(Message::from("second")).await {
+            Ok(()) => tokio::task::yield_now().await,
+            Err(failed) => break failed.error,
+        }
+    };
+    assert!(
+        error.to_string().contains("connect failed")
+            && format!("{:?}", error).contains("already has a peer"),
+        "{error:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_receiver_is_reported_to_the_sender() {
+    let transport = transport();
+    let (mut push, pull) = pair_up(&transport, SocketType::Push, SocketType::Pull).await;
+    let mut pull = pull;
+    push.send(Message::from("hello")).await.unwrap();
+    assert_eq!(pull.receive().await.unwrap().data(), b"hello");
+    drop(pull); // no goodbye: its driver stops answering heartbeats
+    // Sends go on until the window is full, then wait; the peer's death ends the wait.
+    let error = loop {
+        match push
+            .send_timeout(Message::from(vec![0; 1024]), Duration::from_secs(30))
+            .await
+        {
+            Ok(()) => {}
+            Err(failed) => break failed.error,
+        }
+    };
+    assert!(matches!(error, Error::PeerGone { .. }), "{error:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_memory_travels_without_copies_and_registers_once() {
+    let session = format!("ofi-test-{}", std::process::id());
+    let shm = Arc::new(ferromq_shm::ShmTransport::new(ferromq_shm::ShmOptions {
+        session: session.clone(),
+        segment_size: 256 << 20,
+        ..ferromq_shm::ShmOptions::default()
+    }));
+    let transport = OfiTransport::new(OfiOptions {
+        receive_memory: Some(shm.clone() as Arc<dyn Transport>),
+        ..OfiOptions::default()
+    });
+    let (mut push, mut pull) = pair_up(&transport, SocketType::Push, SocketType::Pull).await;
+    let copied_before = copied_bytes();
+    for round in 0..100u32 {
+        let mut message = shm.new_message(64 << 10).await.unwrap();
+        message.data_mut()[..4].copy_from_slice(&round.to_le_bytes());
+        push.send(message).await.unwrap();
+    }
+    for round in 0..100u32 {
+        let message = pull.receive().await.unwrap();
+        assert_eq!(message.memory_kind(), "shmem");
+        assert_eq!(&message.data()[..4], &round.to_le_bytes());
+    }
+    assert_eq!(copied_bytes(), copied_before, "a payload was copied");
+    // Sender and receiver share this process's one segment: registered once per endpoint.
+    assert_eq!(transport.stats().registrations.load(Ordering::Relaxed), 2);
+    push.close().await.unwrap();
+    pull.close().await.unwrap();
+    drop((push, pull, transport));
+    drop(shm);
+    let leftovers: Vec<_> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().contains(&session))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
