@@ -39,6 +39,8 @@
 
 pub use ferromq_core::*;
 pub use ferromq_device::{available_transports, transport_by_name};
+#[cfg(feature = "ofi")]
+pub use ferromq_ofi::{OfiOptions, OfiTransport};
 #[cfg(feature = "shmem")]
 pub use ferromq_shm::{ShmOptions, ShmTransport, UnmanagedRegion};
 #[cfg(feature = "zeromq")]

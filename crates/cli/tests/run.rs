@@ -74,6 +74,13 @@ async fn every_bundled_topology_runs_and_counts_messages() {
         .flatten()
         .map(|entry| entry.file_name().to_string_lossy().into_owned())
         .filter(|name| name.ends_with(".toml"))
+        // Topologies with ofi channels need a binary built with `--features ofi`.
+        .filter(|name| {
+            cfg!(feature = "ofi")
+                || !std::fs::read_to_string(topology(name))
+                    .unwrap()
+                    .contains("transport = \"ofi\"")
+        })
         .collect();
     names.sort();
     assert!(names.len() >= 7, "{names:?}");
@@ -104,6 +111,51 @@ async fn every_bundled_topology_runs_and_counts_messages() {
         assert!(counted, "{name}: no messages counted:\n{stdout}");
         assert_eq!(shm_objects_of(&session), 0, "{name} left shared memory");
     }
+}
+
+/// sampler -(shmem)-> relay -(ofi)-> relay -(shmem)-> sink: both relays forward every message
+/// from shared memory without copying a payload byte, and the sink's checksums hold.
+#[cfg(feature = "ofi")]
+#[tokio::test]
+async fn ofi_chain_relays_copy_nothing() {
+    let session = format!("test-ofi-chain-{}", std::process::id());
+    let support::Finished {
+        code,
+        stdout,
+        stderr,
+    } = support::finish(ferromq_run(
+        &topology("ofi-chain.toml"),
+        &["--duration", "3", "--session", &session],
+    ))
+    .await;
+    assert_eq!(code, Some(0), "{stderr}\n{stdout}");
+    for relay in ["[relay-out]", "[relay-in]"] {
+        let summary = stdout
+            .lines()
+            .find(|line| line.starts_with(relay) && line.contains("processor summary"))
+            .unwrap_or_else(|| panic!("no summary of {relay}:\n{stdout}"));
+        // "forwarded N messages, B bytes (M arrived in shared memory), copied C payload bytes"
+        let numbers: Vec<u64> = summary
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|word| word.parse().ok())
+            .collect();
+        let [forwarded, bytes, in_shm, copied] = numbers[..] else {
+            panic!("unexpected summary {summary}");
+        };
+        assert!(forwarded > 0 && bytes >= forwarded << 20, "{summary}");
+        assert_eq!(
+            in_shm, forwarded,
+            "every message arrives in shared memory: {summary}"
+        );
+        assert_eq!(copied, 0, "the relay copied payload bytes: {summary}");
+    }
+    assert!(
+        stdout.lines().any(|line| line.contains("sink summary")
+            && line.contains("checksums ok")
+            && !line.contains("received 0 messages")),
+        "{stdout}"
+    );
+    assert_eq!(shm_objects_of(&session), 0, "left shared memory");
 }
 
 async fn wait_until_running(

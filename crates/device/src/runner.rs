@@ -554,6 +554,39 @@ fn address_overrides(ctx: &DeviceContext) -> BTreeMap<String, Vec<Address>> {
     overrides
 }
 
+/// For the ofi transport: the device's shmem transport (made now if need be) when the device
+/// has shmem channels, so that messages received over ofi land in shared memory and go on over
+/// shmem without a copy. Every other transport allocates its own memory.
+async fn receive_memory_for(
+    ctx: &mut DeviceContext,
+    config: &DeviceConfig,
+    transport_name: &str,
+) -> Result<Option<Arc<dyn ferromq_core::Transport>>> {
+    const SHMEM: &str = "shmem";
+    let uses_shmem = config.sockets.iter().any(|socket| {
+        socket
+            .config
+            .transport
+            .as_deref()
+            .unwrap_or(&config.transport)
+            == SHMEM
+    });
+    if transport_name != "ofi" || !uses_shmem {
+        return Ok(None);
+    }
+    if let Some(shmem) = ctx.transports.get(SHMEM) {
+        return Ok(Some(Arc::clone(shmem)));
+    }
+    let options = TransportOptions {
+        session: config.session.clone(),
+        properties: ctx.properties.lock().expect("properties poisoned").clone(),
+        receive_memory: None,
+    };
+    let shmem = transport_for(SHMEM, &options)?;
+    ctx.transports.insert(SHMEM.to_owned(), Arc::clone(&shmem));
+    Ok(Some(shmem))
+}
+
 async fn create_channels(ctx: &mut DeviceContext, config: &DeviceConfig) -> Result<()> {
     ctx.channels.clear();
     for socket in &config.sockets {
@@ -565,9 +598,11 @@ async fn create_channels(ctx: &mut DeviceContext, config: &DeviceConfig) -> Resu
         let transport = match ctx.transports.get(&transport_name) {
             Some(transport) => Arc::clone(transport),
             None => {
+                let receive_memory = receive_memory_for(ctx, config, &transport_name).await?;
                 let options = TransportOptions {
                     session: config.session.clone(),
                     properties: ctx.properties.lock().expect("properties poisoned").clone(),
+                    receive_memory,
                 };
                 let transport = transport_for(&transport_name, &options)?;
                 ctx.transports

@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+#[cfg(feature = "ofi")]
+use std::time::Duration;
 
 use ferromq_core::{Error, Result, Transport};
 
@@ -12,6 +14,9 @@ pub struct TransportOptions {
     pub session: String,
     /// The device's properties (`shm-segment-size`, ...).
     pub properties: BTreeMap<String, String>,
+    /// Where a transport that receives into memory of its own choosing (ofi) allocates: the
+    /// device's shmem transport when it has shmem channels, so that forwarding copies nothing.
+    pub receive_memory: Option<Arc<dyn Transport>>,
 }
 
 /// The transport a configuration names (`"zeromq"`, `"shmem"`), with default options.
@@ -55,6 +60,23 @@ pub fn transport_for(name: &str, options: &TransportOptions) -> Result<Arc<dyn T
             }
             Ok(Arc::new(ferromq_shm::ShmTransport::new(shm)))
         }
+        #[cfg(feature = "ofi")]
+        ferromq_ofi::OfiTransport::NAME => {
+            let mut ofi = ferromq_ofi::OfiOptions {
+                receive_memory: options.receive_memory.clone(),
+                ..ferromq_ofi::OfiOptions::default()
+            };
+            if let Some(size) = number_property(options, "ofi-max-chunk-size")? {
+                ofi.max_chunk = size as usize;
+            }
+            if let Some(size) = number_property(options, "ofi-receive-window")? {
+                ofi.receive_window = size as usize;
+            }
+            if let Some(timeout_ms) = number_property(options, "ofi-peer-timeout-ms")? {
+                ofi.peer_timeout = Duration::from_millis(timeout_ms);
+            }
+            Ok(Arc::new(ferromq_ofi::OfiTransport::new(ofi)))
+        }
         _ => Err(Error::UnknownTransport {
             name: name.to_owned(),
             available: available_transports().join(", "),
@@ -83,6 +105,8 @@ pub fn available_transports() -> Vec<&'static str> {
         "zeromq",
         #[cfg(feature = "shmem")]
         "shmem",
+        #[cfg(feature = "ofi")]
+        "ofi",
     ]
     .to_vec()
 }

@@ -71,7 +71,7 @@ impl Default for OfiOptions {
             receive_memory: None,
             max_chunk: 8 << 20,
             receive_window: 256 << 20,
-            peer_timeout: Duration::from_secs(2),
+            peer_timeout: Duration::from_secs(5),
         }
     }
 }

@@ -56,6 +56,9 @@ pub(crate) enum Control {
     Heartbeat,
     /// Either way: closing in order, every accepted message was delivered.
     Bye,
+    /// The answer to [`Control::Bye`]: the closing side waits for it, because zmq.rs has no
+    /// linger and would otherwise drop the goodbye with its socket.
+    Farewell,
 }
 
 impl Control {

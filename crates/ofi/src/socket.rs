@@ -525,6 +525,8 @@ struct Peer {
     fi_addr: u64,
     last_heard: Instant,
     address_text: String,
+    /// It said goodbye; it goes once its last messages arrived.
+    leaving: bool,
 }
 
 enum Event {
@@ -626,7 +628,24 @@ impl Driver {
         if self.closing.is_none() || !drained {
             return false;
         }
-        self.send_control(&Control::Bye).await;
+        if self.peer.is_some() {
+            self.send_control(&Control::Bye).await;
+            // Wait (briefly) for the answer, so that the goodbye left before the socket goes.
+            let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                loop {
+                    match receive_frame(&mut self.side).await {
+                        Some((_, payload))
+                            if Control::decode(&payload) == Some(Control::Farewell) =>
+                        {
+                            break;
+                        }
+                        Some(_) => {}
+                        None => break,
+                    }
+                }
+            })
+            .await;
+        }
         if let Some((_, done)) = self.closing.take() {
             let _ = done.send(0);
         }
@@ -749,7 +768,12 @@ impl Driver {
                 }
             }
             Control::Bye if from_peer => {
-                self.peer_lost("the peer closed".to_owned(), true);
+                self.reply_to(identity, &Control::Farewell).await;
+                // Its last messages may still be completing here: finish them first.
+                if let Some(peer) = &mut self.peer {
+                    peer.leaving = true;
+                }
+                self.forget_peer_if_left();
             }
             _ => {}
         }
@@ -824,6 +848,7 @@ impl Driver {
                     fi_addr,
                     last_heard: Instant::now(),
                     address_text,
+                    leaving: false,
                 });
                 self.next_seq = 0;
                 self.next_delivery = 0;
@@ -967,6 +992,7 @@ impl Driver {
                             permit.send(Parts::from(parts));
                             self.next_delivery += 1;
                         }
+                        self.forget_peer_if_left();
                     }
                     Err(reason) => {
                         self.peer_lost(format!("receiving a message failed: {reason}"), false);
@@ -993,7 +1019,7 @@ impl Driver {
                     self.options.peer_timeout.as_millis()
                 );
                 self.peer_lost(reason, false);
-            } else {
+            } else if !peer.leaving {
                 self.send_control(&Control::Heartbeat).await;
             }
         }
@@ -1027,6 +1053,13 @@ impl Driver {
                 }
             }
             *retry_at = Instant::now() + Duration::from_millis(100);
+        }
+    }
+
+    /// A peer that said goodbye goes once nothing of it is still arriving.
+    fn forget_peer_if_left(&mut self) {
+        if self.peer.as_ref().is_some_and(|peer| peer.leaving) && self.receiving.is_empty() {
+            self.peer_lost("the peer closed".to_owned(), true);
         }
     }
 
@@ -1065,7 +1098,11 @@ impl Driver {
         } else {
             reason
         };
-        tracing::error!(channel = %self.label, %reason, "ofi peer gone");
+        if orderly {
+            tracing::warn!(channel = %self.label, %reason, "ofi peer left");
+        } else {
+            tracing::error!(channel = %self.label, %reason, "ofi peer gone");
+        }
         let problem = Problem::Gone(reason);
         let sends = self.socket_type != SocketType::Pull;
         let receives = self.socket_type != SocketType::Push;
