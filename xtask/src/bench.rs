@@ -178,22 +178,23 @@ pub fn render_report(
     }
     let _ = writeln!(
         report,
-        "\n## Ratios (same run)\n\n| size | shmem / zeromq-ipc | shmem / zeromq-tcp |\n|---|---|---|"
+        "\n## Ratios (same run)\n\n| size | shmem / zeromq-ipc | shmem / zeromq-tcp | ofi-tcp / zeromq-tcp |\n|---|---|---|---|"
     );
     let sizes: std::collections::BTreeSet<usize> = grouped.keys().map(|(_, size)| *size).collect();
     for size in &sizes {
-        let ratio = |other: &str| match (rate("shmem", *size), rate(other, *size)) {
-            (Some(shm), Some(other)) if other.median > 0.0 => {
-                format!("{:.2}x", shm.median / other.median)
+        let ratio = |this: &str, other: &str| match (rate(this, *size), rate(other, *size)) {
+            (Some(this), Some(other)) if other.median > 0.0 => {
+                format!("{:.2}x", this.median / other.median)
             }
             _ => "-".to_owned(),
         };
         let _ = writeln!(
             report,
-            "| {} | {} | {} |",
+            "| {} | {} | {} | {} |",
             size_label(*size),
-            ratio("zeromq-ipc"),
-            ratio("zeromq-tcp")
+            ratio("shmem", "zeromq-ipc"),
+            ratio("shmem", "zeromq-tcp"),
+            ratio("ofi-tcp", "zeromq-tcp")
         );
     }
     let _ = writeln!(
@@ -476,8 +477,19 @@ pub fn run(cargo: &str, workspace: &Path) -> bool {
             return false;
         }
     }
+    // With libfabric installed, the binary gets the ofi transport and ofi-tcp joins the runs.
+    let with_ofi = Command::new("pkg-config")
+        .args(["--exists", "libfabric"])
+        .status()
+        .is_ok_and(|status| status.success());
+    let mut build_args = vec!["build", "--release", "-p", "ferromq-cli"];
+    if with_ofi {
+        build_args.extend(["--features", "ofi"]);
+    } else {
+        eprintln!("xtask: libfabric not found (pkg-config): benchmarking without ofi-tcp");
+    }
     let built = Command::new(cargo)
-        .args(["build", "--release", "-p", "ferromq-cli"])
+        .args(&build_args)
         .current_dir(workspace)
         .status()
         .is_ok_and(|status| status.success());
@@ -492,7 +504,11 @@ pub fn run(cargo: &str, workspace: &Path) -> bool {
         "--duration",
         "2",
         "--transport",
-        "shmem,zeromq-ipc,zeromq-tcp",
+        if with_ofi {
+            "shmem,zeromq-ipc,zeromq-tcp,ofi-tcp"
+        } else {
+            "shmem,zeromq-ipc,zeromq-tcp"
+        },
         "--msg-size",
         "64,1024,65536,1048576,8388608",
     ];

@@ -115,7 +115,10 @@ fn transport_and_address(
         "zeromq-ipc" => ("zeromq", format!("ipc://{}/bench.ipc", dir.display())),
         "zeromq-tcp" => ("zeromq", "tcp://127.0.0.1:0".to_owned()),
         "shmem" => ("shmem", format!("ipc://{}/bench.ipc", dir.display())),
-        other => bail!("unknown bench transport {other:?}: zeromq-ipc, zeromq-tcp or shmem"),
+        "ofi-tcp" => ("ofi", "tcp://127.0.0.1:0".to_owned()),
+        other => bail!(
+            "unknown bench transport {other:?}: zeromq-ipc, zeromq-tcp, shmem or ofi-tcp (with --features ofi)"
+        ),
     };
     Ok((transport_for(transport, &transport_options)?, address))
 }
@@ -388,7 +391,10 @@ async fn role(options: &RoleOptions) -> Result<RoleReport> {
         .await?;
         let bound = channel.bind_configured().await?.for_local_connect();
         println!("READY {bound}");
-        return receive(&mut channel, options, warm_up).await;
+        let report = receive(&mut channel, options, warm_up).await?;
+        // Close in order: the last reply leaves before the process does.
+        channel.close().await?;
+        return Ok(report);
     }
     let address = options
         .address

@@ -670,8 +670,8 @@ impl Driver {
             ) => dealer.send(ZmqMessage::from(payload)).await.is_err(),
             _ => false,
         };
-        if failed && self.peer.is_some() {
-            self.peer_lost("the side channel to the peer broke".to_owned(), false);
+        if failed {
+            self.side_channel_broke();
         }
     }
 
@@ -710,9 +710,7 @@ impl Driver {
                 *dealer = None;
                 *retry_at = Instant::now() + Duration::from_millis(100);
             }
-            if self.peer.is_some() {
-                self.peer_lost("the side channel to the peer broke".to_owned(), false);
-            }
+            self.side_channel_broke();
             return;
         };
         let Some(control) = Control::decode(&payload) else {
@@ -1053,6 +1051,16 @@ impl Driver {
                 }
             }
             *retry_at = Instant::now() + Duration::from_millis(100);
+        }
+    }
+
+    /// The zmq connection to the peer is gone: it died, unless it said goodbye (then its last
+    /// messages may still be completing over libfabric).
+    fn side_channel_broke(&mut self) {
+        match &self.peer {
+            Some(peer) if peer.leaving => self.forget_peer_if_left(),
+            Some(_) => self.peer_lost("the side channel to the peer broke".to_owned(), false),
+            None => {}
         }
     }
 
