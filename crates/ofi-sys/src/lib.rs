@@ -11,16 +11,25 @@
 //!
 //! Everything here is `unsafe` and undocumented beyond libfabric's man pages (`man fi_endpoint`,
 //! `fi_tagged`, `fi_cq`, `fi_mr`); `ferromq-ofi` is the safe layer over it.
-#![allow(
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+/// The generated bindings (bindgen's own code: C names, unsafe blocks without comments).
+#[cfg(feature = "ofi")]
+#[allow(
     non_upper_case_globals,
     non_camel_case_types,
     non_snake_case,
-    missing_docs
+    missing_docs,
+    unsafe_op_in_unsafe_fn,
+    clippy::all,
+    clippy::pedantic,
+    clippy::undocumented_unsafe_blocks
 )]
-#![allow(clippy::all, clippy::pedantic, unsafe_op_in_unsafe_fn)]
-
+mod bindings {
+    include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+}
 #[cfg(feature = "ofi")]
-include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+pub use bindings::*;
 
 /// `FI_VERSION(major, minor)`, a macro in C.
 pub const fn make_version(major: u32, minor: u32) -> u32 {
@@ -69,7 +78,8 @@ mod tests {
         fn strdup(s: *const std::ffi::c_char) -> *mut std::ffi::c_char;
     }
 
-    unsafe fn libc_strdup(s: &std::ffi::CStr) -> *mut std::ffi::c_char {
-        strdup(s.as_ptr())
+    fn libc_strdup(s: &std::ffi::CStr) -> *mut std::ffi::c_char {
+        // SAFETY: `s` is a valid NUL-terminated string; strdup copies it into malloc'ed memory.
+        unsafe { strdup(s.as_ptr()) }
     }
 }
