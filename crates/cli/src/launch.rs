@@ -140,7 +140,18 @@ fn forward_lines(
     });
 }
 
-fn auto_bind_address(topology: &Topology, run_dir: &Path, instance: &str, socket: &str) -> String {
+fn auto_bind_address(
+    topology: &Topology,
+    run_dir: &Path,
+    instance: &str,
+    config: &ferromq_core::ChannelConfig,
+) -> String {
+    let socket = &config.name;
+    let transport = config.transport.as_deref().unwrap_or(&topology.transport);
+    if transport == "ofi" {
+        // ofi goes between hosts: a tcp side channel, never ipc.
+        return "tcp://127.0.0.1:0".to_owned();
+    }
     match topology.auto_address {
         AutoAddress::Ipc => format!("ipc://{}/{instance}.{socket}.ipc", run_dir.display()),
         AutoAddress::Tcp => "tcp://127.0.0.1:0".to_owned(),
@@ -188,12 +199,7 @@ fn spawn_device(
     for channel in &instance.channels {
         let mut config = channel.config.clone();
         if config.method == Method::Bind && config.address.is_none() {
-            config.address = Some(auto_bind_address(
-                topology,
-                run_dir,
-                &instance.id,
-                &config.name,
-            ));
+            config.address = Some(auto_bind_address(topology, run_dir, &instance.id, &config));
         }
         command.args(["--channel-config", &config.to_key_values()]);
     }
@@ -372,6 +378,7 @@ pub struct Signals {
 impl Signals {
     fn install() -> Result<Signals> {
         use tokio::signal::unix::{SignalKind, signal};
+        ferromq_device::prepare_termination_signals();
         Ok(Signals {
             interrupt: signal(SignalKind::interrupt())?,
             terminate: signal(SignalKind::terminate())?,

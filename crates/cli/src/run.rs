@@ -105,6 +105,7 @@ async fn follow_parent(controller: DeviceController) {
 
 async fn handle_signals(controller: DeviceController) {
     use tokio::signal::unix::{SignalKind, signal};
+    ferromq_device::prepare_termination_signals();
     let (Ok(mut interrupt), Ok(mut terminate)) = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),

@@ -48,6 +48,14 @@ mod runner;
 pub mod state;
 mod transports;
 
+/// Prepares the process's termination signals for ferromq's handlers: with the ofi transport
+/// built in, takes SIGINT/SIGTERM back from libraries that grabbed them at load time (see
+/// `ferromq_ofi::reclaim_termination_signals`); otherwise does nothing.
+pub fn prepare_termination_signals() {
+    #[cfg(feature = "ofi")]
+    ferromq_ofi::reclaim_termination_signals();
+}
+
 /// The attribute `impl Device` blocks need (the trait has async methods and is object-safe).
 pub use async_trait::async_trait;
 pub use config::{DEFAULT_TRANSPORT, DeviceConfig, SocketConfig};

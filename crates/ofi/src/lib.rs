@@ -50,6 +50,30 @@ use ferromq_core::{ChannelConfig, Result, Socket, Transport};
 
 pub use engine::EngineStats;
 
+/// Gives SIGINT and SIGTERM back to their default disposition when a shared library installed
+/// a handler for them before `main`.
+///
+/// Debian's libfabric links the PSM libraries (`libinfinipath`), whose load-time constructor
+/// installs SIGINT/SIGTERM handlers that end the process. tokio's signal handling chains to a
+/// handler it finds installed, so Ctrl-C would kill a device before its orderly shutdown ran.
+/// Call this before installing signal handlers (ferromq's launcher and devices do).
+pub fn reclaim_termination_signals() {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    for signal in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: SIG_DFL is a valid disposition; this runs before ferromq installs its own
+        // handlers, so it removes only what a library installed. The previous action is put back
+        // when it was the default or "ignore" (a background job's SIGINT stays ignored).
+        let previous = unsafe { sigaction(signal, &default) };
+        if let Ok(previous) = previous
+            && matches!(previous.handler(), SigHandler::SigIgn)
+        {
+            // SAFETY: as above; restoring the disposition we just read.
+            let _ = unsafe { sigaction(signal, &previous) };
+        }
+    }
+}
+
 /// Options of the ofi transport (device properties `ofi-*`).
 #[derive(Clone)]
 pub struct OfiOptions {

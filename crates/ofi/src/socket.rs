@@ -1101,16 +1101,24 @@ impl Driver {
             tracing::debug!(channel = %self.label, %reason, "ofi peer left");
             return;
         }
+        if orderly {
+            // The peer chose to close with messages of ours in transfer (a receiver stopped
+            // first): like a zeromq receiver that closes, that is its decision, not an error of
+            // this channel; the channel waits for the next peer.
+            tracing::warn!(
+                channel = %self.label,
+                %reason,
+                in_transfer,
+                "ofi peer closed with messages in transfer; they are lost"
+            );
+            return;
+        }
         let reason = if in_transfer > 0 {
             format!("{reason}; {in_transfer} message(s) in transfer were lost")
         } else {
             reason
         };
-        if orderly {
-            tracing::warn!(channel = %self.label, %reason, "ofi peer left");
-        } else {
-            tracing::error!(channel = %self.label, %reason, "ofi peer gone");
-        }
+        tracing::error!(channel = %self.label, %reason, "ofi peer gone");
         let problem = Problem::Gone(reason);
         let sends = self.socket_type != SocketType::Pull;
         let receives = self.socket_type != SocketType::Push;
