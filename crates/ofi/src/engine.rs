@@ -20,7 +20,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -124,6 +124,8 @@ pub struct EngineStats {
 pub(crate) struct EngineHandle {
     commands: mpsc::Sender<Command>,
     endpoint: Arc<Endpoint>,
+    /// Set while the thread is (about to be) blocked in the completion queue's wait.
+    asleep: Arc<AtomicBool>,
     /// The endpoint's own address (for the peer).
     pub(crate) address: Arc<[u8]>,
 }
@@ -148,6 +150,7 @@ impl EngineHandle {
         );
         let chunk_size = max_chunk.min(endpoint.max_msg_size).max(4096);
         let (commands, receiver) = mpsc::channel();
+        let asleep = Arc::new(AtomicBool::new(false));
         let engine = Engine {
             endpoint: Arc::clone(&endpoint),
             commands: receiver,
@@ -156,6 +159,7 @@ impl EngineHandle {
             registrations: HashMap::new(),
             retry: VecDeque::new(),
             chunk_size,
+            asleep: Arc::clone(&asleep),
             stats: Arc::clone(&stats),
         };
         std::thread::Builder::new()
@@ -169,6 +173,7 @@ impl EngineHandle {
         Ok(EngineHandle {
             commands,
             endpoint,
+            asleep,
             address,
         })
     }
@@ -176,7 +181,12 @@ impl EngineHandle {
     /// Hands a command to the thread and wakes it.
     pub(crate) fn submit(&self, command: Command) {
         if self.commands.send(command).is_ok() {
-            self.endpoint.signal();
+            // Wake the thread only if it sleeps (a signal is a syscall on both sides). Pairs
+            // with the fence in Engine::run: either it sees this command, or we see it asleep.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if self.asleep.load(Ordering::SeqCst) {
+                self.endpoint.signal();
+            }
         }
     }
 
@@ -207,6 +217,7 @@ struct Engine {
     retry: VecDeque<u64>,
     chunk_size: usize,
     stats: Arc<EngineStats>,
+    asleep: Arc<AtomicBool>,
 }
 
 impl Engine {
@@ -250,8 +261,29 @@ impl Engine {
             if progressed || !self.retry.is_empty() {
                 continue;
             }
+            // Announce the sleep, then look once more: a command submitted meanwhile either
+            // is seen here or sees `asleep` and signals the wait (see EngineHandle::submit).
+            self.asleep.store(true, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            match self.commands.try_recv() {
+                Ok(command) => {
+                    self.asleep.store(false, Ordering::SeqCst);
+                    self.handle(command);
+                    continue;
+                }
+                Err(mpsc::TryRecvError::Empty) => {}
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    self.asleep.store(false, Ordering::SeqCst);
+                    // Handled at the top of the loop.
+                    if closing_since.is_none() {
+                        continue;
+                    }
+                }
+            }
             let timeout = if closing_since.is_some() { 10 } else { 100 };
-            match self.endpoint.wait(&mut entries, timeout) {
+            let waited = self.endpoint.wait(&mut entries, timeout);
+            self.asleep.store(false, Ordering::SeqCst);
+            match waited {
                 Ok(polled) => {
                     self.complete(polled, &entries);
                 }

@@ -48,10 +48,14 @@ pub(crate) enum Control {
     Welcome { address: Vec<u8> },
     /// Either way: the connection cannot be (a second peer, a wrong socket type, ...).
     Refused { reason: String },
-    /// Sender to receiver: message `seq` with these part sizes is ready.
-    Announce { seq: u64, sizes: Vec<u64> },
-    /// Receiver to sender: buffers for `seq` are posted, send it.
-    Grant { seq: u64 },
+    /// Sender to receiver: messages `first_seq`, `first_seq + 1`, ... with these part sizes
+    /// are ready (one frame for a burst).
+    Announce {
+        first_seq: u64,
+        messages: Vec<Vec<u64>>,
+    },
+    /// Receiver to sender: buffers for these messages are posted, send them.
+    Grant { seqs: Vec<u64> },
     /// Either way: still alive.
     Heartbeat,
     /// Either way: closing in order, every accepted message was delivered.
@@ -109,10 +113,10 @@ mod tests {
                 address: vec![1, 2, 3],
             },
             Control::Announce {
-                seq: 7,
-                sizes: vec![0, 64, 1 << 26],
+                first_seq: 7,
+                messages: vec![vec![0, 64, 1 << 26], vec![1]],
             },
-            Control::Grant { seq: 7 },
+            Control::Grant { seqs: vec![7, 8] },
             Control::Bye,
         ] {
             assert_eq!(Control::decode(&control.encode()), Some(control));

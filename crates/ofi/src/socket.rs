@@ -187,13 +187,22 @@ impl OfiSocket {
             &self.label.name,
             Arc::clone(&self.stats),
         )
-        .map_err(|error| Error::Transport {
-            channel: self.label.clone(),
-            source: format!(
-                "cannot open a libfabric endpoint with provider {provider:?}{}: {error}",
-                node.map(|node| format!(" on {node}")).unwrap_or_default()
-            )
-            .into(),
+        .map_err(|error| {
+            let on = node.map(|node| format!(" on {node}")).unwrap_or_default();
+            // FI_ENODATA from fi_getinfo: no provider of that name serves that address here.
+            let hint = if error.call == "fi_getinfo" && error.code == 61 {
+                " (no such provider for this address on this host: verbs needs an RDMA device \
+                 and its drivers; `fi_info -l` lists the providers present)"
+            } else {
+                ""
+            };
+            Error::Transport {
+                channel: self.label.clone(),
+                source: format!(
+                    "cannot open a libfabric endpoint with provider {provider:?}{on}: {error}{hint}"
+                )
+                .into(),
+            }
         })?;
         Ok(engine)
     }
@@ -588,20 +597,48 @@ impl Driver {
             let closing_deadline = self.closing.as_ref().map(|(deadline, _)| *deadline);
             tokio::select! {
                 frame = receive_frame(&mut self.side) => self.on_frame(frame).await,
-                command = self.commands.recv(), if self.closing.is_none() => match command {
-                    Some(DriverCommand::Send(outgoing)) => {
-                        self.unannounced.push_back(outgoing);
-                        self.announce_queued().await;
+                command = self.commands.recv(), if self.closing.is_none() => {
+                    let Some(command) = command else {
+                        break;
+                    };
+                    // Take the whole burst, then announce it in one frame.
+                    let mut next = Some(command);
+                    while let Some(command) = next.take() {
+                        match command {
+                            DriverCommand::Send(outgoing) => self.unannounced.push_back(outgoing),
+                            DriverCommand::Close { linger, done } => {
+                                self.closing = Some((Instant::now() + linger, done));
+                                break;
+                            }
+                        }
+                        next = self.commands.try_recv().ok();
                     }
-                    Some(DriverCommand::Close { linger, done }) => {
-                        self.closing = Some((Instant::now() + linger, done));
+                    self.announce_queued().await;
+                }
+                Some(event) = self.event_receiver.recv() => {
+                    // Every event that is there, then one grant frame for all posted.
+                    let mut grants = Vec::new();
+                    let mut next = Some(event);
+                    while let Some(event) = next.take() {
+                        self.on_event(event, &mut grants);
+                        next = self.event_receiver.try_recv().ok();
                     }
-                    None => break,
-                },
-                Some(event) = self.event_receiver.recv() => self.on_event(event).await,
+                    if !grants.is_empty() {
+                        self.send_control(&Control::Grant { seqs: grants }).await;
+                    }
+                }
                 permit = self.deliver.clone().reserve_owned(), if may_post => {
                     if let Ok(permit) = permit {
                         self.start_receive(permit);
+                        // More announced messages with room for them: post them too.
+                        while !self.announced.is_empty()
+                            && self.receiving_bytes < self.options.receive_window as u64
+                        {
+                            let Ok(permit) = self.deliver.clone().try_reserve_owned() else {
+                                break;
+                            };
+                            self.start_receive(permit);
+                        }
                     }
                 }
                 _ = tick.tick() => self.on_tick().await,
@@ -754,15 +791,22 @@ impl Driver {
                     *retry_at = Instant::now() + Duration::from_secs(1);
                 }
             }
-            Control::Announce { seq, sizes } if from_peer => {
+            Control::Announce {
+                first_seq,
+                messages,
+            } if from_peer => {
                 if self.socket_type == SocketType::Push {
                     return;
                 }
-                self.announced.push_back((seq, sizes));
+                for (seq, sizes) in (first_seq..).zip(messages) {
+                    self.announced.push_back((seq, sizes));
+                }
             }
-            Control::Grant { seq } if from_peer => {
-                if let Some(outgoing) = self.awaiting_grant.remove(&seq) {
-                    self.start_send(seq, outgoing);
+            Control::Grant { seqs } if from_peer => {
+                for seq in seqs {
+                    if let Some(outgoing) = self.awaiting_grant.remove(&seq) {
+                        self.start_send(seq, outgoing);
+                    }
                 }
             }
             Control::Bye if from_peer => {
@@ -864,19 +908,30 @@ impl Driver {
 
     /// Announces every queued message to the peer, if there is one.
     async fn announce_queued(&mut self) {
-        while self.peer.is_some() {
-            let Some(outgoing) = self.unannounced.pop_front() else {
-                break;
-            };
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            let sizes = outgoing
-                .parts
-                .iter()
-                .map(|part| part.len() as u64)
-                .collect();
-            self.awaiting_grant.insert(seq, outgoing);
-            self.send_control(&Control::Announce { seq, sizes }).await;
+        /// Messages per announce frame at most.
+        const BURST: usize = 256;
+        while self.peer.is_some() && !self.unannounced.is_empty() {
+            let first_seq = self.next_seq;
+            let mut messages = Vec::new();
+            while messages.len() < BURST {
+                let Some(outgoing) = self.unannounced.pop_front() else {
+                    break;
+                };
+                messages.push(
+                    outgoing
+                        .parts
+                        .iter()
+                        .map(|part| part.len() as u64)
+                        .collect(),
+                );
+                self.awaiting_grant.insert(self.next_seq, outgoing);
+                self.next_seq += 1;
+            }
+            self.send_control(&Control::Announce {
+                first_seq,
+                messages,
+            })
+            .await;
         }
     }
 
@@ -968,11 +1023,12 @@ impl Driver {
         });
     }
 
-    async fn on_event(&mut self, event: Event) {
+    /// Handles one event; posted receives join `grants`, sent by the caller in one frame.
+    fn on_event(&mut self, event: Event, grants: &mut Vec<u64>) {
         match event {
             Event::Posted { epoch, seq } => {
                 if epoch == self.epoch {
-                    self.send_control(&Control::Grant { seq }).await;
+                    grants.push(seq);
                 }
             }
             Event::Received { epoch, seq, result } => {

@@ -263,3 +263,60 @@ async fn shared_memory_travels_without_copies_and_registers_once() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn region_buffers_are_sent_in_place_and_released_once() {
+    use std::sync::atomic::AtomicUsize;
+
+    use ferromq_shm::{RegionBlock, RegionCallback};
+
+    let session = format!("ofi-region-{}", std::process::id());
+    let shm = ferromq_shm::ShmTransport::new(ferromq_shm::ShmOptions {
+        session: session.clone(),
+        segment_size: 64 << 20,
+        ..ferromq_shm::ShmOptions::default()
+    });
+    let n_buffers = 500usize;
+    let released = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&released);
+    let region = shm
+        .create_region(
+            n_buffers * 4096,
+            RegionCallback::Bulk(Box::new(move |blocks: &[RegionBlock]| {
+                counter.fetch_add(blocks.len(), Ordering::Relaxed);
+            })),
+        )
+        .await
+        .unwrap();
+    let transport = transport();
+    let (mut push, mut pull) = pair_up(&transport, SocketType::Push, SocketType::Pull).await;
+    let copied_before = copied_bytes();
+    for index in 0..n_buffers {
+        region
+            .write(index * 4096, &pattern(4096, index as u8))
+            .unwrap();
+        let message = region.message(index * 4096, 4096, index as u64).unwrap();
+        push.send(message).await.unwrap();
+    }
+    for index in 0..n_buffers {
+        let message = pull.receive().await.unwrap();
+        assert!(message.data() == pattern(4096, index as u8).as_slice());
+    }
+    assert_eq!(copied_bytes(), copied_before, "a payload was copied");
+    // The region is registered once, however many of its buffers are sent.
+    assert_eq!(transport.stats().registrations.load(Ordering::Relaxed), 1);
+    // Every buffer goes back to the creator once its send completed.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while released.load(Ordering::Relaxed) < n_buffers {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {} of {n_buffers} buffers released",
+            released.load(Ordering::Relaxed)
+        );
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(released.load(Ordering::Relaxed), n_buffers);
+    assert_eq!(region.n_lent(), 0);
+    push.close().await.unwrap();
+    pull.close().await.unwrap();
+}

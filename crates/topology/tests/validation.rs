@@ -20,7 +20,7 @@ const KNOWN: Known<'static> = Known {
         "stf-source",
         "builder",
     ],
-    transports: &["zeromq", "shmem"],
+    transports: &["zeromq", "shmem", "ofi"],
 };
 
 #[test]
