@@ -8,8 +8,11 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use ferromq::prelude::*;
 use ferromq::{Error, ZmqTransport};
-use libtest_mimic::{Arguments, Failed, Trial};
-use support::{ChildRole, IpcPath, ROLE_VAR, env_number, env_string, payload, verify};
+use libtest_mimic::Arguments;
+use support::{
+    ChildRole, IpcPath, ROLE_VAR, block_on, env_number, env_string, payload, push_env,
+    receive_verified, trial, verify,
+};
 
 const STEP: Duration = Duration::from_secs(60);
 
@@ -50,17 +53,6 @@ fn main() {
         trial("address_in_use_is_reported", address_in_use),
     ];
     libtest_mimic::run(&Arguments::from_args(), tests).exit();
-}
-
-fn trial(name: &'static str, test: fn() -> Result<()>) -> Trial {
-    Trial::test(name, move || {
-        test().map_err(|error| Failed::from(format!("{error:#}")))
-    })
-}
-
-fn block_on(test: impl Future<Output = Result<()>>) -> Result<()> {
-    tokio::runtime::Runtime::new()?
-        .block_on(async { tokio::time::timeout(Duration::from_secs(240), test).await? })
 }
 
 async fn open(socket_type: SocketType, method: Method, address: &str) -> Result<Channel> {
@@ -169,32 +161,6 @@ async fn run_role(role: &str) -> Result<()> {
 
 // ---------------------------------------------------------------------------------------------
 // Tests
-
-async fn receive_verified(channel: &mut Channel, n_msgs: u64, n_parts: usize) -> Result<()> {
-    for msg_idx in 0..n_msgs {
-        let parts = tokio::time::timeout(STEP, channel.receive_parts())
-            .await
-            .with_context(|| format!("message {msg_idx} never came"))??;
-        ensure!(
-            parts.len() == n_parts,
-            "message {msg_idx} has {} parts, not {n_parts}",
-            parts.len()
-        );
-        for part in &parts {
-            verify(msg_idx, part.data()).map_err(anyhow::Error::msg)?;
-        }
-    }
-    Ok(())
-}
-
-fn push_env(address: &str, sizes: &str, parts: usize, count: u64) -> Vec<(&'static str, String)> {
-    vec![
-        ("ADDRESS", address.to_owned()),
-        ("SIZES", sizes.to_owned()),
-        ("PARTS", parts.to_string()),
-        ("COUNT", count.to_string()),
-    ]
-}
 
 fn push_pull_tcp_payloads() -> Result<()> {
     block_on(async {

@@ -138,3 +138,56 @@ pub fn env_number(key: &str) -> u64 {
         .parse()
         .unwrap_or_else(|_| panic!("{key} is not a number"))
 }
+
+/// A libtest-mimic trial running `test`, its error chain as the failure message.
+pub fn trial(name: &'static str, test: fn() -> anyhow::Result<()>) -> libtest_mimic::Trial {
+    libtest_mimic::Trial::test(name, move || {
+        test().map_err(|error| libtest_mimic::Failed::from(format!("{error:#}")))
+    })
+}
+
+/// Runs a test on a fresh runtime, failing it after 240 s instead of hanging.
+pub fn block_on(test: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    tokio::runtime::Runtime::new()?
+        .block_on(async { tokio::time::timeout(Duration::from_secs(240), test).await? })
+}
+
+/// Receives `n_msgs` messages of `n_parts` parts each and checks every part is
+/// `payload(index, size)`.
+pub async fn receive_verified(
+    channel: &mut ferromq::Channel,
+    n_msgs: u64,
+    n_parts: usize,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    for msg_idx in 0..n_msgs {
+        let parts = tokio::time::timeout(Duration::from_secs(60), channel.receive_parts())
+            .await
+            .with_context(|| format!("message {msg_idx} never came"))??;
+        anyhow::ensure!(
+            parts.len() == n_parts,
+            "message {msg_idx} has {} parts, not {n_parts}",
+            parts.len()
+        );
+        for part in &parts {
+            verify(msg_idx, part.data()).map_err(anyhow::Error::msg)?;
+        }
+    }
+    Ok(())
+}
+
+/// The environment of a "push" child role: address, sizes (comma-separated, cycled), parts per
+/// message and message count (0: until killed).
+pub fn push_env(
+    address: &str,
+    sizes: &str,
+    parts: usize,
+    count: u64,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("ADDRESS", address.to_owned()),
+        ("SIZES", sizes.to_owned()),
+        ("PARTS", parts.to_string()),
+        ("COUNT", count.to_string()),
+    ]
+}
