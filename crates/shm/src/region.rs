@@ -75,8 +75,7 @@ impl AckProducer {
         }
     }
 
-    fn claim(&self) -> Option<usize> {
-        let mut claimed = self.ring_idx.lock().expect("ring claim poisoned");
+    fn claim(&self, claimed: &mut Option<usize>) -> Option<usize> {
         if let Some(ring_idx) = *claimed {
             return Some(ring_idx);
         }
@@ -107,8 +106,12 @@ impl AckProducer {
     }
 
     /// Queues one acknowledgement; waits while the ring is full and the creator lives.
+    ///
+    /// The ring has one producer slot per process; threads of this process take turns (the
+    /// lock), or two releases at once would write the same slot and one would be lost.
     pub(crate) fn push(&self, block: RegionBlock) {
-        let Some(ring_idx) = self.claim() else {
+        let mut claimed = self.ring_idx.lock().expect("ring claim poisoned");
+        let Some(ring_idx) = self.claim(&mut claimed) else {
             tracing::error!(region = %self.segment.name(), "no free acknowledgement ring: a region buffer release is lost");
             return;
         };

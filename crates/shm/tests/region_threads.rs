@@ -1,0 +1,78 @@
+//! Region buffers released from many threads of one process at once: each release reaches the
+//! creator's callback exactly once (the per-process acknowledgement ring has one writer at a
+//! time; without that, two releases at once wrote one slot and one was lost).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ferromq_shm::{RegionBlock, RegionCallback, ShmOptions, ShmTransport};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_from_many_threads_are_each_acknowledged_once() {
+    let session = format!("region-threads-{}", std::process::id());
+    let transport = ShmTransport::new(ShmOptions {
+        session: session.clone(),
+        segment_size: 16 << 20,
+        ..ShmOptions::default()
+    });
+    let n_buffers = 4000usize;
+    let seen = Arc::new(
+        (0..n_buffers)
+            .map(|_| AtomicUsize::new(0))
+            .collect::<Vec<_>>(),
+    );
+    let record = Arc::clone(&seen);
+    let region = transport
+        .create_region(
+            n_buffers * 64,
+            RegionCallback::Single(Box::new(move |block: RegionBlock| {
+                record[block.hint as usize].fetch_add(1, Ordering::Relaxed);
+            })),
+        )
+        .await
+        .unwrap();
+    let messages: Vec<_> = (0..n_buffers)
+        .map(|index| region.message(index * 64, 64, index as u64).unwrap())
+        .collect();
+    // Four threads drop their quarter at the same time.
+    let mut quarters: Vec<Vec<_>> = (0..4).map(|_| Vec::new()).collect();
+    for (index, message) in messages.into_iter().enumerate() {
+        quarters[index % 4].push(message);
+    }
+    let barrier = Arc::new(std::sync::Barrier::new(4));
+    let threads: Vec<_> = quarters
+        .into_iter()
+        .map(|quarter| {
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                barrier.wait();
+                drop(quarter);
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while seen
+        .iter()
+        .map(|count| count.load(Ordering::Relaxed))
+        .sum::<usize>()
+        < n_buffers
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "releases lost: {} of {n_buffers} acknowledged",
+            seen.iter()
+                .map(|count| count.load(Ordering::Relaxed))
+                .sum::<usize>()
+        );
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        seen.iter().all(|count| count.load(Ordering::Relaxed) == 1),
+        "a buffer was acknowledged twice"
+    );
+    assert_eq!(region.n_lent(), 0);
+}
