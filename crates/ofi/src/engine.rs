@@ -4,7 +4,7 @@
 //! Async code hands the engine a whole job (send one message part, or receive one into a
 //! buffer) with the [`Message`] that owns the memory; the engine splits it into chunks of at
 //! most the provider's maximum message size, posts them, and hands the message back through a
-//! oneshot when every chunk completed. Because the engine owns the memory while the provider may
+//! channel of the socket's driver when every chunk completed. Because the engine owns the memory while the provider may
 //! touch it, no buffer can be freed under an operation in flight: on shutdown the engine cancels
 //! what is left and closes the endpoint before it drops the jobs.
 //!
@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use ferromq_core::Message;
 use ferromq_ofi_sys as sys;
 use ferromq_shm::segment::Segment;
-use tokio::sync::oneshot;
+use tokio::sync::mpsc as async_mpsc;
 
 use crate::fabric::{CompletionEntry, Endpoint, FabricError, MemoryRegion, Polled, Posted};
 
@@ -54,6 +54,37 @@ impl Memory {
 /// The result of a job: the message back (receives) or just success (sends).
 pub(crate) type JobResult = Result<Message, FabricError>;
 
+/// Which job finished: the driver's peer epoch, the message and the part.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JobKey {
+    pub(crate) epoch: u64,
+    pub(crate) seq: u64,
+    pub(crate) part: usize,
+    /// A send (a pair sends and receives the same seq numbers).
+    pub(crate) is_send: bool,
+}
+
+/// A finished job, as the driver receives it.
+pub(crate) struct Finished {
+    pub(crate) key: JobKey,
+    pub(crate) result: JobResult,
+}
+
+/// Where a finished job goes: straight to the driver's queue (no task, no oneshot per job).
+pub(crate) struct Done {
+    pub(crate) to: async_mpsc::UnboundedSender<Finished>,
+    pub(crate) key: JobKey,
+}
+
+impl Done {
+    fn send(self, result: JobResult) {
+        let _ = self.to.send(Finished {
+            key: self.key,
+            result,
+        });
+    }
+}
+
 /// What the async side asks of the engine.
 pub(crate) enum Command {
     /// Send `message` to `peer`, chunk `i` with tag `tag_base | i`.
@@ -62,7 +93,7 @@ pub(crate) enum Command {
         tag_base: u64,
         message: Message,
         memory: Memory,
-        done: oneshot::Sender<JobResult>,
+        done: Done,
     },
     /// Receive into `message` from `peer`, chunk `i` with tag `tag_base | i`.
     Receive {
@@ -70,7 +101,7 @@ pub(crate) enum Command {
         tag_base: u64,
         message: Message,
         memory: Memory,
-        done: oneshot::Sender<JobResult>,
+        done: Done,
     },
     /// Cancel every job of `peer` and forget it (it died or left).
     ForgetPeer { peer: u64 },
@@ -94,7 +125,7 @@ struct Job {
     /// Chunks not yet posted (the provider said "again").
     unposted: VecDeque<Chunk>,
     error: Option<FabricError>,
-    done: Option<oneshot::Sender<JobResult>>,
+    done: Option<Done>,
     /// A per-job registration (heap memory on FI_MR_LOCAL providers).
     _registration: Option<MemoryRegion>,
 }
@@ -393,7 +424,7 @@ impl Engine {
         tag_base: u64,
         mut message: Message,
         memory: Memory,
-        done: oneshot::Sender<JobResult>,
+        done: Done,
     ) {
         if !is_send {
             // Make the buffer writable now (a no-op for fresh buffers), so that the pointer
@@ -403,7 +434,7 @@ impl Engine {
         let (desc, registration) = match self.descriptor(memory, &message) {
             Ok(found) => found,
             Err(error) => {
-                let _ = done.send(Err(error));
+                done.send(Err(error));
                 return;
             }
         };
@@ -576,7 +607,7 @@ impl Engine {
             return;
         };
         if let Some(done) = job.done.take() {
-            let _ = done.send(match job.error {
+            done.send(match job.error {
                 Some(error) => Err(error),
                 None => Ok(job.message),
             });
