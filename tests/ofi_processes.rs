@@ -11,19 +11,14 @@ use ferromq::prelude::*;
 use ferromq::{Error, OfiOptions, OfiTransport};
 use libtest_mimic::Arguments;
 use support::{
-    ChildRole, ROLE_VAR, block_on, env_number, env_string, payload, push_env, receive_verified,
-    trial, verify,
+    ChildRole, block_on, env_string, payload, push_env, receive_verified, run_child_role,
+    send_push_env_messages, trial, verify,
 };
 
 const STEP: Duration = Duration::from_secs(60);
 
 fn main() {
-    if let Ok(role) = std::env::var(ROLE_VAR) {
-        let runtime = tokio::runtime::Runtime::new().expect("runtime");
-        if let Err(error) = runtime.block_on(run_role(&role)) {
-            eprintln!("role {role} failed: {error:#}");
-            std::process::exit(1);
-        }
+    if run_child_role(|role| Box::pin(run_role(role))) {
         return;
     }
     let tests = vec![
@@ -70,31 +65,13 @@ async fn run_role(role: &str) -> Result<()> {
     let address = env_string("ADDRESS");
     match role {
         "push" | "bind-push" => {
-            let sizes: Vec<usize> = env_string("SIZES")
-                .split(',')
-                .map(str::parse)
-                .collect::<Result<_, _>>()?;
-            let n_parts = env_number("PARTS") as usize;
-            let n_msgs = env_number("COUNT");
             let method = if role == "push" {
                 Method::Connect
             } else {
                 Method::Bind
             };
-            let mut channel = open(SocketType::Push, method, &address).await?;
-            let mut msg_idx = 0u64;
-            while n_msgs == 0 || msg_idx < n_msgs {
-                let size = sizes[msg_idx as usize % sizes.len()];
-                let parts: Parts = (0..n_parts)
-                    .map(|_| Message::from(payload(msg_idx, size)))
-                    .collect();
-                channel
-                    .send_parts(parts)
-                    .await
-                    .map_err(|failed| failed.error)?;
-                msg_idx += 1;
-            }
-            channel.close().await?;
+            let channel = open(SocketType::Push, method, &address).await?;
+            send_push_env_messages(channel).await?;
         }
         "pull" => {
             let mut channel = open(SocketType::Pull, Method::Connect, &address).await?;

@@ -191,3 +191,45 @@ pub fn push_env(
         ("COUNT", count.to_string()),
     ]
 }
+
+/// In a child started by [`ChildRole::spawn`], runs its role (`FERROMQ_TEST_ROLE`) and returns
+/// true (exiting with 1 when the role fails); in the test runner itself, returns false.
+pub fn run_child_role(
+    run: impl FnOnce(&str) -> std::pin::Pin<Box<dyn Future<Output = anyhow::Result<()>> + '_>>,
+) -> bool {
+    let Ok(role) = std::env::var(ROLE_VAR) else {
+        return false;
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    if let Err(error) = runtime.block_on(run(&role)) {
+        eprintln!("role {role} failed: {error:#}");
+        std::process::exit(1);
+    }
+    true
+}
+
+/// The "push" child role's loop: sends what [`push_env`] describes (SIZES cycled, PARTS per
+/// message, COUNT messages or, with 0, until killed), each part `payload(index, size)`, then
+/// closes the channel.
+pub async fn send_push_env_messages(mut channel: ferromq::Channel) -> anyhow::Result<()> {
+    let sizes: Vec<usize> = env_string("SIZES")
+        .split(',')
+        .map(str::parse)
+        .collect::<Result<_, _>>()?;
+    let n_parts = env_number("PARTS") as usize;
+    let n_msgs = env_number("COUNT");
+    let mut msg_idx = 0u64;
+    while n_msgs == 0 || msg_idx < n_msgs {
+        let size = sizes[msg_idx as usize % sizes.len()];
+        let parts: ferromq::Parts = (0..n_parts)
+            .map(|_| ferromq::Message::from(payload(msg_idx, size)))
+            .collect();
+        channel
+            .send_parts(parts)
+            .await
+            .map_err(|failed| failed.error)?;
+        msg_idx += 1;
+    }
+    channel.close().await?;
+    Ok(())
+}
