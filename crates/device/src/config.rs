@@ -186,6 +186,8 @@ struct MqSocket {
     auto_bind: Option<bool>,
     #[serde(rename = "numSockets", default, deserialize_with = "number_or_text")]
     num_sockets: Option<u64>,
+    /// ferromq's own: the libfabric provider of an ofi channel.
+    provider: Option<String>,
     /// Only at channel level: one entry per sub-channel.
     sockets: Option<Vec<MqSocket>>,
 }
@@ -242,6 +244,7 @@ fn merge(
     config.address = pick_text(socket.address, &common.address);
     config.transport =
         pick_text(socket.transport, &common.transport).filter(|transport| transport != "default");
+    config.provider = pick_text(socket.provider, &common.provider);
     let narrow = |key: &str, value: u64| -> Result<u16, String> {
         u16::try_from(value).map_err(|_| format!("channel {name:?}: {key} {value} is not a port"))
     };
@@ -395,6 +398,21 @@ mod tests {
         assert_eq!(sink.sockets[1].config.rcv_buf_size, 10);
         assert_eq!(sink.sockets[0].config.rcv_buf_size, 1000);
         assert_eq!(sink.sockets[0].config.socket_type, SocketType::Pull);
+    }
+
+    #[test]
+    fn reads_the_ofi_provider_of_a_channel() {
+        let mut config = DeviceConfig::new("d");
+        config
+            .add_mq_config(
+                "ofi.json",
+                r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "push", "method": "bind", "transport": "ofi", "provider": "verbs;ofi_rxm"}]}]}}"#,
+            )
+            .unwrap();
+        assert_eq!(
+            config.sockets[0].config.provider.as_deref(),
+            Some("verbs;ofi_rxm")
+        );
     }
 
     fn check_error(json: &str, expected: &[&str]) {
