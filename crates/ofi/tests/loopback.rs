@@ -12,6 +12,16 @@ use ferromq_core::{
 };
 use ferromq_ofi::{OfiOptions, OfiTransport};
 
+/// Removes the session's shared memory when the test ends, passed or failed.
+struct SessionCleanup(String);
+
+impl Drop for SessionCleanup {
+    fn drop(&mut self) {
+        let uid = ferromq_shm::names::current_uid();
+        let _ = ferromq_shm::cleanup::clean_session(uid, &self.0, true);
+    }
+}
+
 fn transport() -> OfiTransport {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -228,6 +238,7 @@ async fn a_vanished_receiver_is_reported_to_the_sender() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_memory_travels_without_copies_and_registers_once() {
     let session = format!("ofi-test-{}", std::process::id());
+    let _cleanup = SessionCleanup(session.clone());
     let shm = Arc::new(ferromq_shm::ShmTransport::new(ferromq_shm::ShmOptions {
         session: session.clone(),
         segment_size: 256 << 20,
@@ -271,6 +282,7 @@ async fn region_buffers_are_sent_in_place_and_released_once() {
     use ferromq_shm::{RegionBlock, RegionCallback};
 
     let session = format!("ofi-region-{}", std::process::id());
+    let _cleanup = SessionCleanup(session.clone());
     let shm = ferromq_shm::ShmTransport::new(ferromq_shm::ShmOptions {
         session: session.clone(),
         segment_size: 64 << 20,

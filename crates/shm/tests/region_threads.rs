@@ -8,9 +8,20 @@ use std::time::Duration;
 
 use ferromq_shm::{RegionBlock, RegionCallback, ShmOptions, ShmTransport};
 
+/// Removes the session's shared memory when the test ends, passed or failed.
+struct SessionCleanup(String);
+
+impl Drop for SessionCleanup {
+    fn drop(&mut self) {
+        let uid = ferromq_shm::names::current_uid();
+        let _ = ferromq_shm::cleanup::clean_session(uid, &self.0, true);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releases_from_many_threads_are_each_acknowledged_once() {
     let session = format!("region-threads-{}", std::process::id());
+    let _cleanup = SessionCleanup(session.clone());
     let transport = ShmTransport::new(ShmOptions {
         session: session.clone(),
         segment_size: 16 << 20,
