@@ -151,9 +151,14 @@ pub struct EngineStats {
 }
 
 /// The async side's handle: submits commands and wakes the thread.
-#[derive(Clone)]
+///
+/// Dropping it stops the thread and waits for it: libfabric's own teardown at process exit must
+/// never run while the thread is still inside the provider (that crashed a device once, in a
+/// completion-queue read during exit).
 pub(crate) struct EngineHandle {
-    commands: mpsc::Sender<Command>,
+    /// `None` once dropping: disconnecting the channel tells the thread to stop.
+    commands: Option<mpsc::Sender<Command>>,
+    thread: Option<std::thread::JoinHandle<()>>,
     endpoint: Arc<Endpoint>,
     /// Set while the thread is (about to be) blocked in the completion queue's wait.
     asleep: Arc<AtomicBool>,
@@ -193,7 +198,7 @@ impl EngineHandle {
             asleep: Arc::clone(&asleep),
             stats: Arc::clone(&stats),
         };
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name(format!("ofi-cq {name}"))
             .spawn(move || engine.run())
             .map_err(|error| FabricError {
@@ -202,7 +207,8 @@ impl EngineHandle {
                 text: error.to_string(),
             })?;
         Ok(EngineHandle {
-            commands,
+            commands: Some(commands),
+            thread: Some(thread),
             endpoint,
             asleep,
             address,
@@ -211,7 +217,10 @@ impl EngineHandle {
 
     /// Hands a command to the thread and wakes it.
     pub(crate) fn submit(&self, command: Command) {
-        if self.commands.send(command).is_ok() {
+        let Some(commands) = &self.commands else {
+            return;
+        };
+        if commands.send(command).is_ok() {
             // Wake the thread only if it sleeps (a signal is a syscall on both sides). Pairs
             // with the fence in Engine::run: either it sees this command, or we see it asleep.
             std::sync::atomic::fence(Ordering::SeqCst);
@@ -234,6 +243,19 @@ impl EngineHandle {
     /// The provider in use.
     pub(crate) fn provider(&self) -> &str {
         &self.endpoint.provider
+    }
+}
+
+impl Drop for EngineHandle {
+    /// Stops the thread (it cancels what is in flight, at most 2 s) and joins it. Blocking: the
+    /// socket's driver drops its handle on a blocking thread; only a socket dropped without
+    /// `close` does it where it stands.
+    fn drop(&mut self) {
+        self.commands = None;
+        self.endpoint.signal();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 

@@ -676,6 +676,9 @@ impl Driver {
             self.engine
                 .submit(Command::ForgetPeer { peer: peer.fi_addr });
         }
+        // Stopping the engine waits for its thread: off the async workers.
+        let engine = self.engine;
+        let _ = tokio::task::spawn_blocking(move || drop(engine)).await;
     }
 
     /// When closing and every accepted message left: says goodbye, reports, and ends the loop.
