@@ -29,7 +29,9 @@ use ferromq_ofi_sys as sys;
 use ferromq_shm::segment::Segment;
 use tokio::sync::mpsc as async_mpsc;
 
-use crate::fabric::{CompletionEntry, Endpoint, FabricError, MemoryRegion, Polled, Posted};
+use crate::fabric::{
+    CompletionEntry, Direction, Endpoint, FabricError, MemoryRegion, Polled, Posted,
+};
 
 /// Where a message's bytes live, for the registration cache.
 pub(crate) enum Memory {
@@ -265,7 +267,9 @@ struct Engine {
     jobs: HashMap<u64, Job>,
     next_job: u64,
     /// The registration cache: segment name to (mapping kept alive, registration).
-    registrations: HashMap<String, (Arc<Segment>, MemoryRegion)>,
+    /// Keyed by where the segment is mapped in this process: unique while the entry keeps the
+    /// mapping alive, correct even if one segment were mapped twice, and no string per message.
+    registrations: HashMap<usize, (Arc<Segment>, MemoryRegion)>,
     /// Jobs with chunks the provider refused for now.
     retry: VecDeque<u64>,
     chunk_size: usize,
@@ -413,16 +417,16 @@ impl Engine {
     ) -> Result<(usize, Option<MemoryRegion>), FabricError> {
         match memory {
             Memory::Segment(segment) => {
-                let key = segment.name().to_string();
+                let whole = segment.bytes(0, segment.len()).unwrap_or_default();
+                let key = whole.as_ptr() as usize;
                 if let Some((_, region)) = self.registrations.get(&key) {
                     return Ok((region.desc() as usize, None));
                 }
-                let whole = segment.bytes(0, segment.len()).unwrap_or_default();
                 // SAFETY: the cache keeps `segment` (and so its mapping) alive as long as the
                 // registration.
                 let region = unsafe { self.endpoint.register(whole.as_ptr(), whole.len())? };
                 self.stats.registrations.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(segment = %key, bytes = whole.len(), "ofi registered a segment");
+                tracing::debug!(segment = %segment.name(), bytes = whole.len(), "ofi registered a segment");
                 let desc = region.desc() as usize;
                 self.registrations.insert(key, (segment, region));
                 Ok((desc, None))
@@ -499,34 +503,27 @@ impl Engine {
                 expected_len: chunk.len,
                 is_send: chunk.is_send,
             }));
-            let result = if chunk.is_send {
-                let buffer = job.message.data()[chunk.offset..].as_ptr();
-                // SAFETY: the job owns the message until every chunk's completion is read, and
-                // nobody writes it meanwhile; the context box lives as long.
-                unsafe {
-                    self.endpoint.post_send(
-                        buffer,
-                        chunk.len,
-                        chunk.desc as *mut c_void,
-                        job.peer,
-                        chunk.tag,
-                        context.cast(),
-                    )
-                }
+            let range = chunk.offset..chunk.offset + chunk.len;
+            let (direction, buffer) = if chunk.is_send {
+                // The provider only reads a send buffer.
+                let data: *const [u8] = &job.message.data()[range];
+                (Direction::Send, data.cast_mut())
             } else {
                 // The message was made writable in start_job, so data_mut() does not copy.
-                let buffer = job.message.data_mut()[chunk.offset..].as_mut_ptr();
-                // SAFETY: as above; the job's message is not read until the job finished.
-                unsafe {
-                    self.endpoint.post_receive(
-                        buffer,
-                        chunk.len,
-                        chunk.desc as *mut c_void,
-                        job.peer,
-                        chunk.tag,
-                        context.cast(),
-                    )
-                }
+                let data: *mut [u8] = &mut job.message.data_mut()[range];
+                (Direction::Receive, data)
+            };
+            // SAFETY: the job owns the message until every chunk's completion is read, and
+            // nobody reads or writes it meanwhile; the context box lives as long.
+            let result = unsafe {
+                self.endpoint.post(
+                    direction,
+                    buffer,
+                    chunk.desc as *mut c_void,
+                    job.peer,
+                    chunk.tag,
+                    context.cast(),
+                )
             };
             match result {
                 Ok(Posted::Accepted) => {

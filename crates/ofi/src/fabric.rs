@@ -67,6 +67,15 @@ pub(crate) enum Polled {
     Nothing,
 }
 
+/// Which way a posted operation moves bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Direction {
+    /// From our buffer to the peer.
+    Send,
+    /// From the peer into our buffer.
+    Receive,
+}
+
 /// Whether a post was accepted.
 pub(crate) enum Posted {
     /// The operation is in flight; its completion will carry the context.
@@ -329,45 +338,34 @@ impl Endpoint {
         }
     }
 
-    /// Posts a tagged send of `len` bytes at `buffer` to `peer`.
+    /// Posts a tagged send of the bytes of `buffer` to `peer`, or a tagged receive of up to
+    /// its length into it from `peer`.
     ///
     /// # Safety
-    /// `buffer..buffer+len` must stay valid and unchanged until the operation's completion (or
-    /// its cancellation) has been read, and `context` must stay valid as long.
-    pub(crate) unsafe fn post_send(
+    /// `buffer` must stay valid until the operation's completion (or cancellation)
+    /// has been read, unchanged for a send and touched by nobody else for a receive; `context`
+    /// must live as long.
+    pub(crate) unsafe fn post(
         &self,
-        buffer: *const u8,
-        len: usize,
+        direction: Direction,
+        buffer: *mut [u8],
         desc: *mut c_void,
         peer: u64,
         tag: u64,
         context: *mut c_void,
     ) -> Result<Posted, FabricError> {
-        // SAFETY: guaranteed by the caller (see above).
-        let rc =
-            unsafe { sys::ferromq_fi_tsend(self.ep, buffer.cast(), len, desc, peer, tag, context) };
-        posted("fi_tsend", rc as i64)
-    }
-
-    /// Posts a tagged receive of up to `len` bytes into `buffer` from `peer`.
-    ///
-    /// # Safety
-    /// `buffer..buffer+len` must stay valid, and not be read or written by anyone else, until
-    /// the operation's completion (or cancellation) has been read; `context` must live as long.
-    pub(crate) unsafe fn post_receive(
-        &self,
-        buffer: *mut u8,
-        len: usize,
-        desc: *mut c_void,
-        peer: u64,
-        tag: u64,
-        context: *mut c_void,
-    ) -> Result<Posted, FabricError> {
-        // SAFETY: guaranteed by the caller (see above).
-        let rc = unsafe {
-            sys::ferromq_fi_trecv(self.ep, buffer.cast(), len, desc, peer, tag, 0, context)
+        let len = buffer.len();
+        let (call, rc) = match direction {
+            // SAFETY: guaranteed by the caller (see above).
+            Direction::Send => ("fi_tsend", unsafe {
+                sys::ferromq_fi_tsend(self.ep, buffer.cast(), len, desc, peer, tag, context)
+            }),
+            // SAFETY: guaranteed by the caller (see above).
+            Direction::Receive => ("fi_trecv", unsafe {
+                sys::ferromq_fi_trecv(self.ep, buffer.cast(), len, desc, peer, tag, 0, context)
+            }),
         };
-        posted("fi_trecv", rc as i64)
+        posted(call, rc as i64)
     }
 
     /// Asks the provider to cancel the operation posted with `context`; its completion then

@@ -79,14 +79,6 @@ impl Control {
     }
 }
 
-/// Which socket types may talk to each other.
-pub(crate) fn compatible(mine: &str, theirs: &str) -> bool {
-    matches!(
-        (mine, theirs),
-        ("push", "pull") | ("pull", "push") | ("pair", "pair") | ("req", "rep") | ("rep", "req")
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,14 +115,5 @@ mod tests {
         }
         assert_eq!(Control::decode(b"FMQSHM01...."), None);
         assert_eq!(Control::decode(b""), None);
-    }
-
-    #[test]
-    fn only_matching_patterns_are_compatible() {
-        assert!(compatible("push", "pull"));
-        assert!(compatible("pair", "pair"));
-        assert!(compatible("req", "rep"));
-        assert!(!compatible("push", "push"));
-        assert!(!compatible("pair", "pull"));
     }
 }

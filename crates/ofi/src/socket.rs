@@ -24,7 +24,7 @@ use zeromq::{Socket as _, SocketRecv as _, SocketSend as _, ZmqMessage};
 
 use crate::OfiOptions;
 use crate::engine::{Command, Done, EngineHandle, EngineStats, Finished, JobKey, Memory};
-use crate::protocol::{Control, MAX_CHUNKS, MAX_PARTS, PROTOCOL_VERSION, compatible, tag_base};
+use crate::protocol::{Control, MAX_CHUNKS, MAX_PARTS, PROTOCOL_VERSION, tag_base};
 
 /// Messages posted for receiving at most at once. With many thousands posted the provider's
 /// matching dominates the receiver's CPU (rxm over tcp, 64 B messages: 110 k msg/s with 10 000
@@ -758,7 +758,7 @@ impl Driver {
     }
 
     fn my_type(&self) -> &'static str {
-        socket_type_name(self.socket_type)
+        self.socket_type.as_str()
     }
 
     async fn on_frame(&mut self, frame: Option<(Option<Bytes>, Bytes)>) {
@@ -857,7 +857,10 @@ impl Driver {
             Some(format!(
                 "ofi protocol version {version} cannot talk to version {PROTOCOL_VERSION}"
             ))
-        } else if !compatible(self.my_type(), socket_type) {
+        } else if !socket_type
+            .parse::<SocketType>()
+            .is_ok_and(|theirs| self.socket_type.is_compatible_with(theirs))
+        {
             Some(format!(
                 "channel '{}' is a {} and cannot talk to a {socket_type}",
                 self.label.name,
@@ -1157,12 +1160,6 @@ impl Driver {
                 self.send_control(&Control::Heartbeat).await;
             }
         }
-        let hello = Control::Hello {
-            version: PROTOCOL_VERSION,
-            socket_type: self.my_type().to_owned(),
-            provider: self.engine.provider().to_owned(),
-            address: self.engine.address.to_vec(),
-        };
         if let Side::Connector {
             endpoint,
             dealer,
@@ -1174,6 +1171,12 @@ impl Driver {
             let mut fresh = zeromq::DealerSocket::new();
             match fresh.connect(endpoint).await {
                 Ok(()) => {
+                    let hello = Control::Hello {
+                        version: PROTOCOL_VERSION,
+                        socket_type: self.socket_type.as_str().to_owned(),
+                        provider: self.engine.provider().to_owned(),
+                        address: self.engine.address.to_vec(),
+                    };
                     if fresh
                         .send(ZmqMessage::from(Bytes::from(hello.encode())))
                         .await
@@ -1260,17 +1263,6 @@ impl Driver {
         let sends = self.socket_type != SocketType::Pull;
         let receives = self.socket_type != SocketType::Push;
         self.shared.report(&problem, sends, receives);
-    }
-}
-
-fn socket_type_name(socket_type: SocketType) -> &'static str {
-    match socket_type {
-        SocketType::Push => "push",
-        SocketType::Pull => "pull",
-        SocketType::Pair => "pair",
-        SocketType::Req => "req",
-        SocketType::Rep => "rep",
-        _ => "other",
     }
 }
 
