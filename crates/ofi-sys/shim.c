@@ -3,6 +3,12 @@
 
 const uint64_t ferromq_fi_addr_unspec = FI_ADDR_UNSPEC;
 
+const size_t ferromq_fi_sizeof_context2 = sizeof(struct fi_context2);
+const size_t ferromq_fi_sizeof_cq_tagged_entry = sizeof(struct fi_cq_tagged_entry);
+const size_t ferromq_fi_sizeof_cq_err_entry = sizeof(struct fi_cq_err_entry);
+const size_t ferromq_fi_sizeof_cq_attr = sizeof(struct fi_cq_attr);
+const size_t ferromq_fi_sizeof_av_attr = sizeof(struct fi_av_attr);
+
 struct fi_info *ferromq_fi_allocinfo(void) { return fi_allocinfo(); }
 
 int ferromq_fi_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context) {

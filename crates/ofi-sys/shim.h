@@ -15,6 +15,14 @@
 /* Macros and constants that bindgen cannot evaluate (casts). */
 extern const uint64_t ferromq_fi_addr_unspec;
 
+/* Sizes of the structs Rust allocates itself, as the installed headers define them: a test checks
+ * the committed bindings against them. */
+extern const size_t ferromq_fi_sizeof_context2;
+extern const size_t ferromq_fi_sizeof_cq_tagged_entry;
+extern const size_t ferromq_fi_sizeof_cq_err_entry;
+extern const size_t ferromq_fi_sizeof_cq_attr;
+extern const size_t ferromq_fi_sizeof_av_attr;
+
 struct fi_info *ferromq_fi_allocinfo(void);
 int ferromq_fi_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context);
 int ferromq_fi_domain(struct fid_fabric *fabric, struct fi_info *info, struct fid_domain **domain,
