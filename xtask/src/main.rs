@@ -1,16 +1,20 @@
 //! ferromq's project automation, run as `cargo xtask <task>` (an alias in `.cargo/config.toml`).
 //!
-//! - `ci`: what `.ci/run` checks: formatting, clippy with warnings denied, the test suite.
+//! - `ci`: what `.ci/run` checks (after installing the system packages it needs): formatting,
+//!   clippy with warnings denied, the test suite, each without and with `--features ofi`.
 //! - `fmt`: formats the workspace.
-//! - `lint`: clippy over every target with warnings denied.
+//! - `lint`: clippy over every target with warnings denied, without and with `--features ofi`.
 //! - `bench`: the criterion suites and `ferromq bench`, then `target/bench-report/report.md` and
 //!   SVG plots.
+//! - `soak --minutes N`: the default and pub/sub topologies under the release `ferromq run`,
+//!   watching every device's RSS and the session's /dev/shm use, and every message's arrival.
 //!
 //! The project's tidy rules (no sleeps in tests, module docs, unsafe confined to the crates that
 //! need it) are `#[test]`s in this crate, so `cargo test --workspace` enforces them.
 #![forbid(unsafe_code)]
 
 mod bench;
+mod soak;
 mod tidy;
 
 use std::process::{Command, ExitCode};
@@ -26,55 +30,39 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// fmt --check, clippy -D warnings, and the whole test suite (what CI runs).
+    /// fmt --check, clippy -D warnings and the whole test suite, without and with `--features
+    /// ofi` (what CI runs; `.ci/run` installs the system packages, then calls this).
     Ci,
     /// Format the workspace.
     Fmt,
-    /// Clippy over every target with warnings denied.
+    /// Clippy over every target with warnings denied, without and with `--features ofi`.
     Lint,
     /// Criterion suites and `ferromq bench`; writes target/bench-report/report.md and plots.
     Bench,
+    /// Runs the default and the pub/sub topologies with the release `ferromq run` for N minutes
+    /// each; fails if a device's RSS or /dev/shm use grows or a message is lost.
+    Soak {
+        /// Minutes per topology.
+        #[arg(long, default_value_t = 10.0)]
+        minutes: f64,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if matches!(cli.task, Task::Bench) {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .expect("xtask sits in the workspace");
-        return if bench::run(&cargo, workspace) {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        };
-    }
-    let steps: Vec<Vec<&str>> = match cli.task {
-        Task::Ci => vec![
-            vec!["fmt", "--all", "--", "--check"],
-            vec![
-                "clippy",
-                "--workspace",
-                "--all-targets",
-                "--",
-                "-D",
-                "warnings",
-            ],
-            vec!["test", "--workspace"],
-        ],
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask sits in the workspace");
+    let steps = match cli.task {
+        Task::Bench => return exit_code(bench::run(&cargo, workspace)),
+        Task::Soak { minutes } => return exit_code(soak::run(&cargo, workspace, minutes)),
+        Task::Ci => ci_steps(),
         Task::Fmt => vec![vec!["fmt", "--all"]],
-        Task::Lint => vec![vec![
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ]],
-        Task::Bench => unreachable!("handled above"),
+        Task::Lint => lint_steps(),
     };
     for step in steps {
-        if !run_cargo(&step) {
+        if !run_cargo(&cargo, &step) {
             eprintln!("xtask: `cargo {}` failed", step.join(" "));
             return ExitCode::FAILURE;
         }
@@ -82,11 +70,97 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn run_cargo(args: &[&str]) -> bool {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+/// Clippy with warnings denied over every target, without and with the ofi transport.
+fn lint_steps() -> Vec<Vec<&'static str>> {
+    vec![
+        vec![
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        vec![
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--features",
+            "ofi",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    ]
+}
+
+/// The one definition of CI: formatting, lints, then the README's test command without and
+/// with `--features ofi` (the ofi transport and its tests need libfabric-dev).
+fn ci_steps() -> Vec<Vec<&'static str>> {
+    let mut steps = vec![vec!["fmt", "--all", "--", "--check"]];
+    steps.extend(lint_steps());
+    steps.push(vec!["test", "--workspace"]);
+    steps.push(vec!["test", "--workspace", "--features", "ofi"]);
+    steps
+}
+
+fn exit_code(success: bool) -> ExitCode {
+    if success {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn run_cargo(cargo: &str, args: &[&str]) -> bool {
     eprintln!("xtask: cargo {}", args.join(" "));
-    Command::new(cargo)
+    let started = std::time::Instant::now();
+    let success = Command::new(cargo)
         .args(args)
         .status()
-        .is_ok_and(|status| status.success())
+        .is_ok_and(|status| status.success());
+    eprintln!(
+        "xtask: cargo {} took {:.0} s",
+        args.join(" "),
+        started.elapsed().as_secs_f64()
+    );
+    success
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `.ci/run` only installs system packages and calls `cargo xtask ci`: CI has one
+    /// definition, here.
+    #[test]
+    fn ci_script_calls_xtask_ci_and_ci_covers_both_feature_sets() {
+        let script = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/run"),
+        )
+        .expect("read .ci/run");
+        assert!(
+            script.contains("cargo xtask ci"),
+            ".ci/run must call `cargo xtask ci`"
+        );
+        for forbidden in ["cargo test", "--workspace", "-D warnings", "--check"] {
+            assert!(
+                !script.contains(forbidden),
+                ".ci/run has `{forbidden}`: checks belong in `cargo xtask ci`"
+            );
+        }
+        let steps: Vec<String> = ci_steps().iter().map(|step| step.join(" ")).collect();
+        for expected in [
+            "fmt --all -- --check",
+            "clippy --workspace --all-targets -- -D warnings",
+            "clippy --workspace --all-targets --features ofi -- -D warnings",
+            "test --workspace",
+            "test --workspace --features ofi",
+        ] {
+            assert!(
+                steps.iter().any(|step| step == expected),
+                "ci lacks `cargo {expected}`: {steps:?}"
+            );
+        }
+    }
 }
