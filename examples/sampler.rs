@@ -29,6 +29,7 @@ impl Device for Sampler {
     }
 }
 
-fn main() -> std::process::ExitCode {
-    ferromq_cli::run_device_main(|_options| Sampler)
+// `pub` only so that tests/examples.rs can run this example's `main` in a child process.
+pub fn main() -> std::process::ExitCode {
+    ferromq::run_device_main(|_options| Sampler)
 }

@@ -36,6 +36,7 @@ impl Device for Sink {
     }
 }
 
-fn main() -> std::process::ExitCode {
-    ferromq_cli::run_device_main(|_options| Sink::default())
+// `pub` only so that tests/examples.rs can run this example's `main` in a child process.
+pub fn main() -> std::process::ExitCode {
+    ferromq::run_device_main(|_options| Sink::default())
 }

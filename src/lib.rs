@@ -13,7 +13,37 @@
 //! - Transports are picked by configuration: [`transport_by_name`] maps `"zeromq"` to
 //!   [`ZmqTransport`].
 //! - [`device`]: a [`device::Device`] is an async actor driven through FairMQ's state machine;
-//!   `ferromq_cli::run_device_main` gives its binary FairMQ's command-line options.
+//!   [`run_device_main`] gives its binary FairMQ's command-line options (`--id`,
+//!   `--channel-config`, `--mq-config`, `--control`, `--transport`, ...), exactly as
+//!   `ferromq device KIND` has them. This crate is the only dependency a device needs:
+//!
+//! ```no_run
+//! use ferromq::prelude::*;
+//!
+//! struct Counter;
+//!
+//! #[ferromq::async_trait]
+//! impl Device for Counter {
+//!     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+//!         while ctx.next_iteration() {
+//!             let message = ctx.receive("data").await?;
+//!             println!("{} bytes", message.len());
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//!
+//! fn main() -> std::process::ExitCode {
+//!     ferromq::run_device_main(|_options: &ferromq::DeviceOptions| Counter)
+//! }
+//! ```
+//!
+//! - Shared memory: [`ShmTransport`], [`UnmanagedRegion`] (buffers you fill, with release
+//!   callbacks: [`RegionCallback`], [`RegionBlock`]). [`run_device_main`] also makes the binary
+//!   able to act as its session's cleanup watchdog, which removes the session's shared memory when
+//!   every process using it has crashed. A program that drives devices or shmem channels itself,
+//!   without [`run_device_main`], gets the same by calling [`run_watchdog_if_requested`] first
+//!   thing in `main`.
 //!
 //! ```
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -34,21 +64,39 @@
 //! # Feature flags
 //! - `zeromq` (default): the zeromq transport (tcp, ipc, inproc) over the pure-Rust `zeromq` crate.
 //! - `shmem` (default): the shared-memory transport, zero-copy between processes on one host.
+//! - `cli` (default): [`run_device_main`], [`run_device`] and [`DeviceOptions`], FairMQ's device
+//!   command line for your own binaries (the library of the `ferromq` binary; needs `shmem`).
+//! - `ofi`: the ofi transport over libfabric (RDMA with verbs, or tcp); needs libfabric >= 1.17
+//!   (`libfabric-dev`) to build.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "cli")]
+pub use ferromq_cli::{
+    BuiltinOptions, ControlMode, DeviceOptions, block_on, run_device, run_device_main,
+};
 pub use ferromq_core::*;
 pub use ferromq_device::{available_transports, transport_by_name};
 #[cfg(feature = "ofi")]
 pub use ferromq_ofi::{OfiOptions, OfiTransport};
 #[cfg(feature = "shmem")]
-pub use ferromq_shm::{ShmOptions, ShmTransport, UnmanagedRegion};
+pub use ferromq_shm::{
+    RegionBlock, RegionCallback, ShmBuffer, ShmError, ShmOptions, ShmTransport, UnmanagedRegion,
+    run_watchdog_if_requested,
+};
 #[cfg(feature = "zeromq")]
 pub use ferromq_zmq::ZmqTransport;
 
 /// Devices: the [`Device`](device::Device) trait, its context, runner, controller and control.
 pub mod device {
     pub use ferromq_device::*;
+}
+
+/// The shared-memory transport's parts: segments, regions, descriptors, and the cleanup of a
+/// session's objects (what `ferromq shm list` and `clean` use).
+#[cfg(feature = "shmem")]
+pub mod shm {
+    pub use ferromq_shm::*;
 }
 
 /// The `#[async_trait]` attribute that `impl Device` blocks need.

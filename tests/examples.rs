@@ -1,0 +1,185 @@
+//! The examples as a device author writes them: `examples/sampler.rs` and `examples/sink.rs` are
+//! compiled here from their own files (they use only the `ferromq` crate, which the tidy test in
+//! xtask checks) and run as two processes (this test binary re-executed in an example's role),
+//! over zeromq ipc and over shared memory, where `ferromq::run_device_main` also starts the
+//! session's cleanup watchdog by re-executing the binary once more.
+
+#[path = "../examples/sampler.rs"]
+mod sampler_example;
+#[path = "../examples/sink.rs"]
+mod sink_example;
+
+use std::io::Read;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use libtest_mimic::{Arguments, Failed, Trial};
+
+/// Environment variable that makes this binary run an example's `main`.
+const ROLE_VAR: &str = "FERROMQ_EXAMPLE_ROLE";
+const N_EVENTS: u64 = 200;
+const EXIT_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn main() -> ExitCode {
+    match std::env::var(ROLE_VAR).as_deref() {
+        Ok("sampler") => return sampler_example::main(),
+        Ok("sink") => return sink_example::main(),
+        _ => {}
+    }
+    let tests = vec![
+        trial("sampler_and_sink_examples_over_zeromq_ipc", || {
+            sampler_to_sink("zeromq")
+        }),
+        trial("sampler_and_sink_examples_over_shmem", || {
+            sampler_to_sink("shmem")
+        }),
+    ];
+    libtest_mimic::run(&Arguments::from_args(), tests).exit_code()
+}
+
+fn trial(name: &'static str, test: fn() -> Result<()>) -> Trial {
+    Trial::test(name, move || {
+        test().map_err(|error| Failed::from(format!("{error:#}")))
+    })
+}
+
+/// An example's process, killed if the test ends before it does; its output read by threads so
+/// that a full pipe never blocks it.
+struct ExampleProcess {
+    child: Child,
+    stdout: Option<std::thread::JoinHandle<String>>,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl ExampleProcess {
+    fn spawn(role: &str, args: &[String]) -> Result<ExampleProcess> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .env(ROLE_VAR, role)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("spawn the {role} example"))?;
+        let read_all = |mut stream: Box<dyn Read + Send>| {
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                let _ = stream.read_to_string(&mut text);
+                text
+            })
+        };
+        let stdout = child.stdout.take().map(|out| read_all(Box::new(out)));
+        let stderr = child.stderr.take().map(|err| read_all(Box::new(err)));
+        Ok(ExampleProcess {
+            child,
+            stdout,
+            stderr,
+        })
+    }
+
+    /// Waits for the exit (polling under a deadline); returns (exit code, stdout, stderr).
+    fn finish(mut self, role: &str) -> Result<(i32, String, String)> {
+        let deadline = Instant::now() + EXIT_TIMEOUT;
+        let status = loop {
+            if let Some(status) = self.child.try_wait()? {
+                break status;
+            }
+            if Instant::now() > deadline {
+                bail!("the {role} example did not exit within {EXIT_TIMEOUT:?}");
+            }
+            std::thread::park_timeout(Duration::from_millis(20));
+        };
+        let stdout = self
+            .stdout
+            .take()
+            .map(|reader| reader.join().unwrap_or_default());
+        let stderr = self
+            .stderr
+            .take()
+            .map(|reader| reader.join().unwrap_or_default());
+        Ok((
+            status.code().unwrap_or(-1),
+            stdout.unwrap_or_default(),
+            stderr.unwrap_or_default(),
+        ))
+    }
+}
+
+impl Drop for ExampleProcess {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Removes the ipc socket file and the shm session's objects, also when the test fails.
+struct Cleanup {
+    ipc_path: std::path::PathBuf,
+    session: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.ipc_path);
+        let _ = ferromq::shm::cleanup::clean_session(
+            ferromq::shm::names::current_uid(),
+            &self.session,
+            true,
+        );
+    }
+}
+
+fn sampler_to_sink(transport: &str) -> Result<()> {
+    let tag = format!("{}-{transport}", std::process::id());
+    let cleanup = Cleanup {
+        ipc_path: std::env::temp_dir().join(format!("ferromq-test-examples-{tag}.ipc")),
+        session: format!("exampletest{}{transport}", std::process::id()),
+    };
+    let common = |id: &str, channel: &str| -> Vec<String> {
+        [
+            "--id",
+            id,
+            "--control",
+            "static",
+            "--transport",
+            transport,
+            "--session",
+            &cleanup.session,
+            "--max-iterations",
+            &N_EVENTS.to_string(),
+            "--channel-config",
+            &format!("{channel},address=ipc://{}", cleanup.ipc_path.display()),
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let sink = ExampleProcess::spawn("sink", &common("sink1", "name=data,type=pull,method=bind"))?;
+    let sampler = ExampleProcess::spawn(
+        "sampler",
+        &common("sampler1", "name=data,type=push,method=connect"),
+    )?;
+    let (sampler_code, _, sampler_stderr) = sampler.finish("sampler")?;
+    ensure!(
+        sampler_code == 0,
+        "the sampler example exited with {sampler_code}:\n{sampler_stderr}"
+    );
+    let (sink_code, sink_stdout, sink_stderr) = sink.finish("sink")?;
+    ensure!(
+        sink_code == 0,
+        "the sink example exited with {sink_code}:\n{sink_stdout}\n{sink_stderr}"
+    );
+    // The sampler sends events 1..=N with energy 1.5 * id; the sink sums them.
+    let summary = sink_stdout
+        .lines()
+        .find(|line| line.starts_with("sink: "))
+        .with_context(|| format!("the sink printed no summary:\n{sink_stdout}\n{sink_stderr}"))?;
+    let expected_energy: f64 = (1..=N_EVENTS).map(|id| 1.5 * id as f64).sum();
+    ensure!(
+        summary == format!("sink: {N_EVENTS} events, total energy {expected_energy}"),
+        "unexpected sink summary {summary:?}"
+    );
+    Ok(())
+}
