@@ -9,12 +9,15 @@
 //!   `VmRSS - RssShmem` (heap, stacks, the binary): shared memory a device maps is counted once,
 //!   below, not once per process that touched it.
 //! - the session's shared memory: the files `/dev/shm/ferromq_*` of the run's session, their
-//!   allocated bytes (pages actually in use, not the sparse file size) and their count.
+//!   allocated bytes (pages in RAM, what `df /dev/shm` counts, not the sparse file size) and
+//!   their count; and, from `ferromq shm list --session S`, the bytes in live blocks (`used`)
+//!   and the live messages, which tell leaked blocks from an allocator that touches new pages.
 //!
 //! # Growth criterion
 //! The first quarter of the samples is warm-up and ignored. Of the rest, the median of the last
 //! third must not exceed the median of the first third by more than 10% plus a small absolute
-//! slack (8 MiB per process, 16 MiB of shared memory, no extra file). Medians make one spike
+//! slack (8 MiB per process, 16 MiB of shared memory pages, 64 MiB of live blocks: a send queue
+//! of 1000 messages of 64 KiB may fill meanwhile, no extra file). Medians make one spike
 //! harmless; a leak of a few MiB per minute over ten minutes is caught.
 //!
 //! # Loss
@@ -45,6 +48,8 @@ const RELATIVE_GROWTH: f64 = 0.10;
 const PROCESS_SLACK_BYTES: f64 = 8.0 * 1024.0 * 1024.0;
 /// Allowed growth of the session's shared memory in use, absolute.
 const SHM_SLACK_BYTES: f64 = 16.0 * 1024.0 * 1024.0;
+/// Allowed growth of the bytes in live shared-memory blocks, absolute: a full send queue.
+const SHM_USED_SLACK_BYTES: f64 = 64.0 * 1024.0 * 1024.0;
 /// Fewer samples after warm-up than this cannot show a trend.
 const MIN_SAMPLES: usize = 6;
 
@@ -203,7 +208,7 @@ fn soak_one(
             ));
             break None;
         }
-        samples.push(Sample::take(launcher_pid, &session));
+        samples.push(Sample::take(launcher_pid, ferromq, &session));
         // A poll with a period, not a synchronisation: the sample interval is the point.
         std::thread::sleep(interval);
     };
@@ -269,6 +274,14 @@ fn soak_one(
         SHM_SLACK_BYTES,
     ));
     series.push((
+        "shared memory in live blocks (`ferromq shm list`, used)".to_owned(),
+        samples
+            .iter()
+            .map(|sample| sample.shm_used as f64)
+            .collect(),
+        SHM_USED_SLACK_BYTES,
+    ));
+    series.push((
         "shared memory objects (count)".to_owned(),
         samples
             .iter()
@@ -276,6 +289,17 @@ fn soak_one(
             .collect(),
         0.0,
     ));
+    let live_messages: Vec<f64> = samples
+        .iter()
+        .map(|sample| sample.shm_messages as f64)
+        .collect();
+    if let Some(verdict) = growth(&live_messages, RELATIVE_GROWTH, 0.0) {
+        let _ = writeln!(
+            report,
+            "- live shared-memory messages (information only): median {:.0} -> {:.0}",
+            verdict.baseline, verdict.last
+        );
+    }
     for (what, values, slack) in &series {
         match growth(values, RELATIVE_GROWTH, *slack) {
             Some(verdict) => {
@@ -339,10 +363,12 @@ struct Sample {
     processes: BTreeMap<String, ProcessMemory>,
     shm_bytes: u64,
     shm_files: usize,
+    shm_used: u64,
+    shm_messages: u64,
 }
 
 impl Sample {
-    fn take(launcher_pid: u32, session: &str) -> Sample {
+    fn take(launcher_pid: u32, ferromq: &Path, session: &str) -> Sample {
         let mut processes = BTreeMap::new();
         for (pid, device) in children(launcher_pid) {
             if let Some(memory) = std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -360,12 +386,55 @@ impl Sample {
                 shm_bytes += metadata.blocks() * 512;
             }
         }
+        let listing = Command::new(ferromq)
+            .args(["shm", "list", "--session", session])
+            .stderr(Stdio::null())
+            .output()
+            .map(|output| String::from_utf8_lossy(&output.stdout).into_owned())
+            .unwrap_or_default();
+        let (shm_used, shm_messages) = parse_shm_list(&listing);
         Sample {
             processes,
             shm_bytes,
             shm_files: names.len(),
+            shm_used,
+            shm_messages,
         }
     }
+}
+
+/// Sums the `used` and `messages` columns of `ferromq shm list`'s object lines
+/// (`  ferromq_... 2.0 GiB 41.4 MiB 2.0 GiB 661 pid,pid`).
+fn parse_shm_list(listing: &str) -> (u64, u64) {
+    let mut used = 0;
+    let mut messages = 0;
+    for line in listing.lines() {
+        let tokens: Vec<&str> = line.split_whitespace().collect();
+        if tokens
+            .first()
+            .is_none_or(|name| !name.starts_with("ferromq_"))
+            || tokens.len() < 8
+        {
+            continue;
+        }
+        used += parse_size(tokens[3], tokens[4]).unwrap_or(0);
+        messages += tokens[7].parse::<u64>().unwrap_or(0);
+    }
+    (used, messages)
+}
+
+/// `41.4` `MiB` -> bytes.
+fn parse_size(number: &str, unit: &str) -> Option<u64> {
+    let value: f64 = number.parse().ok()?;
+    let scale = match unit {
+        "B" => 1.0,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        "TiB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    Some((value * scale) as u64)
 }
 
 /// The launcher's child processes: (pid, device id from `--id`, else the pid).
@@ -758,6 +827,23 @@ mod tests {
         assert_eq!(
             device_id(&["x".to_owned(), "--id=a1".to_owned()]).as_deref(),
             Some("a1")
+        );
+    }
+
+    #[test]
+    fn shm_list_parses() {
+        let listing = "\
+session soak1default (in use)
+  object                                                     size       used largest free messages  processes
+  ferromq_0_soak1default_seg_11849_0                      2.0 GiB   41.4 MiB      2.0 GiB      661  11849,11850,11851
+  ferromq_0_soak1default_seg_11850_0                      2.0 GiB      512 B      2.0 GiB        1  11850
+";
+        let (used, messages) = parse_shm_list(listing);
+        assert_eq!(used, (41.4 * 1024.0 * 1024.0) as u64 + 512);
+        assert_eq!(messages, 662);
+        assert_eq!(
+            parse_shm_list("no ferromq shared memory for user 0\n"),
+            (0, 0)
         );
     }
 
