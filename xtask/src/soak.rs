@@ -50,6 +50,8 @@ const PROCESS_SLACK_BYTES: f64 = 8.0 * 1024.0 * 1024.0;
 const SHM_SLACK_BYTES: f64 = 16.0 * 1024.0 * 1024.0;
 /// Allowed growth of the bytes in live shared-memory blocks, absolute: a full send queue.
 const SHM_USED_SLACK_BYTES: f64 = 64.0 * 1024.0 * 1024.0;
+/// How long after its duration `ferromq run` may take to start, stop and clean up.
+const STOP_ALLOWANCE: Duration = Duration::from_secs(120);
 /// Fewer samples after warm-up than this cannot show a trend.
 const MIN_SAMPLES: usize = 6;
 
@@ -193,7 +195,7 @@ fn soak_one(
     // About 60 samples per run, between one per second and one per five.
     let interval = (duration / 60).clamp(Duration::from_secs(1), Duration::from_secs(5));
     // The launcher stops its devices within its own timeouts; give it generous room.
-    let deadline = Instant::now() + duration + Duration::from_secs(120);
+    let deadline = Instant::now() + duration + STOP_ALLOWANCE;
     let mut samples: Vec<Sample> = Vec::new();
     let status = loop {
         match launcher.0.try_wait() {
@@ -203,8 +205,7 @@ fn soak_one(
         }
         if Instant::now() > deadline {
             failures.push(format!(
-                "`ferromq run` did not end within {:.0} s of its duration; killed",
-                (deadline - Instant::now()).as_secs_f64() + 120.0
+                "`ferromq run` did not end within {STOP_ALLOWANCE:?} after its duration; killed"
             ));
             break None;
         }
