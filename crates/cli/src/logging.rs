@@ -132,9 +132,11 @@ impl Verbosity {
 pub enum Color {
     /// When standard output is a terminal.
     Auto,
-    /// Always.
+    /// Always (FairMQ's spellings `1`, `yes`, `on` too).
+    #[value(alias = "1", alias = "yes", alias = "on")]
     True,
-    /// Never.
+    /// Never (FairMQ's spellings `0`, `no`, `off` too).
+    #[value(alias = "0", alias = "no", alias = "off")]
     False,
 }
 

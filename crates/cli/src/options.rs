@@ -527,3 +527,180 @@ fn interface_address(name: &str) -> Result<std::net::Ipv4Addr> {
         names.join(", ")
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        options: DeviceOptions,
+    }
+
+    fn options(args: &[&str]) -> DeviceOptions {
+        Wrapper::try_parse_from([&["device", "--id", "d"][..], args].concat())
+            .unwrap()
+            .options
+    }
+
+    fn check_shm(args: &[&str], expected: &[(&str, &str)]) {
+        let properties = options(args).shm_properties();
+        let properties: Vec<(&str, &str)> = properties
+            .iter()
+            .map(|(key, value)| (*key, value.as_str()))
+            .collect();
+        assert_eq!(properties, expected, "{args:?}");
+    }
+
+    #[test]
+    fn fairmqs_allocation_options_become_the_shmem_wait_policy() {
+        check_shm(&[], &[]);
+        check_shm(
+            &["--shm-segment-size", "1048576"],
+            &[("shm-segment-size", "1048576")],
+        );
+        let forever = u64::MAX.to_string();
+        check_shm(
+            &[
+                "--shm-throw-bad-alloc",
+                "false",
+                "--bad-alloc-attempt-interval",
+                "7",
+            ],
+            &[
+                ("shm-allocation-retry-ms", "7"),
+                ("shm-allocation-timeout-ms", &forever),
+            ],
+        );
+        check_shm(
+            &["--bad-alloc-max-attempts", "-1"],
+            &[("shm-allocation-timeout-ms", &forever)],
+        );
+        // Four attempts, 50 ms (FairMQ's default interval) apart.
+        check_shm(
+            &["--bad-alloc-max-attempts", "4"],
+            &[("shm-allocation-timeout-ms", "150")],
+        );
+        check_shm(
+            &["--shm-throw-bad-alloc", "true"],
+            &[("shm-allocation-timeout-ms", "0")],
+        );
+        // ferromq's own option wins over the policy derived from FairMQ's.
+        check_shm(
+            &[
+                "--shm-throw-bad-alloc",
+                "0",
+                "--shm-allocation-timeout-ms",
+                "20",
+            ],
+            &[("shm-allocation-timeout-ms", "20")],
+        );
+    }
+
+    #[test]
+    fn shm_options_reach_the_device_properties() {
+        let config = options(&[
+            "--shm-segment-size",
+            "1048576",
+            "--shm-allocation-timeout-ms",
+            "5",
+        ])
+        .device_config(&[])
+        .unwrap();
+        assert_eq!(config.properties["shm-segment-size"], "1048576");
+        assert_eq!(config.properties["shm-allocation-timeout-ms"], "5");
+    }
+
+    #[test]
+    fn config_key_picks_the_mq_config_entry_and_the_command_line_wins() {
+        let file = std::env::temp_dir().join(format!(
+            "ferromq-options-config-key-{}.json",
+            std::process::id()
+        ));
+        std::fs::write(
+            &file,
+            r#"{"fairMQOptions": {"devices": [{"key": "worker", "channels": [
+                {"name": "data", "type": "push", "method": "bind", "address": "ipc:///tmp/file"},
+                {"name": "log", "type": "pub", "method": "bind", "address": "ipc:///tmp/log"}]}]}}"#,
+        )
+        .unwrap();
+        let path = file.display().to_string();
+        let config = options(&[
+            "--mq-config",
+            &path,
+            "--config-key",
+            "worker",
+            "--channel-config",
+            "name=data,type=push,method=bind,address=ipc:///tmp/command-line",
+        ])
+        .device_config(&[]);
+        std::fs::remove_file(&file).unwrap();
+        let config = config.unwrap();
+        let addresses: Vec<(&str, &str)> = config
+            .sockets
+            .iter()
+            .map(|socket| {
+                (
+                    socket.name.as_str(),
+                    socket.config.address.as_deref().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            addresses,
+            [
+                ("data", "ipc:///tmp/command-line"),
+                ("log", "ipc:///tmp/log")
+            ]
+        );
+    }
+
+    #[test]
+    fn network_interface_gives_binding_channels_without_an_address_its_address() {
+        let config = options(&[
+            "--network-interface",
+            "lo",
+            "--channel-config",
+            "name=a,type=push,method=bind",
+            "--channel-config",
+            "name=b,type=push,method=bind,address=ipc:///tmp/b",
+            "--channel-config",
+            "name=c,type=pull,method=connect,address=tcp://host:1",
+        ])
+        .device_config(&[])
+        .unwrap();
+        let addresses: Vec<Option<&str>> = config
+            .sockets
+            .iter()
+            .map(|socket| socket.config.address.as_deref())
+            .collect();
+        assert_eq!(
+            addresses,
+            [
+                Some("tcp://127.0.0.1:0"),
+                Some("ipc:///tmp/b"),
+                Some("tcp://host:1")
+            ]
+        );
+        let error = options(&[
+            "--network-interface",
+            "nosuch0",
+            "--channel-config",
+            "name=a,type=push,method=bind",
+        ])
+        .device_config(&[])
+        .unwrap_err();
+        assert!(format!("{error:#}").contains("--network-interface \"nosuch0\""));
+    }
+
+    #[test]
+    fn ignored_options_are_named() {
+        let parsed = options(&["--io-threads", "4", "--shm-mlock-segment", "-P", "x"]);
+        assert_eq!(
+            parsed.ignored(),
+            ["--io-threads", "--shm-mlock-segment", "--plugin"]
+        );
+    }
+}

@@ -222,12 +222,13 @@ pub(crate) fn try_zeroed(key: &str, size: usize) -> Result<Vec<u8>, BoxError> {
     Ok(bytes)
 }
 
-/// A message of `size` bytes for channel `channel`: from the channel's transport when it has
-/// memory of its own (shmem: a block of the segment, or its error naming the segment size),
-/// otherwise from the heap, fallibly.
+/// A message of `size` bytes (property `key`) for channel `channel`: from the channel's
+/// transport when it has memory of its own (shmem: a block of the segment, or its error naming
+/// the segment size), otherwise from the heap, fallibly.
 pub(crate) async fn allocate(
     ctx: &mut DeviceContext,
     channel: &str,
+    key: &str,
     size: usize,
 ) -> Result<Message, BoxError> {
     // Only the shmem transport has memory of its own; every other one allocates with
@@ -235,7 +236,7 @@ pub(crate) async fn allocate(
     if ctx.channel(channel)?.transport_name() == "shmem" {
         return Ok(ctx.new_message(channel, size).await?);
     }
-    Ok(Message::from(try_zeroed("msg-size", size)?))
+    Ok(Message::from(try_zeroed(key, size)?))
 }
 
 /// FNV-1a, 64 bits: fast, dependency-free, enough to catch corruption and misrouting.

@@ -57,7 +57,7 @@ impl Device for Sampler {
             // One message from the transport first: a size its memory cannot hold (a shmem
             // segment too small) is reported by the transport, naming both sizes, before the
             // template takes as much heap.
-            drop(allocate(ctx, &self.out_channel, msg_size).await?);
+            drop(allocate(ctx, &self.out_channel, "msg-size", msg_size).await?);
             let mut template = try_zeroed("msg-size", msg_size)?;
             for (byte_idx, byte) in template.iter_mut().enumerate() {
                 *byte = (byte_idx % 251) as u8;
@@ -72,7 +72,8 @@ impl Device for Sampler {
                 () = pacer.wait() => {}
                 () = &mut stopped => break,
             }
-            let mut message = allocate(ctx, &self.out_channel, self.template.len()).await?;
+            let mut message =
+                allocate(ctx, &self.out_channel, "msg-size", self.template.len()).await?;
             let bytes = message.data_mut();
             bytes.copy_from_slice(&self.template);
             if self.checksum {
@@ -151,7 +152,8 @@ impl Device for BenchmarkSampler {
                 let message = if self.same_msg {
                     Message::from(shared.clone())
                 } else {
-                    let mut message = allocate(ctx, &self.out_channel, self.msg_size).await?;
+                    let mut message =
+                        allocate(ctx, &self.out_channel, "msg-size", self.msg_size).await?;
                     if self.memset {
                         message.data_mut().fill(0);
                     }
