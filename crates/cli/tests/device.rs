@@ -988,50 +988,75 @@ async fn unknown_options_stay_errors_with_a_suggestion() {
 
 #[tokio::test]
 async fn one_channel_binds_and_connects_fairmqs_multiple_endpoints() {
-    // The sink binds two addresses on one channel; a sampler connects to each.
+    for transport in ["zeromq", "shmem"] {
+        multiple_endpoints_over(transport).await;
+    }
+}
+
+/// The sink binds two addresses on one channel; a sampler connects to each.
+async fn multiple_endpoints_over(transport: &str) {
     let (first, second) = (Ipc::new("multi-a"), Ipc::new("multi-b"));
-    let sink = ferromq(&[
-        "device",
-        "sink",
-        "--id",
-        "sink1",
+    let session = ShmSession::new("multi");
+    let common = [
         "--control",
         "static",
-        "--max-iterations",
-        "9",
-        "--verify",
-        "--channel-config",
-        &format!(
-            "name=data,type=pull,address=@{},@{},rateLogging=0",
-            first.address(),
-            second.address()
-        ),
-    ]);
+        "--transport",
+        transport,
+        "--session",
+        session.0.as_str(),
+        "--shm-segment-size",
+        "16777216",
+    ];
+    let sink = ferromq(
+        &[
+            &[
+                "device",
+                "sink",
+                "--id",
+                "sink1",
+                "--max-iterations",
+                "9",
+                "--verify",
+                "--channel-config",
+                &format!(
+                    "name=data,type=pull,address=@{},@{},rateLogging=0",
+                    first.address(),
+                    second.address()
+                ),
+            ][..],
+            &common,
+        ]
+        .concat(),
+    );
     let samplers = [&first, &second].map(|ipc| {
-        ferromq(&[
-            "device",
-            "sampler",
-            "--id",
-            "sampler",
-            "--control",
-            "static",
-            "--max-iterations",
-            "4",
-            "--channel-config",
-            &format!(
-                "name=data,type=push,address=+{},rateLogging=0",
-                ipc.address()
-            ),
-        ])
+        ferromq(
+            &[
+                &[
+                    "device",
+                    "sampler",
+                    "--id",
+                    "sampler",
+                    "--max-iterations",
+                    "4",
+                    "--channel-config",
+                    &format!(
+                        "name=data,type=push,address=+{},rateLogging=0",
+                        ipc.address()
+                    ),
+                ][..],
+                &common,
+            ]
+            .concat(),
+        )
     });
     let [a, b] = samplers;
     let (sink, a, b) = tokio::join!(finish(sink), finish(a), finish(b));
-    assert_eq!(a.code, Some(0), "{}", a.stderr);
-    assert_eq!(b.code, Some(0), "{}", b.stderr);
-    assert_eq!(sink.code, Some(0), "{}", sink.stderr);
+    assert_eq!(a.code, Some(0), "{transport}: {}", a.stderr);
+    assert_eq!(b.code, Some(0), "{transport}: {}", b.stderr);
+    assert_eq!(sink.code, Some(0), "{transport}: {}", sink.stderr);
     assert!(
         sink.stdout.contains("received 10 messages") && sink.stdout.contains("10 checksums ok"),
-        "{}",
+        "{transport}: {}",
         sink.stdout
     );
 }

@@ -507,21 +507,28 @@ mod number_key {
 }
 
 fn bool_or_text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<bool>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum BoolOrText {
-        Bool(bool),
-        Text(String),
-    }
-    match Option::<BoolOrText>::deserialize(deserializer)? {
-        None => Ok(None),
-        Some(BoolOrText::Bool(value)) => Ok(Some(value)),
-        Some(BoolOrText::Text(text)) => match text.trim() {
-            "true" | "1" => Ok(Some(true)),
-            "false" | "0" => Ok(Some(false)),
-            _ => Err(de::Error::custom(format!("{text:?} is not true or false"))),
+    let Some(value) = Option::<serde_json::Value>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    let flag = match &value {
+        serde_json::Value::Bool(flag) => Some(*flag),
+        serde_json::Value::Number(number) => match number.as_u64() {
+            Some(1) => Some(true),
+            Some(0) => Some(false),
+            _ => None,
         },
-    }
+        serde_json::Value::String(text) => match text.trim() {
+            "true" | "1" => Some(true),
+            "false" | "0" => Some(false),
+            _ => None,
+        },
+        _ => None,
+    };
+    flag.map(Some).ok_or_else(|| {
+        de::Error::custom(format!(
+            "key \"autoBind\" has invalid value {value}: expected true or false"
+        ))
+    })
 }
 
 #[cfg(test)]
@@ -651,6 +658,10 @@ mod tests {
                 "key \"sndBufSize\" has invalid value -1: expected a non-negative integer",
                 "line 1 column",
             ],
+        );
+        check_error(
+            r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "push", "method": "bind", "autoBind": 2}]}]}}"#,
+            &["key \"autoBind\" has invalid value 2: expected true or false"],
         );
         check_error(
             r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "push", "method": "bind", "address": "@tcp://*:1,+tcp://nowhere"}]}]}}"#,
