@@ -83,6 +83,22 @@ pub fn run_device_main<D: Device>(make: impl FnOnce(&DeviceOptions) -> D) -> Exi
     // A device of a shmem session may re-execute this binary as the session's watchdog.
     ferromq_shm::run_watchdog_if_requested();
     let parsed = StandaloneDevice::parse();
+    if let Err(error) = parsed.options.prepare_logging() {
+        eprintln!("ferromq: {error:#}");
+        return ExitCode::from(2);
+    }
+    if parsed.options.print_channels == Some(true) {
+        return match parsed.options.configured_channel_lines() {
+            Ok(lines) => {
+                lines.iter().for_each(|line| println!("{line}"));
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("ferromq: {error:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let device = make(&parsed.options);
     run_device(device, &parsed.options, &[])
 }

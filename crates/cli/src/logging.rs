@@ -5,13 +5,21 @@
 //!
 //! | verbosity | line |
 //! |---|---|
+//! | `verylow` | `message` |
 //! | `low` | `[INFO] message` |
 //! | `medium` | `[12:01:02][INFO][sampler1] message` |
 //! | `high` | `[12:01:02.123456][INFO][sampler1] message fields` |
 //! | `veryhigh` | as high, plus the module that logged |
+//! | `user1` ... `user4` | as medium |
+//!
+//! `--log-to-file FILE` sends the lines to FILE (appending, no colours, from `--file-severity`)
+//! instead of the console, as FairMQ does; a device's results (the sink's summary) still go to
+//! standard output.
 
 use std::fmt;
 use std::io::IsTerminal;
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::ValueEnum;
@@ -21,36 +29,74 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
 use tracing_subscriber::registry::LookupSpan;
 
-/// Lowest level logged.
+/// Lowest level logged: FairLogger's severities, each mapped to the nearest `tracing` level.
+///
+/// | FairLogger | shown here from |
+/// |---|---|
+/// | `nolog` | nothing |
+/// | `fatal`, `error` | error |
+/// | `alarm`, `important`, `warn`, `warning` | warn |
+/// | `state`, `info` | info (state changes are info lines here) |
+/// | `detail`, `debug`, `debug1` ... `debug4` | debug |
+/// | `trace` | trace |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Severity {
     /// Everything, per message.
     Trace,
+    /// FairLogger's finest debug level: debug here.
+    Debug4,
+    /// FairLogger's debug3: debug here.
+    Debug3,
+    /// FairLogger's debug2: debug here.
+    Debug2,
+    /// FairLogger's debug1: debug here.
+    Debug1,
     /// Resources created and destroyed.
     Debug,
+    /// FairLogger's detail (between debug and info): debug here.
+    Detail,
     /// States, bound addresses, rates.
     Info,
+    /// FairLogger's state (state changes only): info here, where state changes are info lines.
+    State,
     /// Recovered problems.
+    #[value(alias = "warning")]
     Warn,
+    /// FairLogger's important: warn here.
+    Important,
+    /// FairLogger's alarm: warn here.
+    Alarm,
     /// Failures only.
     Error,
+    /// FairLogger's fatal: error here.
+    Fatal,
+    /// Nothing at all.
+    Nolog,
 }
 
 impl Severity {
     fn directive(self) -> &'static str {
         match self {
             Severity::Trace => "trace",
-            Severity::Debug => "debug",
-            Severity::Info => "info",
-            Severity::Warn => "warn",
-            Severity::Error => "error",
+            Severity::Debug4
+            | Severity::Debug3
+            | Severity::Debug2
+            | Severity::Debug1
+            | Severity::Debug
+            | Severity::Detail => "debug",
+            Severity::Info | Severity::State => "info",
+            Severity::Warn | Severity::Important | Severity::Alarm => "warn",
+            Severity::Error | Severity::Fatal => "error",
+            Severity::Nolog => "off",
         }
     }
 }
 
-/// How much each log line says.
+/// How much each log line says: FairLogger's verbosities.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Verbosity {
+    /// The message only.
+    Verylow,
     /// Level and message.
     Low,
     /// Time, level, device id, message.
@@ -59,6 +105,26 @@ pub enum Verbosity {
     High,
     /// And the module that logged.
     Veryhigh,
+    /// FairLogger's user-defined slot 1: as medium here.
+    User1,
+    /// FairLogger's user-defined slot 2: as medium here.
+    User2,
+    /// FairLogger's user-defined slot 3: as medium here.
+    User3,
+    /// FairLogger's user-defined slot 4: as medium here.
+    User4,
+}
+
+impl Verbosity {
+    /// The user slots have no definition here; they print as medium.
+    fn effective(self) -> Verbosity {
+        match self {
+            Verbosity::User1 | Verbosity::User2 | Verbosity::User3 | Verbosity::User4 => {
+                Verbosity::Medium
+            }
+            other => other,
+        }
+    }
 }
 
 /// Whether to colour log lines.
@@ -66,9 +132,11 @@ pub enum Verbosity {
 pub enum Color {
     /// When standard output is a terminal.
     Auto,
-    /// Always.
+    /// Always (FairMQ's spellings `1`, `yes`, `on` too).
+    #[value(alias = "1", alias = "yes", alias = "on")]
     True,
-    /// Never.
+    /// Never (FairMQ's spellings `0`, `no`, `off` too).
+    #[value(alias = "0", alias = "no", alias = "off")]
     False,
 }
 
@@ -97,6 +165,10 @@ where
             (true, Level::INFO) => ("\x1b[32m", "\x1b[0m"),
             (true, _) => ("\x1b[2m", "\x1b[0m"),
         };
+        if self.verbosity == Verbosity::Verylow {
+            ctx.field_format().format_fields(writer.by_ref(), event)?;
+            return writeln!(writer);
+        }
         if self.verbosity != Verbosity::Low {
             let since_epoch = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -126,44 +198,89 @@ where
     }
 }
 
-struct StdoutLines;
+/// Where log lines go: standard output, or the file of `--log-to-file`.
+enum LineSink {
+    Stdout,
+    File(Arc<Mutex<std::fs::File>>),
+}
 
-struct LineWriter(std::io::Stdout);
+enum LineWriter {
+    Stdout(std::io::Stdout),
+    File(Arc<Mutex<std::fs::File>>),
+}
 
 impl std::io::Write for LineWriter {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        match self.0.write(bytes) {
-            // A reader that went away (`| head`) is not the device's problem.
-            Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(bytes.len()),
-            other => other,
+        match self {
+            LineWriter::Stdout(stdout) => match stdout.write(bytes) {
+                // A reader that went away (`| head`) is not the device's problem.
+                Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(bytes.len()),
+                other => other,
+            },
+            LineWriter::File(file) => file
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .write(bytes),
         }
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        self.0.flush()
+        match self {
+            LineWriter::Stdout(stdout) => stdout.flush(),
+            LineWriter::File(file) => file
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .flush(),
+        }
     }
 }
 
-impl<'a> MakeWriter<'a> for StdoutLines {
+impl<'a> MakeWriter<'a> for LineSink {
     type Writer = LineWriter;
 
     fn make_writer(&'a self) -> Self::Writer {
-        LineWriter(std::io::stdout())
+        match self {
+            LineSink::Stdout => LineWriter::Stdout(std::io::stdout()),
+            LineSink::File(file) => LineWriter::File(Arc::clone(file)),
+        }
     }
+}
+
+/// The file chosen by [`log_to_file`], with its severity.
+static LOG_FILE: OnceLock<(Arc<Mutex<std::fs::File>>, Severity)> = OnceLock::new();
+
+/// Makes the next [`init`] write log lines to `path` (appended) from `severity` up, instead of
+/// the console: FairMQ's `--log-to-file` and `--file-severity`.
+///
+/// # Errors
+/// When the file cannot be opened for appending.
+pub fn log_to_file(path: &Path, severity: Severity) -> std::io::Result<()> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    let _ = LOG_FILE.set((Arc::new(Mutex::new(file)), severity));
+    Ok(())
 }
 
 /// Installs the log subscriber for a process running device `device_id` (or a launcher).
 pub fn init(device_id: &str, severity: Severity, verbosity: Verbosity, color: Color) {
-    let ansi = match color {
-        Color::Auto => std::io::stdout().is_terminal(),
-        Color::True => true,
-        Color::False => false,
+    let (sink, severity, ansi) = match LOG_FILE.get() {
+        Some((file, file_severity)) => (LineSink::File(Arc::clone(file)), *file_severity, false),
+        None => {
+            let ansi = match color {
+                Color::Auto => std::io::stdout().is_terminal(),
+                Color::True => true,
+                Color::False => false,
+            };
+            (LineSink::Stdout, severity, ansi)
+        }
     };
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(severity.directive()));
     let format = LineFormat {
         device_id: device_id.to_owned(),
-        verbosity,
+        verbosity: verbosity.effective(),
         ansi,
     };
     // A second init (tests running several devices in one process) keeps the first subscriber.
@@ -178,7 +295,7 @@ pub fn init(device_id: &str, severity: Severity, verbosity: Verbosity, color: Co
         });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(StdoutLines)
+        .with_writer(sink)
         .with_ansi(ansi)
         .fmt_fields(fields)
         .event_format(format)

@@ -75,6 +75,36 @@ enum GraphFormat {
     Mermaid,
 }
 
+/// `ferromq device KIND`: FairMQ's options, checked before anything starts (exit 2 naming the
+/// option and the value), `--print-channels`, then the device.
+fn run_builtin(kind: Builtin, mut options: DeviceOptions, builtin: &BuiltinOptions) -> ExitCode {
+    let properties = builtin.properties();
+    let checked = options
+        .check()
+        .and_then(|()| builtin.check())
+        .and_then(|()| options.prepare_logging());
+    if let Err(error) = checked {
+        eprintln!("ferromq: {error:#}");
+        return ExitCode::from(2);
+    }
+    if options.print_channels == Some(true) {
+        let renamed = |key: &str| {
+            properties
+                .iter()
+                .find(|(name, _)| *name == key)
+                .map(|(_, value)| value.clone())
+        };
+        for (name, min, max) in kind.channel_endpoints(renamed) {
+            println!("{name}:{min}:{max}");
+        }
+        return ExitCode::SUCCESS;
+    }
+    options.also_ignored.extend(builtin.ignored());
+    // Built-in devices count `--max-iterations` as FairMQ's benchmark devices do (N + 1).
+    options.max_iterations = ferromq_devices::fairmq_iterations(options.max_iterations);
+    run_device(kind.create(), &options, &properties)
+}
+
 fn main() -> ExitCode {
     // A device of a shmem session may re-execute this binary as the session's watchdog.
     ferromq_shm::run_watchdog_if_requested();
@@ -86,7 +116,7 @@ fn main() -> ExitCode {
             builtin,
         } => {
             let kind = Builtin::from_name(&kind).expect("clap checked the kind");
-            run_device(kind.create(), &options, &builtin.properties())
+            run_builtin(kind, *options, &builtin)
         }
         Command::Shm { command } => shm_command::run(&command),
         Command::Bench(options) => ferromq_cli::block_on(1, ferromq_cli::bench::run(options)),

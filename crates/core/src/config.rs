@@ -194,7 +194,20 @@ pub enum ConfigError {
 }
 
 const KNOWN_KEYS: &str = "name, type, method, address, transport, sndBufSize, rcvBufSize, \
-sndKernelSize, rcvKernelSize, linger, rateLogging, portRangeMin, portRangeMax, autoBind, numSockets, busyPoll, provider";
+sndKernelSize, rcvKernelSize, sndTimeoutMs, rcvTimeoutMs, linger, rateLogging, portRangeMin, portRangeMax, autoBind, numSockets, busyPoll, provider";
+
+/// One endpoint of a channel: where it binds or connects.
+///
+/// A channel has several when its address is FairMQ's multi-endpoint form,
+/// `@tcp://*:5555,+tcp://host:5556`: comma-separated, `@` binds, `+` (or `>`) connects, and an
+/// endpoint without a prefix follows the channel's `method`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Bind or connect.
+    pub method: Method,
+    /// Where.
+    pub address: Address,
+}
 
 /// The configuration of one channel (or of every sub-channel when `numSockets` > 1).
 ///
@@ -313,20 +326,40 @@ impl ChannelConfig {
     /// Parses FairMQ's `--channel-config` form:
     /// `name=data,type=push,method=bind,address=tcp://*:5555,rateLogging=1`.
     ///
-    /// `name`, `type` and `method` are required; everything else takes FairMQ's default.
+    /// `name`, `type` and `method` are required (`method` may be left out when every endpoint of
+    /// the address says `@` or `+`); everything else takes FairMQ's default. FairMQ's
+    /// multi-endpoint addresses keep their commas: `address=@tcp://*:5555,+tcp://host:5556`.
+    /// FairMQ's `sndTimeoutMs` and `rcvTimeoutMs` are checked and ignored: sends and receives
+    /// here wait until done or cancelled.
     ///
     /// # Errors
     /// [`ConfigError`] naming the key and the value that is wrong.
     pub fn parse_key_values(text: &str) -> Result<ChannelConfig, ConfigError> {
         let mut config = ChannelConfig::default();
         let (mut has_name, mut has_type, mut has_method) = (false, false, false);
-        for pair in text
+        let mut pairs: Vec<String> = Vec::new();
+        for piece in text
             .split(',')
             .map(str::trim)
-            .filter(|pair| !pair.is_empty())
+            .filter(|piece| !piece.is_empty())
         {
+            // `+tcp://host:5556` after `address=@tcp://*:5555`: another endpoint of the address.
+            let continues_address = !piece.contains('=')
+                || piece.starts_with(['@', '+', '>'])
+                || piece
+                    .split_once('=')
+                    .is_some_and(|(key, _)| key.contains("://"));
+            match pairs.last_mut() {
+                Some(last) if continues_address && last.starts_with("address=") => {
+                    last.push(',');
+                    last.push_str(piece);
+                }
+                _ => pairs.push(piece.to_owned()),
+            }
+        }
+        for pair in &pairs {
             let Some((key, value)) = pair.split_once('=') else {
-                return Err(ConfigError::NotKeyValue(pair.to_owned()));
+                return Err(ConfigError::NotKeyValue(pair.clone()));
             };
             match key.trim() {
                 "name" => {
@@ -347,6 +380,16 @@ impl ChannelConfig {
                 "rcvBufSize" => config.rcv_buf_size = parse_number(key, value)?,
                 "sndKernelSize" => config.snd_kernel_size = parse_number(key, value)?,
                 "rcvKernelSize" => config.rcv_kernel_size = parse_number(key, value)?,
+                "sndTimeoutMs" | "rcvTimeoutMs" => {
+                    let milliseconds: i64 = parse_number(key, value)?;
+                    if milliseconds < -1 {
+                        return Err(ConfigError::InvalidValue {
+                            key: key.to_owned(),
+                            value: value.to_owned(),
+                            expected: "milliseconds, or -1 for none",
+                        });
+                    }
+                }
                 "linger" => config.linger = parse_number(key, value)?,
                 "rateLogging" => config.rate_logging = parse_number(key, value)?,
                 "portRangeMin" => config.port_range_min = parse_number(key, value)?,
@@ -362,6 +405,10 @@ impl ChannelConfig {
                     });
                 }
             }
+        }
+        if !has_method && let Some(method) = config.prefixed_method() {
+            config.method = method;
+            has_method = true;
         }
         let missing = [
             (has_name, "name"),
@@ -488,24 +535,82 @@ impl ChannelConfig {
                 expected: "a port not above portRangeMax",
             });
         }
-        self.parsed_address()?;
+        self.endpoints()?;
         Ok(())
     }
 
-    /// The parsed address, `None` when none is configured.
+    /// The parsed address, `None` when none is configured; with several endpoints, the first.
     ///
     /// # Errors
     /// [`ConfigError::Address`] naming this channel.
     pub fn parsed_address(&self) -> Result<Option<Address>, ConfigError> {
-        self.address
-            .as_deref()
-            .map(|text| {
-                Address::parse(text).map_err(|source| ConfigError::Address {
+        Ok(self
+            .endpoints()?
+            .into_iter()
+            .next()
+            .map(|endpoint| endpoint.address))
+    }
+
+    /// Every endpoint of the address (FairMQ's `@bind,+connect` form); empty without an
+    /// address.
+    ///
+    /// # Errors
+    /// [`ConfigError::Address`] naming this channel and the endpoint that does not parse.
+    pub fn endpoints(&self) -> Result<Vec<Endpoint>, ConfigError> {
+        let Some(text) = self.address.as_deref() else {
+            return Ok(Vec::new());
+        };
+        text.split(',')
+            .map(str::trim)
+            .map(|piece| {
+                let (method, address) = match piece.chars().next() {
+                    Some('@') => (Method::Bind, &piece[1..]),
+                    Some('+' | '>') => (Method::Connect, &piece[1..]),
+                    _ => (self.method, piece),
+                };
+                let address = Address::parse(address).map_err(|source| ConfigError::Address {
                     channel: self.name.clone(),
                     source,
-                })
+                })?;
+                Ok(Endpoint { method, address })
             })
-            .transpose()
+            .collect()
+    }
+
+    /// The method of the first endpoint when every endpoint of the address has a prefix (`@`
+    /// or `+`), so that the channel needs no `method` of its own.
+    pub fn prefixed_method(&self) -> Option<Method> {
+        let text = self.address.as_deref()?;
+        let mut methods = text
+            .split(',')
+            .map(str::trim)
+            .map(|piece| match piece.chars().next() {
+                Some('@') => Some(Method::Bind),
+                Some('+' | '>') => Some(Method::Connect),
+                _ => None,
+            });
+        let first = methods.next()??;
+        methods.all(|method| method.is_some()).then_some(first)
+    }
+
+    /// True when this channel binds something in BINDING: an endpoint with `@` or without a
+    /// prefix on a binding channel, or no address on a binding channel (the transport picks).
+    pub fn binds(&self) -> bool {
+        self.has_endpoints(Method::Bind)
+    }
+
+    /// True when this channel connects something in CONNECTING.
+    pub fn connects(&self) -> bool {
+        self.has_endpoints(Method::Connect)
+    }
+
+    fn has_endpoints(&self, method: Method) -> bool {
+        match self.endpoints() {
+            Ok(endpoints) if !endpoints.is_empty() => {
+                endpoints.iter().any(|endpoint| endpoint.method == method)
+            }
+            _ => self.method == method,
+        }
     }
 
     /// The names of this channel's sockets: `["data"]`, or `["data[0]", "data[1]"]` when
@@ -636,6 +741,54 @@ mod tests {
             ConfigError::Address {
                 channel: "d".into(),
                 source: AddressError::MissingPort("tcp://x".into()),
+            },
+        );
+    }
+
+    #[test]
+    fn multi_endpoint_addresses_bind_and_connect_on_one_channel() {
+        let config = ChannelConfig::parse_key_values(
+            "name=data,type=pull,address=@tcp://*:5555,+tcp://host:5556,>ipc:///tmp/x,rateLogging=0",
+        )
+        .unwrap();
+        assert_eq!(config.rate_logging, 0);
+        assert_eq!(config.method, Method::Bind);
+        let endpoints = config.endpoints().unwrap();
+        let methods: Vec<Method> = endpoints.iter().map(|endpoint| endpoint.method).collect();
+        assert_eq!(methods, [Method::Bind, Method::Connect, Method::Connect]);
+        assert_eq!(endpoints[1].address.to_string(), "tcp://host:5556");
+        assert!(config.binds() && config.connects());
+        // Without a prefix an endpoint follows the channel's method.
+        let plain = ChannelConfig::parse_key_values(
+            "name=d,type=push,method=connect,address=tcp://a:1,@tcp://*:2",
+        )
+        .unwrap();
+        let methods: Vec<Method> = plain
+            .endpoints()
+            .unwrap()
+            .iter()
+            .map(|e| e.method)
+            .collect();
+        assert_eq!(methods, [Method::Connect, Method::Bind]);
+        // A bad endpoint is named.
+        check_key_values_err(
+            "name=d,type=push,address=@tcp://*:1,+tcp://x",
+            ConfigError::Address {
+                channel: "d".into(),
+                source: AddressError::MissingPort("tcp://x".into()),
+            },
+        );
+        // FairMQ's timeouts are taken and checked.
+        ChannelConfig::parse_key_values(
+            "name=d,type=push,method=bind,sndTimeoutMs=-1,rcvTimeoutMs=100",
+        )
+        .unwrap();
+        check_key_values_err(
+            "name=d,type=push,method=bind,sndTimeoutMs=-5",
+            ConfigError::InvalidValue {
+                key: "sndTimeoutMs".into(),
+                value: "-5".into(),
+                expected: "milliseconds, or -1 for none",
             },
         );
     }

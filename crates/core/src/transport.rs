@@ -276,22 +276,55 @@ impl Channel {
         self.socket.connect(address).await
     }
 
-    /// Binds the configured address (method `bind`).
+    /// Binds every endpoint of the configured address that binds (method `bind`, or FairMQ's
+    /// `@` prefix); returns the first address bound.
     ///
     /// # Errors
-    /// [`Error::Config`] without an address, or as [`Socket::bind`].
+    /// [`Error::Config`] without an address to bind, or as [`Socket::bind`].
     pub async fn bind_configured(&mut self) -> Result<Address> {
-        let address = self.configured_address()?;
-        self.bind(&address).await
+        let mut first_bound = None;
+        for address in self.configured_addresses(Method::Bind)? {
+            let bound = self.bind(&address).await?;
+            first_bound.get_or_insert(bound);
+        }
+        if let Some(first) = &first_bound {
+            self.bound_address = Some(first.clone());
+        }
+        first_bound.ok_or_else(|| self.missing_address())
     }
 
-    /// Connects to the configured address (method `connect`).
+    /// Connects to every endpoint of the configured address that connects (method `connect`,
+    /// or FairMQ's `+` prefix).
     ///
     /// # Errors
-    /// [`Error::Config`] without an address, or as [`Socket::connect`].
+    /// [`Error::Config`] without an address to connect to, or as [`Socket::connect`].
     pub async fn connect_configured(&mut self) -> Result<()> {
-        let address = self.configured_address()?;
-        self.connect(&address).await
+        let addresses = self.configured_addresses(Method::Connect)?;
+        if addresses.is_empty() {
+            return Err(self.missing_address());
+        }
+        for address in addresses {
+            self.connect(&address).await?;
+        }
+        Ok(())
+    }
+
+    /// The configured endpoints with `method`.
+    fn configured_addresses(&self, method: Method) -> Result<Vec<Address>> {
+        Ok(self
+            .config
+            .endpoints()?
+            .into_iter()
+            .filter(|endpoint| endpoint.method == method)
+            .map(|endpoint| endpoint.address)
+            .collect())
+    }
+
+    fn missing_address(&self) -> Error {
+        Error::Config(crate::config::ConfigError::MissingKey {
+            channel: self.name().to_owned(),
+            key: "address",
+        })
     }
 
     /// Binds or connects as the configuration's `method` says; returns the bound address.
@@ -303,16 +336,6 @@ impl Channel {
             Method::Bind => self.bind_configured().await.map(Some),
             Method::Connect => self.connect_configured().await.map(|()| None),
         }
-    }
-
-    fn configured_address(&self) -> Result<Address> {
-        let address = self.config.parsed_address()?;
-        address.ok_or_else(|| {
-            Error::Config(crate::config::ConfigError::MissingKey {
-                channel: self.name().to_owned(),
-                key: "address",
-            })
-        })
     }
 
     /// Sends one message, waiting for queue space and a peer as long as it takes.

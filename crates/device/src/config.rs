@@ -95,30 +95,75 @@ impl DeviceConfig {
     /// Reads the channels of device `id` from a FairMQ JSON configuration (`--mq-config`).
     ///
     /// # Errors
-    /// [`DeviceError::MqConfig`] naming the key and the line and column of the problem, or when
-    /// the file has no device `id`.
+    /// As [`DeviceConfig::add_mq_config_for`].
     pub fn add_mq_config(&mut self, path: &str, json: &str) -> Result<()> {
+        let key = self.id.clone();
+        self.add_mq_config_for(path, json, &key)
+    }
+
+    /// Reads the channels of the device whose `id` (or `key`) is `key` from a FairMQ JSON
+    /// configuration (`--mq-config` with FairMQ's `--config-key`).
+    ///
+    /// Like FairMQ's parser, keys it does not know are ignored: each is named in one warning
+    /// (FairMQ's `sndTimeoutMs` and `rcvTimeoutMs`, which ferromq has no use for, included). A
+    /// channel this configuration already has (from `--channel-config`) keeps its command-line
+    /// configuration; the file's is skipped with a warning.
+    ///
+    /// # Errors
+    /// [`DeviceError::MqConfig`] naming the key, the value, and the line and column of the
+    /// problem, or when the file has no device `key`.
+    pub fn add_mq_config_for(&mut self, path: &str, json: &str, key: &str) -> Result<()> {
         let mq_error = |problem: String| DeviceError::MqConfig {
             path: path.to_owned(),
             problem,
         };
         let file: MqConfigFile =
             serde_json::from_str(json).map_err(|error| mq_error(error.to_string()))?;
-        let Some(device) = file.fair_mq_options.devices.into_iter().find(|device| {
-            device.id.as_deref() == Some(&self.id) || device.key.as_deref() == Some(&self.id)
-        }) else {
-            return Err(mq_error(format!(
-                "no device with id (or key) {:?}",
-                self.id
-            )));
+        if let Ok(value) = serde_json::from_str::<serde_json::Value>(json) {
+            let mut unknown = Vec::new();
+            unknown_keys(&value, &mut unknown);
+            unknown.sort();
+            unknown.dedup();
+            if !unknown.is_empty() {
+                tracing::warn!(
+                    file = path,
+                    "ignoring key(s) ferromq does not use: {}",
+                    unknown.join(", ")
+                );
+            }
+        }
+        let Some(device) =
+            file.fair_mq_options.devices.into_iter().find(|device| {
+                device.id.as_deref() == Some(key) || device.key.as_deref() == Some(key)
+            })
+        else {
+            return Err(mq_error(format!("no device with id (or key) {key:?}")));
         };
+        let from_command_line: Vec<String> = self
+            .sockets
+            .iter()
+            .map(|socket| socket.config.name.clone())
+            .collect();
         for channel in device.channels {
+            if let Some(name) = channel
+                .name
+                .as_ref()
+                .filter(|name| from_command_line.contains(name))
+            {
+                tracing::warn!(
+                    file = path,
+                    channel = %name,
+                    "channel configured by --channel-config too: the command line wins"
+                );
+                continue;
+            }
             for (socket_idx, config) in channel.expand().map_err(mq_error)?.into_iter().enumerate()
             {
                 config.validate().map_err(|error| {
                     mq_error(format!(
-                        "channel {:?} socket {socket_idx}: {error}",
-                        config.name
+                        "channel {:?} socket {socket_idx}: {}",
+                        config.name,
+                        crate::error_chain(&error)
                     ))
                 })?;
                 let n_sockets = config.num_sockets;
@@ -135,20 +180,17 @@ impl DeviceConfig {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct MqConfigFile {
     #[serde(rename = "fairMQOptions")]
     fair_mq_options: MqOptions,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct MqOptions {
     devices: Vec<MqDevice>,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct MqDevice {
     id: Option<String>,
     key: Option<String>,
@@ -158,7 +200,6 @@ struct MqDevice {
 
 /// Channel-level keys are shared by its sockets; socket-level keys override them.
 #[derive(Deserialize, Default, Clone)]
-#[serde(deny_unknown_fields)]
 struct MqSocket {
     name: Option<String>,
     #[serde(rename = "type")]
@@ -166,25 +207,73 @@ struct MqSocket {
     method: Option<String>,
     address: Option<String>,
     transport: Option<String>,
-    #[serde(rename = "sndBufSize", default, deserialize_with = "number_or_text")]
+    #[serde(
+        rename = "sndBufSize",
+        default,
+        deserialize_with = "number_key::snd_buf_size"
+    )]
     snd_buf_size: Option<u64>,
-    #[serde(rename = "rcvBufSize", default, deserialize_with = "number_or_text")]
+    #[serde(
+        rename = "rcvBufSize",
+        default,
+        deserialize_with = "number_key::rcv_buf_size"
+    )]
     rcv_buf_size: Option<u64>,
-    #[serde(rename = "sndKernelSize", default, deserialize_with = "number_or_text")]
+    #[serde(
+        rename = "sndKernelSize",
+        default,
+        deserialize_with = "number_key::snd_kernel_size"
+    )]
     snd_kernel_size: Option<u64>,
-    #[serde(rename = "rcvKernelSize", default, deserialize_with = "number_or_text")]
+    #[serde(
+        rename = "rcvKernelSize",
+        default,
+        deserialize_with = "number_key::rcv_kernel_size"
+    )]
     rcv_kernel_size: Option<u64>,
-    #[serde(default, deserialize_with = "number_or_text")]
+    #[serde(default, deserialize_with = "number_key::linger")]
     linger: Option<u64>,
-    #[serde(rename = "rateLogging", default, deserialize_with = "number_or_text")]
+    #[serde(
+        rename = "rateLogging",
+        default,
+        deserialize_with = "number_key::rate_logging"
+    )]
     rate_logging: Option<u64>,
-    #[serde(rename = "portRangeMin", default, deserialize_with = "number_or_text")]
+    #[serde(
+        rename = "portRangeMin",
+        default,
+        deserialize_with = "number_key::port_range_min"
+    )]
     port_range_min: Option<u64>,
-    #[serde(rename = "portRangeMax", default, deserialize_with = "number_or_text")]
+    #[serde(
+        rename = "portRangeMax",
+        default,
+        deserialize_with = "number_key::port_range_max"
+    )]
     port_range_max: Option<u64>,
     #[serde(rename = "autoBind", default, deserialize_with = "bool_or_text")]
     auto_bind: Option<bool>,
-    #[serde(rename = "numSockets", default, deserialize_with = "number_or_text")]
+    /// FairMQ's send timeout: checked, not used (ferromq's sends wait, cancellably).
+    #[allow(dead_code)] // Read only to check the value: ferromq has no per-channel timeouts.
+    #[serde(
+        rename = "sndTimeoutMs",
+        default,
+        deserialize_with = "number_key::timeout"
+    )]
+    snd_timeout_ms: Option<i64>,
+    /// FairMQ's receive timeout: checked, not used.
+    #[allow(dead_code)] // Read only to check the value: ferromq has no per-channel timeouts.
+    #[serde(
+        rename = "rcvTimeoutMs",
+        default,
+        deserialize_with = "number_key::timeout"
+    )]
+    rcv_timeout_ms: Option<i64>,
+    #[serde(
+        rename = "numSockets",
+        default,
+        deserialize_with = "number_key::num_sockets"
+    )]
     num_sockets: Option<u64>,
     /// ferromq's own: the libfabric provider of an ofi channel.
     provider: Option<String>,
@@ -236,12 +325,16 @@ fn merge(
     config.socket_type = socket_type
         .parse()
         .map_err(|error| format!("channel {name:?}: {error}"))?;
-    let method = pick_text(socket.method, &common.method)
-        .ok_or_else(|| format!("channel {name:?} has no \"method\""))?;
-    config.method = method
-        .parse()
-        .map_err(|error| format!("channel {name:?}: {error}"))?;
     config.address = pick_text(socket.address, &common.address);
+    // FairMQ's multi-endpoint addresses (`@tcp://*:5555,+tcp://host:5556`) need no method.
+    config.method = match pick_text(socket.method, &common.method) {
+        Some(method) => method
+            .parse()
+            .map_err(|error| format!("channel {name:?}: {error}"))?,
+        None => config
+            .prefixed_method()
+            .ok_or_else(|| format!("channel {name:?} has no \"method\""))?,
+    };
     config.transport =
         pick_text(socket.transport, &common.transport).filter(|transport| transport != "default");
     config.provider = pick_text(socket.provider, &common.provider);
@@ -279,41 +372,163 @@ fn merge(
     Ok(config)
 }
 
-/// FairMQ's files write numbers both as `1000` and as `"1000"`.
-fn number_or_text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum NumberOrText {
-        Number(u64),
-        Text(String),
+/// The keys of FairMQ's channel entries, plus ferromq's `provider`; others are warned about.
+const MQ_CHANNEL_KEYS: [&str; 19] = [
+    "name",
+    "type",
+    "method",
+    "address",
+    "transport",
+    "sndBufSize",
+    "rcvBufSize",
+    "sndKernelSize",
+    "rcvKernelSize",
+    "sndTimeoutMs",
+    "rcvTimeoutMs",
+    "linger",
+    "rateLogging",
+    "portRangeMin",
+    "portRangeMax",
+    "autoBind",
+    "numSockets",
+    "provider",
+    "sockets",
+];
+
+/// Collects `where: key` for every key of a FairMQ JSON configuration this parser ignores.
+fn unknown_keys(file: &serde_json::Value, unknown: &mut Vec<String>) {
+    let serde_json::Value::Object(top) = file else {
+        return;
+    };
+    let mut check =
+        |object: &serde_json::Map<String, serde_json::Value>, known: &[&str], place: &str| {
+            for key in object.keys().filter(|key| !known.contains(&key.as_str())) {
+                unknown.push(format!("{place}{key:?}"));
+            }
+        };
+    check(top, &["fairMQOptions"], "");
+    let Some(serde_json::Value::Object(options)) = top.get("fairMQOptions") else {
+        return;
+    };
+    check(options, &["devices"], "fairMQOptions.");
+    let Some(serde_json::Value::Array(devices)) = options.get("devices") else {
+        return;
+    };
+    for device in devices.iter().filter_map(serde_json::Value::as_object) {
+        check(device, &["id", "key", "channels"], "device.");
+        let Some(serde_json::Value::Array(channels)) = device.get("channels") else {
+            continue;
+        };
+        for channel in channels.iter().filter_map(serde_json::Value::as_object) {
+            check(channel, &MQ_CHANNEL_KEYS, "channel.");
+            let Some(serde_json::Value::Array(sockets)) = channel.get("sockets") else {
+                continue;
+            };
+            for socket in sockets.iter().filter_map(serde_json::Value::as_object) {
+                // A socket entry has every channel key but `sockets`.
+                check(
+                    socket,
+                    &MQ_CHANNEL_KEYS[..MQ_CHANNEL_KEYS.len() - 1],
+                    "socket.",
+                );
+            }
+        }
     }
-    match Option::<NumberOrText>::deserialize(deserializer)? {
-        None => Ok(None),
-        Some(NumberOrText::Number(number)) => Ok(Some(number)),
-        Some(NumberOrText::Text(text)) => text
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| de::Error::custom(format!("{text:?} is not a non-negative integer"))),
+}
+
+/// FairMQ's files write numbers both as `1000` and as `"1000"`; anything else is an error
+/// naming the key, the value and what was expected.
+fn number_or_text<'de, D: Deserializer<'de>>(
+    deserializer: D,
+    key: &str,
+) -> Result<Option<u64>, D::Error> {
+    let Some(value) = Option::<serde_json::Value>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    let number = match &value {
+        serde_json::Value::Number(number) => number.as_u64(),
+        serde_json::Value::String(text) => text.trim().parse().ok(),
+        _ => None,
+    };
+    number.map(Some).ok_or_else(|| {
+        de::Error::custom(format!(
+            "key {key:?} has invalid value {value}: expected a non-negative integer"
+        ))
+    })
+}
+
+/// Per-key deserializers, so that every error names its key.
+mod number_key {
+    use serde::Deserializer;
+
+    macro_rules! keys {
+        ($($function:ident => $key:literal),* $(,)?) => {$(
+            pub(super) fn $function<'de, D: Deserializer<'de>>(
+                deserializer: D,
+            ) -> Result<Option<u64>, D::Error> {
+                super::number_or_text(deserializer, $key)
+            }
+        )*};
+    }
+
+    keys! {
+        snd_buf_size => "sndBufSize",
+        rcv_buf_size => "rcvBufSize",
+        snd_kernel_size => "sndKernelSize",
+        rcv_kernel_size => "rcvKernelSize",
+        linger => "linger",
+        rate_logging => "rateLogging",
+        port_range_min => "portRangeMin",
+        port_range_max => "portRangeMax",
+        num_sockets => "numSockets",
+    }
+
+    /// FairMQ's timeouts: milliseconds, -1 for none.
+    pub(super) fn timeout<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<i64>, D::Error> {
+        use serde::Deserialize;
+        use serde::de::Error;
+        let Some(value) = Option::<serde_json::Value>::deserialize(deserializer)? else {
+            return Ok(None);
+        };
+        let number = match &value {
+            serde_json::Value::Number(number) => number.as_i64(),
+            serde_json::Value::String(text) => text.trim().parse().ok(),
+            _ => None,
+        };
+        match number {
+            Some(milliseconds) if milliseconds >= -1 => Ok(Some(milliseconds)),
+            _ => Err(D::Error::custom(format!(
+                "timeout {value} is invalid: expected milliseconds, or -1 for none"
+            ))),
+        }
     }
 }
 
 fn bool_or_text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<bool>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum BoolOrText {
-        Bool(bool),
-        Text(String),
-    }
-    match Option::<BoolOrText>::deserialize(deserializer)? {
-        None => Ok(None),
-        Some(BoolOrText::Bool(value)) => Ok(Some(value)),
-        Some(BoolOrText::Text(text)) => match text.trim() {
-            "true" | "1" => Ok(Some(true)),
-            "false" | "0" => Ok(Some(false)),
-            _ => Err(de::Error::custom(format!("{text:?} is not true or false"))),
+    let Some(value) = Option::<serde_json::Value>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    let flag = match &value {
+        serde_json::Value::Bool(flag) => Some(*flag),
+        serde_json::Value::Number(number) => match number.as_u64() {
+            Some(1) => Some(true),
+            Some(0) => Some(false),
+            _ => None,
         },
-    }
+        serde_json::Value::String(text) => match text.trim() {
+            "true" | "1" => Some(true),
+            "false" | "0" => Some(false),
+            _ => None,
+        },
+        _ => None,
+    };
+    flag.map(Some).ok_or_else(|| {
+        de::Error::custom(format!(
+            "key \"autoBind\" has invalid value {value}: expected true or false"
+        ))
+    })
 }
 
 #[cfg(test)]
@@ -429,16 +644,32 @@ mod tests {
     #[test]
     fn malformed_files_name_the_key_and_position() {
         check_error(
-            r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "push", "method": "bind", "sndBufSise": 1}]}]}}"#,
-            &["bad.json", "sndBufSise", "line 1 column"],
-        );
-        check_error(
             "{\n  \"fairMQOptions\": {\n    \"devices\": [\n  }",
             &["line 4 column"],
         );
         check_error(
             r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "push", "method": "bind", "linger": "soon"}]}]}}"#,
-            &["\"soon\" is not a non-negative integer"],
+            &["key \"linger\" has invalid value \"soon\": expected a non-negative integer"],
+        );
+        check_error(
+            r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "push", "method": "bind", "sndBufSize": -1}]}]}}"#,
+            &[
+                "bad.json",
+                "key \"sndBufSize\" has invalid value -1: expected a non-negative integer",
+                "line 1 column",
+            ],
+        );
+        check_error(
+            r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "push", "method": "bind", "autoBind": 2}]}]}}"#,
+            &["key \"autoBind\" has invalid value 2: expected true or false"],
+        );
+        check_error(
+            r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "push", "method": "bind", "address": "@tcp://*:1,+tcp://nowhere"}]}]}}"#,
+            &[
+                "channel \"x\"",
+                "bad address",
+                "\"tcp://nowhere\" has no port",
+            ],
         );
         check_error(
             r#"{"fairMQOptions": {"devices": [{"id": "other"}]}}"#,
@@ -448,6 +679,84 @@ mod tests {
             r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "method": "bind"}]}]}}"#,
             &["channel \"x\" has no \"type\""],
         );
+    }
+
+    #[test]
+    fn keys_fairmq_ignores_are_ignored_here_too() {
+        let mut config = DeviceConfig::new("d");
+        config
+            .add_mq_config(
+                "keys.json",
+                r#"{"fairMQOptions": {"devices": [{"id": "d", "color": "red", "channels": [{"name": "x", "type": "push", "method": "bind", "sndTimeoutMs": -1, "rcvTimeoutMs": "100", "sndBufSise": 1}]}]}}"#,
+            )
+            .unwrap();
+        assert_eq!(config.sockets.len(), 1);
+        assert_eq!(config.sockets[0].config.snd_buf_size, 1000);
+        let mut unknown = Vec::new();
+        unknown_keys(
+            &serde_json::from_str(
+                r#"{"fairMQOptions": {"devices": [{"id": "d", "color": "red", "channels": [{"name": "x", "sndTimeoutMs": 1, "sndBufSise": 1, "sockets": [{"sockets": []}]}]}]}}"#,
+            )
+            .unwrap(),
+            &mut unknown,
+        );
+        assert_eq!(
+            unknown,
+            [
+                "device.\"color\"",
+                "channel.\"sndBufSise\"",
+                "socket.\"sockets\""
+            ]
+        );
+    }
+
+    #[test]
+    fn config_key_selects_the_entry_and_the_command_line_wins() {
+        let json = r#"{"fairMQOptions": {"devices": [{"key": "processor", "channels": [
+            {"name": "data", "type": "push", "method": "bind", "address": "ipc:///tmp/from-file"},
+            {"name": "other", "type": "pull", "method": "connect", "address": "ipc:///tmp/other"}]}]}}"#;
+        let mut config = DeviceConfig::new("processor-7");
+        config
+            .add_channel(
+                ChannelConfig::new("data", SocketType::Push, Method::Bind)
+                    .with_address("ipc:///tmp/from-command-line"),
+            )
+            .unwrap();
+        config
+            .add_mq_config_for("key.json", json, "processor")
+            .unwrap();
+        let addresses: Vec<(&str, Option<&str>)> = config
+            .sockets
+            .iter()
+            .map(|socket| (socket.name.as_str(), socket.config.address.as_deref()))
+            .collect();
+        assert_eq!(
+            addresses,
+            [
+                ("data", Some("ipc:///tmp/from-command-line")),
+                ("other", Some("ipc:///tmp/other"))
+            ]
+        );
+        assert!(
+            DeviceConfig::new("processor-7")
+                .add_mq_config("key.json", json)
+                .is_err(),
+            "without the key the id is looked up"
+        );
+    }
+
+    #[test]
+    fn multi_endpoint_addresses_need_no_method() {
+        let mut config = DeviceConfig::new("d");
+        config
+            .add_mq_config(
+                "multi.json",
+                r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "pull", "address": "@tcp://*:5555,+tcp://host:5556"}]}]}}"#,
+            )
+            .unwrap();
+        let channel = &config.sockets[0].config;
+        assert!(channel.binds() && channel.connects());
+        assert_eq!(channel.endpoints().unwrap().len(), 2);
     }
 
     #[test]

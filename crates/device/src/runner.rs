@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferromq_core::{Address, Channel, CounterSnapshot, Error, Method, TcpHost};
+use ferromq_core::{Address, Channel, CounterSnapshot, Error, TcpHost};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -463,7 +463,7 @@ async fn do_work<D: Device>(
             for channel in ctx
                 .channels
                 .iter_mut()
-                .filter(|channel| channel.config().method == Method::Bind)
+                .filter(|channel| channel.config().binds())
             {
                 let address = match overrides.get(channel.name()) {
                     Some(addresses) => {
@@ -489,7 +489,7 @@ async fn do_work<D: Device>(
             for channel in ctx
                 .channels
                 .iter_mut()
-                .filter(|channel| channel.config().method == Method::Connect)
+                .filter(|channel| channel.config().connects())
             {
                 match overrides.get(channel.name()) {
                     // A launcher names the addresses its binders actually bound (one per replica).
@@ -620,6 +620,10 @@ async fn create_channels(ctx: &mut DeviceContext, config: &DeviceConfig) -> Resu
 /// Binds a channel's address; without one, or when a tcp port is taken and `autoBind` is on,
 /// binds a free port instead (FairMQ's autoBind).
 async fn bind_channel(channel: &mut Channel) -> Result<Address> {
+    // FairMQ's multi-endpoint address (`@tcp://*:5555,+tcp://host:5556`): every `@` endpoint.
+    if channel.config().endpoints().map_err(Error::from)?.len() > 1 {
+        return Ok(channel.bind_configured().await?);
+    }
     let configured = channel.config().parsed_address().map_err(Error::from)?;
     let Some(address) = configured else {
         return Ok(channel

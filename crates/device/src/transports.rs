@@ -50,10 +50,19 @@ pub fn transport_for(name: &str, options: &TransportOptions) -> Result<Arc<dyn T
                 ..ferromq_shm::ShmOptions::default()
             };
             if let Some(size) = number_property(options, "shm-segment-size")? {
-                shm.segment_size = size as usize;
+                shm.segment_size = usize::try_from(size).map_err(|_| {
+                    Error::Config(ferromq_core::ConfigError::InvalidValue {
+                        key: "shm-segment-size".to_owned(),
+                        value: size.to_string(),
+                        expected: "a size this machine can address",
+                    })
+                })?;
             }
             if let Some(timeout_ms) = number_property(options, "shm-allocation-timeout-ms")? {
                 shm.allocation_timeout = std::time::Duration::from_millis(timeout_ms);
+            }
+            if let Some(interval_ms) = number_property(options, "shm-allocation-retry-ms")? {
+                shm.retry_interval = Some(std::time::Duration::from_millis(interval_ms));
             }
             if let Some(inline_max) = number_property(options, "shm-inline-max")? {
                 shm.inline_max = inline_max as usize;

@@ -57,7 +57,7 @@ impl Device for StfSource {
                 .get(builder as usize % self.outputs.len())
                 .expect("outputs is not empty")
                 .clone();
-            let mut stf = ctx.new_message(&output, self.stf_size).await?;
+            let mut stf = crate::allocate(ctx, &output, "stf-size", self.stf_size).await?;
             stf.data_mut()[..8].copy_from_slice(&event_id.to_le_bytes());
             stf.data_mut()[8..12].copy_from_slice(&self.source_index.to_le_bytes());
             if ctx.send(&output, stf).await.is_err() && ctx.stop_requested() {

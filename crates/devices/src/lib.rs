@@ -5,9 +5,9 @@
 //!
 //! | kind | channels (default names) | properties |
 //! |---|---|---|
-//! | `sampler` | out `data` | `msg-size`, `text`, `payload-file`, `rate`, `checksum` |
-//! | `bsampler` | out `data` | `msg-size`, `msg-rate`, `same-msg`, `num-parts` |
-//! | `sink` | in `data` | `verify` |
+//! | `sampler` | out `data` | `msg-size`, `text`, `payload-file`, `rate`, `checksum`, `memset` |
+//! | `bsampler` | out `data` | `msg-size`, `msg-rate`, `same-msg`, `num-parts`, `multipart`, `memset` |
+//! | `sink` | in `data` | `verify`, `out-filename`, `max-file-size`, `multipart` |
 //! | `processor` | in `data-in`, out `data-out` | `touch` |
 //! | `splitter` | in `data-in`, out `data-out[i]` | `routing` (`round-robin` or `key`) |
 //! | `merger` | in `data-in[i]`, out `data-out` | |
@@ -18,8 +18,23 @@
 //! | `stf-source` | in `requests`, out `data-out[i]` (one per builder) | `stf-size` |
 //! | `builder` | in `data-in`, out `requests[i]` (one per source) | `max-outstanding` |
 //!
-//! `in-channel` and `out-channel` rename the channels. `--max-iterations` bounds the messages a
-//! sampler sends and a sink receives.
+//! `in-channel` and `out-channel` rename the channels.
+//!
+//! # `--max-iterations`: FairMQ's count
+//! FairMQ's `fairmq-bsampler` and `fairmq-sink` count `--max-iterations N` as *N iterations after
+//! the first*: the bsampler sends N + 1 messages and the sink waits for N + 1. Every built-in
+//! device here counts the same way ([`fairmq_iterations`]), so that any pair with the same N
+//! finishes: FairMQ bsampler → ferromq sink, ferromq bsampler (or sampler) → FairMQ sink, and
+//! ferromq's own pairs and chains (a processor with N forwards N + 1 too). A sampler and a sink
+//! run with `--max-iterations 1000` therefore move 1001 messages, exactly as FairMQ's pair does.
+//! Devices of your own (`run_device_main`) get N iterations from `next_iteration`, as FairMQ's
+//! example devices do.
+//!
+//! # Bad values
+//! Rates must be 0 (unlimited) or finite and at least [`MIN_RATE`]; sizes are allocated
+//! fallibly, through the channel's transport (a shmem channel reports a message larger than its
+//! segment, naming both sizes), so that an impossible `msg-size` is an error naming the size,
+//! never an abort.
 //!
 //! # Checksums
 //! With `checksum` (on by default for `sampler`), the first 8 bytes of each message are the
@@ -34,6 +49,7 @@ mod reqrep;
 mod sampler;
 mod sink;
 
+use ferromq_core::{BoxError, Message};
 use ferromq_device::{Device, DeviceContext, DeviceError};
 
 pub use event_building::{Builder as EventBuilder, StfSource};
@@ -102,6 +118,38 @@ impl Builtin {
         Builtin::ALL.iter().map(|(name, _)| *name).collect()
     }
 
+    /// The channel endpoints this kind uses, FairMQ's `--print-channels` form
+    /// `(name, min sockets, max sockets)`; `property` gives `in-channel`/`out-channel` renames.
+    pub fn channel_endpoints(
+        self,
+        property: impl Fn(&str) -> Option<String>,
+    ) -> Vec<(String, u32, u32)> {
+        const ANY: u32 = i32::MAX as u32;
+        let input = |default: &str| property("in-channel").unwrap_or_else(|| default.to_owned());
+        let output = |default: &str| property("out-channel").unwrap_or_else(|| default.to_owned());
+        match self {
+            Builtin::Sampler | Builtin::BenchmarkSampler | Builtin::Client => {
+                vec![(output("data"), 1, 1)]
+            }
+            Builtin::Sink | Builtin::Server => vec![(input("data"), 1, 1)],
+            Builtin::Processor | Builtin::Proxy => {
+                vec![(input("data-in"), 1, 1), (output("data-out"), 1, 1)]
+            }
+            Builtin::Splitter | Builtin::Multiplier => {
+                vec![(input("data-in"), 1, 1), (output("data-out"), 1, ANY)]
+            }
+            Builtin::Merger => vec![(input("data-in"), 1, ANY), (output("data-out"), 1, 1)],
+            Builtin::StfSource => vec![
+                ("requests".to_owned(), 1, 1),
+                ("data-out".to_owned(), 1, ANY),
+            ],
+            Builtin::Builder => vec![
+                ("data-in".to_owned(), 1, 1),
+                ("requests".to_owned(), 1, ANY),
+            ],
+        }
+    }
+
     /// A new device of this kind.
     pub fn create(self) -> Box<dyn Device> {
         match self {
@@ -119,6 +167,76 @@ impl Builtin {
             Builtin::Builder => Box::new(EventBuilder::default()),
         }
     }
+}
+
+/// `--max-iterations N` as FairMQ's benchmark devices count it: N iterations after the first,
+/// N + 1 in all; 0 stays "no limit". See the crate docs.
+pub fn fairmq_iterations(max_iterations: u64) -> u64 {
+    if max_iterations == 0 {
+        0
+    } else {
+        max_iterations.saturating_add(1)
+    }
+}
+
+/// The lowest positive rate a sender takes: one message every ~31 years. Lower rates have an
+/// interval no clock can represent.
+pub const MIN_RATE: f64 = 1e-9;
+
+/// Checks a rate in messages per second: 0 (unlimited), or finite and at least [`MIN_RATE`].
+///
+/// # Errors
+/// The value and what was expected, for the caller to prefix with the option's name.
+pub fn check_rate(rate: f64) -> Result<f64, String> {
+    if rate == 0.0 || (rate.is_finite() && rate >= MIN_RATE) {
+        Ok(rate)
+    } else {
+        Err(format!(
+            "{rate:?}: expected 0 (unlimited) or a finite number of messages per second, at least {MIN_RATE:?}"
+        ))
+    }
+}
+
+/// Property `key` as a rate ([`check_rate`]).
+pub(crate) fn rate_property(
+    ctx: &DeviceContext,
+    key: &str,
+    default: f64,
+) -> Result<f64, DeviceError> {
+    let rate: f64 = ctx.property_or(key, default)?;
+    check_rate(rate).map_err(|problem| DeviceError::Property {
+        device: ctx.id().to_owned(),
+        key: key.to_owned(),
+        problem: format!("has invalid value {problem}"),
+    })
+}
+
+/// A zeroed heap buffer of `size` bytes, or an error naming `key` and the size when this process
+/// cannot have that much memory (instead of aborting).
+pub(crate) fn try_zeroed(key: &str, size: usize) -> Result<Vec<u8>, BoxError> {
+    let mut bytes = Vec::new();
+    bytes
+        .try_reserve_exact(size)
+        .map_err(|_| format!("{key} {size}: cannot allocate {size} bytes"))?;
+    bytes.resize(size, 0);
+    Ok(bytes)
+}
+
+/// A message of `size` bytes (property `key`) for channel `channel`: from the channel's
+/// transport when it has memory of its own (shmem: a block of the segment, or its error naming
+/// the segment size), otherwise from the heap, fallibly.
+pub(crate) async fn allocate(
+    ctx: &mut DeviceContext,
+    channel: &str,
+    key: &str,
+    size: usize,
+) -> Result<Message, BoxError> {
+    // Only the shmem transport has memory of its own; every other one allocates with
+    // `Message::new`, which would abort on an impossible size.
+    if ctx.channel(channel)?.transport_name() == "shmem" {
+        return Ok(ctx.new_message(channel, size).await?);
+    }
+    Ok(Message::from(try_zeroed(key, size)?))
 }
 
 /// FNV-1a, 64 bits: fast, dependency-free, enough to catch corruption and misrouting.
@@ -159,12 +277,24 @@ pub(crate) fn sockets_of(ctx: &DeviceContext, base: &str) -> Result<Vec<String>,
     Ok(names)
 }
 
+/// A boolean property in FairMQ's spellings: `true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`.
 pub(crate) fn bool_property(
     ctx: &DeviceContext,
     key: &str,
     default: bool,
 ) -> Result<bool, DeviceError> {
-    ctx.property_or(key, default)
+    let Some(text) = ctx.property_text(key) else {
+        return Ok(default);
+    };
+    match text.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(DeviceError::Property {
+            device: ctx.id().to_owned(),
+            key: key.to_owned(),
+            problem: format!("has invalid value {text:?}: expected true or false"),
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -179,6 +309,31 @@ mod tests {
         message[10] ^= 1;
         assert!(!checksum_ok(&message));
         assert!(!checksum_ok(b"short"));
+    }
+
+    #[test]
+    fn rates_are_checked() {
+        for good in [0.0, 1.0, 1e6, MIN_RATE] {
+            assert_eq!(check_rate(good), Ok(good));
+        }
+        for bad in [-1.0, 1e-300, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let problem = check_rate(bad).unwrap_err();
+            assert!(problem.starts_with(&format!("{bad:?}:")), "{problem}");
+        }
+    }
+
+    #[test]
+    fn iterations_count_as_fairmq_does() {
+        assert_eq!(fairmq_iterations(0), 0);
+        assert_eq!(fairmq_iterations(1000), 1001);
+        assert_eq!(fairmq_iterations(u64::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn impossible_sizes_are_errors_naming_the_size() {
+        let error = try_zeroed("msg-size", usize::MAX).unwrap_err().to_string();
+        assert!(error.contains(&usize::MAX.to_string()), "{error}");
+        assert_eq!(try_zeroed("msg-size", 3).unwrap(), vec![0; 3]);
     }
 
     #[test]

@@ -16,9 +16,12 @@ pub struct Pacer {
 }
 
 impl Pacer {
-    /// A pacer for `rate` messages per second; 0 does not pace.
+    /// A pacer for `rate` messages per second; 0 (or anything not positive) does not pace. A
+    /// rate too low for its interval to be represented ([`crate::check_rate`] refuses it) waits
+    /// for ever between messages.
     pub fn new(rate: f64) -> Pacer {
-        let interval = (rate > 0.0).then(|| Duration::from_secs_f64(1.0 / rate));
+        let interval =
+            (rate > 0.0).then(|| Duration::try_from_secs_f64(1.0 / rate).unwrap_or(Duration::MAX));
         Pacer {
             interval,
             start: Instant::now(),
@@ -31,7 +34,13 @@ impl Pacer {
         let Some(interval) = self.interval else {
             return;
         };
-        let due = self.start + interval * self.n_sent;
+        let Some(due) = interval
+            .checked_mul(self.n_sent)
+            .and_then(|offset| self.start.checked_add(offset))
+        else {
+            // Not before the end of time.
+            return std::future::pending().await;
+        };
         self.n_sent = self.n_sent.wrapping_add(1);
         if self.n_sent == u32::MAX {
             // Restart the schedule long before `interval * n_sent` could overflow.
@@ -57,6 +66,11 @@ mod tests {
         }
         // The 101st message is due one second after the first (virtual time).
         assert_eq!(Instant::now() - start, Duration::from_secs(1));
+        // Intervals beyond any clock neither panic nor let a message out early.
+        let mut glacial = Pacer::new(1e-300);
+        glacial.wait().await;
+        let second = tokio::time::timeout(Duration::from_secs(3600), glacial.wait()).await;
+        assert!(second.is_err());
         let mut unlimited = Pacer::new(0.0);
         let start = Instant::now();
         for _ in 0..1000 {

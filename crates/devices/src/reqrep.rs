@@ -26,7 +26,8 @@ impl Device for Client {
     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         let mut n_round_trips = 0u64;
         while ctx.next_iteration() {
-            let mut request = ctx.new_message(&self.channel, self.msg_size).await?;
+            let mut request =
+                crate::allocate(ctx, &self.channel, "msg-size", self.msg_size).await?;
             request.data_mut()[..8].copy_from_slice(&n_round_trips.to_le_bytes());
             if ctx.send(&self.channel, request).await.is_err() && ctx.stop_requested() {
                 break;

@@ -5,7 +5,9 @@ use bytes::Bytes;
 use ferromq_core::{BoxError, Message, Parts};
 use ferromq_device::{Device, DeviceContext};
 
-use crate::{Pacer, bool_property, channel_property, write_checksum};
+use crate::{
+    Pacer, allocate, bool_property, channel_property, rate_property, try_zeroed, write_checksum,
+};
 
 /// Sends `--max-iterations` messages (or until STOP) of `msg-size` bytes, or of the `text`
 /// property, or of the file `payload-file`, at `rate` messages/s (0 = unlimited).
@@ -13,6 +15,8 @@ use crate::{Pacer, bool_property, channel_property, write_checksum};
 pub struct Sampler {
     out_channel: String,
     template: Vec<u8>,
+    /// `msg-size` of a generated payload, until RUNNING makes the template.
+    generated_size: Option<usize>,
     checksum: bool,
     rate: f64,
 }
@@ -23,7 +27,10 @@ impl Device for Sampler {
         self.out_channel = channel_property(ctx, "out-channel", "data");
         ctx.channel(&self.out_channel)?;
         self.checksum = bool_property(ctx, "checksum", true)?;
-        self.rate = ctx.property_or("rate", 0.0)?;
+        // The sampler writes every byte of every message anyway; `memset` changes nothing.
+        bool_property(ctx, "memset", false)?;
+        self.rate = rate_property(ctx, "rate", 0.0)?;
+        self.generated_size = None;
         self.template = if let Some(path) = ctx.property_text("payload-file") {
             tokio::fs::read(&path)
                 .await
@@ -31,15 +38,14 @@ impl Device for Sampler {
         } else if let Some(text) = ctx.property_text("text") {
             text.into_bytes()
         } else {
-            let msg_size: usize = ctx.property_or("msg-size", 1000)?;
-            (0..msg_size)
-                .map(|byte_idx| (byte_idx % 251) as u8)
-                .collect()
+            // Generated when RUNNING starts, after the transport has given a first message.
+            self.generated_size = Some(ctx.property_or("msg-size", 1000)?);
+            Vec::new()
         };
-        if self.checksum && self.template.len() < 8 {
+        let payload_size = self.generated_size.unwrap_or(self.template.len());
+        if self.checksum && payload_size < 8 {
             return Err(format!(
-                "checksummed messages need at least 8 bytes, the payload has {}; set checksum=false",
-                self.template.len()
+                "checksummed messages need at least 8 bytes, the payload has {payload_size}; set checksum=false"
             )
             .into());
         }
@@ -47,12 +53,27 @@ impl Device for Sampler {
     }
 
     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        if let Some(msg_size) = self.generated_size.take() {
+            // One message from the transport first: a size its memory cannot hold (a shmem
+            // segment too small) is reported by the transport, naming both sizes, before the
+            // template takes as much heap.
+            drop(allocate(ctx, &self.out_channel, "msg-size", msg_size).await?);
+            let mut template = try_zeroed("msg-size", msg_size)?;
+            for (byte_idx, byte) in template.iter_mut().enumerate() {
+                *byte = (byte_idx % 251) as u8;
+            }
+            self.template = template;
+        }
         let mut pacer = Pacer::new(self.rate);
+        let stopped = ctx.stopped();
+        tokio::pin!(stopped);
         while ctx.next_iteration() {
-            pacer.wait().await;
-            let mut message = ctx
-                .new_message(&self.out_channel, self.template.len())
-                .await?;
+            tokio::select! {
+                () = pacer.wait() => {}
+                () = &mut stopped => break,
+            }
+            let mut message =
+                allocate(ctx, &self.out_channel, "msg-size", self.template.len()).await?;
             let bytes = message.data_mut();
             bytes.copy_from_slice(&self.template);
             if self.checksum {
@@ -77,13 +98,16 @@ impl Device for Sampler {
 }
 
 /// FairMQ's benchmark sampler: `msg-size`, `msg-rate` (0 = unlimited), `same-msg` (send one
-/// buffer over and over instead of allocating each message), `num-parts`.
+/// buffer over and over instead of allocating each message), `num-parts` (parts per message;
+/// FairMQ's `multipart false` sends single messages whatever `num-parts` says), `memset` (zero
+/// every byte of each message before sending it, FairMQ's benchmark recipe).
 #[derive(Debug, Default)]
 pub struct BenchmarkSampler {
     out_channel: String,
     msg_size: usize,
     n_parts: usize,
     same_msg: bool,
+    memset: bool,
     rate: f64,
 }
 
@@ -94,27 +118,46 @@ impl Device for BenchmarkSampler {
         ctx.channel(&self.out_channel)?;
         self.msg_size = ctx.property_or("msg-size", 1_000_000)?;
         self.n_parts = ctx.property_or("num-parts", 1)?;
+        if ctx.property_text("multipart").is_some() && !bool_property(ctx, "multipart", false)? {
+            self.n_parts = 1;
+        }
         self.same_msg = bool_property(ctx, "same-msg", false)?;
-        let rate: f64 = ctx.property_or("rate", 0.0)?;
-        self.rate = ctx.property_or("msg-rate", rate)?;
+        self.memset = bool_property(ctx, "memset", false)?;
+        let rate = rate_property(ctx, "rate", 0.0)?;
+        self.rate = rate_property(ctx, "msg-rate", rate)?;
         if self.n_parts == 0 {
-            return Err("num-parts must be at least 1".into());
+            return Err("num-parts 0: expected at least 1 part".into());
         }
         Ok(())
     }
 
     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         let mut pacer = Pacer::new(self.rate);
-        // With same-msg every message shares this one immutable buffer (no allocation, no copy).
-        let shared = Bytes::from(vec![0u8; self.msg_size]);
+        // With same-msg every message shares this one immutable (zeroed) buffer: no allocation,
+        // no copy.
+        let shared = if self.same_msg {
+            Bytes::from(try_zeroed("msg-size", self.msg_size)?)
+        } else {
+            Bytes::new()
+        };
+        let stopped = ctx.stopped();
+        tokio::pin!(stopped);
         while ctx.next_iteration() {
-            pacer.wait().await;
+            tokio::select! {
+                () = pacer.wait() => {}
+                () = &mut stopped => break,
+            }
             let mut parts = Parts::new();
             for _ in 0..self.n_parts {
                 let message = if self.same_msg {
                     Message::from(shared.clone())
                 } else {
-                    ctx.new_message(&self.out_channel, self.msg_size).await?
+                    let mut message =
+                        allocate(ctx, &self.out_channel, "msg-size", self.msg_size).await?;
+                    if self.memset {
+                        message.data_mut().fill(0);
+                    }
+                    message
                 };
                 parts.push(message);
             }

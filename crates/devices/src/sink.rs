@@ -1,6 +1,9 @@
-//! [`Sink`]: receives, counts, optionally verifies checksums, and prints a summary.
+//! [`Sink`]: receives, counts, optionally verifies checksums, optionally writes what it
+//! receives to a file (FairMQ's `out-filename`, `max-file-size`), and prints a summary.
 
 use std::time::Instant;
+
+use tokio::io::AsyncWriteExt;
 
 use ferromq_core::{BoxError, Parts};
 use ferromq_device::{Device, DeviceContext, Flow};
@@ -19,14 +22,30 @@ pub struct SinkSummary {
 }
 
 /// Counts what arrives on `in-channel` (default `data`) until STOP or `--max-iterations`;
-/// with `verify`, fails on the first message whose checksum is wrong.
+/// with `verify`, fails on the first message whose checksum is wrong. With `out-filename`, every
+/// part received is appended to that file (created or truncated at INIT TASK) until
+/// `max-file-size` bytes (FairMQ's default 2000000000; 0 = unlimited) are written, which also
+/// ends the run, as in FairMQ. `multipart` is accepted: whole messages are always received.
 #[derive(Debug, Default)]
 pub struct Sink {
     in_channel: String,
     verify: bool,
     summary: SinkSummary,
     started: Option<Instant>,
+    output: Option<OutputFile>,
 }
+
+/// The file of `out-filename`.
+#[derive(Debug)]
+struct OutputFile {
+    path: String,
+    file: tokio::io::BufWriter<tokio::fs::File>,
+    n_written: u64,
+    max_size: u64,
+}
+
+/// FairMQ's default `max-file-size`.
+const FAIRMQ_MAX_FILE_SIZE: u64 = 2_000_000_000;
 
 impl Sink {
     /// What this sink has seen so far.
@@ -41,7 +60,26 @@ impl Device for Sink {
         self.in_channel = channel_property(ctx, "in-channel", "data");
         ctx.channel(&self.in_channel)?;
         self.verify = bool_property(ctx, "verify", false)?;
+        bool_property(ctx, "multipart", false)?;
         self.summary = SinkSummary::default();
+        let max_size = ctx.property_or("max-file-size", FAIRMQ_MAX_FILE_SIZE)?;
+        self.output = match ctx
+            .property_text("out-filename")
+            .filter(|path| !path.is_empty())
+        {
+            None => None,
+            Some(path) => {
+                let file = tokio::fs::File::create(&path)
+                    .await
+                    .map_err(|error| format!("out-filename {path:?}: {error}"))?;
+                Some(OutputFile {
+                    path,
+                    file: tokio::io::BufWriter::new(file),
+                    n_written: 0,
+                    max_size,
+                })
+            }
+        };
         Ok(())
     }
 
@@ -53,7 +91,17 @@ impl Device for Sink {
                 Err(_) if ctx.stop_requested() => break,
                 Err(error) => return Err(error.into()),
             };
-            self.on_data(&self.in_channel.clone(), parts, ctx).await?;
+            if self.on_data(&self.in_channel.clone(), parts, ctx).await? == Flow::Stop {
+                break;
+            }
+        }
+        if let Some(output) = &mut self.output {
+            output
+                .file
+                .flush()
+                .await
+                .map_err(|error| format!("out-filename {:?}: {error}", output.path))?;
+            tracing::info!(device = %ctx.id(), path = %output.path, bytes = output.n_written, "output file written");
         }
         Ok(())
     }
@@ -80,10 +128,25 @@ impl Device for Sink {
         }
         self.summary.n_msgs += 1;
         self.summary.n_bytes += parts.total_size() as u64;
+        if let Some(output) = &mut self.output {
+            for part in &parts {
+                output
+                    .file
+                    .write_all(part.data())
+                    .await
+                    .map_err(|error| format!("out-filename {:?}: {error}", output.path))?;
+                output.n_written += part.len() as u64;
+            }
+            if output.max_size > 0 && output.n_written >= output.max_size {
+                tracing::info!(device = %_ctx.id(), bytes = output.n_written, "max-file-size reached, stopping");
+                return Ok(Flow::Stop);
+            }
+        }
         Ok(Flow::Continue)
     }
 
     async fn reset_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.output = None;
         let seconds = self
             .started
             .take()

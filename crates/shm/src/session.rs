@@ -24,8 +24,12 @@ pub struct ShmOptions {
     /// Size of this process's managed segment (FairMQ's default: 2 GiB; pages are used only when
     /// touched).
     pub segment_size: usize,
-    /// How long an allocation waits for room in a full segment before failing.
+    /// How long an allocation waits for room in a full segment before failing
+    /// (`Duration::MAX`: as long as it takes, FairMQ's `--shm-throw-bad-alloc false`).
     pub allocation_timeout: Duration,
+    /// The pause between allocation attempts while the segment is full (FairMQ's
+    /// `--bad-alloc-attempt-interval`); `None`: from 100 µs, doubling up to 10 ms.
+    pub retry_interval: Option<Duration>,
     /// Payloads up to this size travel inside the descriptor instead of a segment block.
     pub inline_max: usize,
 }
@@ -36,6 +40,7 @@ impl Default for ShmOptions {
             session: "default".to_owned(),
             segment_size: 2 << 30,
             allocation_timeout: Duration::from_secs(10),
+            retry_interval: None,
             inline_max: 256,
         }
     }
@@ -103,13 +108,18 @@ impl Session {
     pub(crate) async fn allocate(&self, size: usize) -> Result<ShmBuffer, ShmError> {
         let owned = self.own_segment().await?;
         if size > owned.max_message_size() {
+            // The size the user configured (`--shm-segment-size`), which the error tells them
+            // to raise; the segment's header takes a little of it.
             return Err(ShmError::LargerThanSegment {
                 requested: size,
-                segment_size: owned.capacity(),
+                segment_size: self.options.segment_size,
             });
         }
         let started = Instant::now();
-        let mut pause = Duration::from_micros(100);
+        let mut pause = self
+            .options
+            .retry_interval
+            .unwrap_or(Duration::from_micros(100));
         loop {
             if let Some(buffer) = owned.allocate(size) {
                 return Ok(buffer);
@@ -119,7 +129,9 @@ impl Session {
                 return Err(owned.full_error(size, waited.as_millis() as u64));
             }
             tokio::time::sleep(pause.min(self.options.allocation_timeout - waited)).await;
-            pause = (pause * 2).min(Duration::from_millis(10));
+            if self.options.retry_interval.is_none() {
+                pause = (pause * 2).min(Duration::from_millis(10));
+            }
         }
     }
 
