@@ -196,11 +196,6 @@ mod tests {
         );
     }
 
-    /// Set to true once ARCHITECTURE.md's code map lists every built-in kind (it listed 8 of 12
-    /// when this check was written; the fix belongs to whoever edits ARCHITECTURE.md). Until
-    /// then, the check only refuses kinds that do not exist.
-    const ARCHITECTURE_LISTS_EVERY_KIND: bool = false;
-
     /// ARCHITECTURE.md's code map names every crate directory (`crates/<dir>` is package
     /// `ferromq-<dir>`) and the built-in kinds on the `ferromq-devices` line.
     #[test]
@@ -246,20 +241,11 @@ mod tests {
             .map(|kind| kind.trim().to_owned())
             .filter(|kind| !kind.is_empty())
             .collect();
-        let kinds = builtin_kinds();
-        for kind in &listed {
-            assert!(
-                kinds.contains(kind),
-                "ARCHITECTURE.md's ferromq-devices line names {kind:?}, which is not in Builtin::ALL"
-            );
-        }
-        if ARCHITECTURE_LISTS_EVERY_KIND {
-            assert_eq!(
-                sorted(listed),
-                sorted(kinds),
-                "ARCHITECTURE.md's ferromq-devices line differs from Builtin::ALL"
-            );
-        }
+        assert_eq!(
+            sorted(listed),
+            sorted(builtin_kinds()),
+            "ARCHITECTURE.md's ferromq-devices line differs from Builtin::ALL"
+        );
     }
 
     /// README's "Set up" holds exactly two commands: the main job on the bundled default
