@@ -77,6 +77,9 @@ pub enum FuzzError {
     },
 }
 
+/// See [`RunOptions::progress`].
+pub type ProgressCallback = Box<dyn Fn(&Progress)>;
+
 /// How to run a target.
 pub struct RunOptions {
     /// Seed of the run: with the index, it decides every input.
@@ -94,7 +97,7 @@ pub struct RunOptions {
     /// that an input that kills the process is on disk afterwards. Slow; for replays.
     pub trace: Option<PathBuf>,
     /// Called every [`RunOptions::progress_every`] inputs.
-    pub progress: Option<Box<dyn Fn(&Progress)>>,
+    pub progress: Option<ProgressCallback>,
     /// See [`RunOptions::progress`].
     pub progress_every: u64,
     /// Print each distinct finding on stderr as soon as it is found (a later crash of the
@@ -470,7 +473,7 @@ fn run_with_seeds(
             }
             let next = index + 1;
             if let Some(progress) = &options.progress
-                && (next - options.first_input) % options.progress_every.max(1) == 0
+                && (next - options.first_input).is_multiple_of(options.progress_every.max(1))
             {
                 progress(&Progress {
                     next_input: next,
