@@ -517,3 +517,66 @@ pub fn check_one(target: &Target, input: &[u8]) -> Result<bool, String> {
         Err(_) => Err(panic_message.unwrap_or_else(|| "panicked".to_owned())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn panics_and_failed_properties_are_caught_recorded_once_and_saved() {
+        let target = targets::by_name("selftest-panic").unwrap();
+        let crash_dir =
+            std::env::temp_dir().join(format!("ferromq-fuzz-unit-{}", std::process::id()));
+        let options = RunOptions {
+            n_inputs: 2000,
+            crash_dir: Some(crash_dir.clone()),
+            ..RunOptions::default()
+        };
+        let report = run(&target, &options).unwrap();
+        let saved: Vec<PathBuf> = report
+            .findings
+            .iter()
+            .filter_map(|finding| finding.saved_to.clone())
+            .collect();
+        let saved_inputs: Vec<Vec<u8>> = saved
+            .iter()
+            .map(|path| std::fs::read(path).unwrap())
+            .collect();
+        let _ = std::fs::remove_dir_all(&crash_dir);
+        assert_eq!(report.n_inputs, 2000);
+        assert!(
+            report.n_panics > 0 && report.n_property_failures > 0,
+            "{report}"
+        );
+        assert!(!report.is_clean());
+        let kinds: Vec<FindingKind> = report.findings.iter().map(|finding| finding.kind).collect();
+        assert_eq!(kinds.len(), 2, "one finding per bug: {report}");
+        assert!(kinds.contains(&FindingKind::Panic) && kinds.contains(&FindingKind::Property));
+        let panic = report
+            .findings
+            .iter()
+            .find(|finding| finding.kind == FindingKind::Panic)
+            .unwrap();
+        assert!(
+            panic.message.contains("selftest panic"),
+            "{}",
+            panic.message
+        );
+        assert!(panic.message.contains("lib.rs") || panic.message.contains("targets.rs"));
+        assert_eq!(panic.n_inputs, report.n_panics);
+        assert_eq!(
+            panic.input,
+            input(&target, &target.seeds().unwrap(), 1, panic.index)
+        );
+        assert_eq!(saved.len(), 2);
+        for (finding, saved_input) in report.findings.iter().zip(&saved_inputs) {
+            assert_eq!(&finding.input, saved_input);
+        }
+        assert!(
+            check_one(&target, &panic.input)
+                .unwrap_err()
+                .contains("selftest panic")
+        );
+        assert_eq!(check_one(&target, b"fine"), Ok(true));
+    }
+}

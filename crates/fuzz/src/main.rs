@@ -349,6 +349,9 @@ fn supervise(cli: &Cli, target: &Target) -> Result<Outcome, String> {
             outcome.n_inputs += end - next;
             break;
         }
+        if code == Some(2) {
+            return Err(format!("{}: the worker failed (see above)", target.name));
+        }
         if code == Some(EXIT_HANG) {
             outcome.n_inputs += segment.last.next_input - next;
             outcome.hung = true;

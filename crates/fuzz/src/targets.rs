@@ -139,13 +139,70 @@ pub fn all() -> Vec<Target> {
     targets
 }
 
-/// The target called `name`.
+/// Targets that misbehave on purpose, to test the driver and the supervisor: each seed names
+/// what happens to inputs that still start with it. Not in [`all`].
+pub fn self_tests() -> Vec<Target> {
+    fn seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
+        Ok(["fine", "abort", "hang", "panic", "property"]
+            .iter()
+            .map(|seed| seed.as_bytes().to_vec())
+            .collect())
+    }
+    let target = |name, about, check| Target {
+        name,
+        about,
+        shape: Shape::Text,
+        dictionary: &[],
+        seeds,
+        check,
+    };
+    vec![
+        target(
+            "selftest-abort",
+            "aborts the process on inputs that start with \"abort\"",
+            |input| {
+                if input.starts_with(b"abort") {
+                    std::process::abort();
+                }
+                Ok(true)
+            },
+        ),
+        target(
+            "selftest-hang",
+            "never returns on inputs that start with \"hang\"",
+            |input| {
+                if input.starts_with(b"hang") {
+                    loop {
+                        std::thread::park();
+                    }
+                }
+                Ok(true)
+            },
+        ),
+        target(
+            "selftest-panic",
+            "panics on \"panic...\", fails its property on \"property...\"",
+            |input| {
+                if input.starts_with(b"panic") {
+                    panic!("selftest panic on {} bytes", input.len());
+                }
+                if input.starts_with(b"property") {
+                    return Err("selftest property".to_owned());
+                }
+                Ok(input.starts_with(b"fine"))
+            },
+        ),
+    ]
+}
+
+/// The target called `name` (one of [`all`] or [`self_tests`]).
 ///
 /// # Errors
 /// [`FuzzError::UnknownTarget`] listing the targets there are.
 pub fn by_name(name: &str) -> Result<Target, FuzzError> {
     all()
         .into_iter()
+        .chain(self_tests())
         .find(|target| target.name == name)
         .ok_or_else(|| FuzzError::UnknownTarget {
             name: name.to_owned(),
