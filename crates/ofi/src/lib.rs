@@ -54,12 +54,24 @@ pub use engine::EngineStats;
 /// from outside the crate. Not part of the API.
 #[doc(hidden)]
 pub mod fuzzing {
-    use crate::protocol::{Control, PROTOCOL_VERSION};
+    use crate::protocol::{Control, PROTOCOL_VERSION, tag_base};
 
-    /// Decodes a side-channel frame as the socket does and encodes what it decoded; `None` when
-    /// the frame is refused.
+    /// Decodes a side-channel frame as the socket does, goes through an announce as the
+    /// receiver does (seqs counted from `first_seq`, sizes summed, tags made), and encodes what
+    /// it decoded; `None` when the frame is refused.
     pub fn decode_and_encode_control_frame(frame: &[u8]) -> Option<Vec<u8>> {
-        Control::decode(frame).map(|control| control.encode())
+        let control = Control::decode(frame)?;
+        if let Control::Announce {
+            first_seq,
+            messages,
+        } = &control
+        {
+            for (seq, sizes) in (*first_seq..).zip(messages) {
+                let total: u64 = sizes.iter().sum();
+                std::hint::black_box((total, tag_base(seq, sizes.len().saturating_sub(1))));
+            }
+        }
+        Some(control.encode())
     }
 
     /// One encoded frame of each side-channel message.
@@ -82,7 +94,7 @@ pub mod fuzzing {
                 messages: vec![vec![0, 64, 1 << 26], vec![1], vec![]],
             },
             Control::Announce {
-                first_seq: u64::MAX - 1,
+                first_seq: u64::MAX - 2,
                 messages: vec![vec![4096; 16]],
             },
             Control::Grant {
