@@ -1,14 +1,14 @@
 //! Fuzzing ferromq's decoders of hostile input, on the stable toolchain.
 //!
-//! Every decoder fed from outside the process has a [`Target`](targets::Target): shmem
-//! descriptor frames, ofi side-channel frames (feature `ofi`), the control protocol's JSON in
-//! both directions, `--mq-config` JSON, `--channel-config` lists, TOML topologies and channel
-//! addresses. [`run`] feeds a target inputs made by [`mutate::generate`] from valid seeds, each
-//! under [`std::panic::catch_unwind`], with a watchdog thread that declares a hang when one input
-//! runs longer than [`RunOptions::hang_after`]. Input `i` of seed `s` is a pure function of
-//! `(s, i)` ([`input`]), so every finding is reproducible from two numbers, and the
-//! `ferromq-fuzz` binary can replay the inputs around a crash that killed its worker process
-//! (an abort, a stack overflow, an allocation beyond its memory limit).
+//! Every decoder fed from outside the process has a [`Target`]: shmem descriptor frames, ofi
+//! side-channel frames (feature `ofi`), the control protocol's JSON in both directions,
+//! `--mq-config` JSON, `--channel-config` lists, TOML topologies and channel addresses. [`run`]
+//! feeds a target inputs made by [`mutate::generate`] from valid seeds, each under
+//! [`std::panic::catch_unwind`], with a watchdog thread that declares a hang when one input runs
+//! longer than [`RunOptions::hang_after`]. Input `i` of seed `s` is a pure function of `(s, i)`
+//! ([`input`]), so every finding is reproducible from two numbers, and the `ferromq-fuzz` binary
+//! can replay the inputs around a crash that killed its worker process (an abort, a stack
+//! overflow, an allocation beyond its memory limit).
 //!
 //! No coverage feedback: stable Rust has no sanitizer coverage, so the mutator leans on seeds
 //! made by the real encoders and on structure-aware mutations instead. How to run it, and the
