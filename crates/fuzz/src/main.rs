@@ -184,13 +184,19 @@ fn worker(cli: &Cli, target: &Target) -> Result<ExitCode, String> {
     })
 }
 
+/// Caps the address space (a runaway allocation fails at once) and turns core dumps off (a
+/// worker that aborts on a found input must not write gigabytes of core files).
 fn limit_address_space(limit_mib: u64) -> Result<(), String> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let (_, hard) =
         getrlimit(Resource::RLIMIT_AS).map_err(|error| format!("getrlimit: {error}"))?;
     let soft = limit_mib.saturating_mul(1 << 20).min(hard);
     setrlimit(Resource::RLIMIT_AS, soft, hard)
-        .map_err(|error| format!("--memory-limit-mib {limit_mib}: {error}"))
+        .map_err(|error| format!("--memory-limit-mib {limit_mib}: {error}"))?;
+    let (_, core_hard) =
+        getrlimit(Resource::RLIMIT_CORE).map_err(|error| format!("getrlimit: {error}"))?;
+    setrlimit(Resource::RLIMIT_CORE, 0, core_hard)
+        .map_err(|error| format!("turning core dumps off: {error}"))
 }
 
 /// The totals of one target.
