@@ -193,6 +193,10 @@ pub enum ConfigError {
     },
 }
 
+/// The most sockets one channel may have (`numSockets`): each is a real socket with its own
+/// file descriptors, and a forged count must not make a device allocate without bound.
+pub const MAX_NUM_SOCKETS: usize = 1024;
+
 const KNOWN_KEYS: &str = "name, type, method, address, transport, sndBufSize, rcvBufSize, \
 sndKernelSize, rcvKernelSize, sndTimeoutMs, rcvTimeoutMs, linger, rateLogging, portRangeMin, portRangeMax, autoBind, numSockets, busyPoll, provider";
 
@@ -528,6 +532,13 @@ impl ChannelConfig {
                 expected: "at least 1 message",
             });
         }
+        if self.num_sockets > MAX_NUM_SOCKETS {
+            return Err(ConfigError::InvalidValue {
+                key: "numSockets".to_owned(),
+                value: self.num_sockets.to_string(),
+                expected: "at most 1024 sockets per channel",
+            });
+        }
         if self.port_range_min > self.port_range_max {
             return Err(ConfigError::InvalidValue {
                 key: "portRangeMin".to_owned(),
@@ -743,6 +754,25 @@ mod tests {
                 source: AddressError::MissingPort("tcp://x".into()),
             },
         );
+    }
+
+    /// Found by fuzzing (crates/fuzz): `numSockets=4294967296` made `socket_names` allocate
+    /// hundreds of GiB and abort the process.
+    #[test]
+    fn a_forged_socket_count_is_refused_before_anything_is_allocated() {
+        let text = |n_sockets: u64| format!("name=d,type=push,method=bind,numSockets={n_sockets}");
+        let accepted = ChannelConfig::parse_key_values(&text(MAX_NUM_SOCKETS as u64)).unwrap();
+        assert_eq!(accepted.socket_names().len(), MAX_NUM_SOCKETS);
+        for n_sockets in [MAX_NUM_SOCKETS as u64 + 1, 1 << 32, u64::MAX] {
+            check_key_values_err(
+                &text(n_sockets),
+                ConfigError::InvalidValue {
+                    key: "numSockets".into(),
+                    value: n_sockets.to_string(),
+                    expected: "at most 1024 sockets per channel",
+                },
+            );
+        }
     }
 
     #[test]

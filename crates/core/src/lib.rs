@@ -28,7 +28,7 @@ mod transport;
 mod typed;
 
 pub use address::{Address, AddressError, TcpHost};
-pub use config::{ChannelConfig, ConfigError, Endpoint, Method, SocketType};
+pub use config::{ChannelConfig, ConfigError, Endpoint, MAX_NUM_SOCKETS, Method, SocketType};
 pub use error::{BoxError, ChannelLabel, CodecError, Error, Result, SendError};
 pub use message::{Message, MessageBuffer, Parts, UsedSizeError, copied_bytes, record_copy};
 pub use transport::{

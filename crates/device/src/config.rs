@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use ferromq_core::ChannelConfig;
+use ferromq_core::{ChannelConfig, MAX_NUM_SOCKETS};
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
 
@@ -291,8 +291,14 @@ impl MqSocket {
         let sockets = match self.sockets.take() {
             Some(sockets) if !sockets.is_empty() => sockets,
             _ => {
-                let n_sockets = self.num_sockets.unwrap_or(1).max(1) as usize;
-                vec![MqSocket::default(); n_sockets]
+                let n_sockets = self.num_sockets.unwrap_or(1).max(1);
+                // Checked before allocating: a forged count must not exhaust memory.
+                if n_sockets > MAX_NUM_SOCKETS as u64 {
+                    return Err(format!(
+                        "channel {name:?}: numSockets {n_sockets} is more than {MAX_NUM_SOCKETS}"
+                    ));
+                }
+                vec![MqSocket::default(); n_sockets as usize]
             }
         };
         if sockets.iter().any(|socket| socket.sockets.is_some()) {
@@ -679,6 +685,32 @@ mod tests {
             r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "method": "bind"}]}]}}"#,
             &["channel \"x\" has no \"type\""],
         );
+    }
+
+    /// Found by fuzzing (crates/fuzz): `"numSockets": "4294967296"` allocated a socket entry
+    /// per count before any check and aborted the process.
+    #[test]
+    fn a_forged_socket_count_is_an_error_not_an_allocation() {
+        let json = |n_sockets: &str| {
+            format!(
+                r#"{{"fairMQOptions": {{"devices": [{{"id": "d", "channels": [{{"name": "x", "type": "push", "method": "bind", "numSockets": {n_sockets}}}]}}]}}}}"#
+            )
+        };
+        check_error(
+            &json("\"4294967296\""),
+            &[
+                "bad.json",
+                "channel \"x\"",
+                "numSockets 4294967296 is more than 1024",
+            ],
+        );
+        check_error(
+            &json("18446744073709551615"),
+            &["numSockets 18446744073709551615 is more than 1024"],
+        );
+        let mut config = DeviceConfig::new("d");
+        config.add_mq_config("ok.json", &json("1024")).unwrap();
+        assert_eq!(config.sockets.len(), 1024);
     }
 
     #[test]

@@ -50,6 +50,66 @@ use ferromq_core::{ChannelConfig, Result, Socket, Transport};
 
 pub use engine::EngineStats;
 
+/// Entry points for `ferromq-fuzz` (crates/fuzz): the side channel's frame decoder, reachable
+/// from outside the crate. Not part of the API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use crate::protocol::{Control, PROTOCOL_VERSION, tag_base};
+
+    /// Decodes a side-channel frame as the socket does, goes through an announce as the
+    /// receiver does (seqs counted from `first_seq`, sizes summed, tags made), and encodes what
+    /// it decoded; `None` when the frame is refused.
+    pub fn decode_and_encode_control_frame(frame: &[u8]) -> Option<Vec<u8>> {
+        let control = Control::decode(frame)?;
+        if let Control::Announce {
+            first_seq,
+            messages,
+        } = &control
+        {
+            for (seq, sizes) in (*first_seq..).zip(messages) {
+                let total: u64 = sizes.iter().sum();
+                std::hint::black_box((total, tag_base(seq, sizes.len().saturating_sub(1))));
+            }
+        }
+        Some(control.encode())
+    }
+
+    /// One encoded frame of each side-channel message.
+    pub fn control_frame_examples() -> Vec<Vec<u8>> {
+        [
+            Control::Hello {
+                version: PROTOCOL_VERSION,
+                socket_type: "push".into(),
+                provider: "tcp;ofi_rxm".into(),
+                address: vec![2, 0, 0x1f, 0x90, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0],
+            },
+            Control::Welcome {
+                address: vec![2, 0, 0x1f, 0x91, 127, 0, 0, 1],
+            },
+            Control::Refused {
+                reason: "channel 'data' already has a peer (ofi channels are one-to-one)".into(),
+            },
+            Control::Announce {
+                first_seq: 7,
+                messages: vec![vec![0, 64, 1 << 26], vec![1], vec![]],
+            },
+            Control::Announce {
+                first_seq: u64::MAX - 2,
+                messages: vec![vec![4096; 16]],
+            },
+            Control::Grant {
+                seqs: vec![7, 8, 9],
+            },
+            Control::Heartbeat,
+            Control::Bye,
+            Control::Farewell,
+        ]
+        .iter()
+        .map(Control::encode)
+        .collect()
+    }
+}
+
 /// Gives SIGINT and SIGTERM back to their default disposition when a shared library installed
 /// a handler for them before `main`.
 ///

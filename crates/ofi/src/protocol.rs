@@ -73,9 +73,31 @@ impl Control {
     }
 
     /// Decodes a frame; `None` for anything that is not an ofi control frame (a peer of
-    /// another transport).
+    /// another transport), and for an announce no sender makes: more than [`MAX_PARTS`] parts
+    /// in a message, a total size beyond u64, or seqs beyond u64 (the receiver sums the sizes
+    /// and counts seqs from `first_seq`, which overflowed: a panic in debug builds).
     pub(crate) fn decode(frame: &[u8]) -> Option<Control> {
-        postcard::from_bytes(frame.strip_prefix(b"FMQOFI")?).ok()
+        let control = postcard::from_bytes(frame.strip_prefix(b"FMQOFI")?).ok()?;
+        if let Control::Announce {
+            first_seq,
+            messages,
+        } = &control
+        {
+            // `(first_seq..).zip(messages)` computes one seq past the last message.
+            let n_messages = u64::try_from(messages.len()).ok()?;
+            first_seq
+                .checked_add(n_messages)
+                .filter(|&end| end < u64::MAX)?;
+            for sizes in messages {
+                if sizes.len() > MAX_PARTS {
+                    return None;
+                }
+                sizes
+                    .iter()
+                    .try_fold(0_u64, |total, &size| total.checked_add(size))?;
+            }
+        }
+        Some(control)
     }
 }
 
@@ -115,5 +137,31 @@ mod tests {
         }
         assert_eq!(Control::decode(b"FMQSHM01...."), None);
         assert_eq!(Control::decode(b""), None);
+    }
+
+    /// A peer's announce decides allocations and tags on the receiver: `(first_seq..).zip(..)`
+    /// and the sum of the sizes overflowed (a panic in debug builds), more than MAX_PARTS parts
+    /// collide with the next message's tags. Such frames are refused like a foreign peer's.
+    #[test]
+    fn forged_announces_are_refused() {
+        let announce = |first_seq, messages| Control::Announce {
+            first_seq,
+            messages,
+        };
+        for forged in [
+            announce(u64::MAX, vec![vec![1]]),
+            announce(u64::MAX - 1, vec![vec![1]]),
+            announce(u64::MAX - 2, vec![vec![1], vec![2]]),
+            announce(0, vec![vec![u64::MAX, 1]]),
+            announce(0, vec![vec![1; MAX_PARTS + 1]]),
+        ] {
+            assert_eq!(Control::decode(&forged.encode()), None, "{forged:?}");
+        }
+        for fine in [
+            announce(u64::MAX - 2, vec![vec![1]]),
+            announce(0, vec![vec![u64::MAX], vec![0; MAX_PARTS]]),
+        ] {
+            assert_eq!(Control::decode(&fine.encode()), Some(fine));
+        }
     }
 }

@@ -264,18 +264,37 @@ impl Checker<'_> {
     }
 }
 
+/// The most replicas one device may have.
+pub const MAX_REPLICAS: usize = 1024;
+
+/// The most instances (processes) a topology may expand to.
+pub const MAX_INSTANCES: usize = 4096;
+
+/// The most instance-to-instance connections a topology may expand to: a bound on the work and
+/// memory of [`Topology::instances`], whatever the file says.
+pub const MAX_CONNECTIONS: u64 = 1_000_000;
+
 fn count(
     value: &Spanned<i64>,
     checker: &mut Checker<'_>,
     context: &str,
     key: &str,
-    minimum: i64,
+    bounds: (i64, i64),
 ) -> Option<u64> {
+    let (minimum, maximum) = bounds;
     if *value.get_ref() < minimum {
         checker.error(
             value.span(),
             context,
             format!("{key} must be at least {minimum}, not {}", value.get_ref()),
+        );
+        return None;
+    }
+    if *value.get_ref() > maximum {
+        checker.error(
+            value.span(),
+            context,
+            format!("{key} must be at most {maximum}, not {}", value.get_ref()),
         );
         return None;
     }
@@ -344,6 +363,7 @@ pub fn load(file: &str, text: &str, known: &Known<'_>) -> Result<Topology, Topol
         BTreeMap::new();
     let mut connections: Vec<(String, String, SocketType, String, Range<usize>)> = Vec::new();
     let mut bind_addresses: BTreeMap<String, String> = BTreeMap::new();
+    let mut n_instances = 0_usize;
 
     for device in &parsed.device {
         let device = device.get_ref();
@@ -413,12 +433,39 @@ pub fn load(file: &str, text: &str, known: &Known<'_>) -> Result<Topology, Topol
         let replicas = device
             .replicas
             .as_ref()
-            .and_then(|replicas| count(replicas, &mut checker, &context, "replicas", 1))
+            .and_then(|replicas| {
+                count(
+                    replicas,
+                    &mut checker,
+                    &context,
+                    "replicas",
+                    (1, MAX_REPLICAS as i64),
+                )
+            })
             .unwrap_or(1) as usize;
+        n_instances += replicas;
+        if n_instances > MAX_INSTANCES && n_instances - replicas <= MAX_INSTANCES {
+            checker.error(
+                device
+                    .replicas
+                    .as_ref()
+                    .map_or(device.id.span(), Spanned::span),
+                &context,
+                format!("the topology has more than {MAX_INSTANCES} instances with this device"),
+            );
+        }
         let max_iterations = device
             .max_iterations
             .as_ref()
-            .and_then(|value| count(value, &mut checker, &context, "max-iterations", 0))
+            .and_then(|value| {
+                count(
+                    value,
+                    &mut checker,
+                    &context,
+                    "max-iterations",
+                    (0, i64::MAX),
+                )
+            })
             .unwrap_or(0);
         let properties = device
             .properties
@@ -537,19 +584,23 @@ pub fn load(file: &str, text: &str, known: &Known<'_>) -> Result<Topology, Topol
                 config.transport = Some(transport.get_ref().clone());
             }
             let sizes = [
-                (&channel.snd_buf_size, "sndBufSize", 1),
-                (&channel.rcv_buf_size, "rcvBufSize", 1),
-                (&channel.snd_kernel_size, "sndKernelSize", 0),
-                (&channel.rcv_kernel_size, "rcvKernelSize", 0),
-                (&channel.linger, "linger", 0),
-                (&channel.rate_logging, "rateLogging", 0),
-                (&channel.num_sockets, "numSockets", 0),
+                (&channel.snd_buf_size, "sndBufSize", (1, i64::MAX)),
+                (&channel.rcv_buf_size, "rcvBufSize", (1, i64::MAX)),
+                (&channel.snd_kernel_size, "sndKernelSize", (0, i64::MAX)),
+                (&channel.rcv_kernel_size, "rcvKernelSize", (0, i64::MAX)),
+                (&channel.linger, "linger", (0, i64::MAX)),
+                (&channel.rate_logging, "rateLogging", (0, i64::MAX)),
+                (
+                    &channel.num_sockets,
+                    "numSockets",
+                    (0, ferromq_core::MAX_NUM_SOCKETS as i64),
+                ),
             ];
-            for (value, key, minimum) in sizes {
+            for (value, key, bounds) in sizes {
                 let Some(value) = value.as_ref() else {
                     continue;
                 };
-                let Some(number) = count(value, &mut checker, &context, key, minimum) else {
+                let Some(number) = count(value, &mut checker, &context, key, bounds) else {
                     continue;
                 };
                 match key {
@@ -613,8 +664,36 @@ pub fn load(file: &str, text: &str, known: &Known<'_>) -> Result<Topology, Topol
         });
     }
 
+    let replicas_of: BTreeMap<&str, u64> = devices
+        .iter()
+        .map(|device: &DeviceSpec| (device.id.as_str(), device.replicas as u64))
+        .collect();
+    let mut n_connections = 0_u64;
     for (device_id, channel_name, socket_type, target, span) in connections {
         let context = format!("device {device_id:?} channel {channel_name:?}");
+        // Each instance of this device connects to each instance of the target device.
+        let target_replicas = target
+            .split_once('.')
+            .and_then(|(target_device, _)| replicas_of.get(target_device))
+            .copied()
+            .unwrap_or(1);
+        let before = n_connections;
+        n_connections = n_connections.saturating_add(
+            replicas_of
+                .get(device_id.as_str())
+                .copied()
+                .unwrap_or(1)
+                .saturating_mul(target_replicas),
+        );
+        if n_connections > MAX_CONNECTIONS && before <= MAX_CONNECTIONS {
+            checker.error(
+                span.clone(),
+                &context,
+                format!(
+                    "the topology expands to more than {MAX_CONNECTIONS} connections between instances with connect {target:?}"
+                ),
+            );
+        }
         let Some((target_device, target_channel)) = target.split_once('.') else {
             continue;
         };
