@@ -16,6 +16,15 @@
 //! owns its message: dropping it drops the message, as with tokio's `mpsc::Sender::send`. Use
 //! the timeout forms to get the message back in the [`SendError`] instead.
 //!
+//! # Fairness
+//! A send or receive that completes without waiting (a pub send with no subscriber, a receive
+//! from a full queue) never returns `Pending`, so a loop of them would never give the runtime
+//! back: on a device's current-thread runtime, accepting peers, signals and control requests
+//! would starve. Every [`Channel`] send and receive therefore first spends one unit of tokio's
+//! cooperative budget (`tokio::task::consume_budget`): a task that used up its budget yields
+//! once, then goes on. It is spent *before* the operation, so a future cancelled at that point
+//! has neither sent nor received anything. Outside a tokio runtime the budget is unlimited.
+//!
 //! # Shutdown
 //! [`Channel::close`] waits up to `linger` for queued messages to leave the process, then closes.
 //! Dropping a channel without closing it gives no such guarantee.
@@ -391,6 +400,8 @@ impl Channel {
         timeout: Option<Duration>,
     ) -> Result<(), SendError<Parts>> {
         let n_bytes = parts.total_size();
+        // Before the send, so a cancelled yield loses nothing (see "Fairness").
+        tokio::task::consume_budget().await;
         self.socket.send_parts(parts, timeout).await?;
         self.counters.record_out(n_bytes);
         Ok(())
@@ -453,6 +464,8 @@ impl Channel {
     }
 
     async fn receive_whole(&mut self, timeout: Option<Duration>) -> Result<Parts> {
+        // Before the receive, so a cancelled yield loses nothing (see "Fairness").
+        tokio::task::consume_budget().await;
         let parts = if self.config.busy_poll {
             self.receive_busy(timeout).await?
         } else {

@@ -37,3 +37,77 @@ pub async fn finish(mut child: Child) -> Finished {
         stderr,
     }
 }
+
+/// A unique ipc address, its socket file removed on drop.
+#[allow(dead_code)] // Not every test binary that includes this module uses every helper.
+pub struct Ipc(std::path::PathBuf);
+
+#[allow(dead_code)]
+impl Ipc {
+    pub fn new(tag: &str) -> Ipc {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ipc(std::env::temp_dir().join(format!("ferromq-t-{tag}-{}-{n}.ipc", std::process::id())))
+    }
+
+    pub fn address(&self) -> String {
+        format!("ipc://{}", self.0.display())
+    }
+}
+
+impl Drop for Ipc {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// `ferromq ARGS --color false`, output piped, killed when dropped.
+#[allow(dead_code)]
+pub fn ferromq(args: &[&str]) -> Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args(args)
+        .args(["--color", "false"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn ferromq")
+}
+
+/// Sends `signal` (`INT`, `TERM`, `STOP`, `CONT`, `KILL`) to `child`.
+#[allow(dead_code)]
+pub fn signal(child: &Child, signal: &str) {
+    let pid = child.id().expect("the child is running").to_string();
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// Reads `child`'s stdout until a line contains `needle` (within a bound), keeping every line
+/// read; the rest of stdout stays readable through the returned reader.
+#[allow(dead_code)]
+pub async fn wait_for_line(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    needle: &str,
+    seen: &mut Vec<String>,
+) {
+    tokio::time::timeout(FINISH_TIMEOUT, async {
+        loop {
+            match lines.next_line().await.expect("read stdout") {
+                Some(line) => {
+                    let found = line.contains(needle);
+                    seen.push(line);
+                    if found {
+                        return;
+                    }
+                }
+                None => panic!("stdout ended before {needle:?}: {seen:#?}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no line with {needle:?} in time: {seen:#?}"));
+}
