@@ -85,3 +85,210 @@ async fn unthrottled_shmem_publisher_serves_subscribers_and_sigint() {
 async fn unthrottled_shmem_publisher_obeys_sigterm() {
     unthrottled_publisher_serves_subscribers_and_signals("shmem", "TERM").await;
 }
+
+/// Starts a sink that binds `address` and waits for it to run; `iterations` is FairMQ's N.
+async fn running_sink(
+    transport: &str,
+    session: &str,
+    address: &str,
+    iterations: &str,
+) -> tokio::process::Child {
+    let mut sink = ferromq(&[
+        "device",
+        "sink",
+        "--id",
+        "sink",
+        "--control",
+        "static",
+        "--transport",
+        transport,
+        "--session",
+        session,
+        "--max-iterations",
+        iterations,
+        "--channel-config",
+        &channel("pull", "bind", address),
+    ]);
+    let stdout = sink.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut seen = Vec::new();
+    wait_for_line(&mut lines, "READY ---> RUNNING", &mut seen).await;
+    // Keep draining the sink's stdout so that it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    sink
+}
+
+fn big_sampler(
+    transport: &str,
+    session: &str,
+    address: &str,
+    iterations: &str,
+) -> tokio::process::Child {
+    ferromq(&[
+        "device",
+        "sampler",
+        "--id",
+        "sampler",
+        "--control",
+        "static",
+        "--transport",
+        transport,
+        "--session",
+        session,
+        "--max-iterations",
+        iterations,
+        "--msg-size",
+        "8388608",
+        "--channel-config",
+        &channel("push", "connect", address),
+    ])
+}
+
+/// 40 × 8 MiB, paced, to a receiver that stops (SIGSTOP) once it has taken its first messages:
+/// the sender gives up after `linger` (500 ms) without progress, and says so with a non-zero
+/// exit and the count of messages not delivered.
+#[tokio::test]
+async fn a_sender_whose_receiver_stalls_past_linger_exits_non_zero_naming_the_count() {
+    let ipc = Ipc::new("stall");
+    let session = format!("stall{}", std::process::id());
+    let address = ipc.address();
+    let mut sink = ferromq(&[
+        "device",
+        "sink",
+        "--id",
+        "sink",
+        "--control",
+        "static",
+        "--max-iterations",
+        "39",
+        "--channel-config",
+        &format!("name=data,type=pull,method=bind,address={address},rateLogging=1"),
+    ]);
+    let mut lines = BufReader::new(sink.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    wait_for_line(&mut lines, "READY ---> RUNNING", &mut seen).await;
+    let sampler = ferromq(&[
+        "device",
+        "sampler",
+        "--id",
+        "sampler",
+        "--control",
+        "static",
+        "--session",
+        &session,
+        "--max-iterations",
+        "39",
+        "--rate",
+        "10",
+        "--msg-size",
+        "8388608",
+        "--channel-config",
+        &channel("push", "connect", &address),
+    ]);
+    // The first rate line with messages in: the connection is up and carrying data.
+    loop {
+        wait_for_line(&mut lines, "data: in: ", &mut seen).await;
+        if !seen.last().expect("a line").contains("in: 0 msg/s") {
+            break;
+        }
+    }
+    signal(&sink, "STOP");
+    let sampler = finish(sampler).await;
+    signal(&sink, "CONT");
+    signal(&sink, "KILL");
+    assert_eq!(sampler.code, Some(1), "{}", sampler.stdout);
+    let log = format!("{}{}", sampler.stdout, sampler.stderr);
+    assert!(
+        log.contains("message(s) accepted by send were not delivered")
+            && log.contains("linger = 500ms"),
+        "{log}"
+    );
+}
+
+/// The same stream to a receiver that stalls again and again but keeps taking messages: the
+/// drain takes far longer than `linger`, and still everything arrives and both exit 0.
+#[tokio::test]
+async fn a_sender_waits_while_a_stalling_receiver_keeps_taking_messages() {
+    let ipc = Ipc::new("slow");
+    let session = format!("slow{}", std::process::id());
+    let mut sink = running_sink("zeromq", &session, &ipc.address(), "39").await;
+    let sampler = big_sampler("zeromq", &session, &ipc.address(), "39");
+    let sampler = tokio::spawn(finish(sampler));
+    // Stalls of 300 ms with 100 ms of work between them, until the sink has everything.
+    let sink_exit = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            signal(&sink, "STOP");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            signal(&sink, "CONT");
+            if let Ok(exit) = tokio::time::timeout(Duration::from_millis(100), sink.wait()).await {
+                return exit.expect("wait");
+            }
+        }
+    })
+    .await
+    .expect("the sink never received all 40 messages");
+    let sampler = sampler.await.expect("sampler task");
+    assert_eq!(
+        sampler.code,
+        Some(0),
+        "{}{}",
+        sampler.stdout,
+        sampler.stderr
+    );
+    assert_eq!(sink_exit.code(), Some(0));
+}
+
+/// A shmem sender whose receiver is of another session: every descriptor is refused, and the
+/// sender says how many messages were lost and exits non-zero (it used to exit 0).
+#[tokio::test]
+async fn a_shmem_sender_whose_descriptors_are_all_refused_exits_non_zero() {
+    let ipc = Ipc::new("refused");
+    let pid = std::process::id();
+    let (ours, theirs) = (format!("refusedA{pid}"), format!("refusedB{pid}"));
+    let sink = ferromq(&[
+        "device",
+        "sink",
+        "--id",
+        "sink",
+        "--control",
+        "static",
+        "--transport",
+        "shmem",
+        "--session",
+        &theirs,
+        "--channel-config",
+        &channel("pull", "bind", &ipc.address()),
+    ]);
+    let sampler = ferromq(&[
+        "device",
+        "sampler",
+        "--id",
+        "sampler",
+        "--control",
+        "static",
+        "--transport",
+        "shmem",
+        "--session",
+        &ours,
+        "--max-iterations",
+        "9",
+        "--channel-config",
+        &channel("push", "connect", &ipc.address()),
+    ]);
+    let sampler = finish(sampler).await;
+    let sink = finish(sink).await;
+    assert_eq!(sampler.code, Some(1), "{}", sampler.stdout);
+    assert!(
+        sampler
+            .stdout
+            .contains("accepted by send were not delivered (the peer refused"),
+        "{}",
+        sampler.stdout
+    );
+    assert_eq!(sink.code, Some(1), "the receiver names the mismatch too");
+    assert!(
+        sink.stdout.contains("another shmem session"),
+        "{}",
+        sink.stdout
+    );
+}

@@ -66,6 +66,18 @@ pub enum Error {
         /// The timeout that ran out.
         after: Duration,
     },
+    /// Messages that `send` had accepted were not delivered when the channel closed: the peer
+    /// took none of them for `linger` (or refused them). A device that ends with this error has
+    /// failed, whatever else went well.
+    #[error("{channel}: {n_messages} message(s) accepted by send were not delivered ({reason})")]
+    Undelivered {
+        /// The channel.
+        channel: ChannelLabel,
+        /// How many accepted messages were lost.
+        n_messages: u64,
+        /// Why: no progress for `linger`, refused by the peer, ...
+        reason: String,
+    },
     /// The channel was closed (device shutdown) while the call waited.
     #[error("{channel}: interrupted, the channel is closed")]
     Interrupted {
@@ -205,6 +217,7 @@ impl Error {
         match self {
             Error::Timeout { channel, .. }
             | Error::Interrupted { channel }
+            | Error::Undelivered { channel, .. }
             | Error::PeerGone { channel, .. }
             | Error::MessageTooLarge { channel, .. }
             | Error::BadAddress { channel, .. }

@@ -517,9 +517,16 @@ async fn do_work<D: Device>(
             .await
             .map_err(hook_failed("reset_task")),
         State::ResettingDevice => {
+            // A message `send` accepted and the peer never got is a failure of the device, not
+            // a warning: the device goes to ERROR and exits non-zero with the count.
+            let mut undelivered = None;
             for channel in &mut ctx.channels {
                 if let Err(error) = channel.close().await {
-                    tracing::warn!(device = %config.id, %error, "closing a channel lost messages");
+                    if undelivered.is_some() {
+                        tracing::error!(device = %config.id, %error, "closing a channel failed");
+                    } else {
+                        undelivered = Some(error);
+                    }
                 }
             }
             ctx.channels.clear();
@@ -528,7 +535,11 @@ async fn do_work<D: Device>(
                 .expect("shared state poisoned")
                 .bound_addresses
                 .clear();
-            device.reset(ctx).await.map_err(hook_failed("reset"))
+            device.reset(ctx).await.map_err(hook_failed("reset"))?;
+            match undelivered {
+                Some(error) => Err(DeviceError::Channel(error)),
+                None => Ok(()),
+            }
         }
         _ => Ok(()),
     }

@@ -509,10 +509,10 @@ impl Socket for OfiSocket {
         let _ = link.task.await;
         self.received = None;
         if lost > 0 {
-            tracing::warn!(channel = %self.label, lost, "ofi: messages not delivered within linger");
-            return Err(Error::Timeout {
+            return Err(Error::Undelivered {
                 channel: self.label.clone(),
-                after: linger,
+                n_messages: lost as u64,
+                reason: format!("the peer took none for linger = {linger:?}"),
             });
         }
         Ok(())
@@ -595,7 +595,17 @@ struct Driver {
     ready: BTreeMap<u64, (mpsc::OwnedPermit<Parts>, Vec<Message>)>,
     next_delivery: u64,
     deliver: mpsc::Sender<Parts>,
-    closing: Option<(Instant, oneshot::Sender<usize>)>,
+    closing: Option<Closing>,
+}
+
+/// A close in progress: `linger` bounds the silence, not the whole drain.
+struct Closing {
+    linger: Duration,
+    /// When to give up if nothing more leaves by then.
+    deadline: Instant,
+    /// The fewest messages outstanding seen so far; fewer now is progress.
+    n_outstanding: usize,
+    done: oneshot::Sender<usize>,
 }
 
 impl Driver {
@@ -608,7 +618,14 @@ impl Driver {
                 break;
             }
             let may_post = !self.announced.is_empty() && self.room_to_post();
-            let closing_deadline = self.closing.as_ref().map(|(deadline, _)| *deadline);
+            let n_outstanding = self.n_outstanding();
+            if let Some(closing) = &mut self.closing
+                && n_outstanding < closing.n_outstanding
+            {
+                closing.n_outstanding = n_outstanding;
+                closing.deadline = Instant::now() + closing.linger;
+            }
+            let closing_deadline = self.closing.as_ref().map(|closing| closing.deadline);
             tokio::select! {
                 frame = receive_frame(&mut self.side) => self.on_frame(frame).await,
                 command = self.commands.recv(), if self.closing.is_none() => {
@@ -621,7 +638,12 @@ impl Driver {
                         match command {
                             DriverCommand::Send(outgoing) => self.unannounced.push_back(outgoing),
                             DriverCommand::Close { linger, done } => {
-                                self.closing = Some((Instant::now() + linger, done));
+                                self.closing = Some(Closing {
+                                    linger,
+                                    deadline: Instant::now() + linger,
+                                    n_outstanding: usize::MAX,
+                                    done,
+                                });
                                 break;
                             }
                         }
@@ -664,9 +686,9 @@ impl Driver {
                 }
                 _ = tick.tick() => self.on_tick().await,
                 () = sleep_until_opt(closing_deadline) => {
-                    let lost = self.unannounced.len() + self.awaiting_grant.len() + self.sending.len();
-                    if let Some((_, done)) = self.closing.take() {
-                        let _ = done.send(lost);
+                    let lost = self.n_outstanding();
+                    if let Some(closing) = self.closing.take() {
+                        let _ = closing.done.send(lost);
                     }
                     break;
                 }
@@ -681,11 +703,14 @@ impl Driver {
         let _ = tokio::task::spawn_blocking(move || drop(engine)).await;
     }
 
+    /// Messages accepted by `send` that have not fully left yet.
+    fn n_outstanding(&self) -> usize {
+        self.unannounced.len() + self.awaiting_grant.len() + self.sending.len()
+    }
+
     /// When closing and every accepted message left: says goodbye, reports, and ends the loop.
     async fn finish_closing(&mut self) -> bool {
-        let drained = self.unannounced.is_empty()
-            && self.awaiting_grant.is_empty()
-            && self.sending.is_empty();
+        let drained = self.n_outstanding() == 0;
         if self.closing.is_none() || !drained {
             return false;
         }
@@ -707,8 +732,8 @@ impl Driver {
             })
             .await;
         }
-        if let Some((_, done)) = self.closing.take() {
-            let _ = done.send(0);
+        if let Some(closing) = self.closing.take() {
+            let _ = closing.done.send(0);
         }
         true
     }

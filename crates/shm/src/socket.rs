@@ -14,6 +14,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -71,9 +72,20 @@ enum PushCommand {
 /// a frame carries many descriptors; when idle each message leaves at once.
 struct BatchedPush {
     commands: tokio::sync::mpsc::Sender<PushCommand>,
-    /// Set by the task when the zeromq socket failed; later sends report it.
-    failure: Arc<std::sync::Mutex<Option<String>>>,
+    /// What the task reports back: failures and counts of undelivered records.
+    state: Arc<PushState>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Shared between a [`BatchedPush`] and its task.
+#[derive(Default)]
+struct PushState {
+    /// Set by the task when the zeromq socket failed; later sends report it.
+    failure: std::sync::Mutex<Option<String>>,
+    /// Records accepted by `send` that the task has not yet handed to the zeromq socket.
+    n_queued: std::sync::atomic::AtomicU64,
+    /// Records the zeromq socket refused (peer of another transport or session, ...).
+    n_refused: std::sync::atomic::AtomicU64,
 }
 
 const MAX_RECORDS_PER_FRAME: usize = 64;
@@ -82,8 +94,8 @@ const MAX_FRAME_BYTES: usize = 64 << 10;
 impl BatchedPush {
     fn start(mut socket: Box<dyn Socket>, session_hash: u64, capacity: usize) -> BatchedPush {
         let (commands, mut queue) = tokio::sync::mpsc::channel::<PushCommand>(capacity.max(1));
-        let failure: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
-        let task_failure = Arc::clone(&failure);
+        let state: Arc<PushState> = Arc::default();
+        let task_state = Arc::clone(&state);
         let task = tokio::spawn(async move {
             let mut batch: Vec<Vec<PartRef>> = Vec::new();
             let mut next: Option<PushCommand> = None;
@@ -114,10 +126,14 @@ impl BatchedPush {
                             }
                         }
                         let frame = Message::from(wire::encode(session_hash, &batch));
+                        let n_records = batch.len() as u64;
                         batch.clear();
-                        if let Err(failed) = socket.send_parts(Parts::from(frame), None).await {
-                            tracing::error!(channel = %socket.label(), error = %failed.error, "shmem descriptors lost");
-                            *task_failure.lock().expect("failure flag poisoned") =
+                        let sent = socket.send_parts(Parts::from(frame), None).await;
+                        task_state.n_queued.fetch_sub(n_records, Ordering::AcqRel);
+                        if let Err(failed) = sent {
+                            tracing::error!(channel = %socket.label(), error = %failed.error, n_records, "shmem descriptors refused");
+                            task_state.n_refused.fetch_add(n_records, Ordering::AcqRel);
+                            *task_state.failure.lock().expect("failure flag poisoned") =
                                 Some(failed.error.to_string());
                         }
                     }
@@ -136,7 +152,7 @@ impl BatchedPush {
         });
         BatchedPush {
             commands,
-            failure,
+            state,
             task,
         }
     }
@@ -440,7 +456,13 @@ impl Socket for ShmSocket {
         };
         match &mut self.inner {
             Inner::Batched(push) => {
-                if let Some(failure) = push.failure.lock().expect("failure flag poisoned").clone() {
+                if let Some(failure) = push
+                    .state
+                    .failure
+                    .lock()
+                    .expect("failure flag poisoned")
+                    .clone()
+                {
                     let error = Error::PeerGone {
                         channel: self.label.clone(),
                         reason: failure,
@@ -471,6 +493,7 @@ impl Socket for ShmSocket {
                     ));
                 };
                 // The record is queued: the receiver will own these references.
+                push.state.n_queued.fetch_add(1, Ordering::AcqRel);
                 permit.send(PushCommand::Record(record));
                 disarm(parts, fresh);
                 Ok(())
@@ -632,15 +655,25 @@ impl Socket for ShmSocket {
                 // batching task is stopped and the loss reported, so closing never hangs on a
                 // receiver that is gone.
                 let close = push.call(&self.label, |reply| PushCommand::Close(linger, reply));
-                match tokio::time::timeout(linger + Duration::from_millis(100), close).await {
-                    Ok(result) => result,
-                    Err(_) => {
-                        push.task.abort();
-                        Err(Error::Timeout {
-                            channel: self.label.clone(),
-                            after: linger,
-                        })
-                    }
+                let closed = tokio::time::timeout(linger + Duration::from_millis(100), close).await;
+                if closed.is_err() {
+                    push.task.abort();
+                }
+                let n_queued = push.state.n_queued.load(Ordering::Acquire);
+                let n_refused = push.state.n_refused.load(Ordering::Acquire);
+                match closed {
+                    Ok(Err(error)) => Err(error),
+                    _ if n_refused > 0 => Err(Error::Undelivered {
+                        channel: self.label.clone(),
+                        n_messages: n_refused + n_queued,
+                        reason: "the peer refused their descriptors".to_owned(),
+                    }),
+                    Err(_) => Err(Error::Undelivered {
+                        channel: self.label.clone(),
+                        n_messages: n_queued,
+                        reason: format!("no peer took them within linger = {linger:?}"),
+                    }),
+                    Ok(Ok(())) => Ok(()),
                 }
             }
             // Stop the listeners now (zmq.rs removes their socket files as they stop).

@@ -76,6 +76,26 @@ impl InFlight {
         std::time::Duration::from_millis(20) + std::time::Duration::from_micros(largest / 100)
     }
 
+    /// Waits until nothing is in flight, for as long as the count keeps falling: gives up only
+    /// after `silence` without progress, and then returns how many messages are still in flight.
+    /// This is what `linger` means here: a bound on silence, not on the whole drain, so a peer
+    /// that keeps taking messages gets all of them however long that takes.
+    pub(crate) async fn drain(&self, silence: std::time::Duration) -> Result<(), usize> {
+        let mut lowest = self.count();
+        let mut deadline = Instant::now() + silence;
+        loop {
+            if lowest == 0 {
+                return Ok(());
+            }
+            if self.wait_below(lowest, Some(deadline)).await {
+                lowest = self.count();
+                deadline = Instant::now() + silence;
+            } else {
+                return Err(self.count());
+            }
+        }
+    }
+
     /// Waits until fewer than `limit` messages are in flight; false if `deadline` passed first.
     pub(crate) async fn wait_below(&self, limit: usize, deadline: Option<Instant>) -> bool {
         loop {
@@ -125,5 +145,31 @@ mod tests {
         drop(second);
         assert!(waiter.await.unwrap());
         assert_eq!(in_flight.count(), 0);
+    }
+
+    #[tokio::test]
+    async fn drain_waits_while_there_is_progress_and_counts_what_is_left_after_silence() {
+        let in_flight = Arc::new(InFlight::default());
+        let mut frames: Vec<Bytes> = (0..5)
+            .map(|_| in_flight.track(Bytes::from_static(b"x"), 1))
+            .collect();
+        let silence = Duration::from_millis(50);
+        let taker = tokio::spawn(async move {
+            // Each frame leaves well inside `silence`, the whole drain takes longer than it.
+            while let Some(frame) = frames.pop() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                drop(frame);
+            }
+        });
+        assert_eq!(in_flight.drain(silence).await, Ok(()));
+        taker.await.unwrap();
+        assert_eq!(in_flight.drain(silence).await, Ok(()), "nothing in flight");
+
+        let stuck = [
+            in_flight.track(Bytes::from_static(b"a"), 1),
+            in_flight.track(Bytes::from_static(b"b"), 1),
+        ];
+        assert_eq!(in_flight.drain(silence).await, Err(2));
+        drop(stuck);
     }
 }

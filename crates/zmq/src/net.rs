@@ -375,12 +375,11 @@ impl NetChannel {
         label: &ChannelLabel,
         linger: Duration,
     ) -> Result<(), Error> {
-        let deadline = Instant::now() + linger;
-        let drained = self.in_flight.wait_below(1, Some(deadline)).await;
-        if self.socket_type.can_send() {
+        let drained = self.in_flight.drain(linger).await;
+        if drained.is_ok() && self.socket_type.can_send() {
             // The writer flushes its last batch after encoding it; give it the time that takes.
-            let flush_until = (Instant::now() + self.in_flight.flush_estimate()).min(deadline);
-            tokio::time::sleep_until(flush_until).await;
+            let flush = self.in_flight.flush_estimate().min(linger);
+            tokio::time::sleep(flush).await;
         }
         // Stop the listeners now (zmq.rs removes their socket files as they stop), so that the
         // address is free when `close` returns.
@@ -390,13 +389,14 @@ impl NetChannel {
                 let _ = std::fs::remove_file(path);
             }
         }
-        if drained {
-            return Ok(());
+        match drained {
+            Ok(()) => Ok(()),
+            Err(n_left) => Err(Error::Undelivered {
+                channel: label.clone(),
+                n_messages: n_left as u64,
+                reason: format!("the peer took none for linger = {linger:?}"),
+            }),
         }
-        Err(Error::Timeout {
-            channel: label.clone(),
-            after: linger,
-        })
     }
 }
 
