@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferromq_core::{Address, Channel, CounterSnapshot, Error, TcpHost};
+use futures_util::FutureExt;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -367,13 +368,27 @@ impl<D: Device> DeviceRunner<D> {
         let stop = self.ctx.stop.clone();
         let id = self.config.id.clone();
         let outcome = {
-            let step = do_work(
+            // A panicking hook is a failing hook: the device goes to ERROR and on down to
+            // EXITING like for any other failure, instead of taking the runner task with it
+            // (which left the process waiting forever for states that never came).
+            let step = std::panic::AssertUnwindSafe(do_work(
                 &mut self.device,
                 &mut self.ctx,
                 &self.config,
                 &self.shared,
                 state,
-            );
+            ))
+            .catch_unwind()
+            .map(|finished| {
+                finished.unwrap_or_else(|panic| {
+                    Err(DeviceError::Hook {
+                        device: id.clone(),
+                        hook: hook_of(state),
+                        state,
+                        source: format!("panicked: {}", panic_message(panic.as_ref())).into(),
+                    })
+                })
+            });
             tokio::pin!(step);
             loop {
                 tokio::select! {
@@ -432,6 +447,29 @@ impl<D: Device> DeviceRunner<D> {
             token.cancel();
         }
     }
+}
+
+/// The device hook that runs in `state` (for naming a panic).
+fn hook_of(state: State) -> &'static str {
+    match state {
+        State::InitializingDevice => "init",
+        State::InitializingTask => "init_task",
+        State::Running => "run",
+        State::ResettingTask => "reset_task",
+        State::ResettingDevice => "reset",
+        State::Binding => "bind",
+        State::Connecting => "connect",
+        _ => "state work",
+    }
+}
+
+/// The text a panic was raised with (`panic!("...")` gives a `&str` or a `String`).
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
 }
 
 /// The work of one state. Separate from the runner so that the request loop can borrow the
