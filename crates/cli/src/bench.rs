@@ -32,10 +32,10 @@ pub struct BenchOptions {
     #[arg(long = "num-parts", default_value_t = 1)]
     pub num_parts: usize,
     /// Messages per second to send (0 = as fast as possible).
-    #[arg(long = "msg-rate", default_value_t = 0.0)]
+    #[arg(long = "msg-rate", default_value_t = 0.0, allow_hyphen_values = true, value_parser = crate::options::messages_per_second)]
     pub msg_rate: f64,
     /// Seconds to measure each pair (after a warm-up of a quarter of it, at least 0.25 s).
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 3.0, allow_hyphen_values = true, value_parser = crate::options::seconds)]
     pub duration: f64,
     /// Send one buffer over and over instead of a new message each time (zeromq).
     #[arg(long = "same-msg")]

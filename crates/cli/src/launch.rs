@@ -14,7 +14,7 @@
 //!    its state and its last output lines.
 //! 7. Afterwards the session's shared memory is removed, whatever happened.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use ferromq_core::{Address, Method};
+use ferromq_core::{Address, Method, SocketType};
 use ferromq_device::control::{ControlClient, DeviceToLauncher, LauncherToDevice};
 use ferromq_device::rates::Rates;
 use ferromq_device::{State, Transition, available_transports, transport_by_name};
@@ -465,124 +465,278 @@ async fn supervise(
         if duration.is_some_and(|duration| started.elapsed() >= duration) {
             return Ending::Duration;
         }
-        for device in devices.iter_mut() {
-            if let Ok(Some(status)) = device.child.try_wait() {
-                device.exited = Some(status);
-                return Ending::Failure(format!(
-                    "device {:?} exited ({status}) while {}; its last lines:\n    {}",
-                    device.instance.id,
-                    device.state,
-                    device.last_lines()
-                ));
-            }
-            let Ok(reply) = device.request(&LauncherToDevice::State).await else {
-                continue;
-            };
-            if reply.state == State::Error {
-                return Ending::Failure(format!(
-                    "device {:?} is in ERROR; its last lines:\n    {}",
-                    device.instance.id,
-                    device.last_lines()
-                ));
-            }
-        }
-        seen_running |= devices.iter().any(|device| device.state == State::Running);
-        if seen_running && devices.iter().all(|device| device.state == State::Ready) {
-            return Ending::Finished;
-        }
-        if last_table.elapsed() >= interval {
-            let seconds = last_table.elapsed().as_secs_f64();
-            let before: BTreeMap<_, _> = devices
-                .iter()
-                .flat_map(|device| {
-                    device.counters.iter().map(|(channel, counters)| {
-                        ((device.instance.id.clone(), channel.clone()), *counters)
-                    })
-                })
-                .collect();
-            for device in devices.iter_mut() {
-                if let Ok(reply) = device.request(&LauncherToDevice::Counters).await
-                    && let Some(serde_json::Value::Object(channels)) = reply.value
-                {
-                    device.counters = channels
-                        .into_iter()
-                        .map(|(channel, value)| {
-                            let field = |key: &str| {
-                                value
-                                    .get(key)
-                                    .and_then(serde_json::Value::as_u64)
-                                    .unwrap_or(0)
-                            };
-                            let snapshot = ferromq_core::CounterSnapshot {
-                                messages_in: field("messages_in"),
-                                bytes_in: field("bytes_in"),
-                                messages_out: field("messages_out"),
-                                bytes_out: field("bytes_out"),
-                            };
-                            (channel, snapshot)
-                        })
-                        .collect();
-                }
-            }
-            previous.extend(before);
-            let lines = table(devices, &previous, seconds);
-            if terminal {
-                // Redraw in place: up over the last table, clear to the end of the screen.
-                if drawn_lines > 0 {
-                    print!("\x1b[{drawn_lines}A\x1b[J");
-                }
-                drawn_lines = lines.len();
-            }
-            println!("{}", lines.join("\n"));
-            for device in devices.iter() {
-                for (channel, counters) in &device.counters {
-                    previous.insert((device.instance.id.clone(), channel.clone()), *counters);
-                }
-            }
-            last_table = Instant::now();
+        // Requests to a device that hangs can take their whole timeout: a signal meanwhile is
+        // acted on at once, not after them.
+        let poll = poll_devices(
+            devices,
+            &mut seen_running,
+            &mut previous,
+            &mut last_table,
+            &mut drawn_lines,
+            terminal,
+            interval,
+        );
+        tokio::select! {
+            name = signals.next() => return Ending::Signal(name),
+            ending = poll => if let Some(ending) = ending {
+                return ending;
+            },
         }
     }
 }
 
-async fn stop_all(devices: &mut [Running], signals: &mut Signals) {
-    for device in devices.iter_mut().filter(|device| device.exited.is_none()) {
-        // A fresh connection: a request cancelled by the signal may have left the old one waiting
-        // for a reply that will never be read.
-        let transport = transport_by_name("zeromq").ok();
-        let connect = async {
-            let transport = transport.as_ref()?;
-            ControlClient::connect(transport.as_ref(), &device.control_address)
-                .await
-                .ok()
+/// One round of supervision: exits, states, and every `interval` the table of rates.
+async fn poll_devices(
+    devices: &mut [Running],
+    seen_running: &mut bool,
+    previous: &mut BTreeMap<(String, String), ferromq_core::CounterSnapshot>,
+    last_table: &mut Instant,
+    drawn_lines: &mut usize,
+    terminal: bool,
+    interval: Duration,
+) -> Option<Ending> {
+    for device in devices.iter_mut() {
+        if let Ok(Some(status)) = device.child.try_wait() {
+            device.exited = Some(status);
+            return Some(Ending::Failure(format!(
+                "device {:?} exited ({status}) while {}; its last lines:\n    {}",
+                device.instance.id,
+                device.state,
+                device.last_lines()
+            )));
+        }
+        let Ok(reply) = device.request(&LauncherToDevice::State).await else {
+            continue;
         };
-        if let Ok(Some(mut control)) = tokio::time::timeout(Duration::from_secs(2), connect).await {
-            let _ = control
-                .request(&LauncherToDevice::Shutdown, Duration::from_secs(2))
-                .await;
+        if reply.state == State::Error {
+            return Some(Ending::Failure(format!(
+                "device {:?} is in ERROR; its last lines:\n    {}",
+                device.instance.id,
+                device.last_lines()
+            )));
         }
     }
-    let deadline = tokio::time::Instant::now() + STOP_TIMEOUT;
-    for device in devices.iter_mut().filter(|device| device.exited.is_none()) {
-        let second_signal = signals.next();
-        tokio::select! {
-            status = tokio::time::timeout_at(deadline, device.child.wait()) => match status {
-                Ok(Ok(status)) => device.exited = Some(status),
-                _ => {
-                    eprintln!("ferromq: device {:?} did not stop in time (in {}); killing it", device.instance.id, device.state);
-                    let _ = device.child.kill().await;
+    *seen_running |= devices.iter().any(|device| device.state == State::Running);
+    if *seen_running && devices.iter().all(|device| device.state == State::Ready) {
+        return Some(Ending::Finished);
+    }
+    if last_table.elapsed() >= interval {
+        let seconds = last_table.elapsed().as_secs_f64();
+        let before: BTreeMap<_, _> = devices
+            .iter()
+            .flat_map(|device| {
+                device.counters.iter().map(|(channel, counters)| {
+                    ((device.instance.id.clone(), channel.clone()), *counters)
+                })
+            })
+            .collect();
+        for device in devices.iter_mut() {
+            if let Ok(reply) = device.request(&LauncherToDevice::Counters).await
+                && let Some(serde_json::Value::Object(channels)) = reply.value
+            {
+                device.counters = channels
+                    .into_iter()
+                    .map(|(channel, value)| {
+                        let field = |key: &str| {
+                            value
+                                .get(key)
+                                .and_then(serde_json::Value::as_u64)
+                                .unwrap_or(0)
+                        };
+                        let snapshot = ferromq_core::CounterSnapshot {
+                            messages_in: field("messages_in"),
+                            bytes_in: field("bytes_in"),
+                            messages_out: field("messages_out"),
+                            bytes_out: field("bytes_out"),
+                        };
+                        (channel, snapshot)
+                    })
+                    .collect();
+            }
+        }
+        previous.extend(before);
+        let lines = table(devices, previous, seconds);
+        if terminal {
+            // Redraw in place: up over the last table, clear to the end of the screen.
+            if *drawn_lines > 0 {
+                print!("\x1b[{drawn_lines}A\x1b[J");
+            }
+            *drawn_lines = lines.len();
+        }
+        println!("{}", lines.join("\n"));
+        for device in devices.iter() {
+            for (channel, counters) in &device.counters {
+                previous.insert((device.instance.id.clone(), channel.clone()), *counters);
+            }
+        }
+        *last_table = Instant::now();
+    }
+    None
+}
+
+/// For each device, the indices of the devices that send into it (push/pub into its pull/sub),
+/// from the topology's wiring. Pair, req and rep go both ways and impose no order.
+fn upstream_of(devices: &[Running]) -> Vec<BTreeSet<usize>> {
+    let index: BTreeMap<&str, usize> = devices
+        .iter()
+        .enumerate()
+        .map(|(idx, device)| (device.instance.id.as_str(), idx))
+        .collect();
+    let mut upstream = vec![BTreeSet::new(); devices.len()];
+    for (idx, device) in devices.iter().enumerate() {
+        for channel in &device.instance.channels {
+            for (peer, _) in &channel.connect_to {
+                let Some(&peer_idx) = index.get(peer.as_str()) else {
+                    continue;
+                };
+                match channel.config.socket_type {
+                    SocketType::Pull | SocketType::Sub => {
+                        upstream[idx].insert(peer_idx);
+                    }
+                    SocketType::Push | SocketType::Pub => {
+                        upstream[peer_idx].insert(idx);
+                    }
+                    _ => {}
                 }
-            },
-            _ = second_signal => {
-                eprintln!("ferromq: second signal, killing every device");
-                for device in devices.iter_mut() {
+            }
+        }
+    }
+    upstream
+}
+
+/// How long a device's inputs must stay still before it counts as drained.
+const QUIET_FOR: Duration = Duration::from_millis(300);
+/// The longest a stop waits for a device's inputs to go still.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a device has to answer one control request during a stop.
+const STOP_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Stops every device that still runs and returns the devices that had to be killed.
+///
+/// With `drain`, devices stop in the order data flows: sources first, and a device only once
+/// every device sending into it has exited and its own inputs have been still for
+/// [`QUIET_FOR`], so that what was in flight at the stop is received, not lost. Devices of one
+/// stage stop together. A device that does not exit within [`STOP_TIMEOUT`] of being asked is
+/// killed; a second SIGINT/SIGTERM kills every device at once. Either is a stop by force,
+/// which the caller reports as a failure.
+async fn stop_all(devices: &mut [Running], signals: &mut Signals, drain: bool) -> Vec<String> {
+    let upstream = upstream_of(devices);
+    let mut stopped = vec![false; devices.len()];
+    let mut forced = Vec::new();
+    loop {
+        let remaining: Vec<usize> = (0..devices.len()).filter(|&idx| !stopped[idx]).collect();
+        if remaining.is_empty() {
+            break;
+        }
+        let mut stage: Vec<usize> = remaining
+            .iter()
+            .copied()
+            .filter(|&idx| !drain || upstream[idx].iter().all(|&up| stopped[up]))
+            .collect();
+        if stage.is_empty() {
+            // A cycle of push/pull: no order drains it; stop what is left together.
+            stage = remaining;
+        }
+        let stop_stage = futures_util::future::join_all(
+            devices
+                .iter_mut()
+                .enumerate()
+                .filter(|(idx, _)| stage.contains(idx))
+                .map(|(idx, device)| stop_one(device, drain && !upstream[idx].is_empty())),
+        );
+        tokio::select! {
+            results = stop_stage => forced.extend(results.into_iter().flatten()),
+            name = signals.next() => {
+                eprintln!("ferromq: second signal ({name}): killing every device");
+                for device in devices.iter_mut().filter(|device| device.exited.is_none()) {
                     let _ = device.child.start_kill();
+                    forced.push(device.instance.id.clone());
                 }
                 break;
             }
         }
+        for idx in stage {
+            stopped[idx] = true;
+        }
     }
     for device in devices.iter_mut() {
         let _ = device.child.kill().await;
+    }
+    forced
+}
+
+/// Asks one device to go down (after its inputs went still, with `drain_first`) and waits for it
+/// to exit; kills it when it does not. Returns its id when it had to be killed.
+async fn stop_one(device: &mut Running, drain_first: bool) -> Option<String> {
+    if let Ok(Some(status)) = device.child.try_wait() {
+        device.exited.get_or_insert(status);
+    }
+    if device.exited.is_some() {
+        return None;
+    }
+    // A fresh connection: a request cancelled by the signal may have left the old one waiting
+    // for a reply that will never be read.
+    let connect = async {
+        let transport = transport_by_name("zeromq").ok()?;
+        ControlClient::connect(transport.as_ref(), &device.control_address)
+            .await
+            .ok()
+    };
+    let mut control = tokio::time::timeout(STOP_REQUEST_TIMEOUT, connect)
+        .await
+        .ok()
+        .flatten();
+    if drain_first && let Some(control) = control.as_mut() {
+        wait_until_inputs_are_still(control).await;
+    }
+    if let Some(control) = control.as_mut() {
+        let _ = control
+            .request(&LauncherToDevice::Shutdown, STOP_REQUEST_TIMEOUT)
+            .await;
+    }
+    match tokio::time::timeout(STOP_TIMEOUT, device.child.wait()).await {
+        Ok(Ok(status)) => {
+            device.exited = Some(status);
+            None
+        }
+        _ => {
+            eprintln!(
+                "ferromq: device {:?} did not stop within {STOP_TIMEOUT:?} (in {}); killing it",
+                device.instance.id, device.state
+            );
+            let _ = device.child.kill().await;
+            Some(device.instance.id.clone())
+        }
+    }
+}
+
+/// Waits until the messages a device has received stop growing for [`QUIET_FOR`] (at most
+/// [`DRAIN_TIMEOUT`]; a device that does not answer is not waited for).
+async fn wait_until_inputs_are_still(control: &mut ControlClient) {
+    let deadline = Instant::now() + DRAIN_TIMEOUT;
+    let mut last_count = None;
+    let mut still_since = Instant::now();
+    while Instant::now() < deadline {
+        let Ok(reply) = control
+            .request(&LauncherToDevice::Counters, STOP_REQUEST_TIMEOUT)
+            .await
+        else {
+            return;
+        };
+        let received: u64 = match &reply.value {
+            Some(serde_json::Value::Object(channels)) => channels
+                .values()
+                .filter_map(|channel| channel.get("messages_in")?.as_u64())
+                .sum(),
+            _ => return,
+        };
+        if last_count != Some(received) {
+            last_count = Some(received);
+            still_since = Instant::now();
+        } else if still_since.elapsed() >= QUIET_FOR {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -643,7 +797,9 @@ pub async fn run(options: RunOptions) -> ExitCode {
         Ending::Finished => println!("ferromq: every device finished its work: stopping"),
         Ending::Failure(_) => {}
     }
-    stop_all(&mut devices, &mut signals).await;
+    // A failure stops everything at once; any other ending drains first.
+    let drain = !matches!(ending, Ending::Failure(_));
+    let forced = stop_all(&mut devices, &mut signals, drain).await;
     for device in &devices {
         if let Some(status) = device.exited.filter(|status| !status.success()) {
             eprintln!(
@@ -654,6 +810,14 @@ pub async fn run(options: RunOptions) -> ExitCode {
     }
     let outcome = match ending {
         Ending::Failure(failure) => Err(failure),
+        _ if !forced.is_empty() => Err(format!(
+            "stopped by force: {} killed",
+            forced
+                .iter()
+                .map(|id| format!("{id:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
         _ if devices
             .iter()
             .any(|device| device.exited.is_some_and(|status| !status.success())) =>

@@ -35,7 +35,7 @@ enum Command {
         /// The topology file (TOML).
         file: std::path::PathBuf,
         /// Stop after this many seconds.
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true, value_parser = ferromq_cli::options::seconds)]
         duration: Option<f64>,
         /// Default transport of every channel that names none (overrides the file's).
         #[arg(long)]

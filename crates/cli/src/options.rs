@@ -21,6 +21,37 @@ pub enum ControlMode {
 }
 
 /// FairMQ's boolean option values: `true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`.
+/// The longest duration an option takes: about 31 years (longer ones no timer can represent).
+pub const MAX_SECONDS: f64 = 1e9;
+
+/// clap's parser for a number of seconds: finite, above 0, at most [`MAX_SECONDS`].
+///
+/// # Errors
+/// The text and what was expected.
+pub fn seconds(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if value.is_finite() && value > 0.0 && value <= MAX_SECONDS {
+        Ok(value)
+    } else {
+        Err(format!(
+            "{text}: expected a number of seconds above 0 and at most {MAX_SECONDS:e}"
+        ))
+    }
+}
+
+/// clap's parser for messages per second: 0 (unlimited) or finite and at least
+/// [`ferromq_devices::MIN_RATE`].
+pub fn messages_per_second(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of messages per second"))?;
+    ferromq_devices::check_rate(value)
+}
+
 fn boolish() -> clap::builder::BoolishValueParser {
     clap::builder::BoolishValueParser::new()
 }

@@ -1,0 +1,180 @@
+//! `ferromq run`'s stop: ordered and lossless when clean, prompt and failing when forced, and
+//! bad numbers refused. Real launchers, real devices, real signals.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{finish, signal, wait_for_line};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+fn topology(name: &str) -> String {
+    format!("{}/../../topologies/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn launcher(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .arg("run")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn ferromq run")
+}
+
+/// The number in `... <word> N messages` on the first line that has it.
+fn count_after(log: &str, word: &str) -> u64 {
+    let needle = format!("{word} ");
+    log.lines()
+        .filter_map(|line| {
+            let rest = &line[line.find(&needle)? + needle.len()..];
+            let (number, after) = rest.split_once(' ')?;
+            after.starts_with("messages").then(|| number.parse().ok())?
+        })
+        .next()
+        .unwrap_or_else(|| panic!("no \"{word} N messages\" in:\n{log}"))
+}
+
+/// Waits (within a bound) for a launcher whose stdout was taken; its exit code and stderr.
+async fn exit_and_stderr(mut run: Child) -> (Option<i32>, String) {
+    let mut stderr = String::new();
+    let mut err = run.stderr.take().expect("stderr");
+    let (read, exit) = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::join!(
+            tokio::io::AsyncReadExt::read_to_string(&mut err, &mut stderr),
+            run.wait()
+        )
+    })
+    .await
+    .expect("the launcher did not exit in time");
+    read.expect("read stderr");
+    (exit.expect("wait").code(), stderr)
+}
+
+fn assert_nothing_lost(log: &str) {
+    let sent = count_after(log, "sent");
+    let received = count_after(log, "received");
+    assert!(sent > 0, "{log}");
+    assert_eq!(sent, received, "sent and received differ:\n{log}");
+    for word in ["lost", "not delivered", "killing"] {
+        assert!(!log.contains(word), "{word:?} on a clean stop:\n{log}");
+    }
+}
+
+#[tokio::test]
+async fn bad_durations_are_usage_errors_naming_the_value() {
+    for value in ["-1", "nan", "inf", "1e300", "0"] {
+        let run = finish(launcher(&[&topology("default.toml"), "--duration", value])).await;
+        assert_eq!(run.code, Some(2), "--duration {value}: {}", run.stderr);
+        assert!(
+            run.stderr.contains("--duration") && run.stderr.contains(value),
+            "{}",
+            run.stderr
+        );
+    }
+}
+
+/// A stop at the end of `--duration` stops the sources first and lets the rest drain: every
+/// message sent is received, and nothing is reported lost.
+#[tokio::test]
+async fn a_duration_stop_drains_every_stage_default_and_mixed_transports() {
+    for file in ["default.toml", "mixed-transports.toml"] {
+        let run = finish(launcher(&[&topology(file), "--duration", "2"])).await;
+        let log = format!("{}{}", run.stdout, run.stderr);
+        assert_eq!(run.code, Some(0), "{file}:\n{log}");
+        assert_nothing_lost(&log);
+    }
+}
+
+/// The same for Ctrl-C.
+#[tokio::test]
+async fn a_sigint_stop_drains_every_stage() {
+    let mut run = launcher(&[&topology("default.toml")]);
+    let mut lines = BufReader::new(run.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    wait_for_line(&mut lines, "[sink] READY ---> RUNNING", &mut seen).await;
+    signal(&run, "INT");
+    while let Ok(Some(line)) = lines.next_line().await {
+        seen.push(line);
+    }
+    let (code, stderr) = exit_and_stderr(run).await;
+    let log = format!("{}\n{stderr}", seen.join("\n"));
+    assert_eq!(code, Some(0), "{log}");
+    assert_nothing_lost(&log);
+}
+
+/// The pid of the launcher's child that runs device `id`.
+fn device_pid(launcher_pid: u32, id: &str) -> Option<u32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let parent: u32 = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|&byte| byte == 0).collect();
+            let is_device = args
+                .windows(2)
+                .any(|pair| pair[0] == b"--id" && pair[1] == id.as_bytes());
+            (parent == launcher_pid && is_device).then_some(pid)
+        })
+}
+
+/// One device hangs (SIGSTOP): Ctrl-C is still acted on, the hung device is killed after the stop
+/// timeout, and the run fails naming it instead of exiting 0.
+#[tokio::test]
+async fn a_stop_that_needs_force_fails_and_names_the_device() {
+    let mut run = launcher(&[&topology("default.toml")]);
+    let mut lines = BufReader::new(run.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    wait_for_line(&mut lines, "[sink] READY ---> RUNNING", &mut seen).await;
+    let launcher_pid = run.id().expect("launcher pid");
+    let processor = device_pid(launcher_pid, "processor").expect("the processor's pid");
+    let stopped = std::process::Command::new("kill")
+        .args(["-STOP", &processor.to_string()])
+        .status()
+        .expect("kill -STOP");
+    assert!(stopped.success());
+    signal(&run, "INT");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let exit = tokio::time::timeout(Duration::from_secs(60), run.wait())
+        .await
+        .expect("the launcher did not act on SIGINT")
+        .expect("wait");
+    let mut stderr = String::new();
+    tokio::io::AsyncReadExt::read_to_string(run.stderr.as_mut().expect("stderr"), &mut stderr)
+        .await
+        .expect("read stderr");
+    assert_eq!(exit.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("stopped by force") && stderr.contains("\"processor\""),
+        "{stderr}"
+    );
+}
+
+/// A second Ctrl-C kills every device at once; that is a failure too.
+#[tokio::test]
+async fn a_second_sigint_kills_at_once_and_fails() {
+    let mut run = launcher(&[&topology("default.toml")]);
+    let mut lines = BufReader::new(run.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    wait_for_line(&mut lines, "[sink] READY ---> RUNNING", &mut seen).await;
+    let launcher_pid = run.id().expect("launcher pid");
+    let processor = device_pid(launcher_pid, "processor").expect("the processor's pid");
+    let stopped = std::process::Command::new("kill")
+        .args(["-STOP", &processor.to_string()])
+        .status()
+        .expect("kill -STOP");
+    assert!(stopped.success());
+    signal(&run, "INT");
+    wait_for_line(&mut lines, "stopping every device", &mut seen).await;
+    signal(&run, "INT");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let (code, stderr) = exit_and_stderr(run).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("second signal"), "{stderr}");
+}
