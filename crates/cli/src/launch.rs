@@ -770,11 +770,14 @@ pub async fn run(options: RunOptions) -> ExitCode {
         .session
         .clone()
         .unwrap_or_else(|| format!("run-{}", std::process::id()));
-    let run_dir = std::env::temp_dir().join(format!("ferromq-{session}"));
-    if let Err(error) = std::fs::create_dir_all(&run_dir) {
-        eprintln!("ferromq: cannot create {}: {error}", run_dir.display());
-        return ExitCode::FAILURE;
-    }
+    let session_dir = match crate::session_dir::SessionDir::acquire(&session) {
+        Ok(session_dir) => session_dir,
+        Err(error) => {
+            eprintln!("ferromq: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let run_dir = session_dir.path().to_owned();
     let n_instances = topology.instances().len();
     println!(
         "ferromq: {} ({n_instances} processes, session {session}, default transport {})",
@@ -835,7 +838,7 @@ pub async fn run(options: RunOptions) -> ExitCode {
             removed.len()
         );
     }
-    let _ = std::fs::remove_dir_all(&run_dir);
+    drop(session_dir);
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {

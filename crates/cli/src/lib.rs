@@ -35,6 +35,7 @@ pub mod launch;
 pub mod logging;
 pub mod options;
 mod run;
+pub mod session_dir;
 pub mod shm_command;
 
 use std::process::ExitCode;

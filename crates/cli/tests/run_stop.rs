@@ -178,3 +178,111 @@ async fn a_second_sigint_kills_at_once_and_fails() {
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("second signal"), "{stderr}");
 }
+
+/// A second launcher of a live session is refused and leaves the first one alone.
+#[tokio::test]
+async fn a_second_run_of_a_live_session_is_refused() {
+    let session = format!("live{}", std::process::id());
+    let mut first = launcher(&[&topology("default.toml"), "--session", &session]);
+    let mut lines = BufReader::new(first.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    wait_for_line(&mut lines, "[sink] READY ---> RUNNING", &mut seen).await;
+    let second = finish(launcher(&[
+        &topology("default.toml"),
+        "--session",
+        &session,
+        "--duration",
+        "1",
+    ]))
+    .await;
+    assert_eq!(second.code, Some(1), "{}", second.stderr);
+    assert!(
+        second.stderr.contains("is in use by another `ferromq run`")
+            && second
+                .stderr
+                .contains(&first.id().expect("pid").to_string()),
+        "{}",
+        second.stderr
+    );
+    signal(&first, "INT");
+    while let Ok(Some(line)) = lines.next_line().await {
+        seen.push(line);
+    }
+    let (code, stderr) = exit_and_stderr(first).await;
+    assert_eq!(code, Some(0), "{stderr}\n{seen:#?}");
+}
+
+/// The session directories of this test's launchers (`ferromq-run-*` whose lock names `pid`).
+fn session_dirs_of(pid: u32) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(std::env::temp_dir())
+        .expect("temp dir")
+        .flatten()
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("ferromq-run-")
+        })
+        .filter(|entry| {
+            std::fs::read_to_string(entry.path().join("lock"))
+                .is_ok_and(|holder| holder.trim() == pid.to_string())
+        })
+        .map(|entry| entry.path())
+        .collect()
+}
+
+/// A launcher killed with SIGKILL leaves its directory; the next launcher removes it.
+#[tokio::test]
+async fn a_killed_launchers_directory_is_removed_by_the_next_run() {
+    let session = format!("killed{}", std::process::id());
+    let mut killed = launcher(&[&topology("zeromq-ipc.toml"), "--session", &session]);
+    let mut lines = BufReader::new(killed.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    wait_for_line(&mut lines, "READY ---> RUNNING", &mut seen).await;
+    let pid = killed.id().expect("pid");
+    assert_eq!(
+        session_dirs_of(pid).len(),
+        1,
+        "the live launcher's directory"
+    );
+    signal(&killed, "KILL");
+    let _ = killed.wait().await;
+    assert_eq!(
+        session_dirs_of(pid).len(),
+        1,
+        "SIGKILL leaves the directory"
+    );
+    let next = finish(launcher(&[&topology("zeromq-ipc.toml"), "--duration", "1"])).await;
+    assert_eq!(next.code, Some(0), "{}", next.stderr);
+    assert!(
+        session_dirs_of(pid).is_empty(),
+        "the stale directory is gone"
+    );
+}
+
+/// Sessions `a_b` and `a-b` used to share shared-memory names; now both run side by side.
+#[tokio::test]
+async fn sessions_differing_only_in_punctuation_run_side_by_side() {
+    let pid = std::process::id();
+    let (underscore, dash) = (format!("a_b{pid}"), format!("a-b{pid}"));
+    let first = launcher(&[
+        &topology("default.toml"),
+        "--session",
+        &underscore,
+        "--duration",
+        "2",
+    ]);
+    let second = launcher(&[
+        &topology("default.toml"),
+        "--session",
+        &dash,
+        "--duration",
+        "3",
+    ]);
+    let (first, second) = tokio::join!(finish(first), finish(second));
+    for run in [first, second] {
+        let log = format!("{}{}", run.stdout, run.stderr);
+        assert_eq!(run.code, Some(0), "{log}");
+        assert_nothing_lost(&log);
+    }
+}

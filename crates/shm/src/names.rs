@@ -33,7 +33,7 @@ impl ObjectKind {
 pub struct ObjectName {
     /// Owner's user id.
     pub uid: u32,
-    /// Session (sanitised: letters, digits, `-`).
+    /// Session, encoded by [`sanitise_session`].
     pub session: String,
     /// Segment or region.
     pub kind: ObjectKind,
@@ -43,24 +43,38 @@ pub struct ObjectName {
     pub index: u32,
 }
 
-/// Makes a session id safe for object names: letters, digits and `-`, at most 48 characters.
+/// The longest encoded session kept whole in a name; longer ones end in a hash of the whole id
+/// (POSIX names have at most 255 bytes).
+const MAX_ENCODED_SESSION: usize = 160;
+
+/// Encodes a session id for object names, one to one: ASCII letters, digits and `-` stay as
+/// they are, every other byte becomes `.` and two hex digits (`a_b` is `a.5fb`, `a-b` stays
+/// `a-b`), so two different sessions never share a name and names never contain `_`, which
+/// separates their fields. The empty id is `default`. An id whose encoding is longer than 160
+/// characters keeps its first 140 and adds `.` and a 64-bit hash of the whole id.
 pub fn sanitise_session(session: &str) -> String {
-    let cleaned: String = session
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .take(48)
-        .collect();
-    if cleaned.is_empty() {
-        "default".to_owned()
-    } else {
-        cleaned
+    if session.is_empty() {
+        return "default".to_owned();
     }
+    let mut encoded = String::with_capacity(session.len());
+    for byte in session.bytes() {
+        if byte.is_ascii_alphanumeric() || byte == b'-' {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!(".{byte:02x}"));
+        }
+    }
+    if encoded.len() > MAX_ENCODED_SESSION {
+        // FNV-1a: stable across processes and versions, unlike std's hasher.
+        let hash = session
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+                (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+            });
+        encoded.truncate(140);
+        encoded.push_str(&format!(".{hash:016x}"));
+    }
+    encoded
 }
 
 impl ObjectName {
@@ -135,19 +149,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_round_trip_and_sessions_are_sanitised() {
+    fn names_round_trip_and_sessions_are_encoded() {
         let name = ObjectName::new(1000, "run 42/a_b", ObjectKind::Segment, 4242, 3);
-        assert_eq!(name.to_string(), "ferromq_1000_run-42-a-b_seg_4242_3");
+        assert_eq!(name.to_string(), "ferromq_1000_run.2042.2fa.5fb_seg_4242_3");
         assert_eq!(ObjectName::parse(&name.to_string()), Some(name.clone()));
         assert_eq!(
-            ObjectName::parse("/ferromq_1000_run-42-a-b_seg_4242_3"),
+            ObjectName::parse("/ferromq_1000_run.2042.2fa.5fb_seg_4242_3"),
             Some(name)
         );
         assert!(
-            ObjectName::session_prefix(1000, "run 42/a_b").starts_with("ferromq_1000_run-42-a-b_")
+            ObjectName::session_prefix(1000, "run 42/a_b")
+                .starts_with("ferromq_1000_run.2042.2fa.5fb_")
         );
         assert_eq!(ObjectName::parse("ferromq_x_s_seg_1_2"), None);
         assert_eq!(ObjectName::parse("other_1_s_seg_1_2"), None);
         assert_eq!(sanitise_session(""), "default");
+    }
+
+    #[test]
+    fn different_sessions_never_share_names() {
+        let sessions = [
+            "a_b", "a-b", "a b", "a.b", "a.5fb", "a", "run-1", "run_1", "ü",
+        ];
+        let encoded: std::collections::BTreeSet<String> = sessions
+            .iter()
+            .map(|session| sanitise_session(session))
+            .collect();
+        assert_eq!(encoded.len(), sessions.len(), "{encoded:?}");
+        assert!(
+            encoded
+                .iter()
+                .all(|name| !name.contains('_') && !name.contains('/'))
+        );
+        let long_a = "x".repeat(300) + "a";
+        let long_b = "x".repeat(300) + "b";
+        assert_ne!(sanitise_session(&long_a), sanitise_session(&long_b));
+        assert!(sanitise_session(&long_a).len() <= 160);
     }
 }
