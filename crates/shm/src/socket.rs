@@ -179,6 +179,8 @@ pub(crate) struct ShmSocket {
     session: Arc<Session>,
     inner: Inner,
     pending: VecDeque<Parts>,
+    /// Frames dropped because they were no descriptor frames of this session.
+    n_foreign_frames: u64,
 }
 
 fn transport_error(
@@ -235,6 +237,7 @@ impl ShmSocket {
             session,
             inner,
             pending: VecDeque::new(),
+            n_foreign_frames: 0,
         })
     }
 }
@@ -622,8 +625,22 @@ impl Socket for ShmSocket {
                 }
             };
             for frame in frames {
-                let records = wire::decode(&frame, self.session.hash)
-                    .map_err(|error| transport_error(&self.label, error))?;
+                let records = match wire::decode(&frame, self.session.hash) {
+                    Ok(records) => records,
+                    // Not a descriptor frame of this session: it comes from a peer that was
+                    // refused when it connected (a plain ZeroMQ program, another session). A
+                    // fan-in socket drops it and keeps serving its other peers.
+                    Err(error)
+                        if matches!(self.label.socket_type, SocketType::Pull | SocketType::Sub) =>
+                    {
+                        self.n_foreign_frames += 1;
+                        if self.n_foreign_frames.is_power_of_two() {
+                            tracing::warn!(channel = %self.label, %error, n_frames = self.n_foreign_frames, "dropped frames that are not this session's descriptors");
+                        }
+                        continue;
+                    }
+                    Err(error) => return Err(transport_error(&self.label, error)),
+                };
                 for record in records {
                     let parts = self.materialise(record)?;
                     if let Inner::Subscriber(subscriber) = &self.inner {

@@ -646,11 +646,6 @@ fn forged_descriptors() -> Result<()> {
                 ),
                 "does not exist",
             ),
-            (
-                encode(hash ^ 1, &[vec![PartRef::Inline(vec![1])]]),
-                "another shmem session",
-            ),
-            (b"hello from a zeromq peer".to_vec(), "another transport"),
         ];
         for (frame, expected) in forgeries {
             raw.send(zeromq::ZmqMessage::from(frame)).await?;
@@ -661,6 +656,17 @@ fn forged_descriptors() -> Result<()> {
             let text = format!("{:#}", anyhow::Error::from(error));
             ensure!(text.contains(expected), "expected {expected:?} in {text:?}");
         }
+        // Frames of another session or of no ferromq peer at all are dropped by a fan-in
+        // receiver (it refuses such peers and keeps serving the others), never delivered.
+        raw.send(zeromq::ZmqMessage::from(encode(
+            hash ^ 1,
+            &[vec![PartRef::Inline(vec![1])]],
+        )))
+        .await?;
+        raw.send(zeromq::ZmqMessage::from(
+            b"hello from a zeromq peer".to_vec(),
+        ))
+        .await?;
         // The receiver still works.
         raw.send(zeromq::ZmqMessage::from(encode(
             hash,
@@ -772,16 +778,13 @@ fn transport_mismatch() -> Result<()> {
                 .contains("the peer uses the zeromq transport"),
             "{sender_error}"
         );
-        let error = tokio::time::timeout(STEP, pull.receive())
+        // The zeromq receiver refuses that peer (a fan-in socket keeps serving its others):
+        // none of its descriptor frames is delivered as a payload.
+        let error = tokio::time::timeout(STEP, pull.receive_timeout(Duration::from_secs(1)))
             .await?
             .err()
-            .context("a shmem peer must be reported")?;
-        ensure!(
-            error
-                .to_string()
-                .contains("the peer uses the shmem transport"),
-            "{error}"
-        );
+            .context("a shmem peer's frames must not be delivered")?;
+        ensure!(error.is_timeout(), "{error}");
 
         // Two shmem sessions mixed up: the sender is told before anything is delivered.
         let other = Session::new("other");
@@ -795,14 +798,11 @@ fn transport_mismatch() -> Result<()> {
             sender_error.to_string().contains("another shmem session"),
             "{sender_error}"
         );
-        let error = tokio::time::timeout(STEP, pull.receive_timeout(Duration::from_secs(5)))
+        let error = tokio::time::timeout(STEP, pull.receive_timeout(Duration::from_secs(1)))
             .await?
             .err()
             .context("receiver")?;
-        ensure!(
-            error.to_string().contains("another shmem session"),
-            "{error}"
-        );
+        ensure!(error.is_timeout(), "refused, nothing delivered: {error}");
         Ok(())
     })
 }

@@ -3,10 +3,12 @@
 //! Every ferromq socket announces an identity in its ZMTP handshake: `fmqzmq:<pid>:<n>` for the
 //! zeromq transport, `fmqshm:<session hash>:<pid>:<n>` for the shmem transport's metadata
 //! channel (unique per socket, since zmq.rs keys its peers by identity). Each side reads the
-//! identities of the peers that connect, and a peer of the other transport, or of another shmem
-//! session, makes the socket's sends and receives fail with an error that says so: on both
-//! ends, push senders included, before any payload is misread. Peers that announce nothing of
-//! ours (libzmq, FairMQ) are accepted as zeromq peers.
+//! identities of the peers that connect. A peer of the other transport, or of another shmem
+//! session, makes a socket that needs every peer (push, req, rep, pair, pub) fail its sends and
+//! receives with an error that says what was detected, before any payload is misread; a fan-in
+//! socket (pull, sub) instead refuses that one peer (a warning naming it, once), drops its
+//! frames and keeps serving the others. Peers that announce nothing of ours (libzmq, FairMQ)
+//! are accepted as zeromq peers, and named as such by a shmem socket.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -37,6 +39,10 @@ pub(crate) enum Mismatch {
     Session,
 }
 
+/// What a shmem socket calls a peer that announced no ferromq identity.
+const FOREIGN_PEER: &str = "plain ZeroMQ (libzmq or FairMQ: it announced no ferromq identity; \
+FairMQ's shmem transport cannot exchange messages with ferromq's)";
+
 /// `None` when the peer fits this socket.
 pub(crate) fn check(role: Role, peer_identity: &[u8]) -> Option<Mismatch> {
     let peer = String::from_utf8_lossy(peer_identity);
@@ -45,7 +51,10 @@ pub(crate) fn check(role: Role, peer_identity: &[u8]) -> Option<Mismatch> {
         .and_then(|rest| rest.split(':').next());
     match (role, peer_shm_session) {
         (Role::Zeromq, Some(_)) => Some(Mismatch::Transport("shmem")),
-        (Role::ShmemMetadata { .. }, None) => Some(Mismatch::Transport("zeromq")),
+        (Role::ShmemMetadata { .. }, None) if peer.starts_with("fmqzmq:") => {
+            Some(Mismatch::Transport("zeromq"))
+        }
+        (Role::ShmemMetadata { .. }, None) => Some(Mismatch::Transport(FOREIGN_PEER)),
         (Role::ShmemMetadata { session_hash }, Some(peer_session)) => {
             (peer_session != format!("{session_hash:016x}")).then_some(Mismatch::Session)
         }
@@ -53,13 +62,21 @@ pub(crate) fn check(role: Role, peer_identity: &[u8]) -> Option<Mismatch> {
     }
 }
 
-/// Takes in one connection event: a peer that does not fit `role` is remembered in `mismatch`.
-pub(crate) fn note_peer(role: Role, mismatch: &mut Option<Mismatch>, event: zeromq::SocketEvent) {
-    if let zeromq::SocketEvent::Accepted(_, peer) | zeromq::SocketEvent::Connected(_, peer) = event
-        && let Some(found) = check(role, &peer)
+/// Reads one connection event: the peer and what is wrong with it, when it does not fit `role`.
+pub(crate) fn misfit(role: Role, event: &zeromq::SocketEvent) -> Option<(Mismatch, String)> {
+    if let zeromq::SocketEvent::Accepted(endpoint, peer)
+    | zeromq::SocketEvent::Connected(endpoint, peer) = event
     {
-        mismatch.get_or_insert(found);
+        let found = check(role, peer)?;
+        let identity = String::from_utf8_lossy(peer);
+        let name = if identity.is_empty() {
+            format!("{endpoint:?} (no identity)")
+        } else {
+            format!("{identity} at {endpoint:?}")
+        };
+        return Some((found, name));
     }
+    None
 }
 
 impl Mismatch {

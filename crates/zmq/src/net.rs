@@ -132,12 +132,30 @@ impl NetChannel {
         }
     }
 
+    /// Takes in one connection event. A peer of another transport or session fails a socket
+    /// that needs every peer (push, req, rep, pair, pub); a fan-in socket (pull, sub) refuses
+    /// that one peer, says so once, and keeps serving the others.
+    fn note_peer(&mut self, label: &ChannelLabel, event: &zeromq::SocketEvent) {
+        let Some((mismatch, peer)) = crate::handshake::misfit(self.role, event) else {
+            return;
+        };
+        if self.is_fan_in() {
+            tracing::warn!(channel = %label, %peer, problem = %mismatch.error(label), "refused a peer; serving the others");
+        } else {
+            self.mismatch.get_or_insert(mismatch);
+        }
+    }
+
+    fn is_fan_in(&self) -> bool {
+        matches!(self.socket_type, SocketType::Pull | SocketType::Sub)
+    }
+
     /// Reads the identities of newly connected peers; an error once a peer of another transport
     /// or session has connected.
     fn check_peers(&mut self, label: &ChannelLabel) -> Result<(), Error> {
         use futures::{FutureExt, StreamExt};
         while let Some(Some(event)) = self.events.next().now_or_never() {
-            crate::handshake::note_peer(self.role, &mut self.mismatch, event);
+            self.note_peer(label, &event);
         }
         match self.mismatch {
             Some(mismatch) => Err(mismatch.error(label)),
@@ -278,13 +296,8 @@ impl NetChannel {
             let next = async {
                 use futures::StreamExt;
                 tokio::select! {
-                    received = self.socket.recv() => Some(received),
-                    event = self.events.next() => {
-                        if let Some(event) = event {
-                            crate::handshake::note_peer(self.role, &mut self.mismatch, event);
-                        }
-                        None
-                    }
+                    received = self.socket.recv() => Ok(received),
+                    event = self.events.next() => Err(event),
                 }
             };
             let received = match deadline {
@@ -299,7 +312,15 @@ impl NetChannel {
                 },
                 None => next.await,
             };
-            let Some(received) = received else { continue };
+            let received = match received {
+                Ok(received) => received,
+                Err(event) => {
+                    if let Some(event) = event {
+                        self.note_peer(label, &event);
+                    }
+                    continue;
+                }
+            };
             match received {
                 Ok(message) => {
                     // A shmem peer sends descriptor frames: report it rather than hand over garbage.
@@ -308,6 +329,10 @@ impl NetChannel {
                         && message.get(0).is_some_and(|frame| {
                             frame.len() >= 20 && frame.starts_with(ferromq_core::SHMEM_FRAME_MAGIC)
                         });
+                    if from_shmem && self.is_fan_in() {
+                        // Its peer was refused when it connected; its frames are not payloads.
+                        continue;
+                    }
                     if from_shmem {
                         return Err(Error::TransportMismatch {
                             channel: label.clone(),
