@@ -205,28 +205,28 @@ async fn a_sender_whose_receiver_stalls_past_linger_exits_non_zero_naming_the_co
     );
 }
 
-/// The same stream to a receiver that stalls again and again but keeps taking messages: the
+/// 20 × 8 MiB to a receiver that stalls again and again but keeps taking messages: the
 /// drain takes far longer than `linger`, and still everything arrives and both exit 0.
 #[tokio::test]
 async fn a_sender_waits_while_a_stalling_receiver_keeps_taking_messages() {
     let ipc = Ipc::new("slow");
     let session = format!("slow{}", std::process::id());
-    let mut sink = running_sink("zeromq", &session, &ipc.address(), "39").await;
-    let sampler = big_sampler("zeromq", &session, &ipc.address(), "39");
+    let mut sink = running_sink("zeromq", &session, &ipc.address(), "19").await;
+    let sampler = big_sampler("zeromq", &session, &ipc.address(), "19");
     let sampler = tokio::spawn(finish(sampler));
-    // Stalls of 300 ms with 100 ms of work between them, until the sink has everything.
-    let sink_exit = tokio::time::timeout(Duration::from_secs(60), async {
+    // Stalls of 300 ms with 300 ms of work between them, until the sink has everything.
+    let sink_exit = tokio::time::timeout(Duration::from_secs(120), async {
         loop {
             signal(&sink, "STOP");
             tokio::time::sleep(Duration::from_millis(300)).await;
             signal(&sink, "CONT");
-            if let Ok(exit) = tokio::time::timeout(Duration::from_millis(100), sink.wait()).await {
+            if let Ok(exit) = tokio::time::timeout(Duration::from_millis(300), sink.wait()).await {
                 return exit.expect("wait");
             }
         }
     })
     .await
-    .expect("the sink never received all 40 messages");
+    .expect("the sink never received all 20 messages");
     let sampler = sampler.await.expect("sampler task");
     assert_eq!(
         sampler.code,
@@ -407,4 +407,75 @@ async fn a_foreign_peer_is_refused_and_the_shmem_receiver_keeps_serving() {
             .any(|line| line.contains("announced no ferromq identity")),
         "the refusal says what was detected: {seen:#?}"
     );
+}
+
+/// A connecting device goes on to RUNNING before its peer has bound, as FairMQ's do; its
+/// messages wait for the peer, which gets every one of them.
+async fn connecting_first_reaches_running_and_delivers_later(transport: &str) {
+    let ipc = Ipc::new("connect-first");
+    let session = format!("connectfirst{}{transport}", std::process::id());
+    let sender_channel = format!(
+        "{},linger=10000",
+        channel("push", "connect", &ipc.address())
+    );
+    let mut sampler = ferromq(&[
+        "device",
+        "sampler",
+        "--id",
+        "sampler",
+        "--control",
+        "static",
+        "--transport",
+        transport,
+        "--session",
+        &session,
+        "--max-iterations",
+        "99",
+        "--channel-config",
+        &sender_channel,
+    ]);
+    let mut lines = BufReader::new(sampler.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    wait_for_line(&mut lines, "READY ---> RUNNING", &mut seen).await;
+    let sink = ferromq(&[
+        "device",
+        "sink",
+        "--id",
+        "sink",
+        "--control",
+        "static",
+        "--transport",
+        transport,
+        "--session",
+        &session,
+        "--max-iterations",
+        "99",
+        "--channel-config",
+        &channel("pull", "bind", &ipc.address()),
+    ]);
+    let sink = finish(sink).await;
+    while let Ok(Some(line)) = lines.next_line().await {
+        seen.push(line);
+    }
+    let exit = tokio::time::timeout(EXIT_TIMEOUT, sampler.wait())
+        .await
+        .expect("the sampler did not finish")
+        .expect("wait");
+    assert_eq!(exit.code(), Some(0), "{seen:#?}");
+    assert_eq!(sink.code, Some(0), "{}", sink.stderr);
+    assert!(
+        sink.stdout.contains("received 100 messages"),
+        "{}",
+        sink.stdout
+    );
+}
+
+#[tokio::test]
+async fn a_zeromq_device_connecting_first_reaches_running_and_delivers_later() {
+    connecting_first_reaches_running_and_delivers_later("zeromq").await;
+}
+
+#[tokio::test]
+async fn a_shmem_device_connecting_first_reaches_running_and_delivers_later() {
+    connecting_first_reaches_running_and_delivers_later("shmem").await;
 }

@@ -121,7 +121,7 @@ mod tests {
             check(shm, zeromq.as_bytes()),
             Some(Mismatch::Transport("zeromq"))
         );
-        assert_eq!(check(shm, b""), Some(Mismatch::Transport("zeromq")));
+        assert_eq!(check(shm, b""), Some(Mismatch::Transport(FOREIGN_PEER)));
         assert_eq!(
             check(Role::Zeromq, same_session.as_bytes()),
             Some(Mismatch::Transport("shmem"))

@@ -107,6 +107,8 @@ pub(crate) struct NetChannel {
     /// Connection events, for the identities of the peers (see `handshake.rs`).
     events: futures::channel::mpsc::Receiver<zeromq::SocketEvent>,
     mismatch: Option<crate::handshake::Mismatch>,
+    /// Endpoints `connect` accepted that are not connected yet (see [`NetChannel::connect`]).
+    pending_connects: Vec<(String, ChannelLabel)>,
 }
 
 const PEER_WAIT_MIN: Duration = Duration::from_micros(200);
@@ -129,6 +131,7 @@ impl NetChannel {
             role,
             events,
             mismatch: None,
+            pending_connects: Vec::new(),
         }
     }
 
@@ -198,12 +201,35 @@ impl NetChannel {
                 });
             }
         };
-        let connect_result =
-            on_socket!(&mut self.socket, socket => socket.connect(&endpoint).await);
-        connect_result.map_err(|source| Error::Connect {
-            channel: label,
-            source: Box::new(source),
-        })
+        // zmq.rs's connect waits until the peer exists. FairMQ connects in the background and
+        // goes on to RUNNING, where messages wait for the peer: so the connection is made by the
+        // first send or receive, which wait for a peer anyway.
+        self.pending_connects.push((endpoint, label));
+        Ok(())
+    }
+
+    /// Makes the connections `connect` accepted; false when `deadline` passed first (the ones
+    /// not made yet stay pending, so this is cancel-safe).
+    async fn finish_connects(&mut self, deadline: Option<Instant>) -> Result<bool, Error> {
+        while let Some((endpoint, label)) = self.pending_connects.first() {
+            let connect =
+                async { on_socket!(&mut self.socket, socket => socket.connect(endpoint).await) };
+            let connected = match deadline {
+                Some(deadline) => match tokio::time::timeout_at(deadline, connect).await {
+                    Ok(connected) => connected,
+                    Err(_) => return Ok(false),
+                },
+                None => connect.await,
+            };
+            if let Err(source) = connected {
+                return Err(Error::Connect {
+                    channel: label.clone(),
+                    source: Box::new(source),
+                });
+            }
+            self.pending_connects.remove(0);
+        }
+        Ok(true)
     }
 
     pub(crate) async fn send(
@@ -222,6 +248,15 @@ impl NetChannel {
                 parts,
             )
         };
+        if let Err(error) = self.check_peers(label) {
+            return Err(SendError::new(error, parts));
+        }
+        match self.finish_connects(deadline).await {
+            Ok(true) => {}
+            Ok(false) => return Err(timed_out(parts)),
+            Err(error) => return Err(SendError::new(error, parts)),
+        }
+        // A connection just made may be to a peer this socket cannot serve.
         if let Err(error) = self.check_peers(label) {
             return Err(SendError::new(error, parts));
         }
@@ -289,6 +324,12 @@ impl NetChannel {
         timeout: Option<Duration>,
     ) -> Result<Parts, Error> {
         let deadline = timeout.map(|timeout| Instant::now() + timeout);
+        if !self.finish_connects(deadline).await? {
+            return Err(Error::Timeout {
+                channel: label.clone(),
+                after: timeout.unwrap_or_default(),
+            });
+        }
         loop {
             self.check_peers(label)?;
             // Wait for a message or a newly connected peer, whichever comes first: a peer of
