@@ -145,8 +145,11 @@ async fn stop_interrupts_a_blocked_receive_and_the_device_goes_down_cleanly() {
     );
 }
 
+/// Connecting does not wait for the peer (FairMQ's devices go on to RUNNING, where messages wait
+/// for it): a device whose address is never bound still reaches RUNNING, and an abort there
+/// still takes it down, not a hang.
 #[tokio::test]
-async fn abort_while_connecting_ends_in_error_not_a_hang() {
+async fn connecting_does_not_wait_for_the_peer_and_an_abort_ends_the_device() {
     let path = std::env::temp_dir().join(format!("ferromq-never-bound-{}.ipc", std::process::id()));
     let channel = ChannelConfig::new("data", SocketType::Pull, Method::Connect)
         .with_address(format!("ipc://{}", path.display()));
@@ -158,19 +161,21 @@ async fn abort_while_connecting_ends_in_error_not_a_hang() {
         tokio::spawn(async move { control::run_static(&controller).await })
     };
     controller
-        .wait_for_state(State::Connecting, WAIT)
+        .wait_for_state(State::Running, WAIT)
         .await
         .unwrap();
     controller.abort("SIGTERM");
-    let error = driver.await.unwrap().unwrap_err();
-    assert!(error.to_string().contains("SIGTERM"), "{error}");
-    assert!(matches!(
-        task.await.unwrap(),
-        Err(DeviceError::Interrupted {
-            state: State::Connecting,
-            ..
-        })
-    ));
+    let driven = tokio::time::timeout(Duration::from_secs(30), driver)
+        .await
+        .expect("the driver hung after the abort")
+        .unwrap();
+    let finished = tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("the device hung after the abort")
+        .unwrap();
+    assert!(driven.is_ok(), "{driven:?}");
+    assert!(finished.is_ok(), "{finished:?}");
+    assert_eq!(controller.state(), State::Exiting);
 }
 
 struct CountsPerChannel {
