@@ -218,7 +218,9 @@ async fn a_sender_waits_while_a_stalling_receiver_keeps_taking_messages() {
     let sink_exit = tokio::time::timeout(Duration::from_secs(120), async {
         loop {
             signal(&sink, "STOP");
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            // A stopped process cannot exit: this is the 300 ms stall, watched as an event.
+            let stalled = tokio::time::timeout(Duration::from_millis(300), sink.wait()).await;
+            assert!(stalled.is_err(), "a stopped sink exited");
             signal(&sink, "CONT");
             if let Ok(exit) = tokio::time::timeout(Duration::from_millis(300), sink.wait()).await {
                 return exit.expect("wait");
