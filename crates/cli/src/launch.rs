@@ -616,8 +616,10 @@ const STOP_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// With `drain`, devices stop in the order data flows: sources first, and a device only once
 /// every device sending into it has exited and its own inputs have been still for
 /// [`QUIET_FOR`], so that what was in flight at the stop is received, not lost. Devices of one
-/// stage stop together. A device that does not exit within [`STOP_TIMEOUT`] of being asked is
-/// killed; a second SIGINT/SIGTERM kills every device at once. Either is a stop by force,
+/// stage stop together. A device that does not exit is killed once [`STOP_TIMEOUT`] passed since
+/// it was asked and since any device after it last received a message (a closing sender may
+/// rightly take long to drain into a slow receiver); a second SIGINT/SIGTERM kills every device
+/// at once. Either is a stop by force,
 /// which the caller reports as a failure.
 async fn stop_all(devices: &mut [Running], signals: &mut Signals, drain: bool) -> Vec<String> {
     let upstream = upstream_of(devices);
@@ -637,15 +639,29 @@ async fn stop_all(devices: &mut [Running], signals: &mut Signals, drain: bool) -
             // A cycle of push/pull: no order drains it; stop what is left together.
             stage = remaining;
         }
+        // The devices still running after this stage: while they keep receiving, the stage is
+        // still delivering (a closing sender waits for its peers to take what it sent).
+        let downstream: Vec<String> = devices
+            .iter()
+            .enumerate()
+            .filter(|(idx, device)| {
+                !stopped[*idx] && !stage.contains(idx) && device.exited.is_none()
+            })
+            .map(|(_, device)| device.control_address.clone())
+            .collect();
+        let last_progress = Mutex::new(Instant::now());
         let stop_stage = futures_util::future::join_all(
             devices
                 .iter_mut()
                 .enumerate()
                 .filter(|(idx, _)| stage.contains(idx))
-                .map(|(idx, device)| stop_one(device, drain && !upstream[idx].is_empty())),
+                .map(|(idx, device)| {
+                    stop_one(device, drain && !upstream[idx].is_empty(), &last_progress)
+                }),
         );
         tokio::select! {
             results = stop_stage => forced.extend(results.into_iter().flatten()),
+            () = watch_progress(&downstream, &last_progress) => {}
             name = signals.next() => {
                 eprintln!("ferromq: second signal ({name}): killing every device");
                 for device in devices.iter_mut().filter(|device| device.exited.is_none()) {
@@ -665,9 +681,57 @@ async fn stop_all(devices: &mut [Running], signals: &mut Signals, drain: bool) -
     forced
 }
 
+/// Records in `last_progress` when the devices at `control_addresses` last received a message.
+/// Never completes.
+async fn watch_progress(control_addresses: &[String], last_progress: &Mutex<Instant>) {
+    let mut clients = Vec::new();
+    if let Ok(transport) = transport_by_name("zeromq") {
+        for address in control_addresses {
+            let connect = ControlClient::connect(transport.as_ref(), address);
+            if let Ok(Ok(client)) = tokio::time::timeout(STOP_REQUEST_TIMEOUT, connect).await {
+                clients.push(client);
+            }
+        }
+    }
+    let mut last_total = None;
+    loop {
+        let mut total = 0;
+        for client in &mut clients {
+            total += received_by(client).await.unwrap_or(0);
+        }
+        if last_total.is_some_and(|last| total > last) {
+            *last_progress.lock().expect("progress lock") = Instant::now();
+        }
+        last_total = Some(total);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The messages a device has received on all its channels; `None` when it does not answer.
+async fn received_by(control: &mut ControlClient) -> Option<u64> {
+    let reply = control
+        .request(&LauncherToDevice::Counters, STOP_REQUEST_TIMEOUT)
+        .await
+        .ok()?;
+    match &reply.value {
+        Some(serde_json::Value::Object(channels)) => Some(
+            channels
+                .values()
+                .filter_map(|channel| channel.get("messages_in")?.as_u64())
+                .sum(),
+        ),
+        _ => None,
+    }
+}
+
 /// Asks one device to go down (after its inputs went still, with `drain_first`) and waits for it
-/// to exit; kills it when it does not. Returns its id when it had to be killed.
-async fn stop_one(device: &mut Running, drain_first: bool) -> Option<String> {
+/// to exit; kills it after [`STOP_TIMEOUT`] without progress (nothing exited, no device after it
+/// received anything: see `last_progress`). Returns its id when it had to be killed.
+async fn stop_one(
+    device: &mut Running,
+    drain_first: bool,
+    last_progress: &Mutex<Instant>,
+) -> Option<String> {
     if let Ok(Some(status)) = device.child.try_wait() {
         device.exited.get_or_insert(status);
     }
@@ -694,12 +758,25 @@ async fn stop_one(device: &mut Running, drain_first: bool) -> Option<String> {
             .request(&LauncherToDevice::Shutdown, STOP_REQUEST_TIMEOUT)
             .await;
     }
-    match tokio::time::timeout(STOP_TIMEOUT, device.child.wait()).await {
-        Ok(Ok(status)) => {
+    // The time to exit counts from the request, not from the start of the stage.
+    *last_progress.lock().expect("progress lock") = Instant::now();
+    let exited = loop {
+        match tokio::time::timeout(Duration::from_millis(250), device.child.wait()).await {
+            Ok(exited) => break exited.ok(),
+            Err(_) => {
+                let since = last_progress.lock().expect("progress lock").elapsed();
+                if since >= STOP_TIMEOUT {
+                    break None;
+                }
+            }
+        }
+    };
+    match exited {
+        Some(status) => {
             device.exited = Some(status);
             None
         }
-        _ => {
+        None => {
             eprintln!(
                 "ferromq: device {:?} did not stop within {STOP_TIMEOUT:?} (in {}); killing it",
                 device.instance.id, device.state
@@ -717,18 +794,8 @@ async fn wait_until_inputs_are_still(control: &mut ControlClient) {
     let mut last_count = None;
     let mut still_since = Instant::now();
     while Instant::now() < deadline {
-        let Ok(reply) = control
-            .request(&LauncherToDevice::Counters, STOP_REQUEST_TIMEOUT)
-            .await
-        else {
+        let Some(received) = received_by(control).await else {
             return;
-        };
-        let received: u64 = match &reply.value {
-            Some(serde_json::Value::Object(channels)) => channels
-                .values()
-                .filter_map(|channel| channel.get("messages_in")?.as_u64())
-                .sum(),
-            _ => return,
         };
         if last_count != Some(received) {
             last_count = Some(received);

@@ -253,7 +253,8 @@ pub struct ChannelConfig {
     /// Kernel receive buffer in bytes, 0 = the OS default.
     #[serde(rename = "rcvKernelSize")]
     pub rcv_kernel_size: usize,
-    /// How long closing waits for queued messages to leave, in milliseconds.
+    /// How long closing waits without progress for accepted messages to leave, in milliseconds
+    /// (a bound on silence, not on the whole drain).
     pub linger: u64,
     /// Seconds between rate log lines, 0 = off.
     #[serde(rename = "rateLogging")]
