@@ -574,6 +574,18 @@ async fn poll_devices(
     None
 }
 
+/// The first device whose process has exited, with its status.
+fn exited_device(devices: &mut [Running]) -> Option<(&Running, std::process::ExitStatus)> {
+    let idx = devices.iter_mut().position(|device| {
+        if let Ok(Some(status)) = device.child.try_wait() {
+            device.exited = Some(status);
+        }
+        device.exited.is_some()
+    })?;
+    let device = &devices[idx];
+    Some((device, device.exited?))
+}
+
 /// For each device, the indices of the devices that send into it (push/pub into its pull/sub),
 /// from the topology's wiring. Pair, req and rep go both ways and impose no order.
 fn upstream_of(devices: &[Running]) -> Vec<BTreeSet<usize>> {
@@ -859,7 +871,19 @@ pub async fn run(options: RunOptions) -> ExitCode {
         // A Ctrl-C during start-up is a stop like any other: everything goes down cleanly.
         Ok(Some(name)) => Ending::Signal(name),
         Ok(None) => supervise(&mut devices, options.duration, &mut signals).await,
-        Err(failure) => Ending::Failure(failure),
+        // A device that died while being started makes its control requests fail: name the death,
+        // not the broken control connection it caused.
+        Err(failure) => Ending::Failure(exited_device(&mut devices).map_or(
+            failure,
+            |(device, status)| {
+                format!(
+                    "device {:?} exited ({status}) while {}; its last lines:\n    {}",
+                    device.instance.id,
+                    device.state,
+                    device.last_lines()
+                )
+            },
+        )),
     };
     match &ending {
         Ending::Signal(name) => println!("ferromq: {name}: stopping every device (again to kill)"),

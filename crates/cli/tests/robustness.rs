@@ -9,6 +9,13 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// `ferromq device KIND --id ID --control static`, then `args`.
+fn static_device(kind: &str, id: &str, args: &[&str]) -> tokio::process::Child {
+    let mut all = vec!["device", kind, "--id", id, "--control", "static"];
+    all.extend_from_slice(args);
+    ferromq(&all)
+}
+
 fn channel(kind: &str, method: &str, address: &str) -> String {
     format!("name=data,type={kind},method={method},address={address},rateLogging=0")
 }
@@ -18,39 +25,35 @@ fn channel(kind: &str, method: &str, address: &str) -> String {
 async fn unthrottled_publisher_serves_subscribers_and_signals(transport: &str, stop: &str) {
     let ipc = Ipc::new("starve");
     let session = format!("starve{}{transport}{stop}", std::process::id());
-    let mut publisher = ferromq(&[
-        "device",
+    let mut publisher = static_device(
         "sampler",
-        "--id",
         "publisher",
-        "--control",
-        "static",
-        "--transport",
-        transport,
-        "--session",
-        &session,
-        "--channel-config",
-        &channel("pub", "bind", &ipc.address()),
-    ]);
+        &[
+            "--transport",
+            transport,
+            "--session",
+            &session,
+            "--channel-config",
+            &channel("pub", "bind", &ipc.address()),
+        ],
+    );
     let mut lines = BufReader::new(publisher.stdout.take().expect("stdout")).lines();
     let mut seen = Vec::new();
     wait_for_line(&mut lines, "READY ---> RUNNING", &mut seen).await;
-    let subscriber = ferromq(&[
-        "device",
+    let subscriber = static_device(
         "sink",
-        "--id",
         "subscriber",
-        "--control",
-        "static",
-        "--transport",
-        transport,
-        "--session",
-        &session,
-        "--max-iterations",
-        "100",
-        "--channel-config",
-        &channel("sub", "connect", &ipc.address()),
-    ]);
+        &[
+            "--transport",
+            transport,
+            "--session",
+            &session,
+            "--max-iterations",
+            "100",
+            "--channel-config",
+            &channel("sub", "connect", &ipc.address()),
+        ],
+    );
     let subscriber = finish(subscriber).await;
     assert_eq!(subscriber.code, Some(0), "{}", subscriber.stderr);
     assert!(
@@ -93,22 +96,20 @@ async fn running_sink(
     address: &str,
     iterations: &str,
 ) -> tokio::process::Child {
-    let mut sink = ferromq(&[
-        "device",
+    let mut sink = static_device(
         "sink",
-        "--id",
         "sink",
-        "--control",
-        "static",
-        "--transport",
-        transport,
-        "--session",
-        session,
-        "--max-iterations",
-        iterations,
-        "--channel-config",
-        &channel("pull", "bind", address),
-    ]);
+        &[
+            "--transport",
+            transport,
+            "--session",
+            session,
+            "--max-iterations",
+            iterations,
+            "--channel-config",
+            &channel("pull", "bind", address),
+        ],
+    );
     let stdout = sink.stdout.take().expect("stdout");
     let mut lines = BufReader::new(stdout).lines();
     let mut seen = Vec::new();
@@ -124,24 +125,22 @@ fn big_sampler(
     address: &str,
     iterations: &str,
 ) -> tokio::process::Child {
-    ferromq(&[
-        "device",
+    static_device(
         "sampler",
-        "--id",
         "sampler",
-        "--control",
-        "static",
-        "--transport",
-        transport,
-        "--session",
-        session,
-        "--max-iterations",
-        iterations,
-        "--msg-size",
-        "8388608",
-        "--channel-config",
-        &channel("push", "connect", address),
-    ])
+        &[
+            "--transport",
+            transport,
+            "--session",
+            session,
+            "--max-iterations",
+            iterations,
+            "--msg-size",
+            "8388608",
+            "--channel-config",
+            &channel("push", "connect", address),
+        ],
+    )
 }
 
 /// 40 × 8 MiB, paced, to a receiver that stops (SIGSTOP) once it has taken its first messages:
@@ -152,39 +151,35 @@ async fn a_sender_whose_receiver_stalls_past_linger_exits_non_zero_naming_the_co
     let ipc = Ipc::new("stall");
     let session = format!("stall{}", std::process::id());
     let address = ipc.address();
-    let mut sink = ferromq(&[
-        "device",
+    let mut sink = static_device(
         "sink",
-        "--id",
         "sink",
-        "--control",
-        "static",
-        "--max-iterations",
-        "39",
-        "--channel-config",
-        &format!("name=data,type=pull,method=bind,address={address},rateLogging=1"),
-    ]);
+        &[
+            "--max-iterations",
+            "39",
+            "--channel-config",
+            &format!("name=data,type=pull,method=bind,address={address},rateLogging=1"),
+        ],
+    );
     let mut lines = BufReader::new(sink.stdout.take().expect("stdout")).lines();
     let mut seen = Vec::new();
     wait_for_line(&mut lines, "READY ---> RUNNING", &mut seen).await;
-    let sampler = ferromq(&[
-        "device",
+    let sampler = static_device(
         "sampler",
-        "--id",
         "sampler",
-        "--control",
-        "static",
-        "--session",
-        &session,
-        "--max-iterations",
-        "39",
-        "--rate",
-        "10",
-        "--msg-size",
-        "8388608",
-        "--channel-config",
-        &channel("push", "connect", &address),
-    ]);
+        &[
+            "--session",
+            &session,
+            "--max-iterations",
+            "39",
+            "--rate",
+            "10",
+            "--msg-size",
+            "8388608",
+            "--channel-config",
+            &channel("push", "connect", &address),
+        ],
+    );
     // The first rate line with messages in: the connection is up and carrying data.
     loop {
         wait_for_line(&mut lines, "data: in: ", &mut seen).await;
@@ -247,36 +242,32 @@ async fn a_shmem_sender_whose_descriptors_are_all_refused_exits_non_zero() {
     let ipc = Ipc::new("refused");
     let pid = std::process::id();
     let (ours, theirs) = (format!("refusedA{pid}"), format!("refusedB{pid}"));
-    let sink = ferromq(&[
-        "device",
+    let sink = static_device(
         "sink",
-        "--id",
         "sink",
-        "--control",
-        "static",
-        "--transport",
-        "shmem",
-        "--session",
-        &theirs,
-        "--channel-config",
-        &channel("pull", "bind", &ipc.address()),
-    ]);
-    let sampler = ferromq(&[
-        "device",
+        &[
+            "--transport",
+            "shmem",
+            "--session",
+            &theirs,
+            "--channel-config",
+            &channel("pull", "bind", &ipc.address()),
+        ],
+    );
+    let sampler = static_device(
         "sampler",
-        "--id",
         "sampler",
-        "--control",
-        "static",
-        "--transport",
-        "shmem",
-        "--session",
-        &ours,
-        "--max-iterations",
-        "9",
-        "--channel-config",
-        &channel("push", "connect", &ipc.address()),
-    ]);
+        &[
+            "--transport",
+            "shmem",
+            "--session",
+            &ours,
+            "--max-iterations",
+            "9",
+            "--channel-config",
+            &channel("push", "connect", &ipc.address()),
+        ],
+    );
     let sampler = finish(sampler).await;
     // The receiver refused that peer and goes on serving others: it stops when asked.
     signal(&sink, "INT");
@@ -308,14 +299,13 @@ async fn an_ofi_sender_drains_everything_while_the_peer_keeps_taking() {
         .port();
     let address = format!("tcp://127.0.0.1:{port}");
     let device = |kind: &str, socket_type: &str, method: &str| {
-        let mut args = vec!["device", kind, "--id", kind, "--control", "static"];
-        args.extend(["--transport", "ofi", "--max-iterations", "19"]);
+        let mut args = vec!["--transport", "ofi", "--max-iterations", "19"];
         if kind == "sampler" {
             args.extend(["--msg-size", "67108864"]);
         }
         let config = channel(socket_type, method, &address);
         args.extend(["--channel-config", config.as_str()]);
-        ferromq(&args)
+        static_device(kind, kind, &args)
     };
     let sink = device("sink", "pull", "bind");
     let sampler = device("sampler", "push", "connect");
@@ -342,22 +332,20 @@ async fn an_ofi_sender_drains_everything_while_the_peer_keeps_taking() {
 async fn a_foreign_peer_is_refused_and_the_shmem_receiver_keeps_serving() {
     let ipc = Ipc::new("foreign");
     let session = format!("foreign{}", std::process::id());
-    let mut sink = ferromq(&[
-        "device",
+    let mut sink = static_device(
         "sink",
-        "--id",
         "sink",
-        "--control",
-        "static",
-        "--transport",
-        "shmem",
-        "--session",
-        &session,
-        "--max-iterations",
-        "99",
-        "--channel-config",
-        &channel("pull", "bind", &ipc.address()),
-    ]);
+        &[
+            "--transport",
+            "shmem",
+            "--session",
+            &session,
+            "--max-iterations",
+            "99",
+            "--channel-config",
+            &channel("pull", "bind", &ipc.address()),
+        ],
+    );
     let mut lines = BufReader::new(sink.stdout.take().expect("stdout")).lines();
     let mut seen = Vec::new();
     wait_for_line(&mut lines, "READY ---> RUNNING", &mut seen).await;
@@ -368,22 +356,20 @@ async fn a_foreign_peer_is_refused_and_the_shmem_receiver_keeps_serving() {
         foreign.send("not a descriptor", 0).expect("send");
     }
     wait_for_line(&mut lines, "refused a peer", &mut seen).await;
-    let sampler = ferromq(&[
-        "device",
+    let sampler = static_device(
         "sampler",
-        "--id",
         "sampler",
-        "--control",
-        "static",
-        "--transport",
-        "shmem",
-        "--session",
-        &session,
-        "--max-iterations",
-        "99",
-        "--channel-config",
-        &channel("push", "connect", &ipc.address()),
-    ]);
+        &[
+            "--transport",
+            "shmem",
+            "--session",
+            &session,
+            "--max-iterations",
+            "99",
+            "--channel-config",
+            &channel("push", "connect", &ipc.address()),
+        ],
+    );
     let sampler = finish(sampler).await;
     while let Ok(Some(line)) = lines.next_line().await {
         seen.push(line);
@@ -420,41 +406,37 @@ async fn connecting_first_reaches_running_and_delivers_later(transport: &str) {
         "{},linger=10000",
         channel("push", "connect", &ipc.address())
     );
-    let mut sampler = ferromq(&[
-        "device",
+    let mut sampler = static_device(
         "sampler",
-        "--id",
         "sampler",
-        "--control",
-        "static",
-        "--transport",
-        transport,
-        "--session",
-        &session,
-        "--max-iterations",
-        "99",
-        "--channel-config",
-        &sender_channel,
-    ]);
+        &[
+            "--transport",
+            transport,
+            "--session",
+            &session,
+            "--max-iterations",
+            "99",
+            "--channel-config",
+            &sender_channel,
+        ],
+    );
     let mut lines = BufReader::new(sampler.stdout.take().expect("stdout")).lines();
     let mut seen = Vec::new();
     wait_for_line(&mut lines, "READY ---> RUNNING", &mut seen).await;
-    let sink = ferromq(&[
-        "device",
+    let sink = static_device(
         "sink",
-        "--id",
         "sink",
-        "--control",
-        "static",
-        "--transport",
-        transport,
-        "--session",
-        &session,
-        "--max-iterations",
-        "99",
-        "--channel-config",
-        &channel("pull", "bind", &ipc.address()),
-    ]);
+        &[
+            "--transport",
+            transport,
+            "--session",
+            &session,
+            "--max-iterations",
+            "99",
+            "--channel-config",
+            &channel("pull", "bind", &ipc.address()),
+        ],
+    );
     let sink = finish(sink).await;
     while let Ok(Some(line)) = lines.next_line().await {
         seen.push(line);
