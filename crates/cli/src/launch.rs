@@ -574,14 +574,22 @@ async fn poll_devices(
     None
 }
 
-/// The first device whose process has exited, with its status.
-fn exited_device(devices: &mut [Running]) -> Option<(&Running, std::process::ExitStatus)> {
-    let idx = devices.iter_mut().position(|device| {
-        if let Ok(Some(status)) = device.child.try_wait() {
-            device.exited = Some(status);
+/// The first device whose process has exited (waiting up to a second: a broken control
+/// connection can be seen before the death that broke it), with its status.
+async fn exited_device(devices: &mut [Running]) -> Option<(&Running, std::process::ExitStatus)> {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let idx = loop {
+        let found = devices.iter_mut().position(|device| {
+            if let Ok(Some(status)) = device.child.try_wait() {
+                device.exited = Some(status);
+            }
+            device.exited.is_some()
+        });
+        if found.is_some() || Instant::now() >= deadline {
+            break found?;
         }
-        device.exited.is_some()
-    })?;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let device = &devices[idx];
     Some((device, device.exited?))
 }
@@ -621,7 +629,7 @@ const QUIET_FOR: Duration = Duration::from_millis(300);
 /// The longest a stop waits for a device's inputs to go still.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a device has to answer one control request during a stop.
-const STOP_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+const STOP_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Stops every device that still runs and returns the devices that had to be killed.
 ///
@@ -629,9 +637,9 @@ const STOP_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// every device sending into it has exited and its own inputs have been still for
 /// [`QUIET_FOR`], so that what was in flight at the stop is received, not lost. Devices of one
 /// stage stop together. A device that does not exit is killed once [`STOP_TIMEOUT`] passed since
-/// it was asked and since any device after it last received a message (a closing sender may
-/// rightly take long to drain into a slow receiver); a second SIGINT/SIGTERM kills every device
-/// at once. Either is a stop by force,
+/// it was asked, since it last used CPU and since any device after it last received a message (a
+/// closing sender may rightly take long to drain into a slow receiver); a second SIGINT/SIGTERM
+/// kills every device at once. Either is a stop by force,
 /// which the caller reports as a failure.
 async fn stop_all(devices: &mut [Running], signals: &mut Signals, drain: bool) -> Vec<String> {
     let upstream = upstream_of(devices);
@@ -719,6 +727,17 @@ async fn watch_progress(control_addresses: &[String], last_progress: &Mutex<Inst
     }
 }
 
+/// User plus system CPU time of process `pid`, in clock ticks (`/proc/<pid>/stat`).
+fn cpu_ticks_of(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+    let after_name = stat.rsplit_once(") ")?.1;
+    let fields: Vec<&str> = after_name.split(' ').collect();
+    let user: u64 = fields.get(11)?.parse().ok()?;
+    let system: u64 = fields.get(12)?.parse().ok()?;
+    Some(user + system)
+}
+
 /// The messages a device has received on all its channels; `None` when it does not answer.
 async fn received_by(control: &mut ControlClient) -> Option<u64> {
     let reply = control
@@ -765,17 +784,36 @@ async fn stop_one(
     if drain_first && let Some(control) = control.as_mut() {
         wait_until_inputs_are_still(control).await;
     }
-    if let Some(control) = control.as_mut() {
-        let _ = control
+    let asked = match control.as_mut() {
+        Some(control) => control
             .request(&LauncherToDevice::Shutdown, STOP_REQUEST_TIMEOUT)
-            .await;
+            .await
+            .is_ok(),
+        None => false,
+    };
+    if !asked && let Some(pid) = device.child.id() {
+        // No answer on the control endpoint (a loaded machine, a broken connection): SIGTERM
+        // takes a device down just as cleanly, from any state.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
     }
     // The time to exit counts from the request, not from the start of the stage.
     *last_progress.lock().expect("progress lock") = Instant::now();
+    let pid = device.child.id();
+    let mut cpu_ticks = pid.and_then(cpu_ticks_of);
     let exited = loop {
         match tokio::time::timeout(Duration::from_millis(250), device.child.wait()).await {
             Ok(exited) => break exited.ok(),
             Err(_) => {
+                // A device that still uses CPU is still closing (draining into a slow peer, say);
+                // a stopped or deadlocked one is not.
+                let now_ticks = pid.and_then(cpu_ticks_of);
+                if now_ticks != cpu_ticks {
+                    cpu_ticks = now_ticks;
+                    *last_progress.lock().expect("progress lock") = Instant::now();
+                }
                 let since = last_progress.lock().expect("progress lock").elapsed();
                 if since >= STOP_TIMEOUT {
                     break None;
@@ -873,7 +911,7 @@ pub async fn run(options: RunOptions) -> ExitCode {
         Ok(None) => supervise(&mut devices, options.duration, &mut signals).await,
         // A device that died while being started makes its control requests fail: name the death,
         // not the broken control connection it caused.
-        Err(failure) => Ending::Failure(exited_device(&mut devices).map_or(
+        Err(failure) => Ending::Failure(exited_device(&mut devices).await.map_or(
             failure,
             |(device, status)| {
                 format!(
