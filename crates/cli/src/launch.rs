@@ -637,9 +637,8 @@ const STOP_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// every device sending into it has exited and its own inputs have been still for
 /// [`QUIET_FOR`], so that what was in flight at the stop is received, not lost. Devices of one
 /// stage stop together. A device that does not exit is killed once [`STOP_TIMEOUT`] passed since
-/// it was asked, since it last used CPU and since any device after it last received a message (a
-/// closing sender may rightly take long to drain into a slow receiver); a second SIGINT/SIGTERM
-/// kills every device at once. Either is a stop by force,
+/// it was asked and since the devices still running last did work (a closing sender may rightly
+/// take long to drain into a slow receiver); a second SIGINT/SIGTERM kills every device at once. Either is a stop by force,
 /// which the caller reports as a failure.
 async fn stop_all(devices: &mut [Running], signals: &mut Signals, drain: bool) -> Vec<String> {
     let upstream = upstream_of(devices);
@@ -659,15 +658,13 @@ async fn stop_all(devices: &mut [Running], signals: &mut Signals, drain: bool) -
             // A cycle of push/pull: no order drains it; stop what is left together.
             stage = remaining;
         }
-        // The devices still running after this stage: while they keep receiving, the stage is
-        // still delivering (a closing sender waits for its peers to take what it sent).
-        let downstream: Vec<String> = devices
+        // Every device still running: while they work, the stage may still be delivering (a
+        // closing sender waits for its peers to take what it sent).
+        let running_pids: Vec<u32> = devices
             .iter()
             .enumerate()
-            .filter(|(idx, device)| {
-                !stopped[*idx] && !stage.contains(idx) && device.exited.is_none()
-            })
-            .map(|(_, device)| device.control_address.clone())
+            .filter(|(idx, device)| !stopped[*idx] && device.exited.is_none())
+            .filter_map(|(_, device)| device.child.id())
             .collect();
         let last_progress = Mutex::new(Instant::now());
         let stop_stage = futures_util::future::join_all(
@@ -681,7 +678,7 @@ async fn stop_all(devices: &mut [Running], signals: &mut Signals, drain: bool) -
         );
         tokio::select! {
             results = stop_stage => forced.extend(results.into_iter().flatten()),
-            () = watch_progress(&downstream, &last_progress) => {}
+            () = watch_progress(&running_pids, &last_progress) => {}
             name = signals.next() => {
                 eprintln!("ferromq: second signal ({name}): killing every device");
                 for device in devices.iter_mut().filter(|device| device.exited.is_none()) {
@@ -701,31 +698,29 @@ async fn stop_all(devices: &mut [Running], signals: &mut Signals, drain: bool) -
     forced
 }
 
-/// Records in `last_progress` when the devices at `control_addresses` last received a message.
-/// Never completes.
-async fn watch_progress(control_addresses: &[String], last_progress: &Mutex<Instant>) {
-    let mut clients = Vec::new();
-    if let Ok(transport) = transport_by_name("zeromq") {
-        for address in control_addresses {
-            let connect = ControlClient::connect(transport.as_ref(), address);
-            if let Ok(Ok(client)) = tokio::time::timeout(STOP_REQUEST_TIMEOUT, connect).await {
-                clients.push(client);
-            }
-        }
-    }
-    let mut last_total = None;
+/// Records in `last_progress` when the processes `pids` last did work together: at least
+/// [`BUSY_TICKS`] of CPU within a second (an idle device's timers use far less; a device
+/// verifying, forwarding or draining uses far more). Counting CPU, not messages, keeps working when
+/// a busy device is slow to answer control requests. Never completes.
+async fn watch_progress(pids: &[u32], last_progress: &Mutex<Instant>) {
+    let total = || {
+        pids.iter()
+            .filter_map(|&pid| cpu_ticks_of(pid))
+            .sum::<u64>()
+    };
+    let mut before = total();
     loop {
-        let mut total = 0;
-        for client in &mut clients {
-            total += received_by(client).await.unwrap_or(0);
-        }
-        if last_total.is_some_and(|last| total > last) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = total();
+        if now.saturating_sub(before) >= BUSY_TICKS {
             *last_progress.lock().expect("progress lock") = Instant::now();
         }
-        last_total = Some(total);
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        before = now;
     }
 }
+
+/// CPU clock ticks (usually 10 ms each) per second that count as work during a stop.
+const BUSY_TICKS: u64 = 5;
 
 /// User plus system CPU time of process `pid`, in clock ticks (`/proc/<pid>/stat`).
 fn cpu_ticks_of(pid: u32) -> Option<u64> {
@@ -756,8 +751,8 @@ async fn received_by(control: &mut ControlClient) -> Option<u64> {
 }
 
 /// Asks one device to go down (after its inputs went still, with `drain_first`) and waits for it
-/// to exit; kills it after [`STOP_TIMEOUT`] without progress (nothing exited, no device after it
-/// received anything: see `last_progress`). Returns its id when it had to be killed.
+/// to exit; kills it after [`STOP_TIMEOUT`] without progress (see `last_progress`). Returns its id
+/// when it had to be killed.
 async fn stop_one(
     device: &mut Running,
     drain_first: bool,
@@ -801,19 +796,10 @@ async fn stop_one(
     }
     // The time to exit counts from the request, not from the start of the stage.
     *last_progress.lock().expect("progress lock") = Instant::now();
-    let pid = device.child.id();
-    let mut cpu_ticks = pid.and_then(cpu_ticks_of);
     let exited = loop {
         match tokio::time::timeout(Duration::from_millis(250), device.child.wait()).await {
             Ok(exited) => break exited.ok(),
             Err(_) => {
-                // A device that still uses CPU is still closing (draining into a slow peer, say);
-                // a stopped or deadlocked one is not.
-                let now_ticks = pid.and_then(cpu_ticks_of);
-                if now_ticks != cpu_ticks {
-                    cpu_ticks = now_ticks;
-                    *last_progress.lock().expect("progress lock") = Instant::now();
-                }
                 let since = last_progress.lock().expect("progress lock").elapsed();
                 if since >= STOP_TIMEOUT {
                     break None;

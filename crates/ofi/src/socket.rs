@@ -715,7 +715,11 @@ impl Driver {
             return false;
         }
         if self.peer.is_some() {
-            self.send_control(&Control::Bye).await;
+            // The peer may already be gone (a launcher stops devices in data-flow order): a
+            // goodbye nobody takes must not hold the close (the side channel's send waits for a
+            // peer to reconnect).
+            let _ = tokio::time::timeout(Duration::from_secs(1), self.send_control(&Control::Bye))
+                .await;
             // Wait (briefly) for the answer, so that the goodbye left before the socket goes.
             let _ = tokio::time::timeout(Duration::from_secs(1), async {
                 loop {
