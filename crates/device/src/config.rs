@@ -198,8 +198,11 @@ struct MqDevice {
     channels: Vec<MqChannel>,
 }
 
-/// Channel-level keys are shared by its sockets; socket-level keys override them.
+/// Channel-level keys are shared by its sockets; socket-level keys override them. The keys
+/// are FairMQ's: the field names in camelCase; numbers go through `number_key` so that an
+/// error names its key.
 #[derive(Deserialize, Default, Clone)]
+#[serde(default, rename_all = "camelCase")]
 struct MqSocket {
     name: Option<String>,
     #[serde(rename = "type")]
@@ -207,73 +210,33 @@ struct MqSocket {
     method: Option<String>,
     address: Option<String>,
     transport: Option<String>,
-    #[serde(
-        rename = "sndBufSize",
-        default,
-        deserialize_with = "number_key::snd_buf_size"
-    )]
+    #[serde(deserialize_with = "number_key::snd_buf_size")]
     snd_buf_size: Option<u64>,
-    #[serde(
-        rename = "rcvBufSize",
-        default,
-        deserialize_with = "number_key::rcv_buf_size"
-    )]
+    #[serde(deserialize_with = "number_key::rcv_buf_size")]
     rcv_buf_size: Option<u64>,
-    #[serde(
-        rename = "sndKernelSize",
-        default,
-        deserialize_with = "number_key::snd_kernel_size"
-    )]
+    #[serde(deserialize_with = "number_key::snd_kernel_size")]
     snd_kernel_size: Option<u64>,
-    #[serde(
-        rename = "rcvKernelSize",
-        default,
-        deserialize_with = "number_key::rcv_kernel_size"
-    )]
+    #[serde(deserialize_with = "number_key::rcv_kernel_size")]
     rcv_kernel_size: Option<u64>,
-    #[serde(default, deserialize_with = "number_key::linger")]
+    #[serde(deserialize_with = "number_key::linger")]
     linger: Option<u64>,
-    #[serde(
-        rename = "rateLogging",
-        default,
-        deserialize_with = "number_key::rate_logging"
-    )]
+    #[serde(deserialize_with = "number_key::rate_logging")]
     rate_logging: Option<u64>,
-    #[serde(
-        rename = "portRangeMin",
-        default,
-        deserialize_with = "number_key::port_range_min"
-    )]
+    #[serde(deserialize_with = "number_key::port_range_min")]
     port_range_min: Option<u64>,
-    #[serde(
-        rename = "portRangeMax",
-        default,
-        deserialize_with = "number_key::port_range_max"
-    )]
+    #[serde(deserialize_with = "number_key::port_range_max")]
     port_range_max: Option<u64>,
-    #[serde(rename = "autoBind", default, deserialize_with = "bool_or_text")]
+    #[serde(deserialize_with = "bool_or_text")]
     auto_bind: Option<bool>,
     /// FairMQ's send timeout: checked, not used (ferromq's sends wait, cancellably).
     #[allow(dead_code)] // Read only to check the value: ferromq has no per-channel timeouts.
-    #[serde(
-        rename = "sndTimeoutMs",
-        default,
-        deserialize_with = "number_key::timeout"
-    )]
+    #[serde(deserialize_with = "number_key::timeout")]
     snd_timeout_ms: Option<i64>,
     /// FairMQ's receive timeout: checked, not used.
     #[allow(dead_code)] // Read only to check the value: ferromq has no per-channel timeouts.
-    #[serde(
-        rename = "rcvTimeoutMs",
-        default,
-        deserialize_with = "number_key::timeout"
-    )]
+    #[serde(deserialize_with = "number_key::timeout")]
     rcv_timeout_ms: Option<i64>,
-    #[serde(
-        rename = "numSockets",
-        default,
-        deserialize_with = "number_key::num_sockets"
-    )]
+    #[serde(deserialize_with = "number_key::num_sockets")]
     num_sockets: Option<u64>,
     /// ferromq's own: the libfabric provider of an ofi channel.
     provider: Option<String>,
@@ -442,25 +405,45 @@ fn unknown_keys(file: &serde_json::Value, unknown: &mut Vec<String>) {
     }
 }
 
+/// An optional value that FairMQ's files write in more than one spelling (`1000` and `"1000"`,
+/// `false` and `"0"`): `read` takes what it accepts, anything else is the error `refusal` words
+/// (naming the key, the value and what was expected).
+fn lenient<'de, D: Deserializer<'de>, T>(
+    deserializer: D,
+    read: impl FnOnce(&serde_json::Value) -> Option<T>,
+    refusal: impl FnOnce(&serde_json::Value) -> String,
+) -> Result<Option<T>, D::Error> {
+    let Some(value) = Option::<serde_json::Value>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    read(&value)
+        .map(Some)
+        .ok_or_else(|| de::Error::custom(refusal(&value)))
+}
+
+/// An integer as a JSON number or as text.
+fn number<T: std::str::FromStr>(
+    value: &serde_json::Value,
+    from_number: impl FnOnce(&serde_json::Number) -> Option<T>,
+) -> Option<T> {
+    match value {
+        serde_json::Value::Number(number) => from_number(number),
+        serde_json::Value::String(text) => text.trim().parse().ok(),
+        _ => None,
+    }
+}
+
 /// FairMQ's files write numbers both as `1000` and as `"1000"`; anything else is an error
 /// naming the key, the value and what was expected.
 fn number_or_text<'de, D: Deserializer<'de>>(
     deserializer: D,
     key: &str,
 ) -> Result<Option<u64>, D::Error> {
-    let Some(value) = Option::<serde_json::Value>::deserialize(deserializer)? else {
-        return Ok(None);
-    };
-    let number = match &value {
-        serde_json::Value::Number(number) => number.as_u64(),
-        serde_json::Value::String(text) => text.trim().parse().ok(),
-        _ => None,
-    };
-    number.map(Some).ok_or_else(|| {
-        de::Error::custom(format!(
-            "key {key:?} has invalid value {value}: expected a non-negative integer"
-        ))
-    })
+    lenient(
+        deserializer,
+        |value| number(value, serde_json::Number::as_u64),
+        |value| format!("key {key:?} has invalid value {value}: expected a non-negative integer"),
+    )
 }
 
 /// Per-key deserializers, so that every error names its key.
@@ -493,48 +476,36 @@ mod number_key {
     pub(super) fn timeout<'de, D: Deserializer<'de>>(
         deserializer: D,
     ) -> Result<Option<i64>, D::Error> {
-        use serde::Deserialize;
-        use serde::de::Error;
-        let Some(value) = Option::<serde_json::Value>::deserialize(deserializer)? else {
-            return Ok(None);
-        };
-        let number = match &value {
-            serde_json::Value::Number(number) => number.as_i64(),
-            serde_json::Value::String(text) => text.trim().parse().ok(),
-            _ => None,
-        };
-        match number {
-            Some(milliseconds) if milliseconds >= -1 => Ok(Some(milliseconds)),
-            _ => Err(D::Error::custom(format!(
-                "timeout {value} is invalid: expected milliseconds, or -1 for none"
-            ))),
-        }
+        super::lenient(
+            deserializer,
+            |value| {
+                super::number(value, serde_json::Number::as_i64)
+                    .filter(|&milliseconds| milliseconds >= -1)
+            },
+            |value| format!("timeout {value} is invalid: expected milliseconds, or -1 for none"),
+        )
     }
 }
 
 fn bool_or_text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<bool>, D::Error> {
-    let Some(value) = Option::<serde_json::Value>::deserialize(deserializer)? else {
-        return Ok(None);
-    };
-    let flag = match &value {
-        serde_json::Value::Bool(flag) => Some(*flag),
-        serde_json::Value::Number(number) => match number.as_u64() {
-            Some(1) => Some(true),
-            Some(0) => Some(false),
+    lenient(
+        deserializer,
+        |value| match value {
+            serde_json::Value::Bool(flag) => Some(*flag),
+            serde_json::Value::Number(number) => match number.as_u64() {
+                Some(1) => Some(true),
+                Some(0) => Some(false),
+                _ => None,
+            },
+            serde_json::Value::String(text) => match text.trim() {
+                "true" | "1" => Some(true),
+                "false" | "0" => Some(false),
+                _ => None,
+            },
             _ => None,
         },
-        serde_json::Value::String(text) => match text.trim() {
-            "true" | "1" => Some(true),
-            "false" | "0" => Some(false),
-            _ => None,
-        },
-        _ => None,
-    };
-    flag.map(Some).ok_or_else(|| {
-        de::Error::custom(format!(
-            "key \"autoBind\" has invalid value {value}: expected true or false"
-        ))
-    })
+        |value| format!("key \"autoBind\" has invalid value {value}: expected true or false"),
+    )
 }
 
 #[cfg(test)]
@@ -542,53 +513,9 @@ mod tests {
     use super::*;
     use ferromq_core::{Method, SocketType};
 
-    /// The example of FairMQ's configuration documentation, in its own spelling.
-    const FAIRMQ_EXAMPLE: &str = r#"{
-    "fairMQOptions": {
-        "devices": [
-            {
-                "id": "sampler1",
-                "channels": [
-                    {
-                        "name": "data",
-                        "sockets": [
-                            {
-                                "type": "push",
-                                "method": "bind",
-                                "address": "tcp://*:5555",
-                                "sndBufSize": 1000,
-                                "rcvBufSize": 1000,
-                                "sndKernelSize" : 0,
-                                "rcvKernelSize" : 0,
-                                "transport": "zeromq",
-                                "linger": "500",
-                                "portRangeMin": "22000",
-                                "portRangeMax": "23000",
-                                "autoBind": false,
-                                "numSockets": 0,
-                                "rateLogging": 1
-                            }
-                        ]
-                    }
-                ]
-            },
-            {
-                "key": "sink",
-                "channels": [
-                    {
-                        "name": "data",
-                        "type": "pull",
-                        "method": "connect",
-                        "sockets": [
-                            { "address": "tcp://localhost:5555" },
-                            { "address": "tcp://localhost:5556", "rcvBufSize": "10" }
-                        ]
-                    }
-                ]
-            }
-        ]
-    }
-}"#;
+    /// The example of FairMQ's configuration documentation, in its own spelling (shared with
+    /// the fuzz target's seeds).
+    const FAIRMQ_EXAMPLE: &str = include_str!("../tests/data/fairmq-example.json");
 
     #[test]
     fn reads_fairmqs_documented_format() {
@@ -604,7 +531,7 @@ mod tests {
         assert_eq!(data.config.linger, 500);
         assert!(!data.config.auto_bind);
 
-        let mut sink = DeviceConfig::new("sink");
+        let mut sink = DeviceConfig::new("sink1");
         sink.add_mq_config("example.json", FAIRMQ_EXAMPLE).unwrap();
         let names: Vec<&str> = sink
             .sockets

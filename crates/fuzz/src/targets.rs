@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use ferromq_core::{Address, ChannelConfig};
 use ferromq_device::control::{DeviceToLauncher, LauncherToDevice};
 use ferromq_device::{DeviceConfig, State, Transition};
+use ferromq_devices::Builtin;
 use ferromq_shm::wire::{self, PartRef};
 use ferromq_topology::Known;
 
@@ -100,7 +101,7 @@ pub fn all() -> Vec<Target> {
             about: "--channel-config key=value lists (ChannelConfig::parse_key_values, add_channel)",
             shape: Shape::Text,
             dictionary: CHANNEL_CONFIG_TOKENS,
-            seeds: channel_config_seeds,
+            seeds: || Ok(text_seeds(CHANNEL_CONFIG_SEEDS)),
             check: check_channel_config,
         },
         Target {
@@ -116,7 +117,7 @@ pub fn all() -> Vec<Target> {
             about: "channel addresses (ferromq_core::Address::parse), with the display round trip",
             shape: Shape::Text,
             dictionary: ADDRESS_TOKENS,
-            seeds: address_seeds,
+            seeds: || Ok(text_seeds(ADDRESS_SEEDS)),
             check: check_address,
         },
     ];
@@ -142,18 +143,12 @@ pub fn all() -> Vec<Target> {
 /// Targets that misbehave on purpose, to test the driver and the supervisor: each seed names
 /// what happens to inputs that still start with it. Not in [`all`].
 pub fn self_tests() -> Vec<Target> {
-    fn seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
-        Ok(["fine", "abort", "hang", "panic", "property"]
-            .iter()
-            .map(|seed| seed.as_bytes().to_vec())
-            .collect())
-    }
     let target = |name, about, check| Target {
         name,
         about,
         shape: Shape::Text,
         dictionary: &[],
-        seeds,
+        seeds: || Ok(text_seeds(&["fine", "abort", "hang", "panic", "property"])),
         check,
     };
     vec![
@@ -212,6 +207,28 @@ pub fn by_name(name: &str) -> Result<Target, FuzzError> {
                 .collect::<Vec<_>>()
                 .join(", "),
         })
+}
+
+/// Literal inputs as seeds.
+fn text_seeds(texts: &[&str]) -> Vec<Vec<u8>> {
+    texts.iter().map(|text| text.as_bytes().to_vec()).collect()
+}
+
+/// The round-trip property: `again`, what `printed` (`decoded` encoded by `how`) decodes to, is
+/// `decoded`.
+fn round_trip<T: PartialEq + std::fmt::Debug, E: std::fmt::Display>(
+    how: &str,
+    decoded: &T,
+    printed: &str,
+    again: Result<T, E>,
+) -> Result<bool, String> {
+    match again {
+        Ok(again) if again == *decoded => Ok(true),
+        Ok(again) => Err(format!(
+            "{how} round trip changed {decoded:?} into {again:?}"
+        )),
+        Err(error) => Err(format!("{how} gave {printed:?}, which fails: {error}")),
+    }
 }
 
 const JSON_TOKENS: &[&str] = &[
@@ -453,20 +470,6 @@ fn check_ofi_control(input: &[u8]) -> Result<bool, String> {
 
 // ---- control protocol ----
 
-const TRANSITIONS: [Transition; 11] = [
-    Transition::InitDevice,
-    Transition::CompleteInit,
-    Transition::Bind,
-    Transition::Connect,
-    Transition::InitTask,
-    Transition::Run,
-    Transition::Stop,
-    Transition::ResetTask,
-    Transition::ResetDevice,
-    Transition::End,
-    Transition::ErrorFound,
-];
-
 fn json_seeds<T: serde::Serialize>(values: &[T], literals: &[&str]) -> Vec<Vec<u8>> {
     let mut seeds: Vec<Vec<u8>> = values
         .iter()
@@ -483,7 +486,7 @@ fn json_seeds<T: serde::Serialize>(values: &[T], literals: &[&str]) -> Vec<Vec<u
 }
 
 fn control_request_seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
-    let mut requests: Vec<LauncherToDevice> = TRANSITIONS
+    let mut requests: Vec<LauncherToDevice> = Transition::ALL
         .iter()
         .map(|&transition| LauncherToDevice::Transition { transition })
         .collect();
@@ -520,11 +523,12 @@ fn check_control_request(input: &[u8]) -> Result<bool, String> {
         return Ok(false);
     };
     let encoded = serde_json::to_vec(&request).map_err(|error| format!("re-encoding: {error}"))?;
-    match serde_json::from_slice::<LauncherToDevice>(&encoded) {
-        Ok(again) if again == request => Ok(true),
-        Ok(again) => Err(format!("round trip changed {request:?} into {again:?}")),
-        Err(error) => Err(format!("a re-encoded request does not decode: {error}")),
-    }
+    round_trip(
+        "JSON",
+        &request,
+        &String::from_utf8_lossy(&encoded),
+        serde_json::from_slice(&encoded),
+    )
 }
 
 fn control_reply_seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
@@ -627,76 +631,19 @@ fn same_json(left: Option<&serde_json::Value>, right: Option<&serde_json::Value>
 /// The device ids the configurations are read for.
 const MQ_DEVICE_IDS: [&str; 3] = ["sampler1", "sink1", "d"];
 
-const MQ_CONFIG_SEEDS: &[&str] = &[
-    // FairMQ's documented example, in its own spelling (numbers as numbers and as text).
-    r#"{
-    "fairMQOptions": {
-        "devices": [
-            {
-                "id": "sampler1",
-                "channels": [
-                    {
-                        "name": "data",
-                        "sockets": [
-                            {
-                                "type": "push",
-                                "method": "bind",
-                                "address": "tcp://*:5555",
-                                "sndBufSize": 1000,
-                                "rcvBufSize": 1000,
-                                "sndKernelSize" : 0,
-                                "rcvKernelSize" : 0,
-                                "transport": "zeromq",
-                                "linger": "500",
-                                "portRangeMin": "22000",
-                                "portRangeMax": "23000",
-                                "autoBind": false,
-                                "numSockets": 0,
-                                "rateLogging": 1
-                            }
-                        ]
-                    }
-                ]
-            },
-            {
-                "key": "sink1",
-                "channels": [
-                    {
-                        "name": "data",
-                        "type": "pull",
-                        "method": "connect",
-                        "sockets": [
-                            { "address": "tcp://localhost:5555" },
-                            { "address": "tcp://localhost:5556", "rcvBufSize": "10" }
-                        ]
-                    }
-                ]
-            }
-        ]
-    }
-}"#,
-    r#"{
-    "fairMQOptions": {
-        "devices": [
-            { "id": "sampler1",
-              "channels": [ { "name": "data",
-                              "sockets": [ { "type": "push", "method": "bind", "address": "ipc:///tmp/fuzz",
-                                             "sndBufSize": "1000", "linger": "500", "rateLogging": 0 } ] } ] },
-            { "id": "sink1",
-              "channels": [ { "name": "data", "type": "pull", "method": "connect",
-                              "sockets": [ { "address": "ipc:///tmp/fuzz", "rateLogging": "0" } ] } ] }
-        ]
-    }
-}"#,
-    r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "push", "method": "bind", "transport": "ofi", "provider": "verbs;ofi_rxm", "address": "tcp://127.0.0.1:0"}]}]}}"#,
-    r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "out", "type": "pub", "method": "bind", "numSockets": "3", "autoBind": "true", "transport": "default"}, {"name": "in", "type": "sub", "method": "connect", "address": "tcp://localhost:6000"}]}]}}"#,
-];
-
 fn mq_config_seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
-    Ok(MQ_CONFIG_SEEDS
-        .iter()
-        .map(|text| text.as_bytes().to_vec())
-        .collect())
+    // Trimmed of the files' final newline, the seeds stay the bytes runs were made from.
+    let sampler_sink = include_str!("../../device/tests/data/sampler-sink.json")
+        .trim_end()
+        .replace("ADDRESS", "ipc:///tmp/fuzz");
+    Ok(text_seeds(&[
+        // FairMQ's documented example, in its own spelling (numbers as numbers and as text).
+        include_str!("../../device/tests/data/fairmq-example.json").trim_end(),
+        // The CLI test's sampler and sink.
+        &sampler_sink,
+        r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "push", "method": "bind", "transport": "ofi", "provider": "verbs;ofi_rxm", "address": "tcp://127.0.0.1:0"}]}]}}"#,
+        r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "out", "type": "pub", "method": "bind", "numSockets": "3", "autoBind": "true", "transport": "default"}, {"name": "in", "type": "sub", "method": "connect", "address": "tcp://localhost:6000"}]}]}}"#,
+    ]))
 }
 
 fn check_mq_config(input: &[u8]) -> Result<bool, String> {
@@ -731,13 +678,6 @@ const CHANNEL_CONFIG_SEEDS: &[&str] = &[
     "name=rep,type=rep,method=bind,address=verbs://[::1]:0,busyPoll=1,sndKernelSize=0,rcvKernelSize=65536",
 ];
 
-fn channel_config_seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
-    Ok(CHANNEL_CONFIG_SEEDS
-        .iter()
-        .map(|text| text.as_bytes().to_vec())
-        .collect())
-}
-
 fn check_channel_config(input: &[u8]) -> Result<bool, String> {
     let text = String::from_utf8_lossy(input);
     let Ok(config) = ChannelConfig::parse_key_values(&text) else {
@@ -746,37 +686,18 @@ fn check_channel_config(input: &[u8]) -> Result<bool, String> {
     // What the CLI does next: add it to the device, which expands numSockets.
     let _ = DeviceConfig::new("fuzz").add_channel(config.clone());
     let printed = config.to_key_values();
-    match ChannelConfig::parse_key_values(&printed) {
-        Ok(again) if again == config => Ok(true),
-        Ok(again) => Err(format!(
-            "to_key_values round trip changed {config:?} into {again:?}"
-        )),
-        Err(error) => Err(format!(
-            "to_key_values gave {printed:?}, which fails: {error}"
-        )),
-    }
+    round_trip(
+        "to_key_values",
+        &config,
+        &printed,
+        ChannelConfig::parse_key_values(&printed),
+    )
 }
 
 // ---- topologies ----
 
-/// The kinds and transports of the `ferromq` binary with every feature.
-const KNOWN: Known<'static> = Known {
-    kinds: &[
-        "sampler",
-        "bsampler",
-        "sink",
-        "processor",
-        "splitter",
-        "merger",
-        "proxy",
-        "multiplier",
-        "client",
-        "server",
-        "stf-source",
-        "builder",
-    ],
-    transports: &["zeromq", "shmem", "ofi"],
-};
+/// The transports of the `ferromq` binary with every feature.
+const TRANSPORTS: [&str; 3] = ["zeromq", "shmem", "ofi"];
 
 fn workspace_dir(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -818,7 +739,12 @@ fn topology_seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
 
 fn check_topology(input: &[u8]) -> Result<bool, String> {
     let text = String::from_utf8_lossy(input);
-    match ferromq_topology::load("fuzz.toml", &text, &KNOWN) {
+    let kinds = Builtin::names();
+    let known = Known {
+        kinds: &kinds,
+        transports: &TRANSPORTS,
+    };
+    match ferromq_topology::load("fuzz.toml", &text, &known) {
         Ok(topology) => {
             if topology.devices.is_empty() {
                 return Err("a topology without devices was accepted".to_owned());
@@ -858,13 +784,6 @@ const ADDRESS_SEEDS: &[&str] = &[
     "inproc://control",
 ];
 
-fn address_seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
-    Ok(ADDRESS_SEEDS
-        .iter()
-        .map(|text| text.as_bytes().to_vec())
-        .collect())
-}
-
 fn check_address(input: &[u8]) -> Result<bool, String> {
     let text = String::from_utf8_lossy(input);
     let Ok(address) = Address::parse(&text) else {
@@ -876,15 +795,7 @@ fn check_address(input: &[u8]) -> Result<bool, String> {
         address.for_local_connect(),
     );
     let printed = address.to_string();
-    match Address::parse(&printed) {
-        Ok(again) if again == address => Ok(true),
-        Ok(again) => Err(format!(
-            "display round trip changed {address:?} into {again:?}"
-        )),
-        Err(error) => Err(format!(
-            "{address:?} displays as {printed:?}, which fails: {error}"
-        )),
-    }
+    round_trip("display", &address, &printed, Address::parse(&printed))
 }
 
 #[cfg(test)]
