@@ -3,84 +3,26 @@
 mod support;
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use support::finish;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use support::{Device, Ipc, finish, signal, wait_for_end, wait_for_line};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout};
 
 const STEP: Duration = Duration::from_secs(60);
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
-/// A unique ipc address, its socket file removed on drop.
-struct Ipc(PathBuf);
-
-impl Ipc {
-    fn new(tag: &str) -> Ipc {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        Ipc(std::env::temp_dir().join(format!("ferromq-cli-{tag}-{}-{n}.ipc", std::process::id())))
-    }
-
-    fn address(&self) -> String {
-        format!("ipc://{}", self.0.display())
-    }
-}
-
-impl Drop for Ipc {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn ferromq(args: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_ferromq"))
-        .args(args)
-        .args(["--color", "false"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn ferromq")
-}
-
-fn channel(kind: &str, method: &str, address: &str) -> String {
-    format!("name=data,type={kind},method={method},address={address},rateLogging=0")
-}
-
 #[tokio::test]
 async fn sampler_to_sink_static_1000_checksummed() {
     let ipc = Ipc::new("pair");
-    let sink = ferromq(&[
-        "device",
-        "sink",
-        "--id",
-        "sink1",
-        "--control",
-        "static",
-        "--max-iterations",
-        "1000",
-        "--verify",
-        "--channel-config",
-        &channel("pull", "bind", &ipc.address()),
-    ]);
-    let sampler = ferromq(&[
-        "device",
-        "sampler",
-        "--id",
-        "sampler1",
-        "--control",
-        "static",
-        "--max-iterations",
-        "1000",
-        "--msg-size",
-        "4096",
-        "--channel-config",
-        &channel("push", "connect", &ipc.address()),
-    ]);
-    let (sink, sampler) = tokio::join!(finish(sink), finish(sampler));
+    let sink = Device::new("sink", "sink1")
+        .args(&["--max-iterations", "1000", "--verify"])
+        .channel("pull", "bind", &ipc.address());
+    let sampler = Device::new("sampler", "sampler1")
+        .args(&["--max-iterations", "1000", "--msg-size", "4096"])
+        .channel("push", "connect", &ipc.address());
+    let (sink, sampler) = tokio::join!(sink.finish(), sampler.finish());
     assert_eq!(sampler.code, Some(0), "sampler: {}", sampler.stderr);
     assert_eq!(sink.code, Some(0), "sink: {}", sink.stderr);
     assert!(
@@ -97,8 +39,6 @@ async fn sampler_to_sink_over_shared_memory_leaves_nothing_behind() {
     let ipc = Ipc::new("shm");
     let session = format!("cli-test-{}", std::process::id());
     let common = [
-        "--control",
-        "static",
         "--max-iterations",
         "500",
         "--transport",
@@ -108,38 +48,15 @@ async fn sampler_to_sink_over_shared_memory_leaves_nothing_behind() {
         "--shm-segment-size",
         "67108864",
     ];
-    let sink = ferromq(
-        &[
-            &[
-                "device",
-                "sink",
-                "--id",
-                "sink1",
-                "--verify",
-                "--channel-config",
-                &channel("pull", "bind", &ipc.address()),
-            ][..],
-            &common,
-        ]
-        .concat(),
-    );
-    let sampler = ferromq(
-        &[
-            &[
-                "device",
-                "sampler",
-                "--id",
-                "sampler1",
-                "--msg-size",
-                "100000",
-                "--channel-config",
-                &channel("push", "connect", &ipc.address()),
-            ][..],
-            &common,
-        ]
-        .concat(),
-    );
-    let (sink, sampler) = tokio::join!(finish(sink), finish(sampler));
+    let sink = Device::new("sink", "sink1")
+        .args(&common)
+        .args(&["--verify"])
+        .channel("pull", "bind", &ipc.address());
+    let sampler = Device::new("sampler", "sampler1")
+        .args(&common)
+        .args(&["--msg-size", "100000"])
+        .channel("push", "connect", &ipc.address());
+    let (sink, sampler) = tokio::join!(sink.finish(), sampler.finish());
     assert_eq!(sampler.code, Some(0), "sampler: {}", sampler.stderr);
     assert_eq!(sink.code, Some(0), "sink: {}", sink.stderr);
     assert!(
@@ -161,86 +78,49 @@ async fn sampler_to_sink_over_shared_memory_leaves_nothing_behind() {
 #[tokio::test]
 async fn sink_connects_first_and_the_sampler_binds_later() {
     let ipc = Ipc::new("reverse");
-    let sink = ferromq(&[
-        "device",
-        "sink",
-        "--id",
-        "sink1",
-        "--control",
-        "static",
-        "--max-iterations",
-        "1000",
-        "--verify",
-        "--channel-config",
-        &channel("pull", "connect", &ipc.address()),
-    ]);
-    let mut sink_lines = BufReader::new(sink_stdout_tee(sink)).lines();
+    let sink = Device::new("sink", "sink1")
+        .args(&["--max-iterations", "1000", "--verify"])
+        .channel("pull", "connect", &ipc.address())
+        .spawn();
+    let mut sink_lines = detached_stdout(sink);
+    let mut sink_log = Vec::new();
     // The sink is waiting in CONNECTING before the sampler exists.
-    loop {
-        let line = tokio::time::timeout(STEP, sink_lines.next_line())
-            .await
-            .expect("sink log")
-            .expect("read")
-            .expect("line");
-        if line.contains("BOUND ---> CONNECTING") {
-            break;
-        }
-    }
-    let sampler = ferromq(&[
-        "device",
-        "sampler",
-        "--id",
-        "sampler1",
-        "--control",
-        "static",
-        "--max-iterations",
-        "1000",
-        "--channel-config",
-        &channel("push", "bind", &ipc.address()),
-    ]);
-    let sampler = finish(sampler).await;
+    wait_for_line(&mut sink_lines, "BOUND ---> CONNECTING", &mut sink_log).await;
+    let sampler = Device::new("sampler", "sampler1")
+        .args(&["--max-iterations", "1000"])
+        .channel("push", "bind", &ipc.address())
+        .finish()
+        .await;
     assert_eq!(sampler.code, Some(0), "sampler: {}", sampler.stderr);
-    let mut summary = None;
-    while let Ok(Some(line)) = tokio::time::timeout(STEP, sink_lines.next_line())
-        .await
-        .expect("sink log")
-    {
-        if line.contains("sink summary") {
-            summary = Some(line);
-        }
-    }
-    let summary = summary.expect("the sink printed a summary");
+    wait_for_end(&mut sink_lines, &mut sink_log).await;
+    let summary = sink_log
+        .iter()
+        .rfind(|line| line.contains("sink summary"))
+        .expect("the sink printed a summary");
     assert!(
         summary.contains("received 1001 messages") && summary.contains("1001 checksums ok"),
         "{summary}"
     );
 }
 
-/// The sink's stdout as a reader; the child is killed if the reader is dropped early.
-fn sink_stdout_tee(mut child: Child) -> impl tokio::io::AsyncRead + Unpin {
+/// `child`'s stdout as lines; a task owns the child meanwhile, and kills it if it is still
+/// running after `STEP` or when the test ends.
+fn detached_stdout(mut child: Child) -> Lines<BufReader<ChildStdout>> {
     let stdout = child.stdout.take().expect("stdout");
     tokio::spawn(async move {
         let _ = tokio::time::timeout(STEP, child.wait()).await;
     });
-    stdout
+    BufReader::new(stdout).lines()
 }
 
 #[tokio::test]
 async fn failing_init_task_ends_in_error_with_the_cause_on_stderr() {
     let ipc = Ipc::new("broken");
-    let sampler = ferromq(&[
-        "device",
-        "sampler",
-        "--id",
-        "broken1",
-        "--control",
-        "static",
-        "--payload-file",
-        "/nonexistent/payload",
-        "--channel-config",
-        &channel("push", "bind", &ipc.address()),
-    ]);
-    let sampler = finish(sampler).await;
+    let sampler = Device::new("sampler", "broken1")
+        .args(&["--payload-file", "/nonexistent/payload"])
+        .channel("push", "bind", &ipc.address())
+        .finish()
+        .await;
     assert_eq!(sampler.code, Some(1));
     assert!(
         sampler.stdout.contains("INITIALIZING TASK ---> ERROR"),
@@ -263,43 +143,14 @@ async fn failing_init_task_ends_in_error_with_the_cause_on_stderr() {
 #[tokio::test]
 async fn sigint_in_running_goes_down_through_every_reset_state_and_exits_0() {
     let ipc = Ipc::new("sigint");
-    let mut sink = ferromq(&[
-        "device",
-        "sink",
-        "--id",
-        "sink1",
-        "--control",
-        "static",
-        "--channel-config",
-        &channel("pull", "bind", &ipc.address()),
-    ]);
-    let pid = sink.id().expect("pid").to_string();
+    let mut sink = Device::new("sink", "sink1")
+        .channel("pull", "bind", &ipc.address())
+        .spawn();
     let mut lines = BufReader::new(sink.stdout.take().expect("stdout")).lines();
     let mut log = Vec::new();
-    loop {
-        let line = tokio::time::timeout(STEP, lines.next_line())
-            .await
-            .expect("log")
-            .expect("read")
-            .expect("line");
-        let running = line.contains("READY ---> RUNNING");
-        log.push(line);
-        if running {
-            break;
-        }
-    }
-    let status = std::process::Command::new("kill")
-        .args(["-INT", &pid])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    while let Some(line) = tokio::time::timeout(STEP, lines.next_line())
-        .await
-        .expect("log")
-        .expect("read")
-    {
-        log.push(line);
-    }
+    wait_for_line(&mut lines, "READY ---> RUNNING", &mut log).await;
+    signal(&sink, "INT");
+    wait_for_end(&mut lines, &mut log).await;
     let exit = tokio::time::timeout(STEP, sink.wait())
         .await
         .expect("exit")
@@ -327,46 +178,22 @@ async fn sigint_in_running_goes_down_through_every_reset_state_and_exits_0() {
     );
 }
 
-const MQ_CONFIG: &str = r#"{
-    "fairMQOptions": {
-        "devices": [
-            { "id": "sampler1",
-              "channels": [ { "name": "data",
-                              "sockets": [ { "type": "push", "method": "bind", "address": "ADDRESS",
-                                             "sndBufSize": "1000", "linger": "500", "rateLogging": 0 } ] } ] },
-            { "id": "sink1",
-              "channels": [ { "name": "data", "type": "pull", "method": "connect",
-                              "sockets": [ { "address": "ADDRESS", "rateLogging": "0" } ] } ] }
-        ]
-    }
-}"#;
+/// A sampler and a sink, both at address `ADDRESS`, in FairMQ's format.
+const MQ_CONFIG: &str = include_str!("../../device/tests/data/sampler-sink.json");
 
 #[tokio::test]
 async fn mq_config_in_fairmqs_format_is_accepted() {
     let ipc = Ipc::new("mqconfig");
-    let dir = std::env::temp_dir().join(format!("ferromq-cli-mq-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("topology.json");
-    std::fs::write(&file, MQ_CONFIG.replace("ADDRESS", &ipc.address())).unwrap();
-    let file = file.display().to_string();
-    let common = [
-        "--control",
-        "static",
-        "--max-iterations",
-        "200",
-        "--mq-config",
-        file.as_str(),
-    ];
-    let sink = ferromq(
-        &[
-            &["device", "sink", "--id", "sink1", "--verify"][..],
-            &common,
-        ]
-        .concat(),
+    let file = TempFile::holding(
+        "topology.json",
+        &MQ_CONFIG.replace("ADDRESS", &ipc.address()),
     );
-    let sampler = ferromq(&[&["device", "sampler", "--id", "sampler1"][..], &common].concat());
-    let (sink, sampler) = tokio::join!(finish(sink), finish(sampler));
-    std::fs::remove_dir_all(&dir).unwrap();
+    let common = ["--max-iterations", "200", "--mq-config", &file.path()];
+    let sink = Device::new("sink", "sink1")
+        .args(&common)
+        .args(&["--verify"]);
+    let sampler = Device::new("sampler", "sampler1").args(&common);
+    let (sink, sampler) = tokio::join!(sink.finish(), sampler.finish());
     assert_eq!(sampler.code, Some(0), "{}", sampler.stderr);
     assert_eq!(sink.code, Some(0), "{}", sink.stderr);
     assert!(
@@ -378,27 +205,14 @@ async fn mq_config_in_fairmqs_format_is_accepted() {
 
 #[tokio::test]
 async fn malformed_mq_config_is_rejected_naming_key_and_position() {
-    let dir = std::env::temp_dir().join(format!("ferromq-cli-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("bad.json");
-    std::fs::write(
-        &file,
-        MQ_CONFIG.replace("\"sndBufSize\": \"1000\"", "\"sndBufSize\": -1"),
-    )
-    .unwrap();
-    let file = file.display().to_string();
-    let sampler = finish(ferromq(&[
-        "device",
-        "sampler",
-        "--id",
-        "sampler1",
-        "--control",
-        "static",
-        "--mq-config",
-        &file,
-    ]))
-    .await;
-    std::fs::remove_dir_all(&dir).unwrap();
+    let file = TempFile::holding(
+        "bad.json",
+        &MQ_CONFIG.replace("\"sndBufSize\": \"1000\"", "\"sndBufSize\": -1"),
+    );
+    let sampler = Device::new("sampler", "sampler1")
+        .args(&["--mq-config", &file.path()])
+        .finish()
+        .await;
     assert_eq!(sampler.code, Some(2));
     assert!(
         sampler
@@ -418,18 +232,15 @@ async fn external_control_drives_the_state_machine() {
 
     let control = Ipc::new("control");
     let data = Ipc::new("data");
-    let device = ferromq(&[
-        "device",
-        "sink",
-        "--id",
-        "sink1",
-        "--control",
-        "external",
-        "--control-address",
-        &control.address(),
-        "--channel-config",
-        &channel("pull", "bind", &data.address()),
-    ]);
+    let device = Device::plain("sink", "sink1")
+        .args(&[
+            "--control",
+            "external",
+            "--control-address",
+            &control.address(),
+        ])
+        .channel("pull", "bind", &data.address())
+        .spawn();
     let transport = ferromq_device::transport_by_name("zeromq").unwrap();
     let mut client = ControlClient::connect(transport.as_ref(), &control.address())
         .await
@@ -509,11 +320,6 @@ async fn external_control_drives_the_state_machine() {
     );
 }
 
-/// Runs `ferromq ARGS` to the end.
-async fn ferromq_finished(args: &[&str]) -> support::Finished {
-    finish(ferromq(args)).await
-}
-
 /// A unique shm session whose objects are removed when the guard drops, failed test included.
 struct ShmSession(String);
 
@@ -532,13 +338,20 @@ impl Drop for ShmSession {
     }
 }
 
-/// A unique temporary file, removed on drop.
+/// A unique temporary file (its name ends in `tag`), removed on drop.
 struct TempFile(PathBuf);
 
 impl TempFile {
     fn new(tag: &str) -> TempFile {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        TempFile(std::env::temp_dir().join(format!("ferromq-cli-{tag}-{}-{n}", std::process::id())))
+        TempFile(std::env::temp_dir().join(format!("ferromq-cli-{}-{n}-{tag}", std::process::id())))
+    }
+
+    /// A unique temporary file holding `text`.
+    fn holding(tag: &str, text: &str) -> TempFile {
+        let file = TempFile::new(tag);
+        std::fs::write(&file.0, text).unwrap();
+        file
     }
 
     fn path(&self) -> String {
@@ -555,7 +368,6 @@ impl Drop for TempFile {
 #[tokio::test]
 async fn bad_values_are_usage_errors_naming_the_option_and_the_value() {
     let ipc = Ipc::new("bad-values");
-    let push = channel("push", "bind", &ipc.address());
     let cases: [(&[&str], &str); 10] = [
         (&["sampler", "--rate", "1e-300"], "--rate 1e-300"),
         (&["sampler", "--rate", "-1"], "--rate -1.0"),
@@ -575,22 +387,12 @@ async fn bad_values_are_usage_errors_naming_the_option_and_the_value() {
         (&["sampler", "--max-iterations", "many"], "many"),
     ];
     for (args, expected) in cases {
-        let finished = ferromq_finished(
-            &[
-                &["device"][..],
-                args,
-                &[
-                    "--id",
-                    "bad",
-                    "--control",
-                    "static",
-                    "--channel-config",
-                    &push,
-                ],
-            ]
-            .concat(),
-        )
-        .await;
+        let (kind, options) = args.split_first().expect("a kind");
+        let finished = Device::new(kind, "bad")
+            .args(options)
+            .channel("push", "bind", &ipc.address())
+            .finish()
+            .await;
         assert_eq!(finished.code, Some(2), "{args:?}: {}", finished.stderr);
         assert!(
             finished.stderr.contains(expected),
@@ -604,19 +406,11 @@ async fn bad_values_are_usage_errors_naming_the_option_and_the_value() {
 async fn an_impossible_message_size_is_an_error_naming_the_size_not_an_abort() {
     let ipc = Ipc::new("huge");
     for kind in ["sampler", "bsampler"] {
-        let finished = ferromq_finished(&[
-            "device",
-            kind,
-            "--id",
-            "huge",
-            "--control",
-            "static",
-            "--msg-size",
-            "100000000000000",
-            "--channel-config",
-            &channel("push", "bind", &ipc.address()),
-        ])
-        .await;
+        let finished = Device::new(kind, "huge")
+            .args(&["--msg-size", "100000000000000"])
+            .channel("push", "bind", &ipc.address())
+            .finish()
+            .await;
         assert_eq!(finished.code, Some(1), "{kind}: {}", finished.stderr);
         assert!(
             finished
@@ -633,25 +427,12 @@ async fn shm_segment_size_is_the_size_of_the_segment() {
     let ipc = Ipc::new("segment");
     let session = ShmSession::new("segment");
     for kind in ["sampler", "bsampler"] {
-        let finished = ferromq_finished(&[
-            "device",
-            kind,
-            "--id",
-            "small-segment",
-            "--control",
-            "static",
-            "--transport",
-            "shmem",
-            "--session",
-            &session.0,
-            "--shm-segment-size",
-            "1048576",
-            "--msg-size",
-            "8388608",
-            "--channel-config",
-            &channel("push", "bind", &ipc.address()),
-        ])
-        .await;
+        let finished = Device::new(kind, "small-segment")
+            .args(&["--transport", "shmem", "--session", &session.0])
+            .args(&["--shm-segment-size", "1048576", "--msg-size", "8388608"])
+            .channel("push", "bind", &ipc.address())
+            .finish()
+            .await;
         assert_eq!(finished.code, Some(1), "{kind}: {}", finished.stderr);
         assert!(
             finished.stderr.contains(
@@ -670,8 +451,6 @@ async fn fairmqs_benchmark_recipe_runs_unchanged() {
     let output = TempFile::new("recipe-out");
     // FairMQ's own benchmark script, option for option (plus ferromq's unique addresses).
     let common = [
-        "--control",
-        "static",
         "--transport",
         "shmem",
         "--session",
@@ -695,49 +474,23 @@ async fn fairmqs_benchmark_recipe_runs_unchanged() {
         "--multipart",
         "true",
     ];
-    let sink = ferromq(
-        &[
-            &[
-                "device",
-                "sink",
-                "--id",
-                "sink1",
-                "--in-channel",
-                "data",
-                "--out-filename",
-                &output.path(),
-                "--channel-config",
-                &channel("pull", "bind", &ipc.address()),
-            ][..],
-            &common,
-        ]
-        .concat(),
-    );
-    let sampler = ferromq(
-        &[
-            &[
-                "device",
-                "bsampler",
-                "--id",
-                "bsampler1",
-                "--out-channel",
-                "data",
-                "--memset",
-                "true",
-                "--num-parts",
-                "2",
-                "--msg-size",
-                "1000",
-                "--msg-rate",
-                "0",
-                "--channel-config",
-                &channel("push", "connect", &ipc.address()),
-            ][..],
-            &common,
-        ]
-        .concat(),
-    );
-    let (sink, sampler) = tokio::join!(finish(sink), finish(sampler));
+    let sink = Device::new("sink", "sink1")
+        .args(&common)
+        .args(&["--in-channel", "data", "--out-filename", &output.path()])
+        .channel("pull", "bind", &ipc.address());
+    let sampler = Device::new("bsampler", "bsampler1")
+        .args(&common)
+        .args(&[
+            "--out-channel",
+            "data",
+            "--memset",
+            "true",
+            "--num-parts",
+            "2",
+        ])
+        .args(&["--msg-size", "1000", "--msg-rate", "0"])
+        .channel("push", "connect", &ipc.address());
+    let (sink, sampler) = tokio::join!(sink.finish(), sampler.finish());
     assert_eq!(sampler.code, Some(0), "bsampler: {}", sampler.stderr);
     assert_eq!(sink.code, Some(0), "sink: {}", sink.stderr);
     assert!(
@@ -765,20 +518,10 @@ async fn max_iterations_counts_as_fairmqs_bsampler_and_sink_do() {
     let pull = context.socket(zmq::PULL).unwrap();
     pull.bind("tcp://127.0.0.1:*").unwrap();
     let address = pull.get_last_endpoint().unwrap().unwrap();
-    let sampler = ferromq(&[
-        "device",
-        "bsampler",
-        "--id",
-        "bsampler1",
-        "--control",
-        "static",
-        "--max-iterations",
-        "4",
-        "--msg-size",
-        "100",
-        "--channel-config",
-        &channel("push", "connect", &address),
-    ]);
+    let sampler = Device::new("bsampler", "bsampler1")
+        .args(&["--max-iterations", "4", "--msg-size", "100"])
+        .channel("push", "connect", &address)
+        .spawn();
     let n_received = tokio::task::spawn_blocking(move || {
         pull.set_rcvtimeo(60_000).unwrap();
         for _ in 0..5 {
@@ -801,18 +544,10 @@ async fn max_iterations_counts_as_fairmqs_bsampler_and_sink_do() {
     push.set_linger(10_000).unwrap();
     push.bind("tcp://127.0.0.1:*").unwrap();
     let address = push.get_last_endpoint().unwrap().unwrap();
-    let sink = ferromq(&[
-        "device",
-        "sink",
-        "--id",
-        "sink1",
-        "--control",
-        "static",
-        "--max-iterations",
-        "4",
-        "--channel-config",
-        &channel("pull", "connect", &address),
-    ]);
+    let sink = Device::new("sink", "sink1")
+        .args(&["--max-iterations", "4"])
+        .channel("pull", "connect", &address)
+        .spawn();
     let push = tokio::task::spawn_blocking(move || {
         for _ in 0..5 {
             push.send(&[7u8; 100][..], 0).unwrap();
@@ -859,16 +594,10 @@ async fn severities_and_verbosities_take_fairloggers_names() {
         ("--verbosity", &verbosities[..]),
     ] {
         for value in values {
-            let finished = ferromq_finished(&[
-                "device",
-                "sink",
-                "--id",
-                "s",
-                option,
-                value,
-                "--print-channels",
-            ])
-            .await;
+            let finished = Device::plain("sink", "s")
+                .args(&[option, value, "--print-channels"])
+                .finish()
+                .await;
             assert_eq!(
                 finished.code,
                 Some(0),
@@ -878,19 +607,10 @@ async fn severities_and_verbosities_take_fairloggers_names() {
         }
     }
     // verylow: the message alone.
-    let finished = ferromq_finished(&[
-        "device",
-        "sampler",
-        "--id",
-        "lonely",
-        "--control",
-        "static",
-        "--verbosity",
-        "verylow",
-        "--severity",
-        "state",
-    ])
-    .await;
+    let finished = Device::new("sampler", "lonely")
+        .args(&["--verbosity", "verylow", "--severity", "state"])
+        .finish()
+        .await;
     assert_eq!(finished.code, Some(1), "{}", finished.stderr);
     assert!(
         finished
@@ -904,16 +624,10 @@ async fn severities_and_verbosities_take_fairloggers_names() {
 
 #[tokio::test]
 async fn print_channels_lists_the_endpoints_in_fairmqs_format() {
-    let finished = ferromq_finished(&[
-        "device",
-        "splitter",
-        "--id",
-        "s",
-        "--out-channel",
-        "out",
-        "--print-channels",
-    ])
-    .await;
+    let finished = Device::plain("splitter", "s")
+        .args(&["--out-channel", "out", "--print-channels"])
+        .finish()
+        .await;
     assert_eq!(finished.code, Some(0), "{}", finished.stderr);
     assert_eq!(finished.stdout, "data-in:1:1\nout:1:2147483647\n");
 }
@@ -921,19 +635,10 @@ async fn print_channels_lists_the_endpoints_in_fairmqs_format() {
 #[tokio::test]
 async fn log_to_file_takes_the_log_lines_off_the_console() {
     let log = TempFile::new("log");
-    let finished = ferromq_finished(&[
-        "device",
-        "sampler",
-        "--id",
-        "lonely",
-        "--control",
-        "static",
-        "--log-to-file",
-        &log.path(),
-        "--file-severity",
-        "debug",
-    ])
-    .await;
+    let finished = Device::new("sampler", "lonely")
+        .args(&["--log-to-file", &log.path(), "--file-severity", "debug"])
+        .finish()
+        .await;
     assert_eq!(finished.code, Some(1), "{}", finished.stderr);
     let written = std::fs::read_to_string(&log.0).unwrap();
     assert!(
@@ -949,35 +654,27 @@ async fn log_to_file_takes_the_log_lines_off_the_console() {
 
 #[tokio::test]
 async fn network_interface_is_where_tcp_channels_without_an_address_bind() {
-    let sink = ferromq(&[
-        "device",
-        "sink",
-        "--id",
-        "sink1",
-        "--control",
-        "static",
-        "--network-interface",
-        "lo",
-        "--channel-config",
-        "name=data,type=pull,method=bind,rateLogging=0",
-    ]);
-    let mut lines = BufReader::new(sink_stdout_tee(sink)).lines();
-    loop {
-        let line = tokio::time::timeout(STEP, lines.next_line())
-            .await
-            .expect("sink log")
-            .expect("read")
-            .expect("the sink logs the address it bound");
-        if line.contains("bound") {
-            assert!(line.contains("tcp://127.0.0.1:"), "{line}");
-            break;
-        }
-    }
+    let sink = Device::new("sink", "sink1")
+        .args(&["--network-interface", "lo"])
+        .args(&[
+            "--channel-config",
+            "name=data,type=pull,method=bind,rateLogging=0",
+        ])
+        .spawn();
+    let mut lines = detached_stdout(sink);
+    let mut log = Vec::new();
+    // The sink logs the address it bound.
+    wait_for_line(&mut lines, "bound", &mut log).await;
+    let line = log.last().expect("the line with \"bound\"");
+    assert!(line.contains("tcp://127.0.0.1:"), "{line}");
 }
 
 #[tokio::test]
 async fn unknown_options_stay_errors_with_a_suggestion() {
-    let finished = ferromq_finished(&["device", "sink", "--id", "s", "--io-thread", "2"]).await;
+    let finished = Device::plain("sink", "s")
+        .args(&["--io-thread", "2"])
+        .finish()
+        .await;
     assert_eq!(finished.code, Some(2));
     assert!(
         finished.stderr.contains("'--io-threads'"),
@@ -998,8 +695,6 @@ async fn multiple_endpoints_over(transport: &str) {
     let (first, second) = (Ipc::new("multi-a"), Ipc::new("multi-b"));
     let session = ShmSession::new("multi");
     let common = [
-        "--control",
-        "static",
         "--transport",
         transport,
         "--session",
@@ -1007,50 +702,30 @@ async fn multiple_endpoints_over(transport: &str) {
         "--shm-segment-size",
         "16777216",
     ];
-    let sink = ferromq(
-        &[
-            &[
-                "device",
-                "sink",
-                "--id",
-                "sink1",
-                "--max-iterations",
-                "9",
-                "--verify",
+    let sink = Device::new("sink", "sink1")
+        .args(&common)
+        .args(&["--max-iterations", "9", "--verify"])
+        .args(&[
+            "--channel-config",
+            &format!(
+                "name=data,type=pull,address=@{},@{},rateLogging=0",
+                first.address(),
+                second.address()
+            ),
+        ]);
+    let [a, b] = [&first, &second].map(|ipc| {
+        Device::new("sampler", "sampler")
+            .args(&common)
+            .args(&["--max-iterations", "4"])
+            .args(&[
                 "--channel-config",
                 &format!(
-                    "name=data,type=pull,address=@{},@{},rateLogging=0",
-                    first.address(),
-                    second.address()
+                    "name=data,type=push,address=+{},rateLogging=0",
+                    ipc.address()
                 ),
-            ][..],
-            &common,
-        ]
-        .concat(),
-    );
-    let samplers = [&first, &second].map(|ipc| {
-        ferromq(
-            &[
-                &[
-                    "device",
-                    "sampler",
-                    "--id",
-                    "sampler",
-                    "--max-iterations",
-                    "4",
-                    "--channel-config",
-                    &format!(
-                        "name=data,type=push,address=+{},rateLogging=0",
-                        ipc.address()
-                    ),
-                ][..],
-                &common,
-            ]
-            .concat(),
-        )
+            ])
     });
-    let [a, b] = samplers;
-    let (sink, a, b) = tokio::join!(finish(sink), finish(a), finish(b));
+    let (sink, a, b) = tokio::join!(sink.finish(), a.finish(), b.finish());
     assert_eq!(a.code, Some(0), "{transport}: {}", a.stderr);
     assert_eq!(b.code, Some(0), "{transport}: {}", b.stderr);
     assert_eq!(sink.code, Some(0), "{transport}: {}", sink.stderr);

@@ -111,3 +111,68 @@ pub async fn wait_for_line(
     .await
     .unwrap_or_else(|_| panic!("no line with {needle:?} in time: {seen:#?}"));
 }
+
+/// Reads the rest of `child`'s stdout to its end (within a bound), keeping every line read.
+#[allow(dead_code)]
+pub async fn wait_for_end(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    seen: &mut Vec<String>,
+) {
+    tokio::time::timeout(FINISH_TIMEOUT, async {
+        while let Some(line) = lines.next_line().await.expect("read stdout") {
+            seen.push(line);
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("stdout did not end in time: {seen:#?}"));
+}
+
+/// `ferromq device KIND --id ID` and its options, built up option by option, then spawned (see
+/// [`ferromq`]) or run to the end.
+#[allow(dead_code)]
+pub struct Device {
+    args: Vec<String>,
+}
+
+#[allow(dead_code)]
+impl Device {
+    /// `ferromq device KIND --id ID --control static`: a device that goes through its states on
+    /// its own, as most tests want.
+    pub fn new(kind: &str, id: &str) -> Device {
+        Device::plain(kind, id).args(&["--control", "static"])
+    }
+
+    /// `ferromq device KIND --id ID` and nothing else (for `--control external`, or options that
+    /// end the device before any control).
+    pub fn plain(kind: &str, id: &str) -> Device {
+        Device {
+            args: ["device", kind, "--id", id].map(str::to_owned).to_vec(),
+        }
+    }
+
+    /// More options.
+    pub fn args(mut self, args: &[&str]) -> Device {
+        self.args.extend(args.iter().map(|&arg| arg.to_owned()));
+        self
+    }
+
+    /// `--channel-config` for channel `data` of `kind` (`push`, `pull`, ...) that does `method`
+    /// (`bind`, `connect`) at `address`, without rate logging.
+    pub fn channel(self, kind: &str, method: &str, address: &str) -> Device {
+        self.args(&[
+            "--channel-config",
+            &format!("name=data,type={kind},method={method},address={address},rateLogging=0"),
+        ])
+    }
+
+    /// Starts the device.
+    pub fn spawn(&self) -> Child {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        ferromq(&args)
+    }
+
+    /// Runs the device to its end.
+    pub async fn finish(&self) -> Finished {
+        finish(self.spawn()).await
+    }
+}
