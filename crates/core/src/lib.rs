@@ -32,6 +32,7 @@ pub use config::{ChannelConfig, ConfigError, Endpoint, MAX_NUM_SOCKETS, Method, 
 pub use error::{BoxError, ChannelLabel, CodecError, Error, Result, SendError};
 pub use message::{Message, MessageBuffer, Parts, UsedSizeError, copied_bytes, record_copy};
 pub use transport::{
-    Channel, ChannelCounters, CounterSnapshot, SHMEM_FRAME_MAGIC, Socket, Transport,
+    Channel, ChannelCounters, CounterSnapshot, SHMEM_FRAME_MAGIC, SHMEM_FRAME_MIN_LEN, Socket,
+    Transport,
 };
 pub use typed::{Decode, Encode, Json, Payload, Pod, Postcard, Receiver, Sender};

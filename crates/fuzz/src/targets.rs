@@ -12,7 +12,7 @@ use ferromq_core::{Address, ChannelConfig};
 use ferromq_device::control::{DeviceToLauncher, LauncherToDevice};
 use ferromq_device::{DeviceConfig, State, Transition};
 use ferromq_devices::Builtin;
-use ferromq_shm::wire::{self, PartRef};
+use ferromq_shm::wire::{self, DeliveryRef, PartRef};
 use ferromq_topology::Known;
 
 use crate::FuzzError;
@@ -68,7 +68,7 @@ pub fn all() -> Vec<Target> {
             name: "shm-frame",
             about: "shmem descriptor frames (ferromq_shm::wire::decode), with the encode round trip",
             shape: Shape::Binary,
-            dictionary: &["FMQSHM01", "\u{0}\u{0}\u{0}\u{0}", "\u{1}", "\u{2}"],
+            dictionary: &["FMQSHM02", "\u{0}\u{0}\u{0}\u{0}", "\u{1}", "\u{2}"],
             seeds: shm_frame_seeds,
             check: check_shm_frame,
         },
@@ -425,18 +425,31 @@ fn shm_frame_seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
             .collect(),
         vec![vec![region], vec![PartRef::Inline(Vec::new())], vec![]],
     ];
+    let counted = DeliveryRef {
+        owner_pid: 4242,
+        segment_index: 0,
+        slot: 5,
+    };
     Ok(batches
         .iter()
-        .map(|records| wire::encode(shm_session(), records))
+        .enumerate()
+        .map(|(batch_idx, records)| {
+            let delivery = if batch_idx % 2 == 0 {
+                counted
+            } else {
+                DeliveryRef::NONE
+            };
+            wire::encode(shm_session(), delivery, records)
+        })
         .collect())
 }
 
 fn check_shm_frame(input: &[u8]) -> Result<bool, String> {
-    let Ok(records) = wire::decode(input, shm_session()) else {
+    let Ok(frame) = wire::decode(input, shm_session()) else {
         return Ok(false);
     };
     // The format has one encoding per value: what decodes must encode back to the same bytes.
-    let encoded = wire::encode(shm_session(), &records);
+    let encoded = wire::encode(shm_session(), frame.delivery, &frame.records);
     if encoded != input {
         return Err(format!(
             "decode then encode changed the frame: {} bytes in, {} bytes out",

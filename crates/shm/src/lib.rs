@@ -9,6 +9,9 @@
 //!   carry an atomic reference count, so any process can release a block and the owner reclaims
 //!   it. No cross-process lock exists, so a process dying at any instant can leak at most the
 //!   blocks it held, never wedge or corrupt the allocator.
+//! - `delivery`: per-socket counters in the sender's segment header that receivers advance as
+//!   they hand messages out: the back-pressure bound (`sndBufSize` in flight) and the proof,
+//!   at close, that everything accepted was taken.
 //! - [`wire`]: the descriptor frames (inline payloads up to 256 bytes, block and region
 //!   descriptors) that travel over zeromq, checked against the segment before any byte is read.
 //! - [`region`]: unmanaged regions the user fills, with release callbacks (single or bulk).
@@ -39,6 +42,7 @@
 
 pub mod allocator;
 pub mod cleanup;
+mod delivery;
 mod error;
 pub mod managed;
 pub mod names;

@@ -24,9 +24,12 @@ use crate::names::{ObjectKind, ObjectName};
 /// Bytes reserved at the start of every object for its [`Header`].
 pub const HEADER_SIZE: usize = 4096;
 const MAGIC: u64 = u64::from_le_bytes(*b"FERROMQ1");
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// Processes that can be attached to one object at once.
 pub const MAX_ATTACHED: usize = 128;
+/// Delivery counters in a segment's header: one per sending socket of the owner (see
+/// `delivery.rs`).
+pub const DELIVERY_COUNTERS: usize = 224;
 
 /// One attached process.
 #[repr(C)]
@@ -52,6 +55,10 @@ pub struct Header {
     /// Largest free block after the owner's last allocation or reclaim.
     pub largest_free: AtomicU64,
     attached: [AttachSlot; MAX_ATTACHED],
+    /// Messages taken by the receivers of each of the owner's sending sockets. Receivers add;
+    /// the owner only reads. In the header, not in a block, so that a receiver's late add can
+    /// never land in memory that was reused for a message.
+    delivered: [AtomicU64; DELIVERY_COUNTERS],
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_SIZE);
@@ -322,6 +329,11 @@ impl Segment {
         Some(unsafe {
             std::slice::from_raw_parts_mut(self.shmem.as_ptr().wrapping_add(offset), len)
         })
+    }
+
+    /// Delivery counter `slot` of the header, or `None` past [`DELIVERY_COUNTERS`].
+    pub fn delivery_counter(&self, slot: u32) -> Option<&AtomicU64> {
+        self.header().delivered.get(slot as usize)
     }
 
     /// The 4-byte atomic at `offset` (aligned, inside the data area).

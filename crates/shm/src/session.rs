@@ -9,12 +9,13 @@ use std::time::Duration;
 use ferromq_core::Message;
 use tokio::time::Instant;
 
+use crate::delivery::{DeliverySlots, SentCounter, TakenCounter};
 use crate::error::ShmError;
 use crate::managed::{OwnedSegment, ShmBuffer};
 use crate::names::{ObjectKind, ObjectName, current_uid};
 use crate::region::{REGION_DATA_START, RegionCallback, UnmanagedRegion, remote_acknowledger};
 use crate::segment::Segment;
-use crate::wire::{PartRef, session_hash};
+use crate::wire::{DeliveryRef, PartRef, session_hash};
 
 /// Options of the shmem transport.
 #[derive(Debug, Clone)]
@@ -59,6 +60,8 @@ pub(crate) struct Session {
     own: tokio::sync::OnceCell<Arc<OwnedSegment>>,
     segments: Mutex<HashMap<(u32, u32), Arc<Segment>>>,
     regions: Mutex<HashMap<(u32, u32), RemoteRegion>>,
+    /// The delivery counter slots of this process's segment.
+    delivery_slots: Arc<DeliverySlots>,
 }
 
 impl Session {
@@ -72,6 +75,7 @@ impl Session {
             own: tokio::sync::OnceCell::new(),
             segments: Mutex::default(),
             regions: Mutex::default(),
+            delivery_slots: Arc::default(),
         }
     }
 
@@ -101,6 +105,25 @@ impl Session {
                 Ok(owned)
             })
             .await
+    }
+
+    /// A delivery counter for a new sending socket (creating this process's segment if need
+    /// be); `None` when every slot is taken.
+    pub(crate) async fn sent_counter(&self) -> Result<Option<SentCounter>, ShmError> {
+        let owned = self.own_segment().await?;
+        Ok(SentCounter::claim(owned, &self.delivery_slots))
+    }
+
+    /// The counter a received frame names, `None` when it names none.
+    pub(crate) fn taken_counter(
+        &self,
+        delivery: DeliveryRef,
+    ) -> Result<Option<TakenCounter>, ShmError> {
+        if !delivery.is_some() {
+            return Ok(None);
+        }
+        let segment = self.segment(delivery.owner_pid, delivery.segment_index)?;
+        TakenCounter::new(segment, delivery).map(Some)
     }
 
     /// A message of `size` bytes in this process's segment, waiting up to the allocation timeout

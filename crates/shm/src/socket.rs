@@ -27,9 +27,10 @@ use ferromq_zmq::endpoint::{bind, connect_endpoint};
 use futures::{FutureExt, StreamExt};
 use zeromq::{Socket as _, SocketRecv as _, SocketSend as _, ZmqMessage};
 
+use crate::delivery::{SentCounter, TakenCounter};
 use crate::managed::ShmBuffer;
 use crate::session::Session;
-use crate::wire::{self, PartRef};
+use crate::wire::{self, DeliveryRef, PartRef};
 
 const SUBSCRIBE_TAG: &[u8] = b"FMQSUB";
 
@@ -92,7 +93,12 @@ const MAX_RECORDS_PER_FRAME: usize = 64;
 const MAX_FRAME_BYTES: usize = 64 << 10;
 
 impl BatchedPush {
-    fn start(mut socket: Box<dyn Socket>, session_hash: u64, capacity: usize) -> BatchedPush {
+    fn start(
+        mut socket: Box<dyn Socket>,
+        session_hash: u64,
+        delivery: DeliveryRef,
+        capacity: usize,
+    ) -> BatchedPush {
         let (commands, mut queue) = tokio::sync::mpsc::channel::<PushCommand>(capacity.max(1));
         let state: Arc<PushState> = Arc::default();
         let task_state = Arc::clone(&state);
@@ -125,7 +131,7 @@ impl BatchedPush {
                                 Err(_) => break,
                             }
                         }
-                        let frame = Message::from(wire::encode(session_hash, &batch));
+                        let frame = Message::from(wire::encode(session_hash, delivery, &batch));
                         let n_records = batch.len() as u64;
                         batch.clear();
                         let sent = socket.send_parts(Parts::from(frame), None).await;
@@ -178,7 +184,12 @@ pub(crate) struct ShmSocket {
     label: ChannelLabel,
     session: Arc<Session>,
     inner: Inner,
-    pending: VecDeque<Parts>,
+    /// What push and pair sockets sent and their receivers took (see `delivery.rs`).
+    sent: Option<SentCounter>,
+    /// Messages in flight at most (`sndBufSize`; 0: no bound).
+    window: usize,
+    /// Received and not yet handed out, with the counter of the sender to advance on hand-out.
+    pending: VecDeque<(Parts, Option<Arc<TakenCounter>>)>,
     /// Frames dropped because they were no descriptor frames of this session.
     n_foreign_frames: u64,
 }
@@ -201,6 +212,16 @@ impl ShmSocket {
     ) -> Result<ShmSocket> {
         let mut label = ChannelLabel::new(socket_name, config.socket_type);
         label.address = config.address.clone();
+        let sent = match config.socket_type {
+            SocketType::Push | SocketType::Pair => session
+                .sent_counter()
+                .await
+                .map_err(|error| transport_error(&label, error))?,
+            _ => None,
+        };
+        let delivery = sent
+            .as_ref()
+            .map_or(DeliveryRef::NONE, SentCounter::reference);
         let inner = match config.socket_type {
             SocketType::Pub => {
                 let mut router = zeromq::RouterSocket::new();
@@ -223,6 +244,7 @@ impl ShmSocket {
                 Inner::Batched(BatchedPush::start(
                     socket,
                     session.hash,
+                    delivery,
                     config.snd_buf_size,
                 ))
             }
@@ -236,6 +258,8 @@ impl ShmSocket {
             label,
             session,
             inner,
+            sent,
+            window: config.snd_buf_size,
             pending: VecDeque::new(),
             n_foreign_frames: 0,
         })
@@ -446,14 +470,30 @@ impl Socket for ShmSocket {
         parts: Parts,
         timeout: Option<Duration>,
     ) -> Result<(), SendError<Parts>> {
+        // Back-pressure first, before any block is made: waiting here is cancel-safe.
+        if let Some(sent) = &self.sent {
+            let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
+            if !sent.wait_for_room(self.window, deadline).await {
+                let error = Error::Timeout {
+                    channel: self.label.clone(),
+                    after: timeout.unwrap_or_default(),
+                };
+                return Err(SendError::new(error, parts));
+            }
+        }
         let (record, fresh) = match describe(&self.session, &self.label, &parts).await {
             Ok(described) => described,
             Err(error) => return Err(SendError::new(error, parts)),
         };
+        let delivery = self
+            .sent
+            .as_ref()
+            .map_or(DeliveryRef::NONE, SentCounter::reference);
         let frame = match &self.inner {
             Inner::Batched(_) => Bytes::new(),
             _ => Bytes::from(wire::encode(
                 self.session.hash,
+                delivery,
                 std::slice::from_ref(&record),
             )),
         };
@@ -499,6 +539,9 @@ impl Socket for ShmSocket {
                 push.state.n_queued.fetch_add(1, Ordering::AcqRel);
                 permit.send(PushCommand::Record(record));
                 disarm(parts, fresh);
+                if let Some(sent) = &mut self.sent {
+                    sent.note_sent();
+                }
                 Ok(())
             }
             Inner::Plain(socket) => match socket
@@ -507,6 +550,9 @@ impl Socket for ShmSocket {
             {
                 Ok(()) => {
                     disarm(parts, fresh);
+                    if let Some(sent) = &mut self.sent {
+                        sent.note_sent();
+                    }
                     Ok(())
                 }
                 Err(failed) => Err(SendError::new(failed.error, parts)),
@@ -566,7 +612,10 @@ impl Socket for ShmSocket {
     async fn receive_parts(&mut self, timeout: Option<Duration>) -> Result<Parts> {
         let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
         loop {
-            if let Some(parts) = self.pending.pop_front() {
+            if let Some((parts, taken)) = self.pending.pop_front() {
+                if let Some(taken) = taken {
+                    taken.count_taken();
+                }
                 return Ok(parts);
             }
             let frames: Vec<Bytes> = match &mut self.inner {
@@ -625,8 +674,8 @@ impl Socket for ShmSocket {
                 }
             };
             for frame in frames {
-                let records = match wire::decode(&frame, self.session.hash) {
-                    Ok(records) => records,
+                let decoded = match wire::decode(&frame, self.session.hash) {
+                    Ok(decoded) => decoded,
                     // Not a descriptor frame of this session: it comes from a peer that was
                     // refused when it connected (a plain ZeroMQ program, another session). A
                     // fan-in socket drops it and keeps serving its other peers.
@@ -641,7 +690,12 @@ impl Socket for ShmSocket {
                     }
                     Err(error) => return Err(transport_error(&self.label, error)),
                 };
-                for record in records {
+                let taken = self
+                    .session
+                    .taken_counter(decoded.delivery)
+                    .map_err(|error| transport_error(&self.label, error))?
+                    .map(Arc::new);
+                for record in decoded.records {
                     let parts = self.materialise(record)?;
                     if let Inner::Subscriber(subscriber) = &self.inner {
                         let first = parts.get(0).map(Message::data).unwrap_or_default();
@@ -649,7 +703,7 @@ impl Socket for ShmSocket {
                             continue;
                         }
                     }
-                    self.pending.push_back(parts);
+                    self.pending.push_back((parts, taken.clone()));
                 }
             }
         }
@@ -664,27 +718,49 @@ impl Socket for ShmSocket {
     }
 
     async fn close(&mut self, linger: Duration) -> Result<()> {
+        // A counting sender first waits until its receivers took everything it accepted;
+        // `linger` bounds the silence, not the whole drain.
+        let n_untaken = match &self.sent {
+            Some(sent) => sent.wait_until_taken(linger).await,
+            None => 0,
+        };
+        let untaken = |label: &ChannelLabel| Error::Undelivered {
+            channel: label.clone(),
+            n_messages: n_untaken,
+            reason: format!("the receivers took none of them for linger = {linger:?}"),
+        };
+        // What is left after that wait will not be taken: zeromq need not wait for it either.
+        let zmq_linger = if n_untaken > 0 {
+            linger.min(Duration::from_millis(100))
+        } else {
+            linger
+        };
         let result = match &mut self.inner {
-            Inner::Plain(socket) => socket.close(linger).await,
+            Inner::Plain(socket) => match socket.close(zmq_linger).await {
+                Ok(()) if n_untaken > 0 => Err(untaken(&self.label)),
+                closed => closed,
+            },
             // The task sends everything queued before the close, then closes with linger.
             Inner::Batched(push) => {
                 // Queued descriptors wait for a peer; `linger` bounds how long. Past it the
                 // batching task is stopped and the loss reported, so closing never hangs on a
                 // receiver that is gone.
-                let close = push.call(&self.label, |reply| PushCommand::Close(linger, reply));
-                let closed = tokio::time::timeout(linger + Duration::from_millis(100), close).await;
+                let close = push.call(&self.label, |reply| PushCommand::Close(zmq_linger, reply));
+                let closed =
+                    tokio::time::timeout(zmq_linger + Duration::from_millis(100), close).await;
                 if closed.is_err() {
                     push.task.abort();
                 }
                 let n_queued = push.state.n_queued.load(Ordering::Acquire);
                 let n_refused = push.state.n_refused.load(Ordering::Acquire);
                 match closed {
-                    Ok(Err(error)) => Err(error),
                     _ if n_refused > 0 => Err(Error::Undelivered {
                         channel: self.label.clone(),
-                        n_messages: n_refused + n_queued,
+                        n_messages: (n_refused + n_queued).max(n_untaken),
                         reason: "the peer refused their descriptors".to_owned(),
                     }),
+                    _ if n_untaken > 0 => Err(untaken(&self.label)),
+                    Ok(Err(error)) => Err(error),
                     Err(_) => Err(Error::Undelivered {
                         channel: self.label.clone(),
                         n_messages: n_queued,

@@ -4,13 +4,15 @@
 //! inline bytes (small payloads), a managed block, or a region range:
 //!
 //! ```text
-//! frame  := magic "FMQSHM01" | session hash u64 | n_records u32 | record*
+//! frame  := magic "FMQSHM02" | session hash u64 | delivery | n_records u32 | record*
+//! delivery := owner pid u32 | segment index u32 | counter slot u32   (slot u32::MAX: none)
 //! record := n_parts u32 | part*
 //! part   := 0 u8 | len u32 | bytes            (inline)
 //!         | 1 u8 | owner pid u32 | segment index u32 | offset u64 | size u64
 //!         | 2 u8 | creator pid u32 | region index u32 | offset u64 | size u64 | hint u64
 //! ```
-//! All integers little endian. Decoding checks every length against the frame; the offsets are
+//! `delivery` names the sender's delivery counter (see `delivery.rs`): the receiver adds one to
+//! it for every record it hands to its device. All integers little endian. Decoding checks every length against the frame; the offsets are
 //! checked against the segment when the part is materialised.
 
 use crate::error::ShmError;
@@ -49,11 +51,53 @@ pub enum PartRef {
     },
 }
 
-/// Appends `records` to a new frame for `session_hash`.
-pub fn encode(session_hash: u64, records: &[Vec<PartRef>]) -> Vec<u8> {
-    let mut frame = Vec::with_capacity(20 + records.len() * 32);
+/// The sender's delivery counter a frame names: slot `slot` of segment `segment_index` of
+/// process `owner_pid`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeliveryRef {
+    /// Process that owns the segment.
+    pub owner_pid: u32,
+    /// Its segment index.
+    pub segment_index: u32,
+    /// Counter slot in the segment's header; [`DeliveryRef::NONE`]'s for a sender that does
+    /// not count (publishers, requesters).
+    pub slot: u32,
+}
+
+impl DeliveryRef {
+    /// No counter: the receiver counts nothing.
+    pub const NONE: DeliveryRef = DeliveryRef {
+        owner_pid: 0,
+        segment_index: 0,
+        slot: u32::MAX,
+    };
+
+    /// True for a real counter.
+    pub fn is_some(&self) -> bool {
+        self.slot != u32::MAX
+    }
+}
+
+/// A decoded frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// Where the receiver counts what it takes.
+    pub delivery: DeliveryRef,
+    /// The messages.
+    pub records: Vec<Vec<PartRef>>,
+}
+
+/// Bytes before the first record.
+pub const FRAME_HEADER_LEN: usize = 32;
+
+/// Appends `records` to a new frame for `session_hash`, naming the sender's `delivery` counter.
+pub fn encode(session_hash: u64, delivery: DeliveryRef, records: &[Vec<PartRef>]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + records.len() * 32);
     frame.extend_from_slice(MAGIC);
     frame.extend_from_slice(&session_hash.to_le_bytes());
+    frame.extend_from_slice(&delivery.owner_pid.to_le_bytes());
+    frame.extend_from_slice(&delivery.segment_index.to_le_bytes());
+    frame.extend_from_slice(&delivery.slot.to_le_bytes());
     frame.extend_from_slice(&(records.len() as u32).to_le_bytes());
     for record in records {
         frame.extend_from_slice(&(record.len() as u32).to_le_bytes());
@@ -137,8 +181,8 @@ impl<'a> Reader<'a> {
 /// # Errors
 /// [`ShmError::BadDescriptor`] naming what is wrong: not a ferromq shmem frame (a peer on
 /// another transport), another session, or a truncated or malformed record.
-pub fn decode(frame: &[u8], session_hash: u64) -> Result<Vec<Vec<PartRef>>, ShmError> {
-    if frame.len() < 20 || &frame[..8] != MAGIC {
+pub fn decode(frame: &[u8], session_hash: u64) -> Result<Frame, ShmError> {
+    if frame.len() < FRAME_HEADER_LEN || &frame[..8] != MAGIC {
         return Err(ShmError::BadDescriptor {
             reason: "not a ferromq shmem frame: the peer uses another transport (zeromq?) or another protocol version"
                 .to_owned(),
@@ -155,6 +199,11 @@ pub fn decode(frame: &[u8], session_hash: u64) -> Result<Vec<Vec<PartRef>>, ShmE
                 .to_owned(),
         });
     }
+    let delivery = DeliveryRef {
+        owner_pid: reader.u32()?,
+        segment_index: reader.u32()?,
+        slot: reader.u32()?,
+    };
     let n_records = reader.u32()? as usize;
     // Every record takes at least 4 bytes: a forged count cannot make us allocate wildly.
     if n_records > frame.len() / 4 {
@@ -208,7 +257,7 @@ pub fn decode(frame: &[u8], session_hash: u64) -> Result<Vec<Vec<PartRef>>, ShmE
             ),
         });
     }
-    Ok(records)
+    Ok(Frame { delivery, records })
 }
 
 /// The hash that identifies a session on the wire.
@@ -246,15 +295,25 @@ mod tests {
         ]
     }
 
+    const COUNTER: DeliveryRef = DeliveryRef {
+        owner_pid: 7,
+        segment_index: 0,
+        slot: 3,
+    };
+
     #[test]
     fn round_trip() {
-        let frame = encode(42, &records());
-        assert_eq!(decode(&frame, 42).unwrap(), records());
+        for delivery in [COUNTER, DeliveryRef::NONE] {
+            let frame = encode(42, delivery, &records());
+            let decoded = decode(&frame, 42).unwrap();
+            assert_eq!(decoded.records, records());
+            assert_eq!(decoded.delivery, delivery);
+        }
     }
 
     #[test]
     fn every_truncation_and_foreign_frame_is_an_error() {
-        let frame = encode(42, &records());
+        let frame = encode(42, COUNTER, &records());
         for len in 0..frame.len() {
             assert!(decode(&frame[..len], 42).is_err(), "truncated at {len}");
         }
@@ -270,8 +329,8 @@ mod tests {
                 .to_string()
                 .contains("another transport")
         );
-        let mut forged = encode(42, &[]);
-        forged[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+        let mut forged = encode(42, COUNTER, &[]);
+        forged[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(decode(&forged, 42).is_err());
     }
 }

@@ -72,6 +72,14 @@ fn main() {
             "closing_a_push_whose_receiver_is_gone_returns_within_linger",
             close_without_receiver,
         ),
+        trial(
+            "a_stopped_receiver_holds_the_sender_at_snd_buf_size_and_loses_nothing",
+            stopped_receiver_back_pressure,
+        ),
+        trial(
+            "messages_a_receiver_left_queued_when_it_exited_are_reported_undelivered",
+            receiver_exits_with_messages_queued,
+        ),
     ];
     libtest_mimic::run(&Arguments::from_args(), tests).exit();
 }
@@ -307,6 +315,16 @@ async fn run_role(role: &str) -> Result<()> {
                 fill(&mut message, msg_idx);
                 push.send(message).await.map_err(|failed| failed.error)?;
             }
+        }
+        "taker" => {
+            // Takes COUNT messages, checking each, then exits (leaving the rest unreceived).
+            let mut pull = open(&transport, SocketType::Pull, Method::Connect, &address).await?;
+            println!("CONNECTED");
+            let n_msgs: u64 = env("COUNT").parse()?;
+            for msg_idx in 0..n_msgs {
+                verify(&pull.receive().await?, msg_idx)?;
+            }
+            println!("TOOK {n_msgs}");
         }
         "endless-receiver" => {
             let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await?;
@@ -592,7 +610,7 @@ fn kill_9_cleanup() -> Result<()> {
 }
 
 fn forged_descriptors() -> Result<()> {
-    use ferromq_shm::wire::{PartRef, encode, session_hash};
+    use ferromq_shm::wire::{DeliveryRef, PartRef, encode, session_hash};
     use zeromq::{Socket as _, SocketSend as _};
     let session = Session::new("forged");
     block_on(async {
@@ -613,6 +631,7 @@ fn forged_descriptors() -> Result<()> {
             (
                 encode(
                     hash,
+                    DeliveryRef::NONE,
                     &[vec![PartRef::Block {
                         owner_pid: std::process::id(),
                         segment_index: index,
@@ -625,6 +644,7 @@ fn forged_descriptors() -> Result<()> {
             (
                 encode(
                     hash,
+                    DeliveryRef::NONE,
                     &[vec![PartRef::Block {
                         owner_pid: std::process::id(),
                         segment_index: index,
@@ -637,6 +657,7 @@ fn forged_descriptors() -> Result<()> {
             (
                 encode(
                     hash,
+                    DeliveryRef::NONE,
                     &[vec![PartRef::Block {
                         owner_pid: 999_999,
                         segment_index: 7,
@@ -645,6 +666,18 @@ fn forged_descriptors() -> Result<()> {
                     }]],
                 ),
                 "does not exist",
+            ),
+            (
+                encode(
+                    hash,
+                    DeliveryRef {
+                        owner_pid: std::process::id(),
+                        segment_index: index,
+                        slot: 100_000,
+                    },
+                    &[vec![PartRef::Inline(b"counted".to_vec())]],
+                ),
+                "delivery counter slot 100000",
             ),
         ];
         for (frame, expected) in forgeries {
@@ -660,6 +693,7 @@ fn forged_descriptors() -> Result<()> {
         // receiver (it refuses such peers and keeps serving the others), never delivered.
         raw.send(zeromq::ZmqMessage::from(encode(
             hash ^ 1,
+            DeliveryRef::NONE,
             &[vec![PartRef::Inline(vec![1])]],
         )))
         .await?;
@@ -670,6 +704,7 @@ fn forged_descriptors() -> Result<()> {
         // The receiver still works.
         raw.send(zeromq::ZmqMessage::from(encode(
             hash,
+            DeliveryRef::NONE,
             &[vec![PartRef::Inline(b"fine".to_vec())]],
         )))
         .await?;
@@ -864,5 +899,103 @@ fn close_without_receiver() -> Result<()> {
         let closed = tokio::time::timeout(Duration::from_secs(10), push.close()).await;
         ensure!(closed.is_ok(), "close hung with no receiver");
         Ok(())
+    })
+}
+
+fn signal(child: &Child, name: &str) -> Result<()> {
+    let pid = child.id().context("child already reaped")?;
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()?;
+    ensure!(status.success(), "kill -{name} {pid}: {status}");
+    Ok(())
+}
+
+fn push_with(address: &str, snd_buf_size: usize, linger: u64) -> ChannelConfig {
+    ChannelConfig {
+        snd_buf_size,
+        linger,
+        ..ChannelConfig::new("data", SocketType::Push, Method::Bind).with_address(address)
+    }
+}
+
+/// A receiver stopped by SIGSTOP takes nothing: the sender may have `sndBufSize` messages in
+/// flight, no more (shared memory does not fill up behind a stalled receiver), and after SIGCONT
+/// every message arrives intact.
+fn stopped_receiver_back_pressure() -> Result<()> {
+    let session = Session::new("stall");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("stall");
+        let mut push = Channel::open(&transport, push_with(&address, 5, 10_000), "data").await?;
+        push.bind_configured().await?;
+        let mut taker = ChildRole::spawn("taker", &session, &address, &[("COUNT", "20".into())]);
+        ensure!(taker.line().await? == "CONNECTED");
+        signal(&taker.child, "STOP")?;
+        let mut next = 0u64;
+        let make = async |msg_idx: u64| -> Result<Message> {
+            let mut message = transport.new_message(4096).await?;
+            fill(&mut message, msg_idx);
+            Ok(message)
+        };
+        // The first frames may wait for the connection; give them time, then expect the bound.
+        while next < 5 {
+            push.send_timeout(make(next).await?, STEP)
+                .await
+                .map_err(|failed| failed.error)?;
+            next += 1;
+        }
+        let refused = push
+            .send_timeout(make(next).await?, Duration::from_millis(300))
+            .await;
+        ensure!(
+            matches!(
+                refused.as_ref().map_err(|failed| &failed.error),
+                Err(ferromq_core::Error::Timeout { .. })
+            ),
+            "a 6th message in flight to a stopped receiver with sndBufSize = 5: {:?}",
+            refused.map_err(|failed| failed.error.to_string())
+        );
+        signal(&taker.child, "CONT")?;
+        while next < 20 {
+            push.send_timeout(make(next).await?, STEP)
+                .await
+                .map_err(|failed| failed.error)?;
+            next += 1;
+        }
+        push.close().await?;
+        ensure!(taker.line().await? == "TOOK 20");
+        taker.success().await
+    })
+}
+
+/// A receiver that exits while messages wait in its queue did not take them: the sender's
+/// close says how many were not delivered instead of succeeding.
+fn receiver_exits_with_messages_queued() -> Result<()> {
+    let session = Session::new("queued");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("queued");
+        let mut push = Channel::open(&transport, push_with(&address, 1000, 500), "data").await?;
+        push.bind_configured().await?;
+        let mut taker = ChildRole::spawn("taker", &session, &address, &[("COUNT", "10".into())]);
+        ensure!(taker.line().await? == "CONNECTED");
+        for msg_idx in 0..30 {
+            let mut message = transport.new_message(4096).await?;
+            fill(&mut message, msg_idx);
+            push.send(message).await.map_err(|failed| failed.error)?;
+        }
+        ensure!(taker.line().await? == "TOOK 10");
+        taker.success().await?;
+        match push.close().await {
+            Err(ferromq_core::Error::Undelivered { n_messages, .. }) => {
+                ensure!(
+                    n_messages == 20,
+                    "{n_messages} reported undelivered, 20 were"
+                );
+                Ok(())
+            }
+            other => bail!("closing with 20 messages never taken: {other:?}"),
+        }
     })
 }

@@ -1,0 +1,198 @@
+//! Delivery counting: how a shmem sender knows what its receivers took, so that it can bound
+//! what is in flight and never report a clean close while a message still waits somewhere.
+//!
+//! Every push and pair socket claims one counter slot in the header of its process's managed
+//! segment ([`DELIVERY_COUNTERS`] per segment) and names it in each descriptor frame
+//! ([`DeliveryRef`]). A receiver adds one to that counter each time it hands a message to its
+//! device: not when the frame arrives, so a message still queued in a receiver that stops or
+//! crashes counts as not delivered. The sender only reads the counter:
+//!
+//! - **Back-pressure**: `send` waits while `sndBufSize` messages are sent and not yet taken, so a
+//!   stalled receiver stops the sender instead of filling shared memory.
+//! - **Close**: the sender waits until every message it accepted was taken; `linger` bounds how
+//!   long it waits *without progress*. What is left is reported as
+//!   [`Error::Undelivered`](ferromq_core::Error::Undelivered).
+//!
+//! The counters live in the segment header, never in a block, so that a receiver's late add (the
+//! sender gave up and dropped its socket) can only touch a counter, never message memory. A slot
+//! is reused by the next socket of the process; it starts from the counter's value at the claim,
+//! so only late adds of a former user can inflate what it sees as taken.
+//!
+//! # Cancellation and peer death
+//! Waiting for room or for the close is cancel-safe: nothing is taken or sent while waiting.
+//! A receiver that dies takes nothing more: the sender's wait ends after `linger` of silence
+//! (close) or at the send timeout (send).
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::ShmError;
+use crate::managed::OwnedSegment;
+use crate::segment::{DELIVERY_COUNTERS, Segment};
+use crate::wire::DeliveryRef;
+
+/// The free counter slots of one process's segment.
+pub(crate) struct DeliverySlots {
+    free: Mutex<Vec<u32>>,
+}
+
+impl Default for DeliverySlots {
+    fn default() -> DeliverySlots {
+        DeliverySlots {
+            free: Mutex::new((0..DELIVERY_COUNTERS as u32).rev().collect()),
+        }
+    }
+}
+
+/// A sending socket's counter: what it sent, and (read from shared memory) what was taken.
+pub(crate) struct SentCounter {
+    segment: Arc<Segment>,
+    slots: Arc<DeliverySlots>,
+    slot: u32,
+    /// The counter's value when the slot was claimed.
+    base: u64,
+    n_sent: u64,
+}
+
+/// How long a full window is polled by yielding before the sender sleeps between looks.
+const SPIN_FOR: Duration = Duration::from_micros(200);
+const POLL_PAUSE: Duration = Duration::from_millis(1);
+
+impl SentCounter {
+    /// Claims a slot of `owned`; `None` when all [`DELIVERY_COUNTERS`] are in use (the socket
+    /// then sends without counting: no back-pressure beyond zeromq's, no drain on close).
+    pub(crate) fn claim(owned: &OwnedSegment, slots: &Arc<DeliverySlots>) -> Option<SentCounter> {
+        let slot = slots.free.lock().expect("delivery slots poisoned").pop()?;
+        let segment = Arc::clone(owned.segment());
+        let base = segment
+            .delivery_counter(slot)
+            .expect("claimed slots exist")
+            .load(Ordering::Acquire);
+        Some(SentCounter {
+            segment,
+            slots: Arc::clone(slots),
+            slot,
+            base,
+            n_sent: 0,
+        })
+    }
+
+    /// What a frame names so that its receiver counts here.
+    pub(crate) fn reference(&self) -> DeliveryRef {
+        DeliveryRef {
+            owner_pid: self.segment.name().creator_pid,
+            segment_index: self.segment.name().index,
+            slot: self.slot,
+        }
+    }
+
+    fn n_taken(&self) -> u64 {
+        self.segment
+            .delivery_counter(self.slot)
+            .expect("claimed slots exist")
+            .load(Ordering::Acquire)
+            .wrapping_sub(self.base)
+    }
+
+    /// Messages sent and not yet taken.
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.n_sent.saturating_sub(self.n_taken())
+    }
+
+    /// Counts one more message accepted for sending.
+    pub(crate) fn note_sent(&mut self) {
+        self.n_sent += 1;
+    }
+
+    /// Waits until fewer than `capacity` messages are in flight (0: no bound); false when
+    /// `deadline` came first.
+    pub(crate) async fn wait_for_room(&self, capacity: usize, deadline: Option<Instant>) -> bool {
+        if capacity == 0 {
+            return true;
+        }
+        let started = Instant::now();
+        loop {
+            if self.in_flight() < capacity as u64 {
+                return true;
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|deadline| now >= deadline) {
+                return false;
+            }
+            if now - started < SPIN_FOR {
+                tokio::task::yield_now().await;
+            } else {
+                let pause = deadline.map_or(POLL_PAUSE, |deadline| {
+                    POLL_PAUSE.min(deadline.saturating_duration_since(now))
+                });
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+
+    /// Waits until every message sent was taken, giving up after `linger` in which nothing was
+    /// taken; returns how many were not.
+    pub(crate) async fn wait_until_taken(&self, linger: Duration) -> u64 {
+        let mut left = self.in_flight();
+        let mut progress_at = Instant::now();
+        while left > 0 {
+            if progress_at.elapsed() >= linger {
+                break;
+            }
+            tokio::time::sleep(POLL_PAUSE.min(linger)).await;
+            let now_left = self.in_flight();
+            if now_left < left {
+                progress_at = Instant::now();
+            }
+            left = now_left;
+        }
+        left
+    }
+}
+
+impl Drop for SentCounter {
+    fn drop(&mut self) {
+        self.slots
+            .free
+            .lock()
+            .expect("delivery slots poisoned")
+            .push(self.slot);
+    }
+}
+
+/// A receiver's handle on the counter a sender named.
+pub(crate) struct TakenCounter {
+    segment: Arc<Segment>,
+    slot: u32,
+}
+
+impl TakenCounter {
+    /// The counter `delivery` names in `segment` (the sender's).
+    ///
+    /// # Errors
+    /// [`ShmError::BadDescriptor`] for a slot past [`DELIVERY_COUNTERS`].
+    pub(crate) fn new(segment: Arc<Segment>, delivery: DeliveryRef) -> Result<Self, ShmError> {
+        if segment.delivery_counter(delivery.slot).is_none() {
+            return Err(ShmError::BadDescriptor {
+                reason: format!(
+                    "delivery counter slot {} does not exist (at most {DELIVERY_COUNTERS})",
+                    delivery.slot
+                ),
+            });
+        }
+        Ok(TakenCounter {
+            segment,
+            slot: delivery.slot,
+        })
+    }
+
+    /// Counts one message handed to the device.
+    pub(crate) fn count_taken(&self) {
+        if let Some(counter) = self.segment.delivery_counter(self.slot) {
+            counter.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
