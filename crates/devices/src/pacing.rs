@@ -2,10 +2,17 @@
 //!
 //! A pacer that sleeps per message would cap rates at the timer's resolution; this one computes
 //! each message's due time and sleeps only when ahead of it, so `--rate 1000000` works.
+//!
+//! A sender held up for longer than [`MAX_DEBT`] (a receiver that connected late, a stalled
+//! peer) does not burst to catch up: the schedule restarts at the message that was late, so the
+//! rate stays the rate the user asked for.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+/// How far behind its schedule a pacer may fall and still catch up.
+pub const MAX_DEBT: Duration = Duration::from_millis(100);
 
 /// Paces a sender to `rate` messages per second (0 = unlimited).
 #[derive(Debug)]
@@ -47,8 +54,13 @@ impl Pacer {
             self.start = Instant::now();
             self.n_sent = 0;
         }
-        if due > Instant::now() {
+        let now = Instant::now();
+        if due > now {
             tokio::time::sleep_until(due).await;
+        } else if now - due > MAX_DEBT {
+            // Leaves now; the next one is due one interval later.
+            self.start = now;
+            self.n_sent = 1;
         }
     }
 }
@@ -76,6 +88,24 @@ mod tests {
         for _ in 0..1000 {
             unlimited.wait().await;
         }
+        assert_eq!(Instant::now(), start);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sender_held_up_does_not_burst_to_catch_up() {
+        let mut pacer = Pacer::new(10.0);
+        pacer.wait().await;
+        // Held up for 4 s (a late receiver): the next message leaves at once, the one after a
+        // full interval later, not immediately to make up for the 40 missed.
+        tokio::time::advance(Duration::from_secs(4)).await;
+        pacer.wait().await;
+        let start = Instant::now();
+        pacer.wait().await;
+        assert_eq!(Instant::now() - start, Duration::from_millis(100));
+        // Behind by less than MAX_DEBT: it catches up (timer jitter must not lower the rate).
+        tokio::time::advance(Duration::from_millis(150)).await;
+        let start = Instant::now();
+        pacer.wait().await;
         assert_eq!(Instant::now(), start);
     }
 }
