@@ -31,6 +31,8 @@ use ferromq_topology::{AutoAddress, DeviceKind, Instance, Known, Topology};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use crate::console::Console;
+
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 const LAST_LINES: usize = 20;
@@ -132,9 +134,9 @@ fn forward_lines(
                 format!("[{id}] {line}")
             };
             if to_stderr {
-                eprintln!("{line}");
+                Console::global().error_line(&line);
             } else {
-                println!("{line}");
+                Console::global().line(&line);
             }
         }
     });
@@ -420,10 +422,11 @@ fn table(
             lines.push(format!("{:<16} {state:<18}", device.instance.id));
         }
         for (channel_idx, (channel, now)) in device.counters.iter().enumerate() {
+            // Counters start at zero: the first table shows the rates since the start.
             let before = previous
                 .get(&(device.instance.id.clone(), channel.clone()))
                 .copied()
-                .unwrap_or(*now);
+                .unwrap_or_default();
             let rates = Rates::between(before, *now, seconds);
             let (id, state) = if channel_idx == 0 {
                 (device.instance.id.as_str(), state.as_str())
@@ -445,8 +448,7 @@ async fn supervise(
     signals: &mut Signals,
 ) -> Ending {
     let started = Instant::now();
-    let terminal = std::io::stdout().is_terminal();
-    let interval = if terminal {
+    let interval = if Console::global().is_live() {
         Duration::from_secs(1)
     } else {
         Duration::from_secs(2)
@@ -454,7 +456,6 @@ async fn supervise(
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let mut previous: BTreeMap<(String, String), ferromq_core::CounterSnapshot> = BTreeMap::new();
     let mut last_table = Instant::now();
-    let mut drawn_lines = 0;
     // The RUN replies said every device entered RUNNING; all back in READY later means done.
     let mut seen_running = devices.iter().any(|device| device.state == State::Running);
     loop {
@@ -472,8 +473,6 @@ async fn supervise(
             &mut seen_running,
             &mut previous,
             &mut last_table,
-            &mut drawn_lines,
-            terminal,
             interval,
         );
         tokio::select! {
@@ -491,8 +490,6 @@ async fn poll_devices(
     seen_running: &mut bool,
     previous: &mut BTreeMap<(String, String), ferromq_core::CounterSnapshot>,
     last_table: &mut Instant,
-    drawn_lines: &mut usize,
-    terminal: bool,
     interval: Duration,
 ) -> Option<Ending> {
     for device in devices.iter_mut() {
@@ -555,15 +552,7 @@ async fn poll_devices(
             }
         }
         previous.extend(before);
-        let lines = table(devices, previous, seconds);
-        if terminal {
-            // Redraw in place: up over the last table, clear to the end of the screen.
-            if *drawn_lines > 0 {
-                print!("\x1b[{drawn_lines}A\x1b[J");
-            }
-            *drawn_lines = lines.len();
-        }
-        println!("{}", lines.join("\n"));
+        Console::global().table(&table(devices, previous, seconds));
         for device in devices.iter() {
             for (channel, counters) in &device.counters {
                 previous.insert((device.instance.id.clone(), channel.clone()), *counters);
@@ -882,6 +871,7 @@ pub async fn run(options: RunOptions) -> ExitCode {
     };
     let run_dir = session_dir.path().to_owned();
     let n_instances = topology.instances().len();
+    Console::init(std::io::stdout().is_terminal());
     println!(
         "ferromq: {} ({n_instances} processes, session {session}, default transport {})",
         topology.file, topology.transport
@@ -909,6 +899,8 @@ pub async fn run(options: RunOptions) -> ExitCode {
             },
         )),
     };
+    // The last table stays on screen; the stop's lines go below it.
+    Console::global().finish();
     match &ending {
         Ending::Signal(name) => println!("ferromq: {name}: stopping every device (again to kill)"),
         Ending::Duration => println!("ferromq: duration reached: stopping every device"),

@@ -30,6 +30,7 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+mod console;
 pub mod interactive;
 pub mod launch;
 pub mod logging;
