@@ -225,24 +225,24 @@ impl Session {
                 hint,
             } => {
                 let (segment, acknowledge) = self.region(creator_pid, region_index)?;
-                let end = offset
-                    .checked_add(size)
-                    .map(|end| end as usize + REGION_DATA_START);
-                if end.is_none_or(|end| end > segment.len()) {
+                // Numbers from the wire: checked arithmetic, so no value can wrap past the check.
+                let start = usize::try_from(offset)
+                    .ok()
+                    .and_then(|offset| offset.checked_add(REGION_DATA_START));
+                let range = start.zip(usize::try_from(size).ok());
+                let Some((start, size)) = range.filter(|&(start, size)| {
+                    start
+                        .checked_add(size)
+                        .is_some_and(|end| end <= segment.len())
+                }) else {
                     return Err(ShmError::BadDescriptor {
                         reason: format!(
                             "{}: range {offset}+{size} is outside the region",
                             segment.name()
                         ),
                     });
-                }
-                let buffer = ShmBuffer::new_region(
-                    segment,
-                    REGION_DATA_START + offset as usize,
-                    size as usize,
-                    acknowledge,
-                    hint,
-                );
+                };
+                let buffer = ShmBuffer::new_region(segment, start, size, acknowledge, hint);
                 Ok(Message::from_buffer(Box::new(buffer)))
             }
         }

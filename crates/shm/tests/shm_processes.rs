@@ -621,6 +621,21 @@ fn forged_descriptors() -> Result<()> {
         let (segment_name, _) = transport.segment_info().await?;
         let index: u32 = segment_name.rsplit('_').next().context("index")?.parse()?;
         let hash = session_hash(current_uid(), &session.0);
+        // A region of this process, so that forged region ranges name a real one.
+        let region = transport
+            .create_region(
+                4096,
+                RegionCallback::Bulk(Box::new(|_blocks: &[RegionBlock]| {})),
+            )
+            .await?;
+        let region_index = {
+            let lent = region.message(0, 8, 0)?;
+            let buffer = lent
+                .buffer()
+                .and_then(|buffer| buffer.as_any().downcast_ref::<ShmBuffer>())
+                .context("a region buffer")?;
+            buffer.segment().name().index
+        };
         // The forger also forges a shmem identity of this session, to get past the handshake.
         let mut options = zeromq::SocketOptions::default();
         let identity = format!("fmqshm:{hash:016x}:{}:forger", std::process::id());
@@ -666,6 +681,35 @@ fn forged_descriptors() -> Result<()> {
                     }]],
                 ),
                 "does not exist",
+            ),
+            (
+                // offset + size fits in 64 bits, offset + the region's header does not.
+                encode(
+                    hash,
+                    DeliveryRef::NONE,
+                    &[vec![PartRef::Region {
+                        creator_pid: std::process::id(),
+                        region_index,
+                        offset: u64::MAX - 8,
+                        size: 8,
+                        hint: 0,
+                    }]],
+                ),
+                "outside the region",
+            ),
+            (
+                encode(
+                    hash,
+                    DeliveryRef::NONE,
+                    &[vec![PartRef::Region {
+                        creator_pid: std::process::id(),
+                        region_index,
+                        offset: 4000,
+                        size: 4096,
+                        hint: 0,
+                    }]],
+                ),
+                "outside the region",
             ),
             (
                 encode(
