@@ -248,7 +248,7 @@ impl ShmBuffer {
     ///
     /// # Errors
     /// [`ShmError::BadDescriptor`] for anything that is not a live block of that size.
-    pub fn adopt_block(
+    pub(crate) fn adopt_block(
         segment: Arc<Segment>,
         data_offset: usize,
         size: usize,
@@ -313,7 +313,7 @@ impl ShmBuffer {
     }
 
     /// Adds `n` references for `n` more receivers of the same block (pub/sub fan-out).
-    pub fn add_references(&self, n: u32) {
+    pub(crate) fn add_references(&self, n: u32) {
         if let Some(block) = self.block() {
             block.refcount.fetch_add(n, Ordering::AcqRel);
         }
@@ -321,14 +321,14 @@ impl ShmBuffer {
 
     /// Takes back `n` references added with [`ShmBuffer::add_references`] for receivers that did
     /// not get the block after all.
-    pub fn release_references(&self, n: u32) {
+    pub(crate) fn release_references(&self, n: u32) {
         if let Some(block) = self.block() {
             block.refcount.fetch_sub(n, Ordering::AcqRel);
         }
     }
 
     /// Gives up this handle without releasing its reference: the receiver now holds it.
-    pub fn disarm(mut self) {
+    pub(crate) fn disarm(mut self) {
         self.release = Release::Nothing;
     }
 }

@@ -307,8 +307,10 @@ impl Segment {
     /// The bytes `offset..offset + len`, or `None` when the range is not inside the data area.
     ///
     /// The ownership protocol guarantees that nobody writes a range while a reader holds it: a
-    /// block is written only by its single owner, before it is sent.
-    pub fn bytes(&self, offset: usize, len: usize) -> Option<&[u8]> {
+    /// block is written only by its single owner, before it is sent. Crate-private because only
+    /// this crate's types keep that protocol: safe code elsewhere could read a range another
+    /// process is writing.
+    pub(crate) fn bytes(&self, offset: usize, len: usize) -> Option<&[u8]> {
         self.check_range(offset, len)?;
         // SAFETY: the range lies inside the mapping (checked above), which lives as long as the
         // returned borrow of `self`; by the ownership protocol nobody writes it meanwhile.
@@ -329,6 +331,13 @@ impl Segment {
         Some(unsafe {
             std::slice::from_raw_parts_mut(self.shmem.as_ptr().wrapping_add(offset), len)
         })
+    }
+
+    /// Where the whole mapping starts and how long it is, to register it with a network card.
+    /// Only an address: touching the bytes through it is `unsafe` and governed by the ownership
+    /// protocol above, like every other access.
+    pub fn mapping_range(&self) -> (*const u8, usize) {
+        (self.shmem.as_ptr().cast_const(), self.len)
     }
 
     /// Delivery counter `slot` of the header, or `None` past [`DELIVERY_COUNTERS`].
