@@ -55,9 +55,14 @@ pub(crate) struct SentCounter {
     /// The counter's value when the slot was claimed.
     base: u64,
     n_sent: u64,
+    /// What was taken when the counter was last read: `send` reads the shared counter only
+    /// when this says the window may be full, so the receiver's cache line stays its own.
+    known_taken: u64,
 }
 
-/// How long a full window is polled by yielding before the sender sleeps between looks.
+/// How long a full window is polled by yielding, without the receivers taking anything, before
+/// the sender sleeps between looks: a receiver that keeps taking is followed closely (sleeping
+/// a timer tick would leave it idle), a stalled one costs no CPU.
 const SPIN_FOR: Duration = Duration::from_micros(200);
 const POLL_PAUSE: Duration = Duration::from_millis(1);
 
@@ -77,6 +82,7 @@ impl SentCounter {
             slot,
             base,
             n_sent: 0,
+            known_taken: 0,
         })
     }
 
@@ -109,20 +115,30 @@ impl SentCounter {
 
     /// Waits until fewer than `capacity` messages are in flight (0: no bound); false when
     /// `deadline` came first.
-    pub(crate) async fn wait_for_room(&self, capacity: usize, deadline: Option<Instant>) -> bool {
-        if capacity == 0 {
+    pub(crate) async fn wait_for_room(
+        &mut self,
+        capacity: usize,
+        deadline: Option<Instant>,
+    ) -> bool {
+        let capacity = capacity as u64;
+        if capacity == 0 || self.n_sent.saturating_sub(self.known_taken) < capacity {
             return true;
         }
-        let started = Instant::now();
+        let mut progress_at = Instant::now();
         loop {
-            if self.in_flight() < capacity as u64 {
+            let taken = self.n_taken();
+            if taken != self.known_taken {
+                self.known_taken = taken;
+                progress_at = Instant::now();
+            }
+            if self.n_sent.saturating_sub(taken) < capacity {
                 return true;
             }
             let now = Instant::now();
             if deadline.is_some_and(|deadline| now >= deadline) {
                 return false;
             }
-            if now - started < SPIN_FOR {
+            if now - progress_at < SPIN_FOR {
                 tokio::task::yield_now().await;
             } else {
                 let pause = deadline.map_or(POLL_PAUSE, |deadline| {

@@ -471,7 +471,7 @@ impl Socket for ShmSocket {
         timeout: Option<Duration>,
     ) -> Result<(), SendError<Parts>> {
         // Back-pressure first, before any block is made: waiting here is cancel-safe.
-        if let Some(sent) = &self.sent {
+        if let Some(sent) = &mut self.sent {
             let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
             if !sent.wait_for_room(self.window, deadline).await {
                 let error = Error::Timeout {
