@@ -84,6 +84,9 @@ pub fn transport_for(name: &str, options: &TransportOptions) -> Result<Arc<dyn T
             if let Some(timeout_ms) = number_property(options, "ofi-peer-timeout-ms")? {
                 ofi.peer_timeout = Duration::from_millis(timeout_ms);
             }
+            if let Some(size) = number_property(options, "ofi-max-message-size")? {
+                ofi.max_message_size = size;
+            }
             Ok(Arc::new(ferromq_ofi::OfiTransport::new(ofi)))
         }
         _ => Err(Error::UnknownTransport {

@@ -146,6 +146,8 @@ struct Chunk {
 pub struct EngineStats {
     /// Segments or regions registered (the cache's misses).
     pub registrations: AtomicU64,
+    /// Bytes those registrations cover.
+    pub registered_bytes: AtomicU64,
     /// Bytes sent.
     pub bytes_sent: AtomicU64,
     /// Bytes received.
@@ -417,16 +419,34 @@ impl Engine {
     ) -> Result<(usize, Option<MemoryRegion>), FabricError> {
         match memory {
             Memory::Segment(segment) => {
-                let whole = segment.bytes(0, segment.len()).unwrap_or_default();
-                let key = whole.as_ptr() as usize;
+                // The whole mapping, header included: every block and region range lies in it.
+                let (base, len) = segment.mapping_range();
+                let key = base as usize;
+                // A buffer outside the memory registered for it would make the card read or
+                // write other memory (verbs trusts the registration): refuse rather than send.
+                let start = message.data().as_ptr() as usize;
+                if start < key || start + message.len() > key + len {
+                    return Err(FabricError {
+                        call: "fi_mr_reg",
+                        code: sys::FI_EINVAL as i32,
+                        text: format!(
+                            "a buffer of {} bytes is not inside its segment {} ({len} bytes registered)",
+                            message.len(),
+                            segment.name()
+                        ),
+                    });
+                }
                 if let Some((_, region)) = self.registrations.get(&key) {
                     return Ok((region.desc() as usize, None));
                 }
                 // SAFETY: the cache keeps `segment` (and so its mapping) alive as long as the
                 // registration.
-                let region = unsafe { self.endpoint.register(whole.as_ptr(), whole.len())? };
+                let region = unsafe { self.endpoint.register(base, len)? };
                 self.stats.registrations.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(segment = %segment.name(), bytes = whole.len(), "ofi registered a segment");
+                self.stats
+                    .registered_bytes
+                    .fetch_add(len as u64, Ordering::Relaxed);
+                tracing::debug!(segment = %segment.name(), bytes = len, "ofi registered a segment");
                 let desc = region.desc() as usize;
                 self.registrations.insert(key, (segment, region));
                 Ok((desc, None))

@@ -147,6 +147,9 @@ pub struct OfiOptions {
     pub receive_window: usize,
     /// Silence after which the peer counts as dead (`ofi-peer-timeout-ms`).
     pub peer_timeout: Duration,
+    /// Largest message (all parts) a receiver accepts a peer's announcement of
+    /// (`ofi-max-message-size`); a peer announcing more is refused.
+    pub max_message_size: u64,
 }
 
 impl Default for OfiOptions {
@@ -156,6 +159,7 @@ impl Default for OfiOptions {
             max_chunk: 8 << 20,
             receive_window: 256 << 20,
             peer_timeout: Duration::from_secs(5),
+            max_message_size: 4 << 30,
         }
     }
 }
@@ -169,6 +173,7 @@ impl std::fmt::Debug for OfiOptions {
             )
             .field("max_chunk", &self.max_chunk)
             .field("receive_window", &self.receive_window)
+            .field("max_message_size", &self.max_message_size)
             .field("peer_timeout", &self.peer_timeout)
             .finish()
     }

@@ -551,7 +551,8 @@ struct Peer {
 struct Allocated {
     epoch: u64,
     seq: u64,
-    parts: Vec<Message>,
+    /// The receive buffers, or why they could not be had.
+    parts: Result<Vec<Message>, String>,
 }
 
 /// A message whose parts are being sent; its credit returns when the last part is out.
@@ -663,7 +664,7 @@ impl Driver {
                     let mut grants = Vec::new();
                     let mut next = Some(allocated);
                     while let Some(Allocated { epoch, seq, parts }) = next.take() {
-                        if epoch == self.epoch && self.post_receive(seq, parts) {
+                        if epoch == self.epoch && self.post_allocated(seq, parts) {
                             grants.push(seq);
                         }
                         next = self.allocated_receiver.try_recv().ok();
@@ -851,7 +852,30 @@ impl Driver {
                 if self.socket_type == SocketType::Push {
                     return;
                 }
+                let max = self.options.max_message_size;
                 for (seq, sizes) in (first_seq..).zip(messages) {
+                    // Sizes come from the wire: bound them before anything is allocated.
+                    let total = sizes
+                        .iter()
+                        .try_fold(0u64, |total, &size| total.checked_add(size));
+                    if total.is_none_or(|total| total > max) {
+                        let reason = format!(
+                            "the peer announced a message of {} bytes in {} part(s), more than \
+                             ofi-max-message-size = {max}",
+                            total.map_or_else(|| "over 2^64".to_owned(), |total| total.to_string()),
+                            sizes.len()
+                        );
+                        tracing::error!(channel = %self.label, %reason, "refused an ofi peer");
+                        self.reply_to(
+                            identity,
+                            &Control::Refused {
+                                reason: reason.clone(),
+                            },
+                        )
+                        .await;
+                        self.peer_lost(reason, false);
+                        return;
+                    }
                     self.announced.push_back((seq, sizes));
                 }
             }
@@ -1059,9 +1083,9 @@ impl Driver {
         let allocation = async move {
             let mut parts = Vec::with_capacity(sizes.len());
             for &size in &sizes {
-                parts.push(allocate(memory.as_deref(), size as usize, &label).await);
+                parts.push(allocate(memory.as_deref(), size, &label).await?);
             }
-            parts
+            Ok(parts)
         };
         // Try once right here (heap, or a shm segment with room: ready at once); only an
         // allocation that has to wait goes to a task of its own.
@@ -1069,7 +1093,7 @@ impl Driver {
         let mut context = std::task::Context::from_waker(std::task::Waker::noop());
         match allocation.as_mut().poll(&mut context) {
             std::task::Poll::Ready(parts) => {
-                if self.post_receive(seq, parts) {
+                if self.post_allocated(seq, parts) {
                     grants.push(seq);
                 }
             }
@@ -1080,6 +1104,19 @@ impl Driver {
                     let parts = allocation.await;
                     let _ = allocated.send(Allocated { epoch, seq, parts });
                 });
+            }
+        }
+    }
+
+    /// Posts the receives of message `seq` into its buffers; false when it is no longer
+    /// expected or they could not be allocated (then the peer is dropped: what it announced
+    /// cannot be received here).
+    fn post_allocated(&mut self, seq: u64, parts: Result<Vec<Message>, String>) -> bool {
+        match parts {
+            Ok(parts) => self.post_receive(seq, parts),
+            Err(reason) => {
+                self.peer_lost(reason, false);
+                false
             }
         }
     }
@@ -1328,18 +1365,26 @@ async fn receive_frame(side: &mut Side) -> Option<(Option<Bytes>, Bytes)> {
 }
 
 /// A receive buffer: from the receive memory (the device's shm segment) when there is one,
-/// else, or when it is full, from the heap.
-async fn allocate(memory: Option<&dyn Transport>, size: usize, label: &ChannelLabel) -> Message {
+/// else, or when it is full, from the heap; an error naming the size when neither has room.
+async fn allocate(
+    memory: Option<&dyn Transport>,
+    size: u64,
+    label: &ChannelLabel,
+) -> Result<Message, String> {
     if size == 0 {
-        return Message::empty();
+        return Ok(Message::empty());
     }
+    let too_large = || format!("cannot allocate {size} bytes announced by the peer");
+    let size = usize::try_from(size).map_err(|_| too_large())?;
     if let Some(memory) = memory {
         match memory.new_message(size).await {
-            Ok(message) => return message,
+            Ok(message) => return Ok(message),
             Err(error) => {
                 tracing::warn!(channel = %label, size, %error, "ofi: shared memory full, receiving into the heap (a shmem hop after this will copy)");
             }
         }
     }
-    Message::new(size)
+    // Zeroed pages from the allocator (calloc: nothing is written up front, so a 64 MiB
+    // receive does not stall the driver); the size is bounded by `ofi-max-message-size`.
+    Ok(Message::new(size))
 }

@@ -261,8 +261,13 @@ async fn shared_memory_travels_without_copies_and_registers_once() {
         assert_eq!(&message.data()[..4], &round.to_le_bytes());
     }
     assert_eq!(copied_bytes(), copied_before, "a payload was copied");
-    // Sender and receiver share this process's one segment: registered once per endpoint.
+    // Sender and receiver share this process's one segment: registered once per endpoint, whole.
     assert_eq!(transport.stats().registrations.load(Ordering::Relaxed), 2);
+    assert_eq!(
+        transport.stats().registered_bytes.load(Ordering::Relaxed),
+        2 * (256 << 20),
+        "each registration covers the whole 256 MiB segment"
+    );
     push.close().await.unwrap();
     pull.close().await.unwrap();
     drop((push, pull, transport));
@@ -315,8 +320,12 @@ async fn region_buffers_are_sent_in_place_and_released_once() {
         assert!(message.data() == pattern(4096, index as u8).as_slice());
     }
     assert_eq!(copied_bytes(), copied_before, "a payload was copied");
-    // The region is registered once, however many of its buffers are sent.
+    // The region is registered once, however many of its buffers are sent, and whole.
     assert_eq!(transport.stats().registrations.load(Ordering::Relaxed), 1);
+    assert!(
+        transport.stats().registered_bytes.load(Ordering::Relaxed) >= (n_buffers * 4096) as u64,
+        "the registration covers the region's buffers"
+    );
     // Every buffer goes back to the creator once its send completed.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while released.load(Ordering::Relaxed) < n_buffers {
@@ -331,4 +340,46 @@ async fn region_buffers_are_sent_in_place_and_released_once() {
     assert_eq!(region.n_lent(), 0);
     push.close().await.unwrap();
     pull.close().await.unwrap();
+}
+
+/// Sizes a peer announces come from the wire: a receiver allocates nothing beyond its
+/// `ofi-max-message-size` and refuses the peer, naming the size and the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_announcing_more_than_max_message_size_is_refused() {
+    let bounded = OfiTransport::new(OfiOptions {
+        max_chunk: 1 << 20,
+        peer_timeout: Duration::from_millis(500),
+        max_message_size: 1 << 20,
+        ..OfiOptions::default()
+    });
+    let sender = transport();
+    let mut pull = Channel::open(
+        &bounded,
+        config("data", SocketType::Pull, Method::Bind),
+        "data",
+    )
+    .await
+    .unwrap();
+    let address = pull
+        .bind(&Address::parse("tcp://127.0.0.1:0").unwrap())
+        .await
+        .unwrap();
+    let mut push = Channel::open(
+        &sender,
+        config("data", SocketType::Push, Method::Connect),
+        "data",
+    )
+    .await
+    .unwrap();
+    push.connect(&address).await.unwrap();
+    push.send(Message::from(vec![7; 2 << 20])).await.unwrap();
+    let error = pull
+        .receive_timeout(Duration::from_secs(30))
+        .await
+        .expect_err("a message over the bound must not be received");
+    let text = format!("{error:#}");
+    assert!(
+        text.contains("2097152 bytes") && text.contains("ofi-max-message-size = 1048576"),
+        "{text}"
+    );
 }
