@@ -448,7 +448,7 @@ fn profile_shmem(ferromq: &Path, report_dir: &Path) -> Option<String> {
     (!lines.is_empty()).then(|| lines.join("\n"))
 }
 
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|info| {

@@ -8,12 +8,15 @@
 //!   SVG plots.
 //! - `soak --minutes N`: the default and pub/sub topologies under the release `ferromq run`,
 //!   watching every device's RSS and the session's /dev/shm use, and every message's arrival.
+//! - `side-by-side --fairmq PREFIX`: C++ FairMQ's benchmark device pair and ferromq's, same
+//!   options, interleaved; `target/side-by-side/report.md`.
 //!
 //! The project's tidy rules (no sleeps in tests, module docs, unsafe confined to the crates that
 //! need it) are `#[test]`s in this crate, so `cargo test --workspace` enforces them.
 #![forbid(unsafe_code)]
 
 mod bench;
+mod side_by_side;
 mod soak;
 mod tidy;
 
@@ -46,6 +49,22 @@ enum Task {
         #[arg(long, default_value_t = 10.0)]
         minutes: f64,
     },
+    /// C++ FairMQ's bsampler -> sink and ferromq's, same options, interleaved on this machine;
+    /// writes target/side-by-side/report.md (medians, min-max, ferromq ÷ FairMQ pair by pair).
+    SideBySide {
+        /// FairMQ's install prefix (from ../shared/peers/build-fairmq.sh).
+        #[arg(long)]
+        fairmq: std::path::PathBuf,
+        /// Rounds; each runs both pairs at every size.
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=100))]
+        rounds: u64,
+        /// Message sizes in bytes, comma separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [64usize, 1024, 65536])]
+        sizes: Vec<usize>,
+        /// Messages per run (--max-iterations; both sides send one more).
+        #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+        messages: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -57,6 +76,20 @@ fn main() -> ExitCode {
     let steps = match cli.task {
         Task::Bench => return exit_code(bench::run(&cargo, workspace)),
         Task::Soak { minutes } => return exit_code(soak::run(&cargo, workspace, minutes)),
+        Task::SideBySide {
+            fairmq,
+            rounds,
+            sizes,
+            messages,
+        } => {
+            let options = side_by_side::Options {
+                fairmq,
+                rounds: rounds as usize,
+                sizes,
+                messages,
+            };
+            return exit_code(side_by_side::run(&cargo, workspace, &options));
+        }
         Task::Ci => ci_steps(),
         Task::Fmt => vec![vec!["fmt", "--all"]],
         Task::Lint => lint_steps(),

@@ -1,0 +1,416 @@
+//! `cargo xtask side-by-side --fairmq PREFIX`: C++ FairMQ's benchmark device pair and ferromq's,
+//! with the same options, interleaved on this machine, so that every ratio compares runs taken
+//! minutes apart under the same load (a figure remembered from another day or machine is not a
+//! comparison). Build FairMQ with `../shared/peers/build-fairmq.sh`; PREFIX is its install
+//! directory (`bin/fairmq-bsampler`, `bin/fairmq-sink`, `lib/`).
+//!
+//! Each run: the sink binds (pull), the sampler connects (push), both `--control static
+//! --max-iterations N --transport shmem`, `linger=60000` on the channels (FairMQ's 500 ms default
+//! drops data at exit). The rate is (N + 1) messages (both sides count FairMQ's way) over the
+//! time between the devices' own microsecond log timestamps: FairMQ's "Starting the benchmark"
+//! (bsampler) to "Received" (sink); ferromq's sampler `READY ---> RUNNING` to sink
+//! `RUNNING ---> READY`. Process start-up is outside both intervals.
+//!
+//! Rounds alternate FairMQ, ferromq for every size; the report gives each side's median with
+//! min-max and the ratio ferromq ÷ FairMQ taken pair by pair (median, min-max). Every session's
+//! shared memory is removed after its run, also after a failure or a timeout.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::bench::Spread;
+
+/// A run that takes longer than this is killed and reported as failed.
+const RUN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What to compare.
+pub struct Options {
+    /// FairMQ's install prefix.
+    pub fairmq: PathBuf,
+    /// Rounds (each runs both pairs at every size).
+    pub rounds: usize,
+    /// Message sizes in bytes.
+    pub sizes: Vec<usize>,
+    /// Messages per run (`--max-iterations`).
+    pub messages: u64,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Side {
+    FairMq,
+    Ferromq,
+}
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Side::FairMq => "FairMQ",
+            Side::Ferromq => "ferromq",
+        }
+    }
+}
+
+/// Seconds since midnight of the first `[hh:mm:ss.micros]` on the first line containing
+/// `marker` (FairMQ's lines carry colour codes around it).
+pub fn timestamp_of(log: &str, marker: &str) -> Option<f64> {
+    let line = log.lines().find(|line| line.contains(marker))?;
+    let plain: String = strip_colours(line);
+    plain.split('[').find_map(|field| {
+        let stamp = field.split(']').next()?;
+        let mut parts = stamp.split(':');
+        let (hours, minutes, seconds) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || !seconds.contains('.') {
+            return None;
+        }
+        Some(
+            hours.parse::<f64>().ok()? * 3600.0
+                + minutes.parse::<f64>().ok()? * 60.0
+                + seconds.parse::<f64>().ok()?,
+        )
+    })
+}
+
+fn strip_colours(line: &str) -> String {
+    let mut plain = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // ESC [ ... m
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+}
+
+struct Pair {
+    sink: Child,
+    sampler: Child,
+}
+
+fn spawn(
+    program: &Path,
+    args: &[String],
+    library_path: &Path,
+    log: &Path,
+) -> std::io::Result<Child> {
+    let log_file = std::fs::File::create(log)?;
+    Command::new(program)
+        .args(args)
+        .env("LD_LIBRARY_PATH", library_path)
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone()?)
+        .stderr(log_file)
+        .spawn()
+}
+
+/// Waits for `child` up to `deadline`; kills it past that. True when it exited 0.
+fn wait_until(child: &mut Child, deadline: Instant) -> bool {
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return status.success(),
+            Ok(None) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
+        }
+    }
+}
+
+/// One run of one side: messages per second, or why not.
+fn run_once(
+    side: Side,
+    options: &Options,
+    ferromq: &Path,
+    size: usize,
+    session: &str,
+    dir: &Path,
+) -> Result<f64, String> {
+    let address = format!("ipc://{}", ipc_file(dir, session).display());
+    let channel = |kind: &str, method: &str| {
+        format!("name=data,type={kind},method={method},address={address},linger=60000")
+    };
+    let common = |id: &str| {
+        vec![
+            "--id".to_owned(),
+            id.to_owned(),
+            "--transport".to_owned(),
+            "shmem".to_owned(),
+            "--session".to_owned(),
+            session.to_owned(),
+            "--control".to_owned(),
+            "static".to_owned(),
+            "--max-iterations".to_owned(),
+            options.messages.to_string(),
+            "--verbosity".to_owned(),
+            "veryhigh".to_owned(),
+        ]
+    };
+    let mut sink_args = common("sink");
+    sink_args.extend(["--channel-config".to_owned(), channel("pull", "bind")]);
+    let mut sampler_args = common("sampler");
+    sampler_args.extend([
+        "--msg-size".to_owned(),
+        size.to_string(),
+        "--channel-config".to_owned(),
+        channel("push", "connect"),
+    ]);
+    let (sink_program, sampler_program) = match side {
+        Side::FairMq => (
+            options.fairmq.join("bin/fairmq-sink"),
+            options.fairmq.join("bin/fairmq-bsampler"),
+        ),
+        Side::Ferromq => {
+            sink_args.splice(0..0, ["device".to_owned(), "sink".to_owned()]);
+            sampler_args.splice(0..0, ["device".to_owned(), "bsampler".to_owned()]);
+            (ferromq.to_owned(), ferromq.to_owned())
+        }
+    };
+    let library_path = options.fairmq.join("lib");
+    let sink_log = dir.join(format!("{session}.sink.log"));
+    let sampler_log = dir.join(format!("{session}.sampler.log"));
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    let sink = spawn(&sink_program, &sink_args, &library_path, &sink_log)
+        .map_err(|error| format!("{}: {error}", sink_program.display()))?;
+    // The sink binds first, as in FairMQ's own benchmark scripts.
+    std::thread::sleep(Duration::from_millis(300));
+    let sampler = match spawn(&sampler_program, &sampler_args, &library_path, &sampler_log) {
+        Ok(sampler) => sampler,
+        Err(error) => {
+            let mut sink = sink;
+            let _ = sink.kill();
+            let _ = sink.wait();
+            return Err(format!("{}: {error}", sampler_program.display()));
+        }
+    };
+    let mut pair = Pair { sink, sampler };
+    let sampler_ok = wait_until(&mut pair.sampler, deadline);
+    let sink_ok = wait_until(&mut pair.sink, deadline);
+    let sink_text = std::fs::read_to_string(&sink_log).unwrap_or_default();
+    let sampler_text = std::fs::read_to_string(&sampler_log).unwrap_or_default();
+    if !(sampler_ok && sink_ok) {
+        return Err(format!(
+            "{} {size} B: the pair failed or ran past {RUN_TIMEOUT:?} (logs in {})",
+            side.name(),
+            dir.display()
+        ));
+    }
+    let (start, end) = match side {
+        Side::FairMq => (
+            timestamp_of(&sampler_text, "Starting the benchmark"),
+            timestamp_of(&sink_text, "Received "),
+        ),
+        Side::Ferromq => (
+            timestamp_of(&sampler_text, "READY ---> RUNNING"),
+            timestamp_of(&sink_text, "RUNNING ---> READY"),
+        ),
+    };
+    let (Some(start), Some(end)) = (start, end) else {
+        return Err(format!(
+            "{} {size} B: no start or end timestamp in the logs in {}",
+            side.name(),
+            dir.display()
+        ));
+    };
+    // Across midnight the clock restarts.
+    let seconds = if end >= start {
+        end - start
+    } else {
+        end + 86_400.0 - start
+    };
+    let _ = std::fs::remove_file(&sink_log);
+    let _ = std::fs::remove_file(&sampler_log);
+    Ok((options.messages + 1) as f64 / seconds.max(1e-6))
+}
+
+/// The ipc socket file a run's address names.
+fn ipc_file(dir: &Path, session: &str) -> PathBuf {
+    dir.join(format!("{session}.ipc"))
+}
+
+/// Removes what a run left in /dev/shm: ferromq's objects of the session, and FairMQ's through
+/// its own monitor.
+fn clean(side: Side, options: &Options, ferromq: &Path, session: &str) {
+    let _ = match side {
+        Side::FairMq => Command::new(options.fairmq.join("bin/fairmq-shmmonitor"))
+            .args(["--session", session, "--cleanup"])
+            .env("LD_LIBRARY_PATH", options.fairmq.join("lib"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status(),
+        Side::Ferromq => Command::new(ferromq)
+            .args(["shm", "clean", "--session", session])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status(),
+    };
+}
+
+/// Runs the comparison and writes `target/side-by-side/report.md`; false when a ferromq run
+/// failed. A FairMQ run that fails (its sink still waiting for messages its sampler sent, seen
+/// now and then at 1 KiB) is listed in the report and leaves that round out of the ratios.
+pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
+    for program in [
+        "bin/fairmq-bsampler",
+        "bin/fairmq-sink",
+        "bin/fairmq-shmmonitor",
+    ] {
+        if !options.fairmq.join(program).is_file() {
+            eprintln!(
+                "xtask: --fairmq {}: no {program} (build FairMQ with ../shared/peers/build-fairmq.sh)",
+                options.fairmq.display()
+            );
+            return false;
+        }
+    }
+    let built = Command::new(cargo)
+        .args(["build", "--release", "-p", "ferromq-cli"])
+        .current_dir(workspace)
+        .status()
+        .is_ok_and(|status| status.success());
+    if !built {
+        return false;
+    }
+    let ferromq = workspace.join("target/release/ferromq");
+    let dir = workspace.join("target/side-by-side");
+    let _ = std::fs::create_dir_all(&dir);
+    let mut rates: Vec<(usize, Vec<f64>, Vec<f64>)> = options
+        .sizes
+        .iter()
+        .map(|&size| (size, Vec::new(), Vec::new()))
+        .collect();
+    let mut failures = Vec::new();
+    for round in 0..options.rounds {
+        for (size, fairmq_rates, ferromq_rates) in &mut rates {
+            let mut pair_rates = [0.0; 2];
+            for (side_idx, side) in [Side::FairMq, Side::Ferromq].into_iter().enumerate() {
+                let session = format!("sbs{}r{round}s{size}{}", std::process::id(), side_idx);
+                let rate = run_once(side, options, &ferromq, *size, &session, &dir);
+                clean(side, options, &ferromq, &session);
+                let _ = std::fs::remove_file(ipc_file(&dir, &session));
+                match rate {
+                    Ok(rate) => {
+                        eprintln!(
+                            "xtask: round {} {} {size} B: {rate:.0} msg/s",
+                            round + 1,
+                            side.name()
+                        );
+                        pair_rates[side_idx] = rate;
+                    }
+                    Err(failure) => {
+                        eprintln!("xtask: {failure}");
+                        failures.push((side, failure));
+                    }
+                }
+            }
+            if pair_rates.iter().all(|&rate| rate > 0.0) {
+                fairmq_rates.push(pair_rates[0]);
+                ferromq_rates.push(pair_rates[1]);
+            }
+        }
+    }
+    let mut report = render(options, &rates);
+    for (side, failure) in &failures {
+        let _ = writeln!(
+            report,
+            "\nNot counted: {} run failed: {failure}",
+            side.name()
+        );
+    }
+    print!("{report}");
+    let _ = std::fs::write(dir.join("report.md"), &report);
+    !failures.iter().any(|(side, _)| *side == Side::Ferromq)
+}
+
+fn millions(rate: f64) -> String {
+    if rate >= 1e6 {
+        format!("{:.2} M", rate / 1e6)
+    } else {
+        format!("{:.0} k", rate / 1e3)
+    }
+}
+
+/// The report: per size, both sides' medians (min-max) and the pairwise ratio.
+pub fn render(options: &Options, rates: &[(usize, Vec<f64>, Vec<f64>)]) -> String {
+    let mut report = String::new();
+    let _ = writeln!(
+        report,
+        "# ferromq vs FairMQ, side by side\n\n{}; {} rounds of {} messages, shmem device pairs \
+         (sink binds, sampler connects), interleaved; medians with min-max.\n",
+        crate::bench::machine(),
+        options.rounds,
+        options.messages + 1
+    );
+    let _ = writeln!(
+        report,
+        "| size | FairMQ msg/s | ferromq msg/s | ferromq ÷ FairMQ |\n|---|---|---|---|"
+    );
+    for (size, fairmq, ferromq) in rates {
+        if fairmq.is_empty() {
+            let _ = writeln!(report, "| {size} B | failed | failed | - |");
+            continue;
+        }
+        let ratios: Vec<f64> = ferromq.iter().zip(fairmq).map(|(f, c)| f / c).collect();
+        let (a, b, r) = (Spread::of(fairmq), Spread::of(ferromq), Spread::of(&ratios));
+        let _ = writeln!(
+            report,
+            "| {size} B | {} ({}-{}) | {} ({}-{}) | {:.2} ({:.2}-{:.2}) |",
+            millions(a.median),
+            millions(a.min),
+            millions(a.max),
+            millions(b.median),
+            millions(b.min),
+            millions(b.max),
+            r.median,
+            r.min,
+            r.max
+        );
+    }
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_read_from_both_log_formats() {
+        let fairmq = "[\x1b[01;34mfairmq-sink\x1b[0m][\x1b[01;36m21:44:02.417472\x1b[0m][\x1b[01;32mINFO\x1b[0m][Sink.h:111:Run] Received 99999 messages in 561.388ms.";
+        let ferromq = "[21:40:53.605689][INFO][sink][ferromq_device::runner] RUNNING ---> READY";
+        let at = |h: f64, m: f64, s: f64| h * 3600.0 + m * 60.0 + s;
+        let fairmq_at = timestamp_of(fairmq, "Received ").unwrap();
+        assert!((fairmq_at - at(21.0, 44.0, 2.417472)).abs() < 1e-6);
+        let ferromq_at = timestamp_of(ferromq, "RUNNING ---> READY").unwrap();
+        assert!((ferromq_at - at(21.0, 40.0, 53.605689)).abs() < 1e-6);
+        assert_eq!(timestamp_of(ferromq, "not there"), None);
+        assert_eq!(timestamp_of("[sink] no time here", "sink"), None);
+    }
+
+    #[test]
+    fn the_report_gives_pairwise_ratios() {
+        let options = Options {
+            fairmq: PathBuf::new(),
+            rounds: 2,
+            sizes: vec![64],
+            messages: 9,
+        };
+        let report = render(&options, &[(64, vec![2e6, 1e6], vec![1e6, 1e6])]);
+        assert!(
+            report.contains(
+                "| 64 B | 1.50 M (1.00 M-2.00 M) | 1.00 M (1.00 M-1.00 M) | 0.75 (0.50-1.00) |"
+            ),
+            "{report}"
+        );
+    }
+}
