@@ -190,6 +190,10 @@ pub(crate) struct ShmSocket {
     window: usize,
     /// Received and not yet handed out, with the counter of the sender to advance on hand-out.
     pending: VecDeque<(Parts, Option<Arc<TakenCounter>>)>,
+    /// Descriptor frames received and not yet decoded into `pending`.
+    frames: VecDeque<Bytes>,
+    /// Segments and regions of peers already mapped for this socket.
+    seen_memory: Vec<MemoryKey>,
     /// Frames dropped because they were no descriptor frames of this session.
     n_foreign_frames: u64,
 }
@@ -261,6 +265,8 @@ impl ShmSocket {
             sent,
             window: config.snd_buf_size,
             pending: VecDeque::new(),
+            frames: VecDeque::new(),
+            seen_memory: Vec::new(),
             n_foreign_frames: 0,
         })
     }
@@ -334,6 +340,37 @@ fn shm_buffers(parts: &Parts) -> impl Iterator<Item = &ShmBuffer> {
     parts
         .iter()
         .filter_map(|message| message.buffer()?.as_any().downcast_ref::<ShmBuffer>())
+}
+
+/// A shared-memory object a frame names: (is a region, creator pid, index).
+type MemoryKey = (bool, u32, u32);
+
+/// The objects `frame` names: its delivery counter's segment and every block's or region's.
+fn memory_keys(frame: &wire::Frame) -> impl Iterator<Item = MemoryKey> + '_ {
+    let delivery = frame.delivery.is_some().then_some((
+        false,
+        frame.delivery.owner_pid,
+        frame.delivery.segment_index,
+    ));
+    delivery.into_iter().chain(
+        frame
+            .records
+            .iter()
+            .flatten()
+            .filter_map(|part| match *part {
+                PartRef::Block {
+                    owner_pid,
+                    segment_index,
+                    ..
+                } => Some((false, owner_pid, segment_index)),
+                PartRef::Region {
+                    creator_pid,
+                    region_index,
+                    ..
+                } => Some((true, creator_pid, region_index)),
+                PartRef::Inline(_) => None,
+            }),
+    )
 }
 
 fn topic_matches(topics: &[Vec<u8>], first_part: &[u8]) -> bool {
@@ -618,6 +655,60 @@ impl Socket for ShmSocket {
                 }
                 return Ok(parts);
             }
+            if let Some(frame) = self.frames.front() {
+                let decoded = match wire::decode(frame, self.session.hash) {
+                    Ok(decoded) => decoded,
+                    // Not a descriptor frame of this session: it comes from a peer that was
+                    // refused when it connected (a plain ZeroMQ program, another session). A
+                    // fan-in socket drops it and keeps serving its other peers.
+                    Err(error)
+                        if matches!(self.label.socket_type, SocketType::Pull | SocketType::Sub) =>
+                    {
+                        self.frames.pop_front();
+                        self.n_foreign_frames += 1;
+                        if self.n_foreign_frames.is_power_of_two() {
+                            tracing::warn!(channel = %self.label, %error, n_frames = self.n_foreign_frames, "dropped frames that are not this session's descriptors");
+                        }
+                        continue;
+                    }
+                    Err(error) => {
+                        self.frames.pop_front();
+                        return Err(transport_error(&self.label, error));
+                    }
+                };
+                // Peers' segments are opened off the async threads, the frame still queued. The
+                // objects this socket has seen are remembered, so the usual frame takes no lock.
+                if memory_keys(&decoded).any(|key| !self.seen_memory.contains(&key)) {
+                    let mapped = self.session.map_named(&decoded).await;
+                    if mapped.is_ok() {
+                        for key in memory_keys(&decoded) {
+                            if !self.seen_memory.contains(&key) {
+                                self.seen_memory.push(key);
+                            }
+                        }
+                    }
+                    self.frames.pop_front();
+                    mapped.map_err(|error| transport_error(&self.label, error))?;
+                } else {
+                    self.frames.pop_front();
+                }
+                let taken = self
+                    .session
+                    .taken_counter(decoded.delivery)
+                    .map_err(|error| transport_error(&self.label, error))?
+                    .map(Arc::new);
+                for record in decoded.records {
+                    let parts = self.materialise(record)?;
+                    if let Inner::Subscriber(subscriber) = &self.inner {
+                        let first = parts.get(0).map(Message::data).unwrap_or_default();
+                        if !topic_matches(&subscriber.topics, first) {
+                            continue;
+                        }
+                    }
+                    self.pending.push_back((parts, taken.clone()));
+                }
+                continue;
+            }
             let frames: Vec<Bytes> = match &mut self.inner {
                 Inner::Plain(socket) => {
                     let remaining = deadline.map(|deadline| {
@@ -673,39 +764,9 @@ impl Socket for ShmSocket {
                     });
                 }
             };
-            for frame in frames {
-                let decoded = match wire::decode(&frame, self.session.hash) {
-                    Ok(decoded) => decoded,
-                    // Not a descriptor frame of this session: it comes from a peer that was
-                    // refused when it connected (a plain ZeroMQ program, another session). A
-                    // fan-in socket drops it and keeps serving its other peers.
-                    Err(error)
-                        if matches!(self.label.socket_type, SocketType::Pull | SocketType::Sub) =>
-                    {
-                        self.n_foreign_frames += 1;
-                        if self.n_foreign_frames.is_power_of_two() {
-                            tracing::warn!(channel = %self.label, %error, n_frames = self.n_foreign_frames, "dropped frames that are not this session's descriptors");
-                        }
-                        continue;
-                    }
-                    Err(error) => return Err(transport_error(&self.label, error)),
-                };
-                let taken = self
-                    .session
-                    .taken_counter(decoded.delivery)
-                    .map_err(|error| transport_error(&self.label, error))?
-                    .map(Arc::new);
-                for record in decoded.records {
-                    let parts = self.materialise(record)?;
-                    if let Inner::Subscriber(subscriber) = &self.inner {
-                        let first = parts.get(0).map(Message::data).unwrap_or_default();
-                        if !topic_matches(&subscriber.topics, first) {
-                            continue;
-                        }
-                    }
-                    self.pending.push_back((parts, taken.clone()));
-                }
-            }
+            // Kept until processed: a receive cancelled while their memory is being mapped
+            // loses nothing.
+            self.frames.extend(frames);
         }
     }
 
@@ -782,6 +843,7 @@ impl Socket for ShmSocket {
             }
         };
         self.pending.clear();
+        self.frames.clear();
         result
     }
 }

@@ -80,6 +80,10 @@ fn main() {
             "messages_a_receiver_left_queued_when_it_exited_are_reported_undelivered",
             receiver_exits_with_messages_queued,
         ),
+        trial(
+            "opening_a_peer_segment_does_not_stall_the_receivers_runtime",
+            slow_segment_open_off_the_runtime,
+        ),
     ];
     libtest_mimic::run(&Arguments::from_args(), tests).exit();
 }
@@ -1041,5 +1045,72 @@ fn receiver_exits_with_messages_queued() -> Result<()> {
             }
             other => bail!("closing with 20 messages never taken: {other:?}"),
         }
+    })
+}
+
+/// A frame naming a segment whose header never appears (its creator died half-way) makes the
+/// receiver wait up to 2 s while opening it; that wait must not stall the receiving runtime: a
+/// timer task beside it keeps ticking, and the receive fails naming the segment.
+fn slow_segment_open_off_the_runtime() -> Result<()> {
+    use ferromq_shm::names::{ObjectKind, ObjectName};
+    use ferromq_shm::wire::{DeliveryRef, PartRef, encode, session_hash};
+    use zeromq::{Socket as _, SocketSend as _};
+    let session = Session::new("halfmade");
+    // A current-thread runtime, like every device's: one blocked call stops everything on it.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("halfmade");
+        let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await?;
+        // An object with this session's name and no header: all zeros, no magic.
+        let dead_pid = 4_000_000;
+        let name = ObjectName::new(current_uid(), &session.0, ObjectKind::Segment, dead_pid, 0);
+        std::fs::write(format!("/dev/shm/{name}"), vec![0u8; 16 << 10])?;
+        let hash = session_hash(current_uid(), &session.0);
+        let mut options = zeromq::SocketOptions::default();
+        let identity = format!("fmqshm:{hash:016x}:{}:halfmade", std::process::id());
+        options.peer_identity(identity.as_bytes().try_into()?);
+        let mut raw = zeromq::PushSocket::with_options(options);
+        raw.connect(&address).await?;
+        raw.send(zeromq::ZmqMessage::from(encode(
+            hash,
+            DeliveryRef::NONE,
+            &[vec![PartRef::Block {
+                owner_pid: dead_pid,
+                segment_index: 0,
+                offset: 4160,
+                size: 8,
+            }]],
+        )))
+        .await?;
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let ticker = tokio::spawn({
+            let ticks = Arc::clone(&ticks);
+            async move {
+                let mut interval = tokio::time::interval(Duration::from_millis(10));
+                loop {
+                    interval.tick().await;
+                    ticks.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        let started = std::time::Instant::now();
+        let error = tokio::time::timeout(STEP, pull.receive())
+            .await?
+            .err()
+            .context("a segment without a header must fail the receive")?;
+        let waited = started.elapsed();
+        ticker.abort();
+        let text = format!("{:#}", anyhow::Error::from(error));
+        ensure!(text.contains("no ferromq header"), "{text}");
+        // About 200 ticks in the 2 s the open waited; none if it had blocked the runtime.
+        let n_ticks = ticks.load(Ordering::Relaxed);
+        ensure!(
+            n_ticks as f64 >= waited.as_secs_f64() * 100.0 * 0.5,
+            "the runtime stalled while a segment was opened: {n_ticks} ticks in {waited:?}"
+        );
+        Ok(())
     })
 }
