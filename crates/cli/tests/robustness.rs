@@ -143,9 +143,11 @@ fn big_sampler(
     )
 }
 
-/// 40 × 8 MiB, paced, to a receiver that stops (SIGSTOP) once it has taken its first messages:
-/// the sender gives up after `linger` (500 ms) without progress, and says so with a non-zero
-/// exit and the count of messages not delivered.
+/// 100 × 1 MiB, paced at 20/s, to a receiver that stops (SIGSTOP) once it has taken its first
+/// messages: the sender gives up after `linger` (500 ms) without progress, and says so with a
+/// non-zero exit and the count of messages not delivered. (Paced over 5 s so that the receiver is
+/// stopped with most of them still to come, even when a loaded machine delays the connection:
+/// what the sender queued meanwhile arrives in one burst.)
 #[tokio::test]
 async fn a_sender_whose_receiver_stalls_past_linger_exits_non_zero_naming_the_count() {
     let ipc = Ipc::new("stall");
@@ -156,7 +158,7 @@ async fn a_sender_whose_receiver_stalls_past_linger_exits_non_zero_naming_the_co
         "sink",
         &[
             "--max-iterations",
-            "39",
+            "99",
             "--channel-config",
             &format!("name=data,type=pull,method=bind,address={address},rateLogging=1"),
         ],
@@ -171,11 +173,11 @@ async fn a_sender_whose_receiver_stalls_past_linger_exits_non_zero_naming_the_co
             "--session",
             &session,
             "--max-iterations",
-            "39",
+            "99",
             "--rate",
-            "10",
+            "20",
             "--msg-size",
-            "8388608",
+            "1048576",
             "--channel-config",
             &channel("push", "connect", &address),
         ],
