@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use plotters::prelude::*;
@@ -482,21 +482,13 @@ pub fn run(cargo: &str, workspace: &Path) -> bool {
         .args(["--exists", "libfabric"])
         .status()
         .is_ok_and(|status| status.success());
-    let mut build_args = vec!["build", "--release", "-p", "ferromq-cli"];
-    if with_ofi {
-        build_args.extend(["--features", "ofi"]);
-    } else {
+    if !with_ofi {
         eprintln!("xtask: libfabric not found (pkg-config): benchmarking without ofi-tcp");
     }
-    let built = Command::new(cargo)
-        .args(&build_args)
-        .current_dir(workspace)
-        .status()
-        .is_ok_and(|status| status.success());
-    if !built {
+    let features: &[&str] = if with_ofi { &["ofi"] } else { &[] };
+    let Some(ferromq) = crate::build_release_ferromq(cargo, workspace, features) else {
         return false;
-    }
-    let ferromq: PathBuf = workspace.join("target/release/ferromq");
+    };
     let mut runs = Vec::new();
     let throughput_args = [
         "bench",

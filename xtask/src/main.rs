@@ -145,6 +145,30 @@ fn exit_code(success: bool) -> ExitCode {
     }
 }
 
+/// Builds the release `ferromq` binary (with `features`) in `workspace`; its path, or `None`
+/// when the build failed (cargo said why).
+pub(crate) fn build_release_ferromq(
+    cargo: &str,
+    workspace: &std::path::Path,
+    features: &[&str],
+) -> Option<std::path::PathBuf> {
+    let mut args = vec!["build", "--release", "-p", "ferromq-cli"];
+    if !features.is_empty() {
+        args.push("--features");
+        args.extend(features);
+    }
+    eprintln!("xtask: cargo {}", args.join(" "));
+    let built = Command::new(cargo)
+        .args(&args)
+        .current_dir(workspace)
+        .status()
+        .is_ok_and(|status| status.success());
+    if !built {
+        eprintln!("xtask: building the release ferromq failed");
+    }
+    built.then(|| workspace.join("target/release/ferromq"))
+}
+
 fn run_cargo(cargo: &str, args: &[&str]) -> bool {
     eprintln!("xtask: cargo {}", args.join(" "));
     let started = std::time::Instant::now();

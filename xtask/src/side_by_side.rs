@@ -274,15 +274,9 @@ pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
             return false;
         }
     }
-    let built = Command::new(cargo)
-        .args(["build", "--release", "-p", "ferromq-cli"])
-        .current_dir(workspace)
-        .status()
-        .is_ok_and(|status| status.success());
-    if !built {
+    let Some(ferromq) = crate::build_release_ferromq(cargo, workspace, &[]) else {
         return false;
-    }
-    let ferromq = workspace.join("target/release/ferromq");
+    };
     let dir = workspace.join("target/side-by-side");
     let _ = std::fs::create_dir_all(&dir);
     let mut rates: Vec<(usize, Vec<f64>, Vec<f64>)> = options

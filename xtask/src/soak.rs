@@ -84,17 +84,9 @@ pub fn run(cargo: &str, workspace: &Path, minutes: f64) -> bool {
         );
         return false;
     }
-    eprintln!("xtask soak: cargo build --release -p ferromq-cli");
-    let built = Command::new(cargo)
-        .args(["build", "--release", "-p", "ferromq-cli"])
-        .current_dir(workspace)
-        .status()
-        .is_ok_and(|status| status.success());
-    if !built {
-        eprintln!("xtask soak: building the release ferromq failed");
+    let Some(ferromq) = crate::build_release_ferromq(cargo, workspace, &[]) else {
         return false;
-    }
-    let ferromq = workspace.join("target/release/ferromq");
+    };
     let out_dir = workspace.join("target/soak");
     if let Err(error) = std::fs::create_dir_all(&out_dir) {
         eprintln!("xtask soak: cannot create {}: {error}", out_dir.display());
