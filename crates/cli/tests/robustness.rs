@@ -465,3 +465,49 @@ async fn a_zeromq_device_connecting_first_reaches_running_and_delivers_later() {
 async fn a_shmem_device_connecting_first_reaches_running_and_delivers_later() {
     connecting_first_reaches_running_and_delivers_later("shmem").await;
 }
+
+/// FairMQ's autoBind: a binder whose configured tcp port is taken binds a port of
+/// `portRangeMin..=portRangeMax` (here a range of one free port), and a range that cannot be used
+/// is an error naming both values.
+#[tokio::test]
+async fn auto_bind_picks_a_port_of_the_configured_range() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port to take");
+    let taken_port = taken.local_addr().expect("its address").port();
+    let free_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let config = |min: u16, max: u16| {
+        format!(
+            "name=data,type=pull,method=bind,address=tcp://127.0.0.1:{taken_port},rateLogging=0,portRangeMin={min},portRangeMax={max}"
+        )
+    };
+    let mut sink = static_device(
+        "sink",
+        "sink",
+        &["--channel-config", &config(free_port, free_port)],
+    );
+    let mut lines = BufReader::new(sink.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    wait_for_line(&mut lines, "bound channel=data", &mut seen).await;
+    let bound = seen.last().expect("the bound line").clone();
+    assert!(
+        bound.contains(&format!("tcp://127.0.0.1:{free_port}")),
+        "expected port {free_port} of the range: {bound}"
+    );
+    signal(&sink, "INT");
+    let _ = sink.wait().await;
+    let refused = finish(static_device(
+        "sink",
+        "sink",
+        &["--channel-config", &config(free_port, free_port - 1)],
+    ))
+    .await;
+    let log = format!("{}{}", refused.stdout, refused.stderr);
+    assert_ne!(refused.code, Some(0), "{log}");
+    assert!(
+        log.contains("portRangeMin") && log.contains(&format!("\"{free_port}\"")),
+        "{log}"
+    );
+    drop(taken);
+}

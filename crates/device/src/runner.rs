@@ -666,8 +666,9 @@ async fn create_channels(ctx: &mut DeviceContext, config: &DeviceConfig) -> Resu
     Ok(())
 }
 
-/// Binds a channel's address; without one, or when a tcp port is taken and `autoBind` is on,
-/// binds a free port instead (FairMQ's autoBind).
+/// Binds a channel's address; without one, a free tcp port. When a configured tcp port is taken
+/// and `autoBind` is on, a port of `portRangeMin..=portRangeMax` instead (FairMQ's autoBind: up
+/// to 1000 ports of the range, starting at a random one).
 async fn bind_channel(channel: &mut Channel) -> Result<Address> {
     // FairMQ's multi-endpoint address (`@tcp://*:5555,+tcp://host:5556`): every `@` endpoint.
     if channel.config().endpoints().map_err(Error::from)?.len() > 1 {
@@ -690,12 +691,47 @@ async fn bind_channel(channel: &mut Channel) -> Result<Address> {
                 }
                 .into());
             };
-            let free = Address::Tcp {
-                host: host.clone(),
-                port: 0,
-            };
-            tracing::warn!(channel = %channel.name(), %address, "address in use; autoBind picks a free port");
-            Ok(channel.bind(&free).await?)
+            let (min, max) = (
+                channel.config().port_range_min,
+                channel.config().port_range_max,
+            );
+            if min == 0 || min > max {
+                return Err(Error::Bind {
+                    channel: channel.label().clone(),
+                    source: format!(
+                        "{address} is in use, and autoBind cannot use portRangeMin = {min}, portRangeMax = {max} (it needs 1 <= portRangeMin <= portRangeMax)"
+                    )
+                    .into(),
+                }
+                .into());
+            }
+            tracing::warn!(channel = %channel.name(), %address, min, max, "address in use; autoBind tries the port range");
+            let n_ports = u32::from(max - min) + 1;
+            // A random start, so that devices started together do not all race for one port.
+            let seed = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |elapsed| elapsed.subsec_nanos())
+                ^ std::process::id();
+            let start = seed % n_ports;
+            for attempt in 0..n_ports.min(1000) {
+                let port = min + ((start + attempt) % n_ports) as u16;
+                let candidate = Address::Tcp {
+                    host: host.clone(),
+                    port,
+                };
+                match channel.bind(&candidate).await {
+                    Err(Error::AddressInUse { .. }) => continue,
+                    other => return Ok(other?),
+                }
+            }
+            Err(Error::Bind {
+                channel: channel.label().clone(),
+                source: format!(
+                    "{address} is in use, and so is every port of portRangeMin..=portRangeMax = {min}..={max} that was tried"
+                )
+                .into(),
+            }
+            .into())
         }
         other => Ok(other?),
     }
