@@ -141,6 +141,10 @@ struct ChannelToml {
     #[serde(rename = "busyPoll")]
     busy_poll: Option<bool>,
     provider: Option<String>,
+    #[serde(rename = "portRangeMin")]
+    port_range_min: Option<Spanned<i64>>,
+    #[serde(rename = "portRangeMax")]
+    port_range_max: Option<Spanned<i64>>,
 }
 
 /// How a device is started.
@@ -595,6 +599,8 @@ pub fn load(file: &str, text: &str, known: &Known<'_>) -> Result<Topology, Topol
                     "numSockets",
                     (0, ferromq_core::MAX_NUM_SOCKETS as i64),
                 ),
+                (&channel.port_range_min, "portRangeMin", (1, 65535)),
+                (&channel.port_range_max, "portRangeMax", (1, 65535)),
             ];
             for (value, key, bounds) in sizes {
                 let Some(value) = value.as_ref() else {
@@ -610,8 +616,25 @@ pub fn load(file: &str, text: &str, known: &Known<'_>) -> Result<Topology, Topol
                     "rcvKernelSize" => config.rcv_kernel_size = number as usize,
                     "linger" => config.linger = number,
                     "rateLogging" => config.rate_logging = number,
+                    "portRangeMin" => config.port_range_min = number as u16,
+                    "portRangeMax" => config.port_range_max = number as u16,
                     _ => config.num_sockets = number as usize,
                 }
+            }
+            if config.port_range_min > config.port_range_max {
+                let span = channel
+                    .port_range_max
+                    .as_ref()
+                    .or(channel.port_range_min.as_ref())
+                    .map_or_else(|| channel.name.span(), Spanned::span);
+                checker.error(
+                    span,
+                    &context,
+                    format!(
+                        "portRangeMin {} is above portRangeMax {}",
+                        config.port_range_min, config.port_range_max
+                    ),
+                );
             }
             if let Some(auto_bind) = channel.auto_bind {
                 config.auto_bind = auto_bind;

@@ -81,3 +81,23 @@ fn all_errors_are_reported_not_only_the_first() {
     let errors = load("two.toml", text, &KNOWN).unwrap_err();
     assert_eq!(errors.0.len(), 2, "{errors}");
 }
+
+#[test]
+fn a_channel_sets_its_auto_bind_port_range() {
+    let text = r#"
+[[device]]
+id = "a"
+kind = "sink"
+[[device.channel]]
+name = "data"
+type = "pull"
+portRangeMin = 31000
+portRangeMax = 31010
+"#;
+    let topology = load("range.toml", text, &KNOWN).unwrap_or_else(|errors| panic!("{errors}"));
+    let config = &topology.instances()[0].channels[0].config;
+    assert_eq!(
+        (config.port_range_min, config.port_range_max),
+        (31000, 31010)
+    );
+}
