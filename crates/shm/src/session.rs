@@ -15,7 +15,7 @@ use crate::managed::{OwnedSegment, ShmBuffer};
 use crate::names::{ObjectKind, ObjectName, current_uid};
 use crate::region::{REGION_DATA_START, RegionCallback, UnmanagedRegion, remote_acknowledger};
 use crate::segment::Segment;
-use crate::wire::{DeliveryRef, Frame, PartRef, session_hash};
+use crate::wire::{DeliveryRef, PartRef, session_hash};
 
 /// Options of the shmem transport.
 #[derive(Debug, Clone)]
@@ -167,76 +167,55 @@ impl Session {
         Ok(message)
     }
 
-    /// Maps, off the async threads, every segment and region `frame` names that this process
-    /// has not mapped yet. Opening one is `shm_open` + `mmap` and may wait up to 2 s for a
-    /// brand-new object's header, which must not stall a runtime thread; afterwards
-    /// [`Session::materialise`] finds them mapped.
-    pub(crate) async fn map_named(&self, frame: &Frame) -> Result<(), ShmError> {
-        let mut segments = Vec::new();
-        let mut regions = Vec::new();
-        {
-            let mapped = self.segments.lock().expect("segment map poisoned");
-            let mapped_regions = self.regions.lock().expect("region map poisoned");
-            let mut want_segment = |key: (u32, u32)| {
-                if !mapped.contains_key(&key) && !segments.contains(&key) {
-                    segments.push(key);
-                }
+    /// Maps, off the async threads, the segments and regions among `objects` (kind, creator
+    /// pid, index) that this process has not mapped yet. Opening one is `shm_open` + `mmap` and
+    /// may wait up to 2 s for a brand-new object's header, which must not stall a runtime
+    /// thread; afterwards [`Session::materialise`] finds them mapped.
+    pub(crate) async fn map_objects(
+        &self,
+        objects: &[(ObjectKind, u32, u32)],
+    ) -> Result<(), ShmError> {
+        for &(kind, pid, index) in objects {
+            let mapped = match kind {
+                ObjectKind::Segment => self
+                    .segments
+                    .lock()
+                    .expect("segment map poisoned")
+                    .contains_key(&(pid, index)),
+                ObjectKind::Region => self
+                    .regions
+                    .lock()
+                    .expect("region map poisoned")
+                    .contains_key(&(pid, index)),
             };
-            if frame.delivery.is_some() {
-                want_segment((frame.delivery.owner_pid, frame.delivery.segment_index));
+            if mapped {
+                continue;
             }
-            for part in frame.records.iter().flatten() {
-                match *part {
-                    PartRef::Block {
-                        owner_pid,
-                        segment_index,
-                        ..
-                    } => want_segment((owner_pid, segment_index)),
-                    PartRef::Region {
-                        creator_pid,
-                        region_index,
-                        ..
-                    } => {
-                        let key = (creator_pid, region_index);
-                        if !mapped_regions.contains_key(&key) && !regions.contains(&key) {
-                            regions.push(key);
-                        }
-                    }
-                    PartRef::Inline(_) => {}
+            let name = self.object_name(kind, pid, index);
+            let display = name.to_string();
+            let opened = tokio::task::spawn_blocking(move || Segment::open(name))
+                .await
+                .map_err(|error| ShmError::Os {
+                    name: display,
+                    operation: "open",
+                    reason: error.to_string(),
+                })??;
+            let segment = Arc::new(opened);
+            match kind {
+                ObjectKind::Segment => {
+                    self.segments
+                        .lock()
+                        .expect("segment map poisoned")
+                        .entry((pid, index))
+                        .or_insert(segment);
                 }
-            }
-        }
-        for (kind, keys) in [
-            (ObjectKind::Segment, segments),
-            (ObjectKind::Region, regions),
-        ] {
-            for (pid, index) in keys {
-                let name = self.object_name(kind, pid, index);
-                let display = name.to_string();
-                let opened = tokio::task::spawn_blocking(move || Segment::open(name))
-                    .await
-                    .map_err(|error| ShmError::Os {
-                        name: display,
-                        operation: "open",
-                        reason: error.to_string(),
-                    })??;
-                let segment = Arc::new(opened);
-                match kind {
-                    ObjectKind::Segment => {
-                        self.segments
-                            .lock()
-                            .expect("segment map poisoned")
-                            .entry((pid, index))
-                            .or_insert(segment);
-                    }
-                    ObjectKind::Region => {
-                        let acknowledge = remote_acknowledger(Arc::clone(&segment));
-                        self.regions
-                            .lock()
-                            .expect("region map poisoned")
-                            .entry((pid, index))
-                            .or_insert((segment, acknowledge));
-                    }
+                ObjectKind::Region => {
+                    let acknowledge = remote_acknowledger(Arc::clone(&segment));
+                    self.regions
+                        .lock()
+                        .expect("region map poisoned")
+                        .entry((pid, index))
+                        .or_insert((segment, acknowledge));
                 }
             }
         }

@@ -29,6 +29,7 @@ use zeromq::{Socket as _, SocketRecv as _, SocketSend as _, ZmqMessage};
 
 use crate::delivery::{SentCounter, TakenCounter};
 use crate::managed::ShmBuffer;
+use crate::names::ObjectKind;
 use crate::session::Session;
 use crate::wire::{self, DeliveryRef, PartRef};
 
@@ -193,7 +194,9 @@ pub(crate) struct ShmSocket {
     /// Descriptor frames received and not yet decoded into `pending`.
     frames: VecDeque<Bytes>,
     /// Segments and regions of peers already mapped for this socket.
-    seen_memory: Vec<MemoryKey>,
+    seen_memory: Vec<(ObjectKind, u32, u32)>,
+    /// The counter of the sender of the last counted frame.
+    last_taken: Option<(DeliveryRef, Arc<TakenCounter>)>,
     /// Frames dropped because they were no descriptor frames of this session.
     n_foreign_frames: u64,
 }
@@ -267,6 +270,7 @@ impl ShmSocket {
             pending: VecDeque::new(),
             frames: VecDeque::new(),
             seen_memory: Vec::new(),
+            last_taken: None,
             n_foreign_frames: 0,
         })
     }
@@ -340,37 +344,6 @@ fn shm_buffers(parts: &Parts) -> impl Iterator<Item = &ShmBuffer> {
     parts
         .iter()
         .filter_map(|message| message.buffer()?.as_any().downcast_ref::<ShmBuffer>())
-}
-
-/// A shared-memory object a frame names: (is a region, creator pid, index).
-type MemoryKey = (bool, u32, u32);
-
-/// The objects `frame` names: its delivery counter's segment and every block's or region's.
-fn memory_keys(frame: &wire::Frame) -> impl Iterator<Item = MemoryKey> + '_ {
-    let delivery = frame.delivery.is_some().then_some((
-        false,
-        frame.delivery.owner_pid,
-        frame.delivery.segment_index,
-    ));
-    delivery.into_iter().chain(
-        frame
-            .records
-            .iter()
-            .flatten()
-            .filter_map(|part| match *part {
-                PartRef::Block {
-                    owner_pid,
-                    segment_index,
-                    ..
-                } => Some((false, owner_pid, segment_index)),
-                PartRef::Region {
-                    creator_pid,
-                    region_index,
-                    ..
-                } => Some((true, creator_pid, region_index)),
-                PartRef::Inline(_) => None,
-            }),
-    )
 }
 
 fn topic_matches(topics: &[Vec<u8>], first_part: &[u8]) -> bool {
@@ -678,25 +651,39 @@ impl Socket for ShmSocket {
                 };
                 // Peers' segments are opened off the async threads, the frame still queued. The
                 // objects this socket has seen are remembered, so the usual frame takes no lock.
-                if memory_keys(&decoded).any(|key| !self.seen_memory.contains(&key)) {
-                    let mapped = self.session.map_named(&decoded).await;
-                    if mapped.is_ok() {
-                        for key in memory_keys(&decoded) {
-                            if !self.seen_memory.contains(&key) {
-                                self.seen_memory.push(key);
-                            }
-                        }
-                    }
-                    self.frames.pop_front();
-                    mapped.map_err(|error| transport_error(&self.label, error))?;
+                let unseen: Vec<_> = decoded
+                    .objects()
+                    .filter(|object| !self.seen_memory.contains(object))
+                    .collect();
+                let mapped = if unseen.is_empty() {
+                    Ok(())
                 } else {
-                    self.frames.pop_front();
+                    self.session.map_objects(&unseen).await
+                };
+                self.frames.pop_front();
+                mapped.map_err(|error| transport_error(&self.label, error))?;
+                for object in unseen {
+                    if !self.seen_memory.contains(&object) {
+                        self.seen_memory.push(object);
+                    }
                 }
-                let taken = self
-                    .session
-                    .taken_counter(decoded.delivery)
-                    .map_err(|error| transport_error(&self.label, error))?
-                    .map(Arc::new);
+                // One sender's counter serves frame after frame: looked up when it changes.
+                let taken = match &self.last_taken {
+                    Some((delivery, taken)) if *delivery == decoded.delivery => {
+                        Some(Arc::clone(taken))
+                    }
+                    _ => {
+                        let taken = self
+                            .session
+                            .taken_counter(decoded.delivery)
+                            .map_err(|error| transport_error(&self.label, error))?
+                            .map(Arc::new);
+                        if let Some(taken) = &taken {
+                            self.last_taken = Some((decoded.delivery, Arc::clone(taken)));
+                        }
+                        taken
+                    }
+                };
                 for record in decoded.records {
                     let parts = self.materialise(record)?;
                     if let Inner::Subscriber(subscriber) = &self.inner {

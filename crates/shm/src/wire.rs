@@ -16,6 +16,7 @@
 //! checked against the segment when the part is materialised.
 
 use crate::error::ShmError;
+use crate::names::ObjectKind;
 
 /// First bytes of every descriptor frame.
 pub const MAGIC: &[u8; 8] = ferromq_core::SHMEM_FRAME_MAGIC;
@@ -85,6 +86,36 @@ pub struct Frame {
     pub delivery: DeliveryRef,
     /// The messages.
     pub records: Vec<Vec<PartRef>>,
+}
+
+impl Frame {
+    /// The shared-memory objects the frame names: its delivery counter's segment and the segment
+    /// or region of every part, as (kind, creator pid, index); repeats included.
+    pub fn objects(&self) -> impl Iterator<Item = (ObjectKind, u32, u32)> + '_ {
+        let delivery = self.delivery.is_some().then_some((
+            ObjectKind::Segment,
+            self.delivery.owner_pid,
+            self.delivery.segment_index,
+        ));
+        let parts = self
+            .records
+            .iter()
+            .flatten()
+            .filter_map(|part| match *part {
+                PartRef::Block {
+                    owner_pid,
+                    segment_index,
+                    ..
+                } => Some((ObjectKind::Segment, owner_pid, segment_index)),
+                PartRef::Region {
+                    creator_pid,
+                    region_index,
+                    ..
+                } => Some((ObjectKind::Region, creator_pid, region_index)),
+                PartRef::Inline(_) => None,
+            });
+        delivery.into_iter().chain(parts)
+    }
 }
 
 /// Bytes before the first record.
