@@ -159,6 +159,8 @@ impl OwnedSegment {
     pub fn collect(&self) -> (usize, usize) {
         let mut state = self.state.lock().expect("allocator lock poisoned");
         self.reclaim(&mut state, true);
+        state.allocator.flush();
+        self.publish_usage(&state);
         (state.allocator.free_bytes(), state.outstanding.len())
     }
 

@@ -57,6 +57,8 @@ pub(crate) struct Session {
     pub(crate) options: ShmOptions,
     pub(crate) uid: u32,
     pub(crate) hash: u64,
+    /// The session as it appears in object names (see `names::sanitise_session`).
+    encoded_session: String,
     own: tokio::sync::OnceCell<Arc<OwnedSegment>>,
     segments: Mutex<HashMap<(u32, u32), Arc<Segment>>>,
     regions: Mutex<HashMap<(u32, u32), RemoteRegion>>,
@@ -67,11 +69,13 @@ pub(crate) struct Session {
 impl Session {
     pub(crate) fn new(options: ShmOptions) -> Session {
         let uid = current_uid();
-        let hash = session_hash(uid, &crate::names::sanitise_session(&options.session));
+        let encoded_session = crate::names::sanitise_session(&options.session);
+        let hash = session_hash(uid, &encoded_session);
         Session {
             options,
             uid,
             hash,
+            encoded_session,
             own: tokio::sync::OnceCell::new(),
             segments: Mutex::default(),
             regions: Mutex::default(),
@@ -138,15 +142,16 @@ impl Session {
                 segment_size: self.options.segment_size,
             });
         }
+        if let Some(buffer) = owned.allocate(size) {
+            return Ok(buffer);
+        }
+        // Full: only now is the clock read.
         let started = Instant::now();
         let mut pause = self
             .options
             .retry_interval
             .unwrap_or(Duration::from_micros(100));
         loop {
-            if let Some(buffer) = owned.allocate(size) {
-                return Ok(buffer);
-            }
             let waited = started.elapsed();
             if waited >= self.options.allocation_timeout {
                 return Err(owned.full_error(size, waited.as_millis() as u64));
@@ -154,6 +159,9 @@ impl Session {
             tokio::time::sleep(pause.min(self.options.allocation_timeout - waited)).await;
             if self.options.retry_interval.is_none() {
                 pause = (pause * 2).min(Duration::from_millis(10));
+            }
+            if let Some(buffer) = owned.allocate(size) {
+                return Ok(buffer);
             }
         }
     }
@@ -307,9 +315,7 @@ impl Session {
     pub(crate) fn describe(&self, message: &Message) -> Option<PartRef> {
         let buffer = message.buffer()?.as_any().downcast_ref::<ShmBuffer>()?;
         let name = buffer.segment().name();
-        if name.uid != self.uid
-            || name.session != crate::names::sanitise_session(&self.options.session)
-        {
+        if name.uid != self.uid || name.session != self.encoded_session {
             return None;
         }
         let size = message.len() as u64;
