@@ -330,6 +330,13 @@ impl Parts {
         Parts::default()
     }
 
+    /// No parts yet, with room for `n_parts` (one allocation for a message of known shape).
+    pub fn with_capacity(n_parts: usize) -> Parts {
+        Parts {
+            messages: Vec::with_capacity(n_parts),
+        }
+    }
+
     /// Appends a part.
     pub fn push(&mut self, message: Message) {
         self.messages.push(message);

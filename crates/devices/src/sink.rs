@@ -54,6 +54,48 @@ impl Sink {
     }
 }
 
+impl Sink {
+    /// Counts, checks and writes one message (`on_data`'s work, called directly by `run` so that
+    /// the hot path boxes no future).
+    async fn consume(&mut self, parts: Parts, device: &str) -> Result<Flow, BoxError> {
+        self.started.get_or_insert_with(Instant::now);
+        if self.verify {
+            for (part_idx, part) in parts.iter().enumerate() {
+                if !checksum_ok(part.data()) {
+                    return Err(format!(
+                        "message {} part {part_idx} ({} bytes): checksum mismatch",
+                        self.summary.n_msgs,
+                        part.len()
+                    )
+                    .into());
+                }
+            }
+            self.summary.n_verified += 1;
+        }
+        self.summary.n_msgs += 1;
+        self.summary.n_bytes += parts.total_size() as u64;
+        if let Some(output) = &mut self.output {
+            for part in &parts {
+                output
+                    .file
+                    .write_all(part.data())
+                    .await
+                    .map_err(|error| format!("out-filename {:?}: {error}", output.path))?;
+                output.n_written += part.len() as u64;
+            }
+            if output.max_size > 0 && output.n_written >= output.max_size {
+                tracing::info!(
+                    device,
+                    bytes = output.n_written,
+                    "max-file-size reached, stopping"
+                );
+                return Ok(Flow::Stop);
+            }
+        }
+        Ok(Flow::Continue)
+    }
+}
+
 #[async_trait::async_trait]
 impl Device for Sink {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
@@ -84,14 +126,14 @@ impl Device for Sink {
     }
 
     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        let inputs = vec![self.in_channel.clone()];
+        let input = self.in_channel.clone();
         while ctx.next_iteration() {
-            let (_, parts) = match ctx.poll(&inputs).await {
-                Ok(received) => received,
+            let parts = match ctx.receive_parts(&input).await {
+                Ok(parts) => parts,
                 Err(_) if ctx.stop_requested() => break,
                 Err(error) => return Err(error.into()),
             };
-            if self.on_data(&self.in_channel.clone(), parts, ctx).await? == Flow::Stop {
+            if self.consume(parts, ctx.id()).await? == Flow::Stop {
                 break;
             }
         }
@@ -110,39 +152,9 @@ impl Device for Sink {
         &mut self,
         _channel: &str,
         parts: Parts,
-        _ctx: &mut DeviceContext,
+        ctx: &mut DeviceContext,
     ) -> Result<Flow, BoxError> {
-        self.started.get_or_insert_with(Instant::now);
-        if self.verify {
-            for (part_idx, part) in parts.iter().enumerate() {
-                if !checksum_ok(part.data()) {
-                    return Err(format!(
-                        "message {} part {part_idx} ({} bytes): checksum mismatch",
-                        self.summary.n_msgs,
-                        part.len()
-                    )
-                    .into());
-                }
-            }
-            self.summary.n_verified += 1;
-        }
-        self.summary.n_msgs += 1;
-        self.summary.n_bytes += parts.total_size() as u64;
-        if let Some(output) = &mut self.output {
-            for part in &parts {
-                output
-                    .file
-                    .write_all(part.data())
-                    .await
-                    .map_err(|error| format!("out-filename {:?}: {error}", output.path))?;
-                output.n_written += part.len() as u64;
-            }
-            if output.max_size > 0 && output.n_written >= output.max_size {
-                tracing::info!(device = %_ctx.id(), bytes = output.n_written, "max-file-size reached, stopping");
-                return Ok(Flow::Stop);
-            }
-        }
-        Ok(Flow::Continue)
+        self.consume(parts, ctx.id()).await
     }
 
     async fn reset_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
