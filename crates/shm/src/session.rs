@@ -262,8 +262,14 @@ impl Session {
         Ok((segment, acknowledge))
     }
 
-    /// The message a descriptor part names, after checking it.
-    pub(crate) fn materialise(&self, part: PartRef) -> Result<Message, ShmError> {
+    /// The message a descriptor part names, after checking it. `last_segment` is the caller's
+    /// cache of the segment its previous block lay in: a run of blocks from one sender (the
+    /// usual case) takes no lock.
+    pub(crate) fn materialise(
+        &self,
+        part: PartRef,
+        last_segment: &mut Option<((u32, u32), Arc<Segment>)>,
+    ) -> Result<Message, ShmError> {
         match part {
             PartRef::Inline(bytes) => Ok(Message::from(bytes)),
             PartRef::Block {
@@ -272,7 +278,16 @@ impl Session {
                 offset,
                 size,
             } => {
-                let segment = self.segment(owner_pid, segment_index)?;
+                let segment = match last_segment {
+                    Some((key, segment)) if *key == (owner_pid, segment_index) => {
+                        Arc::clone(segment)
+                    }
+                    _ => {
+                        let segment = self.segment(owner_pid, segment_index)?;
+                        *last_segment = Some(((owner_pid, segment_index), Arc::clone(&segment)));
+                        segment
+                    }
+                };
                 let buffer = ShmBuffer::adopt_block(segment, offset as usize, size as usize)?;
                 let mut message = Message::from_buffer(Box::new(buffer));
                 message

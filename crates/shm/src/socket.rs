@@ -61,27 +61,47 @@ enum Inner {
     Subscriber(SubscriberSide),
 }
 
-/// What the batching task of a push socket is asked to do, in order.
+/// What the batching task of a push socket is asked to do, besides sending records.
 enum PushCommand {
-    Record(Vec<PartRef>),
     Bind(Address, tokio::sync::oneshot::Sender<Result<Address>>),
     Connect(Address, tokio::sync::oneshot::Sender<Result<()>>),
     Close(Duration, tokio::sync::oneshot::Sender<Result<()>>),
 }
 
-/// A push socket whose descriptors go through a bounded queue (`sndBufSize` records) to a task
-/// that owns the zeromq socket and packs every record already queued into one frame. Under load
-/// a frame carries many descriptors; when idle each message leaves at once.
+/// A push socket whose records are encoded by `send` straight into descriptor frames in an
+/// [`Outbox`], which a task that owns the zeromq socket empties. Under load a frame carries many
+/// descriptors; when idle each message leaves at once. A send costs a lock (uncontended but for
+/// the moment the task takes a frame) and a wake-up only when the outbox was empty: no channel,
+/// no allocation per message.
 struct BatchedPush {
     commands: tokio::sync::mpsc::Sender<PushCommand>,
-    /// What the task reports back: failures and counts of undelivered records.
+    /// Shared with the task: the outbox, wake-ups, failures and counts.
     state: Arc<PushState>,
     task: tokio::task::JoinHandle<()>,
+    /// Records the outbox holds at most (`sndBufSize`, at least 1).
+    capacity: usize,
+}
+
+/// Descriptor frames waiting for the task.
+struct Outbox {
+    /// Full frames (`MAX_RECORDS_PER_FRAME` records or `MAX_FRAME_BYTES`), oldest first.
+    sealed: VecDeque<(Vec<u8>, usize)>,
+    /// The frame being filled and its number of records.
+    open: Vec<u8>,
+    n_open: usize,
+    /// Records in all of them.
+    n_records: usize,
 }
 
 /// Shared between a [`BatchedPush`] and its task.
-#[derive(Default)]
 struct PushState {
+    session_hash: u64,
+    delivery: DeliveryRef,
+    outbox: std::sync::Mutex<Outbox>,
+    /// Records were put into an empty outbox.
+    ready: tokio::sync::Notify,
+    /// The task took records out: senders waiting for room look again.
+    room: tokio::sync::Notify,
     /// Set by the task when the zeromq socket failed; later sends report it.
     failure: std::sync::Mutex<Option<String>>,
     /// Records accepted by `send` that the task has not yet handed to the zeromq socket.
@@ -93,6 +113,53 @@ struct PushState {
 const MAX_RECORDS_PER_FRAME: usize = 64;
 const MAX_FRAME_BYTES: usize = 64 << 10;
 
+impl PushState {
+    fn empty_frame(&self) -> Vec<u8> {
+        wire::frame_header(self.session_hash, self.delivery, MAX_RECORDS_PER_FRAME * 32)
+    }
+
+    /// Appends `record` unless the outbox holds `capacity` records; true when it was appended.
+    fn offer(&self, record: &[PartRef], capacity: usize) -> bool {
+        let mut outbox = self.outbox.lock().expect("outbox poisoned");
+        if outbox.n_records >= capacity {
+            return false;
+        }
+        let was_empty = outbox.n_records == 0;
+        wire::append_record(&mut outbox.open, record);
+        outbox.n_open += 1;
+        outbox.n_records += 1;
+        if outbox.n_open >= MAX_RECORDS_PER_FRAME || outbox.open.len() >= MAX_FRAME_BYTES {
+            let full = std::mem::replace(&mut outbox.open, self.empty_frame());
+            let n_full = std::mem::take(&mut outbox.n_open);
+            outbox.sealed.push_back((full, n_full));
+        }
+        self.n_queued.fetch_add(1, Ordering::AcqRel);
+        drop(outbox);
+        if was_empty {
+            self.ready.notify_one();
+        }
+        true
+    }
+
+    /// The oldest frame and its number of records, `None` when the outbox is empty.
+    fn take_frame(&self) -> Option<(Vec<u8>, usize)> {
+        let mut outbox = self.outbox.lock().expect("outbox poisoned");
+        let (mut frame, n_records) = match outbox.sealed.pop_front() {
+            Some(sealed) => sealed,
+            None if outbox.n_open > 0 => {
+                let open = std::mem::replace(&mut outbox.open, self.empty_frame());
+                (open, std::mem::take(&mut outbox.n_open))
+            }
+            None => return None,
+        };
+        outbox.n_records -= n_records;
+        drop(outbox);
+        self.room.notify_waiters();
+        wire::set_record_count(&mut frame, n_records);
+        Some((frame, n_records))
+    }
+}
+
 impl BatchedPush {
     fn start(
         mut socket: Box<dyn Socket>,
@@ -100,60 +167,57 @@ impl BatchedPush {
         delivery: DeliveryRef,
         capacity: usize,
     ) -> BatchedPush {
-        let (commands, mut queue) = tokio::sync::mpsc::channel::<PushCommand>(capacity.max(1));
-        let state: Arc<PushState> = Arc::default();
+        let (commands, mut queue) = tokio::sync::mpsc::channel::<PushCommand>(4);
+        let open = wire::frame_header(session_hash, delivery, MAX_RECORDS_PER_FRAME * 32);
+        let state = Arc::new(PushState {
+            session_hash,
+            delivery,
+            outbox: std::sync::Mutex::new(Outbox {
+                sealed: VecDeque::new(),
+                open,
+                n_open: 0,
+                n_records: 0,
+            }),
+            ready: tokio::sync::Notify::new(),
+            room: tokio::sync::Notify::new(),
+            failure: std::sync::Mutex::default(),
+            n_queued: 0.into(),
+            n_refused: 0.into(),
+        });
         let task_state = Arc::clone(&state);
         let task = tokio::spawn(async move {
-            let mut batch: Vec<Vec<PartRef>> = Vec::new();
-            let mut next: Option<PushCommand> = None;
+            let state = task_state;
             loop {
-                let command = match next.take() {
-                    Some(command) => command,
-                    None => match queue.recv().await {
-                        Some(command) => command,
+                // Commands first: a connect must not wait behind frames that need its peer.
+                let command = tokio::select! {
+                    biased;
+                    command = queue.recv() => match command {
+                        Some(command) => Some(command),
                         None => return,
                     },
+                    () = state.ready.notified() => None,
                 };
                 match command {
-                    PushCommand::Record(record) => {
-                        batch.push(record);
-                        let mut frame_bytes = 0;
-                        // Everything already queued joins this frame.
-                        while batch.len() < MAX_RECORDS_PER_FRAME && frame_bytes < MAX_FRAME_BYTES {
-                            match queue.try_recv() {
-                                Ok(PushCommand::Record(record)) => {
-                                    frame_bytes += record.len() * 32;
-                                    batch.push(record);
-                                }
-                                Ok(other) => {
-                                    next = Some(other);
-                                    break;
-                                }
-                                Err(_) => break,
-                            }
-                        }
-                        let frame = Message::from(wire::encode(session_hash, delivery, &batch));
-                        let n_records = batch.len() as u64;
-                        batch.clear();
-                        let sent = socket.send_parts(Parts::from(frame), None).await;
-                        task_state.n_queued.fetch_sub(n_records, Ordering::AcqRel);
-                        if let Err(failed) = sent {
-                            tracing::error!(channel = %socket.label(), error = %failed.error, n_records, "shmem descriptors refused");
-                            task_state.n_refused.fetch_add(n_records, Ordering::AcqRel);
-                            *task_state.failure.lock().expect("failure flag poisoned") =
-                                Some(failed.error.to_string());
-                        }
-                    }
-                    PushCommand::Bind(address, reply) => {
+                    None => {}
+                    Some(PushCommand::Bind(address, reply)) => {
                         let _ = reply.send(socket.bind(&address).await);
+                        continue;
                     }
-                    PushCommand::Connect(address, reply) => {
+                    Some(PushCommand::Connect(address, reply)) => {
                         let _ = reply.send(socket.connect(&address).await);
+                        continue;
                     }
-                    PushCommand::Close(linger, reply) => {
+                    Some(PushCommand::Close(linger, reply)) => {
+                        // Everything accepted before the close goes first.
+                        while let Some((frame, n_records)) = state.take_frame() {
+                            send_frame(&mut socket, &state, frame, n_records).await;
+                        }
                         let _ = reply.send(socket.close(linger).await);
                         return;
                     }
+                }
+                while let Some((frame, n_records)) = state.take_frame() {
+                    send_frame(&mut socket, &state, frame, n_records).await;
                 }
             }
         });
@@ -161,6 +225,27 @@ impl BatchedPush {
             commands,
             state,
             task,
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Puts `record` into the outbox, waiting while it is full; false at the deadline.
+    async fn put(&self, record: &[PartRef], deadline: Option<tokio::time::Instant>) -> bool {
+        loop {
+            let room = self.state.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            if self.state.offer(record, self.capacity) {
+                return true;
+            }
+            match deadline {
+                Some(deadline) => {
+                    if tokio::time::timeout_at(deadline, room).await.is_err() {
+                        return false;
+                    }
+                }
+                None => room.await,
+            }
         }
     }
 
@@ -181,6 +266,26 @@ impl BatchedPush {
     }
 }
 
+/// Hands one frame to the zeromq socket, recording a refusal.
+async fn send_frame(
+    socket: &mut Box<dyn Socket>,
+    state: &PushState,
+    frame: Vec<u8>,
+    n_records: usize,
+) {
+    let sent = socket
+        .send_parts(Parts::from(Message::from(frame)), None)
+        .await;
+    state.n_queued.fetch_sub(n_records as u64, Ordering::AcqRel);
+    if let Err(failed) = sent {
+        tracing::error!(channel = %socket.label(), error = %failed.error, n_records, "shmem descriptors refused");
+        state
+            .n_refused
+            .fetch_add(n_records as u64, Ordering::AcqRel);
+        *state.failure.lock().expect("failure flag poisoned") = Some(failed.error.to_string());
+    }
+}
+
 pub(crate) struct ShmSocket {
     label: ChannelLabel,
     session: Arc<Session>,
@@ -195,6 +300,8 @@ pub(crate) struct ShmSocket {
     frames: VecDeque<Bytes>,
     /// Segments and regions of peers already mapped for this socket.
     seen_memory: Vec<(ObjectKind, u32, u32)>,
+    /// The segment the last block received lay in.
+    last_segment: Option<((u32, u32), Arc<crate::segment::Segment>)>,
     /// The counter of the sender of the last counted frame.
     last_taken: Option<(DeliveryRef, Arc<TakenCounter>)>,
     /// Frames dropped because they were no descriptor frames of this session.
@@ -270,6 +377,7 @@ impl ShmSocket {
             pending: VecDeque::new(),
             frames: VecDeque::new(),
             seen_memory: Vec::new(),
+            last_segment: None,
             last_taken: None,
             n_foreign_frames: 0,
         })
@@ -316,15 +424,16 @@ async fn describe(
 }
 
 impl ShmSocket {
-    fn materialise(&self, record: Vec<PartRef>) -> Result<Parts> {
-        record
-            .into_iter()
-            .map(|part| {
-                self.session
-                    .materialise(part)
-                    .map_err(|error| transport_error(&self.label, error))
-            })
-            .collect()
+    fn materialise(&mut self, record: Vec<PartRef>) -> Result<Parts> {
+        let mut parts = Parts::with_capacity(record.len());
+        for part in record {
+            let message = self
+                .session
+                .materialise(part, &mut self.last_segment)
+                .map_err(|error| transport_error(&self.label, error))?;
+            parts.push(message);
+        }
+        Ok(parts)
     }
 }
 
@@ -522,32 +631,15 @@ impl Socket for ShmSocket {
                     };
                     return Err(SendError::new(error, parts));
                 }
-                let reserved = match timeout {
-                    Some(timeout) => {
-                        match tokio::time::timeout(timeout, push.commands.reserve()).await {
-                            Ok(reserved) => reserved,
-                            Err(_) => {
-                                let error = Error::Timeout {
-                                    channel: self.label.clone(),
-                                    after: timeout,
-                                };
-                                return Err(SendError::new(error, parts));
-                            }
-                        }
-                    }
-                    None => push.commands.reserve().await,
-                };
-                let Ok(permit) = reserved else {
-                    return Err(SendError::new(
-                        Error::Interrupted {
-                            channel: self.label.clone(),
-                        },
-                        parts,
-                    ));
-                };
+                let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
+                if !push.put(&record, deadline).await {
+                    let error = Error::Timeout {
+                        channel: self.label.clone(),
+                        after: timeout.unwrap_or_default(),
+                    };
+                    return Err(SendError::new(error, parts));
+                }
                 // The record is queued: the receiver will own these references.
-                push.state.n_queued.fetch_add(1, Ordering::AcqRel);
-                permit.send(PushCommand::Record(record));
                 disarm(parts, fresh);
                 if let Some(sent) = &mut self.sent {
                     sent.note_sent();

@@ -123,52 +123,71 @@ pub const FRAME_HEADER_LEN: usize = 32;
 
 /// Appends `records` to a new frame for `session_hash`, naming the sender's `delivery` counter.
 pub fn encode(session_hash: u64, delivery: DeliveryRef, records: &[Vec<PartRef>]) -> Vec<u8> {
-    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + records.len() * 32);
+    let mut frame = frame_header(session_hash, delivery, records.len() * 32);
+    for record in records {
+        append_record(&mut frame, record);
+    }
+    set_record_count(&mut frame, records.len());
+    frame
+}
+
+/// A frame with no record yet, with room for `capacity` more bytes: records are appended with
+/// [`append_record`], then [`set_record_count`] says how many there are.
+pub fn frame_header(session_hash: u64, delivery: DeliveryRef, capacity: usize) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + capacity);
     frame.extend_from_slice(MAGIC);
     frame.extend_from_slice(&session_hash.to_le_bytes());
     frame.extend_from_slice(&delivery.owner_pid.to_le_bytes());
     frame.extend_from_slice(&delivery.segment_index.to_le_bytes());
     frame.extend_from_slice(&delivery.slot.to_le_bytes());
-    frame.extend_from_slice(&(records.len() as u32).to_le_bytes());
-    for record in records {
-        frame.extend_from_slice(&(record.len() as u32).to_le_bytes());
-        for part in record {
-            match part {
-                PartRef::Inline(bytes) => {
-                    frame.push(0);
-                    frame.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-                    frame.extend_from_slice(bytes);
-                }
-                PartRef::Block {
-                    owner_pid,
-                    segment_index,
-                    offset,
-                    size,
-                } => {
-                    frame.push(1);
-                    frame.extend_from_slice(&owner_pid.to_le_bytes());
-                    frame.extend_from_slice(&segment_index.to_le_bytes());
-                    frame.extend_from_slice(&offset.to_le_bytes());
-                    frame.extend_from_slice(&size.to_le_bytes());
-                }
-                PartRef::Region {
-                    creator_pid,
-                    region_index,
-                    offset,
-                    size,
-                    hint,
-                } => {
-                    frame.push(2);
-                    frame.extend_from_slice(&creator_pid.to_le_bytes());
-                    frame.extend_from_slice(&region_index.to_le_bytes());
-                    frame.extend_from_slice(&offset.to_le_bytes());
-                    frame.extend_from_slice(&size.to_le_bytes());
-                    frame.extend_from_slice(&hint.to_le_bytes());
-                }
+    frame.extend_from_slice(&0u32.to_le_bytes());
+    frame
+}
+
+/// Writes the number of records into a frame made by [`frame_header`].
+pub fn set_record_count(frame: &mut [u8], n_records: usize) {
+    frame[FRAME_HEADER_LEN - 4..FRAME_HEADER_LEN]
+        .copy_from_slice(&(n_records as u32).to_le_bytes());
+}
+
+/// Appends one record (one multipart message) to a frame.
+pub fn append_record(frame: &mut Vec<u8>, record: &[PartRef]) {
+    frame.extend_from_slice(&(record.len() as u32).to_le_bytes());
+    for part in record {
+        match part {
+            PartRef::Inline(bytes) => {
+                frame.push(0);
+                frame.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+                frame.extend_from_slice(bytes);
+            }
+            PartRef::Block {
+                owner_pid,
+                segment_index,
+                offset,
+                size,
+            } => {
+                frame.push(1);
+                frame.extend_from_slice(&owner_pid.to_le_bytes());
+                frame.extend_from_slice(&segment_index.to_le_bytes());
+                frame.extend_from_slice(&offset.to_le_bytes());
+                frame.extend_from_slice(&size.to_le_bytes());
+            }
+            PartRef::Region {
+                creator_pid,
+                region_index,
+                offset,
+                size,
+                hint,
+            } => {
+                frame.push(2);
+                frame.extend_from_slice(&creator_pid.to_le_bytes());
+                frame.extend_from_slice(&region_index.to_le_bytes());
+                frame.extend_from_slice(&offset.to_le_bytes());
+                frame.extend_from_slice(&size.to_le_bytes());
+                frame.extend_from_slice(&hint.to_le_bytes());
             }
         }
     }
-    frame
 }
 
 struct Reader<'a> {
