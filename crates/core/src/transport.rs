@@ -25,6 +25,14 @@
 //! once, then goes on. It is spent *before* the operation, so a future cancelled at that point
 //! has neither sent nor received anything. Outside a tokio runtime the budget is unlimited.
 //!
+//! # Fast paths
+//! [`Socket::send_parts`] and [`Socket::receive_parts`] are boxed futures (the traits are object
+//! safe), one allocation per call. A socket that can often complete at once also implements
+//! [`Socket::try_send_parts`] / [`Socket::try_receive_parts`] (and a transport
+//! [`Transport::try_new_message`]): [`Channel`] calls those first and awaits the boxed form only
+//! when they hand the message back or have nothing. They never block and never fail: a message
+//! handed back is untouched, so the waiting form decides about timeouts and errors as before.
+//!
 //! # Shutdown
 //! [`Channel::close`] waits up to `linger` for queued messages to leave the process, then closes.
 //! Dropping a channel without closing it gives no such guarantee.
@@ -62,6 +70,14 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// The transport's allocation error (a full segment, say).
     async fn new_message(&self, size: usize) -> Result<Message> {
         Ok(Message::new(size))
+    }
+
+    /// A message of `size` bytes if the transport can make one at once, without waiting and
+    /// without failing; `None` sends the caller to [`Transport::new_message`], which waits or
+    /// reports the error. The hot path of a sender: no boxed future when there is room.
+    fn try_new_message(&self, size: usize) -> Option<Message> {
+        let _ = size;
+        None
     }
 
     /// A socket for one channel (or one sub-channel, named `socket_name`), not yet bound or
@@ -110,6 +126,23 @@ pub trait Socket: Send {
         parts: Parts,
         timeout: Option<Duration>,
     ) -> Result<(), SendError<Parts>>;
+
+    /// Sends `parts` at once if the socket can take them without waiting, and hands them back
+    /// untouched (`Err`) if it cannot: room, a peer, memory or anything else missing. The caller
+    /// then awaits [`Socket::send_parts`], which waits, times out or reports the error. Never
+    /// blocks; the default hands everything back.
+    ///
+    /// # Errors
+    /// The parts, not sent.
+    fn try_send_parts(&mut self, parts: Parts) -> std::result::Result<(), Parts> {
+        Err(parts)
+    }
+
+    /// A whole multipart message that is already here, without waiting; `None` when the caller
+    /// must await [`Socket::receive_parts`] (which also reports errors). Never blocks.
+    fn try_receive_parts(&mut self) -> Option<Parts> {
+        None
+    }
 
     /// Receives one whole multipart message, waiting at most `timeout` (forever if `None`).
     ///
@@ -404,7 +437,10 @@ impl Channel {
         let n_bytes = parts.total_size();
         // Before the send, so a cancelled yield loses nothing (see "Fairness").
         tokio::task::consume_budget().await;
-        self.socket.send_parts(parts, timeout).await?;
+        // Without a boxed future when the socket can take the message at once.
+        if let Err(parts) = self.socket.try_send_parts(parts) {
+            self.socket.send_parts(parts, timeout).await?;
+        }
         self.counters.record_out(n_bytes);
         Ok(())
     }
@@ -468,7 +504,9 @@ impl Channel {
     async fn receive_whole(&mut self, timeout: Option<Duration>) -> Result<Parts> {
         // Before the receive, so a cancelled yield loses nothing (see "Fairness").
         tokio::task::consume_budget().await;
-        let parts = if self.config.busy_poll {
+        let parts = if let Some(parts) = self.socket.try_receive_parts() {
+            parts
+        } else if self.config.busy_poll {
             self.receive_busy(timeout).await?
         } else {
             self.socket.receive_parts(timeout).await?

@@ -270,7 +270,10 @@ impl DeviceContext {
         let idx = self.channel_idx(name)?;
         let transport_name = self.channels[idx].transport_name();
         match self.transports.get(transport_name) {
-            Some(transport) => Ok(transport.new_message(size).await?),
+            Some(transport) => match transport.try_new_message(size) {
+                Some(message) => Ok(message),
+                None => Ok(transport.new_message(size).await?),
+            },
             None => Ok(Message::new(size)),
         }
     }

@@ -449,7 +449,7 @@ fn check_shm_frame(input: &[u8]) -> Result<bool, String> {
         return Ok(false);
     };
     // The format has one encoding per value: what decodes must encode back to the same bytes.
-    let encoded = wire::encode(shm_session(), frame.delivery, &frame.records);
+    let encoded = wire::encode(shm_session(), frame.delivery, &frame.records());
     if encoded != input {
         return Err(format!(
             "decode then encode changed the frame: {} bytes in, {} bytes out",

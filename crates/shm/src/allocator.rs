@@ -86,7 +86,8 @@ impl Allocator {
         self.allocate_from_trees(size)
     }
 
-    fn take_cached(&mut self, size: usize) -> Option<usize> {
+    /// A cached range of exactly `size` bytes, if the cache has one.
+    pub fn take_cached(&mut self, size: usize) -> Option<usize> {
         let class = self.cached.iter_mut().find(|(cached, _)| *cached == size)?;
         let offset = class.1.pop()?;
         self.cached_bytes -= size;

@@ -115,6 +115,16 @@ impl SentCounter {
 
     /// Waits until fewer than `capacity` messages are in flight (0: no bound); false when
     /// `deadline` came first.
+    /// True when fewer than `capacity` messages are in flight (0: no bound), without waiting.
+    pub(crate) fn has_room(&mut self, capacity: usize) -> bool {
+        let capacity = capacity as u64;
+        if capacity == 0 || self.n_sent.saturating_sub(self.known_taken) < capacity {
+            return true;
+        }
+        self.known_taken = self.n_taken();
+        self.n_sent.saturating_sub(self.known_taken) < capacity
+    }
+
     pub(crate) async fn wait_for_room(
         &mut self,
         capacity: usize,

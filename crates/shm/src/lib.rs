@@ -150,6 +150,10 @@ impl Transport for ShmTransport {
             })
     }
 
+    fn try_new_message(&self, size: usize) -> Option<Message> {
+        self.session.try_new_message(size)
+    }
+
     async fn create_socket(
         &self,
         config: &ChannelConfig,

@@ -166,6 +166,20 @@ impl Session {
         }
     }
 
+    /// A message of `size` bytes if this process's segment exists and has room now.
+    pub(crate) fn try_new_message(&self, size: usize) -> Option<Message> {
+        let owned = self.own.get()?;
+        if size > owned.max_message_size() {
+            return None;
+        }
+        let buffer = owned.allocate(size)?;
+        let mut message = Message::from_buffer(Box::new(buffer));
+        message
+            .set_used_size(size)
+            .expect("blocks are at least as large as asked");
+        Some(message)
+    }
+
     pub(crate) async fn new_message(&self, size: usize) -> Result<Message, ShmError> {
         let buffer = self.allocate(size).await?;
         let mut message = Message::from_buffer(Box::new(buffer));

@@ -231,6 +231,10 @@ impl BatchedPush {
 
     /// Puts `record` into the outbox, waiting while it is full; false at the deadline.
     async fn put(&self, record: &[PartRef], deadline: Option<tokio::time::Instant>) -> bool {
+        // The usual case: room at once, no waiter registered.
+        if self.state.offer(record, self.capacity) {
+            return true;
+        }
         loop {
             let room = self.state.room.notified();
             tokio::pin!(room);
@@ -300,6 +304,8 @@ pub(crate) struct ShmSocket {
     frames: VecDeque<Bytes>,
     /// Segments and regions of peers already mapped for this socket.
     seen_memory: Vec<(ObjectKind, u32, u32)>,
+    /// Reused for the part descriptors of one message (try_send_parts).
+    scratch: Vec<PartRef>,
     /// The segment the last block received lay in.
     last_segment: Option<((u32, u32), Arc<crate::segment::Segment>)>,
     /// The counter of the sender of the last counted frame.
@@ -377,6 +383,7 @@ impl ShmSocket {
             pending: VecDeque::new(),
             frames: VecDeque::new(),
             seen_memory: Vec::new(),
+            scratch: Vec::new(),
             last_segment: None,
             last_taken: None,
             n_foreign_frames: 0,
@@ -420,20 +427,6 @@ async fn describe(
             fresh.push(buffer);
         }
         Ok((record, fresh))
-    }
-}
-
-impl ShmSocket {
-    fn materialise(&mut self, record: Vec<PartRef>) -> Result<Parts> {
-        let mut parts = Parts::with_capacity(record.len());
-        for part in record {
-            let message = self
-                .session
-                .materialise(part, &mut self.last_segment)
-                .map_err(|error| transport_error(&self.label, error))?;
-            parts.push(message);
-        }
-        Ok(parts)
     }
 }
 
@@ -582,6 +575,58 @@ impl Socket for ShmSocket {
         }
         self.label.address = Some(address.to_string());
         Ok(())
+    }
+
+    fn try_send_parts(&mut self, parts: Parts) -> std::result::Result<(), Parts> {
+        // Only a push socket's outbox takes a message without waiting, and only one whose
+        // parts all lie in this session's memory or travel inline: nothing to allocate.
+        let Inner::Batched(push) = &self.inner else {
+            return Err(parts);
+        };
+        if let Some(sent) = &mut self.sent
+            && !sent.has_room(self.window)
+        {
+            return Err(parts);
+        }
+        let mut record = std::mem::take(&mut self.scratch);
+        record.clear();
+        for message in &parts {
+            match self.session.describe(message) {
+                Some(part) => record.push(part),
+                None if message.len() <= self.session.options.inline_max => {
+                    record.push(PartRef::Inline(message.data().to_vec()));
+                }
+                None => {
+                    self.scratch = record;
+                    return Err(parts);
+                }
+            }
+        }
+        let failed = push
+            .state
+            .failure
+            .lock()
+            .expect("failure flag poisoned")
+            .is_some();
+        let accepted = !failed && push.state.offer(&record, push.capacity);
+        self.scratch = record;
+        if !accepted {
+            return Err(parts);
+        }
+        // The record is queued: the receiver will own these references.
+        disarm(parts, Vec::new());
+        if let Some(sent) = &mut self.sent {
+            sent.note_sent();
+        }
+        Ok(())
+    }
+
+    fn try_receive_parts(&mut self) -> Option<Parts> {
+        let (parts, taken) = self.pending.pop_front()?;
+        if let Some(taken) = taken {
+            taken.count_taken();
+        }
+        Some(parts)
     }
 
     async fn send_parts(
@@ -776,8 +821,16 @@ impl Socket for ShmSocket {
                         taken
                     }
                 };
-                for record in decoded.records {
-                    let parts = self.materialise(record)?;
+                let mut parts_of_frame = decoded.parts.into_iter();
+                for &n_parts in &decoded.record_lens {
+                    let mut parts = Parts::with_capacity(n_parts as usize);
+                    for part in parts_of_frame.by_ref().take(n_parts as usize) {
+                        let message = self
+                            .session
+                            .materialise(part, &mut self.last_segment)
+                            .map_err(|error| transport_error(&self.label, error))?;
+                        parts.push(message);
+                    }
                     if let Inner::Subscriber(subscriber) = &self.inner {
                         let first = parts.get(0).map(Message::data).unwrap_or_default();
                         if !topic_matches(&subscriber.topics, first) {

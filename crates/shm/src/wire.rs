@@ -84,8 +84,11 @@ impl DeliveryRef {
 pub struct Frame {
     /// Where the receiver counts what it takes.
     pub delivery: DeliveryRef,
-    /// The messages.
-    pub records: Vec<Vec<PartRef>>,
+    /// The parts of every message, one after the other (one allocation per frame, not one
+    /// per message).
+    pub parts: Vec<PartRef>,
+    /// The number of parts of each message, in order.
+    pub record_lens: Vec<u32>,
 }
 
 impl Frame {
@@ -97,24 +100,29 @@ impl Frame {
             self.delivery.owner_pid,
             self.delivery.segment_index,
         ));
-        let parts = self
-            .records
-            .iter()
-            .flatten()
-            .filter_map(|part| match *part {
-                PartRef::Block {
-                    owner_pid,
-                    segment_index,
-                    ..
-                } => Some((ObjectKind::Segment, owner_pid, segment_index)),
-                PartRef::Region {
-                    creator_pid,
-                    region_index,
-                    ..
-                } => Some((ObjectKind::Region, creator_pid, region_index)),
-                PartRef::Inline(_) => None,
-            });
+        let parts = self.parts.iter().filter_map(|part| match *part {
+            PartRef::Block {
+                owner_pid,
+                segment_index,
+                ..
+            } => Some((ObjectKind::Segment, owner_pid, segment_index)),
+            PartRef::Region {
+                creator_pid,
+                region_index,
+                ..
+            } => Some((ObjectKind::Region, creator_pid, region_index)),
+            PartRef::Inline(_) => None,
+        });
         delivery.into_iter().chain(parts)
+    }
+
+    /// The messages as separate lists of parts (a copy: for checks and tests).
+    pub fn records(&self) -> Vec<Vec<PartRef>> {
+        let mut parts = self.parts.iter();
+        self.record_lens
+            .iter()
+            .map(|&n_parts| parts.by_ref().take(n_parts as usize).cloned().collect())
+            .collect()
     }
 }
 
@@ -261,7 +269,8 @@ pub fn decode(frame: &[u8], session_hash: u64) -> Result<Frame, ShmError> {
             reason: format!("{n_records} records cannot fit in {} bytes", frame.len()),
         });
     }
-    let mut records = Vec::with_capacity(n_records);
+    let mut record_lens = Vec::with_capacity(n_records);
+    let mut parts = Vec::with_capacity(n_records);
     for _ in 0..n_records {
         let n_parts = reader.u32()? as usize;
         if n_parts > frame.len() {
@@ -269,7 +278,7 @@ pub fn decode(frame: &[u8], session_hash: u64) -> Result<Frame, ShmError> {
                 reason: format!("{n_parts} parts cannot fit in the frame"),
             });
         }
-        let mut parts = Vec::with_capacity(n_parts);
+        record_lens.push(n_parts as u32);
         for _ in 0..n_parts {
             let part = match reader.u8()? {
                 0 => {
@@ -297,7 +306,6 @@ pub fn decode(frame: &[u8], session_hash: u64) -> Result<Frame, ShmError> {
             };
             parts.push(part);
         }
-        records.push(parts);
     }
     if reader.at != frame.len() {
         return Err(ShmError::BadDescriptor {
@@ -307,7 +315,11 @@ pub fn decode(frame: &[u8], session_hash: u64) -> Result<Frame, ShmError> {
             ),
         });
     }
-    Ok(Frame { delivery, records })
+    Ok(Frame {
+        delivery,
+        parts,
+        record_lens,
+    })
 }
 
 /// The hash that identifies a session on the wire.
@@ -356,7 +368,7 @@ mod tests {
         for delivery in [COUNTER, DeliveryRef::NONE] {
             let frame = encode(42, delivery, &records());
             let decoded = decode(&frame, 42).unwrap();
-            assert_eq!(decoded.records, records());
+            assert_eq!(decoded.records(), records());
             assert_eq!(decoded.delivery, delivery);
         }
     }

@@ -1004,7 +1004,18 @@ fn stopped_receiver_back_pressure() -> Result<()> {
             "a 6th message in flight to a stopped receiver with sndBufSize = 5: {:?}",
             refused.map_err(|failed| failed.error.to_string())
         );
+        // The refused message comes back whole, still in shared memory, and is sent again.
+        let returned = refused.expect_err("checked above").message;
+        verify(&returned, next)?;
+        ensure!(
+            block_location(&returned).is_some(),
+            "the refused message left shared memory"
+        );
         signal(&taker.child, "CONT")?;
+        push.send_timeout(returned, STEP)
+            .await
+            .map_err(|failed| failed.error)?;
+        next += 1;
         while next < 20 {
             push.send_timeout(make(next).await?, STEP)
                 .await
