@@ -1,7 +1,9 @@
 //! Shared memory outlives processes; this module makes sure it does not outlive its session.
 //!
 //! Three mechanisms, each enough on its own for its case:
-//! - the last device of a session to leave cleanly removes the session's objects;
+//! - the last device of a session to leave cleanly removes the session's objects (every process
+//!   with a shmem socket holds its own segment from the socket's creation, so a receiver that
+//!   has mapped nothing of a sender's yet still counts, and the sender's exit leaves its memory);
 //! - a watchdog process per session (started by the first device, in its own process group so
 //!   a Ctrl-C or a `kill -9` of the devices does not reach it) removes them when every process
 //!   attached to them has died, crashes included, and then exits;

@@ -45,6 +45,9 @@ struct Publisher {
     router: zeromq::RouterSocket,
     events: futures::channel::mpsc::Receiver<zeromq::SocketEvent>,
     subscribers: Vec<SubscriberPeer>,
+    /// Frames handed to zmq.rs and not yet written out: `close` waits for them (zmq.rs has no
+    /// linger), so a publisher that exits right after sending loses nothing it handed over.
+    in_flight: Arc<ferromq_zmq::InFlight>,
 }
 
 struct SubscriberSide {
@@ -332,6 +335,14 @@ impl ShmSocket {
     ) -> Result<ShmSocket> {
         let mut label = ChannelLabel::new(socket_name, config.socket_type);
         label.address = config.address.clone();
+        // Every process with a shmem socket holds its own segment from the start, receivers
+        // included: that makes it a live member of the session, so a sender that exits before
+        // this process mapped the sender's memory leaves that memory in place instead of
+        // removing the session's objects (see `cleanup.rs`).
+        session
+            .own_segment()
+            .await
+            .map_err(|error| transport_error(&label, error))?;
         let sent = match config.socket_type {
             SocketType::Push | SocketType::Pair => session
                 .sent_counter()
@@ -350,6 +361,7 @@ impl ShmSocket {
                     router,
                     events,
                     subscribers: Vec::new(),
+                    in_flight: Arc::default(),
                 })
             }
             SocketType::Sub => Inner::Subscriber(SubscriberSide {
@@ -721,9 +733,9 @@ impl Socket for ShmSocket {
                     shm_buffers(&parts)
                         .chain(fresh.iter())
                         .for_each(|buffer| buffer.add_references(1));
-                    let message =
-                        ZmqMessage::try_from(vec![subscriber.identity.clone(), frame.clone()])
-                            .expect("two frames");
+                    let tracked = publisher.in_flight.track(frame.clone(), frame.len());
+                    let message = ZmqMessage::try_from(vec![subscriber.identity.clone(), tracked])
+                        .expect("two frames");
                     let delivered = match publisher.router.send(message).now_or_never() {
                         Some(Ok(())) => true,
                         Some(Err(_)) => {
@@ -962,10 +974,25 @@ impl Socket for ShmSocket {
                     Ok(Ok(())) => Ok(()),
                 }
             }
-            // Stop the listeners now (zmq.rs removes their socket files as they stop).
+            // What was handed to zmq.rs goes out first (linger bounding the silence), then the
+            // listeners stop (zmq.rs removes their socket files as they stop).
             Inner::Publisher(publisher) => {
+                let drained = publisher.in_flight.drain(linger).await;
+                if drained.is_ok() {
+                    // The writer flushes its last batch after encoding it.
+                    tokio::time::sleep(publisher.in_flight.flush_estimate().min(linger)).await;
+                }
                 publisher.router.unbind_all().await;
-                Ok(())
+                match drained {
+                    Ok(()) => Ok(()),
+                    Err(n_messages) => Err(Error::Undelivered {
+                        channel: self.label.clone(),
+                        n_messages: n_messages as u64,
+                        reason: format!(
+                            "their subscribers took none of them for linger = {linger:?}"
+                        ),
+                    }),
+                }
             }
             Inner::Subscriber(subscriber) => {
                 for dealer in &mut subscriber.dealers {

@@ -81,6 +81,10 @@ fn main() {
             receiver_exits_with_messages_queued,
         ),
         trial(
+            "a_publisher_that_exits_right_after_sending_loses_nothing",
+            publisher_exits_right_after_sending,
+        ),
+        trial(
             "opening_a_peer_segment_does_not_stall_the_receivers_runtime",
             slow_segment_open_off_the_runtime,
         ),
@@ -291,6 +295,22 @@ async fn run_role(role: &str) -> Result<()> {
                     "body {msg_idx} corrupt"
                 );
             }
+        }
+        "exiting-publisher" => {
+            // Sends COUNT messages to the subscriber it connects to and exits at once.
+            let mut publisher =
+                open(&transport, SocketType::Pub, Method::Connect, &address).await?;
+            let n_msgs: u64 = env("COUNT").parse()?;
+            for msg_idx in 0..n_msgs {
+                let mut message = transport.new_message(4096).await?;
+                fill(&mut message, msg_idx);
+                publisher
+                    .send(message)
+                    .await
+                    .map_err(|failed| failed.error)?;
+            }
+            publisher.close().await?;
+            println!("SENT {n_msgs}");
         }
         "requester" => {
             let mut req = open(&transport, SocketType::Req, Method::Connect, &address).await?;
@@ -1056,6 +1076,37 @@ fn receiver_exits_with_messages_queued() -> Result<()> {
             }
             other => bail!("closing with 20 messages never taken: {other:?}"),
         }
+    })
+}
+
+/// A publisher sends 100 messages (their descriptor frames fit in the kernel's socket buffer)
+/// and exits at once; its subscriber reads none of them until the publisher is gone (a stalled
+/// receiver), then gets every one, intact. Before, the
+/// publisher's close did not wait for zmq.rs to write its descriptor frames (zmq.rs has no
+/// linger), and its exit removed the session's shared memory because the subscriber had not
+/// mapped anything yet.
+fn publisher_exits_right_after_sending() -> Result<()> {
+    let session = Session::new("pubexit");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("pubexit");
+        let mut subscriber = open(&transport, SocketType::Sub, Method::Bind, &address).await?;
+        subscriber.subscribe("").await?;
+        let mut publisher = ChildRole::spawn(
+            "exiting-publisher",
+            &session,
+            &address,
+            &[("COUNT", "100".into())],
+        );
+        ensure!(publisher.line().await? == "SENT 100");
+        publisher.success().await?;
+        for msg_idx in 0..100 {
+            let message = tokio::time::timeout(STEP, subscriber.receive())
+                .await
+                .with_context(|| format!("message {msg_idx} never came"))??;
+            verify(&message, msg_idx)?;
+        }
+        Ok(())
     })
 }
 

@@ -18,9 +18,10 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// Messages handed to zmq.rs and not yet encoded.
+/// Messages handed to zmq.rs and not yet encoded (public so that the shmem transport, which
+/// drives zmq.rs sockets of its own, can flush them the same way at close).
 #[derive(Debug, Default)]
-pub(crate) struct InFlight {
+pub struct InFlight {
     count: AtomicUsize,
     changed: Notify,
     largest_message: AtomicUsize,
@@ -50,12 +51,13 @@ impl AsRef<[u8]> for TrackedFrame {
 }
 
 impl InFlight {
-    pub(crate) fn count(&self) -> usize {
+    /// Messages handed over and not yet encoded.
+    pub fn count(&self) -> usize {
         self.count.load(Ordering::Acquire)
     }
 
     /// Wraps `frame` so that this counter drops by one when zmq.rs is done with it.
-    pub(crate) fn track(self: &Arc<Self>, frame: Bytes, message_size: usize) -> Bytes {
+    pub fn track(self: &Arc<Self>, frame: Bytes, message_size: usize) -> Bytes {
         self.count.fetch_add(1, Ordering::AcqRel);
         self.largest_message
             .fetch_max(message_size, Ordering::Relaxed);
@@ -72,7 +74,7 @@ impl InFlight {
     /// batch: zmq.rs reports no flush completion, so this is an estimate from the largest message
     /// sent (at a conservative 100 MB/s) plus a fixed 100 ms. (20 ms lost the last frame of
     /// shmem descriptors now and then on a loaded 2-core machine: the writer task had not run.)
-    pub(crate) fn flush_estimate(&self) -> std::time::Duration {
+    pub fn flush_estimate(&self) -> std::time::Duration {
         let largest = self.largest_message.load(Ordering::Relaxed) as u64;
         std::time::Duration::from_millis(100) + std::time::Duration::from_micros(largest / 100)
     }
@@ -81,7 +83,7 @@ impl InFlight {
     /// after `silence` without progress, and then returns how many messages are still in flight.
     /// This is what `linger` means here: a bound on silence, not on the whole drain, so a peer
     /// that keeps taking messages gets all of them however long that takes.
-    pub(crate) async fn drain(&self, silence: std::time::Duration) -> Result<(), usize> {
+    pub async fn drain(&self, silence: std::time::Duration) -> Result<(), usize> {
         let mut lowest = self.count();
         let mut deadline = Instant::now() + silence;
         loop {
@@ -98,7 +100,7 @@ impl InFlight {
     }
 
     /// Waits until fewer than `limit` messages are in flight; false if `deadline` passed first.
-    pub(crate) async fn wait_below(&self, limit: usize, deadline: Option<Instant>) -> bool {
+    pub async fn wait_below(&self, limit: usize, deadline: Option<Instant>) -> bool {
         loop {
             if self.count() < limit {
                 return true;

@@ -44,6 +44,7 @@
 #![warn(missing_docs)]
 
 mod flow;
+pub use flow::InFlight;
 mod handshake;
 mod inproc;
 mod net;
