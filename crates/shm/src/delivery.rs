@@ -125,10 +125,13 @@ impl SentCounter {
         self.n_sent.saturating_sub(self.known_taken) < capacity
     }
 
+    /// Also gives up (false) as soon as `abandon` says so: the socket failed and nothing more
+    /// will be taken.
     pub(crate) async fn wait_for_room(
         &mut self,
         capacity: usize,
         deadline: Option<Instant>,
+        abandon: impl Fn() -> bool,
     ) -> bool {
         let capacity = capacity as u64;
         if capacity == 0 || self.n_sent.saturating_sub(self.known_taken) < capacity {
@@ -145,7 +148,7 @@ impl SentCounter {
                 return true;
             }
             let now = Instant::now();
-            if deadline.is_some_and(|deadline| now >= deadline) {
+            if deadline.is_some_and(|deadline| now >= deadline) || abandon() {
                 return false;
             }
             if now - progress_at < SPIN_FOR {

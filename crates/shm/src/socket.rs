@@ -646,13 +646,40 @@ impl Socket for ShmSocket {
         parts: Parts,
         timeout: Option<Duration>,
     ) -> Result<(), SendError<Parts>> {
+        // A push whose zeromq socket failed (a refused peer) says so at once, also while it
+        // waits for room: its receivers will take nothing, so the wait would only time out.
+        let push_state = match &self.inner {
+            Inner::Batched(push) => Some(Arc::clone(&push.state)),
+            _ => None,
+        };
+        let failure = || {
+            push_state
+                .as_ref()?
+                .failure
+                .lock()
+                .expect("failure flag poisoned")
+                .clone()
+        };
+        let peer_gone = |reason: String| Error::PeerGone {
+            channel: self.label.clone(),
+            reason,
+        };
+        if let Some(reason) = failure() {
+            return Err(SendError::new(peer_gone(reason), parts));
+        }
         // Back-pressure first, before any block is made: waiting here is cancel-safe.
         if let Some(sent) = &mut self.sent {
             let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
-            if !sent.wait_for_room(self.window, deadline).await {
-                let error = Error::Timeout {
-                    channel: self.label.clone(),
-                    after: timeout.unwrap_or_default(),
+            if !sent
+                .wait_for_room(self.window, deadline, || failure().is_some())
+                .await
+            {
+                let error = match failure() {
+                    Some(reason) => peer_gone(reason),
+                    None => Error::Timeout {
+                        channel: self.label.clone(),
+                        after: timeout.unwrap_or_default(),
+                    },
                 };
                 return Err(SendError::new(error, parts));
             }
@@ -675,19 +702,6 @@ impl Socket for ShmSocket {
         };
         match &mut self.inner {
             Inner::Batched(push) => {
-                if let Some(failure) = push
-                    .state
-                    .failure
-                    .lock()
-                    .expect("failure flag poisoned")
-                    .clone()
-                {
-                    let error = Error::PeerGone {
-                        channel: self.label.clone(),
-                        reason: failure,
-                    };
-                    return Err(SendError::new(error, parts));
-                }
                 let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
                 if !push.put(&record, deadline).await {
                     let error = Error::Timeout {

@@ -67,6 +67,10 @@ fn main() {
             "a_zeromq_receiver_reports_a_shmem_sender",
             transport_mismatch,
         ),
+        trial(
+            "a_send_waiting_for_room_ends_when_the_peer_is_refused",
+            refused_peer_ends_wait_for_room,
+        ),
         trial("region_created_and_destroyed_events", region_events),
         trial(
             "closing_a_push_whose_receiver_is_gone_returns_within_linger",
@@ -906,6 +910,51 @@ fn transport_mismatch() -> Result<()> {
             .err()
             .context("receiver")?;
         ensure!(error.is_timeout(), "refused, nothing delivered: {error}");
+        Ok(())
+    })
+}
+
+/// A shmem push with `sndBufSize = 5` connected to a zeromq pull: the first five sends are
+/// accepted before the refusal is known, the sixth waits for room that will never come (the
+/// refused peer takes nothing) and must end with the refusal, not wait out its timeout.
+fn refused_peer_ends_wait_for_room() -> Result<()> {
+    let session = Session::new("refusedwait");
+    block_on(async {
+        let shm = session.transport();
+        let zmq = ferromq_zmq::ZmqTransport::new();
+        let address = session.ipc("refusedwait");
+        let config =
+            ChannelConfig::new("data", SocketType::Pull, Method::Bind).with_address(&address);
+        let mut pull = Channel::open(&zmq, config, "data").await?;
+        pull.bind_configured().await?;
+        let config = ChannelConfig {
+            snd_buf_size: 5,
+            ..ChannelConfig::new("data", SocketType::Push, Method::Connect).with_address(&address)
+        };
+        let mut push = Channel::open(&shm, config, "data").await?;
+        push.connect_configured().await?;
+        let started = tokio::time::Instant::now();
+        let mut error = None;
+        for _ in 0..6 {
+            let message = shm.new_message(1024).await?;
+            if let Err(failed) = push.send_timeout(message, STEP).await {
+                error = Some(failed.error);
+                break;
+            }
+        }
+        let error = error.context("six sends to a refused peer with sndBufSize = 5 all passed")?;
+        ensure!(
+            error
+                .to_string()
+                .contains("the peer uses the zeromq transport"),
+            "{error}"
+        );
+        ensure!(
+            started.elapsed() < STEP / 2,
+            "the refusal took {:?}: the send waited for room instead",
+            started.elapsed()
+        );
+        drop(pull);
         Ok(())
     })
 }
