@@ -5,7 +5,8 @@
 //! directory (`bin/fairmq-bsampler`, `bin/fairmq-sink`, `lib/`).
 //!
 //! Each run: the sink binds (pull), the sampler connects (push), both `--control static
-//! --max-iterations N --transport shmem`, `linger=60000` on the channels (FairMQ's 500 ms default
+//! --max-iterations N --transport shmem --shm-throw-bad-alloc false --bad-alloc-attempt-interval 1`,
+//! `linger=60000` on the channels (FairMQ's 500 ms default
 //! drops data at exit). The rate is (N + 1) messages (both sides count FairMQ's way) over the
 //! time between the devices' own microsecond log timestamps: FairMQ's "Starting the benchmark"
 //! (bsampler) to "Received" (sink); ferromq's sampler `READY ---> RUNNING` to sink
@@ -155,6 +156,16 @@ fn run_once(
             options.messages.to_string(),
             "--verbosity".to_owned(),
             "veryhigh".to_owned(),
+            // A full segment makes the sampler wait for room instead of failing: with its
+            // default, FairMQ's bsampler dies with "could not create a message" at 1 MiB and
+            // 8 MiB once the sink falls behind (its 2 GiB segment fills), which measures nothing.
+            "--shm-throw-bad-alloc".to_owned(),
+            "false".to_owned(),
+            // Both look again every millisecond (FairMQ's default waits 50 ms between
+            // attempts, ferromq's backs off from 100 us to 10 ms): the pairs then differ in
+            // their transports, not in how long they sleep on a full segment.
+            "--bad-alloc-attempt-interval".to_owned(),
+            "1".to_owned(),
         ]
     };
     let mut sink_args = common("sink");

@@ -2,7 +2,7 @@
 //! other processes it has mapped, and its regions.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -64,7 +64,13 @@ pub(crate) struct Session {
     regions: Mutex<HashMap<(u32, u32), RemoteRegion>>,
     /// The delivery counter slots of this process's segment.
     delivery_slots: Arc<DeliverySlots>,
+    /// Whether an allocation that finds the segment full looks again at once for a while
+    /// before sleeping (see `allocate`).
+    spin_on_full: AtomicBool,
 }
+
+/// How long a full segment is looked at again, yielding between looks, before sleeping.
+const SPIN_ON_FULL: Duration = Duration::from_micros(200);
 
 impl Session {
     pub(crate) fn new(options: ShmOptions) -> Session {
@@ -80,6 +86,7 @@ impl Session {
             segments: Mutex::default(),
             regions: Mutex::default(),
             delivery_slots: Arc::default(),
+            spin_on_full: AtomicBool::new(true),
         }
     }
 
@@ -147,6 +154,21 @@ impl Session {
         }
         // Full: only now is the clock read.
         let started = Instant::now();
+        // While the receivers keep releasing blocks (the usual case for large messages: the
+        // segment holds only so many), room comes back within microseconds: look again after
+        // yielding (which also lets this process's own socket tasks send on) before sleeping a
+        // timer tick. A look that found nothing for SPIN_ON_FULL turns this off until an
+        // allocation succeeds again, so a stalled receiver costs no CPU.
+        let spin_for = SPIN_ON_FULL.min(self.options.allocation_timeout);
+        if self.spin_on_full.load(Ordering::Relaxed) && !spin_for.is_zero() {
+            while started.elapsed() < spin_for {
+                tokio::task::yield_now().await;
+                if let Some(buffer) = owned.allocate(size) {
+                    return Ok(buffer);
+                }
+            }
+            self.spin_on_full.store(false, Ordering::Relaxed);
+        }
         let mut pause = self
             .options
             .retry_interval
@@ -161,6 +183,7 @@ impl Session {
                 pause = (pause * 2).min(Duration::from_millis(10));
             }
             if let Some(buffer) = owned.allocate(size) {
+                self.spin_on_full.store(true, Ordering::Relaxed);
                 return Ok(buffer);
             }
         }
