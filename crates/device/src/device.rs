@@ -156,11 +156,23 @@ impl Device for Box<dyn Device> {
     }
 }
 
+/// A channel of a device, resolved once by name with [`DeviceContext::channel_id`], so that a
+/// loop sending or receiving on it does no name lookup per message. Valid until the device's
+/// channels are made again (RESET DEVICE, then INIT DEVICE): a handle from before is refused
+/// with [`DeviceError::StaleChannel`], never taken for another channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ChannelId {
+    idx: usize,
+    generation: u64,
+}
+
 /// A device's channels, properties and stop signal, as its hooks see them.
 pub struct DeviceContext {
     pub(crate) id: String,
     pub(crate) session: String,
     pub(crate) channels: Vec<Channel>,
+    /// Counts the times the channels were made anew (see [`ChannelId`]).
+    pub(crate) channel_generation: u64,
     pub(crate) transports: BTreeMap<String, Arc<dyn Transport>>,
     pub(crate) properties: Arc<Mutex<BTreeMap<String, String>>>,
     pub(crate) stop: CancellationToken,
@@ -230,6 +242,32 @@ impl DeviceContext {
             })
     }
 
+    /// Resolves channel (socket) `name` once, for the `*_on` operations.
+    ///
+    /// # Errors
+    /// [`DeviceError::UnknownChannel`] listing the names that exist.
+    pub fn channel_id(&self, name: &str) -> Result<ChannelId, DeviceError> {
+        Ok(ChannelId {
+            idx: self.channel_idx(name)?,
+            generation: self.channel_generation,
+        })
+    }
+
+    fn resolve(&self, channel: ChannelId) -> Result<usize, DeviceError> {
+        if channel.generation != self.channel_generation || channel.idx >= self.channels.len() {
+            return Err(DeviceError::StaleChannel {
+                device: self.id.clone(),
+            });
+        }
+        Ok(channel.idx)
+    }
+
+    /// Drops every channel; handles made before are stale from now on.
+    pub(crate) fn clear_channels(&mut self) {
+        self.channels.clear();
+        self.channel_generation += 1;
+    }
+
     /// The channel (socket) `name`: `data`, `data[1]`.
     ///
     /// # Errors
@@ -268,6 +306,23 @@ impl DeviceContext {
     /// [`DeviceError::UnknownChannel`], or the transport's allocation error.
     pub async fn new_message(&mut self, name: &str, size: usize) -> Result<Message, DeviceError> {
         let idx = self.channel_idx(name)?;
+        self.new_message_at(idx, size).await
+    }
+
+    /// [`DeviceContext::new_message`] for a channel resolved with [`DeviceContext::channel_id`].
+    ///
+    /// # Errors
+    /// [`DeviceError::StaleChannel`], or the transport's allocation error.
+    pub async fn new_message_on(
+        &mut self,
+        channel: ChannelId,
+        size: usize,
+    ) -> Result<Message, DeviceError> {
+        let idx = self.resolve(channel)?;
+        self.new_message_at(idx, size).await
+    }
+
+    async fn new_message_at(&mut self, idx: usize, size: usize) -> Result<Message, DeviceError> {
         let transport_name = self.channels[idx].transport_name();
         match self.transports.get(transport_name) {
             Some(transport) => match transport.try_new_message(size) {
@@ -323,6 +378,23 @@ impl DeviceContext {
     /// As [`DeviceContext::send`].
     pub async fn send_parts(&mut self, name: &str, parts: Parts) -> Result<(), DeviceError> {
         let idx = self.channel_idx(name)?;
+        self.send_parts_at(idx, parts).await
+    }
+
+    /// [`DeviceContext::send_parts`] on a channel resolved with [`DeviceContext::channel_id`].
+    ///
+    /// # Errors
+    /// [`DeviceError::StaleChannel`], or as [`DeviceContext::send`].
+    pub async fn send_parts_on(
+        &mut self,
+        channel: ChannelId,
+        parts: Parts,
+    ) -> Result<(), DeviceError> {
+        let idx = self.resolve(channel)?;
+        self.send_parts_at(idx, parts).await
+    }
+
+    async fn send_parts_at(&mut self, idx: usize, parts: Parts) -> Result<(), DeviceError> {
         let send = async {
             self.channels[idx]
                 .send_parts(parts)
@@ -349,6 +421,20 @@ impl DeviceContext {
     /// As [`DeviceContext::send`].
     pub async fn receive_parts(&mut self, name: &str) -> Result<Parts, DeviceError> {
         let idx = self.channel_idx(name)?;
+        self.receive_parts_at(idx).await
+    }
+
+    /// [`DeviceContext::receive_parts`] on a channel resolved with
+    /// [`DeviceContext::channel_id`].
+    ///
+    /// # Errors
+    /// [`DeviceError::StaleChannel`], or as [`DeviceContext::send`].
+    pub async fn receive_parts_on(&mut self, channel: ChannelId) -> Result<Parts, DeviceError> {
+        let idx = self.resolve(channel)?;
+        self.receive_parts_at(idx).await
+    }
+
+    async fn receive_parts_at(&mut self, idx: usize) -> Result<Parts, DeviceError> {
         let outcome = Self::interruptible(&self.stop, self.channels[idx].receive_parts()).await;
         self.settle(idx, outcome)
     }
@@ -498,5 +584,41 @@ impl DeviceContext {
             .lock()
             .expect("properties poisoned")
             .insert(key.into(), value.to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn context() -> DeviceContext {
+        DeviceContext {
+            id: "dev".to_owned(),
+            session: "default".to_owned(),
+            channels: Vec::new(),
+            channel_generation: 0,
+            transports: BTreeMap::new(),
+            properties: Arc::default(),
+            stop: CancellationToken::new(),
+            max_iterations: 0,
+            n_iterations: 0,
+            poll_start: 0,
+        }
+    }
+
+    #[test]
+    fn a_channel_handle_from_before_the_channels_were_made_again_is_refused() {
+        let mut ctx = context();
+        let unknown = ctx.channel_id("data").expect_err("no channel yet");
+        assert!(matches!(unknown, DeviceError::UnknownChannel { .. }));
+        // A handle resolved while index 0 existed, then RESET DEVICE made the channels again.
+        let old = ChannelId {
+            idx: 0,
+            generation: ctx.channel_generation,
+        };
+        ctx.clear_channels();
+        let stale = ctx.resolve(old).expect_err("stale handle");
+        assert!(matches!(stale, DeviceError::StaleChannel { ref device } if device == "dev"));
+        assert!(stale.to_string().contains("resolve it again"), "{stale}");
     }
 }

@@ -32,6 +32,15 @@ pub enum DeviceError {
     /// A channel operation failed.
     #[error(transparent)]
     Channel(#[from] ferromq_core::Error),
+    /// A [`ChannelId`](crate::ChannelId) resolved before the device's channels were made
+    /// again.
+    #[error(
+        "device {device:?}: a channel handle from before its channels were made again (RESET DEVICE); resolve it again with channel_id in init_task"
+    )]
+    StaleChannel {
+        /// Device id.
+        device: String,
+    },
     /// No channel of that name.
     #[error("device {device:?} has no channel {name:?}; its channels: {available}")]
     UnknownChannel {

@@ -59,7 +59,7 @@ pub fn prepare_termination_signals() {
 /// The attribute `impl Device` blocks need (the trait has async methods and is object-safe).
 pub use async_trait::async_trait;
 pub use config::{DEFAULT_TRANSPORT, DeviceConfig, SocketConfig};
-pub use device::{Device, DeviceContext, Flow};
+pub use device::{ChannelId, Device, DeviceContext, Flow};
 pub use error::{DeviceError, Result};
 pub use runner::{DeviceController, DeviceRunner, StateChange, error_chain};
 pub use state::{State, Transition};

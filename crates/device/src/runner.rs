@@ -242,6 +242,7 @@ impl<D: Device> DeviceRunner<D> {
             id: config.id.clone(),
             session: config.session.clone(),
             channels: Vec::new(),
+            channel_generation: 0,
             transports: BTreeMap::new(),
             properties: Arc::clone(&properties),
             stop: CancellationToken::new(),
@@ -567,7 +568,7 @@ async fn do_work<D: Device>(
                     }
                 }
             }
-            ctx.channels.clear();
+            ctx.clear_channels();
             shared
                 .lock()
                 .expect("shared state poisoned")
@@ -637,7 +638,7 @@ async fn receive_memory_for(
 }
 
 async fn create_channels(ctx: &mut DeviceContext, config: &DeviceConfig) -> Result<()> {
-    ctx.channels.clear();
+    ctx.clear_channels();
     for socket in &config.sockets {
         let transport_name = socket
             .config

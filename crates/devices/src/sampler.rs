@@ -140,6 +140,9 @@ impl Device for BenchmarkSampler {
         } else {
             Bytes::new()
         };
+        // Resolved once: no name lookup per message.
+        let out = ctx.channel_id(&self.out_channel)?;
+        let in_shared_memory = ctx.channel(&self.out_channel)?.transport_name() == "shmem";
         let stopped = ctx.stopped();
         tokio::pin!(stopped);
         while ctx.next_iteration() {
@@ -147,13 +150,16 @@ impl Device for BenchmarkSampler {
                 () = pacer.wait() => {}
                 () = &mut stopped => break,
             }
-            let mut parts = Parts::new();
+            let mut parts = Parts::with_capacity(self.n_parts);
             for _ in 0..self.n_parts {
                 let message = if self.same_msg {
                     Message::from(shared.clone())
                 } else {
-                    let mut message =
-                        allocate(ctx, &self.out_channel, "msg-size", self.msg_size).await?;
+                    let mut message = if in_shared_memory {
+                        ctx.new_message_on(out, self.msg_size).await?
+                    } else {
+                        allocate(ctx, &self.out_channel, "msg-size", self.msg_size).await?
+                    };
                     if self.memset {
                         message.data_mut().fill(0);
                     }
@@ -161,7 +167,7 @@ impl Device for BenchmarkSampler {
                 };
                 parts.push(message);
             }
-            match ctx.send_parts(&self.out_channel, parts).await {
+            match ctx.send_parts_on(out, parts).await {
                 Ok(()) => {}
                 Err(_) if ctx.stop_requested() => break,
                 Err(error) => return Err(error.into()),

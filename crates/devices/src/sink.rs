@@ -126,9 +126,10 @@ impl Device for Sink {
     }
 
     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        let input = self.in_channel.clone();
+        // Resolved once: no name lookup per message.
+        let input = ctx.channel_id(&self.in_channel)?;
         while ctx.next_iteration() {
-            let parts = match ctx.receive_parts(&input).await {
+            let parts = match ctx.receive_parts_on(input).await {
                 Ok(parts) => parts,
                 Err(_) if ctx.stop_requested() => break,
                 Err(error) => return Err(error.into()),
