@@ -64,7 +64,22 @@ enum Task {
         /// Messages per run (--max-iterations; both sides send one more).
         #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
         messages: u64,
+        /// Pace the samplers at this many messages per second (--msg-rate) and report the CPU
+        /// each process used (% of a core) instead of the message rate; pass --messages to
+        /// match (e.g. 25000 at 2500 for 10 s).
+        #[arg(long, value_parser = positive_rate)]
+        msg_rate: Option<f64>,
     },
+}
+
+/// A message rate for `--msg-rate`: a finite number above zero.
+fn positive_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
+        _ => Err(format!(
+            "{text:?} is not a message rate: expected a number of messages per second above 0"
+        )),
+    }
 }
 
 fn main() -> ExitCode {
@@ -81,12 +96,14 @@ fn main() -> ExitCode {
             rounds,
             sizes,
             messages,
+            msg_rate,
         } => {
             let options = side_by_side::Options {
                 fairmq,
                 rounds: rounds as usize,
                 sizes,
                 messages,
+                msg_rate,
             };
             return exit_code(side_by_side::run(&cargo, workspace, &options));
         }
@@ -187,6 +204,15 @@ fn run_cargo(cargo: &str, args: &[&str]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_rate_must_be_a_number_above_zero() {
+        assert_eq!(positive_rate("2500"), Ok(2500.0));
+        for bad in ["0", "-1", "NaN", "inf", "fast"] {
+            let error = positive_rate(bad).expect_err(bad);
+            assert!(error.contains(bad), "{error}");
+        }
+    }
 
     /// `.ci/run` only installs system packages and calls `cargo xtask ci`: CI has one
     /// definition, here.

@@ -36,6 +36,67 @@ pub struct Options {
     pub sizes: Vec<usize>,
     /// Messages per run (`--max-iterations`).
     pub messages: u64,
+    /// Paced runs (`--msg-rate`): report CPU use instead of the message rate.
+    pub msg_rate: Option<f64>,
+}
+
+/// What one run of one side measured.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunResult {
+    /// Messages per second.
+    pub rate: f64,
+    /// CPU use of the sampler and the sink in % of a core, between the first second of the run
+    /// and its end (paced runs only).
+    pub cpu: Option<(f64, f64)>,
+}
+
+/// A process's CPU time so far in clock ticks (utime + stime of `/proc/PID/stat`).
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces; the fields after it are fixed.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`; 100, Linux's usual value, if that fails).
+fn ticks_per_second() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|output| String::from_utf8(output.stdout).ok())
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// CPU samples of one process: the first one taken after the warm-up, and the latest.
+#[derive(Default)]
+struct CpuWindow {
+    first: Option<(Instant, u64)>,
+    last: Option<(Instant, u64)>,
+}
+
+impl CpuWindow {
+    fn sample(&mut self, pid: u32, started: Instant) {
+        // The first second is start-up and connection: not what a paced run costs.
+        if started.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        if let Some(ticks) = cpu_ticks(pid) {
+            let now = (Instant::now(), ticks);
+            self.first.get_or_insert(now);
+            self.last = Some(now);
+        }
+    }
+
+    /// % of a core between the first and the last sample.
+    fn percent(&self, ticks_per_second: f64) -> Option<f64> {
+        let ((t0, c0), (t1, c1)) = (self.first?, self.last?);
+        let seconds = (t1 - t0).as_secs_f64();
+        (seconds > 0.5).then(|| (c1 - c0) as f64 / ticks_per_second / seconds * 100.0)
+    }
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -113,23 +174,7 @@ fn spawn(
 }
 
 /// Waits for `child` up to `deadline`; kills it past that. True when it exited 0.
-fn wait_until(child: &mut Child, deadline: Instant) -> bool {
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => return status.success(),
-            Ok(None) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return false;
-            }
-        }
-    }
-}
-
-/// One run of one side: messages per second, or why not.
+/// One run of one side: what it measured, or why not.
 fn run_once(
     side: Side,
     options: &Options,
@@ -137,7 +182,7 @@ fn run_once(
     size: usize,
     session: &str,
     dir: &Path,
-) -> Result<f64, String> {
+) -> Result<RunResult, String> {
     let address = format!("ipc://{}", ipc_file(dir, session).display());
     let channel = |kind: &str, method: &str| {
         format!("name=data,type={kind},method={method},address={address},linger=60000")
@@ -171,6 +216,9 @@ fn run_once(
     let mut sink_args = common("sink");
     sink_args.extend(["--channel-config".to_owned(), channel("pull", "bind")]);
     let mut sampler_args = common("sampler");
+    if let Some(rate) = options.msg_rate {
+        sampler_args.extend(["--msg-rate".to_owned(), rate.to_string()]);
+    }
     sampler_args.extend([
         "--msg-size".to_owned(),
         size.to_string(),
@@ -206,8 +254,7 @@ fn run_once(
         }
     };
     let mut pair = Pair { sink, sampler };
-    let sampler_ok = wait_until(&mut pair.sampler, deadline);
-    let sink_ok = wait_until(&mut pair.sink, deadline);
+    let (sampler_ok, sink_ok, cpu) = watch_pair(&mut pair, deadline, options.msg_rate.is_some());
     let sink_text = std::fs::read_to_string(&sink_log).unwrap_or_default();
     let sampler_text = std::fs::read_to_string(&sampler_log).unwrap_or_default();
     if !(sampler_ok && sink_ok) {
@@ -242,7 +289,53 @@ fn run_once(
     };
     let _ = std::fs::remove_file(&sink_log);
     let _ = std::fs::remove_file(&sampler_log);
-    Ok((options.messages + 1) as f64 / seconds.max(1e-6))
+    Ok(RunResult {
+        rate: (options.messages + 1) as f64 / seconds.max(1e-6),
+        cpu,
+    })
+}
+
+/// Waits for both processes of a pair (killing what runs past `deadline`); with `measure_cpu`,
+/// samples their CPU time every 20 ms while they run. (sampler ok, sink ok, CPU % of each).
+fn watch_pair(
+    pair: &mut Pair,
+    deadline: Instant,
+    measure_cpu: bool,
+) -> (bool, bool, Option<(f64, f64)>) {
+    let started = Instant::now();
+    let (mut sampler_cpu, mut sink_cpu) = (CpuWindow::default(), CpuWindow::default());
+    let mut outcome: [Option<bool>; 2] = [None, None];
+    loop {
+        for (idx, child) in [&mut pair.sampler, &mut pair.sink].into_iter().enumerate() {
+            if outcome[idx].is_some() {
+                continue;
+            }
+            match child.try_wait() {
+                Ok(Some(status)) => outcome[idx] = Some(status.success()),
+                Ok(None) if Instant::now() < deadline => {
+                    if measure_cpu {
+                        let window = if idx == 0 {
+                            &mut sampler_cpu
+                        } else {
+                            &mut sink_cpu
+                        };
+                        window.sample(child.id(), started);
+                    }
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    outcome[idx] = Some(false);
+                }
+            }
+        }
+        if let [Some(sampler_ok), Some(sink_ok)] = outcome {
+            let ticks = ticks_per_second();
+            let cpu = sampler_cpu.percent(ticks).zip(sink_cpu.percent(ticks));
+            return (sampler_ok, sink_ok, cpu);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// The ipc socket file a run's address names.
@@ -290,7 +383,7 @@ pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
     };
     let dir = workspace.join("target/side-by-side");
     let _ = std::fs::create_dir_all(&dir);
-    let mut rates: Vec<(usize, Vec<f64>, Vec<f64>)> = options
+    let mut rates: Vec<(usize, Vec<RunResult>, Vec<RunResult>)> = options
         .sizes
         .iter()
         .map(|&size| (size, Vec::new(), Vec::new()))
@@ -298,20 +391,24 @@ pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
     let mut failures = Vec::new();
     for round in 0..options.rounds {
         for (size, fairmq_rates, ferromq_rates) in &mut rates {
-            let mut pair_rates = [0.0; 2];
+            let mut pair_rates = [RunResult::default(); 2];
             for (side_idx, side) in [Side::FairMq, Side::Ferromq].into_iter().enumerate() {
                 let session = format!("sbs{}r{round}s{size}{}", std::process::id(), side_idx);
                 let rate = run_once(side, options, &ferromq, *size, &session, &dir);
                 clean(side, options, &ferromq, &session);
                 let _ = std::fs::remove_file(ipc_file(&dir, &session));
                 match rate {
-                    Ok(rate) => {
+                    Ok(result) => {
+                        let cpu = result.cpu.map_or_else(String::new, |(sampler, sink)| {
+                            format!(", CPU sampler {sampler:.2}% sink {sink:.2}%")
+                        });
                         eprintln!(
-                            "xtask: round {} {} {size} B: {rate:.0} msg/s",
+                            "xtask: round {} {} {size} B: {:.0} msg/s{cpu}",
                             round + 1,
-                            side.name()
+                            side.name(),
+                            result.rate
                         );
-                        pair_rates[side_idx] = rate;
+                        pair_rates[side_idx] = result;
                     }
                     Err(failure) => {
                         eprintln!("xtask: {failure}");
@@ -319,7 +416,10 @@ pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
                     }
                 }
             }
-            if pair_rates.iter().all(|&rate| rate > 0.0) {
+            let measured = |result: &RunResult| {
+                result.rate > 0.0 && (options.msg_rate.is_none() || result.cpu.is_some())
+            };
+            if pair_rates.iter().all(measured) {
                 fairmq_rates.push(pair_rates[0]);
                 ferromq_rates.push(pair_rates[1]);
             }
@@ -346,8 +446,19 @@ fn millions(rate: f64) -> String {
     }
 }
 
-/// The report: per size, both sides' medians (min-max) and the pairwise ratio.
-pub fn render(options: &Options, rates: &[(usize, Vec<f64>, Vec<f64>)]) -> String {
+/// The report: per size, both sides' medians (min-max) and the pairwise ratio; for paced runs
+/// the CPU each process used instead.
+pub fn render(options: &Options, results: &[(usize, Vec<RunResult>, Vec<RunResult>)]) -> String {
+    if let Some(msg_rate) = options.msg_rate {
+        return render_cpu(options, msg_rate, results);
+    }
+    let rates: Vec<(usize, Vec<f64>, Vec<f64>)> = results
+        .iter()
+        .map(|(size, fairmq, ferromq)| {
+            let rates = |runs: &[RunResult]| runs.iter().map(|run| run.rate).collect();
+            (*size, rates(fairmq), rates(ferromq))
+        })
+        .collect();
     let mut report = String::new();
     let _ = writeln!(
         report,
@@ -361,7 +472,7 @@ pub fn render(options: &Options, rates: &[(usize, Vec<f64>, Vec<f64>)]) -> Strin
         report,
         "| size | FairMQ msg/s | ferromq msg/s | ferromq ÷ FairMQ |\n|---|---|---|---|"
     );
-    for (size, fairmq, ferromq) in rates {
+    for (size, fairmq, ferromq) in &rates {
         if fairmq.is_empty() {
             let _ = writeln!(report, "| {size} B | failed | failed | - |");
             continue;
@@ -380,6 +491,50 @@ pub fn render(options: &Options, rates: &[(usize, Vec<f64>, Vec<f64>)]) -> Strin
             r.median,
             r.min,
             r.max
+        );
+    }
+    report
+}
+
+/// The report of paced runs: CPU % of a core per process, medians (min-max).
+fn render_cpu(
+    options: &Options,
+    msg_rate: f64,
+    results: &[(usize, Vec<RunResult>, Vec<RunResult>)],
+) -> String {
+    let mut report = String::new();
+    let _ = writeln!(
+        report,
+        "# ferromq vs FairMQ, side by side: CPU at {msg_rate} msg/s\n\n{}; {} rounds of {} \
+         messages, shmem device pairs (sink binds, sampler connects), interleaved; CPU time of \
+         each process from its first second to its end, in % of one core; medians with min-max.\n",
+        crate::bench::machine(),
+        options.rounds,
+        options.messages + 1
+    );
+    let _ = writeln!(
+        report,
+        "| size | FairMQ sampler | FairMQ sink | ferromq sampler | ferromq sink |\n|---|---|---|---|---|"
+    );
+    let spread = |runs: &[RunResult], pick: fn((f64, f64)) -> f64| {
+        let values: Vec<f64> = runs.iter().filter_map(|run| run.cpu.map(pick)).collect();
+        if values.is_empty() {
+            return "failed".to_owned();
+        }
+        let spread = Spread::of(&values);
+        format!(
+            "{:.2}% ({:.2}-{:.2})",
+            spread.median, spread.min, spread.max
+        )
+    };
+    for (size, fairmq, ferromq) in results {
+        let _ = writeln!(
+            report,
+            "| {size} B | {} | {} | {} | {} |",
+            spread(fairmq, |cpu| cpu.0),
+            spread(fairmq, |cpu| cpu.1),
+            spread(ferromq, |cpu| cpu.0),
+            spread(ferromq, |cpu| cpu.1)
         );
     }
     report
@@ -409,13 +564,61 @@ mod tests {
             rounds: 2,
             sizes: vec![64],
             messages: 9,
+            msg_rate: None,
         };
-        let report = render(&options, &[(64, vec![2e6, 1e6], vec![1e6, 1e6])]);
+        let runs = |rates: &[f64]| -> Vec<RunResult> {
+            rates
+                .iter()
+                .map(|&rate| RunResult { rate, cpu: None })
+                .collect()
+        };
+        let report = render(&options, &[(64, runs(&[2e6, 1e6]), runs(&[1e6, 1e6]))]);
         assert!(
             report.contains(
                 "| 64 B | 1.50 M (1.00 M-2.00 M) | 1.00 M (1.00 M-1.00 M) | 0.75 (0.50-1.00) |"
             ),
             "{report}"
         );
+    }
+
+    #[test]
+    fn paced_runs_report_cpu_per_process() {
+        let options = Options {
+            fairmq: PathBuf::new(),
+            rounds: 1,
+            sizes: vec![1048576],
+            messages: 24_999,
+            msg_rate: Some(2500.0),
+        };
+        let run = |sampler, sink| RunResult {
+            rate: 2500.0,
+            cpu: Some((sampler, sink)),
+        };
+        let report = render(
+            &options,
+            &[(1048576, vec![run(3.3, 2.5)], vec![run(0.8, 0.4)])],
+        );
+        assert!(report.contains("CPU at 2500 msg/s"), "{report}");
+        assert!(
+            report.contains("| 1048576 B | 3.30% (3.30-3.30) | 2.50% (2.50-2.50) | 0.80% (0.80-0.80) | 0.40% (0.40-0.40) |"),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn cpu_is_read_from_proc_and_averaged_over_the_window() {
+        assert!(
+            cpu_ticks(std::process::id()).is_some(),
+            "this process's own stat"
+        );
+        assert_eq!(cpu_ticks(u32::MAX), None);
+        let start = Instant::now();
+        let window = CpuWindow {
+            first: Some((start, 100)),
+            last: Some((start + Duration::from_secs(2), 150)),
+        };
+        // 50 ticks of 100 per second over 2 s: a quarter of a core.
+        assert_eq!(window.percent(100.0), Some(25.0));
+        assert_eq!(CpuWindow::default().percent(100.0), None);
     }
 }
