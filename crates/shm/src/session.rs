@@ -69,6 +69,15 @@ pub(crate) struct Session {
     spin_on_full: AtomicBool,
 }
 
+/// A message of `size` bytes in a block allocated for at least that many.
+fn message_of(buffer: ShmBuffer, size: usize) -> Message {
+    let mut message = Message::from_buffer(Box::new(buffer));
+    message
+        .set_used_size(size)
+        .expect("blocks are at least as large as asked");
+    message
+}
+
 /// How long a full segment is looked at again, yielding between looks, before sleeping.
 const SPIN_ON_FULL: Duration = Duration::from_micros(200);
 
@@ -195,21 +204,11 @@ impl Session {
         if size > owned.max_message_size() {
             return None;
         }
-        let buffer = owned.allocate(size)?;
-        let mut message = Message::from_buffer(Box::new(buffer));
-        message
-            .set_used_size(size)
-            .expect("blocks are at least as large as asked");
-        Some(message)
+        Some(message_of(owned.allocate(size)?, size))
     }
 
     pub(crate) async fn new_message(&self, size: usize) -> Result<Message, ShmError> {
-        let buffer = self.allocate(size).await?;
-        let mut message = Message::from_buffer(Box::new(buffer));
-        message
-            .set_used_size(size)
-            .expect("blocks are at least as large as asked");
-        Ok(message)
+        Ok(message_of(self.allocate(size).await?, size))
     }
 
     /// Maps, off the async threads, the segments and regions among `objects` (kind, creator
