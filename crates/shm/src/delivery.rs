@@ -133,10 +133,10 @@ impl SentCounter {
         deadline: Option<Instant>,
         abandon: impl Fn() -> bool,
     ) -> bool {
-        let capacity = capacity as u64;
-        if capacity == 0 || self.n_sent.saturating_sub(self.known_taken) < capacity {
+        if self.has_room(capacity) {
             return true;
         }
+        let capacity = capacity as u64;
         let mut progress_at = Instant::now();
         loop {
             let taken = self.n_taken();

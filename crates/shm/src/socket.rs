@@ -116,9 +116,19 @@ struct PushState {
 const MAX_RECORDS_PER_FRAME: usize = 64;
 const MAX_FRAME_BYTES: usize = 64 << 10;
 
+/// A descriptor frame with no record yet, with room for a full frame's records.
+fn empty_frame(session_hash: u64, delivery: DeliveryRef) -> Vec<u8> {
+    wire::frame_header(session_hash, delivery, MAX_RECORDS_PER_FRAME * 32)
+}
+
 impl PushState {
     fn empty_frame(&self) -> Vec<u8> {
-        wire::frame_header(self.session_hash, self.delivery, MAX_RECORDS_PER_FRAME * 32)
+        empty_frame(self.session_hash, self.delivery)
+    }
+
+    /// Why the zeromq socket failed, if it did.
+    fn failure(&self) -> Option<String> {
+        self.failure.lock().expect("failure flag poisoned").clone()
     }
 
     /// Appends `record` unless the outbox holds `capacity` records; true when it was appended.
@@ -171,13 +181,12 @@ impl BatchedPush {
         capacity: usize,
     ) -> BatchedPush {
         let (commands, mut queue) = tokio::sync::mpsc::channel::<PushCommand>(4);
-        let open = wire::frame_header(session_hash, delivery, MAX_RECORDS_PER_FRAME * 32);
         let state = Arc::new(PushState {
             session_hash,
             delivery,
             outbox: std::sync::Mutex::new(Outbox {
                 sealed: VecDeque::new(),
-                open,
+                open: empty_frame(session_hash, delivery),
                 n_open: 0,
                 n_records: 0,
             }),
@@ -403,6 +412,15 @@ impl ShmSocket {
     }
 }
 
+/// The descriptor of a part that needs no block made for it: one already in this session's
+/// shared memory, or one small enough to travel inline. `None` for a part that must be copied.
+fn describe_as_is(session: &Session, message: &Message) -> Option<PartRef> {
+    session.describe(message).or_else(|| {
+        (message.len() <= session.options.inline_max)
+            .then(|| PartRef::Inline(message.data().to_vec()))
+    })
+}
+
 /// One descriptor record for `parts`, plus the blocks made for heap parts. (A free function: the
 /// future must not hold the socket, whose inner zeromq socket is not `Sync`.)
 async fn describe(
@@ -414,12 +432,8 @@ async fn describe(
         let mut record = Vec::with_capacity(parts.len());
         let mut fresh = Vec::new();
         for message in parts {
-            if let Some(part) = session.describe(message) {
+            if let Some(part) = describe_as_is(session, message) {
                 record.push(part);
-                continue;
-            }
-            if message.len() <= session.options.inline_max {
-                record.push(PartRef::Inline(message.data().to_vec()));
                 continue;
             }
             let mut buffer = session
@@ -439,6 +453,17 @@ async fn describe(
             fresh.push(buffer);
         }
         Ok((record, fresh))
+    }
+}
+
+impl ShmSocket {
+    /// A message accepted for sending (queued or handed to zeromq): its references now belong
+    /// to the receiver, and the delivery counter counts it as sent.
+    fn hand_over(&mut self, parts: Parts, fresh: Vec<ShmBuffer>) {
+        disarm(parts, fresh);
+        if let Some(sent) = &mut self.sent {
+            sent.note_sent();
+        }
     }
 }
 
@@ -603,33 +628,20 @@ impl Socket for ShmSocket {
         let mut record = std::mem::take(&mut self.scratch);
         record.clear();
         for message in &parts {
-            match self.session.describe(message) {
+            match describe_as_is(&self.session, message) {
                 Some(part) => record.push(part),
-                None if message.len() <= self.session.options.inline_max => {
-                    record.push(PartRef::Inline(message.data().to_vec()));
-                }
                 None => {
                     self.scratch = record;
                     return Err(parts);
                 }
             }
         }
-        let failed = push
-            .state
-            .failure
-            .lock()
-            .expect("failure flag poisoned")
-            .is_some();
-        let accepted = !failed && push.state.offer(&record, push.capacity);
+        let accepted = push.state.failure().is_none() && push.state.offer(&record, push.capacity);
         self.scratch = record;
         if !accepted {
             return Err(parts);
         }
-        // The record is queued: the receiver will own these references.
-        disarm(parts, Vec::new());
-        if let Some(sent) = &mut self.sent {
-            sent.note_sent();
-        }
+        self.hand_over(parts, Vec::new());
         Ok(())
     }
 
@@ -652,14 +664,7 @@ impl Socket for ShmSocket {
             Inner::Batched(push) => Some(Arc::clone(&push.state)),
             _ => None,
         };
-        let failure = || {
-            push_state
-                .as_ref()?
-                .failure
-                .lock()
-                .expect("failure flag poisoned")
-                .clone()
-        };
+        let failure = || push_state.as_ref()?.failure();
         let peer_gone = |reason: String| Error::PeerGone {
             channel: self.label.clone(),
             reason,
@@ -710,11 +715,7 @@ impl Socket for ShmSocket {
                     };
                     return Err(SendError::new(error, parts));
                 }
-                // The record is queued: the receiver will own these references.
-                disarm(parts, fresh);
-                if let Some(sent) = &mut self.sent {
-                    sent.note_sent();
-                }
+                self.hand_over(parts, fresh);
                 Ok(())
             }
             Inner::Plain(socket) => match socket
@@ -722,10 +723,7 @@ impl Socket for ShmSocket {
                 .await
             {
                 Ok(()) => {
-                    disarm(parts, fresh);
-                    if let Some(sent) = &mut self.sent {
-                        sent.note_sent();
-                    }
+                    self.hand_over(parts, fresh);
                     Ok(())
                 }
                 Err(failed) => Err(SendError::new(failed.error, parts)),
@@ -785,10 +783,7 @@ impl Socket for ShmSocket {
     async fn receive_parts(&mut self, timeout: Option<Duration>) -> Result<Parts> {
         let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
         loop {
-            if let Some((parts, taken)) = self.pending.pop_front() {
-                if let Some(taken) = taken {
-                    taken.count_taken();
-                }
+            if let Some(parts) = self.try_receive_parts() {
                 return Ok(parts);
             }
             if let Some(frame) = self.frames.front() {
@@ -991,11 +986,7 @@ impl Socket for ShmSocket {
             // What was handed to zmq.rs goes out first (linger bounding the silence), then the
             // listeners stop (zmq.rs removes their socket files as they stop).
             Inner::Publisher(publisher) => {
-                let drained = publisher.in_flight.drain(linger).await;
-                if drained.is_ok() {
-                    // The writer flushes its last batch after encoding it.
-                    tokio::time::sleep(publisher.in_flight.flush_estimate().min(linger)).await;
-                }
+                let drained = publisher.in_flight.drain_then_flush(linger).await;
                 publisher.router.unbind_all().await;
                 match drained {
                     Ok(()) => Ok(()),

@@ -99,6 +99,16 @@ impl InFlight {
         }
     }
 
+    /// [`InFlight::drain`], then, if everything was encoded, the writer's [`flush_estimate`]
+    /// (bounded by `silence`): what a sending socket's close waits for.
+    ///
+    /// [`flush_estimate`]: InFlight::flush_estimate
+    pub async fn drain_then_flush(&self, silence: std::time::Duration) -> Result<(), usize> {
+        self.drain(silence).await?;
+        tokio::time::sleep(self.flush_estimate().min(silence)).await;
+        Ok(())
+    }
+
     /// Waits until fewer than `limit` messages are in flight; false if `deadline` passed first.
     pub async fn wait_below(&self, limit: usize, deadline: Option<Instant>) -> bool {
         loop {

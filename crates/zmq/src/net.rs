@@ -442,12 +442,12 @@ impl NetChannel {
         label: &ChannelLabel,
         linger: Duration,
     ) -> Result<(), Error> {
-        let drained = self.in_flight.drain(linger).await;
-        if drained.is_ok() && self.socket_type.can_send() {
-            // The writer flushes its last batch after encoding it; give it the time that takes.
-            let flush = self.in_flight.flush_estimate().min(linger);
-            tokio::time::sleep(flush).await;
-        }
+        // The writer flushes its last batch after encoding it; a sender gives it that time.
+        let drained = if self.socket_type.can_send() {
+            self.in_flight.drain_then_flush(linger).await
+        } else {
+            self.in_flight.drain(linger).await
+        };
         // Stop the listeners now (zmq.rs removes their socket files as they stop), so that the
         // address is free when `close` returns.
         let _ = on_socket!(&mut self.socket, socket => socket.unbind_all().await);
