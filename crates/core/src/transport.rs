@@ -6,9 +6,12 @@
 //! [`Channel`], which wraps a socket and is what device code holds.
 //!
 //! # Backpressure
-//! A send waits while the channel's send queue holds `sndBufSize` messages, and while no peer is
-//! connected (push, req, pair). It never drops a message, except on pub, which drops for slow
-//! subscribers as ZeroMQ documents.
+//! A send waits while the channel's send queue holds `sndBufSize` messages. With no peer
+//! connected (push, req, pair) a transport either waits at once (zeromq) or queues up to
+//! `sndBufSize` messages for the peer to come (shmem, ofi, like libzmq), then waits; a message
+//! accepted and never delivered is reported by [`Channel::close`]. It never drops a message,
+//! except on pub, which drops for slow subscribers as ZeroMQ documents. The conformance suite
+//! (`crates/conformance`) holds every transport to this.
 //!
 //! # Cancel safety
 //! Receives are cancel-safe: a receive future dropped before it completed loses no message, so
@@ -33,6 +36,13 @@
 //! when they hand the message back or have nothing. They never block and never fail: a message
 //! handed back is untouched, so the waiting form decides about timeouts and errors as before.
 //!
+//! # Request and reply
+//! A req channel sends a request, then receives its reply, then sends the next; a rep channel
+//! receives a request, then replies. [`Channel`] enforces the alternation for every transport:
+//! an operation out of turn fails at once with [`Error::WrongSocketType`] and changes nothing
+//! (a send hands its message back). A send or receive that fails (a timeout) leaves the turn
+//! where it was, so a req whose reply is late can wait for it again.
+//!
 //! # Shutdown
 //! [`Channel::close`] waits up to `linger` for queued messages to leave the process, then closes.
 //! Dropping a channel without closing it gives no such guarantee.
@@ -46,7 +56,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::address::Address;
-use crate::config::{ChannelConfig, Method};
+use crate::config::{ChannelConfig, Method, SocketType};
 use crate::error::{ChannelLabel, Error, Result, SendError};
 use crate::message::{Message, Parts};
 use crate::typed::{Decode, Encode, Receiver, Sender};
@@ -248,6 +258,15 @@ pub struct Channel {
     bound_address: Option<Address>,
     counters: Arc<ChannelCounters>,
     pending_frames: VecDeque<Message>,
+    /// req and rep only: whose turn it is (see "Request and reply").
+    turn: Option<Turn>,
+}
+
+/// What a req or rep channel may do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    Send,
+    Receive,
 }
 
 impl Channel {
@@ -262,6 +281,11 @@ impl Channel {
     ) -> Result<Channel> {
         config.validate()?;
         let socket = transport.create_socket(&config, socket_name).await?;
+        let turn = match config.socket_type {
+            SocketType::Req => Some(Turn::Send),
+            SocketType::Rep => Some(Turn::Receive),
+            _ => None,
+        };
         Ok(Channel {
             socket,
             config,
@@ -269,6 +293,7 @@ impl Channel {
             bound_address: None,
             counters: Arc::default(),
             pending_frames: VecDeque::new(),
+            turn,
         })
     }
 
@@ -434,6 +459,9 @@ impl Channel {
         parts: Parts,
         timeout: Option<Duration>,
     ) -> Result<(), SendError<Parts>> {
+        if let Err(error) = self.check_turn(Turn::Send) {
+            return Err(SendError::new(error, parts));
+        }
         let n_bytes = parts.total_size();
         // Before the send, so a cancelled yield loses nothing (see "Fairness").
         tokio::task::consume_budget().await;
@@ -442,6 +470,7 @@ impl Channel {
             self.socket.send_parts(parts, timeout).await?;
         }
         self.counters.record_out(n_bytes);
+        self.pass_turn(Turn::Receive);
         Ok(())
     }
 
@@ -502,6 +531,7 @@ impl Channel {
     }
 
     async fn receive_whole(&mut self, timeout: Option<Duration>) -> Result<Parts> {
+        self.check_turn(Turn::Receive)?;
         // Before the receive, so a cancelled yield loses nothing (see "Fairness").
         tokio::task::consume_budget().await;
         let parts = if let Some(parts) = self.socket.try_receive_parts() {
@@ -512,7 +542,34 @@ impl Channel {
             self.socket.receive_parts(timeout).await?
         };
         self.counters.record_in(parts.total_size());
+        self.pass_turn(Turn::Send);
         Ok(parts)
+    }
+
+    /// req/rep alternation: `wanted` must be this channel's turn.
+    fn check_turn(&self, wanted: Turn) -> Result<()> {
+        let Some(turn) = self.turn else {
+            return Ok(());
+        };
+        if turn == wanted {
+            return Ok(());
+        }
+        let operation = match (self.config.socket_type, wanted) {
+            (SocketType::Req, Turn::Send) => "send a request before receiving the last reply",
+            (SocketType::Req, Turn::Receive) => "receive before sending a request",
+            (_, Turn::Send) => "send a reply before receiving a request",
+            (_, Turn::Receive) => "receive a request before replying to the last one",
+        };
+        Err(Error::WrongSocketType {
+            channel: self.label().clone(),
+            operation,
+        })
+    }
+
+    fn pass_turn(&mut self, next: Turn) {
+        if self.turn.is_some() {
+            self.turn = Some(next);
+        }
     }
 
     /// `busyPoll`: polls the socket once, and while nothing is there yields to the runtime
