@@ -9,6 +9,8 @@
 //! - pub offers to every subscriber whose prefix matches and drops for a full inbox; the
 //!   subscribers share one immutable buffer per part (copy-on-write);
 //! - rep answers the node its last request came from;
+//! - only compatible patterns are linked (push with pull, req with rep, ...): two pushes on one
+//!   name stay apart and their sends wait, as over tcp, where the handshake refuses them;
 //! - connecting before the binder exists is allowed: the connector waits in the registry and is
 //!   linked when the bind happens.
 
@@ -28,6 +30,7 @@ struct Envelope {
 
 struct Node {
     id: u64,
+    socket_type: SocketType,
     inbox: mpsc::Sender<Envelope>,
     peers: Mutex<Vec<Weak<Node>>>,
     peers_changed: Notify,
@@ -52,7 +55,18 @@ impl Node {
     }
 }
 
-fn link(first: &Arc<Node>, second: &Arc<Node>) {
+/// Links two nodes of compatible patterns; a pair that cannot talk (push to push) stays
+/// unlinked, as a ZeroMQ handshake between them would fail: their sends wait for a peer.
+fn link(first: &Arc<Node>, second: &Arc<Node>, name: &str) {
+    if !first.socket_type.is_compatible_with(second.socket_type) {
+        tracing::error!(
+            address = %format!("inproc://{name}"),
+            binder = first.socket_type.as_str(),
+            connector = second.socket_type.as_str(),
+            "inproc peers of incompatible patterns are not linked"
+        );
+        return;
+    }
     for (node, peer) in [(first, second), (second, first)] {
         node.peers
             .lock()
@@ -86,6 +100,7 @@ impl InprocChannel {
         InprocChannel {
             node: Arc::new(Node {
                 id: NEXT_NODE_ID.fetch_add(1, Ordering::Relaxed),
+                socket_type,
                 inbox: sender,
                 peers: Mutex::default(),
                 peers_changed: Notify::new(),
@@ -113,7 +128,7 @@ impl InprocChannel {
             .drain(..)
             .filter_map(|weak| weak.upgrade())
         {
-            link(&self.node, &connector);
+            link(&self.node, &connector, name);
         }
         self.bound_names.push(name.to_owned());
         Ok(())
@@ -123,7 +138,7 @@ impl InprocChannel {
         let mut registry = REGISTRY.lock().expect("inproc registry poisoned");
         let slot = registry.entry(name.to_owned()).or_default();
         match slot.binder.upgrade() {
-            Some(binder) => link(&binder, &self.node),
+            Some(binder) => link(&binder, &self.node, name),
             None => {
                 slot.waiting_connectors
                     .retain(|weak| weak.strong_count() > 0);
