@@ -869,7 +869,15 @@ impl Socket for ShmSocket {
                     });
                     socket
                         .receive_parts(remaining)
-                        .await?
+                        .await
+                        // The caller asked for `timeout`, not for what was left of it.
+                        .map_err(|error| match error {
+                            Error::Timeout { channel, .. } => Error::Timeout {
+                                channel,
+                                after: timeout.unwrap_or_default(),
+                            },
+                            other => other,
+                        })?
                         .into_iter()
                         .map(Message::into_bytes)
                         .collect()
