@@ -599,6 +599,9 @@ struct Driver {
     closing: Option<Closing>,
 }
 
+/// How long one attempt to reach the binder's side channel may take; the next tick tries again.
+const CONNECT_ATTEMPT: Duration = Duration::from_millis(200);
+
 /// A close in progress: `linger` bounds the silence, not the whole drain.
 struct Closing {
     linger: Duration,
@@ -1235,8 +1238,13 @@ impl Driver {
             && Instant::now() >= *retry_at
         {
             let mut fresh = zeromq::DealerSocket::new();
-            match fresh.connect(endpoint).await {
-                Ok(()) => {
+            // zmq.rs retries a refused connect until it succeeds: bounded, so that a binder
+            // that never comes cannot hold the driver (and with it `close`) in this tick.
+            match tokio::time::timeout(CONNECT_ATTEMPT, fresh.connect(endpoint)).await {
+                Err(_) => {
+                    tracing::trace!(endpoint = %endpoint, "ofi side channel not reachable yet");
+                }
+                Ok(Ok(())) => {
                     let hello = Control::Hello {
                         version: PROTOCOL_VERSION,
                         socket_type: self.socket_type.as_str().to_owned(),
@@ -1251,7 +1259,7 @@ impl Driver {
                         *dealer = Some(fresh);
                     }
                 }
-                Err(error) => {
+                Ok(Err(error)) => {
                     tracing::trace!(%error, "ofi side channel not reachable yet");
                 }
             }
