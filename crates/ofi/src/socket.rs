@@ -702,6 +702,11 @@ impl Driver {
             self.engine
                 .submit(Command::ForgetPeer { peer: peer.fi_addr });
         }
+        // zmq.rs stops a listener some time after its socket drops: stopped here, so that the
+        // address is free when `close` returns.
+        if let Side::Binder(router) = &mut self.side {
+            let _ = router.unbind_all().await;
+        }
         // Stopping the engine waits for its thread: off the async workers.
         let engine = self.engine;
         let _ = tokio::task::spawn_blocking(move || drop(engine)).await;
