@@ -10,8 +10,9 @@
 //!   [`Receiver`] are its typed halves, with the codec chosen by the payload type
 //!   ([`Json`], [`Postcard`], [`Pod`], or raw bytes).
 //! - [`ChannelConfig`] uses FairMQ's key names and defaults.
-//! - Transports are picked by configuration: [`transport_by_name`] maps `"zeromq"` to
-//!   [`ZmqTransport`].
+//! - Transports are picked by configuration: [`transports`] is the [`TransportRegistry`] of
+//!   this build, which maps `"zeromq"` to [`ZmqTransport`], `"shmem"` to [`ShmTransport`]; a
+//!   device runner is given one, and a program may add transports of its own to it.
 //! - [`device`]: a [`device::Device`] is an async actor driven through FairMQ's state machine;
 //!   [`run_device_main`] gives its binary FairMQ's command-line options (`--id`,
 //!   `--channel-config`, `--mq-config`, `--control`, `--transport`, ...), exactly as
@@ -49,7 +50,7 @@
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! use ferromq::prelude::*;
 //!
-//! let transport = ferromq::transport_by_name("zeromq").unwrap();
+//! let transport = ferromq::transports().create_default("zeromq", "tour").unwrap();
 //! let push = ChannelConfig::new("data", SocketType::Push, Method::Bind).with_address("inproc://tour");
 //! let pull = ChannelConfig::new("data", SocketType::Pull, Method::Connect).with_address("inproc://tour");
 //! let mut sender = Channel::open(transport.as_ref(), push, "data").await?.into_sender::<Json<Vec<u32>>>();
@@ -76,7 +77,6 @@ pub use ferromq_cli::{
     BuiltinOptions, ControlMode, DeviceOptions, block_on, run_device, run_device_main,
 };
 pub use ferromq_core::*;
-pub use ferromq_device::{available_transports, transport_by_name};
 #[cfg(feature = "ofi")]
 pub use ferromq_ofi::{OfiOptions, OfiTransport};
 #[cfg(feature = "shmem")]
@@ -86,6 +86,21 @@ pub use ferromq_shm::{
 };
 #[cfg(feature = "zeromq")]
 pub use ferromq_zmq::ZmqTransport;
+
+/// The transports of this build of ferromq (its `zeromq`, `shmem` and `ofi` features), under
+/// their configuration names: what [`device::DeviceRunner::new`] takes. Add a transport of your
+/// own with [`TransportRegistry::register`].
+pub fn transports() -> TransportRegistry {
+    #[allow(unused_mut, reason = "empty without transport features")]
+    let mut registry = TransportRegistry::new();
+    #[cfg(feature = "zeromq")]
+    ferromq_zmq::register(&mut registry);
+    #[cfg(feature = "shmem")]
+    ferromq_shm::register(&mut registry);
+    #[cfg(feature = "ofi")]
+    ferromq_ofi::register(&mut registry);
+    registry
+}
 
 /// Devices: the [`Device`](device::Device) trait, its context, runner, controller and control.
 pub mod device {

@@ -283,4 +283,31 @@ mod tests {
             "the second command runs the tests"
         );
     }
+
+    /// The binary picks the transports (issue 12): the libraries devices are written against
+    /// compile none, so a device crate never drags libfabric or zmq.rs in by itself.
+    #[test]
+    fn libraries_below_the_binary_depend_on_no_transport() {
+        const TRANSPORTS: [&str; 3] = ["ferromq-zmq", "ferromq-shm", "ferromq-ofi"];
+        for krate in ["device", "devices", "topology"] {
+            let manifest = workspace_root()
+                .join("crates")
+                .join(krate)
+                .join("Cargo.toml");
+            let text = fs::read_to_string(&manifest).expect("read Cargo.toml");
+            let dependencies = text
+                .split("\n[")
+                .find(|section| section.starts_with("dependencies]"))
+                .unwrap_or_default();
+            for transport in TRANSPORTS {
+                assert!(
+                    !dependencies
+                        .lines()
+                        .any(|line| line.trim_start().starts_with(transport)),
+                    "{} depends on {transport}; transports are registered by the binary",
+                    manifest.display()
+                );
+            }
+        }
+    }
 }

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ferromq_core::{Channel, ChannelConfig, Message, Method, Parts, SocketType, Transport};
-use ferromq_device::{TransportOptions, transport_for};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -103,10 +102,7 @@ fn transport_and_address(
     session: &str,
     options: &BenchOptions,
 ) -> Result<(std::sync::Arc<dyn Transport>, String)> {
-    let mut transport_options = TransportOptions {
-        session: session.to_owned(),
-        ..TransportOptions::default()
-    };
+    let mut transport_options = ferromq_core::TransportOptions::for_session(session);
     transport_options.properties.insert(
         "shm-segment-size".to_owned(),
         options.shm_segment_size.to_string(),
@@ -120,7 +116,10 @@ fn transport_and_address(
             "unknown bench transport {other:?}: zeromq-ipc, zeromq-tcp, shmem or ofi-tcp (with --features ofi)"
         ),
     };
-    Ok((transport_for(transport, &transport_options)?, address))
+    Ok((
+        crate::built_in_transports().create(transport, &transport_options)?,
+        address,
+    ))
 }
 
 /// Runs every transport × size pair and prints the results.

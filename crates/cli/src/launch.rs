@@ -25,9 +25,10 @@ use anyhow::{Context, Result, anyhow, bail};
 use ferromq_core::{Address, Method, SocketType};
 use ferromq_device::control::{ControlClient, DeviceToLauncher, LauncherToDevice};
 use ferromq_device::rates::Rates;
-use ferromq_device::{State, Transition, available_transports, transport_by_name};
+use ferromq_device::{State, Transition};
 use ferromq_devices::Builtin;
 use ferromq_topology::{AutoAddress, DeviceKind, Instance, Known, Topology};
+use ferromq_zmq::ZmqTransport;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -58,7 +59,7 @@ pub fn load_topology(file: &Path) -> Result<Topology> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
     let kinds = Builtin::names();
-    let transports = available_transports();
+    let transports = crate::built_in_transports().names();
     let known = Known {
         kinds: &kinds,
         transports: &transports,
@@ -322,7 +323,7 @@ async fn start(
     run_dir: &Path,
     devices: &mut Vec<Running>,
 ) -> Result<Option<&'static str>> {
-    let transport = transport_by_name("zeromq")?;
+    let transport = ZmqTransport::new();
     for instance in topology.instances() {
         let control_address = format!("ipc://{}/{}.control", run_dir.display(), instance.id);
         let mut child = spawn_device(topology, &instance, session, run_dir, &control_address)?;
@@ -350,7 +351,7 @@ async fn start(
             exited: None,
         });
         let device = devices.last_mut().expect("just pushed");
-        let connect = ControlClient::connect(transport.as_ref(), &control_address);
+        let connect = ControlClient::connect(&transport, &control_address);
         let control = tokio::select! {
             control = tokio::time::timeout(CONTROL_TIMEOUT, connect) => control
                 .map_err(|_| anyhow!("device {:?} opened no control endpoint within {CONTROL_TIMEOUT:?}", device.instance.id))??,
@@ -380,7 +381,7 @@ pub struct Signals {
 impl Signals {
     fn install() -> Result<Signals> {
         use tokio::signal::unix::{SignalKind, signal};
-        ferromq_device::prepare_termination_signals();
+        crate::transports::prepare_termination_signals();
         Ok(Signals {
             interrupt: signal(SignalKind::interrupt())?,
             terminate: signal(SignalKind::terminate())?,
@@ -756,8 +757,7 @@ async fn stop_one(
     // A fresh connection: a request cancelled by the signal may have left the old one waiting
     // for a reply that will never be read.
     let connect = async {
-        let transport = transport_by_name("zeromq").ok()?;
-        ControlClient::connect(transport.as_ref(), &device.control_address)
+        ControlClient::connect(&ZmqTransport::new(), &device.control_address)
             .await
             .ok()
     };
@@ -849,10 +849,11 @@ pub async fn run(options: RunOptions) -> ExitCode {
         }
     };
     if let Some(transport) = &options.transport {
-        if !available_transports().contains(&transport.as_str()) {
+        let built_in = crate::built_in_transports();
+        if !built_in.contains(transport) {
             eprintln!(
                 "ferromq: --transport {transport:?} is not built in (built in: {})",
-                available_transports().join(", ")
+                built_in.names().join(", ")
             );
             return ExitCode::from(2);
         }

@@ -38,6 +38,7 @@ pub mod options;
 mod run;
 pub mod session_dir;
 pub mod shm_command;
+pub mod transports;
 
 use std::process::ExitCode;
 
@@ -46,6 +47,7 @@ use ferromq_device::Device;
 
 pub use options::{BuiltinOptions, ControlMode, DeviceOptions};
 pub use run::run_device;
+pub use transports::built_in_transports;
 
 #[derive(Parser)]
 #[command(about = "A ferromq device", version)]

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, ValueEnum};
 use ferromq_core::{ChannelConfig, Method};
-use ferromq_device::{DeviceConfig, transport_by_name};
+use ferromq_device::DeviceConfig;
 
 use crate::logging::{Color, Severity, Verbosity};
 
@@ -509,8 +509,11 @@ impl DeviceOptions {
                 .iter()
                 .filter_map(|socket| socket.config.transport.clone()),
         );
+        let transports = crate::built_in_transports();
         for name in transport_names {
-            transport_by_name(&name).with_context(|| format!("device {:?}", config.id))?;
+            transports
+                .traits(&name)
+                .with_context(|| format!("device {:?}", config.id))?;
         }
         Ok(config)
     }

@@ -12,9 +12,7 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use ferromq_device::{
-    Device, DeviceController, DeviceRunner, State, control, error_chain, transport_by_name,
-};
+use ferromq_device::{Device, DeviceController, DeviceRunner, State, control, error_chain};
 
 use crate::interactive;
 use crate::options::{ControlMode, DeviceOptions};
@@ -41,7 +39,7 @@ pub fn run_device<D: Device>(
     };
     let id = config.id.clone();
     crate::block_on(1, async move {
-        let (runner, controller) = DeviceRunner::new(device, config);
+        let (runner, controller) = DeviceRunner::new(device, config, crate::built_in_transports());
         let device_task = tokio::spawn(runner.run());
         tokio::spawn(handle_signals(controller.clone()));
         let driven = drive(&controller, options).await;
@@ -79,8 +77,8 @@ async fn drive(controller: &DeviceController, options: &DeviceOptions) -> Result
                 .control_address
                 .as_deref()
                 .expect("checked by device_config");
-            let transport = transport_by_name("zeromq").map_err(|error| error.to_string())?;
-            control::serve_external_control(transport.as_ref(), address, controller.clone())
+            let transport = ferromq_zmq::ZmqTransport::new();
+            control::serve_external_control(&transport, address, controller.clone())
                 .await
                 .map_err(|error| error_chain(&error))
         }
@@ -105,7 +103,7 @@ async fn follow_parent(controller: DeviceController) {
 
 async fn handle_signals(controller: DeviceController) {
     use tokio::signal::unix::{SignalKind, signal};
-    ferromq_device::prepare_termination_signals();
+    crate::transports::prepare_termination_signals();
     let (Ok(mut interrupt), Ok(mut terminate)) = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),

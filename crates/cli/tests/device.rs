@@ -241,8 +241,8 @@ async fn external_control_drives_the_state_machine() {
         ])
         .channel("pull", "bind", &data.address())
         .spawn();
-    let transport = ferromq_device::transport_by_name("zeromq").unwrap();
-    let mut client = ControlClient::connect(transport.as_ref(), &control.address())
+    let transport = ferromq_zmq::ZmqTransport::new();
+    let mut client = ControlClient::connect(&transport, &control.address())
         .await
         .unwrap();
     let refused = client

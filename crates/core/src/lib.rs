@@ -1,7 +1,7 @@
 //! The bottom of ferromq: messages, channel configuration and the transport traits.
 //!
 //! `ferromq-core` knows no transport library and no configuration file format. Transports
-//! (`ferromq-zmq`, and later shared memory and libfabric) implement [`Transport`] and [`Socket`];
+//! (`ferromq-zmq`, `ferromq-shm`, `ferromq-ofi`) implement [`Transport`] and [`Socket`];
 //! devices hold [`Channel`]s and typed [`Sender`]/[`Receiver`] halves, and never see which
 //! transport is underneath.
 //!
@@ -9,6 +9,7 @@
 //! - [`ChannelConfig`] uses FairMQ's key names and defaults; [`Address`] parses channel addresses.
 //! - [`Error`] names the channel it is about; [`SendError`] hands an unsent message back.
 //! - [`Payload`] chooses a codec by type: raw bytes, [`Json`], [`Postcard`], [`Pod`].
+//! - [`TransportRegistry`] maps configured transport names to transports; the binary fills it.
 //!
 //! ```
 //! use ferromq_core::{Address, ChannelConfig, Message, Method, SocketType};
@@ -24,6 +25,7 @@ mod address;
 mod config;
 mod error;
 mod message;
+mod registry;
 mod transport;
 mod typed;
 
@@ -31,6 +33,7 @@ pub use address::{Address, AddressError, TcpHost};
 pub use config::{ChannelConfig, ConfigError, Endpoint, MAX_NUM_SOCKETS, Method, SocketType};
 pub use error::{BoxError, ChannelLabel, CodecError, Error, Result, SendError};
 pub use message::{Message, MessageBuffer, Parts, UsedSizeError, copied_bytes, record_copy};
+pub use registry::{MakeTransport, TransportOptions, TransportRegistry, TransportTraits};
 pub use transport::{
     Channel, ChannelCounters, CounterSnapshot, SHMEM_FRAME_MAGIC, SHMEM_FRAME_MIN_LEN, Socket,
     Transport,

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use ferromq_core::{
     BoxError, Channel, ChannelCounters, CounterSnapshot, Decode, Encode, Error, Message, Parts,
-    Transport,
+    Transport, TransportRegistry,
 };
 use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
@@ -173,6 +173,9 @@ pub struct DeviceContext {
     pub(crate) channels: Vec<Channel>,
     /// Counts the times the channels were made anew (see [`ChannelId`]).
     pub(crate) channel_generation: u64,
+    /// Where transports come from, by name.
+    pub(crate) registry: Arc<TransportRegistry>,
+    /// The transports made so far, by name: one per name per device.
     pub(crate) transports: BTreeMap<String, Arc<dyn Transport>>,
     pub(crate) properties: Arc<Mutex<BTreeMap<String, String>>>,
     pub(crate) stop: CancellationToken,
@@ -597,6 +600,7 @@ mod tests {
             session: "default".to_owned(),
             channels: Vec::new(),
             channel_generation: 0,
+            registry: Arc::default(),
             transports: BTreeMap::new(),
             properties: Arc::default(),
             stop: CancellationToken::new(),

@@ -6,6 +6,10 @@
 //! [`control`] module drives a controller: the static sequence, a clean shutdown from any state,
 //! and the external control endpoint (JSON over a zmq REP socket) a launcher uses.
 //!
+//! Transports are not this crate's business: the runner gets a
+//! [`TransportRegistry`](ferromq_core::TransportRegistry) from the binary and makes each
+//! channel's transport from it by name, so this crate compiles no transport.
+//!
 //! Binding and connecting are done by the runner from the channel configuration; hooks reach
 //! channels by name through [`DeviceContext`] (`data`, `data[1]`), raw or typed, and
 //! [`DeviceContext::poll`] waits on several channels fairly.
@@ -30,7 +34,9 @@
 //! let channel = ChannelConfig::new("data", SocketType::Pub, Method::Bind).with_address("inproc://hello");
 //! let mut config = DeviceConfig::new("hello").with_channel(channel).unwrap();
 //! config.max_iterations = 3;
-//! let (runner, controller) = DeviceRunner::new(Hello, config);
+//! let mut transports = ferromq_core::TransportRegistry::new();
+//! ferromq_zmq::register(&mut transports);
+//! let (runner, controller) = DeviceRunner::new(Hello, config, std::sync::Arc::new(transports));
 //! let device = tokio::spawn(runner.run());
 //! control::run_static(&controller).await.unwrap();
 //! device.await.unwrap().unwrap();
@@ -46,15 +52,6 @@ mod error;
 pub mod rates;
 mod runner;
 pub mod state;
-mod transports;
-
-/// Prepares the process's termination signals for ferromq's handlers: with the ofi transport
-/// built in, takes SIGINT/SIGTERM back from libraries that grabbed them at load time (see
-/// `ferromq_ofi::reclaim_termination_signals`); otherwise does nothing.
-pub fn prepare_termination_signals() {
-    #[cfg(feature = "ofi")]
-    ferromq_ofi::reclaim_termination_signals();
-}
 
 /// The attribute `impl Device` blocks need (the trait has async methods and is object-safe).
 pub use async_trait::async_trait;
@@ -63,4 +60,3 @@ pub use device::{ChannelId, Device, DeviceContext, Flow};
 pub use error::{DeviceError, Result};
 pub use runner::{DeviceController, DeviceRunner, StateChange, error_chain};
 pub use state::{State, Transition};
-pub use transports::{TransportOptions, available_transports, transport_by_name, transport_for};

@@ -11,17 +11,18 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferromq_core::{Address, Channel, CounterSnapshot, Error, TcpHost};
+use ferromq_core::{
+    Address, Channel, CounterSnapshot, Error, TcpHost, TransportOptions, TransportRegistry,
+};
 use futures_util::FutureExt;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::DeviceConfig;
+use crate::config::{DeviceConfig, SocketConfig};
 use crate::device::{Device, DeviceContext};
 use crate::error::{DeviceError, Result};
 use crate::rates;
 use crate::state::{State, Transition, next_state};
-use crate::transports::{TransportOptions, transport_for};
 
 enum Request {
     Change(Transition, oneshot::Sender<Result<State>>),
@@ -231,8 +232,14 @@ pub struct DeviceRunner<D: Device> {
 }
 
 impl<D: Device> DeviceRunner<D> {
-    /// A runner in IDLE and its controller.
-    pub fn new(device: D, config: DeviceConfig) -> (DeviceRunner<D>, DeviceController) {
+    /// A runner in IDLE and its controller. Channels get their transports from `transports`,
+    /// by the names the configuration gives (`transport = "shmem"`): the binary decides which
+    /// transports exist (see [`TransportRegistry`]).
+    pub fn new(
+        device: D,
+        config: DeviceConfig,
+        transports: Arc<TransportRegistry>,
+    ) -> (DeviceRunner<D>, DeviceController) {
         let (request_sender, requests) = mpsc::channel(16);
         let (state_sender, state) = watch::channel(State::Idle);
         let (changes, _) = broadcast::channel(64);
@@ -243,6 +250,7 @@ impl<D: Device> DeviceRunner<D> {
             session: config.session.clone(),
             channels: Vec::new(),
             channel_generation: 0,
+            registry: transports,
             transports: BTreeMap::new(),
             properties: Arc::clone(&properties),
             stop: CancellationToken::new(),
@@ -604,59 +612,74 @@ fn address_overrides(ctx: &DeviceContext) -> BTreeMap<String, Vec<Address>> {
     overrides
 }
 
-/// For the ofi transport: the device's shmem transport (made now if need be) when the device
-/// has shmem channels, so that messages received over ofi land in shared memory and go on over
-/// shmem without a copy. Every other transport allocates its own memory.
-async fn receive_memory_for(
+/// For a transport that wants memory to receive into (ofi): the device's transport that lends
+/// shared memory (shmem; made now if need be) when the device has channels on it, so that
+/// messages received over the one go on over the other without a copy. Every other transport
+/// allocates its own memory.
+fn receive_memory_for(
     ctx: &mut DeviceContext,
     config: &DeviceConfig,
     transport_name: &str,
 ) -> Result<Option<Arc<dyn ferromq_core::Transport>>> {
-    const SHMEM: &str = "shmem";
-    let uses_shmem = config.sockets.iter().any(|socket| {
-        socket
-            .config
-            .transport
-            .as_deref()
-            .unwrap_or(&config.transport)
-            == SHMEM
-    });
-    if transport_name != "ofi" || !uses_shmem {
+    if !ctx.registry.traits(transport_name)?.wants_receive_memory {
         return Ok(None);
     }
-    if let Some(shmem) = ctx.transports.get(SHMEM) {
-        return Ok(Some(Arc::clone(shmem)));
+    // An unknown name is reported when its channel is made.
+    let lender = config
+        .sockets
+        .iter()
+        .map(|socket| transport_name_of(socket, config))
+        .find(|name| {
+            ctx.registry
+                .traits(name)
+                .is_ok_and(|traits| traits.lends_shared_memory)
+        });
+    let Some(lender) = lender else {
+        return Ok(None);
+    };
+    if let Some(transport) = ctx.transports.get(lender) {
+        return Ok(Some(Arc::clone(transport)));
     }
-    let options = TransportOptions {
+    let transport = ctx
+        .registry
+        .create(lender, &transport_options(ctx, config, None))?;
+    ctx.transports
+        .insert(lender.to_owned(), Arc::clone(&transport));
+    Ok(Some(transport))
+}
+
+fn transport_name_of<'a>(socket: &'a SocketConfig, config: &'a DeviceConfig) -> &'a str {
+    socket
+        .config
+        .transport
+        .as_deref()
+        .unwrap_or(&config.transport)
+}
+
+fn transport_options(
+    ctx: &DeviceContext,
+    config: &DeviceConfig,
+    receive_memory: Option<Arc<dyn ferromq_core::Transport>>,
+) -> TransportOptions {
+    TransportOptions {
         session: config.session.clone(),
         properties: ctx.properties.lock().expect("properties poisoned").clone(),
-        receive_memory: None,
-    };
-    let shmem = transport_for(SHMEM, &options)?;
-    ctx.transports.insert(SHMEM.to_owned(), Arc::clone(&shmem));
-    Ok(Some(shmem))
+        receive_memory,
+    }
 }
 
 async fn create_channels(ctx: &mut DeviceContext, config: &DeviceConfig) -> Result<()> {
     ctx.clear_channels();
     for socket in &config.sockets {
-        let transport_name = socket
-            .config
-            .transport
-            .clone()
-            .unwrap_or_else(|| config.transport.clone());
-        let transport = match ctx.transports.get(&transport_name) {
+        let transport_name = transport_name_of(socket, config);
+        let transport = match ctx.transports.get(transport_name) {
             Some(transport) => Arc::clone(transport),
             None => {
-                let receive_memory = receive_memory_for(ctx, config, &transport_name).await?;
-                let options = TransportOptions {
-                    session: config.session.clone(),
-                    properties: ctx.properties.lock().expect("properties poisoned").clone(),
-                    receive_memory,
-                };
-                let transport = transport_for(&transport_name, &options)?;
+                let receive_memory = receive_memory_for(ctx, config, transport_name)?;
+                let options = transport_options(ctx, config, receive_memory);
+                let transport = ctx.registry.create(transport_name, &options)?;
                 ctx.transports
-                    .insert(transport_name, Arc::clone(&transport));
+                    .insert(transport_name.to_owned(), Arc::clone(&transport));
                 transport
             }
         };

@@ -10,6 +10,13 @@ use ferromq_device::{
 };
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(20));
+
+/// The runner knows no transport of its own: these tests give it zeromq.
+fn transports() -> std::sync::Arc<ferromq_core::TransportRegistry> {
+    let mut registry = ferromq_core::TransportRegistry::new();
+    ferromq_zmq::register(&mut registry);
+    std::sync::Arc::new(registry)
+}
 static NEXT_NAME: AtomicU64 = AtomicU64::new(0);
 
 fn unique(tag: &str) -> String {
@@ -31,7 +38,7 @@ impl Device for Idle {
 
 #[tokio::test]
 async fn invalid_transition_names_state_and_transition() {
-    let (runner, controller) = DeviceRunner::new(Idle, DeviceConfig::new("idle"));
+    let (runner, controller) = DeviceRunner::new(Idle, DeviceConfig::new("idle"), transports());
     let task = tokio::spawn(runner.run());
     let error = controller.change_state(Transition::Run).await.unwrap_err();
     assert!(matches!(
@@ -63,7 +70,8 @@ impl Device for FailsInInitTask {
 
 #[tokio::test]
 async fn failing_hook_moves_to_error_with_its_cause() {
-    let (runner, controller) = DeviceRunner::new(FailsInInitTask, DeviceConfig::new("broken"));
+    let (runner, controller) =
+        DeviceRunner::new(FailsInInitTask, DeviceConfig::new("broken"), transports());
     let task = tokio::spawn(runner.run());
     let outcome = control::run_static(&controller).await;
     let text = outcome.unwrap_err().to_string();
@@ -106,7 +114,7 @@ async fn stop_interrupts_a_blocked_receive_and_the_device_goes_down_cleanly() {
     let channel =
         ChannelConfig::new("data", SocketType::Pull, Method::Bind).with_address(unique("blocked"));
     let config = DeviceConfig::new("sink").with_channel(channel).unwrap();
-    let (runner, controller) = DeviceRunner::new(BlockedReceiver, config);
+    let (runner, controller) = DeviceRunner::new(BlockedReceiver, config, transports());
     let task = tokio::spawn(runner.run());
     let mut changes = controller.subscribe_changes();
     let driver = {
@@ -154,7 +162,7 @@ async fn connecting_does_not_wait_for_the_peer_and_an_abort_ends_the_device() {
     let channel = ChannelConfig::new("data", SocketType::Pull, Method::Connect)
         .with_address(format!("ipc://{}", path.display()));
     let config = DeviceConfig::new("lonely").with_channel(channel).unwrap();
-    let (runner, controller) = DeviceRunner::new(Idle, config);
+    let (runner, controller) = DeviceRunner::new(Idle, config, transports());
     let task = tokio::spawn(runner.run());
     let driver = {
         let controller = controller.clone();
@@ -223,6 +231,7 @@ async fn on_data_poller_serves_every_busy_channel() {
             report,
         },
         config,
+        transports(),
     );
     let task = tokio::spawn(runner.run());
     let driver = {
@@ -234,12 +243,12 @@ async fn on_data_poller_serves_every_busy_channel() {
         .await
         .unwrap();
     // Both inputs are flooded: each must get a fair share of the 2000 iterations.
-    let transport = ferromq_device::transport_by_name("zeromq").unwrap();
+    let transport = ferromq_zmq::ZmqTransport::new();
     let mut senders = Vec::new();
     for address in [&left, &right] {
         let config = ChannelConfig::new("out", SocketType::Push, Method::Connect)
             .with_address(address.as_str());
-        let mut channel = ferromq_core::Channel::open(transport.as_ref(), config, "out")
+        let mut channel = ferromq_core::Channel::open(&transport, config, "out")
             .await
             .unwrap();
         channel.connect_configured().await.unwrap();
@@ -259,5 +268,79 @@ async fn on_data_poller_serves_every_busy_channel() {
     }
     for sender in senders {
         sender.abort();
+    }
+}
+
+/// The runner makes channels only from the transports it was given: a name the binary did not
+/// register fails INIT naming the name and what exists, and the device still exits.
+#[tokio::test]
+async fn a_transport_the_binary_did_not_register_is_refused_naming_it() {
+    let mut channel = ChannelConfig::new("data", SocketType::Pull, Method::Bind)
+        .with_address(unique("unregistered"));
+    channel.transport = Some("shmem".to_owned());
+    let config = DeviceConfig::new("picky").with_channel(channel).unwrap();
+    let (runner, controller) = DeviceRunner::new(Idle, config, transports());
+    let task = tokio::spawn(runner.run());
+    let driven = control::run_static(&controller).await;
+    let text = driven.expect_err("shmem is not registered").to_string();
+    let finished = task.await.unwrap();
+    let finished = ferromq_device::error_chain(&finished.expect_err("the device failed"));
+    for text in [&text, &finished] {
+        assert!(
+            text.contains("unknown transport \"shmem\"") && text.contains("built in: zeromq"),
+            "{text}"
+        );
+    }
+}
+
+/// A program adds a transport of its own under a name of its own, and channels configured with
+/// that name use it: one transport per name per device, however many channels use it.
+#[tokio::test]
+async fn a_transport_the_program_registers_carries_the_channels_that_name_it() {
+    let made = std::sync::Arc::new(AtomicU64::new(0));
+    let mut registry = ferromq_core::TransportRegistry::new();
+    {
+        let made = std::sync::Arc::clone(&made);
+        registry.register(
+            "counted",
+            ferromq_core::TransportTraits::PLAIN,
+            move |_options| {
+                made.fetch_add(1, Ordering::Relaxed);
+                Ok(std::sync::Arc::new(ferromq_zmq::ZmqTransport::new()))
+            },
+        );
+    }
+    let address = unique("counted");
+    let mut config = DeviceConfig::new("own-transport");
+    for (name, socket_type, method) in [
+        ("in", SocketType::Pull, Method::Bind),
+        ("out", SocketType::Push, Method::Connect),
+    ] {
+        let mut channel =
+            ChannelConfig::new(name, socket_type, method).with_address(address.as_str());
+        channel.transport = Some("counted".to_owned());
+        config = config.with_channel(channel).unwrap();
+    }
+    config.max_iterations = 5;
+    let (runner, controller) = DeviceRunner::new(Loopback, config, std::sync::Arc::new(registry));
+    let task = tokio::spawn(runner.run());
+    control::run_static(&controller).await.unwrap();
+    let device = task.await.unwrap();
+    assert!(device.is_ok(), "{device:?}");
+    assert_eq!(made.load(Ordering::Relaxed), 1);
+}
+
+/// Sends to itself and receives it back, once per iteration.
+struct Loopback;
+
+#[async_trait::async_trait]
+impl Device for Loopback {
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        while ctx.next_iteration() {
+            ctx.send("out", Message::from("loop")).await?;
+            let back = ctx.receive("in").await?;
+            assert_eq!(back.data(), b"loop");
+        }
+        Ok(())
     }
 }

@@ -164,6 +164,36 @@ impl Default for OfiOptions {
     }
 }
 
+impl OfiOptions {
+    /// The options for a device: its receive memory, and the defaults overridden by the
+    /// properties `ofi-max-chunk-size`, `ofi-receive-window`, `ofi-peer-timeout-ms` and
+    /// `ofi-max-message-size`.
+    ///
+    /// # Errors
+    /// [`ferromq_core::Error::Config`] naming a property whose value is not a number of the
+    /// right kind.
+    pub fn from_device(
+        device: &ferromq_core::TransportOptions,
+    ) -> ferromq_core::Result<OfiOptions> {
+        let defaults = OfiOptions::default();
+        Ok(OfiOptions {
+            receive_memory: device.receive_memory.clone(),
+            max_chunk: device
+                .size("ofi-max-chunk-size")?
+                .unwrap_or(defaults.max_chunk),
+            receive_window: device
+                .size("ofi-receive-window")?
+                .unwrap_or(defaults.receive_window),
+            peer_timeout: device
+                .millis("ofi-peer-timeout-ms")?
+                .unwrap_or(defaults.peer_timeout),
+            max_message_size: device
+                .number("ofi-max-message-size")?
+                .unwrap_or(defaults.max_message_size),
+        })
+    }
+}
+
 impl std::fmt::Debug for OfiOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OfiOptions")
@@ -177,6 +207,21 @@ impl std::fmt::Debug for OfiOptions {
             .field("peer_timeout", &self.peer_timeout)
             .finish()
     }
+}
+
+/// Adds the ofi transport to `registry` under [`OfiTransport::NAME`], configured per device
+/// from the properties `ofi-max-chunk-size`, `ofi-receive-window`, `ofi-peer-timeout-ms` and
+/// `ofi-max-message-size`; it receives into the memory it is given (the device's shmem).
+pub fn register(registry: &mut ferromq_core::TransportRegistry) {
+    registry.register(
+        OfiTransport::NAME,
+        ferromq_core::TransportTraits::PLAIN.wanting_receive_memory(),
+        |options| {
+            let transport: Arc<dyn ferromq_core::Transport> =
+                Arc::new(OfiTransport::new(OfiOptions::from_device(options)?));
+            Ok(transport)
+        },
+    );
 }
 
 /// The ofi transport (`transport = "ofi"`).

@@ -63,6 +63,21 @@ pub use managed::ShmBuffer;
 pub use region::{RegionBlock, RegionCallback, UnmanagedRegion};
 pub use session::ShmOptions;
 
+/// Adds the shmem transport to `registry` under [`ShmTransport::NAME`], configured per device
+/// from its session and the properties `shm-segment-size`, `shm-allocation-timeout-ms`,
+/// `shm-allocation-retry-ms` and `shm-inline-max` (FairMQ's `--shm-segment-size` and friends).
+pub fn register(registry: &mut ferromq_core::TransportRegistry) {
+    registry.register(
+        ShmTransport::NAME,
+        ferromq_core::TransportTraits::PLAIN.lending_shared_memory(),
+        |options| {
+            let transport: Arc<dyn ferromq_core::Transport> =
+                Arc::new(ShmTransport::new(ShmOptions::from_device(options)?));
+            Ok(transport)
+        },
+    );
+}
+
 /// The shmem transport (`transport = "shmem"`).
 #[derive(Clone)]
 pub struct ShmTransport {

@@ -47,6 +47,36 @@ impl Default for ShmOptions {
     }
 }
 
+impl ShmOptions {
+    /// The options for a device: its session, and the defaults overridden by the properties
+    /// `shm-segment-size`, `shm-allocation-timeout-ms`, `shm-allocation-retry-ms` and
+    /// `shm-inline-max`.
+    ///
+    /// # Errors
+    /// [`ferromq_core::Error::Config`] naming a property whose value is not a number of the
+    /// right kind.
+    pub fn from_device(
+        device: &ferromq_core::TransportOptions,
+    ) -> ferromq_core::Result<ShmOptions> {
+        let defaults = ShmOptions::default();
+        Ok(ShmOptions {
+            session: device.session.clone(),
+            segment_size: device
+                .size("shm-segment-size")?
+                .unwrap_or(defaults.segment_size),
+            allocation_timeout: device
+                .millis("shm-allocation-timeout-ms")?
+                .unwrap_or(defaults.allocation_timeout),
+            retry_interval: device
+                .millis("shm-allocation-retry-ms")?
+                .or(defaults.retry_interval),
+            inline_max: device
+                .size("shm-inline-max")?
+                .unwrap_or(defaults.inline_max),
+        })
+    }
+}
+
 type RemoteRegion = (Arc<Segment>, Arc<dyn Fn(u64, u64, u64) + Send + Sync>);
 
 /// Segment indices are unique per process, whatever the number of transports in it.

@@ -162,6 +162,15 @@ impl ZmqTransport {
     }
 }
 
+/// Adds the zeromq transport to `registry` under [`ZmqTransport::NAME`]; it takes no options.
+pub fn register(registry: &mut ferromq_core::TransportRegistry) {
+    registry.register(
+        ZmqTransport::NAME,
+        ferromq_core::TransportTraits::PLAIN,
+        |_options| Ok(std::sync::Arc::new(ZmqTransport::new())),
+    );
+}
+
 #[async_trait]
 impl Transport for ZmqTransport {
     fn name(&self) -> &'static str {
