@@ -441,7 +441,11 @@ async fn send(
     warm_up: Duration,
     measure: Duration,
 ) -> Result<RoleReport> {
-    let same = (options.same_msg && transport.name() != "shmem")
+    // A transport with memory of its own sends from it; one shared heap buffer would be copied.
+    let lends_memory = crate::built_in_transports()
+        .traits(transport.name())
+        .is_ok_and(|traits| traits.lends_shared_memory);
+    let same = (options.same_msg && !lends_memory)
         .then(|| bytes::Bytes::from(vec![0u8; options.msg_size]));
     let mut pacer = ferromq_devices::Pacer::new(options.msg_rate);
     let started = Instant::now();

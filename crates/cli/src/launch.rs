@@ -151,7 +151,10 @@ fn auto_bind_address(
 ) -> String {
     let socket = &config.name;
     let transport = config.transport.as_deref().unwrap_or(&topology.transport);
-    if transport == "ofi" {
+    let binds_ipc = crate::built_in_transports()
+        .traits(transport)
+        .is_ok_and(|traits| traits.binds_ipc);
+    if !binds_ipc {
         // ofi goes between hosts: a tcp side channel, never ipc.
         return "tcp://127.0.0.1:0".to_owned();
     }

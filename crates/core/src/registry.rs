@@ -98,13 +98,17 @@ pub struct TransportTraits {
     /// It receives into memory it is given ([`TransportOptions::receive_memory`]) when there is
     /// some (ofi), so that what it receives goes on without a copy.
     pub wants_receive_memory: bool,
+    /// It binds `ipc://` paths (zeromq, shmem); one that does not (ofi, whose peers may be on
+    /// other hosts) is given a tcp address when a launcher picks one for it.
+    pub binds_ipc: bool,
 }
 
 impl TransportTraits {
-    /// A transport that needs nothing from its neighbours.
+    /// A transport that binds ipc paths and needs nothing from its neighbours.
     pub const PLAIN: TransportTraits = TransportTraits {
         lends_shared_memory: false,
         wants_receive_memory: false,
+        binds_ipc: true,
     };
 
     /// With [`TransportTraits::lends_shared_memory`] set.
@@ -118,6 +122,13 @@ impl TransportTraits {
     #[must_use]
     pub const fn wanting_receive_memory(mut self) -> TransportTraits {
         self.wants_receive_memory = true;
+        self
+    }
+
+    /// With [`TransportTraits::binds_ipc`] cleared.
+    #[must_use]
+    pub const fn without_ipc(mut self) -> TransportTraits {
+        self.binds_ipc = false;
         self
     }
 }

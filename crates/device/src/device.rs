@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use ferromq_core::{
     BoxError, Channel, ChannelCounters, CounterSnapshot, Decode, Encode, Error, Message, Parts,
-    Transport, TransportRegistry,
+    Transport, TransportRegistry, TransportTraits,
 };
 use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
@@ -278,6 +278,25 @@ impl DeviceContext {
     pub fn channel(&mut self, name: &str) -> Result<&mut Channel, DeviceError> {
         let idx = self.channel_idx(name)?;
         Ok(&mut self.channels[idx])
+    }
+
+    /// What the transport of channel `name` can do: whether it has memory of its own
+    /// ([`TransportTraits::lends_shared_memory`]: allocate messages from the channel to send
+    /// without a copy), and so on.
+    ///
+    /// # Errors
+    /// [`DeviceError::UnknownChannel`].
+    pub fn transport_traits(&self, name: &str) -> Result<TransportTraits, DeviceError> {
+        let channel = &self.channels[self.channel_idx(name)?];
+        let transport = channel
+            .config()
+            .transport
+            .as_deref()
+            .unwrap_or(channel.transport_name());
+        Ok(self
+            .registry
+            .traits(transport)
+            .unwrap_or(TransportTraits::PLAIN))
     }
 
     /// The counters of channel `name`.

@@ -683,8 +683,10 @@ async fn create_channels(ctx: &mut DeviceContext, config: &DeviceConfig) -> Resu
                 transport
             }
         };
-        let channel =
-            Channel::open(transport.as_ref(), socket.config.clone(), &socket.name).await?;
+        // The name it was made from, so that the channel's traits can be looked up again.
+        let mut channel_config = socket.config.clone();
+        channel_config.transport = Some(transport_name.to_owned());
+        let channel = Channel::open(transport.as_ref(), channel_config, &socket.name).await?;
         ctx.channels.push(channel);
     }
     Ok(())

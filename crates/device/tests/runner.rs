@@ -294,7 +294,8 @@ async fn a_transport_the_binary_did_not_register_is_refused_naming_it() {
 }
 
 /// A program adds a transport of its own under a name of its own, and channels configured with
-/// that name use it: one transport per name per device, however many channels use it.
+/// that name use it, with the traits registered for it: one transport per name per device,
+/// however many channels use it.
 #[tokio::test]
 async fn a_transport_the_program_registers_carries_the_channels_that_name_it() {
     let made = std::sync::Arc::new(AtomicU64::new(0));
@@ -303,7 +304,9 @@ async fn a_transport_the_program_registers_carries_the_channels_that_name_it() {
         let made = std::sync::Arc::clone(&made);
         registry.register(
             "counted",
-            ferromq_core::TransportTraits::PLAIN,
+            // Not true of zeromq: shows that a channel's traits are those of the name it was
+            // made from.
+            ferromq_core::TransportTraits::PLAIN.lending_shared_memory(),
             move |_options| {
                 made.fetch_add(1, Ordering::Relaxed);
                 Ok(std::sync::Arc::new(ferromq_zmq::ZmqTransport::new()))
@@ -336,6 +339,9 @@ struct Loopback;
 #[async_trait::async_trait]
 impl Device for Loopback {
     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        if !ctx.transport_traits("out")?.lends_shared_memory {
+            return Err("the channel's traits are not those registered for its name".into());
+        }
         while ctx.next_iteration() {
             ctx.send("out", Message::from("loop")).await?;
             let back = ctx.receive("in").await?;

@@ -231,9 +231,9 @@ pub(crate) async fn allocate(
     key: &str,
     size: usize,
 ) -> Result<Message, BoxError> {
-    // Only the shmem transport has memory of its own; every other one allocates with
-    // `Message::new`, which would abort on an impossible size.
-    if ctx.channel(channel)?.transport_name() == "shmem" {
+    // Only a transport with memory of its own (shmem) allocates fallibly; every other one
+    // allocates with `Message::new`, which would abort on an impossible size.
+    if ctx.transport_traits(channel)?.lends_shared_memory {
         return Ok(ctx.new_message(channel, size).await?);
     }
     Ok(Message::from(try_zeroed(key, size)?))

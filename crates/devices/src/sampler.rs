@@ -142,7 +142,7 @@ impl Device for BenchmarkSampler {
         };
         // Resolved once: no name lookup per message.
         let out = ctx.channel_id(&self.out_channel)?;
-        let in_shared_memory = ctx.channel(&self.out_channel)?.transport_name() == "shmem";
+        let in_shared_memory = ctx.transport_traits(&self.out_channel)?.lends_shared_memory;
         let stopped = ctx.stopped();
         tokio::pin!(stopped);
         while ctx.next_iteration() {

@@ -215,7 +215,9 @@ impl std::fmt::Debug for OfiOptions {
 pub fn register(registry: &mut ferromq_core::TransportRegistry) {
     registry.register(
         OfiTransport::NAME,
-        ferromq_core::TransportTraits::PLAIN.wanting_receive_memory(),
+        ferromq_core::TransportTraits::PLAIN
+            .wanting_receive_memory()
+            .without_ipc(),
         |options| {
             let transport: Arc<dyn ferromq_core::Transport> =
                 Arc::new(OfiTransport::new(OfiOptions::from_device(options)?));
