@@ -217,7 +217,7 @@ async fn malformed_mq_config_is_rejected_naming_key_and_position() {
     assert!(
         sampler
             .stderr
-            .contains("key \"sndBufSize\" has invalid value -1: expected a non-negative integer")
+            .contains("key \"sndBufSize\" has invalid value \"-1\": expected at least 1 message")
             && sampler.stderr.contains("line 7 column")
             && sampler.stderr.contains("bad.json"),
         "{}",

@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::address::{Address, AddressError};
+use crate::keys::{CHANNEL_KEYS, KeyValue};
 
 /// The messaging pattern of one end of a channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -159,7 +160,7 @@ pub enum ConfigError {
         /// The key found.
         key: String,
         /// The keys that exist.
-        known: &'static str,
+        known: String,
     },
     /// A value of the wrong form.
     #[error("channel key {key:?} has invalid value {value:?}: expected {expected}")]
@@ -196,9 +197,6 @@ pub enum ConfigError {
 /// The most sockets one channel may have (`numSockets`): each is a real socket with its own
 /// file descriptors, and a forged count must not make a device allocate without bound.
 pub const MAX_NUM_SOCKETS: usize = 1024;
-
-const KNOWN_KEYS: &str = "name, type, method, address, transport, sndBufSize, rcvBufSize, \
-sndKernelSize, rcvKernelSize, sndTimeoutMs, rcvTimeoutMs, linger, rateLogging, portRangeMin, portRangeMax, autoBind, numSockets, busyPoll, provider";
 
 /// One endpoint of a channel: where it binds or connects.
 ///
@@ -366,49 +364,13 @@ impl ChannelConfig {
             let Some((key, value)) = pair.split_once('=') else {
                 return Err(ConfigError::NotKeyValue(pair.clone()));
             };
-            match key.trim() {
-                "name" => {
-                    config.name = value.to_owned();
-                    has_name = true;
-                }
-                "type" => {
-                    config.socket_type = value.parse()?;
-                    has_type = true;
-                }
-                "method" => {
-                    config.method = value.parse()?;
-                    has_method = true;
-                }
-                "address" => config.address = Some(value.to_owned()),
-                "transport" => config.transport = Some(value.to_owned()),
-                "sndBufSize" => config.snd_buf_size = parse_number(key, value)?,
-                "rcvBufSize" => config.rcv_buf_size = parse_number(key, value)?,
-                "sndKernelSize" => config.snd_kernel_size = parse_number(key, value)?,
-                "rcvKernelSize" => config.rcv_kernel_size = parse_number(key, value)?,
-                "sndTimeoutMs" | "rcvTimeoutMs" => {
-                    let milliseconds: i64 = parse_number(key, value)?;
-                    if milliseconds < -1 {
-                        return Err(ConfigError::InvalidValue {
-                            key: key.to_owned(),
-                            value: value.to_owned(),
-                            expected: "milliseconds, or -1 for none",
-                        });
-                    }
-                }
-                "linger" => config.linger = parse_number(key, value)?,
-                "rateLogging" => config.rate_logging = parse_number(key, value)?,
-                "portRangeMin" => config.port_range_min = parse_number(key, value)?,
-                "portRangeMax" => config.port_range_max = parse_number(key, value)?,
-                "autoBind" => config.auto_bind = parse_bool(key, value)?,
-                "numSockets" => config.num_sockets = parse_number(key, value)?,
-                "busyPoll" => config.busy_poll = parse_bool(key, value)?,
-                "provider" => config.provider = Some(value.to_owned()),
-                other => {
-                    return Err(ConfigError::UnknownKey {
-                        key: other.to_owned(),
-                        known: KNOWN_KEYS,
-                    });
-                }
+            let key = key.trim();
+            config.set(key, KeyValue::Text(value))?;
+            match key {
+                "name" => has_name = true,
+                "type" => has_type = true,
+                "method" => has_method = true,
+                _ => {}
             }
         }
         if !has_method && let Some(method) = config.prefixed_method() {
@@ -436,69 +398,15 @@ impl ChannelConfig {
     /// [`ChannelConfig::parse_key_values`]; keys at their default are left out).
     pub fn to_key_values(&self) -> String {
         let defaults = ChannelConfig::default();
-        let mut pairs = vec![
-            format!("name={}", self.name),
-            format!("type={}", self.socket_type),
-            format!("method={}", self.method),
-        ];
-        if let Some(address) = &self.address {
-            pairs.push(format!("address={address}"));
-        }
-        if let Some(transport) = &self.transport {
-            pairs.push(format!("transport={transport}"));
-        }
-        let numbers = [
-            (
-                "sndBufSize",
-                self.snd_buf_size as u64,
-                defaults.snd_buf_size as u64,
-            ),
-            (
-                "rcvBufSize",
-                self.rcv_buf_size as u64,
-                defaults.rcv_buf_size as u64,
-            ),
-            (
-                "sndKernelSize",
-                self.snd_kernel_size as u64,
-                defaults.snd_kernel_size as u64,
-            ),
-            (
-                "rcvKernelSize",
-                self.rcv_kernel_size as u64,
-                defaults.rcv_kernel_size as u64,
-            ),
-            ("linger", self.linger, defaults.linger),
-            ("rateLogging", self.rate_logging, defaults.rate_logging),
-            (
-                "portRangeMin",
-                u64::from(self.port_range_min),
-                u64::from(defaults.port_range_min),
-            ),
-            (
-                "portRangeMax",
-                u64::from(self.port_range_max),
-                u64::from(defaults.port_range_max),
-            ),
-            (
-                "numSockets",
-                self.num_sockets as u64,
-                defaults.num_sockets as u64,
-            ),
-        ];
-        for (key, value, default) in numbers {
-            if value != default {
-                pairs.push(format!("{key}={value}"));
+        let mut pairs = Vec::new();
+        for key in &CHANNEL_KEYS {
+            let Some(value) = self.get(key.name) else {
+                continue;
+            };
+            let required = matches!(key.name, "name" | "type" | "method");
+            if required || defaults.get(key.name).as_ref() != Some(&value) {
+                pairs.push(format!("{}={value}", key.name));
             }
-        }
-        if self.auto_bind != defaults.auto_bind {
-            pairs.push(format!("autoBind={}", self.auto_bind));
-        }
-        if self.busy_poll {
-            pairs.push("busyPoll=true".to_owned());
-        }
-        if let Some(provider) = &self.provider {
-            pairs.push(format!("provider={provider}"));
         }
         pairs.join(",")
     }
@@ -642,26 +550,6 @@ impl ChannelConfig {
     }
 }
 
-fn parse_number<T: FromStr>(key: &str, value: &str) -> Result<T, ConfigError> {
-    value.trim().parse().map_err(|_| ConfigError::InvalidValue {
-        key: key.to_owned(),
-        value: value.to_owned(),
-        expected: "a non-negative integer",
-    })
-}
-
-fn parse_bool(key: &str, value: &str) -> Result<bool, ConfigError> {
-    match value.trim() {
-        "true" | "1" => Ok(true),
-        "false" | "0" => Ok(false),
-        _ => Err(ConfigError::InvalidValue {
-            key: key.to_owned(),
-            value: value.to_owned(),
-            expected: "true or false",
-        }),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -721,7 +609,7 @@ mod tests {
             "name=d,type=push,method=bind,color=red",
             ConfigError::UnknownKey {
                 key: "color".into(),
-                known: KNOWN_KEYS,
+                known: crate::keys::known_channel_keys(),
             },
         );
         check_key_values_err(
@@ -745,7 +633,7 @@ mod tests {
             ConfigError::InvalidValue {
                 key: "sndBufSize".into(),
                 value: "-1".into(),
-                expected: "a non-negative integer",
+                expected: "at least 1 message",
             },
         );
         check_key_values_err(

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use ferromq_core::{ChannelConfig, MAX_NUM_SOCKETS};
+use ferromq_core::{ChannelConfig, KeyValue, MAX_NUM_SOCKETS};
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
 
@@ -198,70 +198,113 @@ struct MqDevice {
     channels: Vec<MqChannel>,
 }
 
-/// Channel-level keys are shared by its sockets; socket-level keys override them. The keys
-/// are FairMQ's: the field names in camelCase; numbers go through `number_key` so that an
-/// error names its key.
-#[derive(Deserialize, Default, Clone)]
-#[serde(default, rename_all = "camelCase")]
+/// One channel entry (or one entry of its `sockets`): its name, its sub-entries, and every
+/// channel key it sets, each already checked against the key table (ferromq-core's
+/// `CHANNEL_KEYS`) while the file is read, so that an error names the key, the value and the
+/// line and column. Keys the table does not have are skipped (and warned about, see
+/// [`unknown_keys`]), as FairMQ's parser does.
+#[derive(Default, Clone)]
 struct MqSocket {
     name: Option<String>,
-    #[serde(rename = "type")]
-    socket_type: Option<String>,
-    method: Option<String>,
-    address: Option<String>,
-    transport: Option<String>,
-    #[serde(deserialize_with = "number_key::snd_buf_size")]
-    snd_buf_size: Option<u64>,
-    #[serde(deserialize_with = "number_key::rcv_buf_size")]
-    rcv_buf_size: Option<u64>,
-    #[serde(deserialize_with = "number_key::snd_kernel_size")]
-    snd_kernel_size: Option<u64>,
-    #[serde(deserialize_with = "number_key::rcv_kernel_size")]
-    rcv_kernel_size: Option<u64>,
-    #[serde(deserialize_with = "number_key::linger")]
-    linger: Option<u64>,
-    #[serde(deserialize_with = "number_key::rate_logging")]
-    rate_logging: Option<u64>,
-    #[serde(deserialize_with = "number_key::port_range_min")]
-    port_range_min: Option<u64>,
-    #[serde(deserialize_with = "number_key::port_range_max")]
-    port_range_max: Option<u64>,
-    #[serde(deserialize_with = "bool_or_text")]
-    auto_bind: Option<bool>,
-    /// FairMQ's send timeout: checked, not used (ferromq's sends wait, cancellably).
-    #[allow(dead_code)] // Read only to check the value: ferromq has no per-channel timeouts.
-    #[serde(deserialize_with = "number_key::timeout")]
-    snd_timeout_ms: Option<i64>,
-    /// FairMQ's receive timeout: checked, not used.
-    #[allow(dead_code)] // Read only to check the value: ferromq has no per-channel timeouts.
-    #[serde(deserialize_with = "number_key::timeout")]
-    rcv_timeout_ms: Option<i64>,
-    #[serde(deserialize_with = "number_key::num_sockets")]
-    num_sockets: Option<u64>,
-    /// ferromq's own: the libfabric provider of an ofi channel.
-    provider: Option<String>,
     /// Only at channel level: one entry per sub-channel.
     sockets: Option<Vec<MqSocket>>,
+    keys: Vec<(&'static str, serde_json::Value)>,
 }
 
 /// A channel entry has the socket keys plus `sockets`.
 type MqChannel = MqSocket;
 
+impl<'de> Deserialize<'de> for MqSocket {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        struct Entry;
+        impl<'de> de::Visitor<'de> for Entry {
+            type Value = MqSocket;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a channel entry (an object of channel keys)")
+            }
+
+            fn visit_map<A: de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<MqSocket, A::Error> {
+                let mut entry = MqSocket::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "name" => entry.name = Some(map.next_value()?),
+                        "sockets" => entry.sockets = Some(map.next_value()?),
+                        _ => match ferromq_core::channel_key(&key) {
+                            Some(spec) => {
+                                let value: serde_json::Value = map.next_value()?;
+                                // Checked now, so that the error has the position.
+                                set_json(&mut ChannelConfig::default(), spec.name, &value)
+                                    .map_err(de::Error::custom)?;
+                                entry.keys.push((spec.name, value));
+                            }
+                            None => {
+                                map.next_value::<de::IgnoredAny>()?;
+                            }
+                        },
+                    }
+                }
+                Ok(entry)
+            }
+        }
+        deserializer.deserialize_map(Entry)
+    }
+}
+
+/// Sets `key` from a JSON value: FairMQ's files write numbers and booleans both as themselves
+/// and as text.
+fn set_json(
+    config: &mut ChannelConfig,
+    key: &str,
+    value: &serde_json::Value,
+) -> std::result::Result<(), ferromq_core::ConfigError> {
+    let text;
+    let value = match value {
+        serde_json::Value::String(text) => KeyValue::Text(text),
+        serde_json::Value::Bool(flag) => KeyValue::Bool(*flag),
+        serde_json::Value::Number(number) => match number.as_i64() {
+            Some(number) => KeyValue::Integer(number),
+            // Too big for any key, or not an integer: refused by the key, naming the value.
+            None => {
+                text = number.to_string();
+                KeyValue::Text(&text)
+            }
+        },
+        other => {
+            return Err(ferromq_core::ConfigError::InvalidValue {
+                key: key.to_owned(),
+                value: other.to_string(),
+                expected: "a number, text or boolean",
+            });
+        }
+    };
+    config.set(key, value)
+}
+
 impl MqSocket {
+    fn key(&self, key: &str) -> Option<&serde_json::Value> {
+        self.keys
+            .iter()
+            .find(|(name, _)| *name == key)
+            .map(|(_, value)| value)
+    }
+
     /// One channel configuration per socket.
-    fn expand(mut self) -> Result<Vec<ChannelConfig>, String> {
+    fn expand(mut self) -> std::result::Result<Vec<ChannelConfig>, String> {
         let name = self.name.clone().ok_or("a channel has no \"name\"")?;
         let sockets = match self.sockets.take() {
             Some(sockets) if !sockets.is_empty() => sockets,
             _ => {
-                let n_sockets = self.num_sockets.unwrap_or(1).max(1);
-                // Checked before allocating: a forged count must not exhaust memory.
-                if n_sockets > MAX_NUM_SOCKETS as u64 {
-                    return Err(format!(
-                        "channel {name:?}: numSockets {n_sockets} is more than {MAX_NUM_SOCKETS}"
-                    ));
+                // Checked by the key table when read: at most MAX_NUM_SOCKETS.
+                let mut probe = ChannelConfig::default();
+                if let Some(value) = self.key("numSockets") {
+                    set_json(&mut probe, "numSockets", value)
+                        .map_err(|error| format!("channel {name:?}: {error}"))?;
                 }
-                vec![MqSocket::default(); n_sockets as usize]
+                vec![MqSocket::default(); probe.num_sockets.clamp(1, MAX_NUM_SOCKETS)]
             }
         };
         if sockets.iter().any(|socket| socket.sockets.is_some()) {
@@ -272,240 +315,91 @@ impl MqSocket {
         let n_sockets = sockets.len();
         sockets
             .into_iter()
-            .map(|socket| merge(&name, &self, socket, n_sockets))
+            .map(|socket| merge(&name, &self, &socket, n_sockets))
             .collect()
     }
 }
 
+/// The channel's keys, then the socket's (which override them), through the key table.
 fn merge(
     name: &str,
     common: &MqSocket,
-    socket: MqSocket,
+    socket: &MqSocket,
     n_sockets: usize,
-) -> Result<ChannelConfig, String> {
-    let pick_text = |own: Option<String>, shared: &Option<String>| own.or_else(|| shared.clone());
-    let pick = |own: Option<u64>, shared: Option<u64>| own.or(shared);
+) -> std::result::Result<ChannelConfig, String> {
     let mut config = ChannelConfig {
         name: name.to_owned(),
         ..ChannelConfig::default()
     };
-    let socket_type = pick_text(socket.socket_type, &common.socket_type)
-        .ok_or_else(|| format!("channel {name:?} has no \"type\""))?;
-    config.socket_type = socket_type
-        .parse()
-        .map_err(|error| format!("channel {name:?}: {error}"))?;
-    config.address = pick_text(socket.address, &common.address);
+    let (mut has_type, mut has_method) = (false, false);
+    for (key, value) in common.keys.iter().chain(&socket.keys) {
+        // FairMQ's "default" transport is the device's.
+        if *key == "transport" && value.as_str() == Some("default") {
+            config.transport = None;
+            continue;
+        }
+        set_json(&mut config, key, value).map_err(|error| format!("channel {name:?}: {error}"))?;
+        has_type |= *key == "type";
+        has_method |= *key == "method";
+    }
+    if !has_type {
+        return Err(format!("channel {name:?} has no \"type\""));
+    }
     // FairMQ's multi-endpoint addresses (`@tcp://*:5555,+tcp://host:5556`) need no method.
-    config.method = match pick_text(socket.method, &common.method) {
-        Some(method) => method
-            .parse()
-            .map_err(|error| format!("channel {name:?}: {error}"))?,
-        None => config
+    if !has_method {
+        config.method = config
             .prefixed_method()
-            .ok_or_else(|| format!("channel {name:?} has no \"method\""))?,
-    };
-    config.transport =
-        pick_text(socket.transport, &common.transport).filter(|transport| transport != "default");
-    config.provider = pick_text(socket.provider, &common.provider);
-    let narrow = |key: &str, value: u64| -> Result<u16, String> {
-        u16::try_from(value).map_err(|_| format!("channel {name:?}: {key} {value} is not a port"))
-    };
-    if let Some(value) = pick(socket.snd_buf_size, common.snd_buf_size) {
-        config.snd_buf_size = value as usize;
-    }
-    if let Some(value) = pick(socket.rcv_buf_size, common.rcv_buf_size) {
-        config.rcv_buf_size = value as usize;
-    }
-    if let Some(value) = pick(socket.snd_kernel_size, common.snd_kernel_size) {
-        config.snd_kernel_size = value as usize;
-    }
-    if let Some(value) = pick(socket.rcv_kernel_size, common.rcv_kernel_size) {
-        config.rcv_kernel_size = value as usize;
-    }
-    if let Some(value) = pick(socket.linger, common.linger) {
-        config.linger = value;
-    }
-    if let Some(value) = pick(socket.rate_logging, common.rate_logging) {
-        config.rate_logging = value;
-    }
-    if let Some(value) = pick(socket.port_range_min, common.port_range_min) {
-        config.port_range_min = narrow("portRangeMin", value)?;
-    }
-    if let Some(value) = pick(socket.port_range_max, common.port_range_max) {
-        config.port_range_max = narrow("portRangeMax", value)?;
-    }
-    if let Some(value) = socket.auto_bind.or(common.auto_bind) {
-        config.auto_bind = value;
+            .ok_or_else(|| format!("channel {name:?} has no \"method\""))?;
     }
     config.num_sockets = n_sockets;
     Ok(config)
 }
-
-/// The keys of FairMQ's channel entries, plus ferromq's `provider`; others are warned about.
-const MQ_CHANNEL_KEYS: [&str; 19] = [
-    "name",
-    "type",
-    "method",
-    "address",
-    "transport",
-    "sndBufSize",
-    "rcvBufSize",
-    "sndKernelSize",
-    "rcvKernelSize",
-    "sndTimeoutMs",
-    "rcvTimeoutMs",
-    "linger",
-    "rateLogging",
-    "portRangeMin",
-    "portRangeMax",
-    "autoBind",
-    "numSockets",
-    "provider",
-    "sockets",
-];
 
 /// Collects `where: key` for every key of a FairMQ JSON configuration this parser ignores.
 fn unknown_keys(file: &serde_json::Value, unknown: &mut Vec<String>) {
     let serde_json::Value::Object(top) = file else {
         return;
     };
-    let mut check =
-        |object: &serde_json::Map<String, serde_json::Value>, known: &[&str], place: &str| {
-            for key in object.keys().filter(|key| !known.contains(&key.as_str())) {
-                unknown.push(format!("{place}{key:?}"));
-            }
-        };
-    check(top, &["fairMQOptions"], "");
+    let is_channel_key = |key: &str| ferromq_core::channel_key(key).is_some();
+    let mut check = |object: &serde_json::Map<String, serde_json::Value>,
+                     known: &dyn Fn(&str) -> bool,
+                     place: &str| {
+        for key in object.keys().filter(|key| !known(key)) {
+            unknown.push(format!("{place}{key:?}"));
+        }
+    };
+    check(top, &|key| key == "fairMQOptions", "");
     let Some(serde_json::Value::Object(options)) = top.get("fairMQOptions") else {
         return;
     };
-    check(options, &["devices"], "fairMQOptions.");
+    check(options, &|key| key == "devices", "fairMQOptions.");
     let Some(serde_json::Value::Array(devices)) = options.get("devices") else {
         return;
     };
     for device in devices.iter().filter_map(serde_json::Value::as_object) {
-        check(device, &["id", "key", "channels"], "device.");
+        check(
+            device,
+            &|key| matches!(key, "id" | "key" | "channels"),
+            "device.",
+        );
         let Some(serde_json::Value::Array(channels)) = device.get("channels") else {
             continue;
         };
         for channel in channels.iter().filter_map(serde_json::Value::as_object) {
-            check(channel, &MQ_CHANNEL_KEYS, "channel.");
+            check(
+                channel,
+                &|key| key == "sockets" || is_channel_key(key),
+                "channel.",
+            );
             let Some(serde_json::Value::Array(sockets)) = channel.get("sockets") else {
                 continue;
             };
             for socket in sockets.iter().filter_map(serde_json::Value::as_object) {
                 // A socket entry has every channel key but `sockets`.
-                check(
-                    socket,
-                    &MQ_CHANNEL_KEYS[..MQ_CHANNEL_KEYS.len() - 1],
-                    "socket.",
-                );
+                check(socket, &is_channel_key, "socket.");
             }
         }
     }
-}
-
-/// An optional value that FairMQ's files write in more than one spelling (`1000` and `"1000"`,
-/// `false` and `"0"`): `read` takes what it accepts, anything else is the error `refusal` words
-/// (naming the key, the value and what was expected).
-fn lenient<'de, D: Deserializer<'de>, T>(
-    deserializer: D,
-    read: impl FnOnce(&serde_json::Value) -> Option<T>,
-    refusal: impl FnOnce(&serde_json::Value) -> String,
-) -> Result<Option<T>, D::Error> {
-    let Some(value) = Option::<serde_json::Value>::deserialize(deserializer)? else {
-        return Ok(None);
-    };
-    read(&value)
-        .map(Some)
-        .ok_or_else(|| de::Error::custom(refusal(&value)))
-}
-
-/// An integer as a JSON number or as text.
-fn number<T: std::str::FromStr>(
-    value: &serde_json::Value,
-    from_number: impl FnOnce(&serde_json::Number) -> Option<T>,
-) -> Option<T> {
-    match value {
-        serde_json::Value::Number(number) => from_number(number),
-        serde_json::Value::String(text) => text.trim().parse().ok(),
-        _ => None,
-    }
-}
-
-/// FairMQ's files write numbers both as `1000` and as `"1000"`; anything else is an error
-/// naming the key, the value and what was expected.
-fn number_or_text<'de, D: Deserializer<'de>>(
-    deserializer: D,
-    key: &str,
-) -> Result<Option<u64>, D::Error> {
-    lenient(
-        deserializer,
-        |value| number(value, serde_json::Number::as_u64),
-        |value| format!("key {key:?} has invalid value {value}: expected a non-negative integer"),
-    )
-}
-
-/// Per-key deserializers, so that every error names its key.
-mod number_key {
-    use serde::Deserializer;
-
-    macro_rules! keys {
-        ($($function:ident => $key:literal),* $(,)?) => {$(
-            pub(super) fn $function<'de, D: Deserializer<'de>>(
-                deserializer: D,
-            ) -> Result<Option<u64>, D::Error> {
-                super::number_or_text(deserializer, $key)
-            }
-        )*};
-    }
-
-    keys! {
-        snd_buf_size => "sndBufSize",
-        rcv_buf_size => "rcvBufSize",
-        snd_kernel_size => "sndKernelSize",
-        rcv_kernel_size => "rcvKernelSize",
-        linger => "linger",
-        rate_logging => "rateLogging",
-        port_range_min => "portRangeMin",
-        port_range_max => "portRangeMax",
-        num_sockets => "numSockets",
-    }
-
-    /// FairMQ's timeouts: milliseconds, -1 for none.
-    pub(super) fn timeout<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Option<i64>, D::Error> {
-        super::lenient(
-            deserializer,
-            |value| {
-                super::number(value, serde_json::Number::as_i64)
-                    .filter(|&milliseconds| milliseconds >= -1)
-            },
-            |value| format!("timeout {value} is invalid: expected milliseconds, or -1 for none"),
-        )
-    }
-}
-
-fn bool_or_text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<bool>, D::Error> {
-    lenient(
-        deserializer,
-        |value| match value {
-            serde_json::Value::Bool(flag) => Some(*flag),
-            serde_json::Value::Number(number) => match number.as_u64() {
-                Some(1) => Some(true),
-                Some(0) => Some(false),
-                _ => None,
-            },
-            serde_json::Value::String(text) => match text.trim() {
-                "true" | "1" => Some(true),
-                "false" | "0" => Some(false),
-                _ => None,
-            },
-            _ => None,
-        },
-        |value| format!("key \"autoBind\" has invalid value {value}: expected true or false"),
-    )
 }
 
 #[cfg(test)]
@@ -588,13 +482,13 @@ mod tests {
             r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "push", "method": "bind", "sndBufSize": -1}]}]}}"#,
             &[
                 "bad.json",
-                "key \"sndBufSize\" has invalid value -1: expected a non-negative integer",
+                "key \"sndBufSize\" has invalid value \"-1\": expected at least 1 message",
                 "line 1 column",
             ],
         );
         check_error(
             r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "push", "method": "bind", "autoBind": 2}]}]}}"#,
-            &["key \"autoBind\" has invalid value 2: expected true or false"],
+            &["key \"autoBind\" has invalid value \"2\": expected true or false"],
         );
         check_error(
             r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "push", "method": "bind", "address": "@tcp://*:1,+tcp://nowhere"}]}]}}"#,
@@ -627,13 +521,13 @@ mod tests {
             &json("\"4294967296\""),
             &[
                 "bad.json",
-                "channel \"x\"",
-                "numSockets 4294967296 is more than 1024",
+                "key \"numSockets\" has invalid value \"4294967296\": expected at most 1024",
+                "line 1 column",
             ],
         );
         check_error(
             &json("18446744073709551615"),
-            &["numSockets 18446744073709551615 is more than 1024"],
+            &["key \"numSockets\" has invalid value \"18446744073709551615\""],
         );
         let mut config = DeviceConfig::new("d");
         config.add_mq_config("ok.json", &json("1024")).unwrap();

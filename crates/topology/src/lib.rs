@@ -33,7 +33,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::ops::Range;
 
-use ferromq_core::{ChannelConfig, Method, SocketType};
+use ferromq_core::{ChannelConfig, KeyValue, Method, SocketType};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -113,38 +113,100 @@ enum OneOrMany {
     Many(Vec<String>),
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+/// A `[[device.channel]]` table: the keys with a topology's own meaning (`name`, `type`,
+/// `method`, `address`, `connect`, `transport`) as themselves, every other channel key as
+/// written, for the key table (ferromq-core's `CHANNEL_KEYS`) to check; a key in neither is an
+/// error naming it.
 struct ChannelToml {
     name: Spanned<String>,
-    #[serde(rename = "type")]
     socket_type: Spanned<String>,
     method: Option<Spanned<String>>,
     address: Option<Spanned<String>>,
     connect: Option<Spanned<OneOrMany>>,
     transport: Option<Spanned<String>>,
-    #[serde(rename = "sndBufSize")]
-    snd_buf_size: Option<Spanned<i64>>,
-    #[serde(rename = "rcvBufSize")]
-    rcv_buf_size: Option<Spanned<i64>>,
-    #[serde(rename = "sndKernelSize")]
-    snd_kernel_size: Option<Spanned<i64>>,
-    #[serde(rename = "rcvKernelSize")]
-    rcv_kernel_size: Option<Spanned<i64>>,
-    linger: Option<Spanned<i64>>,
-    #[serde(rename = "rateLogging")]
-    rate_logging: Option<Spanned<i64>>,
-    #[serde(rename = "autoBind")]
-    auto_bind: Option<bool>,
-    #[serde(rename = "numSockets")]
-    num_sockets: Option<Spanned<i64>>,
-    #[serde(rename = "busyPoll")]
-    busy_poll: Option<bool>,
-    provider: Option<String>,
-    #[serde(rename = "portRangeMin")]
-    port_range_min: Option<Spanned<i64>>,
-    #[serde(rename = "portRangeMax")]
-    port_range_max: Option<Spanned<i64>>,
+    keys: Vec<(&'static str, Spanned<toml::Value>)>,
+}
+
+/// Every key a channel table may have: the key table's and `connect`.
+fn channel_keys() -> &'static [&'static str] {
+    static KEYS: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        let mut keys: Vec<&'static str> = ferromq_core::CHANNEL_KEYS
+            .iter()
+            .map(|key| key.name)
+            .collect();
+        keys.insert(1, "connect");
+        keys
+    })
+}
+
+/// A key of a channel table, refused while it is read (so that the error points at it) unless
+/// it is one of [`channel_keys`].
+struct ChannelKeyName(&'static str);
+
+impl<'de> Deserialize<'de> for ChannelKeyName {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = ChannelKeyName;
+
+            fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+                formatter.write_str("a channel key")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<ChannelKeyName, E> {
+                channel_keys()
+                    .iter()
+                    .find(|known| **known == key)
+                    .map(|known| ChannelKeyName(known))
+                    .ok_or_else(|| E::unknown_field(key, channel_keys()))
+            }
+        }
+        deserializer.deserialize_identifier(Name)
+    }
+}
+
+impl<'de> Deserialize<'de> for ChannelToml {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::{self, MapAccess, Visitor};
+
+        struct Table;
+        impl<'de> Visitor<'de> for Table {
+            type Value = ChannelToml;
+
+            fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+                formatter.write_str("a channel table")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ChannelToml, A::Error> {
+                let (mut name, mut socket_type) = (None, None);
+                let (mut method, mut address, mut connect, mut transport) =
+                    (None, None, None, None);
+                let mut keys = Vec::new();
+                while let Some(ChannelKeyName(key)) = map.next_key()? {
+                    match key {
+                        "name" => name = Some(map.next_value()?),
+                        "type" => socket_type = Some(map.next_value()?),
+                        "method" => method = Some(map.next_value()?),
+                        "address" => address = Some(map.next_value()?),
+                        "connect" => connect = Some(map.next_value()?),
+                        "transport" => transport = Some(map.next_value()?),
+                        other => keys.push((other, map.next_value()?)),
+                    }
+                }
+                Ok(ChannelToml {
+                    name: name.ok_or_else(|| de::Error::missing_field("name"))?,
+                    socket_type: socket_type.ok_or_else(|| de::Error::missing_field("type"))?,
+                    method,
+                    address,
+                    connect,
+                    transport,
+                    keys,
+                })
+            }
+        }
+        deserializer.deserialize_map(Table)
+    }
 }
 
 /// How a device is started.
@@ -587,46 +649,32 @@ pub fn load(file: &str, text: &str, known: &Known<'_>) -> Result<Topology, Topol
                 }
                 config.transport = Some(transport.get_ref().clone());
             }
-            let sizes = [
-                (&channel.snd_buf_size, "sndBufSize", (1, i64::MAX)),
-                (&channel.rcv_buf_size, "rcvBufSize", (1, i64::MAX)),
-                (&channel.snd_kernel_size, "sndKernelSize", (0, i64::MAX)),
-                (&channel.rcv_kernel_size, "rcvKernelSize", (0, i64::MAX)),
-                (&channel.linger, "linger", (0, i64::MAX)),
-                (&channel.rate_logging, "rateLogging", (0, i64::MAX)),
-                (
-                    &channel.num_sockets,
-                    "numSockets",
-                    (0, ferromq_core::MAX_NUM_SOCKETS as i64),
-                ),
-                (&channel.port_range_min, "portRangeMin", (1, 65535)),
-                (&channel.port_range_max, "portRangeMax", (1, 65535)),
-            ];
-            for (value, key, bounds) in sizes {
-                let Some(value) = value.as_ref() else {
-                    continue;
+            for (key, value) in &channel.keys {
+                let set = match value.get_ref() {
+                    toml::Value::String(text) => config.set(key, KeyValue::Text(text)),
+                    toml::Value::Integer(number) => config.set(key, KeyValue::Integer(*number)),
+                    toml::Value::Boolean(flag) => config.set(key, KeyValue::Bool(*flag)),
+                    other => {
+                        checker.error(
+                            value.span(),
+                            &context,
+                            format!(
+                                "{key} must be a number, text or boolean, not {}",
+                                other.type_str()
+                            ),
+                        );
+                        continue;
+                    }
                 };
-                let Some(number) = count(value, &mut checker, &context, key, bounds) else {
-                    continue;
-                };
-                match key {
-                    "sndBufSize" => config.snd_buf_size = number as usize,
-                    "rcvBufSize" => config.rcv_buf_size = number as usize,
-                    "sndKernelSize" => config.snd_kernel_size = number as usize,
-                    "rcvKernelSize" => config.rcv_kernel_size = number as usize,
-                    "linger" => config.linger = number,
-                    "rateLogging" => config.rate_logging = number,
-                    "portRangeMin" => config.port_range_min = number as u16,
-                    "portRangeMax" => config.port_range_max = number as u16,
-                    _ => config.num_sockets = number as usize,
+                if let Err(error) = set {
+                    checker.error(value.span(), &context, error.to_string());
                 }
             }
             if config.port_range_min > config.port_range_max {
-                let span = channel
-                    .port_range_max
-                    .as_ref()
-                    .or(channel.port_range_min.as_ref())
-                    .map_or_else(|| channel.name.span(), Spanned::span);
+                let span = ["portRangeMax", "portRangeMin"]
+                    .iter()
+                    .find_map(|wanted| channel.keys.iter().find(|(key, _)| key == wanted))
+                    .map_or_else(|| channel.name.span(), |(_, value)| value.span());
                 checker.error(
                     span,
                     &context,
@@ -635,15 +683,6 @@ pub fn load(file: &str, text: &str, known: &Known<'_>) -> Result<Topology, Topol
                         config.port_range_min, config.port_range_max
                     ),
                 );
-            }
-            if let Some(auto_bind) = channel.auto_bind {
-                config.auto_bind = auto_bind;
-            }
-            if let Some(busy_poll) = channel.busy_poll {
-                config.busy_poll = busy_poll;
-            }
-            if let Some(provider) = &channel.provider {
-                config.provider = Some(provider.clone());
             }
             channel_index.insert(
                 (id.clone(), name.clone()),

@@ -101,3 +101,60 @@ portRangeMax = 31010
         (31000, 31010)
     );
 }
+
+/// docs/topology.md's channel table and the key table (ferromq-core's `CHANNEL_KEYS`, which
+/// every configuration form reads through) list the same keys, with the same defaults.
+#[test]
+fn the_documented_channel_keys_are_the_key_table() {
+    let docs = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/topology.md"),
+    )
+    .unwrap();
+    let section = docs
+        .split("## `[[device.channel]]`")
+        .nth(1)
+        .expect("docs/topology.md has a channel section");
+    let section = section.split("\n## ").next().unwrap();
+    // Each row: the keys it documents (backticked, comma-separated) and their defaults.
+    let mut documented = Vec::new();
+    for row in section.lines().filter(|line| line.starts_with("| `")) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let backticked = |cell: &str| -> Vec<String> {
+            cell.split(", ")
+                .filter_map(|item| item.strip_prefix('`')?.strip_suffix('`'))
+                .map(str::to_owned)
+                .collect()
+        };
+        let keys = backticked(cells[1]);
+        let defaults = backticked(cells[2]);
+        for (idx, key) in keys.iter().enumerate() {
+            let default = defaults.get(idx).or(defaults.first()).cloned();
+            documented.push((key.clone(), default));
+        }
+    }
+    for key in &ferromq_core::CHANNEL_KEYS {
+        let Some((_, default)) = documented.iter().find(|(name, _)| name == key.name) else {
+            panic!(
+                "docs/topology.md does not document channel key {}",
+                key.name
+            );
+        };
+        // A topology's channels do not log rates (the launcher shows them): its one default
+        // that differs from FairMQ's.
+        if key.default.is_empty() || key.name == "rateLogging" {
+            continue;
+        }
+        assert_eq!(
+            default.as_deref(),
+            Some(key.default),
+            "default of {} in docs/topology.md",
+            key.name
+        );
+    }
+    for (name, _) in &documented {
+        assert!(
+            name == "connect" || ferromq_core::channel_key(name).is_some(),
+            "docs/topology.md documents {name}, which is not a channel key"
+        );
+    }
+}
