@@ -37,6 +37,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
+mod driver;
 mod engine;
 mod fabric;
 mod protocol;
