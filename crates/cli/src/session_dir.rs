@@ -6,7 +6,9 @@
 //! limit and no session id can name a path outside it). Inside, `lock` is held with `flock` for
 //! the life of the launcher: a second launcher of the same session fails to take it and is
 //! refused; the kernel releases it when the holder dies in any way, SIGKILL included, so a
-//! directory whose lock nobody holds is stale and the next launcher removes it.
+//! directory whose lock nobody holds is stale and the next launcher removes it, once its lock
+//! file names the launcher that made it (a directory being created right now has an empty one:
+//! left alone for a minute, so that two launchers starting together never remove each other's).
 
 use std::fs::File;
 use std::io::Write;
@@ -16,6 +18,9 @@ use anyhow::{Context, Result, bail};
 use nix::fcntl::{Flock, FlockArg};
 
 const DIR_PREFIX: &str = "ferromq-run-";
+
+/// How long a directory whose lock file names no launcher counts as being created.
+const CREATION_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A session's directory, locked; removed when dropped.
 pub struct SessionDir {
@@ -98,12 +103,51 @@ fn remove_stale(temp_dir: &Path) {
             Ok(metadata) => metadata,
             Err(_) => continue,
         }) == uid;
-        // A directory without a lock file may be one a launcher is creating right now.
-        let Ok(file) = File::open(entry.path().join("lock")) else {
+        // A directory without a lock file, or whose lock file does not name its launcher yet,
+        // may be one a launcher is creating right now (it writes its pid once it holds the
+        // lock): left alone unless it is old, so that no launcher loses its directory between
+        // creating it and locking it.
+        let lock_path = entry.path().join("lock");
+        let Ok(file) = File::open(&lock_path) else {
             continue;
         };
-        if owned && Flock::lock(file, FlockArg::LockExclusiveNonblock).is_ok() {
+        let being_created = std::fs::metadata(&lock_path).is_ok_and(|metadata| {
+            metadata.len() == 0
+                && metadata
+                    .modified()
+                    .ok()
+                    .and_then(|modified| modified.elapsed().ok())
+                    .is_none_or(|age| age < CREATION_GRACE)
+        });
+        if owned && !being_created && Flock::lock(file, FlockArg::LockExclusiveNonblock).is_ok() {
             let _ = std::fs::remove_dir_all(entry.path());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by the CLI tests: a launcher removed the directory another one had just created
+    /// and not yet locked, whose devices then failed to bind their control endpoints.
+    #[test]
+    fn a_directory_being_created_is_not_removed_and_a_stale_one_is() {
+        let temp = std::env::temp_dir().join(format!("ferromq-stale-test-{}", std::process::id()));
+        let fresh = temp.join(format!("{DIR_PREFIX}fresh"));
+        let stale = temp.join(format!("{DIR_PREFIX}stale"));
+        for dir in [&fresh, &stale] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(fresh.join("lock"), "").unwrap();
+        std::fs::write(stale.join("lock"), "4242").unwrap();
+        remove_stale(&temp);
+        let (fresh_kept, stale_kept) = (fresh.exists(), stale.exists());
+        let _ = std::fs::remove_dir_all(&temp);
+        assert!(
+            fresh_kept,
+            "a directory whose launcher is locking it was removed"
+        );
+        assert!(!stale_kept, "a directory nobody holds was kept");
     }
 }
