@@ -1,0 +1,266 @@
+//! Stopping a topology: in data-flow order when draining (sources first, each later device once
+//! its senders exited and its inputs are still), every device down through STOP, RESET TASK,
+//! RESET DEVICE, END; a device without progress for 30 s, or on a second signal, is killed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use ferromq_core::SocketType;
+use ferromq_device::control::{ControlClient, LauncherToDevice};
+use ferromq_zmq::ZmqTransport;
+
+use super::supervise::Signals;
+use super::{Running, STOP_TIMEOUT};
+
+/// For each device, the indices of the devices that send into it (push/pub into its pull/sub),
+/// from the topology's wiring. Pair, req and rep go both ways and impose no order.
+fn upstream_of(devices: &[Running]) -> Vec<BTreeSet<usize>> {
+    let index: BTreeMap<&str, usize> = devices
+        .iter()
+        .enumerate()
+        .map(|(idx, device)| (device.instance.id.as_str(), idx))
+        .collect();
+    let mut upstream = vec![BTreeSet::new(); devices.len()];
+    for (idx, device) in devices.iter().enumerate() {
+        for channel in &device.instance.channels {
+            for (peer, _) in &channel.connect_to {
+                let Some(&peer_idx) = index.get(peer.as_str()) else {
+                    continue;
+                };
+                match channel.config.socket_type {
+                    SocketType::Pull | SocketType::Sub => {
+                        upstream[idx].insert(peer_idx);
+                    }
+                    SocketType::Push | SocketType::Pub => {
+                        upstream[peer_idx].insert(idx);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    upstream
+}
+
+/// How long a device's inputs must stay still before it counts as drained.
+const QUIET_FOR: Duration = Duration::from_millis(300);
+/// The longest a stop waits for a device's inputs to go still.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a device has to answer one control request during a stop.
+const STOP_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Stops every device that still runs and returns the devices that had to be killed.
+///
+/// With `drain`, devices stop in the order data flows: sources first, and a device only once
+/// every device sending into it has exited and its own inputs have been still for
+/// [`QUIET_FOR`], so that what was in flight at the stop is received, not lost. Devices of one
+/// stage stop together. A device that does not exit is killed once [`STOP_TIMEOUT`] passed since
+/// it was asked and since the devices still running last did work (a closing sender may rightly
+/// take long to drain into a slow receiver); a second SIGINT/SIGTERM kills every device at once. Either is a stop by force,
+/// which the caller reports as a failure.
+pub(super) async fn stop_all(
+    devices: &mut [Running],
+    signals: &mut Signals,
+    drain: bool,
+) -> Vec<String> {
+    let upstream = upstream_of(devices);
+    let mut stopped = vec![false; devices.len()];
+    let mut forced = Vec::new();
+    loop {
+        let remaining: Vec<usize> = (0..devices.len()).filter(|&idx| !stopped[idx]).collect();
+        if remaining.is_empty() {
+            break;
+        }
+        let mut stage: Vec<usize> = remaining
+            .iter()
+            .copied()
+            .filter(|&idx| !drain || upstream[idx].iter().all(|&up| stopped[up]))
+            .collect();
+        if stage.is_empty() {
+            // A cycle of push/pull: no order drains it; stop what is left together.
+            stage = remaining;
+        }
+        // Every device still running: while they work, the stage may still be delivering (a
+        // closing sender waits for its peers to take what it sent).
+        let running_pids: Vec<u32> = devices
+            .iter()
+            .enumerate()
+            .filter(|(idx, device)| !stopped[*idx] && device.exited.is_none())
+            .filter_map(|(_, device)| device.child.id())
+            .collect();
+        let last_progress = Mutex::new(Instant::now());
+        let stop_stage = futures_util::future::join_all(
+            devices
+                .iter_mut()
+                .enumerate()
+                .filter(|(idx, _)| stage.contains(idx))
+                .map(|(idx, device)| {
+                    stop_one(device, drain && !upstream[idx].is_empty(), &last_progress)
+                }),
+        );
+        tokio::select! {
+            results = stop_stage => forced.extend(results.into_iter().flatten()),
+            () = watch_progress(&running_pids, &last_progress) => {}
+            name = signals.next() => {
+                eprintln!("ferromq: second signal ({name}): killing every device");
+                for device in devices.iter_mut().filter(|device| device.exited.is_none()) {
+                    let _ = device.child.start_kill();
+                    forced.push(device.instance.id.clone());
+                }
+                break;
+            }
+        }
+        for idx in stage {
+            stopped[idx] = true;
+        }
+    }
+    for device in devices.iter_mut() {
+        let _ = device.child.kill().await;
+    }
+    forced
+}
+
+/// Records in `last_progress` when the processes `pids` last did work together: at least
+/// [`BUSY_TICKS`] of CPU within a second (an idle device's timers use far less; a device
+/// verifying, forwarding or draining uses far more). Counting CPU, not messages, keeps working when
+/// a busy device is slow to answer control requests. Never completes.
+async fn watch_progress(pids: &[u32], last_progress: &Mutex<Instant>) {
+    let total = || {
+        pids.iter()
+            .filter_map(|&pid| cpu_ticks_of(pid))
+            .sum::<u64>()
+    };
+    let mut before = total();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = total();
+        if now.saturating_sub(before) >= BUSY_TICKS {
+            *last_progress.lock().expect("progress lock") = Instant::now();
+        }
+        before = now;
+    }
+}
+
+/// CPU clock ticks (usually 10 ms each) per second that count as work during a stop.
+const BUSY_TICKS: u64 = 5;
+
+/// User plus system CPU time of process `pid`, in clock ticks (`/proc/<pid>/stat`).
+fn cpu_ticks_of(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+    let after_name = stat.rsplit_once(") ")?.1;
+    let fields: Vec<&str> = after_name.split(' ').collect();
+    let user: u64 = fields.get(11)?.parse().ok()?;
+    let system: u64 = fields.get(12)?.parse().ok()?;
+    Some(user + system)
+}
+
+/// The messages a device has received on all its channels; `None` when it does not answer.
+async fn received_by(control: &mut ControlClient) -> Option<u64> {
+    let reply = control
+        .request(&LauncherToDevice::Counters, STOP_REQUEST_TIMEOUT)
+        .await
+        .ok()?;
+    match &reply.value {
+        Some(serde_json::Value::Object(channels)) => Some(
+            channels
+                .values()
+                .filter_map(|channel| channel.get("messages_in")?.as_u64())
+                .sum(),
+        ),
+        _ => None,
+    }
+}
+
+/// Asks one device to go down (after its inputs went still, with `drain_first`) and waits for it
+/// to exit; kills it after [`STOP_TIMEOUT`] without progress (see `last_progress`). Returns its id
+/// when it had to be killed.
+async fn stop_one(
+    device: &mut Running,
+    drain_first: bool,
+    last_progress: &Mutex<Instant>,
+) -> Option<String> {
+    if let Ok(Some(status)) = device.child.try_wait() {
+        device.exited.get_or_insert(status);
+    }
+    if device.exited.is_some() {
+        return None;
+    }
+    // A fresh connection: a request cancelled by the signal may have left the old one waiting
+    // for a reply that will never be read.
+    let connect = async {
+        ControlClient::connect(&ZmqTransport::new(), &device.control_address)
+            .await
+            .ok()
+    };
+    let mut control = tokio::time::timeout(STOP_REQUEST_TIMEOUT, connect)
+        .await
+        .ok()
+        .flatten();
+    if drain_first && let Some(control) = control.as_mut() {
+        wait_until_inputs_are_still(control).await;
+    }
+    let asked = match control.as_mut() {
+        Some(control) => control
+            .request(&LauncherToDevice::Shutdown, STOP_REQUEST_TIMEOUT)
+            .await
+            .is_ok(),
+        None => false,
+    };
+    if !asked && let Some(pid) = device.child.id() {
+        // No answer on the control endpoint (a loaded machine, a broken connection): SIGTERM
+        // takes a device down just as cleanly, from any state.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    // The time to exit counts from the request, not from the start of the stage.
+    *last_progress.lock().expect("progress lock") = Instant::now();
+    let exited = loop {
+        match tokio::time::timeout(Duration::from_millis(250), device.child.wait()).await {
+            Ok(exited) => break exited.ok(),
+            Err(_) => {
+                let since = last_progress.lock().expect("progress lock").elapsed();
+                if since >= STOP_TIMEOUT {
+                    break None;
+                }
+            }
+        }
+    };
+    match exited {
+        Some(status) => {
+            device.exited = Some(status);
+            None
+        }
+        None => {
+            eprintln!(
+                "ferromq: device {:?} did not stop within {STOP_TIMEOUT:?} (in {}); killing it",
+                device.instance.id, device.state
+            );
+            let _ = device.child.kill().await;
+            Some(device.instance.id.clone())
+        }
+    }
+}
+
+/// Waits until the messages a device has received stop growing for [`QUIET_FOR`] (at most
+/// [`DRAIN_TIMEOUT`]; a device that does not answer is not waited for).
+async fn wait_until_inputs_are_still(control: &mut ControlClient) {
+    let deadline = Instant::now() + DRAIN_TIMEOUT;
+    let mut last_count = None;
+    let mut still_since = Instant::now();
+    while Instant::now() < deadline {
+        let Some(received) = received_by(control).await else {
+            return;
+        };
+        if last_count != Some(received) {
+            last_count = Some(received);
+            still_since = Instant::now();
+        } else if still_since.elapsed() >= QUIET_FOR {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

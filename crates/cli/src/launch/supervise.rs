@@ -1,0 +1,229 @@
+//! While a topology runs: signals, the live table, and watching every device's state, counters
+//! and exit, until a stop is due (a signal, the duration, completion, a failure).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use ferromq_device::State;
+use ferromq_device::control::LauncherToDevice;
+use ferromq_device::rates::Rates;
+
+use crate::console::Console;
+
+use super::Running;
+
+/// SIGINT and SIGTERM, installed before anything starts so that no signal finds the launcher
+/// without a handler.
+pub struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    pub(super) fn install() -> Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        crate::transports::prepare_termination_signals();
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    /// The next SIGINT or SIGTERM.
+    pub(super) async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
+        }
+    }
+}
+
+/// Why the run ends.
+pub(super) enum Ending {
+    Signal(&'static str),
+    Duration,
+    Finished,
+    Failure(String),
+}
+
+pub(super) fn table(
+    devices: &[Running],
+    previous: &BTreeMap<(String, String), ferromq_core::CounterSnapshot>,
+    seconds: f64,
+) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{:<16} {:<18} {:<12} {:>12} {:>10} {:>12} {:>10}",
+        "device", "state", "channel", "in msg/s", "in MB/s", "out msg/s", "out MB/s"
+    )];
+    for device in devices {
+        let state = match device.exited {
+            Some(status) => format!("exited ({status})"),
+            None => device.state.to_string(),
+        };
+        if device.counters.is_empty() {
+            lines.push(format!("{:<16} {state:<18}", device.instance.id));
+        }
+        for (channel_idx, (channel, now)) in device.counters.iter().enumerate() {
+            // Counters start at zero: the first table shows the rates since the start.
+            let before = previous
+                .get(&(device.instance.id.clone(), channel.clone()))
+                .copied()
+                .unwrap_or_default();
+            let rates = Rates::between(before, *now, seconds);
+            let (id, state) = if channel_idx == 0 {
+                (device.instance.id.as_str(), state.as_str())
+            } else {
+                ("", "")
+            };
+            lines.push(format!(
+                "{id:<16} {state:<18} {channel:<12} {:>12.0} {:>10.1} {:>12.0} {:>10.1}",
+                rates.msgs_in, rates.mb_in, rates.msgs_out, rates.mb_out
+            ));
+        }
+    }
+    lines
+}
+
+pub(super) async fn supervise(
+    devices: &mut [Running],
+    duration: Option<Duration>,
+    signals: &mut Signals,
+) -> Ending {
+    let started = Instant::now();
+    let interval = if Console::global().is_live() {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(2)
+    };
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut previous: BTreeMap<(String, String), ferromq_core::CounterSnapshot> = BTreeMap::new();
+    let mut last_table = Instant::now();
+    // The RUN replies said every device entered RUNNING; all back in READY later means done.
+    let mut seen_running = devices.iter().any(|device| device.state == State::Running);
+    loop {
+        tokio::select! {
+            name = signals.next() => return Ending::Signal(name),
+            _ = tick.tick() => {}
+        }
+        if duration.is_some_and(|duration| started.elapsed() >= duration) {
+            return Ending::Duration;
+        }
+        // Requests to a device that hangs can take their whole timeout: a signal meanwhile is
+        // acted on at once, not after them.
+        let poll = poll_devices(
+            devices,
+            &mut seen_running,
+            &mut previous,
+            &mut last_table,
+            interval,
+        );
+        tokio::select! {
+            name = signals.next() => return Ending::Signal(name),
+            ending = poll => if let Some(ending) = ending {
+                return ending;
+            },
+        }
+    }
+}
+
+/// One round of supervision: exits, states, and every `interval` the table of rates.
+async fn poll_devices(
+    devices: &mut [Running],
+    seen_running: &mut bool,
+    previous: &mut BTreeMap<(String, String), ferromq_core::CounterSnapshot>,
+    last_table: &mut Instant,
+    interval: Duration,
+) -> Option<Ending> {
+    for device in devices.iter_mut() {
+        if let Ok(Some(status)) = device.child.try_wait() {
+            device.exited = Some(status);
+            return Some(Ending::Failure(format!(
+                "device {:?} exited ({status}) while {}; its last lines:\n    {}",
+                device.instance.id,
+                device.state,
+                device.last_lines()
+            )));
+        }
+        let Ok(reply) = device.request(&LauncherToDevice::State).await else {
+            continue;
+        };
+        if reply.state == State::Error {
+            return Some(Ending::Failure(format!(
+                "device {:?} is in ERROR; its last lines:\n    {}",
+                device.instance.id,
+                device.last_lines()
+            )));
+        }
+    }
+    *seen_running |= devices.iter().any(|device| device.state == State::Running);
+    if *seen_running && devices.iter().all(|device| device.state == State::Ready) {
+        return Some(Ending::Finished);
+    }
+    if last_table.elapsed() >= interval {
+        let seconds = last_table.elapsed().as_secs_f64();
+        let before: BTreeMap<_, _> = devices
+            .iter()
+            .flat_map(|device| {
+                device.counters.iter().map(|(channel, counters)| {
+                    ((device.instance.id.clone(), channel.clone()), *counters)
+                })
+            })
+            .collect();
+        for device in devices.iter_mut() {
+            if let Ok(reply) = device.request(&LauncherToDevice::Counters).await
+                && let Some(serde_json::Value::Object(channels)) = reply.value
+            {
+                device.counters = channels
+                    .into_iter()
+                    .map(|(channel, value)| {
+                        let field = |key: &str| {
+                            value
+                                .get(key)
+                                .and_then(serde_json::Value::as_u64)
+                                .unwrap_or(0)
+                        };
+                        let snapshot = ferromq_core::CounterSnapshot {
+                            messages_in: field("messages_in"),
+                            bytes_in: field("bytes_in"),
+                            messages_out: field("messages_out"),
+                            bytes_out: field("bytes_out"),
+                        };
+                        (channel, snapshot)
+                    })
+                    .collect();
+            }
+        }
+        previous.extend(before);
+        Console::global().table(&table(devices, previous, seconds));
+        for device in devices.iter() {
+            for (channel, counters) in &device.counters {
+                previous.insert((device.instance.id.clone(), channel.clone()), *counters);
+            }
+        }
+        *last_table = Instant::now();
+    }
+    None
+}
+
+/// The first device whose process has exited (waiting up to a second: a broken control
+/// connection can be seen before the death that broke it), with its status.
+pub(super) async fn exited_device(
+    devices: &mut [Running],
+) -> Option<(&Running, std::process::ExitStatus)> {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let idx = loop {
+        let found = devices.iter_mut().position(|device| {
+            if let Ok(Some(status)) = device.child.try_wait() {
+                device.exited = Some(status);
+            }
+            device.exited.is_some()
+        });
+        if found.is_some() || Instant::now() >= deadline {
+            break found?;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let device = &devices[idx];
+    Some((device, device.exited?))
+}
