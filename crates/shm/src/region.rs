@@ -7,7 +7,9 @@
 //! and a producer that dies mid-append leaves nothing half-visible (the entry is published by
 //! the index store that follows it). The creator polls the rings every millisecond while idle
 //! and immediately again while they hold entries, so acknowledgements are batched under load and
-//! never held back when idle (FairMQ could wait up to 500 ms).
+//! never held back when idle (FairMQ could wait up to 500 ms). A release never waits for the
+//! creator: one that finds its ring full (the creator stopped or slow) is queued in the process
+//! and moved into the ring, in order, by a short-lived thread of its own (see [`AckProducer`]).
 //!
 //! # Ownership
 //! The region's bytes are the creator's; a range lent to a message in flight cannot be written
@@ -62,9 +64,32 @@ fn ring_offset(ring_idx: usize) -> usize {
 }
 
 /// Appends acknowledgements to this process's ring of a region.
+///
+/// A release never waits: acknowledgements usually come from a message dropped on an async
+/// worker, and the creator may be stopped (SIGSTOP) or busy with its ring full. One that finds
+/// the ring full joins a queue in this process, which a thread of the producer's own moves into
+/// the ring, oldest first, as the creator makes room; it ends when the queue is empty, or drops
+/// the queue (with a warning) when the creator died, since nobody will read the ring again.
 pub(crate) struct AckProducer {
     segment: Arc<Segment>,
     ring_idx: Mutex<Option<usize>>,
+    overflow: Mutex<Overflow>,
+}
+
+/// Acknowledgements waiting for room in the ring, in release order.
+#[derive(Default)]
+struct Overflow {
+    queued: std::collections::VecDeque<RegionBlock>,
+    /// A thread is moving `queued` into the ring.
+    draining: bool,
+}
+
+/// What became of one acknowledgement offered to the ring.
+enum Offered {
+    Written,
+    Full,
+    /// No ring could be claimed: the region is shared by more processes than it has rings.
+    Lost,
 }
 
 impl AckProducer {
@@ -72,6 +97,7 @@ impl AckProducer {
         AckProducer {
             segment,
             ring_idx: Mutex::new(None),
+            overflow: Mutex::default(),
         }
     }
 
@@ -105,33 +131,58 @@ impl AckProducer {
         None
     }
 
-    /// Queues one acknowledgement; waits while the ring is full and the creator lives.
+    /// Queues one acknowledgement for the creator; never waits.
     ///
     /// The ring has one producer slot per process; threads of this process take turns (the
-    /// lock), or two releases at once would write the same slot and one would be lost.
-    pub(crate) fn push(&self, block: RegionBlock) {
+    /// locks), or two releases at once would write the same slot and one would be lost.
+    pub(crate) fn push(self: &Arc<Self>, block: RegionBlock) {
+        let mut overflow = self
+            .overflow
+            .lock()
+            .expect("acknowledgement queue poisoned");
+        // Behind earlier ones still queued: the creator hears of releases in order.
+        if overflow.queued.is_empty() {
+            match self.offer(block) {
+                Offered::Written => return,
+                Offered::Lost => {
+                    tracing::error!(region = %self.segment.name(), "no free acknowledgement ring: a region buffer release is lost");
+                    return;
+                }
+                Offered::Full => {}
+            }
+        }
+        overflow.queued.push_back(block);
+        if !overflow.draining {
+            let producer = Arc::clone(self);
+            let spawned = std::thread::Builder::new()
+                .name("ferromq-region-ack".to_owned())
+                .spawn(move || producer.drain_overflow());
+            match spawned {
+                Ok(_) => overflow.draining = true,
+                // The next release tries again; until then the queue waits.
+                Err(error) => {
+                    tracing::warn!(%error, "cannot start the thread that queues region acknowledgements");
+                }
+            }
+        }
+    }
+
+    /// Writes `block` into this process's ring if it has room.
+    fn offer(&self, block: RegionBlock) -> Offered {
         let mut claimed = self.ring_idx.lock().expect("ring claim poisoned");
         let Some(ring_idx) = self.claim(&mut claimed) else {
-            tracing::error!(region = %self.segment.name(), "no free acknowledgement ring: a region buffer release is lost");
-            return;
+            return Offered::Lost;
         };
         let base = ring_offset(ring_idx);
         let (Some(head), Some(tail)) = (
             self.segment.atomic_u64(base + 8),
             self.segment.atomic_u64(base + 16),
         ) else {
-            return;
+            return Offered::Lost;
         };
         let position = head.load(Ordering::Relaxed);
-        let creator = ProcessId {
-            pid: self.segment.name().creator_pid,
-            start_time: 0,
-        };
-        while position - tail.load(Ordering::Acquire) >= RING_LEN as u64 {
-            if !creator.is_alive() {
-                return;
-            }
-            std::thread::yield_now();
+        if position - tail.load(Ordering::Acquire) >= RING_LEN as u64 {
+            return Offered::Full;
         }
         let entry = base + 24 + (position as usize % RING_LEN) * 24;
         for (field_idx, value) in [block.offset, block.size, block.hint]
@@ -143,6 +194,45 @@ impl AckProducer {
             }
         }
         head.store(position + 1, Ordering::Release);
+        Offered::Written
+    }
+
+    /// The overflow thread: moves queued acknowledgements into the ring as room appears,
+    /// pausing from 50 µs up to 10 ms while the ring stays full.
+    fn drain_overflow(self: Arc<Self>) {
+        let creator = ProcessId {
+            pid: self.segment.name().creator_pid,
+            start_time: 0,
+        };
+        let mut pause = Duration::from_micros(50);
+        loop {
+            {
+                let mut overflow = self
+                    .overflow
+                    .lock()
+                    .expect("acknowledgement queue poisoned");
+                while let Some(&block) = overflow.queued.front() {
+                    match self.offer(block) {
+                        Offered::Written => pause = Duration::from_micros(50),
+                        Offered::Full => break,
+                        Offered::Lost => {}
+                    }
+                    overflow.queued.pop_front();
+                }
+                if overflow.queued.is_empty() {
+                    overflow.draining = false;
+                    return;
+                }
+                if !creator.is_alive() {
+                    tracing::warn!(region = %self.segment.name(), n_acknowledgements = overflow.queued.len(), "the region's creator is gone: its queued acknowledgements are dropped");
+                    overflow.queued.clear();
+                    overflow.draining = false;
+                    return;
+                }
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(10));
+        }
     }
 }
 
@@ -376,4 +466,56 @@ pub(crate) fn remote_acknowledger(
 ) -> Arc<dyn Fn(u64, u64, u64) + Send + Sync> {
     let producer = Arc::new(AckProducer::new(segment));
     Arc::new(move |offset, size, hint| producer.push(RegionBlock { offset, size, hint }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::names::{ObjectKind, ObjectName, current_uid};
+
+    /// Issue 12 §3: a release whose ring is full (the creator is stopped, or slow) used to spin
+    /// on the releasing thread, an async worker, until the creator made room. Now every release
+    /// returns at once, and the creator still hears of every one, in order, once it reads.
+    #[test]
+    fn releases_to_a_full_ring_never_wait_and_arrive_in_order() {
+        const N_RELEASES: u64 = RING_LEN as u64 * 3 + 7;
+        let name = ObjectName::new(
+            current_uid(),
+            &format!("ack-test-{}", std::process::id()),
+            ObjectKind::Region,
+            std::process::id(),
+            0,
+        );
+        let segment = Arc::new(Segment::create(name.clone(), REGION_DATA_START + 4096).unwrap());
+        let producer = Arc::new(AckProducer::new(Arc::clone(&segment)));
+        // Nobody reads the ring while this thread releases: all but RING_LEN must queue.
+        let (done, released) = std::sync::mpsc::channel();
+        let releaser = {
+            let producer = Arc::clone(&producer);
+            std::thread::spawn(move || {
+                for offset in 0..N_RELEASES {
+                    producer.push(RegionBlock {
+                        offset,
+                        size: 1,
+                        hint: offset * 2,
+                    });
+                }
+                let _ = done.send(());
+            })
+        };
+        let waited = released.recv_timeout(Duration::from_secs(20));
+        // The creator reads now, until it has them all.
+        let mut heard = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while (heard.len() as u64) < N_RELEASES && std::time::Instant::now() < deadline {
+            drain(&segment, &mut heard);
+            std::thread::yield_now();
+        }
+        releaser.join().unwrap();
+        let _ = Segment::remove(&name);
+        assert!(waited.is_ok(), "releases waited for the creator to read");
+        let offsets: Vec<u64> = heard.iter().map(|block| block.offset).collect();
+        assert_eq!(offsets, (0..N_RELEASES).collect::<Vec<_>>());
+        assert!(heard.iter().all(|block| block.hint == block.offset * 2));
+    }
 }
