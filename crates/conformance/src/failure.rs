@@ -39,21 +39,9 @@ impl Failure {
     pub(crate) fn call(during: &str, error: &(dyn StdError + 'static)) -> Failure {
         Failure::Call {
             during: during.to_owned(),
-            detail: chain(error),
+            detail: ferromq_core::error_chain(error),
         }
     }
-}
-
-/// An error and its sources, `: `-separated.
-pub(crate) fn chain(error: &(dyn StdError + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// `.during("what")` on the results of channel calls.

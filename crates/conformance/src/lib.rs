@@ -49,6 +49,16 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+/// A scenario entry from an `async fn(Arc<Fixture>) -> Result<(), Failure>` of that name.
+macro_rules! scenario {
+    ($name:ident) => {
+        $crate::Scenario {
+            name: stringify!($name),
+            check: |fixture| -> $crate::ScenarioFuture { Box::pin($name(fixture)) },
+        }
+    };
+}
+
 mod failure;
 mod fixture;
 mod payload;

@@ -15,16 +15,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use crate::failure::{During, Failure};
 use crate::fixture::{Fixture, TrialEnv, parse, watch};
 use crate::payload::{message, verify};
-use crate::{ROLE_VAR, Scenario, ScenarioFuture, Suite};
-
-macro_rules! scenario {
-    ($name:ident) => {
-        Scenario {
-            name: stringify!($name),
-            check: |fixture| -> ScenarioFuture { Box::pin($name(fixture)) },
-        }
-    };
-}
+use crate::{ROLE_VAR, Scenario, Suite};
 
 pub(crate) static ALL: &[Scenario] = &[
     scenario!(nothing_is_lost_when_the_sender_exits_right_after_sending),

@@ -6,19 +6,10 @@ use std::time::Duration;
 
 use ferromq_core::{Channel, Error, Message, Method, Parts, SocketType};
 
+use crate::Scenario;
 use crate::failure::{During, Failure};
 use crate::fixture::{Fixture, parse, watch};
 use crate::payload::{index_of, message, verify};
-use crate::{Scenario, ScenarioFuture};
-
-macro_rules! scenario {
-    ($name:ident) => {
-        Scenario {
-            name: stringify!($name),
-            check: |fixture| -> ScenarioFuture { Box::pin($name(fixture)) },
-        }
-    };
-}
 
 pub(crate) static ALL: &[Scenario] = &[
     scenario!(push_pull_carries_every_size_from_0_b_to_64_mib_intact_and_in_order),
@@ -225,7 +216,7 @@ fn expect_wrong_socket_type<T>(
             Error::WrongSocketType { channel, .. } if channel.name == "data" => Ok(()),
             other => Err(Failure::expectation(format!(
                 "{case}: expected an error saying the socket cannot do that now, got: {}",
-                crate::failure::chain(&other)
+                ferromq_core::error_chain(&other)
             ))),
         },
         None => Err(Failure::expectation(format!("{case} succeeded"))),
@@ -323,7 +314,7 @@ async fn refused_with_channel_named(
         Some(error) => Err(Failure::expectation(format!(
             "refusing a {} channel: the error does not name the channel: {}",
             socket_type.as_str(),
-            crate::failure::chain(&error)
+            ferromq_core::error_chain(&error)
         ))),
         None => Err(Failure::expectation(format!(
             "the suite says this transport refuses {} channels, but it bound one",
@@ -341,7 +332,7 @@ async fn a_receive_with_nothing_to_receive_times_out(fixture: Arc<Fixture>) -> R
         }
         Err(other) => Err(Failure::expectation(format!(
             "a receive with nothing to receive: expected a timeout naming the channel, got: {}",
-            crate::failure::chain(&other)
+            ferromq_core::error_chain(&other)
         ))),
         Ok(message) => Err(Failure::expectation(format!(
             "a receive with nothing sent returned {} bytes",
@@ -398,7 +389,7 @@ async fn held_back_without_a_peer(
                 if expect_timeout && !matches!(failed.error, Error::Timeout { .. }) {
                     return Err(Failure::expectation(format!(
                         "{name}: expected a timeout, got: {}",
-                        crate::failure::chain(&failed.error)
+                        ferromq_core::error_chain(&failed.error)
                     )));
                 }
                 verify(n_accepted, 64, failed.message.data())?;
@@ -416,7 +407,7 @@ async fn held_back_without_a_peer(
         Err(other) => Err(Failure::expectation(format!(
             "closing {name} with {n_accepted} accepted messages nobody took: expected \
              'undelivered' naming {n_accepted}, got: {}",
-            crate::failure::chain(&other)
+            ferromq_core::error_chain(&other)
         ))),
     }
 }
@@ -599,7 +590,7 @@ async fn binding_an_address_twice_is_refused(fixture: Arc<Fixture>) -> Result<()
         Err(Error::AddressInUse { channel }) if channel.name == "data" => Ok(()),
         Err(other) => Err(Failure::expectation(format!(
             "binding {address} twice: expected 'address in use', got: {}",
-            crate::failure::chain(&other)
+            ferromq_core::error_chain(&other)
         ))),
         Ok(bound) => Err(Failure::expectation(format!(
             "binding {address} twice succeeded (bound {bound})"

@@ -317,6 +317,19 @@ impl<T: fmt::Debug> std::error::Error for SendError<T> {
 /// Result of channel and transport calls.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// An error and its sources, `: `-separated on one line: how a log line or an exit message
+/// shows a chain of causes.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

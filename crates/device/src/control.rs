@@ -214,7 +214,7 @@ async fn answer(controller: &DeviceController, request: LauncherToDevice) -> Dev
         Err(error) => DeviceToLauncher {
             ok: false,
             state,
-            error: Some(crate::runner::error_chain(&error)),
+            error: Some(ferromq_core::error_chain(&error)),
             value: None,
         },
     }

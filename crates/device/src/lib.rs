@@ -58,5 +58,7 @@ pub use async_trait::async_trait;
 pub use config::{DEFAULT_TRANSPORT, DeviceConfig, SocketConfig};
 pub use device::{ChannelId, Device, DeviceContext, Flow};
 pub use error::{DeviceError, Result};
-pub use runner::{DeviceController, DeviceRunner, StateChange, error_chain};
+/// An error and its causes on one line (core's, for device code that has only this crate).
+pub use ferromq_core::error_chain;
+pub use runner::{DeviceController, DeviceRunner, StateChange};
 pub use state::{State, Transition};

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use ferromq_core::{
     Address, Channel, CounterSnapshot, Error, TcpHost, TransportOptions, TransportRegistry,
+    error_chain,
 };
 use futures_util::FutureExt;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
@@ -761,16 +762,4 @@ async fn bind_channel(channel: &mut Channel) -> Result<Address> {
         }
         other => Ok(other?),
     }
-}
-
-/// An error and its sources, as one line.
-pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
