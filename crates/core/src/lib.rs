@@ -34,7 +34,9 @@ pub use address::{Address, AddressError, TcpHost};
 pub use config::{ChannelConfig, ConfigError, Endpoint, MAX_NUM_SOCKETS, Method, SocketType};
 pub use error::{BoxError, ChannelLabel, CodecError, Error, Result, SendError, error_chain};
 pub use keys::{CHANNEL_KEYS, ChannelKey, KeyKind, KeyValue, channel_key, known_channel_keys};
-pub use message::{Message, MessageBuffer, Parts, UsedSizeError, copied_bytes, record_copy};
+pub use message::{
+    Message, MessageBuffer, Parts, PartsIntoIter, UsedSizeError, copied_bytes, record_copy,
+};
 pub use registry::{MakeTransport, TransportOptions, TransportRegistry, TransportTraits};
 pub use transport::{
     Channel, ChannelCounters, CounterSnapshot, SHMEM_FRAME_MAGIC, SHMEM_FRAME_MIN_LEN, Socket,

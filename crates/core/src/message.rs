@@ -19,6 +19,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
+use smallvec::SmallVec;
 
 static COPIED_BYTES: AtomicU64 = AtomicU64::new(0);
 
@@ -49,13 +50,56 @@ pub trait MessageBuffer: Send + Sync + 'static {
     fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
     /// The transport the buffer belongs to (`"shmem"`, ...), for logs and errors.
     fn transport_name(&self) -> &'static str;
+    /// Called instead of dropping the box when a message is done with the buffer: the
+    /// transport releases the memory and may keep the allocation for its next buffer, so a
+    /// message's life costs no heap allocation in steady state. The default drops the box.
+    fn recycle(self: Box<Self>) {}
+}
+
+/// A transport buffer held by a message. On drop it goes back through
+/// [`MessageBuffer::recycle`] rather than being freed.
+struct HeldBuffer(Box<dyn MessageBuffer>);
+
+impl HeldBuffer {
+    /// The buffer, for the caller to keep; what is left behind is an empty placeholder.
+    fn take(mut self) -> Box<dyn MessageBuffer> {
+        std::mem::replace(&mut self.0, Box::new(NoBuffer))
+    }
+}
+
+impl Drop for HeldBuffer {
+    fn drop(&mut self) {
+        // A box of a zero-sized type does not allocate: the placeholder is free.
+        std::mem::replace(&mut self.0, Box::new(NoBuffer)).recycle();
+    }
+}
+
+/// The zero-sized stand-in left in a [`HeldBuffer`] whose buffer was taken or recycled.
+struct NoBuffer;
+
+impl MessageBuffer for NoBuffer {
+    fn as_bytes(&self) -> &[u8] {
+        &[]
+    }
+    fn as_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        Some(&mut [])
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+        self
+    }
+    fn transport_name(&self) -> &'static str {
+        "heap"
+    }
 }
 
 enum Storage {
     Heap(Vec<u8>),
     Unique(BytesMut),
     Shared(Bytes),
-    Buffer(Box<dyn MessageBuffer>),
+    Buffer(HeldBuffer),
 }
 
 /// A message: an owned, sized byte buffer, possibly backed by transport memory.
@@ -103,7 +147,7 @@ impl Message {
     pub fn from_buffer(buffer: Box<dyn MessageBuffer>) -> Message {
         let size = buffer.as_bytes().len();
         Message {
-            storage: Storage::Buffer(buffer),
+            storage: Storage::Buffer(HeldBuffer(buffer)),
             size,
         }
     }
@@ -124,7 +168,7 @@ impl Message {
             Storage::Heap(vec) => vec,
             Storage::Unique(bytes) => bytes,
             Storage::Shared(bytes) => bytes,
-            Storage::Buffer(buffer) => buffer.as_bytes(),
+            Storage::Buffer(buffer) => buffer.0.as_bytes(),
         };
         &whole[..self.size]
     }
@@ -137,6 +181,7 @@ impl Message {
             Storage::Heap(vec) => &mut vec[..size],
             Storage::Unique(bytes) => &mut bytes[..size],
             Storage::Buffer(buffer) => &mut buffer
+                .0
                 .as_bytes_mut()
                 .expect("make_unique left a writable buffer")[..size],
             Storage::Shared(_) => unreachable!("make_unique replaces shared storage"),
@@ -147,10 +192,10 @@ impl Message {
         let copy = match &mut self.storage {
             Storage::Heap(_) | Storage::Unique(_) => return,
             Storage::Buffer(buffer) => {
-                if buffer.as_bytes_mut().is_some() {
+                if buffer.0.as_bytes_mut().is_some() {
                     return;
                 }
-                buffer.as_bytes()[..self.size].to_vec()
+                buffer.0.as_bytes()[..self.size].to_vec()
             }
             Storage::Shared(bytes) => {
                 let taken = std::mem::take(bytes);
@@ -185,7 +230,7 @@ impl Message {
     /// The transport buffer behind this message, if it has one.
     pub fn buffer(&self) -> Option<&dyn MessageBuffer> {
         match &self.storage {
-            Storage::Buffer(buffer) => Some(buffer.as_ref()),
+            Storage::Buffer(buffer) => Some(buffer.0.as_ref()),
             _ => None,
         }
     }
@@ -197,7 +242,7 @@ impl Message {
     /// The message itself, unchanged, when it is not backed by a transport buffer.
     pub fn into_buffer(self) -> Result<(Box<dyn MessageBuffer>, usize), Message> {
         match self.storage {
-            Storage::Buffer(buffer) => Ok((buffer, self.size)),
+            Storage::Buffer(buffer) => Ok((buffer.take(), self.size)),
             storage => Err(Message {
                 storage,
                 size: self.size,
@@ -236,20 +281,20 @@ impl Message {
     /// The transport that owns the memory: the buffer's, or `"heap"`.
     pub fn memory_kind(&self) -> &'static str {
         match &self.storage {
-            Storage::Buffer(buffer) => buffer.transport_name(),
+            Storage::Buffer(buffer) => buffer.0.transport_name(),
             _ => "heap",
         }
     }
 }
 
 struct BufferOwner {
-    buffer: Box<dyn MessageBuffer>,
+    buffer: HeldBuffer,
     size: usize,
 }
 
 impl AsRef<[u8]> for BufferOwner {
     fn as_ref(&self) -> &[u8] {
-        &self.buffer.as_bytes()[..self.size]
+        &self.buffer.0.as_bytes()[..self.size]
     }
 }
 
@@ -321,7 +366,8 @@ impl fmt::Debug for Message {
 /// ```
 #[derive(Debug, Default)]
 pub struct Parts {
-    messages: Vec<Message>,
+    /// One part lives inline: a single-part message costs no heap allocation of its own.
+    messages: SmallVec<[Message; 1]>,
 }
 
 impl Parts {
@@ -333,7 +379,7 @@ impl Parts {
     /// No parts yet, with room for `n_parts` (one allocation for a message of known shape).
     pub fn with_capacity(n_parts: usize) -> Parts {
         Parts {
-            messages: Vec::with_capacity(n_parts),
+            messages: SmallVec::with_capacity(n_parts),
         }
     }
 
@@ -372,23 +418,25 @@ impl Parts {
         self.messages.get(idx)
     }
 
-    /// The parts as a vector.
+    /// The parts as a vector (allocates for a single part kept inline).
     pub fn into_vec(self) -> Vec<Message> {
-        self.messages
+        self.messages.into_vec()
     }
 }
 
 impl From<Message> for Parts {
     fn from(message: Message) -> Parts {
         Parts {
-            messages: vec![message],
+            messages: SmallVec::from_buf([message]),
         }
     }
 }
 
 impl From<Vec<Message>> for Parts {
     fn from(messages: Vec<Message>) -> Parts {
-        Parts { messages }
+        Parts {
+            messages: SmallVec::from_vec(messages),
+        }
     }
 }
 
@@ -402,10 +450,41 @@ impl FromIterator<Message> for Parts {
 
 impl IntoIterator for Parts {
     type Item = Message;
-    type IntoIter = std::vec::IntoIter<Message>;
+    type IntoIter = PartsIntoIter;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.messages.into_iter()
+        PartsIntoIter(self.messages.into_iter())
+    }
+}
+
+/// The parts of a [`Parts`], by value, in order.
+pub struct PartsIntoIter(smallvec::IntoIter<[Message; 1]>);
+
+impl Iterator for PartsIntoIter {
+    type Item = Message;
+
+    fn next(&mut self) -> Option<Message> {
+        self.0.next()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.0.size_hint()
+    }
+}
+
+impl DoubleEndedIterator for PartsIntoIter {
+    fn next_back(&mut self) -> Option<Message> {
+        self.0.next_back()
+    }
+}
+
+impl ExactSizeIterator for PartsIntoIter {}
+
+impl std::fmt::Debug for PartsIntoIter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartsIntoIter")
+            .field("remaining", &self.0.len())
+            .finish()
     }
 }
 
@@ -421,6 +500,8 @@ impl<'a> IntoIterator for &'a Parts {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
 
     struct ReadOnly(Vec<u8>);
 
@@ -440,6 +521,48 @@ mod tests {
         fn transport_name(&self) -> &'static str {
             "test"
         }
+    }
+
+    /// Counts the boxes handed back through `recycle`.
+    struct Recycled(Arc<AtomicUsize>);
+
+    impl MessageBuffer for Recycled {
+        fn as_bytes(&self) -> &[u8] {
+            b"abc"
+        }
+        fn as_bytes_mut(&mut self) -> Option<&mut [u8]> {
+            None
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+        fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+            self
+        }
+        fn transport_name(&self) -> &'static str {
+            "test"
+        }
+        fn recycle(self: Box<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_finished_buffer_goes_back_through_recycle_unless_taken_out() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let recycled = || count.load(Ordering::Relaxed);
+        drop(Message::from_buffer(Box::new(Recycled(Arc::clone(&count)))));
+        assert_eq!(recycled(), 1);
+        let bytes = Message::from_buffer(Box::new(Recycled(Arc::clone(&count)))).into_bytes();
+        assert_eq!((&bytes[..], recycled()), (&b"abc"[..], 1));
+        drop(bytes);
+        assert_eq!(recycled(), 2);
+        let (taken, _) = Message::from_buffer(Box::new(Recycled(Arc::clone(&count))))
+            .into_buffer()
+            .unwrap_or_else(|_| panic!("a buffer message has a buffer"));
+        assert_eq!(recycled(), 2, "a buffer taken out is the taker's");
+        taken.recycle();
+        assert_eq!(recycled(), 3);
     }
 
     #[test]

@@ -407,7 +407,7 @@ impl UnmanagedRegion {
             Arc::clone(&self.acknowledge),
             hint,
         );
-        Ok(Message::from_buffer(Box::new(buffer)))
+        Ok(Message::from_buffer(buffer.boxed()))
     }
 
     /// Ranges lent and not yet acknowledged.

@@ -101,7 +101,7 @@ pub(crate) struct Session {
 
 /// A message of `size` bytes in a block allocated for at least that many.
 fn message_of(buffer: ShmBuffer, size: usize) -> Message {
-    let mut message = Message::from_buffer(Box::new(buffer));
+    let mut message = Message::from_buffer(buffer.boxed());
     message
         .set_used_size(size)
         .expect("blocks are at least as large as asked");
@@ -355,7 +355,7 @@ impl Session {
                     }
                 };
                 let buffer = ShmBuffer::adopt_block(segment, offset as usize, size as usize)?;
-                let mut message = Message::from_buffer(Box::new(buffer));
+                let mut message = Message::from_buffer(buffer.boxed());
                 message
                     .set_used_size(size as usize)
                     .expect("adopt_block checked the size");
@@ -387,7 +387,7 @@ impl Session {
                     });
                 };
                 let buffer = ShmBuffer::new_region(segment, start, size, acknowledge, hint);
-                Ok(Message::from_buffer(Box::new(buffer)))
+                Ok(Message::from_buffer(buffer.boxed()))
             }
         }
     }

@@ -473,7 +473,7 @@ fn disarm(parts: Parts, fresh: Vec<ShmBuffer>) {
         if let Ok((buffer, _)) = message.into_buffer()
             && let Ok(buffer) = buffer.into_any().downcast::<ShmBuffer>()
         {
-            buffer.disarm();
+            buffer.disarm_boxed();
         }
     }
     fresh.into_iter().for_each(ShmBuffer::disarm);
