@@ -1,0 +1,639 @@
+//! Checking a parsed file, one phase per function: the file's own settings, each device,
+//! each of its channels (type, method, address, keys, connect targets), then the connections
+//! between devices once every device is known. Every problem is collected with its position,
+//! so one run reports all of them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+
+use ferromq_core::{ChannelConfig, KeyValue, Method, SocketType};
+use toml::Spanned;
+
+use crate::file_form::{ChannelToml, DeviceToml, FileToml, OneOrMany};
+use crate::{
+    AutoAddress, ChannelSpec, DeviceKind, DeviceSpec, Known, MAX_CONNECTIONS, MAX_INSTANCES,
+    MAX_REPLICAS, Topology, TopologyError, TopologyErrors,
+};
+
+pub(crate) struct Checker<'a> {
+    file: &'a str,
+    text: &'a str,
+    errors: Vec<TopologyError>,
+}
+
+impl Checker<'_> {
+    fn position(&self, span: Range<usize>) -> (usize, usize) {
+        let before = &self.text[..span.start.min(self.text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before
+            .rfind('\n')
+            .map_or(before.len(), |newline| before.len() - newline - 1)
+            + 1;
+        (line, column)
+    }
+
+    fn error(
+        &mut self,
+        span: Range<usize>,
+        context: impl Into<String>,
+        message: impl Into<String>,
+    ) {
+        let (line, column) = self.position(span);
+        self.errors.push(TopologyError {
+            file: self.file.to_owned(),
+            line,
+            column,
+            context: context.into(),
+            message: message.into(),
+        });
+    }
+}
+
+fn count(
+    value: &Spanned<i64>,
+    checker: &mut Checker<'_>,
+    context: &str,
+    key: &str,
+    bounds: (i64, i64),
+) -> Option<u64> {
+    let (minimum, maximum) = bounds;
+    if *value.get_ref() < minimum {
+        checker.error(
+            value.span(),
+            context,
+            format!("{key} must be at least {minimum}, not {}", value.get_ref()),
+        );
+        return None;
+    }
+    if *value.get_ref() > maximum {
+        checker.error(
+            value.span(),
+            context,
+            format!("{key} must be at most {maximum}, not {}", value.get_ref()),
+        );
+        return None;
+    }
+    Some(*value.get_ref() as u64)
+}
+
+/// A `connect = "device.channel"` of one channel, checked once every device is known.
+struct Connection {
+    device: String,
+    channel: String,
+    socket_type: SocketType,
+    target: String,
+    span: Range<usize>,
+}
+
+/// What the checks learn while walking the devices, for the checks that need the whole file.
+pub(crate) struct Loader<'a> {
+    known: &'a Known<'a>,
+    checker: Checker<'a>,
+    /// Device ids and where they are defined.
+    seen_ids: BTreeMap<String, Range<usize>>,
+    /// Channel types, methods and spans by (device, channel), for the connection checks.
+    channel_index: BTreeMap<(String, String), (SocketType, Method, Range<usize>)>,
+    connections: Vec<Connection>,
+    /// Bind addresses given in the file, and which channel binds each.
+    bind_addresses: BTreeMap<String, String>,
+    n_instances: usize,
+}
+
+impl<'a> Loader<'a> {
+    pub(crate) fn new(file: &'a str, text: &'a str, known: &'a Known<'a>) -> Loader<'a> {
+        Loader {
+            known,
+            checker: Checker {
+                file,
+                text,
+                errors: Vec::new(),
+            },
+            seen_ids: BTreeMap::new(),
+            channel_index: BTreeMap::new(),
+            connections: Vec::new(),
+            bind_addresses: BTreeMap::new(),
+            n_instances: 0,
+        }
+    }
+
+    /// The whole topology, or every problem found in it.
+    pub(crate) fn load(mut self) -> Result<Topology, TopologyErrors> {
+        let parsed: FileToml = match toml::from_str(self.checker.text) {
+            Ok(parsed) => parsed,
+            Err(error) => {
+                self.checker
+                    .error(error.span().unwrap_or(0..0), "", error.message().to_owned());
+                return Err(TopologyErrors(self.checker.errors));
+            }
+        };
+        let transport = self.default_transport(&parsed);
+        let auto_address = self.auto_address(&parsed);
+        if parsed.device.is_empty() {
+            self.checker
+                .error(0..0, "", "the topology has no [[device]]");
+        }
+        let devices: Vec<DeviceSpec> = parsed
+            .device
+            .iter()
+            .map(|device| self.device(device.get_ref()))
+            .collect();
+        self.check_connections(&devices);
+        let mut errors = self.checker.errors;
+        if errors.is_empty() {
+            return Ok(Topology {
+                file: self.checker.file.to_owned(),
+                transport,
+                auto_address,
+                devices,
+            });
+        }
+        errors.sort_by_key(|error| (error.line, error.column));
+        Err(TopologyErrors(errors))
+    }
+
+    /// Refuses a transport the binary does not have.
+    fn check_transport(&mut self, transport: &Spanned<String>, context: &str) {
+        if !self
+            .known
+            .transports
+            .contains(&transport.get_ref().as_str())
+        {
+            self.checker.error(
+                transport.span(),
+                context,
+                format!(
+                    "transport {:?} is not built in (built in: {})",
+                    transport.get_ref(),
+                    self.known.transports.join(", ")
+                ),
+            );
+        }
+    }
+
+    /// The transport of channels that name none: the file's, or zeromq.
+    fn default_transport(&mut self, parsed: &FileToml) -> String {
+        match &parsed.transport {
+            Some(transport) => {
+                self.check_transport(transport, "");
+                transport.get_ref().clone()
+            }
+            None => "zeromq".to_owned(),
+        }
+    }
+
+    fn auto_address(&mut self, parsed: &FileToml) -> AutoAddress {
+        match parsed
+            .auto_address
+            .as_ref()
+            .map(|auto| (auto.get_ref().as_str(), auto.span()))
+        {
+            None | Some(("ipc", _)) => AutoAddress::Ipc,
+            Some(("tcp", _)) => AutoAddress::Tcp,
+            Some((other, span)) => {
+                self.checker.error(
+                    span,
+                    "",
+                    format!("auto-address {other:?} is not ipc or tcp"),
+                );
+                AutoAddress::Ipc
+            }
+        }
+    }
+
+    fn device(&mut self, device: &DeviceToml) -> DeviceSpec {
+        let id = device.id.get_ref().clone();
+        let context = format!("device {id:?}");
+        self.check_device_id(device, &context);
+        let kind = self.device_kind(device, &context);
+        if let Some(host) = &device.host
+            && !matches!(host.get_ref().as_str(), "localhost" | "127.0.0.1" | "::1")
+        {
+            self.checker.error(
+                host.span(),
+                &context,
+                format!(
+                    "host {:?}: launching on other hosts is not supported yet; use localhost",
+                    host.get_ref()
+                ),
+            );
+        }
+        let replicas = self.replicas(device, &context);
+        let max_iterations = device
+            .max_iterations
+            .as_ref()
+            .and_then(|value| {
+                count(
+                    value,
+                    &mut self.checker,
+                    &context,
+                    "max-iterations",
+                    (0, i64::MAX),
+                )
+            })
+            .unwrap_or(0);
+        let properties = self.properties(device, &context);
+        let mut seen_channels: BTreeSet<String> = BTreeSet::new();
+        let channels = device
+            .channel
+            .iter()
+            .filter_map(|channel| {
+                let channel = channel.get_ref();
+                let context = format!("device {id:?} channel {:?}", channel.name.get_ref());
+                if !seen_channels.insert(channel.name.get_ref().clone()) {
+                    self.checker.error(
+                        channel.name.span(),
+                        &context,
+                        "duplicate channel name in this device",
+                    );
+                }
+                self.channel(&id, replicas, channel, &context)
+            })
+            .collect();
+        DeviceSpec {
+            id,
+            kind,
+            replicas,
+            properties,
+            max_iterations,
+            channels,
+        }
+    }
+
+    fn check_device_id(&mut self, device: &DeviceToml, context: &str) {
+        let id = device.id.get_ref();
+        if id.is_empty() || id.contains(['.', ' ', '/']) {
+            self.checker.error(
+                device.id.span(),
+                context,
+                "a device id must be non-empty, without '.', ' ' or '/'",
+            );
+        }
+        if let Some(first) = self.seen_ids.get(id) {
+            let (line, _) = self.checker.position(first.clone());
+            self.checker.error(
+                device.id.span(),
+                context,
+                format!("duplicate device id (first defined on line {line})"),
+            );
+        }
+        self.seen_ids.insert(id.clone(), device.id.span());
+    }
+
+    fn device_kind(&mut self, device: &DeviceToml, context: &str) -> DeviceKind {
+        match (device.kind.get_ref().as_str(), &device.command) {
+            ("exec", Some(command)) if !command.get_ref().is_empty() => {
+                DeviceKind::Exec(command.get_ref().clone())
+            }
+            ("exec", _) => {
+                self.checker.error(
+                    device.kind.span(),
+                    context,
+                    "kind \"exec\" needs command = [\"program\", \"args\"...]",
+                );
+                DeviceKind::Exec(Vec::new())
+            }
+            (kind, command) => {
+                if let Some(command) = command {
+                    self.checker.error(
+                        command.span(),
+                        context,
+                        "command is only for kind \"exec\"",
+                    );
+                }
+                if !self.known.kinds.contains(&kind) {
+                    self.checker.error(
+                        device.kind.span(),
+                        context,
+                        format!(
+                            "unknown kind {kind:?}; built in: {}, or exec",
+                            self.known.kinds.join(", ")
+                        ),
+                    );
+                }
+                DeviceKind::Builtin(kind.to_owned())
+            }
+        }
+    }
+
+    /// The device's replica count, counted against the topology's bound on instances.
+    fn replicas(&mut self, device: &DeviceToml, context: &str) -> usize {
+        let replicas = device
+            .replicas
+            .as_ref()
+            .and_then(|replicas| {
+                count(
+                    replicas,
+                    &mut self.checker,
+                    context,
+                    "replicas",
+                    (1, MAX_REPLICAS as i64),
+                )
+            })
+            .unwrap_or(1) as usize;
+        self.n_instances += replicas;
+        if self.n_instances > MAX_INSTANCES && self.n_instances - replicas <= MAX_INSTANCES {
+            self.checker.error(
+                device
+                    .replicas
+                    .as_ref()
+                    .map_or(device.id.span(), Spanned::span),
+                context,
+                format!("the topology has more than {MAX_INSTANCES} instances with this device"),
+            );
+        }
+        replicas
+    }
+
+    fn properties(&mut self, device: &DeviceToml, context: &str) -> BTreeMap<String, String> {
+        device
+            .properties
+            .iter()
+            .map(|(key, value)| {
+                let text = match value.get_ref() {
+                    toml::Value::String(text) => text.clone(),
+                    toml::Value::Integer(number) => number.to_string(),
+                    toml::Value::Float(number) => number.to_string(),
+                    toml::Value::Boolean(flag) => flag.to_string(),
+                    other => {
+                        self.checker.error(
+                            value.span(),
+                            context,
+                            format!(
+                                "property {key:?} must be a string, number or boolean, not {}",
+                                other.type_str()
+                            ),
+                        );
+                        String::new()
+                    }
+                };
+                (key.clone(), text)
+            })
+            .collect()
+    }
+
+    /// One channel of device `id`; `None` when its type is unknown (nothing else about it can
+    /// be checked then).
+    fn channel(
+        &mut self,
+        id: &str,
+        replicas: usize,
+        channel: &ChannelToml,
+        context: &str,
+    ) -> Option<ChannelSpec> {
+        let name = channel.name.get_ref().clone();
+        let socket_type: SocketType = match channel.socket_type.get_ref().parse() {
+            Ok(socket_type) => socket_type,
+            Err(error) => {
+                self.checker
+                    .error(channel.socket_type.span(), context, error.to_string());
+                return None;
+            }
+        };
+        let connect: Vec<String> = match channel.connect.as_ref().map(Spanned::get_ref) {
+            None => Vec::new(),
+            Some(OneOrMany::One(target)) => vec![target.clone()],
+            Some(OneOrMany::Many(targets)) => targets.clone(),
+        };
+        let method = self.method(channel, !connect.is_empty(), context);
+        let mut config = ChannelConfig::new(name.clone(), socket_type, method);
+        config.rate_logging = 0;
+        if let Some(address) = &channel.address {
+            config.address = Some(address.get_ref().clone());
+            self.check_address(address, method, replicas, context);
+        }
+        if let Some(transport) = &channel.transport {
+            self.check_transport(transport, context);
+            config.transport = Some(transport.get_ref().clone());
+        }
+        self.set_keys(&mut config, channel, context);
+        self.channel_index.insert(
+            (id.to_owned(), name.clone()),
+            (socket_type, method, channel.name.span()),
+        );
+        let connect_span = channel
+            .connect
+            .as_ref()
+            .map_or(channel.name.span(), Spanned::span);
+        let mut targets = Vec::new();
+        for target in connect {
+            let Some((device_id, channel_name)) = target.split_once('.') else {
+                self.checker.error(
+                    connect_span.clone(),
+                    context,
+                    format!("connect {target:?} is not \"device.channel\""),
+                );
+                continue;
+            };
+            targets.push((device_id.to_owned(), channel_name.to_owned()));
+            self.connections.push(Connection {
+                device: id.to_owned(),
+                channel: name.clone(),
+                socket_type,
+                target,
+                span: connect_span.clone(),
+            });
+        }
+        Some(ChannelSpec {
+            config,
+            connect: targets,
+        })
+    }
+
+    /// The method written, or the one implied: connect when the channel names targets.
+    fn method(&mut self, channel: &ChannelToml, has_targets: bool, context: &str) -> Method {
+        let method = match (channel.method.as_ref(), has_targets) {
+            (Some(method), _) => match method.get_ref().parse::<Method>() {
+                Ok(Method::Bind) if has_targets => {
+                    self.checker.error(
+                        method.span(),
+                        context,
+                        "a channel with connect = ... cannot have method = \"bind\"",
+                    );
+                    Method::Connect
+                }
+                Ok(method) => method,
+                Err(error) => {
+                    self.checker
+                        .error(method.span(), context, error.to_string());
+                    Method::Bind
+                }
+            },
+            (None, false) => Method::Bind,
+            (None, true) => Method::Connect,
+        };
+        if method == Method::Connect && !has_targets && channel.address.is_none() {
+            self.checker.error(
+                channel.name.span(),
+                context,
+                "a connecting channel needs connect = \"device.channel\" or an address",
+            );
+        }
+        method
+    }
+
+    /// An address written in the file: it parses, and a bind address is bound once.
+    fn check_address(
+        &mut self,
+        address: &Spanned<String>,
+        method: Method,
+        replicas: usize,
+        context: &str,
+    ) {
+        if let Err(error) = ferromq_core::Address::parse(address.get_ref()) {
+            self.checker
+                .error(address.span(), context, error.to_string());
+        }
+        if method != Method::Bind {
+            return;
+        }
+        if let Some(other) = self
+            .bind_addresses
+            .insert(address.get_ref().clone(), context.to_owned())
+        {
+            self.checker.error(
+                address.span(),
+                context,
+                format!("address {} is already bound by {other}", address.get_ref()),
+            );
+        }
+        if replicas > 1 {
+            self.checker.error(
+                address.span(),
+                context,
+                "replicas of a device cannot share one bind address; omit it",
+            );
+        }
+    }
+
+    /// The channel keys of the key table, each set through it (which checks its type and range).
+    fn set_keys(&mut self, config: &mut ChannelConfig, channel: &ChannelToml, context: &str) {
+        for (key, value) in &channel.keys {
+            let set = match value.get_ref() {
+                toml::Value::String(text) => config.set(key, KeyValue::Text(text)),
+                toml::Value::Integer(number) => config.set(key, KeyValue::Integer(*number)),
+                toml::Value::Boolean(flag) => config.set(key, KeyValue::Bool(*flag)),
+                other => {
+                    self.checker.error(
+                        value.span(),
+                        context,
+                        format!(
+                            "{key} must be a number, text or boolean, not {}",
+                            other.type_str()
+                        ),
+                    );
+                    continue;
+                }
+            };
+            if let Err(error) = set {
+                self.checker.error(value.span(), context, error.to_string());
+            }
+        }
+        if config.port_range_min > config.port_range_max {
+            let span = ["portRangeMax", "portRangeMin"]
+                .iter()
+                .find_map(|wanted| channel.keys.iter().find(|(key, _)| key == wanted))
+                .map_or_else(|| channel.name.span(), |(_, value)| value.span());
+            self.checker.error(
+                span,
+                context,
+                format!(
+                    "portRangeMin {} is above portRangeMax {}",
+                    config.port_range_min, config.port_range_max
+                ),
+            );
+        }
+    }
+
+    /// Every `connect` names a binding channel of a compatible type, and the instances'
+    /// connections stay within [`MAX_CONNECTIONS`].
+    fn check_connections(&mut self, devices: &[DeviceSpec]) {
+        let replicas_of: BTreeMap<&str, u64> = devices
+            .iter()
+            .map(|device| (device.id.as_str(), device.replicas as u64))
+            .collect();
+        let mut n_connections = 0_u64;
+        for connection in std::mem::take(&mut self.connections) {
+            let Connection {
+                device: device_id,
+                channel: channel_name,
+                socket_type,
+                target,
+                span,
+            } = connection;
+            let context = format!("device {device_id:?} channel {channel_name:?}");
+            // Each instance of this device connects to each instance of the target device.
+            let target_replicas = target
+                .split_once('.')
+                .and_then(|(target_device, _)| replicas_of.get(target_device))
+                .copied()
+                .unwrap_or(1);
+            let before = n_connections;
+            n_connections = n_connections.saturating_add(
+                replicas_of
+                    .get(device_id.as_str())
+                    .copied()
+                    .unwrap_or(1)
+                    .saturating_mul(target_replicas),
+            );
+            if n_connections > MAX_CONNECTIONS && before <= MAX_CONNECTIONS {
+                self.checker.error(
+                    span.clone(),
+                    &context,
+                    format!(
+                        "the topology expands to more than {MAX_CONNECTIONS} connections between instances with connect {target:?}"
+                    ),
+                );
+            }
+            self.check_target(socket_type, &target, span, &context);
+        }
+    }
+
+    /// One connect target: an existing, binding channel of a compatible type.
+    fn check_target(
+        &mut self,
+        socket_type: SocketType,
+        target: &str,
+        span: Range<usize>,
+        context: &str,
+    ) {
+        let Some((target_device, target_channel)) = target.split_once('.') else {
+            return;
+        };
+        if !self.seen_ids.contains_key(target_device) {
+            self.checker.error(
+                span,
+                context,
+                format!("connect {target:?}: there is no device {target_device:?}"),
+            );
+            return;
+        }
+        let Some((target_type, target_method, _)) = self
+            .channel_index
+            .get(&(target_device.to_owned(), target_channel.to_owned()))
+            .cloned()
+        else {
+            self.checker.error(
+                span,
+                context,
+                format!(
+                    "connect {target:?}: device {target_device:?} has no channel {target_channel:?}"
+                ),
+            );
+            return;
+        };
+        if target_method != Method::Bind {
+            self.checker.error(
+                span.clone(),
+                context,
+                format!("connect {target:?}: that channel connects too; one end must bind"),
+            );
+        }
+        if !socket_type.is_compatible_with(target_type) {
+            self.checker.error(
+                span,
+                context,
+                format!("a {socket_type} channel cannot connect to {target:?}, a {target_type} channel (a {socket_type} pairs with a {})", socket_type.peer()),
+            );
+        }
+    }
+}
