@@ -503,32 +503,28 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::AtomicUsize;
 
-    struct ReadOnly(Vec<u8>);
+    /// A read-only transport buffer that counts the boxes handed back through `recycle`.
+    struct ReadOnly {
+        bytes: Vec<u8>,
+        recycled: Arc<AtomicUsize>,
+    }
 
-    impl MessageBuffer for ReadOnly {
-        fn as_bytes(&self) -> &[u8] {
-            &self.0
+    impl ReadOnly {
+        fn boxed(bytes: Vec<u8>) -> Box<ReadOnly> {
+            ReadOnly::counted(bytes, &Arc::default())
         }
-        fn as_bytes_mut(&mut self) -> Option<&mut [u8]> {
-            None
-        }
-        fn as_any(&self) -> &dyn Any {
-            self
-        }
-        fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
-            self
-        }
-        fn transport_name(&self) -> &'static str {
-            "test"
+
+        fn counted(bytes: Vec<u8>, recycled: &Arc<AtomicUsize>) -> Box<ReadOnly> {
+            Box::new(ReadOnly {
+                bytes,
+                recycled: Arc::clone(recycled),
+            })
         }
     }
 
-    /// Counts the boxes handed back through `recycle`.
-    struct Recycled(Arc<AtomicUsize>);
-
-    impl MessageBuffer for Recycled {
+    impl MessageBuffer for ReadOnly {
         fn as_bytes(&self) -> &[u8] {
-            b"abc"
+            &self.bytes
         }
         fn as_bytes_mut(&mut self) -> Option<&mut [u8]> {
             None
@@ -543,7 +539,7 @@ mod tests {
             "test"
         }
         fn recycle(self: Box<Self>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
+            self.recycled.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -551,13 +547,16 @@ mod tests {
     fn a_finished_buffer_goes_back_through_recycle_unless_taken_out() {
         let count = Arc::new(AtomicUsize::new(0));
         let recycled = || count.load(Ordering::Relaxed);
-        drop(Message::from_buffer(Box::new(Recycled(Arc::clone(&count)))));
+        drop(Message::from_buffer(ReadOnly::counted(
+            b"abc".to_vec(),
+            &count,
+        )));
         assert_eq!(recycled(), 1);
-        let bytes = Message::from_buffer(Box::new(Recycled(Arc::clone(&count)))).into_bytes();
+        let bytes = Message::from_buffer(ReadOnly::counted(b"abc".to_vec(), &count)).into_bytes();
         assert_eq!((&bytes[..], recycled()), (&b"abc"[..], 1));
         drop(bytes);
         assert_eq!(recycled(), 2);
-        let (taken, _) = Message::from_buffer(Box::new(Recycled(Arc::clone(&count))))
+        let (taken, _) = Message::from_buffer(ReadOnly::counted(b"abc".to_vec(), &count))
             .into_buffer()
             .unwrap_or_else(|_| panic!("a buffer message has a buffer"));
         assert_eq!(recycled(), 2, "a buffer taken out is the taker's");
@@ -595,10 +594,10 @@ mod tests {
 
     #[test]
     fn read_only_buffer_copies_on_write_and_round_trips_to_bytes() {
-        let mut message = Message::from_buffer(Box::new(ReadOnly(vec![5u8; 10])));
+        let mut message = Message::from_buffer(ReadOnly::boxed(vec![5u8; 10]));
         assert_eq!(message.memory_kind(), "test");
         let pointer = message.data().as_ptr();
-        let bytes = Message::from_buffer(Box::new(ReadOnly(vec![5u8; 10]))).into_bytes();
+        let bytes = Message::from_buffer(ReadOnly::boxed(vec![5u8; 10])).into_bytes();
         assert_eq!(bytes.len(), 10);
         message.set_used_size(4).unwrap();
         assert_eq!(message.data().as_ptr(), pointer);
@@ -630,7 +629,7 @@ mod tests {
             panic!("a heap message has no buffer")
         };
         assert_eq!(message.data(), b"abc");
-        let (buffer, size) = Message::from_buffer(Box::new(ReadOnly(vec![0; 3])))
+        let (buffer, size) = Message::from_buffer(ReadOnly::boxed(vec![0; 3]))
             .into_buffer()
             .unwrap();
         assert_eq!((buffer.as_bytes().len(), size), (3, 3));
