@@ -154,14 +154,17 @@ pub trait Socket: Send {
         None
     }
 
-    /// Receives one whole multipart message, waiting at most `timeout` (forever if `None`).
+    /// Receives one whole multipart message, waiting as long as it takes. Deadlines are the
+    /// caller's: [`Channel`] bounds the wait by dropping this future, once, for every
+    /// transport.
     ///
     /// # Errors
-    /// [`Error::Timeout`], [`Error::Interrupted`], [`Error::WrongSocketType`], transport errors.
+    /// [`Error::Interrupted`], [`Error::WrongSocketType`], [`Error::PeerGone`], transport
+    /// errors.
     ///
     /// # Cancel safety
-    /// Cancel-safe: a dropped future loses no message.
-    async fn receive_parts(&mut self, timeout: Option<Duration>) -> Result<Parts>;
+    /// Must be cancel-safe: a dropped future loses no message (the conformance suite checks it).
+    async fn receive_parts(&mut self) -> Result<Parts>;
 
     /// Adds a topic prefix filter (sub only; the empty prefix subscribes to everything).
     ///
@@ -539,11 +542,27 @@ impl Channel {
         } else if self.config.busy_poll {
             self.receive_busy(timeout).await?
         } else {
-            self.socket.receive_parts(timeout).await?
+            self.receive_waiting(timeout).await?
         };
         self.counters.record_in(parts.total_size());
         self.pass_turn(Turn::Send);
         Ok(parts)
+    }
+
+    /// Waits for the socket's next message, at most `timeout`. The one place a receive
+    /// deadline is kept: the socket's receive is cancel-safe, so dropping it at the deadline
+    /// loses nothing.
+    async fn receive_waiting(&mut self, timeout: Option<Duration>) -> Result<Parts> {
+        let Some(after) = timeout else {
+            return self.socket.receive_parts().await;
+        };
+        match tokio::time::timeout(after, self.socket.receive_parts()).await {
+            Ok(received) => received,
+            Err(_) => Err(Error::Timeout {
+                channel: self.label().clone(),
+                after,
+            }),
+        }
     }
 
     /// req/rep alternation: `wanted` must be this channel's turn.
@@ -580,7 +599,7 @@ impl Channel {
         let deadline = timeout.map(|timeout| std::time::Instant::now() + timeout);
         loop {
             {
-                let mut attempt = std::pin::pin!(self.socket.receive_parts(None));
+                let mut attempt = std::pin::pin!(self.socket.receive_parts());
                 let mut context = std::task::Context::from_waker(std::task::Waker::noop());
                 // Receives are cancel-safe: dropping an attempt that found nothing loses nothing.
                 if let std::task::Poll::Ready(result) = attempt.as_mut().poll(&mut context) {

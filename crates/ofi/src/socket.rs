@@ -332,7 +332,7 @@ impl Socket for OfiSocket {
         Ok(())
     }
 
-    async fn receive_parts(&mut self, timeout: Option<Duration>) -> Result<Parts> {
+    async fn receive_parts(&mut self) -> Result<Parts> {
         if !self.can_receive()
             || (self.config.socket_type == SocketType::Req && !self.awaiting_reply)
             || (self.config.socket_type == SocketType::Rep && self.awaiting_reply)
@@ -347,7 +347,6 @@ impl Socket for OfiSocket {
                 operation,
             });
         }
-        let deadline = timeout.map(|after| Instant::now() + after);
         let Some(received) = self.received.as_mut() else {
             return Err(Error::Interrupted {
                 channel: self.label.clone(),
@@ -369,7 +368,6 @@ impl Socket for OfiSocket {
             {
                 return Err(problem.into_error(&self.label));
             }
-            let sleep = sleep_until_opt(deadline);
             tokio::select! {
                 parts = received.recv() => match parts {
                     Some(parts) => {
@@ -381,12 +379,6 @@ impl Socket for OfiSocket {
                     None => return Err(Error::Interrupted { channel: self.label.clone() }),
                 },
                 () = self.shared.receive_wakeup.notified() => {}
-                () = sleep => {
-                    return Err(Error::Timeout {
-                        channel: self.label.clone(),
-                        after: timeout.unwrap_or_default(),
-                    });
-                }
             }
         }
     }

@@ -780,8 +780,7 @@ impl Socket for ShmSocket {
         }
     }
 
-    async fn receive_parts(&mut self, timeout: Option<Duration>) -> Result<Parts> {
-        let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
+    async fn receive_parts(&mut self) -> Result<Parts> {
         loop {
             if let Some(parts) = self.try_receive_parts() {
                 return Ok(parts);
@@ -863,25 +862,12 @@ impl Socket for ShmSocket {
                 continue;
             }
             let frames: Vec<Bytes> = match &mut self.inner {
-                Inner::Plain(socket) => {
-                    let remaining = deadline.map(|deadline| {
-                        deadline.saturating_duration_since(tokio::time::Instant::now())
-                    });
-                    socket
-                        .receive_parts(remaining)
-                        .await
-                        // The caller asked for `timeout`, not for what was left of it.
-                        .map_err(|error| match error {
-                            Error::Timeout { channel, .. } => Error::Timeout {
-                                channel,
-                                after: timeout.unwrap_or_default(),
-                            },
-                            other => other,
-                        })?
-                        .into_iter()
-                        .map(Message::into_bytes)
-                        .collect()
-                }
+                Inner::Plain(socket) => socket
+                    .receive_parts()
+                    .await?
+                    .into_iter()
+                    .map(Message::into_bytes)
+                    .collect(),
                 Inner::Subscriber(subscriber) if !subscriber.dealers.is_empty() => {
                     let n_dealers = subscriber.dealers.len();
                     subscriber.next_dealer = (subscriber.next_dealer + 1) % n_dealers;
@@ -895,19 +881,7 @@ impl Socket for ShmSocket {
                         .into_values()
                         .map(|dealer| dealer.recv().boxed())
                         .collect();
-                    let any = futures::future::select_all(receives);
-                    let received = match deadline {
-                        Some(deadline) => match tokio::time::timeout_at(deadline, any).await {
-                            Ok((received, _, _)) => received,
-                            Err(_) => {
-                                return Err(Error::Timeout {
-                                    channel: self.label.clone(),
-                                    after: timeout.unwrap_or_default(),
-                                });
-                            }
-                        },
-                        None => any.await.0,
-                    };
+                    let (received, _, _) = futures::future::select_all(receives).await;
                     received
                         .map_err(|error| transport_error(&self.label, error))?
                         .into_vec()

@@ -269,18 +269,9 @@ impl InprocChannel {
         }
     }
 
-    pub(crate) async fn receive(
-        &mut self,
-        label: &ChannelLabel,
-        timeout: Option<Duration>,
-    ) -> Result<Parts, Error> {
-        let received = match timeout {
-            Some(timeout) => match tokio::time::timeout(timeout, self.inbox.recv()).await {
-                Ok(received) => received,
-                Err(_) => return Err(timed_out(label, Some(timeout), ()).error),
-            },
-            None => self.inbox.recv().await,
-        };
+    /// The next message. Cancel-safe: the inbox keeps what a dropped receive did not take.
+    pub(crate) async fn receive(&mut self) -> Result<Parts, Error> {
+        let received = self.inbox.recv().await;
         // The node holds a sender to its own inbox, so it never reports closed.
         let envelope = received.expect("an inproc inbox outlives its node");
         if self.socket_type == SocketType::Rep {

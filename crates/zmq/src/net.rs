@@ -318,18 +318,10 @@ impl NetChannel {
         Some(frames)
     }
 
-    pub(crate) async fn receive(
-        &mut self,
-        label: &ChannelLabel,
-        timeout: Option<Duration>,
-    ) -> Result<Parts, Error> {
-        let deadline = timeout.map(|timeout| Instant::now() + timeout);
-        if !self.finish_connects(deadline).await? {
-            return Err(Error::Timeout {
-                channel: label.clone(),
-                after: timeout.unwrap_or_default(),
-            });
-        }
+    /// The next message. Cancel-safe: connections not made yet stay pending, and a message
+    /// is only taken from zmq.rs by the last await before returning.
+    pub(crate) async fn receive(&mut self, label: &ChannelLabel) -> Result<Parts, Error> {
+        self.finish_connects(None).await?;
         loop {
             self.check_peers(label)?;
             // Wait for a message or a newly connected peer, whichever comes first: a peer of
@@ -341,19 +333,7 @@ impl NetChannel {
                     event = self.events.next() => Err(event),
                 }
             };
-            let received = match deadline {
-                Some(deadline) => match tokio::time::timeout_at(deadline, next).await {
-                    Ok(received) => received,
-                    Err(_) => {
-                        return Err(Error::Timeout {
-                            channel: label.clone(),
-                            after: timeout.unwrap_or_default(),
-                        });
-                    }
-                },
-                None => next.await,
-            };
-            let received = match received {
+            let received = match next.await {
                 Ok(received) => received,
                 Err(event) => {
                     if let Some(event) = event {

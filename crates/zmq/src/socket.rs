@@ -150,11 +150,11 @@ impl Socket for ZmqSocket {
         }
     }
 
-    async fn receive_parts(&mut self, timeout: Option<Duration>) -> Result<Parts> {
+    async fn receive_parts(&mut self) -> Result<Parts> {
         self.check(self.socket_type.can_receive(), "receive")?;
         match &mut self.backend {
-            Backend::Net(net) => net.receive(&self.label, timeout).await,
-            Backend::Inproc(inproc) => inproc.receive(&self.label, timeout).await,
+            Backend::Net(net) => net.receive(&self.label).await,
+            Backend::Inproc(inproc) => inproc.receive().await,
             Backend::Unattached => Err(self.not_attached("receive")),
         }
     }
