@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferromq_core::{Channel, Error, Message, Method, Parts, SocketType};
+use ferromq_core::{Address, Channel, Error, Message, Method, Parts, SocketType};
 
 use crate::Scenario;
 use crate::failure::{During, Failure};
@@ -606,6 +606,15 @@ async fn a_closed_binder_leaves_its_address_free_for_the_next(
         .await?
         .during("closing the first binder")?;
     drop(first);
+    // A unix socket's file is the binder's to remove: a stale one is what makes the next bind
+    // of a FairMQ-style fixed path fail after a restart.
+    if let Address::Ipc { path } = &address
+        && path.exists()
+    {
+        return Err(Failure::expectation(format!(
+            "closing the binder of {address} left its socket file behind"
+        )));
+    }
     let mut second = fixture
         .open(Fixture::config(SocketType::Pull, Method::Bind))
         .await?;
