@@ -38,8 +38,5 @@ pub use message::{
     Message, MessageBuffer, Parts, PartsIntoIter, UsedSizeError, copied_bytes, record_copy,
 };
 pub use registry::{MakeTransport, TransportOptions, TransportRegistry, TransportTraits};
-pub use transport::{
-    Channel, ChannelCounters, CounterSnapshot, SHMEM_FRAME_MAGIC, SHMEM_FRAME_MIN_LEN, Socket,
-    Transport,
-};
+pub use transport::{Channel, ChannelCounters, CounterSnapshot, Socket, Transport};
 pub use typed::{Decode, Encode, Json, Payload, Pod, Postcard, Receiver, Sender};

@@ -61,12 +61,6 @@ use crate::error::{ChannelLabel, Error, Result, SendError};
 use crate::message::{Message, Parts};
 use crate::typed::{Decode, Encode, Receiver, Sender};
 
-/// The first bytes of every descriptor frame of the shmem transport. Other transports check for
-/// it so that a shmem peer on the other end is reported, not delivered as a payload.
-pub const SHMEM_FRAME_MAGIC: &[u8; 8] = b"FMQSHM02";
-/// The shortest descriptor frame of the shmem transport (its header, no records).
-pub const SHMEM_FRAME_MIN_LEN: usize = 32;
-
 /// A transport: makes messages in its own memory and sockets that move them.
 #[async_trait]
 pub trait Transport: Send + Sync + fmt::Debug {

@@ -19,7 +19,7 @@ use crate::error::ShmError;
 use crate::names::ObjectKind;
 
 /// First bytes of every descriptor frame.
-pub const MAGIC: &[u8; 8] = ferromq_core::SHMEM_FRAME_MAGIC;
+pub const MAGIC: &[u8; 8] = ferromq_zmq::SHMEM_DESCRIPTOR_MAGIC;
 
 /// One part of a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -334,6 +334,13 @@ pub fn session_hash(uid: u32, session: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_empty_frame_is_as_long_as_zeromq_expects_a_descriptor_frame_to_be_at_least() {
+        let empty = encode(1, DeliveryRef::NONE, &[]);
+        assert_eq!(empty.len(), ferromq_zmq::SHMEM_DESCRIPTOR_MIN_LEN);
+        assert!(empty.starts_with(ferromq_zmq::SHMEM_DESCRIPTOR_MAGIC));
+    }
 
     fn records() -> Vec<Vec<PartRef>> {
         vec![

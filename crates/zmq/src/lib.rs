@@ -137,6 +137,14 @@ pub(crate) enum Role {
     },
 }
 
+/// The first bytes of every descriptor frame the shmem transport sends over this transport (see
+/// [`ZmqTransport::for_shmem_descriptors`]). A zeromq receiver that gets such a frame reports a
+/// shmem peer instead of delivering it as a payload. It is defined here, by the carrier of
+/// those frames, so that ferromq-core knows no transport's wire format.
+pub const SHMEM_DESCRIPTOR_MAGIC: &[u8; 8] = b"FMQSHM02";
+/// The shortest shmem descriptor frame (its header, no records).
+pub const SHMEM_DESCRIPTOR_MIN_LEN: usize = 32;
+
 /// The zeromq transport (`transport = "zeromq"`).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ZmqTransport {

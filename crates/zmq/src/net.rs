@@ -348,8 +348,8 @@ impl NetChannel {
                     let from_shmem = self.role == crate::Role::Zeromq
                         && message.len() == 1
                         && message.get(0).is_some_and(|frame| {
-                            frame.len() >= ferromq_core::SHMEM_FRAME_MIN_LEN
-                                && frame.starts_with(ferromq_core::SHMEM_FRAME_MAGIC)
+                            frame.len() >= crate::SHMEM_DESCRIPTOR_MIN_LEN
+                                && frame.starts_with(crate::SHMEM_DESCRIPTOR_MAGIC)
                         });
                     if from_shmem && self.is_fan_in() {
                         // Its peer was refused when it connected; its frames are not payloads.
