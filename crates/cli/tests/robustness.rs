@@ -202,6 +202,92 @@ async fn a_sender_whose_receiver_stalls_past_linger_exits_non_zero_naming_the_co
     );
 }
 
+/// shmem: 40 × 1 MiB, paced at 20/s, to a receiver stopped (SIGSTOP) once it has taken its first
+/// messages and kept stopped until the sender has exited: the sender hands the rest over (their
+/// descriptors wait in the receiver's socket, the session's memory outlives the sender) and
+/// exits 0 without waiting for the receiver; after SIGCONT the receiver gets every message and
+/// exits 0. Before, the sender waited `linger`, reported them all lost and exited 1 (and when
+/// the receiver stalled before the connection was made, they were lost).
+#[tokio::test]
+async fn a_shmem_sender_exits_0_and_a_stalled_receiver_then_gets_every_message() {
+    let ipc = Ipc::new("shmstall");
+    let session = format!("shmstall{}", std::process::id());
+    let address = ipc.address();
+    let mut sink = static_device(
+        "sink",
+        "sink",
+        &[
+            "--transport",
+            "shmem",
+            "--session",
+            &session,
+            "--max-iterations",
+            "39",
+            "--channel-config",
+            &format!("name=data,type=pull,method=bind,address={address},rateLogging=1"),
+        ],
+    );
+    let mut lines = BufReader::new(sink.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    wait_for_line(&mut lines, "READY ---> RUNNING", &mut seen).await;
+    let sampler = static_device(
+        "sampler",
+        "sampler",
+        &[
+            "--transport",
+            "shmem",
+            "--session",
+            &session,
+            "--max-iterations",
+            "39",
+            "--rate",
+            "20",
+            "--msg-size",
+            "1048576",
+            "--channel-config",
+            &channel("push", "connect", &address),
+        ],
+    );
+    loop {
+        wait_for_line(&mut lines, "data: in: ", &mut seen).await;
+        if !seen.last().expect("a line").contains("in: 0 msg/s") {
+            break;
+        }
+    }
+    signal(&sink, "STOP");
+    // The receiver stays stopped until the sender is gone.
+    let sampler = finish(sampler).await;
+    signal(&sink, "CONT");
+    assert_eq!(
+        sampler.code,
+        Some(0),
+        "{}{}",
+        sampler.stdout,
+        sampler.stderr
+    );
+    assert!(
+        sampler
+            .stdout
+            .contains("handed over to receivers that have not taken them yet"),
+        "the receiver was stopped with messages still to come: {}",
+        sampler.stdout
+    );
+    let rest = tokio::time::timeout(EXIT_TIMEOUT, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            seen.push(line);
+        }
+        sink.wait().await.expect("wait")
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the sink never got all 40 messages: {seen:#?}"));
+    assert_eq!(rest.code(), Some(0), "{seen:#?}");
+    assert!(
+        seen.iter()
+            .any(|line| line.contains("received 40 messages, 41943040 bytes")),
+        "{seen:#?}"
+    );
+}
+
 /// 20 × 8 MiB to a receiver that stalls again and again but keeps taking messages: the
 /// drain takes far longer than `linger`, and still everything arrives and both exit 0.
 #[tokio::test]

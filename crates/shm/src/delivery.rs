@@ -10,8 +10,11 @@
 //! - **Back-pressure**: `send` waits while `sndBufSize` messages are sent and not yet taken, so a
 //!   stalled receiver stops the sender instead of filling shared memory.
 //! - **Close**: the sender waits until every message it accepted was taken; `linger` bounds how
-//!   long it waits *without progress*. What is left is reported as
-//!   [`Error::Undelivered`](ferromq_core::Error::Undelivered).
+//!   long it waits *without progress*. What is left then was handed over if its descriptor was
+//!   written to receivers that are all still there (a stopped receiver is): it waits in their
+//!   sockets and the session's memory outlives the sender. Otherwise it is reported as
+//!   [`Error::Undelivered`](ferromq_core::Error::Undelivered) (the socket decides, see
+//!   `socket.rs`).
 //!
 //! The counters live in the segment header, never in a block, so that a receiver's late add (the
 //! sender gave up and dropped its socket) can only touch a counter, never message memory. A slot
@@ -21,7 +24,7 @@
 //! # Cancellation and peer death
 //! Waiting for room or for the close is cancel-safe: nothing is taken or sent while waiting.
 //! A receiver that dies takes nothing more: the sender's wait ends after `linger` of silence
-//! (close) or at the send timeout (send).
+//! (close, which then reports what was not taken) or at the send timeout (send).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};

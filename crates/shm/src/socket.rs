@@ -21,8 +21,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use ferromq_core::{
     Address, ChannelConfig, ChannelLabel, Error, Message, Parts, Result, SendError, Socket,
-    SocketType, Transport, record_copy,
+    SocketType, record_copy,
 };
+use ferromq_zmq::ZmqSocket;
 use ferromq_zmq::endpoint::{bind, connect_endpoint};
 use futures::{FutureExt, StreamExt};
 use zeromq::{Socket as _, SocketRecv as _, SocketSend as _, ZmqMessage};
@@ -58,7 +59,7 @@ struct SubscriberSide {
 }
 
 enum Inner {
-    Plain(Box<dyn Socket>),
+    Plain(ZmqSocket),
     Batched(BatchedPush),
     Publisher(Publisher),
     Subscriber(SubscriberSide),
@@ -68,7 +69,9 @@ enum Inner {
 enum PushCommand {
     Bind(Address, tokio::sync::oneshot::Sender<Result<Address>>),
     Connect(Address, tokio::sync::oneshot::Sender<Result<()>>),
-    Close(Duration, tokio::sync::oneshot::Sender<Result<()>>),
+    /// Replies whether the peers hold every frame written to them (see
+    /// [`ZmqSocket::peers_hold_what_was_written`]).
+    Close(Duration, tokio::sync::oneshot::Sender<Result<bool>>),
 }
 
 /// A push socket whose records are encoded by `send` straight into descriptor frames in an
@@ -111,6 +114,11 @@ struct PushState {
     n_queued: std::sync::atomic::AtomicU64,
     /// Records the zeromq socket refused (peer of another transport or session, ...).
     n_refused: std::sync::atomic::AtomicU64,
+    /// False while a connection the socket was asked to make is not made yet: the outbox takes
+    /// nothing then, so a sender's first messages wait (as `send` waits for a peer on the zeromq
+    /// transport) and its task gets the runtime to connect, even when the sender would never
+    /// yield otherwise. A message accepted is thus one a connected receiver can be handed.
+    connected: std::sync::atomic::AtomicBool,
 }
 
 const MAX_RECORDS_PER_FRAME: usize = 64;
@@ -131,8 +139,12 @@ impl PushState {
         self.failure.lock().expect("failure flag poisoned").clone()
     }
 
-    /// Appends `record` unless the outbox holds `capacity` records; true when it was appended.
+    /// Appends `record` unless the outbox holds `capacity` records or a connection is still
+    /// being made; true when it was appended.
     fn offer(&self, record: &[PartRef], capacity: usize) -> bool {
+        if !self.connected.load(Ordering::Acquire) {
+            return false;
+        }
         let mut outbox = self.outbox.lock().expect("outbox poisoned");
         if outbox.n_records >= capacity {
             return false;
@@ -175,7 +187,7 @@ impl PushState {
 
 impl BatchedPush {
     fn start(
-        mut socket: Box<dyn Socket>,
+        mut socket: ZmqSocket,
         session_hash: u64,
         delivery: DeliveryRef,
         capacity: usize,
@@ -195,10 +207,15 @@ impl BatchedPush {
             failure: std::sync::Mutex::default(),
             n_queued: 0.into(),
             n_refused: 0.into(),
+            connected: true.into(),
         });
         let task_state = Arc::clone(&state);
         let task = tokio::spawn(async move {
             let state = task_state;
+            // Connections are made in the background as soon as they are asked for, as
+            // ZeroMQ does: a receiver that stalls or is slow to start receiving later is
+            // connected already, and what is sent meanwhile waits in its socket.
+            let mut establishing = true;
             loop {
                 // Commands first: a connect must not wait behind frames that need its peer.
                 let command = tokio::select! {
@@ -208,6 +225,17 @@ impl BatchedPush {
                         None => return,
                     },
                     () = state.ready.notified() => None,
+                    established = socket.establish(), if establishing && socket.is_connecting() => {
+                        if let Err(error) = established {
+                            tracing::error!(%error, "connecting failed");
+                            *state.failure.lock().expect("failure flag poisoned") =
+                                Some(error.to_string());
+                            establishing = false;
+                        }
+                        state.connected.store(true, Ordering::Release);
+                        state.room.notify_waiters();
+                        continue;
+                    }
                 };
                 match command {
                     None => {}
@@ -216,7 +244,11 @@ impl BatchedPush {
                         continue;
                     }
                     Some(PushCommand::Connect(address, reply)) => {
-                        let _ = reply.send(socket.connect(&address).await);
+                        let connected = socket.connect(&address).await;
+                        if socket.is_connecting() && establishing {
+                            state.connected.store(false, Ordering::Release);
+                        }
+                        let _ = reply.send(connected);
                         continue;
                     }
                     Some(PushCommand::Close(linger, reply)) => {
@@ -224,7 +256,8 @@ impl BatchedPush {
                         while let Some((frame, n_records)) = state.take_frame() {
                             send_frame(&mut socket, &state, frame, n_records).await;
                         }
-                        let _ = reply.send(socket.close(linger).await);
+                        let held = socket.peers_hold_what_was_written();
+                        let _ = reply.send(socket.close(linger).await.map(|()| held));
                         return;
                     }
                 }
@@ -283,12 +316,7 @@ impl BatchedPush {
 }
 
 /// Hands one frame to the zeromq socket, recording a refusal.
-async fn send_frame(
-    socket: &mut Box<dyn Socket>,
-    state: &PushState,
-    frame: Vec<u8>,
-    n_records: usize,
-) {
+async fn send_frame(socket: &mut ZmqSocket, state: &PushState, frame: Vec<u8>, n_records: usize) {
     let sent = socket
         .send_parts(Parts::from(Message::from(frame)), None)
         .await;
@@ -380,8 +408,7 @@ impl ShmSocket {
             }),
             SocketType::Push => {
                 let socket = ferromq_zmq::ZmqTransport::for_shmem_descriptors(session.hash)
-                    .create_socket(config, socket_name)
-                    .await?;
+                    .create_zmq_socket(config, socket_name)?;
                 Inner::Batched(BatchedPush::start(
                     socket,
                     session.hash,
@@ -391,8 +418,7 @@ impl ShmSocket {
             }
             _ => Inner::Plain(
                 ferromq_zmq::ZmqTransport::for_shmem_descriptors(session.hash)
-                    .create_socket(config, socket_name)
-                    .await?,
+                    .create_zmq_socket(config, socket_name)?,
             ),
         };
         Ok(ShmSocket {
@@ -920,30 +946,41 @@ impl Socket for ShmSocket {
             Some(sent) => sent.wait_until_taken(linger).await,
             None => 0,
         };
-        let untaken = |label: &ChannelLabel| Error::Undelivered {
-            channel: label.clone(),
-            n_messages: n_untaken,
-            reason: format!("the receivers took none of them for linger = {linger:?}"),
-        };
-        // What is left after that wait will not be taken: zeromq need not wait for it either.
-        let zmq_linger = if n_untaken > 0 {
-            linger.min(Duration::from_millis(100))
-        } else {
-            linger
+        // What a receiver has not taken after that is handed over when its descriptor was
+        // written to a receiver that is still there (stalled, or not receiving yet): the
+        // descriptor waits in its socket and the session's memory outlives this process (see
+        // `cleanup.rs`), so it will be taken. Only what no live receiver holds is lost.
+        let handed_over_or_lost = |label: &ChannelLabel, held: bool| {
+            if n_untaken == 0 {
+                return Ok(());
+            }
+            if held {
+                tracing::info!(channel = %label, n_messages = n_untaken, "handed over to receivers that have not taken them yet");
+                return Ok(());
+            }
+            Err(Error::Undelivered {
+                channel: label.clone(),
+                n_messages: n_untaken,
+                reason: format!(
+                    "the receivers took none of them for linger = {linger:?} and one of them is gone"
+                ),
+            })
         };
         let result = match &mut self.inner {
-            Inner::Plain(socket) => match socket.close(zmq_linger).await {
-                Ok(()) if n_untaken > 0 => Err(untaken(&self.label)),
-                closed => closed,
-            },
+            Inner::Plain(socket) => {
+                let held = socket.peers_hold_what_was_written();
+                match socket.close(linger).await {
+                    Ok(()) => handed_over_or_lost(&self.label, held),
+                    Err(error) => Err(error),
+                }
+            }
             // The task sends everything queued before the close, then closes with linger.
             Inner::Batched(push) => {
                 // Queued descriptors wait for a peer; `linger` bounds how long. Past it the
                 // batching task is stopped and the loss reported, so closing never hangs on a
                 // receiver that is gone.
-                let close = push.call(&self.label, |reply| PushCommand::Close(zmq_linger, reply));
-                let closed =
-                    tokio::time::timeout(zmq_linger + Duration::from_millis(100), close).await;
+                let close = push.call(&self.label, |reply| PushCommand::Close(linger, reply));
+                let closed = tokio::time::timeout(linger + Duration::from_millis(100), close).await;
                 if closed.is_err() {
                     push.task.abort();
                 }
@@ -955,14 +992,13 @@ impl Socket for ShmSocket {
                         n_messages: (n_refused + n_queued).max(n_untaken),
                         reason: "the peer refused their descriptors".to_owned(),
                     }),
-                    _ if n_untaken > 0 => Err(untaken(&self.label)),
-                    Ok(Err(error)) => Err(error),
                     Err(_) => Err(Error::Undelivered {
                         channel: self.label.clone(),
-                        n_messages: n_queued,
+                        n_messages: n_queued.max(n_untaken),
                         reason: format!("no peer took them within linger = {linger:?}"),
                     }),
-                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(error)) => Err(error),
+                    Ok(Ok(held)) => handed_over_or_lost(&self.label, held),
                 }
             }
             // What was handed to zmq.rs goes out first (linger bounding the silence), then the

@@ -89,6 +89,10 @@ fn main() {
             publisher_exits_right_after_sending,
         ),
         trial(
+            "a_receiver_not_receiving_yet_gets_everything_from_a_sender_that_exited",
+            a_receiver_not_receiving_yet_gets_everything_from_a_sender_that_exited,
+        ),
+        trial(
             "opening_a_peer_segment_does_not_stall_the_receivers_runtime",
             slow_segment_open_off_the_runtime,
         ),
@@ -300,20 +304,22 @@ async fn run_role(role: &str) -> Result<()> {
                 );
             }
         }
-        "exiting-publisher" => {
-            // Sends COUNT messages to the subscriber it connects to and exits at once.
-            let mut publisher =
-                open(&transport, SocketType::Pub, Method::Connect, &address).await?;
+        "exiting-sender" => {
+            // Sends COUNT messages of SIZE bytes through a PATTERN (pub or push) socket that
+            // connects to the receiver, and exits at once.
+            let pattern = match env("PATTERN").as_str() {
+                "pub" => SocketType::Pub,
+                _ => SocketType::Push,
+            };
+            let mut sender = open(&transport, pattern, Method::Connect, &address).await?;
             let n_msgs: u64 = env("COUNT").parse()?;
+            let size: usize = env("SIZE").parse()?;
             for msg_idx in 0..n_msgs {
-                let mut message = transport.new_message(4096).await?;
+                let mut message = transport.new_message(size).await?;
                 fill(&mut message, msg_idx);
-                publisher
-                    .send(message)
-                    .await
-                    .map_err(|failed| failed.error)?;
+                sender.send(message).await.map_err(|failed| failed.error)?;
             }
-            publisher.close().await?;
+            sender.close().await?;
             println!("SENT {n_msgs}");
         }
         "requester" => {
@@ -1142,15 +1148,52 @@ fn publisher_exits_right_after_sending() -> Result<()> {
         let mut subscriber = open(&transport, SocketType::Sub, Method::Bind, &address).await?;
         subscriber.subscribe("").await?;
         let mut publisher = ChildRole::spawn(
-            "exiting-publisher",
+            "exiting-sender",
             &session,
             &address,
-            &[("COUNT", "100".into())],
+            &[
+                ("PATTERN", "pub".into()),
+                ("COUNT", "100".into()),
+                ("SIZE", "4096".into()),
+            ],
         );
         ensure!(publisher.line().await? == "SENT 100");
         publisher.success().await?;
         for msg_idx in 0..100 {
             let message = tokio::time::timeout(STEP, subscriber.receive())
+                .await
+                .with_context(|| format!("message {msg_idx} never came"))??;
+            verify(&message, msg_idx)?;
+        }
+        Ok(())
+    })
+}
+
+/// A sender pushes 40 messages of 1 MiB and exits at once, while its receiver, connected, takes
+/// none of them until the sender is gone (a receiver stalled, or still in a slow INIT TASK): the
+/// sender exits 0, and the receiver gets every message intact. The descriptors wait in the
+/// receiver's socket and the session's memory outlives the sender. Before, the sender waited
+/// `linger` for the receiver to take them, then reported all 40 lost and exited non-zero.
+fn a_receiver_not_receiving_yet_gets_everything_from_a_sender_that_exited() -> Result<()> {
+    let session = Session::new("pushexit");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("pushexit");
+        let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await?;
+        let mut pusher = ChildRole::spawn(
+            "exiting-sender",
+            &session,
+            &address,
+            &[
+                ("PATTERN", "push".into()),
+                ("COUNT", "40".into()),
+                ("SIZE", (1 << 20).to_string()),
+            ],
+        );
+        ensure!(pusher.line().await? == "SENT 40");
+        pusher.success().await?;
+        for msg_idx in 0..40 {
+            let message = tokio::time::timeout(STEP, pull.receive())
                 .await
                 .with_context(|| format!("message {msg_idx} never came"))??;
             verify(&message, msg_idx)?;

@@ -30,6 +30,28 @@ pub(crate) fn identity(role: Role) -> String {
     }
 }
 
+/// The process a ferromq peer announced in its identity; `None` for a foreign peer.
+pub(crate) fn peer_pid(peer_identity: &[u8]) -> Option<u32> {
+    let peer = std::str::from_utf8(peer_identity).ok()?;
+    let pid = if let Some(rest) = peer.strip_prefix("fmqshm:") {
+        rest.split(':').nth(1)?
+    } else {
+        peer.strip_prefix("fmqzmq:")?.split(':').next()?
+    };
+    pid.parse().ok()
+}
+
+/// Whether process `pid` of this host lives: it exists and has not exited (a zombie has; a
+/// stopped process lives).
+pub(crate) fn process_lives(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
 /// What a peer's identity says about it, as seen from a socket of `role`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mismatch {
@@ -96,6 +118,22 @@ impl Mismatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ferromq_peer_names_its_process() {
+        let shm = identity(Role::ShmemMetadata {
+            session_hash: 0xabc,
+        });
+        assert_eq!(peer_pid(shm.as_bytes()), Some(std::process::id()));
+        assert_eq!(
+            peer_pid(identity(Role::Zeromq).as_bytes()),
+            Some(std::process::id())
+        );
+        assert_eq!(peer_pid(b""), None);
+        assert_eq!(peer_pid(b"fmqshm:abc"), None);
+        assert!(process_lives(std::process::id()));
+        assert!(!process_lives(u32::MAX));
+    }
 
     #[test]
     fn peers_are_classified() {

@@ -49,6 +49,7 @@ mod handshake;
 mod inproc;
 mod net;
 mod socket;
+pub use socket::ZmqSocket;
 
 /// Binding and connecting zmq.rs sockets the way ferromq does, for transports that use zmq.rs
 /// sockets of their own (the shmem transport's metadata channel).
@@ -168,6 +169,19 @@ impl ZmqTransport {
             role: Role::ShmemMetadata { session_hash },
         }
     }
+
+    /// A socket for `config`, by type (what [`Transport::create_socket`] boxes).
+    ///
+    /// # Errors
+    /// The configuration's problem ([`ChannelConfig::validate`]).
+    pub fn create_zmq_socket(
+        &self,
+        config: &ChannelConfig,
+        socket_name: &str,
+    ) -> Result<ZmqSocket> {
+        config.validate()?;
+        Ok(socket::ZmqSocket::new(config, socket_name, self.role))
+    }
 }
 
 /// Adds the zeromq transport to `registry` under [`ZmqTransport::NAME`]; it takes no options.
@@ -190,11 +204,6 @@ impl Transport for ZmqTransport {
         config: &ChannelConfig,
         socket_name: &str,
     ) -> Result<Box<dyn Socket>> {
-        config.validate()?;
-        Ok(Box::new(socket::ZmqSocket::new(
-            config,
-            socket_name,
-            self.role,
-        )))
+        Ok(Box::new(self.create_zmq_socket(config, socket_name)?))
     }
 }

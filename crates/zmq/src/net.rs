@@ -109,6 +109,10 @@ pub(crate) struct NetChannel {
     mismatch: Option<crate::handshake::Mismatch>,
     /// Endpoints `connect` accepted that are not connected yet (see [`NetChannel::connect`]).
     pending_connects: Vec<(String, ChannelLabel)>,
+    /// Peers that were connected and went away (closed their end, or their process died).
+    n_peers_gone: u64,
+    /// The processes of the ferromq peers that connected (their identity names them).
+    peer_pids: Vec<u32>,
 }
 
 const PEER_WAIT_MIN: Duration = Duration::from_micros(200);
@@ -132,6 +136,8 @@ impl NetChannel {
             events,
             mismatch: None,
             pending_connects: Vec::new(),
+            n_peers_gone: 0,
+            peer_pids: Vec::new(),
         }
     }
 
@@ -139,6 +145,17 @@ impl NetChannel {
     /// that needs every peer (push, req, rep, pair, pub); a fan-in socket (pull, sub) refuses
     /// that one peer, says so once, and keeps serving the others.
     fn note_peer(&mut self, label: &ChannelLabel, event: &zeromq::SocketEvent) {
+        if let zeromq::SocketEvent::Disconnected(peer) = event {
+            tracing::debug!(channel = %label, peer = %String::from_utf8_lossy(peer.as_ref()), "peer gone");
+            self.n_peers_gone += 1;
+            return;
+        }
+        if let zeromq::SocketEvent::Accepted(_, peer) | zeromq::SocketEvent::Connected(_, peer) =
+            event
+            && let Some(pid) = crate::handshake::peer_pid(peer)
+        {
+            self.peer_pids.push(pid);
+        }
         let Some((mismatch, peer)) = crate::handshake::misfit(self.role, event) else {
             return;
         };
@@ -208,9 +225,30 @@ impl NetChannel {
         Ok(())
     }
 
+    /// True when this socket had peers and every one still holds what was written to it: none
+    /// went away, and the process of each ferromq peer lives (a stopped one does). zmq.rs
+    /// notices a peer's end only when writing to it, so the processes are looked at too.
+    pub(crate) fn peers_hold_what_was_written(&mut self, label: &ChannelLabel) -> bool {
+        let _ = self.check_peers(label);
+        self.n_peers_gone == 0
+            && !self.peer_pids.is_empty()
+            && self
+                .peer_pids
+                .iter()
+                .all(|&pid| crate::handshake::process_lives(pid))
+    }
+
+    /// Whether connections `connect` accepted wait to be made.
+    pub(crate) fn is_connecting(&self) -> bool {
+        !self.pending_connects.is_empty()
+    }
+
     /// Makes the connections `connect` accepted; false when `deadline` passed first (the ones
     /// not made yet stay pending, so this is cancel-safe).
-    async fn finish_connects(&mut self, deadline: Option<Instant>) -> Result<bool, Error> {
+    pub(crate) async fn finish_connects(
+        &mut self,
+        deadline: Option<Instant>,
+    ) -> Result<bool, Error> {
         while let Some((endpoint, label)) = self.pending_connects.first() {
             let connect =
                 async { on_socket!(&mut self.socket, socket => socket.connect(endpoint).await) };

@@ -12,12 +12,14 @@ use crate::net::NetChannel;
 
 enum Backend {
     Unattached,
-    Net(NetChannel),
+    Net(Box<NetChannel>),
     Inproc(InprocChannel),
 }
 
-/// A socket of the zeromq transport.
-pub(crate) struct ZmqSocket {
+/// A socket of the zeromq transport. Transports that carry their own frames over zeromq (shmem's
+/// descriptors) hold it by type, for what [`Socket`] does not say: [`ZmqSocket::establish`] and
+/// [`ZmqSocket::peers_hold_what_was_written`].
+pub struct ZmqSocket {
     label: ChannelLabel,
     socket_type: SocketType,
     snd_buf_size: usize,
@@ -56,11 +58,11 @@ impl ZmqSocket {
                     Backend::Inproc(InprocChannel::new(self.socket_type, self.rcv_buf_size));
             }
             (Backend::Unattached, false) => {
-                self.backend = Backend::Net(NetChannel::new(
+                self.backend = Backend::Net(Box::new(NetChannel::new(
                     self.socket_type,
                     self.snd_buf_size,
                     self.role,
-                ));
+                )));
             }
             (Backend::Inproc(_), false) | (Backend::Net(_), true) => {
                 return Err(Error::UnsupportedAddress {
@@ -182,6 +184,37 @@ impl Socket for ZmqSocket {
 }
 
 impl ZmqSocket {
+    /// Makes the connections [`Socket::connect`] accepted, waiting for each peer as long as it
+    /// takes (a send or receive would make them on the way). Cancel-safe: a connection not made
+    /// yet stays pending. A task that owns the socket calls this to connect in the background,
+    /// as ZeroMQ does, so that a peer is connected before the first message.
+    ///
+    /// # Errors
+    /// [`Error::Connect`] naming the address zmq.rs could not connect to.
+    pub async fn establish(&mut self) -> Result<()> {
+        match &mut self.backend {
+            Backend::Net(net) => net.finish_connects(None).await.map(|_| ()),
+            Backend::Inproc(_) | Backend::Unattached => Ok(()),
+        }
+    }
+
+    /// Whether connections wait to be made by [`ZmqSocket::establish`] (or the next send).
+    pub fn is_connecting(&self) -> bool {
+        matches!(&self.backend, Backend::Net(net) if net.is_connecting())
+    }
+
+    /// True when this socket had peers and each still holds what was written to it: none went
+    /// away and the process of every ferromq peer lives (a stopped one does). What a sender
+    /// wrote then waits in its receivers' sockets, whatever becomes of the sender. Always true
+    /// inproc (sender and receivers share one process).
+    pub fn peers_hold_what_was_written(&mut self) -> bool {
+        match &mut self.backend {
+            Backend::Net(net) => net.peers_hold_what_was_written(&self.label),
+            Backend::Inproc(_) => true,
+            Backend::Unattached => false,
+        }
+    }
+
     /// On a sub socket's first bind or connect, creates the backend and applies the topic
     /// filters asked for so far, or subscribes to everything when none were (FairMQ's default).
     async fn attach_subscriptions(&mut self, address: &Address) -> Result<()> {
