@@ -27,7 +27,10 @@ pub(crate) enum NetSocket {
     Pub(zeromq::PubSocket),
     Sub(zeromq::SubSocket),
     Req(zeromq::ReqSocket),
-    Rep(zeromq::RepSocket),
+    /// zmq.rs's REP keeps a requester's broken connection in its queue, so one that died in the
+    /// middle of a frame made every receive fail at once, forever (a spinning device). A ROUTER
+    /// drops such a peer; the REP envelope is kept here instead (see `NetChannel::receive`).
+    Rep(zeromq::RouterSocket),
     Pair(zeromq::DealerSocket),
 }
 
@@ -64,7 +67,7 @@ impl NetSocket {
             SocketType::Pub => NetSocket::Pub(zeromq::PubSocket::with_options(options())),
             SocketType::Sub => NetSocket::Sub(zeromq::SubSocket::with_options(options())),
             SocketType::Req => NetSocket::Req(zeromq::ReqSocket::with_options(options())),
-            SocketType::Rep => NetSocket::Rep(zeromq::RepSocket::with_options(options())),
+            SocketType::Rep => NetSocket::Rep(zeromq::RouterSocket::with_options(options())),
             SocketType::Pair => NetSocket::Pair(zeromq::DealerSocket::with_options(options())),
         }
     }
@@ -113,6 +116,9 @@ pub(crate) struct NetChannel {
     n_peers_gone: u64,
     /// The processes of the ferromq peers that connected (their identity names them).
     peer_pids: Vec<u32>,
+    /// Rep: the routing envelope of the request being answered (the requester's routing id,
+    /// any relays' ids, the empty delimiter), put in front of the reply.
+    reply_envelope: Option<Vec<Bytes>>,
 }
 
 const PEER_WAIT_MIN: Duration = Duration::from_micros(200);
@@ -138,6 +144,7 @@ impl NetChannel {
             pending_connects: Vec::new(),
             n_peers_gone: 0,
             peer_pids: Vec::new(),
+            reply_envelope: None,
         }
     }
 
@@ -301,6 +308,9 @@ impl NetChannel {
         if !self.in_flight.wait_below(self.snd_buf_size, deadline).await {
             return Err(timed_out(parts));
         }
+        if self.socket_type == SocketType::Rep {
+            return self.send_reply(label, parts).await;
+        }
         let Some(mut frames) = self.to_frames(parts) else {
             return Ok(());
         };
@@ -347,6 +357,39 @@ impl NetChannel {
         }
     }
 
+    /// Rep: the reply goes to the requester of the last request, behind its envelope. A
+    /// requester that left cannot get it (ZeroMQ drops such a reply; here the sender hears it).
+    async fn send_reply(
+        &mut self,
+        label: &ChannelLabel,
+        parts: Parts,
+    ) -> Result<(), SendError<Parts>> {
+        let Some(envelope) = self.reply_envelope.take() else {
+            return Err(SendError::new(
+                Error::WrongSocketType {
+                    channel: label.clone(),
+                    operation: "send a reply before receiving a request",
+                },
+                parts,
+            ));
+        };
+        let Some(frames) = self.to_frames(parts) else {
+            return Ok(());
+        };
+        let kept = frames.clone();
+        let message = ZmqMessage::try_from(envelope.into_iter().chain(frames).collect::<Vec<_>>())
+            .expect("an envelope has at least the routing id");
+        self.socket.send(message).await.map_err(|error| {
+            SendError::new(
+                Error::PeerGone {
+                    channel: label.clone(),
+                    reason: format!("the requester left before its reply was sent ({error})"),
+                },
+                frames_to_parts(kept),
+            )
+        })
+    }
+
     /// The parts as zmq.rs frames, the last one tracked by [`InFlight`]. `None` for no parts.
     fn to_frames(&self, parts: Parts) -> Option<Vec<Bytes>> {
         let message_size = parts.total_size();
@@ -382,6 +425,28 @@ impl NetChannel {
             };
             match received {
                 Ok(message) => {
+                    let message = if self.socket_type == SocketType::Rep {
+                        let mut frames = message.into_vec();
+                        // Routing id, relays' ids, then the empty delimiter; the request follows.
+                        let Some(delimiter_idx) = frames
+                            .iter()
+                            .skip(1)
+                            .position(Bytes::is_empty)
+                            .map(|idx| idx + 1)
+                        else {
+                            tracing::debug!(channel = %label, "dropped a request without an envelope");
+                            continue;
+                        };
+                        let request = frames.split_off(delimiter_idx + 1);
+                        let Ok(request) = ZmqMessage::try_from(request) else {
+                            tracing::debug!(channel = %label, "dropped an empty request");
+                            continue;
+                        };
+                        self.reply_envelope = Some(frames);
+                        request
+                    } else {
+                        message
+                    };
                     // A shmem peer sends descriptor frames: report it rather than hand over garbage.
                     let from_shmem = self.role == crate::Role::Zeromq
                         && message.len() == 1
