@@ -85,10 +85,18 @@ async fn drive(controller: &DeviceController, options: &DeviceOptions) -> Result
     }
 }
 
+/// The environment variable in which `ferromq run` gives its devices its process id.
+pub(crate) const LAUNCHER_PID_ENV: &str = "FERROMQ_LAUNCHER_PID";
+
 /// A device driven by a launcher goes down when its launcher dies, so that no device is left
-/// running without anybody to stop it.
+/// running without anybody to stop it. The launcher is the parent named by
+/// [`LAUNCHER_PID_ENV`] (so that a launcher that died before this device looked is noticed
+/// too), or else whichever process was the parent when the device started.
 async fn follow_parent(controller: DeviceController) {
-    let launcher = nix::unistd::getppid();
+    let launcher = std::env::var(LAUNCHER_PID_ENV)
+        .ok()
+        .and_then(|pid| pid.parse::<i32>().ok())
+        .map_or_else(nix::unistd::getppid, nix::unistd::Pid::from_raw);
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
     loop {
         tick.tick().await;

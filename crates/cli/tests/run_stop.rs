@@ -231,10 +231,94 @@ fn session_dirs_of(pid: u32) -> Vec<std::path::PathBuf> {
         .collect()
 }
 
-/// A launcher killed with SIGKILL leaves its directory; the next launcher removes it.
+/// The processes whose command line names `session` (a launcher's devices).
+fn processes_of_session(session: &str) -> Vec<i32> {
+    let needle = format!("\0--session\0{session}\0");
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(&needle))
+        })
+        .collect()
+}
+
+/// Kills what is left of a session's processes however the test ends.
+struct KillLeftovers(String);
+
+impl Drop for KillLeftovers {
+    fn drop(&mut self) {
+        for pid in processes_of_session(&self.0) {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
+/// Waits until no process names `session`; false after `within`.
+async fn session_processes_end(session: &str, within: Duration) -> bool {
+    let mut look = tokio::time::interval(Duration::from_millis(50));
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        look.tick().await;
+        if processes_of_session(session).is_empty() {
+            return true;
+        }
+    }
+    false
+}
+
+/// A device that `ferromq run` started and whose launcher is gone before it could look (the
+/// launcher's pid in its environment is not its parent) goes down at once instead of living on
+/// without anybody to stop it.
+#[tokio::test]
+async fn a_device_whose_launcher_is_already_gone_goes_down() {
+    let dir = std::env::temp_dir().join(format!("ferromq-orphan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let _remove = RemoveDir(dir.clone());
+    let device = Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args(["device", "sink", "--id", "orphan", "--control", "external"])
+        .arg("--control-address")
+        .arg(format!("ipc://{}", dir.join("control").display()))
+        .args(["--color", "false", "--channel-config"])
+        .arg(format!(
+            "name=data,type=pull,method=bind,address=ipc://{}",
+            dir.join("data").display()
+        ))
+        .env("FERROMQ_LAUNCHER_PID", "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn ferromq device");
+    let done = finish(device).await;
+    assert!(
+        format!("{}{}", done.stdout, done.stderr).contains("the launcher is gone"),
+        "{}{}",
+        done.stdout,
+        done.stderr
+    );
+    assert!(done.code.is_some(), "it exited, not killed");
+}
+
+struct RemoveDir(std::path::PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A launcher killed with SIGKILL leaves its directory; the next launcher removes it. Its
+/// devices go down by themselves (one used to spin at 100% of a core forever: its control
+/// endpoint's receive failed at once, again and again, on the launcher's broken connection).
 #[tokio::test]
 async fn a_killed_launchers_directory_is_removed_by_the_next_run() {
     let session = format!("killed{}", std::process::id());
+    let _leftovers = KillLeftovers(session.clone());
     let mut killed = launcher(&[&topology("zeromq-ipc.toml"), "--session", &session]);
     let mut lines = BufReader::new(killed.stdout.take().expect("stdout")).lines();
     let mut seen = Vec::new();
@@ -251,6 +335,11 @@ async fn a_killed_launchers_directory_is_removed_by_the_next_run() {
         session_dirs_of(pid).len(),
         1,
         "SIGKILL leaves the directory"
+    );
+    assert!(
+        session_processes_end(&session, Duration::from_secs(30)).await,
+        "the killed launcher's devices live on: {:?}",
+        processes_of_session(&session)
     );
     let next = finish(launcher(&[&topology("zeromq-ipc.toml"), "--duration", "1"])).await;
     assert_eq!(next.code, Some(0), "{}", next.stderr);

@@ -265,6 +265,9 @@ pub async fn serve_external_control(
             Ok(request) => request,
             Err(error) => {
                 tracing::warn!(device = %controller.id(), %error, "control endpoint receive failed");
+                // Never starve the runtime, whatever keeps failing: signals and the launcher
+                // watch run on it.
+                tokio::task::yield_now().await;
                 continue;
             }
         };

@@ -130,6 +130,7 @@ fn spawn_device(
         &format!("replica-count={}", instance.replica_count),
     ]);
     command
+        .env(crate::run::LAUNCHER_PID_ENV, std::process::id().to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
