@@ -32,8 +32,6 @@ pub(crate) struct OfiSocket {
     credits: Arc<Semaphore>,
     link: Option<Link>,
     received: Option<mpsc::Receiver<Parts>>,
-    /// req: a reply is owed to us; rep: we owe a reply.
-    awaiting_reply: bool,
     stats: Arc<EngineStats>,
 }
 
@@ -67,7 +65,6 @@ impl OfiSocket {
             credits: Arc::new(Semaphore::new(config.snd_buf_size.max(1))),
             link: None,
             received: None,
-            awaiting_reply: false,
             stats,
         })
     }
@@ -232,19 +229,12 @@ impl Socket for OfiSocket {
         parts: Parts,
         timeout: Option<Duration>,
     ) -> Result<(), SendError<Parts>> {
-        if !self.can_send()
-            || (self.config.socket_type == SocketType::Req && self.awaiting_reply)
-            || (self.config.socket_type == SocketType::Rep && !self.awaiting_reply)
-        {
-            let operation = match self.config.socket_type {
-                SocketType::Req => "send again before the reply arrived",
-                SocketType::Rep => "send a reply before a request arrived",
-                _ => "send",
-            };
+        // req/rep alternation is `Channel`'s, as for every transport.
+        if !self.can_send() {
             return Err(SendError::new(
                 Error::WrongSocketType {
                     channel: self.label.clone(),
-                    operation,
+                    operation: "send",
                 },
                 parts,
             ));
@@ -326,25 +316,14 @@ impl Socket for OfiSocket {
                 outgoing.parts.into(),
             ));
         }
-        if matches!(self.config.socket_type, SocketType::Req | SocketType::Rep) {
-            self.awaiting_reply = !self.awaiting_reply;
-        }
         Ok(())
     }
 
     async fn receive_parts(&mut self) -> Result<Parts> {
-        if !self.can_receive()
-            || (self.config.socket_type == SocketType::Req && !self.awaiting_reply)
-            || (self.config.socket_type == SocketType::Rep && self.awaiting_reply)
-        {
-            let operation = match self.config.socket_type {
-                SocketType::Req => "receive before sending a request",
-                SocketType::Rep => "receive another request before replying",
-                _ => "receive",
-            };
+        if !self.can_receive() {
             return Err(Error::WrongSocketType {
                 channel: self.label.clone(),
-                operation,
+                operation: "receive",
             });
         }
         let Some(received) = self.received.as_mut() else {
@@ -354,9 +333,6 @@ impl Socket for OfiSocket {
         };
         loop {
             if let Ok(parts) = received.try_recv() {
-                if matches!(self.config.socket_type, SocketType::Req | SocketType::Rep) {
-                    self.awaiting_reply = !self.awaiting_reply;
-                }
                 return Ok(parts);
             }
             if let Some(problem) = self
@@ -370,12 +346,7 @@ impl Socket for OfiSocket {
             }
             tokio::select! {
                 parts = received.recv() => match parts {
-                    Some(parts) => {
-                        if matches!(self.config.socket_type, SocketType::Req | SocketType::Rep) {
-                            self.awaiting_reply = !self.awaiting_reply;
-                        }
-                        return Ok(parts);
-                    }
+                    Some(parts) => return Ok(parts),
                     None => return Err(Error::Interrupted { channel: self.label.clone() }),
                 },
                 () = self.shared.receive_wakeup.notified() => {}
