@@ -12,7 +12,7 @@ use ferromq_core::{Address, ChannelConfig};
 use ferromq_device::control::{DeviceToLauncher, LauncherToDevice};
 use ferromq_device::{DeviceConfig, State, Transition};
 use ferromq_devices::Builtin;
-use ferromq_shm::wire::{self, DeliveryRef, PartRef};
+use ferromq_shm::wire::{self, DeliveryRef, ObjectRef, PartRef, WireRange};
 use ferromq_topology::Known;
 
 use crate::FuzzError;
@@ -396,17 +396,22 @@ fn shm_session() -> u64 {
 }
 
 fn shm_frame_seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
-    let block = |segment_index, offset, size| PartRef::Block {
-        owner_pid: 4242,
-        segment_index,
-        offset,
-        size,
+    let block = |index, offset, size| PartRef::Block {
+        segment: ObjectRef {
+            creator_pid: 4242,
+            index,
+        },
+        range: WireRange { offset, size },
     };
     let region = PartRef::Region {
-        creator_pid: 77,
-        region_index: 3,
-        offset: 4096,
-        size: 1 << 20,
+        region: ObjectRef {
+            creator_pid: 77,
+            index: 3,
+        },
+        range: WireRange {
+            offset: 4096,
+            size: 1 << 20,
+        },
         hint: 0xdead_beef,
     };
     let batches: Vec<Vec<Vec<PartRef>>> = vec![
@@ -426,8 +431,10 @@ fn shm_frame_seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
         vec![vec![region], vec![PartRef::Inline(Vec::new())], vec![]],
     ];
     let counted = DeliveryRef {
-        owner_pid: 4242,
-        segment_index: 0,
+        segment: ObjectRef {
+            creator_pid: 4242,
+            index: 0,
+        },
         slot: 5,
     };
     Ok(batches

@@ -92,8 +92,7 @@ impl SentCounter {
     /// What a frame names so that its receiver counts here.
     pub(crate) fn reference(&self) -> DeliveryRef {
         DeliveryRef {
-            owner_pid: self.segment.name().creator_pid,
-            segment_index: self.segment.name().index,
+            segment: crate::wire::ObjectRef::of(self.segment.name()),
             slot: self.slot,
         }
     }

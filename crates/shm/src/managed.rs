@@ -32,6 +32,7 @@ use ferromq_core::MessageBuffer;
 use crate::allocator::Allocator;
 use crate::error::ShmError;
 use crate::segment::{HEADER_SIZE, Segment};
+use crate::wire::WireRange;
 
 /// Alignment of blocks and their headers.
 pub const BLOCK_ALIGN: usize = 64;
@@ -329,18 +330,26 @@ impl ShmBuffer {
         }
     }
 
-    /// Takes over one reference of the block at `data_offset` of `segment`, as named by a
-    /// descriptor from the wire, after checking that it is a live block of at least `size` bytes.
+    /// Takes over one reference of the block `range` names in `segment` (its data offset and
+    /// the bytes used), as a descriptor from the wire says, after checking that it is a live
+    /// block holding that many bytes; returns it with the bytes used.
     ///
     /// # Errors
     /// [`ShmError::BadDescriptor`] for anything that is not a live block of that size.
     pub(crate) fn adopt_block(
         segment: Arc<Segment>,
-        data_offset: usize,
-        size: usize,
-    ) -> Result<ShmBuffer, ShmError> {
+        range: WireRange,
+    ) -> Result<(ShmBuffer, usize), ShmError> {
         let bad = |reason: String| ShmError::BadDescriptor {
             reason: format!("{}: {reason}", segment.name()),
+        };
+        // Numbers from the wire: neither may wrap on the way to a range of memory.
+        let (Ok(data_offset), Ok(size)) =
+            (usize::try_from(range.offset), usize::try_from(range.size))
+        else {
+            return Err(bad(format!(
+                "range {range} does not fit this machine's addresses"
+            )));
         };
         if !data_offset.is_multiple_of(BLOCK_ALIGN) || data_offset < HEADER_SIZE + BLOCK_ALIGN {
             return Err(bad(format!("offset {data_offset} is not a block offset")));
@@ -365,7 +374,7 @@ impl ShmBuffer {
                 "the block at offset {data_offset} was already released"
             )));
         }
-        Ok(ShmBuffer::new_block(segment, data_offset, capacity))
+        Ok((ShmBuffer::new_block(segment, data_offset, capacity), size))
     }
 
     /// The segment holding the bytes.

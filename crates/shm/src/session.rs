@@ -15,7 +15,7 @@ use crate::managed::{OwnedSegment, ShmBuffer};
 use crate::names::{ObjectKind, ObjectName, current_uid};
 use crate::region::{REGION_DATA_START, RegionCallback, UnmanagedRegion, remote_acknowledger};
 use crate::segment::Segment;
-use crate::wire::{DeliveryRef, PartRef, session_hash};
+use crate::wire::{DeliveryRef, ObjectRef, PartRef, WireRange, session_hash};
 
 /// Options of the shmem transport.
 #[derive(Debug, Clone)]
@@ -90,8 +90,8 @@ pub(crate) struct Session {
     /// The session as it appears in object names (see `names::sanitise_session`).
     encoded_session: String,
     own: tokio::sync::OnceCell<Arc<OwnedSegment>>,
-    segments: Mutex<HashMap<(u32, u32), Arc<Segment>>>,
-    regions: Mutex<HashMap<(u32, u32), RemoteRegion>>,
+    segments: Mutex<HashMap<ObjectRef, Arc<Segment>>>,
+    regions: Mutex<HashMap<ObjectRef, RemoteRegion>>,
     /// The delivery counter slots of this process's segment.
     delivery_slots: Arc<DeliverySlots>,
     /// Whether an allocation that finds the segment full looks again at once for a while
@@ -151,7 +151,7 @@ impl Session {
                 self.segments
                     .lock()
                     .expect("segment map poisoned")
-                    .insert((std::process::id(), index), Arc::clone(owned.segment()));
+                    .insert(ObjectRef::of(owned.segment().name()), Arc::clone(owned.segment()));
                 Ok(owned)
             })
             .await
@@ -172,7 +172,7 @@ impl Session {
         if !delivery.is_some() {
             return Ok(None);
         }
-        let segment = self.segment(delivery.owner_pid, delivery.segment_index)?;
+        let segment = self.segment(delivery.segment)?;
         TakenCounter::new(segment, delivery).map(Some)
     }
 
@@ -241,31 +241,31 @@ impl Session {
         Ok(message_of(self.allocate(size).await?, size))
     }
 
-    /// Maps, off the async threads, the segments and regions among `objects` (kind, creator
-    /// pid, index) that this process has not mapped yet. Opening one is `shm_open` + `mmap` and
+    /// Maps, off the async threads, the segments and regions among `objects` that this process
+    /// has not mapped yet. Opening one is `shm_open` + `mmap` and
     /// may wait up to 2 s for a brand-new object's header, which must not stall a runtime
     /// thread; afterwards [`Session::materialise`] finds them mapped.
     pub(crate) async fn map_objects(
         &self,
-        objects: &[(ObjectKind, u32, u32)],
+        objects: &[(ObjectKind, ObjectRef)],
     ) -> Result<(), ShmError> {
-        for &(kind, pid, index) in objects {
+        for &(kind, object) in objects {
             let mapped = match kind {
                 ObjectKind::Segment => self
                     .segments
                     .lock()
                     .expect("segment map poisoned")
-                    .contains_key(&(pid, index)),
+                    .contains_key(&object),
                 ObjectKind::Region => self
                     .regions
                     .lock()
                     .expect("region map poisoned")
-                    .contains_key(&(pid, index)),
+                    .contains_key(&object),
             };
             if mapped {
                 continue;
             }
-            let name = self.object_name(kind, pid, index);
+            let name = self.object_name(kind, object.creator_pid, object.index);
             let display = name.to_string();
             let opened = tokio::task::spawn_blocking(move || Segment::open(name))
                 .await
@@ -280,7 +280,7 @@ impl Session {
                     self.segments
                         .lock()
                         .expect("segment map poisoned")
-                        .entry((pid, index))
+                        .entry(object)
                         .or_insert(segment);
                 }
                 ObjectKind::Region => {
@@ -288,7 +288,7 @@ impl Session {
                     self.regions
                         .lock()
                         .expect("region map poisoned")
-                        .entry((pid, index))
+                        .entry(object)
                         .or_insert((segment, acknowledge));
                 }
             }
@@ -296,35 +296,32 @@ impl Session {
         Ok(())
     }
 
-    fn segment(&self, owner_pid: u32, index: u32) -> Result<Arc<Segment>, ShmError> {
+    fn segment(&self, object: ObjectRef) -> Result<Arc<Segment>, ShmError> {
         let mut segments = self.segments.lock().expect("segment map poisoned");
-        if let Some(segment) = segments.get(&(owner_pid, index)) {
+        if let Some(segment) = segments.get(&object) {
             return Ok(Arc::clone(segment));
         }
         let segment = Arc::new(Segment::open(self.object_name(
             ObjectKind::Segment,
-            owner_pid,
-            index,
+            object.creator_pid,
+            object.index,
         ))?);
-        segments.insert((owner_pid, index), Arc::clone(&segment));
+        segments.insert(object, Arc::clone(&segment));
         Ok(segment)
     }
 
-    fn region(&self, creator_pid: u32, index: u32) -> Result<RemoteRegion, ShmError> {
+    fn region(&self, object: ObjectRef) -> Result<RemoteRegion, ShmError> {
         let mut regions = self.regions.lock().expect("region map poisoned");
-        if let Some((segment, acknowledge)) = regions.get(&(creator_pid, index)) {
+        if let Some((segment, acknowledge)) = regions.get(&object) {
             return Ok((Arc::clone(segment), Arc::clone(acknowledge)));
         }
         let segment = Arc::new(Segment::open(self.object_name(
             ObjectKind::Region,
-            creator_pid,
-            index,
+            object.creator_pid,
+            object.index,
         ))?);
         let acknowledge = remote_acknowledger(Arc::clone(&segment));
-        regions.insert(
-            (creator_pid, index),
-            (Arc::clone(&segment), Arc::clone(&acknowledge)),
-        );
+        regions.insert(object, (Arc::clone(&segment), Arc::clone(&acknowledge)));
         Ok((segment, acknowledge))
     }
 
@@ -334,59 +331,39 @@ impl Session {
     pub(crate) fn materialise(
         &self,
         part: PartRef,
-        last_segment: &mut Option<((u32, u32), Arc<Segment>)>,
+        last_segment: &mut Option<(ObjectRef, Arc<Segment>)>,
     ) -> Result<Message, ShmError> {
         match part {
             PartRef::Inline(bytes) => Ok(Message::from(bytes)),
-            PartRef::Block {
-                owner_pid,
-                segment_index,
-                offset,
-                size,
-            } => {
+            PartRef::Block { segment, range } => {
                 let segment = match last_segment {
-                    Some((key, segment)) if *key == (owner_pid, segment_index) => {
-                        Arc::clone(segment)
-                    }
+                    Some((key, mapped)) if *key == segment => Arc::clone(mapped),
                     _ => {
-                        let segment = self.segment(owner_pid, segment_index)?;
-                        *last_segment = Some(((owner_pid, segment_index), Arc::clone(&segment)));
-                        segment
+                        let mapped = self.segment(segment)?;
+                        *last_segment = Some((segment, Arc::clone(&mapped)));
+                        mapped
                     }
                 };
-                let buffer = ShmBuffer::adopt_block(segment, offset as usize, size as usize)?;
+                let (buffer, used) = ShmBuffer::adopt_block(segment, range)?;
                 let mut message = Message::from_buffer(buffer.boxed());
                 message
-                    .set_used_size(size as usize)
+                    .set_used_size(used)
                     .expect("adopt_block checked the size");
                 Ok(message)
             }
             PartRef::Region {
-                creator_pid,
-                region_index,
-                offset,
-                size,
+                region,
+                range,
                 hint,
             } => {
-                let (segment, acknowledge) = self.region(creator_pid, region_index)?;
-                // Numbers from the wire: checked arithmetic, so no value can wrap past the check.
-                let start = usize::try_from(offset)
-                    .ok()
-                    .and_then(|offset| offset.checked_add(REGION_DATA_START));
-                let range = start.zip(usize::try_from(size).ok());
-                let Some((start, size)) = range.filter(|&(start, size)| {
-                    start
-                        .checked_add(size)
-                        .is_some_and(|end| end <= segment.len())
-                }) else {
+                let (segment, acknowledge) = self.region(region)?;
+                let Some(bytes) = range.checked(REGION_DATA_START, segment.len()) else {
                     return Err(ShmError::BadDescriptor {
-                        reason: format!(
-                            "{}: range {offset}+{size} is outside the region",
-                            segment.name()
-                        ),
+                        reason: format!("{}: range {range} is outside the region", segment.name()),
                     });
                 };
-                let buffer = ShmBuffer::new_region(segment, start, size, acknowledge, hint);
+                let buffer =
+                    ShmBuffer::new_region(segment, bytes.start, bytes.len(), acknowledge, hint);
                 Ok(Message::from_buffer(buffer.boxed()))
             }
         }
@@ -400,20 +377,23 @@ impl Session {
             return None;
         }
         let size = message.len() as u64;
+        let object = ObjectRef::of(name);
         Some(if buffer.is_region() {
             PartRef::Region {
-                creator_pid: name.creator_pid,
-                region_index: name.index,
-                offset: (buffer.data_offset() - REGION_DATA_START) as u64,
-                size,
+                region: object,
+                range: WireRange {
+                    offset: (buffer.data_offset() - REGION_DATA_START) as u64,
+                    size,
+                },
                 hint: buffer.hint(),
             }
         } else {
             PartRef::Block {
-                owner_pid: name.creator_pid,
-                segment_index: name.index,
-                offset: buffer.data_offset() as u64,
-                size,
+                segment: object,
+                range: WireRange {
+                    offset: buffer.data_offset() as u64,
+                    size,
+                },
             }
         })
     }

@@ -32,7 +32,7 @@ use crate::delivery::{SentCounter, TakenCounter};
 use crate::managed::ShmBuffer;
 use crate::names::ObjectKind;
 use crate::session::Session;
-use crate::wire::{self, DeliveryRef, PartRef};
+use crate::wire::{self, DeliveryRef, ObjectRef, PartRef, WireRange};
 
 const SUBSCRIBE_TAG: &[u8] = b"FMQSUB";
 
@@ -343,11 +343,11 @@ pub(crate) struct ShmSocket {
     /// Descriptor frames received and not yet decoded into `pending`.
     frames: VecDeque<Bytes>,
     /// Segments and regions of peers already mapped for this socket.
-    seen_memory: Vec<(ObjectKind, u32, u32)>,
+    seen_memory: Vec<(ObjectKind, ObjectRef)>,
     /// Reused for the part descriptors of one message (try_send_parts).
     scratch: Vec<PartRef>,
     /// The segment the last block received lay in.
-    last_segment: Option<((u32, u32), Arc<crate::segment::Segment>)>,
+    last_segment: Option<(ObjectRef, Arc<crate::segment::Segment>)>,
     /// The counter of the sender of the last counted frame.
     last_taken: Option<(DeliveryRef, Arc<TakenCounter>)>,
     /// Frames dropped because they were no descriptor frames of this session.
@@ -471,10 +471,11 @@ async fn describe(
             target[..message.len()].copy_from_slice(message.data());
             record_copy(message.len());
             record.push(PartRef::Block {
-                owner_pid: buffer.segment().name().creator_pid,
-                segment_index: buffer.segment().name().index,
-                offset: buffer.data_offset() as u64,
-                size: message.len() as u64,
+                segment: ObjectRef::of(buffer.segment().name()),
+                range: WireRange {
+                    offset: buffer.data_offset() as u64,
+                    size: message.len() as u64,
+                },
             });
             fresh.push(buffer);
         }

@@ -5,21 +5,69 @@
 //!
 //! ```text
 //! frame  := magic "FMQSHM02" | session hash u64 | delivery | n_records u32 | record*
-//! delivery := owner pid u32 | segment index u32 | counter slot u32   (slot u32::MAX: none)
+//! delivery := object | counter slot u32        (slot u32::MAX: none)
 //! record := n_parts u32 | part*
-//! part   := 0 u8 | len u32 | bytes            (inline)
-//!         | 1 u8 | owner pid u32 | segment index u32 | offset u64 | size u64
-//!         | 2 u8 | creator pid u32 | region index u32 | offset u64 | size u64 | hint u64
+//! part   := 0 u8 | len u32 | bytes                 (inline)
+//!         | 1 u8 | object | range                  (a block of a segment)
+//!         | 2 u8 | object | range | hint u64       (a range of a region)
+//! object := creator pid u32 | index u32            (ObjectRef)
+//! range  := offset u64 | size u64                  (WireRange: checked before any use)
 //! ```
 //! `delivery` names the sender's delivery counter (see `delivery.rs`): the receiver adds one to
 //! it for every record it hands to its device. All integers little endian. Decoding checks every length against the frame; the offsets are
 //! checked against the segment when the part is materialised.
 
 use crate::error::ShmError;
-use crate::names::ObjectKind;
+use crate::names::{ObjectKind, ObjectName};
 
 /// First bytes of every descriptor frame.
 pub const MAGIC: &[u8; 8] = ferromq_zmq::SHMEM_DESCRIPTOR_MAGIC;
+
+/// A shared-memory object a descriptor names: the process that created it and its index among
+/// that process's objects of its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ObjectRef {
+    /// Process that created the object.
+    pub creator_pid: u32,
+    /// Its index.
+    pub index: u32,
+}
+
+/// A byte range as a descriptor states it. Nothing in it is trusted: [`WireRange::checked`] is
+/// the way from it to memory, and it refuses a range that would wrap or pass the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WireRange {
+    /// First byte, from the start of the object's data.
+    pub offset: u64,
+    /// Bytes.
+    pub size: u64,
+}
+
+impl WireRange {
+    /// `base + offset .. base + offset + size` when every step fits in `usize` and the end is
+    /// at most `limit`; `None` otherwise.
+    pub fn checked(self, base: usize, limit: usize) -> Option<std::ops::Range<usize>> {
+        let start = usize::try_from(self.offset).ok()?.checked_add(base)?;
+        let end = start.checked_add(usize::try_from(self.size).ok()?)?;
+        (end <= limit).then_some(start..end)
+    }
+}
+
+impl ObjectRef {
+    /// The reference to the object called `name`.
+    pub fn of(name: &ObjectName) -> ObjectRef {
+        ObjectRef {
+            creator_pid: name.creator_pid,
+            index: name.index,
+        }
+    }
+}
+
+impl std::fmt::Display for WireRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}+{}", self.offset, self.size)
+    }
+}
 
 /// One part of a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,38 +76,27 @@ pub enum PartRef {
     Inline(Vec<u8>),
     /// A block of a managed segment.
     Block {
-        /// Process that owns the segment.
-        owner_pid: u32,
-        /// Its segment index.
-        segment_index: u32,
-        /// Data offset.
-        offset: u64,
-        /// Bytes used.
-        size: u64,
+        /// The segment.
+        segment: ObjectRef,
+        /// The block's data offset and the bytes used.
+        range: WireRange,
     },
     /// A range of an unmanaged region.
     Region {
-        /// Process that created the region.
-        creator_pid: u32,
-        /// Its region index.
-        region_index: u32,
-        /// Offset in the region's data.
-        offset: u64,
-        /// Bytes.
-        size: u64,
+        /// The region.
+        region: ObjectRef,
+        /// The bytes, from the start of the region's data.
+        range: WireRange,
         /// The creator's hint, handed back in its callback.
         hint: u64,
     },
 }
 
-/// The sender's delivery counter a frame names: slot `slot` of segment `segment_index` of
-/// process `owner_pid`.
+/// The sender's delivery counter a frame names: slot `slot` of the header of `segment`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DeliveryRef {
-    /// Process that owns the segment.
-    pub owner_pid: u32,
-    /// Its segment index.
-    pub segment_index: u32,
+    /// The sender's segment.
+    pub segment: ObjectRef,
     /// Counter slot in the segment's header; [`DeliveryRef::NONE`]'s for a sender that does
     /// not count (publishers, requesters).
     pub slot: u32,
@@ -68,8 +105,10 @@ pub struct DeliveryRef {
 impl DeliveryRef {
     /// No counter: the receiver counts nothing.
     pub const NONE: DeliveryRef = DeliveryRef {
-        owner_pid: 0,
-        segment_index: 0,
+        segment: ObjectRef {
+            creator_pid: 0,
+            index: 0,
+        },
         slot: u32::MAX,
     };
 
@@ -93,24 +132,15 @@ pub struct Frame {
 
 impl Frame {
     /// The shared-memory objects the frame names: its delivery counter's segment and the segment
-    /// or region of every part, as (kind, creator pid, index); repeats included.
-    pub fn objects(&self) -> impl Iterator<Item = (ObjectKind, u32, u32)> + '_ {
-        let delivery = self.delivery.is_some().then_some((
-            ObjectKind::Segment,
-            self.delivery.owner_pid,
-            self.delivery.segment_index,
-        ));
+    /// or region of every part; repeats included.
+    pub fn objects(&self) -> impl Iterator<Item = (ObjectKind, ObjectRef)> + '_ {
+        let delivery = self
+            .delivery
+            .is_some()
+            .then_some((ObjectKind::Segment, self.delivery.segment));
         let parts = self.parts.iter().filter_map(|part| match *part {
-            PartRef::Block {
-                owner_pid,
-                segment_index,
-                ..
-            } => Some((ObjectKind::Segment, owner_pid, segment_index)),
-            PartRef::Region {
-                creator_pid,
-                region_index,
-                ..
-            } => Some((ObjectKind::Region, creator_pid, region_index)),
+            PartRef::Block { segment, .. } => Some((ObjectKind::Segment, segment)),
+            PartRef::Region { region, .. } => Some((ObjectKind::Region, region)),
             PartRef::Inline(_) => None,
         });
         delivery.into_iter().chain(parts)
@@ -145,8 +175,8 @@ pub fn frame_header(session_hash: u64, delivery: DeliveryRef, capacity: usize) -
     let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + capacity);
     frame.extend_from_slice(MAGIC);
     frame.extend_from_slice(&session_hash.to_le_bytes());
-    frame.extend_from_slice(&delivery.owner_pid.to_le_bytes());
-    frame.extend_from_slice(&delivery.segment_index.to_le_bytes());
+    frame.extend_from_slice(&delivery.segment.creator_pid.to_le_bytes());
+    frame.extend_from_slice(&delivery.segment.index.to_le_bytes());
     frame.extend_from_slice(&delivery.slot.to_le_bytes());
     frame.extend_from_slice(&0u32.to_le_bytes());
     frame
@@ -156,6 +186,13 @@ pub fn frame_header(session_hash: u64, delivery: DeliveryRef, capacity: usize) -
 pub fn set_record_count(frame: &mut [u8], n_records: usize) {
     frame[FRAME_HEADER_LEN - 4..FRAME_HEADER_LEN]
         .copy_from_slice(&(n_records as u32).to_le_bytes());
+}
+
+fn append_object(frame: &mut Vec<u8>, object: ObjectRef, range: WireRange) {
+    frame.extend_from_slice(&object.creator_pid.to_le_bytes());
+    frame.extend_from_slice(&object.index.to_le_bytes());
+    frame.extend_from_slice(&range.offset.to_le_bytes());
+    frame.extend_from_slice(&range.size.to_le_bytes());
 }
 
 /// Appends one record (one multipart message) to a frame.
@@ -168,30 +205,17 @@ pub fn append_record(frame: &mut Vec<u8>, record: &[PartRef]) {
                 frame.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
                 frame.extend_from_slice(bytes);
             }
-            PartRef::Block {
-                owner_pid,
-                segment_index,
-                offset,
-                size,
-            } => {
+            PartRef::Block { segment, range } => {
                 frame.push(1);
-                frame.extend_from_slice(&owner_pid.to_le_bytes());
-                frame.extend_from_slice(&segment_index.to_le_bytes());
-                frame.extend_from_slice(&offset.to_le_bytes());
-                frame.extend_from_slice(&size.to_le_bytes());
+                append_object(frame, *segment, *range);
             }
             PartRef::Region {
-                creator_pid,
-                region_index,
-                offset,
-                size,
+                region,
+                range,
                 hint,
             } => {
                 frame.push(2);
-                frame.extend_from_slice(&creator_pid.to_le_bytes());
-                frame.extend_from_slice(&region_index.to_le_bytes());
-                frame.extend_from_slice(&offset.to_le_bytes());
-                frame.extend_from_slice(&size.to_le_bytes());
+                append_object(frame, *region, *range);
                 frame.extend_from_slice(&hint.to_le_bytes());
             }
         }
@@ -232,6 +256,20 @@ impl<'a> Reader<'a> {
             self.take(8)?.try_into().expect("8 bytes"),
         ))
     }
+
+    fn object(&mut self) -> Result<ObjectRef, ShmError> {
+        Ok(ObjectRef {
+            creator_pid: self.u32()?,
+            index: self.u32()?,
+        })
+    }
+
+    fn range(&mut self) -> Result<WireRange, ShmError> {
+        Ok(WireRange {
+            offset: self.u64()?,
+            size: self.u64()?,
+        })
+    }
 }
 
 /// Decodes a frame that must belong to `session_hash`.
@@ -258,8 +296,7 @@ pub fn decode(frame: &[u8], session_hash: u64) -> Result<Frame, ShmError> {
         });
     }
     let delivery = DeliveryRef {
-        owner_pid: reader.u32()?,
-        segment_index: reader.u32()?,
+        segment: reader.object()?,
         slot: reader.u32()?,
     };
     let n_records = reader.u32()? as usize;
@@ -286,16 +323,12 @@ pub fn decode(frame: &[u8], session_hash: u64) -> Result<Frame, ShmError> {
                     PartRef::Inline(reader.take(len)?.to_vec())
                 }
                 1 => PartRef::Block {
-                    owner_pid: reader.u32()?,
-                    segment_index: reader.u32()?,
-                    offset: reader.u64()?,
-                    size: reader.u64()?,
+                    segment: reader.object()?,
+                    range: reader.range()?,
                 },
                 2 => PartRef::Region {
-                    creator_pid: reader.u32()?,
-                    region_index: reader.u32()?,
-                    offset: reader.u64()?,
-                    size: reader.u64()?,
+                    region: reader.object()?,
+                    range: reader.range()?,
                     hint: reader.u64()?,
                 },
                 kind => {
@@ -347,17 +380,25 @@ mod tests {
             vec![
                 PartRef::Inline(b"header".to_vec()),
                 PartRef::Block {
-                    owner_pid: 7,
-                    segment_index: 0,
-                    offset: 4160,
-                    size: 9000,
+                    segment: ObjectRef {
+                        creator_pid: 7,
+                        index: 0,
+                    },
+                    range: WireRange {
+                        offset: 4160,
+                        size: 9000,
+                    },
                 },
             ],
             vec![PartRef::Region {
-                creator_pid: 8,
-                region_index: 1,
-                offset: 0,
-                size: 64,
+                region: ObjectRef {
+                    creator_pid: 8,
+                    index: 1,
+                },
+                range: WireRange {
+                    offset: 0,
+                    size: 64,
+                },
                 hint: 99,
             }],
             vec![],
@@ -365,10 +406,23 @@ mod tests {
     }
 
     const COUNTER: DeliveryRef = DeliveryRef {
-        owner_pid: 7,
-        segment_index: 0,
+        segment: ObjectRef {
+            creator_pid: 7,
+            index: 0,
+        },
         slot: 3,
     };
+
+    #[test]
+    fn a_wire_range_past_the_end_or_wrapping_is_refused() {
+        let range = |offset, size| WireRange { offset, size };
+        assert_eq!(range(10, 5).checked(100, 200), Some(110..115));
+        assert_eq!(range(10, 5).checked(0, 15), Some(10..15));
+        assert_eq!(range(10, 6).checked(0, 15), None);
+        assert_eq!(range(u64::MAX, 1).checked(0, usize::MAX), None);
+        assert_eq!(range(1, u64::MAX).checked(0, usize::MAX), None);
+        assert_eq!(range(0, 1).checked(usize::MAX, usize::MAX), None);
+    }
 
     #[test]
     fn round_trip() {

@@ -13,6 +13,7 @@ use ferromq_core::{
 };
 use ferromq_shm::cleanup::{clean_session, list_objects};
 use ferromq_shm::names::current_uid;
+use ferromq_shm::wire::{ObjectRef, PartRef, WireRange};
 use ferromq_shm::{RegionBlock, RegionCallback, ShmBuffer, ShmOptions, ShmTransport};
 use libtest_mimic::{Arguments, Failed, Trial};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -152,6 +153,23 @@ impl Drop for Session {
                 }
             }
         }
+    }
+}
+
+/// A forged descriptor part naming a block.
+fn block_part(creator_pid: u32, index: u32, offset: u64, size: u64) -> PartRef {
+    PartRef::Block {
+        segment: ObjectRef { creator_pid, index },
+        range: WireRange { offset, size },
+    }
+}
+
+/// A forged descriptor part naming a range of a region.
+fn region_part(creator_pid: u32, index: u32, offset: u64, size: u64) -> PartRef {
+    PartRef::Region {
+        region: ObjectRef { creator_pid, index },
+        range: WireRange { offset, size },
+        hint: 0,
     }
 }
 
@@ -644,7 +662,7 @@ fn kill_9_cleanup() -> Result<()> {
 }
 
 fn forged_descriptors() -> Result<()> {
-    use ferromq_shm::wire::{DeliveryRef, PartRef, encode, session_hash};
+    use ferromq_shm::wire::{DeliveryRef, encode, session_hash};
     use zeromq::{Socket as _, SocketSend as _};
     let session = Session::new("forged");
     block_on(async {
@@ -681,12 +699,7 @@ fn forged_descriptors() -> Result<()> {
                 encode(
                     hash,
                     DeliveryRef::NONE,
-                    &[vec![PartRef::Block {
-                        owner_pid: std::process::id(),
-                        segment_index: index,
-                        offset: 1 << 40,
-                        size: 8,
-                    }]],
+                    &[vec![block_part(std::process::id(), index, 1 << 40, 8)]],
                 ),
                 "outside the segment",
             ),
@@ -694,12 +707,7 @@ fn forged_descriptors() -> Result<()> {
                 encode(
                     hash,
                     DeliveryRef::NONE,
-                    &[vec![PartRef::Block {
-                        owner_pid: std::process::id(),
-                        segment_index: index,
-                        offset: 8192,
-                        size: 8,
-                    }]],
+                    &[vec![block_part(std::process::id(), index, 8192, 8)]],
                 ),
                 "no live block",
             ),
@@ -707,12 +715,7 @@ fn forged_descriptors() -> Result<()> {
                 encode(
                     hash,
                     DeliveryRef::NONE,
-                    &[vec![PartRef::Block {
-                        owner_pid: 999_999,
-                        segment_index: 7,
-                        offset: 4160,
-                        size: 8,
-                    }]],
+                    &[vec![block_part(999_999, 7, 4160, 8)]],
                 ),
                 "does not exist",
             ),
@@ -721,13 +724,12 @@ fn forged_descriptors() -> Result<()> {
                 encode(
                     hash,
                     DeliveryRef::NONE,
-                    &[vec![PartRef::Region {
-                        creator_pid: std::process::id(),
+                    &[vec![region_part(
+                        std::process::id(),
                         region_index,
-                        offset: u64::MAX - 8,
-                        size: 8,
-                        hint: 0,
-                    }]],
+                        u64::MAX - 8,
+                        8,
+                    )]],
                 ),
                 "outside the region",
             ),
@@ -735,13 +737,12 @@ fn forged_descriptors() -> Result<()> {
                 encode(
                     hash,
                     DeliveryRef::NONE,
-                    &[vec![PartRef::Region {
-                        creator_pid: std::process::id(),
+                    &[vec![region_part(
+                        std::process::id(),
                         region_index,
-                        offset: 4000,
-                        size: 4096,
-                        hint: 0,
-                    }]],
+                        4000,
+                        4096,
+                    )]],
                 ),
                 "outside the region",
             ),
@@ -749,8 +750,10 @@ fn forged_descriptors() -> Result<()> {
                 encode(
                     hash,
                     DeliveryRef {
-                        owner_pid: std::process::id(),
-                        segment_index: index,
+                        segment: ObjectRef {
+                            creator_pid: std::process::id(),
+                            index,
+                        },
                         slot: 100_000,
                     },
                     &[vec![PartRef::Inline(b"counted".to_vec())]],
@@ -1207,7 +1210,7 @@ fn a_receiver_not_receiving_yet_gets_everything_from_a_sender_that_exited() -> R
 /// timer task beside it keeps ticking, and the receive fails naming the segment.
 fn slow_segment_open_off_the_runtime() -> Result<()> {
     use ferromq_shm::names::{ObjectKind, ObjectName};
-    use ferromq_shm::wire::{DeliveryRef, PartRef, encode, session_hash};
+    use ferromq_shm::wire::{DeliveryRef, encode, session_hash};
     use zeromq::{Socket as _, SocketSend as _};
     let session = Session::new("halfmade");
     // A current-thread runtime, like every device's: one blocked call stops everything on it.
@@ -1231,12 +1234,7 @@ fn slow_segment_open_off_the_runtime() -> Result<()> {
         raw.send(zeromq::ZmqMessage::from(encode(
             hash,
             DeliveryRef::NONE,
-            &[vec![PartRef::Block {
-                owner_pid: dead_pid,
-                segment_index: 0,
-                offset: 4160,
-                size: 8,
-            }]],
+            &[vec![block_part(dead_pid, 0, 4160, 8)]],
         )))
         .await?;
         let ticks = Arc::new(AtomicUsize::new(0));
