@@ -58,6 +58,9 @@ enum Task {
         /// Rounds; each runs both pairs at every size.
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=100))]
         rounds: u64,
+        /// Transports, comma separated; each is measured at every size.
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = [side_by_side::Transport::Shmem])]
+        transports: Vec<side_by_side::Transport>,
         /// Message sizes in bytes, comma separated.
         #[arg(long, value_delimiter = ',', default_values_t = [64usize, 1024, 65536])]
         sizes: Vec<usize>,
@@ -94,6 +97,7 @@ fn main() -> ExitCode {
         Task::SideBySide {
             fairmq,
             rounds,
+            transports,
             sizes,
             messages,
             msg_rate,
@@ -101,6 +105,7 @@ fn main() -> ExitCode {
             let options = side_by_side::Options {
                 fairmq,
                 rounds: rounds as usize,
+                transports,
                 sizes,
                 messages,
                 msg_rate,

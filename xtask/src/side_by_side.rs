@@ -5,7 +5,8 @@
 //! directory (`bin/fairmq-bsampler`, `bin/fairmq-sink`, `lib/`).
 //!
 //! Each run: the sink binds (pull), the sampler connects (push), both `--control static
-//! --max-iterations N --transport shmem --shm-throw-bad-alloc false --bad-alloc-attempt-interval 1`,
+//! --max-iterations N --transport T` (`--transports shmem,zeromq`; shmem adds
+//! `--shm-throw-bad-alloc false --bad-alloc-attempt-interval 1`), over ipc,
 //! `linger=60000` on the channels (FairMQ's 500 ms default
 //! drops data at exit). The rate is (N + 1) messages (both sides count FairMQ's way) over the
 //! time between the devices' own microsecond log timestamps: FairMQ's "Starting the benchmark"
@@ -26,12 +27,45 @@ use crate::bench::Spread;
 /// A run that takes longer than this is killed and reported as failed.
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// A transport both sides have, by the name both sides' `--transport` takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    /// Shared memory (descriptors over zeromq).
+    Shmem,
+    /// ZeroMQ over ipc.
+    Zeromq,
+}
+
+impl Transport {
+    /// The name `--transport` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Shmem => "shmem",
+            Transport::Zeromq => "zeromq",
+        }
+    }
+}
+
+/// One cell of the comparison: a transport, a size, and what each side measured in it.
+pub struct Cell {
+    /// The transport.
+    pub transport: Transport,
+    /// Message size in bytes.
+    pub size: usize,
+    /// FairMQ's runs, one per round counted.
+    pub fairmq: Vec<RunResult>,
+    /// ferromq's runs, paired with FairMQ's by index.
+    pub ferromq: Vec<RunResult>,
+}
+
 /// What to compare.
 pub struct Options {
     /// FairMQ's install prefix.
     pub fairmq: PathBuf,
     /// Rounds (each runs both pairs at every size).
     pub rounds: usize,
+    /// Transports, each measured at every size.
+    pub transports: Vec<Transport>,
     /// Message sizes in bytes.
     pub sizes: Vec<usize>,
     /// Messages per run (`--max-iterations`).
@@ -179,7 +213,7 @@ fn run_once(
     side: Side,
     options: &Options,
     ferromq: &Path,
-    size: usize,
+    (transport, size): (Transport, usize),
     session: &str,
     dir: &Path,
 ) -> Result<RunResult, String> {
@@ -188,11 +222,11 @@ fn run_once(
         format!("name=data,type={kind},method={method},address={address},linger=60000")
     };
     let common = |id: &str| {
-        vec![
+        let mut args = vec![
             "--id".to_owned(),
             id.to_owned(),
             "--transport".to_owned(),
-            "shmem".to_owned(),
+            transport.name().to_owned(),
             "--session".to_owned(),
             session.to_owned(),
             "--control".to_owned(),
@@ -201,6 +235,11 @@ fn run_once(
             options.messages.to_string(),
             "--verbosity".to_owned(),
             "veryhigh".to_owned(),
+        ];
+        if transport != Transport::Shmem {
+            return args;
+        }
+        args.extend([
             // A full segment makes the sampler wait for room instead of failing: with its
             // default, FairMQ's bsampler dies with "could not create a message" at 1 MiB and
             // 8 MiB once the sink falls behind (its 2 GiB segment fills), which measures nothing.
@@ -211,7 +250,8 @@ fn run_once(
             // their transports, not in how long they sleep on a full segment.
             "--bad-alloc-attempt-interval".to_owned(),
             "1".to_owned(),
-        ]
+        ]);
+        args
     };
     let mut sink_args = common("sink");
     sink_args.extend(["--channel-config".to_owned(), channel("pull", "bind")]);
@@ -259,8 +299,9 @@ fn run_once(
     let sampler_text = std::fs::read_to_string(&sampler_log).unwrap_or_default();
     if !(sampler_ok && sink_ok) {
         return Err(format!(
-            "{} {size} B: the pair failed or ran past {RUN_TIMEOUT:?} (logs in {})",
+            "{} {} {size} B: the pair failed or ran past {RUN_TIMEOUT:?} (logs in {})",
             side.name(),
+            transport.name(),
             dir.display()
         ));
     }
@@ -276,8 +317,9 @@ fn run_once(
     };
     let (Some(start), Some(end)) = (start, end) else {
         return Err(format!(
-            "{} {size} B: no start or end timestamp in the logs in {}",
+            "{} {} {size} B: no start or end timestamp in the logs in {}",
             side.name(),
+            transport.name(),
             dir.display()
         ));
     };
@@ -383,18 +425,30 @@ pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
     };
     let dir = workspace.join("target/side-by-side");
     let _ = std::fs::create_dir_all(&dir);
-    let mut rates: Vec<(usize, Vec<RunResult>, Vec<RunResult>)> = options
-        .sizes
+    let mut cells: Vec<Cell> = options
+        .transports
         .iter()
-        .map(|&size| (size, Vec::new(), Vec::new()))
+        .flat_map(|&transport| {
+            options.sizes.iter().map(move |&size| Cell {
+                transport,
+                size,
+                fairmq: Vec::new(),
+                ferromq: Vec::new(),
+            })
+        })
         .collect();
     let mut failures = Vec::new();
     for round in 0..options.rounds {
-        for (size, fairmq_rates, ferromq_rates) in &mut rates {
+        for cell in &mut cells {
+            let (transport, size) = (cell.transport, cell.size);
             let mut pair_rates = [RunResult::default(); 2];
             for (side_idx, side) in [Side::FairMq, Side::Ferromq].into_iter().enumerate() {
-                let session = format!("sbs{}r{round}s{size}{}", std::process::id(), side_idx);
-                let rate = run_once(side, options, &ferromq, *size, &session, &dir);
+                let session = format!(
+                    "sbs{}r{round}{}{size}s{side_idx}",
+                    std::process::id(),
+                    &transport.name()[..1]
+                );
+                let rate = run_once(side, options, &ferromq, (transport, size), &session, &dir);
                 clean(side, options, &ferromq, &session);
                 let _ = std::fs::remove_file(ipc_file(&dir, &session));
                 match rate {
@@ -403,9 +457,10 @@ pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
                             format!(", CPU sampler {sampler:.2}% sink {sink:.2}%")
                         });
                         eprintln!(
-                            "xtask: round {} {} {size} B: {:.0} msg/s{cpu}",
+                            "xtask: round {} {} {} {size} B: {:.0} msg/s{cpu}",
                             round + 1,
                             side.name(),
+                            transport.name(),
                             result.rate
                         );
                         pair_rates[side_idx] = result;
@@ -420,12 +475,12 @@ pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
                 result.rate > 0.0 && (options.msg_rate.is_none() || result.cpu.is_some())
             };
             if pair_rates.iter().all(measured) {
-                fairmq_rates.push(pair_rates[0]);
-                ferromq_rates.push(pair_rates[1]);
+                cell.fairmq.push(pair_rates[0]);
+                cell.ferromq.push(pair_rates[1]);
             }
         }
     }
-    let mut report = render(options, &rates);
+    let mut report = render(options, &cells);
     for (side, failure) in &failures {
         let _ = writeln!(
             report,
@@ -441,28 +496,25 @@ pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
 fn millions(rate: f64) -> String {
     if rate >= 1e6 {
         format!("{:.2} M", rate / 1e6)
-    } else {
+    } else if rate >= 1e4 {
         format!("{:.0} k", rate / 1e3)
+    } else if rate >= 1e3 {
+        format!("{:.2} k", rate / 1e3)
+    } else {
+        format!("{rate:.0}")
     }
 }
 
 /// The report: per size, both sides' medians (min-max) and the pairwise ratio; for paced runs
 /// the CPU each process used instead.
-pub fn render(options: &Options, results: &[(usize, Vec<RunResult>, Vec<RunResult>)]) -> String {
+pub fn render(options: &Options, cells: &[Cell]) -> String {
     if let Some(msg_rate) = options.msg_rate {
-        return render_cpu(options, msg_rate, results);
+        return render_cpu(options, msg_rate, cells);
     }
-    let rates: Vec<(usize, Vec<f64>, Vec<f64>)> = results
-        .iter()
-        .map(|(size, fairmq, ferromq)| {
-            let rates = |runs: &[RunResult]| runs.iter().map(|run| run.rate).collect();
-            (*size, rates(fairmq), rates(ferromq))
-        })
-        .collect();
     let mut report = String::new();
     let _ = writeln!(
         report,
-        "# ferromq vs FairMQ, side by side\n\n{}; {} rounds of {} messages, shmem device pairs \
+        "# ferromq vs FairMQ, side by side\n\n{}; {} rounds of {} messages, device pairs over ipc \
          (sink binds, sampler connects), interleaved; medians with min-max.\n",
         crate::bench::machine(),
         options.rounds,
@@ -470,18 +522,25 @@ pub fn render(options: &Options, results: &[(usize, Vec<RunResult>, Vec<RunResul
     );
     let _ = writeln!(
         report,
-        "| size | FairMQ msg/s | ferromq msg/s | ferromq ÷ FairMQ |\n|---|---|---|---|"
+        "| transport | size | FairMQ msg/s | ferromq msg/s | ferromq ÷ FairMQ |\n|---|---|---|---|---|"
     );
-    for (size, fairmq, ferromq) in &rates {
+    for cell in cells {
+        let (transport, size) = (cell.transport.name(), cell.size);
+        let rates = |runs: &[RunResult]| -> Vec<f64> { runs.iter().map(|run| run.rate).collect() };
+        let (fairmq, ferromq) = (rates(&cell.fairmq), rates(&cell.ferromq));
         if fairmq.is_empty() {
-            let _ = writeln!(report, "| {size} B | failed | failed | - |");
+            let _ = writeln!(report, "| {transport} | {size} B | failed | failed | - |");
             continue;
         }
-        let ratios: Vec<f64> = ferromq.iter().zip(fairmq).map(|(f, c)| f / c).collect();
-        let (a, b, r) = (Spread::of(fairmq), Spread::of(ferromq), Spread::of(&ratios));
+        let ratios: Vec<f64> = ferromq.iter().zip(&fairmq).map(|(f, c)| f / c).collect();
+        let (a, b, r) = (
+            Spread::of(&fairmq),
+            Spread::of(&ferromq),
+            Spread::of(&ratios),
+        );
         let _ = writeln!(
             report,
-            "| {size} B | {} ({}-{}) | {} ({}-{}) | {:.2} ({:.2}-{:.2}) |",
+            "| {transport} | {size} B | {} ({}-{}) | {} ({}-{}) | {:.2} ({:.2}-{:.2}) |",
             millions(a.median),
             millions(a.min),
             millions(a.max),
@@ -497,16 +556,12 @@ pub fn render(options: &Options, results: &[(usize, Vec<RunResult>, Vec<RunResul
 }
 
 /// The report of paced runs: CPU % of a core per process, medians (min-max).
-fn render_cpu(
-    options: &Options,
-    msg_rate: f64,
-    results: &[(usize, Vec<RunResult>, Vec<RunResult>)],
-) -> String {
+fn render_cpu(options: &Options, msg_rate: f64, cells: &[Cell]) -> String {
     let mut report = String::new();
     let _ = writeln!(
         report,
         "# ferromq vs FairMQ, side by side: CPU at {msg_rate} msg/s\n\n{}; {} rounds of {} \
-         messages, shmem device pairs (sink binds, sampler connects), interleaved; CPU time of \
+         messages, device pairs over ipc (sink binds, sampler connects), interleaved; CPU time of \
          each process from its first second to its end, in % of one core; medians with min-max.\n",
         crate::bench::machine(),
         options.rounds,
@@ -514,7 +569,7 @@ fn render_cpu(
     );
     let _ = writeln!(
         report,
-        "| size | FairMQ sampler | FairMQ sink | ferromq sampler | ferromq sink |\n|---|---|---|---|---|"
+        "| transport | size | FairMQ sampler | FairMQ sink | ferromq sampler | ferromq sink |\n|---|---|---|---|---|---|"
     );
     let spread = |runs: &[RunResult], pick: fn((f64, f64)) -> f64| {
         let values: Vec<f64> = runs.iter().filter_map(|run| run.cpu.map(pick)).collect();
@@ -527,14 +582,16 @@ fn render_cpu(
             spread.median, spread.min, spread.max
         )
     };
-    for (size, fairmq, ferromq) in results {
+    for cell in cells {
         let _ = writeln!(
             report,
-            "| {size} B | {} | {} | {} | {} |",
-            spread(fairmq, |cpu| cpu.0),
-            spread(fairmq, |cpu| cpu.1),
-            spread(ferromq, |cpu| cpu.0),
-            spread(ferromq, |cpu| cpu.1)
+            "| {} | {} B | {} | {} | {} | {} |",
+            cell.transport.name(),
+            cell.size,
+            spread(&cell.fairmq, |cpu| cpu.0),
+            spread(&cell.fairmq, |cpu| cpu.1),
+            spread(&cell.ferromq, |cpu| cpu.0),
+            spread(&cell.ferromq, |cpu| cpu.1)
         );
     }
     report
@@ -562,6 +619,7 @@ mod tests {
         let options = Options {
             fairmq: PathBuf::new(),
             rounds: 2,
+            transports: vec![Transport::Shmem],
             sizes: vec![64],
             messages: 9,
             msg_rate: None,
@@ -572,13 +630,39 @@ mod tests {
                 .map(|&rate| RunResult { rate, cpu: None })
                 .collect()
         };
-        let report = render(&options, &[(64, runs(&[2e6, 1e6]), runs(&[1e6, 1e6]))]);
+        let cell = |transport, fairmq, ferromq| Cell {
+            transport,
+            size: 64,
+            fairmq,
+            ferromq,
+        };
+        let report = render(
+            &options,
+            &[
+                cell(Transport::Shmem, runs(&[2e6, 1e6]), runs(&[1e6, 1e6])),
+                cell(Transport::Zeromq, runs(&[1e6, 1e6]), runs(&[5e5, 2e6])),
+            ],
+        );
         assert!(
             report.contains(
-                "| 64 B | 1.50 M (1.00 M-2.00 M) | 1.00 M (1.00 M-1.00 M) | 0.75 (0.50-1.00) |"
+                "| shmem | 64 B | 1.50 M (1.00 M-2.00 M) | 1.00 M (1.00 M-1.00 M) | 0.75 (0.50-1.00) |"
             ),
             "{report}"
         );
+        assert!(
+            report.contains(
+                "| zeromq | 64 B | 1.00 M (1.00 M-1.00 M) | 1.25 M (500 k-2.00 M) | 1.25 (0.50-2.00) |"
+            ),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn slow_rates_keep_their_digits() {
+        assert_eq!(millions(2_345_678.0), "2.35 M");
+        assert_eq!(millions(43_210.0), "43 k");
+        assert_eq!(millions(3_456.0), "3.46 k");
+        assert_eq!(millions(321.4), "321");
     }
 
     #[test]
@@ -586,6 +670,7 @@ mod tests {
         let options = Options {
             fairmq: PathBuf::new(),
             rounds: 1,
+            transports: vec![Transport::Shmem],
             sizes: vec![1048576],
             messages: 24_999,
             msg_rate: Some(2500.0),
@@ -596,11 +681,16 @@ mod tests {
         };
         let report = render(
             &options,
-            &[(1048576, vec![run(3.3, 2.5)], vec![run(0.8, 0.4)])],
+            &[Cell {
+                transport: Transport::Shmem,
+                size: 1048576,
+                fairmq: vec![run(3.3, 2.5)],
+                ferromq: vec![run(0.8, 0.4)],
+            }],
         );
         assert!(report.contains("CPU at 2500 msg/s"), "{report}");
         assert!(
-            report.contains("| 1048576 B | 3.30% (3.30-3.30) | 2.50% (2.50-2.50) | 0.80% (0.80-0.80) | 0.40% (0.40-0.40) |"),
+            report.contains("| shmem | 1048576 B | 3.30% (3.30-3.30) | 2.50% (2.50-2.50) | 0.80% (0.80-0.80) | 0.40% (0.40-0.40) |"),
             "{report}"
         );
     }
