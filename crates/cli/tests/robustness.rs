@@ -143,37 +143,47 @@ fn big_sampler(
     )
 }
 
-/// 100 × 1 MiB, paced at 20/s, to a receiver that stops (SIGSTOP) once it has taken its first
-/// messages: the sender gives up after `linger` (500 ms) without progress, and says so with a
-/// non-zero exit and the count of messages not delivered. (Paced over 5 s so that the receiver is
-/// stopped with most of them still to come, even when a loaded machine delays the connection:
-/// what the sender queued meanwhile arrives in one burst.)
-#[tokio::test]
-async fn a_sender_whose_receiver_stalls_past_linger_exits_non_zero_naming_the_count() {
-    let ipc = Ipc::new("stall");
-    let session = format!("stall{}", std::process::id());
+/// A sink logging its rate every second and a sampler of `iterations` (+ 1) messages of 1 MiB
+/// paced at 20/s, over `transport`, both running and the connection carrying data.
+struct PacedPair {
+    _ipc: Ipc,
+    sink: tokio::process::Child,
+    sink_lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    seen: Vec<String>,
+    sampler: tokio::process::Child,
+}
+
+async fn paced_pair_carrying_data(transport: &str, tag: &str, iterations: &str) -> PacedPair {
+    let ipc = Ipc::new(tag);
+    let session = format!("{tag}{}", std::process::id());
     let address = ipc.address();
     let mut sink = static_device(
         "sink",
         "sink",
         &[
+            "--transport",
+            transport,
+            "--session",
+            &session,
             "--max-iterations",
-            "99",
+            iterations,
             "--channel-config",
             &format!("name=data,type=pull,method=bind,address={address},rateLogging=1"),
         ],
     );
-    let mut lines = BufReader::new(sink.stdout.take().expect("stdout")).lines();
+    let mut sink_lines = BufReader::new(sink.stdout.take().expect("stdout")).lines();
     let mut seen = Vec::new();
-    wait_for_line(&mut lines, "READY ---> RUNNING", &mut seen).await;
+    wait_for_line(&mut sink_lines, "READY ---> RUNNING", &mut seen).await;
     let sampler = static_device(
         "sampler",
         "sampler",
         &[
+            "--transport",
+            transport,
             "--session",
             &session,
             "--max-iterations",
-            "99",
+            iterations,
             "--rate",
             "20",
             "--msg-size",
@@ -184,15 +194,32 @@ async fn a_sender_whose_receiver_stalls_past_linger_exits_non_zero_naming_the_co
     );
     // The first rate line with messages in: the connection is up and carrying data.
     loop {
-        wait_for_line(&mut lines, "data: in: ", &mut seen).await;
+        wait_for_line(&mut sink_lines, "data: in: ", &mut seen).await;
         if !seen.last().expect("a line").contains("in: 0 msg/s") {
             break;
         }
     }
-    signal(&sink, "STOP");
-    let sampler = finish(sampler).await;
-    signal(&sink, "CONT");
-    signal(&sink, "KILL");
+    PacedPair {
+        _ipc: ipc,
+        sink,
+        sink_lines,
+        seen,
+        sampler,
+    }
+}
+
+/// zeromq: 100 × 1 MiB, paced at 20/s, to a receiver that stops (SIGSTOP) once it has taken its
+/// first messages: the sender gives up after `linger` (500 ms) without progress, and says so
+/// with a non-zero exit and the count of messages not delivered. (Paced over 5 s so that the
+/// receiver is stopped with most of them still to come, even when a loaded machine delays the
+/// connection: what the sender queued meanwhile arrives in one burst.)
+#[tokio::test]
+async fn a_sender_whose_receiver_stalls_past_linger_exits_non_zero_naming_the_count() {
+    let pair = paced_pair_carrying_data("zeromq", "stall", "99").await;
+    signal(&pair.sink, "STOP");
+    let sampler = finish(pair.sampler).await;
+    signal(&pair.sink, "CONT");
+    signal(&pair.sink, "KILL");
     assert_eq!(sampler.code, Some(1), "{}", sampler.stdout);
     let log = format!("{}{}", sampler.stdout, sampler.stderr);
     assert!(
@@ -210,50 +237,13 @@ async fn a_sender_whose_receiver_stalls_past_linger_exits_non_zero_naming_the_co
 /// the receiver stalled before the connection was made, they were lost).
 #[tokio::test]
 async fn a_shmem_sender_exits_0_and_a_stalled_receiver_then_gets_every_message() {
-    let ipc = Ipc::new("shmstall");
-    let session = format!("shmstall{}", std::process::id());
-    let address = ipc.address();
-    let mut sink = static_device(
-        "sink",
-        "sink",
-        &[
-            "--transport",
-            "shmem",
-            "--session",
-            &session,
-            "--max-iterations",
-            "39",
-            "--channel-config",
-            &format!("name=data,type=pull,method=bind,address={address},rateLogging=1"),
-        ],
-    );
-    let mut lines = BufReader::new(sink.stdout.take().expect("stdout")).lines();
-    let mut seen = Vec::new();
-    wait_for_line(&mut lines, "READY ---> RUNNING", &mut seen).await;
-    let sampler = static_device(
-        "sampler",
-        "sampler",
-        &[
-            "--transport",
-            "shmem",
-            "--session",
-            &session,
-            "--max-iterations",
-            "39",
-            "--rate",
-            "20",
-            "--msg-size",
-            "1048576",
-            "--channel-config",
-            &channel("push", "connect", &address),
-        ],
-    );
-    loop {
-        wait_for_line(&mut lines, "data: in: ", &mut seen).await;
-        if !seen.last().expect("a line").contains("in: 0 msg/s") {
-            break;
-        }
-    }
+    let PacedPair {
+        _ipc,
+        mut sink,
+        mut sink_lines,
+        mut seen,
+        sampler,
+    } = paced_pair_carrying_data("shmem", "shmstall", "39").await;
     signal(&sink, "STOP");
     // The receiver stays stopped until the sender is gone.
     let sampler = finish(sampler).await;
@@ -273,7 +263,7 @@ async fn a_shmem_sender_exits_0_and_a_stalled_receiver_then_gets_every_message()
         sampler.stdout
     );
     let rest = tokio::time::timeout(EXIT_TIMEOUT, async {
-        while let Ok(Some(line)) = lines.next_line().await {
+        while let Ok(Some(line)) = sink_lines.next_line().await {
             seen.push(line);
         }
         sink.wait().await.expect("wait")
