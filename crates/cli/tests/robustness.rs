@@ -248,13 +248,7 @@ async fn a_shmem_sender_exits_0_and_a_stalled_receiver_then_gets_every_message()
     // The receiver stays stopped until the sender is gone.
     let sampler = finish(sampler).await;
     signal(&sink, "CONT");
-    assert_eq!(
-        sampler.code,
-        Some(0),
-        "{}{}",
-        sampler.stdout,
-        sampler.stderr
-    );
+    sampler.assert_exited_0();
     assert!(
         sampler
             .stdout
@@ -306,13 +300,7 @@ async fn a_sender_waits_while_a_stalling_receiver_keeps_taking_messages() {
     .await
     .expect("the sink never received all 20 messages");
     let sampler = sampler.await.expect("sampler task");
-    assert_eq!(
-        sampler.code,
-        Some(0),
-        "{}{}",
-        sampler.stdout,
-        sampler.stderr
-    );
+    sampler.assert_exited_0();
     assert_eq!(sink_exit.code(), Some(0));
 }
 
@@ -391,13 +379,7 @@ async fn an_ofi_sender_drains_everything_while_the_peer_keeps_taking() {
     let sink = device("sink", "pull", "bind");
     let sampler = device("sampler", "push", "connect");
     let (sampler, sink) = tokio::join!(finish(sampler), finish(sink));
-    assert_eq!(
-        sampler.code,
-        Some(0),
-        "{}{}",
-        sampler.stdout,
-        sampler.stderr
-    );
+    sampler.assert_exited_0();
     assert_eq!(sink.code, Some(0), "{}{}", sink.stdout, sink.stderr);
     assert!(
         sink.stdout

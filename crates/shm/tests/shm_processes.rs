@@ -1137,6 +1137,36 @@ fn receiver_exits_with_messages_queued() -> Result<()> {
     })
 }
 
+/// An `exiting-sender` child sends `count` messages of `size` bytes through a `pattern` (pub or
+/// push) socket to `receiver`, bound at `address`, and exits 0 before `receiver` takes any; then
+/// every message arrives, intact and in order.
+async fn everything_from_a_sender_that_exited(
+    session: &Session,
+    address: &str,
+    receiver: &mut Channel,
+    (pattern, count, size): (&str, u64, usize),
+) -> Result<()> {
+    let mut sender = ChildRole::spawn(
+        "exiting-sender",
+        session,
+        address,
+        &[
+            ("PATTERN", pattern.into()),
+            ("COUNT", count.to_string()),
+            ("SIZE", size.to_string()),
+        ],
+    );
+    ensure!(sender.line().await? == format!("SENT {count}"));
+    sender.success().await?;
+    for msg_idx in 0..count {
+        let message = tokio::time::timeout(STEP, receiver.receive())
+            .await
+            .with_context(|| format!("message {msg_idx} never came"))??;
+        verify(&message, msg_idx)?;
+    }
+    Ok(())
+}
+
 /// A publisher sends 100 messages (their descriptor frames fit in the kernel's socket buffer)
 /// and exits at once; its subscriber reads none of them until the publisher is gone (a stalled
 /// receiver), then gets every one, intact. Before, the
@@ -1150,25 +1180,13 @@ fn publisher_exits_right_after_sending() -> Result<()> {
         let address = session.ipc("pubexit");
         let mut subscriber = open(&transport, SocketType::Sub, Method::Bind, &address).await?;
         subscriber.subscribe("").await?;
-        let mut publisher = ChildRole::spawn(
-            "exiting-sender",
+        everything_from_a_sender_that_exited(
             &session,
             &address,
-            &[
-                ("PATTERN", "pub".into()),
-                ("COUNT", "100".into()),
-                ("SIZE", "4096".into()),
-            ],
-        );
-        ensure!(publisher.line().await? == "SENT 100");
-        publisher.success().await?;
-        for msg_idx in 0..100 {
-            let message = tokio::time::timeout(STEP, subscriber.receive())
-                .await
-                .with_context(|| format!("message {msg_idx} never came"))??;
-            verify(&message, msg_idx)?;
-        }
-        Ok(())
+            &mut subscriber,
+            ("pub", 100, 4096),
+        )
+        .await
     })
 }
 
@@ -1183,25 +1201,8 @@ fn a_receiver_not_receiving_yet_gets_everything_from_a_sender_that_exited() -> R
         let transport = session.transport();
         let address = session.ipc("pushexit");
         let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await?;
-        let mut pusher = ChildRole::spawn(
-            "exiting-sender",
-            &session,
-            &address,
-            &[
-                ("PATTERN", "push".into()),
-                ("COUNT", "40".into()),
-                ("SIZE", (1 << 20).to_string()),
-            ],
-        );
-        ensure!(pusher.line().await? == "SENT 40");
-        pusher.success().await?;
-        for msg_idx in 0..40 {
-            let message = tokio::time::timeout(STEP, pull.receive())
-                .await
-                .with_context(|| format!("message {msg_idx} never came"))??;
-            verify(&message, msg_idx)?;
-        }
-        Ok(())
+        everything_from_a_sender_that_exited(&session, &address, &mut pull, ("push", 40, 1 << 20))
+            .await
     })
 }
 

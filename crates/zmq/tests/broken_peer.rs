@@ -41,6 +41,24 @@ fn handshake(socket_type: &str) -> Vec<u8> {
     bytes
 }
 
+/// Sends `bytes` on `channel`.
+async fn send(channel: &mut Channel, bytes: &[u8]) {
+    channel
+        .send(Message::from(bytes.to_vec()))
+        .await
+        .map_err(|failed| failed.error)
+        .expect("send");
+}
+
+/// The next message on `channel`, which must be `expected`; `what` names it if it never comes.
+async fn receive(channel: &mut Channel, expected: &[u8], what: &str) {
+    let message = tokio::time::timeout(STEP, channel.receive())
+        .await
+        .unwrap_or_else(|_| panic!("{what} never came"))
+        .unwrap_or_else(|error| panic!("receiving {what}: {error}"));
+    assert_eq!(message.data(), expected);
+}
+
 #[tokio::test]
 async fn a_requester_dying_mid_frame_is_dropped_and_the_next_one_is_served() {
     let dir =
@@ -60,15 +78,8 @@ async fn a_requester_dying_mid_frame_is_dropped_and_the_next_one_is_served() {
     raw.write_all(&handshake("REQ")).expect("handshake");
     raw.write_all(&[0x01, 0, 0x00, 4]).expect("delimiter");
     raw.write_all(b"ping").expect("request");
-    let ping = tokio::time::timeout(STEP, rep.receive())
-        .await
-        .expect("the whole request never came")
-        .expect("receive");
-    assert_eq!(ping.data(), b"ping");
-    rep.send(Message::from(b"pong".to_vec()))
-        .await
-        .map_err(|failed| failed.error)
-        .expect("reply");
+    receive(&mut rep, b"ping", "the whole request").await;
+    send(&mut rep, b"pong").await;
     // Then half a frame (200 bytes announced, 10 sent) and the end of the connection.
     raw.write_all(&[0x01, 0, 0x00, 200]).expect("frame header");
     raw.write_all(&[7; 10]).expect("part of the body");
@@ -80,22 +91,9 @@ async fn a_requester_dying_mid_frame_is_dropped_and_the_next_one_is_served() {
         .await
         .expect("open");
     req.connect_configured().await.expect("connect");
-    req.send(Message::from(b"hello".to_vec()))
-        .await
-        .map_err(|failed| failed.error)
-        .expect("request");
-    let hello = tokio::time::timeout(STEP, rep.receive())
-        .await
-        .expect("the second requester was never served")
-        .expect("the broken requester failed the receive");
-    assert_eq!(hello.data(), b"hello");
-    rep.send(Message::from(b"world".to_vec()))
-        .await
-        .map_err(|failed| failed.error)
-        .expect("reply");
-    let world = tokio::time::timeout(STEP, req.receive())
-        .await
-        .expect("the reply never came")
-        .expect("receive");
-    assert_eq!(world.data(), b"world");
+    send(&mut req, b"hello").await;
+    // Before: the broken requester failed this receive (and every one after it).
+    receive(&mut rep, b"hello", "the second requester's request").await;
+    send(&mut rep, b"world").await;
+    receive(&mut req, b"world", "the reply").await;
 }

@@ -14,6 +14,14 @@ pub struct Finished {
     pub stderr: String,
 }
 
+impl Finished {
+    /// Panics, with everything the process printed, unless it exited 0.
+    #[allow(dead_code)]
+    pub fn assert_exited_0(&self) {
+        assert_eq!(self.code, Some(0), "{}{}", self.stdout, self.stderr);
+    }
+}
+
 /// Reads everything a child prints and waits for it, within a bound.
 pub async fn finish(mut child: Child) -> Finished {
     let mut stdout = String::new();
