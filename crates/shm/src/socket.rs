@@ -407,8 +407,7 @@ impl ShmSocket {
                 next_dealer: 0,
             }),
             SocketType::Push => {
-                let socket = ferromq_zmq::ZmqTransport::for_shmem_descriptors(session.hash)
-                    .create_zmq_socket(config, socket_name)?;
+                let socket = descriptor_carrier(&session).create_zmq_socket(config, socket_name)?;
                 Inner::Batched(BatchedPush::start(
                     socket,
                     session.hash,
@@ -416,10 +415,7 @@ impl ShmSocket {
                     config.snd_buf_size,
                 ))
             }
-            _ => Inner::Plain(
-                ferromq_zmq::ZmqTransport::for_shmem_descriptors(session.hash)
-                    .create_zmq_socket(config, socket_name)?,
-            ),
+            _ => Inner::Plain(descriptor_carrier(&session).create_zmq_socket(config, socket_name)?),
         };
         Ok(ShmSocket {
             label,
@@ -436,6 +432,16 @@ impl ShmSocket {
             n_foreign_frames: 0,
         })
     }
+}
+
+/// The zeromq transport as the carrier of this session's descriptor frames: its sockets announce
+/// shmem and the session, and serve only shmem peers of the same session.
+fn descriptor_carrier(session: &Session) -> ferromq_zmq::ZmqTransport {
+    ferromq_zmq::ZmqTransport::with_peer_rules(ferromq_zmq::PeerRules {
+        transport: crate::ShmTransport::NAME,
+        scope: Some(session.hash),
+        serves_plain_zeromq: false,
+    })
 }
 
 /// The descriptor of a part that needs no block made for it: one already in this session's

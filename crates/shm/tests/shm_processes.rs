@@ -690,7 +690,7 @@ fn forged_descriptors() -> Result<()> {
         };
         // The forger also forges a shmem identity of this session, to get past the handshake.
         let mut options = zeromq::SocketOptions::default();
-        let identity = format!("fmqshm:{hash:016x}:{}:forger", std::process::id());
+        let identity = format!("fmq:shmem:{hash:016x}:{}:forger", std::process::id());
         options.peer_identity(identity.as_bytes().try_into()?);
         let mut raw = zeromq::PushSocket::with_options(options);
         raw.connect(&address).await?;
@@ -1228,7 +1228,7 @@ fn slow_segment_open_off_the_runtime() -> Result<()> {
         std::fs::write(format!("/dev/shm/{name}"), vec![0u8; 16 << 10])?;
         let hash = session_hash(current_uid(), &session.0);
         let mut options = zeromq::SocketOptions::default();
-        let identity = format!("fmqshm:{hash:016x}:{}:halfmade", std::process::id());
+        let identity = format!("fmq:shmem:{hash:016x}:{}:halfmade", std::process::id());
         options.peer_identity(identity.as_bytes().try_into()?);
         let mut raw = zeromq::PushSocket::with_options(options);
         raw.connect(&address).await?;

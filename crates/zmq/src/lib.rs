@@ -46,6 +46,7 @@
 mod flow;
 pub use flow::InFlight;
 mod handshake;
+pub use handshake::PeerRules;
 mod inproc;
 mod net;
 mod socket;
@@ -124,22 +125,8 @@ pub mod endpoint {
 use async_trait::async_trait;
 use ferromq_core::{ChannelConfig, Result, Socket, Transport};
 
-/// Who a socket says it is in its ZMTP handshake, so that a peer of another transport or another
-/// session is reported on both ends at connect time.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Role {
-    /// A zeromq-transport channel.
-    #[default]
-    Zeromq,
-    /// The metadata channel of the shmem transport of one session.
-    ShmemMetadata {
-        /// The session's hash.
-        session_hash: u64,
-    },
-}
-
 /// The first bytes of every descriptor frame the shmem transport sends over this transport (see
-/// [`ZmqTransport::for_shmem_descriptors`]). A zeromq receiver that gets such a frame reports a
+/// [`ZmqTransport::with_peer_rules`]). A zeromq receiver that gets such a frame reports a
 /// shmem peer instead of delivering it as a payload. It is defined here, by the carrier of
 /// those frames, so that ferromq-core knows no transport's wire format.
 pub const SHMEM_DESCRIPTOR_MAGIC: &[u8; 8] = b"FMQSHM02";
@@ -149,7 +136,7 @@ pub const SHMEM_DESCRIPTOR_MIN_LEN: usize = 32;
 /// The zeromq transport (`transport = "zeromq"`).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ZmqTransport {
-    role: Role,
+    rules: PeerRules,
 }
 
 impl ZmqTransport {
@@ -159,15 +146,15 @@ impl ZmqTransport {
     /// The transport. Its receivers report a shmem peer ([`ferromq_core::Error::TransportMismatch`])
     /// instead of delivering its descriptor frames as data.
     pub fn new() -> ZmqTransport {
-        ZmqTransport { role: Role::Zeromq }
+        ZmqTransport {
+            rules: PeerRules::ZEROMQ,
+        }
     }
 
-    /// The transport as the metadata channel of the shmem session `session_hash`: descriptor
-    /// frames are its data, and peers of other transports or sessions are refused.
-    pub fn for_shmem_descriptors(session_hash: u64) -> ZmqTransport {
-        ZmqTransport {
-            role: Role::ShmemMetadata { session_hash },
-        }
+    /// The transport as the carrier of another transport's frames (shmem's descriptors): its
+    /// sockets announce and check peers by `rules` (see [`PeerRules`]).
+    pub fn with_peer_rules(rules: PeerRules) -> ZmqTransport {
+        ZmqTransport { rules }
     }
 
     /// A socket for `config`, by type (what [`Transport::create_socket`] boxes).
@@ -180,7 +167,7 @@ impl ZmqTransport {
         socket_name: &str,
     ) -> Result<ZmqSocket> {
         config.validate()?;
-        Ok(socket::ZmqSocket::new(config, socket_name, self.role))
+        Ok(socket::ZmqSocket::new(config, socket_name, self.rules))
     }
 }
 

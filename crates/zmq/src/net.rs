@@ -106,7 +106,7 @@ pub(crate) struct NetChannel {
     snd_buf_size: usize,
     in_flight: Arc<InFlight>,
     bound_ipc_paths: Vec<PathBuf>,
-    role: crate::Role,
+    rules: crate::PeerRules,
     /// Connection events, for the identities of the peers (see `handshake.rs`).
     events: futures::channel::mpsc::Receiver<zeromq::SocketEvent>,
     mismatch: Option<crate::handshake::Mismatch>,
@@ -128,9 +128,9 @@ impl NetChannel {
     pub(crate) fn new(
         socket_type: SocketType,
         snd_buf_size: usize,
-        role: crate::Role,
+        rules: crate::PeerRules,
     ) -> NetChannel {
-        let mut socket = NetSocket::new(socket_type, &crate::handshake::identity(role));
+        let mut socket = NetSocket::new(socket_type, &crate::handshake::identity(rules));
         let events = on_socket!(&mut socket, socket => socket.monitor());
         NetChannel {
             socket,
@@ -138,7 +138,7 @@ impl NetChannel {
             snd_buf_size,
             in_flight: Arc::default(),
             bound_ipc_paths: Vec::new(),
-            role,
+            rules,
             events,
             mismatch: None,
             pending_connects: Vec::new(),
@@ -163,7 +163,7 @@ impl NetChannel {
         {
             self.peer_pids.push(pid);
         }
-        let Some((mismatch, peer)) = crate::handshake::misfit(self.role, event) else {
+        let Some((mismatch, peer)) = crate::handshake::misfit(self.rules, event) else {
             return;
         };
         if self.is_fan_in() {
@@ -448,7 +448,7 @@ impl NetChannel {
                         message
                     };
                     // A shmem peer sends descriptor frames: report it rather than hand over garbage.
-                    let from_shmem = self.role == crate::Role::Zeromq
+                    let from_shmem = self.rules.serves_plain_zeromq
                         && message.len() == 1
                         && message.get(0).is_some_and(|frame| {
                             frame.len() >= crate::SHMEM_DESCRIPTOR_MIN_LEN

@@ -30,11 +30,15 @@ pub struct ZmqSocket {
     /// True while the socket is subscribed to everything only because nobody asked otherwise.
     subscribed_to_all_by_default: bool,
     /// What this socket announces to its peers.
-    role: crate::Role,
+    rules: crate::PeerRules,
 }
 
 impl ZmqSocket {
-    pub(crate) fn new(config: &ChannelConfig, socket_name: &str, role: crate::Role) -> ZmqSocket {
+    pub(crate) fn new(
+        config: &ChannelConfig,
+        socket_name: &str,
+        rules: crate::PeerRules,
+    ) -> ZmqSocket {
         let mut label = ChannelLabel::new(socket_name, config.socket_type);
         label.address = config.address.clone();
         ZmqSocket {
@@ -45,7 +49,7 @@ impl ZmqSocket {
             backend: Backend::Unattached,
             subscriptions: Vec::new(),
             subscribed_to_all_by_default: false,
-            role,
+            rules,
         }
     }
 
@@ -61,7 +65,7 @@ impl ZmqSocket {
                 self.backend = Backend::Net(Box::new(NetChannel::new(
                     self.socket_type,
                     self.snd_buf_size,
-                    self.role,
+                    self.rules,
                 )));
             }
             (Backend::Inproc(_), false) | (Backend::Net(_), true) => {
