@@ -272,6 +272,89 @@ async fn a_shmem_sender_exits_0_and_a_stalled_receiver_then_gets_every_message()
     );
 }
 
+/// shmem, unthrottled: 2 000 000 × 64 KiB (122 GiB through a 2 GiB segment) to a receiver
+/// stopped mid-stream (issue 13's case): the sender waits (its rate falls to 0; it neither
+/// fails nor fills the segment, `sndBufSize` bounds what is in flight) until SIGCONT, then
+/// every message arrives and both exit 0.
+#[tokio::test]
+async fn an_unthrottled_shmem_sender_waits_for_a_stopped_receiver_and_loses_nothing() {
+    let ipc = Ipc::new("shmwait");
+    let session = format!("shmwait{}", std::process::id());
+    let address = ipc.address();
+    let device = |kind: &str, socket_type: &str, method: &str| {
+        let config =
+            format!("name=data,type={socket_type},method={method},address={address},rateLogging=1");
+        static_device(
+            kind,
+            kind,
+            &[
+                "--transport",
+                "shmem",
+                "--session",
+                &session,
+                "--max-iterations",
+                "1999999",
+                "--msg-size",
+                "65536",
+                "--channel-config",
+                &config,
+            ],
+        )
+    };
+    let mut sink = device("sink", "pull", "bind");
+    let mut sink_lines = BufReader::new(sink.stdout.take().expect("stdout")).lines();
+    let mut sink_seen = Vec::new();
+    wait_for_line(&mut sink_lines, "READY ---> RUNNING", &mut sink_seen).await;
+    let mut sampler = device("bsampler", "push", "connect");
+    let mut sampler_lines = BufReader::new(sampler.stdout.take().expect("stdout")).lines();
+    let mut sampler_seen = Vec::new();
+    loop {
+        wait_for_line(&mut sink_lines, "data: in: ", &mut sink_seen).await;
+        if !sink_seen.last().expect("a line").contains("in: 0 msg/s") {
+            break;
+        }
+    }
+    signal(&sink, "STOP");
+    // The sender waits: after seconds of sending, a whole second in which it sent nothing,
+    // and it is still running.
+    loop {
+        wait_for_line(&mut sampler_lines, "out: ", &mut sampler_seen).await;
+        let sending = |line: &String| line.contains("out: ") && !line.contains("out: 0 msg/s");
+        let idle = !sending(sampler_seen.last().expect("a line"));
+        if idle && sampler_seen.iter().any(sending) {
+            break;
+        }
+    }
+    signal(&sink, "CONT");
+    let drain = |mut lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+                 mut seen: Vec<String>| async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            seen.push(line);
+        }
+        seen
+    };
+    let (sampler_seen, sink_seen, sampler_exit, sink_exit) =
+        tokio::time::timeout(EXIT_TIMEOUT, async {
+            let (sampler_seen, sink_seen) = tokio::join!(
+                drain(sampler_lines, sampler_seen),
+                drain(sink_lines, sink_seen)
+            );
+            let sampler_exit = sampler.wait().await.expect("wait");
+            let sink_exit = sink.wait().await.expect("wait");
+            (sampler_seen, sink_seen, sampler_exit, sink_exit)
+        })
+        .await
+        .expect("the pair never finished after SIGCONT");
+    assert_eq!(sampler_exit.code(), Some(0), "{sampler_seen:#?}");
+    assert_eq!(sink_exit.code(), Some(0), "{sink_seen:#?}");
+    assert!(
+        sink_seen
+            .iter()
+            .any(|line| line.contains("received 2000000 messages, 131072000000 bytes")),
+        "{sink_seen:#?}"
+    );
+}
+
 /// 20 × 8 MiB to a receiver that stalls again and again but keeps taking messages: the
 /// drain takes far longer than `linger`, and still everything arrives and both exit 0.
 #[tokio::test]
