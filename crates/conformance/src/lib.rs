@@ -34,15 +34,10 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use ferromq_conformance::{AddressScheme, Suite};
-//! # #[derive(Debug)] struct MyTransport;
-//! # #[async_trait::async_trait]
-//! # impl ferromq_core::Transport for MyTransport {
-//! #     fn name(&self) -> &'static str { "mine" }
-//! #     async fn create_socket(&self, _: &ferromq_core::ChannelConfig, _: &str)
-//! #         -> ferromq_core::Result<Box<dyn ferromq_core::Socket>> { unimplemented!() }
-//! # }
+//! // The transport under test: here the zeromq one (what `tests/zeromq_tcp.rs` runs).
+//! use ferromq_zmq::ZmqTransport;
 //! fn main() {
-//!     Suite::new("mine", AddressScheme::Tcp, |_trial| Arc::new(MyTransport)).run();
+//!     Suite::new("zeromq-tcp", AddressScheme::Tcp, |_trial| Arc::new(ZmqTransport::new())).run();
 //! }
 //! ```
 
