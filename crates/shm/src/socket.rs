@@ -69,9 +69,9 @@ enum Inner {
 enum PushCommand {
     Bind(Address, tokio::sync::oneshot::Sender<Result<Address>>),
     Connect(Address, tokio::sync::oneshot::Sender<Result<()>>),
-    /// Replies whether the peers hold every frame written to them (see
-    /// [`ZmqSocket::peers_hold_what_was_written`]).
-    Close(Duration, tokio::sync::oneshot::Sender<Result<bool>>),
+    /// With `true`, replies whether the peers hold every frame written to them (see
+    /// [`ZmqSocket::peers_hold_what_was_written`]): asked only when something was not taken.
+    Close(Duration, bool, tokio::sync::oneshot::Sender<Result<bool>>),
 }
 
 /// A push socket whose records are encoded by `send` straight into descriptor frames in an
@@ -251,12 +251,12 @@ impl BatchedPush {
                         let _ = reply.send(connected);
                         continue;
                     }
-                    Some(PushCommand::Close(linger, reply)) => {
+                    Some(PushCommand::Close(linger, ask_peers, reply)) => {
                         // Everything accepted before the close goes first.
                         while let Some((frame, n_records)) = state.take_frame() {
                             send_frame(&mut socket, &state, frame, n_records).await;
                         }
-                        let held = socket.peers_hold_what_was_written();
+                        let held = ask_peers && socket.peers_hold_what_was_written();
                         let _ = reply.send(socket.close(linger).await.map(|()| held));
                         return;
                     }
@@ -975,18 +975,20 @@ impl Socket for ShmSocket {
         };
         let result = match &mut self.inner {
             Inner::Plain(socket) => {
-                let held = socket.peers_hold_what_was_written();
-                match socket.close(linger).await {
-                    Ok(()) => handed_over_or_lost(&self.label, held),
-                    Err(error) => Err(error),
-                }
+                let held = n_untaken > 0 && socket.peers_hold_what_was_written();
+                socket
+                    .close(linger)
+                    .await
+                    .and_then(|()| handed_over_or_lost(&self.label, held))
             }
             // The task sends everything queued before the close, then closes with linger.
             Inner::Batched(push) => {
                 // Queued descriptors wait for a peer; `linger` bounds how long. Past it the
                 // batching task is stopped and the loss reported, so closing never hangs on a
                 // receiver that is gone.
-                let close = push.call(&self.label, |reply| PushCommand::Close(linger, reply));
+                let close = push.call(&self.label, |reply| {
+                    PushCommand::Close(linger, n_untaken > 0, reply)
+                });
                 let closed = tokio::time::timeout(linger + Duration::from_millis(100), close).await;
                 if closed.is_err() {
                     push.task.abort();

@@ -160,6 +160,7 @@ impl NetChannel {
         if let zeromq::SocketEvent::Accepted(_, peer) | zeromq::SocketEvent::Connected(_, peer) =
             event
             && let Some(pid) = crate::handshake::peer_pid(peer)
+            && !self.peer_pids.contains(&pid)
         {
             self.peer_pids.push(pid);
         }
@@ -426,23 +427,11 @@ impl NetChannel {
             match received {
                 Ok(message) => {
                     let message = if self.socket_type == SocketType::Rep {
-                        let mut frames = message.into_vec();
-                        // Routing id, relays' ids, then the empty delimiter; the request follows.
-                        let Some(delimiter_idx) = frames
-                            .iter()
-                            .skip(1)
-                            .position(Bytes::is_empty)
-                            .map(|idx| idx + 1)
-                        else {
-                            tracing::debug!(channel = %label, "dropped a request without an envelope");
+                        let Some((envelope, request)) = split_envelope(message) else {
+                            tracing::debug!(channel = %label, "dropped a request without an envelope or a body");
                             continue;
                         };
-                        let request = frames.split_off(delimiter_idx + 1);
-                        let Ok(request) = ZmqMessage::try_from(request) else {
-                            tracing::debug!(channel = %label, "dropped an empty request");
-                            continue;
-                        };
-                        self.reply_envelope = Some(frames);
+                        self.reply_envelope = Some(envelope);
                         request
                     } else {
                         message
@@ -548,6 +537,15 @@ impl NetChannel {
             }),
         }
     }
+}
+
+/// A request as a ROUTER receives it, split into its envelope (the requester's routing id, any
+/// relays' ids, the empty delimiter) and its body; `None` without a delimiter or a body.
+fn split_envelope(message: ZmqMessage) -> Option<(Vec<Bytes>, ZmqMessage)> {
+    let mut frames = message.into_vec();
+    let delimiter_idx = frames.iter().skip(1).position(Bytes::is_empty)? + 1;
+    let request = ZmqMessage::try_from(frames.split_off(delimiter_idx + 1)).ok()?;
+    Some((frames, request))
 }
 
 fn frames_to_parts(frames: Vec<Bytes>) -> Parts {
