@@ -1,0 +1,107 @@
+//! What can go wrong with a call, named by destination and handler.
+
+use std::time::Duration;
+
+use ferromq_core::Message;
+use thiserror::Error;
+
+use crate::wire::Status;
+
+/// Why a call, its result or its acknowledgement did not come back as hoped.
+///
+/// Failures at the destination (no such handler, arguments that do not decode, a panicking
+/// handler) come back to the caller as [`CallError::Remote`]; the destination keeps serving.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum CallError {
+    /// The handler did not run, or did not finish, at the destination.
+    #[error("device {destination}: handler {handler} {kind}: {cause}")]
+    Remote {
+        destination: String,
+        handler: String,
+        kind: RemoteFailure,
+        cause: String,
+    },
+    /// No answer (result, acknowledgement, room in the destination's queue) within the timeout.
+    #[error("device {destination} did not answer {handler} within {after:?}")]
+    Timeout {
+        destination: String,
+        handler: String,
+        after: Duration,
+    },
+    /// The destination's queue holds `queued` calls, its bound ([`crate::WhenFull::Fail`]).
+    #[error("device {destination} is full ({queued} calls queued): {handler} refused")]
+    Full {
+        destination: String,
+        handler: String,
+        queued: usize,
+    },
+    /// The channel to the destination failed; calls to it fail from now on.
+    #[error("device {destination} is unreachable: {cause}")]
+    Unreachable { destination: String, cause: String },
+    /// The destination is not a member of the group.
+    #[error("no member {destination} in the group (members: {members})")]
+    UnknownDestination {
+        destination: String,
+        members: String,
+    },
+    /// The arguments could not be serialised, or the result could not be read.
+    #[error("handler {handler}: {cause}")]
+    Codec { handler: String, cause: String },
+    /// The rpc node was shut down.
+    #[error("the rpc node is shut down")]
+    Stopped,
+}
+
+/// What went wrong at the destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteFailure {
+    /// The destination has no handler with this id.
+    UnknownHandler,
+    /// The arguments did not decode as the handler's argument type.
+    BadArguments,
+    /// The handler panicked.
+    Panicked,
+    /// The frame the call came in was malformed.
+    BadFrame,
+}
+
+impl RemoteFailure {
+    pub(crate) fn of(status: Status) -> Option<RemoteFailure> {
+        match status {
+            Status::Ok => None,
+            Status::UnknownHandler => Some(RemoteFailure::UnknownHandler),
+            Status::BadArguments => Some(RemoteFailure::BadArguments),
+            Status::Panicked => Some(RemoteFailure::Panicked),
+            Status::BadFrame => Some(RemoteFailure::BadFrame),
+        }
+    }
+}
+
+impl std::fmt::Display for RemoteFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RemoteFailure::UnknownHandler => "is not registered",
+            RemoteFailure::BadArguments => "got arguments it cannot decode",
+            RemoteFailure::Panicked => "panicked",
+            RemoteFailure::BadFrame => "got a malformed frame",
+        })
+    }
+}
+
+/// A call refused at once because its destination's queue was full ([`crate::WhenFull::Fail`]):
+/// the arguments and buffer come back untouched.
+#[derive(Debug)]
+pub struct Refused<A> {
+    pub args: A,
+    pub buffer: Option<Message>,
+    /// Boxed: a refused call is the rare path, and the `Result` stays small.
+    pub error: Box<CallError>,
+}
+
+impl<A> std::fmt::Display for Refused<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "call refused: {}", self.error)
+    }
+}
+
+impl<A: std::fmt::Debug> std::error::Error for Refused<A> {}

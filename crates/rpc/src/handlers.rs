@@ -1,0 +1,263 @@
+//! Procedures, their ids, and the table of handlers a member serves.
+//!
+//! A [`Procedure`] names a remote function and its types once, for both sides; its id is a
+//! 64-bit FNV-1a hash of its name, stable across builds and processes (unlike `TypeId`). A
+//! handler is stored type-erased: it decodes its arguments from the frame (postcard) and
+//! returns a boxed future whose output is already encoded. A panic in the handler, synchronous
+//! or in its future, is caught and becomes [`Status::Panicked`] for the caller.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use ferromq_core::Message;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::node::Rpc;
+use crate::wire::Status;
+
+/// A remote function: its name (the id is derived from it) and its argument and result types.
+///
+/// ```
+/// use ferromq_rpc::Procedure;
+/// struct Add;
+/// impl Procedure for Add {
+///     const NAME: &'static str = "add";
+///     type Args = (u64, u64);
+///     type Output = u64;
+/// }
+/// assert_eq!(Add::id(), ferromq_rpc::HandlerId::named("add"));
+/// ```
+pub trait Procedure: 'static {
+    /// Unique within a group; the id is derived from it unless [`Procedure::id`] is overridden.
+    const NAME: &'static str;
+    /// The arguments, serialised with postcard.
+    type Args: Serialize + DeserializeOwned + Send + 'static;
+    /// The result (`()` for calls that return nothing), serialised with postcard.
+    type Output: Serialize + DeserializeOwned + Send + 'static;
+
+    /// The id callers put on the wire.
+    fn id() -> HandlerId {
+        HandlerId::named(Self::NAME)
+    }
+}
+
+/// The id of a handler on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HandlerId(pub u64);
+
+impl HandlerId {
+    /// The FNV-1a hash of `name`: the same in every build and process.
+    pub const fn named(name: &str) -> HandlerId {
+        let bytes = name.as_bytes();
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut idx = 0;
+        while idx < bytes.len() {
+            hash ^= bytes[idx] as u64;
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+            idx += 1;
+        }
+        HandlerId(hash)
+    }
+}
+
+impl std::fmt::Display for HandlerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#018x}", self.0)
+    }
+}
+
+/// Where a handler runs: who called, and the local node to make calls of its own.
+///
+/// A handler runs on its member's dispatcher, one at a time in arrival order (that is what
+/// keeps calls from one sender in order). It may make calls; it must not wait for the result
+/// of a call whose handler calls back into this member, which would wait for itself. Calls
+/// made through [`Invocation::rpc`] queue when their destination is full instead of waiting
+/// ([`crate::WhenFull::Queue`]), so two members calling each other from handlers cannot
+/// deadlock on full queues.
+#[derive(Clone)]
+pub struct Invocation {
+    pub(crate) caller: usize,
+    pub(crate) rpc: Rpc,
+}
+
+impl Invocation {
+    /// The member index of the caller (for a broadcast, of the member that started it).
+    pub fn caller(&self) -> usize {
+        self.caller
+    }
+
+    /// The local node, for calls made by the handler.
+    pub fn rpc(&self) -> &Rpc {
+        &self.rpc
+    }
+}
+
+/// What a handler's run produced: the encoded result, or why there is none.
+pub(crate) type Outcome = Result<Vec<u8>, (Status, String)>;
+
+type Erased = dyn Fn(Invocation, &[u8], Option<Message>) -> Result<BoxFuture<'static, Outcome>, (Status, String)>
+    + Send
+    + Sync;
+
+struct Entry {
+    name: &'static str,
+    wants_buffer: bool,
+    run: Arc<Erased>,
+}
+
+/// The handlers one member serves, by id. Built before the node starts.
+#[derive(Default)]
+pub struct Handlers {
+    entries: HashMap<u64, Entry>,
+    /// Two procedures whose names hash alike, or one registered twice: reported at start.
+    pub(crate) conflicts: Vec<String>,
+}
+
+impl Handlers {
+    pub fn new() -> Handlers {
+        Handlers::default()
+    }
+
+    /// Serves `P` with `handler(invocation, args)`.
+    #[must_use]
+    pub fn on<P, F, Fut>(self, handler: F) -> Handlers
+    where
+        P: Procedure,
+        F: Fn(Invocation, P::Args) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = P::Output> + Send + 'static,
+    {
+        let run = move |invocation: Invocation, payload: &[u8], _buffer: Option<Message>| {
+            let args = decode_args::<P>(payload)?;
+            let future = catch_panic(|| handler(invocation, args))?;
+            Ok(encode_output::<P, _>(future))
+        };
+        self.insert::<P>(false, Arc::new(run))
+    }
+
+    /// Serves `P` with `handler(invocation, args, buffer)`: the handler runs once the buffer is
+    /// here in full. (A call of `P` without a buffer is refused as [`Status::BadFrame`].)
+    #[must_use]
+    pub fn on_buffer<P, F, Fut>(self, handler: F) -> Handlers
+    where
+        P: Procedure,
+        F: Fn(Invocation, P::Args, Message) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = P::Output> + Send + 'static,
+    {
+        let run = move |invocation: Invocation, payload: &[u8], buffer: Option<Message>| {
+            let Some(buffer) = buffer else {
+                return Err((
+                    Status::BadFrame,
+                    format!("{} takes a buffer and the call carried none", P::NAME),
+                ));
+            };
+            let args = decode_args::<P>(payload)?;
+            let future = catch_panic(|| handler(invocation, args, buffer))?;
+            Ok(encode_output::<P, _>(future))
+        };
+        self.insert::<P>(true, Arc::new(run))
+    }
+
+    fn insert<P: Procedure>(mut self, wants_buffer: bool, run: Arc<Erased>) -> Handlers {
+        let id = P::id().0;
+        if let Some(known) = self.entries.get(&id) {
+            self.conflicts.push(format!(
+                "{} and {} have the same handler id {}",
+                known.name,
+                P::NAME,
+                P::id()
+            ));
+            return self;
+        }
+        self.entries.insert(
+            id,
+            Entry {
+                name: P::NAME,
+                wants_buffer,
+                run,
+            },
+        );
+        self
+    }
+
+    /// The name of the handler with `id`, if there is one.
+    pub(crate) fn name(&self, id: u64) -> Option<&'static str> {
+        self.entries.get(&id).map(|entry| entry.name)
+    }
+
+    /// Starts the handler `id` on `payload`; the future runs it to its outcome.
+    pub(crate) fn start(
+        &self,
+        id: u64,
+        invocation: Invocation,
+        payload: &[u8],
+        buffer: Option<Message>,
+    ) -> Result<BoxFuture<'static, Outcome>, (Status, String)> {
+        let Some(entry) = self.entries.get(&id) else {
+            return Err((
+                Status::UnknownHandler,
+                format!("no handler with id {}", HandlerId(id)),
+            ));
+        };
+        if !entry.wants_buffer && buffer.is_some() {
+            tracing::debug!(
+                handler = entry.name,
+                "a buffer came with a call that takes none; dropped"
+            );
+        }
+        (entry.run)(invocation, payload, buffer)
+    }
+}
+
+fn decode_args<P: Procedure>(payload: &[u8]) -> Result<P::Args, (Status, String)> {
+    postcard::from_bytes::<P::Args>(payload).map_err(|error| {
+        (
+            Status::BadArguments,
+            format!(
+                "{} bytes are no {}: {error}",
+                payload.len(),
+                std::any::type_name::<P::Args>()
+            ),
+        )
+    })
+}
+
+fn catch_panic<T>(run: impl FnOnce() -> T) -> Result<T, (Status, String)> {
+    std::panic::catch_unwind(AssertUnwindSafe(run))
+        .map_err(|panic| (Status::Panicked, panic_message(panic.as_ref())))
+}
+
+fn encode_output<P, Fut>(future: Fut) -> BoxFuture<'static, Outcome>
+where
+    P: Procedure,
+    Fut: Future<Output = P::Output> + Send + 'static,
+{
+    async move {
+        let output = AssertUnwindSafe(future)
+            .catch_unwind()
+            .await
+            .map_err(|panic| (Status::Panicked, panic_message(panic.as_ref())))?;
+        postcard::to_allocvec(&output).map_err(|error| {
+            (
+                Status::Panicked,
+                format!("its result could not be serialised: {error}"),
+            )
+        })
+    }
+    .boxed()
+}
+
+/// The text a panic was raised with.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
+}

@@ -1,0 +1,58 @@
+//! Remote invocation between ferromq devices: typed calls, results, buffers and broadcasts,
+//! with calls to one destination packed into frames (after Seriema's RDMA-based remote
+//! invocation and its aggregator).
+//!
+//! A group is a list of [`Member`]s, each with an inbound pull channel; every member connects a
+//! push channel to every other, over any transport (zeromq tcp, ipc and inproc, shmem, ofi).
+//! [`Rpc`] is one member:
+//!
+//! ```no_run
+//! # async fn example(transport: std::sync::Arc<dyn ferromq_core::Transport>,
+//! #                  members: Vec<ferromq_rpc::Member>, me: usize) -> anyhow::Result<()> {
+//! use ferromq_rpc::{Handlers, Inbound, Procedure, Rpc, RpcOptions};
+//!
+//! struct Add;
+//! impl Procedure for Add {
+//!     const NAME: &'static str = "add";
+//!     type Args = (u64, u64);
+//!     type Output = u64;
+//! }
+//!
+//! let inbound = Inbound::bind(transport.as_ref(), &members[me].address).await?;
+//! let handlers = Handlers::new().on::<Add, _, _>(|_, (a, b)| async move { a + b });
+//! let rpc = Rpc::start(transport, me, &members, inbound, handlers, RpcOptions::default()).await?;
+//! assert_eq!(rpc.call_return::<Add>(0, &(2, 3)).await?, 5);
+//! rpc.shutdown().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! - `call` (fire and forget), `call_buffer` (the handler runs once the buffer is there; on
+//!   shmem a buffer in shared memory moves as a descriptor), `call_return` (a typed result),
+//!   `broadcast` / `broadcast_buffer` (over a k-ary tree); through [`Rpc::to`] a call chooses
+//!   what a full destination means ([`WhenFull`]: wait, queue, fail handing the call back) and
+//!   when its [`Ticket`] is done ([`Confirm`]: accepted, left, consumed).
+//! - Calls from one member to another run in the order they were made.
+//! - A missing handler, arguments that do not decode and a panicking handler come back to the
+//!   caller as [`CallError::Remote`] naming the device, the handler and the cause; the
+//!   destination keeps serving.
+//! - [`Aggregation`]: `none`, `trad` (frames of `aggregate_bytes`, held `aggregate_delay`) or
+//!   `ovfl` (packed only while the destination lags), per member in [`RpcOptions`].
+//!
+//! Module map: `wire.rs` (the frame), `handlers.rs` (procedures and the handler table),
+//! `outlet.rs` (aggregation and sending to one destination), `node.rs` (the member: calls,
+//! pending results, the dispatcher, broadcast trees).
+#![forbid(unsafe_code)]
+
+mod error;
+mod handlers;
+mod node;
+mod outlet;
+mod wire;
+
+pub use error::{CallError, Refused, RemoteFailure};
+pub use handlers::{HandlerId, Handlers, Invocation, Procedure};
+pub use node::{
+    CallBuilder, Confirm, Inbound, Member, Rpc, RpcOptions, RpcStats, StartError, Ticket, WhenFull,
+};
+pub use outlet::Aggregation;
+pub use wire::{Status, WireError};

@@ -1,0 +1,1366 @@
+//! [`Rpc`]: one member of a group: its outlets to every member, its dispatcher, the calls it
+//! waits on.
+//!
+//! # The path of one call
+//! `call_return::<P>(dest, &args)` registers a pending entry under a new sequence number,
+//! serialises `args` into the open frame of `dest`'s outlet (`outlet.rs`) and waits. The
+//! outlet's task sends the frame over the push channel to `dest`'s inbound pull channel (or,
+//! for `dest` = this member, hands it to its own dispatcher). `dest`'s dispatcher reads the
+//! frame's records in order, runs the handler of each (one at a time: calls from one sender run
+//! in the order they were made) and queues the result as a reply record in its outlet back to
+//! the caller, where the dispatcher completes the pending entry.
+//!
+//! # Peer death, timeouts and drop
+//! Nothing waits forever: a result, an acknowledgement, room in a full destination's queue and a
+//! flush each wait at most `RpcOptions::timeout`, then fail with an error naming the destination
+//! and the handler (a destination that died is found this way; zeromq and shmem give no
+//! earlier sign). A channel that fails fails the pending calls to its destination at once. A
+//! result that arrives after its caller gave up is dropped. Dropping every [`Rpc`] handle stops
+//! the dispatcher and lets the outlets send what they hold before closing; [`Rpc::shutdown`]
+//! does the same and waits for it.
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use ferromq_core::{
+    Address, Channel, ChannelConfig, Message, Method, Parts, SocketType, Transport,
+};
+use serde::Serialize;
+use thiserror::Error;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::error::{CallError, Refused, RemoteFailure};
+use crate::handlers::{Handlers, Invocation, Procedure};
+use crate::outlet::{Aggregation, Counts, Outlet, OutletConfig, Payload, Rejection, Sink};
+use crate::wire::{self, FrameReader, RecordHead, Status};
+
+/// How a member packs, bounds and times its calls.
+#[derive(Debug, Clone)]
+pub struct RpcOptions {
+    /// How calls to one destination are packed (`aggregate` in a topology).
+    pub aggregation: Aggregation,
+    /// The size of an aggregated frame (`aggregate-bytes`, default 4 KiB).
+    pub aggregate_bytes: usize,
+    /// How long `trad` holds a frame that is not full (`aggregate-us`, default 100 µs).
+    pub aggregate_delay: Duration,
+    /// Calls queued per destination before it counts as full (default 4096).
+    pub max_queued_calls: usize,
+    /// The longest wait for a result, an acknowledgement, room or a flush (default 10 s).
+    pub timeout: Duration,
+    /// The fan-out of a broadcast's tree (default 2: binary).
+    pub tree_arity: u8,
+}
+
+impl Default for RpcOptions {
+    fn default() -> RpcOptions {
+        RpcOptions {
+            aggregation: Aggregation::default(),
+            aggregate_bytes: 4096,
+            aggregate_delay: Duration::from_micros(100),
+            max_queued_calls: 4096,
+            timeout: Duration::from_secs(10),
+            tree_arity: 2,
+        }
+    }
+}
+
+/// What a call does when its destination's queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Wait for room, at most the timeout (Seriema's Retry).
+    Wait,
+    /// Queue it locally, keeping the order of this member's calls (Seriema's RetryAsync).
+    Queue,
+    /// Fail at once, handing the call back (only [`CallBuilder::try_call`] and
+    /// [`CallBuilder::try_call_buffer`], which can hand the arguments back).
+    Fail,
+}
+
+/// When a call's [`Ticket`] is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Confirm {
+    /// When the call was accepted (queued for sending).
+    Accepted,
+    /// When the call has left this member (handed to the transport): its buffer is no longer
+    /// needed here.
+    Left,
+    /// When the destination ran the handler (Seriema's Synchronizer); a failure there comes
+    /// back as the ticket's error.
+    Consumed,
+}
+
+/// One member of the group: its name and the address its inbound channel binds.
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub name: String,
+    pub address: Address,
+}
+
+/// Why a member could not start.
+#[derive(Debug, Error)]
+pub enum StartError {
+    #[error("member index {me} is not in a group of {n_members}")]
+    NotAMember { me: usize, n_members: usize },
+    #[error("handlers: {0}")]
+    Handlers(String),
+    #[error("broadcast tree arity 0: it must be at least 1")]
+    Arity,
+    #[error(transparent)]
+    Channel(#[from] ferromq_core::Error),
+}
+
+/// Counts of what a member sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RpcStats {
+    /// Frames handed to the transport (or to this member's own dispatcher).
+    pub frames: u64,
+    /// Records (calls, results, acknowledgements) in them.
+    pub records: u64,
+    /// Records that shared their frame with others.
+    pub aggregated_records: u64,
+    /// Records queued now and not yet sent, over every destination.
+    pub queued_records: usize,
+}
+
+/// The inbound channel of a member, bound before the group starts (so that a port 0 can be
+/// told to the others).
+pub struct Inbound {
+    channel: Channel,
+    address: Address,
+}
+
+impl Inbound {
+    /// Binds a pull channel named `rpc` at `address`.
+    ///
+    /// # Errors
+    /// The transport's bind error (address in use, unsupported address, ...).
+    pub async fn bind(transport: &dyn Transport, address: &Address) -> Result<Inbound, StartError> {
+        let config = ChannelConfig::new("rpc", SocketType::Pull, Method::Bind)
+            .with_address(address.to_string());
+        let mut channel = Channel::open(transport, config, "rpc").await?;
+        let address = channel.bind(address).await?;
+        Ok(Inbound { channel, address })
+    }
+
+    /// The address actually bound (the real port for port 0).
+    pub fn address(&self) -> &Address {
+        &self.address
+    }
+}
+
+enum Pending {
+    Result {
+        dest: usize,
+        handler: &'static str,
+        reply: oneshot::Sender<Result<Vec<u8>, CallError>>,
+    },
+    Acks {
+        dest: usize,
+        handler: &'static str,
+        remaining: usize,
+        reply: oneshot::Sender<Result<(), CallError>>,
+    },
+}
+
+/// Failures of fire-and-forget calls kept for [`Rpc::take_failures`], at most this many.
+const MAX_KEPT_FAILURES: usize = 1024;
+
+struct Node {
+    me: usize,
+    names: Vec<String>,
+    outlets: Vec<Arc<Outlet>>,
+    pending: Mutex<HashMap<u64, Pending>>,
+    next_seq: AtomicU64,
+    handlers: Handlers,
+    options: RpcOptions,
+    counts: Arc<Counts>,
+    failures: Mutex<VecDeque<CallError>>,
+    tasks: Mutex<Vec<JoinHandle<ferromq_core::Result<()>>>>,
+    stop: watch::Sender<bool>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        self.outlets.iter().for_each(|outlet| outlet.close());
+    }
+}
+
+/// A member of an rpc group; cheap to clone (all clones are the same member).
+#[derive(Clone)]
+pub struct Rpc {
+    node: Arc<Node>,
+    when_full: WhenFull,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Rpc {
+    /// Starts member `me` of `members`: connects a push channel to every other member's
+    /// address, starts the outlets and the dispatcher on `inbound`. Must run inside a tokio
+    /// runtime.
+    ///
+    /// # Errors
+    /// [`StartError`] naming the member index, a handler conflict or the channel that failed.
+    pub async fn start(
+        transport: Arc<dyn Transport>,
+        me: usize,
+        members: &[Member],
+        inbound: Inbound,
+        handlers: Handlers,
+        options: RpcOptions,
+    ) -> Result<Rpc, StartError> {
+        if me >= members.len() {
+            return Err(StartError::NotAMember {
+                me,
+                n_members: members.len(),
+            });
+        }
+        if let Some(conflict) = handlers.conflicts.first() {
+            return Err(StartError::Handlers(conflict.clone()));
+        }
+        if options.tree_arity == 0 {
+            return Err(StartError::Arity);
+        }
+        let counts = Arc::new(Counts::default());
+        let config = OutletConfig {
+            aggregation: options.aggregation,
+            frame_bytes: options
+                .aggregate_bytes
+                .max(wire::HEADER_LEN + wire::RECORD_HEAD_LEN),
+            max_delay: options.aggregate_delay,
+            max_queued: options.max_queued_calls.max(1),
+        };
+        let me_u32 = u32::try_from(me).map_err(|_| StartError::NotAMember {
+            me,
+            n_members: members.len(),
+        })?;
+        let (loopback, loopback_queue) = mpsc::unbounded_channel();
+        let mut sinks = Vec::with_capacity(members.len());
+        for (idx, member) in members.iter().enumerate() {
+            if idx == me {
+                sinks.push(Sink::Loopback(loopback.clone()));
+                continue;
+            }
+            let name = format!("rpc->{}", member.name);
+            let config = ChannelConfig::new(name.clone(), SocketType::Push, Method::Connect)
+                .with_address(member.address.to_string());
+            let mut channel = Channel::open(transport.as_ref(), config, &name).await?;
+            channel.connect(&member.address).await?;
+            sinks.push(Sink::Channel(Box::new(channel)));
+        }
+        drop(loopback);
+        let outlets: Vec<Arc<Outlet>> = (0..members.len())
+            .map(|idx| {
+                let lends = (idx != me).then(|| Arc::clone(&transport));
+                Arc::new(Outlet::new(idx, me_u32, config, lends, Arc::clone(&counts)))
+            })
+            .collect();
+        let (stop, stopped) = watch::channel(false);
+        let node = Arc::new(Node {
+            me,
+            names: members.iter().map(|member| member.name.clone()).collect(),
+            outlets,
+            pending: Mutex::default(),
+            next_seq: AtomicU64::new(1),
+            handlers,
+            options,
+            counts,
+            failures: Mutex::default(),
+            tasks: Mutex::default(),
+            stop,
+        });
+        let mut tasks = Vec::with_capacity(members.len() + 1);
+        for (outlet, sink) in node.outlets.iter().zip(sinks) {
+            let weak = Arc::downgrade(&node);
+            let dest = outlet.dest;
+            let on_failure = move |cause: String| {
+                if let Some(node) = weak.upgrade() {
+                    node.fail_pending_to(dest, &cause);
+                }
+            };
+            tasks.push(tokio::spawn(Arc::clone(outlet).run(sink, on_failure)));
+        }
+        let intake = Intake {
+            inbound: inbound.channel,
+            loopback: loopback_queue,
+            stopped,
+            backlog: VecDeque::new(),
+            n_errors: 0,
+        };
+        tasks.push(tokio::spawn(dispatch(Arc::downgrade(&node), intake)));
+        *lock(&node.tasks) = tasks;
+        Ok(Rpc {
+            node,
+            when_full: WhenFull::Wait,
+        })
+    }
+
+    /// This member's index in the group.
+    pub fn me(&self) -> usize {
+        self.node.me
+    }
+
+    /// The members' names, by index.
+    pub fn members(&self) -> &[String] {
+        &self.node.names
+    }
+
+    /// The index of the member called `name`.
+    pub fn member(&self, name: &str) -> Option<usize> {
+        self.node.names.iter().position(|known| known == name)
+    }
+
+    /// The policy of calls made through this handle when a destination is full (calls made
+    /// by handlers queue; see [`Invocation`]).
+    #[must_use]
+    pub fn with_when_full(mut self, when_full: WhenFull) -> Rpc {
+        if when_full != WhenFull::Fail {
+            self.when_full = when_full;
+        }
+        self
+    }
+
+    /// A call to `dest` with this handle's policy, confirmed when accepted.
+    pub fn to(&self, dest: usize) -> CallBuilder<'_> {
+        CallBuilder {
+            rpc: self,
+            dest,
+            when_full: self.when_full,
+            confirm: Confirm::Accepted,
+        }
+    }
+
+    /// Runs `P` at `dest`; fire and forget (returns once the call is queued). A failure at
+    /// the destination comes back later, in [`Rpc::take_failures`] and the log.
+    ///
+    /// # Errors
+    /// [`CallError`] when `dest` is unknown or unreachable, or full for the whole timeout.
+    pub async fn call<P: Procedure>(&self, dest: usize, args: &P::Args) -> Result<(), CallError> {
+        self.to(dest).call::<P>(args).await.map(drop)
+    }
+
+    /// Runs `P(args, buffer)` at `dest` once `buffer` is there in full. On shmem a buffer in
+    /// the session's shared memory moves as a descriptor (no copy).
+    ///
+    /// # Errors
+    /// As [`Rpc::call`].
+    pub async fn call_buffer<P: Procedure>(
+        &self,
+        dest: usize,
+        args: &P::Args,
+        buffer: Message,
+    ) -> Result<(), CallError> {
+        self.to(dest).call_buffer::<P>(args, buffer).await.map(drop)
+    }
+
+    /// Runs `P` at `dest` and returns its result.
+    ///
+    /// # Errors
+    /// [`CallError::Remote`] for a failure at the destination, [`CallError::Timeout`] when no
+    /// result came within the timeout (a destination that died), and as [`Rpc::call`].
+    pub async fn call_return<P: Procedure>(
+        &self,
+        dest: usize,
+        args: &P::Args,
+    ) -> Result<P::Output, CallError> {
+        self.to(dest).call_return::<P>(args).await
+    }
+
+    /// Every member, this one included, runs `P(args)`, reached over a tree of
+    /// `tree_arity` children per member rooted here. The ticket is done when every member ran
+    /// it (or one failed).
+    ///
+    /// # Errors
+    /// As [`Rpc::call`].
+    pub async fn broadcast<P: Procedure>(&self, args: &P::Args) -> Result<Ticket, CallError> {
+        self.start_broadcast::<P>(args, None).await
+    }
+
+    /// As [`Rpc::broadcast`], with a buffer every member gets (each forwarding member copies
+    /// it once per child).
+    ///
+    /// # Errors
+    /// As [`Rpc::call`].
+    pub async fn broadcast_buffer<P: Procedure>(
+        &self,
+        args: &P::Args,
+        buffer: Message,
+    ) -> Result<Ticket, CallError> {
+        self.start_broadcast::<P>(args, Some(buffer)).await
+    }
+
+    /// Sends every frame now (`trad` holds frames otherwise) and waits until every call made
+    /// so far was handed to the transport.
+    ///
+    /// # Errors
+    /// [`CallError::Timeout`] naming a destination that took nothing for the timeout.
+    pub async fn flush(&self) -> Result<(), CallError> {
+        let deadline = Instant::now() + self.node.options.timeout;
+        for outlet in &self.node.outlets {
+            if !outlet.flush(deadline).await {
+                return Err(CallError::Timeout {
+                    destination: self.node.names[outlet.dest].clone(),
+                    handler: "flush".to_owned(),
+                    after: self.node.options.timeout,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// What this member sent so far.
+    pub fn stats(&self) -> RpcStats {
+        let counts = &self.node.counts;
+        RpcStats {
+            frames: counts.frames.load(Ordering::Relaxed),
+            records: counts.records.load(Ordering::Relaxed),
+            aggregated_records: counts.aggregated.load(Ordering::Relaxed),
+            queued_records: self.node.outlets.iter().map(|outlet| outlet.queued()).sum(),
+        }
+    }
+
+    /// Failures of fire-and-forget calls reported by their destinations since the last take
+    /// (the latest 1024).
+    pub fn take_failures(&self) -> Vec<CallError> {
+        lock(&self.node.failures).drain(..).collect()
+    }
+
+    /// Sends what is queued, closes the channels (each with its linger) and stops the
+    /// dispatcher. Calls still pending fail with [`CallError::Stopped`].
+    ///
+    /// # Errors
+    /// The first channel's close error (messages it could not deliver).
+    pub async fn shutdown(&self) -> ferromq_core::Result<()> {
+        let _ = self.flush().await;
+        self.node.outlets.iter().for_each(|outlet| outlet.close());
+        let tasks = std::mem::take(&mut *lock(&self.node.tasks));
+        let n_tasks = tasks.len();
+        let mut result = Ok(());
+        for (idx, task) in tasks.into_iter().enumerate() {
+            if idx + 1 == n_tasks {
+                // The dispatcher, last: it served the peers until the outlets were empty.
+                let _ = self.node.stop.send(true);
+            }
+            match task.await {
+                Ok(Err(error)) if result.is_ok() => result = Err(error),
+                _ => {}
+            }
+        }
+        for (_, pending) in lock(&self.node.pending).drain() {
+            match pending {
+                Pending::Result { reply, .. } => {
+                    let _ = reply.send(Err(CallError::Stopped));
+                }
+                Pending::Acks { reply, .. } => {
+                    let _ = reply.send(Err(CallError::Stopped));
+                }
+            }
+        }
+        result
+    }
+
+    fn unknown(&self, dest: usize) -> CallError {
+        CallError::UnknownDestination {
+            destination: dest.to_string(),
+            members: self.node.names.join(", "),
+        }
+    }
+
+    async fn start_broadcast<P: Procedure>(
+        &self,
+        args: &P::Args,
+        buffer: Option<Message>,
+    ) -> Result<Ticket, CallError> {
+        let node = &self.node;
+        let seq = node.next_seq.fetch_add(1, Ordering::Relaxed);
+        let (reply, answer) = oneshot::channel();
+        lock(&node.pending).insert(
+            seq,
+            Pending::Acks {
+                dest: node.me,
+                handler: P::NAME,
+                remaining: node.names.len(),
+                reply,
+            },
+        );
+        let mut flags = wire::WANTS_ACK;
+        if buffer.is_some() {
+            flags |= wire::BUFFER;
+        }
+        let head = RecordHead {
+            kind: wire::KIND_BROADCAST,
+            flags,
+            status: Status::Ok,
+            arity: node.options.tree_arity,
+            root: node.me as u32,
+            handler: P::id().0,
+            seq,
+        };
+        // The root is a member like the others: its own dispatcher runs the handler and
+        // passes the broadcast on to its children.
+        let submitted = node
+            .submit(
+                node.me,
+                head,
+                &Payload::Encode(args),
+                buffer,
+                None,
+                WhenFull::Queue,
+                P::NAME,
+            )
+            .await;
+        if let Err((error, _)) = submitted {
+            lock(&node.pending).remove(&seq);
+            return Err(error);
+        }
+        Ok(Ticket(TicketState::Consumed {
+            answer,
+            node: Arc::downgrade(node),
+            seq,
+            destination: "every member".to_owned(),
+            handler: P::NAME,
+            timeout: node.options.timeout,
+        }))
+    }
+}
+
+/// A call being made: destination, policy when full, and what its ticket waits for.
+pub struct CallBuilder<'a> {
+    rpc: &'a Rpc,
+    dest: usize,
+    when_full: WhenFull,
+    confirm: Confirm,
+}
+
+impl CallBuilder<'_> {
+    /// What to do when the destination is full (`Fail` needs [`CallBuilder::try_call`]).
+    #[must_use]
+    pub fn when_full(mut self, when_full: WhenFull) -> Self {
+        self.when_full = when_full;
+        self
+    }
+
+    /// When the ticket is done.
+    #[must_use]
+    pub fn confirm(mut self, confirm: Confirm) -> Self {
+        self.confirm = confirm;
+        self
+    }
+
+    /// Runs `P(args)` at the destination.
+    ///
+    /// # Errors
+    /// As [`Rpc::call`].
+    pub async fn call<P: Procedure>(self, args: &P::Args) -> Result<Ticket, CallError> {
+        self.send::<P>(args, None).await.map_err(|(error, _)| error)
+    }
+
+    /// Runs `P(args, buffer)` at the destination once the buffer is there in full.
+    ///
+    /// # Errors
+    /// As [`Rpc::call`].
+    pub async fn call_buffer<P: Procedure>(
+        self,
+        args: &P::Args,
+        buffer: Message,
+    ) -> Result<Ticket, CallError> {
+        self.send::<P>(args, Some(buffer))
+            .await
+            .map_err(|(error, _)| error)
+    }
+
+    /// Runs `P(args)` at the destination; fails at once, handing the call back, when the
+    /// destination's queue is full.
+    ///
+    /// # Errors
+    /// [`Refused`] with the arguments and the reason.
+    pub fn try_call<P: Procedure>(self, args: P::Args) -> Result<Ticket, Refused<P::Args>> {
+        self.try_send::<P>(args, None)
+    }
+
+    /// As [`CallBuilder::try_call`], with a buffer (handed back too).
+    ///
+    /// # Errors
+    /// [`Refused`] with the arguments, the buffer and the reason.
+    pub fn try_call_buffer<P: Procedure>(
+        self,
+        args: P::Args,
+        buffer: Message,
+    ) -> Result<Ticket, Refused<P::Args>> {
+        self.try_send::<P>(args, Some(buffer))
+    }
+
+    /// Runs `P(args)` at the destination and returns its result.
+    ///
+    /// # Errors
+    /// As [`Rpc::call_return`].
+    pub async fn call_return<P: Procedure>(self, args: &P::Args) -> Result<P::Output, CallError> {
+        let node = &self.rpc.node;
+        if self.dest >= node.names.len() {
+            return Err(self.rpc.unknown(self.dest));
+        }
+        let seq = node.next_seq.fetch_add(1, Ordering::Relaxed);
+        let (reply, answer) = oneshot::channel();
+        lock(&node.pending).insert(
+            seq,
+            Pending::Result {
+                dest: self.dest,
+                handler: P::NAME,
+                reply,
+            },
+        );
+        let head = RecordHead::call(P::id().0, seq, wire::WANTS_RESULT);
+        let when_full = match self.when_full {
+            WhenFull::Fail => WhenFull::Wait,
+            other => other,
+        };
+        let started = Instant::now();
+        if let Err((error, _)) = node
+            .submit(
+                self.dest,
+                head,
+                &Payload::Encode(args),
+                None,
+                None,
+                when_full,
+                P::NAME,
+            )
+            .await
+        {
+            lock(&node.pending).remove(&seq);
+            return Err(error);
+        }
+        let timeout = node.options.timeout;
+        let bytes = match tokio::time::timeout_at(started + timeout, answer).await {
+            Ok(Ok(result)) => result?,
+            Ok(Err(_)) => return Err(CallError::Stopped),
+            Err(_) => {
+                lock(&node.pending).remove(&seq);
+                return Err(CallError::Timeout {
+                    destination: node.names[self.dest].clone(),
+                    handler: P::NAME.to_owned(),
+                    after: timeout,
+                });
+            }
+        };
+        postcard::from_bytes::<P::Output>(&bytes).map_err(|error| CallError::Codec {
+            handler: P::NAME.to_owned(),
+            cause: format!(
+                "the result from {} is no {}: {error}",
+                node.names[self.dest],
+                std::any::type_name::<P::Output>()
+            ),
+        })
+    }
+
+    fn head<P: Procedure>(
+        &self,
+        has_buffer: bool,
+    ) -> (
+        RecordHead,
+        Option<oneshot::Receiver<Result<(), CallError>>>,
+        u64,
+    ) {
+        let node = &self.rpc.node;
+        let mut flags = 0;
+        if has_buffer {
+            flags |= wire::BUFFER;
+        }
+        let mut seq = 0;
+        let mut consumed = None;
+        if self.confirm == Confirm::Consumed {
+            flags |= wire::WANTS_ACK;
+            seq = node.next_seq.fetch_add(1, Ordering::Relaxed);
+            let (reply, answer) = oneshot::channel();
+            lock(&node.pending).insert(
+                seq,
+                Pending::Acks {
+                    dest: self.dest,
+                    handler: P::NAME,
+                    remaining: 1,
+                    reply,
+                },
+            );
+            consumed = Some(answer);
+        }
+        (RecordHead::call(P::id().0, seq, flags), consumed, seq)
+    }
+
+    fn ticket<P: Procedure>(
+        &self,
+        consumed: Option<oneshot::Receiver<Result<(), CallError>>>,
+        left: Option<oneshot::Receiver<()>>,
+        seq: u64,
+    ) -> Ticket {
+        let node = &self.rpc.node;
+        let destination = node.names[self.dest].clone();
+        let timeout = node.options.timeout;
+        match (consumed, left) {
+            (Some(answer), _) => Ticket(TicketState::Consumed {
+                answer,
+                node: Arc::downgrade(node),
+                seq,
+                destination,
+                handler: P::NAME,
+                timeout,
+            }),
+            (None, Some(left)) => Ticket(TicketState::Left {
+                left,
+                destination,
+                handler: P::NAME,
+                timeout,
+            }),
+            (None, None) => Ticket(TicketState::Done),
+        }
+    }
+
+    async fn send<P: Procedure>(
+        self,
+        args: &P::Args,
+        buffer: Option<Message>,
+    ) -> Result<Ticket, (CallError, Option<Message>)> {
+        if self.dest >= self.rpc.node.names.len() {
+            return Err((self.rpc.unknown(self.dest), buffer));
+        }
+        let (head, consumed, seq) = self.head::<P>(buffer.is_some());
+        let (on_left, left) = self.left_channel();
+        let when_full = match self.when_full {
+            WhenFull::Fail => WhenFull::Wait,
+            other => other,
+        };
+        let node = &self.rpc.node;
+        match node
+            .submit(
+                self.dest,
+                head,
+                &Payload::Encode(args),
+                buffer,
+                on_left,
+                when_full,
+                P::NAME,
+            )
+            .await
+        {
+            Ok(()) => Ok(self.ticket::<P>(consumed, left, seq)),
+            Err(failed) => {
+                if seq != 0 {
+                    lock(&node.pending).remove(&seq);
+                }
+                Err(failed)
+            }
+        }
+    }
+
+    fn try_send<P: Procedure>(
+        self,
+        args: P::Args,
+        buffer: Option<Message>,
+    ) -> Result<Ticket, Refused<P::Args>> {
+        if self.dest >= self.rpc.node.names.len() {
+            let error = self.rpc.unknown(self.dest);
+            return Err(Refused {
+                args,
+                buffer,
+                error: Box::new(error),
+            });
+        }
+        let (head, consumed, seq) = self.head::<P>(buffer.is_some());
+        let (on_left, left) = self.left_channel();
+        let node = &self.rpc.node;
+        let outlet = &node.outlets[self.dest];
+        match outlet.try_push(head, &Payload::Encode(&args), buffer, on_left, true) {
+            Ok(()) => Ok(self.ticket::<P>(consumed, left, seq)),
+            Err(rejection) => {
+                if seq != 0 {
+                    lock(&node.pending).remove(&seq);
+                }
+                let (error, buffer) = node.rejection_error(self.dest, P::NAME, rejection);
+                Err(Refused {
+                    args,
+                    buffer,
+                    error: Box::new(error),
+                })
+            }
+        }
+    }
+
+    fn left_channel(&self) -> (Option<oneshot::Sender<()>>, Option<oneshot::Receiver<()>>) {
+        if self.confirm == Confirm::Left {
+            let (on_left, left) = oneshot::channel();
+            (Some(on_left), Some(left))
+        } else {
+            (None, None)
+        }
+    }
+}
+
+enum TicketState {
+    Done,
+    Left {
+        left: oneshot::Receiver<()>,
+        destination: String,
+        handler: &'static str,
+        timeout: Duration,
+    },
+    Consumed {
+        answer: oneshot::Receiver<Result<(), CallError>>,
+        node: Weak<Node>,
+        seq: u64,
+        destination: String,
+        handler: &'static str,
+        timeout: Duration,
+    },
+}
+
+/// What a call's [`Confirm`] waits for; [`Ticket::confirmed`] waits, at most the timeout.
+/// Dropping a ticket waits for nothing (the call goes on).
+pub struct Ticket(TicketState);
+
+impl Ticket {
+    /// Waits until the call was accepted, has left, or was consumed (as asked).
+    ///
+    /// # Errors
+    /// [`CallError::Remote`] for a failure at the destination (`Consumed`), a timeout naming
+    /// the destination, or [`CallError::Unreachable`] when its channel failed first.
+    pub async fn confirmed(self) -> Result<(), CallError> {
+        match self.0 {
+            TicketState::Done => Ok(()),
+            TicketState::Left {
+                left,
+                destination,
+                handler,
+                timeout,
+            } => match tokio::time::timeout(timeout, left).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(_)) => Err(CallError::Unreachable {
+                    destination,
+                    cause: format!("{handler} was dropped with its channel"),
+                }),
+                Err(_) => Err(CallError::Timeout {
+                    destination,
+                    handler: handler.to_owned(),
+                    after: timeout,
+                }),
+            },
+            TicketState::Consumed {
+                answer,
+                node,
+                seq,
+                destination,
+                handler,
+                timeout,
+            } => match tokio::time::timeout(timeout, answer).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => Err(CallError::Stopped),
+                Err(_) => {
+                    if let Some(node) = node.upgrade() {
+                        lock(&node.pending).remove(&seq);
+                    }
+                    Err(CallError::Timeout {
+                        destination,
+                        handler: handler.to_owned(),
+                        after: timeout,
+                    })
+                }
+            },
+        }
+    }
+}
+
+impl Node {
+    /// Queues one record for `dest` with the policy; what was handed in comes back on failure.
+    #[allow(clippy::too_many_arguments)]
+    async fn submit<T: Serialize + ?Sized>(
+        &self,
+        dest: usize,
+        head: RecordHead,
+        payload: &Payload<'_, T>,
+        mut buffer: Option<Message>,
+        mut on_left: Option<oneshot::Sender<()>>,
+        when_full: WhenFull,
+        handler: &'static str,
+    ) -> Result<(), (CallError, Option<Message>)> {
+        let outlet = &self.outlets[dest];
+        let bounded = when_full != WhenFull::Queue;
+        let deadline = Instant::now() + self.options.timeout;
+        loop {
+            match outlet.try_push(head, payload, buffer, on_left.take(), bounded) {
+                Ok(()) => return Ok(()),
+                Err(Rejection::NoRoom {
+                    buffer: back,
+                    on_left: notice,
+                    queued,
+                }) if when_full == WhenFull::Wait => {
+                    buffer = back;
+                    on_left = notice;
+                    if !outlet.wait_for_room(deadline).await {
+                        return Err((
+                            CallError::Timeout {
+                                destination: self.names[dest].clone(),
+                                handler: format!(
+                                    "{handler} (waiting for room: {queued} calls queued)"
+                                ),
+                                after: self.options.timeout,
+                            },
+                            buffer,
+                        ));
+                    }
+                }
+                Err(rejection) => return Err(self.rejection_error(dest, handler, rejection)),
+            }
+        }
+    }
+
+    fn rejection_error(
+        &self,
+        dest: usize,
+        handler: &str,
+        rejection: Rejection,
+    ) -> (CallError, Option<Message>) {
+        let destination = self.names[dest].clone();
+        match rejection {
+            Rejection::NoRoom { buffer, queued, .. } => (
+                CallError::Full {
+                    destination,
+                    handler: handler.to_owned(),
+                    queued,
+                },
+                buffer,
+            ),
+            Rejection::Failed(cause) if cause.contains("shut down") => (CallError::Stopped, None),
+            Rejection::Failed(cause) => (CallError::Unreachable { destination, cause }, None),
+            Rejection::Encode(cause, buffer) => (
+                CallError::Codec {
+                    handler: handler.to_owned(),
+                    cause: format!("the arguments could not be serialised: {cause}"),
+                },
+                buffer,
+            ),
+        }
+    }
+
+    /// The channel to `dest` failed: every call waiting on it fails with `cause`.
+    fn fail_pending_to(&self, dest: usize, cause: &str) {
+        let mut pending = lock(&self.pending);
+        let failed: Vec<u64> = pending
+            .iter()
+            .filter(|(_, entry)| match entry {
+                Pending::Result { dest: to, .. } | Pending::Acks { dest: to, .. } => *to == dest,
+            })
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in failed {
+            let error = CallError::Unreachable {
+                destination: self.names[dest].clone(),
+                cause: cause.to_owned(),
+            };
+            match pending.remove(&seq) {
+                Some(Pending::Result { reply, .. }) => {
+                    let _ = reply.send(Err(error));
+                }
+                Some(Pending::Acks { reply, .. }) => {
+                    let _ = reply.send(Err(error));
+                }
+                None => {}
+            }
+        }
+    }
+
+    fn remote_error(
+        &self,
+        from: usize,
+        handler: &str,
+        status: Status,
+        payload: &[u8],
+    ) -> CallError {
+        let (name, cause) = postcard::from_bytes::<(String, String)>(payload)
+            .unwrap_or_else(|_| (String::new(), String::from_utf8_lossy(payload).into_owned()));
+        CallError::Remote {
+            destination: self.names[from].clone(),
+            handler: if handler.is_empty() {
+                name
+            } else {
+                handler.to_owned()
+            },
+            kind: RemoteFailure::of(status).unwrap_or(RemoteFailure::BadFrame),
+            cause,
+        }
+    }
+
+    /// A record queued for `dest` that must not wait (results, acknowledgements, broadcasts
+    /// passed on: the dispatcher never blocks on a full peer).
+    fn answer(&self, dest: usize, head: RecordHead, payload: &[u8], buffer: Option<Message>) {
+        let outlet = &self.outlets[dest];
+        if let Err(rejection) =
+            outlet.try_push::<[u8]>(head, &Payload::Raw(payload), buffer, None, false)
+        {
+            let (error, _) = self.rejection_error(dest, "an answer", rejection);
+            tracing::warn!(%error, "an rpc answer could not be queued");
+        }
+    }
+
+    /// Runs the call in `head` from `from` and answers it. While the handler runs, frames that
+    /// arrive have their results and acknowledgements delivered at once (a handler may wait for
+    /// a call of its own) and wait in the backlog for their calls. `Break` when the node stops
+    /// meanwhile (the handler is dropped).
+    async fn serve(
+        self: &Arc<Self>,
+        from: usize,
+        head: RecordHead,
+        payload: &[u8],
+        buffer: Option<Message>,
+        intake: &mut Intake,
+    ) -> ControlFlow<()> {
+        let broadcast = head.kind == wire::KIND_BROADCAST;
+        let answer_to = if broadcast { head.root as usize } else { from };
+        if answer_to >= self.names.len() {
+            tracing::warn!(
+                root = answer_to,
+                "dropped a broadcast from a root outside the group"
+            );
+            return ControlFlow::Continue(());
+        }
+        if broadcast {
+            // Passed on before running the handler: the tree's lower levels start sooner.
+            for child in tree_children(self.me, answer_to, self.names.len(), head.arity) {
+                let copy = buffer.as_ref().map(Message::copy);
+                self.answer(child, head, payload, copy);
+            }
+        }
+        let invocation = Invocation {
+            caller: answer_to,
+            rpc: Rpc {
+                node: Arc::clone(self),
+                when_full: WhenFull::Queue,
+            },
+        };
+        let outcome = match self
+            .handlers
+            .start(head.handler, invocation, payload, buffer)
+        {
+            Ok(mut running) => loop {
+                tokio::select! {
+                    biased;
+                    outcome = &mut running => break outcome,
+                    next = intake.next() => match next {
+                        Some(parts) => {
+                            self.complete_answers(&parts);
+                            intake.backlog.push_back(parts);
+                        }
+                        None => return ControlFlow::Break(()),
+                    },
+                }
+            },
+            Err(failure) => Err(failure),
+        };
+        match outcome {
+            Ok(result) => {
+                if head.flags & wire::WANTS_RESULT != 0 {
+                    let reply =
+                        RecordHead::answer(wire::KIND_REPLY, head.handler, head.seq, Status::Ok);
+                    self.answer(from, reply, &result, None);
+                }
+                if head.flags & wire::WANTS_ACK != 0 {
+                    let ack =
+                        RecordHead::answer(wire::KIND_ACK, head.handler, head.seq, Status::Ok);
+                    self.answer(answer_to, ack, &[], None);
+                }
+            }
+            Err((status, cause)) => {
+                let name = self.handlers.name(head.handler).unwrap_or_default();
+                tracing::warn!(handler = name, id = %crate::HandlerId(head.handler), caller = %self.names[answer_to], %cause, "an rpc call failed");
+                let kind = if head.flags & wire::WANTS_RESULT != 0 {
+                    wire::KIND_REPLY
+                } else {
+                    wire::KIND_ACK
+                };
+                let to = if kind == wire::KIND_REPLY {
+                    from
+                } else {
+                    answer_to
+                };
+                let payload = postcard::to_allocvec(&(name, cause.as_str())).unwrap_or_default();
+                self.answer(
+                    to,
+                    RecordHead::answer(kind, head.handler, head.seq, status),
+                    &payload,
+                    None,
+                );
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Delivers the results and acknowledgements a frame carries (its calls wait).
+    fn complete_answers(&self, parts: &Parts) {
+        let Some(first) = parts.get(0) else { return };
+        let Ok(mut reader) = FrameReader::new(first.data()) else {
+            return;
+        };
+        let from = reader.from as usize;
+        if from >= self.names.len() {
+            return;
+        }
+        while let Some(Ok(record)) = reader.next_record() {
+            match record.head.kind {
+                wire::KIND_REPLY => self.complete_result(from, record.head, record.payload),
+                wire::KIND_ACK => self.complete_ack(from, record.head, record.payload),
+                _ => {}
+            }
+        }
+    }
+
+    fn complete_result(&self, from: usize, head: RecordHead, payload: &[u8]) {
+        let entry = lock(&self.pending).remove(&head.seq);
+        match entry {
+            Some(Pending::Result {
+                dest,
+                handler,
+                reply,
+            }) => {
+                let result = match head.status {
+                    Status::Ok => Ok(payload.to_vec()),
+                    status => Err(self.remote_error(dest, handler, status, payload)),
+                };
+                let _ = reply.send(result);
+            }
+            Some(other) => {
+                lock(&self.pending).insert(head.seq, other);
+                tracing::warn!(from = %self.names[from], seq = head.seq, "dropped a result for a call that waits for an acknowledgement");
+            }
+            None => {
+                tracing::debug!(from = %self.names[from], seq = head.seq, "dropped a result whose caller gave up")
+            }
+        }
+    }
+
+    fn complete_ack(&self, from: usize, head: RecordHead, payload: &[u8]) {
+        if head.seq == 0 {
+            // A fire-and-forget call failed (a success is never acknowledged).
+            if head.status != Status::Ok {
+                let error = self.remote_error(from, "", head.status, payload);
+                tracing::warn!(%error, "an rpc call failed at its destination");
+                let mut failures = lock(&self.failures);
+                if failures.len() == MAX_KEPT_FAILURES {
+                    failures.pop_front();
+                }
+                failures.push_back(error);
+            }
+            return;
+        }
+        let mut pending = lock(&self.pending);
+        let Some(Pending::Acks { remaining, .. }) = pending.get_mut(&head.seq) else {
+            return;
+        };
+        *remaining = remaining.saturating_sub(1);
+        let done = *remaining == 0 || head.status != Status::Ok;
+        if !done {
+            return;
+        }
+        if let Some(Pending::Acks { handler, reply, .. }) = pending.remove(&head.seq) {
+            drop(pending);
+            let result = match head.status {
+                Status::Ok => Ok(()),
+                status => Err(self.remote_error(from, handler, status, payload)),
+            };
+            let _ = reply.send(result);
+        }
+    }
+
+    /// Serves the records of one frame in order; `answered`: its results and acknowledgements
+    /// were delivered already (a frame from the backlog).
+    async fn handle_frame(
+        self: &Arc<Self>,
+        parts: Parts,
+        answered: bool,
+        intake: &mut Intake,
+    ) -> ControlFlow<()> {
+        let mut parts = parts.into_vec().into_iter();
+        let Some(first) = parts.next() else {
+            return ControlFlow::Continue(());
+        };
+        let mut reader = match FrameReader::new(first.data()) {
+            Ok(reader) => reader,
+            Err(error) => {
+                tracing::warn!(%error, "dropped a message that is not an rpc frame");
+                return ControlFlow::Continue(());
+            }
+        };
+        let from = reader.from as usize;
+        if from >= self.names.len() {
+            tracing::warn!(
+                from,
+                n_members = self.names.len(),
+                "dropped an rpc frame from outside the group"
+            );
+            return ControlFlow::Continue(());
+        }
+        while let Some(record) = reader.next_record() {
+            let record = match record {
+                Ok(record) => record,
+                Err(error) => {
+                    tracing::warn!(from = %self.names[from], %error, "dropped the rest of a malformed rpc frame");
+                    break;
+                }
+            };
+            let head = record.head;
+            match head.kind {
+                wire::KIND_CALL | wire::KIND_BROADCAST => {
+                    let buffer = if head.flags & wire::BUFFER != 0 {
+                        match parts.next() {
+                            Some(buffer) => Some(buffer),
+                            None => {
+                                let cause = "the call announced a buffer the message does not have";
+                                let payload =
+                                    postcard::to_allocvec(&("", cause)).unwrap_or_default();
+                                let kind = if head.flags & wire::WANTS_RESULT != 0 {
+                                    wire::KIND_REPLY
+                                } else {
+                                    wire::KIND_ACK
+                                };
+                                self.answer(
+                                    from,
+                                    RecordHead::answer(
+                                        kind,
+                                        head.handler,
+                                        head.seq,
+                                        Status::BadFrame,
+                                    ),
+                                    &payload,
+                                    None,
+                                );
+                                continue;
+                            }
+                        }
+                    } else {
+                        None
+                    };
+                    self.serve(from, head, record.payload, buffer, intake)
+                        .await?;
+                }
+                _ if answered => {}
+                wire::KIND_REPLY => self.complete_result(from, head, record.payload),
+                _ => self.complete_ack(from, head, record.payload),
+            }
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+/// The children of member `me` in the `arity`-ary tree over `n` members rooted at `root`.
+pub(crate) fn tree_children(
+    me: usize,
+    root: usize,
+    n: usize,
+    arity: u8,
+) -> impl Iterator<Item = usize> {
+    let arity = usize::from(arity.max(1));
+    let rel = (me + n - root) % n;
+    (1..=arity)
+        .map(move |j| rel.saturating_mul(arity).saturating_add(j))
+        .filter(move |&child| child < n)
+        .map(move |child| (child + root) % n)
+}
+
+/// Where the dispatcher's frames come from: the inbound channel, this member's own outlet, and
+/// the frames that arrived while a handler ran.
+struct Intake {
+    inbound: Channel,
+    loopback: mpsc::UnboundedReceiver<Parts>,
+    stopped: watch::Receiver<bool>,
+    /// Frames whose calls wait for the handler running now (their answers were delivered).
+    backlog: VecDeque<Parts>,
+    n_errors: u64,
+}
+
+impl Intake {
+    /// The next frame from the channel or the loopback; `None` once the node stops.
+    /// Cancel-safe: every branch is.
+    async fn next(&mut self) -> Option<Parts> {
+        loop {
+            tokio::select! {
+                biased;
+                changed = self.stopped.changed() => {
+                    if changed.is_err() || *self.stopped.borrow() {
+                        return None;
+                    }
+                }
+                parts = self.loopback.recv() => return parts,
+                received = self.inbound.receive_parts() => match received {
+                    Ok(parts) => return Some(parts),
+                    Err(error) => {
+                        self.n_errors += 1;
+                        if self.n_errors.is_power_of_two() {
+                            tracing::warn!(%error, n_errors = self.n_errors, "rpc inbound channel");
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// The dispatcher: serves the frames from the intake in arrival order (the backlog first),
+/// until the node is dropped or shut down.
+async fn dispatch(node: Weak<Node>, mut intake: Intake) -> ferromq_core::Result<()> {
+    loop {
+        let (parts, answered) = match intake.backlog.pop_front() {
+            Some(parts) => (parts, true),
+            None => match intake.next().await {
+                Some(parts) => (parts, false),
+                None => break,
+            },
+        };
+        let Some(node) = node.upgrade() else { break };
+        if node
+            .handle_frame(parts, answered, &mut intake)
+            .await
+            .is_break()
+        {
+            break;
+        }
+    }
+    intake.inbound.close().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tree_children;
+
+    #[test]
+    fn a_binary_tree_over_15_reaches_each_member_once() {
+        for root in [0, 6, 14] {
+            let mut reached = vec![0; 15];
+            reached[root] += 1;
+            let mut level = vec![root];
+            while !level.is_empty() {
+                let mut next = Vec::new();
+                for member in level {
+                    for child in tree_children(member, root, 15, 2) {
+                        reached[child] += 1;
+                        next.push(child);
+                    }
+                }
+                level = next;
+            }
+            assert_eq!(reached, vec![1; 15], "root {root}");
+        }
+    }
+
+    #[test]
+    fn a_tree_of_arity_8_over_9_is_one_level() {
+        let children: Vec<_> = tree_children(3, 3, 9, 8).collect();
+        assert_eq!(children, vec![4, 5, 6, 7, 8, 0, 1, 2]);
+    }
+}

@@ -1,0 +1,566 @@
+//! [`Outlet`]: the calls on their way to one destination, packed into frames and sent by a task.
+//!
+//! A call is serialised straight into the open frame under a short lock: into memory lent by
+//! the transport when it has its own (a shared-memory block on shmem, so nothing is copied
+//! between serialisation and delivery), into a heap vector otherwise. What makes a frame leave
+//! is the aggregation mode ([`Aggregation`]):
+//! - `none`: every call is a frame of its own;
+//! - `trad`: a frame leaves when it holds `aggregate-bytes`, `aggregate-us` after its first
+//!   call, or on [`Outlet::flush`];
+//! - `ovfl`: the task takes whatever the open frame holds whenever it is free to send, so calls
+//!   leave one by one while the destination keeps up and are packed only while it lags.
+//!
+//! The task owns the channel; it sends one frame (the records, then the calls' buffers as
+//! further parts) at a time, so the transport's back-pressure holds it, calls pile up in the
+//! outlet, and callers see the destination as full at `max-queued-calls`.
+//!
+//! Cancellation and drop: a caller that stops waiting for room has queued nothing. Closing seals
+//! the open frame and lets the task send every frame before it closes the channel (with the
+//! channel's linger). A channel that fails makes the outlet refuse every later call with the
+//! cause, and its queued calls are dropped (their callers' results and acknowledgements fail
+//! with the cause; see `node.rs`).
+
+use std::collections::VecDeque;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferromq_core::{Channel, Message, Parts, Transport};
+use serde::Serialize;
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+
+use crate::wire::{self, RecordHead};
+
+/// How calls to one destination are packed into frames (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Aggregation {
+    /// One call per frame.
+    None,
+    /// Frames of `aggregate-bytes`, flushed after `aggregate-us` or on demand.
+    Trad,
+    /// One call per frame while the destination keeps up, packed while it lags.
+    #[default]
+    Ovfl,
+}
+
+impl FromStr for Aggregation {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Aggregation, String> {
+        match text {
+            "none" => Ok(Aggregation::None),
+            "trad" => Ok(Aggregation::Trad),
+            "ovfl" => Ok(Aggregation::Ovfl),
+            other => Err(format!(
+                "aggregate = {other:?} is not an aggregation mode (none, trad, ovfl)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Aggregation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Aggregation::None => "none",
+            Aggregation::Trad => "trad",
+            Aggregation::Ovfl => "ovfl",
+        })
+    }
+}
+
+/// Counts shared by a node's outlets.
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    pub frames: AtomicU64,
+    pub records: AtomicU64,
+    /// Records that left in a frame with others.
+    pub aggregated: AtomicU64,
+}
+
+/// Where an outlet's frames go: a channel to another member, or this member's own dispatcher.
+pub(crate) enum Sink {
+    Channel(Box<Channel>),
+    Loopback(tokio::sync::mpsc::UnboundedSender<Parts>),
+}
+
+/// The memory a frame is written into.
+enum FrameBuf {
+    Heap(Vec<u8>),
+    /// A message of the transport's (shared memory); `used` bytes are written.
+    Lent {
+        message: Message,
+        used: usize,
+    },
+}
+
+impl FrameBuf {
+    fn len(&self) -> usize {
+        match self {
+            FrameBuf::Heap(bytes) => bytes.len(),
+            FrameBuf::Lent { used, .. } => *used,
+        }
+    }
+
+    /// Appends `bytes`; false (and nothing written) when lent memory has no room.
+    fn write(&mut self, bytes: &[u8]) -> bool {
+        match self {
+            FrameBuf::Heap(vec) => {
+                vec.extend_from_slice(bytes);
+                true
+            }
+            FrameBuf::Lent { message, used } => {
+                let data = message.data_mut();
+                let Some(target) = data.get_mut(*used..*used + bytes.len()) else {
+                    return false;
+                };
+                target.copy_from_slice(bytes);
+                *used += bytes.len();
+                true
+            }
+        }
+    }
+
+    /// Serialises `value` at the end; `Ok(false)` when lent memory has no room.
+    fn write_postcard<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<bool, String> {
+        match self {
+            FrameBuf::Heap(vec) => {
+                let taken = std::mem::take(vec);
+                *vec = postcard::to_extend(value, taken).map_err(|error| error.to_string())?;
+                Ok(true)
+            }
+            FrameBuf::Lent { message, used } => {
+                let data = message.data_mut();
+                match postcard::to_slice(value, &mut data[*used..]) {
+                    Ok(written) => {
+                        *used += written.len();
+                        Ok(true)
+                    }
+                    Err(postcard::Error::SerializeBufferFull) => Ok(false),
+                    Err(error) => Err(error.to_string()),
+                }
+            }
+        }
+    }
+
+    fn truncate(&mut self, len: usize) {
+        match self {
+            FrameBuf::Heap(vec) => vec.truncate(len),
+            FrameBuf::Lent { used, .. } => *used = len,
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            FrameBuf::Heap(vec) => vec,
+            FrameBuf::Lent { message, used } => &mut message.data_mut()[..*used],
+        }
+    }
+
+    fn into_message(self) -> Message {
+        match self {
+            FrameBuf::Heap(vec) => Message::from(vec),
+            FrameBuf::Lent { mut message, used } => {
+                message
+                    .set_used_size(used)
+                    .expect("used never passes the message's size");
+                message
+            }
+        }
+    }
+}
+
+/// A frame being filled or waiting to be sent.
+struct Frame {
+    buf: FrameBuf,
+    n_records: u32,
+    buffers: Vec<Message>,
+    /// Callers told when the frame has left (handed to the transport).
+    on_left: Vec<oneshot::Sender<()>>,
+}
+
+impl Frame {
+    fn into_parts(mut self) -> (Parts, Vec<oneshot::Sender<()>>, u32) {
+        wire::set_record_count(self.buf.bytes_mut(), self.n_records);
+        let mut parts = Parts::with_capacity(1 + self.buffers.len());
+        parts.push(self.buf.into_message());
+        self.buffers
+            .into_iter()
+            .for_each(|buffer| parts.push(buffer));
+        (parts, self.on_left, self.n_records)
+    }
+}
+
+/// The tunables of an outlet (from `RpcOptions`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OutletConfig {
+    pub aggregation: Aggregation,
+    pub frame_bytes: usize,
+    pub max_delay: Duration,
+    pub max_queued: usize,
+}
+
+struct State {
+    sealed: VecDeque<Frame>,
+    open: Option<Frame>,
+    /// When the open frame got its first record.
+    open_since: Option<Instant>,
+    /// Records accepted and not yet sent (sealed, open, and the frame the task is sending).
+    n_queued: usize,
+    /// The channel failed: why. Nothing is accepted any more.
+    failure: Option<String>,
+    closing: bool,
+}
+
+/// Why a record was not accepted. What was handed in comes back.
+pub(crate) enum Rejection {
+    /// `max-queued-calls` records are queued.
+    NoRoom {
+        buffer: Option<Message>,
+        on_left: Option<oneshot::Sender<()>>,
+        queued: usize,
+    },
+    /// The channel failed (or the outlet was closed).
+    Failed(String),
+    /// The payload could not be serialised.
+    Encode(String, Option<Message>),
+}
+
+/// What to write as a record's payload.
+pub(crate) enum Payload<'a, T: ?Sized> {
+    Encode(&'a T),
+    Raw(&'a [u8]),
+}
+
+pub(crate) struct Outlet {
+    pub dest: usize,
+    me: u32,
+    config: OutletConfig,
+    /// Lends the memory of frames (shared memory on shmem); `None`: heap frames.
+    transport: Option<Arc<dyn Transport>>,
+    state: Mutex<State>,
+    /// Records came in, or a frame was sealed: the task looks.
+    ready: Notify,
+    /// The task sent a frame: callers waiting for room look again.
+    room: Notify,
+    /// Nothing is queued any more (for `flush`).
+    drained: Notify,
+    counts: Arc<Counts>,
+}
+
+impl Outlet {
+    pub(crate) fn new(
+        dest: usize,
+        me: u32,
+        config: OutletConfig,
+        transport: Option<Arc<dyn Transport>>,
+        counts: Arc<Counts>,
+    ) -> Outlet {
+        Outlet {
+            dest,
+            me,
+            config,
+            transport,
+            state: Mutex::new(State {
+                sealed: VecDeque::new(),
+                open: None,
+                open_since: None,
+                n_queued: 0,
+                failure: None,
+                closing: false,
+            }),
+            ready: Notify::new(),
+            room: Notify::new(),
+            drained: Notify::new(),
+            counts,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn new_frame(&self, at_least: usize) -> Frame {
+        let size = self.config.frame_bytes.max(at_least);
+        let lent = self
+            .transport
+            .as_ref()
+            .and_then(|transport| transport.try_new_message(size));
+        let mut buf = match lent {
+            Some(message) => FrameBuf::Lent { message, used: 0 },
+            None => FrameBuf::Heap(Vec::with_capacity(size)),
+        };
+        let written = buf.write(&wire::frame_header(self.me));
+        debug_assert!(written, "a frame has room for its header");
+        Frame {
+            buf,
+            n_records: 0,
+            buffers: Vec::new(),
+            on_left: Vec::new(),
+        }
+    }
+
+    /// Appends one record unless the outlet is full (`bounded`) or failed.
+    pub(crate) fn try_push<T: Serialize + ?Sized>(
+        &self,
+        head: RecordHead,
+        payload: &Payload<'_, T>,
+        buffer: Option<Message>,
+        on_left: Option<oneshot::Sender<()>>,
+        bounded: bool,
+    ) -> Result<(), Rejection> {
+        let mut state = self.lock();
+        if let Some(failure) = &state.failure {
+            return Err(Rejection::Failed(failure.clone()));
+        }
+        if state.closing {
+            return Err(Rejection::Failed("the rpc node is shut down".to_owned()));
+        }
+        if bounded && state.n_queued >= self.config.max_queued {
+            return Err(Rejection::NoRoom {
+                buffer,
+                on_left,
+                queued: state.n_queued,
+            });
+        }
+        let was_idle = state.open.is_none() && state.sealed.is_empty();
+        let head_bytes = head.encode();
+        loop {
+            let frame = state
+                .open
+                .get_or_insert_with(|| self.new_frame(wire::HEADER_LEN + wire::RECORD_HEAD_LEN));
+            let head_at = frame.buf.len();
+            let written = frame.buf.write(&head_bytes)
+                && match payload {
+                    Payload::Raw(bytes) => frame.buf.write(bytes),
+                    Payload::Encode(value) => match frame.buf.write_postcard(*value) {
+                        Ok(fits) => fits,
+                        Err(error) => {
+                            frame.buf.truncate(head_at);
+                            if frame.n_records == 0 {
+                                state.open = None;
+                            }
+                            return Err(Rejection::Encode(error, buffer));
+                        }
+                    },
+                };
+            if written {
+                let payload_len = frame.buf.len() - head_at - wire::RECORD_HEAD_LEN;
+                let payload_len = u32::try_from(payload_len).map_err(|_| {
+                    Rejection::Encode(
+                        format!("{payload_len} bytes of arguments (4 GiB at most)"),
+                        None,
+                    )
+                })?;
+                wire::set_payload_len(frame.buf.bytes_mut(), head_at, payload_len);
+                frame.n_records += 1;
+                frame.buffers.extend(buffer);
+                frame.on_left.extend(on_left);
+                break;
+            }
+            // No room in lent memory: seal what the frame holds, or, for a record larger than
+            // a fresh frame, write it to the heap.
+            frame.buf.truncate(head_at);
+            let open = state.open.take().expect("just filled");
+            if open.n_records > 0 {
+                state.sealed.push_back(open);
+            } else {
+                // A heap frame always has room, so the next pass writes the record.
+                let mut heap = open;
+                heap.buf = FrameBuf::Heap(wire::frame_header(self.me).to_vec());
+                state.open = Some(heap);
+            }
+        }
+        state.n_queued += 1;
+        if state.open_since.is_none() {
+            state.open_since = Some(Instant::now());
+        }
+        let full = state
+            .open
+            .as_ref()
+            .is_some_and(|open| open.buf.len() >= self.config.frame_bytes);
+        let sealed_now = if self.config.aggregation == Aggregation::None || full {
+            self.seal(&mut state);
+            true
+        } else {
+            false
+        };
+        drop(state);
+        if was_idle || sealed_now {
+            self.ready.notify_one();
+        }
+        Ok(())
+    }
+
+    fn seal(&self, state: &mut State) {
+        if let Some(open) = state.open.take() {
+            state.sealed.push_back(open);
+        }
+        state.open_since = None;
+    }
+
+    /// Waits until a bounded push might find room; false at `deadline`.
+    pub(crate) async fn wait_for_room(&self, deadline: Instant) -> bool {
+        let room = self.room.notified();
+        tokio::pin!(room);
+        room.as_mut().enable();
+        {
+            let state = self.lock();
+            if state.n_queued < self.config.max_queued || state.failure.is_some() {
+                return true;
+            }
+        }
+        tokio::time::timeout_at(deadline, room).await.is_ok()
+    }
+
+    /// Sends the open frame now and waits until everything queued was handed to the
+    /// transport; false at `deadline`.
+    pub(crate) async fn flush(&self, deadline: Instant) -> bool {
+        let drained = self.drained.notified();
+        tokio::pin!(drained);
+        drained.as_mut().enable();
+        {
+            let mut state = self.lock();
+            if state.n_queued == 0 || state.failure.is_some() {
+                return true;
+            }
+            self.seal(&mut state);
+        }
+        self.ready.notify_one();
+        loop {
+            if tokio::time::timeout_at(deadline, drained.as_mut())
+                .await
+                .is_err()
+            {
+                return false;
+            }
+            drained.set(self.drained.notified());
+            drained.as_mut().enable();
+            let state = self.lock();
+            if state.n_queued == 0 || state.failure.is_some() {
+                return true;
+            }
+        }
+    }
+
+    /// Records queued and not yet sent.
+    pub(crate) fn queued(&self) -> usize {
+        self.lock().n_queued
+    }
+
+    /// Asks the task to send everything and close the channel.
+    pub(crate) fn close(&self) {
+        let mut state = self.lock();
+        state.closing = true;
+        self.seal(&mut state);
+        drop(state);
+        self.ready.notify_one();
+    }
+
+    /// The next frame to send, or when to look again (`trad`'s delay).
+    fn next_frame(&self) -> (Option<Frame>, Option<Instant>, bool) {
+        let mut state = self.lock();
+        if let Some(frame) = state.sealed.pop_front() {
+            return (Some(frame), None, false);
+        }
+        if state.open.is_some() {
+            let since = state.open_since.unwrap_or_else(Instant::now);
+            let due = since + self.config.max_delay;
+            let take = match self.config.aggregation {
+                Aggregation::None | Aggregation::Ovfl => true,
+                Aggregation::Trad => state.closing || Instant::now() >= due,
+            };
+            if take {
+                state.open_since = None;
+                return (state.open.take(), None, false);
+            }
+            return (None, Some(due), false);
+        }
+        (None, None, state.closing)
+    }
+
+    /// The task: sends frames until closed, then closes the channel. `on_failure` hears why the
+    /// channel failed, once.
+    pub(crate) async fn run(
+        self: Arc<Self>,
+        mut sink: Sink,
+        on_failure: impl Fn(String) + Send + 'static,
+    ) -> ferromq_core::Result<()> {
+        loop {
+            let ready = self.ready.notified();
+            tokio::pin!(ready);
+            ready.as_mut().enable();
+            let (frame, due, closing) = self.next_frame();
+            let Some(frame) = frame else {
+                if closing {
+                    break;
+                }
+                match due {
+                    Some(due) => {
+                        tokio::select! {
+                            () = ready => {}
+                            () = tokio::time::sleep_until(due) => {}
+                        }
+                    }
+                    None => ready.await,
+                }
+                continue;
+            };
+            let (parts, on_left, n_records) = frame.into_parts();
+            let sent = match &mut sink {
+                Sink::Channel(channel) => channel
+                    .send_parts(parts)
+                    .await
+                    .map_err(|failed| failed.error.to_string()),
+                Sink::Loopback(queue) => queue
+                    .send(parts)
+                    .map_err(|_| "the rpc node is shut down".to_owned()),
+            };
+            self.counts.frames.fetch_add(1, Ordering::Relaxed);
+            self.counts
+                .records
+                .fetch_add(u64::from(n_records), Ordering::Relaxed);
+            if n_records > 1 {
+                self.counts
+                    .aggregated
+                    .fetch_add(u64::from(n_records), Ordering::Relaxed);
+            }
+            let mut state = self.lock();
+            state.n_queued -= n_records as usize;
+            if let Err(cause) = sent {
+                tracing::error!(destination = self.dest, %cause, "rpc channel failed");
+                let dropped: usize = state
+                    .sealed
+                    .iter()
+                    .map(|f| f.n_records as usize)
+                    .sum::<usize>()
+                    + state.open.as_ref().map_or(0, |f| f.n_records as usize);
+                state.sealed.clear();
+                state.open = None;
+                state.n_queued -= dropped;
+                state.failure = Some(cause.clone());
+                drop(state);
+                self.room.notify_waiters();
+                self.drained.notify_waiters();
+                on_failure(cause);
+                return Ok(());
+            }
+            let drained = state.n_queued == 0;
+            drop(state);
+            on_left.into_iter().for_each(|left| {
+                let _ = left.send(());
+            });
+            self.room.notify_waiters();
+            if drained {
+                self.drained.notify_waiters();
+            }
+        }
+        match sink {
+            Sink::Channel(mut channel) => channel.close().await,
+            Sink::Loopback(_) => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! The rpc frame: what travels between two members, as the first part of a multipart message.
+//!
+//! ```text
+//! frame   = header record*            (part 0; buffers of calls that carry one are parts 1..)
+//! header  = "FRPC" version:u8 0:u8 from:u32 n_records:u32           (14 bytes, little endian)
+//! record  = kind:u8 flags:u8 status:u8 arity:u8 root:u32 handler:u64 seq:u64
+//!           payload_len:u32 0:u32 payload                           (32 + payload_len bytes)
+//! ```
+//!
+//! A call's payload is its arguments, serialised by postcard straight into the frame (which is
+//! shared memory on shmem, see `outlet.rs`); a reply's is the result, or for a failure the
+//! handler's name and the cause. Records that carry a buffer (flag [`BUFFER`]) take the next
+//! unused part, in record order. Everything read from a frame is bounds-checked: a truncated or
+//! forged frame is an error, never a panic.
+
+use thiserror::Error;
+
+pub(crate) const MAGIC: &[u8; 4] = b"FRPC";
+pub(crate) const VERSION: u8 = 1;
+pub(crate) const HEADER_LEN: usize = 14;
+pub(crate) const RECORD_HEAD_LEN: usize = 32;
+const N_RECORDS_AT: usize = 10;
+const PAYLOAD_LEN_AT: usize = 24;
+
+/// A call: run `handler` with the payload as arguments.
+pub(crate) const KIND_CALL: u8 = 1;
+/// The result of a call that asked for one (`seq` names the call).
+pub(crate) const KIND_REPLY: u8 = 2;
+/// A call was consumed (its handler ran), or failed (`status`).
+pub(crate) const KIND_ACK: u8 = 3;
+/// A broadcast: run `handler` and pass the record on to the children in the tree of `root`.
+pub(crate) const KIND_BROADCAST: u8 = 4;
+
+/// The record carries a buffer: the next unused part of the message.
+pub(crate) const BUFFER: u8 = 1;
+/// The caller waits for the result (a [`KIND_REPLY`] record).
+pub(crate) const WANTS_RESULT: u8 = 2;
+/// The caller waits until the call was consumed (a [`KIND_ACK`] record).
+pub(crate) const WANTS_ACK: u8 = 4;
+
+/// How a call ended at its destination, as a reply or acknowledgement says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Status {
+    /// The handler ran; the payload is its result.
+    Ok = 0,
+    /// The destination has no handler with the id.
+    UnknownHandler = 1,
+    /// The arguments did not decode as the handler's argument type.
+    BadArguments = 2,
+    /// The handler panicked.
+    Panicked = 3,
+    /// The frame was malformed (a record announced a buffer the message did not have).
+    BadFrame = 4,
+}
+
+impl Status {
+    fn from_byte(byte: u8) -> Result<Status, WireError> {
+        Ok(match byte {
+            0 => Status::Ok,
+            1 => Status::UnknownHandler,
+            2 => Status::BadArguments,
+            3 => Status::Panicked,
+            4 => Status::BadFrame,
+            other => return Err(WireError::Status(other)),
+        })
+    }
+}
+
+/// A frame that cannot be read.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum WireError {
+    #[error("not an rpc frame (it does not start with FRPC, or is shorter than its header)")]
+    NotRpc,
+    #[error("rpc frame version {0} (this build speaks {VERSION})")]
+    Version(u8),
+    #[error("record {record} is cut off: it needs {needed} bytes, {left} are left")]
+    Truncated {
+        record: u32,
+        needed: usize,
+        left: usize,
+    },
+    #[error("record kind {0} is unknown")]
+    Kind(u8),
+    #[error("status {0} is unknown")]
+    Status(u8),
+    #[error("{0} bytes follow the last record")]
+    Trailing(usize),
+}
+
+/// The fixed part of a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RecordHead {
+    pub kind: u8,
+    pub flags: u8,
+    pub status: Status,
+    /// Broadcast only: the fan-out of the tree.
+    pub arity: u8,
+    /// Broadcast only: the member that started it.
+    pub root: u32,
+    pub handler: u64,
+    /// The caller's number for the call (0: the caller waits for nothing).
+    pub seq: u64,
+}
+
+impl RecordHead {
+    pub(crate) fn call(handler: u64, seq: u64, flags: u8) -> RecordHead {
+        RecordHead {
+            kind: KIND_CALL,
+            flags,
+            status: Status::Ok,
+            arity: 0,
+            root: 0,
+            handler,
+            seq,
+        }
+    }
+
+    pub(crate) fn answer(kind: u8, handler: u64, seq: u64, status: Status) -> RecordHead {
+        RecordHead {
+            kind,
+            flags: 0,
+            status,
+            arity: 0,
+            root: 0,
+            handler,
+            seq,
+        }
+    }
+
+    /// The record head with the payload length still 0 (patched by [`set_payload_len`]).
+    pub(crate) fn encode(&self) -> [u8; RECORD_HEAD_LEN] {
+        let mut head = [0u8; RECORD_HEAD_LEN];
+        head[0] = self.kind;
+        head[1] = self.flags;
+        head[2] = self.status as u8;
+        head[3] = self.arity;
+        head[4..8].copy_from_slice(&self.root.to_le_bytes());
+        head[8..16].copy_from_slice(&self.handler.to_le_bytes());
+        head[16..24].copy_from_slice(&self.seq.to_le_bytes());
+        head
+    }
+}
+
+/// The header of a frame from member `from`, with no records yet.
+pub(crate) fn frame_header(from: u32) -> [u8; HEADER_LEN] {
+    let mut header = [0u8; HEADER_LEN];
+    header[..4].copy_from_slice(MAGIC);
+    header[4] = VERSION;
+    header[6..10].copy_from_slice(&from.to_le_bytes());
+    header
+}
+
+/// Writes the number of records into a frame's header.
+pub(crate) fn set_record_count(frame: &mut [u8], n_records: u32) {
+    frame[N_RECORDS_AT..N_RECORDS_AT + 4].copy_from_slice(&n_records.to_le_bytes());
+}
+
+/// Writes the payload length into the record head that starts at `head_at`.
+pub(crate) fn set_payload_len(frame: &mut [u8], head_at: usize, len: u32) {
+    let at = head_at + PAYLOAD_LEN_AT;
+    frame[at..at + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// One record read from a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Record<'a> {
+    pub head: RecordHead,
+    pub payload: &'a [u8],
+}
+
+/// A frame whose header was checked; its records are read one by one.
+pub(crate) struct FrameReader<'a> {
+    pub from: u32,
+    n_records: u32,
+    next: u32,
+    rest: &'a [u8],
+}
+
+impl<'a> FrameReader<'a> {
+    pub(crate) fn new(frame: &'a [u8]) -> Result<FrameReader<'a>, WireError> {
+        if frame.len() < HEADER_LEN || &frame[..4] != MAGIC {
+            return Err(WireError::NotRpc);
+        }
+        if frame[4] != VERSION {
+            return Err(WireError::Version(frame[4]));
+        }
+        let from = u32::from_le_bytes(frame[6..10].try_into().expect("4 bytes"));
+        let n_records = u32::from_le_bytes(frame[10..14].try_into().expect("4 bytes"));
+        Ok(FrameReader {
+            from,
+            n_records,
+            next: 0,
+            rest: &frame[HEADER_LEN..],
+        })
+    }
+
+    /// The next record; `None` after the last, an error for a malformed one (and then `None`).
+    pub(crate) fn next_record(&mut self) -> Option<Result<Record<'a>, WireError>> {
+        if self.next == self.n_records {
+            if self.rest.is_empty() {
+                return None;
+            }
+            let trailing = self.rest.len();
+            self.rest = &[];
+            return Some(Err(WireError::Trailing(trailing)));
+        }
+        let record = self.read_record();
+        if record.is_err() {
+            self.next = self.n_records;
+            self.rest = &[];
+        } else {
+            self.next += 1;
+        }
+        Some(record)
+    }
+
+    fn read_record(&mut self) -> Result<Record<'a>, WireError> {
+        let truncated = |needed: usize, left: usize| WireError::Truncated {
+            record: self.next,
+            needed,
+            left,
+        };
+        if self.rest.len() < RECORD_HEAD_LEN {
+            return Err(truncated(RECORD_HEAD_LEN, self.rest.len()));
+        }
+        let (head, rest) = self.rest.split_at(RECORD_HEAD_LEN);
+        let kind = head[0];
+        if !(KIND_CALL..=KIND_BROADCAST).contains(&kind) {
+            return Err(WireError::Kind(kind));
+        }
+        let word = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().expect("8 bytes"));
+        let payload_len = u32::from_le_bytes(
+            head[PAYLOAD_LEN_AT..PAYLOAD_LEN_AT + 4]
+                .try_into()
+                .expect("4 bytes"),
+        ) as usize;
+        if rest.len() < payload_len {
+            return Err(truncated(RECORD_HEAD_LEN + payload_len, self.rest.len()));
+        }
+        let head = RecordHead {
+            kind,
+            flags: head[1],
+            status: Status::from_byte(head[2])?,
+            arity: head[3],
+            root: u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")),
+            handler: word(8),
+            seq: word(16),
+        };
+        let (payload, rest) = rest.split_at(payload_len);
+        self.rest = rest;
+        Ok(Record { head, payload })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame_of(records: &[(RecordHead, &[u8])]) -> Vec<u8> {
+        let mut frame = frame_header(7).to_vec();
+        for (head, payload) in records {
+            let at = frame.len();
+            frame.extend_from_slice(&head.encode());
+            frame.extend_from_slice(payload);
+            set_payload_len(&mut frame, at, payload.len() as u32);
+        }
+        set_record_count(&mut frame, records.len() as u32);
+        frame
+    }
+
+    #[test]
+    fn records_come_back_as_written() {
+        let call = RecordHead::call(0xfeed, 3, BUFFER | WANTS_RESULT);
+        let reply = RecordHead::answer(KIND_REPLY, 0xfeed, 3, Status::Panicked);
+        let frame = frame_of(&[(call, b"args"), (reply, b"")]);
+        let mut reader = FrameReader::new(&frame).unwrap();
+        assert_eq!(reader.from, 7);
+        let first = reader.next_record().unwrap().unwrap();
+        assert_eq!((first.head, first.payload), (call, &b"args"[..]));
+        let second = reader.next_record().unwrap().unwrap();
+        assert_eq!((second.head, second.payload), (reply, &b""[..]));
+        assert!(reader.next_record().is_none());
+    }
+
+    #[test]
+    fn every_cut_of_a_frame_is_an_error_not_a_panic() {
+        let call = RecordHead::call(1, 1, 0);
+        let frame = frame_of(&[(call, b"0123456789"), (call, b"x")]);
+        for cut in 0..frame.len() {
+            let outcome = FrameReader::new(&frame[..cut]).map(|mut reader| {
+                let mut n_ok = 0;
+                while let Some(record) = reader.next_record() {
+                    if record.is_err() {
+                        return Err(());
+                    }
+                    n_ok += 1;
+                }
+                Ok(n_ok)
+            });
+            assert!(
+                !matches!(outcome, Ok(Ok(2))),
+                "a frame cut at {cut} read as whole"
+            );
+        }
+    }
+
+    #[test]
+    fn forged_fields_are_named() {
+        let mut frame = frame_of(&[(RecordHead::call(1, 1, 0), b"")]);
+        frame[HEADER_LEN] = 99;
+        let mut reader = FrameReader::new(&frame).unwrap();
+        assert_eq!(reader.next_record(), Some(Err(WireError::Kind(99))));
+        let mut frame = frame_of(&[(RecordHead::call(1, 1, 0), b"")]);
+        set_payload_len(&mut frame, HEADER_LEN, u32::MAX);
+        let mut reader = FrameReader::new(&frame).unwrap();
+        assert!(matches!(
+            reader.next_record(),
+            Some(Err(WireError::Truncated { record: 0, .. }))
+        ));
+        let mut frame = frame_of(&[]);
+        frame[4] = 9;
+        assert_eq!(FrameReader::new(&frame).err(), Some(WireError::Version(9)));
+        assert_eq!(FrameReader::new(b"ZMTP").err(), Some(WireError::NotRpc));
+    }
+}

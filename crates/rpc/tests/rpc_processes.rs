@@ -1,0 +1,908 @@
+//! Remote invocation across processes: this binary runs the tests and, started again with
+//! `FERROMQ_RPC_TEST_ROLE=member`, plays the other members of a group. Every primitive runs on
+//! shmem, zeromq ipc and tcp (members in processes) and zeromq inproc (members in this
+//! process); the full-destination, dead-destination and broadcast properties run where they
+//! are about processes. Each test has its own shm session, force-cleaned however it ends.
+
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use ferromq_core::{Address, Message, Transport, copied_bytes};
+use ferromq_rpc::{
+    Aggregation, CallError, Confirm, Handlers, Inbound, Member, Procedure, RemoteFailure, Rpc,
+    RpcOptions, WhenFull,
+};
+use ferromq_shm::cleanup::clean_session;
+use ferromq_shm::names::current_uid;
+use ferromq_shm::{ShmOptions, ShmTransport};
+use libtest_mimic::{Arguments, Failed, Trial};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+
+const ROLE_VAR: &str = "FERROMQ_RPC_TEST_ROLE";
+const STEP: Duration = Duration::from_secs(60);
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+// ---- the procedures every member serves ----
+
+struct Add;
+impl Procedure for Add {
+    const NAME: &'static str = "add";
+    type Args = (u64, u64);
+    type Output = u64;
+}
+
+/// `add` without its arguments: the destination cannot decode them.
+struct AddNothing;
+impl Procedure for AddNothing {
+    const NAME: &'static str = "add";
+    type Args = ();
+    type Output = u64;
+}
+
+struct Append;
+impl Procedure for Append {
+    const NAME: &'static str = "append";
+    type Args = u64;
+    type Output = ();
+}
+
+/// Returns and clears what `append` collected.
+struct TakeLog;
+impl Procedure for TakeLog {
+    const NAME: &'static str = "take-log";
+    type Args = ();
+    type Output = Vec<u64>;
+}
+
+/// Sums a buffer's bytes; `last-sum` returns (length, sum, copied bytes in the process).
+struct SumBuffer;
+impl Procedure for SumBuffer {
+    const NAME: &'static str = "sum-buffer";
+    type Args = u64;
+    type Output = ();
+}
+
+struct LastSum;
+impl Procedure for LastSum {
+    const NAME: &'static str = "last-sum";
+    type Args = ();
+    type Output = (u64, u64, u64);
+}
+
+struct Explode;
+impl Procedure for Explode {
+    const NAME: &'static str = "explode";
+    type Args = ();
+    type Output = ();
+}
+
+struct NotServed;
+impl Procedure for NotServed {
+    const NAME: &'static str = "not-served";
+    type Args = ();
+    type Output = ();
+}
+
+struct Hit;
+impl Procedure for Hit {
+    const NAME: &'static str = "hit";
+    type Args = ();
+    type Output = ();
+}
+
+struct Hits;
+impl Procedure for Hits {
+    const NAME: &'static str = "hits";
+    type Args = ();
+    type Output = u64;
+}
+
+/// A handler that calls another member: `append(value)` at `dest`, waiting until consumed.
+struct Relay;
+impl Procedure for Relay {
+    const NAME: &'static str = "relay";
+    type Args = (u64, u64);
+    type Output = ();
+}
+
+/// A handler that never finishes (the caller then waits for a dead member).
+struct Stall;
+impl Procedure for Stall {
+    const NAME: &'static str = "stall";
+    type Args = ();
+    type Output = ();
+}
+
+struct Quit;
+impl Procedure for Quit {
+    const NAME: &'static str = "quit";
+    type Args = ();
+    type Output = ();
+}
+
+#[derive(Default)]
+struct Service {
+    log: Mutex<Vec<u64>>,
+    last_sum: Mutex<(u64, u64, u64)>,
+    hits: AtomicU64,
+    quit: tokio::sync::Notify,
+}
+
+fn handlers(service: &Arc<Service>) -> Handlers {
+    let (log, take, sums, last, hits, count, quit) = (
+        Arc::clone(service),
+        Arc::clone(service),
+        Arc::clone(service),
+        Arc::clone(service),
+        Arc::clone(service),
+        Arc::clone(service),
+        Arc::clone(service),
+    );
+    Handlers::new()
+        .on::<Add, _, _>(|_, (a, b)| async move { a + b })
+        .on::<Append, _, _>(move |_, value| {
+            log.log.lock().unwrap().push(value);
+            async {}
+        })
+        .on::<TakeLog, _, _>(move |_, ()| {
+            let taken = std::mem::take(&mut *take.log.lock().unwrap());
+            async move { taken }
+        })
+        .on_buffer::<SumBuffer, _, _>(move |_, expected_len, buffer: Message| {
+            let data = buffer.data();
+            assert_eq!(data.len() as u64, expected_len, "the whole buffer is there");
+            let sum = data.iter().map(|&byte| u64::from(byte)).sum();
+            *sums.last_sum.lock().unwrap() = (data.len() as u64, sum, copied_bytes());
+            async {}
+        })
+        .on::<LastSum, _, _>(move |_, ()| {
+            let value = *last.last_sum.lock().unwrap();
+            async move { value }
+        })
+        .on::<Explode, _, _>(|_, ()| async { panic!("deliberate: the handler exploded") })
+        .on::<Hit, _, _>(move |_, ()| {
+            hits.hits.fetch_add(1, Ordering::Relaxed);
+            async {}
+        })
+        .on::<Hits, _, _>(move |_, ()| {
+            let value = count.hits.load(Ordering::Relaxed);
+            async move { value }
+        })
+        .on::<Relay, _, _>(|invocation, (dest, value)| async move {
+            invocation
+                .rpc()
+                .to(dest as usize)
+                .confirm(Confirm::Consumed)
+                .call::<Append>(&value)
+                .await
+                .expect("relayed")
+                .confirmed()
+                .await
+                .expect("consumed");
+        })
+        .on::<Stall, _, _>(|_, ()| std::future::pending::<()>())
+        .on::<Quit, _, _>(move |_, ()| {
+            quit.quit.notify_one();
+            async {}
+        })
+}
+
+// ---- transports and sessions ----
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Shmem,
+    Ipc,
+    Tcp,
+    Inproc,
+}
+
+impl Kind {
+    fn parse(text: &str) -> Result<Kind> {
+        Ok(match text {
+            "shmem" => Kind::Shmem,
+            "ipc" => Kind::Ipc,
+            "tcp" => Kind::Tcp,
+            "inproc" => Kind::Inproc,
+            other => bail!("unknown kind {other}"),
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Shmem => "shmem",
+            Kind::Ipc => "ipc",
+            Kind::Tcp => "tcp",
+            Kind::Inproc => "inproc",
+        }
+    }
+
+    fn transport(self, session: &str) -> Arc<dyn Transport> {
+        match self {
+            Kind::Shmem => Arc::new(ShmTransport::new(ShmOptions {
+                session: session.to_owned(),
+                segment_size: 256 << 20,
+                ..ShmOptions::default()
+            })),
+            _ => Arc::new(ferromq_zmq::ZmqTransport::new()),
+        }
+    }
+
+    fn address(self, session: &str, member: usize) -> Address {
+        let text = match self {
+            Kind::Tcp => "tcp://127.0.0.1:0".to_owned(),
+            Kind::Inproc => format!("inproc://{session}-m{member}"),
+            Kind::Shmem | Kind::Ipc => format!(
+                "ipc://{}/ferromq-{session}-m{member}.ipc",
+                std::env::temp_dir().display()
+            ),
+        };
+        Address::parse(&text).expect("a valid address")
+    }
+}
+
+/// A session of its own, force-cleaned when the test ends however it ends.
+struct Session(String);
+
+impl Session {
+    fn new(tag: &str) -> Session {
+        Session(format!(
+            "rpc-{tag}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ))
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = clean_session(current_uid(), &self.0, true);
+        let prefix = format!("ferromq-{}-", self.0);
+        if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+            for entry in entries.flatten() {
+                if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
+    }
+}
+
+fn member_name(idx: usize) -> String {
+    format!("member-{idx}")
+}
+
+fn options(mode: Aggregation, timeout: Duration) -> RpcOptions {
+    RpcOptions {
+        aggregation: mode,
+        timeout,
+        ..RpcOptions::default()
+    }
+}
+
+// ---- the other members: processes, or nodes in this process (inproc) ----
+
+struct ProcessMember {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl ProcessMember {
+    async fn line(&mut self) -> Result<String> {
+        tokio::time::timeout(STEP, self.lines.next_line())
+            .await
+            .context("no line from a member within a minute")??
+            .context("a member's stdout ended")
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id().expect("running") as i32)
+    }
+}
+
+impl Drop for ProcessMember {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+enum Other {
+    Process(Box<ProcessMember>),
+    Local(Rpc),
+}
+
+/// Member 0 lives in this test; members 1.. are processes (or local nodes for inproc).
+struct Group {
+    rpc: Rpc,
+    service: Arc<Service>,
+    others: Vec<Other>,
+    transport: Arc<dyn Transport>,
+    _session: Session,
+}
+
+impl Group {
+    async fn start(
+        kind: Kind,
+        n_members: usize,
+        mode: Aggregation,
+        timeout: Duration,
+        tag: &str,
+    ) -> Result<Group> {
+        let session = Session::new(tag);
+        let transport = kind.transport(&session.0);
+        let mut others = Vec::new();
+        let mut addresses = vec![kind.address(&session.0, 0)];
+        if kind == Kind::Inproc {
+            addresses.extend((1..n_members).map(|idx| kind.address(&session.0, idx)));
+        } else {
+            for idx in 1..n_members {
+                let mut child = Command::new(std::env::current_exe()?)
+                    .env(ROLE_VAR, "member")
+                    .env("FERROMQ_RPC_KIND", kind.name())
+                    .env("FERROMQ_RPC_SESSION", &session.0)
+                    .env("FERROMQ_RPC_ME", idx.to_string())
+                    .env("FERROMQ_RPC_MODE", mode.to_string())
+                    .env("FERROMQ_RPC_TIMEOUT_MS", timeout.as_millis().to_string())
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::inherit())
+                    .kill_on_drop(true)
+                    .spawn()?;
+                let stdout = child.stdout.take().context("stdout")?;
+                let mut member = ProcessMember {
+                    child,
+                    lines: BufReader::new(stdout).lines(),
+                };
+                let bound = member.line().await?;
+                let address = bound
+                    .strip_prefix("bound ")
+                    .with_context(|| format!("member {idx} said {bound:?}"))?;
+                addresses.push(Address::parse(address)?);
+                others.push(Other::Process(Box::new(member)));
+            }
+        }
+        let inbound = Inbound::bind(transport.as_ref(), &addresses[0]).await?;
+        addresses[0] = inbound.address().clone();
+        let members: Vec<Member> = addresses
+            .iter()
+            .enumerate()
+            .map(|(idx, address)| Member {
+                name: member_name(idx),
+                address: address.clone(),
+            })
+            .collect();
+        let list = addresses
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(" ");
+        if kind == Kind::Inproc {
+            // Every inbound first, so that no push connects to a name not yet bound.
+            let mut inbounds = Vec::new();
+            for member in &members[1..] {
+                inbounds.push(Inbound::bind(transport.as_ref(), &member.address).await?);
+            }
+            for (idx, inbound) in inbounds.into_iter().enumerate() {
+                let service = Arc::new(Service::default());
+                let rpc = Rpc::start(
+                    Arc::clone(&transport),
+                    idx + 1,
+                    &members,
+                    inbound,
+                    handlers(&service),
+                    options(mode, timeout),
+                )
+                .await?;
+                others.push(Other::Local(rpc));
+            }
+        }
+        for other in &mut others {
+            if let Other::Process(member) = other {
+                let stdin = member.child.stdin.as_mut().context("stdin")?;
+                stdin
+                    .write_all(format!("members {list}\n").as_bytes())
+                    .await?;
+                stdin.flush().await?;
+            }
+        }
+        let service = Arc::new(Service::default());
+        let rpc = Rpc::start(
+            Arc::clone(&transport),
+            0,
+            &members,
+            inbound,
+            handlers(&service),
+            options(mode, timeout),
+        )
+        .await?;
+        for other in &mut others {
+            if let Other::Process(member) = other {
+                let ready = member.line().await?;
+                ensure!(ready == "ready", "a member said {ready:?}");
+            }
+        }
+        Ok(Group {
+            rpc,
+            service,
+            others,
+            transport,
+            _session: session,
+        })
+    }
+
+    fn process(&self, idx: usize) -> Result<&ProcessMember> {
+        match &self.others[idx - 1] {
+            Other::Process(member) => Ok(member),
+            Other::Local(_) => bail!("member {idx} is not a process"),
+        }
+    }
+
+    /// Asks every member to quit; each process must exit 0.
+    async fn quit(mut self) -> Result<()> {
+        for idx in 1..=self.others.len() {
+            self.rpc.call_return::<Quit>(idx, &()).await?;
+        }
+        for (idx, other) in self.others.iter_mut().enumerate() {
+            match other {
+                Other::Process(member) => {
+                    let status = tokio::time::timeout(STEP, member.child.wait()).await??;
+                    ensure!(status.success(), "member {} exited with {status}", idx + 1);
+                }
+                Other::Local(rpc) => rpc.shutdown().await?,
+            }
+        }
+        self.rpc.shutdown().await?;
+        Ok(())
+    }
+}
+
+/// The member role: binds, says where, learns the group, serves until asked to quit.
+async fn run_member() -> Result<()> {
+    let var = |key: &str| std::env::var(key).with_context(|| format!("the role needs {key}"));
+    let kind = Kind::parse(&var("FERROMQ_RPC_KIND")?)?;
+    let session = var("FERROMQ_RPC_SESSION")?;
+    let me: usize = var("FERROMQ_RPC_ME")?.parse()?;
+    let mode: Aggregation = var("FERROMQ_RPC_MODE")?
+        .parse()
+        .map_err(anyhow::Error::msg)?;
+    let timeout = Duration::from_millis(var("FERROMQ_RPC_TIMEOUT_MS")?.parse()?);
+    let transport = kind.transport(&session);
+    let inbound = Inbound::bind(transport.as_ref(), &kind.address(&session, me)).await?;
+    println!("bound {}", inbound.address());
+    let line = tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).map(|_| line)
+    })
+    .await??;
+    let line = line.trim_end();
+    let members: Vec<Member> = line
+        .strip_prefix("members ")
+        .context("no member list")?
+        .split(' ')
+        .enumerate()
+        .map(|(idx, address)| {
+            Ok(Member {
+                name: member_name(idx),
+                address: Address::parse(address)?,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let service = Arc::new(Service::default());
+    let rpc = Rpc::start(
+        transport,
+        me,
+        &members,
+        inbound,
+        handlers(&service),
+        options(mode, timeout),
+    )
+    .await?;
+    println!("ready");
+    service.quit.notified().await;
+    rpc.shutdown().await?;
+    Ok(())
+}
+
+fn main() {
+    ferromq_shm::run_watchdog_if_requested();
+    // The deliberate panics of the `explode` handler are expected: not printed.
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !info.to_string().contains("deliberate") {
+            report(info);
+        }
+    }));
+    if std::env::var(ROLE_VAR).is_ok() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        if let Err(error) = runtime.block_on(run_member()) {
+            eprintln!("member failed: {error:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    let mut tests = Vec::new();
+    for kind in [Kind::Shmem, Kind::Ipc, Kind::Tcp, Kind::Inproc] {
+        for mode in [Aggregation::None, Aggregation::Trad, Aggregation::Ovfl] {
+            tests.push(Trial::test(
+                format!(
+                    "every_primitive_over_{}_with_aggregation_{mode}",
+                    kind.name()
+                ),
+                move || run(primitives(kind, mode)),
+            ));
+        }
+    }
+    for kind in [Kind::Shmem, Kind::Ipc] {
+        tests.push(Trial::test(
+            format!(
+                "a_full_destination_loses_nothing_with_each_policy_over_{}",
+                kind.name()
+            ),
+            move || run(full_destination(kind)),
+        ));
+    }
+    for kind in [Kind::Shmem, Kind::Tcp] {
+        tests.push(Trial::test(
+            format!(
+                "a_dead_destination_fails_pending_calls_within_the_timeout_over_{}",
+                kind.name()
+            ),
+            move || run(dead_destination(kind)),
+        ));
+    }
+    tests.push(Trial::test(
+        "call_buffer_of_64_mib_over_shmem_runs_after_the_last_byte_and_copies_nothing",
+        || run(big_buffer()),
+    ));
+    tests.push(Trial::test(
+        "broadcast_to_15_members_over_a_binary_tree_reaches_each_once",
+        || run(broadcast_15()),
+    ));
+    libtest_mimic::run(&Arguments::from_args(), tests).exit();
+}
+
+fn run(test: impl Future<Output = Result<()>>) -> Result<(), Failed> {
+    let runtime =
+        tokio::runtime::Runtime::new().map_err(|error| Failed::from(error.to_string()))?;
+    runtime
+        .block_on(async { tokio::time::timeout(Duration::from_secs(240), test).await? })
+        .map_err(|error| Failed::from(format!("{error:#}")))
+}
+
+fn remote(error: &CallError) -> Option<(&str, &str, RemoteFailure, &str)> {
+    match error {
+        CallError::Remote {
+            destination,
+            handler,
+            kind,
+            cause,
+        } => Some((destination, handler, *kind, cause)),
+        _ => None,
+    }
+}
+
+async fn primitives(kind: Kind, mode: Aggregation) -> Result<()> {
+    let group = Group::start(kind, 3, mode, Duration::from_secs(30), "prim").await?;
+    let rpc = &group.rpc;
+
+    // call_return, to each member and to itself.
+    for idx in 0..3 {
+        ensure!(rpc.call_return::<Add>(idx, &(2, idx as u64)).await? == 2 + idx as u64);
+    }
+
+    // Calls from one sender run in order; trad packs them, none never does.
+    const N_CALLS: u64 = 20_000;
+    let before = rpc.stats();
+    for value in 0..N_CALLS {
+        rpc.call::<Append>(1, &value).await?;
+    }
+    let log = rpc.call_return::<TakeLog>(1, &()).await?;
+    ensure!(
+        log == (0..N_CALLS).collect::<Vec<_>>(),
+        "{} calls came back out of order or incomplete",
+        log.len()
+    );
+    let after = rpc.stats();
+    let aggregated = after.aggregated_records - before.aggregated_records;
+    match mode {
+        Aggregation::None => ensure!(aggregated == 0, "none packed {aggregated} records"),
+        Aggregation::Trad => ensure!(
+            aggregated >= N_CALLS / 2,
+            "trad packed only {aggregated} of {N_CALLS}"
+        ),
+        Aggregation::Ovfl => {}
+    }
+
+    // Tickets: consumed, and left.
+    rpc.to(2)
+        .confirm(Confirm::Consumed)
+        .call::<Append>(&7)
+        .await?
+        .confirmed()
+        .await?;
+    rpc.to(2)
+        .confirm(Confirm::Left)
+        .call::<Append>(&8)
+        .await?
+        .confirmed()
+        .await?;
+    ensure!(rpc.call_return::<TakeLog>(2, &()).await? == vec![7, 8]);
+
+    // call_buffer: the handler sees the whole buffer.
+    let mut buffer = group.transport.new_message(1 << 20).await?;
+    buffer
+        .data_mut()
+        .iter_mut()
+        .enumerate()
+        .for_each(|(idx, byte)| *byte = idx as u8);
+    let expected: u64 = buffer.data().iter().map(|&byte| u64::from(byte)).sum();
+    rpc.to(1)
+        .confirm(Confirm::Consumed)
+        .call_buffer::<SumBuffer>(&(1 << 20), buffer)
+        .await?
+        .confirmed()
+        .await?;
+    let (len, sum, _) = rpc.call_return::<LastSum>(1, &()).await?;
+    ensure!(
+        (len, sum) == (1 << 20, expected),
+        "the handler saw {len} bytes summing to {sum}"
+    );
+
+    // Failures at the destination come back naming device, handler and cause; it keeps serving.
+    let error = rpc.call_return::<Explode>(1, &()).await.unwrap_err();
+    ensure!(
+        remote(&error)
+            == Some((
+                "member-1",
+                "explode",
+                RemoteFailure::Panicked,
+                "deliberate: the handler exploded"
+            )),
+        "{error}"
+    );
+    let error = rpc.call_return::<NotServed>(2, &()).await.unwrap_err();
+    ensure!(
+        matches!(
+            remote(&error),
+            Some(("member-2", "not-served", RemoteFailure::UnknownHandler, _))
+        ),
+        "{error}"
+    );
+    let error = rpc.call_return::<AddNothing>(1, &()).await.unwrap_err();
+    ensure!(
+        matches!(
+            remote(&error),
+            Some(("member-1", "add", RemoteFailure::BadArguments, _))
+        ),
+        "{error}"
+    );
+    let error = rpc
+        .to(2)
+        .confirm(Confirm::Consumed)
+        .call::<Explode>(&())
+        .await?
+        .confirmed()
+        .await
+        .unwrap_err();
+    ensure!(
+        matches!(
+            remote(&error),
+            Some(("member-2", "explode", RemoteFailure::Panicked, _))
+        ),
+        "{error}"
+    );
+    // Fire and forget: the failure arrives before the next result from that member.
+    rpc.call::<Explode>(1, &()).await?;
+    ensure!(
+        rpc.call_return::<Add>(1, &(1, 1)).await? == 2,
+        "member 1 stopped serving"
+    );
+    let failures = rpc.take_failures();
+    ensure!(
+        failures.len() == 1
+            && matches!(
+                remote(&failures[0]),
+                Some(("member-1", "explode", RemoteFailure::Panicked, _))
+            ),
+        "{failures:?}"
+    );
+
+    // A handler that calls another member.
+    rpc.call_return::<Relay>(1, &(2, 99)).await?;
+    ensure!(rpc.call_return::<TakeLog>(2, &()).await? == vec![99]);
+
+    // broadcast: every member, this one included, once.
+    rpc.broadcast::<Hit>(&()).await?.confirmed().await?;
+    ensure!(group.service.hits.load(Ordering::Relaxed) == 1);
+    for idx in 1..3 {
+        ensure!(
+            rpc.call_return::<Hits>(idx, &()).await? == 1,
+            "member {idx} was not hit once"
+        );
+    }
+    group.quit().await
+}
+
+async fn full_destination(kind: Kind) -> Result<()> {
+    let group = Group::start(kind, 2, Aggregation::None, Duration::from_secs(30), "full").await?;
+    let rpc = group.rpc.clone();
+    let bounded = RpcOptions::default().max_queued_calls;
+    let pid = group.process(1)?.pid();
+    kill(pid, Signal::SIGSTOP)?;
+    let mut accepted = Vec::new();
+    let mut next = 0u64;
+    // Fail: accepted until the transport and then the outlet are full; the refused call comes back.
+    let refused = loop {
+        match rpc.to(1).try_call::<Append>(next) {
+            Ok(_) => accepted.push(next),
+            Err(refused) => break refused,
+        }
+        next += 1;
+        ensure!(next < 5_000_000, "a stopped member never counted as full");
+        if next.is_multiple_of(64) {
+            tokio::task::yield_now().await;
+        }
+    };
+    ensure!(
+        refused.args == next,
+        "the refused call came back as {}",
+        refused.args
+    );
+    ensure!(
+        matches!(*refused.error, CallError::Full { ref destination, .. } if destination == "member-1"),
+        "{}",
+        refused.error
+    );
+    // Queue: accepted beyond the bound, in order after what was accepted before.
+    let queue = rpc.clone().with_when_full(WhenFull::Queue);
+    for _ in 0..1000 {
+        queue.call::<Append>(1, &next).await?;
+        accepted.push(next);
+        next += 1;
+    }
+    ensure!(
+        rpc.stats().queued_records >= bounded,
+        "queued {} of {bounded}",
+        rpc.stats().queued_records
+    );
+    // Wait: waits for room, which comes once the member runs again.
+    let waiting = tokio::spawn({
+        let rpc = rpc.clone();
+        async move { rpc.call::<Append>(1, &next).await }
+    });
+    accepted.push(next);
+    kill(pid, Signal::SIGCONT)?;
+    waiting.await??;
+    let log = rpc.call_return::<TakeLog>(1, &()).await?;
+    ensure!(
+        log == accepted,
+        "took {} calls, {} were accepted (first difference at {:?})",
+        log.len(),
+        accepted.len(),
+        log.iter().zip(&accepted).position(|(a, b)| a != b)
+    );
+    group.quit().await
+}
+
+async fn dead_destination(kind: Kind) -> Result<()> {
+    let timeout = Duration::from_secs(1);
+    let group = Group::start(kind, 2, Aggregation::Ovfl, timeout, "dead").await?;
+    let rpc = group.rpc.clone();
+    ensure!(rpc.call_return::<Add>(1, &(1, 2)).await? == 3);
+    let stalled = tokio::spawn({
+        let rpc = rpc.clone();
+        async move { rpc.call_return::<Stall>(1, &()).await }
+    });
+    let consumed = rpc
+        .to(1)
+        .confirm(Confirm::Consumed)
+        .call::<Append>(&1)
+        .await?;
+    kill(group.process(1)?.pid(), Signal::SIGKILL)?;
+    let started = tokio::time::Instant::now();
+    let after_death = rpc.call_return::<Add>(1, &(2, 2)).await;
+    let (stalled, consumed) = (stalled.await?, consumed.confirmed().await);
+    let elapsed = started.elapsed();
+    for (what, outcome) in [
+        ("stall", stalled.err()),
+        ("add", after_death.err()),
+        ("append", consumed.err()),
+    ] {
+        match outcome {
+            Some(CallError::Timeout { destination, .. }) if destination == "member-1" => {}
+            other => bail!("{what} after the member died: {other:?}"),
+        }
+    }
+    ensure!(
+        elapsed < timeout * 3,
+        "the callers waited {elapsed:?} with a timeout of {timeout:?}"
+    );
+    // The calls queued for the dead member are reported lost where the transport knows it.
+    match rpc.shutdown().await {
+        Ok(()) | Err(ferromq_core::Error::Undelivered { .. }) => Ok(()),
+        Err(other) => bail!("shutting down after a member died: {other}"),
+    }
+}
+
+async fn big_buffer() -> Result<()> {
+    const SIZE: usize = 64 << 20;
+    let group = Group::start(
+        Kind::Shmem,
+        2,
+        Aggregation::Trad,
+        Duration::from_secs(60),
+        "big",
+    )
+    .await?;
+    let rpc = &group.rpc;
+    let mut buffer = group.transport.new_message(SIZE).await?;
+    ensure!(
+        buffer.memory_kind() != "heap",
+        "the buffer is not in shared memory"
+    );
+    buffer
+        .data_mut()
+        .iter_mut()
+        .enumerate()
+        .for_each(|(idx, byte)| *byte = (idx % 251) as u8);
+    let expected: u64 = buffer.data().iter().map(|&byte| u64::from(byte)).sum();
+    let (_, _, copied_there_before) = rpc.call_return::<LastSum>(1, &()).await?;
+    let copied_here_before = copied_bytes();
+    rpc.to(1)
+        .confirm(Confirm::Consumed)
+        .call_buffer::<SumBuffer>(&(SIZE as u64), buffer)
+        .await?
+        .confirmed()
+        .await?;
+    let (len, sum, copied_there) = rpc.call_return::<LastSum>(1, &()).await?;
+    ensure!(
+        (len, sum) == (SIZE as u64, expected),
+        "the handler saw {len} bytes summing to {sum}"
+    );
+    ensure!(
+        copied_bytes() == copied_here_before,
+        "the caller copied {} bytes",
+        copied_bytes() - copied_here_before
+    );
+    ensure!(
+        copied_there == copied_there_before,
+        "the destination copied {} bytes",
+        copied_there - copied_there_before
+    );
+    group.quit().await
+}
+
+async fn broadcast_15() -> Result<()> {
+    let group = Group::start(
+        Kind::Ipc,
+        15,
+        Aggregation::Ovfl,
+        Duration::from_secs(30),
+        "bcast",
+    )
+    .await?;
+    let rpc = &group.rpc;
+    let before = rpc.stats().records;
+    rpc.broadcast::<Hit>(&()).await?.confirmed().await?;
+    // The root sent the broadcast to itself, to its two children and its own acknowledgement:
+    // the other twelve were reached through the tree.
+    let sent = rpc.stats().records - before;
+    ensure!(sent == 4, "the root sent {sent} records");
+    ensure!(group.service.hits.load(Ordering::Relaxed) == 1);
+    for idx in 1..15 {
+        ensure!(
+            rpc.call_return::<Hits>(idx, &()).await? == 1,
+            "member {idx} was not hit once"
+        );
+    }
+    group.quit().await
+}
