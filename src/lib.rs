@@ -39,6 +39,8 @@
 //! }
 //! ```
 //!
+//! - [`rpc`]: remote invocation between devices (call, call_return, call_buffer, broadcast),
+//!   with aggregation of small calls.
 //! - Shared memory: [`ShmTransport`], [`UnmanagedRegion`] (buffers you fill, with release
 //!   callbacks: [`RegionCallback`], [`RegionBlock`]). [`run_device_main`] also makes the binary
 //!   able to act as its session's cleanup watchdog, which removes the session's shared memory when
@@ -112,6 +114,12 @@ pub mod device {
 #[cfg(feature = "shmem")]
 pub mod shm {
     pub use ferromq_shm::*;
+}
+
+/// Remote invocation between devices: typed calls, results, buffers and broadcasts over
+/// channels of any transport, with calls packed into frames (`trad`, `ovfl`).
+pub mod rpc {
+    pub use ferromq_rpc::*;
 }
 
 /// The `#[async_trait]` attribute that `impl Device` blocks need.

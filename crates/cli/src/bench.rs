@@ -54,6 +54,17 @@ pub struct BenchOptions {
     /// Size of each process's shared-memory segment.
     #[arg(long = "shm-segment-size", default_value_t = 4 << 30)]
     pub shm_segment_size: u64,
+    /// Another benchmark instead of messages (`ferromq bench rpc --help`).
+    #[command(subcommand)]
+    pub what: Option<BenchKind>,
+}
+
+/// The benchmarks other than message throughput and latency.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum BenchKind {
+    /// Remote invocation between two processes: calls/s and MB/s per mode and call size, and
+    /// `call_return` round trips.
+    Rpc(crate::rpc_bench::RpcBenchOptions),
 }
 
 /// One measurement.
@@ -124,6 +135,9 @@ fn transport_and_address(
 
 /// Runs every transport × size pair and prints the results.
 pub async fn run(options: BenchOptions) -> ExitCode {
+    if let Some(BenchKind::Rpc(rpc)) = options.what {
+        return crate::rpc_bench::run(rpc).await;
+    }
     match run_all(&options).await {
         Ok(results) => {
             if options.json {
@@ -355,6 +369,7 @@ async fn role(options: &RoleOptions) -> Result<RoleReport> {
         busy_poll: options.busy_poll,
         json: true,
         shm_segment_size: options.shm_segment_size,
+        what: None,
     };
     let (transport, address) = transport_and_address(
         &options.transport,

@@ -35,6 +35,7 @@ pub mod interactive;
 pub mod launch;
 pub mod logging;
 pub mod options;
+pub mod rpc_bench;
 mod run;
 pub mod session_dir;
 pub mod shm_command;

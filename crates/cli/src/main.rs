@@ -49,6 +49,9 @@ enum Command {
     /// One side of a `ferromq bench` pair (started by `ferromq bench`).
     #[command(hide = true)]
     BenchRole(ferromq_cli::bench::RoleOptions),
+    /// The destination of a `ferromq bench rpc` pair (started by `ferromq bench rpc`).
+    #[command(hide = true)]
+    BenchRpcRole(ferromq_cli::rpc_bench::RpcRoleOptions),
     /// Check a topology file without starting anything.
     Validate {
         /// The topology file (TOML).
@@ -120,6 +123,9 @@ fn main() -> ExitCode {
         }
         Command::Shm { command } => shm_command::run(&command),
         Command::Bench(options) => ferromq_cli::block_on(1, ferromq_cli::bench::run(options)),
+        Command::BenchRpcRole(options) => {
+            ferromq_cli::block_on(1, ferromq_cli::rpc_bench::run_role(options))
+        }
         Command::BenchRole(options) => {
             ferromq_cli::block_on(1, ferromq_cli::bench::run_role(options))
         }

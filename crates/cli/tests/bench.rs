@@ -61,3 +61,70 @@ fn bench_latency_mode_reports_percentiles() {
         assert!(0.0 < p50 && p50 <= p99 && p99 <= p999, "{value}");
     }
 }
+
+#[test]
+fn bench_rpc_reports_every_mode_as_json() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args([
+            "bench",
+            "rpc",
+            "--json",
+            "--duration",
+            "0.2",
+            "--rounds",
+            "1",
+        ])
+        .args([
+            "--round-trips",
+            "50",
+            "--transport",
+            "shmem,zeromq-tcp",
+            "--call-size",
+            "8",
+        ])
+        .output()
+        .expect("run ferromq bench rpc");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("json"))
+        .collect();
+    assert_eq!(lines.len(), 6, "2 transports x 3 modes");
+    for line in &lines {
+        for key in [
+            "calls_per_s",
+            "mb_per_s",
+            "return_p50_us",
+            "returns_per_s_64_in_flight",
+        ] {
+            assert!(line[key].as_f64().unwrap() > 0.0, "{key}: {line}");
+        }
+        assert_eq!(line["call_size"], 8, "{line}");
+    }
+    let modes: Vec<&str> = lines
+        .iter()
+        .map(|line| line["mode"].as_str().unwrap())
+        .collect();
+    assert_eq!(modes, ["send", "trad", "ovfl", "send", "trad", "ovfl"]);
+}
+
+#[test]
+fn bench_rpc_names_a_size_or_mode_it_cannot_measure() {
+    for (args, culprit) in [
+        (["--call-size", "7"], "--call-size 7"),
+        (["--mode", "fast"], "--mode \"fast\""),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+            .args(["bench", "rpc"])
+            .args(args)
+            .output()
+            .expect("run ferromq bench rpc");
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(culprit), "{args:?}: {stderr}");
+    }
+}

@@ -16,37 +16,59 @@ pub enum CallError {
     /// The handler did not run, or did not finish, at the destination.
     #[error("device {destination}: handler {handler} {kind}: {cause}")]
     Remote {
+        /// The member that failed the call.
         destination: String,
+        /// The handler's name.
         handler: String,
+        /// What went wrong.
         kind: RemoteFailure,
+        /// The destination's words (the panic message, the decoding error, ...).
         cause: String,
     },
     /// No answer (result, acknowledgement, room in the destination's queue) within the timeout.
     #[error("device {destination} did not answer {handler} within {after:?}")]
     Timeout {
+        /// The member that did not answer.
         destination: String,
+        /// The handler called (or what was waited for).
         handler: String,
+        /// The timeout.
         after: Duration,
     },
     /// The destination's queue holds `queued` calls, its bound ([`crate::WhenFull::Fail`]).
     #[error("device {destination} is full ({queued} calls queued): {handler} refused")]
     Full {
+        /// The full member.
         destination: String,
+        /// The handler called.
         handler: String,
+        /// Calls queued for it.
         queued: usize,
     },
     /// The channel to the destination failed; calls to it fail from now on.
     #[error("device {destination} is unreachable: {cause}")]
-    Unreachable { destination: String, cause: String },
+    Unreachable {
+        /// The member.
+        destination: String,
+        /// Why its channel failed.
+        cause: String,
+    },
     /// The destination is not a member of the group.
     #[error("no member {destination} in the group (members: {members})")]
     UnknownDestination {
+        /// The index asked for.
         destination: String,
+        /// The members there are.
         members: String,
     },
     /// The arguments could not be serialised, or the result could not be read.
     #[error("handler {handler}: {cause}")]
-    Codec { handler: String, cause: String },
+    Codec {
+        /// The handler called.
+        handler: String,
+        /// The codec's error.
+        cause: String,
+    },
     /// The rpc node was shut down.
     #[error("the rpc node is shut down")]
     Stopped,
@@ -92,7 +114,9 @@ impl std::fmt::Display for RemoteFailure {
 /// the arguments and buffer come back untouched.
 #[derive(Debug)]
 pub struct Refused<A> {
+    /// The call's arguments, untouched.
     pub args: A,
+    /// The call's buffer, untouched.
     pub buffer: Option<Message>,
     /// Boxed: a refused call is the rare path, and the `Result` stays small.
     pub error: Box<CallError>,

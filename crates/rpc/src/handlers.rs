@@ -119,6 +119,7 @@ pub struct Handlers {
 }
 
 impl Handlers {
+    /// An empty table.
     pub fn new() -> Handlers {
         Handlers::default()
     }

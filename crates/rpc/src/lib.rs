@@ -42,6 +42,7 @@
 //! `outlet.rs` (aggregation and sending to one destination), `node.rs` (the member: calls,
 //! pending results, the dispatcher, broadcast trees).
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod error;
 mod handlers;

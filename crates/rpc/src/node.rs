@@ -97,19 +97,30 @@ pub enum Confirm {
 /// One member of the group: its name and the address its inbound channel binds.
 #[derive(Debug, Clone)]
 pub struct Member {
+    /// How errors and logs name it.
     pub name: String,
+    /// Where its inbound channel binds (the others connect there).
     pub address: Address,
 }
 
 /// Why a member could not start.
 #[derive(Debug, Error)]
 pub enum StartError {
+    /// `me` is no index into the members.
     #[error("member index {me} is not in a group of {n_members}")]
-    NotAMember { me: usize, n_members: usize },
+    NotAMember {
+        /// The index given.
+        me: usize,
+        /// The group's size.
+        n_members: usize,
+    },
+    /// Two handlers with one id.
     #[error("handlers: {0}")]
     Handlers(String),
+    /// `tree_arity` 0.
     #[error("broadcast tree arity 0: it must be at least 1")]
     Arity,
+    /// A channel could not be opened, bound or connected.
     #[error(transparent)]
     Channel(#[from] ferromq_core::Error),
 }

@@ -33,6 +33,9 @@ use tokio::time::Instant;
 
 use crate::wire::{self, RecordHead};
 
+/// The resolution of tokio's timers.
+const TIMER_TICK: Duration = Duration::from_millis(1);
+
 /// How calls to one destination are packed into frames (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Aggregation {
@@ -499,10 +502,16 @@ impl Outlet {
                     break;
                 }
                 match due {
+                    // tokio's timers tick in milliseconds: a `trad` delay shorter than that
+                    // is kept by yielding until it is due (other tasks run meanwhile), so
+                    // `aggregate-us` means microseconds.
+                    Some(due) if due.saturating_duration_since(Instant::now()) < TIMER_TICK => {
+                        tokio::task::yield_now().await;
+                    }
                     Some(due) => {
                         tokio::select! {
                             () = ready => {}
-                            () = tokio::time::sleep_until(due) => {}
+                            () = tokio::time::sleep_until(due - TIMER_TICK) => {}
                         }
                     }
                     None => ready.await,

@@ -70,20 +70,29 @@ impl Status {
 /// A frame that cannot be read.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum WireError {
+    /// The message does not start with an rpc frame header.
     #[error("not an rpc frame (it does not start with FRPC, or is shorter than its header)")]
     NotRpc,
+    /// A frame of another version of this protocol.
     #[error("rpc frame version {0} (this build speaks {VERSION})")]
     Version(u8),
+    /// A record longer than what is left of the frame.
     #[error("record {record} is cut off: it needs {needed} bytes, {left} are left")]
     Truncated {
+        /// The record's index in the frame.
         record: u32,
+        /// The bytes it needs.
         needed: usize,
+        /// The bytes the frame has left.
         left: usize,
     },
+    /// A record of a kind this build does not know.
     #[error("record kind {0} is unknown")]
     Kind(u8),
+    /// A status this build does not know.
     #[error("status {0} is unknown")]
     Status(u8),
+    /// Bytes after the records the header announced.
     #[error("{0} bytes follow the last record")]
     Trailing(usize),
 }

@@ -1,0 +1,528 @@
+//! `ferromq bench rpc`: remote invocation between two processes (like Seriema's Table 2).
+//!
+//! This process is the caller (one thread); a `bench-rpc-role` process is the destination,
+//! whose handlers do nothing but count. Per transport, mode and call size, each round streams
+//! calls for `--duration` and then asks the destination how many it ran (so a call counts once
+//! its handler ran); then it measures `call_return` round trips one at a time (p50, p99) and
+//! with 64 in flight (returns per second). The rounds' medians are reported, with min and max.
+//! MB/s counts the call's argument bytes only (`--call-size`), not frame or record headers.
+
+use std::process::{ExitCode, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use ferromq_core::{Address, Transport};
+use ferromq_rpc::{Aggregation, Handlers, Inbound, Member, Procedure, Rpc, RpcOptions};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+/// Options of `ferromq bench rpc`.
+#[derive(Debug, Clone, Args)]
+pub struct RpcBenchOptions {
+    /// Transports: shmem, zeromq-ipc, zeromq-tcp.
+    #[arg(long, value_delimiter = ',', default_value = "shmem,zeromq-ipc")]
+    pub transport: Vec<String>,
+    /// Bytes of arguments per call: 8, 64 or 256.
+    #[arg(long = "call-size", value_delimiter = ',', default_value = "8,64,256")]
+    pub call_size: Vec<usize>,
+    /// send (one call per frame), trad, ovfl.
+    #[arg(long, value_delimiter = ',', default_value = "send,trad,ovfl")]
+    pub mode: Vec<String>,
+    /// Seconds each round streams calls.
+    #[arg(long, default_value_t = 1.0, allow_hyphen_values = true, value_parser = crate::options::seconds)]
+    pub duration: f64,
+    /// Rounds per cell (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Sequential `call_return` round trips measured per round.
+    #[arg(long = "round-trips", default_value_t = 2000)]
+    pub round_trips: usize,
+    /// One JSON object per cell instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One cell: transport × mode × call size, medians over the rounds.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RpcBenchResult {
+    /// shmem, zeromq-ipc or zeromq-tcp.
+    pub transport: String,
+    /// send, trad or ovfl.
+    pub mode: String,
+    /// Bytes of arguments per call.
+    pub call_size: usize,
+    /// Calls run by the destination per second (median of the rounds).
+    pub calls_per_s: f64,
+    /// The slowest round.
+    pub calls_per_s_min: f64,
+    /// The fastest round.
+    pub calls_per_s_max: f64,
+    /// Argument bytes per second, in 10^6.
+    pub mb_per_s: f64,
+    /// Share of the calls' records that travelled in a frame with others.
+    pub aggregated_share: f64,
+    /// `call_return` round trips, one at a time, in microseconds.
+    pub return_p50_us: f64,
+    /// As `return_p50_us`, the 99th percentile.
+    pub return_p99_us: f64,
+    /// `call_return`s per second with 64 in flight.
+    pub returns_per_s_64_in_flight: f64,
+    /// Rounds measured.
+    pub rounds: usize,
+}
+
+/// 8 bytes of arguments.
+struct Call8;
+impl Procedure for Call8 {
+    const NAME: &'static str = "bench-8";
+    type Args = [u8; 8];
+    type Output = ();
+}
+
+/// 64 bytes of arguments.
+struct Call64;
+impl Procedure for Call64 {
+    const NAME: &'static str = "bench-64";
+    type Args = [[u8; 32]; 2];
+    type Output = ();
+}
+
+/// 256 bytes of arguments.
+struct Call256;
+impl Procedure for Call256 {
+    const NAME: &'static str = "bench-256";
+    type Args = [[u8; 32]; 8];
+    type Output = ();
+}
+
+/// How many calls the destination ran (and resets the count).
+struct TakeCount;
+impl Procedure for TakeCount {
+    const NAME: &'static str = "bench-take-count";
+    type Args = ();
+    type Output = u64;
+}
+
+/// A round trip with 64 bytes each way.
+struct Echo;
+impl Procedure for Echo {
+    const NAME: &'static str = "bench-echo";
+    type Args = [[u8; 32]; 2];
+    type Output = [[u8; 32]; 2];
+}
+
+struct Quit;
+impl Procedure for Quit {
+    const NAME: &'static str = "bench-quit";
+    type Args = ();
+    type Output = ();
+}
+
+fn aggregation(mode: &str) -> Result<Aggregation> {
+    match mode {
+        "send" | "none" => Ok(Aggregation::None),
+        "trad" => Ok(Aggregation::Trad),
+        "ovfl" => Ok(Aggregation::Ovfl),
+        other => bail!("--mode {other:?}: the modes are send, trad and ovfl"),
+    }
+}
+
+fn transport_and_address(
+    name: &str,
+    session: &str,
+    member: usize,
+) -> Result<(Arc<dyn Transport>, Address)> {
+    let transports = crate::built_in_transports();
+    let options = ferromq_core::TransportOptions::for_session(session);
+    let ipc = || {
+        format!(
+            "ipc://{}/ferromq-{session}-rpc-{member}.ipc",
+            std::env::temp_dir().display()
+        )
+    };
+    let (transport, address) = match name {
+        "shmem" => ("shmem", ipc()),
+        "zeromq-ipc" => ("zeromq", ipc()),
+        "zeromq-tcp" => ("zeromq", "tcp://127.0.0.1:0".to_owned()),
+        other => bail!("unknown bench transport {other:?}: shmem, zeromq-ipc or zeromq-tcp"),
+    };
+    Ok((
+        transports.create(transport, &options)?,
+        Address::parse(&address)?,
+    ))
+}
+
+/// Runs every cell and prints the results.
+pub async fn run(options: RpcBenchOptions) -> ExitCode {
+    match run_all(&options).await {
+        Ok(results) => {
+            if options.json {
+                for result in &results {
+                    println!(
+                        "{}",
+                        serde_json::to_string(result).expect("results serialise")
+                    );
+                }
+            } else {
+                print_table(&results);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("ferromq bench rpc: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_table(results: &[RpcBenchResult]) {
+    println!(
+        "{:<11} {:<5} {:>5} {:>12} {:>21} {:>9} {:>6} {:>9} {:>9} {:>11}",
+        "transport",
+        "mode",
+        "bytes",
+        "calls/s",
+        "(min-max)",
+        "MB/s",
+        "aggr",
+        "rt p50",
+        "rt p99",
+        "rt/s @64"
+    );
+    for result in results {
+        println!(
+            "{:<11} {:<5} {:>5} {:>12.0} {:>21} {:>9.1} {:>5.0}% {:>7.1}µs {:>7.1}µs {:>11.0}",
+            result.transport,
+            result.mode,
+            result.call_size,
+            result.calls_per_s,
+            format!(
+                "({:.0}-{:.0})",
+                result.calls_per_s_min, result.calls_per_s_max
+            ),
+            result.mb_per_s,
+            result.aggregated_share * 100.0,
+            result.return_p50_us,
+            result.return_p99_us,
+            result.returns_per_s_64_in_flight,
+        );
+    }
+}
+
+async fn run_all(options: &RpcBenchOptions) -> Result<Vec<RpcBenchResult>> {
+    for &size in &options.call_size {
+        if ![8, 64, 256].contains(&size) {
+            bail!("--call-size {size}: the sizes measured are 8, 64 and 256 bytes");
+        }
+    }
+    for mode in &options.mode {
+        aggregation(mode)?;
+    }
+    if options.rounds == 0 {
+        bail!("--rounds 0: at least one round is needed");
+    }
+    let mut results = Vec::new();
+    for transport in &options.transport {
+        for mode in &options.mode {
+            let aggregation = aggregation(mode)?;
+            for &size in &options.call_size {
+                let mut rounds = Vec::new();
+                for _ in 0..options.rounds {
+                    rounds.push(
+                        run_round(options, transport, aggregation, size)
+                            .await
+                            .with_context(|| format!("{transport}, {mode}, {size} B"))?,
+                    );
+                }
+                results.push(summarise(transport, mode, size, &mut rounds));
+            }
+        }
+    }
+    Ok(results)
+}
+
+struct Round {
+    calls_per_s: f64,
+    aggregated_share: f64,
+    p50_us: f64,
+    p99_us: f64,
+    returns_per_s: f64,
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn summarise(transport: &str, mode: &str, size: usize, rounds: &mut [Round]) -> RpcBenchResult {
+    let mut rates: Vec<f64> = rounds.iter().map(|round| round.calls_per_s).collect();
+    let calls_per_s = median(&mut rates);
+    let pick = |value: fn(&Round) -> f64| median(&mut rounds.iter().map(value).collect::<Vec<_>>());
+    RpcBenchResult {
+        transport: transport.to_owned(),
+        mode: mode.to_owned(),
+        call_size: size,
+        calls_per_s,
+        calls_per_s_min: rates[0],
+        calls_per_s_max: rates[rates.len() - 1],
+        mb_per_s: calls_per_s * size as f64 / 1e6,
+        aggregated_share: pick(|round| round.aggregated_share),
+        return_p50_us: pick(|round| round.p50_us),
+        return_p99_us: pick(|round| round.p99_us),
+        returns_per_s_64_in_flight: pick(|round| round.returns_per_s),
+        rounds: rounds.len(),
+    }
+}
+
+fn rpc_options(aggregation: Aggregation) -> RpcOptions {
+    RpcOptions {
+        aggregation,
+        timeout: Duration::from_secs(30),
+        ..RpcOptions::default()
+    }
+}
+
+async fn run_round(
+    options: &RpcBenchOptions,
+    transport_name: &str,
+    aggregation: Aggregation,
+    size: usize,
+) -> Result<Round> {
+    let session = format!("bench-rpc-{}", std::process::id());
+    let mut destination = tokio::process::Command::new(std::env::current_exe()?)
+        .args([
+            "bench-rpc-role",
+            "--transport",
+            transport_name,
+            "--session",
+            &session,
+        ])
+        .args(["--mode", &aggregation.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()?;
+    let outcome = async {
+        let mut lines = BufReader::new(destination.stdout.take().context("stdout")?).lines();
+        let bound = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .context("the destination never bound")??
+            .context("the destination said nothing")?;
+        let their_address = Address::parse(
+            bound
+                .strip_prefix("bound ")
+                .context("the destination said no address")?,
+        )?;
+        let (transport, address) = transport_and_address(transport_name, &session, 0)?;
+        let inbound = Inbound::bind(transport.as_ref(), &address).await?;
+        let members = [
+            Member {
+                name: "caller".to_owned(),
+                address: inbound.address().clone(),
+            },
+            Member {
+                name: "destination".to_owned(),
+                address: their_address,
+            },
+        ];
+        let stdin = destination.stdin.as_mut().context("stdin")?;
+        stdin
+            .write_all(format!("caller {}\n", inbound.address()).as_bytes())
+            .await?;
+        stdin.flush().await?;
+        let rpc = Rpc::start(
+            transport,
+            0,
+            &members,
+            inbound,
+            Handlers::new(),
+            rpc_options(aggregation),
+        )
+        .await?;
+        let round = measure(options, &rpc, size).await?;
+        rpc.call_return::<Quit>(1, &()).await?;
+        rpc.shutdown().await?;
+        let status = tokio::time::timeout(Duration::from_secs(30), destination.wait()).await??;
+        if !status.success() {
+            bail!("the destination exited with {status}");
+        }
+        Ok(round)
+    }
+    .await;
+    let _ = ferromq_shm::cleanup::clean_session(ferromq_shm::names::current_uid(), &session, true);
+    outcome
+}
+
+async fn stream<P: Procedure>(rpc: &Rpc, args: &P::Args, duration: Duration) -> Result<u64> {
+    let started = Instant::now();
+    let mut n_calls = 0u64;
+    loop {
+        for _ in 0..256 {
+            rpc.call::<P>(1, args).await?;
+        }
+        n_calls += 256;
+        if started.elapsed() >= duration {
+            return Ok(n_calls);
+        }
+    }
+}
+
+async fn measure(options: &RpcBenchOptions, rpc: &Rpc, size: usize) -> Result<Round> {
+    let duration = Duration::from_secs_f64(options.duration);
+    // Warm-up: connections made, memory touched.
+    stream::<Call8>(rpc, &[1; 8], duration / 4).await?;
+    rpc.call_return::<TakeCount>(1, &()).await?;
+    let before = rpc.stats();
+    let started = Instant::now();
+    let n_sent = match size {
+        8 => stream::<Call8>(rpc, &[7; 8], duration).await?,
+        64 => stream::<Call64>(rpc, &[[7; 32]; 2], duration).await?,
+        _ => stream::<Call256>(rpc, &[[7; 32]; 8], duration).await?,
+    };
+    let n_run = rpc.call_return::<TakeCount>(1, &()).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    if n_run != n_sent {
+        bail!("{n_sent} calls made, the destination ran {n_run}");
+    }
+    let after = rpc.stats();
+    let records = (after.records - before.records).max(1);
+    let aggregated_share =
+        (after.aggregated_records - before.aggregated_records) as f64 / records as f64;
+
+    let mut round_trips = Vec::with_capacity(options.round_trips);
+    for _ in 0..options.round_trips {
+        let sent_at = Instant::now();
+        rpc.call_return::<Echo>(1, &[[3; 32]; 2]).await?;
+        round_trips.push(sent_at.elapsed().as_secs_f64() * 1e6);
+    }
+    round_trips.sort_by(f64::total_cmp);
+    let at = |share: f64| {
+        round_trips
+            .get(
+                ((round_trips.len() as f64 * share) as usize)
+                    .min(round_trips.len().saturating_sub(1)),
+            )
+            .copied()
+            .unwrap_or(0.0)
+    };
+
+    let in_flight_started = Instant::now();
+    let n_returns = 64 * 200;
+    let mut in_flight = futures_util::stream::FuturesUnordered::new();
+    let mut n_done = 0;
+    let mut n_started = 0;
+    use futures_util::StreamExt as _;
+    while n_done < n_returns {
+        while n_started < n_returns && in_flight.len() < 64 {
+            in_flight.push(rpc.call_return::<Echo>(1, &[[5; 32]; 2]));
+            n_started += 1;
+        }
+        if let Some(result) = in_flight.next().await {
+            result?;
+            n_done += 1;
+        }
+    }
+    let returns_per_s = n_returns as f64 / in_flight_started.elapsed().as_secs_f64();
+    Ok(Round {
+        calls_per_s: n_sent as f64 / seconds,
+        aggregated_share,
+        p50_us: at(0.5),
+        p99_us: at(0.99),
+        returns_per_s,
+    })
+}
+
+/// Options of the hidden `bench-rpc-role` subcommand (the destination of `ferromq bench rpc`).
+#[derive(Debug, Clone, Args)]
+pub struct RpcRoleOptions {
+    #[arg(long)]
+    transport: String,
+    #[arg(long)]
+    session: String,
+    #[arg(long)]
+    mode: String,
+}
+
+/// The destination: binds, learns the caller's address on stdin, counts calls until told to quit.
+pub async fn run_role(options: RpcRoleOptions) -> ExitCode {
+    match role(&options).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("ferromq bench-rpc-role: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn role(options: &RpcRoleOptions) -> Result<()> {
+    let aggregation = aggregation(&options.mode)?;
+    let (transport, address) = transport_and_address(&options.transport, &options.session, 1)?;
+    let inbound = Inbound::bind(transport.as_ref(), &address).await?;
+    println!("bound {}", inbound.address());
+    let line = tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).map(|_| line)
+    })
+    .await??;
+    let caller = Address::parse(
+        line.trim_end()
+            .strip_prefix("caller ")
+            .context("no caller address on stdin")?,
+    )?;
+    let members = [
+        Member {
+            name: "caller".to_owned(),
+            address: caller,
+        },
+        Member {
+            name: "destination".to_owned(),
+            address: inbound.address().clone(),
+        },
+    ];
+    let count = Arc::new(AtomicU64::new(0));
+    let quit = Arc::new(tokio::sync::Notify::new());
+    let handlers = {
+        let (c8, c64, c256, take, quit) = (
+            Arc::clone(&count),
+            Arc::clone(&count),
+            Arc::clone(&count),
+            Arc::clone(&count),
+            Arc::clone(&quit),
+        );
+        Handlers::new()
+            .on::<Call8, _, _>(move |_, _| {
+                c8.fetch_add(1, Ordering::Relaxed);
+                std::future::ready(())
+            })
+            .on::<Call64, _, _>(move |_, _| {
+                c64.fetch_add(1, Ordering::Relaxed);
+                std::future::ready(())
+            })
+            .on::<Call256, _, _>(move |_, _| {
+                c256.fetch_add(1, Ordering::Relaxed);
+                std::future::ready(())
+            })
+            .on::<TakeCount, _, _>(move |_, ()| std::future::ready(take.swap(0, Ordering::Relaxed)))
+            .on::<Echo, _, _>(|_, args| std::future::ready(args))
+            .on::<Quit, _, _>(move |_, ()| {
+                quit.notify_one();
+                std::future::ready(())
+            })
+    };
+    let rpc = Rpc::start(
+        transport,
+        1,
+        &members,
+        inbound,
+        handlers,
+        rpc_options(aggregation),
+    )
+    .await?;
+    quit.notified().await;
+    rpc.shutdown().await?;
+    Ok(())
+}
