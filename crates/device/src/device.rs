@@ -156,6 +156,14 @@ impl Device for Box<dyn Device> {
     }
 }
 
+/// The index of a sub-channel name (`out[2]` → 2; `out` → 0).
+fn sub_channel_index(name: &str) -> usize {
+    name.strip_suffix(']')
+        .and_then(|rest| rest.rsplit_once('['))
+        .and_then(|(_, idx)| idx.parse().ok())
+        .unwrap_or(0)
+}
+
 /// A channel of a device, resolved once by name with [`DeviceContext::channel_id`], so that a
 /// loop sending or receiving on it does no name lookup per message. Valid until the device's
 /// channels are made again (RESET DEVICE, then INIT DEVICE): a handle from before is refused
@@ -278,6 +286,52 @@ impl DeviceContext {
     pub fn channel(&mut self, name: &str) -> Result<&mut Channel, DeviceError> {
         let idx = self.channel_idx(name)?;
         Ok(&mut self.channels[idx])
+    }
+
+    /// Takes the sockets of channel `base` (`base`, or `base[0]`, `base[1]`, ... in index order)
+    /// out of the device, for a layer that owns them from now on: remote invocation
+    /// (`ferromq::rpc::join`) takes its group's channels so. The device no longer sends,
+    /// receives, counts or closes them; their new owner closes them. Handles from
+    /// [`DeviceContext::channel_id`] resolved before are stale afterwards (take first, then
+    /// resolve).
+    ///
+    /// # Errors
+    /// [`DeviceError::UnknownChannel`] when the device has no such channel.
+    pub fn take_channel_sockets(&mut self, base: &str) -> Result<Vec<Channel>, DeviceError> {
+        let (taken, kept): (Vec<Channel>, Vec<Channel>) = std::mem::take(&mut self.channels)
+            .into_iter()
+            .partition(|channel| channel.config().name == base);
+        self.channels = kept;
+        if taken.is_empty() {
+            return Err(DeviceError::UnknownChannel {
+                device: self.id.clone(),
+                name: base.to_owned(),
+                available: self.channel_names().join(", "),
+            });
+        }
+        self.channel_generation += 1;
+        let mut taken = taken;
+        // Configuration order is index order already; sorted by the index for certainty.
+        taken.sort_by_key(|channel| sub_channel_index(channel.name()));
+        Ok(taken)
+    }
+
+    /// The transport of channel `name`, made once per device (what [`DeviceContext::new_message`]
+    /// allocates from): for a layer that makes messages in the channel's memory itself.
+    ///
+    /// # Errors
+    /// [`DeviceError::UnknownChannel`].
+    pub fn transport_of(&self, name: &str) -> Result<Arc<dyn Transport>, DeviceError> {
+        let idx = self.channel_idx(name)?;
+        let transport_name = self.channels[idx].transport_name();
+        self.transports
+            .get(transport_name)
+            .cloned()
+            .ok_or_else(|| DeviceError::UnknownChannel {
+                device: self.id.clone(),
+                name: format!("{name} (its transport {transport_name} is not made)"),
+                available: self.channel_names().join(", "),
+            })
     }
 
     /// What the transport of channel `name` can do: whether it has memory of its own

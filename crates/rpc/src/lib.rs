@@ -38,19 +38,23 @@
 //! - [`Aggregation`]: `none`, `trad` (frames of `aggregate_bytes`, held `aggregate_delay`) or
 //!   `ovfl` (packed only while the destination lags), per member in [`RpcOptions`].
 //!
+//! In a device, [`join`] starts a member of a group declared in the topology (`[[rpc]]`).
+//!
 //! Module map: `wire.rs` (the frame), `handlers.rs` (procedures and the handler table),
 //! `outlet.rs` (aggregation and sending to one destination), `node.rs` (the member: calls,
-//! pending results, the dispatcher, broadcast trees).
+//! pending results, the dispatcher, broadcast trees), `group.rs` (joining a topology's group).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod error;
+mod group;
 mod handlers;
 mod node;
 mod outlet;
 mod wire;
 
 pub use error::{CallError, Refused, RemoteFailure};
+pub use group::{JoinError, join, join_with, options_from_properties};
 pub use handlers::{HandlerId, Handlers, Invocation, Procedure};
 pub use node::{
     CallBuilder, Confirm, Inbound, Member, Rpc, RpcOptions, RpcStats, StartError, Ticket, WhenFull,

@@ -236,6 +236,53 @@ impl Rpc {
                 n_members: members.len(),
             });
         }
+        let mut outbound = Vec::with_capacity(members.len());
+        for (idx, member) in members.iter().enumerate() {
+            if idx == me {
+                outbound.push(None);
+                continue;
+            }
+            let name = format!("rpc->{}", member.name);
+            let config = ChannelConfig::new(name.clone(), SocketType::Push, Method::Connect)
+                .with_address(member.address.to_string());
+            let mut channel = Channel::open(transport.as_ref(), config, &name).await?;
+            channel.connect(&member.address).await?;
+            outbound.push(Some(channel));
+        }
+        let names = members.iter().map(|member| member.name.clone()).collect();
+        Rpc::from_channels(
+            Some(transport),
+            me,
+            names,
+            inbound.channel,
+            outbound,
+            handlers,
+            options,
+        )
+    }
+
+    /// Starts member `me` of the group `names` on channels made elsewhere (a topology's, see
+    /// [`crate::join`]): `inbound` receives every member's calls, `outbound[i]` pushes to
+    /// member `i` (this member's own entry is not used: calls to itself stay in the process).
+    /// `lender` makes the frames in its memory (shared memory on shmem); `None`: heap frames.
+    ///
+    /// # Errors
+    /// [`StartError`] naming the member index or a handler conflict.
+    pub fn from_channels(
+        lender: Option<Arc<dyn Transport>>,
+        me: usize,
+        names: Vec<String>,
+        inbound: Channel,
+        outbound: Vec<Option<Channel>>,
+        handlers: Handlers,
+        options: RpcOptions,
+    ) -> Result<Rpc, StartError> {
+        if me >= names.len() || outbound.len() != names.len() {
+            return Err(StartError::NotAMember {
+                me,
+                n_members: names.len(),
+            });
+        }
         if let Some(conflict) = handlers.conflicts.first() {
             return Err(StartError::Handlers(conflict.clone()));
         }
@@ -253,33 +300,28 @@ impl Rpc {
         };
         let me_u32 = u32::try_from(me).map_err(|_| StartError::NotAMember {
             me,
-            n_members: members.len(),
+            n_members: names.len(),
         })?;
         let (loopback, loopback_queue) = mpsc::unbounded_channel();
-        let mut sinks = Vec::with_capacity(members.len());
-        for (idx, member) in members.iter().enumerate() {
-            if idx == me {
-                sinks.push(Sink::Loopback(loopback.clone()));
-                continue;
-            }
-            let name = format!("rpc->{}", member.name);
-            let config = ChannelConfig::new(name.clone(), SocketType::Push, Method::Connect)
-                .with_address(member.address.to_string());
-            let mut channel = Channel::open(transport.as_ref(), config, &name).await?;
-            channel.connect(&member.address).await?;
-            sinks.push(Sink::Channel(Box::new(channel)));
-        }
+        let sinks: Vec<Sink> = outbound
+            .into_iter()
+            .enumerate()
+            .map(|(idx, channel)| match channel {
+                Some(channel) if idx != me => Sink::Channel(Box::new(channel)),
+                _ => Sink::Loopback(loopback.clone()),
+            })
+            .collect();
         drop(loopback);
-        let outlets: Vec<Arc<Outlet>> = (0..members.len())
+        let outlets: Vec<Arc<Outlet>> = (0..names.len())
             .map(|idx| {
-                let lends = (idx != me).then(|| Arc::clone(&transport));
+                let lends = if idx == me { None } else { lender.clone() };
                 Arc::new(Outlet::new(idx, me_u32, config, lends, Arc::clone(&counts)))
             })
             .collect();
         let (stop, stopped) = watch::channel(false);
         let node = Arc::new(Node {
             me,
-            names: members.iter().map(|member| member.name.clone()).collect(),
+            names,
             outlets,
             pending: Mutex::default(),
             next_seq: AtomicU64::new(1),
@@ -290,7 +332,7 @@ impl Rpc {
             tasks: Mutex::default(),
             stop,
         });
-        let mut tasks = Vec::with_capacity(members.len() + 1);
+        let mut tasks = Vec::with_capacity(node.names.len() + 1);
         for (outlet, sink) in node.outlets.iter().zip(sinks) {
             let weak = Arc::downgrade(&node);
             let dest = outlet.dest;
@@ -302,7 +344,7 @@ impl Rpc {
             tasks.push(tokio::spawn(Arc::clone(outlet).run(sink, on_failure)));
         }
         let intake = Intake {
-            inbound: inbound.channel,
+            inbound,
             loopback: loopback_queue,
             stopped,
             backlog: VecDeque::new(),

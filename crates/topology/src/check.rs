@@ -9,7 +9,7 @@ use std::ops::Range;
 use ferromq_core::{ChannelConfig, KeyValue, Method, SocketType};
 use toml::Spanned;
 
-use crate::file_form::{ChannelToml, DeviceToml, FileToml, OneOrMany};
+use crate::file_form::{ChannelToml, DeviceToml, FileToml, OneOrMany, RpcToml};
 use crate::{
     AutoAddress, ChannelSpec, DeviceKind, DeviceSpec, Known, MAX_CONNECTIONS, MAX_INSTANCES,
     MAX_REPLICAS, Topology, TopologyError, TopologyErrors,
@@ -126,6 +126,8 @@ impl<'a> Loader<'a> {
                 return Err(TopologyErrors(self.checker.errors));
             }
         };
+        let mut parsed = parsed;
+        self.rpc_groups(&mut parsed);
         let transport = self.default_transport(&parsed);
         let auto_address = self.auto_address(&parsed);
         if parsed.device.is_empty() {
@@ -149,6 +151,210 @@ impl<'a> Loader<'a> {
         }
         errors.sort_by_key(|error| (error.line, error.column));
         Err(TopologyErrors(errors))
+    }
+
+    /// Turns every `[[rpc]]` group into channels and properties of its member devices: each
+    /// member binds a pull channel named after the group (its inbound) and gets a push channel
+    /// `<group>-out` with one socket per member instance, socket i connected to member i's
+    /// inbound, in the order of `members` with replicas expanded (`worker-0`, `worker-1`, ...).
+    /// The properties `rpc.<group>.members` (instance ids, in that order), `.aggregate`,
+    /// `.aggregate-bytes`, `.aggregate-us`, `.timeout-ms` and `.tree-arity` tell each member
+    /// the rest (ferromq-rpc's `join` reads them). Problems point at the `[[rpc]]` table.
+    fn rpc_groups(&mut self, parsed: &mut FileToml) {
+        let mut seen: BTreeSet<String> = BTreeSet::new();
+        for group in std::mem::take(&mut parsed.rpc) {
+            let span = group.span();
+            let group = group.into_inner();
+            let name = group.name.get_ref().clone();
+            let context = format!("rpc {name:?}");
+            if name.is_empty() || name.contains(['.', ' ', '/', '[', ']']) {
+                self.checker.error(
+                    group.name.span(),
+                    &context,
+                    "an rpc group name must be non-empty, without '.', ' ', '/', '[' or ']'",
+                );
+                continue;
+            }
+            if !seen.insert(name.clone()) {
+                self.checker
+                    .error(group.name.span(), &context, "duplicate rpc group name");
+                continue;
+            }
+            let Some((instance_ids, member_idxs)) = self.rpc_members(parsed, &group, &context)
+            else {
+                continue;
+            };
+            let Some(properties) = self.rpc_properties(&group, &instance_ids, &context) else {
+                continue;
+            };
+            let n_sockets = instance_ids.len() as i64;
+            let targets: Vec<String> = group
+                .members
+                .get_ref()
+                .iter()
+                .map(|member| format!("{member}.{name}"))
+                .collect();
+            let num_sockets_key = ferromq_core::CHANNEL_KEYS
+                .iter()
+                .find(|key| key.name == "numSockets")
+                .map(|key| key.name)
+                .expect("numSockets is a channel key");
+            let spanned = |value: String| Spanned::new(group.name.span(), value);
+            for device_idx in member_idxs {
+                let device = parsed.device[device_idx].get_mut();
+                for (key, value) in &properties {
+                    if device.properties.contains_key(key) {
+                        self.checker.error(
+                            span.clone(),
+                            &context,
+                            format!(
+                                "device {:?} sets property {key:?} itself; the rpc group sets it",
+                                device.id.get_ref()
+                            ),
+                        );
+                    }
+                    device
+                        .properties
+                        .insert(key.clone(), Spanned::new(span.clone(), value.clone()));
+                }
+                device.channel.push(Spanned::new(
+                    span.clone(),
+                    ChannelToml {
+                        name: spanned(name.clone()),
+                        socket_type: spanned("pull".to_owned()),
+                        method: None,
+                        address: None,
+                        connect: None,
+                        transport: group.transport.clone(),
+                        keys: Vec::new(),
+                    },
+                ));
+                device.channel.push(Spanned::new(
+                    span.clone(),
+                    ChannelToml {
+                        name: spanned(format!("{name}-out")),
+                        socket_type: spanned("push".to_owned()),
+                        method: None,
+                        address: None,
+                        connect: Some(Spanned::new(
+                            group.members.span(),
+                            OneOrMany::Many(targets.clone()),
+                        )),
+                        transport: group.transport.clone(),
+                        keys: vec![(
+                            num_sockets_key,
+                            Spanned::new(span.clone(), toml::Value::Integer(n_sockets)),
+                        )],
+                    },
+                ));
+            }
+        }
+    }
+
+    /// The instance ids of an rpc group's members, in order, and the members' device indices;
+    /// `None` (with the errors noted) when a member is no device or is listed twice.
+    fn rpc_members(
+        &mut self,
+        parsed: &FileToml,
+        group: &RpcToml,
+        context: &str,
+    ) -> Option<(Vec<String>, Vec<usize>)> {
+        let members = group.members.get_ref();
+        if members.is_empty() {
+            self.checker
+                .error(group.members.span(), context, "an rpc group needs members");
+            return None;
+        }
+        let mut instance_ids = Vec::new();
+        let mut device_idxs = Vec::new();
+        for member in members {
+            let Some(device_idx) = parsed
+                .device
+                .iter()
+                .position(|device| device.get_ref().id.get_ref() == member)
+            else {
+                self.checker.error(
+                    group.members.span(),
+                    context,
+                    format!("member {member:?} is not a device of this topology"),
+                );
+                return None;
+            };
+            if device_idxs.contains(&device_idx) {
+                self.checker.error(
+                    group.members.span(),
+                    context,
+                    format!("member {member:?} is listed twice"),
+                );
+                return None;
+            }
+            device_idxs.push(device_idx);
+            let replicas = parsed.device[device_idx]
+                .get_ref()
+                .replicas
+                .as_ref()
+                .map_or(1, |replicas| {
+                    (*replicas.get_ref()).clamp(1, MAX_REPLICAS as i64) as usize
+                });
+            if replicas <= 1 {
+                instance_ids.push(member.clone());
+            } else {
+                instance_ids
+                    .extend((0..replicas).map(|replica_idx| format!("{member}-{replica_idx}")));
+            }
+        }
+        Some((instance_ids, device_idxs))
+    }
+
+    /// The properties every member of an rpc group gets, each value checked.
+    fn rpc_properties(
+        &mut self,
+        group: &RpcToml,
+        instance_ids: &[String],
+        context: &str,
+    ) -> Option<Vec<(String, toml::Value)>> {
+        let name = group.name.get_ref();
+        let mut properties = vec![(
+            format!("rpc.{name}.members"),
+            toml::Value::String(instance_ids.join(",")),
+        )];
+        let mut ok = true;
+        if let Some(aggregate) = &group.aggregate {
+            if matches!(aggregate.get_ref().as_str(), "none" | "trad" | "ovfl") {
+                properties.push((
+                    format!("rpc.{name}.aggregate"),
+                    toml::Value::String(aggregate.get_ref().clone()),
+                ));
+            } else {
+                self.checker.error(
+                    aggregate.span(),
+                    context,
+                    format!(
+                        "aggregate {:?} is not none, trad or ovfl",
+                        aggregate.get_ref()
+                    ),
+                );
+                ok = false;
+            }
+        }
+        let numbers = [
+            ("aggregate-bytes", &group.aggregate_bytes, (64, 64 << 20)),
+            ("aggregate-us", &group.aggregate_us, (0, 10_000_000)),
+            ("timeout-ms", &group.timeout_ms, (1, 86_400_000)),
+            ("tree-arity", &group.tree_arity, (1, 255)),
+        ];
+        for (key, value, bounds) in numbers {
+            if let Some(value) = value {
+                match count(value, &mut self.checker, context, key, bounds) {
+                    Some(number) => properties.push((
+                        format!("rpc.{name}.{key}"),
+                        toml::Value::Integer(number as i64),
+                    )),
+                    None => ok = false,
+                }
+            }
+        }
+        ok.then_some(properties)
     }
 
     /// Refuses a transport the binary does not have.

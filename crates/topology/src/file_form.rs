@@ -14,6 +14,22 @@ pub(crate) struct FileToml {
     pub(crate) auto_address: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) device: Vec<Spanned<DeviceToml>>,
+    #[serde(default)]
+    pub(crate) rpc: Vec<Spanned<RpcToml>>,
+}
+
+/// An `[[rpc]]` table: a group of devices that call each other (see `check::rpc_groups`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct RpcToml {
+    pub(crate) name: Spanned<String>,
+    pub(crate) members: Spanned<Vec<String>>,
+    pub(crate) transport: Option<Spanned<String>>,
+    pub(crate) aggregate: Option<Spanned<String>>,
+    pub(crate) aggregate_bytes: Option<Spanned<i64>>,
+    pub(crate) aggregate_us: Option<Spanned<i64>>,
+    pub(crate) timeout_ms: Option<Spanned<i64>>,
+    pub(crate) tree_arity: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]

@@ -158,3 +158,47 @@ fn the_documented_channel_keys_are_the_key_table() {
         );
     }
 }
+
+#[test]
+fn an_rpc_group_becomes_an_inbound_and_one_push_socket_per_member() {
+    let text = r#"
+transport = "shmem"
+[[device]]
+id = "driver"
+kind = "sink"
+[[device]]
+id = "worker"
+kind = "sink"
+replicas = 2
+[[rpc]]
+name = "search"
+members = ["driver", "worker"]
+aggregate = "trad"
+aggregate-us = 50
+"#;
+    let topology = load("rpc.toml", text, &KNOWN).unwrap_or_else(|errors| panic!("{errors}"));
+    let instances = topology.instances();
+    let ids: Vec<&str> = instances
+        .iter()
+        .map(|instance| instance.id.as_str())
+        .collect();
+    assert_eq!(ids, ["driver", "worker-0", "worker-1"]);
+    for instance in &instances {
+        assert_eq!(
+            instance.properties["rpc.search.members"],
+            "driver,worker-0,worker-1"
+        );
+        assert_eq!(instance.properties["rpc.search.aggregate"], "trad");
+        assert_eq!(instance.properties["rpc.search.aggregate-us"], "50");
+        let inbound = &instance.channels[0];
+        assert_eq!(inbound.config.name, "search");
+        assert_eq!(inbound.config.socket_type, ferromq_core::SocketType::Pull);
+        assert_eq!(inbound.config.method, ferromq_core::Method::Bind);
+        let out = &instance.channels[1];
+        assert_eq!(out.config.name, "search-out");
+        assert_eq!(out.config.num_sockets, 3);
+        let targets: Vec<&str> = out.connect_to.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(targets, ids, "socket i connects to member i");
+        assert!(out.connect_to.iter().all(|(_, socket)| socket == "search"));
+    }
+}
