@@ -1,0 +1,669 @@
+//! Tree-parallel MCTS over remote invocation: the nodes live on worker members, placed by the
+//! position's hash; a simulation is a chain of calls.
+//!
+//! - **Selection** (`select` at the node's owner): the node picks an edge by UCB over its
+//!   edges' statistics, counting a *virtual loss* on it so that the simulations in flight spread
+//!   over the tree, and calls the child's owner. A node is expanded (its edges made) on its first
+//!   selection.
+//! - **Expansion** (`create`, a `call_buffer` with the child's position as the buffer): the child
+//!   is made at its owner. Simulations that select an edge whose child is being created wait at
+//!   the parent (deferred selection) and go on when the creation is backed up.
+//! - **Evaluation**: the new node runs `playouts` random games at its owner.
+//! - **Backpropagation** (`backup`, up the path the simulation carries): each parent adds the
+//!   result to the edge and removes the virtual loss; the root's owner tells the driver
+//!   (`finished`).
+//!
+//! Every member runs its handlers one at a time, so a worker's tree needs no lock beyond the
+//! short one that makes the handlers `Sync`. The driver keeps `in_flight` simulations going.
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferromq_core::Message;
+use ferromq_rpc::{CallError, Handlers, Invocation, Procedure, Rpc};
+use serde::{Deserialize, Serialize};
+
+use crate::game::{Game, Outcome, Rng};
+
+/// One step of a simulation's path: a node and the edge taken from it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Step {
+    node: u64,
+    edge: u16,
+}
+
+/// Selection continues at `node`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SelectArgs {
+    node: u64,
+    path: Vec<Step>,
+}
+
+/// The result of a simulation going up: at the last node of `path`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct BackupArgs {
+    path: Vec<Step>,
+    /// Summed scores of the playouts for player 0 and 1.
+    scores: [f64; 2],
+    playouts: u32,
+    /// The first step up from a node just created: its edge becomes present.
+    created: bool,
+}
+
+/// Statistics of a root edge.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EdgeStats<M> {
+    /// The move.
+    pub mv: M,
+    /// Playouts through it.
+    pub visits: u64,
+    /// Their summed score for the player who makes the move.
+    pub score: f64,
+}
+
+macro_rules! procedure {
+    ($(#[$doc:meta])* $name:ident, $wire:literal, $args:ty, $output:ty) => {
+        $(#[$doc])*
+        pub struct $name<G>(PhantomData<G>);
+        impl<G: Game> Procedure for $name<G> {
+            const NAME: &'static str = $wire;
+            type Args = $args;
+            type Output = $output;
+        }
+    };
+}
+
+procedure!(
+    /// Selection at a node.
+    Select, "mcts-select", SelectArgs, ()
+);
+procedure!(
+    /// A child made at its owner (the position is the buffer), then evaluated.
+    Create, "mcts-create", SelectArgs, ()
+);
+procedure!(
+    /// The root made at its owner (the position is the buffer).
+    Plant, "mcts-plant", u64, ()
+);
+procedure!(
+    /// A simulation's result going up.
+    Backup, "mcts-backup", BackupArgs, ()
+);
+procedure!(
+    /// A simulation finished (to the driver): its playouts.
+    Finished, "mcts-finished", u32, ()
+);
+procedure!(
+    /// Forget the tree (a new search).
+    Reset, "mcts-reset", (), ()
+);
+procedure!(
+    /// The root's edges.
+    RootStats, "mcts-root-stats", u64, Vec<EdgeStats<G::Move>>
+);
+procedure!(
+    /// Virtual losses still counted and selections still deferred, over the worker's nodes.
+    Pending, "mcts-pending", (), (u64, u64)
+);
+procedure!(
+    /// Records sent by the member and how many travelled with others (for the report).
+    Traffic, "mcts-traffic", (), (u64, u64)
+);
+
+struct Edge<M> {
+    mv: M,
+    child: u64,
+    visits: u64,
+    score: f64,
+    virtual_loss: u32,
+    state: ChildState,
+    /// Paths of simulations waiting for the child to be created.
+    deferred: Vec<Vec<Step>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChildState {
+    Absent,
+    Creating,
+    Present,
+}
+
+struct Node<G: Game> {
+    position: G,
+    visits: u64,
+    edges: Option<Vec<Edge<G::Move>>>,
+}
+
+/// The search settings every worker uses.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct SearchSettings {
+    /// Random games per new node.
+    pub playouts: u32,
+    /// UCB's exploration constant.
+    pub exploration: f64,
+}
+
+impl Default for SearchSettings {
+    fn default() -> SearchSettings {
+        SearchSettings {
+            playouts: 16,
+            exploration: 1.0,
+        }
+    }
+}
+
+/// Which member owns the node of a position with `hash`: the workers are members 1..=n.
+pub fn owner(hash: u64, n_workers: usize) -> usize {
+    1 + (hash % n_workers as u64) as usize
+}
+
+/// A call a handler makes once its lock is released.
+enum Outgoing {
+    Select(usize, SelectArgs),
+    Create(usize, SelectArgs, Vec<u8>),
+    Backup(usize, BackupArgs),
+    Finished(u32),
+}
+
+struct WorkerState<G: Game> {
+    nodes: HashMap<u64, Node<G>>,
+    settings: SearchSettings,
+    n_workers: usize,
+    rng: Rng,
+}
+
+impl<G: Game> WorkerState<G> {
+    fn select(&mut self, args: SelectArgs, out: &mut Vec<Outgoing>) {
+        let SelectArgs {
+            node: hash,
+            mut path,
+        } = args;
+        let Some(node) = self.nodes.get_mut(&hash) else {
+            tracing::error!(
+                node = hash,
+                "selection reached a node this worker does not have"
+            );
+            return;
+        };
+        if let Some(outcome) = node.position.outcome() {
+            // A finished game: its result is exact, no playout needed.
+            let scores = [outcome.score(0), outcome.score(1)];
+            node.visits += 1;
+            out.push(self.up(path, scores, 1, false));
+            return;
+        }
+        let position = &node.position;
+        let edges = node.edges.get_or_insert_with(|| {
+            let mut moves = Vec::new();
+            position.legal_moves(&mut moves);
+            moves
+                .into_iter()
+                .map(|mv| {
+                    let mut child = position.clone();
+                    child.play(mv);
+                    Edge {
+                        mv,
+                        child: child.hash(),
+                        visits: 0,
+                        score: 0.0,
+                        virtual_loss: 0,
+                        state: ChildState::Absent,
+                        deferred: Vec::new(),
+                    }
+                })
+                .collect()
+        });
+        let total: f64 = edges
+            .iter()
+            .map(|edge| (edge.visits + u64::from(edge.virtual_loss)) as f64)
+            .sum::<f64>()
+            .max(1.0);
+        let log_total = total.ln();
+        let exploration = self.settings.exploration;
+        let mut best = (f64::NEG_INFINITY, 0);
+        for (idx, edge) in edges.iter().enumerate() {
+            let n = (edge.visits + u64::from(edge.virtual_loss)) as f64;
+            // A virtual loss counts as a visit that scored nothing.
+            let value = if n == 0.0 {
+                f64::INFINITY
+            } else {
+                edge.score / n + exploration * (log_total / n).sqrt()
+            };
+            if value > best.0 {
+                best = (value, idx);
+            }
+        }
+        let edge_idx = best.1;
+        let edge = &mut edges[edge_idx];
+        edge.virtual_loss += 1;
+        path.push(Step {
+            node: hash,
+            edge: edge_idx as u16,
+        });
+        let child = edge.child;
+        let dest = owner(child, self.n_workers);
+        match edge.state {
+            ChildState::Present => {
+                out.push(Outgoing::Select(dest, SelectArgs { node: child, path }))
+            }
+            ChildState::Creating => edge.deferred.push(path),
+            ChildState::Absent => {
+                edge.state = ChildState::Creating;
+                let mut position = node.position.clone();
+                position.play(edge.mv);
+                let bytes = postcard::to_allocvec(&position).unwrap_or_default();
+                out.push(Outgoing::Create(
+                    dest,
+                    SelectArgs { node: child, path },
+                    bytes,
+                ));
+            }
+        }
+    }
+
+    fn create(&mut self, args: SelectArgs, position: G, out: &mut Vec<Outgoing>) {
+        let playouts = self.settings.playouts.max(1);
+        let mut scores = [0.0; 2];
+        for _ in 0..playouts {
+            let outcome: Outcome = position.random_playout(&mut self.rng);
+            scores[0] += outcome.score(0);
+            scores[1] += outcome.score(1);
+        }
+        let node = self.nodes.entry(args.node).or_insert_with(|| Node {
+            position,
+            visits: 0,
+            edges: None,
+        });
+        node.visits += u64::from(playouts);
+        out.push(self.up(args.path, scores, playouts, true));
+    }
+
+    /// The call that takes a result one step up `path`.
+    fn up(&self, path: Vec<Step>, scores: [f64; 2], playouts: u32, created: bool) -> Outgoing {
+        match path.last() {
+            Some(step) => Outgoing::Backup(
+                owner(step.node, self.n_workers),
+                BackupArgs {
+                    path,
+                    scores,
+                    playouts,
+                    created,
+                },
+            ),
+            None => Outgoing::Finished(playouts),
+        }
+    }
+
+    fn backup(&mut self, args: BackupArgs, out: &mut Vec<Outgoing>) {
+        let BackupArgs {
+            mut path,
+            scores,
+            playouts,
+            created,
+        } = args;
+        let Some(step) = path.pop() else {
+            out.push(Outgoing::Finished(playouts));
+            return;
+        };
+        let Some(node) = self.nodes.get_mut(&step.node) else {
+            tracing::error!(
+                node = step.node,
+                "a result came up to a node this worker does not have"
+            );
+            return;
+        };
+        let mover = node.position.to_move();
+        node.visits += u64::from(playouts);
+        let Some(edge) = node
+            .edges
+            .as_mut()
+            .and_then(|edges| edges.get_mut(usize::from(step.edge)))
+        else {
+            tracing::error!(
+                node = step.node,
+                edge = step.edge,
+                "a result came up an edge that does not exist"
+            );
+            return;
+        };
+        edge.visits += u64::from(playouts);
+        edge.score += scores[usize::from(mover)];
+        edge.virtual_loss = edge.virtual_loss.saturating_sub(1);
+        if created && edge.state == ChildState::Creating {
+            edge.state = ChildState::Present;
+            let dest = owner(edge.child, self.n_workers);
+            for waiting in edge.deferred.drain(..) {
+                out.push(Outgoing::Select(
+                    dest,
+                    SelectArgs {
+                        node: edge.child,
+                        path: waiting,
+                    },
+                ));
+            }
+        }
+        out.push(self.up(path, scores, playouts, false));
+    }
+}
+
+async fn send<G: Game>(rpc: &Rpc, outgoing: Vec<Outgoing>) {
+    for call in outgoing {
+        let sent = match call {
+            Outgoing::Select(dest, args) => rpc.call::<Select<G>>(dest, &args).await,
+            Outgoing::Create(dest, args, position) => {
+                rpc.call_buffer::<Create<G>>(dest, &args, Message::from(position))
+                    .await
+            }
+            Outgoing::Backup(dest, args) => rpc.call::<Backup<G>>(dest, &args).await,
+            Outgoing::Finished(playouts) => rpc.call::<Finished<G>>(0, &playouts).await,
+        };
+        if let Err(error) = sent {
+            tracing::error!(%error, "a search call could not be made");
+        }
+    }
+}
+
+/// The handlers of a worker member of a group of `n_workers` workers (members 1..=n).
+pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed: u64) -> Handlers {
+    let state = Arc::new(Mutex::new(WorkerState::<G> {
+        nodes: HashMap::new(),
+        settings,
+        n_workers: n_workers.max(1),
+        rng: Rng::new(seed),
+    }));
+    let (on_select, on_create, on_plant, on_backup, on_reset, on_stats, on_pending) = (
+        Arc::clone(&state),
+        Arc::clone(&state),
+        Arc::clone(&state),
+        Arc::clone(&state),
+        Arc::clone(&state),
+        Arc::clone(&state),
+        Arc::clone(&state),
+    );
+    fn guard<G: Game>(state: &Mutex<WorkerState<G>>) -> std::sync::MutexGuard<'_, WorkerState<G>> {
+        state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+    Handlers::new()
+        .on::<Select<G>, _, _>(move |invocation: Invocation, args| {
+            let mut out = Vec::new();
+            guard(&on_select).select(args, &mut out);
+            async move { send::<G>(invocation.rpc(), out).await }
+        })
+        .on_buffer::<Create<G>, _, _>(move |invocation: Invocation, args, buffer: Message| {
+            let mut out = Vec::new();
+            match postcard::from_bytes::<G>(buffer.data()) {
+                Ok(position) => guard(&on_create).create(args, position, &mut out),
+                Err(error) => tracing::error!(%error, "a created node's position does not decode"),
+            }
+            async move { send::<G>(invocation.rpc(), out).await }
+        })
+        .on_buffer::<Plant<G>, _, _>(move |_, hash, buffer: Message| {
+            match postcard::from_bytes::<G>(buffer.data()) {
+                Ok(position) => {
+                    guard(&on_plant).nodes.entry(hash).or_insert_with(|| Node {
+                        position,
+                        visits: 0,
+                        edges: None,
+                    });
+                }
+                Err(error) => tracing::error!(%error, "the root's position does not decode"),
+            }
+            std::future::ready(())
+        })
+        .on::<Backup<G>, _, _>(move |invocation: Invocation, args| {
+            let mut out = Vec::new();
+            guard(&on_backup).backup(args, &mut out);
+            async move { send::<G>(invocation.rpc(), out).await }
+        })
+        .on::<Reset<G>, _, _>(move |_, ()| {
+            guard(&on_reset).nodes.clear();
+            std::future::ready(())
+        })
+        .on::<RootStats<G>, _, _>(move |_, hash| {
+            let state = guard(&on_stats);
+            let edges = state
+                .nodes
+                .get(&hash)
+                .and_then(|node| node.edges.as_ref())
+                .map(|edges| {
+                    edges
+                        .iter()
+                        .map(|edge| EdgeStats {
+                            mv: edge.mv,
+                            visits: edge.visits,
+                            score: edge.score,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            std::future::ready(edges)
+        })
+        .on::<Pending<G>, _, _>(move |_, ()| {
+            let state = guard(&on_pending);
+            let mut pending = (0, 0);
+            for edge in state
+                .nodes
+                .values()
+                .filter_map(|node| node.edges.as_ref())
+                .flatten()
+            {
+                pending.0 += u64::from(edge.virtual_loss);
+                pending.1 += edge.deferred.len() as u64;
+            }
+            std::future::ready(pending)
+        })
+        .on::<Traffic<G>, _, _>(|invocation: Invocation, ()| {
+            let stats = invocation.rpc().stats();
+            std::future::ready((stats.records, stats.aggregated_records))
+        })
+}
+
+/// What the driver counts: simulations and playouts finished.
+#[derive(Default)]
+pub struct DriverCounts {
+    simulations: AtomicU64,
+    playouts: AtomicU64,
+    done: tokio::sync::Notify,
+}
+
+/// The handlers of the driver (member 0).
+pub fn driver_handlers<G: Game>(counts: &Arc<DriverCounts>) -> Handlers {
+    let finished = Arc::clone(counts);
+    Handlers::new()
+        .on::<Finished<G>, _, _>(move |_, playouts| {
+            finished.simulations.fetch_add(1, Ordering::Relaxed);
+            finished
+                .playouts
+                .fetch_add(u64::from(playouts), Ordering::Relaxed);
+            finished.done.notify_one();
+            std::future::ready(())
+        })
+        .on::<Traffic<G>, _, _>(|invocation: Invocation, ()| {
+            let stats = invocation.rpc().stats();
+            std::future::ready((stats.records, stats.aggregated_records))
+        })
+}
+
+/// One search's result.
+#[derive(Debug, Clone)]
+pub struct SearchResult<M> {
+    /// The most visited root move.
+    pub best_move: Option<M>,
+    /// The root's edges.
+    pub root: Vec<EdgeStats<M>>,
+    /// Simulations finished (exactly the budget).
+    pub rollouts: u64,
+    /// Random games played.
+    pub playouts: u64,
+    /// Wall time of the search.
+    pub seconds: f64,
+}
+
+/// Why a search failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SearchError {
+    /// A call failed (a worker gone, ...).
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// No simulation finished for the timeout; the named workers did not answer.
+    #[error("the search stalled: no simulation finished for {after:?}; not answering: {silent}")]
+    Stalled {
+        /// The timeout.
+        after: Duration,
+        /// The members that did not answer, by name.
+        silent: String,
+    },
+}
+
+/// The driver's side of a group: member 0, the workers 1..=n.
+pub struct Driver<G: Game> {
+    rpc: Rpc,
+    counts: Arc<DriverCounts>,
+    n_workers: usize,
+    /// Simulations kept in flight.
+    pub in_flight: usize,
+    /// How long the search waits for one simulation before asking who is alive.
+    pub stall_timeout: Duration,
+    game: PhantomData<G>,
+}
+
+impl<G: Game> Driver<G> {
+    /// The driver of `rpc`'s group (which `driver_handlers` serves), with `counts`.
+    pub fn new(rpc: Rpc, counts: Arc<DriverCounts>) -> Driver<G> {
+        let n_workers = rpc.members().len().saturating_sub(1).max(1);
+        Driver {
+            rpc,
+            counts,
+            n_workers,
+            in_flight: 64 * n_workers,
+            stall_timeout: Duration::from_secs(10),
+            game: PhantomData,
+        }
+    }
+
+    /// The member handle.
+    pub fn rpc(&self) -> &Rpc {
+        &self.rpc
+    }
+
+    /// Searches `position` for `rollouts` simulations.
+    ///
+    /// # Errors
+    /// [`SearchError`] naming a worker that is gone.
+    pub async fn search(
+        &self,
+        position: &G,
+        rollouts: u64,
+    ) -> Result<SearchResult<G::Move>, SearchError> {
+        let rpc = &self.rpc;
+        for worker in 1..=self.n_workers {
+            rpc.to(worker)
+                .confirm(ferromq_rpc::Confirm::Consumed)
+                .call::<Reset<G>>(&())
+                .await?
+                .confirmed()
+                .await?;
+        }
+        let root = position.hash();
+        let root_owner = owner(root, self.n_workers);
+        let bytes = postcard::to_allocvec(position).unwrap_or_default();
+        rpc.call_buffer::<Plant<G>>(root_owner, &root, Message::from(bytes))
+            .await?;
+        let started_at = Instant::now();
+        let base_simulations = self.counts.simulations.load(Ordering::Relaxed);
+        let base_playouts = self.counts.playouts.load(Ordering::Relaxed);
+        let finished = || self.counts.simulations.load(Ordering::Relaxed) - base_simulations;
+        let mut started = 0u64;
+        let select = SelectArgs {
+            node: root,
+            path: Vec::new(),
+        };
+        while finished() < rollouts {
+            let done = self.counts.done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            while started < rollouts && started - finished() < self.in_flight as u64 {
+                rpc.call::<Select<G>>(root_owner, &select).await?;
+                started += 1;
+            }
+            if finished() >= rollouts {
+                break;
+            }
+            if tokio::time::timeout(self.stall_timeout, done)
+                .await
+                .is_err()
+                && finished() < rollouts
+            {
+                return Err(self.stalled().await);
+            }
+        }
+        let seconds = started_at.elapsed().as_secs_f64();
+        let root_edges = rpc.call_return::<RootStats<G>>(root_owner, &root).await?;
+        let best_move = root_edges
+            .iter()
+            .max_by_key(|edge| edge.visits)
+            .map(|edge| edge.mv);
+        Ok(SearchResult {
+            best_move,
+            root: root_edges,
+            rollouts: finished(),
+            playouts: self.counts.playouts.load(Ordering::Relaxed) - base_playouts,
+            seconds,
+        })
+    }
+
+    async fn stalled(&self) -> SearchError {
+        let mut silent = Vec::new();
+        for worker in 1..=self.n_workers {
+            if self
+                .rpc
+                .call_return::<Pending<G>>(worker, &())
+                .await
+                .is_err()
+            {
+                silent.push(self.rpc.members()[worker].clone());
+            }
+        }
+        SearchError::Stalled {
+            after: self.stall_timeout,
+            silent: if silent.is_empty() {
+                "none (every worker answers)".to_owned()
+            } else {
+                silent.join(", ")
+            },
+        }
+    }
+
+    /// Virtual losses and deferred selections left over all workers (both 0 after a search).
+    ///
+    /// # Errors
+    /// A worker that does not answer.
+    pub async fn pending(&self) -> Result<(u64, u64), CallError> {
+        let mut total = (0, 0);
+        for worker in 1..=self.n_workers {
+            let (virtual_loss, deferred) = self.rpc.call_return::<Pending<G>>(worker, &()).await?;
+            total.0 += virtual_loss;
+            total.1 += deferred;
+        }
+        Ok(total)
+    }
+
+    /// Records sent by every member, and how many of them travelled in a frame with others.
+    ///
+    /// # Errors
+    /// A member that does not answer.
+    pub async fn traffic(&self) -> Result<(u64, u64), CallError> {
+        let mut total = (0, 0);
+        for member in 0..=self.n_workers {
+            let (records, aggregated) = self.rpc.call_return::<Traffic<G>>(member, &()).await?;
+            total.0 += records;
+            total.1 += aggregated;
+        }
+        Ok(total)
+    }
+}

@@ -1,0 +1,145 @@
+//! The distributed search in one process (members over zeromq inproc): it finds the known
+//! values of tic-tac-toe positions, and leaves no virtual loss behind on Hex.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ferromq_core::{Address, Transport};
+use ferromq_mcts::hex::Hex;
+use ferromq_mcts::search::{
+    Driver, DriverCounts, SearchSettings, driver_handlers, worker_handlers,
+};
+use ferromq_mcts::tictactoe::TicTacToe;
+use ferromq_mcts::{Game, Outcome};
+use ferromq_rpc::{Aggregation, Inbound, Member, Rpc, RpcOptions};
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+async fn group<G: Game>(n_workers: usize, aggregation: Aggregation) -> (Driver<G>, Vec<Rpc>) {
+    let transport: Arc<dyn Transport> = Arc::new(ferromq_zmq::ZmqTransport::new());
+    let tag = NEXT.fetch_add(1, Ordering::Relaxed);
+    let members: Vec<Member> = (0..=n_workers)
+        .map(|idx| Member {
+            name: if idx == 0 {
+                "driver".to_owned()
+            } else {
+                format!("worker-{}", idx - 1)
+            },
+            address: Address::parse(&format!("inproc://mcts-{}-{tag}-{idx}", std::process::id()))
+                .unwrap(),
+        })
+        .collect();
+    let mut inbounds = Vec::new();
+    for member in &members {
+        inbounds.push(
+            Inbound::bind(transport.as_ref(), &member.address)
+                .await
+                .unwrap(),
+        );
+    }
+    let options = RpcOptions {
+        aggregation,
+        timeout: Duration::from_secs(20),
+        ..RpcOptions::default()
+    };
+    let counts = Arc::new(DriverCounts::default());
+    let mut workers = Vec::new();
+    let mut driver = None;
+    for (idx, inbound) in inbounds.into_iter().enumerate() {
+        let handlers = if idx == 0 {
+            driver_handlers::<G>(&counts)
+        } else {
+            worker_handlers::<G>(n_workers, SearchSettings::default(), idx as u64)
+        };
+        let rpc = Rpc::start(
+            Arc::clone(&transport),
+            idx,
+            &members,
+            inbound,
+            handlers,
+            options.clone(),
+        )
+        .await
+        .unwrap();
+        if idx == 0 {
+            driver = Some(Driver::new(rpc, Arc::clone(&counts)));
+        } else {
+            workers.push(rpc);
+        }
+    }
+    (driver.unwrap(), workers)
+}
+
+fn value_after(position: &TicTacToe, mv: u8) -> f64 {
+    let mut next = position.clone();
+    next.play(mv);
+    // The value for the player who moved.
+    1.0 - next.solve().0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tic_tac_toe_finds_the_forced_win_and_keeps_the_draw() {
+    let (driver, workers) = group::<TicTacToe>(2, Aggregation::Ovfl).await;
+    // X to move wins at once; O to move must block; X to move with a fork; the empty board.
+    for moves in [
+        &[0, 3, 1, 4][..],
+        &[0, 4, 1],
+        &[0, 4, 8, 2],
+        &[4, 1, 0, 8, 6],
+        &[],
+    ] {
+        let position = TicTacToe::after(moves);
+        let (value, _) = position.solve();
+        let result = driver.search(&position, 3000).await.unwrap();
+        let best = result.best_move.expect("a move");
+        assert_eq!(result.rollouts, 3000);
+        assert_eq!(
+            value_after(&position, best),
+            value,
+            "after {moves:?} the search played {best}, which does not keep the value {value}"
+        );
+    }
+    assert_eq!(driver.pending().await.unwrap(), (0, 0));
+    for worker in workers {
+        worker.shutdown().await.unwrap();
+    }
+    driver.rpc().shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hex_5x5_with_2_workers_ends_with_no_virtual_loss_in_every_mode() {
+    for aggregation in [Aggregation::None, Aggregation::Trad, Aggregation::Ovfl] {
+        let (driver, workers) = group::<Hex>(2, aggregation).await;
+        let position = Hex::new(5).unwrap();
+        let result = driver.search(&position, 2000).await.unwrap();
+        assert_eq!(result.rollouts, 2000, "{aggregation}");
+        let visits: u64 = result.root.iter().map(|edge| edge.visits).sum();
+        assert!(
+            visits > 0 && result.root.len() == 25,
+            "{aggregation}: {:?}",
+            result.root.len()
+        );
+        assert_eq!(
+            driver.pending().await.unwrap(),
+            (0, 0),
+            "{aggregation}: virtual losses or deferred selections left"
+        );
+        let (records, _) = driver.traffic().await.unwrap();
+        assert!(
+            records > 2000 * 3,
+            "{aggregation}: only {records} records for 2000 simulations"
+        );
+        for worker in workers {
+            worker.shutdown().await.unwrap();
+        }
+        driver.rpc().shutdown().await.unwrap();
+    }
+}
+
+#[test]
+fn a_random_playout_of_tic_tac_toe_ends() {
+    let mut rng = ferromq_mcts::Rng::new(3);
+    let outcome = TicTacToe::default().random_playout(&mut rng);
+    assert!(matches!(outcome, Outcome::Win(_) | Outcome::Draw));
+}
