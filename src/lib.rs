@@ -122,6 +122,12 @@ pub mod rpc {
     pub use ferromq_rpc::*;
 }
 
+/// Distributed Monte-Carlo tree search on [`rpc`]: a game in, a search over worker processes
+/// out (Hex and tic-tac-toe built in; `examples/mcts-hex.rs`).
+pub mod mcts {
+    pub use ferromq_mcts::*;
+}
+
 /// The `#[async_trait]` attribute that `impl Device` blocks need.
 pub use ferromq_device::async_trait;
 

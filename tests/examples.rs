@@ -4,6 +4,8 @@
 //! over zeromq ipc and over shared memory, where `ferromq::run_device_main` also starts the
 //! session's cleanup watchdog by re-executing the binary once more.
 
+#[path = "../examples/mcts-hex.rs"]
+mod mcts_example;
 #[path = "../examples/sampler.rs"]
 mod sampler_example;
 #[path = "../examples/sink.rs"]
@@ -25,7 +27,12 @@ fn main() -> ExitCode {
     match std::env::var(ROLE_VAR).as_deref() {
         Ok("sampler") => return sampler_example::main(),
         Ok("sink") => return sink_example::main(),
+        Ok("mcts-hex") => return mcts_example::main(),
         _ => {}
+    }
+    // The mcts example's workers are this binary again, started by the example's driver.
+    if std::env::var(ferromq::mcts::local::WORKER_VAR).is_ok() {
+        return mcts_example::main();
     }
     let tests = vec![
         trial("sampler_and_sink_examples_over_zeromq_ipc", || {
@@ -33,6 +40,17 @@ fn main() -> ExitCode {
         }),
         trial("sampler_and_sink_examples_over_shmem", || {
             sampler_to_sink("shmem")
+        }),
+        trial(
+            "mcts_hex_example_searches_exactly_its_budget_over_shmem_and_zeromq",
+            mcts_budget,
+        ),
+        trial(
+            "mcts_hex_example_plays_games_against_a_random_player",
+            mcts_versus_random,
+        ),
+        trial("killing_an_mcts_worker_fails_the_search_naming_it", || {
+            mcts_worker_killed()
         }),
     ];
     libtest_mimic::run(&Arguments::from_args(), tests).exit_code()
@@ -182,4 +200,110 @@ fn sampler_to_sink(transport: &str) -> Result<()> {
         "unexpected sink summary {summary:?}"
     );
     Ok(())
+}
+
+/// Runs the mcts example with `args`; its stdout when it exits 0.
+fn mcts_example(args: &[&str]) -> Result<String> {
+    let args: Vec<String> = args.iter().map(|arg| (*arg).to_owned()).collect();
+    let (code, stdout, stderr) = ExampleProcess::spawn("mcts-hex", &args)?.finish("mcts-hex")?;
+    ensure!(
+        code == 0,
+        "the mcts example exited with {code}:\n{stdout}\n{stderr}"
+    );
+    Ok(stdout)
+}
+
+fn mcts_budget() -> Result<()> {
+    for transport in ["shmem", "zeromq"] {
+        let stdout = mcts_example(&[
+            "--board",
+            "5",
+            "--workers",
+            "2",
+            "--rollouts",
+            "500",
+            "--transport",
+            transport,
+            "--json",
+        ])?;
+        for field in [
+            "\"rollouts\":500,",
+            "\"workers\":2,",
+            "\"best_move\":\"",
+            "\"remote_calls\":",
+        ] {
+            ensure!(
+                stdout.contains(field),
+                "{transport}: no {field} in {stdout}"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn mcts_versus_random() -> Result<()> {
+    let stdout = mcts_example(&[
+        "--board",
+        "4",
+        "--workers",
+        "2",
+        "--rollouts",
+        "300",
+        "--versus",
+        "random",
+        "--games",
+        "2",
+        "--json",
+    ])?;
+    let wins = stdout
+        .split("\"wins\":")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|wins| wins.parse::<u32>().ok())
+        .with_context(|| format!("no wins in {stdout}"))?;
+    ensure!(stdout.contains("\"games\":2,") && wins <= 2, "{stdout}");
+    Ok(())
+}
+
+fn mcts_worker_killed() -> Result<()> {
+    use ferromq::mcts::hex::Hex;
+    use ferromq::mcts::local::{LocalConfig, LocalSearch};
+    let config = LocalConfig {
+        workers: 2,
+        transport: "zeromq".to_owned(),
+        session: format!("mctskill{}", std::process::id()),
+        aggregation: ferromq::rpc::Aggregation::Ovfl,
+        settings: ferromq::mcts::search::SearchSettings::default(),
+        timeout: Duration::from_secs(2),
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        let program = std::env::current_exe()?;
+        let search = LocalSearch::<Hex>::start(&program, mcts_example::make_transport, &config)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        let pid = search.worker_pid(1).context("worker 1 runs")?;
+        let killed = Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()?;
+        ensure!(killed.success(), "kill -9 {pid} failed");
+        let started = Instant::now();
+        let error = search
+            .driver
+            .search(&Hex::new(7)?, 1_000_000)
+            .await
+            .err()
+            .context("the search went on without a worker")?
+            .to_string();
+        ensure!(
+            error.contains("worker-1"),
+            "the error does not name the dead worker: {error}"
+        );
+        ensure!(
+            started.elapsed() < Duration::from_secs(20),
+            "the driver took {:?} to notice",
+            started.elapsed()
+        );
+        Ok(())
+    })
 }

@@ -15,6 +15,7 @@
 
 pub mod game;
 pub mod hex;
+pub mod local;
 pub mod plain;
 pub mod search;
 pub mod tictactoe;

@@ -1,0 +1,303 @@
+//! Distributed Monte-Carlo tree search for Hex on ferromq's remote invocation: this process is
+//! the driver, `--workers N` copies of it are the workers that hold the tree.
+//!
+//! ```text
+//! cargo run --release --example mcts-hex -- --board 11 --workers 2 --rollouts 20000 --json
+//! cargo run --release --example mcts-hex -- --board 7 --workers 2 --rollouts 2000 --versus random --games 40 --json
+//! ```
+//!
+//! Options: `--board S` (default 11), `--workers N` (2), `--rollouts R` per search or move
+//! (10000), `--aggregate none|trad|ovfl` (ovfl), `--playouts P` per new node (16),
+//! `--in-flight K` simulations per worker (64), `--transport shmem|zeromq` (shmem),
+//! `--versus random|plain` with `--games G` (10) and `--plain-iterations I` (the rollouts),
+//! `--plain` (time the single-process UCT alone), `--json`.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferromq::mcts::hex::Hex;
+use ferromq::mcts::local::{LocalConfig, LocalSearch, run_worker_if_asked};
+use ferromq::mcts::plain::PlainSearch;
+use ferromq::mcts::search::SearchSettings;
+use ferromq::mcts::{Game, Outcome, Rng};
+use ferromq::rpc::Aggregation;
+use ferromq::{Transport, TransportOptions};
+
+/// The transports of this build, by name, for the driver and every worker.
+pub fn make_transport(name: &str, session: &str) -> Result<Arc<dyn Transport>, String> {
+    ferromq::transports()
+        .create(name, &TransportOptions::for_session(session))
+        .map_err(|error| error.to_string())
+}
+
+struct Options {
+    board: usize,
+    workers: usize,
+    rollouts: u64,
+    aggregate: Aggregation,
+    playouts: u32,
+    in_flight: usize,
+    transport: String,
+    versus: Option<String>,
+    games: u32,
+    plain_iterations: Option<u64>,
+    plain: bool,
+    json: bool,
+}
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let mut options = Options {
+        board: 11,
+        workers: 2,
+        rollouts: 10_000,
+        aggregate: Aggregation::Ovfl,
+        playouts: 16,
+        in_flight: 64,
+        transport: "shmem".to_owned(),
+        versus: None,
+        games: 10,
+        plain_iterations: None,
+        plain: false,
+        json: false,
+    };
+    let mut args = args.iter();
+    while let Some(flag) = args.next() {
+        let mut value = || {
+            args.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        fn number<T>(flag: &str, text: String, min: T) -> Result<T, String>
+        where
+            T: std::str::FromStr + PartialOrd + std::fmt::Display,
+        {
+            match text.parse::<T>() {
+                Ok(number) if number >= min => Ok(number),
+                _ => Err(format!("{flag} {text}: a whole number of at least {min}")),
+            }
+        }
+        match flag.as_str() {
+            "--board" => options.board = number(flag, value()?, 2)?,
+            "--workers" => options.workers = number(flag, value()?, 1)?,
+            "--rollouts" => options.rollouts = number(flag, value()?, 1)?,
+            "--aggregate" => options.aggregate = value()?.parse()?,
+            "--playouts" => options.playouts = number(flag, value()?, 1)?,
+            "--in-flight" => options.in_flight = number(flag, value()?, 1)?,
+            "--transport" => match value()?.as_str() {
+                name @ ("shmem" | "zeromq") => options.transport = name.to_owned(),
+                other => return Err(format!("--transport {other}: shmem or zeromq")),
+            },
+            "--versus" => match value()?.as_str() {
+                name @ ("random" | "plain") => options.versus = Some(name.to_owned()),
+                other => return Err(format!("--versus {other}: random or plain")),
+            },
+            "--games" => options.games = number(flag, value()?, 1)?,
+            "--plain-iterations" => options.plain_iterations = Some(number(flag, value()?, 1)?),
+            "--plain" => options.plain = true,
+            "--json" => options.json = true,
+            other => {
+                return Err(format!(
+                    "unknown option {other} (see the top of examples/mcts-hex.rs)"
+                ));
+            }
+        }
+    }
+    Hex::new(options.board).map_err(|error| error.to_string())?;
+    Ok(options)
+}
+
+pub fn main() -> ExitCode {
+    ferromq::run_watchdog_if_requested();
+    if let Some(code) = run_worker_if_asked::<Hex>(make_transport) {
+        return code;
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let options = match parse(&args) {
+        Ok(options) => options,
+        Err(error) => {
+            eprintln!("mcts-hex: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    if options.plain {
+        plain_alone(&options);
+        return ExitCode::SUCCESS;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    match runtime.block_on(drive(&options)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("mcts-hex: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The single-process UCT alone on the empty board: the yardstick for rollouts/s.
+fn plain_alone(options: &Options) {
+    let position = Hex::new(options.board).expect("checked");
+    let started = Instant::now();
+    let best = PlainSearch::new(1, options.playouts).best_move(&position, options.rollouts);
+    let seconds = started.elapsed().as_secs_f64();
+    let rate = options.rollouts as f64 / seconds;
+    let best = best.map(|mv| position.move_name(mv)).unwrap_or_default();
+    if options.json {
+        println!(
+            "{{\"plain\":true,\"board\":{},\"rollouts\":{},\"rollouts_per_s\":{rate:.0},\"playouts\":{},\"best_move\":\"{best}\",\"seconds\":{seconds:.3}}}",
+            options.board, options.rollouts, options.playouts
+        );
+    } else {
+        println!(
+            "plain UCT, {}x{}: {} rollouts in {seconds:.2} s ({rate:.0}/s), best {best}",
+            options.board, options.board, options.rollouts
+        );
+    }
+}
+
+async fn drive(options: &Options) -> Result<(), String> {
+    let config = LocalConfig {
+        workers: options.workers,
+        transport: options.transport.clone(),
+        session: format!("mcts-{}", std::process::id()),
+        aggregation: options.aggregate,
+        settings: SearchSettings {
+            playouts: options.playouts,
+            ..SearchSettings::default()
+        },
+        timeout: Duration::from_secs(30),
+    };
+    let program = std::env::current_exe().map_err(|error| error.to_string())?;
+    let mut search = LocalSearch::<Hex>::start(&program, make_transport, &config).await?;
+    search.driver.in_flight = options.in_flight * options.workers;
+    let outcome = match &options.versus {
+        None => one_search(options, &search).await,
+        Some(opponent) => play_games(options, &search, opponent).await,
+    };
+    let stopped = search.stop().await;
+    let _ = ferromq::shm::cleanup::clean_session(
+        ferromq::shm::names::current_uid(),
+        &config.session,
+        true,
+    );
+    outcome.and(stopped)
+}
+
+async fn one_search(options: &Options, search: &LocalSearch<Hex>) -> Result<(), String> {
+    let position = Hex::new(options.board).map_err(|error| error.to_string())?;
+    let result = search
+        .driver
+        .search(&position, options.rollouts)
+        .await
+        .map_err(|error| error.to_string())?;
+    let (records, aggregated) = search
+        .driver
+        .traffic()
+        .await
+        .map_err(|error| error.to_string())?;
+    let rate = result.rollouts as f64 / result.seconds;
+    let best = result
+        .best_move
+        .map(|mv| position.move_name(mv))
+        .unwrap_or_default();
+    let mut root = result.root.clone();
+    root.sort_by_key(|edge| std::cmp::Reverse(edge.visits));
+    let top: Vec<String> = root
+        .iter()
+        .take(5)
+        .map(|edge| format!("[\"{}\",{}]", position.move_name(edge.mv), edge.visits))
+        .collect();
+    let share = aggregated as f64 / records.max(1) as f64;
+    if options.json {
+        println!(
+            "{{\"board\":{},\"workers\":{},\"aggregate\":\"{}\",\"transport\":\"{}\",\"rollouts\":{},\"rollouts_per_s\":{rate:.0},\"playouts\":{},\"playouts_per_s\":{:.0},\"best_move\":\"{best}\",\"root_visits\":[{}],\"remote_calls\":{records},\"aggregated_share\":{share:.3},\"seconds\":{:.3}}}",
+            options.board,
+            options.workers,
+            options.aggregate,
+            options.transport,
+            result.rollouts,
+            result.playouts,
+            result.playouts as f64 / result.seconds,
+            top.join(","),
+            result.seconds
+        );
+    } else {
+        println!(
+            "{}x{} Hex, {} workers ({}, {}): {} rollouts in {:.2} s ({rate:.0}/s); best move {best}; most visited {}; {records} remote calls, {:.0}% aggregated",
+            options.board,
+            options.board,
+            options.workers,
+            options.transport,
+            options.aggregate,
+            result.rollouts,
+            result.seconds,
+            top.join(" "),
+            share * 100.0
+        );
+    }
+    Ok(())
+}
+
+async fn play_games(
+    options: &Options,
+    search: &LocalSearch<Hex>,
+    opponent: &str,
+) -> Result<(), String> {
+    let mut rng = Rng::new(0x5eed);
+    let mut plain = PlainSearch::new(0x5eed, options.playouts);
+    let plain_iterations = options.plain_iterations.unwrap_or(options.rollouts);
+    let (mut wins, mut losses) = (0u32, 0u32);
+    for game in 0..options.games {
+        let ours = (game % 2) as u8;
+        let mut position = Hex::new(options.board).map_err(|error| error.to_string())?;
+        let outcome = loop {
+            if let Some(outcome) = position.outcome() {
+                break outcome;
+            }
+            let mv = if position.to_move() == ours {
+                search
+                    .driver
+                    .search(&position, options.rollouts)
+                    .await
+                    .map_err(|error| error.to_string())?
+                    .best_move
+            } else if opponent == "plain" {
+                plain.best_move(&position, plain_iterations)
+            } else {
+                let mut moves = Vec::new();
+                position.legal_moves(&mut moves);
+                moves.get(rng.below(moves.len().max(1))).copied()
+            };
+            position.play(mv.ok_or("no move in a game that goes on")?);
+        };
+        if outcome == Outcome::Win(ours) {
+            wins += 1;
+        } else {
+            losses += 1;
+        }
+        if !options.json {
+            println!(
+                "game {}: {}",
+                game + 1,
+                if outcome == Outcome::Win(ours) {
+                    "won"
+                } else {
+                    "lost"
+                }
+            );
+        }
+    }
+    if options.json {
+        println!(
+            "{{\"board\":{},\"workers\":{},\"versus\":\"{opponent}\",\"games\":{},\"rollouts\":{},\"wins\":{wins},\"losses\":{losses}}}",
+            options.board, options.workers, options.games, options.rollouts
+        );
+    } else {
+        println!("against {opponent}: {wins} won, {losses} lost");
+    }
+    Ok(())
+}
