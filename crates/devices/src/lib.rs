@@ -17,6 +17,8 @@
 //! | `server` | rep `data` | |
 //! | `stf-source` | in `requests`, out `data-out[i]` (one per builder) | `stf-size` |
 //! | `builder` | in `data-in`, out `requests[i]` (one per source) | `max-outstanding` |
+//! | `mcts-driver` | rpc group `search` (first member) | `game`, `board`, `rollouts`, `moves`, `in-flight` |
+//! | `mcts-worker` | rpc group `search` | `game`, `board`, `playouts` |
 //!
 //! `in-channel` and `out-channel` rename the channels.
 //!
@@ -44,6 +46,7 @@
 
 mod event_building;
 mod forwarders;
+mod mcts;
 mod pacing;
 mod reqrep;
 mod sampler;
@@ -54,6 +57,7 @@ use ferromq_device::{Device, DeviceContext, DeviceError};
 
 pub use event_building::{Builder as EventBuilder, StfSource};
 pub use forwarders::{Merger, Multiplier, Processor, Proxy, Splitter};
+pub use mcts::{MctsDriver, MctsWorker};
 pub use pacing::Pacer;
 pub use reqrep::{Client, Server};
 pub use sampler::{BenchmarkSampler, Sampler};
@@ -86,11 +90,15 @@ pub enum Builtin {
     StfSource,
     /// Event builder.
     Builder,
+    /// Plays moves by distributed Monte-Carlo tree search (an rpc group's first member).
+    MctsDriver,
+    /// Holds part of a distributed search tree.
+    MctsWorker,
 }
 
 impl Builtin {
     /// Every kind with its name.
-    pub const ALL: [(&'static str, Builtin); 12] = [
+    pub const ALL: [(&'static str, Builtin); 14] = [
         ("sampler", Builtin::Sampler),
         ("bsampler", Builtin::BenchmarkSampler),
         ("sink", Builtin::Sink),
@@ -103,6 +111,8 @@ impl Builtin {
         ("server", Builtin::Server),
         ("stf-source", Builtin::StfSource),
         ("builder", Builtin::Builder),
+        ("mcts-driver", Builtin::MctsDriver),
+        ("mcts-worker", Builtin::MctsWorker),
     ];
 
     /// The kind called `name`.
@@ -147,6 +157,10 @@ impl Builtin {
                 ("data-in".to_owned(), 1, 1),
                 ("requests".to_owned(), 1, ANY),
             ],
+            Builtin::MctsDriver | Builtin::MctsWorker => {
+                let group = property("rpc-group").unwrap_or_else(|| "search".to_owned());
+                vec![(group.clone(), 1, 1), (format!("{group}-out"), 1, ANY)]
+            }
         }
     }
 
@@ -165,6 +179,8 @@ impl Builtin {
             Builtin::Server => Box::new(Server::default()),
             Builtin::StfSource => Box::new(StfSource::default()),
             Builtin::Builder => Box::new(EventBuilder::default()),
+            Builtin::MctsDriver => Box::new(MctsDriver),
+            Builtin::MctsWorker => Box::new(MctsWorker),
         }
     }
 }

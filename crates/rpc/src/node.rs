@@ -489,24 +489,57 @@ impl Rpc {
     }
 
     /// Sends what is queued, closes the channels (each with its linger) and stops the
-    /// dispatcher. Calls still pending fail with [`CallError::Stopped`].
+    /// dispatcher, all within the timeout. Calls still pending fail with [`CallError::Stopped`].
     ///
     /// # Errors
-    /// The first channel's close error (messages it could not deliver).
+    /// As [`Rpc::shutdown_within`].
     pub async fn shutdown(&self) -> ferromq_core::Result<()> {
-        let _ = self.flush().await;
+        self.shutdown_within(self.node.options.timeout).await
+    }
+
+    /// [`Rpc::shutdown`] within `limit`: what a destination has not taken by then (it stopped,
+    /// or the whole group is going down) is dropped and reported.
+    ///
+    /// # Errors
+    /// [`ferromq_core::Error::Undelivered`] naming the first destination whose calls were
+    /// dropped and how many; or a channel's close error.
+    pub async fn shutdown_within(&self, limit: Duration) -> ferromq_core::Result<()> {
+        let deadline = Instant::now() + limit;
+        for outlet in &self.node.outlets {
+            outlet.flush(deadline).await;
+        }
         self.node.outlets.iter().for_each(|outlet| outlet.close());
         let tasks = std::mem::take(&mut *lock(&self.node.tasks));
         let n_tasks = tasks.len();
         let mut result = Ok(());
-        for (idx, task) in tasks.into_iter().enumerate() {
-            if idx + 1 == n_tasks {
+        for (idx, mut task) in tasks.into_iter().enumerate() {
+            let is_dispatcher = idx + 1 == n_tasks;
+            if is_dispatcher {
                 // The dispatcher, last: it served the peers until the outlets were empty.
                 let _ = self.node.stop.send(true);
             }
-            match task.await {
-                Ok(Err(error)) if result.is_ok() => result = Err(error),
-                _ => {}
+            let outcome = match tokio::time::timeout_at(deadline, &mut task).await {
+                Ok(Ok(outcome)) => outcome,
+                Ok(Err(_)) => Ok(()),
+                Err(_) => {
+                    task.abort();
+                    match self.node.outlets.get(idx).filter(|_| !is_dispatcher) {
+                        Some(outlet) => Err(ferromq_core::Error::Undelivered {
+                            channel: ferromq_core::ChannelLabel::new(
+                                format!("rpc->{}", self.node.names[outlet.dest]),
+                                SocketType::Push,
+                            ),
+                            n_messages: outlet.queued() as u64,
+                            reason: format!(
+                                "the member took nothing for {limit:?} while this one shut down"
+                            ),
+                        }),
+                        None => Ok(()),
+                    }
+                }
+            };
+            if result.is_ok() {
+                result = outcome;
             }
         }
         for (_, pending) in lock(&self.node.pending).drain() {

@@ -19,6 +19,8 @@ const KNOWN: Known<'static> = Known {
         "server",
         "stf-source",
         "builder",
+        "mcts-driver",
+        "mcts-worker",
     ],
     transports: &["zeromq", "shmem", "ofi"],
 };

@@ -23,7 +23,19 @@ fn upstream_of(devices: &[Running]) -> Vec<BTreeSet<usize>> {
         .collect();
     let mut upstream = vec![BTreeSet::new(); devices.len()];
     for (idx, device) in devices.iter().enumerate() {
+        // An rpc group's channels (`[[rpc]]`: `<group>` and `<group>-out`) carry calls among
+        // peers, not a flow to drain: its members stop together, each ending its calls itself.
+        let rpc_channels: BTreeSet<String> = device
+            .instance
+            .properties
+            .keys()
+            .filter_map(|key| key.strip_prefix("rpc.")?.strip_suffix(".members"))
+            .flat_map(|group| [group.to_owned(), format!("{group}-out")])
+            .collect();
         for channel in &device.instance.channels {
+            if rpc_channels.contains(&channel.config.name) {
+                continue;
+            }
             for (peer, _) in &channel.connect_to {
                 let Some(&peer_idx) = index.get(peer.as_str()) else {
                     continue;
