@@ -1,4 +1,5 @@
-//! `cargo xtask bench`: runs the criterion suites and `ferromq bench`, then writes
+//! `cargo xtask bench`: runs the criterion suites, `ferromq bench`, `ferromq bench rpc` and the
+//! `mcts-hex` example (see `bench_rpc.rs`), then writes
 //! `target/bench-report/report.md` (medians with min/max, ratios between transports, the
 //! targets next to what was measured) and SVG plots.
 
@@ -577,7 +578,11 @@ pub fn run(cargo: &str, workspace: &Path) -> bool {
         .output()
         .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
         .unwrap_or_default();
-    let report = render_report(&runs, &criterion, profile.as_deref(), &machine(), &date);
+    let Some(rpc_and_mcts) = crate::bench_rpc::run(cargo, workspace, &ferromq) else {
+        return false;
+    };
+    let report =
+        render_report(&runs, &criterion, profile.as_deref(), &machine(), &date) + &rpc_and_mcts;
     let written = std::fs::write(report_dir.join("report.md"), &report).is_ok()
         && plot_throughput(&runs, &report_dir.join("throughput.svg")).is_ok()
         && plot_latency(&runs, &report_dir.join("latency.svg")).is_ok();

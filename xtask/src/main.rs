@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod bench_rpc;
 mod side_by_side;
 mod soak;
 mod tidy;
