@@ -494,20 +494,17 @@ async fn role(options: &RpcRoleOptions) -> Result<()> {
             Arc::clone(&quit),
         );
         Handlers::new()
-            .on::<Call8, _, _>(move |_, _| {
+            .on_sync::<Call8, _>(move |_, _| {
                 c8.fetch_add(1, Ordering::Relaxed);
-                std::future::ready(())
             })
-            .on::<Call64, _, _>(move |_, _| {
+            .on_sync::<Call64, _>(move |_, _| {
                 c64.fetch_add(1, Ordering::Relaxed);
-                std::future::ready(())
             })
-            .on::<Call256, _, _>(move |_, _| {
+            .on_sync::<Call256, _>(move |_, _| {
                 c256.fetch_add(1, Ordering::Relaxed);
-                std::future::ready(())
             })
-            .on::<TakeCount, _, _>(move |_, ()| std::future::ready(take.swap(0, Ordering::Relaxed)))
-            .on::<Echo, _, _>(|_, args| std::future::ready(args))
+            .on_sync::<TakeCount, _>(move |_, ()| take.swap(0, Ordering::Relaxed))
+            .on_sync::<Echo, _>(|_, args| args)
             .on::<Quit, _, _>(move |_, ()| {
                 quit.notify_one();
                 std::future::ready(())

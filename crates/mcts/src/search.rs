@@ -349,16 +349,16 @@ impl<G: Game> WorkerState<G> {
     }
 }
 
-async fn send<G: Game>(rpc: &Rpc, outgoing: Vec<Outgoing>) {
+/// Makes the calls a handler decided on; they queue (a handler never waits for room).
+fn send<G: Game>(rpc: &Rpc, outgoing: Vec<Outgoing>) {
     for call in outgoing {
         let sent = match call {
-            Outgoing::Select(dest, args) => rpc.call::<Select<G>>(dest, &args).await,
+            Outgoing::Select(dest, args) => rpc.queue_call::<Select<G>>(dest, &args),
             Outgoing::Create(dest, args, position) => {
-                rpc.call_buffer::<Create<G>>(dest, &args, Message::from(position))
-                    .await
+                rpc.queue_call_buffer::<Create<G>>(dest, &args, Message::from(position))
             }
-            Outgoing::Backup(dest, args) => rpc.call::<Backup<G>>(dest, &args).await,
-            Outgoing::Finished(playouts) => rpc.call::<Finished<G>>(0, &playouts).await,
+            Outgoing::Backup(dest, args) => rpc.queue_call::<Backup<G>>(dest, &args),
+            Outgoing::Finished(playouts) => rpc.queue_call::<Finished<G>>(0, &playouts),
         };
         if let Err(error) = sent {
             tracing::error!(%error, "a search call could not be made");
@@ -389,18 +389,18 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
     Handlers::new()
-        .on::<Select<G>, _, _>(move |invocation: Invocation, args| {
+        .on_sync::<Select<G>, _>(move |invocation: &Invocation, args| {
             let mut out = Vec::new();
             guard(&on_select).select(args, &mut out);
-            async move { send::<G>(invocation.rpc(), out).await }
+            send::<G>(invocation.rpc(), out);
         })
-        .on_buffer::<Create<G>, _, _>(move |invocation: Invocation, args, buffer: Message| {
+        .on_buffer_sync::<Create<G>, _>(move |invocation: &Invocation, args, buffer: Message| {
             let mut out = Vec::new();
             match postcard::from_bytes::<G>(buffer.data()) {
                 Ok(position) => guard(&on_create).create(args, position, &mut out),
                 Err(error) => tracing::error!(%error, "a created node's position does not decode"),
             }
-            async move { send::<G>(invocation.rpc(), out).await }
+            send::<G>(invocation.rpc(), out);
         })
         .on_buffer::<Plant<G>, _, _>(move |_, hash, buffer: Message| {
             match postcard::from_bytes::<G>(buffer.data()) {
@@ -415,10 +415,10 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
             }
             std::future::ready(())
         })
-        .on::<Backup<G>, _, _>(move |invocation: Invocation, args| {
+        .on_sync::<Backup<G>, _>(move |invocation: &Invocation, args| {
             let mut out = Vec::new();
             guard(&on_backup).backup(args, &mut out);
-            async move { send::<G>(invocation.rpc(), out).await }
+            send::<G>(invocation.rpc(), out);
         })
         .on::<Reset<G>, _, _>(move |_, ()| {
             guard(&on_reset).nodes.clear();

@@ -100,9 +100,14 @@ impl Invocation {
 /// What a handler's run produced: the encoded result, or why there is none.
 pub(crate) type Outcome = Result<Vec<u8>, (Status, String)>;
 
-type Erased = dyn Fn(Invocation, &[u8], Option<Message>) -> Result<BoxFuture<'static, Outcome>, (Status, String)>
-    + Send
-    + Sync;
+/// A handler started: finished already (a synchronous one), or a future to run.
+pub(crate) enum Started {
+    Done(Outcome),
+    Running(BoxFuture<'static, Outcome>),
+}
+
+type Erased =
+    dyn Fn(Invocation, &[u8], Option<Message>) -> Result<Started, (Status, String)> + Send + Sync;
 
 struct Entry {
     name: &'static str,
@@ -135,9 +140,42 @@ impl Handlers {
         let run = move |invocation: Invocation, payload: &[u8], _buffer: Option<Message>| {
             let args = decode_args::<P>(payload)?;
             let future = catch_panic(|| handler(invocation, args))?;
-            Ok(encode_output::<P, _>(future))
+            Ok(Started::Running(encode_output::<P, _>(future)))
         };
         self.insert::<P>(false, Arc::new(run))
+    }
+
+    /// Serves `P` with a synchronous `handler(invocation, args)`: it runs at once on the
+    /// dispatcher, with no future to allocate, which is the fast path for small handlers. It
+    /// makes calls of its own with [`Rpc::queue_call`].
+    #[must_use]
+    pub fn on_sync<P, F>(self, handler: F) -> Handlers
+    where
+        P: Procedure,
+        F: Fn(&Invocation, P::Args) -> P::Output + Send + Sync + 'static,
+    {
+        let run = move |invocation: Invocation, payload: &[u8], _buffer: Option<Message>| {
+            let args = decode_args::<P>(payload)?;
+            let output = catch_panic(|| handler(&invocation, args))?;
+            Ok(Started::Done(encode::<P>(&output)))
+        };
+        self.insert::<P>(false, Arc::new(run))
+    }
+
+    /// As [`Handlers::on_sync`], for calls with a buffer.
+    #[must_use]
+    pub fn on_buffer_sync<P, F>(self, handler: F) -> Handlers
+    where
+        P: Procedure,
+        F: Fn(&Invocation, P::Args, Message) -> P::Output + Send + Sync + 'static,
+    {
+        let run = move |invocation: Invocation, payload: &[u8], buffer: Option<Message>| {
+            let buffer = buffer.ok_or_else(|| no_buffer::<P>())?;
+            let args = decode_args::<P>(payload)?;
+            let output = catch_panic(|| handler(&invocation, args, buffer))?;
+            Ok(Started::Done(encode::<P>(&output)))
+        };
+        self.insert::<P>(true, Arc::new(run))
     }
 
     /// Serves `P` with `handler(invocation, args, buffer)`: the handler runs once the buffer is
@@ -150,15 +188,10 @@ impl Handlers {
         Fut: Future<Output = P::Output> + Send + 'static,
     {
         let run = move |invocation: Invocation, payload: &[u8], buffer: Option<Message>| {
-            let Some(buffer) = buffer else {
-                return Err((
-                    Status::BadFrame,
-                    format!("{} takes a buffer and the call carried none", P::NAME),
-                ));
-            };
+            let buffer = buffer.ok_or_else(|| no_buffer::<P>())?;
             let args = decode_args::<P>(payload)?;
             let future = catch_panic(|| handler(invocation, args, buffer))?;
-            Ok(encode_output::<P, _>(future))
+            Ok(Started::Running(encode_output::<P, _>(future)))
         };
         self.insert::<P>(true, Arc::new(run))
     }
@@ -197,7 +230,7 @@ impl Handlers {
         invocation: Invocation,
         payload: &[u8],
         buffer: Option<Message>,
-    ) -> Result<BoxFuture<'static, Outcome>, (Status, String)> {
+    ) -> Result<Started, (Status, String)> {
         let Some(entry) = self.entries.get(&id) else {
             return Err((
                 Status::UnknownHandler,
@@ -212,6 +245,22 @@ impl Handlers {
         }
         (entry.run)(invocation, payload, buffer)
     }
+}
+
+fn no_buffer<P: Procedure>() -> (Status, String) {
+    (
+        Status::BadFrame,
+        format!("{} takes a buffer and the call carried none", P::NAME),
+    )
+}
+
+fn encode<P: Procedure>(output: &P::Output) -> Outcome {
+    postcard::to_allocvec(output).map_err(|error| {
+        (
+            Status::Panicked,
+            format!("its result could not be serialised: {error}"),
+        )
+    })
 }
 
 fn decode_args<P: Procedure>(payload: &[u8]) -> Result<P::Args, (Status, String)> {
@@ -242,12 +291,7 @@ where
             .catch_unwind()
             .await
             .map_err(|panic| (Status::Panicked, panic_message(panic.as_ref())))?;
-        postcard::to_allocvec(&output).map_err(|error| {
-            (
-                Status::Panicked,
-                format!("its result could not be serialised: {error}"),
-            )
-        })
+        encode::<P>(&output)
     }
     .boxed()
 }

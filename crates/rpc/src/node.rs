@@ -35,7 +35,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::{CallError, Refused, RemoteFailure};
-use crate::handlers::{Handlers, Invocation, Procedure};
+use crate::handlers::{Handlers, Invocation, Procedure, Started};
 use crate::outlet::{Aggregation, Counts, Outlet, OutletConfig, Payload, Rejection, Sink};
 use crate::wire::{self, FrameReader, RecordHead, Status};
 
@@ -400,6 +400,57 @@ impl Rpc {
     /// [`CallError`] when `dest` is unknown or unreachable, or full for the whole timeout.
     pub async fn call<P: Procedure>(&self, dest: usize, args: &P::Args) -> Result<(), CallError> {
         self.to(dest).call::<P>(args).await.map(drop)
+    }
+
+    /// Queues a call of `P` to `dest` without waiting (unbounded, in order: [`WhenFull::Queue`]),
+    /// fire and forget: what a synchronous handler ([`Handlers::on_sync`]) calls with.
+    ///
+    /// # Errors
+    /// [`CallError`] when `dest` is unknown or unreachable, or the arguments do not serialise.
+    pub fn queue_call<P: Procedure>(&self, dest: usize, args: &P::Args) -> Result<(), CallError> {
+        self.queue(dest, P::id().0, P::NAME, &Payload::Encode(args), None)
+    }
+
+    /// [`Rpc::queue_call`] with a buffer.
+    ///
+    /// # Errors
+    /// As [`Rpc::queue_call`].
+    pub fn queue_call_buffer<P: Procedure>(
+        &self,
+        dest: usize,
+        args: &P::Args,
+        buffer: Message,
+    ) -> Result<(), CallError> {
+        self.queue(
+            dest,
+            P::id().0,
+            P::NAME,
+            &Payload::Encode(args),
+            Some(buffer),
+        )
+    }
+
+    fn queue<T: Serialize + ?Sized>(
+        &self,
+        dest: usize,
+        handler_id: u64,
+        handler: &'static str,
+        payload: &Payload<'_, T>,
+        buffer: Option<Message>,
+    ) -> Result<(), CallError> {
+        let Some(outlet) = self.node.outlets.get(dest) else {
+            return Err(self.unknown(dest));
+        };
+        let flags = if buffer.is_some() { wire::BUFFER } else { 0 };
+        outlet
+            .try_push(
+                RecordHead::call(handler_id, 0, flags),
+                payload,
+                buffer,
+                None,
+                false,
+            )
+            .map_err(|rejection| self.node.rejection_error(dest, handler, rejection).0)
     }
 
     /// Runs `P(args, buffer)` at `dest` once `buffer` is there in full. On shmem a buffer in
@@ -1134,7 +1185,8 @@ impl Node {
             .handlers
             .start(head.handler, invocation, payload, buffer)
         {
-            Ok(mut running) => loop {
+            Ok(Started::Done(outcome)) => outcome,
+            Ok(Started::Running(mut running)) => loop {
                 tokio::select! {
                     biased;
                     outcome = &mut running => break outcome,

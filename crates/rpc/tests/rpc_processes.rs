@@ -82,6 +82,14 @@ impl Procedure for Explode {
     type Output = ();
 }
 
+/// Panics in a synchronous handler.
+struct ExplodeAtOnce;
+impl Procedure for ExplodeAtOnce {
+    const NAME: &'static str = "explode-at-once";
+    type Args = ();
+    type Output = ();
+}
+
 struct NotServed;
 impl Procedure for NotServed {
     const NAME: &'static str = "not-served";
@@ -145,11 +153,10 @@ fn handlers(service: &Arc<Service>) -> Handlers {
         Arc::clone(service),
     );
     Handlers::new()
-        .on::<Add, _, _>(|_, (a, b)| async move { a + b })
-        .on::<Append, _, _>(move |_, value| {
-            log.log.lock().unwrap().push(value);
-            async {}
-        })
+        // Synchronous handlers (no future per call), and asynchronous ones below.
+        .on_sync::<Add, _>(|_, (a, b)| a + b)
+        .on_sync::<Append, _>(move |_, value| log.log.lock().unwrap().push(value))
+        .on_sync::<ExplodeAtOnce, _>(|_, ()| panic!("deliberate: a synchronous handler exploded"))
         .on::<TakeLog, _, _>(move |_, ()| {
             let taken = std::mem::take(&mut *take.log.lock().unwrap());
             async move { taken }
@@ -666,6 +673,17 @@ async fn primitives(kind: Kind, mode: Aggregation) -> Result<()> {
                 "explode",
                 RemoteFailure::Panicked,
                 "deliberate: the handler exploded"
+            )),
+        "{error}"
+    );
+    let error = rpc.call_return::<ExplodeAtOnce>(2, &()).await.unwrap_err();
+    ensure!(
+        remote(&error)
+            == Some((
+                "member-2",
+                "explode-at-once",
+                RemoteFailure::Panicked,
+                "deliberate: a synchronous handler exploded"
             )),
         "{error}"
     );
