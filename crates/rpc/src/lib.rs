@@ -27,11 +27,14 @@
 //! ```
 //!
 //! - `call` (fire and forget), `call_buffer` (the handler runs once the buffer is there; on
-//!   shmem a buffer in shared memory moves as a descriptor), `call_return` (a typed result),
+//!   shmem a buffer in shared memory moves as a descriptor; [`CallBuilder::call_buffer_pull`]:
+//!   the destination fetches it when it is ready), `call_return` (a typed result),
 //!   `broadcast` / `broadcast_buffer` (over a k-ary tree); through [`Rpc::to`] a call chooses
 //!   what a full destination means ([`WhenFull`]: wait, queue, fail handing the call back) and
 //!   when its [`Ticket`] is done ([`Confirm`]: accepted, left, consumed).
 //! - Calls from one member to another run in the order they were made.
+//! - Handlers are async ([`Handlers::on`]) or synchronous ([`Handlers::on_sync`]: no future per
+//!   call; such a handler calls with [`Rpc::queue_call`]).
 //! - A missing handler, arguments that do not decode and a panicking handler come back to the
 //!   caller as [`CallError::Remote`] naming the device, the handler and the cause; the
 //!   destination keeps serving.

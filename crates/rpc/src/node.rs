@@ -178,6 +178,9 @@ enum Pending {
     },
 }
 
+/// Where a pull call waiting for its buffer is told: the buffer, or why there is none.
+type FetchedBuffer = oneshot::Sender<Result<Message, String>>;
+
 /// Failures of fire-and-forget calls kept for [`Rpc::take_failures`], at most this many.
 const MAX_KEPT_FAILURES: usize = 1024;
 
@@ -191,6 +194,10 @@ struct Node {
     options: RpcOptions,
     counts: Arc<Counts>,
     failures: Mutex<VecDeque<CallError>>,
+    /// Buffers of pull calls, by the call's sequence number, until their destination fetches.
+    lent: Mutex<HashMap<u64, Message>>,
+    /// Pull calls being served here, waiting for their buffer: by (caller, sequence number).
+    fetches: Mutex<HashMap<(usize, u64), FetchedBuffer>>,
     tasks: Mutex<Vec<JoinHandle<ferromq_core::Result<()>>>>,
     stop: watch::Sender<bool>,
 }
@@ -329,6 +336,8 @@ impl Rpc {
             options,
             counts,
             failures: Mutex::default(),
+            lent: Mutex::default(),
+            fetches: Mutex::default(),
             tasks: Mutex::default(),
             stop,
         });
@@ -593,6 +602,7 @@ impl Rpc {
                 result = outcome;
             }
         }
+        lock(&self.node.lent).clear();
         for (_, pending) in lock(&self.node.pending).drain() {
             match pending {
                 Pending::Result { reply, .. } => {
@@ -714,6 +724,57 @@ impl CallBuilder<'_> {
         self.send::<P>(args, Some(buffer))
             .await
             .map_err(|(error, _)| error)
+    }
+
+    /// Runs `P(args, buffer)` at the destination, which fetches the buffer from this member
+    /// before running the handler (the pull form: the buffer stays here until the destination
+    /// is ready for it; on shmem it still moves as a descriptor). The handler is registered as
+    /// for [`CallBuilder::call_buffer`].
+    ///
+    /// # Errors
+    /// As [`Rpc::call`].
+    pub async fn call_buffer_pull<P: Procedure>(
+        self,
+        args: &P::Args,
+        buffer: Message,
+    ) -> Result<Ticket, CallError> {
+        let node = &self.rpc.node;
+        if self.dest >= node.names.len() {
+            return Err(self.rpc.unknown(self.dest));
+        }
+        let (mut head, consumed, seq) = self.head::<P>(false);
+        let seq = if seq == 0 {
+            node.next_seq.fetch_add(1, Ordering::Relaxed)
+        } else {
+            seq
+        };
+        head.seq = seq;
+        head.flags |= wire::PULL;
+        lock(&node.lent).insert(seq, buffer);
+        let (on_left, left) = self.left_channel();
+        let when_full = match self.when_full {
+            WhenFull::Fail => WhenFull::Wait,
+            other => other,
+        };
+        match node
+            .submit(
+                self.dest,
+                head,
+                &Payload::Encode(args),
+                None,
+                on_left,
+                when_full,
+                P::NAME,
+            )
+            .await
+        {
+            Ok(()) => Ok(self.ticket::<P>(consumed, left, seq)),
+            Err((error, _)) => {
+                lock(&node.lent).remove(&seq);
+                lock(&node.pending).remove(&seq);
+                Err(error)
+            }
+        }
     }
 
     /// Runs `P(args)` at the destination; fails at once, handing the call back, when the
@@ -1174,6 +1235,32 @@ impl Node {
                 self.answer(child, head, payload, copy);
             }
         }
+        let buffer = if head.flags & wire::PULL == 0 {
+            Ok(buffer)
+        } else {
+            // The pull form: the buffer is fetched from the caller first.
+            let (sender, fetched) = oneshot::channel();
+            lock(&self.fetches).insert((from, head.seq), sender);
+            let fetch = RecordHead::answer(wire::KIND_FETCH, head.handler, head.seq, Status::Ok);
+            self.answer(from, fetch, &[], None);
+            let mut fetched = Box::pin(tokio::time::timeout(self.options.timeout, fetched));
+            match self.while_serving(&mut fetched, intake).await {
+                None => return ControlFlow::Break(()),
+                Some(Ok(Ok(Ok(message)))) => Ok(Some(message)),
+                Some(Ok(Ok(Err(cause)))) => Err((Status::BadFrame, cause)),
+                Some(Ok(Err(_))) => Err((Status::BadFrame, "the fetch was dropped".to_owned())),
+                Some(Err(_)) => {
+                    lock(&self.fetches).remove(&(from, head.seq));
+                    Err((
+                        Status::BadFrame,
+                        format!(
+                            "the caller sent no buffer within {:?}",
+                            self.options.timeout
+                        ),
+                    ))
+                }
+            }
+        };
         let invocation = Invocation {
             caller: answer_to,
             rpc: Rpc {
@@ -1181,24 +1268,18 @@ impl Node {
                 when_full: WhenFull::Queue,
             },
         };
-        let outcome = match self
-            .handlers
-            .start(head.handler, invocation, payload, buffer)
-        {
+        let started = buffer.and_then(|buffer| {
+            self.handlers
+                .start(head.handler, invocation, payload, buffer)
+        });
+        let outcome = match started {
             Ok(Started::Done(outcome)) => outcome,
-            Ok(Started::Running(mut running)) => loop {
-                tokio::select! {
-                    biased;
-                    outcome = &mut running => break outcome,
-                    next = intake.next() => match next {
-                        Some(parts) => {
-                            self.complete_answers(&parts);
-                            intake.backlog.push_back(parts);
-                        }
-                        None => return ControlFlow::Break(()),
-                    },
+            Ok(Started::Running(mut running)) => {
+                match self.while_serving(&mut running, intake).await {
+                    Some(outcome) => outcome,
+                    None => return ControlFlow::Break(()),
                 }
-            },
+            }
             Err(failure) => Err(failure),
         };
         match outcome {
@@ -1239,8 +1320,31 @@ impl Node {
         ControlFlow::Continue(())
     }
 
-    /// Delivers the results and acknowledgements a frame carries (its calls wait).
-    fn complete_answers(&self, parts: &Parts) {
+    /// Runs `future` to its end while the dispatcher keeps reading: results, acknowledgements
+    /// and fetches are delivered at once, calls wait in the backlog. `None` when the node stops.
+    async fn while_serving<F: Future + Unpin>(
+        &self,
+        future: &mut F,
+        intake: &mut Intake,
+    ) -> Option<F::Output> {
+        loop {
+            tokio::select! {
+                biased;
+                output = &mut *future => return Some(output),
+                next = intake.next() => match next {
+                    Some(mut parts) => {
+                        self.complete_answers(&mut parts);
+                        intake.backlog.push_back(parts);
+                    }
+                    None => return None,
+                },
+            }
+        }
+    }
+
+    /// Delivers the results, acknowledgements and fetches a frame carries (its calls wait). A
+    /// fetched buffer is taken out of the frame, an empty part left in its place.
+    fn complete_answers(&self, parts: &mut Parts) {
         let Some(first) = parts.get(0) else { return };
         let Ok(mut reader) = FrameReader::new(first.data()) else {
             return;
@@ -1249,13 +1353,78 @@ impl Node {
         if from >= self.names.len() {
             return;
         }
+        let mut fetched = Vec::new();
+        let mut part_idx = 0;
         while let Some(Ok(record)) = reader.next_record() {
+            if record.head.flags & wire::BUFFER != 0 {
+                part_idx += 1;
+            }
             match record.head.kind {
                 wire::KIND_REPLY => self.complete_result(from, record.head, record.payload),
                 wire::KIND_ACK => self.complete_ack(from, record.head, record.payload),
+                wire::KIND_FETCH => self.lend(from, record.head),
+                wire::KIND_FETCHED => {
+                    fetched.push((record.head, part_idx, record.payload.to_vec()))
+                }
                 _ => {}
             }
         }
+        for (head, part_idx, payload) in fetched {
+            let buffer = (head.flags & wire::BUFFER != 0)
+                .then(|| {
+                    parts
+                        .iter_mut()
+                        .nth(part_idx)
+                        .map(|part| std::mem::replace(part, Message::empty()))
+                })
+                .flatten();
+            self.deliver_fetched(from, head, buffer, &payload);
+        }
+    }
+
+    /// Answers a fetch of the buffer of pull call `head.seq` to `to`.
+    fn lend(&self, to: usize, head: RecordHead) {
+        match lock(&self.lent).remove(&head.seq) {
+            Some(buffer) => {
+                let mut fetched =
+                    RecordHead::answer(wire::KIND_FETCHED, head.handler, head.seq, Status::Ok);
+                fetched.flags = wire::BUFFER;
+                self.answer(to, fetched, &[], Some(buffer));
+            }
+            None => {
+                let cause = format!(
+                    "the caller {} holds no buffer for call {}",
+                    self.names[self.me], head.seq
+                );
+                let fetched = RecordHead::answer(
+                    wire::KIND_FETCHED,
+                    head.handler,
+                    head.seq,
+                    Status::BadFrame,
+                );
+                self.answer(to, fetched, cause.as_bytes(), None);
+            }
+        }
+    }
+
+    /// A fetched buffer (or the caller's refusal) reaches the pull call waiting for it.
+    fn deliver_fetched(
+        &self,
+        from: usize,
+        head: RecordHead,
+        buffer: Option<Message>,
+        payload: &[u8],
+    ) {
+        let Some(waiting) = lock(&self.fetches).remove(&(from, head.seq)) else {
+            tracing::debug!(from = %self.names[from], seq = head.seq, "dropped a buffer nobody waits for");
+            return;
+        };
+        let delivered = match (head.status, buffer) {
+            (Status::Ok, Some(buffer)) => Ok(buffer),
+            (Status::Ok, None) => Err("the fetched buffer was missing from the frame".to_owned()),
+            _ => Err(String::from_utf8_lossy(payload).into_owned()),
+        };
+        let _ = waiting.send(delivered);
     }
 
     fn complete_result(&self, from: usize, head: RecordHead, payload: &[u8]) {
@@ -1386,8 +1555,20 @@ impl Node {
                     self.serve(from, head, record.payload, buffer, intake)
                         .await?;
                 }
+                // A fetched buffer takes its part even when it was delivered already.
+                wire::KIND_FETCHED => {
+                    let buffer = if head.flags & wire::BUFFER != 0 {
+                        parts.next()
+                    } else {
+                        None
+                    };
+                    if !answered {
+                        self.deliver_fetched(from, head, buffer, record.payload);
+                    }
+                }
                 _ if answered => {}
                 wire::KIND_REPLY => self.complete_result(from, head, record.payload),
+                wire::KIND_FETCH => self.lend(from, head),
                 _ => self.complete_ack(from, head, record.payload),
             }
         }

@@ -10,7 +10,8 @@
 //! A call's payload is its arguments, serialised by postcard straight into the frame (which is
 //! shared memory on shmem, see `outlet.rs`); a reply's is the result, or for a failure the
 //! handler's name and the cause. Records that carry a buffer (flag [`BUFFER`]) take the next
-//! unused part, in record order. Everything read from a frame is bounds-checked: a truncated or
+//! unused part, in record order (a fetched buffer too). A pull call (flag [`PULL`]) leaves its
+//! buffer with the caller until the destination fetches it ([`KIND_FETCH`], [`KIND_FETCHED`]). Everything read from a frame is bounds-checked: a truncated or
 //! forged frame is an error, never a panic.
 
 use thiserror::Error;
@@ -30,6 +31,10 @@ pub(crate) const KIND_REPLY: u8 = 2;
 pub(crate) const KIND_ACK: u8 = 3;
 /// A broadcast: run `handler` and pass the record on to the children in the tree of `root`.
 pub(crate) const KIND_BROADCAST: u8 = 4;
+/// The destination of a pull call asks its caller for the buffer `seq` names.
+pub(crate) const KIND_FETCH: u8 = 5;
+/// The caller answers a fetch: the buffer (flag [`BUFFER`]), or a status saying it has none.
+pub(crate) const KIND_FETCHED: u8 = 6;
 
 /// The record carries a buffer: the next unused part of the message.
 pub(crate) const BUFFER: u8 = 1;
@@ -37,6 +42,8 @@ pub(crate) const BUFFER: u8 = 1;
 pub(crate) const WANTS_RESULT: u8 = 2;
 /// The caller waits until the call was consumed (a [`KIND_ACK`] record).
 pub(crate) const WANTS_ACK: u8 = 4;
+/// The caller holds the buffer: the destination fetches it ([`KIND_FETCH`]) before the handler.
+pub(crate) const PULL: u8 = 8;
 
 /// How a call ended at its destination, as a reply or acknowledgement says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,7 +242,7 @@ impl<'a> FrameReader<'a> {
         }
         let (head, rest) = self.rest.split_at(RECORD_HEAD_LEN);
         let kind = head[0];
-        if !(KIND_CALL..=KIND_BROADCAST).contains(&kind) {
+        if !(KIND_CALL..=KIND_FETCHED).contains(&kind) {
             return Err(WireError::Kind(kind));
         }
         let word = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().expect("8 bytes"));

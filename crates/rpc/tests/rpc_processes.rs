@@ -664,6 +664,26 @@ async fn primitives(kind: Kind, mode: Aggregation) -> Result<()> {
         "the handler saw {len} bytes summing to {sum}"
     );
 
+    // The pull form: the destination fetches the buffer from the caller before the handler runs.
+    let mut buffer = group.transport.new_message(1 << 16).await?;
+    buffer
+        .data_mut()
+        .iter_mut()
+        .enumerate()
+        .for_each(|(idx, byte)| *byte = (idx / 3) as u8);
+    let expected: u64 = buffer.data().iter().map(|&byte| u64::from(byte)).sum();
+    rpc.to(2)
+        .confirm(Confirm::Consumed)
+        .call_buffer_pull::<SumBuffer>(&(1 << 16), buffer)
+        .await?
+        .confirmed()
+        .await?;
+    let (len, sum, _) = rpc.call_return::<LastSum>(2, &()).await?;
+    ensure!(
+        (len, sum) == (1 << 16, expected),
+        "the pulled buffer: {len} bytes summing to {sum}"
+    );
+
     // Failures at the destination come back naming device, handler and cause; it keeps serving.
     let error = rpc.call_return::<Explode>(1, &()).await.unwrap_err();
     ensure!(
@@ -882,6 +902,25 @@ async fn big_buffer() -> Result<()> {
         .confirmed()
         .await?;
     let (len, sum, copied_there) = rpc.call_return::<LastSum>(1, &()).await?;
+    // And pulled: the destination fetches a second 64 MiB buffer, copying nothing either.
+    let mut pulled = group.transport.new_message(SIZE).await?;
+    pulled.data_mut().fill(1);
+    rpc.to(1)
+        .confirm(Confirm::Consumed)
+        .call_buffer_pull::<SumBuffer>(&(SIZE as u64), pulled)
+        .await?
+        .confirmed()
+        .await?;
+    let (pulled_len, pulled_sum, copied_after_pull) = rpc.call_return::<LastSum>(1, &()).await?;
+    ensure!(
+        (pulled_len, pulled_sum) == (SIZE as u64, SIZE as u64),
+        "the pulled buffer: {pulled_len} bytes summing to {pulled_sum}"
+    );
+    ensure!(
+        copied_after_pull == copied_there,
+        "the destination copied {} bytes of the pulled buffer",
+        copied_after_pull - copied_there
+    );
     ensure!(
         (len, sum) == (SIZE as u64, expected),
         "the handler saw {len} bytes summing to {sum}"
