@@ -143,3 +143,29 @@ fn a_random_playout_of_tic_tac_toe_ends() {
     let outcome = TicTacToe::default().random_playout(&mut rng);
     assert!(matches!(outcome, Outcome::Win(_) | Outcome::Draw));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tic_tac_toe_never_loses_against_perfect_play() {
+    let (driver, workers) = group::<TicTacToe>(2, Aggregation::Ovfl).await;
+    for ours in [0u8, 1] {
+        let mut position = TicTacToe::default();
+        while position.outcome().is_none() {
+            let mv = if position.to_move() == ours {
+                driver.search(&position, 3000).await.unwrap().best_move
+            } else {
+                position.solve().1
+            };
+            position.play(mv.expect("a move in a game that goes on"));
+        }
+        let outcome = position.outcome().unwrap();
+        assert_ne!(
+            outcome,
+            Outcome::Win(ours ^ 1),
+            "lost as player {ours}: {position:?}"
+        );
+    }
+    for worker in workers {
+        worker.shutdown().await.unwrap();
+    }
+    driver.rpc().shutdown().await.unwrap();
+}

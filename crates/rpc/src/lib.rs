@@ -32,6 +32,8 @@
 //!   `broadcast` / `broadcast_buffer` (over a k-ary tree); through [`Rpc::to`] a call chooses
 //!   what a full destination means ([`WhenFull`]: wait, queue, fail handing the call back) and
 //!   when its [`Ticket`] is done ([`Confirm`]: accepted, left, consumed).
+//! - Arguments and results are serde types (postcard), or [`Plain`] plain-old-data moved as
+//!   its bytes.
 //! - Calls from one member to another run in the order they were made.
 //! - Handlers are async ([`Handlers::on`]) or synchronous ([`Handlers::on_sync`]: no future per
 //!   call; such a handler calls with [`Rpc::queue_call`]).
@@ -54,6 +56,7 @@ mod group;
 mod handlers;
 mod node;
 mod outlet;
+mod plain;
 mod wire;
 
 pub use error::{CallError, Refused, RemoteFailure};
@@ -63,4 +66,5 @@ pub use node::{
     CallBuilder, Confirm, Inbound, Member, Rpc, RpcOptions, RpcStats, StartError, Ticket, WhenFull,
 };
 pub use outlet::Aggregation;
+pub use plain::Plain;
 pub use wire::{Status, WireError};

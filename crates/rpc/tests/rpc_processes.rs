@@ -12,8 +12,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use ferromq_core::{Address, Message, Transport, copied_bytes};
 use ferromq_rpc::{
-    Aggregation, CallError, Confirm, Handlers, Inbound, Member, Procedure, RemoteFailure, Rpc,
-    RpcOptions, WhenFull,
+    Aggregation, CallError, Confirm, Handlers, Inbound, Member, Plain, Procedure, RemoteFailure,
+    Rpc, RpcOptions, WhenFull,
 };
 use ferromq_shm::cleanup::clean_session;
 use ferromq_shm::names::current_uid;
@@ -43,6 +43,14 @@ impl Procedure for AddNothing {
     const NAME: &'static str = "add";
     type Args = ();
     type Output = u64;
+}
+
+/// Plain-old-data arguments and result.
+struct SumPlain;
+impl Procedure for SumPlain {
+    const NAME: &'static str = "sum-plain";
+    type Args = Plain<[u64; 4]>;
+    type Output = Plain<u64>;
 }
 
 struct Append;
@@ -155,6 +163,7 @@ fn handlers(service: &Arc<Service>) -> Handlers {
     Handlers::new()
         // Synchronous handlers (no future per call), and asynchronous ones below.
         .on_sync::<Add, _>(|_, (a, b)| a + b)
+        .on_sync::<SumPlain, _>(|_, Plain(values)| Plain(values.iter().sum()))
         .on_sync::<Append, _>(move |_, value| log.log.lock().unwrap().push(value))
         .on_sync::<ExplodeAtOnce, _>(|_, ()| panic!("deliberate: a synchronous handler exploded"))
         .on::<TakeLog, _, _>(move |_, ()| {
@@ -605,6 +614,13 @@ async fn primitives(kind: Kind, mode: Aggregation) -> Result<()> {
     for idx in 0..3 {
         ensure!(rpc.call_return::<Add>(idx, &(2, idx as u64)).await? == 2 + idx as u64);
     }
+
+    ensure!(
+        rpc.call_return::<SumPlain>(1, &Plain([1, 2, 3, 4]))
+            .await?
+            .0
+            == 10
+    );
 
     // Calls from one sender run in order; trad packs them, none never does.
     const N_CALLS: u64 = 20_000;
