@@ -40,6 +40,9 @@ pub struct RpcBenchOptions {
     /// Sequential `call_return` round trips measured per round.
     #[arg(long = "round-trips", default_value_t = 2000)]
     pub round_trips: usize,
+    /// Both ends spin on their inbound channels instead of sleeping (channel option busyPoll).
+    #[arg(long = "busy-poll")]
+    pub busy_poll: bool,
     /// One JSON object per cell instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -237,7 +240,12 @@ async fn run_all(options: &RpcBenchOptions) -> Result<Vec<RpcBenchResult>> {
                             .with_context(|| format!("{transport}, {mode}, {size} B"))?,
                     );
                 }
-                results.push(summarise(transport, mode, size, &mut rounds));
+                let label = if options.busy_poll {
+                    format!("{transport}+busy-poll")
+                } else {
+                    transport.clone()
+                };
+                results.push(summarise(&label, mode, size, &mut rounds));
             }
         }
     }
@@ -277,10 +285,11 @@ fn summarise(transport: &str, mode: &str, size: usize, rounds: &mut [Round]) -> 
     }
 }
 
-fn rpc_options(aggregation: Aggregation) -> RpcOptions {
+fn rpc_options(aggregation: Aggregation, busy_poll: bool) -> RpcOptions {
     RpcOptions {
         aggregation,
         timeout: Duration::from_secs(30),
+        busy_poll,
         ..RpcOptions::default()
     }
 }
@@ -301,6 +310,7 @@ async fn run_round(
             &session,
         ])
         .args(["--mode", &aggregation.to_string()])
+        .args(options.busy_poll.then_some("--busy-poll"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -318,7 +328,8 @@ async fn run_round(
                 .context("the destination said no address")?,
         )?;
         let (transport, address) = transport_and_address(transport_name, &session, 0)?;
-        let inbound = Inbound::bind(transport.as_ref(), &address).await?;
+        let rpc_options = rpc_options(aggregation, options.busy_poll);
+        let inbound = Inbound::bind_with(transport.as_ref(), &address, &rpc_options).await?;
         let members = [
             Member {
                 name: "caller".to_owned(),
@@ -340,7 +351,7 @@ async fn run_round(
             &members,
             inbound,
             Handlers::new(),
-            rpc_options(aggregation),
+            rpc_options,
         )
         .await?;
         let round = measure(options, &rpc, size).await?;
@@ -445,6 +456,8 @@ pub struct RpcRoleOptions {
     session: String,
     #[arg(long)]
     mode: String,
+    #[arg(long = "busy-poll")]
+    busy_poll: bool,
 }
 
 /// The destination: binds, learns the caller's address on stdin, counts calls until told to quit.
@@ -461,7 +474,8 @@ pub async fn run_role(options: RpcRoleOptions) -> ExitCode {
 async fn role(options: &RpcRoleOptions) -> Result<()> {
     let aggregation = aggregation(&options.mode)?;
     let (transport, address) = transport_and_address(&options.transport, &options.session, 1)?;
-    let inbound = Inbound::bind(transport.as_ref(), &address).await?;
+    let rpc_options = rpc_options(aggregation, options.busy_poll);
+    let inbound = Inbound::bind_with(transport.as_ref(), &address, &rpc_options).await?;
     println!("bound {}", inbound.address());
     let line = tokio::task::spawn_blocking(|| {
         let mut line = String::new();
@@ -510,15 +524,7 @@ async fn role(options: &RpcRoleOptions) -> Result<()> {
                 std::future::ready(())
             })
     };
-    let rpc = Rpc::start(
-        transport,
-        1,
-        &members,
-        inbound,
-        handlers,
-        rpc_options(aggregation),
-    )
-    .await?;
+    let rpc = Rpc::start(transport, 1, &members, inbound, handlers, rpc_options).await?;
     quit.notified().await;
     rpc.shutdown().await?;
     Ok(())

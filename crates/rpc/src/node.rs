@@ -54,6 +54,10 @@ pub struct RpcOptions {
     pub timeout: Duration,
     /// The fan-out of a broadcast's tree (default 2: binary).
     pub tree_arity: u8,
+    /// The inbound channel spins instead of sleeping until a frame arrives (channel option
+    /// `busyPoll`): the lowest latency, at the cost of a busy core. Applies where the inbound is
+    /// bound ([`Inbound::bind_with`]; a topology's group sets it with `busy-poll = true`).
+    pub busy_poll: bool,
 }
 
 impl Default for RpcOptions {
@@ -65,6 +69,7 @@ impl Default for RpcOptions {
             max_queued_calls: 4096,
             timeout: Duration::from_secs(10),
             tree_arity: 2,
+            busy_poll: false,
         }
     }
 }
@@ -151,8 +156,21 @@ impl Inbound {
     /// # Errors
     /// The transport's bind error (address in use, unsupported address, ...).
     pub async fn bind(transport: &dyn Transport, address: &Address) -> Result<Inbound, StartError> {
-        let config = ChannelConfig::new("rpc", SocketType::Pull, Method::Bind)
+        Inbound::bind_with(transport, address, &RpcOptions::default()).await
+    }
+
+    /// [`Inbound::bind`] with the inbound's settings from `options` (`busy_poll`).
+    ///
+    /// # Errors
+    /// As [`Inbound::bind`].
+    pub async fn bind_with(
+        transport: &dyn Transport,
+        address: &Address,
+        options: &RpcOptions,
+    ) -> Result<Inbound, StartError> {
+        let mut config = ChannelConfig::new("rpc", SocketType::Pull, Method::Bind)
             .with_address(address.to_string());
+        config.busy_poll = options.busy_poll;
         let mut channel = Channel::open(transport, config, "rpc").await?;
         let address = channel.bind(address).await?;
         Ok(Inbound { channel, address })

@@ -200,6 +200,23 @@ impl<'a> Loader<'a> {
                 .map(|key| key.name)
                 .expect("numSockets is a channel key");
             let spanned = |value: String| Spanned::new(group.name.span(), value);
+            // busy-poll = true: the members' inbound channels spin (channel key busyPoll).
+            let inbound_keys: Vec<(&'static str, Spanned<toml::Value>)> = group
+                .busy_poll
+                .as_ref()
+                .map(|busy| {
+                    let key = ferromq_core::CHANNEL_KEYS
+                        .iter()
+                        .find(|key| key.name == "busyPoll")
+                        .map(|key| key.name)
+                        .expect("busyPoll is a channel key");
+                    (
+                        key,
+                        Spanned::new(busy.span(), toml::Value::Boolean(*busy.get_ref())),
+                    )
+                })
+                .into_iter()
+                .collect();
             for device_idx in member_idxs {
                 let device = parsed.device[device_idx].get_mut();
                 for (key, value) in &properties {
@@ -226,7 +243,7 @@ impl<'a> Loader<'a> {
                         address: None,
                         connect: None,
                         transport: group.transport.clone(),
-                        keys: Vec::new(),
+                        keys: inbound_keys.clone(),
                     },
                 ));
                 device.channel.push(Spanned::new(

@@ -30,6 +30,7 @@ pub(crate) struct RpcToml {
     pub(crate) aggregate_us: Option<Spanned<i64>>,
     pub(crate) timeout_ms: Option<Spanned<i64>>,
     pub(crate) tree_arity: Option<Spanned<i64>>,
+    pub(crate) busy_poll: Option<Spanned<bool>>,
 }
 
 #[derive(Deserialize)]

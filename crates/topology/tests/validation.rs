@@ -177,6 +177,7 @@ name = "search"
 members = ["driver", "worker"]
 aggregate = "trad"
 aggregate-us = 50
+busy-poll = true
 "#;
     let topology = load("rpc.toml", text, &KNOWN).unwrap_or_else(|errors| panic!("{errors}"));
     let instances = topology.instances();
@@ -196,6 +197,7 @@ aggregate-us = 50
         assert_eq!(inbound.config.name, "search");
         assert_eq!(inbound.config.socket_type, ferromq_core::SocketType::Pull);
         assert_eq!(inbound.config.method, ferromq_core::Method::Bind);
+        assert!(inbound.config.busy_poll);
         let out = &instance.channels[1];
         assert_eq!(out.config.name, "search-out");
         assert_eq!(out.config.num_sockets, 3);
