@@ -4,7 +4,9 @@
 //! whose handlers do nothing but count. Per transport, mode and call size, each round streams
 //! calls for `--duration` and then asks the destination how many it ran (so a call counts once
 //! its handler ran); then it measures `call_return` round trips one at a time (p50, p99) and
-//! with 64 in flight (returns per second). The rounds' medians are reported, with min and max.
+//! with 64 in flight (returns per second), calls' latency at 1% of the measured rate, and
+//! `call_buffer` of 4 KiB and 64 MiB until the handler ran. The rounds' medians are reported,
+//! with min and max.
 //! MB/s counts the call's argument bytes only (`--call-size`), not frame or record headers.
 
 use std::process::{ExitCode, Stdio};
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ferromq_core::{Address, Transport};
-use ferromq_rpc::{Aggregation, Handlers, Inbound, Member, Procedure, Rpc, RpcOptions};
+use ferromq_rpc::{Aggregation, Confirm, Handlers, Inbound, Member, Procedure, Rpc, RpcOptions};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -40,6 +42,10 @@ pub struct RpcBenchOptions {
     /// Sequential `call_return` round trips measured per round.
     #[arg(long = "round-trips", default_value_t = 2000)]
     pub round_trips: usize,
+    /// Instead of calls: a broadcast to this many members (this process and N-1 others) until
+    /// each ran the handler, against a call_return round trip to one of them (p50s of 200).
+    #[arg(long, default_value_t = 0)]
+    pub broadcast: usize,
     /// Both ends spin on their inbound channels instead of sleeping (channel option busyPoll).
     #[arg(long = "busy-poll")]
     pub busy_poll: bool,
@@ -73,6 +79,13 @@ pub struct RpcBenchResult {
     pub return_p99_us: f64,
     /// `call_return`s per second with 64 in flight.
     pub returns_per_s_64_in_flight: f64,
+    /// A call's latency until its handler ran (a `Consumed` ticket), p50 in microseconds, with
+    /// calls paced at 1% of the rate measured in the same round.
+    pub light_load_p50_us: f64,
+    /// `call_buffer` of 4 KiB until its handler ran, p50 in microseconds.
+    pub buffer_4k_us: f64,
+    /// `call_buffer` of 64 MiB (memory of the transport) until its handler ran, p50 in µs.
+    pub buffer_64m_us: f64,
     /// Rounds measured.
     pub rounds: usize,
 }
@@ -117,6 +130,22 @@ impl Procedure for Echo {
     type Output = [[u8; 32]; 2];
 }
 
+/// Takes a buffer (the handler runs once it is there in full).
+struct TakeBuffer;
+impl Procedure for TakeBuffer {
+    const NAME: &'static str = "bench-take-buffer";
+    type Args = u64;
+    type Output = ();
+}
+
+/// Nothing: for broadcasts and bare round trips.
+struct Ping;
+impl Procedure for Ping {
+    const NAME: &'static str = "bench-ping";
+    type Args = ();
+    type Output = ();
+}
+
 struct Quit;
 impl Procedure for Quit {
     const NAME: &'static str = "bench-quit";
@@ -158,8 +187,71 @@ fn transport_and_address(
     ))
 }
 
+/// One broadcast measurement (`--broadcast N`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct BroadcastResult {
+    /// shmem, zeromq-ipc or zeromq-tcp.
+    pub transport: String,
+    /// Members reached, this process included.
+    pub broadcast_members: usize,
+    /// Until every member ran the handler, p50 in microseconds.
+    pub broadcast_p50_us: f64,
+    /// A call_return round trip to one member, p50 in microseconds.
+    pub round_trip_p50_us: f64,
+    /// The broadcast in round trips.
+    pub round_trips: f64,
+}
+
+async fn run_broadcasts(options: &RpcBenchOptions) -> Result<Vec<BroadcastResult>> {
+    if options.broadcast < 2 {
+        bail!("--broadcast {}: at least 2 members", options.broadcast);
+    }
+    let mut results = Vec::new();
+    for transport in &options.transport {
+        let (broadcast, round_trip) = broadcast_round(options, transport, options.broadcast)
+            .await
+            .with_context(|| format!("{transport}, broadcast to {}", options.broadcast))?;
+        results.push(BroadcastResult {
+            transport: transport.clone(),
+            broadcast_members: options.broadcast,
+            broadcast_p50_us: broadcast,
+            round_trip_p50_us: round_trip,
+            round_trips: broadcast / round_trip.max(1e-9),
+        });
+    }
+    Ok(results)
+}
+
 /// Runs every cell and prints the results.
 pub async fn run(options: RpcBenchOptions) -> ExitCode {
+    if options.broadcast > 0 {
+        return match run_broadcasts(&options).await {
+            Ok(results) => {
+                for result in &results {
+                    if options.json {
+                        println!(
+                            "{}",
+                            serde_json::to_string(result).expect("results serialise")
+                        );
+                    } else {
+                        println!(
+                            "{}: broadcast to {} members {:.1} µs p50, a round trip {:.1} µs: {:.1} round trips",
+                            result.transport,
+                            result.broadcast_members,
+                            result.broadcast_p50_us,
+                            result.round_trip_p50_us,
+                            result.round_trips
+                        );
+                    }
+                }
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("ferromq bench rpc: {error:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     match run_all(&options).await {
         Ok(results) => {
             if options.json {
@@ -183,7 +275,7 @@ pub async fn run(options: RpcBenchOptions) -> ExitCode {
 
 fn print_table(results: &[RpcBenchResult]) {
     println!(
-        "{:<11} {:<5} {:>5} {:>12} {:>21} {:>9} {:>6} {:>9} {:>9} {:>11}",
+        "{:<11} {:<5} {:>5} {:>12} {:>21} {:>8} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}",
         "transport",
         "mode",
         "bytes",
@@ -193,11 +285,14 @@ fn print_table(results: &[RpcBenchResult]) {
         "aggr",
         "rt p50",
         "rt p99",
-        "rt/s @64"
+        "rt/s @64",
+        "1%-load",
+        "buf 4K",
+        "buf 64M"
     );
     for result in results {
         println!(
-            "{:<11} {:<5} {:>5} {:>12.0} {:>21} {:>9.1} {:>5.0}% {:>7.1}µs {:>7.1}µs {:>11.0}",
+            "{:<11} {:<5} {:>5} {:>12.0} {:>21} {:>8.1} {:>4.0}% {:>7.1}µs {:>7.1}µs {:>9.0} {:>7.1}µs {:>7.0}µs {:>8.0}µs",
             result.transport,
             result.mode,
             result.call_size,
@@ -211,6 +306,9 @@ fn print_table(results: &[RpcBenchResult]) {
             result.return_p50_us,
             result.return_p99_us,
             result.returns_per_s_64_in_flight,
+            result.light_load_p50_us,
+            result.buffer_4k_us,
+            result.buffer_64m_us,
         );
     }
 }
@@ -258,6 +356,9 @@ struct Round {
     p50_us: f64,
     p99_us: f64,
     returns_per_s: f64,
+    light_load_p50_us: f64,
+    buffer_4k_us: f64,
+    buffer_64m_us: f64,
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -281,6 +382,9 @@ fn summarise(transport: &str, mode: &str, size: usize, rounds: &mut [Round]) -> 
         return_p50_us: pick(|round| round.p50_us),
         return_p99_us: pick(|round| round.p99_us),
         returns_per_s_64_in_flight: pick(|round| round.returns_per_s),
+        light_load_p50_us: pick(|round| round.light_load_p50_us),
+        buffer_4k_us: pick(|round| round.buffer_4k_us),
+        buffer_64m_us: pick(|round| round.buffer_64m_us),
         rounds: rounds.len(),
     }
 }
@@ -294,78 +398,165 @@ fn rpc_options(aggregation: Aggregation, busy_poll: bool) -> RpcOptions {
     }
 }
 
+/// A group for one round: this process is member 0, `n_members - 1` role processes the rest.
+struct Group {
+    rpc: Rpc,
+    lender: Arc<dyn Transport>,
+    roles: Vec<tokio::process::Child>,
+    session: String,
+}
+
+async fn start_group(
+    options: &RpcBenchOptions,
+    transport_name: &str,
+    aggregation: Aggregation,
+    n_members: usize,
+) -> Result<Group> {
+    let session = format!("bench-rpc-{}", std::process::id());
+    let mut roles = Vec::new();
+    let mut addresses = Vec::new();
+    for me in 1..n_members {
+        let mut role = tokio::process::Command::new(std::env::current_exe()?)
+            .args([
+                "bench-rpc-role",
+                "--transport",
+                transport_name,
+                "--session",
+                &session,
+            ])
+            .args(["--mode", &aggregation.to_string(), "--me", &me.to_string()])
+            .args(options.busy_poll.then_some("--busy-poll"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()?;
+        let mut lines = BufReader::new(role.stdout.take().context("stdout")?).lines();
+        let bound = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .context("a destination never bound")??
+            .context("a destination said nothing")?;
+        let address = bound
+            .strip_prefix("bound ")
+            .context("a destination said no address")?;
+        addresses.push(Address::parse(address)?);
+        roles.push(role);
+    }
+    let (transport, address) = transport_and_address(transport_name, &session, 0)?;
+    let rpc_options = rpc_options(aggregation, options.busy_poll);
+    let inbound = Inbound::bind_with(transport.as_ref(), &address, &rpc_options).await?;
+    addresses.insert(0, inbound.address().clone());
+    let list = addresses
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" ");
+    for role in &mut roles {
+        let stdin = role.stdin.as_mut().context("stdin")?;
+        stdin
+            .write_all(format!("members {list}\n").as_bytes())
+            .await?;
+        stdin.flush().await?;
+    }
+    let handlers = Handlers::new().on_sync::<Ping, _>(|_, ()| ());
+    let rpc = Rpc::start(
+        Arc::clone(&transport),
+        0,
+        &members(&addresses),
+        inbound,
+        handlers,
+        rpc_options,
+    )
+    .await?;
+    Ok(Group {
+        rpc,
+        lender: transport,
+        roles,
+        session,
+    })
+}
+
+impl Group {
+    /// Every role quits and must exit 0; the session's shared memory is removed in any case.
+    async fn stop(mut self) -> Result<()> {
+        let outcome = async {
+            for member in 1..=self.roles.len() {
+                self.rpc.call_return::<Quit>(member, &()).await?;
+            }
+            self.rpc.shutdown().await?;
+            for role in &mut self.roles {
+                let status = tokio::time::timeout(Duration::from_secs(30), role.wait()).await??;
+                if !status.success() {
+                    bail!("a destination exited with {status}");
+                }
+            }
+            Ok(())
+        }
+        .await;
+        let _ = ferromq_shm::cleanup::clean_session(
+            ferromq_shm::names::current_uid(),
+            &self.session,
+            true,
+        );
+        outcome
+    }
+}
+
+fn members(addresses: &[Address]) -> Vec<Member> {
+    addresses
+        .iter()
+        .enumerate()
+        .map(|(idx, address)| Member {
+            name: if idx == 0 {
+                "caller".to_owned()
+            } else {
+                format!("destination-{idx}")
+            },
+            address: address.clone(),
+        })
+        .collect()
+}
+
 async fn run_round(
     options: &RpcBenchOptions,
     transport_name: &str,
     aggregation: Aggregation,
     size: usize,
 ) -> Result<Round> {
-    let session = format!("bench-rpc-{}", std::process::id());
-    let mut destination = tokio::process::Command::new(std::env::current_exe()?)
-        .args([
-            "bench-rpc-role",
-            "--transport",
-            transport_name,
-            "--session",
-            &session,
-        ])
-        .args(["--mode", &aggregation.to_string()])
-        .args(options.busy_poll.then_some("--busy-poll"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()?;
-    let outcome = async {
-        let mut lines = BufReader::new(destination.stdout.take().context("stdout")?).lines();
-        let bound = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .context("the destination never bound")??
-            .context("the destination said nothing")?;
-        let their_address = Address::parse(
-            bound
-                .strip_prefix("bound ")
-                .context("the destination said no address")?,
-        )?;
-        let (transport, address) = transport_and_address(transport_name, &session, 0)?;
-        let rpc_options = rpc_options(aggregation, options.busy_poll);
-        let inbound = Inbound::bind_with(transport.as_ref(), &address, &rpc_options).await?;
-        let members = [
-            Member {
-                name: "caller".to_owned(),
-                address: inbound.address().clone(),
-            },
-            Member {
-                name: "destination".to_owned(),
-                address: their_address,
-            },
-        ];
-        let stdin = destination.stdin.as_mut().context("stdin")?;
-        stdin
-            .write_all(format!("caller {}\n", inbound.address()).as_bytes())
-            .await?;
-        stdin.flush().await?;
-        let rpc = Rpc::start(
-            transport,
-            0,
-            &members,
-            inbound,
-            Handlers::new(),
-            rpc_options,
-        )
-        .await?;
-        let round = measure(options, &rpc, size).await?;
-        rpc.call_return::<Quit>(1, &()).await?;
-        rpc.shutdown().await?;
-        let status = tokio::time::timeout(Duration::from_secs(30), destination.wait()).await??;
-        if !status.success() {
-            bail!("the destination exited with {status}");
+    let group = start_group(options, transport_name, aggregation, 2).await?;
+    let measured = measure(options, &group.rpc, group.lender.as_ref(), size).await;
+    let stopped = group.stop().await;
+    let round = measured?;
+    stopped?;
+    Ok(round)
+}
+
+/// A broadcast to `n_members` (this process and `n_members - 1` others), until every member ran
+/// the handler, against a `call_return` round trip to one member: p50s over 200 of each.
+async fn broadcast_round(
+    options: &RpcBenchOptions,
+    transport_name: &str,
+    n_members: usize,
+) -> Result<(f64, f64)> {
+    let group = start_group(options, transport_name, Aggregation::Ovfl, n_members).await?;
+    let measured = async {
+        let rpc = &group.rpc;
+        let (mut broadcasts, mut round_trips) = (Vec::new(), Vec::new());
+        for _ in 0..200 {
+            let sent_at = Instant::now();
+            rpc.broadcast::<Ping>(&()).await?.confirmed().await?;
+            broadcasts.push(sent_at.elapsed().as_secs_f64() * 1e6);
+            let sent_at = Instant::now();
+            rpc.call_return::<Ping>(1, &()).await?;
+            round_trips.push(sent_at.elapsed().as_secs_f64() * 1e6);
         }
-        Ok(round)
+        Ok::<_, anyhow::Error>((median(&mut broadcasts), median(&mut round_trips)))
     }
     .await;
-    let _ = ferromq_shm::cleanup::clean_session(ferromq_shm::names::current_uid(), &session, true);
-    outcome
+    let stopped = group.stop().await;
+    let measured = measured?;
+    stopped?;
+    Ok(measured)
 }
 
 async fn stream<P: Procedure>(rpc: &Rpc, args: &P::Args, duration: Duration) -> Result<u64> {
@@ -382,7 +573,12 @@ async fn stream<P: Procedure>(rpc: &Rpc, args: &P::Args, duration: Duration) -> 
     }
 }
 
-async fn measure(options: &RpcBenchOptions, rpc: &Rpc, size: usize) -> Result<Round> {
+async fn measure(
+    options: &RpcBenchOptions,
+    rpc: &Rpc,
+    transport: &dyn Transport,
+    size: usize,
+) -> Result<Round> {
     let duration = Duration::from_secs_f64(options.duration);
     // Warm-up: connections made, memory touched.
     stream::<Call8>(rpc, &[1; 8], duration / 4).await?;
@@ -438,13 +634,82 @@ async fn measure(options: &RpcBenchOptions, rpc: &Rpc, size: usize) -> Result<Ro
         }
     }
     let returns_per_s = n_returns as f64 / in_flight_started.elapsed().as_secs_f64();
+    let calls_per_s = n_sent as f64 / seconds;
+    let light_load_p50_us = light_load(rpc, size, calls_per_s / 100.0).await?;
+    let buffer_4k_us = buffer_calls(rpc, transport, 4 << 10, 20).await?;
+    let buffer_64m_us = buffer_calls(rpc, transport, 64 << 20, 10).await?;
     Ok(Round {
+        light_load_p50_us,
+        buffer_4k_us,
+        buffer_64m_us,
         calls_per_s: n_sent as f64 / seconds,
         aggregated_share,
         p50_us: at(0.5),
         p99_us: at(0.99),
         returns_per_s,
     })
+}
+
+/// The p50 of calls' latency until their handler ran, `rate` calls per second for 0.5 s (sent
+/// in bursts each millisecond, as a paced sender does).
+async fn light_load(rpc: &Rpc, size: usize, rate: f64) -> Result<f64> {
+    use futures_util::StreamExt as _;
+    let mut latencies = Vec::new();
+    let mut pending = futures_util::stream::FuturesUnordered::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    let started = Instant::now();
+    let mut n_sent = 0.0;
+    while started.elapsed() < Duration::from_millis(500) {
+        tokio::select! {
+            _ = tick.tick() => {
+                let due = (started.elapsed().as_secs_f64() * rate).floor();
+                while n_sent < due {
+                    n_sent += 1.0;
+                    let sent_at = Instant::now();
+                    let call = rpc.to(1).confirm(Confirm::Consumed);
+                    let ticket = match size {
+                        8 => call.call::<Call8>(&[7; 8]).await?,
+                        64 => call.call::<Call64>(&[[7; 32]; 2]).await?,
+                        _ => call.call::<Call256>(&[[7; 32]; 8]).await?,
+                    };
+                    pending.push(async move { ticket.confirmed().await.map(|()| sent_at.elapsed()) });
+                }
+            }
+            Some(done) = pending.next() => latencies.push(done?.as_secs_f64() * 1e6),
+        }
+    }
+    while let Some(done) = pending.next().await {
+        latencies.push(done?.as_secs_f64() * 1e6);
+    }
+    rpc.call_return::<TakeCount>(1, &()).await?;
+    if latencies.is_empty() {
+        return Ok(0.0);
+    }
+    Ok(median(&mut latencies))
+}
+
+/// The p50 time of `call_buffer` with a buffer of `size` bytes made by the transport, until the
+/// handler ran (the buffer's allocation and filling not timed).
+async fn buffer_calls(
+    rpc: &Rpc,
+    transport: &dyn Transport,
+    size: usize,
+    n_calls: usize,
+) -> Result<f64> {
+    let mut times = Vec::with_capacity(n_calls);
+    for _ in 0..n_calls {
+        let mut buffer = transport.new_message(size).await?;
+        buffer.data_mut().fill(1);
+        let sent_at = Instant::now();
+        rpc.to(1)
+            .confirm(Confirm::Consumed)
+            .call_buffer::<TakeBuffer>(&(size as u64), buffer)
+            .await?
+            .confirmed()
+            .await?;
+        times.push(sent_at.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(median(&mut times))
 }
 
 /// Options of the hidden `bench-rpc-role` subcommand (the destination of `ferromq bench rpc`).
@@ -456,6 +721,9 @@ pub struct RpcRoleOptions {
     session: String,
     #[arg(long)]
     mode: String,
+    /// This role's member index (1..).
+    #[arg(long, default_value_t = 1)]
+    me: usize,
     #[arg(long = "busy-poll")]
     busy_poll: bool,
 }
@@ -473,7 +741,8 @@ pub async fn run_role(options: RpcRoleOptions) -> ExitCode {
 
 async fn role(options: &RpcRoleOptions) -> Result<()> {
     let aggregation = aggregation(&options.mode)?;
-    let (transport, address) = transport_and_address(&options.transport, &options.session, 1)?;
+    let (transport, address) =
+        transport_and_address(&options.transport, &options.session, options.me)?;
     let rpc_options = rpc_options(aggregation, options.busy_poll);
     let inbound = Inbound::bind_with(transport.as_ref(), &address, &rpc_options).await?;
     println!("bound {}", inbound.address());
@@ -482,21 +751,14 @@ async fn role(options: &RpcRoleOptions) -> Result<()> {
         std::io::stdin().read_line(&mut line).map(|_| line)
     })
     .await??;
-    let caller = Address::parse(
-        line.trim_end()
-            .strip_prefix("caller ")
-            .context("no caller address on stdin")?,
-    )?;
-    let members = [
-        Member {
-            name: "caller".to_owned(),
-            address: caller,
-        },
-        Member {
-            name: "destination".to_owned(),
-            address: inbound.address().clone(),
-        },
-    ];
+    let addresses = line
+        .trim_end()
+        .strip_prefix("members ")
+        .context("no member list on stdin")?
+        .split(' ')
+        .map(Address::parse)
+        .collect::<Result<Vec<_>, _>>()?;
+    let members = members(&addresses);
     let count = Arc::new(AtomicU64::new(0));
     let quit = Arc::new(tokio::sync::Notify::new());
     let handlers = {
@@ -519,12 +781,24 @@ async fn role(options: &RpcRoleOptions) -> Result<()> {
             })
             .on_sync::<TakeCount, _>(move |_, ()| take.swap(0, Ordering::Relaxed))
             .on_sync::<Echo, _>(|_, args| args)
+            .on_sync::<Ping, _>(|_, ()| ())
+            .on_buffer_sync::<TakeBuffer, _>(|_, len, buffer: ferromq_core::Message| {
+                debug_assert_eq!(buffer.len() as u64, len);
+            })
             .on::<Quit, _, _>(move |_, ()| {
                 quit.notify_one();
                 std::future::ready(())
             })
     };
-    let rpc = Rpc::start(transport, 1, &members, inbound, handlers, rpc_options).await?;
+    let rpc = Rpc::start(
+        transport,
+        options.me,
+        &members,
+        inbound,
+        handlers,
+        rpc_options,
+    )
+    .await?;
     quit.notified().await;
     rpc.shutdown().await?;
     Ok(())

@@ -119,6 +119,16 @@ pub enum StartError {
         /// The group's size.
         n_members: usize,
     },
+    /// The inbound is not where the member list says member `me` is: the index is wrong.
+    #[error("member {me} is listed at {listed}, but its inbound is bound at {bound}")]
+    WrongInbound {
+        /// The index given.
+        me: usize,
+        /// Where the inbound is bound.
+        bound: String,
+        /// Where the member list puts member `me`.
+        listed: String,
+    },
     /// Two handlers with one id.
     #[error("handlers: {0}")]
     Handlers(String),
@@ -259,6 +269,13 @@ impl Rpc {
             return Err(StartError::NotAMember {
                 me,
                 n_members: members.len(),
+            });
+        }
+        if !same_endpoint(&inbound.address, &members[me].address) {
+            return Err(StartError::WrongInbound {
+                me,
+                bound: inbound.address.to_string(),
+                listed: members[me].address.to_string(),
             });
         }
         let mut outbound = Vec::with_capacity(members.len());
@@ -1246,6 +1263,12 @@ impl Node {
             );
             return ControlFlow::Continue(());
         }
+        if broadcast && from != tree_parent(self.me, answer_to, self.names.len(), head.arity) {
+            // Only the parent in the root's tree passes a broadcast on to a member: anything
+            // else (a group whose members disagree on their indices) would start a storm.
+            tracing::warn!(from = %self.names[from], root = %self.names[answer_to], "dropped a broadcast that did not come from this member's parent in the tree");
+            return ControlFlow::Continue(());
+        }
         if broadcast {
             // Passed on before running the handler: the tree's lower levels start sooner.
             for child in tree_children(self.me, answer_to, self.names.len(), head.arity) {
@@ -1594,6 +1617,28 @@ impl Node {
     }
 }
 
+/// Whether `listed` is where an inbound bound at `bound` is reached: the same address, or for
+/// tcp the same port (a wildcard bind is reached at the host's address).
+fn same_endpoint(bound: &Address, listed: &Address) -> bool {
+    let (bound, listed) = (bound.to_string(), listed.to_string());
+    let port = |address: &str| address.rsplit_once(':').map(|(_, port)| port.to_owned());
+    bound == listed
+        || (bound.starts_with("tcp://")
+            && listed.starts_with("tcp://")
+            && port(&bound) == port(&listed))
+}
+
+/// The parent of member `me` in the `arity`-ary tree over `n` members rooted at `root` (the
+/// root is its own parent: it sends the broadcast to itself).
+pub(crate) fn tree_parent(me: usize, root: usize, n: usize, arity: u8) -> usize {
+    let arity = usize::from(arity.max(1));
+    let rel = (me + n - root) % n;
+    if rel == 0 {
+        return root;
+    }
+    ((rel - 1) / arity + root) % n
+}
+
 /// The children of member `me` in the `arity`-ary tree over `n` members rooted at `root`.
 pub(crate) fn tree_children(
     me: usize,
@@ -1692,6 +1737,18 @@ mod tests {
                 level = next;
             }
             assert_eq!(reached, vec![1; 15], "root {root}");
+        }
+    }
+
+    #[test]
+    fn every_child_names_its_parent() {
+        for (n, arity, root) in [(15, 2, 0), (15, 2, 6), (9, 8, 3), (7, 3, 6)] {
+            assert_eq!(super::tree_parent(root, root, n, arity), root);
+            for member in 0..n {
+                for child in tree_children(member, root, n, arity) {
+                    assert_eq!(super::tree_parent(child, root, n, arity), member);
+                }
+            }
         }
     }
 

@@ -580,6 +580,10 @@ fn main() {
         || run(big_buffer()),
     ));
     tests.push(Trial::test(
+        "a_member_started_with_another_members_index_is_refused",
+        || run(wrong_index()),
+    ));
+    tests.push(Trial::test(
         "broadcast_to_15_members_over_a_binary_tree_reaches_each_once",
         || run(broadcast_15()),
     ));
@@ -978,4 +982,38 @@ async fn broadcast_15() -> Result<()> {
         );
     }
     group.quit().await
+}
+
+async fn wrong_index() -> Result<()> {
+    let session = Session::new("index");
+    let transport = Kind::Inproc.transport(&session.0);
+    let members: Vec<Member> = (0..2)
+        .map(|idx| Member {
+            name: member_name(idx),
+            address: Kind::Inproc.address(&session.0, idx),
+        })
+        .collect();
+    let inbound = Inbound::bind(transport.as_ref(), &members[0].address).await?;
+    let refused = Rpc::start(
+        transport,
+        1,
+        &members,
+        inbound,
+        Handlers::new(),
+        RpcOptions::default(),
+    )
+    .await;
+    match refused {
+        Err(error @ ferromq_rpc::StartError::WrongInbound { me: 1, .. }) => {
+            ensure!(
+                error
+                    .to_string()
+                    .contains("member 1 is listed at inproc://"),
+                "{error}"
+            );
+            Ok(())
+        }
+        Err(other) => bail!("refused for another reason: {other}"),
+        Ok(_) => bail!("a member with the wrong index started"),
+    }
 }
