@@ -8,7 +8,8 @@
 //!
 //! Options: `--board S` (default 11), `--workers N` (2), `--rollouts R` per search or move
 //! (10000), `--aggregate none|trad|ovfl` (ovfl), `--playouts P` per new node (16),
-//! `--in-flight K` simulations per worker (64), `--transport shmem|zeromq` (shmem),
+//! `--in-flight K` simulations per worker (64), `--seconds T` per search or move (none: the
+//! rollouts alone are the budget), `--transport shmem|zeromq` (shmem),
 //! `--versus random|plain` with `--games G` (10) and `--plain-iterations I` (the rollouts),
 //! `--plain` (time the single-process UCT alone), `--json`.
 
@@ -42,6 +43,7 @@ struct Options {
     versus: Option<String>,
     games: u32,
     plain_iterations: Option<u64>,
+    seconds: Option<f64>,
     plain: bool,
     json: bool,
 }
@@ -58,6 +60,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         versus: None,
         games: 10,
         plain_iterations: None,
+        seconds: None,
         plain: false,
         json: false,
     };
@@ -94,6 +97,12 @@ fn parse(args: &[String]) -> Result<Options, String> {
             },
             "--games" => options.games = number(flag, value()?, 1)?,
             "--plain-iterations" => options.plain_iterations = Some(number(flag, value()?, 1)?),
+            "--seconds" => match value()?.parse::<f64>() {
+                Ok(seconds) if seconds > 0.0 && seconds.is_finite() => {
+                    options.seconds = Some(seconds)
+                }
+                _ => return Err(format!("{flag}: a positive number of seconds per search")),
+            },
             "--plain" => options.plain = true,
             "--json" => options.json = true,
             other => {
@@ -191,7 +200,11 @@ async fn one_search(options: &Options, search: &LocalSearch<Hex>) -> Result<(), 
     let position = Hex::new(options.board).map_err(|error| error.to_string())?;
     let result = search
         .driver
-        .search(&position, options.rollouts)
+        .search_within(
+            &position,
+            options.rollouts,
+            options.seconds.map(Duration::from_secs_f64),
+        )
         .await
         .map_err(|error| error.to_string())?;
     let (records, aggregated) = search
@@ -261,7 +274,11 @@ async fn play_games(
             let mv = if position.to_move() == ours {
                 search
                     .driver
-                    .search(&position, options.rollouts)
+                    .search_within(
+                        &position,
+                        options.rollouts,
+                        options.seconds.map(Duration::from_secs_f64),
+                    )
                     .await
                     .map_err(|error| error.to_string())?
                     .best_move

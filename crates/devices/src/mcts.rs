@@ -6,6 +6,7 @@
 //!
 //! Properties (both): `game` (`hex` or `tictactoe`), `board` (Hex side, 11), `rpc-group`
 //! (`search`); worker: `playouts` (random games per new node, 16); driver: `rollouts` (10000),
+//! `seconds` (a time per move, 0 for none: the move is played when either budget is spent),
 //! `moves` (1; 0 plays to the end), `in-flight` (simulations per worker, 64).
 
 use std::sync::Arc;
@@ -150,6 +151,13 @@ async fn drive<G: Game>(
     let rollouts: u64 = ctx.property_or("rollouts", 10_000)?;
     let moves: u64 = ctx.property_or("moves", 1)?;
     let in_flight: usize = ctx.property_or("in-flight", 64)?;
+    let seconds: f64 = ctx.property_or("seconds", 0.0)?;
+    if !(seconds >= 0.0 && seconds.is_finite()) {
+        return Err(
+            format!("property seconds {seconds}: a time per move in seconds, 0 for none").into(),
+        );
+    }
+    let time = (seconds > 0.0).then(|| std::time::Duration::from_secs_f64(seconds));
     if rollouts == 0 || in_flight == 0 {
         return Err("properties rollouts and in-flight must be at least 1".into());
     }
@@ -169,7 +177,7 @@ async fn drive<G: Game>(
             break Ok(());
         }
         let result = tokio::select! {
-            result = driver.search(&position, rollouts) => result,
+            result = driver.search_within(&position, rollouts, time) => result,
             () = ctx.stopped() => break Ok(()),
         };
         let result = match result {

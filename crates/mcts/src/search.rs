@@ -560,6 +560,20 @@ impl<G: Game> Driver<G> {
         position: &G,
         rollouts: u64,
     ) -> Result<SearchResult<G::Move>, SearchError> {
+        self.search_within(position, rollouts, None).await
+    }
+
+    /// Searches `position` for `rollouts` simulations or until `time` has passed, whichever
+    /// comes first (then the simulations in flight finish, and count).
+    ///
+    /// # Errors
+    /// [`SearchError`] naming a worker that is gone.
+    pub async fn search_within(
+        &self,
+        position: &G,
+        rollouts: u64,
+        time: Option<Duration>,
+    ) -> Result<SearchResult<G::Move>, SearchError> {
         let rpc = &self.rpc;
         for worker in 1..=self.n_workers {
             rpc.to(worker)
@@ -583,7 +597,15 @@ impl<G: Game> Driver<G> {
             node: root,
             path: Vec::new(),
         };
+        let mut rollouts = rollouts;
         while finished() < rollouts {
+            if time.is_some_and(|time| started_at.elapsed() >= time) {
+                // Out of time: no new simulation; those in flight finish.
+                rollouts = started;
+                if finished() >= rollouts {
+                    break;
+                }
+            }
             let done = self.counts.done.notified();
             tokio::pin!(done);
             done.as_mut().enable();

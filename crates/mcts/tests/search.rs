@@ -169,3 +169,20 @@ async fn tic_tac_toe_never_loses_against_perfect_play() {
     }
     driver.rpc().shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_time_budget_ends_the_search_with_every_simulation_finished() {
+    let (driver, workers) = group::<Hex>(2, Aggregation::Ovfl).await;
+    let position = Hex::new(7).unwrap();
+    let result = driver
+        .search_within(&position, u64::MAX, Some(Duration::from_millis(300)))
+        .await
+        .unwrap();
+    assert!(result.rollouts > 0 && result.rollouts < u64::MAX);
+    assert!(result.best_move.is_some());
+    assert_eq!(driver.pending().await.unwrap(), (0, 0), "simulations left in flight");
+    for worker in workers {
+        worker.shutdown().await.unwrap();
+    }
+    driver.rpc().shutdown().await.unwrap();
+}
