@@ -1,5 +1,18 @@
 //! `ferromq bench` as a smoke test: every transport reports, in both modes. No speed is asserted.
 
+/// The JSON objects a successful `--json` run printed, one a line.
+fn json_lines(output: &std::process::Output) -> Vec<serde_json::Value> {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("json"))
+        .collect()
+}
+
 #[test]
 fn bench_reports_for_every_transport() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
@@ -16,15 +29,7 @@ fn bench_reports_for_every_transport() {
         .args(["--shm-segment-size", "268435456"])
         .output()
         .expect("run ferromq bench");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("json"))
-        .collect();
+    let lines = json_lines(&output);
     assert_eq!(lines.len(), 6);
     for line in &lines {
         assert!(line["msgs_per_s"].as_f64().unwrap() > 0.0, "{line}");
@@ -84,15 +89,7 @@ fn bench_rpc_reports_every_mode_as_json() {
         ])
         .output()
         .expect("run ferromq bench rpc");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("json"))
-        .collect();
+    let lines = json_lines(&output);
     assert_eq!(lines.len(), 6, "2 transports x 3 modes");
     for line in &lines {
         for key in [

@@ -180,7 +180,11 @@ async fn a_time_budget_ends_the_search_with_every_simulation_finished() {
         .unwrap();
     assert!(result.rollouts > 0 && result.rollouts < u64::MAX);
     assert!(result.best_move.is_some());
-    assert_eq!(driver.pending().await.unwrap(), (0, 0), "simulations left in flight");
+    assert_eq!(
+        driver.pending().await.unwrap(),
+        (0, 0),
+        "simulations left in flight"
+    );
     for worker in workers {
         worker.shutdown().await.unwrap();
     }

@@ -412,9 +412,15 @@ impl Rpc {
         &self.node.names
     }
 
-    /// The index of the member called `name`.
+    /// The index of the member called `name`: its instance id (`driver`, `worker-1`), or a
+    /// replica as `id[replica]` (`worker[1]`, the topology's `worker-1`).
     pub fn member(&self, name: &str) -> Option<usize> {
-        self.node.names.iter().position(|known| known == name)
+        let position = |wanted: &str| self.node.names.iter().position(|known| known == wanted);
+        position(name).or_else(|| {
+            let (id, replica) = name.strip_suffix(']')?.split_once('[')?;
+            let replica: usize = replica.parse().ok()?;
+            position(&format!("{id}-{replica}"))
+        })
     }
 
     /// The policy of calls made through this handle when a destination is full (calls made
@@ -744,7 +750,9 @@ impl CallBuilder<'_> {
     /// # Errors
     /// As [`Rpc::call`].
     pub async fn call<P: Procedure>(self, args: &P::Args) -> Result<Ticket, CallError> {
-        self.send::<P>(args, None).await.map_err(|(error, _)| error)
+        self.send::<P>(args, None, false)
+            .await
+            .map_err(|(error, _)| error)
     }
 
     /// Runs `P(args, buffer)` at the destination once the buffer is there in full.
@@ -756,7 +764,7 @@ impl CallBuilder<'_> {
         args: &P::Args,
         buffer: Message,
     ) -> Result<Ticket, CallError> {
-        self.send::<P>(args, Some(buffer))
+        self.send::<P>(args, Some(buffer), false)
             .await
             .map_err(|(error, _)| error)
     }
@@ -773,43 +781,9 @@ impl CallBuilder<'_> {
         args: &P::Args,
         buffer: Message,
     ) -> Result<Ticket, CallError> {
-        let node = &self.rpc.node;
-        if self.dest >= node.names.len() {
-            return Err(self.rpc.unknown(self.dest));
-        }
-        let (mut head, consumed, seq) = self.head::<P>(false);
-        let seq = if seq == 0 {
-            node.next_seq.fetch_add(1, Ordering::Relaxed)
-        } else {
-            seq
-        };
-        head.seq = seq;
-        head.flags |= wire::PULL;
-        lock(&node.lent).insert(seq, buffer);
-        let (on_left, left) = self.left_channel();
-        let when_full = match self.when_full {
-            WhenFull::Fail => WhenFull::Wait,
-            other => other,
-        };
-        match node
-            .submit(
-                self.dest,
-                head,
-                &Payload::Encode(args),
-                None,
-                on_left,
-                when_full,
-                P::NAME,
-            )
+        self.send::<P>(args, Some(buffer), true)
             .await
-        {
-            Ok(()) => Ok(self.ticket::<P>(consumed, left, seq)),
-            Err((error, _)) => {
-                lock(&node.lent).remove(&seq);
-                lock(&node.pending).remove(&seq);
-                Err(error)
-            }
-        }
+            .map_err(|(error, _)| error)
     }
 
     /// Runs `P(args)` at the destination; fails at once, handing the call back, when the
@@ -957,21 +931,32 @@ impl CallBuilder<'_> {
         }
     }
 
+    /// Queues the call with the builder's policy; `pull`: the buffer stays here (lent, by the
+    /// call's sequence number) until the destination fetches it.
     async fn send<P: Procedure>(
         self,
         args: &P::Args,
-        buffer: Option<Message>,
+        mut buffer: Option<Message>,
+        pull: bool,
     ) -> Result<Ticket, (CallError, Option<Message>)> {
         if self.dest >= self.rpc.node.names.len() {
             return Err((self.rpc.unknown(self.dest), buffer));
         }
-        let (head, consumed, seq) = self.head::<P>(buffer.is_some());
+        let node = &self.rpc.node;
+        let (mut head, consumed, mut seq) = self.head::<P>(buffer.is_some() && !pull);
+        if let Some(lent) = buffer.take_if(|_| pull) {
+            if seq == 0 {
+                seq = node.next_seq.fetch_add(1, Ordering::Relaxed);
+            }
+            head.seq = seq;
+            head.flags |= wire::PULL;
+            lock(&node.lent).insert(seq, lent);
+        }
         let (on_left, left) = self.left_channel();
         let when_full = match self.when_full {
             WhenFull::Fail => WhenFull::Wait,
             other => other,
         };
-        let node = &self.rpc.node;
         match node
             .submit(
                 self.dest,
@@ -985,11 +970,12 @@ impl CallBuilder<'_> {
             .await
         {
             Ok(()) => Ok(self.ticket::<P>(consumed, left, seq)),
-            Err(failed) => {
+            Err((error, buffer)) => {
+                let lent = pull.then(|| lock(&node.lent).remove(&seq)).flatten();
                 if seq != 0 {
                     lock(&node.pending).remove(&seq);
                 }
-                Err(failed)
+                Err((error, buffer.or(lent)))
             }
         }
     }

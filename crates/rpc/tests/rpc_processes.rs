@@ -614,6 +614,10 @@ async fn primitives(kind: Kind, mode: Aggregation) -> Result<()> {
     let group = Group::start(kind, 3, mode, Duration::from_secs(30), "prim").await?;
     let rpc = &group.rpc;
 
+    // Members by instance id or as id[replica].
+    ensure!(rpc.member("member-2") == Some(2) && rpc.member("member[1]") == Some(1));
+    ensure!(rpc.member("member[7]").is_none() && rpc.member("nobody").is_none());
+
     // call_return, to each member and to itself.
     for idx in 0..3 {
         ensure!(rpc.call_return::<Add>(idx, &(2, idx as u64)).await? == 2 + idx as u64);
