@@ -77,16 +77,35 @@ async fn drive(controller: &DeviceController, options: &DeviceOptions) -> Result
                 .control_address
                 .as_deref()
                 .expect("checked by device_config");
+            let heartbeat = std::env::var(LAUNCHER_HEARTBEAT_ENV)
+                .ok()
+                .and_then(|ms| ms.parse::<u64>().ok())
+                .filter(|&ms| ms > 0)
+                .map(std::time::Duration::from_millis);
+            let endpoint = control::ControlEndpoint {
+                address: address.to_owned(),
+                heartbeat,
+            };
             let transport = ferromq_zmq::ZmqTransport::new();
-            control::serve_external_control(&transport, address, controller.clone())
-                .await
-                .map_err(|error| error_chain(&error))
+            control::serve_external_control(&transport, &endpoint, controller.clone(), |bound| {
+                use std::io::Write;
+                let mut stdout = std::io::stdout().lock();
+                let _ = writeln!(stdout, "{}", control::announcement(bound));
+                let _ = stdout.flush();
+            })
+            .await
+            .map_err(|error| error_chain(&error))
         }
     }
 }
 
 /// The environment variable in which `ferromq run` gives its devices its process id.
 pub(crate) const LAUNCHER_PID_ENV: &str = "FERROMQ_LAUNCHER_PID";
+
+/// The environment variable in which a launcher on another host gives its devices the longest
+/// silence (milliseconds) after which they take it for gone (see
+/// `ferromq_device::control::ControlEndpoint::heartbeat`).
+pub(crate) const LAUNCHER_HEARTBEAT_ENV: &str = "FERROMQ_LAUNCHER_HEARTBEAT_MS";
 
 /// A device driven by a launcher goes down when its launcher dies, so that no device is left
 /// running without anybody to stop it. The launcher is the parent named by

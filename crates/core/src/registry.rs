@@ -101,6 +101,9 @@ pub struct TransportTraits {
     /// It binds `ipc://` paths (zeromq, shmem); one that does not (ofi, whose peers may be on
     /// other hosts) is given a tcp address when a launcher picks one for it.
     pub binds_ipc: bool,
+    /// It reaches only processes on its own host (shmem): a launcher refuses a channel over it
+    /// between devices it places on different hosts.
+    pub one_host: bool,
 }
 
 impl TransportTraits {
@@ -109,6 +112,7 @@ impl TransportTraits {
         lends_shared_memory: false,
         wants_receive_memory: false,
         binds_ipc: true,
+        one_host: false,
     };
 
     /// With [`TransportTraits::lends_shared_memory`] set.
@@ -122,6 +126,13 @@ impl TransportTraits {
     #[must_use]
     pub const fn wanting_receive_memory(mut self) -> TransportTraits {
         self.wants_receive_memory = true;
+        self
+    }
+
+    /// With [`TransportTraits::one_host`] set.
+    #[must_use]
+    pub const fn on_one_host(mut self) -> TransportTraits {
+        self.one_host = true;
         self
     }
 

@@ -228,15 +228,52 @@ fn control_channel_config(socket_type: SocketType, method: Method, address: &str
     }
 }
 
-/// Serves the external control protocol at `address` until the device reaches EXITING.
+/// How a device started by a launcher tells it where its control endpoint is: one line on
+/// standard output, `ferromq-control-endpoint: <address> pid <pid>`, printed once bound. A
+/// launcher on another host cannot know a tcp port the device picked, nor a pid there.
+pub const ANNOUNCE_PREFIX: &str = "ferromq-control-endpoint: ";
+
+/// The announcement line for `address` and this process.
+pub fn announcement(address: &str) -> String {
+    format!("{ANNOUNCE_PREFIX}{address} pid {}", std::process::id())
+}
+
+/// Reads an announcement line: the address and the pid.
+pub fn parse_announcement(line: &str) -> Option<(String, u32)> {
+    let rest = line.trim_end().strip_prefix(ANNOUNCE_PREFIX)?;
+    let (address, pid) = rest.split_once(" pid ")?;
+    Some((address.to_owned(), pid.parse().ok()?))
+}
+
+/// How a device serves its external control endpoint.
+#[derive(Debug, Clone, Default)]
+pub struct ControlEndpoint {
+    /// Where to bind (`ipc://path`, or `tcp://address:0` for a launcher on another host).
+    pub address: String,
+    /// Go down when no request came for this long (and none is being answered): the launcher
+    /// is on another host and keeps talking; its silence means it is gone. `None`: no limit.
+    pub heartbeat: Option<Duration>,
+}
+
+/// Serves the external control protocol at `endpoint.address` until the device reaches
+/// EXITING. Once bound, `on_bound` is told the address actually bound (a tcp port 0 becomes
+/// the real port), so that a launcher that cannot guess it can learn it.
+///
+/// # Heartbeat
+/// With `endpoint.heartbeat`, a device that has not been sent a request for that long (one
+/// being answered counts as a sign of life, however long it waits) aborts what it does and
+/// goes down to EXITING, with the cause "the launcher fell silent": a launcher on another
+/// host that died, or a host cut off from it, leaves nothing running.
 ///
 /// # Errors
 /// [`DeviceError::Control`] when the endpoint cannot be bound.
 pub async fn serve_external_control(
     transport: &dyn Transport,
-    address: &str,
+    endpoint: &ControlEndpoint,
     controller: DeviceController,
+    on_bound: impl FnOnce(&str),
 ) -> Result<()> {
+    let address = endpoint.address.as_str();
     let control_error = |problem: String| DeviceError::Control {
         address: address.to_owned(),
         problem,
@@ -245,19 +282,41 @@ pub async fn serve_external_control(
     let mut channel = Channel::open(transport, config, "control")
         .await
         .map_err(|error| control_error(error.to_string()))?;
-    channel
+    let bound = channel
         .bind_configured()
         .await
         .map_err(|error| control_error(error.to_string()))?;
-    tracing::info!(device = %controller.id(), %address, "external control endpoint bound");
+    tracing::info!(device = %controller.id(), address = %bound, "external control endpoint bound");
+    on_bound(&bound.to_string());
     let mut states = controller.subscribe();
+    let mut last_request = tokio::time::Instant::now();
+    let mut fell_silent = false;
     loop {
+        let silence = async {
+            match endpoint.heartbeat {
+                Some(limit) if !fell_silent => {
+                    tokio::time::sleep_until(last_request + limit).await;
+                    limit
+                }
+                _ => std::future::pending().await,
+            }
+        };
         let request = tokio::select! {
             request = channel.receive() => request,
             changed = states.changed() => {
                 if changed.is_err() || *states.borrow() == State::Exiting {
                     break;
                 }
+                continue;
+            }
+            limit = silence => {
+                fell_silent = true;
+                tracing::warn!(device = %controller.id(), "no request from the launcher for {limit:?}: it is gone; going down");
+                controller.abort(format!("the launcher fell silent for {limit:?}"));
+                let controller = controller.clone();
+                tokio::spawn(async move {
+                    let _ = shut_down(&controller).await;
+                });
                 continue;
             }
         };
@@ -280,6 +339,8 @@ pub async fn serve_external_control(
                 value: None,
             },
         };
+        // A request answered, however long it took, is a sign of life.
+        last_request = tokio::time::Instant::now();
         let bytes = serde_json::to_vec(&reply).expect("replies serialise");
         if let Err(failed) = channel.send(Message::from(bytes)).await {
             tracing::warn!(device = %controller.id(), error = %failed.error, "control reply failed");

@@ -69,7 +69,9 @@ pub use session::ShmOptions;
 pub fn register(registry: &mut ferromq_core::TransportRegistry) {
     registry.register(
         ShmTransport::NAME,
-        ferromq_core::TransportTraits::PLAIN.lending_shared_memory(),
+        ferromq_core::TransportTraits::PLAIN
+            .lending_shared_memory()
+            .on_one_host(),
         |options| {
             let transport: Arc<dyn ferromq_core::Transport> =
                 Arc::new(ShmTransport::new(ShmOptions::from_device(options)?));

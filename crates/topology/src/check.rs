@@ -11,8 +11,8 @@ use toml::Spanned;
 
 use crate::file_form::{ChannelToml, DeviceToml, FileToml, OneOrMany, RpcToml};
 use crate::{
-    AutoAddress, ChannelSpec, DeviceKind, DeviceSpec, Known, MAX_CONNECTIONS, MAX_INSTANCES,
-    MAX_REPLICAS, Topology, TopologyError, TopologyErrors,
+    AutoAddress, ChannelSpec, DeviceKind, DeviceSpec, HostRef, HostSpec, Known, MAX_CONNECTIONS,
+    MAX_HOST_INDEX, MAX_INSTANCES, MAX_REPLICAS, Topology, TopologyError, TopologyErrors,
 };
 
 pub(crate) struct Checker<'a> {
@@ -47,6 +47,14 @@ impl Checker<'_> {
             message: message.into(),
         });
     }
+}
+
+/// Host names as SSH, DNS and Slurm write them (`user@machine`, `n[1-4]` is not expanded).
+fn valid_host_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ".-_@:[]".contains(c))
 }
 
 fn count(
@@ -140,6 +148,7 @@ impl<'a> Loader<'a> {
             .map(|device| self.device(device.get_ref()))
             .collect();
         self.check_connections(&devices);
+        let hosts = self.hosts(&parsed);
         let mut errors = self.checker.errors;
         if errors.is_empty() {
             return Ok(Topology {
@@ -147,6 +156,7 @@ impl<'a> Loader<'a> {
                 transport,
                 auto_address,
                 devices,
+                hosts,
             });
         }
         errors.sort_by_key(|error| (error.line, error.column));
@@ -423,23 +433,44 @@ impl<'a> Loader<'a> {
         }
     }
 
+    /// `[hosts.NAME]`: `ssh`, `address` and `ferromq`, each a non-empty string.
+    fn hosts(&mut self, parsed: &FileToml) -> BTreeMap<String, HostSpec> {
+        let mut hosts = BTreeMap::new();
+        for (name, host) in &parsed.hosts {
+            let context = format!("host {name:?}");
+            if !valid_host_name(name) {
+                self.checker.error(
+                    host.span(),
+                    &context,
+                    "a host name is letters, digits and `.-_@:[]`, not empty",
+                );
+            }
+            let host = host.get_ref();
+            let mut text = |value: &Option<Spanned<String>>, key: &str| {
+                let value = value.as_ref()?;
+                if value.get_ref().trim().is_empty() {
+                    self.checker
+                        .error(value.span(), &context, format!("{key} is empty"));
+                    return None;
+                }
+                Some(value.get_ref().clone())
+            };
+            let spec = HostSpec {
+                ssh: text(&host.ssh, "ssh"),
+                address: text(&host.address, "address"),
+                ferromq: text(&host.ferromq, "ferromq"),
+            };
+            hosts.insert(name.clone(), spec);
+        }
+        hosts
+    }
+
     fn device(&mut self, device: &DeviceToml) -> DeviceSpec {
         let id = device.id.get_ref().clone();
         let context = format!("device {id:?}");
         self.check_device_id(device, &context);
         let kind = self.device_kind(device, &context);
-        if let Some(host) = &device.host
-            && !matches!(host.get_ref().as_str(), "localhost" | "127.0.0.1" | "::1")
-        {
-            self.checker.error(
-                host.span(),
-                &context,
-                format!(
-                    "host {:?}: launching on other hosts is not supported yet; use localhost",
-                    host.get_ref()
-                ),
-            );
-        }
+        let hosts = self.placement(device, &context);
         let replicas = self.replicas(device, &context);
         let max_iterations = device
             .max_iterations
@@ -479,7 +510,73 @@ impl<'a> Loader<'a> {
             properties,
             max_iterations,
             channels,
+            hosts,
         }
+    }
+
+    /// `host = "name" | index | [names or indices]`: where the device's replicas run, in turn.
+    /// `"localhost"` (alone) is the launcher's host, as no `host` at all.
+    fn placement(&mut self, device: &DeviceToml, context: &str) -> Vec<HostRef> {
+        let Some(host) = &device.host else {
+            return Vec::new();
+        };
+        let span = host.span();
+        let one = |value: &toml::Value, checker: &mut Checker<'_>| -> Option<HostRef> {
+            match value {
+                toml::Value::String(name) if valid_host_name(name) => {
+                    Some(HostRef::Name(name.clone()))
+                }
+                toml::Value::String(name) => {
+                    checker.error(
+                        span.clone(),
+                        context,
+                        format!(
+                            "host {name:?}: a host name is letters, digits and `.-_@:[]`, not empty"
+                        ),
+                    );
+                    None
+                }
+                toml::Value::Integer(index) => match usize::try_from(*index) {
+                    Ok(index) if index <= MAX_HOST_INDEX => Some(HostRef::Index(index)),
+                    _ => {
+                        checker.error(
+                            span.clone(),
+                            context,
+                            format!("host {index}: a host index is 0 to {MAX_HOST_INDEX}"),
+                        );
+                        None
+                    }
+                },
+                other => {
+                    checker.error(
+                        span.clone(),
+                        context,
+                        format!(
+                            "host is a {}: expected a host name (\"n1\"), an index (0) or a \
+                             list of them",
+                            other.type_str()
+                        ),
+                    );
+                    None
+                }
+            }
+        };
+        let hosts: Vec<HostRef> = match host.get_ref() {
+            toml::Value::Array(values) if values.is_empty() => {
+                self.checker
+                    .error(span.clone(), context, "host = []: name at least one host");
+                Vec::new()
+            }
+            toml::Value::Array(values) => values
+                .iter()
+                .filter_map(|value| one(value, &mut self.checker))
+                .collect(),
+            value => one(value, &mut self.checker).into_iter().collect(),
+        };
+        if hosts == [HostRef::Name("localhost".to_owned())] {
+            return Vec::new();
+        }
+        hosts
     }
 
     fn check_device_id(&mut self, device: &DeviceToml, context: &str) {

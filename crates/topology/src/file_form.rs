@@ -16,6 +16,17 @@ pub(crate) struct FileToml {
     pub(crate) device: Vec<Spanned<DeviceToml>>,
     #[serde(default)]
     pub(crate) rpc: Vec<Spanned<RpcToml>>,
+    #[serde(default)]
+    pub(crate) hosts: BTreeMap<String, Spanned<HostToml>>,
+}
+
+/// A `[hosts.NAME]` table: how a launcher reaches a host (see `check::hosts`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct HostToml {
+    pub(crate) ssh: Option<Spanned<String>>,
+    pub(crate) address: Option<Spanned<String>>,
+    pub(crate) ferromq: Option<Spanned<String>>,
 }
 
 /// An `[[rpc]]` table: a group of devices that call each other (see `check::rpc_groups`).
@@ -39,7 +50,7 @@ pub(crate) struct DeviceToml {
     pub(crate) id: Spanned<String>,
     pub(crate) kind: Spanned<String>,
     pub(crate) command: Option<Spanned<Vec<String>>>,
-    pub(crate) host: Option<Spanned<String>>,
+    pub(crate) host: Option<Spanned<toml::Value>>,
     pub(crate) replicas: Option<Spanned<i64>>,
     pub(crate) max_iterations: Option<Spanned<i64>>,
     #[serde(default)]

@@ -114,6 +114,40 @@ pub struct DeviceSpec {
     pub max_iterations: u64,
     /// Its channels.
     pub channels: Vec<ChannelSpec>,
+    /// Where its replicas run, in turn (replica i on `hosts[i % len]`); empty: the launcher's
+    /// host.
+    pub hosts: Vec<HostRef>,
+}
+
+/// A host a device is placed on, as the file names it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum HostRef {
+    /// By name: a `[hosts]` entry, an SSH destination or a Slurm node name.
+    Name(String),
+    /// By position: in the launcher's host list (`--hosts`) or the Slurm allocation's nodes.
+    Index(usize),
+}
+
+impl fmt::Display for HostRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostRef::Name(name) => f.write_str(name),
+            HostRef::Index(index) => write!(f, "host {index}"),
+        }
+    }
+}
+
+/// How a launcher reaches a host named in `[hosts]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostSpec {
+    /// The SSH destination (`user@machine`, or a `Host` of the user's ssh config); default the
+    /// host's name.
+    pub ssh: Option<String>,
+    /// The address other hosts reach this one at (binders bind on it); default the SSH
+    /// destination's machine, or the Slurm node's `NodeAddr`.
+    pub address: Option<String>,
+    /// The `ferromq` binary on that host; default the launcher's own path.
+    pub ferromq: Option<String>,
 }
 
 /// Addresses the launcher gives binding channels that have none.
@@ -136,6 +170,8 @@ pub struct Topology {
     pub auto_address: AutoAddress,
     /// The devices, in file order.
     pub devices: Vec<DeviceSpec>,
+    /// `[hosts]`: how to reach hosts by name.
+    pub hosts: BTreeMap<String, HostSpec>,
 }
 
 /// One process to start.
@@ -157,6 +193,8 @@ pub struct Instance {
     pub replica_count: usize,
     /// Channels; a connecting channel lists the `(instance, socket)` pairs it connects to.
     pub channels: Vec<InstanceChannel>,
+    /// Where it runs (`None`: the launcher's host).
+    pub host: Option<HostRef>,
 }
 
 /// A channel of an instance.
@@ -169,6 +207,9 @@ pub struct InstanceChannel {
 }
 /// The most replicas one device may have.
 pub const MAX_REPLICAS: usize = 1024;
+
+/// The largest host index (`host = 3`: the fourth host of the allocation or `--hosts`).
+pub const MAX_HOST_INDEX: usize = 4095;
 
 /// The most instances (processes) a topology may expand to.
 pub const MAX_INSTANCES: usize = 4096;
@@ -232,10 +273,59 @@ impl Topology {
                     replica_index,
                     replica_count: device.replicas,
                     channels,
+                    host: (!device.hosts.is_empty())
+                        .then(|| device.hosts[replica_index % device.hosts.len()].clone()),
                 });
             }
         }
         instances
+    }
+
+    /// Every channel over a transport that reaches one host only (`one_host`, e.g. shmem)
+    /// between two instances that `host_of` places on different hosts, as a message naming
+    /// both devices, their hosts and the channel. `host_of` gives `None` where it cannot tell
+    /// (such pairs are not judged).
+    pub fn placement_errors(
+        &self,
+        one_host: &[&str],
+        host_of: &dyn Fn(&Instance) -> Option<String>,
+    ) -> Vec<String> {
+        let instances = self.instances();
+        let by_id: BTreeMap<&str, &Instance> = instances
+            .iter()
+            .map(|instance| (instance.id.as_str(), instance))
+            .collect();
+        let mut errors = Vec::new();
+        for instance in &instances {
+            for channel in &instance.channels {
+                let transport = channel
+                    .config
+                    .transport
+                    .as_deref()
+                    .unwrap_or(&self.transport);
+                if !one_host.contains(&transport) {
+                    continue;
+                }
+                for (target, socket) in &channel.connect_to {
+                    let Some(binder) = by_id.get(target.as_str()) else {
+                        continue;
+                    };
+                    let (Some(here), Some(there)) = (host_of(instance), host_of(binder)) else {
+                        continue;
+                    };
+                    if here != there {
+                        errors.push(format!(
+                            "device {:?} (on {here}) and device {:?} (on {there}) are joined by \
+                             channel {:?} -> {target}.{socket} over {transport}, which reaches \
+                             only one host: place them on one host or give the channel \
+                             transport = \"zeromq\" (tcp) or \"ofi\"",
+                            instance.id, binder.id, channel.config.name
+                        ));
+                    }
+                }
+            }
+        }
+        errors
     }
 
     /// Graphviz DOT: devices as nodes, connections as edges labelled with type and transport.

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use ferromq_topology::{Known, load};
+use ferromq_topology::{HostRef, Known, load};
 
 const KNOWN: Known<'static> = Known {
     kinds: &[
@@ -79,7 +79,7 @@ fn every_bundled_topology_loads() {
 
 #[test]
 fn all_errors_are_reported_not_only_the_first() {
-    let text = "[[device]]\nid = \"a\"\nkind = \"nope\"\nhost = \"far.away\"\n";
+    let text = "[[device]]\nid = \"a\"\nkind = \"nope\"\nhost = -1\n";
     let errors = load("two.toml", text, &KNOWN).unwrap_err();
     assert_eq!(errors.0.len(), 2, "{errors}");
 }
@@ -205,4 +205,75 @@ busy-poll = true
         assert_eq!(targets, ids, "socket i connects to member i");
         assert!(out.connect_to.iter().all(|(_, socket)| socket == "search"));
     }
+}
+
+#[test]
+fn a_bad_host_table_reports_every_problem() {
+    let text =
+        "[[device]]\nid = \"b\"\nkind = \"sink\"\nhost = [0, true]\n\n[hosts.n1]\nssh = \"\"\n";
+    let errors = load("hosts.toml", text, &KNOWN).unwrap_err().to_string();
+    assert!(
+        errors.contains("hosts.toml:4:8: device \"b\": host is a boolean"),
+        "{errors}"
+    );
+    assert!(
+        errors.contains("hosts.toml:7:7: host \"n1\": ssh is empty"),
+        "{errors}"
+    );
+}
+
+#[test]
+fn replicas_are_spread_over_their_hosts_and_shmem_stays_on_one_host() {
+    let text = r#"
+transport = "shmem"
+[hosts.far]
+ssh = "me@far.example"
+address = "10.1.2.3"
+[[device]]
+id = "source"
+kind = "sampler"
+host = 0
+[[device.channel]]
+name = "data"
+type = "push"
+[[device]]
+id = "sink"
+kind = "sink"
+replicas = 3
+host = [0, 1]
+[[device.channel]]
+name = "data"
+type = "pull"
+connect = "source.data"
+[[device]]
+id = "here"
+kind = "sink"
+host = "localhost"
+"#;
+    let topology = load("spread.toml", text, &KNOWN).unwrap_or_else(|errors| panic!("{errors}"));
+    let hosts: Vec<(String, Option<HostRef>)> = topology
+        .instances()
+        .into_iter()
+        .map(|instance| (instance.id, instance.host))
+        .collect();
+    assert_eq!(
+        hosts,
+        [
+            ("source".to_owned(), Some(HostRef::Index(0))),
+            ("sink-0".to_owned(), Some(HostRef::Index(0))),
+            ("sink-1".to_owned(), Some(HostRef::Index(1))),
+            ("sink-2".to_owned(), Some(HostRef::Index(0))),
+            ("here".to_owned(), None),
+        ]
+    );
+    assert_eq!(topology.hosts["far"].address.as_deref(), Some("10.1.2.3"));
+    let host_of =
+        |instance: &ferromq_topology::Instance| instance.host.as_ref().map(ToString::to_string);
+    let errors = topology.placement_errors(&["shmem"], &host_of);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].starts_with("device \"sink-1\" (on host 1) and device \"source\" (on host 0)"),
+        "{errors:?}"
+    );
+    assert!(topology.placement_errors(&["ofi"], &host_of).is_empty());
 }
