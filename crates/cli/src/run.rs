@@ -85,16 +85,28 @@ async fn drive(controller: &DeviceController, options: &DeviceOptions) -> Result
             let endpoint = control::ControlEndpoint {
                 address: address.to_owned(),
                 heartbeat,
+                first_contact: control::FIRST_CONTACT_LIMIT,
             };
             let transport = ferromq_zmq::ZmqTransport::new();
-            control::serve_external_control(&transport, &endpoint, controller.clone(), |bound| {
-                use std::io::Write;
-                let mut stdout = std::io::stdout().lock();
-                let _ = writeln!(stdout, "{}", control::announcement(bound));
-                let _ = stdout.flush();
-            })
-            .await
-            .map_err(|error| error_chain(&error))
+            let served = control::serve_external_control(
+                &transport,
+                &endpoint,
+                controller.clone(),
+                |bound| {
+                    use std::io::Write;
+                    let mut stdout = std::io::stdout().lock();
+                    let _ = writeln!(stdout, "{}", control::announcement(bound));
+                    let _ = stdout.flush();
+                },
+            )
+            .await;
+            if let Err(gone @ ferromq_device::DeviceError::LauncherGone { .. }) = &served {
+                // Its work is stuck (a send to a peer on a lost host) and nobody is left to
+                // stop it: end the process rather than run on unattended.
+                eprintln!("ferromq: {gone}; exiting");
+                std::process::exit(1);
+            }
+            served.map_err(|error| error_chain(&error))
         }
     }
 }

@@ -245,6 +245,12 @@ pub fn parse_announcement(line: &str) -> Option<(String, u32)> {
     Some((address.to_owned(), pid.parse().ok()?))
 }
 
+/// How long a device with a heartbeat limit should wait for its launcher's first request
+/// (`ControlEndpoint::first_contact`, as `ferromq device` sets it): a launcher
+/// starting a thousand devices across hosts learns of the last ones seconds after the first
+/// were up.
+pub const FIRST_CONTACT_LIMIT: Duration = Duration::from_secs(60);
+
 /// How a device serves its external control endpoint.
 #[derive(Debug, Clone, Default)]
 pub struct ControlEndpoint {
@@ -253,6 +259,9 @@ pub struct ControlEndpoint {
     /// Go down when no request came for this long (and none is being answered): the launcher
     /// is on another host and keeps talking; its silence means it is gone. `None`: no limit.
     pub heartbeat: Option<Duration>,
+    /// With `heartbeat`: how long to wait for the launcher's first request, if longer than
+    /// `heartbeat` (see [`FIRST_CONTACT_LIMIT`]).
+    pub first_contact: Duration,
 }
 
 /// Serves the external control protocol at `endpoint.address` until the device reaches
@@ -260,13 +269,17 @@ pub struct ControlEndpoint {
 /// the real port), so that a launcher that cannot guess it can learn it.
 ///
 /// # Heartbeat
-/// With `endpoint.heartbeat`, a device that has not been sent a request for that long (one
+/// With `endpoint.heartbeat`, a device that has not been sent a request for that long (before
+/// the first request, for `endpoint.first_contact` if that is longer; one
 /// being answered counts as a sign of life, however long it waits) aborts what it does and
 /// goes down to EXITING, with the cause "the launcher fell silent": a launcher on another
-/// host that died, or a host cut off from it, leaves nothing running.
+/// host that died, or a host cut off from it, leaves nothing running. A device whose work
+/// does not end within the same time again (a send to a peer on a lost host) makes this
+/// return [`DeviceError::LauncherGone`], on which the caller ends the process.
 ///
 /// # Errors
-/// [`DeviceError::Control`] when the endpoint cannot be bound.
+/// [`DeviceError::Control`] when the endpoint cannot be bound; [`DeviceError::LauncherSilent`]
+/// when the device went down for the launcher's silence; [`DeviceError::LauncherGone`].
 pub async fn serve_external_control(
     transport: &dyn Transport,
     endpoint: &ControlEndpoint,
@@ -290,15 +303,29 @@ pub async fn serve_external_control(
     on_bound(&bound.to_string());
     let mut states = controller.subscribe();
     let mut last_request = tokio::time::Instant::now();
-    let mut fell_silent = false;
+    // Until the launcher first speaks, it may still be starting the others (a thousand Slurm
+    // tasks take seconds, and their announcements reach it late): a longer allowance then.
+    let mut spoken = false;
+    // When the launcher fell silent: from then on the device has the same time again to get
+    // down before the caller is told to end the process.
+    let mut fell_silent: Option<(tokio::time::Instant, Duration)> = None;
     loop {
         let silence = async {
-            match endpoint.heartbeat {
-                Some(limit) if !fell_silent => {
-                    tokio::time::sleep_until(last_request + limit).await;
+            match (endpoint.heartbeat, fell_silent) {
+                (Some(limit), None) => {
+                    let allowed = if spoken {
+                        limit
+                    } else {
+                        limit.max(endpoint.first_contact)
+                    };
+                    tokio::time::sleep_until(last_request + allowed).await;
+                    allowed
+                }
+                (Some(limit), Some((since, _))) => {
+                    tokio::time::sleep_until(since + limit).await;
                     limit
                 }
-                _ => std::future::pending().await,
+                (None, _) => std::future::pending().await,
             }
         };
         let request = tokio::select! {
@@ -310,7 +337,14 @@ pub async fn serve_external_control(
                 continue;
             }
             limit = silence => {
-                fell_silent = true;
+                if fell_silent.is_some() {
+                    let _ = channel.close().await;
+                    return Err(DeviceError::LauncherGone {
+                        device: controller.id().to_owned(),
+                        silent_for: limit,
+                    });
+                }
+                fell_silent = Some((tokio::time::Instant::now(), limit));
                 tracing::warn!(device = %controller.id(), "no request from the launcher for {limit:?}: it is gone; going down");
                 controller.abort(format!("the launcher fell silent for {limit:?}"));
                 let controller = controller.clone();
@@ -341,13 +375,20 @@ pub async fn serve_external_control(
         };
         // A request answered, however long it took, is a sign of life.
         last_request = tokio::time::Instant::now();
+        spoken = true;
         let bytes = serde_json::to_vec(&reply).expect("replies serialise");
         if let Err(failed) = channel.send(Message::from(bytes)).await {
             tracing::warn!(device = %controller.id(), error = %failed.error, "control reply failed");
         }
     }
     let _ = channel.close().await;
-    Ok(())
+    match fell_silent {
+        Some((_, silent_for)) => Err(DeviceError::LauncherSilent {
+            device: controller.id().to_owned(),
+            silent_for,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// The launcher's side of the external control protocol.

@@ -1,5 +1,7 @@
 //! Errors of devices and their control.
 
+use std::time::Duration;
+
 use ferromq_core::BoxError;
 
 use crate::state::{State, Transition};
@@ -28,6 +30,27 @@ pub enum DeviceError {
         /// The hook's error.
         #[source]
         source: BoxError,
+    },
+    /// The launcher on another host fell silent (see `control::ControlEndpoint::heartbeat`):
+    /// the device went down without being asked, its work cut short.
+    #[error("device {device:?}: the launcher fell silent for {silent_for:?}; the device went down")]
+    LauncherSilent {
+        /// Device id.
+        device: String,
+        /// How long it waited.
+        silent_for: Duration,
+    },
+    /// The launcher on another host fell silent (see `control::ControlEndpoint::heartbeat`)
+    /// and the device did not get down to EXITING within the same time again: the caller
+    /// ends the process, since nobody is left to stop it.
+    #[error(
+        "device {device:?}: the launcher fell silent for {silent_for:?} and the device did not go down within {silent_for:?} more"
+    )]
+    LauncherGone {
+        /// Device id.
+        device: String,
+        /// The heartbeat limit.
+        silent_for: Duration,
     },
     /// A channel operation failed.
     #[error(transparent)]

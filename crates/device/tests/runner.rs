@@ -350,3 +350,67 @@ impl Device for Loopback {
         Ok(())
     }
 }
+
+/// Ignores STOP: its run never ends (as one stuck sending to a peer on a lost host).
+struct Stuck;
+
+#[async_trait::async_trait]
+impl Device for Stuck {
+    async fn run(&mut self, _ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        std::future::pending().await
+    }
+}
+
+/// Serves external control with a heartbeat limit and nobody ever asking anything.
+async fn serve_unattended(device: impl Device + 'static, tag: &str, to_running: bool) {
+    let (runner, controller) = DeviceRunner::new(device, DeviceConfig::new(tag), transports());
+    let _task = tokio::spawn(runner.run());
+    if to_running {
+        for transition in [
+            Transition::InitDevice,
+            Transition::CompleteInit,
+            Transition::Bind,
+            Transition::Connect,
+            Transition::InitTask,
+            Transition::Run,
+        ] {
+            controller.change_state(transition).await.unwrap();
+        }
+    }
+    let path = std::env::temp_dir().join(format!("ferromq-{tag}-{}.ipc", std::process::id()));
+    let endpoint = control::ControlEndpoint {
+        address: format!("ipc://{}", path.display()),
+        heartbeat: Some(Duration::from_millis(200)),
+        first_contact: Duration::ZERO,
+    };
+    let transport = ferromq_zmq::ZmqTransport::new();
+    let served = tokio::time::timeout(
+        Duration::from_secs(20),
+        control::serve_external_control(&transport, &endpoint, controller.clone(), |_| {}),
+    )
+    .await
+    .expect("a silent launcher must end the control endpoint");
+    let _ = std::fs::remove_file(&path);
+    if to_running {
+        assert!(
+            matches!(served, Err(DeviceError::LauncherGone { ref device, .. }) if device == tag),
+            "{served:?}"
+        );
+    } else {
+        assert!(
+            matches!(served, Err(DeviceError::LauncherSilent { ref device, .. }) if device == tag),
+            "{served:?}"
+        );
+        assert_eq!(controller.state(), State::Exiting);
+    }
+}
+
+#[tokio::test]
+async fn a_device_whose_launcher_falls_silent_goes_down_by_itself() {
+    serve_unattended(Idle, "unattended-idle", false).await;
+}
+
+#[tokio::test]
+async fn a_stuck_device_whose_launcher_falls_silent_is_told_to_end_its_process() {
+    serve_unattended(Stuck, "unattended-stuck", true).await;
+}
