@@ -25,8 +25,10 @@ use ferromq_device::{Device, DeviceContext};
 /// How long a stopping device waits for its peers' last messages (see `# Stopping`).
 pub const DRAIN_SILENCE: Duration = Duration::from_millis(500);
 
-/// How long a source waits for a builder to take one answer before it fails.
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a source waits for a builder to take one answer (and a builder for a source to take
+/// one request) before it fails: a peer that takes nothing for this long, while it asked, is
+/// stalled or on a lost host, and a topology that has lost a host should stop soon.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn read_u64(bytes: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?))
