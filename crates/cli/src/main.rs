@@ -43,7 +43,20 @@ enum Command {
         /// Session id (default: one per run).
         #[arg(long)]
         session: Option<String>,
+        /// How devices start: here, on other hosts through ssh, or as tasks of a Slurm job
+        /// step (inside salloc/sbatch); devices are placed by their `host` key.
+        #[arg(long, value_enum, default_value_t)]
+        launcher: launch::LauncherKind,
+        /// Hosts by position, for `host = 0, 1, ...` with --launcher ssh (e.g. --hosts a,b).
+        #[arg(long, value_delimiter = ',')]
+        hosts: Vec<String>,
+        /// Print an sbatch script that runs the topology with --launcher slurm, and exit.
+        #[arg(long)]
+        print_batch: bool,
     },
+    /// One device of `ferromq run --launcher slurm`: runs the command srun's task number names.
+    #[command(hide = true)]
+    SlurmTask,
     /// Measure throughput (or latency) between two processes across transports and sizes.
     Bench(ferromq_cli::bench::BenchOptions),
     /// One side of a `ferromq bench` pair (started by `ferromq bench`).
@@ -162,6 +175,9 @@ fn main() -> ExitCode {
             duration,
             transport,
             session,
+            launcher,
+            hosts,
+            print_batch,
         } => {
             ferromq_cli::logging::init(
                 "ferromq",
@@ -174,8 +190,18 @@ fn main() -> ExitCode {
                 duration: duration.map(std::time::Duration::from_secs_f64),
                 transport,
                 session,
+                launcher,
+                hosts,
+                print_batch,
             };
             ferromq_cli::block_on(2, launch::run(options))
         }
+        Command::SlurmTask => match launch::run_slurm_task() {
+            Ok(code) => code,
+            Err(error) => {
+                eprintln!("ferromq slurm-task: {error:#}");
+                ExitCode::from(2)
+            }
+        },
     }
 }

@@ -14,6 +14,10 @@
 //!    its state and its last output lines.
 //! 7. Afterwards the session's shared memory is removed, whatever happened.
 //!
+//!
+//! Devices may run on other hosts (`--launcher ssh|slurm`): `hosts.rs` places every instance,
+//! `process.rs` starts it there and signals it, and the steps above are the same everywhere.
+//!
 //! `start.rs` does 2 and 3, `supervise.rs` 4 and the decision to stop, `stop.rs` 5; this file
 //! loads the topology, runs the whole, and turns how it ended into the exit code (6, 7).
 
@@ -24,18 +28,21 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::console::Console;
 use anyhow::{Context, Result, anyhow, bail};
 use ferromq_device::State;
 use ferromq_device::control::{ControlClient, DeviceToLauncher, LauncherToDevice};
 use ferromq_devices::Builtin;
 use ferromq_topology::{Instance, Known, Topology};
-use tokio::process::Child;
 
-use crate::console::Console;
-
+mod hosts;
+mod process;
 mod start;
 mod stop;
 mod supervise;
+
+pub use self::hosts::LauncherKind;
+pub use self::process::run_slurm_task;
 
 use self::stop::stop_all;
 use self::supervise::{Ending, Signals, exited_device};
@@ -55,6 +62,12 @@ pub struct RunOptions {
     pub transport: Option<String>,
     /// Session id (default: one per run).
     pub session: Option<String>,
+    /// How devices are started (here, through ssh, as Slurm tasks).
+    pub launcher: LauncherKind,
+    /// Hosts by position, for devices placed by index (`host = 1`) with `--launcher ssh`.
+    pub hosts: Vec<String>,
+    /// Print the sbatch script for the topology instead of running it.
+    pub print_batch: bool,
 }
 
 /// Loads and checks a topology file for this binary's kinds and transports.
@@ -74,11 +87,25 @@ pub fn load_topology(file: &Path) -> Result<Topology> {
         .map_err(|errors| anyhow!("{errors}"))
 }
 
+/// A task aborted when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 struct Running {
     instance: Instance,
+    /// The name of the host it runs on.
+    host: String,
     control_address: String,
-    child: Child,
-    control: Option<ControlClient>,
+    process: process::DeviceProcess,
+    /// Shared with the heartbeat task, which speaks only when no request is under way.
+    control: Option<Arc<tokio::sync::Mutex<ControlClient>>>,
+    /// For a device on another host: the task that keeps telling it the launcher lives.
+    heartbeat: Option<AbortOnDrop>,
     last_lines: Arc<Mutex<VecDeque<String>>>,
     state: State,
     counters: BTreeMap<String, ferromq_core::CounterSnapshot>,
@@ -86,6 +113,15 @@ struct Running {
 }
 
 impl Running {
+    /// ` on HOST` for a device on another host, nothing for one here.
+    fn on_host(&self) -> String {
+        if self.host == "localhost" {
+            String::new()
+        } else {
+            format!(" on {}", self.host)
+        }
+    }
+
     fn last_lines(&self) -> String {
         self.last_lines
             .lock()
@@ -100,12 +136,17 @@ impl Running {
         let id = self.instance.id.clone();
         let control = self
             .control
-            .as_mut()
+            .clone()
             .ok_or_else(|| anyhow!("device {id:?} has no control connection"))?;
-        let reply = control
-            .request(request, CONTROL_TIMEOUT)
-            .await
-            .with_context(|| format!("device {id:?}"))?;
+        let mut control = control.lock().await;
+        // A device that dies (or whose host is lost) while asked answers at once: with its exit.
+        let mut exits = self.process.exits();
+        let reply = tokio::select! {
+            reply = control.request(request, CONTROL_TIMEOUT) => {
+                reply.with_context(|| format!("device {id:?}"))?
+            }
+            _ = exits.wait_for(Option::is_some) => bail!("device {id:?} exited while asked"),
+        };
         self.state = reply.state;
         if !reply.ok {
             bail!(
@@ -145,6 +186,37 @@ pub async fn run(options: RunOptions) -> ExitCode {
         }
         topology.transport.clone_from(transport);
     }
+    if options.print_batch {
+        return match hosts::batch_script(&topology, &options.file) {
+            Ok(script) => {
+                print!("{script}");
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("ferromq: {error:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let registry = crate::built_in_transports();
+    let one_host: Vec<&str> = registry
+        .names()
+        .into_iter()
+        .filter(|name| registry.traits(name).is_ok_and(|traits| traits.one_host))
+        .collect();
+    let placement = match hosts::place(
+        &topology,
+        &topology.instances(),
+        options.launcher,
+        &options.hosts,
+        &one_host,
+    ) {
+        Ok(placement) => placement,
+        Err(error) => {
+            eprintln!("ferromq: {error:#}");
+            return ExitCode::from(2);
+        }
+    };
     let session = options
         .session
         .clone()
@@ -159,32 +231,46 @@ pub async fn run(options: RunOptions) -> ExitCode {
     let run_dir = session_dir.path().to_owned();
     let n_instances = topology.instances().len();
     Console::init(std::io::stdout().is_terminal());
+    let on_hosts = if placement.spans_hosts() {
+        format!(
+            " on {}",
+            placement
+                .hosts
+                .iter()
+                .map(|host| host.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "ferromq: {} ({n_instances} processes, session {session}, default transport {})",
+        "ferromq: {} ({n_instances} processes{on_hosts}, session {session}, default transport {})",
         topology.file, topology.transport
     );
     let mut devices = Vec::new();
+    let launched_at = std::time::Instant::now();
     let started = tokio::select! {
-        started = start::start(&topology, &session, &run_dir, &mut devices) => started.map_err(|error| format!("{error:#}")),
+        started = start::start(&topology, &placement, &session, &run_dir, &mut devices) => started.map_err(|error| format!("{error:#}")),
         name = signals.next() => Ok(Some(name)),
     };
     let ending = match started {
         // A Ctrl-C during start-up is a stop like any other: everything goes down cleanly.
         Ok(Some(name)) => Ending::Signal(name),
-        Ok(None) => supervise::supervise(&mut devices, options.duration, &mut signals).await,
+        Ok(None) => {
+            println!(
+                "ferromq: {n_instances} devices RUNNING {:.2} s after the launch began",
+                launched_at.elapsed().as_secs_f64()
+            );
+            supervise::supervise(&mut devices, options.duration, &mut signals).await
+        }
         // A device that died while being started makes its control requests fail: name the death,
         // not the broken control connection it caused.
-        Err(failure) => Ending::Failure(exited_device(&mut devices).await.map_or(
-            failure,
-            |(device, status)| {
-                format!(
-                    "device {:?} exited ({status}) while {}; its last lines:\n    {}",
-                    device.instance.id,
-                    device.state,
-                    device.last_lines()
-                )
-            },
-        )),
+        Err(failure) => Ending::Failure(
+            exited_device(&mut devices)
+                .await
+                .map_or(failure, |idx| supervise::exit_failure(&devices, idx)),
+        ),
     };
     // The last table stays on screen; the stop's lines go below it.
     Console::global().finish();
@@ -200,8 +286,9 @@ pub async fn run(options: RunOptions) -> ExitCode {
     for device in &devices {
         if let Some(status) = device.exited.filter(|status| !status.success()) {
             eprintln!(
-                "ferromq: device {:?} exited with {status}",
-                device.instance.id
+                "ferromq: device {:?}{} exited with {status}",
+                device.instance.id,
+                device.on_host()
             );
         }
     }
@@ -223,6 +310,14 @@ pub async fn run(options: RunOptions) -> ExitCode {
         }
         _ => Ok(()),
     };
+    // ssh failing (255) means its host was unreachable or lost.
+    let lost: std::collections::BTreeSet<String> = devices
+        .iter()
+        .filter(|device| device.process.lost_its_host())
+        .map(|device| device.host.clone())
+        .collect();
+    drop(devices);
+    stop::clean_other_hosts(&placement, &session, &lost).await;
     let removed =
         ferromq_shm::cleanup::clean_session(ferromq_shm::names::current_uid(), &session, true)
             .unwrap_or_default();

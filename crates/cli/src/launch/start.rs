@@ -1,285 +1,491 @@
-//! Starting a topology: one process per instance, each driven over its control endpoint, and
-//! stepping them together (all bound before any connects, addresses handed from binders to
-//! connectors). A device that fails to start stops the start; the caller stops what runs.
+//! Starting a topology: one process per instance, on its host (`hosts.rs`, `process.rs`), each
+//! driven over its control endpoint, and stepping them together (all bound before any
+//! connects, addresses handed from binders to connectors). A device that fails to start stops
+//! the start; the caller stops what runs.
+//!
+//! Every device announces its control endpoint once bound (a tcp port on another host cannot
+//! be guessed); the launcher connects to what it announced. Devices on other hosts are sent a
+//! request at least every second (a heartbeat task per device shares the launcher's connection
+//! to it) and go down after [`HEARTBEAT_LIMIT`] of silence (a minute before the first
+//! request), so a launcher that dies leaves nothing running there.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::Path;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail};
-use ferromq_core::{Address, Method};
+use anyhow::{Result, anyhow, bail};
+use ferromq_core::{Address, Method, TcpHost};
 use ferromq_device::control::{ControlClient, LauncherToDevice};
 use ferromq_device::{State, Transition};
 use ferromq_topology::{AutoAddress, DeviceKind, Instance, Topology};
 use ferromq_zmq::ZmqTransport;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 
-use crate::console::Console;
+use super::hosts::{Host, Placement, StartOn};
+use super::process::{self, DeviceCommand, OutputSink, SlurmTask};
+use super::{CONTROL_TIMEOUT, Running};
 
-use super::{CONTROL_TIMEOUT, LAST_LINES, Running};
+/// How long a device on another host waits for a request before it takes its launcher for
+/// gone (`FERROMQ_LAUNCHER_HEARTBEAT_MS`).
+pub(super) const HEARTBEAT_LIMIT: Duration = Duration::from_secs(5);
+/// How often the launcher's heartbeat task talks to a device on another host.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 
-fn forward_lines(
-    id: String,
-    stream: impl tokio::io::AsyncRead + Unpin + Send + 'static,
-    to_stderr: bool,
-    last_lines: Arc<Mutex<VecDeque<String>>>,
-) {
-    tokio::spawn(async move {
-        let mut lines = BufReader::new(stream).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            {
-                let mut last = last_lines.lock().expect("line buffer poisoned");
-                if last.len() == LAST_LINES {
-                    last.pop_front();
-                }
-                last.push_back(line.clone());
-            }
-            // Device log lines already carry the device id; other output gets it here.
-            let line = if line.contains(&format!("[{id}]")) {
-                line
-            } else {
-                format!("[{id}] {line}")
-            };
-            if to_stderr {
-                Console::global().error_line(&line);
-            } else {
-                Console::global().line(&line);
-            }
-        }
-    });
+/// Whether the instances `a` and `b` run on one host.
+fn same_host(placement: &Placement, a: &str, b: &str) -> bool {
+    placement.host_of[a] == placement.host_of[b]
 }
 
 fn auto_bind_address(
     topology: &Topology,
+    placement: &Placement,
     run_dir: &Path,
-    instance: &str,
+    instance: &Instance,
     config: &ferromq_core::ChannelConfig,
+    connectors: &[String],
 ) -> String {
     let socket = &config.name;
+    let host = placement.host(&instance.id);
     let transport = config.transport.as_deref().unwrap_or(&topology.transport);
     let binds_ipc = crate::built_in_transports()
         .traits(transport)
         .is_ok_and(|traits| traits.binds_ipc);
+    let all_here = connectors
+        .iter()
+        .all(|connector| same_host(placement, connector, &instance.id));
+    if !all_here {
+        // Peers on other hosts reach it at its host's address.
+        return format!("tcp://{}:0", bracketed(&host.address));
+    }
     if !binds_ipc {
         // ofi goes between hosts: a tcp side channel, never ipc.
-        return "tcp://127.0.0.1:0".to_owned();
+        return format!("tcp://{}:0", bracketed(&host.address));
     }
     match topology.auto_address {
-        AutoAddress::Ipc => format!("ipc://{}/{instance}.{socket}.ipc", run_dir.display()),
-        AutoAddress::Tcp => "tcp://127.0.0.1:0".to_owned(),
+        // The run directory exists on the launcher's host only.
+        AutoAddress::Ipc if host.is_here() => {
+            format!("ipc://{}/{}.{socket}.ipc", run_dir.display(), instance.id)
+        }
+        AutoAddress::Ipc | AutoAddress::Tcp => "tcp://127.0.0.1:0".to_owned(),
     }
 }
 
-fn spawn_device(
+fn bracketed(address: &str) -> String {
+    if address.contains(':') && !address.starts_with('[') {
+        format!("[{address}]")
+    } else {
+        address.to_owned()
+    }
+}
+
+/// The address a device on `connector_host` connects to for what a device on `binder_host`
+/// bound: a wildcard, or a loopback address seen from another host, becomes the binder host's
+/// address.
+fn reachable(bound: &str, binder_host: &Host, connector_host: &Host) -> String {
+    let Ok(address) = Address::parse(bound) else {
+        return bound.to_owned();
+    };
+    let elsewhere = binder_host != connector_host;
+    let (scheme, host, port) = match &address {
+        Address::Tcp { host, port } => ("tcp", host, *port),
+        Address::Verbs { host, port } => ("verbs", host, *port),
+        _ => return address.to_string(),
+    };
+    let (wildcard, loopback) = match host {
+        TcpHost::Any => (true, false),
+        TcpHost::Name(name) => (
+            matches!(name.as_str(), "0.0.0.0" | "::"),
+            matches!(name.as_str(), "127.0.0.1" | "localhost" | "::1"),
+        ),
+    };
+    if wildcard && !elsewhere {
+        return format!("{scheme}://127.0.0.1:{port}");
+    }
+    if wildcard || (loopback && elsewhere) {
+        return format!("{scheme}://{}:{port}", bracketed(&binder_host.address));
+    }
+    address.to_string()
+}
+
+/// The command that starts `instance` on its host.
+fn device_command(
     topology: &Topology,
+    placement: &Placement,
     instance: &Instance,
+    connectors: &BTreeMap<(String, String), Vec<String>>,
     session: &str,
     run_dir: &Path,
-    control_address: &str,
-) -> Result<Child> {
-    let mut command = match &instance.kind {
-        DeviceKind::Builtin(kind) => {
-            let mut command =
-                Command::new(std::env::current_exe().context("cannot find the ferromq binary")?);
-            command.args(["device", kind]);
-            command
-        }
-        DeviceKind::Exec(argv) => {
-            let mut command = Command::new(&argv[0]);
-            command.args(&argv[1..]);
-            command
-        }
+) -> DeviceCommand {
+    let host = placement.host(&instance.id);
+    let (program, mut args) = match &instance.kind {
+        DeviceKind::Builtin(kind) => (
+            host.ferromq.clone(),
+            vec!["device".to_owned(), kind.clone()],
+        ),
+        DeviceKind::Exec(argv) => (argv[0].clone(), argv[1..].to_vec()),
     };
-    command.args([
+    let control_address = if host.is_here() {
+        format!("ipc://{}/{}.control", run_dir.display(), instance.id)
+    } else {
+        format!("tcp://{}:0", bracketed(&host.address))
+    };
+    let mut push = |items: &[&str]| args.extend(items.iter().map(|item| (*item).to_owned()));
+    push(&[
         "--id",
         &instance.id,
         "--session",
         session,
         "--transport",
         &topology.transport,
-    ]);
-    command.args([
         "--control",
         "external",
         "--control-address",
-        control_address,
+        &control_address,
+        "--max-iterations",
+        &instance.max_iterations.to_string(),
     ]);
-    command.args(["--max-iterations", &instance.max_iterations.to_string()]);
-    if !std::io::stdout().is_terminal() {
-        command.args(["--color", "false"]);
+    if !std::io::stdout().is_terminal() || !host.is_here() {
+        push(&["--color", "false"]);
     }
     for channel in &instance.channels {
         let mut config = channel.config.clone();
         if config.method == Method::Bind && config.address.is_none() {
-            config.address = Some(auto_bind_address(topology, run_dir, &instance.id, &config));
+            let peers = connectors
+                .get(&(instance.id.clone(), config.name.clone()))
+                .map_or(&[][..], Vec::as_slice);
+            config.address = Some(auto_bind_address(
+                topology, placement, run_dir, instance, &config, peers,
+            ));
         }
-        command.args(["--channel-config", &config.to_key_values()]);
+        push(&["--channel-config", &config.to_key_values()]);
     }
     for (key, value) in &instance.properties {
-        command.args(["--property", &format!("{key}={value}")]);
+        push(&["--property", &format!("{key}={value}")]);
     }
-    command.args([
+    push(&[
         "--property",
         &format!("replica-index={}", instance.replica_index),
-    ]);
-    command.args([
         "--property",
         &format!("replica-count={}", instance.replica_count),
     ]);
-    command
-        .env(crate::run::LAUNCHER_PID_ENV, std::process::id().to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    command
-        .spawn()
-        .with_context(|| format!("cannot start device {:?}", instance.id))
+    let mut env = Vec::new();
+    if !host.is_here() {
+        env.push((
+            crate::run::LAUNCHER_HEARTBEAT_ENV.to_owned(),
+            HEARTBEAT_LIMIT.as_millis().to_string(),
+        ));
+    }
+    DeviceCommand { program, args, env }
 }
 
-/// Steps every device through `transition`, then waits until all are in `target`.
+/// For every binding `(instance, socket)`, the instances that connect to it.
+fn connectors_of(instances: &[Instance]) -> BTreeMap<(String, String), Vec<String>> {
+    let mut connectors: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for instance in instances {
+        for channel in &instance.channels {
+            for (target, socket) in &channel.connect_to {
+                connectors
+                    .entry((target.clone(), socket.clone()))
+                    .or_default()
+                    .push(instance.id.clone());
+            }
+        }
+    }
+    connectors
+}
+
+/// Asks a device on another host for its state every [`HEARTBEAT_EVERY`], so that it knows
+/// its launcher lives (see [`HEARTBEAT_LIMIT`]), over the launcher's own connection to it: a
+/// beat is skipped while a request is under way, which the device counts as life too (a
+/// second connection per device would double the launcher's sockets). Runs until aborted.
+async fn heartbeat(control: std::sync::Arc<tokio::sync::Mutex<ControlClient>>) {
+    loop {
+        tokio::time::sleep(HEARTBEAT_EVERY).await;
+        if let Ok(mut client) = control.try_lock() {
+            // A failed beat is the launcher's business when it next asks; the device's
+            // exit is watched elsewhere.
+            let _ = client
+                .request(&LauncherToDevice::State, CONTROL_TIMEOUT)
+                .await;
+        }
+    }
+}
+
+/// Steps every device through `transition`, then waits until all are in `target`; every
+/// device is asked at once (one slow device does not hold the others' requests back).
 async fn step_all(
     devices: &mut [Running],
     transition: Transition,
     target: Option<State>,
 ) -> Result<()> {
-    for device in devices.iter_mut() {
+    let results = futures_util::future::join_all(devices.iter_mut().map(|device| async move {
         device
             .request(&LauncherToDevice::Transition { transition })
             .await?;
-    }
-    if let Some(state) = target {
-        for device in devices.iter_mut() {
+        if let Some(state) = target {
             let timeout_ms = Some(CONTROL_TIMEOUT.as_millis() as u64);
             device
                 .request(&LauncherToDevice::WaitForState { state, timeout_ms })
                 .await?;
         }
+        Ok::<(), anyhow::Error>(())
+    }))
+    .await;
+    results.into_iter().collect()
+}
+
+/// Hands every connecting channel the addresses its binders bound (as reachable from the
+/// connector's host). Every device is asked at once, as in [`step_all`]: with a thousand
+/// devices, one round trip after the other would take seconds.
+async fn wire_connections(devices: &mut [Running], placement: &Placement) -> Result<()> {
+    let replies = futures_util::future::join_all(devices.iter_mut().map(|device| async move {
+        let reply = device.request(&LauncherToDevice::Channels).await?;
+        Ok::<_, anyhow::Error>((device.instance.id.clone(), reply.value))
+    }))
+    .await;
+    let mut bound: BTreeMap<(String, String), String> = BTreeMap::new();
+    for reply in replies {
+        let (id, value) = reply?;
+        let Some(serde_json::Value::Object(channels)) = value else {
+            continue;
+        };
+        for (socket, address) in channels {
+            if let Some(address) = address.as_str() {
+                bound.insert((id.clone(), socket), address.to_owned());
+            }
+        }
+    }
+    let mut plans = Vec::with_capacity(devices.len());
+    for device in devices.iter() {
+        plans.push(connect_settings(device, placement, &bound)?);
+    }
+    let results = futures_util::future::join_all(devices.iter_mut().zip(plans).map(
+        |(device, settings)| async move {
+            for (key, value) in settings {
+                device
+                    .request(&LauncherToDevice::SetProperty { key, value })
+                    .await?;
+            }
+            Ok::<(), anyhow::Error>(())
+        },
+    ))
+    .await;
+    results.into_iter().collect()
+}
+
+/// The `chan.<socket>.address` properties that tell `device`'s connecting channels where their
+/// binders are, given what every binder bound.
+fn connect_settings(
+    device: &Running,
+    placement: &Placement,
+    bound: &BTreeMap<(String, String), String>,
+) -> Result<Vec<(String, String)>> {
+    let connector_host = placement.host(&device.instance.id);
+    let mut all = Vec::new();
+    for channel in &device.instance.channels {
+        if channel.connect_to.is_empty() {
+            continue;
+        }
+        let mut addresses = Vec::new();
+        for (target, socket) in &channel.connect_to {
+            let address = bound
+                .get(&(target.clone(), socket.clone()))
+                .or_else(|| bound.get(&(target.clone(), format!("{socket}[0]"))))
+                .ok_or_else(|| anyhow!("device {target:?} did not bind {socket:?}"))?;
+            addresses.push(reachable(address, placement.host(target), connector_host));
+        }
+        let name = &channel.config.name;
+        let n_sockets = channel.config.num_sockets;
+        if n_sockets > 1 && addresses.len() == n_sockets {
+            // As many sockets as targets: socket i connects to the i-th target.
+            all.extend(addresses.iter().enumerate().map(|(socket_idx, address)| {
+                (
+                    format!("chan.{name}[{socket_idx}].address"),
+                    address.clone(),
+                )
+            }));
+        } else if n_sockets > 1 {
+            all.extend((0..n_sockets).map(|socket_idx| {
+                (
+                    format!("chan.{name}[{socket_idx}].address"),
+                    addresses.join(";"),
+                )
+            }));
+        } else {
+            all.push((format!("chan.{name}.address"), addresses.join(";")));
+        }
+    }
+    Ok(all)
+}
+
+/// Starts every instance on its host: directly, through ssh, or as tasks of one srun step.
+fn spawn_all(
+    topology: &Topology,
+    placement: &Placement,
+    session: &str,
+    run_dir: &Path,
+    devices: &mut Vec<Running>,
+) -> Result<()> {
+    let instances = topology.instances();
+    let connectors = connectors_of(&instances);
+    let show_hosts = placement.spans_hosts();
+    let mut slurm_tasks: Vec<(usize, SlurmTask)> = Vec::new();
+    let mut started: Vec<Option<process::DeviceProcess>> = Vec::new();
+    let mut sinks = Vec::new();
+    for instance in &instances {
+        let host = placement.host(&instance.id);
+        let command = device_command(topology, placement, instance, &connectors, session, run_dir);
+        let sink = OutputSink::new(&instance.id, show_hosts.then(|| host.name.clone()));
+        let spawned = match &host.start {
+            StartOn::Here => Some(process::spawn_here(&command, &sink)),
+            StartOn::Ssh(destination) => Some(process::spawn_ssh(destination, &command, &sink)),
+            StartOn::Slurm { node, .. } => {
+                slurm_tasks.push((
+                    started.len(),
+                    SlurmTask {
+                        node: node.clone(),
+                        command,
+                        sink: sink.clone(),
+                    },
+                ));
+                None
+            }
+        };
+        let spawned = spawned
+            .transpose()
+            .map_err(|error| anyhow!("cannot start device {:?}: {error:#}", instance.id))?;
+        started.push(spawned);
+        sinks.push(sink);
+    }
+    if let Some((_, first)) = slurm_tasks.first() {
+        let StartOn::Slurm { job, .. } = &placement.host(&instances[0].id).start else {
+            unreachable!("every host of a slurm placement is a node");
+        };
+        let ferromq = placement.hosts.first().map_or_else(
+            || first.command.program.clone(),
+            |host| host.ferromq.clone(),
+        );
+        let (indices, tasks): (Vec<usize>, Vec<SlurmTask>) = slurm_tasks.into_iter().unzip();
+        let processes =
+            process::spawn_slurm(job, &tasks, &run_dir.join("slurm-hostfile"), &ferromq)?;
+        for (idx, process) in indices.into_iter().zip(processes) {
+            started[idx] = Some(process);
+        }
+    }
+    for ((instance, process), sink) in instances.into_iter().zip(started).zip(sinks) {
+        let host = placement.host(&instance.id).name.clone();
+        devices.push(Running {
+            instance,
+            host,
+            control_address: String::new(),
+            process: process.expect("every instance was started"),
+            control: None,
+            heartbeat: None,
+            last_lines: sink.last_lines(),
+            state: State::Idle,
+            counters: BTreeMap::new(),
+            exited: None,
+        });
     }
     Ok(())
 }
 
-/// Hands every connecting channel the addresses its binders bound.
-async fn wire_connections(devices: &mut [Running]) -> Result<()> {
-    let mut bound: BTreeMap<(String, String), String> = BTreeMap::new();
-    for device in devices.iter_mut() {
-        let reply = device.request(&LauncherToDevice::Channels).await?;
-        let Some(serde_json::Value::Object(channels)) = reply.value else {
-            continue;
-        };
-        for (socket, address) in channels {
-            let Some(address) = address.as_str() else {
-                continue;
-            };
-            let local = Address::parse(address)
-                .map(|address| address.for_local_connect().to_string())
-                .unwrap_or_else(|_| address.to_owned());
-            bound.insert((device.instance.id.clone(), socket), local);
+/// Waits for `device` to announce its control endpoint, connects to it, and on another host
+/// starts its heartbeat.
+async fn connect_control(device: &mut Running, host: &Host) -> Result<()> {
+    let mut announced = device.process.announced();
+    let announcement = tokio::select! {
+        announcement = tokio::time::timeout(CONTROL_TIMEOUT, announced.wait_for(Option::is_some)) => {
+            let announcement = announcement.map_err(|_| anyhow!(
+                "device {:?}{} opened no control endpoint within {CONTROL_TIMEOUT:?}; its last lines:\n    {}",
+                device.instance.id, device.on_host(), device.last_lines()
+            ))?;
+            announcement.ok().and_then(|announcement| announcement.clone())
         }
-    }
-    for device in devices.iter_mut() {
-        for channel in device.instance.channels.clone() {
-            if channel.connect_to.is_empty() {
-                continue;
-            }
-            let mut addresses = Vec::new();
-            for (target, socket) in &channel.connect_to {
-                let address = bound
-                    .get(&(target.clone(), socket.clone()))
-                    .or_else(|| bound.get(&(target.clone(), format!("{socket}[0]"))))
-                    .ok_or_else(|| anyhow!("device {target:?} did not bind {socket:?}"))?;
-                addresses.push(address.clone());
-            }
-            let name = &channel.config.name;
-            let n_sockets = channel.config.num_sockets;
-            if n_sockets > 1 && addresses.len() == n_sockets {
-                // As many sockets as targets: socket i connects to the i-th target.
-                for (socket_idx, address) in addresses.iter().enumerate() {
-                    let key = format!("chan.{name}[{socket_idx}].address");
-                    device
-                        .request(&LauncherToDevice::SetProperty {
-                            key,
-                            value: address.clone(),
-                        })
-                        .await?;
-                }
-            } else if n_sockets > 1 {
-                for socket_idx in 0..n_sockets {
-                    let key = format!("chan.{name}[{socket_idx}].address");
-                    device
-                        .request(&LauncherToDevice::SetProperty {
-                            key,
-                            value: addresses.join(";"),
-                        })
-                        .await?;
-                }
-            } else {
-                let key = format!("chan.{name}.address");
-                device
-                    .request(&LauncherToDevice::SetProperty {
-                        key,
-                        value: addresses.join(";"),
-                    })
-                    .await?;
-            }
+        status = device.process.wait() => {
+            let status = status.map_or_else(|| "unknown status".to_owned(), |status| status.to_string());
+            bail!("device {:?}{} exited at start ({status}):\n    {}", device.instance.id, device.on_host(), device.last_lines());
         }
+    };
+    let (address, _pid) =
+        announcement.ok_or_else(|| anyhow!("device {:?} announced nothing", device.instance.id))?;
+    let address = reachable(&address, host, host);
+    let transport = ZmqTransport::new();
+    let control = std::sync::Arc::new(tokio::sync::Mutex::new(
+        ControlClient::connect(&transport, &address).await?,
+    ));
+    if !host.is_here() {
+        device.heartbeat = Some(super::AbortOnDrop(tokio::spawn(heartbeat(control.clone()))));
     }
+    device.control = Some(control);
+    device.control_address = address;
     Ok(())
 }
 
 pub(super) async fn start(
     topology: &Topology,
+    placement: &Placement,
     session: &str,
     run_dir: &Path,
     devices: &mut Vec<Running>,
 ) -> Result<Option<&'static str>> {
-    let transport = ZmqTransport::new();
-    for instance in topology.instances() {
-        let control_address = format!("ipc://{}/{}.control", run_dir.display(), instance.id);
-        let mut child = spawn_device(topology, &instance, session, run_dir, &control_address)?;
-        let last_lines = Arc::new(Mutex::new(VecDeque::new()));
-        forward_lines(
-            instance.id.clone(),
-            child.stdout.take().expect("piped"),
-            false,
-            Arc::clone(&last_lines),
-        );
-        forward_lines(
-            instance.id.clone(),
-            child.stderr.take().expect("piped"),
-            true,
-            Arc::clone(&last_lines),
-        );
-        devices.push(Running {
-            instance,
-            control_address: control_address.clone(),
-            child,
-            control: None,
-            last_lines,
-            state: State::Idle,
-            counters: BTreeMap::new(),
-            exited: None,
-        });
-        let device = devices.last_mut().expect("just pushed");
-        let connect = ControlClient::connect(&transport, &control_address);
-        let control = tokio::select! {
-            control = tokio::time::timeout(CONTROL_TIMEOUT, connect) => control
-                .map_err(|_| anyhow!("device {:?} opened no control endpoint within {CONTROL_TIMEOUT:?}", device.instance.id))??,
-            status = device.child.wait() => {
-                bail!("device {:?} exited at start ({}):\n    {}", device.instance.id, status?, device.last_lines());
-            }
-        };
-        device.control = Some(control);
-    }
+    spawn_all(topology, placement, session, run_dir, devices)?;
+    let connected = futures_util::future::join_all(devices.iter_mut().map(|device| {
+        let host = placement.host(&device.instance.id).clone();
+        async move { connect_control(device, &host).await }
+    }))
+    .await;
+    connected.into_iter().collect::<Result<Vec<()>>>()?;
     step_all(devices, Transition::InitDevice, None).await?;
     step_all(devices, Transition::CompleteInit, Some(State::Initialized)).await?;
     step_all(devices, Transition::Bind, Some(State::Bound)).await?;
-    wire_connections(devices).await?;
+    wire_connections(devices, placement).await?;
     step_all(devices, Transition::Connect, Some(State::DeviceReady)).await?;
     step_all(devices, Transition::InitTask, Some(State::Ready)).await?;
     step_all(devices, Transition::Run, None).await?;
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(name: &str, address: &str, start: StartOn) -> Host {
+        Host {
+            name: name.to_owned(),
+            address: address.to_owned(),
+            ferromq: "ferromq".to_owned(),
+            start,
+        }
+    }
+
+    #[test]
+    fn a_peer_on_another_host_connects_to_the_binders_host_address() {
+        let here = host("localhost", "127.0.0.1", StartOn::Here);
+        let far = host("n2", "10.0.0.2", StartOn::Ssh("n2".to_owned()));
+        assert_eq!(
+            reachable("tcp://0.0.0.0:5000", &far, &here),
+            "tcp://10.0.0.2:5000"
+        );
+        assert_eq!(
+            reachable("tcp://127.0.0.1:5000", &far, &here),
+            "tcp://10.0.0.2:5000"
+        );
+        assert_eq!(
+            reachable("tcp://127.0.0.1:5000", &far, &far),
+            "tcp://127.0.0.1:5000"
+        );
+        assert_eq!(
+            reachable("tcp://0.0.0.0:5000", &here, &here),
+            "tcp://127.0.0.1:5000"
+        );
+        assert_eq!(
+            reachable("tcp://10.0.0.2:7", &far, &here),
+            "tcp://10.0.0.2:7"
+        );
+        assert_eq!(
+            reachable("ipc:///tmp/x.ipc", &here, &here),
+            "ipc:///tmp/x.ipc"
+        );
+    }
 }

@@ -99,7 +99,7 @@ pub(super) async fn stop_all(
             .iter()
             .enumerate()
             .filter(|(idx, device)| !stopped[*idx] && device.exited.is_none())
-            .filter_map(|(_, device)| device.child.id())
+            .filter_map(|(_, device)| device.process.local_pid())
             .collect();
         let last_progress = Mutex::new(Instant::now());
         let stop_stage = futures_util::future::join_all(
@@ -108,7 +108,11 @@ pub(super) async fn stop_all(
                 .enumerate()
                 .filter(|(idx, _)| stage.contains(idx))
                 .map(|(idx, device)| {
-                    stop_one(device, drain && !upstream[idx].is_empty(), &last_progress)
+                    // Waiting for still inputs only makes sense once every sender into this
+                    // device has exited; in a cycle stopped together they never go still.
+                    let senders_gone = upstream[idx].iter().all(|&up| stopped[up]);
+                    let wait_still = drain && !upstream[idx].is_empty() && senders_gone;
+                    stop_one(device, wait_still, &last_progress)
                 }),
         );
         tokio::select! {
@@ -117,7 +121,7 @@ pub(super) async fn stop_all(
             name = signals.next() => {
                 eprintln!("ferromq: second signal ({name}): killing every device");
                 for device in devices.iter_mut().filter(|device| device.exited.is_none()) {
-                    let _ = device.child.start_kill();
+                    device.process.signal(nix::sys::signal::Signal::SIGKILL);
                     forced.push(device.instance.id.clone());
                 }
                 break;
@@ -127,8 +131,12 @@ pub(super) async fn stop_all(
             stopped[idx] = true;
         }
     }
+    futures_util::future::join_all(devices.iter_mut().map(|device| device.process.kill())).await;
     for device in devices.iter_mut() {
-        let _ = device.child.kill().await;
+        if let Some(status) = device.process.try_wait() {
+            device.exited.get_or_insert(status);
+        }
+        device.heartbeat = None;
     }
     forced
 }
@@ -193,7 +201,7 @@ async fn stop_one(
     drain_first: bool,
     last_progress: &Mutex<Instant>,
 ) -> Option<String> {
-    if let Ok(Some(status)) = device.child.try_wait() {
+    if let Some(status) = device.process.try_wait() {
         device.exited.get_or_insert(status);
     }
     if device.exited.is_some() {
@@ -220,19 +228,16 @@ async fn stop_one(
             .is_ok(),
         None => false,
     };
-    if !asked && let Some(pid) = device.child.id() {
+    if !asked {
         // No answer on the control endpoint (a loaded machine, a broken connection): SIGTERM
         // takes a device down just as cleanly, from any state.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
+        device.process.signal(nix::sys::signal::Signal::SIGTERM);
     }
     // The time to exit counts from the request, not from the start of the stage.
     *last_progress.lock().expect("progress lock") = Instant::now();
     let exited = loop {
-        match tokio::time::timeout(Duration::from_millis(250), device.child.wait()).await {
-            Ok(exited) => break exited.ok(),
+        match tokio::time::timeout(Duration::from_millis(250), device.process.wait()).await {
+            Ok(exited) => break exited,
             Err(_) => {
                 let since = last_progress.lock().expect("progress lock").elapsed();
                 if since >= STOP_TIMEOUT {
@@ -251,7 +256,7 @@ async fn stop_one(
                 "ferromq: device {:?} did not stop within {STOP_TIMEOUT:?} (in {}); killing it",
                 device.instance.id, device.state
             );
-            let _ = device.child.kill().await;
+            device.process.kill().await;
             Some(device.instance.id.clone())
         }
     }
@@ -275,4 +280,69 @@ async fn wait_until_inputs_are_still(control: &mut ControlClient) {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Removes the session's shared memory on every other host the devices ran on (this host's is
+/// removed by the caller): `ferromq shm clean` there, through ssh or `srun --overlap` on the
+/// node, each given 20 s; hosts in `lost` (unreachable) are only named. What it cannot reach is
+/// reported, not waited for.
+pub(super) async fn clean_other_hosts(
+    placement: &super::hosts::Placement,
+    session: &str,
+    lost: &BTreeSet<String>,
+) {
+    use super::hosts::StartOn;
+    for host in lost {
+        eprintln!(
+            "ferromq: shared memory of session {session} on lost host {host} is left to `ferromq shm clean --stale` there"
+        );
+    }
+    let reachable = placement
+        .hosts
+        .iter()
+        .filter(|host| !host.is_here() && !lost.contains(&host.name));
+    let cleanups = reachable.map(|host| async move {
+        let prefix = match &host.start {
+            StartOn::Here => return,
+            StartOn::Ssh(destination) => match super::process::ssh_command(destination) {
+                Ok(ssh) => ssh,
+                Err(_) => return,
+            },
+            StartOn::Slurm { job, node } => super::process::on_node(job, node),
+        };
+        let mut command = tokio::process::Command::new(&prefix[0]);
+        command
+            .args(&prefix[1..])
+            .args([
+                host.ferromq.as_str(),
+                "shm",
+                "clean",
+                "--session",
+                session,
+                "--force",
+            ])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let outcome = tokio::time::timeout(Duration::from_secs(20), command.output()).await;
+        match outcome {
+            Ok(Ok(output)) if output.status.success() => {}
+            Ok(Ok(output)) => eprintln!(
+                "ferromq: cleaning shared memory on {} failed ({}): {}",
+                host.name,
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            ),
+            Ok(Err(error)) => eprintln!(
+                "ferromq: cannot clean shared memory on {}: {error}",
+                host.name
+            ),
+            Err(_) => eprintln!(
+                "ferromq: cleaning shared memory on {} took over 20 s; left as it is",
+                host.name
+            ),
+        }
+    });
+    futures_util::future::join_all(cleanups).await;
 }

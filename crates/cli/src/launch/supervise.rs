@@ -52,9 +52,31 @@ pub(super) fn table(
     previous: &BTreeMap<(String, String), ferromq_core::CounterSnapshot>,
     seconds: f64,
 ) -> Vec<String> {
+    // Devices on several hosts: each row says where its device runs.
+    let show_hosts = devices.iter().any(|device| device.host != devices[0].host);
+    let host_width = devices
+        .iter()
+        .map(|device| device.host.len())
+        .max()
+        .unwrap_or(0)
+        .max(4);
+    let host_column = |host: &str| {
+        if show_hosts {
+            format!("{host:<host_width$} ")
+        } else {
+            String::new()
+        }
+    };
     let mut lines = vec![format!(
-        "{:<16} {:<18} {:<12} {:>12} {:>10} {:>12} {:>10}",
-        "device", "state", "channel", "in msg/s", "in MB/s", "out msg/s", "out MB/s"
+        "{}{:<16} {:<18} {:<12} {:>12} {:>10} {:>12} {:>10}",
+        host_column("host"),
+        "device",
+        "state",
+        "channel",
+        "in msg/s",
+        "in MB/s",
+        "out msg/s",
+        "out MB/s"
     )];
     for device in devices {
         let state = match device.exited {
@@ -62,7 +84,11 @@ pub(super) fn table(
             None => device.state.to_string(),
         };
         if device.counters.is_empty() {
-            lines.push(format!("{:<16} {state:<18}", device.instance.id));
+            lines.push(format!(
+                "{}{:<16} {state:<18}",
+                host_column(&device.host),
+                device.instance.id
+            ));
         }
         for (channel_idx, (channel, now)) in device.counters.iter().enumerate() {
             // Counters start at zero: the first table shows the rates since the start.
@@ -71,13 +97,17 @@ pub(super) fn table(
                 .copied()
                 .unwrap_or_default();
             let rates = Rates::between(before, *now, seconds);
-            let (id, state) = if channel_idx == 0 {
-                (device.instance.id.as_str(), state.as_str())
+            let (host, id, state) = if channel_idx == 0 {
+                (
+                    host_column(&device.host),
+                    device.instance.id.as_str(),
+                    state.as_str(),
+                )
             } else {
-                ("", "")
+                (host_column(""), "", "")
             };
             lines.push(format!(
-                "{id:<16} {state:<18} {channel:<12} {:>12.0} {:>10.1} {:>12.0} {:>10.1}",
+                "{host}{id:<16} {state:<18} {channel:<12} {:>12.0} {:>10.1} {:>12.0} {:>10.1}",
                 rates.msgs_in, rates.mb_in, rates.msgs_out, rates.mb_out
             ));
         }
@@ -101,6 +131,10 @@ pub(super) async fn supervise(
     let mut last_table = Instant::now();
     // The RUN replies said every device entered RUNNING; all back in READY later means done.
     let mut seen_running = devices.iter().any(|device| device.state == State::Running);
+    let exits: Vec<_> = devices
+        .iter()
+        .map(|device| device.process.exits())
+        .collect();
     loop {
         tokio::select! {
             name = signals.next() => return Ending::Signal(name),
@@ -123,8 +157,26 @@ pub(super) async fn supervise(
             ending = poll => if let Some(ending) = ending {
                 return ending;
             },
+            // A device that exits (a host lost) is noticed at once, not after a request to it
+            // timed out: the next round reports it.
+            () = any_exit(&exits) => {}
         }
     }
+}
+
+/// Completes when any of `exits` holds an exit status.
+async fn any_exit(exits: &[tokio::sync::watch::Receiver<Option<std::process::ExitStatus>>]) {
+    let waits = exits.iter().map(|exit| {
+        let mut exit = exit.clone();
+        Box::pin(async move {
+            let _ = exit.wait_for(Option::is_some).await;
+        })
+    });
+    let waits: Vec<_> = waits.collect();
+    if waits.is_empty() {
+        return std::future::pending().await;
+    }
+    futures_util::future::select_all(waits).await;
 }
 
 /// One round of supervision: exits, states, and every `interval` the table of rates.
@@ -135,16 +187,12 @@ async fn poll_devices(
     last_table: &mut Instant,
     interval: Duration,
 ) -> Option<Ending> {
-    for device in devices.iter_mut() {
-        if let Ok(Some(status)) = device.child.try_wait() {
-            device.exited = Some(status);
-            return Some(Ending::Failure(format!(
-                "device {:?} exited ({status}) while {}; its last lines:\n    {}",
-                device.instance.id,
-                device.state,
-                device.last_lines()
-            )));
+    for idx in 0..devices.len() {
+        if let Some(status) = devices[idx].process.try_wait() {
+            devices[idx].exited = Some(status);
+            return Some(Ending::Failure(exit_failure(devices, idx)));
         }
+        let device = &mut devices[idx];
         let Ok(reply) = device.request(&LauncherToDevice::State).await else {
             continue;
         };
@@ -206,24 +254,53 @@ async fn poll_devices(
     None
 }
 
+/// What to say of device `idx`, which exited while it should not have: its host, state, exit
+/// status and last lines. ssh's own failure (255) is the host's: unreachable or lost, and every
+/// device placed there is named.
+pub(super) fn exit_failure(devices: &[Running], idx: usize) -> String {
+    let device = &devices[idx];
+    let status = device
+        .exited
+        .map_or_else(|| "unknown status".to_owned(), |status| status.to_string());
+    if device.process.lost_its_host() {
+        let on_host: Vec<String> = devices
+            .iter()
+            .filter(|other| other.host == device.host)
+            .map(|other| format!("{:?}", other.instance.id))
+            .collect();
+        return format!(
+            "host {:?} is unreachable or was lost (ssh exited 255 for device {:?} while {}); \
+             devices on it: {}; last lines:\n    {}",
+            device.host,
+            device.instance.id,
+            device.state,
+            on_host.join(", "),
+            device.last_lines()
+        );
+    }
+    format!(
+        "device {:?}{} exited ({status}) while {}; its last lines:\n    {}",
+        device.instance.id,
+        device.on_host(),
+        device.state,
+        device.last_lines()
+    )
+}
+
 /// The first device whose process has exited (waiting up to a second: a broken control
-/// connection can be seen before the death that broke it), with its status.
-pub(super) async fn exited_device(
-    devices: &mut [Running],
-) -> Option<(&Running, std::process::ExitStatus)> {
+/// connection can be seen before the death that broke it).
+pub(super) async fn exited_device(devices: &mut [Running]) -> Option<usize> {
     let deadline = Instant::now() + Duration::from_secs(1);
-    let idx = loop {
+    loop {
         let found = devices.iter_mut().position(|device| {
-            if let Ok(Some(status)) = device.child.try_wait() {
+            if let Some(status) = device.process.try_wait() {
                 device.exited = Some(status);
             }
             device.exited.is_some()
         });
         if found.is_some() || Instant::now() >= deadline {
-            break found?;
+            return found;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let device = &devices[idx];
-    Some((device, device.exited?))
+    }
 }

@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+#[allow(dead_code)] // Only the multi-host tests use it.
+pub mod hosts;
+
 use tokio::io::AsyncReadExt;
 use tokio::process::Child;
 
@@ -39,6 +42,39 @@ pub async fn finish(mut child: Child) -> Finished {
     .await
     .expect("the process did not exit in time")
     .expect("wait for the process");
+    Finished {
+        code: status.code(),
+        stdout,
+        stderr,
+    }
+}
+
+#[allow(dead_code)]
+/// Reads what is left of a child whose stdout lines were partly read already.
+pub async fn finish_rest(
+    mut child: tokio::process::Child,
+    mut lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) -> Finished {
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    let mut err = child.stderr.take().expect("stderr");
+    let read_out = async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            stdout.push_str(&line);
+            stdout.push('\n');
+        }
+    };
+    let status = tokio::time::timeout(FINISH_TIMEOUT, async {
+        let (_, _, status) = tokio::join!(
+            read_out,
+            tokio::io::AsyncReadExt::read_to_string(&mut err, &mut stderr),
+            child.wait()
+        );
+        status
+    })
+    .await
+    .expect("the launcher did not exit in time")
+    .expect("wait for the launcher");
     Finished {
         code: status.code(),
         stdout,

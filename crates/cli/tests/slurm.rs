@@ -1,0 +1,265 @@
+//! `ferromq run --launcher slurm` inside a real Slurm allocation: a private cluster of two
+//! simulated nodes on this host (`support/slurm-cluster.sh`: munged, slurmctld and two slurmd,
+//! n1 and n2, all under a temporary directory and stopped on drop, whatever happened).
+//! Needs root, slurm-wlm and munge (`.ci/run` installs them).
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use support::{finish, wait_for_line};
+use tokio::io::AsyncBufReadExt;
+
+/// The private cluster; stopped on drop.
+struct SlurmCluster {
+    dir: PathBuf,
+    conf: String,
+}
+
+fn script() -> String {
+    format!(
+        "{}/tests/support/slurm-cluster.sh",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+impl SlurmCluster {
+    fn start(tag: &str) -> SlurmCluster {
+        for program in ["slurmctld", "slurmd", "munged", "salloc"] {
+            assert!(
+                std::process::Command::new("sh")
+                    .args(["-c", &format!("command -v {program}")])
+                    .output()
+                    .is_ok_and(|output| output.status.success()),
+                "{program} is missing: apt-get install slurm-wlm munge"
+            );
+        }
+        let dir = std::env::temp_dir().join(format!("ferromq-slurm-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let output = std::process::Command::new("bash")
+            .arg(script())
+            .arg("start")
+            .arg(&dir)
+            .output()
+            .expect("run slurm-cluster.sh");
+        let mut cluster = SlurmCluster {
+            dir,
+            conf: String::new(),
+        };
+        assert!(
+            output.status.success(),
+            "the Slurm cluster did not start: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        cluster.conf = stdout
+            .lines()
+            .find_map(|line| line.strip_prefix("export SLURM_CONF="))
+            .expect("slurm-cluster.sh names its slurm.conf")
+            .to_owned();
+        cluster
+    }
+
+    /// `salloc -N 2 ferromq ARGS` against this cluster.
+    fn salloc(&self, args: &[&str]) -> tokio::process::Child {
+        tokio::process::Command::new("salloc")
+            .args(["--nodes=2", "--quiet", env!("CARGO_BIN_EXE_ferromq")])
+            .args(args)
+            .env("SLURM_CONF", &self.conf)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn salloc")
+    }
+}
+
+impl Drop for SlurmCluster {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash")
+            .arg(script())
+            .arg("stop")
+            .arg(&self.dir)
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn bundled(name: &str) -> String {
+    format!("{}/../../topologies/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Processes of session `session` (devices carry `--session SESSION`).
+fn devices_of(session: &str) -> Vec<u32> {
+    let needle = format!("--session\0{session}\0");
+    std::fs::read_dir("/proc")
+        .expect("read /proc")
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(&needle))
+        })
+        .collect()
+}
+
+fn device_pid(session: &str, id: &str) -> Option<u32> {
+    let needle = format!("--id\0{id}\0");
+    devices_of(session).into_iter().find(|pid| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(&needle))
+    })
+}
+
+async fn nothing_left_of(session: &str, limit: Duration) -> Vec<u32> {
+    let deadline = Instant::now() + limit;
+    // Tasks of another process tree: look every 100 ms.
+    let mut look = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        look.tick().await;
+        let left = devices_of(session);
+        if left.is_empty() || Instant::now() >= deadline {
+            return left;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_building_topology_runs_as_slurm_tasks_on_two_nodes_and_a_killed_task_stops_it() {
+    let cluster = SlurmCluster::start("run");
+    let file = bundled("multi-host.toml");
+    let session = format!("slurm-ok-{}", std::process::id());
+
+    // 1. A clean run: host 0 is n1, host 1 is n2; the table and the logs name each node.
+    let run = finish(cluster.salloc(&[
+        "run",
+        &file,
+        "--launcher",
+        "slurm",
+        "--duration",
+        "3",
+        "--session",
+        &session,
+    ]))
+    .await;
+    run.assert_exited_0();
+    assert!(
+        run.stdout.contains("7 processes on n1, n2"),
+        "{}",
+        run.stdout
+    );
+    for (node, device) in [
+        ("n1", "source-0"),
+        ("n1", "source-1"),
+        ("n1", "sampler"),
+        ("n1", "processor"),
+        ("n2", "builder-0"),
+        ("n2", "builder-1"),
+        ("n2", "sink"),
+    ] {
+        let row = run.stdout.lines().any(|line| {
+            let mut words = line.split_whitespace();
+            words.next() == Some(node) && words.next() == Some(device)
+        });
+        assert!(row, "no table row of {device} on {node}:\n{}", run.stdout);
+    }
+    let sent: u64 = run
+        .stdout
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("n1: ")?
+                .split_once("[sampler] sent ")?
+                .1
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no sampler total from n1:\n{}", run.stdout));
+    let summary = run
+        .stdout
+        .lines()
+        .find(|line| line.starts_with("n2: [sink] sink summary"))
+        .unwrap_or_else(|| panic!("no sink summary from n2:\n{}", run.stdout));
+    assert!(
+        sent > 0 && summary.contains(&format!("received {sent} messages, ")),
+        "sent {sent}: {summary}"
+    );
+    assert!(
+        nothing_left_of(&session, Duration::from_secs(5))
+            .await
+            .is_empty()
+    );
+
+    // 2. A task killed with SIGKILL stops the topology, non-zero, naming it and its node.
+    let session = format!("slurm-kill-{}", std::process::id());
+    let mut child = cluster.salloc(&["run", &file, "--launcher", "slurm", "--session", &session]);
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    wait_for_line(&mut lines, "[sink] READY ---> RUNNING", &mut seen).await;
+    let builder = device_pid(&session, "builder-0").expect("builder-0 runs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(builder as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill builder-0");
+    let ended = support::finish_rest(child, lines).await;
+    assert_eq!(ended.code, Some(1), "{}\n{}", ended.stdout, ended.stderr);
+    assert!(
+        ended
+            .stderr
+            .contains("device \"builder-0\" on n2 exited (signal: 9 (SIGKILL))"),
+        "{}",
+        ended.stderr
+    );
+    let left = nothing_left_of(&session, Duration::from_secs(10)).await;
+    assert!(left.is_empty(), "still running: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_printed_batch_script_runs_the_topology_under_sbatch() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args([
+            "run",
+            &bundled("multi-host.toml"),
+            "--launcher",
+            "slurm",
+            "--print-batch",
+        ])
+        .output()
+        .await
+        .expect("run ferromq");
+    assert!(output.status.success());
+    let script = String::from_utf8(output.stdout).expect("UTF-8");
+    assert!(script.starts_with("#!/bin/bash\n"), "{script}");
+    assert!(script.contains("#SBATCH --nodes=2\n"), "{script}");
+    assert!(script.contains("#SBATCH --ntasks=7\n"), "{script}");
+    assert!(script.contains("--launcher slurm\n"), "{script}");
+
+    let cluster = SlurmCluster::start("batch");
+    // The script runs until stopped: a duration makes it end by itself.
+    let script = script.replace("--launcher slurm\n", "--launcher slurm --duration 2\n");
+    let path = cluster.dir.join("multi-host.sbatch");
+    std::fs::write(&path, &script).expect("write the script");
+    let log = cluster.dir.join("job.out");
+    let submitted = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new("sbatch")
+            .arg("--wait")
+            .arg(format!("--output={}", log.display()))
+            .arg(&path)
+            .env("SLURM_CONF", &cluster.conf)
+            .output(),
+    )
+    .await
+    .expect("the batch job did not end in time")
+    .expect("run sbatch");
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        submitted.status.success(),
+        "{}\n{log}",
+        String::from_utf8_lossy(&submitted.stderr)
+    );
+    assert!(log.contains("n2: [sink] sink summary"), "{log}");
+}
