@@ -8,6 +8,9 @@
 //!   SVG plots.
 //! - `soak --minutes N`: the default and pub/sub topologies under the release `ferromq run`,
 //!   watching every device's RSS and the session's /dev/shm use, and every message's arrival.
+//! - `launch-scale`: `ferromq run --launcher slurm` over two simulated Slurm nodes, topologies
+//!   of 10 to 1000 trivial devices: time to RUNNING and memory per device;
+//!   `target/launch-scale/report.md` (needs root, slurm-wlm and munge).
 //! - `side-by-side --fairmq PREFIX`: C++ FairMQ's benchmark device pair and ferromq's, same
 //!   options, interleaved; `target/side-by-side/report.md`.
 //!
@@ -17,6 +20,7 @@
 
 mod bench;
 mod bench_rpc;
+mod launch_scale;
 mod side_by_side;
 mod soak;
 mod tidy;
@@ -49,6 +53,17 @@ enum Task {
         /// Minutes per topology.
         #[arg(long, default_value_t = 10.0)]
         minutes: f64,
+    },
+    /// Time to RUNNING and memory per device of topologies of N trivial devices launched with
+    /// `--launcher slurm` over two simulated Slurm nodes on this host (root, slurm-wlm, munge);
+    /// writes target/launch-scale/report.md.
+    LaunchScale {
+        /// Topology sizes in devices, comma separated, each even.
+        #[arg(long, value_delimiter = ',', default_values_t = [10usize, 100, 500, 1000])]
+        devices: Vec<usize>,
+        /// Runs per size.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=20))]
+        rounds: u64,
     },
     /// C++ FairMQ's bsampler -> sink and ferromq's, same options, interleaved on this machine;
     /// writes target/side-by-side/report.md (medians, min-max, ferromq ÷ FairMQ pair by pair).
@@ -94,6 +109,13 @@ fn main() -> ExitCode {
         .expect("xtask sits in the workspace");
     let steps = match cli.task {
         Task::Bench => return exit_code(bench::run(&cargo, workspace)),
+        Task::LaunchScale { devices, rounds } => {
+            let options = launch_scale::Options {
+                devices,
+                rounds: rounds as usize,
+            };
+            return exit_code(launch_scale::run(&cargo, workspace, &options));
+        }
         Task::Soak { minutes } => return exit_code(soak::run(&cargo, workspace, minutes)),
         Task::SideBySide {
             fairmq,

@@ -325,14 +325,16 @@ fn soak_one(
 
 /// Memory figures of one process, in bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-struct ProcessMemory {
-    rss: u64,
+pub(crate) struct ProcessMemory {
+    pub(crate) rss: u64,
     rss_shmem: u64,
+    /// Anonymous resident pages: what the process alone costs (no file-backed or shared pages).
+    pub(crate) rss_anon: u64,
 }
 
 impl ProcessMemory {
     /// Parses `/proc/<pid>/status` (`VmRSS:  1234 kB`).
-    fn parse(status: &str) -> Option<ProcessMemory> {
+    pub(crate) fn parse(status: &str) -> Option<ProcessMemory> {
         let field = |key: &str| {
             status.lines().find_map(|line| {
                 let rest = line.strip_prefix(key)?.strip_prefix(':')?;
@@ -343,6 +345,7 @@ impl ProcessMemory {
         Some(ProcessMemory {
             rss: field("VmRSS")?,
             rss_shmem: field("RssShmem").unwrap_or(0),
+            rss_anon: field("RssAnon").unwrap_or(0),
         })
     }
 
@@ -546,7 +549,7 @@ fn growth(values: &[f64], relative: f64, slack: f64) -> Option<Growth> {
     })
 }
 
-fn median(values: &[f64]) -> f64 {
+pub(crate) fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     match sorted.len() {
