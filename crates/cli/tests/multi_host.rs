@@ -7,26 +7,18 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::hosts::NamespaceHosts;
-use support::{finish, signal, wait_for_line};
+use support::{bundled, finish, signal, wait_for_line};
 use tokio::io::AsyncBufReadExt;
-
-fn bundled(name: &str) -> String {
-    format!("{}/../../topologies/{name}", env!("CARGO_MANIFEST_DIR"))
-}
 
 fn run_over(hosts: &NamespaceHosts, file: &str, extra: &[&str]) -> tokio::process::Child {
     let host_list = hosts.destinations.join(",");
     let mut args = vec!["run", file, "--launcher", "ssh", "--hosts", &host_list];
     args.extend_from_slice(extra);
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferromq"));
+    command
         .args(&args)
-        .env("FERROMQ_SSH_COMMAND", hosts.ssh_command())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn ferromq run")
+        .env("FERROMQ_SSH_COMMAND", hosts.ssh_command());
+    support::spawn_piped(command)
 }
 
 /// Waits until no ferromq process runs on any host, at most `limit`.
@@ -191,25 +183,13 @@ async fn shmem_between_devices_on_different_hosts_is_refused_naming_both() {
     )
     .unwrap();
     let file = file.display().to_string();
-    let ferromq = |args: &[&str]| {
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn ferromq run")
+    // Refused before anything starts, so the hosts need not exist.
+    let over_ssh = |hosts: &str| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferromq"));
+        command.args(["run", &file, "--launcher", "ssh", "--hosts", hosts]);
+        finish(support::spawn_piped(command))
     };
-    let ended = finish(ferromq(&[
-        "run",
-        &file,
-        "--launcher",
-        "ssh",
-        "--hosts",
-        "a.invalid,b.invalid",
-    ]))
-    .await;
+    let ended = over_ssh("a.invalid,b.invalid").await;
     assert_eq!(ended.code, Some(2), "{}{}", ended.stdout, ended.stderr);
     assert!(
         ended.stderr.contains(
@@ -220,15 +200,7 @@ async fn shmem_between_devices_on_different_hosts_is_refused_naming_both() {
         ended.stderr
     );
     // An index beyond --hosts names the device and the list.
-    let ended = finish(ferromq(&[
-        "run",
-        &file,
-        "--launcher",
-        "ssh",
-        "--hosts",
-        "a.invalid",
-    ]))
-    .await;
+    let ended = over_ssh("a.invalid").await;
     assert_eq!(ended.code, Some(2));
     assert!(
         ended.stderr.contains(

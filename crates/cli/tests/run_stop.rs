@@ -9,20 +9,12 @@ use support::{finish, signal, wait_for_line};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-fn topology(name: &str) -> String {
-    format!("{}/../../topologies/{name}", env!("CARGO_MANIFEST_DIR"))
-}
+use support::{bundled as topology, processes_of_session};
 
 fn launcher(args: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_ferromq"))
-        .arg("run")
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn ferromq run")
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ferromq"));
+    command.arg("run").args(args);
+    support::spawn_piped(command)
 }
 
 /// The number in `... <word> N messages` on the first line that has it.
@@ -228,19 +220,6 @@ fn session_dirs_of(pid: u32) -> Vec<std::path::PathBuf> {
                 .is_ok_and(|holder| holder.trim() == pid.to_string())
         })
         .map(|entry| entry.path())
-        .collect()
-}
-
-/// The processes whose command line names `session` (a launcher's devices).
-fn processes_of_session(session: &str) -> Vec<i32> {
-    let needle = format!("\0--session\0{session}\0");
-    std::fs::read_dir("/proc")
-        .expect("/proc")
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(&needle))
-        })
         .collect()
 }
 

@@ -8,7 +8,7 @@ mod support;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use support::{finish, wait_for_line};
+use support::{bundled, finish, wait_for_line};
 use tokio::io::AsyncBufReadExt;
 
 /// The private cluster; stopped on drop.
@@ -63,16 +63,12 @@ impl SlurmCluster {
 
     /// `salloc -N 2 ferromq ARGS` against this cluster.
     fn salloc(&self, args: &[&str]) -> tokio::process::Child {
-        tokio::process::Command::new("salloc")
+        let mut salloc = tokio::process::Command::new("salloc");
+        salloc
             .args(["--nodes=2", "--quiet", env!("CARGO_BIN_EXE_ferromq")])
             .args(args)
-            .env("SLURM_CONF", &self.conf)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn salloc")
+            .env("SLURM_CONF", &self.conf);
+        support::spawn_piped(salloc)
     }
 }
 
@@ -87,20 +83,11 @@ impl Drop for SlurmCluster {
     }
 }
 
-fn bundled(name: &str) -> String {
-    format!("{}/../../topologies/{name}", env!("CARGO_MANIFEST_DIR"))
-}
-
 /// Processes of session `session` (devices carry `--session SESSION`).
 fn devices_of(session: &str) -> Vec<u32> {
-    let needle = format!("--session\0{session}\0");
-    std::fs::read_dir("/proc")
-        .expect("read /proc")
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(&needle))
-        })
+    support::processes_of_session(session)
+        .into_iter()
+        .map(|pid| pid as u32)
         .collect()
 }
 

@@ -366,16 +366,11 @@ async fn serve_unattended(device: impl Device + 'static, tag: &str, to_running: 
     let (runner, controller) = DeviceRunner::new(device, DeviceConfig::new(tag), transports());
     let _task = tokio::spawn(runner.run());
     if to_running {
-        for transition in [
-            Transition::InitDevice,
-            Transition::CompleteInit,
-            Transition::Bind,
-            Transition::Connect,
-            Transition::InitTask,
-            Transition::Run,
-        ] {
-            controller.change_state(transition).await.unwrap();
+        // INIT DEVICE .. RUN, the first six.
+        for transition in &Transition::ALL[..6] {
+            controller.change_state(*transition).await.unwrap();
         }
+        assert_eq!(controller.state(), State::Running);
     }
     let path = std::env::temp_dir().join(format!("ferromq-{tag}-{}.ipc", std::process::id()));
     let endpoint = control::ControlEndpoint {

@@ -463,29 +463,17 @@ mod tests {
     fn a_peer_on_another_host_connects_to_the_binders_host_address() {
         let here = host("localhost", "127.0.0.1", StartOn::Here);
         let far = host("n2", "10.0.0.2", StartOn::Ssh("n2".to_owned()));
-        assert_eq!(
-            reachable("tcp://0.0.0.0:5000", &far, &here),
-            "tcp://10.0.0.2:5000"
-        );
-        assert_eq!(
-            reachable("tcp://127.0.0.1:5000", &far, &here),
-            "tcp://10.0.0.2:5000"
-        );
-        assert_eq!(
-            reachable("tcp://127.0.0.1:5000", &far, &far),
-            "tcp://127.0.0.1:5000"
-        );
-        assert_eq!(
-            reachable("tcp://0.0.0.0:5000", &here, &here),
-            "tcp://127.0.0.1:5000"
-        );
-        assert_eq!(
-            reachable("tcp://10.0.0.2:7", &far, &here),
-            "tcp://10.0.0.2:7"
-        );
-        assert_eq!(
-            reachable("ipc:///tmp/x.ipc", &here, &here),
-            "ipc:///tmp/x.ipc"
-        );
+        // (bound, binder's host, connector's host) -> what the connector is given.
+        let cases = [
+            ("tcp://0.0.0.0:5000", &far, &here, "tcp://10.0.0.2:5000"),
+            ("tcp://127.0.0.1:5000", &far, &here, "tcp://10.0.0.2:5000"),
+            ("tcp://127.0.0.1:5000", &far, &far, "tcp://127.0.0.1:5000"),
+            ("tcp://0.0.0.0:5000", &here, &here, "tcp://127.0.0.1:5000"),
+            ("tcp://10.0.0.2:7", &far, &here, "tcp://10.0.0.2:7"),
+            ("ipc:///tmp/x.ipc", &here, &here, "ipc:///tmp/x.ipc"),
+        ];
+        for (bound, binder, connector, given) in cases {
+            assert_eq!(reachable(bound, binder, connector), given, "{bound}");
+        }
     }
 }

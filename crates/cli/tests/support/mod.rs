@@ -82,6 +82,38 @@ pub async fn finish_rest(
     }
 }
 
+/// The path of a bundled topology (`topologies/NAME`).
+#[allow(dead_code)]
+pub fn bundled(name: &str) -> String {
+    format!("{}/../../topologies/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Spawns `command` with stdin closed and stdout and stderr piped, killed when dropped.
+#[allow(dead_code)]
+pub fn spawn_piped(mut command: tokio::process::Command) -> Child {
+    command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the command")
+}
+
+/// The processes whose command line names `--session SESSION` (a launcher's devices).
+#[allow(dead_code)]
+pub fn processes_of_session(session: &str) -> Vec<i32> {
+    let needle = format!("\0--session\0{session}\0");
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(&needle))
+        })
+        .collect()
+}
+
 /// A unique ipc address, its socket file removed on drop.
 #[allow(dead_code)] // Not every test binary that includes this module uses every helper.
 pub struct Ipc(std::path::PathBuf);
@@ -108,15 +140,9 @@ impl Drop for Ipc {
 /// `ferromq ARGS --color false`, output piped, killed when dropped.
 #[allow(dead_code)]
 pub fn ferromq(args: &[&str]) -> Child {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-        .args(args)
-        .args(["--color", "false"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn ferromq")
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferromq"));
+    command.args(args).args(["--color", "false"]);
+    spawn_piped(command)
 }
 
 /// Sends `signal` (`INT`, `TERM`, `STOP`, `CONT`, `KILL`) to `child`.
