@@ -224,3 +224,59 @@ async fn shmem_between_devices_on_different_hosts_is_refused_naming_both() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The ofi transport (libfabric's tcp provider) between devices on two hosts: each binder binds
+/// on its host's address, nothing is lost.
+#[cfg(feature = "ofi")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ofi_channel_carries_messages_between_two_hosts() {
+    let hosts = NamespaceHosts::new(2);
+    let dir = std::env::temp_dir().join(format!("ferromq-ofi-hosts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("ofi-across.toml");
+    std::fs::write(
+        &file,
+        "transport = \"ofi\"\n\
+         [[device]]\nid = \"sampler\"\nkind = \"sampler\"\nhost = 0\n\
+         properties = { msg-size = 65536, rate = 500 }\n\
+         [[device.channel]]\nname = \"data\"\ntype = \"push\"\n\
+         [[device]]\nid = \"sink\"\nkind = \"sink\"\nhost = 1\nproperties = { verify = true }\n\
+         [[device.channel]]\nname = \"data\"\ntype = \"pull\"\nconnect = \"sampler.data\"\n",
+    )
+    .unwrap();
+    let run = finish(run_over(
+        &hosts,
+        &file.display().to_string(),
+        &["--duration", "2"],
+    ))
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    run.assert_exited_0();
+    let (host_a, host_b) = (&hosts.destinations[0], &hosts.destinations[1]);
+    let sent: u64 = run
+        .stdout
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(&format!("{host_a}: "))?
+                .split_once("[sampler] sent ")?
+                .1
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no sampler total from {host_a}:\n{}", run.stdout));
+    let summary = run
+        .stdout
+        .lines()
+        .find(|line| line.starts_with(&format!("{host_b}: [sink] sink summary")))
+        .unwrap_or_else(|| panic!("no sink summary from {host_b}:\n{}", run.stdout));
+    assert!(
+        sent > 0 && summary.contains(&format!("received {sent} messages")),
+        "sent {sent}: {summary}"
+    );
+    // The binder bound on its own host's address, over libfabric.
+    let address_a = host_a.rsplit('@').next().unwrap_or(host_a);
+    let bound = format!("[sampler] bound channel=data address=tcp://{address_a}:");
+    assert!(run.stdout.contains(&bound), "no {bound:?}:\n{}", run.stdout);
+}
