@@ -168,6 +168,37 @@ async fn devices_on_other_hosts_go_down_when_their_launcher_is_killed() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_stops_the_devices_on_every_host_and_leaves_no_shared_memory() {
+    let hosts = NamespaceHosts::new(2);
+    let session = format!("mh-int-{}", std::process::id());
+    let mut child = run_over(
+        &hosts,
+        &bundled("multi-host.toml"),
+        &["--session", &session],
+    );
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    wait_for_line(&mut lines, "[sink] READY ---> RUNNING", &mut seen).await;
+    // The shmem channel between sampler and processor on host a holds memory by now.
+    assert!(support::shm_objects_of(&session) > 0);
+    signal(&child, "INT");
+    let ended = support::finish_rest(child, lines).await;
+    ended.assert_exited_0();
+    for device in ["sink", "builder-0", "builder-1", "processor"] {
+        assert!(
+            ended
+                .stdout
+                .contains(&format!("[{device}] IDLE ---> EXITING")),
+            "{device} did not go down cleanly:\n{}",
+            ended.stdout
+        );
+    }
+    let left = nothing_left_on(&hosts, Duration::from_secs(5)).await;
+    assert!(left.is_empty(), "still running: {left:?}");
+    assert_eq!(support::shm_objects_of(&session), 0, "shared memory left");
+}
+
 #[tokio::test]
 async fn shmem_between_devices_on_different_hosts_is_refused_naming_both() {
     let dir = std::env::temp_dir().join(format!("ferromq-placement-{}", std::process::id()));

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use support::shm_objects_of;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -54,17 +55,6 @@ fn children_of(parent: u32) -> Vec<(u32, String)> {
 
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| !stat.contains(") Z "))
-}
-
-fn shm_objects_of(session: &str) -> usize {
-    std::fs::read_dir("/dev/shm")
-        .map(|entries| {
-            entries
-                .flatten()
-                .filter(|entry| entry.file_name().to_string_lossy().contains(session))
-                .count()
-        })
-        .unwrap_or(0)
 }
 
 #[tokio::test]

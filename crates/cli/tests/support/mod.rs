@@ -114,6 +114,19 @@ pub fn processes_of_session(session: &str) -> Vec<i32> {
         .collect()
 }
 
+/// How many shared memory objects in /dev/shm name `session`.
+#[allow(dead_code)]
+pub fn shm_objects_of(session: &str) -> usize {
+    std::fs::read_dir("/dev/shm")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|entry| entry.file_name().to_string_lossy().contains(session))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 /// A unique ipc address, its socket file removed on drop.
 #[allow(dead_code)] // Not every test binary that includes this module uses every helper.
 pub struct Ipc(std::path::PathBuf);
