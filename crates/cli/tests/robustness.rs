@@ -440,38 +440,6 @@ async fn a_shmem_sender_whose_descriptors_are_all_refused_exits_non_zero() {
     );
 }
 
-/// ofi over libfabric's tcp provider: 20 × 64 MiB take far longer to move than `linger`
-/// (500 ms) after the sender's last send, and still all arrive: linger bounds silence only.
-#[cfg(feature = "ofi")]
-#[tokio::test]
-async fn an_ofi_sender_drains_everything_while_the_peer_keeps_taking() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port();
-    let address = format!("tcp://127.0.0.1:{port}");
-    let device = |kind: &str, socket_type: &str, method: &str| {
-        let mut args = vec!["--transport", "ofi", "--max-iterations", "19"];
-        if kind == "sampler" {
-            args.extend(["--msg-size", "67108864"]);
-        }
-        let config = channel(socket_type, method, &address);
-        args.extend(["--channel-config", config.as_str()]);
-        static_device(kind, kind, &args)
-    };
-    let sink = device("sink", "pull", "bind");
-    let sampler = device("sampler", "push", "connect");
-    let (sampler, sink) = tokio::join!(finish(sampler), finish(sink));
-    sampler.assert_exited_0();
-    assert_eq!(sink.code, Some(0), "{}{}", sink.stdout, sink.stderr);
-    assert!(
-        sink.stdout
-            .contains("received 20 messages, 1342177280 bytes"),
-        "{}",
-        sink.stdout
-    );
-}
-
 /// A plain ZeroMQ program (libzmq) pushing garbage into a working shmem receiver is refused, named
 /// once, and the receiver goes on receiving every message of its shmem sender.
 #[tokio::test]

@@ -1,0 +1,66 @@
+//! The ofi transport's drain on close, as two processes (feature `ofi`).
+//!
+//! In a test binary of its own: run in parallel with the other robustness tests, about one run
+//! in three saw the receiver take none of the 20 messages while the sender accepted all of them
+//! (the sender then rightly exits 1 naming the 20 as undelivered). That is an ofi bug still open
+//! (issue 12); alone, the test has passed every run. Cargo runs test binaries one after another.
+#![cfg(feature = "ofi")]
+
+mod support;
+
+use support::{ferromq, finish, wait_for_line};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+fn static_device(kind: &str, id: &str, args: &[&str]) -> tokio::process::Child {
+    let mut all = vec!["device", kind, "--id", id, "--control", "static"];
+    all.extend_from_slice(args);
+    ferromq(&all)
+}
+
+fn channel(kind: &str, method: &str, address: &str) -> String {
+    format!("name=data,type={kind},method={method},address={address},rateLogging=0")
+}
+
+/// ofi over libfabric's tcp provider: 20 × 64 MiB take far longer to move than `linger`
+/// (500 ms) after the sender's last send, and still all arrive: linger bounds silence only.
+#[tokio::test]
+async fn an_ofi_sender_drains_everything_while_the_peer_keeps_taking() {
+    let session = format!("ofidrain{}", std::process::id());
+    let device = |kind: &str, socket_type: &str, method: &str, address: &str| {
+        let mut args = vec!["--transport", "ofi", "--max-iterations", "19"];
+        args.extend(["--session", session.as_str()]);
+        if kind == "sampler" {
+            args.extend(["--msg-size", "67108864"]);
+        }
+        let config = channel(socket_type, method, address);
+        args.extend(["--channel-config", config.as_str()]);
+        static_device(kind, kind, &args)
+    };
+    // The sink binds a port of the system's choosing and says which: a port picked here and
+    // freed could be taken by a parallel test before the sink binds it (the sink would then
+    // move to another port, and the sampler would knock on a stranger's).
+    let mut sink = device("sink", "pull", "bind", "tcp://127.0.0.1:0");
+    let mut lines = BufReader::new(sink.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    wait_for_line(&mut lines, "bound channel=data address=", &mut seen).await;
+    let address = seen
+        .last()
+        .and_then(|line| line.split("address=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the sink names its address")
+        .to_owned();
+    let sampler = device("sampler", "push", "connect", &address);
+    // The sink's output is read while the sampler runs (a full pipe would stall it).
+    let sink = tokio::spawn(support::finish_rest(sink, lines));
+    let sampler = finish(sampler).await;
+    sampler.assert_exited_0();
+    let mut sink = sink.await.expect("the sink's reader");
+    sink.stdout.insert_str(0, &(seen.join("\n") + "\n"));
+    assert_eq!(sink.code, Some(0), "{}{}", sink.stdout, sink.stderr);
+    assert!(
+        sink.stdout
+            .contains("received 20 messages, 1342177280 bytes"),
+        "{}",
+        sink.stdout
+    );
+}
