@@ -34,6 +34,7 @@ mod console;
 pub mod interactive;
 pub mod launch;
 pub mod logging;
+pub mod metrics_endpoint;
 pub mod options;
 pub mod rpc_bench;
 mod run;

@@ -53,6 +53,10 @@ enum Command {
         /// Print an sbatch script that runs the topology with --launcher slurm, and exit.
         #[arg(long)]
         print_batch: bool,
+        /// Serve Prometheus metrics of every device (channel counters, state, host) at
+        /// http://ADDR/metrics, as often as the live table polls them.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<std::net::SocketAddr>,
     },
     /// One device of `ferromq run --launcher slurm`: runs the command srun's task number names.
     #[command(hide = true)]
@@ -178,6 +182,7 @@ fn main() -> ExitCode {
             launcher,
             hosts,
             print_batch,
+            metrics,
         } => {
             ferromq_cli::logging::init(
                 "ferromq",
@@ -193,6 +198,7 @@ fn main() -> ExitCode {
                 launcher,
                 hosts,
                 print_batch,
+                metrics,
             };
             ferromq_cli::block_on(2, launch::run(options))
         }

@@ -103,6 +103,9 @@ pub struct DeviceOptions {
     /// How much each log line says: FairLogger's names.
     #[arg(long, value_enum, default_value = "medium")]
     pub verbosity: Verbosity,
+    /// Serve Prometheus metrics (channel counters, state) at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
     /// Write log lines to this file instead of the console (results still go to stdout).
     #[arg(long = "log-to-file", value_name = "FILE")]
     pub log_to_file: Option<PathBuf>,

@@ -39,7 +39,16 @@ pub fn run_device<D: Device>(
     };
     let id = config.id.clone();
     crate::block_on(1, async move {
+        if let Some(address) = options.metrics
+            && let Err(error) = crate::metrics_endpoint::serve(address)
+        {
+            eprintln!("ferromq: {error:#}");
+            return ExitCode::from(2);
+        }
         let (runner, controller) = DeviceRunner::new(device, config, crate::built_in_transports());
+        if options.metrics.is_some() {
+            tokio::spawn(ferromq_device::metrics::publish(controller.clone()));
+        }
         let device_task = tokio::spawn(runner.run());
         tokio::spawn(handle_signals(controller.clone()));
         let driven = drive(&controller, options).await;

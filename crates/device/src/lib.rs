@@ -49,6 +49,7 @@ mod config;
 pub mod control;
 mod device;
 mod error;
+pub mod metrics;
 pub mod rates;
 mod runner;
 pub mod state;

@@ -68,6 +68,8 @@ pub struct RunOptions {
     pub hosts: Vec<String>,
     /// Print the sbatch script for the topology instead of running it.
     pub print_batch: bool,
+    /// Serve Prometheus metrics of every device here.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// Loads and checks a topology file for this binary's kinds and transports.
@@ -108,6 +110,8 @@ struct Running {
     heartbeat: Option<AbortOnDrop>,
     last_lines: Arc<Mutex<VecDeque<String>>>,
     state: State,
+    /// When the launcher first saw it in `state`.
+    state_since: std::time::Instant,
     counters: BTreeMap<String, ferromq_core::CounterSnapshot>,
     exited: Option<std::process::ExitStatus>,
 }
@@ -147,6 +151,9 @@ impl Running {
             }
             _ = exits.wait_for(Option::is_some) => bail!("device {id:?} exited while asked"),
         };
+        if reply.state != self.state {
+            self.state_since = std::time::Instant::now();
+        }
         self.state = reply.state;
         if !reply.ok {
             bail!(
@@ -197,6 +204,12 @@ pub async fn run(options: RunOptions) -> ExitCode {
                 ExitCode::from(2)
             }
         };
+    }
+    if let Some(address) = options.metrics
+        && let Err(error) = crate::metrics_endpoint::serve(address)
+    {
+        eprintln!("ferromq: {error:#}");
+        return ExitCode::from(2);
     }
     let registry = crate::built_in_transports();
     let one_host: Vec<&str> = registry

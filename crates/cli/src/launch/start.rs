@@ -383,6 +383,7 @@ fn spawn_all(
             heartbeat: None,
             last_lines: sink.last_lines(),
             state: State::Idle,
+            state_since: std::time::Instant::now(),
             counters: BTreeMap::new(),
             exited: None,
         });

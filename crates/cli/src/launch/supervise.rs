@@ -243,6 +243,7 @@ async fn poll_devices(
             }
         }
         previous.extend(before);
+        record_metrics(devices);
         Console::global().table(&table(devices, previous, seconds));
         for device in devices.iter() {
             for (channel, counters) in &device.counters {
@@ -252,6 +253,26 @@ async fn poll_devices(
         *last_table = Instant::now();
     }
     None
+}
+
+/// Every device's counters and state through the metrics facade (`--metrics`; without it
+/// nothing is installed and this records nothing).
+fn record_metrics(devices: &[Running]) {
+    let spans_hosts = devices.iter().any(|device| device.host != "localhost");
+    for device in devices {
+        let channels: Vec<(String, ferromq_core::CounterSnapshot)> = device
+            .counters
+            .iter()
+            .map(|(channel, counters)| (channel.clone(), *counters))
+            .collect();
+        ferromq_device::metrics::record(&ferromq_device::metrics::DeviceFigures {
+            device: &device.instance.id,
+            host: spans_hosts.then_some(device.host.as_str()),
+            state: device.state,
+            in_state: device.state_since.elapsed(),
+            channels: &channels,
+        });
+    }
 }
 
 /// What to say of device `idx`, which exited while it should not have: its host, state, exit
