@@ -5,8 +5,17 @@
 //! the listener is bound before this returns, so a taken address is an error naming it.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Result, anyhow};
+
+static SERVING: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process serves metrics: recording costs label allocations even with no
+/// recorder installed, so callers that poll many devices skip it otherwise.
+pub fn serving() -> bool {
+    SERVING.load(Ordering::Relaxed)
+}
 
 /// Installs the recorder and serves it at `address`.
 ///
@@ -18,5 +27,6 @@ pub fn serve(address: SocketAddr) -> Result<()> {
         .install()
         .map_err(|error| anyhow!("--metrics {address}: {error}"))?;
     ferromq_device::metrics::describe();
+    SERVING.store(true, Ordering::Relaxed);
     Ok(())
 }

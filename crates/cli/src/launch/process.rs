@@ -468,13 +468,7 @@ pub(super) fn spawn_slurm(
             _ => ExitStatus::from_raw(0),
         };
         for sender in senders.iter() {
-            sender.send_if_modified(|exit| {
-                if exit.is_none() {
-                    *exit = Some(unreported);
-                    return true;
-                }
-                false
-            });
+            set_exit_once(sender, unreported);
         }
     });
     Ok(processes)
@@ -564,6 +558,17 @@ fn fetch_command(address: &str, token: &str, task: usize) -> Result<DeviceComman
         .with_context(|| format!("the launcher's answer for task {task} is not a command"))
 }
 
+/// Records `status` as a task's exit unless one was recorded already.
+fn set_exit_once(sender: &watch::Sender<Option<ExitStatus>>, status: ExitStatus) {
+    sender.send_if_modified(|exit| {
+        let unset = exit.is_none();
+        if unset {
+            *exit = Some(status);
+        }
+        unset
+    });
+}
+
 /// One line of srun's output: a task's line (`3: text`) goes to that device; srun's report of
 /// a task that failed (`srun: error: n2: task 3: Killed`) is that device's exit.
 fn route_srun_line(
@@ -577,13 +582,7 @@ fn route_srun_line(
         // counts where the wrapper itself was killed and said nothing.
         for task in tasks {
             if let Some(sender) = senders.get(task) {
-                sender.send_if_modified(|exit| {
-                    let unset = exit.is_none();
-                    if unset {
-                        *exit = Some(status);
-                    }
-                    unset
-                });
+                set_exit_once(sender, status);
             }
         }
         Console::global().error_line(line);

@@ -243,7 +243,9 @@ async fn poll_devices(
             }
         }
         previous.extend(before);
-        record_metrics(devices);
+        if crate::metrics_endpoint::serving() {
+            record_metrics(devices);
+        }
         Console::global().table(&table(devices, previous, seconds));
         for device in devices.iter() {
             for (channel, counters) in &device.counters {
@@ -255,8 +257,7 @@ async fn poll_devices(
     None
 }
 
-/// Every device's counters and state through the metrics facade (`--metrics`; without it
-/// nothing is installed and this records nothing).
+/// Every device's counters and state through the metrics facade (`--metrics`).
 fn record_metrics(devices: &[Running]) {
     let spans_hosts = devices.iter().any(|device| device.host != "localhost");
     for device in devices {
