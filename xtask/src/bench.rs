@@ -462,6 +462,16 @@ pub(crate) fn machine() -> String {
     format!("{cores} cores, {cpu}")
 }
 
+/// The time now in UTC, as `date -u +FORMAT` writes it (empty if `date` cannot run).
+pub(crate) fn utc_now(format: &str) -> String {
+    Command::new("date")
+        .arg("-u")
+        .arg(format!("+{format}"))
+        .output()
+        .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
 /// Runs everything and writes the report; false when a step failed.
 pub fn run(cargo: &str, workspace: &Path) -> bool {
     let report_dir = workspace.join("target/bench-report");
@@ -572,12 +582,7 @@ pub fn run(cargo: &str, workspace: &Path) -> bool {
     }
     let criterion = criterion_results(&workspace.join("target/criterion"));
     let profile = profile_shmem(&ferromq, &report_dir);
-    let date = Command::new("date")
-        .arg("-u")
-        .arg("+%Y-%m-%d %H:%M UTC")
-        .output()
-        .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
-        .unwrap_or_default();
+    let date = utc_now("%Y-%m-%d %H:%M UTC");
     let Some(rpc_and_mcts) = crate::bench_rpc::run(cargo, workspace, &ferromq) else {
         return false;
     };

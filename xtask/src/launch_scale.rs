@@ -16,11 +16,11 @@
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::soak::{ProcessMemory, median};
+use crate::soak::{LauncherGuard, ProcessMemory, median};
 
 /// How long one run may take beyond its duration before it counts as hung.
 const RUN_ALLOWANCE: Duration = Duration::from_secs(300);
@@ -77,18 +77,6 @@ impl Drop for Cluster {
             .arg("stop")
             .arg(&self.dir)
             .output();
-    }
-}
-
-/// Kills a run left behind by an error.
-struct RunGuard(Child);
-
-impl Drop for RunGuard {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
     }
 }
 
@@ -168,7 +156,7 @@ fn wait_idle(conf: &str) {
 fn run_once(ferromq: &Path, conf: &str, file: &Path, session: &str) -> Result<Measured, String> {
     wait_idle(conf);
     let started = Instant::now();
-    let mut guard = RunGuard(
+    let mut guard = LauncherGuard(
         Command::new("salloc")
             .args(["--nodes=2", "--quiet"])
             .arg(ferromq)
@@ -284,7 +272,7 @@ pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
          that line; memory per device while all run (private: its anonymous resident pages, `RssAnon`, which no other process shares).\n\n\
          | devices | RUNNING after (s) | from salloc (s) | RSS per device (MiB) | private per device (MiB) | private, all devices (MiB) |\n\
          |---|---|---|---|---|---|\n",
-        date(),
+        crate::bench::utc_now("%Y-%m-%d"),
         crate::bench::machine(),
         options.rounds
     );
@@ -357,15 +345,6 @@ pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
         path.display()
     );
     all_passed
-}
-
-fn date() -> String {
-    Command::new("date")
-        .args(["-u", "+%Y-%m-%d"])
-        .output()
-        .ok()
-        .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
-        .unwrap_or_else(|| "today".to_owned())
 }
 
 #[cfg(test)]

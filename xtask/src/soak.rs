@@ -126,8 +126,9 @@ struct Outcome {
     failures: Vec<String>,
 }
 
-/// Kills the launcher if the soak ends early (its devices follow their parent).
-struct LauncherGuard(Child);
+/// Kills the launcher if the soak (or a launch-scale run) ends early; its devices follow
+/// their parent.
+pub(crate) struct LauncherGuard(pub(crate) Child);
 
 impl Drop for LauncherGuard {
     fn drop(&mut self) {

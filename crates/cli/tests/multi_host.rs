@@ -69,24 +69,8 @@ async fn the_event_building_topology_runs_over_two_ssh_hosts_and_a_lost_host_sto
         );
     }
     // Logs from every host reach the launcher, prefixed with host and device.
-    let sink_summary = run
-        .stdout
-        .lines()
-        .find(|line| line.starts_with(&format!("{host_b}: [sink] sink summary")))
-        .unwrap_or_else(|| panic!("no sink summary from {host_b}:\n{}", run.stdout));
-    let sent: u64 = run
-        .stdout
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix(&format!("{host_a}: "))?
-                .split_once("[sampler] sent ")?
-                .1
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no sampler total from {host_a}:\n{}", run.stdout));
+    let sink_summary = support::sink_summary(&run.stdout, &format!("{host_b}: "));
+    let sent = support::sampler_total(&run.stdout, &format!("{host_a}: "));
     assert!(sent > 0);
     assert!(
         sink_summary.contains(&format!("received {sent} messages"))
@@ -199,20 +183,36 @@ async fn ctrl_c_stops_the_devices_on_every_host_and_leaves_no_shared_memory() {
     assert_eq!(support::shm_objects_of(&session), 0, "shared memory left");
 }
 
-#[tokio::test]
-async fn shmem_between_devices_on_different_hosts_is_refused_naming_both() {
-    let dir = std::env::temp_dir().join(format!("ferromq-placement-{}", std::process::id()));
+/// A topology file (in a new temporary directory, returned too) of a sampler on host 0 sending
+/// over `transport` to a sink on host 1, each with the properties given (`key = value, ...`).
+fn sampler_on_0_sink_on_1(
+    tag: &str,
+    transport: &str,
+    sampler_properties: &str,
+    sink_properties: &str,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("ferromq-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("split.toml");
+    let file = dir.join("pair.toml");
     std::fs::write(
         &file,
-        "transport = \"shmem\"\n\
-         [[device]]\nid = \"sampler\"\nkind = \"sampler\"\nhost = 0\n\
-         [[device.channel]]\nname = \"data\"\ntype = \"push\"\n\
-         [[device]]\nid = \"sink\"\nkind = \"sink\"\nhost = 1\n\
-         [[device.channel]]\nname = \"data\"\ntype = \"pull\"\nconnect = \"sampler.data\"\n",
+        format!(
+            "transport = \"{transport}\"\n\
+             [[device]]\nid = \"sampler\"\nkind = \"sampler\"\nhost = 0\n\
+             properties = {{ {sampler_properties} }}\n\
+             [[device.channel]]\nname = \"data\"\ntype = \"push\"\n\
+             [[device]]\nid = \"sink\"\nkind = \"sink\"\nhost = 1\n\
+             properties = {{ {sink_properties} }}\n\
+             [[device.channel]]\nname = \"data\"\ntype = \"pull\"\nconnect = \"sampler.data\"\n"
+        ),
     )
     .unwrap();
+    (dir, file)
+}
+
+#[tokio::test]
+async fn shmem_between_devices_on_different_hosts_is_refused_naming_both() {
+    let (dir, file) = sampler_on_0_sink_on_1("placement", "shmem", "", "");
     let file = file.display().to_string();
     // Refused before anything starts, so the hosts need not exist.
     let over_ssh = |hosts: &str| {
@@ -262,19 +262,12 @@ async fn shmem_between_devices_on_different_hosts_is_refused_naming_both() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ofi_channel_carries_messages_between_two_hosts() {
     let hosts = NamespaceHosts::new(2);
-    let dir = std::env::temp_dir().join(format!("ferromq-ofi-hosts-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("ofi-across.toml");
-    std::fs::write(
-        &file,
-        "transport = \"ofi\"\n\
-         [[device]]\nid = \"sampler\"\nkind = \"sampler\"\nhost = 0\n\
-         properties = { msg-size = 65536, rate = 500 }\n\
-         [[device.channel]]\nname = \"data\"\ntype = \"push\"\n\
-         [[device]]\nid = \"sink\"\nkind = \"sink\"\nhost = 1\nproperties = { verify = true }\n\
-         [[device.channel]]\nname = \"data\"\ntype = \"pull\"\nconnect = \"sampler.data\"\n",
-    )
-    .unwrap();
+    let (dir, file) = sampler_on_0_sink_on_1(
+        "ofi-hosts",
+        "ofi",
+        "msg-size = 65536, rate = 500",
+        "verify = true",
+    );
     let run = finish(run_over(
         &hosts,
         &file.display().to_string(),
@@ -284,24 +277,8 @@ async fn an_ofi_channel_carries_messages_between_two_hosts() {
     let _ = std::fs::remove_dir_all(&dir);
     run.assert_exited_0();
     let (host_a, host_b) = (&hosts.destinations[0], &hosts.destinations[1]);
-    let sent: u64 = run
-        .stdout
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix(&format!("{host_a}: "))?
-                .split_once("[sampler] sent ")?
-                .1
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no sampler total from {host_a}:\n{}", run.stdout));
-    let summary = run
-        .stdout
-        .lines()
-        .find(|line| line.starts_with(&format!("{host_b}: [sink] sink summary")))
-        .unwrap_or_else(|| panic!("no sink summary from {host_b}:\n{}", run.stdout));
+    let sent = support::sampler_total(&run.stdout, &format!("{host_a}: "));
+    let summary = support::sink_summary(&run.stdout, &format!("{host_b}: "));
     assert!(
         sent > 0 && summary.contains(&format!("received {sent} messages")),
         "sent {sent}: {summary}"

@@ -8,18 +8,8 @@
 
 mod support;
 
-use support::{ferromq, finish, wait_for_line};
+use support::{Device, finish, wait_for_line};
 use tokio::io::{AsyncBufReadExt, BufReader};
-
-fn static_device(kind: &str, id: &str, args: &[&str]) -> tokio::process::Child {
-    let mut all = vec!["device", kind, "--id", id, "--control", "static"];
-    all.extend_from_slice(args);
-    ferromq(&all)
-}
-
-fn channel(kind: &str, method: &str, address: &str) -> String {
-    format!("name=data,type={kind},method={method},address={address},rateLogging=0")
-}
 
 /// ofi over libfabric's tcp provider: 20 × 64 MiB take far longer to move than `linger`
 /// (500 ms) after the sender's last send, and still all arrive: linger bounds silence only.
@@ -27,14 +17,13 @@ fn channel(kind: &str, method: &str, address: &str) -> String {
 async fn an_ofi_sender_drains_everything_while_the_peer_keeps_taking() {
     let session = format!("ofidrain{}", std::process::id());
     let device = |kind: &str, socket_type: &str, method: &str, address: &str| {
-        let mut args = vec!["--transport", "ofi", "--max-iterations", "19"];
-        args.extend(["--session", session.as_str()]);
+        let mut device = Device::new(kind, kind)
+            .args(&["--transport", "ofi", "--max-iterations", "19"])
+            .args(&["--session", &session]);
         if kind == "sampler" {
-            args.extend(["--msg-size", "67108864"]);
+            device = device.args(&["--msg-size", "67108864"]);
         }
-        let config = channel(socket_type, method, address);
-        args.extend(["--channel-config", config.as_str()]);
-        static_device(kind, kind, &args)
+        device.channel(socket_type, method, address).spawn()
     };
     // The sink binds a port of the system's choosing and says which: a port picked here and
     // freed could be taken by a parallel test before the sink binds it (the sink would then

@@ -151,24 +151,8 @@ async fn the_event_building_topology_runs_as_slurm_tasks_on_two_nodes_and_a_kill
         });
         assert!(row, "no table row of {device} on {node}:\n{}", run.stdout);
     }
-    let sent: u64 = run
-        .stdout
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix("n1: ")?
-                .split_once("[sampler] sent ")?
-                .1
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no sampler total from n1:\n{}", run.stdout));
-    let summary = run
-        .stdout
-        .lines()
-        .find(|line| line.starts_with("n2: [sink] sink summary"))
-        .unwrap_or_else(|| panic!("no sink summary from n2:\n{}", run.stdout));
+    let sent = support::sampler_total(&run.stdout, "n1: ");
+    let summary = support::sink_summary(&run.stdout, "n2: ");
     assert!(
         sent > 0 && summary.contains(&format!("received {sent} messages, ")),
         "sent {sent}: {summary}"

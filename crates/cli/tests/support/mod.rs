@@ -127,6 +127,34 @@ pub fn shm_objects_of(session: &str) -> usize {
         .unwrap_or(0)
 }
 
+/// The sampler's total (`[sampler] sent N messages`) on a line that starts with `prefix`
+/// (`"HOST: "` for a device on another host).
+#[allow(dead_code)]
+pub fn sampler_total(stdout: &str, prefix: &str) -> u64 {
+    stdout
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(prefix)?
+                .split_once("[sampler] sent ")?
+                .1
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no sampler total after {prefix:?}:\n{stdout}"))
+}
+
+/// The sink's summary line, printed after `prefix` (`"HOST: "` for a device on another host).
+#[allow(dead_code)]
+pub fn sink_summary<'a>(stdout: &'a str, prefix: &str) -> &'a str {
+    let start = format!("{prefix}[sink] sink summary");
+    stdout
+        .lines()
+        .find(|line| line.starts_with(&start))
+        .unwrap_or_else(|| panic!("no sink summary after {prefix:?}:\n{stdout}"))
+}
+
 /// A unique ipc address, its socket file removed on drop.
 #[allow(dead_code)] // Not every test binary that includes this module uses every helper.
 pub struct Ipc(std::path::PathBuf);
