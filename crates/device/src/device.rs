@@ -19,9 +19,9 @@ use ferromq_core::{
     Transport, TransportRegistry, TransportTraits,
 };
 use futures_util::FutureExt;
-use tokio_util::sync::CancellationToken;
 
 use crate::error::DeviceError;
+use crate::stop::StopSignal;
 
 /// What an `on_data` handler wants next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,7 +186,7 @@ pub struct DeviceContext {
     /// The transports made so far, by name: one per name per device.
     pub(crate) transports: BTreeMap<String, Arc<dyn Transport>>,
     pub(crate) properties: Arc<Mutex<BTreeMap<String, String>>>,
-    pub(crate) stop: CancellationToken,
+    pub(crate) stop: StopSignal,
     pub(crate) max_iterations: u64,
     pub(crate) n_iterations: u64,
     pub(crate) poll_start: usize,
@@ -409,18 +409,6 @@ impl DeviceContext {
         }
     }
 
-    /// Runs a channel operation unless STOP comes first (`None` then).
-    async fn interruptible<T>(
-        stop: &CancellationToken,
-        operation: impl Future<Output = Result<T, Error>>,
-    ) -> Option<Result<T, Error>> {
-        tokio::select! {
-            biased;
-            () = stop.cancelled() => None,
-            result = operation => Some(result),
-        }
-    }
-
     /// The outcome of an operation on channel `idx`: its label is read only if STOP interrupted
     /// it, so the hot path clones nothing.
     fn settle<T>(&self, idx: usize, outcome: Option<Result<T, Error>>) -> Result<T, DeviceError> {
@@ -444,7 +432,7 @@ impl DeviceContext {
                 .await
                 .map_err(|failed| failed.error)
         };
-        let outcome = Self::interruptible(&self.stop, send).await;
+        let outcome = self.stop.interrupt(send).await;
         self.settle(idx, outcome)
     }
 
@@ -477,7 +465,7 @@ impl DeviceContext {
                 .await
                 .map_err(|failed| failed.error)
         };
-        let outcome = Self::interruptible(&self.stop, send).await;
+        let outcome = self.stop.interrupt(send).await;
         self.settle(idx, outcome)
     }
 
@@ -487,7 +475,7 @@ impl DeviceContext {
     /// As [`DeviceContext::send`].
     pub async fn receive(&mut self, name: &str) -> Result<Message, DeviceError> {
         let idx = self.channel_idx(name)?;
-        let outcome = Self::interruptible(&self.stop, self.channels[idx].receive()).await;
+        let outcome = self.stop.interrupt(self.channels[idx].receive()).await;
         self.settle(idx, outcome)
     }
 
@@ -511,7 +499,10 @@ impl DeviceContext {
     }
 
     async fn receive_parts_at(&mut self, idx: usize) -> Result<Parts, DeviceError> {
-        let outcome = Self::interruptible(&self.stop, self.channels[idx].receive_parts()).await;
+        let outcome = self
+            .stop
+            .interrupt(self.channels[idx].receive_parts())
+            .await;
         self.settle(idx, outcome)
     }
 
@@ -565,13 +556,16 @@ impl DeviceContext {
         }
         if let [idx] = wanted[..] {
             // One input: no rotation, no boxed futures (the path of every sink and processor).
-            let outcome = Self::interruptible(&self.stop, self.channels[idx].receive_parts()).await;
+            let outcome = self
+                .stop
+                .interrupt(self.channels[idx].receive_parts())
+                .await;
             let parts = self.settle(idx, outcome)?;
             return Ok((self.channels[idx].name().to_owned(), parts));
         }
         self.poll_start = (self.poll_start + 1) % wanted.len();
         wanted.rotate_left(self.poll_start);
-        let stop = self.stop.clone();
+        let stop = self.stop.requested_owned();
         let mut receives = Vec::with_capacity(wanted.len());
         // Disjoint mutable borrows of the wanted channels, in the rotated order.
         let mut slots: Vec<Option<&mut Channel>> = self.channels.iter_mut().map(Some).collect();
@@ -587,7 +581,7 @@ impl DeviceContext {
         }
         tokio::select! {
             biased;
-            () = stop.cancelled() => Err(DeviceError::Channel(Error::Interrupted {
+            () = stop => Err(DeviceError::Channel(Error::Interrupted {
                 channel: ferromq_core::ChannelLabel::new("poll", ferromq_core::SocketType::Pull),
             })),
             (result, _, _) = futures_util::future::select_all(receives) => Ok(result?),
@@ -596,7 +590,7 @@ impl DeviceContext {
 
     /// True until STOP or `--max-iterations`; counts one iteration per call.
     pub fn next_iteration(&mut self) -> bool {
-        if self.stop.is_cancelled() {
+        if self.stop.is_requested() {
             return false;
         }
         if self.max_iterations > 0 && self.n_iterations >= self.max_iterations {
@@ -618,13 +612,13 @@ impl DeviceContext {
 
     /// True once STOP was requested.
     pub fn stop_requested(&self) -> bool {
-        self.stop.is_cancelled()
+        self.stop.is_requested()
     }
 
     /// Completes when STOP is requested (for `select!` in a device's own loops). The future
     /// does not borrow the context, so channel calls can run beside it.
     pub fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.stop.clone().cancelled_owned()
+        self.stop.requested_owned()
     }
 
     /// A property as text.
@@ -676,7 +670,7 @@ mod tests {
             registry: Arc::default(),
             transports: BTreeMap::new(),
             properties: Arc::default(),
-            stop: CancellationToken::new(),
+            stop: StopSignal::new(),
             max_iterations: 0,
             n_iterations: 0,
             poll_start: 0,

@@ -53,6 +53,7 @@ pub mod metrics;
 pub mod rates;
 mod runner;
 pub mod state;
+mod stop;
 
 /// The attribute `impl Device` blocks need (the trait has async methods and is object-safe).
 pub use async_trait::async_trait;

@@ -24,6 +24,7 @@ use crate::device::{Device, DeviceContext};
 use crate::error::{DeviceError, Result};
 use crate::rates;
 use crate::state::{State, Transition, next_state};
+use crate::stop::StopSignal;
 
 enum Request {
     Change(Transition, oneshot::Sender<Result<State>>),
@@ -254,7 +255,7 @@ impl<D: Device> DeviceRunner<D> {
             registry: transports,
             transports: BTreeMap::new(),
             properties: Arc::clone(&properties),
-            stop: CancellationToken::new(),
+            stop: StopSignal::new(),
             max_iterations: config.max_iterations,
             n_iterations: 0,
             poll_start: 0,
@@ -365,7 +366,7 @@ impl<D: Device> DeviceRunner<D> {
     }
 
     fn fail(&mut self, failure: DeviceError) {
-        self.ctx.stop.cancel();
+        self.ctx.stop.request();
         self.record_failure(failure);
         self.set_state(State::Error);
     }
@@ -373,7 +374,7 @@ impl<D: Device> DeviceRunner<D> {
     /// Does the work of `state` while answering requests, then moves to `after` (or ERROR).
     async fn work(&mut self, state: State, after: State) {
         if state == State::Running {
-            self.ctx.stop = CancellationToken::new();
+            self.ctx.stop = StopSignal::new();
         }
         let stop = self.ctx.stop.clone();
         let id = self.config.id.clone();
@@ -405,7 +406,7 @@ impl<D: Device> DeviceRunner<D> {
                     outcome = &mut step => break outcome,
                     request = self.requests.recv() => match request {
                         Some(Request::Change(Transition::Stop, reply)) if state == State::Running => {
-                            stop.cancel();
+                            stop.request();
                             let _ = reply.send(Ok(State::Ready));
                         }
                         Some(Request::Change(transition, reply)) if transition != Transition::ErrorFound => {
@@ -417,7 +418,7 @@ impl<D: Device> DeviceRunner<D> {
                         }
                         Some(Request::Abort(reason)) if state == State::Running => {
                             tracing::info!(device = %id, %reason, "stopping");
-                            stop.cancel();
+                            stop.request();
                         }
                         Some(Request::Abort(reason)) => {
                             break Err(DeviceError::Interrupted { device: id.clone(), state, reason });

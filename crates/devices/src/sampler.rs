@@ -68,7 +68,10 @@ impl Device for Sampler {
         let stopped = ctx.stopped();
         tokio::pin!(stopped);
         while ctx.next_iteration() {
+            // The pacer first: when it is ready (always, unthrottled) STOP's future is not
+            // polled, which would take its lock per message; `next_iteration` sees STOP.
             tokio::select! {
+                biased;
                 () = pacer.wait() => {}
                 () = &mut stopped => break,
             }
@@ -146,7 +149,10 @@ impl Device for BenchmarkSampler {
         let stopped = ctx.stopped();
         tokio::pin!(stopped);
         while ctx.next_iteration() {
+            // The pacer first: when it is ready (always, unthrottled) STOP's future is not
+            // polled, which would take its lock per message; `next_iteration` sees STOP.
             tokio::select! {
+                biased;
                 () = pacer.wait() => {}
                 () = &mut stopped => break,
             }
