@@ -40,6 +40,7 @@ pub mod rpc_bench;
 mod run;
 pub mod session_dir;
 pub mod shm_command;
+pub mod top_command;
 pub mod transports;
 
 use std::process::ExitCode;

@@ -82,6 +82,9 @@ enum Command {
         #[arg(long, value_enum, default_value = "dot")]
         format: GraphFormat,
     },
+    /// Show the devices running on this host (any session, whoever started them): live, or
+    /// one snapshot with --once / --json. Leave with q, Esc or Ctrl-C; the run goes on.
+    Top(ferromq_cli::top_command::TopOptions),
     /// Show or remove shared memory (`ferromq shm list`, `ferromq shm clean --stale`).
     Shm {
         #[command(subcommand)]
@@ -139,6 +142,7 @@ fn main() -> ExitCode {
             run_builtin(kind, *options, &builtin)
         }
         Command::Shm { command } => shm_command::run(&command),
+        Command::Top(options) => ferromq_cli::top_command::run(&options),
         Command::Bench(options) => ferromq_cli::block_on(1, ferromq_cli::bench::run(options)),
         Command::BenchRpcRole(options) => {
             ferromq_cli::block_on(1, ferromq_cli::rpc_bench::run_role(options))

@@ -12,7 +12,9 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use ferromq_device::{Device, DeviceController, DeviceRunner, State, control, error_chain};
+use ferromq_device::{
+    Device, DeviceController, DeviceRunner, State, control, error_chain, presence,
+};
 
 use crate::interactive;
 use crate::options::{ControlMode, DeviceOptions};
@@ -38,6 +40,7 @@ pub fn run_device<D: Device>(
         }
     };
     let id = config.id.clone();
+    let session = config.session.clone();
     crate::block_on(1, async move {
         if let Some(address) = options.metrics
             && let Err(error) = crate::metrics_endpoint::serve(address)
@@ -51,6 +54,8 @@ pub fn run_device<D: Device>(
         }
         let device_task = tokio::spawn(runner.run());
         tokio::spawn(handle_signals(controller.clone()));
+        // Kept to the end: dropping it removes the entry `ferromq top` finds this device by.
+        let _presence = observe(&controller, &session);
         let driven = drive(&controller, options).await;
         let outcome = match device_task.await {
             Err(error) => Err(format!("device task failed: {error}")),
@@ -95,6 +100,7 @@ async fn drive(controller: &DeviceController, options: &DeviceOptions) -> Result
                 address: address.to_owned(),
                 heartbeat,
                 first_contact: control::FIRST_CONTACT_LIMIT,
+                read_only: false,
             };
             let transport = ferromq_zmq::ZmqTransport::new();
             let served = control::serve_external_control(
@@ -118,6 +124,49 @@ async fn drive(controller: &DeviceController, options: &DeviceOptions) -> Result
             served.map_err(|error| error_chain(&error))
         }
     }
+}
+
+/// Makes this device findable by `ferromq top`: a read-only control endpoint in this user's
+/// presence directory, announced there once bound (see `ferromq_device::presence`). A device
+/// that cannot be made observable runs all the same, with a warning.
+fn observe(
+    controller: &DeviceController,
+    session: &str,
+) -> Option<std::sync::Arc<presence::Presence>> {
+    let presence = match presence::Presence::prepare(controller.id(), session) {
+        Ok(presence) => presence,
+        Err(error) => {
+            tracing::warn!(%error, "ferromq top will not see this device");
+            return None;
+        }
+    };
+    let endpoint = control::ControlEndpoint {
+        address: presence.observe_address().to_owned(),
+        heartbeat: None,
+        first_contact: std::time::Duration::ZERO,
+        read_only: true,
+    };
+    let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
+    let observed = controller.clone();
+    tokio::spawn(async move {
+        let transport = ferromq_zmq::ZmqTransport::new();
+        let served = control::serve_external_control(&transport, &endpoint, observed, |_| {
+            let _ = bound_tx.send(());
+        });
+        if let Err(error) = served.await {
+            tracing::warn!(error = %error_chain(&error), "ferromq top will not see this device");
+        }
+    });
+    let presence = std::sync::Arc::new(presence);
+    let announced = std::sync::Arc::clone(&presence);
+    tokio::spawn(async move {
+        if bound_rx.await.is_ok()
+            && let Err(error) = announced.publish()
+        {
+            tracing::warn!(%error, "ferromq top will not see this device");
+        }
+    });
+    Some(presence)
 }
 
 /// The environment variable in which `ferromq run` gives its devices its process id.

@@ -16,7 +16,16 @@
 //! {"request":"get_property","key":"msg-size"}          -> {"ok":true,...,"value":"1024"}
 //! {"request":"set_property","key":"rate","value":"0"}  -> {"ok":true,...}
 //! {"request":"shutdown"}                               -> {"ok":true,...} then STOP ... END
+//! {"request":"overview"}                               -> {"ok":true,"state":"RUNNING","value":{"pid":4242,
+//!                                                          "seconds_in_state":3.5,"counters":{"data":{...}}}}
 //! ```
+//!
+//! # Observers
+//! Every `ferromq device` process also serves a **read-only** endpoint (see
+//! [`ControlEndpoint::read_only`] and [`crate::presence`]) for `ferromq top`: it answers the
+//! requests that read (`state`, `overview`, `counters`, `channels`, `properties`,
+//! `get_property`) and refuses the rest, so looking at a run never steers it, and an observer's
+//! requests never count as a launcher's sign of life.
 //! A refused request answers `{"ok":false,"state":...,"error":"transition RUN is not allowed in state IDLE"}`.
 
 use std::time::Duration;
@@ -136,6 +145,24 @@ pub enum LauncherToDevice {
     Counters,
     /// Go down to EXITING from wherever the device is (STOP, RESET TASK, RESET DEVICE, END).
     Shutdown,
+    /// What an observer shows in one answer: the process id, the time in the current state and
+    /// every channel's counters.
+    Overview,
+}
+
+impl LauncherToDevice {
+    /// True for the requests that only read, the ones a read-only endpoint answers.
+    pub fn only_reads(&self) -> bool {
+        matches!(
+            self,
+            Self::State
+                | Self::GetProperty { .. }
+                | Self::Properties
+                | Self::Channels
+                | Self::Counters
+                | Self::Overview
+        )
+    }
 }
 
 /// A device's answer.
@@ -153,7 +180,29 @@ pub struct DeviceToLauncher {
     pub value: Option<serde_json::Value>,
 }
 
-async fn answer(controller: &DeviceController, request: LauncherToDevice) -> DeviceToLauncher {
+/// Every channel's counters as the `counters` and `overview` answers carry them.
+fn counters_value(controller: &DeviceController) -> serde_json::Value {
+    let counters: serde_json::Map<String, serde_json::Value> = controller
+        .counters()
+        .into_iter()
+        .map(|(name, snapshot)| {
+            let value = serde_json::json!({
+                "messages_in": snapshot.messages_in,
+                "bytes_in": snapshot.bytes_in,
+                "messages_out": snapshot.messages_out,
+                "bytes_out": snapshot.bytes_out,
+            });
+            (name, value)
+        })
+        .collect();
+    serde_json::Value::Object(counters)
+}
+
+async fn answer(
+    controller: &DeviceController,
+    request: LauncherToDevice,
+    state_entered: tokio::time::Instant,
+) -> DeviceToLauncher {
     let value: Result<Option<serde_json::Value>> = match request {
         LauncherToDevice::Transition { transition } => {
             controller.change_state(transition).await.map(|_| None)
@@ -179,22 +228,12 @@ async fn answer(controller: &DeviceController, request: LauncherToDevice) -> Dev
                 .collect();
             Ok(Some(serde_json::Value::Object(bound)))
         }
-        LauncherToDevice::Counters => {
-            let counters: serde_json::Map<String, serde_json::Value> = controller
-                .counters()
-                .into_iter()
-                .map(|(name, snapshot)| {
-                    let value = serde_json::json!({
-                        "messages_in": snapshot.messages_in,
-                        "bytes_in": snapshot.bytes_in,
-                        "messages_out": snapshot.messages_out,
-                        "bytes_out": snapshot.bytes_out,
-                    });
-                    (name, value)
-                })
-                .collect();
-            Ok(Some(serde_json::Value::Object(counters)))
-        }
+        LauncherToDevice::Counters => Ok(Some(counters_value(controller))),
+        LauncherToDevice::Overview => Ok(Some(serde_json::json!({
+            "pid": std::process::id(),
+            "seconds_in_state": state_entered.elapsed().as_secs_f64(),
+            "counters": counters_value(controller),
+        }))),
         LauncherToDevice::Shutdown => {
             let controller = controller.clone();
             tokio::spawn(async move {
@@ -262,6 +301,9 @@ pub struct ControlEndpoint {
     /// With `heartbeat`: how long to wait for the launcher's first request, if longer than
     /// `heartbeat` (see [`FIRST_CONTACT_LIMIT`]).
     pub first_contact: Duration,
+    /// Answer only the requests that read ([`LauncherToDevice::only_reads`]): an observer's
+    /// endpoint. Requests to it are no sign of a launcher's life.
+    pub read_only: bool,
 }
 
 /// Serves the external control protocol at `endpoint.address` until the device reaches
@@ -302,6 +344,7 @@ pub async fn serve_external_control(
     tracing::info!(device = %controller.id(), address = %bound, "external control endpoint bound");
     on_bound(&bound.to_string());
     let mut states = controller.subscribe();
+    let mut state_entered = tokio::time::Instant::now();
     let mut last_request = tokio::time::Instant::now();
     // Until the launcher first speaks, it may still be starting the others (a thousand Slurm
     // tasks take seconds, and their announcements reach it late): a longer allowance then.
@@ -334,6 +377,7 @@ pub async fn serve_external_control(
                 if changed.is_err() || *states.borrow() == State::Exiting {
                     break;
                 }
+                state_entered = tokio::time::Instant::now();
                 continue;
             }
             limit = silence => {
@@ -365,7 +409,16 @@ pub async fn serve_external_control(
             }
         };
         let reply = match serde_json::from_slice::<LauncherToDevice>(request.data()) {
-            Ok(request) => answer(&controller, request).await,
+            Ok(request) if endpoint.read_only && !request.only_reads() => DeviceToLauncher {
+                ok: false,
+                state: controller.state(),
+                error: Some(format!(
+                    "this endpoint only observes: {request:?} is refused (steer a device \
+                     through its launcher or its own control mode)"
+                )),
+                value: None,
+            },
+            Ok(request) => answer(&controller, request, state_entered).await,
             Err(error) => DeviceToLauncher {
                 ok: false,
                 state: controller.state(),
@@ -373,7 +426,8 @@ pub async fn serve_external_control(
                 value: None,
             },
         };
-        // A request answered, however long it took, is a sign of life.
+        // A request answered, however long it took, is a sign of life (of a launcher: an
+        // observer's endpoint has no heartbeat).
         last_request = tokio::time::Instant::now();
         spoken = true;
         let bytes = serde_json::to_vec(&reply).expect("replies serialise");

@@ -50,6 +50,7 @@ pub mod control;
 mod device;
 mod error;
 pub mod metrics;
+pub mod presence;
 pub mod rates;
 mod runner;
 pub mod state;

@@ -377,6 +377,7 @@ async fn serve_unattended(device: impl Device + 'static, tag: &str, to_running: 
         address: format!("ipc://{}", path.display()),
         heartbeat: Some(Duration::from_millis(200)),
         first_contact: Duration::ZERO,
+        read_only: false,
     };
     let transport = ferromq_zmq::ZmqTransport::new();
     let served = tokio::time::timeout(

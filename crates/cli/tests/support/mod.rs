@@ -178,11 +178,20 @@ impl Drop for Ipc {
     }
 }
 
-/// `ferromq ARGS --color false`, output piped, killed when dropped.
+/// `ferromq ARGS --color false` (a device's option), output piped, killed when dropped.
 #[allow(dead_code)]
 pub fn ferromq(args: &[&str]) -> Child {
+    let mut with_color: Vec<&str> = args.to_vec();
+    with_color.extend(["--color", "false"]);
+    ferromq_as_is(&with_color)
+}
+
+/// `ferromq ARGS` (for the commands without `--color`: run, top), output piped, killed when
+/// dropped.
+#[allow(dead_code)]
+pub fn ferromq_as_is(args: &[&str]) -> Child {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferromq"));
-    command.args(args).args(["--color", "false"]);
+    command.args(args);
     spawn_piped(command)
 }
 

@@ -1,0 +1,315 @@
+//! `ferromq top`: it finds the devices of a topology another process started and standalone
+//! devices, shows them live in a real terminal (tmux, read back with `capture-pane`) and as
+//! one snapshot (`--once`, `--json`), leaves on `q` without disturbing the run, and refuses
+//! what it cannot do with exit codes that say so.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{Device, Ipc, bundled, ferromq_as_is, finish, signal};
+
+/// `ferromq top ARGS` run to its end.
+async fn top(args: &[&str]) -> support::Finished {
+    let mut with_top = vec!["top"];
+    with_top.extend(args);
+    finish(ferromq_as_is(&with_top)).await
+}
+
+/// Runs `top SESSION --json` every 200 ms until `done` accepts what it printed (30 s at most);
+/// that JSON.
+async fn top_json_until(
+    session: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let mut look = tokio::time::interval(Duration::from_millis(200));
+    let mut last = String::new();
+    for _ in 0..150 {
+        look.tick().await;
+        let seen = top(&[session, "--json", "--interval", "0.2"]).await;
+        if seen.code == Some(0) {
+            let value: serde_json::Value =
+                serde_json::from_str(&seen.stdout).expect("top --json prints JSON");
+            if done(&value) {
+                return value;
+            }
+        }
+        last = format!("{}{}", seen.stdout, seen.stderr);
+    }
+    panic!("top never showed what was awaited; last:\n{last}");
+}
+
+/// The ids of the devices in a `--json` snapshot that are in `state`.
+fn ids_in_state(snapshot: &serde_json::Value, state: &str) -> Vec<String> {
+    let mut ids: Vec<String> = snapshot["devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .filter(|device| device["state"] == state)
+        .map(|device| device["id"].as_str().expect("id").to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// A tmux server of its own (its own socket), killed when dropped, however the test ends.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn start(command: &str) -> Tmux {
+        let tmux = Tmux {
+            socket: format!("ferromq-top-test-{}", std::process::id()),
+        };
+        let status = tmux
+            .command(&[
+                "new-session",
+                "-d",
+                "-s",
+                "top",
+                "-x",
+                "160",
+                "-y",
+                "30",
+                command,
+            ])
+            .status()
+            .expect("run tmux");
+        assert!(status.success(), "tmux new-session");
+        tmux
+    }
+
+    fn command(&self, args: &[&str]) -> std::process::Command {
+        let mut command = std::process::Command::new("tmux");
+        command.args(["-L", &self.socket]).args(args);
+        command
+    }
+
+    fn screen(&self) -> String {
+        let output = self
+            .command(&["capture-pane", "-p", "-t", "top"])
+            .output()
+            .expect("tmux capture-pane");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    fn alive(&self) -> bool {
+        self.command(&["has-session", "-t", "top"])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self
+            .command(&["kill-server"])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_in_a_terminal_shows_every_device_of_a_run_another_process_started() {
+    let session = format!("top-live-{}", std::process::id());
+    let run = ferromq_as_is(&["run", &bundled("default.toml"), "--session", &session]);
+    let running = top_json_until(&session, |snapshot| {
+        ids_in_state(snapshot, "RUNNING").len() == 3
+    })
+    .await;
+    assert_eq!(
+        ids_in_state(&running, "RUNNING"),
+        ["processor", "sampler", "sink"]
+    );
+
+    let binary = env!("CARGO_BIN_EXE_ferromq");
+    let tmux = Tmux::start(&format!("{binary} top {session} --interval 0.3"));
+    let mut look = tokio::time::interval(Duration::from_millis(100));
+    let mut screen = String::new();
+    for _ in 0..200 {
+        look.tick().await;
+        screen = tmux.screen();
+        let shown = ["processor", "sampler", "sink"].iter().all(|id| {
+            screen
+                .lines()
+                .any(|line| line.contains(id) && line.contains("RUNNING"))
+        });
+        if shown && screen.contains("rates over the last") {
+            break;
+        }
+    }
+    for id in ["processor", "sampler", "sink"] {
+        assert!(
+            screen
+                .lines()
+                .any(|line| line.contains(id) && line.contains("RUNNING")),
+            "{id} is not shown RUNNING:\n{screen}"
+        );
+    }
+    assert!(screen.contains(&format!("session {session}")), "{screen}");
+
+    let status = tmux
+        .command(&["send-keys", "-t", "top", "q"])
+        .status()
+        .expect("send q");
+    assert!(status.success());
+    for _ in 0..100 {
+        if !tmux.alive() {
+            break;
+        }
+        look.tick().await;
+    }
+    assert!(!tmux.alive(), "top did not leave on q:\n{}", tmux.screen());
+
+    // Looking and leaving disturbed nothing: still all RUNNING, and the run ends cleanly.
+    let after = top_json_until(&session, |snapshot| {
+        ids_in_state(snapshot, "RUNNING").len() == 3
+    })
+    .await;
+    assert_eq!(ids_in_state(&after, "RUNNING").len(), 3);
+    signal(&run, "INT");
+    let finished = finish(run).await;
+    finished.assert_exited_0();
+    let gone = top(&[&session, "--once"]).await;
+    assert_eq!(gone.code, Some(1), "{}{}", gone.stdout, gone.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_once_shows_standalone_devices_with_their_counts() {
+    let session = format!("top-once-{}", std::process::id());
+    let ipc = Ipc::new("top-once");
+    let sink = Device::new("sink", "lonely-sink")
+        .args(&["--session", &session])
+        .channel("pull", "bind", &ipc.address())
+        .spawn();
+    let sampler = Device::new("sampler", "slow-sampler")
+        .args(&[
+            "--session",
+            &session,
+            "--rate",
+            "50",
+            "--max-iterations",
+            "100000",
+        ])
+        .channel("push", "connect", &ipc.address())
+        .spawn();
+    let snapshot = top_json_until(&session, |snapshot| {
+        snapshot["devices"].as_array().is_some_and(|devices| {
+            devices.iter().any(|device| {
+                device["id"] == "lonely-sink"
+                    && device["channels"][0]["messages_in"].as_u64().unwrap_or(0) > 0
+                    && device["channels"][0]["rates"]["messages_in"]
+                        .as_f64()
+                        .unwrap_or(0.0)
+                        > 0.0
+            })
+        })
+    })
+    .await;
+    assert_eq!(
+        ids_in_state(&snapshot, "RUNNING"),
+        ["lonely-sink", "slow-sampler"]
+    );
+    let sink_view = snapshot["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|device| device["id"] == "lonely-sink")
+        .unwrap();
+    assert_eq!(sink_view["pid"], sink.id().unwrap());
+    assert_eq!(sink_view["session"], session.as_str());
+
+    let table = top(&[&session, "--once", "--interval", "0.3"]).await;
+    table.assert_exited_0();
+    let lines: Vec<&str> = table.stdout.lines().collect();
+    assert!(
+        lines[0].starts_with("2 device(s) in 1 session(s)"),
+        "{}",
+        table.stdout
+    );
+    assert!(lines[1].starts_with("session") && lines[1].contains("in msg/s"));
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.contains("lonely-sink") && line.contains("RUNNING")),
+        "{}",
+        table.stdout
+    );
+
+    for device in [&sampler, &sink] {
+        signal(device, "INT");
+    }
+    finish(sampler).await.assert_exited_0();
+    finish(sink).await.assert_exited_0();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observers_endpoint_refuses_what_would_steer_the_device() {
+    let session = format!("top-refuse-{}", std::process::id());
+    let ipc = Ipc::new("top-refuse");
+    let sink = Device::new("sink", "steady")
+        .args(&["--session", &session])
+        .channel("pull", "bind", &ipc.address())
+        .spawn();
+    top_json_until(&session, |snapshot| {
+        ids_in_state(snapshot, "RUNNING") == ["steady"]
+    })
+    .await;
+    let entry = ferromq_device::presence::list()
+        .into_iter()
+        .find(|entry| entry.session == session)
+        .expect("the sink's presence entry");
+    let transport = ferromq_zmq::ZmqTransport::new();
+    let mut client = ferromq_device::control::ControlClient::connect(&transport, &entry.observe)
+        .await
+        .expect("connect to the observer endpoint");
+    for request in [
+        ferromq_device::control::LauncherToDevice::Shutdown,
+        ferromq_device::control::LauncherToDevice::Transition {
+            transition: ferromq_device::Transition::Stop,
+        },
+    ] {
+        let reply = client
+            .request(&request, Duration::from_secs(5))
+            .await
+            .expect("an answer");
+        assert!(
+            !reply.ok,
+            "{request:?} was carried out by an observer's endpoint"
+        );
+        assert!(reply.error.unwrap_or_default().contains("only observes"));
+    }
+    let state = client
+        .request(
+            &ferromq_device::control::LauncherToDevice::State,
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("an answer");
+    assert_eq!(state.state, ferromq_device::State::Running);
+    signal(&sink, "INT");
+    finish(sink).await.assert_exited_0();
+}
+
+#[tokio::test]
+async fn top_says_what_it_cannot_do() {
+    let none = top(&["no-such-session-anywhere", "--once"]).await;
+    assert_eq!(none.code, Some(1));
+    assert!(
+        none.stderr
+            .contains("no running device of session \"no-such-session-anywhere\""),
+        "{}",
+        none.stderr
+    );
+    // The tests' standard output is a pipe, not a terminal.
+    let live = top(&["no-such-session-anywhere"]).await;
+    assert_eq!(live.code, Some(2));
+    assert!(live.stderr.contains("needs a terminal"), "{}", live.stderr);
+    for bad in ["0", "-1", "soon"] {
+        let refused = top(&["--once", "--interval", bad]).await;
+        assert_eq!(refused.code, Some(2), "--interval {bad}");
+        assert!(refused.stderr.contains(bad), "{}", refused.stderr);
+    }
+}
