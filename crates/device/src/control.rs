@@ -341,7 +341,12 @@ pub async fn serve_external_control(
         .bind_configured()
         .await
         .map_err(|error| control_error(error.to_string()))?;
-    tracing::info!(device = %controller.id(), address = %bound, "external control endpoint bound");
+    if endpoint.read_only {
+        // Every device has one (for `ferromq top`): not worth a line of its log.
+        tracing::debug!(device = %controller.id(), address = %bound, "observer endpoint bound");
+    } else {
+        tracing::info!(device = %controller.id(), address = %bound, "external control endpoint bound");
+    }
     on_bound(&bound.to_string());
     let mut states = controller.subscribe();
     let mut state_entered = tokio::time::Instant::now();
