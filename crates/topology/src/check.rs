@@ -12,7 +12,8 @@ use toml::Spanned;
 use crate::file_form::{ChannelToml, DeviceToml, FileToml, OneOrMany, RpcToml};
 use crate::{
     AutoAddress, ChannelSpec, DeviceKind, DeviceSpec, HostRef, HostSpec, Known, MAX_CONNECTIONS,
-    MAX_HOST_INDEX, MAX_INSTANCES, MAX_REPLICAS, Topology, TopologyError, TopologyErrors,
+    MAX_HOST_INDEX, MAX_INSTANCES, MAX_REPLICAS, Restart, RestartPolicy, Topology, TopologyError,
+    TopologyErrors,
 };
 
 pub(crate) struct Checker<'a> {
@@ -82,6 +83,17 @@ fn count(
         return None;
     }
     Some(*value.get_ref() as u64)
+}
+
+/// A TOML value as the file could have written it (for error messages).
+fn toml_text(value: &toml::Value) -> String {
+    match value {
+        toml::Value::String(text) => format!("{text:?}"),
+        toml::Value::Boolean(flag) => flag.to_string(),
+        toml::Value::Integer(number) => number.to_string(),
+        toml::Value::Float(number) => number.to_string(),
+        other => format!("a {}", other.type_str()),
+    }
 }
 
 /// A `connect = "device.channel"` of one channel, checked once every device is known.
@@ -486,6 +498,8 @@ impl<'a> Loader<'a> {
             })
             .unwrap_or(0);
         let properties = self.properties(device, &context);
+        let restart = self.restart_policy(device, &context);
+        let min_replicas = self.min_replicas(device, replicas, &context);
         let mut seen_channels: BTreeSet<String> = BTreeSet::new();
         let channels = device
             .channel
@@ -511,6 +525,107 @@ impl<'a> Loader<'a> {
             max_iterations,
             channels,
             hosts,
+            restart,
+            min_replicas,
+        }
+    }
+
+    /// `restart = "never" | "on-failure" | "always"`, `max-restarts`, `restart-delay` (seconds).
+    fn restart_policy(&mut self, device: &DeviceToml, context: &str) -> RestartPolicy {
+        let mut policy = RestartPolicy::default();
+        if let Some(when) = &device.restart {
+            policy.when = match when.get_ref().as_str() {
+                "never" => Restart::Never,
+                "on-failure" => Restart::OnFailure,
+                "always" => Restart::Always,
+                other => {
+                    self.checker.error(
+                        when.span(),
+                        context,
+                        format!(
+                            "restart must be \"never\", \"on-failure\" or \"always\", not {other:?}"
+                        ),
+                    );
+                    Restart::Never
+                }
+            };
+        }
+        if let Some(limit) = &device.max_restarts
+            && let Some(limit) = count(
+                limit,
+                &mut self.checker,
+                context,
+                "max-restarts",
+                (0, i64::from(RestartPolicy::MAX_LIMIT)),
+            )
+        {
+            policy.limit = u32::try_from(limit).unwrap_or(RestartPolicy::MAX_LIMIT);
+        }
+        if let Some(delay) = &device.restart_delay {
+            let seconds = match delay.get_ref() {
+                toml::Value::Integer(seconds) => Some(*seconds as f64),
+                toml::Value::Float(seconds) => Some(*seconds),
+                _ => None,
+            };
+            match seconds {
+                Some(seconds) if seconds.is_finite() && (0.0..=3600.0).contains(&seconds) => {
+                    policy.delay = std::time::Duration::from_secs_f64(seconds);
+                }
+                _ => self.checker.error(
+                    delay.span(),
+                    context,
+                    format!(
+                        "restart-delay must be a number of seconds from 0 to 3600, not {}",
+                        toml_text(delay.get_ref())
+                    ),
+                ),
+            }
+        }
+        let tuned = device.max_restarts.is_some() || device.restart_delay.is_some();
+        if tuned && policy.when == Restart::Never && device.restart.is_none() {
+            let span = device
+                .max_restarts
+                .as_ref()
+                .map(Spanned::span)
+                .or_else(|| device.restart_delay.as_ref().map(Spanned::span))
+                .unwrap_or_else(|| device.id.span());
+            self.checker.error(
+                span,
+                context,
+                "max-restarts and restart-delay need restart = \"on-failure\" or \"always\"",
+            );
+        }
+        policy
+    }
+
+    /// `expendable = true` (the topology goes on without any of its replicas) or
+    /// `min-replicas = N`; neither: every replica is needed.
+    fn min_replicas(&mut self, device: &DeviceToml, replicas: usize, context: &str) -> usize {
+        match (&device.expendable, &device.min_replicas) {
+            (Some(_), Some(min)) => {
+                self.checker.error(
+                    min.span(),
+                    context,
+                    "give expendable or min-replicas, not both (expendable = true is min-replicas = 0)",
+                );
+                replicas
+            }
+            (Some(expendable), None) => {
+                if *expendable.get_ref() {
+                    0
+                } else {
+                    replicas
+                }
+            }
+            (None, Some(min)) => count(
+                min,
+                &mut self.checker,
+                context,
+                "min-replicas",
+                (0, replicas as i64),
+            )
+            .map_or(replicas, |min| min as usize),
+            (None, None) => replicas,
         }
     }
 

@@ -53,6 +53,11 @@ pub(crate) struct DeviceToml {
     pub(crate) host: Option<Spanned<toml::Value>>,
     pub(crate) replicas: Option<Spanned<i64>>,
     pub(crate) max_iterations: Option<Spanned<i64>>,
+    pub(crate) restart: Option<Spanned<String>>,
+    pub(crate) max_restarts: Option<Spanned<i64>>,
+    pub(crate) restart_delay: Option<Spanned<toml::Value>>,
+    pub(crate) expendable: Option<Spanned<bool>>,
+    pub(crate) min_replicas: Option<Spanned<i64>>,
     #[serde(default)]
     pub(crate) properties: BTreeMap<String, Spanned<toml::Value>>,
     #[serde(default)]

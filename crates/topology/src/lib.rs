@@ -117,6 +117,77 @@ pub struct DeviceSpec {
     /// Where its replicas run, in turn (replica i on `hosts[i % len]`); empty: the launcher's
     /// host.
     pub hosts: Vec<HostRef>,
+    /// Whether a launcher starts a replica again when its process ends while the topology runs.
+    pub restart: RestartPolicy,
+    /// The fewest replicas that must live for the topology to go on (`replicas` unless the
+    /// file says `expendable = true`, which is 0, or `min-replicas`).
+    pub min_replicas: usize,
+}
+
+/// When a launcher starts a device's process again (`restart = "..."`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Restart {
+    /// Never: its end ends the topology (unless it is expendable).
+    #[default]
+    Never,
+    /// When it exits with a non-zero code or is killed by a signal.
+    OnFailure,
+    /// Whenever it exits while the topology runs, with code 0 too.
+    Always,
+}
+
+impl Restart {
+    /// Whether a process that ended with `success` (exit code 0) is started again.
+    pub fn applies(self, success: bool) -> bool {
+        match self {
+            Restart::Never => false,
+            Restart::OnFailure => !success,
+            Restart::Always => true,
+        }
+    }
+}
+
+/// How a device is restarted: when, how many times at most, and how long to wait first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestartPolicy {
+    /// When.
+    pub when: Restart,
+    /// The most restarts of one instance (`max-restarts`); one more end fails the topology as
+    /// without a policy.
+    pub limit: u32,
+    /// The wait before the first restart (`restart-delay`, seconds); it doubles for each
+    /// further one, up to [`RestartPolicy::MAX_DELAY`].
+    pub delay: std::time::Duration,
+}
+
+impl RestartPolicy {
+    /// `max-restarts` when the file gives none.
+    pub const DEFAULT_LIMIT: u32 = 5;
+    /// The most restarts a file may allow.
+    pub const MAX_LIMIT: u32 = 1_000_000;
+    /// `restart-delay` when the file gives none.
+    pub const DEFAULT_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
+    /// The longest wait between restarts, however many came before.
+    pub const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(60);
+
+    /// The wait before restart number `restart` (1 for the first): the delay doubled for each
+    /// one before it, at most [`RestartPolicy::MAX_DELAY`].
+    pub fn delay_before(&self, restart: u32) -> std::time::Duration {
+        let doublings = restart.saturating_sub(1).min(16);
+        self.delay
+            .saturating_mul(1 << doublings)
+            .min(Self::MAX_DELAY.max(self.delay))
+    }
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        RestartPolicy {
+            when: Restart::Never,
+            limit: Self::DEFAULT_LIMIT,
+            delay: Self::DEFAULT_DELAY,
+        }
+    }
 }
 
 /// A host a device is placed on, as the file names it.
@@ -195,6 +266,10 @@ pub struct Instance {
     pub channels: Vec<InstanceChannel>,
     /// Where it runs (`None`: the launcher's host).
     pub host: Option<HostRef>,
+    /// Its device's restart policy.
+    pub restart: RestartPolicy,
+    /// Its device's fewest live replicas for the topology to go on (0: expendable).
+    pub min_replicas: usize,
 }
 
 /// A channel of an instance.
@@ -275,6 +350,8 @@ impl Topology {
                     channels,
                     host: (!device.hosts.is_empty())
                         .then(|| device.hosts[replica_index % device.hosts.len()].clone()),
+                    restart: device.restart,
+                    min_replicas: device.min_replicas,
                 });
             }
         }

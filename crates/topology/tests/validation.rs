@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use ferromq_topology::{HostRef, Known, load};
+use ferromq_topology::{HostRef, Known, Restart, RestartPolicy, load};
 
 const KNOWN: Known<'static> = Known {
     kinds: &[
@@ -276,4 +276,84 @@ host = "localhost"
         "{errors:?}"
     );
     assert!(topology.placement_errors(&["ofi"], &host_of).is_empty());
+}
+
+#[test]
+fn restart_policies_and_minimum_replicas_reach_every_instance() {
+    let text = r#"
+[[device]]
+id = "source"
+kind = "sampler"
+restart = "always"
+max-restarts = 2
+restart-delay = 0.25
+[[device.channel]]
+name = "data"
+type = "push"
+[[device]]
+id = "worker"
+kind = "sink"
+replicas = 3
+min-replicas = 2
+restart = "on-failure"
+[[device.channel]]
+name = "data"
+type = "pull"
+connect = "source.data"
+[[device]]
+id = "spare"
+kind = "sink"
+expendable = true
+"#;
+    let topology = load("restart.toml", text, &KNOWN).unwrap_or_else(|errors| panic!("{errors}"));
+    let policies: Vec<(String, Restart, u32, f64, usize)> = topology
+        .instances()
+        .into_iter()
+        .map(|instance| {
+            (
+                instance.id,
+                instance.restart.when,
+                instance.restart.limit,
+                instance.restart.delay.as_secs_f64(),
+                instance.min_replicas,
+            )
+        })
+        .collect();
+    let default_limit = RestartPolicy::DEFAULT_LIMIT;
+    assert_eq!(
+        policies,
+        [
+            ("source".to_owned(), Restart::Always, 2, 0.25, 1),
+            (
+                "worker-0".to_owned(),
+                Restart::OnFailure,
+                default_limit,
+                1.0,
+                2
+            ),
+            (
+                "worker-1".to_owned(),
+                Restart::OnFailure,
+                default_limit,
+                1.0,
+                2
+            ),
+            (
+                "worker-2".to_owned(),
+                Restart::OnFailure,
+                default_limit,
+                1.0,
+                2
+            ),
+            ("spare".to_owned(), Restart::Never, default_limit, 1.0, 0),
+        ]
+    );
+    // The delay doubles per restart, up to a minute.
+    let policy = topology.instances()[0].restart;
+    let delays: Vec<f64> = [1, 2, 3, 12]
+        .map(|restart| policy.delay_before(restart).as_secs_f64())
+        .to_vec();
+    assert_eq!(delays, [0.25, 0.5, 1.0, 60.0]);
+    assert!(Restart::OnFailure.applies(false) && !Restart::OnFailure.applies(true));
+    assert!(Restart::Always.applies(true) && !Restart::Never.applies(false));
 }
