@@ -7,50 +7,9 @@ mod support;
 
 use std::time::Duration;
 
-use support::{Device, Ipc, bundled, ferromq_as_is, finish, signal};
-
-/// `ferromq top ARGS` run to its end.
-async fn top(args: &[&str]) -> support::Finished {
-    let mut with_top = vec!["top"];
-    with_top.extend(args);
-    finish(ferromq_as_is(&with_top)).await
-}
-
-/// Runs `top SESSION --json` every 200 ms until `done` accepts what it printed (30 s at most);
-/// that JSON.
-async fn top_json_until(
-    session: &str,
-    done: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    let mut look = tokio::time::interval(Duration::from_millis(200));
-    let mut last = String::new();
-    for _ in 0..150 {
-        look.tick().await;
-        let seen = top(&[session, "--json", "--interval", "0.2"]).await;
-        if seen.code == Some(0) {
-            let value: serde_json::Value =
-                serde_json::from_str(&seen.stdout).expect("top --json prints JSON");
-            if done(&value) {
-                return value;
-            }
-        }
-        last = format!("{}{}", seen.stdout, seen.stderr);
-    }
-    panic!("top never showed what was awaited; last:\n{last}");
-}
-
-/// The ids of the devices in a `--json` snapshot that are in `state`.
-fn ids_in_state(snapshot: &serde_json::Value, state: &str) -> Vec<String> {
-    let mut ids: Vec<String> = snapshot["devices"]
-        .as_array()
-        .expect("devices")
-        .iter()
-        .filter(|device| device["state"] == state)
-        .map(|device| device["id"].as_str().expect("id").to_owned())
-        .collect();
-    ids.sort();
-    ids
-}
+use support::{
+    Device, Ipc, bundled, ferromq_as_is, finish, ids_in_state, signal, top, top_json_until,
+};
 
 /// A tmux server of its own (its own socket), killed when dropped, however the test ends.
 struct Tmux {

@@ -45,6 +45,11 @@ pub fn describe() {
         "ferromq_device_state",
         "1 for the state the device is in (label state), 0 for the others"
     );
+    ::metrics::describe_counter!(
+        "ferromq_device_restarts_total",
+        ::metrics::Unit::Count,
+        "How many times the launcher started the device again (restart policies)"
+    );
     ::metrics::describe_gauge!(
         "ferromq_device_state_seconds",
         ::metrics::Unit::Seconds,
@@ -64,6 +69,9 @@ pub struct DeviceFigures<'a> {
     pub in_state: Duration,
     /// Its channels' counters (channel or socket name, counters).
     pub channels: &'a [(String, CounterSnapshot)],
+    /// How many times a launcher started it again (`None` where nobody restarts it: a device
+    /// recording itself).
+    pub restarts: Option<u32>,
 }
 
 /// Records `figures` through the facade (a no-op without a recorder).
@@ -92,6 +100,10 @@ pub fn record(figures: &DeviceFigures<'_>) {
     }
     ::metrics::gauge!("ferromq_device_state_seconds", &device_labels)
         .set(figures.in_state.as_secs_f64());
+    if let Some(restarts) = figures.restarts {
+        ::metrics::counter!("ferromq_device_restarts_total", &device_labels)
+            .absolute(u64::from(restarts));
+    }
 }
 
 /// Records `controller`'s device every [`PUBLISH_EVERY`] and at each state change, until it
@@ -118,6 +130,7 @@ pub async fn publish(controller: DeviceController) {
             state,
             in_state: entered.elapsed(),
             channels: &controller.counters(),
+            restarts: None,
         });
         if gone || state == State::Exiting {
             return;
@@ -150,6 +163,7 @@ mod tests {
                 state: State::Running,
                 in_state: Duration::from_secs(2),
                 channels: &channels,
+                restarts: None,
             });
         });
         /// A metric's name, its labels and its value.

@@ -37,6 +37,7 @@ use ferromq_topology::{Instance, Known, Topology};
 
 mod hosts;
 mod process;
+mod restart;
 mod start;
 mod stop;
 mod supervise;
@@ -114,6 +115,10 @@ struct Running {
     state_since: std::time::Instant,
     counters: BTreeMap<String, ferromq_core::CounterSnapshot>,
     exited: Option<std::process::ExitStatus>,
+    /// How many times it was started again (`restart.rs`).
+    restarts: u32,
+    /// Why the topology went on without it, once it ended and was expendable.
+    left_behind: Option<String>,
 }
 
 impl Running {
@@ -261,10 +266,15 @@ pub async fn run(options: RunOptions) -> ExitCode {
         "ferromq: {} ({n_instances} processes{on_hosts}, session {session}, default transport {})",
         topology.file, topology.transport
     );
+    let mut wiring = start::Wiring::new(&topology, &placement, &session, &run_dir);
+    if let Err(error) = restart::check_policies(&wiring) {
+        eprintln!("ferromq: {error:#}");
+        return ExitCode::from(2);
+    }
     let mut devices = Vec::new();
     let launched_at = std::time::Instant::now();
     let started = tokio::select! {
-        started = start::start(&topology, &placement, &session, &run_dir, &mut devices) => started.map_err(|error| format!("{error:#}")),
+        started = start::start(&mut wiring, &mut devices) => started.map(|()| None).map_err(|error| format!("{error:#}")),
         name = signals.next() => Ok(Some(name)),
     };
     let ending = match started {
@@ -275,7 +285,7 @@ pub async fn run(options: RunOptions) -> ExitCode {
                 "ferromq: {n_instances} devices RUNNING {:.2} s after the launch began",
                 launched_at.elapsed().as_secs_f64()
             );
-            supervise::supervise(&mut devices, options.duration, &mut signals).await
+            supervise::supervise(&mut devices, &mut wiring, options.duration, &mut signals).await
         }
         // A device that died while being started makes its control requests fail: name the death,
         // not the broken control connection it caused.
@@ -297,6 +307,23 @@ pub async fn run(options: RunOptions) -> ExitCode {
     let drain = !matches!(ending, Ending::Failure(_));
     let forced = stop_all(&mut devices, &mut signals, drain).await;
     for device in &devices {
+        if let Some(reason) = &device.left_behind {
+            eprintln!(
+                "ferromq: device {:?}{} ended ({}) and the topology went on without it: {reason}",
+                device.instance.id,
+                device.on_host(),
+                device
+                    .exited
+                    .map_or_else(|| "unknown status".to_owned(), |status| status.to_string())
+            );
+            continue;
+        }
+        if device.restarts > 0 {
+            println!(
+                "ferromq: device {:?} was restarted {} time(s)",
+                device.instance.id, device.restarts
+            );
+        }
         if let Some(status) = device.exited.filter(|status| !status.success()) {
             eprintln!(
                 "ferromq: device {:?}{} exited with {status}",
@@ -315,9 +342,9 @@ pub async fn run(options: RunOptions) -> ExitCode {
                 .collect::<Vec<_>>()
                 .join(", ")
         )),
-        _ if devices
-            .iter()
-            .any(|device| device.exited.is_some_and(|status| !status.success())) =>
+        _ if devices.iter().any(|device| {
+            device.left_behind.is_none() && device.exited.is_some_and(|status| !status.success())
+        }) =>
         {
             Err("a device did not exit cleanly".to_owned())
         }

@@ -31,6 +31,51 @@ pub(super) const HEARTBEAT_LIMIT: Duration = Duration::from_secs(5);
 /// How often the launcher's heartbeat task talks to a device on another host.
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 
+/// What a launch knows beyond each device: enough to start any of them again the same way
+/// (`restart.rs`).
+pub(super) struct Wiring<'a> {
+    pub(super) topology: &'a Topology,
+    pub(super) placement: &'a Placement,
+    pub(super) session: &'a str,
+    pub(super) run_dir: &'a Path,
+    /// For every binding `(instance, socket)`, the instances that connect to it.
+    connectors: BTreeMap<(String, String), Vec<String>>,
+    /// What every binder bound, by `(instance, socket)`: a restarted binder binds it again, so
+    /// its connectors (which reconnect on their own) find it where it was.
+    pub(super) bound: BTreeMap<(String, String), String>,
+}
+
+impl<'a> Wiring<'a> {
+    pub(super) fn new(
+        topology: &'a Topology,
+        placement: &'a Placement,
+        session: &'a str,
+        run_dir: &'a Path,
+    ) -> Wiring<'a> {
+        Wiring {
+            topology,
+            placement,
+            session,
+            run_dir,
+            connectors: connectors_of(&topology.instances()),
+            bound: BTreeMap::new(),
+        }
+    }
+
+    /// Whether any device connects to `(instance, socket)`.
+    pub(super) fn has_connectors(&self, instance: &str, socket: &str) -> bool {
+        self.connectors
+            .get(&(instance.to_owned(), socket.to_owned()))
+            .is_some_and(|connectors| !connectors.is_empty())
+    }
+
+    /// The command that starts `instance` on its host; a binder that bound before binds the
+    /// same address again.
+    pub(super) fn command(&self, instance: &Instance) -> DeviceCommand {
+        device_command(self, instance)
+    }
+}
+
 /// Whether the instances `a` and `b` run on one host.
 fn same_host(placement: &Placement, a: &str, b: &str) -> bool {
     placement.host_of[a] == placement.host_of[b]
@@ -108,14 +153,15 @@ fn reachable(bound: &str, binder_host: &Host, connector_host: &Host) -> String {
 }
 
 /// The command that starts `instance` on its host.
-fn device_command(
-    topology: &Topology,
-    placement: &Placement,
-    instance: &Instance,
-    connectors: &BTreeMap<(String, String), Vec<String>>,
-    session: &str,
-    run_dir: &Path,
-) -> DeviceCommand {
+fn device_command(wiring: &Wiring<'_>, instance: &Instance) -> DeviceCommand {
+    let Wiring {
+        topology,
+        placement,
+        session,
+        run_dir,
+        connectors,
+        bound,
+    } = wiring;
     let host = placement.host(&instance.id);
     let (program, mut args) = match &instance.kind {
         DeviceKind::Builtin(kind) => (
@@ -150,12 +196,14 @@ fn device_command(
     for channel in &instance.channels {
         let mut config = channel.config.clone();
         if config.method == Method::Bind && config.address.is_none() {
-            let peers = connectors
-                .get(&(instance.id.clone(), config.name.clone()))
-                .map_or(&[][..], Vec::as_slice);
-            config.address = Some(auto_bind_address(
-                topology, placement, run_dir, instance, &config, peers,
-            ));
+            let key = (instance.id.clone(), config.name.clone());
+            let peers = connectors.get(&key).map_or(&[][..], Vec::as_slice);
+            // Started again: where it bound before (a tcp port 0 became a real port), so that
+            // its connectors find it there. A channel of several sockets binds each anew.
+            let before = bound.get(&key).filter(|_| config.num_sockets <= 1);
+            config.address = Some(before.cloned().unwrap_or_else(|| {
+                auto_bind_address(topology, placement, run_dir, instance, &config, peers)
+            }));
         }
         push(&["--channel-config", &config.to_key_values()]);
     }
@@ -213,7 +261,7 @@ async fn heartbeat(control: std::sync::Arc<tokio::sync::Mutex<ControlClient>>) {
 
 /// Steps every device through `transition`, then waits until all are in `target`; every
 /// device is asked at once (one slow device does not hold the others' requests back).
-async fn step_all(
+pub(super) async fn step_all(
     devices: &mut [Running],
     transition: Transition,
     target: Option<State>,
@@ -237,13 +285,15 @@ async fn step_all(
 /// Hands every connecting channel the addresses its binders bound (as reachable from the
 /// connector's host). Every device is asked at once, as in [`step_all`]: with a thousand
 /// devices, one round trip after the other would take seconds.
-async fn wire_connections(devices: &mut [Running], placement: &Placement) -> Result<()> {
+pub(super) async fn wire_connections(
+    devices: &mut [Running],
+    wiring: &mut Wiring<'_>,
+) -> Result<()> {
     let replies = futures_util::future::join_all(devices.iter_mut().map(|device| async move {
         let reply = device.request(&LauncherToDevice::Channels).await?;
         Ok::<_, anyhow::Error>((device.instance.id.clone(), reply.value))
     }))
     .await;
-    let mut bound: BTreeMap<(String, String), String> = BTreeMap::new();
     for reply in replies {
         let (id, value) = reply?;
         let Some(serde_json::Value::Object(channels)) = value else {
@@ -251,13 +301,15 @@ async fn wire_connections(devices: &mut [Running], placement: &Placement) -> Res
         };
         for (socket, address) in channels {
             if let Some(address) = address.as_str() {
-                bound.insert((id.clone(), socket), address.to_owned());
+                wiring
+                    .bound
+                    .insert((id.clone(), socket), address.to_owned());
             }
         }
     }
     let mut plans = Vec::with_capacity(devices.len());
     for device in devices.iter() {
-        plans.push(connect_settings(device, placement, &bound)?);
+        plans.push(connect_settings(device, wiring.placement, &wiring.bound)?);
     }
     let results = futures_util::future::join_all(devices.iter_mut().zip(plans).map(
         |(device, settings)| async move {
@@ -319,22 +371,18 @@ fn connect_settings(
 }
 
 /// Starts every instance on its host: directly, through ssh, or as tasks of one srun step.
-fn spawn_all(
-    topology: &Topology,
-    placement: &Placement,
-    session: &str,
-    run_dir: &Path,
-    devices: &mut Vec<Running>,
-) -> Result<()> {
-    let instances = topology.instances();
-    let connectors = connectors_of(&instances);
+fn spawn_all(wiring: &Wiring<'_>, devices: &mut Vec<Running>) -> Result<()> {
+    let Wiring {
+        placement, run_dir, ..
+    } = wiring;
+    let instances = wiring.topology.instances();
     let show_hosts = placement.spans_hosts();
     let mut slurm_tasks: Vec<(usize, SlurmTask)> = Vec::new();
     let mut started: Vec<Option<process::DeviceProcess>> = Vec::new();
     let mut sinks = Vec::new();
     for instance in &instances {
         let host = placement.host(&instance.id);
-        let command = device_command(topology, placement, instance, &connectors, session, run_dir);
+        let command = wiring.command(instance);
         let sink = OutputSink::new(&instance.id, show_hosts.then(|| host.name.clone()));
         let spawned = match &host.start {
             StartOn::Here => Some(process::spawn_here(&command, &sink)),
@@ -344,7 +392,7 @@ fn spawn_all(
                     started.len(),
                     SlurmTask {
                         node: node.clone(),
-                        command,
+                        command: command.clone(),
                         sink: sink.clone(),
                     },
                 ));
@@ -386,6 +434,8 @@ fn spawn_all(
             state_since: std::time::Instant::now(),
             counters: BTreeMap::new(),
             exited: None,
+            restarts: 0,
+            left_behind: None,
         });
     }
     Ok(())
@@ -393,7 +443,7 @@ fn spawn_all(
 
 /// Waits for `device` to announce its control endpoint, connects to it, and on another host
 /// starts its heartbeat.
-async fn connect_control(device: &mut Running, host: &Host) -> Result<()> {
+pub(super) async fn connect_control(device: &mut Running, host: &Host) -> Result<()> {
     let mut announced = device.process.announced();
     let announcement = tokio::select! {
         announcement = tokio::time::timeout(CONTROL_TIMEOUT, announced.wait_for(Option::is_some)) => {
@@ -423,28 +473,31 @@ async fn connect_control(device: &mut Running, host: &Host) -> Result<()> {
     Ok(())
 }
 
-pub(super) async fn start(
-    topology: &Topology,
-    placement: &Placement,
-    session: &str,
-    run_dir: &Path,
-    devices: &mut Vec<Running>,
-) -> Result<Option<&'static str>> {
-    spawn_all(topology, placement, session, run_dir, devices)?;
+pub(super) async fn start(wiring: &mut Wiring<'_>, devices: &mut Vec<Running>) -> Result<()> {
+    spawn_all(wiring, devices)?;
+    let placement = wiring.placement;
     let connected = futures_util::future::join_all(devices.iter_mut().map(|device| {
         let host = placement.host(&device.instance.id).clone();
         async move { connect_control(device, &host).await }
     }))
     .await;
     connected.into_iter().collect::<Result<Vec<()>>>()?;
+    drive_to_running(devices, wiring).await
+}
+
+/// Steps `devices`, connected to their control endpoints, from IDLE to RUNNING together: all
+/// bound before any connects, connectors told where their binders are.
+pub(super) async fn drive_to_running(
+    devices: &mut [Running],
+    wiring: &mut Wiring<'_>,
+) -> Result<()> {
     step_all(devices, Transition::InitDevice, None).await?;
     step_all(devices, Transition::CompleteInit, Some(State::Initialized)).await?;
     step_all(devices, Transition::Bind, Some(State::Bound)).await?;
-    wire_connections(devices, placement).await?;
+    wire_connections(devices, wiring).await?;
     step_all(devices, Transition::Connect, Some(State::DeviceReady)).await?;
     step_all(devices, Transition::InitTask, Some(State::Ready)).await?;
-    step_all(devices, Transition::Run, None).await?;
-    Ok(None)
+    step_all(devices, Transition::Run, None).await
 }
 
 #[cfg(test)]

@@ -12,6 +12,8 @@ use ferromq_device::rates::Rates;
 use crate::console::Console;
 
 use super::Running;
+use super::restart::{self, AfterExit};
+use super::start::Wiring;
 
 /// SIGINT and SIGTERM, installed before anything starts so that no signal finds the launcher
 /// without a handler.
@@ -79,10 +81,14 @@ pub(super) fn table(
         "out MB/s"
     )];
     for device in devices {
-        let state = match device.exited {
+        let mut state = match device.exited {
+            Some(status) if device.left_behind.is_some() => format!("left ({status})"),
             Some(status) => format!("exited ({status})"),
             None => device.state.to_string(),
         };
+        if device.restarts > 0 {
+            state.push_str(&format!(" ↻{}", device.restarts));
+        }
         if device.counters.is_empty() {
             lines.push(format!(
                 "{}{:<16} {state:<18}",
@@ -117,6 +123,7 @@ pub(super) fn table(
 
 pub(super) async fn supervise(
     devices: &mut [Running],
+    wiring: &mut Wiring<'_>,
     duration: Option<Duration>,
     signals: &mut Signals,
 ) -> Ending {
@@ -131,11 +138,14 @@ pub(super) async fn supervise(
     let mut last_table = Instant::now();
     // The RUN replies said every device entered RUNNING; all back in READY later means done.
     let mut seen_running = devices.iter().any(|device| device.state == State::Running);
-    let exits: Vec<_> = devices
-        .iter()
-        .map(|device| device.process.exits())
-        .collect();
     loop {
+        // Made anew each round: a restarted device has a new process, and one left behind
+        // (expendable) is watched no more.
+        let exits: Vec<_> = devices
+            .iter()
+            .filter(|device| device.left_behind.is_none())
+            .map(|device| device.process.exits())
+            .collect();
         tokio::select! {
             name = signals.next() => return Ending::Signal(name),
             _ = tick.tick() => {}
@@ -152,16 +162,53 @@ pub(super) async fn supervise(
             &mut last_table,
             interval,
         );
-        tokio::select! {
+        let round = tokio::select! {
             name = signals.next() => return Ending::Signal(name),
-            ending = poll => if let Some(ending) = ending {
-                return ending;
-            },
+            round = poll => round,
             // A device that exits (a host lost) is noticed at once, not after a request to it
             // timed out: the next round reports it.
-            () = any_exit(&exits) => {}
+            () = any_exit(&exits) => Round::Continue,
+        };
+        match round {
+            Round::Continue => {}
+            Round::Ends(ending) => return ending,
+            // Decided outside the race with the exits above: a restart waits and starts a new
+            // process while the old one's exit is still there to be seen.
+            Round::Exited(idx) => {
+                let after = tokio::select! {
+                    name = signals.next() => return Ending::Signal(name),
+                    after = restart::after_exit(devices, idx, wiring) => after,
+                };
+                match after {
+                    AfterExit::Restarted => {}
+                    AfterExit::LeftBehind(reason) => {
+                        let status = devices[idx].exited.map_or_else(
+                            || "unknown status".to_owned(),
+                            |status| status.to_string(),
+                        );
+                        println!(
+                            "ferromq: device {:?}{} ended ({status}); expendable, the topology \
+                             goes on without it: {reason}",
+                            devices[idx].instance.id,
+                            devices[idx].on_host()
+                        );
+                        devices[idx].left_behind = Some(reason);
+                    }
+                    AfterExit::Fails(failure) => return Ending::Failure(failure),
+                }
+            }
         }
     }
+}
+
+/// What one round of supervision found.
+enum Round {
+    /// Nothing that ends the run.
+    Continue,
+    /// Device `idx` exited: restart it, go on without it, or fail.
+    Exited(usize),
+    /// The run ends.
+    Ends(Ending),
 }
 
 /// Completes when any of `exits` holds an exit status.
@@ -186,18 +233,20 @@ async fn poll_devices(
     previous: &mut BTreeMap<(String, String), ferromq_core::CounterSnapshot>,
     last_table: &mut Instant,
     interval: Duration,
-) -> Option<Ending> {
-    for idx in 0..devices.len() {
-        if let Some(status) = devices[idx].process.try_wait() {
-            devices[idx].exited = Some(status);
-            return Some(Ending::Failure(exit_failure(devices, idx)));
+) -> Round {
+    for (idx, device) in devices.iter_mut().enumerate() {
+        if device.left_behind.is_some() {
+            continue;
         }
-        let device = &mut devices[idx];
+        if let Some(status) = device.process.try_wait() {
+            device.exited = Some(status);
+            return Round::Exited(idx);
+        }
         let Ok(reply) = device.request(&LauncherToDevice::State).await else {
             continue;
         };
         if reply.state == State::Error {
-            return Some(Ending::Failure(format!(
+            return Round::Ends(Ending::Failure(format!(
                 "device {:?} is in ERROR; its last lines:\n    {}",
                 device.instance.id,
                 device.last_lines()
@@ -205,8 +254,13 @@ async fn poll_devices(
         }
     }
     *seen_running |= devices.iter().any(|device| device.state == State::Running);
-    if *seen_running && devices.iter().all(|device| device.state == State::Ready) {
-        return Some(Ending::Finished);
+    if *seen_running
+        && devices
+            .iter()
+            .filter(|device| device.left_behind.is_none())
+            .all(|device| device.state == State::Ready)
+    {
+        return Round::Ends(Ending::Finished);
     }
     if last_table.elapsed() >= interval {
         let seconds = last_table.elapsed().as_secs_f64();
@@ -218,7 +272,10 @@ async fn poll_devices(
                 })
             })
             .collect();
-        for device in devices.iter_mut() {
+        for device in devices
+            .iter_mut()
+            .filter(|device| device.left_behind.is_none())
+        {
             if let Ok(reply) = device.request(&LauncherToDevice::Counters).await
                 && let Some(serde_json::Value::Object(channels)) = reply.value
             {
@@ -254,7 +311,7 @@ async fn poll_devices(
         }
         *last_table = Instant::now();
     }
-    None
+    Round::Continue
 }
 
 /// Every device's counters and state through the metrics facade (`--metrics`).
@@ -272,6 +329,7 @@ fn record_metrics(devices: &[Running]) {
             state: device.state,
             in_state: device.state_since.elapsed(),
             channels: &channels,
+            restarts: Some(device.restarts),
         });
     }
 }
