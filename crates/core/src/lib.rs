@@ -27,6 +27,7 @@ mod error;
 mod keys;
 mod message;
 mod registry;
+mod tap;
 mod transport;
 mod typed;
 
@@ -38,5 +39,6 @@ pub use message::{
     Message, MessageBuffer, Parts, PartsIntoIter, UsedSizeError, copied_bytes, record_copy,
 };
 pub use registry::{MakeTransport, TransportOptions, TransportRegistry, TransportTraits};
+pub use tap::{Direction, TapReceiver, TapSlot, Tapped};
 pub use transport::{Channel, ChannelCounters, CounterSnapshot, Socket, Transport};
 pub use typed::{Decode, Encode, Json, Payload, Pod, Postcard, Receiver, Sender};

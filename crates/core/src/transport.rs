@@ -59,6 +59,7 @@ use crate::address::Address;
 use crate::config::{ChannelConfig, Method, SocketType};
 use crate::error::{ChannelLabel, Error, Result, SendError};
 use crate::message::{Message, Parts};
+use crate::tap::{Direction, TapSlot};
 use crate::typed::{Decode, Encode, Receiver, Sender};
 
 /// A transport: makes messages in its own memory and sockets that move them.
@@ -254,6 +255,8 @@ pub struct Channel {
     transport_name: &'static str,
     bound_address: Option<Address>,
     counters: Arc<ChannelCounters>,
+    /// Where a recorder taps this channel (see `tap.rs`).
+    tap: Arc<TapSlot>,
     pending_frames: VecDeque<Message>,
     /// req and rep only: whose turn it is (see "Request and reply").
     turn: Option<Turn>,
@@ -289,6 +292,7 @@ impl Channel {
             transport_name: transport.name(),
             bound_address: None,
             counters: Arc::default(),
+            tap: Arc::default(),
             pending_frames: VecDeque::new(),
             turn,
         })
@@ -322,6 +326,11 @@ impl Channel {
     /// The counters, shareable with a rate logger.
     pub fn counters(&self) -> Arc<ChannelCounters> {
         Arc::clone(&self.counters)
+    }
+
+    /// Where a recorder taps this channel, shareable with whoever opens the tap.
+    pub fn tap_slot(&self) -> Arc<TapSlot> {
+        Arc::clone(&self.tap)
     }
 
     /// Binds `address`; returns the address actually bound.
@@ -462,11 +471,16 @@ impl Channel {
         let n_bytes = parts.total_size();
         // Before the send, so a cancelled yield loses nothing (see "Fairness").
         tokio::task::consume_budget().await;
+        // Copied before the parts move into the socket, kept only if the send succeeds.
+        let tapped = self.tap.prepare(&parts);
         // Without a boxed future when the socket can take the message at once.
         if let Err(parts) = self.socket.try_send_parts(parts) {
             self.socket.send_parts(parts, timeout).await?;
         }
         self.counters.record_out(n_bytes);
+        if let Some(tapped) = tapped {
+            tapped.commit(Direction::Out);
+        }
         self.pass_turn(Turn::Receive);
         Ok(())
     }
@@ -539,6 +553,7 @@ impl Channel {
             self.receive_waiting(timeout).await?
         };
         self.counters.record_in(parts.total_size());
+        self.tap.offer(Direction::In, &parts);
         self.pass_turn(Turn::Send);
         Ok(parts)
     }
