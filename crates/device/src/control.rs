@@ -148,10 +148,22 @@ pub enum LauncherToDevice {
     /// What an observer shows in one answer: the process id, the time in the current state and
     /// every channel's counters.
     Overview,
+    /// Copy every message channel `channel` sends or receives to a stream for a recorder (see
+    /// [`crate::tap`]); the answer's value is `{"address": ..., "config": ...}`.
+    Tap {
+        /// The channel (socket) name.
+        channel: String,
+    },
+    /// Close the tap on `channel`.
+    Untap {
+        /// The channel (socket) name.
+        channel: String,
+    },
 }
 
 impl LauncherToDevice {
-    /// True for the requests that only read, the ones a read-only endpoint answers.
+    /// True for the requests that only read (a tap reads too: it copies, and the device's own
+    /// sends and receives never wait for it), the ones a read-only endpoint answers.
     pub fn only_reads(&self) -> bool {
         matches!(
             self,
@@ -161,6 +173,8 @@ impl LauncherToDevice {
                 | Self::Channels
                 | Self::Counters
                 | Self::Overview
+                | Self::Tap { .. }
+                | Self::Untap { .. }
         )
     }
 }
@@ -199,11 +213,32 @@ fn counters_value(controller: &DeviceController) -> serde_json::Value {
 }
 
 async fn answer(
+    transport: &dyn Transport,
     controller: &DeviceController,
     request: LauncherToDevice,
     state_entered: tokio::time::Instant,
 ) -> DeviceToLauncher {
     let value: Result<Option<serde_json::Value>> = match request {
+        LauncherToDevice::Tap { channel } => {
+            static NEXT_TAP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = NEXT_TAP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let path = crate::presence::directory().join(format!("{}.tap{n}", std::process::id()));
+            let _ = std::fs::create_dir_all(crate::presence::directory());
+            let address = format!("ipc://{}", path.display());
+            crate::tap::serve(transport, controller, &channel, &address)
+                .await
+                .map(|(address, config)| {
+                    Some(serde_json::json!({ "address": address, "config": config }))
+                })
+                .map_err(|problem| DeviceError::Control {
+                    address: address.clone(),
+                    problem: format!("cannot tap: {problem}"),
+                })
+        }
+        LauncherToDevice::Untap { channel } => {
+            controller.untap(&channel);
+            Ok(None)
+        }
         LauncherToDevice::Transition { transition } => {
             controller.change_state(transition).await.map(|_| None)
         }
@@ -423,7 +458,7 @@ pub async fn serve_external_control(
                 )),
                 value: None,
             },
-            Ok(request) => answer(&controller, request, state_entered).await,
+            Ok(request) => answer(transport, &controller, request, state_entered).await,
             Err(error) => DeviceToLauncher {
                 ok: false,
                 state: controller.state(),

@@ -55,6 +55,7 @@ pub mod rates;
 mod runner;
 pub mod state;
 mod stop;
+pub mod tap;
 
 /// The attribute `impl Device` blocks need (the trait has async methods and is object-safe).
 pub use async_trait::async_trait;

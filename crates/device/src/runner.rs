@@ -45,6 +45,9 @@ pub struct StateChange {
 struct Shared {
     bound_addresses: Vec<(String, String)>,
     counters: Vec<(String, Arc<ferromq_core::ChannelCounters>)>,
+    /// Every channel's tap slot and configuration (as `key=value,...`), by socket name (see
+    /// [`DeviceController::tap`]).
+    taps: Vec<(String, Arc<ferromq_core::TapSlot>, String)>,
     last_error: Option<String>,
 }
 
@@ -201,6 +204,35 @@ impl DeviceController {
             .counters
             .iter()
             .map(|(name, counters)| (name.clone(), counters.snapshot()))
+            .collect()
+    }
+
+    /// Opens a tap on channel (socket) `name`: a copy of every message it sends or receives
+    /// from now on, up to `capacity` waiting copies (more are counted missed, never waited
+    /// for). `None` when the device has no such channel (yet: channels exist from INITIALIZING
+    /// DEVICE on). Another tap on the same channel replaces this one.
+    pub fn tap(&self, name: &str, capacity: usize) -> Option<ferromq_core::TapReceiver> {
+        let shared = self.shared.lock().expect("shared state poisoned");
+        let (_, slot, _) = shared.taps.iter().find(|(channel, ..)| channel == name)?;
+        Some(slot.open(capacity))
+    }
+
+    /// Closes the tap on channel `name`, if one is open.
+    pub fn untap(&self, name: &str) {
+        let shared = self.shared.lock().expect("shared state poisoned");
+        if let Some((_, slot, _)) = shared.taps.iter().find(|(channel, ..)| channel == name) {
+            slot.close();
+        }
+    }
+
+    /// The channels (sockets) that can be tapped now, with their configuration as
+    /// `key=value,...` (FairMQ's `--channel-config` form).
+    pub fn channel_configs(&self) -> Vec<(String, String)> {
+        let shared = self.shared.lock().expect("shared state poisoned");
+        shared
+            .taps
+            .iter()
+            .map(|(name, _, config)| (name.clone(), config.clone()))
             .collect()
     }
 
@@ -446,10 +478,14 @@ impl<D: Device> DeviceRunner<D> {
     fn start_rate_logger(&mut self) {
         self.stop_rate_logger();
         let counters = self.ctx.shared_counters();
-        self.shared.lock().expect("shared state poisoned").counters = counters
+        let taps = self.ctx.tap_slots();
+        let mut shared = self.shared.lock().expect("shared state poisoned");
+        shared.counters = counters
             .iter()
             .map(|(name, _, counters)| (name.clone(), Arc::clone(counters)))
             .collect();
+        shared.taps = taps;
+        drop(shared);
         self.rate_logger = rates::spawn_rate_logger(self.config.id.clone(), counters);
     }
 
