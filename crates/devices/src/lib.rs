@@ -5,9 +5,9 @@
 //!
 //! | kind | channels (default names) | properties |
 //! |---|---|---|
-//! | `sampler` | out `data` | `msg-size`, `text`, `payload-file`, `rate`, `checksum`, `memset` |
+//! | `sampler` | out `data` | `msg-size`, `text`, `payload-file`, `rate`, `checksum`, `memset`, `num-parts` |
 //! | `bsampler` | out `data` | `msg-size`, `msg-rate`, `same-msg`, `num-parts`, `multipart`, `memset` |
-//! | `sink` | in `data` | `verify`, `out-filename`, `max-file-size`, `multipart` |
+//! | `sink` | in `data` | `verify`, `num-parts`, `out-filename`, `max-file-size`, `multipart` |
 //! | `processor` | in `data-in`, out `data-out` | `touch` |
 //! | `splitter` | in `data-in`, out `data-out[i]` | `routing` (`round-robin` or `key`) |
 //! | `merger` | in `data-in[i]`, out `data-out` | |
@@ -19,6 +19,7 @@
 //! | `builder` | in `data-in`, out `requests[i]` (one per source) | `max-outstanding` |
 //! | `mcts-driver` | rpc group `search` (first member) | `game`, `board`, `rollouts`, `moves`, `in-flight` |
 //! | `mcts-worker` | rpc group `search` | `game`, `board`, `playouts` |
+//! | `replay` | out `data` | `file` (a recording of `ferromq record`), `speed` (1: as recorded, 0: as fast as possible) |
 //!
 //! `in-channel` and `out-channel` rename the channels.
 //!
@@ -48,6 +49,7 @@ mod event_building;
 mod forwarders;
 mod mcts;
 mod pacing;
+mod replay;
 mod reqrep;
 mod sampler;
 mod sink;
@@ -59,6 +61,7 @@ pub use event_building::{Builder as EventBuilder, StfSource};
 pub use forwarders::{Merger, Multiplier, Processor, Proxy, Splitter};
 pub use mcts::{MctsDriver, MctsWorker};
 pub use pacing::Pacer;
+pub use replay::Replay;
 pub use reqrep::{Client, Server};
 pub use sampler::{BenchmarkSampler, Sampler};
 pub use sink::{Sink, SinkSummary};
@@ -94,11 +97,13 @@ pub enum Builtin {
     MctsDriver,
     /// Holds part of a distributed search tree.
     MctsWorker,
+    /// Feeds a recording into a channel.
+    Replay,
 }
 
 impl Builtin {
     /// Every kind with its name.
-    pub const ALL: [(&'static str, Builtin); 14] = [
+    pub const ALL: [(&'static str, Builtin); 15] = [
         ("sampler", Builtin::Sampler),
         ("bsampler", Builtin::BenchmarkSampler),
         ("sink", Builtin::Sink),
@@ -113,6 +118,7 @@ impl Builtin {
         ("builder", Builtin::Builder),
         ("mcts-driver", Builtin::MctsDriver),
         ("mcts-worker", Builtin::MctsWorker),
+        ("replay", Builtin::Replay),
     ];
 
     /// The kind called `name`.
@@ -138,7 +144,7 @@ impl Builtin {
         let input = |default: &str| property("in-channel").unwrap_or_else(|| default.to_owned());
         let output = |default: &str| property("out-channel").unwrap_or_else(|| default.to_owned());
         match self {
-            Builtin::Sampler | Builtin::BenchmarkSampler | Builtin::Client => {
+            Builtin::Sampler | Builtin::BenchmarkSampler | Builtin::Client | Builtin::Replay => {
                 vec![(output("data"), 1, 1)]
             }
             Builtin::Sink | Builtin::Server => vec![(input("data"), 1, 1)],
@@ -181,6 +187,7 @@ impl Builtin {
             Builtin::Builder => Box::new(EventBuilder::default()),
             Builtin::MctsDriver => Box::new(MctsDriver),
             Builtin::MctsWorker => Box::new(MctsWorker),
+            Builtin::Replay => Box::new(Replay::default()),
         }
     }
 }
@@ -194,6 +201,9 @@ pub fn fairmq_iterations(max_iterations: u64) -> u64 {
         max_iterations.saturating_add(1)
     }
 }
+
+/// The most parts (`num-parts`) a sampler's message may have.
+pub const MAX_PARTS: usize = 1024;
 
 /// The lowest positive rate a sender takes: one message every ~31 years. Lower rates have an
 /// interval no clock can represent.

@@ -6,15 +6,20 @@ use ferromq_core::{BoxError, Message, Parts};
 use ferromq_device::{Device, DeviceContext};
 
 use crate::{
-    Pacer, allocate, bool_property, channel_property, rate_property, try_zeroed, write_checksum,
+    MAX_PARTS, Pacer, allocate, bool_property, channel_property, rate_property, try_zeroed,
+    write_checksum,
 };
 
 /// Sends `--max-iterations` messages (or until STOP) of `msg-size` bytes, or of the `text`
-/// property, or of the file `payload-file`, at `rate` messages/s (0 = unlimited).
+/// property, or of the file `payload-file`, at `rate` messages/s (0 = unlimited). With
+/// `num-parts` N > 1 each message has N parts, part i the payload's first `len / (i + 1)`
+/// bytes (at least 8 with checksums), each checksummed: a receiver that loses a boundary
+/// fails its checks.
 #[derive(Debug, Default)]
 pub struct Sampler {
     out_channel: String,
     template: Vec<u8>,
+    num_parts: usize,
     /// `msg-size` of a generated payload, until RUNNING makes the template.
     generated_size: Option<usize>,
     checksum: bool,
@@ -30,6 +35,10 @@ impl Device for Sampler {
         // The sampler writes every byte of every message anyway; `memset` changes nothing.
         bool_property(ctx, "memset", false)?;
         self.rate = rate_property(ctx, "rate", 0.0)?;
+        self.num_parts = ctx.property_or("num-parts", 1)?;
+        if !(1..=MAX_PARTS).contains(&self.num_parts) {
+            return Err(format!("num-parts {}: expected 1 to {MAX_PARTS}", self.num_parts).into());
+        }
         self.generated_size = None;
         self.template = if let Some(path) = ctx.property_text("payload-file") {
             tokio::fs::read(&path)
@@ -75,18 +84,32 @@ impl Device for Sampler {
                 () = pacer.wait() => {}
                 () = &mut stopped => break,
             }
-            let mut message =
-                allocate(ctx, &self.out_channel, "msg-size", self.template.len()).await?;
-            let bytes = message.data_mut();
-            bytes.copy_from_slice(&self.template);
-            if self.checksum {
-                // Vary the payload per message so that a misrouted or repeated message shows.
-                let iteration = ctx.iterations().to_le_bytes();
-                let n_vary = (bytes.len() - 8).min(8);
-                bytes[8..8 + n_vary].copy_from_slice(&iteration[..n_vary]);
-                write_checksum(bytes);
+            let mut parts = Parts::with_capacity(self.num_parts);
+            for part_idx in 0..self.num_parts {
+                let floor = if self.checksum { 8 } else { 0 };
+                let size = (self.template.len() / (part_idx + 1)).max(floor);
+                let mut message = allocate(ctx, &self.out_channel, "msg-size", size).await?;
+                let bytes = message.data_mut();
+                bytes.copy_from_slice(&self.template[..size]);
+                if self.checksum {
+                    // Vary the payload per message (and part) so that a misrouted, repeated or
+                    // reordered message shows.
+                    let mut vary = [0u8; 16];
+                    vary[..8].copy_from_slice(&ctx.iterations().to_le_bytes());
+                    vary[8..].copy_from_slice(&(part_idx as u64).to_le_bytes());
+                    let n_vary = (bytes.len() - 8).min(16);
+                    bytes[8..8 + n_vary].copy_from_slice(&vary[..n_vary]);
+                    write_checksum(bytes);
+                }
+                parts.push(message);
             }
-            match ctx.send(&self.out_channel, message).await {
+            let sent = if self.num_parts == 1 {
+                let message = parts.into_vec().pop().expect("one part");
+                ctx.send(&self.out_channel, message).await
+            } else {
+                ctx.send_parts(&self.out_channel, parts).await
+            };
+            match sent {
                 Ok(()) => {}
                 Err(error) if ctx.stop_requested() => {
                     tracing::debug!(%error, "send interrupted by STOP");

@@ -22,7 +22,8 @@ pub struct SinkSummary {
 }
 
 /// Counts what arrives on `in-channel` (default `data`) until STOP or `--max-iterations`;
-/// with `verify`, fails on the first message whose checksum is wrong. With `out-filename`, every
+/// with `verify`, fails on the first message whose checksum is wrong (every part's), or whose
+/// part count is not `num-parts` (when given). With `out-filename`, every
 /// part received is appended to that file (created or truncated at INIT TASK) until
 /// `max-file-size` bytes (FairMQ's default 2000000000; 0 = unlimited) are written, which also
 /// ends the run, as in FairMQ. `multipart` is accepted: whole messages are always received.
@@ -30,6 +31,8 @@ pub struct SinkSummary {
 pub struct Sink {
     in_channel: String,
     verify: bool,
+    /// With `verify`: the parts every message must have (0: any).
+    num_parts: usize,
     summary: SinkSummary,
     started: Option<Instant>,
     output: Option<OutputFile>,
@@ -60,6 +63,15 @@ impl Sink {
     async fn consume(&mut self, parts: Parts, device: &str) -> Result<Flow, BoxError> {
         self.started.get_or_insert_with(Instant::now);
         if self.verify {
+            if self.num_parts > 0 && parts.len() != self.num_parts {
+                return Err(format!(
+                    "message {} has {} part(s), num-parts says {}",
+                    self.summary.n_msgs,
+                    parts.len(),
+                    self.num_parts
+                )
+                .into());
+            }
             for (part_idx, part) in parts.iter().enumerate() {
                 if !checksum_ok(part.data()) {
                     return Err(format!(
@@ -102,6 +114,7 @@ impl Device for Sink {
         self.in_channel = channel_property(ctx, "in-channel", "data");
         ctx.channel(&self.in_channel)?;
         self.verify = bool_property(ctx, "verify", false)?;
+        self.num_parts = ctx.property_or("num-parts", 0)?;
         bool_property(ctx, "multipart", false)?;
         self.summary = SinkSummary::default();
         let max_size = ctx.property_or("max-file-size", FAIRMQ_MAX_FILE_SIZE)?;

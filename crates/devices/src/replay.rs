@@ -1,0 +1,113 @@
+//! [`Replay`]: feeds a recording (`ferromq record`) into a channel.
+
+use std::time::Duration;
+
+use ferromq_core::{BoxError, Message, Parts};
+use ferromq_device::{Device, DeviceContext};
+use ferromq_record::Reader;
+
+use crate::channel_property;
+
+/// Sends every message of the recording `file` on `out-channel` (default `data`), parts and
+/// boundaries as recorded, at the recorded pace times `speed` (default 1; 2 is twice as fast;
+/// 0 as fast as the channel takes them). `--max-iterations` bounds how many. A file cut short
+/// (its recorder did not finish) is replayed up to its last whole message, with a warning; a
+/// corrupt one fails the device at the first bad byte, naming the offset.
+#[derive(Debug, Default)]
+pub struct Replay {
+    out_channel: String,
+    file: String,
+    speed: f64,
+}
+
+/// The largest `speed` taken: past it the pace is "as fast as possible" anyway.
+const MAX_SPEED: f64 = 1e9;
+
+#[async_trait::async_trait]
+impl Device for Replay {
+    async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.out_channel = channel_property(ctx, "out-channel", "data");
+        ctx.channel(&self.out_channel)?;
+        self.file = ctx
+            .property_text("file")
+            .filter(|file| !file.is_empty())
+            .ok_or("replay needs the recording: --property file=PATH (or `ferromq replay FILE`)")?;
+        self.speed = ctx.property_or("speed", 1.0)?;
+        if !(self.speed.is_finite() && (0.0..=MAX_SPEED).contains(&self.speed)) {
+            return Err(format!(
+                "speed {}: expected 0 (as fast as possible) or a positive factor up to {MAX_SPEED:e}",
+                self.speed
+            )
+            .into());
+        }
+        // Fail at INIT TASK, not RUNNING, on a file that is no recording.
+        let path = std::path::PathBuf::from(&self.file);
+        tokio::task::spawn_blocking(move || Reader::open(&path).map(|_| ()))
+            .await
+            .map_err(|error| format!("reading {}: {error}", self.file))??;
+        Ok(())
+    }
+
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let out = ctx.channel_id(&self.out_channel)?;
+        // Read ahead on a blocking thread: a large recording never stalls the device's runtime.
+        let (records, mut incoming) = tokio::sync::mpsc::channel(1024);
+        let path = std::path::PathBuf::from(&self.file);
+        let reading = tokio::task::spawn_blocking(move || {
+            let mut reader = Reader::open(&path)?;
+            while let Some(record) = reader.next_record()? {
+                if records.blocking_send(record).is_err() {
+                    break;
+                }
+            }
+            Ok::<_, ferromq_record::RecordingError>(reader.summary())
+        });
+        let started = tokio::time::Instant::now();
+        let mut first_at: Option<Duration> = None;
+        let (mut n_messages, mut n_bytes) = (0u64, 0u64);
+        while ctx.next_iteration() {
+            let Some(record) = incoming.recv().await else {
+                break;
+            };
+            if self.speed > 0.0 {
+                let first = *first_at.get_or_insert(record.at);
+                let due = started + (record.at.saturating_sub(first)).div_f64(self.speed);
+                if due > tokio::time::Instant::now() {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(due) => {}
+                        () = ctx.stopped() => break,
+                    }
+                }
+            }
+            let mut parts = Parts::with_capacity(record.parts.len());
+            for part in record.parts {
+                n_bytes += part.len() as u64;
+                parts.push(Message::from(part));
+            }
+            match ctx.send_parts_on(out, parts).await {
+                Ok(()) => n_messages += 1,
+                Err(_) if ctx.stop_requested() => break,
+                Err(error) => return Err(error.into()),
+            }
+        }
+        drop(incoming);
+        match reading.await.map_err(|error| error.to_string())? {
+            Ok(Some(_)) => {}
+            Ok(None) => tracing::warn!(
+                device = %ctx.id(),
+                file = %self.file,
+                "the recording has no end record (its recorder did not finish): replayed what it holds"
+            ),
+            // Stopped early: the reader's error past that point is not this run's business.
+            Err(_) if ctx.stop_requested() => {}
+            Err(error) => return Err(error.into()),
+        }
+        tracing::info!(
+            device = %ctx.id(),
+            "replayed {n_messages} messages ({n_bytes} bytes) from {} in {:.3} s",
+            self.file,
+            started.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+}
