@@ -36,6 +36,7 @@ pub mod launch;
 pub mod logging;
 pub mod metrics_endpoint;
 pub mod options;
+pub mod record_command;
 pub mod rpc_bench;
 mod run;
 pub mod session_dir;

@@ -85,6 +85,19 @@ enum Command {
     /// Show the devices running on this host (any session, whoever started them): live, or
     /// one snapshot with --once / --json. Leave with q, Esc or Ctrl-C; the run goes on.
     Top(ferromq_cli::top_command::TopOptions),
+    /// Record a running device's channel into a file (until Ctrl-C, --duration or --messages).
+    Record(ferromq_cli::record_command::RecordOptions),
+    /// Feed a recording into a channel: the built-in `replay` device with `file` set
+    /// (`--speed`: 1 as recorded, 2 twice as fast, 0 as fast as possible).
+    Replay {
+        /// The recording (`ferromq record`'s file).
+        file: std::path::PathBuf,
+        /// The pace: a multiple of the recorded one, or 0 for as fast as possible.
+        #[arg(long, default_value = "1", allow_negative_numbers = true)]
+        speed: f64,
+        #[command(flatten)]
+        options: Box<DeviceOptions>,
+    },
     /// Show or remove shared memory (`ferromq shm list`, `ferromq shm clean --stale`).
     Shm {
         #[command(subcommand)]
@@ -143,6 +156,30 @@ fn main() -> ExitCode {
         }
         Command::Shm { command } => shm_command::run(&command),
         Command::Top(options) => ferromq_cli::top_command::run(&options),
+        Command::Record(options) => ferromq_cli::record_command::run(&options),
+        Command::Replay {
+            file,
+            speed,
+            options,
+        } => {
+            if !(speed.is_finite() && speed >= 0.0) {
+                eprintln!(
+                    "ferromq: --speed {speed}: expected 0 (as fast as possible) or a positive factor"
+                );
+                return ExitCode::from(2);
+            }
+            let mut options = *options;
+            if let Err(error) = options.check().and_then(|()| options.prepare_logging()) {
+                eprintln!("ferromq: {error:#}");
+                return ExitCode::from(2);
+            }
+            options.max_iterations = ferromq_devices::fairmq_iterations(options.max_iterations);
+            let properties = [
+                ("file", file.display().to_string()),
+                ("speed", speed.to_string()),
+            ];
+            run_device(Builtin::Replay.create(), &options, &properties)
+        }
         Command::Bench(options) => ferromq_cli::block_on(1, ferromq_cli::bench::run(options)),
         Command::BenchRpcRole(options) => {
             ferromq_cli::block_on(1, ferromq_cli::rpc_bench::run_role(options))

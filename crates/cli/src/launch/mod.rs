@@ -44,9 +44,10 @@ mod supervise;
 
 pub use self::hosts::LauncherKind;
 pub use self::process::run_slurm_task;
+pub(crate) use self::supervise::Signals;
 
 use self::stop::stop_all;
-use self::supervise::{Ending, Signals, exited_device};
+use self::supervise::{Ending, exited_device};
 
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);

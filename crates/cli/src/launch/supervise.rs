@@ -23,7 +23,7 @@ pub struct Signals {
 }
 
 impl Signals {
-    pub(super) fn install() -> Result<Signals> {
+    pub(crate) fn install() -> Result<Signals> {
         use tokio::signal::unix::{SignalKind, signal};
         crate::transports::prepare_termination_signals();
         Ok(Signals {
@@ -33,7 +33,7 @@ impl Signals {
     }
 
     /// The next SIGINT or SIGTERM.
-    pub(super) async fn next(&mut self) -> &'static str {
+    pub(crate) async fn next(&mut self) -> &'static str {
         tokio::select! {
             _ = self.interrupt.recv() => "SIGINT",
             _ = self.terminate.recv() => "SIGTERM",

@@ -1,0 +1,382 @@
+//! `ferromq record` and `ferromq replay`: a multipart stream recorded from a running device and
+//! replayed into a sink that checks every part's checksum and the part count; a recorder that
+//! falls behind says how much it missed while the pipeline it taps loses nothing; replay keeps
+//! the recorded pace (or a multiple); bad input is refused naming it.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{Device, Ipc, ferromq_as_is, finish, signal, top_json_until};
+
+/// A scratch file, removed on drop.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        Scratch(std::env::temp_dir().join(format!("ferromq-{tag}-{}.rec", std::process::id())))
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().expect("a UTF-8 path")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Waits until `session` has a device `id` that `ferromq top` sees RUNNING.
+async fn running(session: &str, id: &str) {
+    top_json_until(session, |snapshot| {
+        snapshot["devices"].as_array().is_some_and(|devices| {
+            devices
+                .iter()
+                .any(|device| device["id"] == id && device["state"] == "RUNNING")
+        })
+    })
+    .await;
+}
+
+/// The number after `key` in `text` (`received 100 messages` -> 100 for `received `).
+fn number_after(text: &str, key: &str) -> u64 {
+    text.split_once(key)
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|number| number.trim_end_matches(',').parse().ok())
+        .unwrap_or_else(|| panic!("no number after {key:?} in:\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_multipart_stream_replays_into_a_verifying_sink() {
+    let session = format!("record-{}", std::process::id());
+    let live = Ipc::new("record-live");
+    // 150 000 messages, 100 000 of them recorded; both ends stop on their own.
+    let sink = Device::new("sink", "sink")
+        .args(&["--session", &session, "--verify", "--num-parts", "3"])
+        .args(&["--max-iterations", "149999"])
+        .channel("pull", "bind", &live.address())
+        .spawn();
+    let sampler = Device::new("sampler", "sampler")
+        .args(&["--session", &session, "--rate", "20000", "--num-parts", "3"])
+        .args(&["--msg-size", "200", "--max-iterations", "149999"])
+        .channel("push", "connect", &live.address())
+        .spawn();
+    running(&session, "sampler").await;
+    let recording = Scratch::new("record-multipart");
+    let recorded = finish(ferromq_as_is(&[
+        "record",
+        &session,
+        "sampler",
+        "data",
+        "--output",
+        recording.path(),
+        "--messages",
+        "100000",
+    ]))
+    .await;
+    assert!(
+        recorded.stdout.contains("recorded 100000 messages"),
+        "{}{}",
+        recorded.stdout,
+        recorded.stderr
+    );
+    // The pipeline went on untouched: every message arrived, every checksum held.
+    let sampler = finish(sampler).await;
+    let sink = finish(sink).await;
+    sampler.assert_exited_0();
+    sink.assert_exited_0();
+    assert!(
+        sink.stdout.contains("received 150000 messages")
+            && sink.stdout.contains("150000 checksums ok"),
+        "{}",
+        sink.stdout
+    );
+
+    let mut reader =
+        ferromq_record::Reader::open(std::path::Path::new(recording.path())).expect("a recording");
+    assert_eq!(reader.header().device, "sampler");
+    assert_eq!(reader.header().channel, "data");
+    assert!(reader.header().channel_config.contains("type=push"));
+    let first = reader.next_record().expect("readable").expect("a message");
+    assert_eq!(first.parts.len(), 3);
+    assert_eq!(first.direction, ferromq_record::Direction::Out);
+
+    // Replayed as fast as possible into a sink that checks every part and the part count
+    // (parts of 200, 100 and 66 bytes: 366 a message).
+    let replayed_into = Ipc::new("record-replay");
+    let checker = Device::new("sink", "checker")
+        .args(&["--verify", "--num-parts", "3", "--max-iterations", "99999"])
+        .channel("pull", "bind", &replayed_into.address())
+        .spawn();
+    let replay = finish(ferromq_as_is(&[
+        "replay",
+        recording.path(),
+        "--id",
+        "replay",
+        "--control",
+        "static",
+        "--speed",
+        "0",
+        "--color",
+        "false",
+        "--channel-config",
+        &format!(
+            "name=data,type=push,method=connect,address={},rateLogging=0",
+            replayed_into.address()
+        ),
+    ]))
+    .await;
+    replay.assert_exited_0();
+    let checked = finish(checker).await;
+    checked.assert_exited_0();
+    assert!(
+        checked
+            .stdout
+            .contains("received 100000 messages, 36600000 bytes")
+            && checked.stdout.contains("100000 checksums ok"),
+        "{}",
+        checked.stdout
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorder_that_falls_behind_says_how_much_it_missed_and_slows_nothing() {
+    let session = format!("record-behind-{}", std::process::id());
+    let live = Ipc::new("record-behind");
+    // 600 000 messages at 100 000 a second; both ends stop on their own.
+    let sink = Device::new("sink", "sink")
+        .args(&["--session", &session, "--max-iterations", "599999"])
+        .channel("pull", "bind", &live.address())
+        .spawn();
+    let sampler = Device::new("sampler", "sampler")
+        .args(&[
+            "--session",
+            &session,
+            "--msg-size",
+            "64",
+            "--rate",
+            "100000",
+        ])
+        .args(&["--max-iterations", "599999"])
+        .channel("push", "connect", &live.address())
+        .spawn();
+    running(&session, "sampler").await;
+    let recording = Scratch::new("record-behind");
+    let recorder = ferromq_as_is(&[
+        "record",
+        &session,
+        "sampler",
+        "data",
+        "--output",
+        recording.path(),
+    ]);
+    let mut pause = tokio::time::interval(Duration::from_millis(1500));
+    pause.tick().await;
+    pause.tick().await;
+    // The recorder stops taking copies; the sampler goes on at full speed.
+    signal(&recorder, "STOP");
+    pause.tick().await;
+    signal(&recorder, "CONT");
+    pause.tick().await;
+    signal(&recorder, "INT");
+    let recorded = finish(recorder).await;
+    assert_eq!(
+        recorded.code,
+        Some(1),
+        "{}{}",
+        recorded.stdout,
+        recorded.stderr
+    );
+    let missed = number_after(&recorded.stderr, "missed ");
+    assert!(missed > 0, "{}", recorded.stderr);
+    let mut reader =
+        ferromq_record::Reader::open(std::path::Path::new(recording.path())).expect("a recording");
+    while reader.next_record().expect("readable").is_some() {}
+    let summary = reader.summary().expect("a finished recording");
+    assert_eq!(summary.missed, missed);
+    assert!(summary.messages > 0);
+
+    let sampler = finish(sampler).await;
+    let sink = finish(sink).await;
+    sampler.assert_exited_0();
+    sink.assert_exited_0();
+    assert!(
+        sink.stdout.contains("received 600000 messages"),
+        "the tapped pipeline lost messages: {}",
+        sink.stdout
+    );
+}
+
+/// Writes a recording of `n` one-part checksummed messages `gap` apart.
+fn paced_recording(path: &str, n: u64, gap: Duration) {
+    let header = ferromq_record::Header {
+        device: "test".into(),
+        session: "test".into(),
+        channel: "data".into(),
+        channel_config: "name=data,type=push".into(),
+        started_unix_ms: 0,
+        ferromq_version: "test".into(),
+    };
+    let mut writer =
+        ferromq_record::Writer::create(std::path::Path::new(path), &header).expect("create");
+    for sequence in 0..n {
+        writer
+            .write(&ferromq_record::Record {
+                direction: ferromq_record::Direction::Out,
+                sequence,
+                at: gap * u32::try_from(sequence).expect("small"),
+                parts: vec![bytes::Bytes::from(format!("message {sequence}"))],
+            })
+            .expect("write");
+    }
+    writer.finish(0).expect("finish");
+}
+
+/// Replays `path` at `speed` into a sink taking `n` messages; the seconds the replay says it
+/// took.
+async fn replay_seconds(path: &str, speed: &str, n: u64) -> f64 {
+    let into = Ipc::new("replay-pace");
+    let sink = Device::new("sink", "pace-sink")
+        .args(&["--max-iterations", &(n - 1).to_string()])
+        .channel("pull", "bind", &into.address())
+        .spawn();
+    let replay = finish(ferromq_as_is(&[
+        "replay",
+        path,
+        "--id",
+        "replay",
+        "--control",
+        "static",
+        "--speed",
+        speed,
+        "--color",
+        "false",
+        "--channel-config",
+        &format!(
+            "name=data,type=push,method=connect,address={},rateLogging=0",
+            into.address()
+        ),
+    ]))
+    .await;
+    replay.assert_exited_0();
+    finish(sink).await.assert_exited_0();
+    let text = format!("{}{}", replay.stdout, replay.stderr);
+    let (_, rest) = text.split_once(" in ").unwrap_or_else(|| panic!("{text}"));
+    let seconds = rest.split_whitespace().next().expect("seconds");
+    let _ = number_after(&text, "replayed ");
+    seconds.parse().unwrap_or_else(|_| panic!("{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_keeps_the_recorded_pace_or_a_multiple_of_it() {
+    let recording = Scratch::new("replay-pace");
+    // 41 messages 25 ms apart: one second from the first to the last.
+    paced_recording(recording.path(), 41, Duration::from_millis(25));
+    let as_recorded = replay_seconds(recording.path(), "1", 41).await;
+    let four_times = replay_seconds(recording.path(), "4", 41).await;
+    assert!(
+        as_recorded >= 0.99,
+        "the recorded second took {as_recorded} s"
+    );
+    assert!(four_times >= 0.24, "a quarter second took {four_times} s");
+    assert!(
+        four_times < as_recorded,
+        "{four_times} s at 4x, {as_recorded} s at 1x"
+    );
+}
+
+#[tokio::test]
+async fn record_and_replay_refuse_what_they_cannot_do() {
+    let nowhere = finish(ferromq_as_is(&[
+        "record",
+        "no-such-session",
+        "dev",
+        "data",
+        "--output",
+        "/dev/null",
+    ]))
+    .await;
+    assert_eq!(nowhere.code, Some(1));
+    assert!(
+        nowhere
+            .stderr
+            .contains("no running device of session \"no-such-session\""),
+        "{}",
+        nowhere.stderr
+    );
+
+    let session = format!("record-refuse-{}", std::process::id());
+    let ipc = Ipc::new("record-refuse");
+    let sink = Device::new("sink", "quiet")
+        .args(&["--session", &session])
+        .channel("pull", "bind", &ipc.address())
+        .spawn();
+    running(&session, "quiet").await;
+    let no_channel = finish(ferromq_as_is(&[
+        "record",
+        &session,
+        "quiet",
+        "nope",
+        "--output",
+        "/dev/null",
+    ]))
+    .await;
+    assert_eq!(no_channel.code, Some(1));
+    assert!(
+        no_channel
+            .stderr
+            .contains("no channel \"nope\"; its channels: data"),
+        "{}",
+        no_channel.stderr
+    );
+    let no_device = finish(ferromq_as_is(&[
+        "record",
+        &session,
+        "loud",
+        "data",
+        "--output",
+        "/dev/null",
+    ]))
+    .await;
+    assert_eq!(no_device.code, Some(1));
+    assert!(
+        no_device
+            .stderr
+            .contains("has no device \"loud\"; its devices: quiet")
+    );
+    signal(&sink, "INT");
+    finish(sink).await.assert_exited_0();
+
+    let not_a_recording = Scratch::new("not-a-recording");
+    std::fs::write(&not_a_recording.0, b"just some bytes").unwrap();
+    let replay = |path: &str, speed: &str| {
+        ferromq_as_is(&[
+            "replay",
+            path,
+            "--id",
+            "replay",
+            "--control",
+            "static",
+            "--speed",
+            speed,
+            "--channel-config",
+            "name=data,type=push,method=connect,address=ipc:///nonexistent/x",
+        ])
+    };
+    let refused = finish(replay(not_a_recording.path(), "1")).await;
+    assert_eq!(refused.code, Some(1));
+    assert!(
+        refused.stderr.contains("is not a ferromq recording"),
+        "{}",
+        refused.stderr
+    );
+    let bad_speed = finish(replay(not_a_recording.path(), "-1")).await;
+    assert_eq!(bad_speed.code, Some(2));
+    assert!(
+        bad_speed.stderr.contains("--speed -1"),
+        "{}",
+        bad_speed.stderr
+    );
+}
