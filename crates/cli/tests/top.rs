@@ -272,3 +272,60 @@ async fn top_says_what_it_cannot_do() {
         assert!(refused.stderr.contains(bad), "{}", refused.stderr);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_receiver_shows_as_a_send_queue_and_back_pressure() {
+    let session = format!("top-queue-{}", std::process::id());
+    let ipc = Ipc::new("top-queue");
+    let sink = Device::new("sink", "stalled")
+        .args(&["--session", &session])
+        .channel("pull", "bind", &ipc.address())
+        .spawn();
+    let sampler = Device::new("sampler", "eager")
+        .args(&["--session", &session, "--msg-size", "65536"])
+        .args(&[
+            "--channel-config",
+            &format!(
+                "name=data,type=push,method=connect,address={},rateLogging=0,sndBufSize=50",
+                ipc.address()
+            ),
+        ])
+        .spawn();
+    top_json_until(&session, |snapshot| {
+        ids_in_state(snapshot, "RUNNING").len() == 2
+    })
+    .await;
+    signal(&sink, "STOP");
+    let eager_data = |snapshot: &serde_json::Value| {
+        snapshot["devices"]
+            .as_array()
+            .and_then(|devices| devices.iter().find(|device| device["id"] == "eager"))
+            .map(|device| device["channels"][0].clone())
+            .unwrap_or_default()
+    };
+    // The sender fills its window (50) and then waits: both show.
+    let stalled = top_json_until(&session, |snapshot| {
+        let data = eager_data(snapshot);
+        data["queued"].as_u64().unwrap_or(0) >= 50
+            && data["send_wait_s"].as_f64().unwrap_or(0.0) > 0.2
+            && data["rates"]["send_wait"].as_f64().unwrap_or(0.0) > 0.5
+    })
+    .await;
+    assert_eq!(eager_data(&stalled)["queued"], 50, "{stalled:#}");
+    let table = top(&[&session, "--once", "--interval", "0.3"]).await;
+    table.assert_exited_0();
+    assert!(
+        table
+            .stdout
+            .lines()
+            .any(|line| line.contains("eager") && line.contains(" 50 ")),
+        "{}",
+        table.stdout
+    );
+    signal(&sink, "CONT");
+    for device in [&sampler, &sink] {
+        signal(device, "INT");
+    }
+    finish(sampler).await.assert_exited_0();
+    finish(sink).await.assert_exited_0();
+}

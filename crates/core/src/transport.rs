@@ -149,6 +149,12 @@ pub trait Socket: Send {
         None
     }
 
+    /// The figures of this socket's sending side, which the transport keeps up to date and
+    /// anyone may read (the channel's counters include them); `None` when it keeps none.
+    fn send_figures(&self) -> Option<Arc<SendFigures>> {
+        None
+    }
+
     /// Receives one whole multipart message, waiting as long as it takes. Deadlines are the
     /// caller's: [`Channel`] bounds the wait by dropping this future, once, for every
     /// transport.
@@ -193,6 +199,62 @@ pub trait Socket: Send {
     async fn close(&mut self, linger: Duration) -> Result<()>;
 }
 
+/// What a socket's sending side says about itself: how much waits in it, and how long sends
+/// waited. Kept by the transport (see [`Socket::send_figures`]), read from any thread.
+#[derive(Debug, Default)]
+pub struct SendFigures {
+    /// Messages accepted by `send` and not handed on yet: zeromq, not yet encoded for the
+    /// wire; shmem, not yet taken by a receiver (as of recently).
+    pub queued: AtomicU64,
+    /// Nanoseconds sends spent waiting for room (`sndBufSize`, a full segment) or for a peer,
+    /// in finished waits.
+    waited_ns: AtomicU64,
+    /// When the wait going on now began ([`figures_clock`] nanoseconds, +1), or 0.
+    waiting_since: AtomicU64,
+}
+
+/// Nanoseconds since the first call in this process: a clock every thread reads alike.
+fn figures_clock() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(std::time::Instant::now);
+    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl SendFigures {
+    /// A send begins to wait (back-pressure); the wait counts until the guard is dropped
+    /// (the wait ended or was cancelled), and a reader sees it grow meanwhile.
+    pub fn waiting(&self) -> SendWait<'_> {
+        self.waiting_since
+            .store(figures_clock() + 1, Ordering::Relaxed);
+        SendWait { figures: self }
+    }
+
+    /// Nanoseconds sends waited in all, the wait going on now included.
+    pub fn waited_ns(&self) -> u64 {
+        let finished = self.waited_ns.load(Ordering::Relaxed);
+        match self.waiting_since.load(Ordering::Relaxed) {
+            0 => finished,
+            since => finished + figures_clock().saturating_sub(since - 1),
+        }
+    }
+}
+
+/// A wait of a send, counted by [`SendFigures`] until dropped.
+#[derive(Debug)]
+pub struct SendWait<'a> {
+    figures: &'a SendFigures,
+}
+
+impl Drop for SendWait<'_> {
+    fn drop(&mut self) {
+        let since = self.figures.waiting_since.swap(0, Ordering::Relaxed);
+        if since > 0 {
+            let waited = figures_clock().saturating_sub(since - 1);
+            self.figures.waited_ns.fetch_add(waited, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Messages and bytes through one channel, readable from any thread.
 #[derive(Debug, Default)]
 pub struct ChannelCounters {
@@ -200,6 +262,8 @@ pub struct ChannelCounters {
     bytes_in: AtomicU64,
     messages_out: AtomicU64,
     bytes_out: AtomicU64,
+    /// The socket's sending figures, when its transport keeps them.
+    send: Option<Arc<SendFigures>>,
 }
 
 /// A snapshot of [`ChannelCounters`].
@@ -213,6 +277,10 @@ pub struct CounterSnapshot {
     pub messages_out: u64,
     /// Payload bytes sent.
     pub bytes_out: u64,
+    /// Messages waiting in the socket's send queue (see [`SendFigures::queued`]).
+    pub queued: u64,
+    /// Nanoseconds sends waited for room or a peer, in all.
+    pub send_waited_ns: u64,
 }
 
 impl ChannelCounters {
@@ -233,6 +301,11 @@ impl ChannelCounters {
             bytes_in: self.bytes_in.load(Ordering::Relaxed),
             messages_out: self.messages_out.load(Ordering::Relaxed),
             bytes_out: self.bytes_out.load(Ordering::Relaxed),
+            queued: self
+                .send
+                .as_ref()
+                .map_or(0, |send| send.queued.load(Ordering::Relaxed)),
+            send_waited_ns: self.send.as_ref().map_or(0, |send| send.waited_ns()),
         }
     }
 }
@@ -281,6 +354,7 @@ impl Channel {
     ) -> Result<Channel> {
         config.validate()?;
         let socket = transport.create_socket(&config, socket_name).await?;
+        let send = socket.send_figures();
         let turn = match config.socket_type {
             SocketType::Req => Some(Turn::Send),
             SocketType::Rep => Some(Turn::Receive),
@@ -291,7 +365,10 @@ impl Channel {
             config,
             transport_name: transport.name(),
             bound_address: None,
-            counters: Arc::default(),
+            counters: Arc::new(ChannelCounters {
+                send,
+                ..ChannelCounters::default()
+            }),
             tap: Arc::default(),
             pending_frames: VecDeque::new(),
             turn,

@@ -205,6 +205,8 @@ fn counters_value(controller: &DeviceController) -> serde_json::Value {
                 "bytes_in": snapshot.bytes_in,
                 "messages_out": snapshot.messages_out,
                 "bytes_out": snapshot.bytes_out,
+                "queued": snapshot.queued,
+                "send_wait_ns": snapshot.send_waited_ns,
             });
             (name, value)
         })

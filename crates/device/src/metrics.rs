@@ -42,6 +42,16 @@ pub fn describe() {
         );
     }
     ::metrics::describe_gauge!(
+        "ferromq_channel_send_queue",
+        ::metrics::Unit::Count,
+        "Messages accepted by send and not handed on yet (zeromq: not yet written; shmem: not yet taken by a receiver)"
+    );
+    ::metrics::describe_gauge!(
+        "ferromq_channel_send_wait_seconds",
+        ::metrics::Unit::Seconds,
+        "Seconds sends waited for room (sndBufSize, a full segment) or a peer since the channel opened: back-pressure (only grows)"
+    );
+    ::metrics::describe_gauge!(
         "ferromq_device_state",
         "1 for the state the device is in (label state), 0 for the others"
     );
@@ -91,6 +101,11 @@ pub fn record(figures: &DeviceFigures<'_>) {
         ] {
             ::metrics::counter!(name, &labels).absolute(value);
         }
+        #[allow(clippy::cast_precision_loss)]
+        ::metrics::gauge!("ferromq_channel_send_queue", &labels).set(counters.queued as f64);
+        #[allow(clippy::cast_precision_loss)]
+        ::metrics::gauge!("ferromq_channel_send_wait_seconds", &labels)
+            .set(counters.send_waited_ns as f64 / 1e9);
     }
     for state in State::ALL {
         let mut labels = device_labels.clone();
@@ -154,6 +169,8 @@ mod tests {
                 bytes_in: 300,
                 messages_out: 0,
                 bytes_out: 0,
+                queued: 7,
+                send_waited_ns: 1_500_000_000,
             },
         )];
         ::metrics::with_local_recorder(&recorder, || {
@@ -199,6 +216,14 @@ mod tests {
         assert_eq!(
             find("ferromq_channel_bytes_in_total", ("channel", "data")),
             Some(&DebugValue::Counter(300))
+        );
+        assert_eq!(
+            find("ferromq_channel_send_queue", ("channel", "data")),
+            Some(&DebugValue::Gauge(7.0.into()))
+        );
+        assert_eq!(
+            find("ferromq_channel_send_wait_seconds", ("channel", "data")),
+            Some(&DebugValue::Gauge(1.5.into()))
         );
         assert_eq!(
             find("ferromq_device_state", ("state", "RUNNING")),

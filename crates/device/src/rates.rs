@@ -93,12 +93,14 @@ mod tests {
             bytes_in: 1_000,
             messages_out: 0,
             bytes_out: 0,
+            ..CounterSnapshot::default()
         };
         let later = CounterSnapshot {
             messages_in: 210,
             bytes_in: 2_001_000,
             messages_out: 4,
             bytes_out: 4_000_000,
+            ..CounterSnapshot::default()
         };
         let rates = Rates::between(earlier, later, 2.0);
         assert_eq!(

@@ -67,6 +67,8 @@ pub(crate) struct SentCounter {
 /// the sender sleeps between looks: a receiver that keeps taking is followed closely (sleeping
 /// a timer tick would leave it idle), a stalled one costs no CPU.
 const SPIN_FOR: Duration = Duration::from_micros(200);
+/// How often (in messages sent) a sender refreshes the send-queue figure.
+const QUEUE_LOOK_EVERY: u64 = 256;
 const POLL_PAUSE: Duration = Duration::from_millis(1);
 
 impl SentCounter {
@@ -110,9 +112,18 @@ impl SentCounter {
         self.n_sent.saturating_sub(self.n_taken())
     }
 
-    /// Counts one more message accepted for sending.
-    pub(crate) fn note_sent(&mut self) {
+    /// Counts one more message accepted for sending; every [`QUEUE_LOOK_EVERY`] messages
+    /// (and whenever [`SentCounter::has_room`] looks) `figures.queued` is set to what is sent
+    /// and not taken, so reading the receivers' counter stays rare.
+    pub(crate) fn note_sent(&mut self, figures: &ferromq_core::SendFigures) {
         self.n_sent += 1;
+        if self.n_sent.is_multiple_of(QUEUE_LOOK_EVERY) {
+            self.known_taken = self.n_taken();
+            figures.queued.store(
+                self.n_sent.saturating_sub(self.known_taken),
+                Ordering::Relaxed,
+            );
+        }
     }
 
     /// Waits until fewer than `capacity` messages are in flight (0: no bound); false when

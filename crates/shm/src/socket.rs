@@ -352,6 +352,8 @@ pub(crate) struct ShmSocket {
     last_taken: Option<(DeliveryRef, Arc<TakenCounter>)>,
     /// Frames dropped because they were no descriptor frames of this session.
     n_foreign_frames: u64,
+    /// The send queue (sent and not taken, as of recently) and back-pressure waits.
+    figures: Arc<ferromq_core::SendFigures>,
 }
 
 fn transport_error(
@@ -430,6 +432,7 @@ impl ShmSocket {
             last_segment: None,
             last_taken: None,
             n_foreign_frames: 0,
+            figures: Arc::default(),
         })
     }
 }
@@ -495,7 +498,7 @@ impl ShmSocket {
     fn hand_over(&mut self, parts: Parts, fresh: Vec<ShmBuffer>) {
         disarm(parts, fresh);
         if let Some(sent) = &mut self.sent {
-            sent.note_sent();
+            sent.note_sent(&self.figures);
         }
     }
 }
@@ -678,6 +681,10 @@ impl Socket for ShmSocket {
         Ok(())
     }
 
+    fn send_figures(&self) -> Option<Arc<ferromq_core::SendFigures>> {
+        self.sent.is_some().then(|| Arc::clone(&self.figures))
+    }
+
     fn try_receive_parts(&mut self) -> Option<Parts> {
         let (parts, taken) = self.pending.pop_front()?;
         if let Some(taken) = taken {
@@ -706,12 +713,16 @@ impl Socket for ShmSocket {
             return Err(SendError::new(peer_gone(reason), parts));
         }
         // Back-pressure first, before any block is made: waiting here is cancel-safe.
-        if let Some(sent) = &mut self.sent {
+        if let Some(sent) = &mut self.sent
+            && !sent.has_room(self.window)
+        {
             let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
-            if !sent
+            let waiting = self.figures.waiting();
+            let room = sent
                 .wait_for_room(self.window, deadline, || failure().is_some())
-                .await
-            {
+                .await;
+            drop(waiting);
+            if !room {
                 let error = match failure() {
                     Some(reason) => peer_gone(reason),
                     None => Error::Timeout {

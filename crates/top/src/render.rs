@@ -3,7 +3,7 @@
 use crate::snapshot::{ChannelView, DeviceView, Snapshot};
 
 /// The columns of the table, in order.
-pub const COLUMNS: [&str; 10] = [
+pub const COLUMNS: [&str; 12] = [
     "session",
     "device",
     "pid",
@@ -14,11 +14,13 @@ pub const COLUMNS: [&str; 10] = [
     "in MB/s",
     "out msg/s",
     "out MB/s",
+    "queued",
+    "wait %",
 ];
 
 /// One row per channel (one for a device without channels or that did not answer); the
 /// session, device, pid and state cells only on a device's first row.
-pub fn rows(snapshot: &Snapshot) -> Vec<[String; 10]> {
+pub fn rows(snapshot: &Snapshot) -> Vec<[String; 12]> {
     let mut rows = Vec::new();
     for device in &snapshot.devices {
         let head = device_cells(device);
@@ -29,25 +31,27 @@ pub fn rows(snapshot: &Snapshot) -> Vec<[String; 10]> {
             continue;
         }
         for (idx, channel) in device.channels.iter().enumerate() {
-            let mut row: [String; 10] = if idx == 0 {
+            let mut row: [String; 12] = if idx == 0 {
                 head.clone()
             } else {
                 Default::default()
             };
-            let [messages_in, mb_in, messages_out, mb_out] = channel_cells(channel);
+            let [messages_in, mb_in, messages_out, mb_out, waited] = channel_cells(channel);
             row[5] = channel.name.clone();
             row[6] = messages_in;
             row[7] = mb_in;
             row[8] = messages_out;
             row[9] = mb_out;
+            row[10] = channel.queued.to_string();
+            row[11] = waited;
             rows.push(row);
         }
     }
     rows
 }
 
-fn device_cells(device: &DeviceView) -> [String; 10] {
-    let mut row: [String; 10] = Default::default();
+fn device_cells(device: &DeviceView) -> [String; 12] {
+    let mut row: [String; 12] = Default::default();
     row[0] = device.session.clone();
     row[1] = device.id.clone();
     row[2] = device.pid.to_string();
@@ -59,14 +63,16 @@ fn device_cells(device: &DeviceView) -> [String; 10] {
     row
 }
 
-/// Rates when the snapshot has them, otherwise the totals (marked with `total`).
-fn channel_cells(channel: &ChannelView) -> [String; 4] {
+/// Rates when the snapshot has them, otherwise the totals (marked with `total`); the share
+/// of time sends waited (back-pressure).
+fn channel_cells(channel: &ChannelView) -> [String; 5] {
     match channel.rates {
         Some(rates) => [
             count(rates.messages_in),
             megabytes(rates.bytes_in),
             count(rates.messages_out),
             megabytes(rates.bytes_out),
+            format!("{:.0}", rates.send_wait * 100.0),
         ],
         #[allow(clippy::cast_precision_loss)]
         None => [
@@ -74,6 +80,7 @@ fn channel_cells(channel: &ChannelView) -> [String; 4] {
             megabytes(channel.bytes_in as f64),
             format!("{} total", count(channel.messages_out as f64)),
             megabytes(channel.bytes_out as f64),
+            format!("{:.1} s", channel.send_wait_s),
         ],
     }
 }
@@ -135,7 +142,7 @@ pub fn text(snapshot: &Snapshot) -> String {
             *width = (*width).max(cell.chars().count());
         }
     }
-    let line = |cells: [&str; 10]| {
+    let line = |cells: [&str; 12]| {
         let mut text = String::new();
         for (idx, (cell, width)) in cells.iter().zip(widths).enumerate() {
             // Names left, figures right.
@@ -186,6 +193,8 @@ mod tests {
                         bytes_in: 100,
                         messages_out: 0,
                         bytes_out: 0,
+                        queued: 3,
+                        send_wait_s: 0.0,
                         rates: Some(ChannelRates {
                             messages_in: 2_500_000.0,
                             bytes_in: 160e6,

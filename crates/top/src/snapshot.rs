@@ -64,6 +64,10 @@ pub struct ChannelView {
     pub messages_out: u64,
     /// Bytes sent.
     pub bytes_out: u64,
+    /// Messages waiting in its send queue (accepted by send, not handed on yet).
+    pub queued: u64,
+    /// Seconds its sends waited for room or a peer (back-pressure), in all.
+    pub send_wait_s: f64,
     /// Per second since the previous look (none on a first look).
     pub rates: Option<ChannelRates>,
 }
@@ -79,13 +83,15 @@ pub struct ChannelRates {
     pub messages_out: f64,
     /// Bytes sent per second.
     pub bytes_out: f64,
+    /// The share of the time its sends waited for room or a peer (0 to 1).
+    pub send_wait: f64,
 }
 
 /// Counters of one channel at one instant.
 #[derive(Debug, Clone, Copy)]
 struct Seen {
     at: Instant,
-    totals: [u64; 4],
+    totals: [u64; 6],
 }
 
 /// Looks at devices again and again over the connections it keeps.
@@ -156,12 +162,15 @@ impl Observer {
                             .get(&key)
                             .map(|before| rates_between(*before, Seen { at: now, totals }));
                         seen.insert(key, Seen { at: now, totals });
+                        #[allow(clippy::cast_precision_loss)]
                         view.channels.push(ChannelView {
                             name,
                             messages_in: totals[0],
                             bytes_in: totals[1],
                             messages_out: totals[2],
                             bytes_out: totals[3],
+                            queued: totals[4],
+                            send_wait_s: totals[5] as f64 / 1e9,
                             rates,
                         });
                     }
@@ -196,8 +205,8 @@ fn key_of(entry: &PresenceEntry) -> (u32, u64) {
 struct Overview {
     state: String,
     seconds_in_state: f64,
-    /// Channel name -> messages in, bytes in, messages out, bytes out.
-    counters: Vec<(String, [u64; 4])>,
+    /// Channel name -> messages in, bytes in, messages out, bytes out, queued, send wait ns.
+    counters: Vec<(String, [u64; 6])>,
 }
 
 /// Asks one device for its overview, over `client` or a new connection. A connection that
@@ -234,8 +243,15 @@ async fn ask(
             channels
                 .iter()
                 .map(|(name, counters)| {
-                    let totals = ["messages_in", "bytes_in", "messages_out", "bytes_out"]
-                        .map(|key| number(counters, key));
+                    let totals = [
+                        "messages_in",
+                        "bytes_in",
+                        "messages_out",
+                        "bytes_out",
+                        "queued",
+                        "send_wait_ns",
+                    ]
+                    .map(|key| number(counters, key));
                     (name.clone(), totals)
                 })
                 .collect()
@@ -266,6 +282,7 @@ fn rates_between(before: Seen, now: Seen) -> ChannelRates {
         bytes_in: per_second(1),
         messages_out: per_second(2),
         bytes_out: per_second(3),
+        send_wait: (per_second(5) / 1e9).min(1.0),
     }
 }
 
@@ -278,11 +295,11 @@ mod tests {
         let start = Instant::now();
         let before = Seen {
             at: start,
-            totals: [100, 1000, 50, 500],
+            totals: [100, 1000, 50, 500, 0, 0],
         };
         let now = Seen {
             at: start + Duration::from_millis(500),
-            totals: [200, 3000, 10, 500],
+            totals: [200, 3000, 10, 500, 4, 250_000_000],
         };
         let rates = rates_between(before, now);
         assert_eq!(rates.messages_in, 200.0);
@@ -292,5 +309,9 @@ mod tests {
             "a counter that went back counts as none"
         );
         assert_eq!(rates.bytes_out, 0.0);
+        assert_eq!(
+            rates.send_wait, 0.5,
+            "a quarter second of waiting in half a second"
+        );
     }
 }

@@ -22,7 +22,8 @@ use tokio::time::Instant;
 /// drives zmq.rs sockets of its own, can flush them the same way at close).
 #[derive(Debug, Default)]
 pub struct InFlight {
-    count: AtomicUsize,
+    /// Its count is `figures.queued`: what the channel's counters show as the send queue.
+    figures: Arc<ferromq_core::SendFigures>,
     changed: Notify,
     largest_message: AtomicUsize,
 }
@@ -34,7 +35,7 @@ pub(crate) struct InFlightGuard {
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        self.in_flight.count.fetch_sub(1, Ordering::AcqRel);
+        self.in_flight.figures.queued.fetch_sub(1, Ordering::AcqRel);
         self.in_flight.changed.notify_one();
     }
 }
@@ -53,12 +54,12 @@ impl AsRef<[u8]> for TrackedFrame {
 impl InFlight {
     /// Messages handed over and not yet encoded.
     pub fn count(&self) -> usize {
-        self.count.load(Ordering::Acquire)
+        usize::try_from(self.figures.queued.load(Ordering::Acquire)).unwrap_or(usize::MAX)
     }
 
     /// Wraps `frame` so that this counter drops by one when zmq.rs is done with it.
     pub fn track(self: &Arc<Self>, frame: Bytes, message_size: usize) -> Bytes {
-        self.count.fetch_add(1, Ordering::AcqRel);
+        self.figures.queued.fetch_add(1, Ordering::AcqRel);
         self.largest_message
             .fetch_max(message_size, Ordering::Relaxed);
         let guard = InFlightGuard {
@@ -109,8 +110,30 @@ impl InFlight {
         Ok(())
     }
 
+    /// A count kept in `figures` (their `queued`), the channel's to read.
+    pub fn with_figures(figures: Arc<ferromq_core::SendFigures>) -> InFlight {
+        InFlight {
+            figures,
+            ..InFlight::default()
+        }
+    }
+
+    /// The figures this count is part of (see `ferromq_core::Socket::send_figures`).
+    pub fn figures(&self) -> Arc<ferromq_core::SendFigures> {
+        Arc::clone(&self.figures)
+    }
+
     /// Waits until fewer than `limit` messages are in flight; false if `deadline` passed first.
     pub async fn wait_below(&self, limit: usize, deadline: Option<Instant>) -> bool {
+        if self.count() < limit {
+            return true;
+        }
+        // Back-pressure: the time is the channel's to show, while it lasts too.
+        let _waiting = self.figures.waiting();
+        self.wait_below_inner(limit, deadline).await
+    }
+
+    async fn wait_below_inner(&self, limit: usize, deadline: Option<Instant>) -> bool {
         loop {
             if self.count() < limit {
                 return true;

@@ -129,6 +129,7 @@ impl NetChannel {
         socket_type: SocketType,
         snd_buf_size: usize,
         rules: crate::PeerRules,
+        figures: Arc<ferromq_core::SendFigures>,
     ) -> NetChannel {
         let mut socket = NetSocket::new(socket_type, &crate::handshake::identity(rules));
         let events = on_socket!(&mut socket, socket => socket.monitor());
@@ -136,7 +137,7 @@ impl NetChannel {
             socket,
             socket_type,
             snd_buf_size,
-            in_flight: Arc::default(),
+            in_flight: Arc::new(InFlight::with_figures(figures)),
             bound_ipc_paths: Vec::new(),
             rules,
             events,
@@ -342,6 +343,8 @@ impl NetChannel {
                     if deadline.is_some_and(|deadline| Instant::now() + peer_wait > deadline) {
                         return Err(timed_out(frames_to_parts(frames)));
                     }
+                    let figures = self.in_flight.figures();
+                    let _waiting = figures.waiting();
                     tokio::time::sleep(peer_wait).await;
                     peer_wait = (peer_wait * 2).min(PEER_WAIT_MAX);
                 }

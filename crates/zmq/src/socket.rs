@@ -31,6 +31,8 @@ pub struct ZmqSocket {
     subscribed_to_all_by_default: bool,
     /// What this socket announces to its peers.
     rules: crate::PeerRules,
+    /// Its sending figures (tcp and ipc: the send queue and waits), from creation on.
+    figures: std::sync::Arc<ferromq_core::SendFigures>,
 }
 
 impl ZmqSocket {
@@ -50,6 +52,7 @@ impl ZmqSocket {
             subscriptions: Vec::new(),
             subscribed_to_all_by_default: false,
             rules,
+            figures: std::sync::Arc::default(),
         }
     }
 
@@ -66,6 +69,7 @@ impl ZmqSocket {
                     self.socket_type,
                     self.snd_buf_size,
                     self.rules,
+                    std::sync::Arc::clone(&self.figures),
                 )));
             }
             (Backend::Inproc(_), false) | (Backend::Net(_), true) => {
@@ -102,6 +106,10 @@ impl ZmqSocket {
 impl Socket for ZmqSocket {
     fn label(&self) -> &ChannelLabel {
         &self.label
+    }
+
+    fn send_figures(&self) -> Option<std::sync::Arc<ferromq_core::SendFigures>> {
+        Some(std::sync::Arc::clone(&self.figures))
     }
 
     async fn bind(&mut self, address: &Address) -> Result<Address> {

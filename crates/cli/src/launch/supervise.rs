@@ -293,6 +293,8 @@ async fn poll_devices(
                             bytes_in: field("bytes_in"),
                             messages_out: field("messages_out"),
                             bytes_out: field("bytes_out"),
+                            queued: field("queued"),
+                            send_waited_ns: field("send_wait_ns"),
                         };
                         (channel, snapshot)
                     })

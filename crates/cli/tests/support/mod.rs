@@ -306,15 +306,16 @@ pub async fn top(args: &[&str]) -> Finished {
 }
 
 #[allow(dead_code)]
-/// Runs `top SESSION --json` every 200 ms until `done` accepts what it printed (30 s at most);
-/// that JSON.
+/// Runs `top SESSION --json` every 200 ms until `done` accepts what it printed (for 60 s at
+/// most); that JSON.
 pub async fn top_json_until(
     session: &str,
     done: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
     let mut look = tokio::time::interval(Duration::from_millis(200));
     let mut last = String::new();
-    for _ in 0..150 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while tokio::time::Instant::now() < deadline {
         look.tick().await;
         let seen = top(&[session, "--json", "--interval", "0.2"]).await;
         if seen.code == Some(0) {
