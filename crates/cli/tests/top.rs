@@ -329,3 +329,50 @@ async fn a_stalled_receiver_shows_as_a_send_queue_and_back_pressure() {
     finish(sampler).await.assert_exited_0();
     finish(sink).await.assert_exited_0();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shmem_device_shows_how_its_segment_is_used() {
+    let session = format!("top-memory-{}", std::process::id());
+    let ipc = Ipc::new("top-memory");
+    let shmem = ["--session", session.as_str(), "--transport", "shmem"];
+    let sink = Device::new("sink", "taker")
+        .args(&shmem)
+        .channel("pull", "bind", &ipc.address())
+        .spawn();
+    let sampler = Device::new("sampler", "maker")
+        .args(&shmem)
+        .args(&[
+            "--msg-size",
+            "1048576",
+            "--rate",
+            "200",
+            "--shm-segment-size",
+            "67108864",
+        ])
+        .channel("push", "connect", &ipc.address())
+        .spawn();
+    let shown = top_json_until(&session, |snapshot| {
+        snapshot["devices"].as_array().is_some_and(|devices| {
+            devices.iter().any(|device| {
+                device["id"] == "maker" && device["memory"][0]["used"].as_u64().unwrap_or(0) > 0
+            })
+        })
+    })
+    .await;
+    let maker = shown["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|device| device["id"] == "maker")
+        .unwrap();
+    let memory = &maker["memory"][0];
+    assert_eq!(memory["transport"], "shmem");
+    let size = memory["size"].as_u64().unwrap();
+    assert!(size > 60 << 20 && size <= 64 << 20, "{memory}");
+    assert!(memory["largest_free"].as_u64().unwrap() < size, "{memory}");
+    for device in [&sampler, &sink] {
+        signal(device, "INT");
+    }
+    finish(sampler).await.assert_exited_0();
+    finish(sink).await.assert_exited_0();
+}

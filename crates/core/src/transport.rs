@@ -95,6 +95,26 @@ pub trait Transport: Send + Sync + fmt::Debug {
         config: &ChannelConfig,
         socket_name: &str,
     ) -> Result<Box<dyn Socket>>;
+
+    /// How this process's memory of the transport is used now (shmem: its own segment), for
+    /// metrics and `ferromq top`; `None` for a transport without memory of its own. Cheap: a
+    /// few atomic loads, callable from any thread.
+    fn memory_figures(&self) -> Option<MemoryFigures> {
+        None
+    }
+}
+
+/// The use of a transport's memory in this process (see [`Transport::memory_figures`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryFigures {
+    /// Bytes messages can take in all.
+    pub size: u64,
+    /// Bytes taken by blocks still referenced.
+    pub used: u64,
+    /// The largest free block: the biggest message that fits now.
+    pub largest_free: u64,
+    /// Blocks still referenced (here or in any receiver).
+    pub live_blocks: u64,
 }
 
 /// One end of a channel, as a transport implements it.

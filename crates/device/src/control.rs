@@ -17,7 +17,8 @@
 //! {"request":"set_property","key":"rate","value":"0"}  -> {"ok":true,...}
 //! {"request":"shutdown"}                               -> {"ok":true,...} then STOP ... END
 //! {"request":"overview"}                               -> {"ok":true,"state":"RUNNING","value":{"pid":4242,
-//!                                                          "seconds_in_state":3.5,"counters":{"data":{...}}}}
+//!                                                          "seconds_in_state":3.5,"counters":{"data":{...}},
+//!                                                          "memory":{"shmem":{"size":...,"used":...}}}}
 //! ```
 //!
 //! # Observers
@@ -266,11 +267,27 @@ async fn answer(
             Ok(Some(serde_json::Value::Object(bound)))
         }
         LauncherToDevice::Counters => Ok(Some(counters_value(controller))),
-        LauncherToDevice::Overview => Ok(Some(serde_json::json!({
-            "pid": std::process::id(),
-            "seconds_in_state": state_entered.elapsed().as_secs_f64(),
-            "counters": counters_value(controller),
-        }))),
+        LauncherToDevice::Overview => {
+            let memory: serde_json::Map<String, serde_json::Value> = controller
+                .memory()
+                .into_iter()
+                .map(|(transport, figures)| {
+                    let value = serde_json::json!({
+                        "size": figures.size,
+                        "used": figures.used,
+                        "largest_free": figures.largest_free,
+                        "live_blocks": figures.live_blocks,
+                    });
+                    (transport, value)
+                })
+                .collect();
+            Ok(Some(serde_json::json!({
+                "pid": std::process::id(),
+                "seconds_in_state": state_entered.elapsed().as_secs_f64(),
+                "counters": counters_value(controller),
+                "memory": memory,
+            })))
+        }
         LauncherToDevice::Shutdown => {
             let controller = controller.clone();
             tokio::spawn(async move {

@@ -51,6 +51,30 @@ pub fn describe() {
         ::metrics::Unit::Seconds,
         "Seconds sends waited for room (sndBufSize, a full segment) or a peer since the channel opened: back-pressure (only grows)"
     );
+    for (name, unit, text) in [
+        (
+            "ferromq_transport_memory_bytes",
+            ::metrics::Unit::Bytes,
+            "Bytes of the transport's memory in this process (shmem: its own segment) messages can take",
+        ),
+        (
+            "ferromq_transport_memory_used_bytes",
+            ::metrics::Unit::Bytes,
+            "Bytes of it taken by blocks still referenced, here or by any receiver",
+        ),
+        (
+            "ferromq_transport_memory_largest_free_bytes",
+            ::metrics::Unit::Bytes,
+            "The largest free block: the biggest message that fits now",
+        ),
+        (
+            "ferromq_transport_memory_live_blocks",
+            ::metrics::Unit::Count,
+            "Blocks still referenced",
+        ),
+    ] {
+        ::metrics::describe_gauge!(name, unit, text);
+    }
     ::metrics::describe_gauge!(
         "ferromq_device_state",
         "1 for the state the device is in (label state), 0 for the others"
@@ -82,6 +106,8 @@ pub struct DeviceFigures<'a> {
     /// How many times a launcher started it again (`None` where nobody restarts it: a device
     /// recording itself).
     pub restarts: Option<u32>,
+    /// How its transports' memory is used (transport name, figures); empty where unknown.
+    pub memory: &'a [(String, ferromq_core::MemoryFigures)],
 }
 
 /// Records `figures` through the facade (a no-op without a recorder).
@@ -115,6 +141,22 @@ pub fn record(figures: &DeviceFigures<'_>) {
     }
     ::metrics::gauge!("ferromq_device_state_seconds", &device_labels)
         .set(figures.in_state.as_secs_f64());
+    for (transport, memory) in figures.memory {
+        let mut labels = device_labels.clone();
+        labels.push(("transport", transport.clone()));
+        #[allow(clippy::cast_precision_loss)]
+        for (name, value) in [
+            ("ferromq_transport_memory_bytes", memory.size),
+            ("ferromq_transport_memory_used_bytes", memory.used),
+            (
+                "ferromq_transport_memory_largest_free_bytes",
+                memory.largest_free,
+            ),
+            ("ferromq_transport_memory_live_blocks", memory.live_blocks),
+        ] {
+            ::metrics::gauge!(name, &labels).set(value as f64);
+        }
+    }
     if let Some(restarts) = figures.restarts {
         ::metrics::counter!("ferromq_device_restarts_total", &device_labels)
             .absolute(u64::from(restarts));
@@ -146,6 +188,7 @@ pub async fn publish(controller: DeviceController) {
             in_state: entered.elapsed(),
             channels: &controller.counters(),
             restarts: None,
+            memory: &controller.memory(),
         });
         if gone || state == State::Exiting {
             return;
@@ -181,6 +224,15 @@ mod tests {
                 in_state: Duration::from_secs(2),
                 channels: &channels,
                 restarts: None,
+                memory: &[(
+                    "shmem".to_owned(),
+                    ferromq_core::MemoryFigures {
+                        size: 1000,
+                        used: 250,
+                        largest_free: 700,
+                        live_blocks: 3,
+                    },
+                )],
             });
         });
         /// A metric's name, its labels and its value.
@@ -224,6 +276,13 @@ mod tests {
         assert_eq!(
             find("ferromq_channel_send_wait_seconds", ("channel", "data")),
             Some(&DebugValue::Gauge(1.5.into()))
+        );
+        assert_eq!(
+            find(
+                "ferromq_transport_memory_used_bytes",
+                ("transport", "shmem")
+            ),
+            Some(&DebugValue::Gauge(250.0.into()))
         );
         assert_eq!(
             find("ferromq_device_state", ("state", "RUNNING")),

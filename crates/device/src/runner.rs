@@ -48,6 +48,8 @@ struct Shared {
     /// Every channel's tap slot and configuration (as `key=value,...`), by socket name (see
     /// [`DeviceController::tap`]).
     taps: Vec<(String, Arc<ferromq_core::TapSlot>, String)>,
+    /// The device's transports, by name, for their memory figures.
+    transports: Vec<(String, Arc<dyn ferromq_core::Transport>)>,
     last_error: Option<String>,
 }
 
@@ -233,6 +235,17 @@ impl DeviceController {
             .taps
             .iter()
             .map(|(name, _, config)| (name.clone(), config.clone()))
+            .collect()
+    }
+
+    /// How the memory of each of the device's transports that has some is used now (shmem:
+    /// this process's segment), by transport name.
+    pub fn memory(&self) -> Vec<(String, ferromq_core::MemoryFigures)> {
+        let shared = self.shared.lock().expect("shared state poisoned");
+        shared
+            .transports
+            .iter()
+            .filter_map(|(name, transport)| Some((name.clone(), transport.memory_figures()?)))
             .collect()
     }
 
@@ -485,6 +498,12 @@ impl<D: Device> DeviceRunner<D> {
             .map(|(name, _, counters)| (name.clone(), Arc::clone(counters)))
             .collect();
         shared.taps = taps;
+        shared.transports = self
+            .ctx
+            .transports
+            .iter()
+            .map(|(name, transport)| (name.clone(), Arc::clone(transport)))
+            .collect();
         drop(shared);
         self.rate_logger = rates::spawn_rate_logger(self.config.id.clone(), counters);
     }

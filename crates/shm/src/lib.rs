@@ -171,6 +171,10 @@ impl Transport for ShmTransport {
         self.session.try_new_message(size)
     }
 
+    fn memory_figures(&self) -> Option<ferromq_core::MemoryFigures> {
+        self.session.memory_figures()
+    }
+
     async fn create_socket(
         &self,
         config: &ChannelConfig,

@@ -229,6 +229,19 @@ impl Session {
     }
 
     /// A message of `size` bytes if this process's segment exists and has room now.
+    /// How this process's own segment is used, as its header says (the owner publishes the
+    /// figures as it allocates and reclaims); `None` before the segment exists.
+    pub(crate) fn memory_figures(&self) -> Option<ferromq_core::MemoryFigures> {
+        let own = self.own.get()?;
+        let header = own.segment().header();
+        Some(ferromq_core::MemoryFigures {
+            size: own.capacity() as u64,
+            used: header.used_bytes.load(Ordering::Relaxed),
+            largest_free: header.largest_free.load(Ordering::Relaxed),
+            live_blocks: header.live_blocks.load(Ordering::Relaxed),
+        })
+    }
+
     pub(crate) fn try_new_message(&self, size: usize) -> Option<Message> {
         let owned = self.own.get()?;
         if size > owned.max_message_size() {

@@ -21,4 +21,4 @@ pub mod live;
 pub mod render;
 pub mod snapshot;
 
-pub use snapshot::{ChannelRates, ChannelView, DeviceView, Observer, Snapshot};
+pub use snapshot::{ChannelRates, ChannelView, DeviceView, MemoryView, Observer, Snapshot};

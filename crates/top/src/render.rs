@@ -3,7 +3,7 @@
 use crate::snapshot::{ChannelView, DeviceView, Snapshot};
 
 /// The columns of the table, in order.
-pub const COLUMNS: [&str; 12] = [
+pub const COLUMNS: [&str; 13] = [
     "session",
     "device",
     "pid",
@@ -16,11 +16,12 @@ pub const COLUMNS: [&str; 12] = [
     "out MB/s",
     "queued",
     "wait %",
+    "memory used",
 ];
 
 /// One row per channel (one for a device without channels or that did not answer); the
 /// session, device, pid and state cells only on a device's first row.
-pub fn rows(snapshot: &Snapshot) -> Vec<[String; 12]> {
+pub fn rows(snapshot: &Snapshot) -> Vec<[String; 13]> {
     let mut rows = Vec::new();
     for device in &snapshot.devices {
         let head = device_cells(device);
@@ -31,7 +32,7 @@ pub fn rows(snapshot: &Snapshot) -> Vec<[String; 12]> {
             continue;
         }
         for (idx, channel) in device.channels.iter().enumerate() {
-            let mut row: [String; 12] = if idx == 0 {
+            let mut row: [String; 13] = if idx == 0 {
                 head.clone()
             } else {
                 Default::default()
@@ -50,8 +51,8 @@ pub fn rows(snapshot: &Snapshot) -> Vec<[String; 12]> {
     rows
 }
 
-fn device_cells(device: &DeviceView) -> [String; 12] {
-    let mut row: [String; 12] = Default::default();
+fn device_cells(device: &DeviceView) -> [String; 13] {
+    let mut row: [String; 13] = Default::default();
     row[0] = device.session.clone();
     row[1] = device.id.clone();
     row[2] = device.pid.to_string();
@@ -60,6 +61,18 @@ fn device_cells(device: &DeviceView) -> [String; 12] {
         .clone()
         .unwrap_or_else(|| "not answering".to_owned());
     row[4] = device.seconds_in_state.map(duration).unwrap_or_default();
+    row[12] = device
+        .memory
+        .iter()
+        .map(|memory| {
+            #[allow(clippy::cast_precision_loss)]
+            let used = megabytes(memory.used as f64);
+            #[allow(clippy::cast_precision_loss)]
+            let size = megabytes(memory.size as f64);
+            format!("{} {used}/{size} MB", memory.transport)
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
     row
 }
 
@@ -142,7 +155,7 @@ pub fn text(snapshot: &Snapshot) -> String {
             *width = (*width).max(cell.chars().count());
         }
     }
-    let line = |cells: [&str; 12]| {
+    let line = |cells: [&str; 13]| {
         let mut text = String::new();
         for (idx, (cell, width)) in cells.iter().zip(widths).enumerate() {
             // Names left, figures right.
@@ -187,6 +200,13 @@ mod tests {
                     state: Some("RUNNING".into()),
                     seconds_in_state: Some(75.0),
                     unreachable: None,
+                    memory: vec![crate::MemoryView {
+                        transport: "shmem".into(),
+                        size: 2_000_000_000,
+                        used: 64_000_000,
+                        largest_free: 1_900_000_000,
+                        live_blocks: 10,
+                    }],
                     channels: vec![ChannelView {
                         name: "data".into(),
                         messages_in: 10,
@@ -210,6 +230,7 @@ mod tests {
                     seconds_in_state: None,
                     unreachable: Some("no answer within 1s".into()),
                     channels: vec![],
+                    memory: vec![],
                 },
             ],
         }
@@ -233,6 +254,7 @@ mod tests {
             "{text}"
         );
         assert!(lines[2].contains("160.0"), "{text}");
+        assert!(lines[2].contains("shmem 64.0/2000.0 MB"), "{text}");
         assert!(
             lines[3].contains("not answering") && lines[3].contains("no answer"),
             "{text}"

@@ -49,6 +49,23 @@ pub struct DeviceView {
     pub unreachable: Option<String>,
     /// Its channels, by name.
     pub channels: Vec<ChannelView>,
+    /// How its transports' memory is used (shmem: its own segment), by transport.
+    pub memory: Vec<MemoryView>,
+}
+
+/// The use of one transport's memory in a device.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryView {
+    /// The transport.
+    pub transport: String,
+    /// Bytes messages can take in all.
+    pub size: u64,
+    /// Bytes taken by blocks still referenced.
+    pub used: u64,
+    /// The largest free block.
+    pub largest_free: u64,
+    /// Blocks still referenced.
+    pub live_blocks: u64,
 }
 
 /// One channel of a device: totals since the device bound or connected it, and rates.
@@ -149,12 +166,14 @@ impl Observer {
                 seconds_in_state: None,
                 unreachable: None,
                 channels: Vec::new(),
+                memory: Vec::new(),
             };
             match outcome {
                 Ok((client, overview)) => {
                     self.clients.insert(key_of(entry), client);
                     view.state = Some(overview.state);
                     view.seconds_in_state = Some(overview.seconds_in_state);
+                    view.memory = overview.memory;
                     for (name, totals) in overview.counters {
                         let key = (entry.pid, entry.started_unix, name.clone());
                         let rates = self
@@ -207,6 +226,7 @@ struct Overview {
     seconds_in_state: f64,
     /// Channel name -> messages in, bytes in, messages out, bytes out, queued, send wait ns.
     counters: Vec<(String, [u64; 6])>,
+    memory: Vec<MemoryView>,
 }
 
 /// Asks one device for its overview, over `client` or a new connection. A connection that
@@ -257,7 +277,24 @@ async fn ask(
                 .collect()
         })
         .unwrap_or_default();
+    let memory = value
+        .get("memory")
+        .and_then(serde_json::Value::as_object)
+        .map(|transports| {
+            transports
+                .iter()
+                .map(|(transport, figures)| MemoryView {
+                    transport: transport.clone(),
+                    size: number(figures, "size"),
+                    used: number(figures, "used"),
+                    largest_free: number(figures, "largest_free"),
+                    live_blocks: number(figures, "live_blocks"),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let overview = Overview {
+        memory,
         state: reply.state.to_string(),
         seconds_in_state: value
             .get("seconds_in_state")

@@ -332,6 +332,8 @@ fn record_metrics(devices: &[Running]) {
             in_state: device.state_since.elapsed(),
             channels: &channels,
             restarts: Some(device.restarts),
+            // The launcher polls counters, not memory: a device's own --metrics has it.
+            memory: &[],
         });
     }
 }
