@@ -376,3 +376,39 @@ async fn a_shmem_device_shows_how_its_segment_is_used() {
     finish(sampler).await.assert_exited_0();
     finish(sink).await.assert_exited_0();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publishers_drops_for_a_stalled_subscriber_show_as_lost() {
+    let session = format!("top-lost-{}", std::process::id());
+    let ipc = Ipc::new("top-lost");
+    let shmem = ["--session", session.as_str(), "--transport", "shmem"];
+    let subscriber = Device::new("sink", "slow-sub")
+        .args(&shmem)
+        .channel("sub", "connect", &ipc.address())
+        .spawn();
+    let publisher = Device::new("sampler", "fast-pub")
+        .args(&shmem)
+        .args(&["--msg-size", "64"])
+        .channel("pub", "bind", &ipc.address())
+        .spawn();
+    top_json_until(&session, |snapshot| {
+        ids_in_state(snapshot, "RUNNING").len() == 2
+    })
+    .await;
+    signal(&subscriber, "STOP");
+    let lost_of_publisher = |snapshot: &serde_json::Value| {
+        snapshot["devices"]
+            .as_array()
+            .and_then(|devices| devices.iter().find(|device| device["id"] == "fast-pub"))
+            .and_then(|device| device["channels"][0]["lost_slow_subscriber"].as_u64())
+            .unwrap_or(0)
+    };
+    let dropping = top_json_until(&session, |snapshot| lost_of_publisher(snapshot) > 0).await;
+    assert!(lost_of_publisher(&dropping) > 0);
+    signal(&subscriber, "CONT");
+    for device in [&publisher, &subscriber] {
+        signal(device, "INT");
+    }
+    finish(publisher).await.assert_exited_0();
+    finish(subscriber).await.assert_exited_0();
+}

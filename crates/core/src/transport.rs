@@ -231,6 +231,8 @@ pub struct SendFigures {
     waited_ns: AtomicU64,
     /// When the wait going on now began ([`figures_clock`] nanoseconds, +1), or 0.
     waiting_since: AtomicU64,
+    /// Messages dropped for a subscriber whose queue was full (pub, as ZeroMQ's PUB drops).
+    pub dropped_for_slow_subscribers: AtomicU64,
 }
 
 /// Nanoseconds since the first call in this process: a clock every thread reads alike.
@@ -284,6 +286,8 @@ pub struct ChannelCounters {
     bytes_out: AtomicU64,
     /// The socket's sending figures, when its transport keeps them.
     send: Option<Arc<SendFigures>>,
+    /// Messages accepted by send that the close reported undelivered.
+    undelivered: AtomicU64,
 }
 
 /// A snapshot of [`ChannelCounters`].
@@ -301,6 +305,10 @@ pub struct CounterSnapshot {
     pub queued: u64,
     /// Nanoseconds sends waited for room or a peer, in all.
     pub send_waited_ns: u64,
+    /// Messages lost because the close could not deliver them (the sender failed for it).
+    pub lost_undelivered: u64,
+    /// Messages a publisher dropped for subscribers whose queue was full.
+    pub lost_slow_subscriber: u64,
 }
 
 impl ChannelCounters {
@@ -326,6 +334,10 @@ impl ChannelCounters {
                 .as_ref()
                 .map_or(0, |send| send.queued.load(Ordering::Relaxed)),
             send_waited_ns: self.send.as_ref().map_or(0, |send| send.waited_ns()),
+            lost_undelivered: self.undelivered.load(Ordering::Relaxed),
+            lost_slow_subscriber: self.send.as_ref().map_or(0, |send| {
+                send.dropped_for_slow_subscribers.load(Ordering::Relaxed)
+            }),
         }
     }
 }
@@ -744,7 +756,13 @@ impl Channel {
     /// As [`Socket::close`].
     pub async fn close(&mut self) -> Result<()> {
         let linger = self.config.linger_duration();
-        self.socket.close(linger).await
+        let closed = self.socket.close(linger).await;
+        if let Err(Error::Undelivered { n_messages, .. }) = &closed {
+            self.counters
+                .undelivered
+                .fetch_add(*n_messages, Ordering::Relaxed);
+        }
+        closed
     }
 
     /// This channel as a typed sender of `T`.
@@ -789,5 +807,76 @@ impl fmt::Debug for Channel {
             .field("label", self.label())
             .field("transport", &self.transport_name)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A transport whose sockets accept everything and whose close loses three messages.
+    #[derive(Debug)]
+    struct LosingTransport;
+
+    struct LosingSocket(ChannelLabel);
+
+    #[async_trait]
+    impl Socket for LosingSocket {
+        fn label(&self) -> &ChannelLabel {
+            &self.0
+        }
+        async fn bind(&mut self, address: &Address) -> Result<Address> {
+            Ok(address.clone())
+        }
+        async fn connect(&mut self, _address: &Address) -> Result<()> {
+            Ok(())
+        }
+        async fn send_parts(
+            &mut self,
+            _parts: Parts,
+            _timeout: Option<Duration>,
+        ) -> Result<(), SendError<Parts>> {
+            Ok(())
+        }
+        async fn receive_parts(&mut self) -> Result<Parts> {
+            std::future::pending().await
+        }
+        async fn close(&mut self, _linger: Duration) -> Result<()> {
+            Err(Error::Undelivered {
+                channel: self.0.clone(),
+                n_messages: 3,
+                reason: "test".to_owned(),
+            })
+        }
+    }
+
+    #[async_trait]
+    impl Transport for LosingTransport {
+        fn name(&self) -> &'static str {
+            "losing"
+        }
+        async fn create_socket(
+            &self,
+            config: &ChannelConfig,
+            socket_name: &str,
+        ) -> Result<Box<dyn Socket>> {
+            Ok(Box::new(LosingSocket(ChannelLabel::new(
+                socket_name,
+                config.socket_type,
+            ))))
+        }
+    }
+
+    #[tokio::test]
+    async fn what_a_close_could_not_deliver_is_counted_as_lost() {
+        let config = ChannelConfig::new("data", SocketType::Push, Method::Bind)
+            .with_address("tcp://127.0.0.1:1");
+        let mut channel = Channel::open(&LosingTransport, config, "data")
+            .await
+            .unwrap();
+        channel.send(Message::from("x")).await.unwrap();
+        assert!(channel.close().await.is_err());
+        let counted = channel.counters().snapshot();
+        assert_eq!((counted.messages_out, counted.lost_undelivered), (1, 3));
     }
 }

@@ -208,6 +208,8 @@ fn counters_value(controller: &DeviceController) -> serde_json::Value {
                 "bytes_out": snapshot.bytes_out,
                 "queued": snapshot.queued,
                 "send_wait_ns": snapshot.send_waited_ns,
+                "lost_undelivered": snapshot.lost_undelivered,
+                "lost_slow_subscriber": snapshot.lost_slow_subscriber,
             });
             (name, value)
         })

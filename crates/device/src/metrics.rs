@@ -41,6 +41,11 @@ pub fn describe() {
             format!("Payload bytes {preposition} the channel")
         );
     }
+    ::metrics::describe_counter!(
+        "ferromq_channel_lost_total",
+        ::metrics::Unit::Count,
+        "Messages lost, by cause: undelivered (accepted by send, not delivered at close: the device fails for it), slow-subscriber (a publisher's copy for a subscriber whose queue was full)"
+    );
     ::metrics::describe_gauge!(
         "ferromq_channel_send_queue",
         ::metrics::Unit::Count,
@@ -126,6 +131,14 @@ pub fn record(figures: &DeviceFigures<'_>) {
             ("ferromq_channel_bytes_out_total", counters.bytes_out),
         ] {
             ::metrics::counter!(name, &labels).absolute(value);
+        }
+        for (cause, lost) in [
+            ("undelivered", counters.lost_undelivered),
+            ("slow-subscriber", counters.lost_slow_subscriber),
+        ] {
+            let mut by_cause = labels.clone();
+            by_cause.push(("cause", cause.to_owned()));
+            ::metrics::counter!("ferromq_channel_lost_total", &by_cause).absolute(lost);
         }
         #[allow(clippy::cast_precision_loss)]
         ::metrics::gauge!("ferromq_channel_send_queue", &labels).set(counters.queued as f64);
@@ -214,6 +227,8 @@ mod tests {
                 bytes_out: 0,
                 queued: 7,
                 send_waited_ns: 1_500_000_000,
+                lost_undelivered: 0,
+                lost_slow_subscriber: 4,
             },
         )];
         ::metrics::with_local_recorder(&recorder, || {

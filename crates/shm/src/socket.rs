@@ -682,7 +682,8 @@ impl Socket for ShmSocket {
     }
 
     fn send_figures(&self) -> Option<Arc<ferromq_core::SendFigures>> {
-        self.sent.is_some().then(|| Arc::clone(&self.figures))
+        let sends = self.sent.is_some() || matches!(self.inner, Inner::Publisher(_));
+        sends.then(|| Arc::clone(&self.figures))
     }
 
     fn try_receive_parts(&mut self) -> Option<Parts> {
@@ -799,7 +800,12 @@ impl Socket for ShmSocket {
                             false
                         }
                         // Queue full: a slow subscriber misses this message, as with ZeroMQ's PUB.
-                        None => false,
+                        None => {
+                            self.figures
+                                .dropped_for_slow_subscribers
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            false
+                        }
                     };
                     if !delivered {
                         shm_buffers(&parts)

@@ -3,7 +3,7 @@
 use crate::snapshot::{ChannelView, DeviceView, Snapshot};
 
 /// The columns of the table, in order.
-pub const COLUMNS: [&str; 13] = [
+pub const COLUMNS: [&str; 14] = [
     "session",
     "device",
     "pid",
@@ -16,12 +16,13 @@ pub const COLUMNS: [&str; 13] = [
     "out MB/s",
     "queued",
     "wait %",
+    "lost",
     "memory used",
 ];
 
 /// One row per channel (one for a device without channels or that did not answer); the
 /// session, device, pid and state cells only on a device's first row.
-pub fn rows(snapshot: &Snapshot) -> Vec<[String; 13]> {
+pub fn rows(snapshot: &Snapshot) -> Vec<[String; 14]> {
     let mut rows = Vec::new();
     for device in &snapshot.devices {
         let head = device_cells(device);
@@ -32,7 +33,7 @@ pub fn rows(snapshot: &Snapshot) -> Vec<[String; 13]> {
             continue;
         }
         for (idx, channel) in device.channels.iter().enumerate() {
-            let mut row: [String; 13] = if idx == 0 {
+            let mut row: [String; 14] = if idx == 0 {
                 head.clone()
             } else {
                 Default::default()
@@ -45,14 +46,15 @@ pub fn rows(snapshot: &Snapshot) -> Vec<[String; 13]> {
             row[9] = mb_out;
             row[10] = channel.queued.to_string();
             row[11] = waited;
+            row[12] = (channel.lost_undelivered + channel.lost_slow_subscriber).to_string();
             rows.push(row);
         }
     }
     rows
 }
 
-fn device_cells(device: &DeviceView) -> [String; 13] {
-    let mut row: [String; 13] = Default::default();
+fn device_cells(device: &DeviceView) -> [String; 14] {
+    let mut row: [String; 14] = Default::default();
     row[0] = device.session.clone();
     row[1] = device.id.clone();
     row[2] = device.pid.to_string();
@@ -61,7 +63,7 @@ fn device_cells(device: &DeviceView) -> [String; 13] {
         .clone()
         .unwrap_or_else(|| "not answering".to_owned());
     row[4] = device.seconds_in_state.map(duration).unwrap_or_default();
-    row[12] = device
+    row[13] = device
         .memory
         .iter()
         .map(|memory| {
@@ -155,7 +157,7 @@ pub fn text(snapshot: &Snapshot) -> String {
             *width = (*width).max(cell.chars().count());
         }
     }
-    let line = |cells: [&str; 13]| {
+    let line = |cells: [&str; 14]| {
         let mut text = String::new();
         for (idx, (cell, width)) in cells.iter().zip(widths).enumerate() {
             // Names left, figures right.
@@ -215,6 +217,8 @@ mod tests {
                         bytes_out: 0,
                         queued: 3,
                         send_wait_s: 0.0,
+                        lost_undelivered: 0,
+                        lost_slow_subscriber: 0,
                         rates: Some(ChannelRates {
                             messages_in: 2_500_000.0,
                             bytes_in: 160e6,

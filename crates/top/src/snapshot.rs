@@ -85,6 +85,10 @@ pub struct ChannelView {
     pub queued: u64,
     /// Seconds its sends waited for room or a peer (back-pressure), in all.
     pub send_wait_s: f64,
+    /// Messages lost: accepted by send and undelivered at close.
+    pub lost_undelivered: u64,
+    /// Messages lost: a publisher's copies for subscribers whose queue was full.
+    pub lost_slow_subscriber: u64,
     /// Per second since the previous look (none on a first look).
     pub rates: Option<ChannelRates>,
 }
@@ -108,7 +112,7 @@ pub struct ChannelRates {
 #[derive(Debug, Clone, Copy)]
 struct Seen {
     at: Instant,
-    totals: [u64; 6],
+    totals: [u64; 8],
 }
 
 /// Looks at devices again and again over the connections it keeps.
@@ -190,6 +194,8 @@ impl Observer {
                             bytes_out: totals[3],
                             queued: totals[4],
                             send_wait_s: totals[5] as f64 / 1e9,
+                            lost_undelivered: totals[6],
+                            lost_slow_subscriber: totals[7],
                             rates,
                         });
                     }
@@ -224,8 +230,9 @@ fn key_of(entry: &PresenceEntry) -> (u32, u64) {
 struct Overview {
     state: String,
     seconds_in_state: f64,
-    /// Channel name -> messages in, bytes in, messages out, bytes out, queued, send wait ns.
-    counters: Vec<(String, [u64; 6])>,
+    /// Channel name -> messages in, bytes in, messages out, bytes out, queued, send wait ns, lost
+    /// undelivered, lost for slow subscribers.
+    counters: Vec<(String, [u64; 8])>,
     memory: Vec<MemoryView>,
 }
 
@@ -270,6 +277,8 @@ async fn ask(
                         "bytes_out",
                         "queued",
                         "send_wait_ns",
+                        "lost_undelivered",
+                        "lost_slow_subscriber",
                     ]
                     .map(|key| number(counters, key));
                     (name.clone(), totals)
@@ -332,11 +341,11 @@ mod tests {
         let start = Instant::now();
         let before = Seen {
             at: start,
-            totals: [100, 1000, 50, 500, 0, 0],
+            totals: [100, 1000, 50, 500, 0, 0, 0, 0],
         };
         let now = Seen {
             at: start + Duration::from_millis(500),
-            totals: [200, 3000, 10, 500, 4, 250_000_000],
+            totals: [200, 3000, 10, 500, 4, 250_000_000, 0, 0],
         };
         let rates = rates_between(before, now);
         assert_eq!(rates.messages_in, 200.0);

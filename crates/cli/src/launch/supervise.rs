@@ -295,6 +295,8 @@ async fn poll_devices(
                             bytes_out: field("bytes_out"),
                             queued: field("queued"),
                             send_waited_ns: field("send_wait_ns"),
+                            lost_undelivered: field("lost_undelivered"),
+                            lost_slow_subscriber: field("lost_slow_subscriber"),
                         };
                         (channel, snapshot)
                     })
