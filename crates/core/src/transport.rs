@@ -115,6 +115,10 @@ pub struct MemoryFigures {
     pub largest_free: u64,
     /// Blocks still referenced (here or in any receiver).
     pub live_blocks: u64,
+    /// Unmanaged regions this process created and still holds.
+    pub regions: u64,
+    /// Buffers of those regions lent to messages and not released yet.
+    pub region_buffers_lent: u64,
 }
 
 /// One end of a channel, as a transport implements it.

@@ -279,6 +279,8 @@ async fn answer(
                         "used": figures.used,
                         "largest_free": figures.largest_free,
                         "live_blocks": figures.live_blocks,
+                        "regions": figures.regions,
+                        "region_buffers_lent": figures.region_buffers_lent,
                     });
                     (transport, value)
                 })

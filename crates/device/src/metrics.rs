@@ -77,6 +77,16 @@ pub fn describe() {
             ::metrics::Unit::Count,
             "Blocks still referenced",
         ),
+        (
+            "ferromq_transport_regions",
+            ::metrics::Unit::Count,
+            "Unmanaged regions the device created and holds",
+        ),
+        (
+            "ferromq_transport_region_buffers_lent",
+            ::metrics::Unit::Count,
+            "Buffers of those regions lent to messages and not released yet",
+        ),
     ] {
         ::metrics::describe_gauge!(name, unit, text);
     }
@@ -166,6 +176,11 @@ pub fn record(figures: &DeviceFigures<'_>) {
                 memory.largest_free,
             ),
             ("ferromq_transport_memory_live_blocks", memory.live_blocks),
+            ("ferromq_transport_regions", memory.regions),
+            (
+                "ferromq_transport_region_buffers_lent",
+                memory.region_buffers_lent,
+            ),
         ] {
             ::metrics::gauge!(name, &labels).set(value as f64);
         }
@@ -246,6 +261,8 @@ mod tests {
                         used: 250,
                         largest_free: 700,
                         live_blocks: 3,
+                        regions: 1,
+                        region_buffers_lent: 5,
                     },
                 )],
             });

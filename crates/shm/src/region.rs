@@ -265,6 +265,9 @@ fn drain(segment: &Segment, into: &mut Vec<RegionBlock>) {
     }
 }
 
+/// The ranges of a region lent to messages and not released: offset -> size.
+pub(crate) type LentRanges = Mutex<BTreeMap<u64, u64>>;
+
 /// A region of shared memory owned by its creator.
 pub struct UnmanagedRegion {
     segment: Arc<Segment>,
@@ -312,6 +315,11 @@ impl UnmanagedRegion {
     /// Usable bytes.
     pub fn size(&self) -> usize {
         self.data_size
+    }
+
+    /// The ranges lent to messages and not released, for the transport's figures.
+    pub(crate) fn lent_ranges(&self) -> std::sync::Weak<LentRanges> {
+        Arc::downgrade(&self.lent)
     }
 
     /// The object name (what `ferromq shm list` shows).

@@ -92,6 +92,8 @@ pub(crate) struct Session {
     own: tokio::sync::OnceCell<Arc<OwnedSegment>>,
     segments: Mutex<HashMap<ObjectRef, Arc<Segment>>>,
     regions: Mutex<HashMap<ObjectRef, RemoteRegion>>,
+    /// The lent ranges of the regions this process created (gone once a region is dropped).
+    own_regions: Mutex<Vec<std::sync::Weak<crate::region::LentRanges>>>,
     /// The delivery counter slots of this process's segment.
     delivery_slots: Arc<DeliverySlots>,
     /// Whether an allocation that finds the segment full looks again at once for a while
@@ -124,6 +126,7 @@ impl Session {
             own: tokio::sync::OnceCell::new(),
             segments: Mutex::default(),
             regions: Mutex::default(),
+            own_regions: Mutex::default(),
             delivery_slots: Arc::default(),
             spin_on_full: AtomicBool::new(true),
         }
@@ -230,16 +233,37 @@ impl Session {
 
     /// A message of `size` bytes if this process's segment exists and has room now.
     /// How this process's own segment is used, as its header says (the owner publishes the
-    /// figures as it allocates and reclaims); `None` before the segment exists.
+    /// figures as it allocates and reclaims), and its regions' buffers lent; `None` before it
+    /// has either.
     pub(crate) fn memory_figures(&self) -> Option<ferromq_core::MemoryFigures> {
-        let own = self.own.get()?;
-        let header = own.segment().header();
-        Some(ferromq_core::MemoryFigures {
-            size: own.capacity() as u64,
-            used: header.used_bytes.load(Ordering::Relaxed),
-            largest_free: header.largest_free.load(Ordering::Relaxed),
-            live_blocks: header.live_blocks.load(Ordering::Relaxed),
-        })
+        let (mut regions, mut lent) = (0, 0);
+        for ranges in self
+            .own_regions
+            .lock()
+            .expect("own regions poisoned")
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+        {
+            regions += 1;
+            lent += ranges.lock().expect("lent ranges poisoned").len() as u64;
+        }
+        let mut figures = ferromq_core::MemoryFigures {
+            regions,
+            region_buffers_lent: lent,
+            ..ferromq_core::MemoryFigures::default()
+        };
+        match self.own.get() {
+            Some(own) => {
+                let header = own.segment().header();
+                figures.size = own.capacity() as u64;
+                figures.used = header.used_bytes.load(Ordering::Relaxed);
+                figures.largest_free = header.largest_free.load(Ordering::Relaxed);
+                figures.live_blocks = header.live_blocks.load(Ordering::Relaxed);
+            }
+            None if regions == 0 => return None,
+            None => {}
+        }
+        Some(figures)
     }
 
     pub(crate) fn try_new_message(&self, size: usize) -> Option<Message> {
@@ -428,7 +452,12 @@ impl Session {
                 reason: error.to_string(),
             })??;
         crate::cleanup::ensure_watchdog(self.uid, &self.options.session);
-        Ok(UnmanagedRegion::create(segment, index, callback))
+        let region = UnmanagedRegion::create(segment, index, callback);
+        let mut own = self.own_regions.lock().expect("own regions poisoned");
+        own.retain(|lent| lent.strong_count() > 0);
+        own.push(region.lent_ranges());
+        drop(own);
+        Ok(region)
     }
 }
 

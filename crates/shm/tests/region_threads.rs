@@ -87,3 +87,42 @@ async fn releases_from_many_threads_are_each_acknowledged_once() {
     );
     assert_eq!(region.n_lent(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_transports_figures_count_region_buffers_lent_until_released() {
+    use ferromq_core::Transport;
+    let session = format!("region-figures-{}", std::process::id());
+    let _cleanup = SessionCleanup(session.clone());
+    let transport = ShmTransport::new(ShmOptions {
+        session: session.clone(),
+        segment_size: 16 << 20,
+        ..ShmOptions::default()
+    });
+    assert_eq!(transport.memory_figures(), None, "nothing made yet");
+    let region = transport
+        .create_region(64 * 10, RegionCallback::Single(Box::new(|_| {})))
+        .await
+        .unwrap();
+    let messages: Vec<_> = (0..10)
+        .map(|index| region.message(index * 64, 64, index as u64).unwrap())
+        .collect();
+    let figures = transport.memory_figures().expect("a region");
+    assert_eq!((figures.regions, figures.region_buffers_lent), (1, 10));
+    drop(messages);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut look = tokio::time::interval(Duration::from_millis(10));
+    while transport
+        .memory_figures()
+        .expect("a region")
+        .region_buffers_lent
+        > 0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "released buffers still counted as lent"
+        );
+        look.tick().await;
+    }
+    drop(region);
+    assert_eq!(transport.memory_figures(), None, "the region is gone");
+}

@@ -71,7 +71,12 @@ fn device_cells(device: &DeviceView) -> [String; 14] {
             let used = megabytes(memory.used as f64);
             #[allow(clippy::cast_precision_loss)]
             let size = megabytes(memory.size as f64);
-            format!("{} {used}/{size} MB", memory.transport)
+            let regions = if memory.regions > 0 {
+                format!(", {} region buffer(s) lent", memory.region_buffers_lent)
+            } else {
+                String::new()
+            };
+            format!("{} {used}/{size} MB{regions}", memory.transport)
         })
         .collect::<Vec<_>>()
         .join(", ");
@@ -208,6 +213,8 @@ mod tests {
                         used: 64_000_000,
                         largest_free: 1_900_000_000,
                         live_blocks: 10,
+                        regions: 0,
+                        region_buffers_lent: 0,
                     }],
                     channels: vec![ChannelView {
                         name: "data".into(),

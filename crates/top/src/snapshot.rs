@@ -66,6 +66,10 @@ pub struct MemoryView {
     pub largest_free: u64,
     /// Blocks still referenced.
     pub live_blocks: u64,
+    /// Unmanaged regions the device created.
+    pub regions: u64,
+    /// Buffers of them lent and not released.
+    pub region_buffers_lent: u64,
 }
 
 /// One channel of a device: totals since the device bound or connected it, and rates.
@@ -298,6 +302,8 @@ async fn ask(
                     used: number(figures, "used"),
                     largest_free: number(figures, "largest_free"),
                     live_blocks: number(figures, "live_blocks"),
+                    regions: number(figures, "regions"),
+                    region_buffers_lent: number(figures, "region_buffers_lent"),
                 })
                 .collect()
         })
