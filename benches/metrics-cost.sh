@@ -3,10 +3,10 @@
 # Prometheus endpoint on both devices scraped every 100 ms: what exporting metrics costs the
 # data path. Modes: `with` (endpoints, scraped), `scraper-only` (the same scraping loop knocking
 # on closed ports: its own CPU, which on 2 cores competes with the pair), `unscraped` (endpoints,
-# nobody scrapes), `without`. Side by side:
-#   cargo build --release -p ferromq-cli
-#   farm-bench -n 7 --timeout 600 --vs 'benches/metrics-cost.sh scraper-only' -- benches/metrics-cost.sh with
-#   farm-bench -n 7 --timeout 600 --vs 'benches/metrics-cost.sh without' -- benches/metrics-cost.sh unscraped
+# nobody scrapes), `without`. `cargo xtask bench` runs the four modes interleaved, round by
+# round, and reports `with` against `scraper-only` and `unscraped` against `without`, pair by
+# pair. By hand: `cargo build --release -p ferromq-cli`, then time the modes in turn, e.g.
+#   for round in 1 2 3; do for mode in with scraper-only; do /usr/bin/time -f "$mode %e s" benches/metrics-cost.sh $mode; done; done
 set -euo pipefail
 mode=${1:?usage: metrics-cost.sh with|scraper-only|unscraped|without}
 bin=${FERROMQ:-$(dirname "$0")/../target/release/ferromq}

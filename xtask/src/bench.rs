@@ -586,8 +586,12 @@ pub fn run(cargo: &str, workspace: &Path) -> bool {
     let Some(rpc_and_mcts) = crate::bench_rpc::run(cargo, workspace, &ferromq) else {
         return false;
     };
-    let report =
-        render_report(&runs, &criterion, profile.as_deref(), &machine(), &date) + &rpc_and_mcts;
+    let Some(metrics_cost) = crate::bench_metrics::measure(&ferromq, workspace, 3) else {
+        return false;
+    };
+    let report = render_report(&runs, &criterion, profile.as_deref(), &machine(), &date)
+        + &rpc_and_mcts
+        + &crate::bench_metrics::render(&metrics_cost);
     let written = std::fs::write(report_dir.join("report.md"), &report).is_ok()
         && plot_throughput(&runs, &report_dir.join("throughput.svg")).is_ok()
         && plot_latency(&runs, &report_dir.join("latency.svg")).is_ok();

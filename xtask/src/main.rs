@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod bench_metrics;
 mod bench_rpc;
 mod launch_scale;
 mod side_by_side;
