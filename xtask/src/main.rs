@@ -1,9 +1,9 @@
 //! ferromq's project automation, run as `cargo xtask <task>` (an alias in `.cargo/config.toml`).
 //!
 //! - `ci`: what `.ci/run` checks (after installing the system packages it needs): formatting,
-//!   clippy with warnings denied, the test suite, each without and with `--features ofi`.
+//!   clippy with warnings denied, the test suite, each without and with `--features ofi,otel`.
 //! - `fmt`: formats the workspace.
-//! - `lint`: clippy over every target with warnings denied, without and with `--features ofi`.
+//! - `lint`: clippy over every target with warnings denied, without and with `--features ofi,otel`.
 //! - `bench`: the criterion suites and `ferromq bench`, then `target/bench-report/report.md` and
 //!   SVG plots.
 //! - `soak --minutes N`: the default and pub/sub topologies under the release `ferromq run`,
@@ -44,7 +44,7 @@ enum Task {
     Ci,
     /// Format the workspace.
     Fmt,
-    /// Clippy over every target with warnings denied, without and with `--features ofi`.
+    /// Clippy over every target with warnings denied, without and with `--features ofi,otel`.
     Lint,
     /// Criterion suites and `ferromq bench`; writes target/bench-report/report.md and plots.
     Bench,
@@ -165,7 +165,7 @@ fn lint_steps() -> Vec<Vec<&'static str>> {
             "--workspace",
             "--all-targets",
             "--features",
-            "ofi",
+            "ofi,otel",
             "--",
             "-D",
             "warnings",
@@ -174,12 +174,13 @@ fn lint_steps() -> Vec<Vec<&'static str>> {
 }
 
 /// The one definition of CI: formatting, lints, then the README's test command without and
-/// with `--features ofi` (the ofi transport and its tests need libfabric-dev).
+/// with `--features ofi,otel` (the ofi transport and its tests need libfabric-dev; otel is the
+/// OTLP exporter, off by default).
 fn ci_steps() -> Vec<Vec<&'static str>> {
     let mut steps = vec![vec!["fmt", "--all", "--", "--check"]];
     steps.extend(lint_steps());
     steps.push(vec!["test", "--workspace"]);
-    steps.push(vec!["test", "--workspace", "--features", "ofi"]);
+    steps.push(vec!["test", "--workspace", "--features", "ofi,otel"]);
     steps
 }
 
@@ -265,9 +266,9 @@ mod tests {
         for expected in [
             "fmt --all -- --check",
             "clippy --workspace --all-targets -- -D warnings",
-            "clippy --workspace --all-targets --features ofi -- -D warnings",
+            "clippy --workspace --all-targets --features ofi,otel -- -D warnings",
             "test --workspace",
-            "test --workspace --features ofi",
+            "test --workspace --features ofi,otel",
         ] {
             assert!(
                 steps.iter().any(|step| step == expected),

@@ -57,6 +57,10 @@ enum Command {
         /// http://ADDR/metrics, as often as the live table polls them.
         #[arg(long, value_name = "ADDR")]
         metrics: Option<std::net::SocketAddr>,
+        /// Or push them every second to an OTLP/HTTP receiver, e.g.
+        /// http://127.0.0.1:4318/v1/metrics (a binary built with the `otel` feature).
+        #[arg(long = "otlp-endpoint", value_name = "URL")]
+        otlp_endpoint: Option<String>,
     },
     /// One device of `ferromq run --launcher slurm`: runs the command srun's task number names.
     #[command(hide = true)]
@@ -224,6 +228,7 @@ fn main() -> ExitCode {
             hosts,
             print_batch,
             metrics,
+            otlp_endpoint,
         } => {
             ferromq_cli::logging::init(
                 "ferromq",
@@ -240,6 +245,7 @@ fn main() -> ExitCode {
                 hosts,
                 print_batch,
                 metrics,
+                otlp_endpoint,
             };
             ferromq_cli::block_on(2, launch::run(options))
         }

@@ -106,6 +106,10 @@ pub struct DeviceOptions {
     /// Serve Prometheus metrics (channel counters, state) at http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
+    /// Push the same metrics every second to an OTLP/HTTP receiver, e.g.
+    /// http://127.0.0.1:4318/v1/metrics (a binary built with the `otel` feature).
+    #[arg(long = "otlp-endpoint", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
     /// Write log lines to this file instead of the console (results still go to stdout).
     #[arg(long = "log-to-file", value_name = "FILE")]
     pub log_to_file: Option<PathBuf>,

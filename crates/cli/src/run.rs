@@ -42,14 +42,14 @@ pub fn run_device<D: Device>(
     let id = config.id.clone();
     let session = config.session.clone();
     crate::block_on(1, async move {
-        if let Some(address) = options.metrics
-            && let Err(error) = crate::metrics_endpoint::serve(address)
+        if let Err(error) =
+            crate::metrics_endpoint::export(options.metrics, options.otlp_endpoint.as_deref())
         {
             eprintln!("ferromq: {error:#}");
             return ExitCode::from(2);
         }
         let (runner, controller) = DeviceRunner::new(device, config, crate::built_in_transports());
-        if options.metrics.is_some() {
+        if crate::metrics_endpoint::serving() {
             tokio::spawn(ferromq_device::metrics::publish(controller.clone()));
         }
         let device_task = tokio::spawn(runner.run());
@@ -62,6 +62,8 @@ pub fn run_device<D: Device>(
             Ok(Err(error)) => Err(error_chain(&error)),
             Ok(Ok(())) => driven,
         };
+        // The last figures (the device's end state) reach an OTLP receiver too.
+        crate::metrics_endpoint::finish();
         match outcome {
             Ok(()) => ExitCode::SUCCESS,
             Err(cause) => {

@@ -72,6 +72,8 @@ pub struct RunOptions {
     pub print_batch: bool,
     /// Serve Prometheus metrics of every device here.
     pub metrics: Option<std::net::SocketAddr>,
+    /// Or push them to this OTLP/HTTP receiver.
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Loads and checks a topology file for this binary's kinds and transports.
@@ -211,8 +213,8 @@ pub async fn run(options: RunOptions) -> ExitCode {
             }
         };
     }
-    if let Some(address) = options.metrics
-        && let Err(error) = crate::metrics_endpoint::serve(address)
+    if let Err(error) =
+        crate::metrics_endpoint::export(options.metrics, options.otlp_endpoint.as_deref())
     {
         eprintln!("ferromq: {error:#}");
         return ExitCode::from(2);
@@ -369,6 +371,7 @@ pub async fn run(options: RunOptions) -> ExitCode {
         );
     }
     drop(session_dir);
+    crate::metrics_endpoint::finish();
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
