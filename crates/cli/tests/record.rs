@@ -40,6 +40,37 @@ async fn running(session: &str, id: &str) {
     .await;
 }
 
+/// `ferromq record SESSION DEVICE CHANNEL --output /dev/null`, run to its end.
+async fn record_nowhere(session: &str, device: &str, channel: &str) -> support::Finished {
+    finish(ferromq_as_is(&[
+        "record",
+        session,
+        device,
+        channel,
+        "--output",
+        "/dev/null",
+    ]))
+    .await
+}
+
+/// `ferromq replay PATH` at `speed` into a push channel connecting to `address`.
+fn replay(path: &str, speed: &str, address: &str) -> tokio::process::Child {
+    ferromq_as_is(&[
+        "replay",
+        path,
+        "--id",
+        "replay",
+        "--control",
+        "static",
+        "--speed",
+        speed,
+        "--color",
+        "false",
+        "--channel-config",
+        &format!("name=data,type=push,method=connect,address={address},rateLogging=0"),
+    ])
+}
+
 /// The number after `key` in `text` (`received 100 messages` -> 100 for `received `).
 fn number_after(text: &str, key: &str) -> u64 {
     text.split_once(key)
@@ -110,24 +141,7 @@ async fn a_recorded_multipart_stream_replays_into_a_verifying_sink() {
         .args(&["--verify", "--num-parts", "3", "--max-iterations", "99999"])
         .channel("pull", "bind", &replayed_into.address())
         .spawn();
-    let replay = finish(ferromq_as_is(&[
-        "replay",
-        recording.path(),
-        "--id",
-        "replay",
-        "--control",
-        "static",
-        "--speed",
-        "0",
-        "--color",
-        "false",
-        "--channel-config",
-        &format!(
-            "name=data,type=push,method=connect,address={},rateLogging=0",
-            replayed_into.address()
-        ),
-    ]))
-    .await;
+    let replay = finish(replay(recording.path(), "0", &replayed_into.address())).await;
     replay.assert_exited_0();
     let checked = finish(checker).await;
     checked.assert_exited_0();
@@ -242,24 +256,7 @@ async fn replay_seconds(path: &str, speed: &str, n: u64) -> f64 {
         .args(&["--max-iterations", &(n - 1).to_string()])
         .channel("pull", "bind", &into.address())
         .spawn();
-    let replay = finish(ferromq_as_is(&[
-        "replay",
-        path,
-        "--id",
-        "replay",
-        "--control",
-        "static",
-        "--speed",
-        speed,
-        "--color",
-        "false",
-        "--channel-config",
-        &format!(
-            "name=data,type=push,method=connect,address={},rateLogging=0",
-            into.address()
-        ),
-    ]))
-    .await;
+    let replay = finish(replay(path, speed, &into.address())).await;
     replay.assert_exited_0();
     finish(sink).await.assert_exited_0();
     let text = format!("{}{}", replay.stdout, replay.stderr);
@@ -289,15 +286,7 @@ async fn replay_keeps_the_recorded_pace_or_a_multiple_of_it() {
 
 #[tokio::test]
 async fn record_and_replay_refuse_what_they_cannot_do() {
-    let nowhere = finish(ferromq_as_is(&[
-        "record",
-        "no-such-session",
-        "dev",
-        "data",
-        "--output",
-        "/dev/null",
-    ]))
-    .await;
+    let nowhere = record_nowhere("no-such-session", "dev", "data").await;
     assert_eq!(nowhere.code, Some(1));
     assert!(
         nowhere
@@ -314,15 +303,7 @@ async fn record_and_replay_refuse_what_they_cannot_do() {
         .channel("pull", "bind", &ipc.address())
         .spawn();
     running(&session, "quiet").await;
-    let no_channel = finish(ferromq_as_is(&[
-        "record",
-        &session,
-        "quiet",
-        "nope",
-        "--output",
-        "/dev/null",
-    ]))
-    .await;
+    let no_channel = record_nowhere(&session, "quiet", "nope").await;
     assert_eq!(no_channel.code, Some(1));
     assert!(
         no_channel
@@ -331,15 +312,7 @@ async fn record_and_replay_refuse_what_they_cannot_do() {
         "{}",
         no_channel.stderr
     );
-    let no_device = finish(ferromq_as_is(&[
-        "record",
-        &session,
-        "loud",
-        "data",
-        "--output",
-        "/dev/null",
-    ]))
-    .await;
+    let no_device = record_nowhere(&session, "loud", "data").await;
     assert_eq!(no_device.code, Some(1));
     assert!(
         no_device
@@ -351,28 +324,14 @@ async fn record_and_replay_refuse_what_they_cannot_do() {
 
     let not_a_recording = Scratch::new("not-a-recording");
     std::fs::write(&not_a_recording.0, b"just some bytes").unwrap();
-    let replay = |path: &str, speed: &str| {
-        ferromq_as_is(&[
-            "replay",
-            path,
-            "--id",
-            "replay",
-            "--control",
-            "static",
-            "--speed",
-            speed,
-            "--channel-config",
-            "name=data,type=push,method=connect,address=ipc:///nonexistent/x",
-        ])
-    };
-    let refused = finish(replay(not_a_recording.path(), "1")).await;
+    let refused = finish(replay(not_a_recording.path(), "1", "ipc:///nonexistent/x")).await;
     assert_eq!(refused.code, Some(1));
     assert!(
         refused.stderr.contains("is not a ferromq recording"),
         "{}",
         refused.stderr
     );
-    let bad_speed = finish(replay(not_a_recording.path(), "-1")).await;
+    let bad_speed = finish(replay(not_a_recording.path(), "-1", "ipc:///nonexistent/x")).await;
     assert_eq!(bad_speed.code, Some(2));
     assert!(
         bad_speed.stderr.contains("--speed -1"),

@@ -57,6 +57,19 @@ fn kill(pid: i32, signal: nix::sys::signal::Signal) {
         .unwrap_or_else(|error| panic!("kill -{signal} {pid}: {error}"));
 }
 
+/// Waits for a launcher that must fail: exit code 1.
+async fn finish_failed(run: tokio::process::Child) -> support::Finished {
+    let finished = finish(run).await;
+    assert_eq!(
+        finished.code,
+        Some(1),
+        "{}{}",
+        finished.stdout,
+        finished.stderr
+    );
+    finished
+}
+
 const SAMPLER_TO_SINK: &str = r#"
 transport = "shmem"
 [[device]]
@@ -182,14 +195,7 @@ async fn past_its_restart_limit_a_device_fails_the_run_naming_the_limit() {
     })
     .await;
     kill(pid(&second, "sink"), nix::sys::signal::Signal::SIGKILL);
-    let finished = finish(run).await;
-    assert_eq!(
-        finished.code,
-        Some(1),
-        "{}{}",
-        finished.stdout,
-        finished.stderr
-    );
+    let finished = finish_failed(run).await;
     assert!(
         finished
             .stderr
@@ -248,14 +254,7 @@ connect = "sampler.data"
         pid(&going_on, "worker-2"),
         nix::sys::signal::Signal::SIGKILL,
     );
-    let finished = finish(run).await;
-    assert_eq!(
-        finished.code,
-        Some(1),
-        "{}{}",
-        finished.stdout,
-        finished.stderr
-    );
+    let finished = finish_failed(run).await;
     assert!(
         finished.stdout.contains(
             "device \"worker-1\" ended (signal: 9 (SIGKILL)); expendable, the topology goes on \
