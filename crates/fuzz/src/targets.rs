@@ -113,6 +113,22 @@ pub fn all() -> Vec<Target> {
             check: check_topology,
         },
         Target {
+            name: "recording",
+            about: "recordings of `ferromq record` (ferromq_record::Reader, every message and the summary)",
+            shape: Shape::Binary,
+            dictionary: &["ferromq-recording\n", "\u{1}", "\u{2}", "{}"],
+            seeds: recording_seeds,
+            check: check_recording,
+        },
+        Target {
+            name: "tap-header",
+            about: "the tap stream's header part (ferromq_device::tap::TapHeader::decode), with the encode round trip",
+            shape: Shape::Binary,
+            dictionary: &["\u{0}", "\u{1}", "\u{2}"],
+            seeds: tap_header_seeds,
+            check: check_tap_header,
+        },
+        Target {
             name: "address",
             about: "channel addresses (ferromq_core::Address::parse), with the display round trip",
             shape: Shape::Text,
@@ -505,6 +521,101 @@ fn json_seeds<T: serde::Serialize>(values: &[T], literals: &[&str]) -> Vec<Vec<u
     seeds
 }
 
+fn recording_seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
+    use ferromq_record::{Direction, Header, Record, Writer};
+    let header = Header {
+        device: "sampler".to_owned(),
+        session: "fuzz".to_owned(),
+        channel: "data".to_owned(),
+        channel_config: "name=data,type=push,method=bind".to_owned(),
+        started_unix_ms: 1_795_600_000_000,
+        ferromq_version: "0.1.0".to_owned(),
+    };
+    let path = std::env::temp_dir().join(format!("ferromq-fuzz-seed-{}.rec", std::process::id()));
+    let mut seeds = Vec::new();
+    for (n_messages, missed) in [(0u64, 0u64), (1, 0), (3, 2)] {
+        let written = Writer::create(&path, &header).and_then(|mut writer| {
+            for sequence in 0..n_messages {
+                writer.write(&Record {
+                    direction: if sequence % 2 == 0 {
+                        Direction::Out
+                    } else {
+                        Direction::In
+                    },
+                    sequence: sequence * 2,
+                    at: std::time::Duration::from_micros(sequence * 100),
+                    parts: (0..=sequence)
+                        .map(|part| bytes::Bytes::from(vec![part as u8; (part * 3) as usize]))
+                        .collect(),
+                })?;
+            }
+            writer.finish(missed)
+        });
+        let read = written
+            .map_err(|error| std::io::Error::other(error.to_string()))
+            .and_then(|_| std::fs::read(&path));
+        match read {
+            Ok(bytes) => seeds.push(bytes),
+            Err(source) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(FuzzError::Seeds { path, source });
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+    Ok(seeds)
+}
+
+fn check_recording(input: &[u8]) -> Result<bool, String> {
+    let Ok(mut reader) = ferromq_record::Reader::from_reader(
+        input,
+        input.len() as u64,
+        std::path::Path::new("fuzz input"),
+    ) else {
+        return Ok(false);
+    };
+    loop {
+        match reader.next_record() {
+            Ok(Some(_)) => {}
+            Ok(None) => break,
+            Err(_) => return Ok(false),
+        }
+    }
+    // Accepted: a whole recording, its closing summary read (a summary that disagrees with the
+    // messages is the file's claim, not a decoding error).
+    Ok(reader.summary().is_some())
+}
+
+fn tap_header_seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
+    use ferromq_device::tap::{TapHeader, TapKind};
+    Ok([TapKind::In, TapKind::Out, TapKind::End]
+        .into_iter()
+        .enumerate()
+        .map(|(idx, kind)| {
+            TapHeader {
+                sequence: idx as u64 * 1000,
+                at: std::time::Duration::from_millis(idx as u64),
+                missed: idx as u64,
+                kind,
+            }
+            .encode()
+            .to_vec()
+        })
+        .collect())
+}
+
+fn check_tap_header(input: &[u8]) -> Result<bool, String> {
+    let Some(header) = ferromq_device::tap::TapHeader::decode(input) else {
+        return Ok(false);
+    };
+    if header.encode()[..] != *input {
+        return Err(format!(
+            "{header:?} encodes to other bytes than it was read from"
+        ));
+    }
+    Ok(true)
+}
+
 fn control_request_seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
     let mut requests: Vec<LauncherToDevice> = Transition::ALL
         .iter()
@@ -531,6 +642,13 @@ fn control_request_seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
         LauncherToDevice::Channels,
         LauncherToDevice::Counters,
         LauncherToDevice::Shutdown,
+        LauncherToDevice::Overview,
+        LauncherToDevice::Tap {
+            channel: "data".to_owned(),
+        },
+        LauncherToDevice::Untap {
+            channel: "data[1]".to_owned(),
+        },
     ]);
     Ok(json_seeds(
         &requests,

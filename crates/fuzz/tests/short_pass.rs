@@ -36,6 +36,16 @@ fn shm_frame() {
     check("shm-frame");
 }
 
+#[test]
+fn recording() {
+    check("recording");
+}
+
+#[test]
+fn tap_header() {
+    check("tap-header");
+}
+
 #[cfg(feature = "ofi")]
 #[test]
 fn ofi_control() {

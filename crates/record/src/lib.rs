@@ -226,9 +226,10 @@ fn json_len(json: &[u8]) -> u32 {
     u32::try_from(json.len()).expect("headers and summaries are small")
 }
 
-/// Reads a recording, message by message.
-pub struct Reader {
-    file: BufReader<std::fs::File>,
+/// Reads a recording, message by message, from a file ([`Reader::open`]) or any reader whose
+/// length is known ([`Reader::from_reader`]).
+pub struct Reader<R = BufReader<std::fs::File>> {
+    file: R,
     path: PathBuf,
     offset: u64,
     remaining: u64,
@@ -249,8 +250,18 @@ impl Reader {
         };
         let file = std::fs::File::open(path).map_err(io)?;
         let length = file.metadata().map_err(io)?.len();
+        Reader::from_reader(BufReader::with_capacity(1 << 20, file), length, path)
+    }
+}
+
+impl<R: Read> Reader<R> {
+    /// Reads the header of the `length` bytes `input` holds; `path` names them in errors.
+    ///
+    /// # Errors
+    /// [`RecordingError`] naming `path` and what is wrong.
+    pub fn from_reader(input: R, length: u64, path: &Path) -> Result<Reader<R>, RecordingError> {
         let mut reader = Reader {
-            file: BufReader::with_capacity(1 << 20, file),
+            file: input,
             path: path.to_owned(),
             offset: 0,
             remaining: length,
