@@ -370,10 +370,10 @@ async fn a_shmem_device_shows_how_its_segment_is_used() {
     let size = memory["size"].as_u64().unwrap();
     assert!(size > 60 << 20 && size <= 64 << 20, "{memory}");
     assert!(memory["largest_free"].as_u64().unwrap() < size, "{memory}");
-    for device in [&sampler, &sink] {
-        signal(device, "INT");
-    }
+    // The sender first: its close waits until the sink took what it sent (shmem counts it).
+    signal(&sampler, "INT");
     finish(sampler).await.assert_exited_0();
+    signal(&sink, "INT");
     finish(sink).await.assert_exited_0();
 }
 
