@@ -4,9 +4,10 @@
 //! Each device process of this user writes one small JSON file, `<pid>.json`, into
 //! `$TMPDIR/ferromq-presence-<uid>` (made mode 0700: only its user reads it or connects to what
 //! it names) and serves a read-only control endpoint at `ipc://<that directory>/<pid>.observe`
-//! (see [`crate::control::ControlEndpoint::read_only`]). [`Presence`] removes both when dropped;
-//! a device that was killed leaves them, and [`list`] removes the entries whose process is gone
-//! (a pid that lives but belongs to another process is caught when its endpoint does not answer).
+//! (see [`crate::control::ControlEndpoint::read_only`]). [`Presence`] removes both, and the
+//! sockets of the taps it served (`<pid>.tap<n>`), when dropped; a device that was killed leaves
+//! them, and [`list`] removes the files of processes that are gone (a pid that lives but belongs
+//! to another process is caught when its endpoint does not answer).
 //!
 //! Nothing here is needed to run a device: a directory that cannot be made, or a path too long
 //! for an ipc socket, makes the device unobservable (with a warning), never failing.
@@ -150,6 +151,22 @@ impl Drop for Presence {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.file);
         let _ = std::fs::remove_file(&self.socket);
+        if let Some(dir) = self.file.parent() {
+            remove_taps_of(dir, self.entry.pid);
+        }
+    }
+}
+
+/// Removes the tap stream sockets (`<pid>.tap<n>`, see [`crate::tap`]) of process `pid`.
+fn remove_taps_of(dir: &Path, pid: u32) {
+    let prefix = format!("{pid}.tap");
+    let Ok(files) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for file in files.flatten() {
+        if file.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_file(file.path());
+        }
     }
 }
 
@@ -180,6 +197,7 @@ fn list_in(dir: &Path) -> Vec<PresenceEntry> {
         } else {
             let _ = std::fs::remove_file(&path);
             let _ = std::fs::remove_file(dir.join(format!("{}.observe", entry.pid)));
+            remove_taps_of(dir, entry.pid);
         }
     }
     entries.sort_by_key(|entry| entry.pid);
@@ -218,6 +236,22 @@ mod tests {
         assert!(listed[0].observe.ends_with(".observe"));
         assert_eq!(mode, 0o700);
         assert!(after.is_empty(), "still listed after drop: {after:?}");
+    }
+
+    #[test]
+    fn a_dropped_entry_takes_its_tap_sockets_along() {
+        let dir = scratch("taps");
+        let presence = Presence::prepare_in(&dir, "sampler", "s").unwrap();
+        let pid = std::process::id();
+        let tap = dir.join(format!("{pid}.tap0"));
+        let other = dir.join(format!("{}.tap0", pid + 1));
+        std::fs::write(&tap, b"").unwrap();
+        std::fs::write(&other, b"").unwrap();
+        drop(presence);
+        let (tap_left, other_left) = (tap.exists(), other.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(!tap_left, "the tap socket was left behind");
+        assert!(other_left, "another process's tap socket was removed");
     }
 
     #[test]
