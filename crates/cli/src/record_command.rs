@@ -12,7 +12,6 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use bytes::Bytes;
 use ferromq_core::{Address, Channel, ChannelConfig, Method, SocketType};
 use ferromq_device::control::{ControlClient, LauncherToDevice};
 use ferromq_device::presence;
@@ -234,9 +233,7 @@ async fn take_copies(
             direction,
             sequence: header.sequence,
             at: header.at,
-            parts: parts
-                .map(|part| Bytes::copy_from_slice(part.data()))
-                .collect(),
+            parts: parts.map(ferromq_core::Message::into_bytes).collect(),
         };
         writer.write(&record)?;
     }

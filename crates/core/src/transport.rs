@@ -104,8 +104,10 @@ pub trait Transport: Send + Sync + fmt::Debug {
     }
 }
 
-/// The use of a transport's memory in this process (see [`Transport::memory_figures`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// The use of a transport's memory in this process (see [`Transport::memory_figures`]); its
+/// JSON form (field names as here, absent fields 0) is what a device's `overview` answers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct MemoryFigures {
     /// Bytes messages can take in all.
     pub size: u64,
@@ -294,8 +296,10 @@ pub struct ChannelCounters {
     undelivered: AtomicU64,
 }
 
-/// A snapshot of [`ChannelCounters`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// A snapshot of [`ChannelCounters`]; its JSON form (field names as here but `send_wait_ns`,
+/// absent fields 0) is what a device's `counters` and `overview` answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct CounterSnapshot {
     /// Messages received (a multipart message counts once).
     pub messages_in: u64,
@@ -308,6 +312,7 @@ pub struct CounterSnapshot {
     /// Messages waiting in the socket's send queue (see [`SendFigures::queued`]).
     pub queued: u64,
     /// Nanoseconds sends waited for room or a peer, in all.
+    #[serde(rename = "send_wait_ns")]
     pub send_waited_ns: u64,
     /// Messages lost because the close could not deliver them (the sender failed for it).
     pub lost_undelivered: u64,

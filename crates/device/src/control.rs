@@ -31,7 +31,12 @@
 
 use std::time::Duration;
 
-use ferromq_core::{Address, Channel, ChannelConfig, Message, Method, SocketType, Transport};
+use std::collections::BTreeMap;
+
+use ferromq_core::{
+    Address, Channel, ChannelConfig, CounterSnapshot, MemoryFigures, Message, Method, SocketType,
+    Transport,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{DeviceError, Result};
@@ -195,26 +200,22 @@ pub struct DeviceToLauncher {
     pub value: Option<serde_json::Value>,
 }
 
-/// Every channel's counters as the `counters` and `overview` answers carry them.
+/// Every channel's counters as the `counters` and `overview` answers carry them: channel name
+/// to [`CounterSnapshot`]'s JSON form.
 fn counters_value(controller: &DeviceController) -> serde_json::Value {
-    let counters: serde_json::Map<String, serde_json::Value> = controller
-        .counters()
-        .into_iter()
-        .map(|(name, snapshot)| {
-            let value = serde_json::json!({
-                "messages_in": snapshot.messages_in,
-                "bytes_in": snapshot.bytes_in,
-                "messages_out": snapshot.messages_out,
-                "bytes_out": snapshot.bytes_out,
-                "queued": snapshot.queued,
-                "send_wait_ns": snapshot.send_waited_ns,
-                "lost_undelivered": snapshot.lost_undelivered,
-                "lost_slow_subscriber": snapshot.lost_slow_subscriber,
-            });
-            (name, value)
-        })
-        .collect();
-    serde_json::Value::Object(counters)
+    let counters: BTreeMap<String, CounterSnapshot> = controller.counters().into_iter().collect();
+    serde_json::to_value(counters).expect("counters serialise")
+}
+
+/// The counters a `counters` or `overview` answer carried (see `counters_value`), by channel;
+/// what is not counters is left out.
+pub fn counters_from_value(value: &serde_json::Value) -> BTreeMap<String, CounterSnapshot> {
+    serde_json::from_value(value.clone()).unwrap_or_default()
+}
+
+/// The memory figures an `overview` answer carried, by transport.
+pub fn memory_from_value(value: &serde_json::Value) -> BTreeMap<String, MemoryFigures> {
+    serde_json::from_value(value.clone()).unwrap_or_default()
 }
 
 async fn answer(
@@ -224,13 +225,8 @@ async fn answer(
     state_entered: tokio::time::Instant,
 ) -> DeviceToLauncher {
     let value: Result<Option<serde_json::Value>> = match request {
-        LauncherToDevice::Tap { channel } => {
-            static NEXT_TAP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-            let n = NEXT_TAP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let path = crate::presence::directory().join(format!("{}.tap{n}", std::process::id()));
-            let _ = std::fs::create_dir_all(crate::presence::directory());
-            let address = format!("ipc://{}", path.display());
-            crate::tap::serve(transport, controller, &channel, &address)
+        LauncherToDevice::Tap { channel } => match crate::presence::tap_address() {
+            Ok(address) => crate::tap::serve(transport, controller, &channel, &address)
                 .await
                 .map(|(address, config)| {
                     Some(serde_json::json!({ "address": address, "config": config }))
@@ -238,8 +234,12 @@ async fn answer(
                 .map_err(|problem| DeviceError::Control {
                     address: address.clone(),
                     problem: format!("cannot tap: {problem}"),
-                })
-        }
+                }),
+            Err(error) => Err(DeviceError::Control {
+                address: crate::presence::directory().display().to_string(),
+                problem: format!("cannot tap: {error}"),
+            }),
+        },
         LauncherToDevice::Untap { channel } => {
             controller.untap(&channel);
             Ok(None)
@@ -270,21 +270,7 @@ async fn answer(
         }
         LauncherToDevice::Counters => Ok(Some(counters_value(controller))),
         LauncherToDevice::Overview => {
-            let memory: serde_json::Map<String, serde_json::Value> = controller
-                .memory()
-                .into_iter()
-                .map(|(transport, figures)| {
-                    let value = serde_json::json!({
-                        "size": figures.size,
-                        "used": figures.used,
-                        "largest_free": figures.largest_free,
-                        "live_blocks": figures.live_blocks,
-                        "regions": figures.regions,
-                        "region_buffers_lent": figures.region_buffers_lent,
-                    });
-                    (transport, value)
-                })
-                .collect();
+            let memory: BTreeMap<String, MemoryFigures> = controller.memory().into_iter().collect();
             Ok(Some(serde_json::json!({
                 "pid": std::process::id(),
                 "seconds_in_state": state_entered.elapsed().as_secs_f64(),

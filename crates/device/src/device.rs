@@ -375,20 +375,6 @@ impl DeviceContext {
             .collect()
     }
 
-    /// Every channel's tap slot and configuration, by socket name.
-    pub(crate) fn tap_slots(&self) -> Vec<(String, Arc<ferromq_core::TapSlot>, String)> {
-        self.channels
-            .iter()
-            .map(|channel| {
-                (
-                    channel.name().to_owned(),
-                    channel.tap_slot(),
-                    channel.config().to_key_values(),
-                )
-            })
-            .collect()
-    }
-
     /// A message of `size` bytes from the transport of channel `name` (shared memory for a
     /// shmem channel, so that sending it copies nothing).
     ///

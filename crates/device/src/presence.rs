@@ -89,20 +89,7 @@ impl Presence {
     }
 
     fn prepare_in(dir: &Path, id: &str, session: &str) -> Result<Presence, PresenceError> {
-        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-        let write_error = |path: &Path, source| PresenceError::Write {
-            path: path.to_owned(),
-            source,
-        };
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|source| write_error(dir, source))?;
-        // One made before with a wider mode (by hand) is narrowed: what it names is a control
-        // endpoint.
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|source| write_error(dir, source))?;
+        make_private(dir)?;
         let pid = std::process::id();
         let socket = dir.join(format!("{pid}.observe"));
         if socket.as_os_str().len() > IPC_PATH_LIMIT {
@@ -157,7 +144,40 @@ impl Drop for Presence {
     }
 }
 
-/// Removes the tap stream sockets (`<pid>.tap<n>`, see [`crate::tap`]) of process `pid`.
+/// Makes `dir` (mode 0700), or narrows one made before with a wider mode (by hand): what it
+/// holds names control endpoints.
+fn make_private(dir: &Path) -> Result<(), PresenceError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let write_error = |source| PresenceError::Write {
+        path: dir.to_owned(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(write_error)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(write_error)
+}
+
+/// A new address for one of this process's tap streams (`ipc://<dir>/<pid>.tap<n>`, removed
+/// with the presence entry), the directory made if need be.
+///
+/// # Errors
+/// [`PresenceError`] naming the path.
+pub fn tap_address() -> Result<String, PresenceError> {
+    static NEXT_TAP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let dir = directory();
+    make_private(&dir)?;
+    let n = NEXT_TAP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("{}.tap{n}", std::process::id()));
+    if path.as_os_str().len() > IPC_PATH_LIMIT {
+        return Err(PresenceError::PathTooLong { path });
+    }
+    Ok(format!("ipc://{}", path.display()))
+}
+
+/// Removes the tap stream sockets (`<pid>.tap<n>`, see [`tap_address`]) of process `pid`.
 fn remove_taps_of(dir: &Path, pid: u32) {
     let prefix = format!("{pid}.tap");
     let Ok(files) = std::fs::read_dir(dir) else {

@@ -40,14 +40,23 @@ pub struct StateChange {
     pub to: State,
 }
 
+/// One channel as controllers reach it without asking the device's task.
+struct SharedChannel {
+    /// The socket name (`data`, `data[1]`).
+    name: String,
+    counters: Arc<ferromq_core::ChannelCounters>,
+    /// Where a recorder taps it (see [`DeviceController::tap`]).
+    tap: Arc<ferromq_core::TapSlot>,
+    /// Its configuration, `key=value,...` (FairMQ's `--channel-config` form).
+    config: String,
+}
+
 /// What controllers can read about the device without asking its task.
 #[derive(Default)]
 struct Shared {
     bound_addresses: Vec<(String, String)>,
-    counters: Vec<(String, Arc<ferromq_core::ChannelCounters>)>,
-    /// Every channel's tap slot and configuration (as `key=value,...`), by socket name (see
-    /// [`DeviceController::tap`]).
-    taps: Vec<(String, Arc<ferromq_core::TapSlot>, String)>,
+    /// What a controller reads or opens of each channel, by socket name.
+    channels: Vec<SharedChannel>,
     /// The device's transports, by name, for their memory figures.
     transports: Vec<(String, Arc<dyn ferromq_core::Transport>)>,
     last_error: Option<String>,
@@ -203,9 +212,9 @@ impl DeviceController {
     pub fn counters(&self) -> Vec<(String, CounterSnapshot)> {
         let shared = self.shared.lock().expect("shared state poisoned");
         shared
-            .counters
+            .channels
             .iter()
-            .map(|(name, counters)| (name.clone(), counters.snapshot()))
+            .map(|channel| (channel.name.clone(), channel.counters.snapshot()))
             .collect()
     }
 
@@ -215,15 +224,18 @@ impl DeviceController {
     /// DEVICE on). Another tap on the same channel replaces this one.
     pub fn tap(&self, name: &str, capacity: usize) -> Option<ferromq_core::TapReceiver> {
         let shared = self.shared.lock().expect("shared state poisoned");
-        let (_, slot, _) = shared.taps.iter().find(|(channel, ..)| channel == name)?;
-        Some(slot.open(capacity))
+        let channel = shared
+            .channels
+            .iter()
+            .find(|channel| channel.name == name)?;
+        Some(channel.tap.open(capacity))
     }
 
     /// Closes the tap on channel `name`, if one is open.
     pub fn untap(&self, name: &str) {
         let shared = self.shared.lock().expect("shared state poisoned");
-        if let Some((_, slot, _)) = shared.taps.iter().find(|(channel, ..)| channel == name) {
-            slot.close();
+        if let Some(channel) = shared.channels.iter().find(|channel| channel.name == name) {
+            channel.tap.close();
         }
     }
 
@@ -232,9 +244,9 @@ impl DeviceController {
     pub fn channel_configs(&self) -> Vec<(String, String)> {
         let shared = self.shared.lock().expect("shared state poisoned");
         shared
-            .taps
+            .channels
             .iter()
-            .map(|(name, _, config)| (name.clone(), config.clone()))
+            .map(|channel| (channel.name.clone(), channel.config.clone()))
             .collect()
     }
 
@@ -491,13 +503,18 @@ impl<D: Device> DeviceRunner<D> {
     fn start_rate_logger(&mut self) {
         self.stop_rate_logger();
         let counters = self.ctx.shared_counters();
-        let taps = self.ctx.tap_slots();
         let mut shared = self.shared.lock().expect("shared state poisoned");
-        shared.counters = counters
+        shared.channels = self
+            .ctx
+            .channels
             .iter()
-            .map(|(name, _, counters)| (name.clone(), Arc::clone(counters)))
+            .map(|channel| SharedChannel {
+                name: channel.name().to_owned(),
+                counters: channel.counters(),
+                tap: channel.tap_slot(),
+                config: channel.config().to_key_values(),
+            })
             .collect();
-        shared.taps = taps;
         shared.transports = self
             .ctx
             .transports

@@ -66,14 +66,9 @@ pub struct Summary {
     pub missed: u64,
 }
 
-/// Which way a recorded message went through its channel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Direction {
-    /// Received by the tapped device.
-    In,
-    /// Sent by it.
-    Out,
-}
+/// Which way a recorded message went through its channel (the tap's own type): `In`,
+/// received by the tapped device; `Out`, sent by it.
+pub use ferromq_core::Direction;
 
 /// One recorded message.
 #[derive(Debug, Clone, PartialEq, Eq)]

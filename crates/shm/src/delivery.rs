@@ -113,8 +113,8 @@ impl SentCounter {
     }
 
     /// Counts one more message accepted for sending; every [`QUEUE_LOOK_EVERY`] messages
-    /// (and whenever [`SentCounter::has_room`] looks) `figures.queued` is set to what is sent
-    /// and not taken, so reading the receivers' counter stays rare.
+    /// `figures.queued` is set to what is sent and not taken, so reading the receivers'
+    /// counter stays rare.
     pub(crate) fn note_sent(&mut self, figures: &ferromq_core::SendFigures) {
         self.n_sent += 1;
         if self.n_sent.is_multiple_of(QUEUE_LOOK_EVERY) {

@@ -231,7 +231,6 @@ impl Session {
         }
     }
 
-    /// A message of `size` bytes if this process's segment exists and has room now.
     /// How this process's own segment is used, as its header says (the owner publishes the
     /// figures as it allocates and reclaims), and its regions' buffers lent; `None` before it
     /// has either.
@@ -266,6 +265,7 @@ impl Session {
         Some(figures)
     }
 
+    /// A message of `size` bytes if this process's segment exists and has room now.
     pub(crate) fn try_new_message(&self, size: usize) -> Option<Message> {
         let owned = self.own.get()?;
         if size > owned.max_message_size() {

@@ -68,11 +68,14 @@ fn device_cells(device: &DeviceView) -> [String; 14] {
         .iter()
         .map(|memory| {
             #[allow(clippy::cast_precision_loss)]
-            let used = megabytes(memory.used as f64);
+            let used = megabytes(memory.figures.used as f64);
             #[allow(clippy::cast_precision_loss)]
-            let size = megabytes(memory.size as f64);
-            let regions = if memory.regions > 0 {
-                format!(", {} region buffer(s) lent", memory.region_buffers_lent)
+            let size = megabytes(memory.figures.size as f64);
+            let regions = if memory.figures.regions > 0 {
+                format!(
+                    ", {} region buffer(s) lent",
+                    memory.figures.region_buffers_lent
+                )
             } else {
                 String::new()
             };
@@ -209,12 +212,13 @@ mod tests {
                     unreachable: None,
                     memory: vec![crate::MemoryView {
                         transport: "shmem".into(),
-                        size: 2_000_000_000,
-                        used: 64_000_000,
-                        largest_free: 1_900_000_000,
-                        live_blocks: 10,
-                        regions: 0,
-                        region_buffers_lent: 0,
+                        figures: ferromq_core::MemoryFigures {
+                            size: 2_000_000_000,
+                            used: 64_000_000,
+                            largest_free: 1_900_000_000,
+                            live_blocks: 10,
+                            ..ferromq_core::MemoryFigures::default()
+                        },
                     }],
                     channels: vec![ChannelView {
                         name: "data".into(),

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferromq_core::Transport;
+use ferromq_core::{CounterSnapshot, Transport};
 use ferromq_device::control::{ControlClient, LauncherToDevice};
 use ferromq_device::presence::{self, PresenceEntry};
 use serde::Serialize;
@@ -58,18 +58,9 @@ pub struct DeviceView {
 pub struct MemoryView {
     /// The transport.
     pub transport: String,
-    /// Bytes messages can take in all.
-    pub size: u64,
-    /// Bytes taken by blocks still referenced.
-    pub used: u64,
-    /// The largest free block.
-    pub largest_free: u64,
-    /// Blocks still referenced.
-    pub live_blocks: u64,
-    /// Unmanaged regions the device created.
-    pub regions: u64,
-    /// Buffers of them lent and not released.
-    pub region_buffers_lent: u64,
+    /// Its figures (size, used, largest free block, live blocks, regions, buffers lent).
+    #[serde(flatten)]
+    pub figures: ferromq_core::MemoryFigures,
 }
 
 /// One channel of a device: totals since the device bound or connected it, and rates.
@@ -116,7 +107,7 @@ pub struct ChannelRates {
 #[derive(Debug, Clone, Copy)]
 struct Seen {
     at: Instant,
-    totals: [u64; 8],
+    totals: CounterSnapshot,
 }
 
 /// Looks at devices again and again over the connections it keeps.
@@ -192,14 +183,14 @@ impl Observer {
                         #[allow(clippy::cast_precision_loss)]
                         view.channels.push(ChannelView {
                             name,
-                            messages_in: totals[0],
-                            bytes_in: totals[1],
-                            messages_out: totals[2],
-                            bytes_out: totals[3],
-                            queued: totals[4],
-                            send_wait_s: totals[5] as f64 / 1e9,
-                            lost_undelivered: totals[6],
-                            lost_slow_subscriber: totals[7],
+                            messages_in: totals.messages_in,
+                            bytes_in: totals.bytes_in,
+                            messages_out: totals.messages_out,
+                            bytes_out: totals.bytes_out,
+                            queued: totals.queued,
+                            send_wait_s: totals.send_waited_ns as f64 / 1e9,
+                            lost_undelivered: totals.lost_undelivered,
+                            lost_slow_subscriber: totals.lost_slow_subscriber,
                             rates,
                         });
                     }
@@ -234,9 +225,8 @@ fn key_of(entry: &PresenceEntry) -> (u32, u64) {
 struct Overview {
     state: String,
     seconds_in_state: f64,
-    /// Channel name -> messages in, bytes in, messages out, bytes out, queued, send wait ns, lost
-    /// undelivered, lost for slow subscribers.
-    counters: Vec<(String, [u64; 8])>,
+    /// By channel name.
+    counters: BTreeMap<String, CounterSnapshot>,
     memory: Vec<MemoryView>,
 }
 
@@ -261,53 +251,11 @@ async fn ask(
         return Err(reply.error.unwrap_or_else(|| "refused".to_owned()));
     }
     let value = reply.value.unwrap_or_default();
-    let number = |value: &serde_json::Value, key: &str| {
-        value
-            .get(key)
-            .and_then(serde_json::Value::as_u64)
-            .unwrap_or(0)
-    };
-    let counters = value
-        .get("counters")
-        .and_then(serde_json::Value::as_object)
-        .map(|channels| {
-            channels
-                .iter()
-                .map(|(name, counters)| {
-                    let totals = [
-                        "messages_in",
-                        "bytes_in",
-                        "messages_out",
-                        "bytes_out",
-                        "queued",
-                        "send_wait_ns",
-                        "lost_undelivered",
-                        "lost_slow_subscriber",
-                    ]
-                    .map(|key| number(counters, key));
-                    (name.clone(), totals)
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let memory = value
-        .get("memory")
-        .and_then(serde_json::Value::as_object)
-        .map(|transports| {
-            transports
-                .iter()
-                .map(|(transport, figures)| MemoryView {
-                    transport: transport.clone(),
-                    size: number(figures, "size"),
-                    used: number(figures, "used"),
-                    largest_free: number(figures, "largest_free"),
-                    live_blocks: number(figures, "live_blocks"),
-                    regions: number(figures, "regions"),
-                    region_buffers_lent: number(figures, "region_buffers_lent"),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let memory = ferromq_device::control::memory_from_value(&value["memory"])
+        .into_iter()
+        .map(|(transport, figures)| MemoryView { transport, figures })
+        .collect();
+    let counters = ferromq_device::control::counters_from_value(&value["counters"]);
     let overview = Overview {
         memory,
         state: reply.state.to_string(),
@@ -327,14 +275,15 @@ fn rates_between(before: Seen, now: Seen) -> ChannelRates {
     }
     // Counters restart from zero when a device binds anew: no negative rates.
     #[allow(clippy::cast_precision_loss)]
-    let per_second =
-        |idx: usize| now.totals[idx].saturating_sub(before.totals[idx]) as f64 / seconds;
+    let per_second = |count: fn(&CounterSnapshot) -> u64| {
+        count(&now.totals).saturating_sub(count(&before.totals)) as f64 / seconds
+    };
     ChannelRates {
-        messages_in: per_second(0),
-        bytes_in: per_second(1),
-        messages_out: per_second(2),
-        bytes_out: per_second(3),
-        send_wait: (per_second(5) / 1e9).min(1.0),
+        messages_in: per_second(|totals| totals.messages_in),
+        bytes_in: per_second(|totals| totals.bytes_in),
+        messages_out: per_second(|totals| totals.messages_out),
+        bytes_out: per_second(|totals| totals.bytes_out),
+        send_wait: (per_second(|totals| totals.send_waited_ns) / 1e9).min(1.0),
     }
 }
 
@@ -345,13 +294,21 @@ mod tests {
     #[test]
     fn rates_are_per_second_and_never_negative() {
         let start = Instant::now();
+        let totals = |messages_in, bytes_in, messages_out, send_waited_ns| CounterSnapshot {
+            messages_in,
+            bytes_in,
+            messages_out,
+            bytes_out: 500,
+            send_waited_ns,
+            ..CounterSnapshot::default()
+        };
         let before = Seen {
             at: start,
-            totals: [100, 1000, 50, 500, 0, 0, 0, 0],
+            totals: totals(100, 1000, 50, 0),
         };
         let now = Seen {
             at: start + Duration::from_millis(500),
-            totals: [200, 3000, 10, 500, 4, 250_000_000, 0, 0],
+            totals: totals(200, 3000, 10, 250_000_000),
         };
         let rates = rates_between(before, now);
         assert_eq!(rates.messages_in, 200.0);

@@ -277,30 +277,9 @@ async fn poll_devices(
             .filter(|device| device.left_behind.is_none())
         {
             if let Ok(reply) = device.request(&LauncherToDevice::Counters).await
-                && let Some(serde_json::Value::Object(channels)) = reply.value
+                && let Some(value) = reply.value
             {
-                device.counters = channels
-                    .into_iter()
-                    .map(|(channel, value)| {
-                        let field = |key: &str| {
-                            value
-                                .get(key)
-                                .and_then(serde_json::Value::as_u64)
-                                .unwrap_or(0)
-                        };
-                        let snapshot = ferromq_core::CounterSnapshot {
-                            messages_in: field("messages_in"),
-                            bytes_in: field("bytes_in"),
-                            messages_out: field("messages_out"),
-                            bytes_out: field("bytes_out"),
-                            queued: field("queued"),
-                            send_waited_ns: field("send_wait_ns"),
-                            lost_undelivered: field("lost_undelivered"),
-                            lost_slow_subscriber: field("lost_slow_subscriber"),
-                        };
-                        (channel, snapshot)
-                    })
-                    .collect();
+                device.counters = ferromq_device::control::counters_from_value(&value);
             }
         }
         previous.extend(before);
