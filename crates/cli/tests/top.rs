@@ -323,10 +323,11 @@ async fn a_stalled_receiver_shows_as_a_send_queue_and_back_pressure() {
         table.stdout
     );
     signal(&sink, "CONT");
-    for device in [&sampler, &sink] {
-        signal(device, "INT");
-    }
+    // The sender first: its queue drains into the sink, which takes everything before it stops
+    // (a sink stopped first leaves the sender's queue undelivered, and the sender says so).
+    signal(&sampler, "INT");
     finish(sampler).await.assert_exited_0();
+    signal(&sink, "INT");
     finish(sink).await.assert_exited_0();
 }
 

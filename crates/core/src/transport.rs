@@ -229,8 +229,9 @@ pub trait Socket: Send {
 /// waited. Kept by the transport (see [`Socket::send_figures`]), read from any thread.
 #[derive(Debug, Default)]
 pub struct SendFigures {
-    /// Messages accepted by `send` and not handed on yet: zeromq, not yet encoded for the
-    /// wire; shmem, not yet taken by a receiver (as of recently).
+    /// Messages accepted by `send` and not handed on yet: zeromq, not yet written to the kernel
+    /// (push) or encoded for the wire (other patterns); shmem, not yet taken by a receiver (as
+    /// of recently).
     pub queued: AtomicU64,
     /// Nanoseconds sends spent waiting for room (`sndBufSize`, a full segment) or for a peer,
     /// in finished waits.

@@ -49,7 +49,9 @@ mod handshake;
 pub use handshake::PeerRules;
 mod inproc;
 mod net;
+mod push;
 mod socket;
+mod zmtp;
 pub use socket::ZmqSocket;
 
 /// Binding and connecting zmq.rs sockets the way ferromq does, for transports that use zmq.rs
@@ -134,9 +136,19 @@ pub const SHMEM_DESCRIPTOR_MAGIC: &[u8; 8] = b"FMQSHM02";
 pub const SHMEM_DESCRIPTOR_MIN_LEN: usize = 32;
 
 /// The zeromq transport (`transport = "zeromq"`).
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub struct ZmqTransport {
     rules: PeerRules,
+    /// Whether push sockets over tcp and ipc are ferromq's own (a peer's death loses nothing
+    /// queued: see `push.rs`) rather than zmq.rs's. A carrier whose frames account for
+    /// themselves (shmem's receivers count what they take) keeps zmq.rs's.
+    own_push: bool,
+}
+
+impl Default for ZmqTransport {
+    fn default() -> ZmqTransport {
+        ZmqTransport::new()
+    }
 }
 
 impl ZmqTransport {
@@ -148,13 +160,17 @@ impl ZmqTransport {
     pub fn new() -> ZmqTransport {
         ZmqTransport {
             rules: PeerRules::ZEROMQ,
+            own_push: true,
         }
     }
 
     /// The transport as the carrier of another transport's frames (shmem's descriptors): its
     /// sockets announce and check peers by `rules` (see [`PeerRules`]).
     pub fn with_peer_rules(rules: PeerRules) -> ZmqTransport {
-        ZmqTransport { rules }
+        ZmqTransport {
+            rules,
+            own_push: false,
+        }
     }
 
     /// A socket for `config`, by type (what [`Transport::create_socket`] boxes).
@@ -167,7 +183,12 @@ impl ZmqTransport {
         socket_name: &str,
     ) -> Result<ZmqSocket> {
         config.validate()?;
-        Ok(socket::ZmqSocket::new(config, socket_name, self.rules))
+        Ok(socket::ZmqSocket::new(
+            config,
+            socket_name,
+            self.rules,
+            self.own_push,
+        ))
     }
 }
 

@@ -572,6 +572,16 @@ pub(crate) fn bind_tcp(
     host: &TcpHost,
     port: u16,
 ) -> Result<(zeromq::Listener, Address), Error> {
+    let (listener, bound) = bind_tcp_std(label, host, port)?;
+    Ok((listener.into(), bound))
+}
+
+/// Binds a non-blocking tcp listener the way ferromq binds (exact address-in-use, port 0).
+pub(crate) fn bind_tcp_std(
+    label: &ChannelLabel,
+    host: &TcpHost,
+    port: u16,
+) -> Result<(std::net::TcpListener, Address), Error> {
     let host_text = match host {
         TcpHost::Any => "0.0.0.0",
         TcpHost::Name(name) => name.as_str(),
@@ -588,10 +598,18 @@ pub(crate) fn bind_tcp(
         host: host.clone(),
         port: local.port(),
     };
-    Ok((listener.into(), bound))
+    Ok((listener, bound))
 }
 
 pub(crate) fn bind_ipc(label: &ChannelLabel, path: &Path) -> Result<zeromq::Listener, Error> {
+    Ok(bind_ipc_std(label, path)?.into())
+}
+
+/// Binds a non-blocking unix listener at `path`, removing a stale socket file first.
+pub(crate) fn bind_ipc_std(
+    label: &ChannelLabel,
+    path: &Path,
+) -> Result<std::os::unix::net::UnixListener, Error> {
     if path.to_string_lossy().starts_with('@') {
         return Err(Error::UnsupportedAddress {
             channel: label.clone(),
@@ -619,5 +637,5 @@ pub(crate) fn bind_ipc(label: &ChannelLabel, path: &Path) -> Result<zeromq::List
     listener
         .set_nonblocking(true)
         .map_err(|source| bind_error(label, source))?;
-    Ok(listener.into())
+    Ok(listener)
 }

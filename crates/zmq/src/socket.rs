@@ -9,10 +9,13 @@ use ferromq_core::{
 
 use crate::inproc::InprocChannel;
 use crate::net::NetChannel;
+use crate::push::PushChannel;
 
 enum Backend {
     Unattached,
     Net(Box<NetChannel>),
+    /// ferromq's own push over tcp and ipc (see `push.rs`).
+    Push(Box<PushChannel>),
     Inproc(InprocChannel),
 }
 
@@ -33,6 +36,8 @@ pub struct ZmqSocket {
     rules: crate::PeerRules,
     /// Its sending figures (tcp and ipc: the send queue and waits), from creation on.
     figures: std::sync::Arc<ferromq_core::SendFigures>,
+    /// Push over tcp and ipc is ferromq's own ([`PushChannel`]).
+    own_push: bool,
 }
 
 impl ZmqSocket {
@@ -40,6 +45,7 @@ impl ZmqSocket {
         config: &ChannelConfig,
         socket_name: &str,
         rules: crate::PeerRules,
+        own_push: bool,
     ) -> ZmqSocket {
         let mut label = ChannelLabel::new(socket_name, config.socket_type);
         label.address = config.address.clone();
@@ -53,6 +59,7 @@ impl ZmqSocket {
             subscribed_to_all_by_default: false,
             rules,
             figures: std::sync::Arc::default(),
+            own_push,
         }
     }
 
@@ -64,6 +71,16 @@ impl ZmqSocket {
                 self.backend =
                     Backend::Inproc(InprocChannel::new(self.socket_type, self.rcv_buf_size));
             }
+            (Backend::Unattached, false)
+                if self.own_push && self.socket_type == SocketType::Push =>
+            {
+                self.backend = Backend::Push(Box::new(PushChannel::new(
+                    &self.label,
+                    self.snd_buf_size,
+                    self.rules,
+                    std::sync::Arc::clone(&self.figures),
+                )));
+            }
             (Backend::Unattached, false) => {
                 self.backend = Backend::Net(Box::new(NetChannel::new(
                     self.socket_type,
@@ -72,7 +89,7 @@ impl ZmqSocket {
                     std::sync::Arc::clone(&self.figures),
                 )));
             }
-            (Backend::Inproc(_), false) | (Backend::Net(_), true) => {
+            (Backend::Inproc(_), false) | (Backend::Net(_) | Backend::Push(_), true) => {
                 return Err(Error::UnsupportedAddress {
                     channel: self.label.clone(),
                     address: address.to_string(),
@@ -117,6 +134,7 @@ impl Socket for ZmqSocket {
         self.attach_subscriptions(address).await?;
         let bound = match self.backend_for(address)? {
             Backend::Net(net) => net.bind(&label, address).await?,
+            Backend::Push(push) => push.bind(&label, address).await?,
             Backend::Inproc(inproc) => {
                 let Address::Inproc { name } = address else {
                     unreachable!("backend_for gives inproc only for inproc addresses")
@@ -136,6 +154,7 @@ impl Socket for ZmqSocket {
         self.attach_subscriptions(address).await?;
         match self.backend_for(address)? {
             Backend::Net(net) => net.connect(&label, address).await?,
+            Backend::Push(push) => push.connect(&label, address)?,
             Backend::Inproc(inproc) => {
                 let Address::Inproc { name } = address else {
                     unreachable!("backend_for gives inproc only for inproc addresses")
@@ -159,6 +178,7 @@ impl Socket for ZmqSocket {
         }
         match &mut self.backend {
             Backend::Net(net) => net.send(&self.label, parts, timeout).await,
+            Backend::Push(push) => push.send(&self.label, parts, timeout).await,
             Backend::Inproc(inproc) => inproc.send(&self.label, parts, timeout).await,
             Backend::Unattached => Err(SendError::new(self.not_attached("send"), parts)),
         }
@@ -168,6 +188,7 @@ impl Socket for ZmqSocket {
         self.check(self.socket_type.can_receive(), "receive")?;
         match &mut self.backend {
             Backend::Net(net) => net.receive(&self.label).await,
+            Backend::Push(_) => unreachable!("a push cannot receive: checked above"),
             Backend::Inproc(inproc) => inproc.receive().await,
             Backend::Unattached => Err(self.not_attached("receive")),
         }
@@ -184,6 +205,7 @@ impl Socket for ZmqSocket {
     async fn close(&mut self, linger: Duration) -> Result<()> {
         let result = match &mut self.backend {
             Backend::Net(net) => net.close(&self.label, linger).await,
+            Backend::Push(push) => push.close(&self.label, linger).await,
             Backend::Inproc(inproc) => {
                 inproc.close();
                 Ok(())
@@ -206,7 +228,7 @@ impl ZmqSocket {
     pub async fn establish(&mut self) -> Result<()> {
         match &mut self.backend {
             Backend::Net(net) => net.finish_connects(None).await.map(|_| ()),
-            Backend::Inproc(_) | Backend::Unattached => Ok(()),
+            Backend::Push(_) | Backend::Inproc(_) | Backend::Unattached => Ok(()),
         }
     }
 
@@ -222,6 +244,7 @@ impl ZmqSocket {
     pub fn peers_hold_what_was_written(&mut self) -> bool {
         match &mut self.backend {
             Backend::Net(net) => net.peers_hold_what_was_written(&self.label),
+            Backend::Push(push) => push.peers_hold_what_was_written(),
             Backend::Inproc(_) => true,
             Backend::Unattached => false,
         }
@@ -276,6 +299,7 @@ impl ZmqSocket {
         };
         match &mut self.backend {
             Backend::Net(net) => net.subscribe(&self.label, topic, subscribe).await,
+            Backend::Push(_) => unreachable!("only a sub subscribes: checked above"),
             Backend::Inproc(inproc) => {
                 inproc.subscribe(topic, subscribe);
                 Ok(())

@@ -1,0 +1,709 @@
+//! PUSH over tcp and ipc, written by ferromq rather than zmq.rs, so that a message accepted by
+//! `send` is never lost with a peer that dies.
+//!
+//! zmq.rs gives every peer a queue of its own and drops that queue when the peer's connection
+//! ends: a receiver SIGKILLed with messages queued for it took them along, and the sender,
+//! which cannot tell "written" from "dropped", exited 0 (127 of 1 501 in a restart test). Here
+//! there is one queue per socket (bounded by `sndBufSize`) and one writer task per connected
+//! peer that takes a batch from its front, writes it and only then lets it go:
+//! - a writer whose peer went away puts back, at the front and in order, every message of its
+//!   batch not yet written whole to the kernel, and the next peer (or the same one reconnected)
+//!   gets them. Before writing a batch, a writer looks whether its peer closed meanwhile, so a
+//!   peer that died while the sender was stopped is noticed before anything is written to it;
+//! - what was written to the kernel is handed over (ARCHITECTURE.md's hand-over rule, as for any
+//!   transport): a receiver SIGKILLed later loses what sat in its socket buffer;
+//! - `send` waits while there is no peer or the queue plus the batches in writers' hands reach
+//!   `sndBufSize`; a cancelled send leaves nothing behind (the message is queued only by the
+//!   call that returns `Ok`);
+//! - `close` waits, `linger` being a bound on silence, until nothing is queued or held, and
+//!   reports what is left as [`Error::Undelivered`]; the kernel delivers what was written
+//!   after the process exits.
+//!
+//! The wire protocol is ZMTP 3 with the NULL mechanism ([`crate::zmtp`]), as zmq.rs and libzmq
+//! speak it; a peer's identity is checked against the socket's [`crate::PeerRules`] as for
+//! every other pattern. Peers are served in the order they are ready for more: a free writer
+//! takes the next batch (libzmq's round robin over peers with room, in effect).
+//!
+//! Cancellation and drop: the listeners, connectors and writers are tasks that end when the
+//! socket closes or is dropped; a write in progress then is abandoned, and its batch is counted
+//! as undelivered by `close`.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::pin::pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use ferromq_core::{Address, ChannelLabel, Error, Message, Parts, SendError, TcpHost};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use crate::handshake::Mismatch;
+use crate::zmtp;
+
+/// The most messages, and about the most bytes, a writer takes at a time.
+const BATCH_MESSAGES: usize = 128;
+const BATCH_BYTES: usize = 1 << 20;
+/// A frame body at least this long is written from its own buffer instead of being copied.
+const COPY_LIMIT: usize = 16 * 1024;
+/// How long a peer has to complete its handshake (libzmq's default handshake interval).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Reconnection back-off of a connecting socket.
+const RECONNECT_MIN: Duration = Duration::from_millis(10);
+const RECONNECT_MAX: Duration = Duration::from_millis(200);
+
+/// A connected stream, tcp or ipc.
+enum Stream {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+impl Stream {
+    async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(stream) => stream.write_all(bytes).await,
+            Stream::Unix(stream) => stream.write_all(bytes).await,
+        }
+    }
+
+    async fn read_exact(&mut self, buffer: &mut [u8]) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(stream) => stream.read_exact(buffer).await.map(drop),
+            Stream::Unix(stream) => stream.read_exact(buffer).await.map(drop),
+        }
+    }
+
+    async fn readable(&self) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(stream) => stream.readable().await,
+            Stream::Unix(stream) => stream.readable().await,
+        }
+    }
+
+    /// Reads what is there without waiting: `Ok(0)` at the peer's end, `WouldBlock` for nothing.
+    fn try_read(&self, buffer: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(stream) => stream.try_read(buffer),
+            Stream::Unix(stream) => stream.try_read(buffer),
+        }
+    }
+}
+
+/// What the socket's tasks share.
+struct Shared {
+    label: ChannelLabel,
+    rules: crate::PeerRules,
+    identity: String,
+    state: Mutex<State>,
+    /// Messages were queued (writers wait on it).
+    work: Notify,
+    /// Messages were written or put back, or peers came or went (senders and close wait on it).
+    progress: Notify,
+    figures: Arc<ferromq_core::SendFigures>,
+    stop: watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Vec<Bytes>>,
+    /// Messages in writers' hands, not yet written whole.
+    held: usize,
+    /// Peers connected and through their handshake.
+    peers: usize,
+    peers_gone: u64,
+    peer_pids: Vec<u32>,
+    /// A peer of another transport or session (a push needs every peer to fit).
+    mismatch: Option<Mismatch>,
+}
+
+impl State {
+    fn unwritten(&self) -> usize {
+        self.queue.len() + self.held
+    }
+}
+
+impl Shared {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // A writer never panics while holding the lock; a poisoned lock's data is still whole.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn publish(&self, state: &State) {
+        self.figures.queued.store(
+            state.unwritten() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    async fn stopped(&self) {
+        let mut stop = self.stop.subscribe();
+        let _ = stop.wait_for(|stopped| *stopped).await;
+    }
+
+    fn is_stopped(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// The next batch from the front of the queue, now held by the caller.
+    fn take_batch(&self) -> Option<Vec<Vec<Bytes>>> {
+        let mut state = self.state();
+        if state.queue.is_empty() {
+            return None;
+        }
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        while batch.len() < BATCH_MESSAGES && bytes < BATCH_BYTES {
+            let Some(message) = state.queue.pop_front() else {
+                break;
+            };
+            bytes += message.iter().map(Bytes::len).sum::<usize>();
+            batch.push(message);
+        }
+        state.held += batch.len();
+        Some(batch)
+    }
+
+    /// The first `n_written` messages of a held batch were written; the rest go back to the
+    /// front of the queue, in order.
+    fn settle(&self, mut batch: Vec<Vec<Bytes>>, n_written: usize) {
+        let n_held = batch.len();
+        let unwritten = batch.split_off(n_written.min(n_held));
+        let put_back = !unwritten.is_empty();
+        {
+            let mut state = self.state();
+            state.held -= n_held;
+            for message in unwritten.into_iter().rev() {
+                state.queue.push_front(message);
+            }
+            self.publish(&state);
+        }
+        if put_back {
+            self.work.notify_one();
+        }
+        self.progress.notify_waiters();
+    }
+}
+
+/// A PUSH socket over tcp and ipc (see the module docs).
+pub(crate) struct PushChannel {
+    shared: Arc<Shared>,
+    snd_buf_size: usize,
+    bound_ipc_paths: Vec<PathBuf>,
+}
+
+impl PushChannel {
+    pub(crate) fn new(
+        label: &ChannelLabel,
+        snd_buf_size: usize,
+        rules: crate::PeerRules,
+        figures: Arc<ferromq_core::SendFigures>,
+    ) -> PushChannel {
+        PushChannel {
+            shared: Arc::new(Shared {
+                label: label.clone(),
+                rules,
+                identity: crate::handshake::identity(rules),
+                state: Mutex::new(State::default()),
+                work: Notify::new(),
+                progress: Notify::new(),
+                figures,
+                stop: watch::Sender::new(false),
+            }),
+            snd_buf_size: snd_buf_size.max(1),
+            bound_ipc_paths: Vec::new(),
+        }
+    }
+
+    pub(crate) async fn bind(
+        &mut self,
+        label: &ChannelLabel,
+        address: &Address,
+    ) -> Result<Address, Error> {
+        let label = label.clone().with_address(address.to_string());
+        let in_runtime = |source: std::io::Error| Error::Bind {
+            channel: label.clone(),
+            source: Box::new(source),
+        };
+        match address {
+            Address::Tcp { host, port } => {
+                let (listener, bound) = crate::net::bind_tcp_std(&label, host, *port)?;
+                let listener = tokio::net::TcpListener::from_std(listener).map_err(in_runtime)?;
+                let shared = Arc::clone(&self.shared);
+                tokio::spawn(async move {
+                    let accepting = async {
+                        loop {
+                            match listener.accept().await {
+                                Ok((stream, _)) => {
+                                    let _ = stream.set_nodelay(true);
+                                    tokio::spawn(serve(Arc::clone(&shared), Stream::Tcp(stream)));
+                                }
+                                Err(error) => accept_failed(&shared, &error).await,
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        () = accepting => {}
+                        () = shared.stopped() => {}
+                    }
+                });
+                Ok(bound)
+            }
+            Address::Ipc { path } => {
+                let listener = crate::net::bind_ipc_std(&label, path)?;
+                self.bound_ipc_paths.push(path.clone());
+                let listener = tokio::net::UnixListener::from_std(listener).map_err(in_runtime)?;
+                let shared = Arc::clone(&self.shared);
+                tokio::spawn(async move {
+                    let accepting = async {
+                        loop {
+                            match listener.accept().await {
+                                Ok((stream, _)) => {
+                                    tokio::spawn(serve(Arc::clone(&shared), Stream::Unix(stream)));
+                                }
+                                Err(error) => accept_failed(&shared, &error).await,
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        () = accepting => {}
+                        () = shared.stopped() => {}
+                    }
+                });
+                Ok(address.clone())
+            }
+            other => Err(Error::UnsupportedAddress {
+                channel: label,
+                address: other.to_string(),
+                reason: "the zeromq transport binds tcp://, ipc:// and inproc:// addresses",
+            }),
+        }
+    }
+
+    /// Connects in the background, as ZeroMQ does, and again whenever the connection ends.
+    pub(crate) fn connect(&mut self, label: &ChannelLabel, address: &Address) -> Result<(), Error> {
+        let label = label.clone().with_address(address.to_string());
+        let target = match address {
+            Address::Tcp {
+                host: TcpHost::Any, ..
+            } => {
+                return Err(Error::UnsupportedAddress {
+                    channel: label,
+                    address: address.to_string(),
+                    reason: "cannot connect to '*': name the host (127.0.0.1 for this machine)",
+                });
+            }
+            Address::Tcp {
+                host: TcpHost::Name(host),
+                port,
+            } => Target::Tcp(format!("{host}:{port}")),
+            Address::Ipc { path } => Target::Ipc(path.clone()),
+            other => {
+                return Err(Error::UnsupportedAddress {
+                    channel: label,
+                    address: other.to_string(),
+                    reason: "the zeromq transport connects to tcp://, ipc:// and inproc:// addresses",
+                });
+            }
+        };
+        let shared = Arc::clone(&self.shared);
+        tokio::spawn(async move {
+            let connecting = async {
+                let mut backoff = RECONNECT_MIN;
+                loop {
+                    match target.connect().await {
+                        Ok(stream) => {
+                            serve(Arc::clone(&shared), stream).await;
+                            backoff = RECONNECT_MIN;
+                        }
+                        Err(error) => {
+                            tracing::trace!(channel = %shared.label, %error, "not connected yet");
+                            backoff = (backoff * 2).min(RECONNECT_MAX);
+                        }
+                    }
+                    tokio::time::sleep(backoff).await;
+                }
+            };
+            tokio::select! {
+                () = connecting => {}
+                () = shared.stopped() => {}
+            }
+        });
+        Ok(())
+    }
+
+    /// True when this socket had peers and every one still holds what was written to it.
+    pub(crate) fn peers_hold_what_was_written(&self) -> bool {
+        let state = self.shared.state();
+        state.peers_gone == 0
+            && !state.peer_pids.is_empty()
+            && state
+                .peer_pids
+                .iter()
+                .all(|&pid| crate::handshake::process_lives(pid))
+    }
+
+    pub(crate) async fn send(
+        &mut self,
+        label: &ChannelLabel,
+        parts: Parts,
+        timeout: Option<Duration>,
+    ) -> Result<(), SendError<Parts>> {
+        let deadline = timeout.map(|timeout| Instant::now() + timeout);
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let figures = Arc::clone(&self.shared.figures);
+        let mut waiting = None;
+        loop {
+            let mut progressed = pin!(self.shared.progress.notified());
+            progressed.as_mut().enable();
+            {
+                let mut state = self.shared.state();
+                if let Some(mismatch) = state.mismatch {
+                    return Err(SendError::new(mismatch.error(label), parts));
+                }
+                if state.peers > 0 && state.unwritten() < self.snd_buf_size {
+                    state
+                        .queue
+                        .push_back(parts.into_iter().map(Message::into_bytes).collect());
+                    self.shared.publish(&state);
+                    drop(state);
+                    self.shared.work.notify_one();
+                    return Ok(());
+                }
+            }
+            waiting.get_or_insert_with(|| figures.waiting());
+            let woken = match deadline {
+                Some(deadline) => tokio::time::timeout_at(deadline, progressed).await.is_ok(),
+                None => {
+                    progressed.await;
+                    true
+                }
+            };
+            if !woken {
+                return Err(SendError::new(
+                    Error::Timeout {
+                        channel: label.clone(),
+                        after: timeout.unwrap_or_default(),
+                    },
+                    parts,
+                ));
+            }
+        }
+    }
+
+    /// Waits up to `linger` of silence for every accepted message to be written, then stops
+    /// the socket's tasks; what was not written is reported.
+    pub(crate) async fn close(
+        &mut self,
+        label: &ChannelLabel,
+        linger: Duration,
+    ) -> Result<(), Error> {
+        let mut lowest = usize::MAX;
+        let mut deadline = Instant::now() + linger;
+        let left = loop {
+            let mut progressed = pin!(self.shared.progress.notified());
+            progressed.as_mut().enable();
+            let unwritten = self.shared.state().unwritten();
+            if unwritten == 0 {
+                break 0;
+            }
+            if unwritten < lowest {
+                lowest = unwritten;
+                deadline = Instant::now() + linger;
+            }
+            if tokio::time::timeout_at(deadline, progressed).await.is_err()
+                && self.shared.state().unwritten() >= lowest
+            {
+                break self.shared.state().unwritten();
+            }
+        };
+        self.shared.stop.send_replace(true);
+        for path in self.bound_ipc_paths.drain(..) {
+            if std::fs::symlink_metadata(&path).is_ok() {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        if left == 0 {
+            return Ok(());
+        }
+        Err(Error::Undelivered {
+            channel: label.clone(),
+            n_messages: left as u64,
+            reason: format!("the peer took none for linger = {linger:?}"),
+        })
+    }
+}
+
+impl Drop for PushChannel {
+    fn drop(&mut self) {
+        self.shared.stop.send_replace(true);
+        for path in self.bound_ipc_paths.drain(..) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// A listener's accept failed (out of file descriptors, say): said once, retried shortly.
+async fn accept_failed(shared: &Shared, error: &std::io::Error) {
+    tracing::warn!(channel = %shared.label, %error, "accepting a peer failed; retrying");
+    tokio::time::sleep(RECONNECT_MAX).await;
+}
+
+/// Where a connecting socket connects.
+enum Target {
+    Tcp(String),
+    Ipc(PathBuf),
+}
+
+impl Target {
+    async fn connect(&self) -> std::io::Result<Stream> {
+        match self {
+            Target::Tcp(address) => {
+                let stream = tokio::net::TcpStream::connect(address.as_str()).await?;
+                let _ = stream.set_nodelay(true);
+                Ok(Stream::Tcp(stream))
+            }
+            Target::Ipc(path) => Ok(Stream::Unix(tokio::net::UnixStream::connect(path).await?)),
+        }
+    }
+}
+
+/// Serves one connected peer until it goes away or the socket stops.
+async fn serve(shared: Arc<Shared>, mut stream: Stream) {
+    let peer = tokio::select! {
+        peer = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&shared, &mut stream)) => peer,
+        () = shared.stopped() => return,
+    };
+    let peer = match peer {
+        Ok(Ok(peer)) => peer,
+        Ok(Err(problem)) => {
+            tracing::warn!(channel = %shared.label, %problem, "refused a peer");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(channel = %shared.label, "a peer did not complete its handshake within {HANDSHAKE_TIMEOUT:?}; dropped it");
+            return;
+        }
+    };
+    if let Some(mismatch) = crate::handshake::check(shared.rules, &peer.identity) {
+        tracing::warn!(channel = %shared.label, peer = %String::from_utf8_lossy(&peer.identity), problem = %mismatch.error(&shared.label), "refused a peer");
+        shared.state().mismatch.get_or_insert(mismatch);
+        shared.progress.notify_waiters();
+        return;
+    }
+    {
+        let mut state = shared.state();
+        state.peers += 1;
+        if let Some(pid) = crate::handshake::peer_pid(&peer.identity)
+            && !state.peer_pids.contains(&pid)
+        {
+            state.peer_pids.push(pid);
+        }
+    }
+    shared.progress.notify_waiters();
+    let mut inbound = zmtp::Decoder::new(64 * 1024);
+    let ended = tokio::select! {
+        ended = write_until_gone(&shared, &mut stream, &mut inbound) => ended,
+        () = shared.stopped() => "the socket closed".to_owned(),
+    };
+    tracing::debug!(channel = %shared.label, peer = %String::from_utf8_lossy(&peer.identity), %ended, "peer gone");
+    {
+        let mut state = shared.state();
+        state.peers -= 1;
+        state.peers_gone += 1;
+    }
+    shared.progress.notify_waiters();
+}
+
+struct Peer {
+    identity: Bytes,
+}
+
+/// Greetings and READY both ways; the peer must be a PULL.
+async fn handshake(shared: &Shared, stream: &mut Stream) -> Result<Peer, zmtp::HandshakeError> {
+    let io = |error: std::io::Error| zmtp::HandshakeError(format!("during the handshake: {error}"));
+    let mut hello = zmtp::greeting().to_vec();
+    hello.extend_from_slice(&zmtp::ready("PUSH", shared.identity.as_bytes()));
+    stream.write_all(&hello).await.map_err(io)?;
+    let mut greeting = [0u8; 64];
+    stream.read_exact(&mut greeting).await.map_err(io)?;
+    zmtp::check_greeting(&greeting)?;
+    let mut decoder = zmtp::Decoder::new(64 * 1024);
+    let mut buffer = [0u8; 4096];
+    let properties = loop {
+        match decoder.next_frame()? {
+            Some(zmtp::Inbound::Command(zmtp::Command::Ready(properties))) => break properties,
+            Some(zmtp::Inbound::Command(zmtp::Command::Error(reason))) => {
+                return Err(zmtp::HandshakeError(format!(
+                    "the peer refused the connection: {reason}"
+                )));
+            }
+            Some(_) => {
+                return Err(zmtp::HandshakeError(
+                    "the peer sent something else before READY".to_owned(),
+                ));
+            }
+            None => {}
+        }
+        stream.readable().await.map_err(io)?;
+        match stream.try_read(&mut buffer) {
+            Ok(0) => {
+                return Err(zmtp::HandshakeError(
+                    "the peer left during the handshake".to_owned(),
+                ));
+            }
+            Ok(n) => decoder.extend(&buffer[..n]),
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(error) => return Err(io(error)),
+        }
+    };
+    let socket_type = zmtp::Command::property(&properties, "Socket-Type");
+    if socket_type.is_none_or(|socket_type| !socket_type.eq_ignore_ascii_case(b"PULL")) {
+        return Err(zmtp::HandshakeError(format!(
+            "a push serves pull peers; this one is {}",
+            socket_type.map_or_else(
+                || "of no socket type".to_owned(),
+                |socket_type| String::from_utf8_lossy(socket_type).into_owned()
+            )
+        )));
+    }
+    Ok(Peer {
+        identity: zmtp::Command::property(&properties, "Identity")
+            .cloned()
+            .unwrap_or_default(),
+    })
+}
+
+/// What came from the peer, read without waiting; an error when it left or broke the protocol.
+fn read_inbound(
+    stream: &Stream,
+    inbound: &mut zmtp::Decoder,
+    replies: &mut Vec<u8>,
+) -> Result<(), String> {
+    let mut buffer = [0u8; 4096];
+    loop {
+        match stream.try_read(&mut buffer) {
+            Ok(0) => return Err("the peer closed its end".to_owned()),
+            Ok(n) => inbound.extend(&buffer[..n]),
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(error) => return Err(error.to_string()),
+        }
+    }
+    while let Some(frame) = inbound.next_frame().map_err(|error| error.0)? {
+        match frame {
+            zmtp::Inbound::Command(zmtp::Command::Ping(context)) => {
+                replies.extend_from_slice(&zmtp::pong(&context));
+            }
+            zmtp::Inbound::Command(zmtp::Command::Error(reason)) => {
+                return Err(format!("the peer ended the connection: {reason}"));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Takes batches and writes them until the peer goes away; why it ended.
+async fn write_until_gone(
+    shared: &Shared,
+    stream: &mut Stream,
+    inbound: &mut zmtp::Decoder,
+) -> String {
+    let mut replies = Vec::new();
+    loop {
+        let batch = loop {
+            let mut queued = pin!(shared.work.notified());
+            queued.as_mut().enable();
+            if shared.is_stopped() {
+                return "the socket closed".to_owned();
+            }
+            if let Some(batch) = shared.take_batch() {
+                break batch;
+            }
+            tokio::select! {
+                () = queued => {}
+                readable = stream.readable() => {
+                    if let Err(error) = readable {
+                        return error.to_string();
+                    }
+                    if let Err(ended) = read_inbound(stream, inbound, &mut replies) {
+                        return ended;
+                    }
+                    if !replies.is_empty() {
+                        if let Err(error) = stream.write_all(&replies).await {
+                            return error.to_string();
+                        }
+                        replies.clear();
+                    }
+                }
+            }
+        };
+        // A peer that closed since the last look gets nothing more: what is written to a
+        // closed connection is lost without an error.
+        if let Err(ended) = read_inbound(stream, inbound, &mut replies) {
+            shared.settle(batch, 0);
+            return ended;
+        }
+        let (n_written, failed) = write_batch(stream, &batch, &mut replies).await;
+        shared.settle(batch, n_written);
+        if let Some(error) = failed {
+            return error.to_string();
+        }
+    }
+}
+
+/// Writes `batch` (after any pending `replies`); how many messages were written whole, and the
+/// error that stopped it.
+async fn write_batch(
+    stream: &mut Stream,
+    batch: &[Vec<Bytes>],
+    replies: &mut Vec<u8>,
+) -> (usize, Option<std::io::Error>) {
+    let mut buffer = std::mem::take(replies);
+    // Messages whose last byte is in `buffer`, not yet written.
+    let mut ending_in_buffer = 0;
+    let mut n_written = 0;
+    for message in batch {
+        for (idx, frame) in message.iter().enumerate() {
+            zmtp::push_message_header(&mut buffer, idx, message.len(), frame.len());
+            if frame.len() < COPY_LIMIT {
+                buffer.extend_from_slice(frame);
+                continue;
+            }
+            if let Err(error) = stream.write_all(&buffer).await {
+                return (n_written, Some(error));
+            }
+            n_written += ending_in_buffer;
+            ending_in_buffer = 0;
+            buffer.clear();
+            if let Err(error) = stream.write_all(frame).await {
+                return (n_written, Some(error));
+            }
+        }
+        if buffer.is_empty() {
+            // Its last frame was written from its own buffer: it is out whole.
+            n_written += 1;
+        } else {
+            ending_in_buffer += 1;
+        }
+        if buffer.len() >= COPY_LIMIT * 4 {
+            if let Err(error) = stream.write_all(&buffer).await {
+                return (n_written, Some(error));
+            }
+            n_written += ending_in_buffer;
+            ending_in_buffer = 0;
+            buffer.clear();
+        }
+    }
+    if !buffer.is_empty()
+        && let Err(error) = stream.write_all(&buffer).await
+    {
+        return (n_written, Some(error));
+    }
+    (n_written + ending_in_buffer, None)
+}
