@@ -48,6 +48,8 @@ const BATCH_MESSAGES: usize = 128;
 const BATCH_BYTES: usize = 1 << 20;
 /// A frame body at least this long is written from its own buffer instead of being copied.
 const COPY_LIMIT: usize = 16 * 1024;
+/// The most slices one vectored write gets (Linux's IOV_MAX is 1024).
+const MAX_SLICES: usize = 512;
 /// How long a peer has to complete its handshake (libzmq's default handshake interval).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Reconnection back-off of a connecting socket.
@@ -65,6 +67,13 @@ impl Stream {
         match self {
             Stream::Tcp(stream) => stream.write_all(bytes).await,
             Stream::Unix(stream) => stream.write_all(bytes).await,
+        }
+    }
+
+    async fn write_vectored(&mut self, slices: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(stream) => stream.write_vectored(slices).await,
+            Stream::Unix(stream) => stream.write_vectored(slices).await,
         }
     }
 
@@ -97,8 +106,6 @@ struct Shared {
     rules: crate::PeerRules,
     identity: String,
     state: Mutex<State>,
-    /// Messages were queued (writers wait on it).
-    work: Notify,
     /// Messages were written or put back, or peers came or went (senders and close wait on it).
     progress: Notify,
     figures: Arc<ferromq_core::SendFigures>,
@@ -116,11 +123,29 @@ struct State {
     peer_pids: Vec<u32>,
     /// A peer of another transport or session (a push needs every peer to fit).
     mismatch: Option<Mismatch>,
+    /// The writers waiting for work, in the order they are woken: each queued message wakes
+    /// the first and moves it to the back, so idle peers take turns (round robin, as libzmq's
+    /// push) and a busy one is skipped (it takes more when it is done). A writer leaves the list
+    /// when it takes a batch, and takes only its share while others wait: a sender that queues
+    /// two messages at a time would otherwise feed one peer only, the first woken taking both.
+    idle: VecDeque<Arc<Notify>>,
 }
 
 impl State {
     fn unwritten(&self) -> usize {
         self.queue.len() + self.held
+    }
+
+    /// Wakes the next idle writer, if any waits.
+    fn wake_a_writer(&mut self) {
+        if let Some(writer) = self.idle.pop_front() {
+            writer.notify_one();
+            self.idle.push_back(writer);
+        }
+    }
+
+    fn forget_writer(&mut self, writer: &Arc<Notify>) {
+        self.idle.retain(|idle| !Arc::ptr_eq(idle, writer));
     }
 }
 
@@ -148,15 +173,21 @@ impl Shared {
         *self.stop.borrow()
     }
 
-    /// The next batch from the front of the queue, now held by the caller.
-    fn take_batch(&self) -> Option<Vec<Vec<Bytes>>> {
+    /// The next batch from the front of the queue, now held by `writer`; `None` when nothing
+    /// is queued, and `writer` is then among the idle ones.
+    fn take_batch(&self, writer: &Arc<Notify>) -> Option<Vec<Vec<Bytes>>> {
         let mut state = self.state();
         if state.queue.is_empty() {
+            if !state.idle.iter().any(|idle| Arc::ptr_eq(idle, writer)) {
+                state.idle.push_back(Arc::clone(writer));
+            }
             return None;
         }
+        state.forget_writer(writer);
+        let share = state.queue.len().div_ceil(1 + state.idle.len());
         let mut batch = Vec::new();
         let mut bytes = 0;
-        while batch.len() < BATCH_MESSAGES && bytes < BATCH_BYTES {
+        while batch.len() < BATCH_MESSAGES.min(share) && bytes < BATCH_BYTES {
             let Some(message) = state.queue.pop_front() else {
                 break;
             };
@@ -180,9 +211,9 @@ impl Shared {
                 state.queue.push_front(message);
             }
             self.publish(&state);
-        }
-        if put_back {
-            self.work.notify_one();
+            if put_back {
+                state.wake_a_writer();
+            }
         }
         self.progress.notify_waiters();
     }
@@ -208,7 +239,6 @@ impl PushChannel {
                 rules,
                 identity: crate::handshake::identity(rules),
                 state: Mutex::new(State::default()),
-                work: Notify::new(),
                 progress: Notify::new(),
                 figures,
                 stop: watch::Sender::new(false),
@@ -371,8 +401,7 @@ impl PushChannel {
                         .queue
                         .push_back(parts.into_iter().map(Message::into_bytes).collect());
                     self.shared.publish(&state);
-                    drop(state);
-                    self.shared.work.notify_one();
+                    state.wake_a_writer();
                     return Ok(());
                 }
             }
@@ -507,8 +536,9 @@ async fn serve(shared: Arc<Shared>, mut stream: Stream) {
     }
     shared.progress.notify_waiters();
     let mut inbound = zmtp::Decoder::new(64 * 1024);
+    let writer = Arc::new(Notify::new());
     let ended = tokio::select! {
-        ended = write_until_gone(&shared, &mut stream, &mut inbound) => ended,
+        ended = write_until_gone(&shared, &writer, &mut stream, &mut inbound) => ended,
         () = shared.stopped() => "the socket closed".to_owned(),
     };
     tracing::debug!(channel = %shared.label, peer = %String::from_utf8_lossy(&peer.identity), %ended, "peer gone");
@@ -516,6 +546,11 @@ async fn serve(shared: Arc<Shared>, mut stream: Stream) {
         let mut state = shared.state();
         state.peers -= 1;
         state.peers_gone += 1;
+        state.forget_writer(&writer);
+        // It may have been woken for work it will not do now.
+        if !state.queue.is_empty() {
+            state.wake_a_writer();
+        }
     }
     shared.progress.notify_waiters();
 }
@@ -611,18 +646,19 @@ fn read_inbound(
 /// Takes batches and writes them until the peer goes away; why it ended.
 async fn write_until_gone(
     shared: &Shared,
+    writer: &Arc<Notify>,
     stream: &mut Stream,
     inbound: &mut zmtp::Decoder,
 ) -> String {
     let mut replies = Vec::new();
     loop {
         let batch = loop {
-            let mut queued = pin!(shared.work.notified());
+            let mut queued = pin!(writer.notified());
             queued.as_mut().enable();
             if shared.is_stopped() {
                 return "the socket closed".to_owned();
             }
-            if let Some(batch) = shared.take_batch() {
+            if let Some(batch) = shared.take_batch(writer) {
                 break batch;
             }
             tokio::select! {
@@ -650,6 +686,7 @@ async fn write_until_gone(
             return ended;
         }
         let (n_written, failed) = write_batch(stream, &batch, &mut replies).await;
+        tracing::trace!(channel = %shared.label, n_written, "wrote a batch");
         shared.settle(batch, n_written);
         if let Some(error) = failed {
             return error.to_string();
@@ -657,53 +694,69 @@ async fn write_until_gone(
     }
 }
 
-/// Writes `batch` (after any pending `replies`); how many messages were written whole, and the
-/// error that stopped it.
+/// Writes `batch` (after any pending `replies`) with vectored writes: frame headers and small
+/// bodies are gathered in one buffer, larger bodies go out from their own `Bytes`. How many
+/// messages were written whole, and the error that stopped it.
 async fn write_batch(
     stream: &mut Stream,
     batch: &[Vec<Bytes>],
     replies: &mut Vec<u8>,
 ) -> (usize, Option<std::io::Error>) {
-    let mut buffer = std::mem::take(replies);
-    // Messages whose last byte is in `buffer`, not yet written.
-    let mut ending_in_buffer = 0;
-    let mut n_written = 0;
-    for message in batch {
-        for (idx, frame) in message.iter().enumerate() {
-            zmtp::push_message_header(&mut buffer, idx, message.len(), frame.len());
+    /// A stretch of the gathered buffer, or frame `.1` of message `.0` as it is.
+    enum Piece {
+        Gathered(std::ops::Range<usize>),
+        Body(usize, usize),
+    }
+    let mut gathered = std::mem::take(replies);
+    let mut pieces = Vec::new();
+    let mut stretch_start = 0;
+    let mut n_bodies_bytes = 0;
+    // Where each message's last byte ends, counted from the first byte written.
+    let mut ends = Vec::with_capacity(batch.len());
+    for (message_idx, message) in batch.iter().enumerate() {
+        for (frame_idx, frame) in message.iter().enumerate() {
+            zmtp::push_message_header(&mut gathered, frame_idx, message.len(), frame.len());
             if frame.len() < COPY_LIMIT {
-                buffer.extend_from_slice(frame);
-                continue;
-            }
-            if let Err(error) = stream.write_all(&buffer).await {
-                return (n_written, Some(error));
-            }
-            n_written += ending_in_buffer;
-            ending_in_buffer = 0;
-            buffer.clear();
-            if let Err(error) = stream.write_all(frame).await {
-                return (n_written, Some(error));
+                gathered.extend_from_slice(frame);
+            } else {
+                pieces.push(Piece::Gathered(stretch_start..gathered.len()));
+                stretch_start = gathered.len();
+                pieces.push(Piece::Body(message_idx, frame_idx));
+                n_bodies_bytes += frame.len();
             }
         }
-        if buffer.is_empty() {
-            // Its last frame was written from its own buffer: it is out whole.
-            n_written += 1;
-        } else {
-            ending_in_buffer += 1;
-        }
-        if buffer.len() >= COPY_LIMIT * 4 {
-            if let Err(error) = stream.write_all(&buffer).await {
-                return (n_written, Some(error));
+        ends.push(gathered.len() + n_bodies_bytes);
+    }
+    pieces.push(Piece::Gathered(stretch_start..gathered.len()));
+    let mut slices: Vec<std::io::IoSlice<'_>> = pieces
+        .iter()
+        .filter_map(|piece| match piece {
+            Piece::Gathered(range) if range.is_empty() => None,
+            Piece::Gathered(range) => Some(std::io::IoSlice::new(&gathered[range.clone()])),
+            Piece::Body(message_idx, frame_idx) => {
+                Some(std::io::IoSlice::new(&batch[*message_idx][*frame_idx]))
             }
-            n_written += ending_in_buffer;
-            ending_in_buffer = 0;
-            buffer.clear();
+        })
+        .collect();
+    let mut rest = &mut slices[..];
+    let mut n_bytes_written = 0;
+    while !rest.is_empty() {
+        // Linux refuses more than IOV_MAX (1024) slices in one call.
+        let n_slices = rest.len().min(MAX_SLICES);
+        match stream.write_vectored(&rest[..n_slices]).await {
+            Ok(0) => {
+                let n_whole = ends.partition_point(|&end| end <= n_bytes_written);
+                return (n_whole, Some(std::io::ErrorKind::WriteZero.into()));
+            }
+            Ok(n) => {
+                n_bytes_written += n;
+                std::io::IoSlice::advance_slices(&mut rest, n);
+            }
+            Err(error) => {
+                let n_whole = ends.partition_point(|&end| end <= n_bytes_written);
+                return (n_whole, Some(error));
+            }
         }
     }
-    if !buffer.is_empty()
-        && let Err(error) = stream.write_all(&buffer).await
-    {
-        return (n_written, Some(error));
-    }
-    (n_written + ending_in_buffer, None)
+    (batch.len(), None)
 }
