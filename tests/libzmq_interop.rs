@@ -222,3 +222,40 @@ async fn libzmq_req_to_ferromq_rep() -> Result<()> {
     tokio::task::spawn_blocking(move || client.join().expect("libzmq thread")).await??;
     Ok(())
 }
+
+/// ferromq's pair speaks libzmq's PAIR (FairMQ's pair channels): multipart messages both ways
+/// over one connection. (It was a DEALER on zmq.rs, which a libzmq PAIR refuses.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn libzmq_pair_and_ferromq_pair_exchange_multipart_both_ways() -> Result<()> {
+    let mut pair = open(SocketType::Pair, Method::Bind, "tcp://127.0.0.1:0").await?;
+    let address = pair.bound_address().context("bound")?.to_string();
+    let peer = std::thread::spawn(move || -> Result<()> {
+        let context = zmq::Context::new();
+        let pair = context.socket(zmq::PAIR)?;
+        pair.set_rcvtimeo(STEP.as_millis() as i32)?;
+        pair.connect(&address)?;
+        for msg_idx in 0..N_MSGS {
+            pair.send_multipart(multipart(msg_idx), 0)?;
+        }
+        for msg_idx in 0..N_MSGS {
+            let frames = pair
+                .recv_multipart(0)
+                .with_context(|| format!("message {msg_idx}"))?;
+            verify_frames(msg_idx, frames.iter().map(Vec::as_slice))?;
+        }
+        Ok(())
+    });
+    for msg_idx in 0..N_MSGS {
+        let parts = tokio::time::timeout(STEP, pair.receive_parts()).await??;
+        verify_frames(msg_idx, parts.iter().map(Message::data))?;
+    }
+    for msg_idx in 0..N_MSGS {
+        let parts: Parts = multipart(msg_idx).into_iter().map(Message::from).collect();
+        pair.send_parts(parts)
+            .await
+            .map_err(|failed| failed.error)?;
+    }
+    pair.close().await?;
+    tokio::task::spawn_blocking(move || peer.join().expect("libzmq thread")).await??;
+    Ok(())
+}

@@ -49,9 +49,9 @@ mod handshake;
 pub use handshake::PeerRules;
 mod inproc;
 mod net;
-mod push;
 mod socket;
 mod zmtp;
+mod zmtp_channel;
 pub use socket::ZmqSocket;
 
 /// Binding and connecting zmq.rs sockets the way ferromq does, for transports that use zmq.rs
@@ -139,10 +139,10 @@ pub const SHMEM_DESCRIPTOR_MIN_LEN: usize = 32;
 #[derive(Debug, Clone, Copy)]
 pub struct ZmqTransport {
     rules: PeerRules,
-    /// Whether push sockets over tcp and ipc are ferromq's own (a peer's death loses nothing
-    /// queued: see `push.rs`) rather than zmq.rs's. A carrier whose frames account for
-    /// themselves (shmem's receivers count what they take) keeps zmq.rs's.
-    own_push: bool,
+    /// Whether push and pair sockets over tcp and ipc are ferromq's own (a peer's death loses
+    /// nothing queued: see `zmtp_channel.rs`) rather than zmq.rs's. A carrier whose frames
+    /// account for themselves (shmem's receivers count what they take) keeps zmq.rs's.
+    own_zmtp: bool,
 }
 
 impl Default for ZmqTransport {
@@ -160,7 +160,7 @@ impl ZmqTransport {
     pub fn new() -> ZmqTransport {
         ZmqTransport {
             rules: PeerRules::ZEROMQ,
-            own_push: true,
+            own_zmtp: true,
         }
     }
 
@@ -169,7 +169,7 @@ impl ZmqTransport {
     pub fn with_peer_rules(rules: PeerRules) -> ZmqTransport {
         ZmqTransport {
             rules,
-            own_push: false,
+            own_zmtp: false,
         }
     }
 
@@ -187,7 +187,7 @@ impl ZmqTransport {
             config,
             socket_name,
             self.rules,
-            self.own_push,
+            self.own_zmtp,
         ))
     }
 }

@@ -9,13 +9,13 @@ use ferromq_core::{
 
 use crate::inproc::InprocChannel;
 use crate::net::NetChannel;
-use crate::push::PushChannel;
+use crate::zmtp_channel::{Pattern, ZmtpChannel};
 
 enum Backend {
     Unattached,
     Net(Box<NetChannel>),
-    /// ferromq's own push over tcp and ipc (see `push.rs`).
-    Push(Box<PushChannel>),
+    /// ferromq's own push and pair over tcp and ipc (see `zmtp_channel.rs`).
+    Zmtp(Box<ZmtpChannel>),
     Inproc(InprocChannel),
 }
 
@@ -36,8 +36,8 @@ pub struct ZmqSocket {
     rules: crate::PeerRules,
     /// Its sending figures (tcp and ipc: the send queue and waits), from creation on.
     figures: std::sync::Arc<ferromq_core::SendFigures>,
-    /// Push over tcp and ipc is ferromq's own ([`PushChannel`]).
-    own_push: bool,
+    /// Push and pair over tcp and ipc are ferromq's own ([`ZmtpChannel`]).
+    own_zmtp: bool,
 }
 
 impl ZmqSocket {
@@ -45,7 +45,7 @@ impl ZmqSocket {
         config: &ChannelConfig,
         socket_name: &str,
         rules: crate::PeerRules,
-        own_push: bool,
+        own_zmtp: bool,
     ) -> ZmqSocket {
         let mut label = ChannelLabel::new(socket_name, config.socket_type);
         label.address = config.address.clone();
@@ -59,7 +59,7 @@ impl ZmqSocket {
             subscribed_to_all_by_default: false,
             rules,
             figures: std::sync::Arc::default(),
-            own_push,
+            own_zmtp,
         }
     }
 
@@ -72,11 +72,18 @@ impl ZmqSocket {
                     Backend::Inproc(InprocChannel::new(self.socket_type, self.rcv_buf_size));
             }
             (Backend::Unattached, false)
-                if self.own_push && self.socket_type == SocketType::Push =>
+                if self.own_zmtp
+                    && matches!(self.socket_type, SocketType::Push | SocketType::Pair) =>
             {
-                self.backend = Backend::Push(Box::new(PushChannel::new(
+                let pattern = if self.socket_type == SocketType::Push {
+                    Pattern::Push
+                } else {
+                    Pattern::Pair
+                };
+                self.backend = Backend::Zmtp(Box::new(ZmtpChannel::new(
+                    pattern,
                     &self.label,
-                    self.snd_buf_size,
+                    (self.snd_buf_size, self.rcv_buf_size),
                     self.rules,
                     std::sync::Arc::clone(&self.figures),
                 )));
@@ -89,7 +96,7 @@ impl ZmqSocket {
                     std::sync::Arc::clone(&self.figures),
                 )));
             }
-            (Backend::Inproc(_), false) | (Backend::Net(_) | Backend::Push(_), true) => {
+            (Backend::Inproc(_), false) | (Backend::Net(_) | Backend::Zmtp(_), true) => {
                 return Err(Error::UnsupportedAddress {
                     channel: self.label.clone(),
                     address: address.to_string(),
@@ -134,7 +141,7 @@ impl Socket for ZmqSocket {
         self.attach_subscriptions(address).await?;
         let bound = match self.backend_for(address)? {
             Backend::Net(net) => net.bind(&label, address).await?,
-            Backend::Push(push) => push.bind(&label, address).await?,
+            Backend::Zmtp(zmtp) => zmtp.bind(&label, address).await?,
             Backend::Inproc(inproc) => {
                 let Address::Inproc { name } = address else {
                     unreachable!("backend_for gives inproc only for inproc addresses")
@@ -154,7 +161,7 @@ impl Socket for ZmqSocket {
         self.attach_subscriptions(address).await?;
         match self.backend_for(address)? {
             Backend::Net(net) => net.connect(&label, address).await?,
-            Backend::Push(push) => push.connect(&label, address)?,
+            Backend::Zmtp(zmtp) => zmtp.connect(&label, address)?,
             Backend::Inproc(inproc) => {
                 let Address::Inproc { name } = address else {
                     unreachable!("backend_for gives inproc only for inproc addresses")
@@ -178,7 +185,7 @@ impl Socket for ZmqSocket {
         }
         match &mut self.backend {
             Backend::Net(net) => net.send(&self.label, parts, timeout).await,
-            Backend::Push(push) => push.send(&self.label, parts, timeout).await,
+            Backend::Zmtp(zmtp) => zmtp.send(&self.label, parts, timeout).await,
             Backend::Inproc(inproc) => inproc.send(&self.label, parts, timeout).await,
             Backend::Unattached => Err(SendError::new(self.not_attached("send"), parts)),
         }
@@ -188,7 +195,7 @@ impl Socket for ZmqSocket {
         self.check(self.socket_type.can_receive(), "receive")?;
         match &mut self.backend {
             Backend::Net(net) => net.receive(&self.label).await,
-            Backend::Push(_) => unreachable!("a push cannot receive: checked above"),
+            Backend::Zmtp(zmtp) => zmtp.receive(&self.label).await,
             Backend::Inproc(inproc) => inproc.receive().await,
             Backend::Unattached => Err(self.not_attached("receive")),
         }
@@ -205,7 +212,7 @@ impl Socket for ZmqSocket {
     async fn close(&mut self, linger: Duration) -> Result<()> {
         let result = match &mut self.backend {
             Backend::Net(net) => net.close(&self.label, linger).await,
-            Backend::Push(push) => push.close(&self.label, linger).await,
+            Backend::Zmtp(zmtp) => zmtp.close(&self.label, linger).await,
             Backend::Inproc(inproc) => {
                 inproc.close();
                 Ok(())
@@ -228,7 +235,7 @@ impl ZmqSocket {
     pub async fn establish(&mut self) -> Result<()> {
         match &mut self.backend {
             Backend::Net(net) => net.finish_connects(None).await.map(|_| ()),
-            Backend::Push(_) | Backend::Inproc(_) | Backend::Unattached => Ok(()),
+            Backend::Zmtp(_) | Backend::Inproc(_) | Backend::Unattached => Ok(()),
         }
     }
 
@@ -244,7 +251,7 @@ impl ZmqSocket {
     pub fn peers_hold_what_was_written(&mut self) -> bool {
         match &mut self.backend {
             Backend::Net(net) => net.peers_hold_what_was_written(&self.label),
-            Backend::Push(push) => push.peers_hold_what_was_written(),
+            Backend::Zmtp(zmtp) => zmtp.peers_hold_what_was_written(),
             Backend::Inproc(_) => true,
             Backend::Unattached => false,
         }
@@ -299,7 +306,7 @@ impl ZmqSocket {
         };
         match &mut self.backend {
             Backend::Net(net) => net.subscribe(&self.label, topic, subscribe).await,
-            Backend::Push(_) => unreachable!("only a sub subscribes: checked above"),
+            Backend::Zmtp(_) => unreachable!("only a sub subscribes: checked above"),
             Backend::Inproc(inproc) => {
                 inproc.subscribe(topic, subscribe);
                 Ok(())

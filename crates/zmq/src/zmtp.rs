@@ -1,11 +1,11 @@
 //! The parts of ZMTP 3 (ZeroMQ's wire protocol, RFC 23/ZMTP with the NULL mechanism) that
-//! ferromq's own PUSH speaks: the greeting, the READY command, message frames out, and the
-//! commands a PULL peer may send in (PING, answered with PONG; anything else is read past).
+//! ferromq's own push and pair speak: the greeting, the READY command, message frames both
+//! ways, and PING (answered with PONG); other commands are read past.
 //!
 //! Everything here is a pure function over bytes, so the decoder is tested without sockets and a
 //! peer's bytes can never make it panic: sizes are checked before they are used.
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes, BytesMut};
 
 /// The greeting every ZMTP 3.0 peer sends first: signature, version 3.0, the NULL mechanism,
 /// not a server, filler.
@@ -121,8 +121,11 @@ impl Command {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Inbound {
     Command(Command),
-    /// A message frame (a PULL peer sends none; it is read past).
-    Message,
+    /// A message frame: its body, and whether more frames of the same message follow.
+    Message {
+        body: Bytes,
+        more: bool,
+    },
 }
 
 /// The PONG answering a PING with `context`.
@@ -137,10 +140,11 @@ pub(crate) fn pong(context: &[u8]) -> Vec<u8> {
     frame
 }
 
-/// Reads frames out of the bytes a peer sent, as they arrive in pieces.
+/// Reads frames out of the bytes a peer sent, as they arrive in pieces. Message bodies are split
+/// off the read buffer, not copied.
 #[derive(Debug)]
 pub(crate) struct Decoder {
-    buffer: Vec<u8>,
+    buffer: BytesMut,
     /// The largest frame accepted; a larger one ends the connection (a PULL peer sends only
     /// small commands).
     max_frame: usize,
@@ -149,14 +153,52 @@ pub(crate) struct Decoder {
 impl Decoder {
     pub(crate) fn new(max_frame: usize) -> Decoder {
         Decoder {
-            buffer: Vec::new(),
+            buffer: BytesMut::new(),
             max_frame,
         }
     }
 
     /// Adds bytes read from the peer.
+    #[cfg(test)]
     pub(crate) fn extend(&mut self, bytes: &[u8]) {
         self.buffer.extend_from_slice(bytes);
+    }
+
+    /// The peer's 64-byte greeting, once it is all there (it comes before any frame).
+    pub(crate) fn take_greeting(&mut self) -> Option<[u8; 64]> {
+        if self.buffer.len() < 64 {
+            return None;
+        }
+        let greeting = self.buffer.split_to(64);
+        Some(greeting[..].try_into().expect("64 bytes"))
+    }
+
+    /// The buffer to read into, with room for at least the rest of the frame begun (up to
+    /// 16 MiB at a time) or 64 KiB.
+    pub(crate) fn read_buffer(&mut self) -> &mut BytesMut {
+        let wanted = self.missing().clamp(64 * 1024, 16 << 20);
+        self.buffer.reserve(wanted);
+        &mut self.buffer
+    }
+
+    /// How many more bytes the frame at the front needs, as far as its header tells.
+    fn missing(&self) -> usize {
+        let Some(&flags) = self.buffer.first() else {
+            return 0;
+        };
+        let announced = if flags & FLAG_LONG != 0 {
+            self.buffer
+                .get(1..9)
+                .map(|size| u64::from_be_bytes(size.try_into().expect("eight bytes")))
+                .and_then(|size| usize::try_from(size).ok())
+                .map(|size| size.saturating_add(9))
+        } else {
+            self.buffer.get(1).map(|&size| usize::from(size) + 2)
+        };
+        announced
+            .unwrap_or(0)
+            .min(self.max_frame.saturating_add(9))
+            .saturating_sub(self.buffer.len())
     }
 
     /// The next whole frame, `Ok(None)` when more bytes are needed, an error for a frame over
@@ -183,15 +225,20 @@ impl Decoder {
                 self.max_frame
             )));
         }
-        let Some(body) = self.buffer.get(header_len..header_len + len) else {
+        if self.buffer.len() < header_len + len {
             return Ok(None);
-        };
+        }
         let frame = if flags & FLAG_COMMAND != 0 {
-            Inbound::Command(decode_command(body)?)
+            let command = decode_command(&self.buffer[header_len..header_len + len])?;
+            self.buffer.advance(header_len + len);
+            Inbound::Command(command)
         } else {
-            Inbound::Message
+            self.buffer.advance(header_len);
+            Inbound::Message {
+                body: self.buffer.split_to(len).freeze(),
+                more: flags & FLAG_MORE != 0,
+            }
         };
-        self.buffer.drain(..header_len + len);
         Ok(Some(frame))
     }
 }
@@ -323,10 +370,23 @@ mod tests {
             decoder.extend(&frame);
             assert!(decoder.next_frame().is_err(), "{body:?}");
         }
-        // A message frame is read past.
+        // Message frames come out with their bodies.
         let mut decoder = Decoder::new(1024);
-        decoder.extend(&[0, 1, b'x']);
-        assert_eq!(decoder.next_frame(), Ok(Some(Inbound::Message)));
+        decoder.extend(&[FLAG_MORE, 1, b'x', 0, 2, b'y', b'z']);
+        assert_eq!(
+            decoder.next_frame(),
+            Ok(Some(Inbound::Message {
+                body: Bytes::from_static(b"x"),
+                more: true
+            }))
+        );
+        assert_eq!(
+            decoder.next_frame(),
+            Ok(Some(Inbound::Message {
+                body: Bytes::from_static(b"yz"),
+                more: false
+            }))
+        );
     }
 
     #[test]

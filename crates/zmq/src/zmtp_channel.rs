@@ -1,15 +1,15 @@
-//! PUSH over tcp and ipc, written by ferromq rather than zmq.rs, so that a message accepted by
-//! `send` is never lost with a peer that dies.
+//! PUSH and PAIR over tcp and ipc, written by ferromq rather than zmq.rs, so that a message
+//! accepted by `send` is never lost with a peer that dies.
 //!
 //! zmq.rs gives every peer a queue of its own and drops that queue when the peer's connection
 //! ends: a receiver SIGKILLed with messages queued for it took them along, and the sender,
 //! which cannot tell "written" from "dropped", exited 0 (127 of 1 501 in a restart test). Here
-//! there is one queue per socket (bounded by `sndBufSize`) and one writer task per connected
-//! peer that takes a batch from its front, writes it and only then lets it go:
+//! there is one queue per socket (bounded by `sndBufSize`) and one writer per connected peer
+//! that takes a batch from its front, writes it and only then lets it go:
 //! - a writer whose peer went away puts back, at the front and in order, every message of its
 //!   batch not yet written whole to the kernel, and the next peer (or the same one reconnected)
-//!   gets them. Before writing a batch, a writer looks whether its peer closed meanwhile, so a
-//!   peer that died while the sender was stopped is noticed before anything is written to it;
+//!   gets them. Before writing a batch, a writer looks (one non-blocking read) whether its peer
+//!   closed meanwhile, so a peer that died while the sender was stopped gets nothing written;
 //! - what was written to the kernel is handed over (ARCHITECTURE.md's hand-over rule, as for any
 //!   transport): a receiver SIGKILLed later loses what sat in its socket buffer;
 //! - `send` waits while there is no peer or the queue plus the batches in writers' hands reach
@@ -19,14 +19,20 @@
 //!   reports what is left as [`Error::Undelivered`]; the kernel delivers what was written
 //!   after the process exits.
 //!
+//! Each connection also has a reader, beside its writer in one task: it answers PINGs and, for
+//! a pair, puts whole messages in the socket's inbox (bounded by `rcvBufSize`: a full inbox
+//! stops reading, so the peer's sends wait), which `receive` takes from, whichever connection
+//! they came by. A pair serves one peer at a time and refuses others, as libzmq's PAIR does;
+//! it speaks libzmq's PAIR, so FairMQ's pair channels are its peers.
+//!
 //! The wire protocol is ZMTP 3 with the NULL mechanism ([`crate::zmtp`]), as zmq.rs and libzmq
 //! speak it; a peer's identity is checked against the socket's [`crate::PeerRules`] as for
-//! every other pattern. Peers are served in the order they are ready for more: a free writer
-//! takes the next batch (libzmq's round robin over peers with room, in effect).
+//! every other pattern, before its socket type. Idle push peers take turns; a busy one is
+//! skipped and takes more when it is done (libzmq's round robin over peers with room).
 //!
-//! Cancellation and drop: the listeners, connectors and writers are tasks that end when the
-//! socket closes or is dropped; a write in progress then is abandoned, and its batch is counted
-//! as undelivered by `close`.
+//! Cancellation and drop: the listeners, connectors and connections are tasks that end when
+//! the socket closes or is dropped; a write in progress then is abandoned, and its batch is
+//! counted as undelivered by `close`.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -36,7 +42,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferromq_core::{Address, ChannelLabel, Error, Message, Parts, SendError, TcpHost};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
@@ -63,25 +68,40 @@ enum Stream {
 }
 
 impl Stream {
-    async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+    async fn writable(&self) -> std::io::Result<()> {
         match self {
-            Stream::Tcp(stream) => stream.write_all(bytes).await,
-            Stream::Unix(stream) => stream.write_all(bytes).await,
+            Stream::Tcp(stream) => stream.writable().await,
+            Stream::Unix(stream) => stream.writable().await,
         }
     }
 
-    async fn write_vectored(&mut self, slices: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+    fn try_write_vectored(&self, slices: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
         match self {
-            Stream::Tcp(stream) => stream.write_vectored(slices).await,
-            Stream::Unix(stream) => stream.write_vectored(slices).await,
+            Stream::Tcp(stream) => stream.try_write_vectored(slices),
+            Stream::Unix(stream) => stream.try_write_vectored(slices),
         }
     }
 
-    async fn read_exact(&mut self, buffer: &mut [u8]) -> std::io::Result<()> {
-        match self {
-            Stream::Tcp(stream) => stream.read_exact(buffer).await.map(drop),
-            Stream::Unix(stream) => stream.read_exact(buffer).await.map(drop),
+    /// Writes some of `slices`: how many bytes.
+    async fn write_vectored(&self, slices: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        loop {
+            self.writable().await?;
+            match self.try_write_vectored(slices) {
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+                written => return written,
+            }
         }
+    }
+
+    async fn write_all(&self, mut bytes: &[u8]) -> std::io::Result<()> {
+        while !bytes.is_empty() {
+            let n = self.write_vectored(&[std::io::IoSlice::new(bytes)]).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            bytes = &bytes[n..];
+        }
+        Ok(())
     }
 
     async fn readable(&self) -> std::io::Result<()> {
@@ -92,10 +112,43 @@ impl Stream {
     }
 
     /// Reads what is there without waiting: `Ok(0)` at the peer's end, `WouldBlock` for nothing.
-    fn try_read(&self, buffer: &mut [u8]) -> std::io::Result<usize> {
+    fn try_read_buf(&self, buffer: &mut bytes::BytesMut) -> std::io::Result<usize> {
         match self {
-            Stream::Tcp(stream) => stream.try_read(buffer),
-            Stream::Unix(stream) => stream.try_read(buffer),
+            Stream::Tcp(stream) => stream.try_read_buf(buffer),
+            Stream::Unix(stream) => stream.try_read_buf(buffer),
+        }
+    }
+
+    /// Reads into `decoder` whatever is there, waiting for something first: an error at the
+    /// peer's end.
+    async fn read_into(&self, decoder: &mut zmtp::Decoder) -> std::io::Result<()> {
+        loop {
+            self.readable().await?;
+            match self.try_read_buf(decoder.read_buffer()) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(_) => return Ok(()),
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(error) => return Err(error),
+            }
+        }
+    }
+}
+
+/// The pattern a [`ZmtpChannel`] speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pattern {
+    /// Sends to any number of pull peers, each message to one.
+    Push,
+    /// Sends to and receives from one pair peer at a time.
+    Pair,
+}
+
+impl Pattern {
+    /// What this side announces, and what its peer must announce.
+    fn socket_types(self) -> (&'static str, &'static [u8]) {
+        match self {
+            Pattern::Push => ("PUSH", b"PULL"),
+            Pattern::Pair => ("PAIR", b"PAIR"),
         }
     }
 }
@@ -103,6 +156,10 @@ impl Stream {
 /// What the socket's tasks share.
 struct Shared {
     label: ChannelLabel,
+    pattern: Pattern,
+    /// Whole messages received (pair), for `receive`; bounded by `rcvBufSize`, so a full one
+    /// stops reading the connection and the peer's sends wait.
+    inbox: tokio::sync::mpsc::Sender<Parts>,
     rules: crate::PeerRules,
     identity: String,
     state: Mutex<State>,
@@ -219,23 +276,29 @@ impl Shared {
     }
 }
 
-/// A PUSH socket over tcp and ipc (see the module docs).
-pub(crate) struct PushChannel {
+/// A push or pair socket over tcp and ipc (see the module docs).
+pub(crate) struct ZmtpChannel {
     shared: Arc<Shared>,
+    inbox: tokio::sync::mpsc::Receiver<Parts>,
     snd_buf_size: usize,
     bound_ipc_paths: Vec<PathBuf>,
 }
 
-impl PushChannel {
+impl ZmtpChannel {
     pub(crate) fn new(
+        pattern: Pattern,
         label: &ChannelLabel,
-        snd_buf_size: usize,
+        (snd_buf_size, rcv_buf_size): (usize, usize),
         rules: crate::PeerRules,
         figures: Arc<ferromq_core::SendFigures>,
-    ) -> PushChannel {
-        PushChannel {
+    ) -> ZmtpChannel {
+        let (inbox_sender, inbox) = tokio::sync::mpsc::channel(rcv_buf_size.max(1));
+        ZmtpChannel {
+            inbox,
             shared: Arc::new(Shared {
                 label: label.clone(),
+                pattern,
+                inbox: inbox_sender,
                 rules,
                 identity: crate::handshake::identity(rules),
                 state: Mutex::new(State::default()),
@@ -425,6 +488,26 @@ impl PushChannel {
         }
     }
 
+    /// The next message from the peer (pair). Cancel-safe: a message is taken from the inbox
+    /// only by the call that returns it.
+    pub(crate) async fn receive(&mut self, label: &ChannelLabel) -> Result<Parts, Error> {
+        loop {
+            let mut progressed = pin!(self.shared.progress.notified());
+            progressed.as_mut().enable();
+            if let Some(mismatch) = self.shared.state().mismatch {
+                return Err(mismatch.error(label));
+            }
+            tokio::select! {
+                received = self.inbox.recv() => {
+                    // The sender lives in `shared`, which this channel holds.
+                    let parts = received.expect("the inbox's sender lives as long as the channel");
+                    return Ok(parts);
+                }
+                () = progressed => {}
+            }
+        }
+    }
+
     /// Waits up to `linger` of silence for every accepted message to be written, then stops
     /// the socket's tasks; what was not written is reported.
     pub(crate) async fn close(
@@ -468,7 +551,7 @@ impl PushChannel {
     }
 }
 
-impl Drop for PushChannel {
+impl Drop for ZmtpChannel {
     fn drop(&mut self) {
         self.shared.stop.send_replace(true);
         for path in self.bound_ipc_paths.drain(..) {
@@ -503,13 +586,13 @@ impl Target {
 }
 
 /// Serves one connected peer until it goes away or the socket stops.
-async fn serve(shared: Arc<Shared>, mut stream: Stream) {
-    let peer = tokio::select! {
-        peer = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&shared, &mut stream)) => peer,
+async fn serve(shared: Arc<Shared>, stream: Stream) {
+    let handshaken = tokio::select! {
+        handshaken = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&shared, &stream)) => handshaken,
         () = shared.stopped() => return,
     };
-    let peer = match peer {
-        Ok(Ok(peer)) => peer,
+    let (peer, decoder) = match handshaken {
+        Ok(Ok(handshaken)) => handshaken,
         Ok(Err(problem)) => {
             tracing::warn!(channel = %shared.label, %problem, "refused a peer");
             return;
@@ -519,14 +602,26 @@ async fn serve(shared: Arc<Shared>, mut stream: Stream) {
             return;
         }
     };
+    let name = String::from_utf8_lossy(&peer.identity).into_owned();
+    // Who the peer is comes first: a shmem or other-session peer is named as such.
     if let Some(mismatch) = crate::handshake::check(shared.rules, &peer.identity) {
-        tracing::warn!(channel = %shared.label, peer = %String::from_utf8_lossy(&peer.identity), problem = %mismatch.error(&shared.label), "refused a peer");
+        tracing::warn!(channel = %shared.label, peer = %name, problem = %mismatch.error(&shared.label), "refused a peer");
         shared.state().mismatch.get_or_insert(mismatch);
         shared.progress.notify_waiters();
         return;
     }
+    let (ours, theirs) = shared.pattern.socket_types();
+    if !peer.socket_type.eq_ignore_ascii_case(theirs) {
+        tracing::warn!(channel = %shared.label, peer = %name, "refused a peer: a {ours} serves {} peers, this one is {:?}", String::from_utf8_lossy(theirs), String::from_utf8_lossy(&peer.socket_type));
+        return;
+    }
     {
         let mut state = shared.state();
+        if shared.pattern == Pattern::Pair && state.peers > 0 {
+            drop(state);
+            tracing::warn!(channel = %shared.label, peer = %name, "refused a peer: a pair has one peer at a time");
+            return;
+        }
         state.peers += 1;
         if let Some(pid) = crate::handshake::peer_pid(&peer.identity)
             && !state.peer_pids.contains(&pid)
@@ -535,18 +630,24 @@ async fn serve(shared: Arc<Shared>, mut stream: Stream) {
         }
     }
     shared.progress.notify_waiters();
-    let mut inbound = zmtp::Decoder::new(64 * 1024);
-    let writer = Arc::new(Notify::new());
+    let connection = Connection {
+        writer: Arc::new(Notify::new()),
+        reader: Notify::new(),
+        ended: Mutex::new(None),
+        replies: Mutex::new(Vec::new()),
+        early: Mutex::new(Early::default()),
+    };
     let ended = tokio::select! {
-        ended = write_until_gone(&shared, &writer, &mut stream, &mut inbound) => ended,
+        ended = write_until_gone(&shared, &connection, &stream) => ended,
+        never = read_until_gone(&shared, &connection, &stream, decoder) => match never {},
         () = shared.stopped() => "the socket closed".to_owned(),
     };
-    tracing::debug!(channel = %shared.label, peer = %String::from_utf8_lossy(&peer.identity), %ended, "peer gone");
+    tracing::debug!(channel = %shared.label, peer = %name, %ended, "peer gone");
     {
         let mut state = shared.state();
         state.peers -= 1;
         state.peers_gone += 1;
-        state.forget_writer(&writer);
+        state.forget_writer(&connection.writer);
         // It may have been woken for work it will not do now.
         if !state.queue.is_empty() {
             state.wake_a_writer();
@@ -555,21 +656,132 @@ async fn serve(shared: Arc<Shared>, mut stream: Stream) {
     shared.progress.notify_waiters();
 }
 
-struct Peer {
-    identity: Bytes,
+/// What the reader and the writer of one connection share.
+struct Connection {
+    /// Wakes the writer: work was queued, the reader has replies, or the peer ended.
+    writer: Arc<Notify>,
+    /// Wakes the reader: the writer read something early.
+    reader: Notify,
+    /// Why the peer's end is gone, once the reader saw it (after everything the peer sent).
+    ended: Mutex<Option<String>>,
+    /// PONGs the reader wants written.
+    replies: Mutex<Vec<u8>>,
+    /// What the writer read when it looked whether the peer is still there, for the reader.
+    early: Mutex<Early>,
 }
 
-/// Greetings and READY both ways; the peer must be a PULL.
-async fn handshake(shared: &Shared, stream: &mut Stream) -> Result<Peer, zmtp::HandshakeError> {
+/// Bytes (and the end) the writer read before the reader did.
+#[derive(Default)]
+struct Early {
+    bytes: bytes::BytesMut,
+    end: Option<String>,
+}
+
+impl Connection {
+    fn early(&self) -> std::sync::MutexGuard<'_, Early> {
+        self.early
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Looks, with one non-blocking read, whether the peer closed its end: a write to a
+    /// connection whose peer is gone succeeds and is lost. What the read returns is kept for
+    /// the reader, which ends the connection after taking in what came before the end.
+    fn peer_closed(&self, stream: &Stream) -> bool {
+        let mut early = self.early();
+        if early.end.is_some() {
+            return true;
+        }
+        early.bytes.reserve(4096);
+        let end = match stream.try_read_buf(&mut early.bytes) {
+            Ok(0) => "the peer closed its end".to_owned(),
+            Ok(_) => {
+                drop(early);
+                self.reader.notify_one();
+                return false;
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(error) => error.to_string(),
+        };
+        early.end = Some(end);
+        drop(early);
+        self.reader.notify_one();
+        true
+    }
+
+    /// Reads more of what the peer sent into `decoder`, waiting for it: what the writer read
+    /// early first, so the order holds. An error at the peer's end.
+    async fn read_more(&self, stream: &Stream, decoder: &mut zmtp::Decoder) -> Result<(), String> {
+        loop {
+            let mut woken = pin!(self.reader.notified());
+            woken.as_mut().enable();
+            {
+                let mut early = self.early();
+                if !early.bytes.is_empty() {
+                    let bytes = early.bytes.split();
+                    decoder.read_buffer().extend_from_slice(&bytes);
+                    return Ok(());
+                }
+                if let Some(end) = &early.end {
+                    return Err(end.clone());
+                }
+            }
+            match stream.try_read_buf(decoder.read_buffer()) {
+                Ok(0) => return Err("the peer closed its end".to_owned()),
+                Ok(_) => return Ok(()),
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(error) => return Err(error.to_string()),
+            }
+            tokio::select! {
+                readable = stream.readable() => readable.map_err(|error| error.to_string())?,
+                () = woken => {}
+            }
+        }
+    }
+
+    fn ended(&self) -> Option<String> {
+        self.ended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn take_replies(&self) -> Vec<u8> {
+        std::mem::take(
+            &mut *self
+                .replies
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+}
+
+struct Peer {
+    identity: Bytes,
+    socket_type: Bytes,
+}
+
+/// Greetings and READY both ways: the peer as it announced itself, and the decoder holding
+/// whatever it sent after its READY.
+async fn handshake(
+    shared: &Shared,
+    stream: &Stream,
+) -> Result<(Peer, zmtp::Decoder), zmtp::HandshakeError> {
     let io = |error: std::io::Error| zmtp::HandshakeError(format!("during the handshake: {error}"));
     let mut hello = zmtp::greeting().to_vec();
-    hello.extend_from_slice(&zmtp::ready("PUSH", shared.identity.as_bytes()));
+    hello.extend_from_slice(&zmtp::ready(
+        shared.pattern.socket_types().0,
+        shared.identity.as_bytes(),
+    ));
     stream.write_all(&hello).await.map_err(io)?;
-    let mut greeting = [0u8; 64];
-    stream.read_exact(&mut greeting).await.map_err(io)?;
+    let mut decoder = zmtp::Decoder::new(max_frame(shared.pattern));
+    let greeting = loop {
+        if let Some(greeting) = decoder.take_greeting() {
+            break greeting;
+        }
+        stream.read_into(&mut decoder).await.map_err(io)?;
+    };
     zmtp::check_greeting(&greeting)?;
-    let mut decoder = zmtp::Decoder::new(64 * 1024);
-    let mut buffer = [0u8; 4096];
     let properties = loop {
         match decoder.next_frame()? {
             Some(zmtp::Inbound::Command(zmtp::Command::Ready(properties))) => break properties,
@@ -583,108 +795,124 @@ async fn handshake(shared: &Shared, stream: &mut Stream) -> Result<Peer, zmtp::H
                     "the peer sent something else before READY".to_owned(),
                 ));
             }
-            None => {}
-        }
-        stream.readable().await.map_err(io)?;
-        match stream.try_read(&mut buffer) {
-            Ok(0) => {
-                return Err(zmtp::HandshakeError(
-                    "the peer left during the handshake".to_owned(),
-                ));
-            }
-            Ok(n) => decoder.extend(&buffer[..n]),
-            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(error) => return Err(io(error)),
+            None => stream.read_into(&mut decoder).await.map_err(io)?,
         }
     };
-    let socket_type = zmtp::Command::property(&properties, "Socket-Type");
-    if socket_type.is_none_or(|socket_type| !socket_type.eq_ignore_ascii_case(b"PULL")) {
-        return Err(zmtp::HandshakeError(format!(
-            "a push serves pull peers; this one is {}",
-            socket_type.map_or_else(
-                || "of no socket type".to_owned(),
-                |socket_type| String::from_utf8_lossy(socket_type).into_owned()
-            )
-        )));
-    }
-    Ok(Peer {
-        identity: zmtp::Command::property(&properties, "Identity")
+    let property = |name| {
+        zmtp::Command::property(&properties, name)
             .cloned()
-            .unwrap_or_default(),
-    })
+            .unwrap_or_default()
+    };
+    Ok((
+        Peer {
+            identity: property("Identity"),
+            socket_type: property("Socket-Type"),
+        },
+        decoder,
+    ))
 }
 
-/// What came from the peer, read without waiting; an error when it left or broke the protocol.
-fn read_inbound(
+/// The largest frame a peer may send: a pull peer sends only small commands; a pair peer's
+/// messages are as large as they are (memory grows only with what actually arrives).
+fn max_frame(pattern: Pattern) -> usize {
+    match pattern {
+        Pattern::Push => 64 * 1024,
+        Pattern::Pair => usize::MAX,
+    }
+}
+
+/// Reads what the peer sends: pair messages into the inbox, PINGs answered through the writer.
+/// At the peer's end (or a protocol error) it tells the writer, which ends the connection; it
+/// never returns.
+async fn read_until_gone(
+    shared: &Shared,
+    connection: &Connection,
     stream: &Stream,
-    inbound: &mut zmtp::Decoder,
-    replies: &mut Vec<u8>,
-) -> Result<(), String> {
-    let mut buffer = [0u8; 4096];
-    loop {
-        match stream.try_read(&mut buffer) {
-            Ok(0) => return Err("the peer closed its end".to_owned()),
-            Ok(n) => inbound.extend(&buffer[..n]),
-            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
-            Err(error) => return Err(error.to_string()),
-        }
-    }
-    while let Some(frame) = inbound.next_frame().map_err(|error| error.0)? {
-        match frame {
-            zmtp::Inbound::Command(zmtp::Command::Ping(context)) => {
-                replies.extend_from_slice(&zmtp::pong(&context));
+    mut decoder: zmtp::Decoder,
+) -> std::convert::Infallible {
+    let mut parts = Parts::new();
+    let why = 'reading: loop {
+        loop {
+            let frame = match decoder.next_frame() {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(problem) => break 'reading problem.0,
+            };
+            match frame {
+                zmtp::Inbound::Command(zmtp::Command::Ping(context)) => {
+                    connection
+                        .replies
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .extend_from_slice(&zmtp::pong(&context));
+                    connection.writer.notify_one();
+                }
+                zmtp::Inbound::Command(zmtp::Command::Error(reason)) => {
+                    break 'reading format!("the peer ended the connection: {reason}");
+                }
+                zmtp::Inbound::Command(_) => {}
+                zmtp::Inbound::Message { body, more } => {
+                    if shared.pattern == Pattern::Push {
+                        continue;
+                    }
+                    parts.push(Message::from(body));
+                    if !more {
+                        // Waits while the inbox is full: the peer's sends then wait too.
+                        let _ = shared.inbox.send(std::mem::take(&mut parts)).await;
+                    }
+                }
             }
-            zmtp::Inbound::Command(zmtp::Command::Error(reason)) => {
-                return Err(format!("the peer ended the connection: {reason}"));
-            }
-            _ => {}
         }
-    }
-    Ok(())
+        if let Err(end) = connection.read_more(stream, &mut decoder).await {
+            break end;
+        }
+    };
+    *connection
+        .ended
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
+    connection.writer.notify_one();
+    std::future::pending().await
 }
 
 /// Takes batches and writes them until the peer goes away; why it ended.
-async fn write_until_gone(
-    shared: &Shared,
-    writer: &Arc<Notify>,
-    stream: &mut Stream,
-    inbound: &mut zmtp::Decoder,
-) -> String {
-    let mut replies = Vec::new();
+async fn write_until_gone(shared: &Shared, connection: &Connection, stream: &Stream) -> String {
+    let writer = &connection.writer;
     loop {
         let batch = loop {
-            let mut queued = pin!(writer.notified());
-            queued.as_mut().enable();
+            let mut woken = pin!(writer.notified());
+            woken.as_mut().enable();
             if shared.is_stopped() {
                 return "the socket closed".to_owned();
+            }
+            if let Some(ended) = connection.ended() {
+                return ended;
+            }
+            let replies = connection.take_replies();
+            if !replies.is_empty()
+                && let Err(error) = stream.write_all(&replies).await
+            {
+                return error.to_string();
             }
             if let Some(batch) = shared.take_batch(writer) {
                 break batch;
             }
-            tokio::select! {
-                () = queued => {}
-                readable = stream.readable() => {
-                    if let Err(error) = readable {
-                        return error.to_string();
-                    }
-                    if let Err(ended) = read_inbound(stream, inbound, &mut replies) {
-                        return ended;
-                    }
-                    if !replies.is_empty() {
-                        if let Err(error) = stream.write_all(&replies).await {
-                            return error.to_string();
-                        }
-                        replies.clear();
-                    }
-                }
-            }
+            woken.await;
         };
-        // A peer that closed since the last look gets nothing more: what is written to a
-        // closed connection is lost without an error.
-        if let Err(ended) = read_inbound(stream, inbound, &mut replies) {
+        // A peer that closed since the last look gets nothing more: the batch goes back, and
+        // the connection ends once the reader took in what the peer sent before its end.
+        if connection.peer_closed(stream) {
             shared.settle(batch, 0);
-            return ended;
+            loop {
+                let mut woken = pin!(writer.notified());
+                woken.as_mut().enable();
+                if let Some(ended) = connection.ended() {
+                    return ended;
+                }
+                woken.await;
+            }
         }
+        let mut replies = connection.take_replies();
         let (n_written, failed) = write_batch(stream, &batch, &mut replies).await;
         tracing::trace!(channel = %shared.label, n_written, "wrote a batch");
         shared.settle(batch, n_written);
@@ -698,7 +926,7 @@ async fn write_until_gone(
 /// bodies are gathered in one buffer, larger bodies go out from their own `Bytes`. How many
 /// messages were written whole, and the error that stopped it.
 async fn write_batch(
-    stream: &mut Stream,
+    stream: &Stream,
     batch: &[Vec<Bytes>],
     replies: &mut Vec<u8>,
 ) -> (usize, Option<std::io::Error>) {
