@@ -208,25 +208,8 @@ impl NetChannel {
         address: &Address,
     ) -> Result<(), Error> {
         let label = label.clone().with_address(address.to_string());
-        let endpoint = match address {
-            Address::Tcp {
-                host: TcpHost::Any, ..
-            } => {
-                return Err(Error::UnsupportedAddress {
-                    channel: label,
-                    address: address.to_string(),
-                    reason: "cannot connect to '*': name the host (127.0.0.1 for this machine)",
-                });
-            }
-            Address::Tcp { .. } | Address::Ipc { .. } => address.to_string(),
-            other => {
-                return Err(Error::UnsupportedAddress {
-                    channel: label,
-                    address: other.to_string(),
-                    reason: "the zeromq transport connects to tcp://, ipc:// and inproc:// addresses",
-                });
-            }
-        };
+        check_connectable(&label, address)?;
+        let endpoint = address.to_string();
         // zmq.rs's connect waits until the peer exists. FairMQ connects in the background and
         // goes on to RUNNING, where messages wait for the peer: so the connection is made by the
         // first send or receive, which wait for a peer anyway.
@@ -553,6 +536,25 @@ fn split_envelope(message: ZmqMessage) -> Option<(Vec<Bytes>, ZmqMessage)> {
 
 fn frames_to_parts(frames: Vec<Bytes>) -> Parts {
     frames.into_iter().map(Message::from).collect()
+}
+
+/// Whether a tcp or ipc socket can connect to `address`: not `tcp://*`, not inproc.
+pub(crate) fn check_connectable(label: &ChannelLabel, address: &Address) -> Result<(), Error> {
+    match address {
+        Address::Tcp {
+            host: TcpHost::Any, ..
+        } => Err(Error::UnsupportedAddress {
+            channel: label.clone(),
+            address: address.to_string(),
+            reason: "cannot connect to '*': name the host (127.0.0.1 for this machine)",
+        }),
+        Address::Tcp { .. } | Address::Ipc { .. } => Ok(()),
+        other => Err(Error::UnsupportedAddress {
+            channel: label.clone(),
+            address: other.to_string(),
+            reason: "the zeromq transport connects to tcp://, ipc:// and inproc:// addresses",
+        }),
+    }
 }
 
 fn bind_error(label: &ChannelLabel, source: std::io::Error) -> Error {

@@ -321,86 +321,57 @@ impl ZmtpChannel {
             channel: label.clone(),
             source: Box::new(source),
         };
-        match address {
+        let (listener, bound) = match address {
             Address::Tcp { host, port } => {
                 let (listener, bound) = crate::net::bind_tcp_std(&label, host, *port)?;
                 let listener = tokio::net::TcpListener::from_std(listener).map_err(in_runtime)?;
-                let shared = Arc::clone(&self.shared);
-                tokio::spawn(async move {
-                    let accepting = async {
-                        loop {
-                            match listener.accept().await {
-                                Ok((stream, _)) => {
-                                    let _ = stream.set_nodelay(true);
-                                    tokio::spawn(serve(Arc::clone(&shared), Stream::Tcp(stream)));
-                                }
-                                Err(error) => accept_failed(&shared, &error).await,
-                            }
-                        }
-                    };
-                    tokio::select! {
-                        () = accepting => {}
-                        () = shared.stopped() => {}
-                    }
-                });
-                Ok(bound)
+                (Listener::Tcp(listener), bound)
             }
             Address::Ipc { path } => {
                 let listener = crate::net::bind_ipc_std(&label, path)?;
                 self.bound_ipc_paths.push(path.clone());
                 let listener = tokio::net::UnixListener::from_std(listener).map_err(in_runtime)?;
-                let shared = Arc::clone(&self.shared);
-                tokio::spawn(async move {
-                    let accepting = async {
-                        loop {
-                            match listener.accept().await {
-                                Ok((stream, _)) => {
-                                    tokio::spawn(serve(Arc::clone(&shared), Stream::Unix(stream)));
-                                }
-                                Err(error) => accept_failed(&shared, &error).await,
-                            }
-                        }
-                    };
-                    tokio::select! {
-                        () = accepting => {}
-                        () = shared.stopped() => {}
-                    }
-                });
-                Ok(address.clone())
+                (Listener::Unix(listener), address.clone())
             }
-            other => Err(Error::UnsupportedAddress {
-                channel: label,
-                address: other.to_string(),
-                reason: "the zeromq transport binds tcp://, ipc:// and inproc:// addresses",
-            }),
-        }
+            other => {
+                return Err(Error::UnsupportedAddress {
+                    channel: label,
+                    address: other.to_string(),
+                    reason: "the zeromq transport binds tcp://, ipc:// and inproc:// addresses",
+                });
+            }
+        };
+        let shared = Arc::clone(&self.shared);
+        tokio::spawn(async move {
+            let accepting = async {
+                loop {
+                    match listener.accept().await {
+                        Ok(stream) => {
+                            tokio::spawn(serve(Arc::clone(&shared), stream));
+                        }
+                        Err(error) => accept_failed(&shared, &error).await,
+                    }
+                }
+            };
+            tokio::select! {
+                () = accepting => {}
+                () = shared.stopped() => {}
+            }
+        });
+        Ok(bound)
     }
 
     /// Connects in the background, as ZeroMQ does, and again whenever the connection ends.
     pub(crate) fn connect(&mut self, label: &ChannelLabel, address: &Address) -> Result<(), Error> {
         let label = label.clone().with_address(address.to_string());
+        crate::net::check_connectable(&label, address)?;
         let target = match address {
-            Address::Tcp {
-                host: TcpHost::Any, ..
-            } => {
-                return Err(Error::UnsupportedAddress {
-                    channel: label,
-                    address: address.to_string(),
-                    reason: "cannot connect to '*': name the host (127.0.0.1 for this machine)",
-                });
-            }
             Address::Tcp {
                 host: TcpHost::Name(host),
                 port,
             } => Target::Tcp(format!("{host}:{port}")),
             Address::Ipc { path } => Target::Ipc(path.clone()),
-            other => {
-                return Err(Error::UnsupportedAddress {
-                    channel: label,
-                    address: other.to_string(),
-                    reason: "the zeromq transport connects to tcp://, ipc:// and inproc:// addresses",
-                });
-            }
+            _ => unreachable!("check_connectable lets only tcp://host:port and ipc:// through"),
         };
         let shared = Arc::clone(&self.shared);
         tokio::spawn(async move {
@@ -564,6 +535,25 @@ impl Drop for ZmtpChannel {
 async fn accept_failed(shared: &Shared, error: &std::io::Error) {
     tracing::warn!(channel = %shared.label, %error, "accepting a peer failed; retrying");
     tokio::time::sleep(RECONNECT_MAX).await;
+}
+
+/// A bound socket's listener, tcp or ipc.
+enum Listener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+impl Listener {
+    async fn accept(&self) -> std::io::Result<Stream> {
+        match self {
+            Listener::Tcp(listener) => {
+                let (stream, _) = listener.accept().await?;
+                let _ = stream.set_nodelay(true);
+                Ok(Stream::Tcp(stream))
+            }
+            Listener::Unix(listener) => Ok(Stream::Unix(listener.accept().await?.0)),
+        }
+    }
 }
 
 /// Where a connecting socket connects.
