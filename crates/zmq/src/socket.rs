@@ -73,12 +73,15 @@ impl ZmqSocket {
             }
             (Backend::Unattached, false)
                 if self.own_zmtp
-                    && matches!(self.socket_type, SocketType::Push | SocketType::Pair) =>
+                    && matches!(
+                        self.socket_type,
+                        SocketType::Push | SocketType::Pair | SocketType::Pull
+                    ) =>
             {
-                let pattern = if self.socket_type == SocketType::Push {
-                    Pattern::Push
-                } else {
-                    Pattern::Pair
+                let pattern = match self.socket_type {
+                    SocketType::Push => Pattern::Push,
+                    SocketType::Pair => Pattern::Pair,
+                    _ => Pattern::Pull,
                 };
                 self.backend = Backend::Zmtp(Box::new(ZmtpChannel::new(
                     pattern,

@@ -73,6 +73,9 @@ pub(crate) fn ready(socket_type: &str, identity: &[u8]) -> Vec<u8> {
     frame
 }
 
+/// The least room a read gets.
+const READ_CHUNK: usize = 256 * 1024;
+
 const FLAG_MORE: u8 = 0b001;
 const FLAG_LONG: u8 = 0b010;
 const FLAG_COMMAND: u8 = 0b100;
@@ -174,9 +177,10 @@ impl Decoder {
     }
 
     /// The buffer to read into, with room for at least the rest of the frame begun (up to
-    /// 16 MiB at a time) or 64 KiB.
+    /// 16 MiB at a time) or [`READ_CHUNK`]: several frames come in with one read, and their
+    /// bodies share one allocation.
     pub(crate) fn read_buffer(&mut self) -> &mut BytesMut {
-        let wanted = self.missing().clamp(64 * 1024, 16 << 20);
+        let wanted = self.missing().clamp(READ_CHUNK, 16 << 20);
         self.buffer.reserve(wanted);
         &mut self.buffer
     }

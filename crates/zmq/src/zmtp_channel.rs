@@ -141,6 +141,9 @@ pub(crate) enum Pattern {
     Push,
     /// Sends to and receives from one pair peer at a time.
     Pair,
+    /// Receives from any number of push peers, fairly (each connection's reader waits its turn
+    /// for room in the inbox).
+    Pull,
 }
 
 impl Pattern {
@@ -149,6 +152,7 @@ impl Pattern {
         match self {
             Pattern::Push => ("PUSH", b"PULL"),
             Pattern::Pair => ("PAIR", b"PAIR"),
+            Pattern::Pull => ("PULL", b"PUSH"),
         }
     }
 }
@@ -178,8 +182,11 @@ struct State {
     peers: usize,
     peers_gone: u64,
     peer_pids: Vec<u32>,
-    /// A peer of another transport or session (a push needs every peer to fit).
+    /// A peer of another transport or session (a push or pair needs every peer to fit).
     mismatch: Option<Mismatch>,
+    /// Peers a pull refused (it serves the others), by identity: each is said once, however
+    /// often it reconnects.
+    refused: Vec<Bytes>,
     /// The writers waiting for work, in the order they are woken: each queued message wakes
     /// the first and moves it to the back, so idle peers take turns (round robin, as libzmq's
     /// push) and a busy one is skipped (it takes more when it is done). A writer leaves the list
@@ -282,6 +289,9 @@ pub(crate) struct ZmtpChannel {
     inbox: tokio::sync::mpsc::Receiver<Parts>,
     snd_buf_size: usize,
     bound_ipc_paths: Vec<PathBuf>,
+    /// The accepting tasks: `close` waits for them to end, so that their addresses are free
+    /// when it returns.
+    listeners: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl ZmtpChannel {
@@ -308,6 +318,7 @@ impl ZmtpChannel {
             }),
             snd_buf_size: snd_buf_size.max(1),
             bound_ipc_paths: Vec::new(),
+            listeners: Vec::new(),
         }
     }
 
@@ -342,7 +353,7 @@ impl ZmtpChannel {
             }
         };
         let shared = Arc::clone(&self.shared);
-        tokio::spawn(async move {
+        let accepting_task = tokio::spawn(async move {
             let accepting = async {
                 loop {
                     match listener.accept().await {
@@ -358,6 +369,7 @@ impl ZmtpChannel {
                 () = shared.stopped() => {}
             }
         });
+        self.listeners.push(accepting_task);
         Ok(bound)
     }
 
@@ -506,6 +518,10 @@ impl ZmtpChannel {
             }
         };
         self.shared.stop.send_replace(true);
+        for listener in self.listeners.drain(..) {
+            // It ends at once on the stop signal, dropping its listener.
+            let _ = listener.await;
+        }
         for path in self.bound_ipc_paths.drain(..) {
             if std::fs::symlink_metadata(&path).is_ok() {
                 let _ = std::fs::remove_file(path);
@@ -525,6 +541,9 @@ impl ZmtpChannel {
 impl Drop for ZmtpChannel {
     fn drop(&mut self) {
         self.shared.stop.send_replace(true);
+        for listener in &self.listeners {
+            listener.abort();
+        }
         for path in self.bound_ipc_paths.drain(..) {
             let _ = std::fs::remove_file(path);
         }
@@ -595,8 +614,19 @@ async fn serve(shared: Arc<Shared>, stream: Stream) {
     let name = String::from_utf8_lossy(&peer.identity).into_owned();
     // Who the peer is comes first: a shmem or other-session peer is named as such.
     if let Some(mismatch) = crate::handshake::check(shared.rules, &peer.identity) {
+        let mut state = shared.state();
+        if shared.pattern == Pattern::Pull {
+            // A fan-in socket refuses that one peer and keeps serving the others.
+            if !state.refused.contains(&peer.identity) {
+                state.refused.push(peer.identity.clone());
+                drop(state);
+                tracing::warn!(channel = %shared.label, peer = %name, problem = %mismatch.error(&shared.label), "refused a peer; serving the others");
+            }
+            return;
+        }
+        state.mismatch.get_or_insert(mismatch);
+        drop(state);
         tracing::warn!(channel = %shared.label, peer = %name, problem = %mismatch.error(&shared.label), "refused a peer");
-        shared.state().mismatch.get_or_insert(mismatch);
         shared.progress.notify_waiters();
         return;
     }
@@ -807,7 +837,7 @@ async fn handshake(
 fn max_frame(pattern: Pattern) -> usize {
     match pattern {
         Pattern::Push => 64 * 1024,
-        Pattern::Pair => usize::MAX,
+        Pattern::Pair | Pattern::Pull => usize::MAX,
     }
 }
 
