@@ -1,7 +1,8 @@
 //! Restart policies and expendable devices under `ferromq run`: a device SIGKILLed while the
 //! topology runs comes back (`restart = "on-failure"`) with every message accounted for (over
 //! shmem, whose receivers count what they take, so a sender knows what a dead receiver never
-//! took), its limit ends the run as before, and an expendable replica killed leaves the run
+//! took; over zeromq push and pair, whose sender puts back what it did not write and gives it to
+//! the replacement), its limit ends the run as before, and an expendable replica killed leaves the run
 //! going while the minimum holds (and fails it below).
 
 mod support;
@@ -79,7 +80,7 @@ max-iterations = 1500
 properties = { rate = 500, msg-size = 1000 }
 [[device.channel]]
 name = "data"
-type = "push"
+type = "SENDER"
 
 [[device]]
 id = "sink"
@@ -89,29 +90,41 @@ restart-delay = 0.2
 RESTARTS
 [[device.channel]]
 name = "data"
-type = "pull"
+type = "RECEIVER"
 connect = "sampler.data"
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkilled_device_comes_back_and_every_message_is_accounted_for_over_shmem() {
-    a_sigkilled_device_comes_back_and_every_message_is_accounted_for("shmem").await;
+    a_sigkilled_device_comes_back_and_every_message_is_accounted_for("shmem", "push").await;
 }
 
 /// zmq.rs dropped what it had queued for the dead sink (127 of 1 501 here) and the sampler
 /// exited 0; ferromq's own push puts what it did not write back in its queue for the next sink.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkilled_device_comes_back_and_every_message_is_accounted_for_over_zeromq() {
-    a_sigkilled_device_comes_back_and_every_message_is_accounted_for("zeromq").await;
+    a_sigkilled_device_comes_back_and_every_message_is_accounted_for("zeromq", "push").await;
 }
 
-async fn a_sigkilled_device_comes_back_and_every_message_is_accounted_for(transport: &str) {
-    let session = format!("restart-{transport}-{}", std::process::id());
+/// The same over a zeromq pair: its peer's replacement gets what the dead one never took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_pair_peer_comes_back_and_every_message_is_accounted_for_over_zeromq() {
+    a_sigkilled_device_comes_back_and_every_message_is_accounted_for("zeromq", "pair").await;
+}
+
+/// `pattern`: "push" (the sink pulls) or "pair" (both ends).
+async fn a_sigkilled_device_comes_back_and_every_message_is_accounted_for(
+    transport: &str,
+    pattern: &str,
+) {
+    let session = format!("restart-{transport}-{pattern}-{}", std::process::id());
     let file = TopologyFile::new(
-        &format!("restart-{transport}"),
+        &format!("restart-{transport}-{pattern}"),
         &SAMPLER_TO_SINK
             .replace("RESTARTS", "")
-            .replace("TRANSPORT", transport),
+            .replace("TRANSPORT", transport)
+            .replace("SENDER", pattern)
+            .replace("RECEIVER", if pattern == "push" { "pull" } else { "pair" }),
     );
     let run = ferromq_as_is(&["run", file.path(), "--session", &session]);
     let flowing = top_json_until(&session, |snapshot| messages_in(snapshot, "sink") >= 200).await;
@@ -201,7 +214,9 @@ async fn past_its_restart_limit_a_device_fails_the_run_naming_the_limit() {
         "restart-limit",
         &SAMPLER_TO_SINK
             .replace("RESTARTS", "max-restarts = 1")
-            .replace("TRANSPORT", "shmem"),
+            .replace("TRANSPORT", "shmem")
+            .replace("SENDER", "push")
+            .replace("RECEIVER", "pull"),
     );
     let run = ferromq_as_is(&["run", file.path(), "--session", &session]);
     let first = top_json_until(&session, |snapshot| messages_in(snapshot, "sink") > 0).await;
