@@ -42,12 +42,25 @@ pub struct LocalConfig {
     pub timeout: Duration,
 }
 
+fn ipc_path(session: &str, member: usize) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("ferromq-{session}-mcts-{member}.ipc"))
+}
+
 fn address(session: &str, member: usize) -> Result<Address, String> {
-    let text = format!(
-        "ipc://{}/ferromq-{session}-mcts-{member}.ipc",
-        std::env::temp_dir().display()
-    );
+    let text = format!("ipc://{}", ipc_path(session, member).display());
     Address::parse(&text).map_err(|error| error.to_string())
+}
+
+/// The group's ipc socket files, removed on drop: workers are SIGKILLed when the group is
+/// dropped and cannot remove theirs (every killed-worker test left three in the temp dir).
+struct IpcFiles(Vec<std::path::PathBuf>);
+
+impl Drop for IpcFiles {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 fn rpc_options(config: &LocalConfig) -> RpcOptions {
@@ -68,6 +81,8 @@ pub struct LocalSearch<G: Game> {
     /// The driver (member 0).
     pub driver: Driver<G>,
     workers: Vec<Worker>,
+    /// Declared last, so dropped after the workers are killed.
+    _ipc_files: IpcFiles,
 }
 
 impl<G: Game> LocalSearch<G> {
@@ -80,6 +95,11 @@ impl<G: Game> LocalSearch<G> {
         make_transport: MakeTransport,
         config: &LocalConfig,
     ) -> Result<LocalSearch<G>, String> {
+        let ipc_files = IpcFiles(
+            (0..=config.workers)
+                .map(|member| ipc_path(&config.session, member))
+                .collect(),
+        );
         let mut workers = Vec::new();
         let mut addresses = vec![address(&config.session, 0)?.to_string()];
         for idx in 1..=config.workers {
@@ -139,7 +159,11 @@ impl<G: Game> LocalSearch<G> {
         }
         let mut driver = Driver::new(rpc, counts);
         driver.stall_timeout = config.timeout;
-        Ok(LocalSearch { driver, workers })
+        Ok(LocalSearch {
+            driver,
+            workers,
+            _ipc_files: ipc_files,
+        })
     }
 
     /// The process id of worker `idx` (1-based, as its member index).
