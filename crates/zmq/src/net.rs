@@ -509,11 +509,7 @@ impl NetChannel {
         // Stop the listeners now (zmq.rs removes their socket files as they stop), so that the
         // address is free when `close` returns.
         let _ = on_socket!(&mut self.socket, socket => socket.unbind_all().await);
-        for path in self.bound_ipc_paths.drain(..) {
-            if std::fs::symlink_metadata(&path).is_ok() {
-                let _ = std::fs::remove_file(path);
-            }
-        }
+        remove_socket_files(&mut self.bound_ipc_paths);
         match drained {
             Ok(()) => Ok(()),
             Err(n_left) => Err(Error::Undelivered {
@@ -536,6 +532,13 @@ fn split_envelope(message: ZmqMessage) -> Option<(Vec<Bytes>, ZmqMessage)> {
 
 fn frames_to_parts(frames: Vec<Bytes>) -> Parts {
     frames.into_iter().map(Message::from).collect()
+}
+
+/// Removes the ipc socket files a socket bound (and forgets them); one already gone is fine.
+pub(crate) fn remove_socket_files(paths: &mut Vec<PathBuf>) {
+    for path in paths.drain(..) {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// Whether a tcp or ipc socket can connect to `address`: not `tcp://*`, not inproc.

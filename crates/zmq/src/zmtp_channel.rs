@@ -511,10 +511,11 @@ impl ZmtpChannel {
                 lowest = unwritten;
                 deadline = Instant::now() + linger;
             }
-            if tokio::time::timeout_at(deadline, progressed).await.is_err()
-                && self.shared.state().unwritten() >= lowest
-            {
-                break self.shared.state().unwritten();
+            if tokio::time::timeout_at(deadline, progressed).await.is_err() {
+                let unwritten = self.shared.state().unwritten();
+                if unwritten >= lowest {
+                    break unwritten;
+                }
             }
         };
         self.shared.stop.send_replace(true);
@@ -522,11 +523,7 @@ impl ZmtpChannel {
             // It ends at once on the stop signal, dropping its listener.
             let _ = listener.await;
         }
-        for path in self.bound_ipc_paths.drain(..) {
-            if std::fs::symlink_metadata(&path).is_ok() {
-                let _ = std::fs::remove_file(path);
-            }
-        }
+        crate::net::remove_socket_files(&mut self.bound_ipc_paths);
         if left == 0 {
             return Ok(());
         }
@@ -544,9 +541,7 @@ impl Drop for ZmtpChannel {
         for listener in &self.listeners {
             listener.abort();
         }
-        for path in self.bound_ipc_paths.drain(..) {
-            let _ = std::fs::remove_file(path);
-        }
+        crate::net::remove_socket_files(&mut self.bound_ipc_paths);
     }
 }
 
