@@ -218,7 +218,12 @@ pub(crate) fn spawn(
 /// How long one attempt to reach the binder's side channel may take; the next tick tries again.
 const CONNECT_ATTEMPT: Duration = Duration::from_millis(200);
 
-/// A close in progress: `linger` bounds the silence, not the whole drain.
+/// A close in progress: `linger` bounds the silence, not the whole drain. Progress is a message
+/// fewer outstanding, and also the steps that come before the first message can leave: the
+/// peer accepting the connection and granting announced messages. A sender that accepted a
+/// burst before its side channel was up (its thread busy building messages) connects only when
+/// it closes; counting only finished messages gave that connection and the first 64 MiB
+/// transfer together one `linger` (about one run in six failed with 500 ms).
 struct Closing {
     linger: Duration,
     /// When to give up if nothing more leaves by then.
@@ -226,6 +231,13 @@ struct Closing {
     /// The fewest messages outstanding seen so far; fewer now is progress.
     n_outstanding: usize,
     done: oneshot::Sender<usize>,
+}
+
+impl Closing {
+    /// The peer did something towards delivery: the silence starts again.
+    fn progressed(&mut self) {
+        self.deadline = Instant::now() + self.linger;
+    }
 }
 
 impl Driver {
@@ -243,9 +255,10 @@ impl Driver {
                 && n_outstanding < closing.n_outstanding
             {
                 closing.n_outstanding = n_outstanding;
-                closing.deadline = Instant::now() + closing.linger;
+                closing.progressed();
             }
             let closing_deadline = self.closing.as_ref().map(|closing| closing.deadline);
+            let connect_due = self.connect_due();
             tokio::select! {
                 frame = receive_frame(&mut self.side) => self.on_frame(frame).await,
                 command = self.commands.recv(), if self.closing.is_none() => {
@@ -305,6 +318,7 @@ impl Driver {
                     }
                 }
                 _ = tick.tick() => self.on_tick().await,
+                () = sleep_until_opt(connect_due) => self.try_connect().await,
                 () = sleep_until_opt(closing_deadline) => {
                     let lost = self.n_outstanding();
                     if let Some(closing) = self.closing.take() {
@@ -455,6 +469,9 @@ impl Driver {
             Control::Welcome { address } if self.peer.is_none() => {
                 let accepted = self.accept_peer(None, &address).await;
                 if accepted {
+                    if let Some(closing) = &mut self.closing {
+                        closing.progressed();
+                    }
                     self.announce_queued().await;
                 }
             }
@@ -504,6 +521,9 @@ impl Driver {
                 }
             }
             Control::Grant { seqs } if from_peer => {
+                if let Some(closing) = &mut self.closing {
+                    closing.progressed();
+                }
                 for seq in seqs {
                     if let Some(outgoing) = self.awaiting_grant.remove(&seq) {
                         self.start_send(seq, outgoing);
@@ -850,42 +870,64 @@ impl Driver {
                 self.send_control(&Control::Heartbeat).await;
             }
         }
-        if let Side::Connector {
+    }
+
+    /// When the connector should try (again) to reach the binder's side channel; `None` while
+    /// connected, and for a binder.
+    fn connect_due(&self) -> Option<Instant> {
+        match &self.side {
+            Side::Connector {
+                dealer: None,
+                retry_at,
+                ..
+            } => Some(*retry_at),
+            _ => None,
+        }
+    }
+
+    /// One attempt to reach the binder's side channel, saying hello when it answers. Its own
+    /// wake-up, not the heartbeat tick's (5 s / 8): an attempt that timed out while a sender
+    /// kept the thread busy is retried 100 ms later, so a close that starts then still
+    /// connects well within `linger`.
+    async fn try_connect(&mut self) {
+        let Side::Connector {
             endpoint,
             dealer,
             retry_at,
         } = &mut self.side
-            && dealer.is_none()
-            && Instant::now() >= *retry_at
-        {
-            let mut fresh = zeromq::DealerSocket::new();
-            // zmq.rs retries a refused connect until it succeeds: bounded, so that a binder
-            // that never comes cannot hold the driver (and with it `close`) in this tick.
-            match tokio::time::timeout(CONNECT_ATTEMPT, fresh.connect(endpoint)).await {
-                Err(_) => {
-                    tracing::trace!(endpoint = %endpoint, "ofi side channel not reachable yet");
-                }
-                Ok(Ok(())) => {
-                    let hello = Control::Hello {
-                        version: PROTOCOL_VERSION,
-                        socket_type: self.socket_type.as_str().to_owned(),
-                        provider: self.engine.provider().to_owned(),
-                        address: self.engine.address.to_vec(),
-                    };
-                    if fresh
-                        .send(ZmqMessage::from(Bytes::from(hello.encode())))
-                        .await
-                        .is_ok()
-                    {
-                        *dealer = Some(fresh);
-                    }
-                }
-                Ok(Err(error)) => {
-                    tracing::trace!(%error, "ofi side channel not reachable yet");
+        else {
+            return;
+        };
+        if dealer.is_some() {
+            return;
+        }
+        let mut fresh = zeromq::DealerSocket::new();
+        // zmq.rs retries a refused connect until it succeeds: bounded, so that a binder
+        // that never comes cannot hold the driver (and with it `close`) in this attempt.
+        match tokio::time::timeout(CONNECT_ATTEMPT, fresh.connect(endpoint)).await {
+            Err(_) => {
+                tracing::trace!(endpoint = %endpoint, "ofi side channel not reachable yet");
+            }
+            Ok(Ok(())) => {
+                let hello = Control::Hello {
+                    version: PROTOCOL_VERSION,
+                    socket_type: self.socket_type.as_str().to_owned(),
+                    provider: self.engine.provider().to_owned(),
+                    address: self.engine.address.to_vec(),
+                };
+                if fresh
+                    .send(ZmqMessage::from(Bytes::from(hello.encode())))
+                    .await
+                    .is_ok()
+                {
+                    *dealer = Some(fresh);
                 }
             }
-            *retry_at = Instant::now() + Duration::from_millis(100);
+            Ok(Err(error)) => {
+                tracing::trace!(%error, "ofi side channel not reachable yet");
+            }
         }
+        *retry_at = Instant::now() + Duration::from_millis(100);
     }
 
     /// The zmq connection to the peer is gone: it died, unless it said goodbye (then its last
