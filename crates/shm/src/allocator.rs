@@ -95,6 +95,13 @@ impl Allocator {
         Some(offset)
     }
 
+    /// Whether the cache holds a range of exactly `size` bytes.
+    pub fn has_cached(&self, size: usize) -> bool {
+        self.cached
+            .iter()
+            .any(|(cached, offsets)| *cached == size && !offsets.is_empty())
+    }
+
     fn allocate_from_trees(&mut self, size: usize) -> Option<usize> {
         let &(found_size, offset) = self.by_size.range((size, 0)..).next()?;
         self.take(offset, found_size);

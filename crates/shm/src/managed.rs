@@ -89,9 +89,11 @@ impl OwnedSegment {
         // A recycled block of this size first; released blocks are reclaimed (which refills
         // the cache) only when it has none, so the receivers' reference counts are read in
         // runs, not one cache miss per allocation.
+        let mut from_cache = true;
         let header_offset = match state.allocator.take_cached(total) {
             Some(offset) => offset,
             None => {
+                from_cache = false;
                 self.reclaim(&mut state, false);
                 match state.allocator.allocate(total) {
                     Some(offset) => offset,
@@ -108,7 +110,13 @@ impl OwnedSegment {
         block.capacity.store(capacity as u64, Ordering::Relaxed);
         block.magic.store(BLOCK_MAGIC, Ordering::Release);
         state.outstanding.push_back((header_offset, total));
-        self.publish_usage(&state);
+        // A recycled range leaves the largest free range as it was unless it was the last of
+        // its size: then only the counts change (the tree lookup was 1-2 % of the sender).
+        if from_cache && state.allocator.has_cached(total) {
+            self.publish_counts(&state);
+        } else {
+            self.publish_usage(&state);
+        }
         drop(state);
         Some(ShmBuffer::new_block(
             Arc::clone(&self.segment),
@@ -157,7 +165,9 @@ impl OwnedSegment {
         allocator.free(header_offset, total);
     }
 
-    fn publish_usage(&self, state: &OwnerState) {
+    /// Publishes the bytes in use and the live blocks in the segment's header (what `ferromq shm
+    /// list`, `top` and the metrics read).
+    fn publish_counts(&self, state: &OwnerState) {
         let header = self.segment.header();
         let data_size = self.segment.len() - HEADER_SIZE;
         header.used_bytes.store(
@@ -167,7 +177,13 @@ impl OwnedSegment {
         header
             .live_blocks
             .store(state.outstanding.len() as u64, Ordering::Relaxed);
-        header
+    }
+
+    /// [`OwnedSegment::publish_counts`] and the largest free range.
+    fn publish_usage(&self, state: &OwnerState) {
+        self.publish_counts(state);
+        self.segment
+            .header()
             .largest_free
             .store(state.allocator.largest_free() as u64, Ordering::Relaxed);
     }
