@@ -194,6 +194,20 @@ impl Socket for ZmqSocket {
         }
     }
 
+    fn try_send_parts(&mut self, parts: Parts) -> std::result::Result<(), Parts> {
+        match &mut self.backend {
+            Backend::Zmtp(zmtp) if self.socket_type.can_send() => zmtp.try_send(parts),
+            _ => Err(parts),
+        }
+    }
+
+    fn try_receive_parts(&mut self) -> Option<Parts> {
+        match &mut self.backend {
+            Backend::Zmtp(zmtp) if self.socket_type.can_receive() => zmtp.try_receive(),
+            _ => None,
+        }
+    }
+
     async fn receive_parts(&mut self) -> Result<Parts> {
         self.check(self.socket_type.can_receive(), "receive")?;
         match &mut self.backend {

@@ -422,6 +422,30 @@ impl ZmtpChannel {
                 .all(|&pid| crate::handshake::process_lives(pid))
     }
 
+    /// Queues `parts` if that needs no wait (a peer, room under `sndBufSize`, no refused
+    /// peer); hands them back untouched otherwise, for [`ZmtpChannel::send`] to wait or report.
+    /// No deadline, wake-up registration or clock read: the channel's fast path.
+    pub(crate) fn try_send(&mut self, parts: Parts) -> Result<(), Parts> {
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let mut state = self.shared.state();
+        if state.mismatch.is_some() || state.peers == 0 || state.unwritten() >= self.snd_buf_size {
+            return Err(parts);
+        }
+        state
+            .queue
+            .push_back(parts.into_iter().map(Message::into_bytes).collect());
+        self.shared.publish(&state);
+        state.wake_a_writer();
+        Ok(())
+    }
+
+    /// The next message if one is in the inbox already, without waiting.
+    pub(crate) fn try_receive(&mut self) -> Option<Parts> {
+        self.inbox.try_recv().ok()
+    }
+
     pub(crate) async fn send(
         &mut self,
         label: &ChannelLabel,
