@@ -5,7 +5,8 @@
 //! uses, and says what every transport promises: every pattern (push/pull, pair, req/rep,
 //! pub/sub), multipart with empty parts, order, sizes from 0 B to 64 MiB, back-pressure (a stalled
 //! receiver holds the sender and nothing is lost), timeouts that hand the message back, cancelled
-//! receives that lose nothing, a late binder, linger on close, an address bound twice, a peer of
+//! receives that lose nothing, reserved sends that never wait and cancelled reservations that
+//! lose nothing, a late binder, linger on close, an address bound twice, a peer of
 //! the wrong pattern, and, in separate processes, a sender that exits right after sending, a
 //! receiver killed mid-stream and a sender killed mid-stream.
 //!

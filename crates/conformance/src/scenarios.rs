@@ -23,6 +23,7 @@ pub(crate) static ALL: &[Scenario] = &[
     scenario!(a_cancelled_receive_loses_nothing),
     scenario!(messages_sent_before_the_binder_exists_arrive),
     scenario!(a_stalled_receiver_holds_the_sender_back_and_nothing_is_lost),
+    scenario!(a_reserved_send_never_waits_and_a_cancelled_reservation_loses_nothing),
     scenario!(close_returns_after_everything_accepted_was_delivered),
     scenario!(binding_an_address_twice_is_refused),
     scenario!(a_closed_binder_leaves_its_address_free_for_the_next),
@@ -544,6 +545,94 @@ async fn a_stalled_receiver_holds_the_sender_back_and_nothing_is_lost(
         watch("re-sending the held-back message", push.send(held_back))
             .await?
             .during("re-sending the held-back message")?;
+        Ok::<_, Failure>(push)
+    });
+    receive_payloads(&mut pull, &sizes).await?;
+    let mut push = joined(resend).await?;
+    push.close().await.during("closing the push")?;
+    Ok(())
+}
+
+/// The two-phase send ([`Channel::reserve`], then [`ferromq_core::SendPermit::send`]): with
+/// the receiver stalled, reservations are granted until the queue is full, every send through
+/// one is accepted at once, and then a reservation waits (it times out, and a reservation
+/// dropped mid-wait is a cancellation). The message held meanwhile is still the caller's:
+/// once the receiver takes, everything accepted arrives in order, then that message.
+/// Transport memory and heap messages alternate (shmem copies the heap ones into a block).
+async fn a_reserved_send_never_waits_and_a_cancelled_reservation_loses_nothing(
+    fixture: Arc<Fixture>,
+) -> Result<(), Failure> {
+    const LIMIT: u64 = 200_000;
+    const SIZE: usize = 1024;
+    let mut pull_config = Fixture::config(SocketType::Pull, Method::Bind);
+    pull_config.rcv_buf_size = 16;
+    let (mut pull, address) = fixture.bound_with(pull_config).await?;
+    let mut push_config = Fixture::config(SocketType::Push, Method::Connect);
+    push_config.snd_buf_size = 16;
+    let mut push = fixture.connected_with(push_config, &address).await?;
+    let make = |idx: u64| {
+        let fixture = Arc::clone(&fixture);
+        async move {
+            if idx.is_multiple_of(2) {
+                message(fixture.transport(), idx, SIZE).await
+            } else {
+                let mut heap = Message::new(SIZE);
+                crate::payload::fill(idx, heap.data_mut());
+                Ok(heap)
+            }
+        }
+    };
+
+    let mut n_accepted = 0u64;
+    loop {
+        if n_accepted == LIMIT {
+            return Err(Failure::expectation(format!(
+                "{LIMIT} reservations granted for a receiver that takes nothing: a reservation \
+                 never waits for room"
+            )));
+        }
+        let next = make(n_accepted).await?;
+        // Generous, as in the stalled-receiver scenario: a reservation this late is waiting.
+        let reserved = watch(
+            "a reservation for a stalled receiver",
+            push.reserve_timeout(Duration::from_millis(500)),
+        )
+        .await?;
+        match reserved {
+            Ok(permit) => {
+                permit.send(next).map_err(|failed| {
+                    Failure::call(
+                        &format!("sending message {n_accepted} through its reservation"),
+                        &failed.error,
+                    )
+                })?;
+                n_accepted += 1;
+            }
+            Err(Error::Timeout { .. }) => break,
+            Err(error) => {
+                return Err(Failure::call(
+                    &format!("reserving room for message {n_accepted}"),
+                    &error,
+                ));
+            }
+        }
+    }
+    // A reservation dropped while it waits: nothing is sent, nothing lost.
+    let held = make(n_accepted).await?;
+    if tokio::time::timeout(SHORT, push.reserve()).await.is_ok() {
+        return Err(Failure::expectation(
+            "a reservation was granted while the stalled receiver's queue was full",
+        ));
+    }
+
+    let sizes = vec![SIZE; n_accepted as usize + 1];
+    let resend = tokio::spawn(async move {
+        let permit = watch("a reservation once the receiver takes", push.reserve())
+            .await?
+            .during("reserving room for the held message")?;
+        permit
+            .send(held)
+            .map_err(|failed| Failure::call("sending the held message", &failed.error))?;
         Ok::<_, Failure>(push)
     });
     receive_payloads(&mut pull, &sizes).await?;

@@ -153,6 +153,17 @@ pub enum Error {
         /// The operation tried.
         operation: &'static str,
     },
+    /// The channel's transport cannot do this for its socket type (a send reserved ahead on a
+    /// channel whose transport cannot promise room before the send).
+    #[error("{channel}: cannot {operation}: {reason}")]
+    Unsupported {
+        /// The channel.
+        channel: ChannelLabel,
+        /// The operation tried.
+        operation: &'static str,
+        /// Why not, and what to do instead.
+        reason: &'static str,
+    },
     /// Encoding or decoding a typed payload failed.
     #[error("{channel}: payload codec failed")]
     Codec {
@@ -226,6 +237,7 @@ impl Error {
             | Error::Bind { channel, .. }
             | Error::Connect { channel, .. }
             | Error::WrongSocketType { channel, .. }
+            | Error::Unsupported { channel, .. }
             | Error::Codec { channel, .. }
             | Error::TransportMismatch { channel, .. }
             | Error::SessionMismatch { channel }

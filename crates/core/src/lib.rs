@@ -41,7 +41,7 @@ pub use message::{
 pub use registry::{MakeTransport, TransportOptions, TransportRegistry, TransportTraits};
 pub use tap::{Direction, TapReceiver, TapSlot, Tapped};
 pub use transport::{
-    Channel, ChannelCounters, CounterSnapshot, MemoryFigures, SendFigures, SendWait, Socket,
-    Transport,
+    Channel, ChannelCounters, CounterSnapshot, MemoryFigures, SendFigures, SendPermit, SendWait,
+    Socket, Transport,
 };
 pub use typed::{Decode, Encode, Json, Payload, Pod, Postcard, Receiver, Sender};

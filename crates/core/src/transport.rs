@@ -17,7 +17,9 @@
 //! Receives are cancel-safe: a receive future dropped before it completed loses no message, so
 //! a receive can sit in `tokio::select!` (that is how the device poller works). A send future
 //! owns its message: dropping it drops the message, as with tokio's `mpsc::Sender::send`. Use
-//! the timeout forms to get the message back in the [`SendError`] instead.
+//! the timeout forms to get the message back in the [`SendError`] instead, or the two-phase
+//! send: [`Channel::reserve`] waits for room (cancel-safe, the message stays the caller's) and
+//! its [`SendPermit`] sends without waiting, as with `mpsc::Sender::reserve`.
 //!
 //! # Fairness
 //! A send or receive that completes without waiting (a pub send with no subscriber, a receive
@@ -167,6 +169,40 @@ pub trait Socket: Send {
     /// The parts, not sent.
     fn try_send_parts(&mut self, parts: Parts) -> std::result::Result<(), Parts> {
         Err(parts)
+    }
+
+    /// Waits until this socket can take one message without waiting (room under `sndBufSize`
+    /// and whatever else its pattern needs before it accepts a send), for [`Channel::reserve`];
+    /// it may set that room aside for the next [`Socket::send_reserved`]. `Ok(false)` (the
+    /// default): this socket cannot promise room ahead of a send.
+    ///
+    /// # Errors
+    /// What makes every later send fail (a refused peer, a closed socket).
+    ///
+    /// # Cancel safety
+    /// Must be cancel-safe: a dropped wait sends nothing and loses nothing.
+    async fn reserve_send(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// Sends `parts` into the room [`Socket::reserve_send`] found, without waiting and without
+    /// failing for lack of room. It may still fail for another reason (a peer refused, a
+    /// message that must be copied into memory that is full), handing the parts back.
+    ///
+    /// # Errors
+    /// [`SendError`] with the parts; [`Error::Unsupported`] from a socket whose
+    /// `reserve_send` says `false`.
+    // The error hands the message back, as every send does (the async forms return the same).
+    #[allow(clippy::result_large_err)]
+    fn send_reserved(&mut self, parts: Parts) -> Result<(), SendError<Parts>> {
+        Err(SendError::new(
+            Error::Unsupported {
+                channel: self.label().clone(),
+                operation: "send through a reservation",
+                reason: RESERVE_UNSUPPORTED,
+            },
+            parts,
+        ))
     }
 
     /// A whole multipart message that is already here, without waiting; `None` when the caller
@@ -579,6 +615,69 @@ impl Channel {
         self.send_inner(parts, Some(timeout)).await
     }
 
+    /// Waits for room for one message and returns a permit that sends it without waiting: the
+    /// two-phase send. The wait is cancel-safe and the message stays the caller's until
+    /// [`SendPermit::send`], so a send that must give way to STOP (or anything else in a
+    /// `tokio::select!`) loses nothing:
+    ///
+    /// ```no_run
+    /// # async fn demo(channel: &mut ferromq_core::Channel, stop: tokio::sync::oneshot::Receiver<()>)
+    /// # -> ferromq_core::Result<()> {
+    /// let message = ferromq_core::Message::from("kept if STOP comes first");
+    /// tokio::select! {
+    ///     permit = channel.reserve() => permit?.send(message).map_err(|failed| failed.error)?,
+    ///     _ = stop => { /* `message` is still here */ }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Push and pair over zeromq (tcp, ipc, inproc), shmem push, and ofi support it; on other
+    /// sockets it fails with [`Error::Unsupported`].
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`]; [`Error::WrongSocketType`] out of req/rep turn; what would make
+    /// a send fail (a refused peer, a closed channel).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub async fn reserve(&mut self) -> Result<SendPermit<'_>> {
+        self.reserve_inner(None).await
+    }
+
+    /// [`Channel::reserve`], waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// As [`Channel::reserve`]; [`Error::Timeout`] when no room came in time.
+    pub async fn reserve_timeout(&mut self, timeout: Duration) -> Result<SendPermit<'_>> {
+        self.reserve_inner(Some(timeout)).await
+    }
+
+    async fn reserve_inner(&mut self, timeout: Option<Duration>) -> Result<SendPermit<'_>> {
+        self.check_turn(Turn::Send)?;
+        // Before the wait, as for a send (see "Fairness").
+        tokio::task::consume_budget().await;
+        let wait = self.socket.reserve_send();
+        let ready = match timeout {
+            None => wait.await?,
+            Some(after) => {
+                tokio::time::timeout(after, wait)
+                    .await
+                    .map_err(|_| Error::Timeout {
+                        channel: self.label().clone(),
+                        after,
+                    })??
+            }
+        };
+        if !ready {
+            return Err(Error::Unsupported {
+                channel: self.label().clone(),
+                operation: "reserve room for a send",
+                reason: RESERVE_UNSUPPORTED,
+            });
+        }
+        Ok(SendPermit { channel: self })
+    }
+
     async fn send_inner(
         &mut self,
         parts: Parts,
@@ -804,6 +903,59 @@ impl Future for YieldNow {
         self.yielded = true;
         context.waker().wake_by_ref();
         std::task::Poll::Pending
+    }
+}
+
+/// Why a socket cannot reserve room, for [`Error::Unsupported`].
+const RESERVE_UNSUPPORTED: &str = "this transport cannot promise room before a send on this \
+    socket type (reservations: zeromq push and pair, shmem push, ofi); use send_timeout, which \
+    hands the message back when it runs out";
+
+/// Room for one message on a channel, from [`Channel::reserve`]: sending through it never
+/// waits for room. Dropped unused, it sends nothing (the transport may keep the room for the
+/// channel's next reservation).
+#[must_use = "a permit sends nothing until `send` is called"]
+pub struct SendPermit<'a> {
+    channel: &'a mut Channel,
+}
+
+impl SendPermit<'_> {
+    /// Sends one message into the reserved room, without waiting.
+    ///
+    /// # Errors
+    /// [`SendError`] with the message, for a reason other than room: a refused peer, a closed
+    /// channel, or (shmem) a heap message that must be copied into a segment that is full.
+    // The error hands the message back, as every send does (the async forms return the same).
+    #[allow(clippy::result_large_err)]
+    pub fn send(self, message: Message) -> Result<(), SendError<Message>> {
+        self.send_parts(Parts::from(message)).map_err(single)
+    }
+
+    /// Sends a multipart message into the reserved room, without waiting.
+    ///
+    /// # Errors
+    /// As [`SendPermit::send`], with the parts.
+    // The error hands the message back, as every send does (the async forms return the same).
+    #[allow(clippy::result_large_err)]
+    pub fn send_parts(self, parts: Parts) -> Result<(), SendError<Parts>> {
+        let channel = self.channel;
+        let n_bytes = parts.total_size();
+        let tapped = channel.tap.prepare(&parts);
+        channel.socket.send_reserved(parts)?;
+        channel.counters.record_out(n_bytes);
+        if let Some(tapped) = tapped {
+            tapped.commit(Direction::Out);
+        }
+        channel.pass_turn(Turn::Receive);
+        Ok(())
+    }
+}
+
+impl fmt::Debug for SendPermit<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SendPermit")
+            .field("channel", self.channel.label())
+            .finish()
     }
 }
 

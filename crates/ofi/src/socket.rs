@@ -14,7 +14,7 @@ use ferromq_core::{
     Address, ChannelConfig, ChannelLabel, Error, Parts, Result, SendError, Socket, SocketType,
     TcpHost,
 };
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use zeromq::Socket as _;
 
@@ -33,6 +33,8 @@ pub(crate) struct OfiSocket {
     link: Option<Link>,
     received: Option<mpsc::Receiver<Parts>>,
     stats: Arc<EngineStats>,
+    /// A credit set aside by `reserve_send` for the next send.
+    reserved: Option<OwnedSemaphorePermit>,
 }
 
 impl OfiSocket {
@@ -66,6 +68,7 @@ impl OfiSocket {
             link: None,
             received: None,
             stats,
+            reserved: None,
         })
     }
 
@@ -75,6 +78,90 @@ impl OfiSocket {
 
     fn can_receive(&self) -> bool {
         !matches!(self.config.socket_type, SocketType::Push)
+    }
+
+    /// Why `parts` cannot be sent on this socket at all, if they cannot.
+    fn refusal(&self, parts: &Parts) -> Option<Error> {
+        // req/rep alternation is `Channel`'s, as for every transport.
+        if !self.can_send() {
+            return Some(Error::WrongSocketType {
+                channel: self.label.clone(),
+                operation: "send",
+            });
+        }
+        if parts.len() > MAX_PARTS {
+            return Some(Error::Transport {
+                channel: self.label.clone(),
+                source: format!(
+                    "a message of {} parts; the ofi transport carries at most {MAX_PARTS}",
+                    parts.len()
+                )
+                .into(),
+            });
+        }
+        let too_large = parts
+            .iter()
+            .find(|part| part.len().div_ceil(self.options.max_chunk) > MAX_CHUNKS)?;
+        Some(Error::MessageTooLarge {
+            channel: self.label.clone(),
+            size: too_large.len(),
+            limit: MAX_CHUNKS * self.options.max_chunk,
+        })
+    }
+
+    /// One of the `sndBufSize` credits, waiting at most `timeout`; a peer's death reported
+    /// meanwhile ends the wait. Cancel-safe: a dropped wait holds no credit.
+    async fn wait_for_credit(&mut self, timeout: Option<Duration>) -> Result<OwnedSemaphorePermit> {
+        let deadline = timeout.map(|after| Instant::now() + after);
+        loop {
+            if let Some(problem) = self
+                .shared
+                .send_problem
+                .lock()
+                .expect("problem lock")
+                .take()
+            {
+                return Err(problem.into_error(&self.label));
+            }
+            tokio::select! {
+                credit = Arc::clone(&self.credits).acquire_owned() => {
+                    return Ok(credit.expect("the credit semaphore is never closed"));
+                }
+                () = self.shared.send_wakeup.notified() => {}
+                () = sleep_until_opt(deadline) => {
+                    return Err(Error::Timeout {
+                        channel: self.label.clone(),
+                        after: timeout.unwrap_or_default(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Hands an accepted message and its credit to the driver.
+    // The error hands the message back, as every send does.
+    #[allow(clippy::result_large_err)]
+    fn hand_to_driver(
+        &self,
+        parts: Parts,
+        credit: OwnedSemaphorePermit,
+    ) -> Result<(), SendError<Parts>> {
+        let interrupted = || Error::Interrupted {
+            channel: self.label.clone(),
+        };
+        let Some(link) = &self.link else {
+            return Err(SendError::new(interrupted(), parts));
+        };
+        let outgoing = Outgoing {
+            parts: parts.into_vec(),
+            _credit: credit,
+        };
+        if let Err(mpsc::error::SendError(DriverCommand::Send(outgoing))) =
+            link.commands.send(DriverCommand::Send(outgoing))
+        {
+            return Err(SendError::new(interrupted(), outgoing.parts.into()));
+        }
+        Ok(())
     }
 
     /// The zmq address of the side channel, the default provider and the interface to open the
@@ -229,94 +316,46 @@ impl Socket for OfiSocket {
         parts: Parts,
         timeout: Option<Duration>,
     ) -> Result<(), SendError<Parts>> {
-        // req/rep alternation is `Channel`'s, as for every transport.
+        if let Some(error) = self.refusal(&parts) {
+            return Err(SendError::new(error, parts));
+        }
+        // A credit (one set aside by a reservation first).
+        let credit = match self.reserved.take() {
+            Some(credit) => credit,
+            None => match self.wait_for_credit(timeout).await {
+                Ok(credit) => credit,
+                Err(error) => return Err(SendError::new(error, parts)),
+            },
+        };
+        self.hand_to_driver(parts, credit)
+    }
+
+    async fn reserve_send(&mut self) -> Result<bool> {
         if !self.can_send() {
-            return Err(SendError::new(
-                Error::WrongSocketType {
-                    channel: self.label.clone(),
-                    operation: "send",
-                },
-                parts,
-            ));
+            return Err(Error::WrongSocketType {
+                channel: self.label.clone(),
+                operation: "send",
+            });
         }
-        if parts.len() > MAX_PARTS {
-            return Err(SendError::new(
-                Error::Transport {
-                    channel: self.label.clone(),
-                    source: format!(
-                        "a message of {} parts; the ofi transport carries at most {MAX_PARTS}",
-                        parts.len()
-                    )
-                    .into(),
-                },
-                parts,
-            ));
+        if self.reserved.is_none() {
+            self.reserved = Some(self.wait_for_credit(None).await?);
         }
-        if let Some(part) = parts
-            .iter()
-            .find(|part| part.len().div_ceil(self.options.max_chunk) > MAX_CHUNKS)
-        {
-            let size = part.len();
-            return Err(SendError::new(
-                Error::MessageTooLarge {
-                    channel: self.label.clone(),
-                    size,
-                    limit: MAX_CHUNKS * self.options.max_chunk,
-                },
-                parts,
-            ));
+        Ok(true)
+    }
+
+    fn send_reserved(&mut self, parts: Parts) -> Result<(), SendError<Parts>> {
+        if let Some(error) = self.refusal(&parts) {
+            return Err(SendError::new(error, parts));
         }
-        let Some(link) = &self.link else {
-            return Err(SendError::new(
-                Error::Interrupted {
-                    channel: self.label.clone(),
-                },
-                parts,
-            ));
+        let Some(credit) = self.reserved.take() else {
+            let error = Error::Unsupported {
+                channel: self.label.clone(),
+                operation: "send through a reservation",
+                reason: "no room was reserved on this channel (Channel::reserve first)",
+            };
+            return Err(SendError::new(error, parts));
         };
-        // Wait for a credit; a peer's death reported meanwhile ends the wait.
-        let deadline = timeout.map(|after| Instant::now() + after);
-        let credit = loop {
-            if let Some(problem) = self
-                .shared
-                .send_problem
-                .lock()
-                .expect("problem lock")
-                .take()
-            {
-                return Err(SendError::new(problem.into_error(&self.label), parts));
-            }
-            tokio::select! {
-                credit = Arc::clone(&self.credits).acquire_owned() => {
-                    break credit.expect("the credit semaphore is never closed");
-                }
-                () = self.shared.send_wakeup.notified() => {}
-                () = sleep_until_opt(deadline) => {
-                    return Err(SendError::new(
-                        Error::Timeout {
-                            channel: self.label.clone(),
-                            after: timeout.unwrap_or_default(),
-                        },
-                        parts,
-                    ));
-                }
-            }
-        };
-        let outgoing = Outgoing {
-            parts: parts.into_vec(),
-            _credit: credit,
-        };
-        if let Err(mpsc::error::SendError(DriverCommand::Send(outgoing))) =
-            link.commands.send(DriverCommand::Send(outgoing))
-        {
-            return Err(SendError::new(
-                Error::Interrupted {
-                    channel: self.label.clone(),
-                },
-                outgoing.parts.into(),
-            ));
-        }
-        Ok(())
+        self.hand_to_driver(parts, credit)
     }
 
     async fn receive_parts(&mut self) -> Result<Parts> {

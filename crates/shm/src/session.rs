@@ -179,6 +179,26 @@ impl Session {
         TakenCounter::new(segment, delivery).map(Some)
     }
 
+    /// A block of `size` bytes in this process's segment if there is room now: a send through
+    /// a reservation copies a heap part into it and must not wait.
+    pub(crate) fn allocate_now(&self, size: usize) -> Result<ShmBuffer, ShmError> {
+        // Every shmem socket creates it before it exists, so a socket always finds it.
+        let Some(owned) = self.own.get() else {
+            return Err(ShmError::NotFound {
+                name: "this process's own segment (not created yet)".to_owned(),
+            });
+        };
+        if size > owned.max_message_size() {
+            return Err(ShmError::LargerThanSegment {
+                requested: size,
+                segment_size: self.options.segment_size,
+            });
+        }
+        owned
+            .allocate(size)
+            .ok_or_else(|| owned.full_error(size, 0))
+    }
+
     /// A message of `size` bytes in this process's segment, waiting up to the allocation timeout
     /// while the segment is full.
     pub(crate) async fn allocate(&self, size: usize) -> Result<ShmBuffer, ShmError> {

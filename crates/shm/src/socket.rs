@@ -178,6 +178,12 @@ impl PushState {
         true
     }
 
+    /// Whether [`PushState::offer`] would append a record now.
+    fn has_room(&self, capacity: usize) -> bool {
+        self.connected.load(Ordering::Acquire)
+            && self.outbox.lock().expect("outbox poisoned").n_records < capacity
+    }
+
     /// The oldest frame and its number of records, `None` when the outbox is empty.
     fn take_frame(&self) -> Option<(Vec<u8>, usize)> {
         let mut outbox = self.outbox.lock().expect("outbox poisoned");
@@ -283,6 +289,21 @@ impl BatchedPush {
             state,
             task,
             capacity: capacity.max(1),
+        }
+    }
+
+    /// Waits until the outbox has room for a record (and its connection is made), taking
+    /// nothing: nobody else puts records into it while its socket is borrowed for a
+    /// reservation. Cancel-safe.
+    async fn wait_for_room(&self) {
+        loop {
+            let room = self.state.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            if self.state.has_room(self.capacity) {
+                return;
+            }
+            room.await;
         }
     }
 
@@ -487,20 +508,48 @@ async fn describe(
                 .allocate(message.len())
                 .await
                 .map_err(|error| transport_error(label, error))?;
-            let target = ferromq_core::MessageBuffer::as_bytes_mut(&mut buffer)
-                .expect("a new block has one owner");
-            target[..message.len()].copy_from_slice(message.data());
-            record_copy(message.len());
-            record.push(PartRef::Block {
-                segment: ObjectRef::of(buffer.segment().name()),
-                range: WireRange {
-                    offset: buffer.data_offset() as u64,
-                    size: message.len() as u64,
-                },
-            });
+            record.push(copy_into(&mut buffer, message));
             fresh.push(buffer);
         }
         Ok((record, fresh))
+    }
+}
+
+/// [`describe`] without waiting: a heap part is copied into a block only if this process's
+/// segment has room now (a send through a reservation must not wait).
+fn describe_now(
+    session: &Session,
+    label: &ChannelLabel,
+    parts: &Parts,
+) -> Result<(Vec<PartRef>, Vec<ShmBuffer>)> {
+    let mut record = Vec::with_capacity(parts.len());
+    let mut fresh = Vec::new();
+    for message in parts {
+        if let Some(part) = describe_as_is(session, message) {
+            record.push(part);
+            continue;
+        }
+        let mut buffer = session
+            .allocate_now(message.len())
+            .map_err(|error| transport_error(label, error))?;
+        record.push(copy_into(&mut buffer, message));
+        fresh.push(buffer);
+    }
+    Ok((record, fresh))
+}
+
+/// Copies `message` into the new block `buffer` and describes it.
+fn copy_into(buffer: &mut ShmBuffer, message: &Message) -> PartRef {
+    let target =
+        ferromq_core::MessageBuffer::as_bytes_mut(buffer).expect("a new block has one owner");
+    target[..message.len()].copy_from_slice(message.data());
+    record_copy(message.len());
+    PartRef::Block {
+        segment: ObjectRef::of(buffer.segment().name()),
+        range: WireRange {
+            offset: buffer.data_offset() as u64,
+            size: message.len() as u64,
+        },
     }
 }
 
@@ -691,6 +740,72 @@ impl Socket for ShmSocket {
             return Err(parts);
         }
         self.hand_over(parts, Vec::new());
+        Ok(())
+    }
+
+    async fn reserve_send(&mut self) -> Result<bool> {
+        // Push only: its outbox and delivery window are the room; the other patterns hand
+        // their frames to a zeromq socket that cannot promise room ahead.
+        let Inner::Batched(push) = &self.inner else {
+            return Ok(false);
+        };
+        let state = Arc::clone(&push.state);
+        let peer_gone = |reason: String| Error::PeerGone {
+            channel: self.label.clone(),
+            reason,
+        };
+        if let Some(reason) = state.failure() {
+            return Err(peer_gone(reason));
+        }
+        if let Some(sent) = &mut self.sent
+            && !sent.has_room(self.window)
+        {
+            let waiting = self.figures.waiting();
+            sent.wait_for_room(self.window, None, || state.failed.load(Ordering::Acquire))
+                .await;
+            drop(waiting);
+            if let Some(reason) = state.failure() {
+                return Err(peer_gone(reason));
+            }
+        }
+        push.wait_for_room().await;
+        Ok(true)
+    }
+
+    fn send_reserved(&mut self, parts: Parts) -> std::result::Result<(), SendError<Parts>> {
+        let Inner::Batched(push) = &self.inner else {
+            return Err(SendError::new(
+                Error::Unsupported {
+                    channel: self.label.clone(),
+                    operation: "send through a reservation",
+                    reason: "only a shmem push reserves room ahead of a send",
+                },
+                parts,
+            ));
+        };
+        if let Some(reason) = push.state.failure() {
+            let error = Error::PeerGone {
+                channel: self.label.clone(),
+                reason,
+            };
+            return Err(SendError::new(error, parts));
+        }
+        let (record, fresh) = match describe_now(&self.session, &self.label, &parts) {
+            Ok(described) => described,
+            Err(error) => return Err(SendError::new(error, parts)),
+        };
+        // The room was reserved and nothing else puts records into this outbox meanwhile.
+        let accepted = push.state.offer(&record, push.capacity);
+        debug_assert!(accepted, "a reserved outbox has room");
+        if !accepted {
+            let error = Error::Unsupported {
+                channel: self.label.clone(),
+                operation: "send through a reservation",
+                reason: "no room was reserved on this channel (Channel::reserve first)",
+            };
+            return Err(SendError::new(error, parts));
+        }
+        self.hand_over(parts, fresh);
         Ok(())
     }
 

@@ -92,6 +92,9 @@ pub(crate) struct InprocChannel {
     next_peer_idx: usize,
     reply_to: Option<u64>,
     bound_names: Vec<String>,
+    /// Room set aside in a peer's inbox by [`InprocChannel::reserve`] (push and pair), with
+    /// the peer, for the next [`InprocChannel::send_reserved`].
+    reserved: Option<(Arc<Node>, mpsc::OwnedPermit<Envelope>)>,
 }
 
 impl InprocChannel {
@@ -111,6 +114,7 @@ impl InprocChannel {
             next_peer_idx: 0,
             reply_to: None,
             bound_names: Vec::new(),
+            reserved: None,
         }
     }
 
@@ -234,6 +238,70 @@ impl InprocChannel {
                 Err(_) => continue,
             }
         }
+    }
+
+    /// Waits for room in the inbox of the next peer (round robin) and keeps it for
+    /// [`InprocChannel::send_reserved`]; at once when room is kept already. Cancel-safe: a
+    /// dropped wait keeps nothing. Push and pair only.
+    pub(crate) async fn reserve(&mut self) {
+        if self
+            .reserved
+            .as_ref()
+            .is_some_and(|(peer, _)| !peer.inbox.is_closed())
+        {
+            return;
+        }
+        self.reserved = None;
+        loop {
+            let changed = self.node.peers_changed.notified();
+            let peers = self.node.live_peers();
+            if peers.is_empty() {
+                changed.await;
+                continue;
+            }
+            self.next_peer_idx = (self.next_peer_idx + 1) % peers.len();
+            let peer = Arc::clone(&peers[self.next_peer_idx]);
+            // That peer closed meanwhile: pick another.
+            if let Ok(permit) = peer.inbox.clone().reserve_owned().await {
+                self.reserved = Some((peer, permit));
+                return;
+            }
+        }
+    }
+
+    /// Sends into the room [`InprocChannel::reserve`] kept, without waiting; hands the parts
+    /// back when none is kept or that peer has gone since.
+    // The error hands the message back, as every send does.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn send_reserved(
+        &mut self,
+        label: &ChannelLabel,
+        parts: Parts,
+    ) -> Result<(), SendError<Parts>> {
+        let Some((peer, permit)) = self.reserved.take() else {
+            return Err(SendError::new(
+                Error::Unsupported {
+                    channel: label.clone(),
+                    operation: "send through a reservation",
+                    reason: "no room was reserved on this channel (Channel::reserve first)",
+                },
+                parts,
+            ));
+        };
+        if peer.inbox.is_closed() {
+            return Err(SendError::new(
+                Error::PeerGone {
+                    channel: label.clone(),
+                    reason: "the peer whose room was reserved closed before the send".to_owned(),
+                },
+                parts,
+            ));
+        }
+        permit.send(Envelope {
+            from: self.node.id,
+            parts,
+        });
+        Ok(())
     }
 
     fn publish(&mut self, parts: Parts) {

@@ -201,6 +201,37 @@ impl Socket for ZmqSocket {
         }
     }
 
+    async fn reserve_send(&mut self) -> Result<bool> {
+        self.check(self.socket_type.can_send(), "send")?;
+        if !matches!(self.socket_type, SocketType::Push | SocketType::Pair) {
+            return Ok(false);
+        }
+        match &mut self.backend {
+            Backend::Zmtp(zmtp) => zmtp.reserve(&self.label).await.map(|()| true),
+            Backend::Inproc(inproc) => {
+                inproc.reserve().await;
+                Ok(true)
+            }
+            Backend::Net(_) => Ok(false),
+            Backend::Unattached => Err(self.not_attached("send")),
+        }
+    }
+
+    fn send_reserved(&mut self, parts: Parts) -> std::result::Result<(), SendError<Parts>> {
+        match &mut self.backend {
+            Backend::Zmtp(zmtp) => zmtp.send_reserved(&self.label, parts),
+            Backend::Inproc(inproc) => inproc.send_reserved(&self.label, parts),
+            Backend::Net(_) | Backend::Unattached => Err(SendError::new(
+                Error::Unsupported {
+                    channel: self.label.clone(),
+                    operation: "send through a reservation",
+                    reason: "no room was reserved on this channel (Channel::reserve first)",
+                },
+                parts,
+            )),
+        }
+    }
+
     fn try_receive_parts(&mut self) -> Option<Parts> {
         match &mut self.backend {
             Backend::Zmtp(zmtp) if self.socket_type.can_receive() => zmtp.try_receive(),

@@ -441,6 +441,53 @@ impl ZmtpChannel {
         Ok(())
     }
 
+    /// Waits until a send would be queued at once (a peer, room under `sndBufSize`), for a
+    /// reservation. Cancel-safe; nothing is set aside: the caller holds the channel `&mut`
+    /// until it sends, and writers only ever make room.
+    pub(crate) async fn reserve(&mut self, label: &ChannelLabel) -> Result<(), Error> {
+        let mut waiting = None;
+        loop {
+            let mut progressed = pin!(self.shared.progress.notified());
+            progressed.as_mut().enable();
+            {
+                let state = self.shared.state();
+                if let Some(mismatch) = state.mismatch {
+                    return Err(mismatch.error(label));
+                }
+                if state.peers > 0 && state.unwritten() < self.snd_buf_size {
+                    return Ok(());
+                }
+            }
+            waiting.get_or_insert_with(|| self.shared.figures.waiting());
+            progressed.await;
+        }
+    }
+
+    /// Queues `parts` into the room [`ZmtpChannel::reserve`] found, whatever happened to the
+    /// peer since (a peer that went leaves the message queued for the next one, or for
+    /// `close` to report).
+    // The error hands the message back, as every send does.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn send_reserved(
+        &mut self,
+        label: &ChannelLabel,
+        parts: Parts,
+    ) -> Result<(), SendError<Parts>> {
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let mut state = self.shared.state();
+        if let Some(mismatch) = state.mismatch {
+            return Err(SendError::new(mismatch.error(label), parts));
+        }
+        state
+            .queue
+            .push_back(parts.into_iter().map(Message::into_bytes).collect());
+        self.shared.publish(&state);
+        state.wake_a_writer();
+        Ok(())
+    }
+
     /// The next message if one is in the inbox already, without waiting.
     pub(crate) fn try_receive(&mut self) -> Option<Parts> {
         self.inbox.try_recv().ok()
