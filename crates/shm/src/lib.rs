@@ -46,6 +46,7 @@ mod delivery;
 mod error;
 pub mod managed;
 pub mod names;
+mod protocol;
 pub mod region;
 pub mod segment;
 mod session;

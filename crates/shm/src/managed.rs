@@ -24,19 +24,19 @@
 use std::any::Any;
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ferromq_core::MessageBuffer;
 
 use crate::allocator::Allocator;
 use crate::error::ShmError;
+use crate::protocol::{BlockCells, NotLive};
 use crate::segment::{HEADER_SIZE, Segment};
 use crate::wire::WireRange;
 
 /// Alignment of blocks and their headers.
 pub const BLOCK_ALIGN: usize = 64;
-const BLOCK_MAGIC: u32 = 0xFE_22_0B_10;
 
 fn align_up(size: usize) -> usize {
     size.div_ceil(BLOCK_ALIGN).max(1) * BLOCK_ALIGN
@@ -104,11 +104,9 @@ impl OwnedSegment {
                 }
             }
         };
-        let block = BlockHeader::at(&self.segment, header_offset)
+        let block = block_at(&self.segment, header_offset)
             .expect("allocated blocks lie inside the segment");
-        block.refcount.store(1, Ordering::Relaxed);
-        block.capacity.store(capacity as u64, Ordering::Relaxed);
-        block.magic.store(BLOCK_MAGIC, Ordering::Release);
+        block.publish(capacity as u64);
         state.outstanding.push_back((header_offset, total));
         // A recycled range leaves the largest free range as it was unless it was the last of
         // its size: then only the counts change (the tree lookup was 1-2 % of the sender).
@@ -128,8 +126,7 @@ impl OwnedSegment {
     /// Frees blocks nobody references: the oldest ones in order, or all of them when `everything`.
     fn reclaim(&self, state: &mut OwnerState, everything: bool) {
         let released = |segment: &Segment, header_offset: usize| {
-            BlockHeader::at(segment, header_offset)
-                .is_some_and(|block| block.refcount.load(Ordering::Acquire) == 0)
+            block_at(segment, header_offset).is_some_and(|block| block.is_released())
         };
         let mut n_freed = 0;
         if everything {
@@ -159,8 +156,8 @@ impl OwnedSegment {
     }
 
     fn release(&self, allocator: &mut Allocator, header_offset: usize, total: usize) {
-        if let Some(block) = BlockHeader::at(&self.segment, header_offset) {
-            block.magic.store(0, Ordering::Release);
+        if let Some(block) = block_at(&self.segment, header_offset) {
+            block.retire();
         }
         allocator.free(header_offset, total);
     }
@@ -218,20 +215,16 @@ impl OwnedSegment {
 }
 
 /// The shared fields of a block header.
-struct BlockHeader<'a> {
-    refcount: &'a std::sync::atomic::AtomicU32,
-    magic: &'a std::sync::atomic::AtomicU32,
-    capacity: &'a std::sync::atomic::AtomicU64,
-}
+/// A block's header in a mapped segment; its protocol steps are `protocol.rs`'s (model-checked).
+type BlockHeader<'a> = BlockCells<'a, AtomicU32, AtomicU64>;
 
-impl<'a> BlockHeader<'a> {
-    fn at(segment: &'a Segment, header_offset: usize) -> Option<BlockHeader<'a>> {
-        Some(BlockHeader {
-            refcount: segment.atomic_u32(header_offset)?,
-            magic: segment.atomic_u32(header_offset + 4)?,
-            capacity: segment.atomic_u64(header_offset + 8)?,
-        })
-    }
+/// The header of the block at `header_offset`, `None` outside the segment.
+fn block_at(segment: &Segment, header_offset: usize) -> Option<BlockHeader<'_>> {
+    Some(BlockCells {
+        refcount: segment.atomic_u32(header_offset)?,
+        magic: segment.atomic_u32(header_offset + 4)?,
+        capacity: segment.atomic_u64(header_offset + 8)?,
+    })
 }
 
 /// What a [`ShmBuffer`] releases when it drops.
@@ -286,9 +279,9 @@ impl ShmBuffer {
         match std::mem::replace(&mut self.release, Release::Nothing) {
             Release::Block => {
                 if let Some(segment) = &self.segment
-                    && let Some(block) = BlockHeader::at(segment, self.data_offset - BLOCK_ALIGN)
+                    && let Some(block) = block_at(segment, self.data_offset - BLOCK_ALIGN)
                 {
-                    block.refcount.fetch_sub(1, Ordering::AcqRel);
+                    block.release(1);
                 }
             }
             Release::Region(acknowledge, hint) => {
@@ -370,24 +363,26 @@ impl ShmBuffer {
         if !data_offset.is_multiple_of(BLOCK_ALIGN) || data_offset < HEADER_SIZE + BLOCK_ALIGN {
             return Err(bad(format!("offset {data_offset} is not a block offset")));
         }
-        let block = BlockHeader::at(&segment, data_offset - BLOCK_ALIGN).ok_or_else(|| {
+        let block = block_at(&segment, data_offset - BLOCK_ALIGN).ok_or_else(|| {
             bad(format!(
                 "offset {data_offset} is outside the segment of {} bytes",
                 segment.len()
             ))
         })?;
-        if block.magic.load(Ordering::Acquire) != BLOCK_MAGIC {
-            return Err(bad(format!("no live block at offset {data_offset}")));
-        }
-        let capacity = block.capacity.load(Ordering::Acquire) as usize;
+        let capacity = match block.live_capacity() {
+            Ok(capacity) => capacity as usize,
+            Err(NotLive::NoBlock) => {
+                return Err(bad(format!("no live block at offset {data_offset}")));
+            }
+            Err(NotLive::Released) => {
+                return Err(bad(format!(
+                    "the block at offset {data_offset} was already released"
+                )));
+            }
+        };
         if size > capacity || segment.bytes(data_offset, capacity).is_none() {
             return Err(bad(format!(
                 "{size} bytes at offset {data_offset} exceed the block's {capacity}"
-            )));
-        }
-        if block.refcount.load(Ordering::Acquire) == 0 {
-            return Err(bad(format!(
-                "the block at offset {data_offset} was already released"
             )));
         }
         Ok((ShmBuffer::new_block(segment, data_offset, capacity), size))
@@ -418,7 +413,7 @@ impl ShmBuffer {
 
     fn block(&self) -> Option<BlockHeader<'_>> {
         match self.release {
-            Release::Block => BlockHeader::at(self.segment_ref(), self.data_offset - BLOCK_ALIGN),
+            Release::Block => block_at(self.segment_ref(), self.data_offset - BLOCK_ALIGN),
             _ => None,
         }
     }
@@ -426,7 +421,7 @@ impl ShmBuffer {
     /// Adds `n` references for `n` more receivers of the same block (pub/sub fan-out).
     pub(crate) fn add_references(&self, n: u32) {
         if let Some(block) = self.block() {
-            block.refcount.fetch_add(n, Ordering::AcqRel);
+            block.add(n);
         }
     }
 
@@ -434,7 +429,7 @@ impl ShmBuffer {
     /// not get the block after all.
     pub(crate) fn release_references(&self, n: u32) {
         if let Some(block) = self.block() {
-            block.refcount.fetch_sub(n, Ordering::AcqRel);
+            block.release(n);
         }
     }
 
@@ -461,7 +456,7 @@ impl MessageBuffer for ShmBuffer {
         // Writable only by the single owner: a block with one reference held by this handle.
         // Region ranges belong to their creator, who writes them through the region.
         let block = self.block()?;
-        if block.refcount.load(Ordering::Acquire) != 1 {
+        if !block.is_sole_reference() {
             return None;
         }
         let (data_offset, capacity) = (self.data_offset, self.capacity);

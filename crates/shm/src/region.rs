@@ -18,7 +18,7 @@
 //! the acknowledgements already queued.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,6 +26,7 @@ use ferromq_core::Message;
 
 use crate::error::ShmError;
 use crate::managed::ShmBuffer;
+use crate::protocol::AckRing;
 use crate::segment::{HEADER_SIZE, ProcessId, Segment};
 
 const N_RINGS: usize = 32;
@@ -173,28 +174,14 @@ impl AckProducer {
         let Some(ring_idx) = self.claim(&mut claimed) else {
             return Offered::Lost;
         };
-        let base = ring_offset(ring_idx);
-        let (Some(head), Some(tail)) = (
-            self.segment.atomic_u64(base + 8),
-            self.segment.atomic_u64(base + 16),
-        ) else {
+        let Some(ring) = ack_ring(&self.segment, ring_idx) else {
             return Offered::Lost;
         };
-        let position = head.load(Ordering::Relaxed);
-        if position - tail.load(Ordering::Acquire) >= RING_LEN as u64 {
-            return Offered::Full;
+        if ring.offer([block.offset, block.size, block.hint]) {
+            Offered::Written
+        } else {
+            Offered::Full
         }
-        let entry = base + 24 + (position as usize % RING_LEN) * 24;
-        for (field_idx, value) in [block.offset, block.size, block.hint]
-            .into_iter()
-            .enumerate()
-        {
-            if let Some(slot) = self.segment.atomic_u64(entry + field_idx * 8) {
-                slot.store(value, Ordering::Relaxed);
-            }
-        }
-        head.store(position + 1, Ordering::Release);
-        Offered::Written
     }
 
     /// The overflow thread: moves queued acknowledgements into the ring as room appears,
@@ -236,32 +223,29 @@ impl AckProducer {
     }
 }
 
+/// Ring `ring_idx` of a region, `None` when the region is too small to hold it.
+fn ack_ring<'a>(
+    segment: &'a Segment,
+    ring_idx: usize,
+) -> Option<AckRing<'a, AtomicU64, impl Fn(u64, usize) -> Option<&'a AtomicU64>>> {
+    let base = ring_offset(ring_idx);
+    Some(AckRing {
+        head: segment.atomic_u64(base + 8)?,
+        tail: segment.atomic_u64(base + 16)?,
+        len: RING_LEN as u64,
+        entry: move |position: u64, field: usize| {
+            segment.atomic_u64(base + 24 + (position as usize % RING_LEN) * 24 + field * 8)
+        },
+    })
+}
+
 /// Takes every queued acknowledgement out of the region's rings.
 fn drain(segment: &Segment, into: &mut Vec<RegionBlock>) {
     for ring_idx in 0..N_RINGS {
-        let base = ring_offset(ring_idx);
-        let (Some(head), Some(tail)) =
-            (segment.atomic_u64(base + 8), segment.atomic_u64(base + 16))
-        else {
+        let Some(ring) = ack_ring(segment, ring_idx) else {
             continue;
         };
-        let end = head.load(Ordering::Acquire);
-        let mut position = tail.load(Ordering::Relaxed);
-        while position < end {
-            let entry = base + 24 + (position as usize % RING_LEN) * 24;
-            let field = |field_idx: usize| {
-                segment
-                    .atomic_u64(entry + field_idx * 8)
-                    .map_or(0, |slot| slot.load(Ordering::Relaxed))
-            };
-            into.push(RegionBlock {
-                offset: field(0),
-                size: field(1),
-                hint: field(2),
-            });
-            position += 1;
-        }
-        tail.store(position, Ordering::Release);
+        ring.drain(|[offset, size, hint]| into.push(RegionBlock { offset, size, hint }));
     }
 }
 

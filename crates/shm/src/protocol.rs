@@ -1,0 +1,364 @@
+//! The atomic steps of the two protocols that processes run over shared memory, written once
+//! over small atomic traits so that the same code runs on `std` atomics in a mapped segment and,
+//! in this module's tests, on [loom]'s, which runs each scenario under every interleaving and
+//! every outcome the C++ memory model allows.
+//!
+//! - **Block references** ([`BlockCells`]): the owner publishes a new block (one reference, its
+//!   capacity, then the magic that makes it adoptable), a publisher adds references for more
+//!   subscribers, receivers check a descriptor's block is live and release their reference, and
+//!   the owner reclaims the block once the count is zero, retiring the magic before the range is
+//!   reused. The model checks that a block is written again only after every receiver's reads of
+//!   it happened (no data race on the bytes), and that a descriptor replayed after the last
+//!   release never finds a live block.
+//! - **Acknowledgement rings** ([`AckRing`]): one producer per ring appends `(offset, size,
+//!   hint)` entries, the region's creator drains them. The model checks that the creator reads
+//!   exactly what was appended, in order, across a wrap-around of a short ring.
+//!
+//! What the models cover is these steps and their memory orderings. How a descriptor travels
+//! (a zeromq frame: a system call on each side, which orders everything before it) is modelled
+//! as one release store and one acquire load. The allocator's bookkeeping is process-local
+//! (behind a mutex) and is tested by its own property tests; miri is not available on this
+//! project's machines (no toolchain component can be installed), so nothing runs under it.
+//!
+//! [loom]: https://docs.rs/loom
+
+use std::sync::atomic::Ordering;
+
+/// The 32-bit atomic operations the protocols use.
+pub(crate) trait Atomic32 {
+    fn load(&self, order: Ordering) -> u32;
+    fn store(&self, value: u32, order: Ordering);
+    fn fetch_add(&self, value: u32, order: Ordering) -> u32;
+    fn fetch_sub(&self, value: u32, order: Ordering) -> u32;
+}
+
+/// The 64-bit atomic operations the protocols use.
+pub(crate) trait Atomic64 {
+    fn load(&self, order: Ordering) -> u64;
+    fn store(&self, value: u64, order: Ordering);
+}
+
+macro_rules! atomic_impls {
+    ($u32:ty, $u64:ty) => {
+        impl Atomic32 for $u32 {
+            fn load(&self, order: Ordering) -> u32 {
+                <$u32>::load(self, order)
+            }
+            fn store(&self, value: u32, order: Ordering) {
+                <$u32>::store(self, value, order);
+            }
+            fn fetch_add(&self, value: u32, order: Ordering) -> u32 {
+                <$u32>::fetch_add(self, value, order)
+            }
+            fn fetch_sub(&self, value: u32, order: Ordering) -> u32 {
+                <$u32>::fetch_sub(self, value, order)
+            }
+        }
+
+        impl Atomic64 for $u64 {
+            fn load(&self, order: Ordering) -> u64 {
+                <$u64>::load(self, order)
+            }
+            fn store(&self, value: u64, order: Ordering) {
+                <$u64>::store(self, value, order);
+            }
+        }
+    };
+}
+
+atomic_impls!(std::sync::atomic::AtomicU32, std::sync::atomic::AtomicU64);
+#[cfg(test)]
+atomic_impls!(loom::sync::atomic::AtomicU32, loom::sync::atomic::AtomicU64);
+
+/// The magic of a live managed block.
+pub(crate) const BLOCK_MAGIC: u32 = 0xFE_22_0B_10;
+
+/// Why a descriptor's block cannot be adopted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NotLive {
+    /// No live block there (never allocated, or reclaimed).
+    NoBlock,
+    /// The block is there but its last reference was released.
+    Released,
+}
+
+/// A managed block's header: reference count, magic and capacity.
+pub(crate) struct BlockCells<'a, A, B> {
+    pub(crate) refcount: &'a A,
+    pub(crate) magic: &'a A,
+    pub(crate) capacity: &'a B,
+}
+
+impl<A: Atomic32, B: Atomic64> BlockCells<'_, A, B> {
+    /// Owner, allocating: one reference and the capacity, then the magic. The release store
+    /// publishes both (and the owner's earlier writes) to whoever acquires the magic.
+    pub(crate) fn publish(&self, capacity: u64) {
+        self.refcount.store(1, Ordering::Relaxed);
+        self.capacity.store(capacity, Ordering::Relaxed);
+        self.magic.store(BLOCK_MAGIC, Ordering::Release);
+    }
+
+    /// Owner, reclaiming: whether the last reference is gone. Acquire pairs with the releases'
+    /// release half: every access to the block by a releasing holder happened before.
+    pub(crate) fn is_released(&self) -> bool {
+        self.refcount.load(Ordering::Acquire) == 0
+    }
+
+    /// Owner, after [`BlockCells::is_released`]: the block is no longer adoptable.
+    pub(crate) fn retire(&self) {
+        self.magic.store(0, Ordering::Release);
+    }
+
+    /// Receiver, adopting a descriptor: the block's capacity if it is live.
+    pub(crate) fn live_capacity(&self) -> Result<u64, NotLive> {
+        if self.magic.load(Ordering::Acquire) != BLOCK_MAGIC {
+            return Err(NotLive::NoBlock);
+        }
+        let capacity = self.capacity.load(Ordering::Acquire);
+        if self.refcount.load(Ordering::Acquire) == 0 {
+            return Err(NotLive::Released);
+        }
+        Ok(capacity)
+    }
+
+    /// A holder adds `n` references for `n` more receivers (pub/sub fan-out).
+    pub(crate) fn add(&self, n: u32) {
+        self.refcount.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// A holder gives up `n` references; the owner may reclaim the block once none is left.
+    pub(crate) fn release(&self, n: u32) {
+        self.refcount.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// Whether the caller's reference is the only one (it may then write the bytes).
+    pub(crate) fn is_sole_reference(&self) -> bool {
+        self.refcount.load(Ordering::Acquire) == 1
+    }
+}
+
+/// One process's acknowledgement ring in a region's header: a single producer appends entries of
+/// three words, the region's creator drains them. `entry(position, field)` is the word `field`
+/// of the entry for `position` (wrapped by the ring's length).
+pub(crate) struct AckRing<'a, B, E> {
+    pub(crate) head: &'a B,
+    pub(crate) tail: &'a B,
+    pub(crate) len: u64,
+    pub(crate) entry: E,
+}
+
+impl<'a, B: Atomic64 + 'a, E: Fn(u64, usize) -> Option<&'a B>> AckRing<'a, B, E> {
+    /// Producer: appends `words` unless the ring is full (`false`). The entry is written before
+    /// the head moves (release), so the consumer that sees the head sees the entry.
+    pub(crate) fn offer(&self, words: [u64; 3]) -> bool {
+        let position = self.head.load(Ordering::Relaxed);
+        // Wrapping: a tail beyond the head (a corrupted header) reads as full, not as a panic.
+        if position.wrapping_sub(self.tail.load(Ordering::Acquire)) >= self.len {
+            return false;
+        }
+        for (field, word) in words.into_iter().enumerate() {
+            if let Some(slot) = (self.entry)(position, field) {
+                slot.store(word, Ordering::Relaxed);
+            }
+        }
+        self.head.store(position + 1, Ordering::Release);
+        true
+    }
+
+    /// Consumer: hands every entry appended so far to `take`, oldest first, then frees their
+    /// slots (release: the reads happen before the producer, acquiring the tail, reuses them).
+    pub(crate) fn drain(&self, mut take: impl FnMut([u64; 3])) {
+        let end = self.head.load(Ordering::Acquire);
+        let mut position = self.tail.load(Ordering::Relaxed);
+        while position < end {
+            let word = |field: usize| {
+                (self.entry)(position, field).map_or(0, |slot| slot.load(Ordering::Relaxed))
+            };
+            take([word(0), word(1), word(2)]);
+            position += 1;
+        }
+        self.tail.store(position, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod loom_models {
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+    use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+    use loom::thread;
+
+    use super::*;
+
+    /// A block's header and bytes, and the descriptor "socket" between owner and receivers.
+    struct Block {
+        refcount: AtomicU32,
+        magic: AtomicU32,
+        capacity: AtomicU64,
+        bytes: UnsafeCell<u64>,
+        descriptor_sent: AtomicBool,
+    }
+
+    impl Block {
+        fn new() -> Block {
+            Block {
+                refcount: AtomicU32::new(0),
+                magic: AtomicU32::new(0),
+                capacity: AtomicU64::new(0),
+                bytes: UnsafeCell::new(0),
+                descriptor_sent: AtomicBool::new(false),
+            }
+        }
+
+        fn cells(&self) -> BlockCells<'_, AtomicU32, AtomicU64> {
+            BlockCells {
+                refcount: &self.refcount,
+                magic: &self.magic,
+                capacity: &self.capacity,
+            }
+        }
+
+        /// A receiver waits for the descriptor (a socket read: acquire).
+        fn wait_for_descriptor(&self) {
+            while !self.descriptor_sent.load(Ordering::Acquire) {
+                thread::yield_now();
+            }
+        }
+    }
+
+    fn model(scenario: impl Fn() + Sync + Send + 'static) {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(3);
+        builder.check(scenario);
+    }
+
+    /// An owner publishes a block to two subscribers (one extra reference), each reads it and
+    /// releases; the owner reclaims and writes the block again. Loom fails the model if that
+    /// write could race with a subscriber's read, or a subscriber could see a dead block.
+    #[test]
+    fn a_block_is_written_again_only_after_every_reader_released_it() {
+        model(|| {
+            let block = Arc::new(Block::new());
+            // SAFETY: no other thread runs yet.
+            block.bytes.with_mut(|bytes| unsafe { *bytes = 7 });
+            block.cells().publish(64);
+            block.cells().add(1);
+            block.descriptor_sent.store(true, Ordering::Release);
+            let readers: Vec<_> = (0..2)
+                .map(|_| {
+                    let block = Arc::clone(&block);
+                    thread::spawn(move || {
+                        block.wait_for_descriptor();
+                        assert_eq!(block.cells().live_capacity(), Ok(64));
+                        // SAFETY: this reader holds a reference; loom checks nobody writes.
+                        let seen = block.bytes.with(|bytes| unsafe { *bytes });
+                        assert_eq!(seen, 7);
+                        block.cells().release(1);
+                    })
+                })
+                .collect();
+            while !block.cells().is_released() {
+                thread::yield_now();
+            }
+            block.cells().retire();
+            // SAFETY: the count is zero: loom checks every reader's access happened before.
+            block.bytes.with_mut(|bytes| unsafe { *bytes = 8 });
+            for reader in readers {
+                reader.join().unwrap();
+            }
+        });
+    }
+
+    /// A descriptor replayed after its reference was released (a forged or duplicated frame)
+    /// never finds a live block, whether the owner has reclaimed it by then or not.
+    #[test]
+    fn a_replayed_descriptor_never_adopts_a_released_block() {
+        model(|| {
+            let block = Arc::new(Block::new());
+            block.cells().publish(64);
+            block.descriptor_sent.store(true, Ordering::Release);
+            let receiver = {
+                let block = Arc::clone(&block);
+                thread::spawn(move || {
+                    block.wait_for_descriptor();
+                    assert_eq!(block.cells().live_capacity(), Ok(64));
+                    block.cells().release(1);
+                    // The same descriptor again, while the owner may be reclaiming.
+                    assert!(block.cells().live_capacity().is_err());
+                })
+            };
+            while !block.cells().is_released() {
+                thread::yield_now();
+            }
+            block.cells().retire();
+            receiver.join().unwrap();
+            // And once the owner has retired the block.
+            assert_eq!(block.cells().live_capacity(), Err(NotLive::NoBlock));
+        });
+    }
+
+    /// Three entries through a ring of two (so it fills and wraps): the consumer reads each
+    /// entry whole, as written, in order. Beside each slot lies a plain cell the producer
+    /// writes before offering and the consumer reads while draining, as a region's creator
+    /// then reads the released range: loom fails the model if the ring's head and tail do not
+    /// order those accesses (its words are atomics and would not show a race themselves).
+    #[test]
+    fn an_ack_ring_hands_over_every_entry_whole_and_in_order() {
+        const LEN: u64 = 2;
+        struct Ring {
+            head: AtomicU64,
+            tail: AtomicU64,
+            words: Vec<AtomicU64>,
+            beside: Vec<UnsafeCell<u64>>,
+        }
+        fn ring<'a>(
+            shared: &'a Ring,
+        ) -> AckRing<'a, AtomicU64, impl Fn(u64, usize) -> Option<&'a AtomicU64>> {
+            AckRing {
+                head: &shared.head,
+                tail: &shared.tail,
+                len: LEN,
+                entry: move |position: u64, field: usize| {
+                    shared.words.get((position % LEN) as usize * 3 + field)
+                },
+            }
+        }
+        model(|| {
+            let shared = Arc::new(Ring {
+                head: AtomicU64::new(0),
+                tail: AtomicU64::new(0),
+                words: (0..LEN * 3).map(|_| AtomicU64::new(0)).collect(),
+                beside: (0..LEN).map(|_| UnsafeCell::new(0)).collect(),
+            });
+            let producer = {
+                let shared = Arc::clone(&shared);
+                thread::spawn(move || {
+                    for idx in 1..=3u64 {
+                        let position = idx - 1;
+                        // Room first (what `offer` looks at), then the slot's cell.
+                        while position - shared.tail.load(Ordering::Acquire) >= LEN {
+                            thread::yield_now();
+                        }
+                        let cell = &shared.beside[(position % LEN) as usize];
+                        // SAFETY: the consumer freed this slot (the tail passed it).
+                        cell.with_mut(|value| unsafe { *value = idx });
+                        assert!(ring(&shared).offer([idx, idx * 10, idx * 100]));
+                    }
+                })
+            };
+            let mut taken = Vec::new();
+            while taken.len() < 3 {
+                ring(&shared).drain(|entry| {
+                    let cell = &shared.beside[((entry[0] - 1) % LEN) as usize];
+                    // SAFETY: the producer wrote it before the head passed this entry.
+                    let beside = cell.with(|value| unsafe { *value });
+                    taken.push((entry, beside));
+                });
+                thread::yield_now();
+            }
+            producer.join().unwrap();
+            let expected = [1u64, 2, 3].map(|idx| ([idx, idx * 10, idx * 100], idx));
+            assert_eq!(taken, expected);
+        });
+    }
+}
