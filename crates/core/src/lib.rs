@@ -36,7 +36,8 @@ pub use config::{ChannelConfig, ConfigError, Endpoint, MAX_NUM_SOCKETS, Method, 
 pub use error::{BoxError, ChannelLabel, CodecError, Error, Result, SendError, error_chain};
 pub use keys::{CHANNEL_KEYS, ChannelKey, KeyKind, KeyValue, channel_key, known_channel_keys};
 pub use message::{
-    Message, MessageBuffer, Parts, PartsIntoIter, UsedSizeError, copied_bytes, record_copy,
+    Message, MessageBuffer, Parts, PartsIntoIter, RegistrableMemory, UsedSizeError, copied_bytes,
+    record_copy,
 };
 pub use registry::{MakeTransport, TransportOptions, TransportRegistry, TransportTraits};
 pub use tap::{Direction, TapReceiver, TapSlot, Tapped};

@@ -16,6 +16,7 @@
 
 use std::any::Any;
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
@@ -31,6 +32,33 @@ pub fn copied_bytes() -> u64 {
 /// Adds to [`copied_bytes`]; transports call it where they copy a payload.
 pub fn record_copy(n_bytes: usize) {
     COPIED_BYTES.fetch_add(n_bytes as u64, Ordering::Relaxed);
+}
+
+/// The one mapping that holds a buffer, for a network card to register once, whole, instead of
+/// each buffer for each transfer: where it starts, how many bytes it has, and the object that
+/// keeps it mapped (held with the registration).
+///
+/// A description, not a promise: a transport that hands the range to a card must trust the
+/// owner's type to keep the mapping where it is (the ofi transport trusts the shmem transport's
+/// segments, and checks the owner's own range and that every message lies inside it); memory it
+/// does not trust it treats as heap memory, registered per transfer where the provider needs it.
+#[derive(Clone)]
+pub struct RegistrableMemory {
+    /// Address of the mapping's first byte (an address only).
+    pub base: usize,
+    /// Bytes in the mapping.
+    pub len: usize,
+    /// What keeps the mapping alive, for the registering transport to recognise and hold.
+    pub owner: Arc<dyn Any + Send + Sync>,
+}
+
+impl fmt::Debug for RegistrableMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistrableMemory")
+            .field("base", &format_args!("{:#x}", self.base))
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Memory owned by a transport (a shared-memory block, a registered region) that a
@@ -50,6 +78,11 @@ pub trait MessageBuffer: Send + Sync + 'static {
     fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
     /// The transport the buffer belongs to (`"shmem"`, ...), for logs and errors.
     fn transport_name(&self) -> &'static str;
+    /// The mapping that holds the buffer, for a network card to register (see
+    /// [`RegistrableMemory`]); `None`, the default, for memory that is not one such mapping.
+    fn registrable_memory(&self) -> Option<RegistrableMemory> {
+        None
+    }
     /// Called instead of dropping the box when a message is done with the buffer: the
     /// transport releases the memory and may keep the allocation for its next buffer, so a
     /// message's life costs no heap allocation in steady state. The default drops the box.
@@ -225,6 +258,12 @@ impl Message {
         }
         self.size = size;
         Ok(())
+    }
+
+    /// The mapping that holds this message's bytes, for a network card to register: its
+    /// transport buffer's [`MessageBuffer::registrable_memory`]; `None` for heap memory.
+    pub fn registrable_memory(&self) -> Option<RegistrableMemory> {
+        self.buffer()?.registrable_memory()
     }
 
     /// The transport buffer behind this message, if it has one.

@@ -13,7 +13,10 @@
 //! # Registration cache
 //! Shared-memory messages are sent from, and received into, their segment; each segment (or
 //! unmanaged region) is registered with the domain once, on first use, and stays registered
-//! until the engine stops. The cache holds the segment's mapping alive for that long. Heap
+//! until the engine stops. The cache holds the segment's mapping alive for that long. A message
+//! says which mapping holds it through core's `RegistrableMemory`; only an owner of a type known
+//! to keep its mapping in place (shm's `Segment`, with the range described) is registered whole,
+//! anything else is treated as heap memory. Heap
 //! messages need no registration on providers without FI_MR_LOCAL (tcp); on those with it
 //! (verbs) each heap buffer is registered for the duration of its job.
 
@@ -42,14 +45,19 @@ pub(crate) enum Memory {
 }
 
 impl Memory {
-    /// The memory of `message`.
+    /// The memory of `message`, from what its buffer says holds it: a segment when the owner
+    /// is a shmem segment (a type whose mapping stays put while it lives) whose range is the one
+    /// described; anything else is registered like heap memory, per transfer.
     pub(crate) fn of(message: &Message) -> Memory {
-        message
-            .buffer()
-            .and_then(|buffer| buffer.as_any().downcast_ref::<ferromq_shm::ShmBuffer>())
-            .map_or(Memory::Heap, |buffer| {
-                Memory::Segment(Arc::clone(buffer.segment()))
-            })
+        let Some(memory) = message.registrable_memory() else {
+            return Memory::Heap;
+        };
+        match memory.owner.downcast::<Segment>() {
+            Ok(segment) if segment.mapping_range() == (memory.base as *const u8, memory.len) => {
+                Memory::Segment(segment)
+            }
+            _ => Memory::Heap,
+        }
     }
 }
 
@@ -658,4 +666,50 @@ fn take_context(context: usize) -> Box<OperationContext> {
     // SAFETY: every context handed to libfabric is a Box<OperationContext> leaked in `post`,
     // and each is taken back exactly once (on its completion, on a refused post, or at exit).
     unsafe { Box::from_raw(context as *mut OperationContext) }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::any::Any;
+    use std::sync::Arc;
+
+    use ferromq_core::{Message, MessageBuffer, RegistrableMemory};
+
+    use super::Memory;
+
+    /// A buffer that says a mapping holds it whose owner ofi has no reason to trust.
+    struct Claiming(Vec<u8>);
+
+    impl MessageBuffer for Claiming {
+        fn as_bytes(&self) -> &[u8] {
+            &self.0
+        }
+        fn as_bytes_mut(&mut self) -> Option<&mut [u8]> {
+            Some(&mut self.0)
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+        fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+            self
+        }
+        fn transport_name(&self) -> &'static str {
+            "claiming"
+        }
+        fn registrable_memory(&self) -> Option<RegistrableMemory> {
+            Some(RegistrableMemory {
+                base: self.0.as_ptr() as usize,
+                len: self.0.len(),
+                owner: Arc::new(String::from("not a segment")),
+            })
+        }
+    }
+
+    #[test]
+    fn memory_whose_owner_is_not_a_segment_is_registered_like_heap_memory() {
+        let message = Message::from_buffer(Box::new(Claiming(vec![7; 4096])));
+        assert!(message.registrable_memory().is_some());
+        assert!(matches!(Memory::of(&message), Memory::Heap));
+        assert!(matches!(Memory::of(&Message::new(64)), Memory::Heap));
+    }
 }

@@ -478,6 +478,17 @@ impl MessageBuffer for ShmBuffer {
         "shmem"
     }
 
+    fn registrable_memory(&self) -> Option<ferromq_core::RegistrableMemory> {
+        let segment = self.segment.as_ref()?;
+        let (base, len) = segment.mapping_range();
+        let owner: Arc<dyn Any + Send + Sync> = Arc::clone(segment) as _;
+        Some(ferromq_core::RegistrableMemory {
+            base: base as usize,
+            len,
+            owner,
+        })
+    }
+
     fn recycle(self: Box<Self>) {
         self.keep_spare();
     }
