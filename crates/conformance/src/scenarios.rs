@@ -495,18 +495,25 @@ async fn messages_sent_before_the_binder_exists_arrive(
     Ok(())
 }
 
+/// A push and its pull with queues of 16 messages each way (`sndBufSize`, `rcvBufSize`), so
+/// that a receiver that stops taking holds the sender back soon.
+async fn small_queues(fixture: &Fixture) -> Result<(Channel, Channel), Failure> {
+    let mut pull_config = Fixture::config(SocketType::Pull, Method::Bind);
+    pull_config.rcv_buf_size = 16;
+    let (pull, address) = fixture.bound_with(pull_config).await?;
+    let mut push_config = Fixture::config(SocketType::Push, Method::Connect);
+    push_config.snd_buf_size = 16;
+    let push = fixture.connected_with(push_config, &address).await?;
+    Ok((push, pull))
+}
+
 async fn a_stalled_receiver_holds_the_sender_back_and_nothing_is_lost(
     fixture: Arc<Fixture>,
 ) -> Result<(), Failure> {
     // Far more than any queue and kernel buffer in between can hold, at this size.
     const LIMIT: u64 = 200_000;
     const SIZE: usize = 1024;
-    let mut pull_config = Fixture::config(SocketType::Pull, Method::Bind);
-    pull_config.rcv_buf_size = 16;
-    let (mut pull, address) = fixture.bound_with(pull_config).await?;
-    let mut push_config = Fixture::config(SocketType::Push, Method::Connect);
-    push_config.snd_buf_size = 16;
-    let mut push = fixture.connected_with(push_config, &address).await?;
+    let (mut push, mut pull) = small_queues(&fixture).await?;
 
     // The receiver does not receive. Sends are accepted until the sender is held back.
     let mut n_accepted = 0u64;
@@ -564,12 +571,7 @@ async fn a_reserved_send_never_waits_and_a_cancelled_reservation_loses_nothing(
 ) -> Result<(), Failure> {
     const LIMIT: u64 = 200_000;
     const SIZE: usize = 1024;
-    let mut pull_config = Fixture::config(SocketType::Pull, Method::Bind);
-    pull_config.rcv_buf_size = 16;
-    let (mut pull, address) = fixture.bound_with(pull_config).await?;
-    let mut push_config = Fixture::config(SocketType::Push, Method::Connect);
-    push_config.snd_buf_size = 16;
-    let mut push = fixture.connected_with(push_config, &address).await?;
+    let (mut push, mut pull) = small_queues(&fixture).await?;
     let make = |idx: u64| {
         let fixture = Arc::clone(&fixture);
         async move {

@@ -489,30 +489,54 @@ fn describe_as_is(session: &Session, message: &Message) -> Option<PartRef> {
     })
 }
 
-/// One descriptor record for `parts`, plus the blocks made for heap parts. (A free function: the
-/// future must not hold the socket, whose inner zeromq socket is not `Sync`.)
+/// Whether `message` must be copied into a block of its own to travel ([`describe_as_is`] has
+/// no descriptor for it).
+fn needs_block(session: &Session, message: &Message) -> bool {
+    message.len() > session.options.inline_max && session.describe(message).is_none()
+}
+
+/// One descriptor record for `parts`, copying each part that needs a block into the next of
+/// `blocks` (one per such part, in order, as [`needs_block`] picks them); the blocks come back
+/// with the record.
+fn describe_into(
+    session: &Session,
+    parts: &Parts,
+    blocks: Vec<ShmBuffer>,
+) -> (Vec<PartRef>, Vec<ShmBuffer>) {
+    let mut record = Vec::with_capacity(parts.len());
+    let mut blocks = blocks.into_iter();
+    let mut fresh = Vec::new();
+    for message in parts {
+        if let Some(part) = describe_as_is(session, message) {
+            record.push(part);
+            continue;
+        }
+        let mut buffer = blocks
+            .next()
+            .expect("describe_as_is and needs_block agree on which parts need a block");
+        record.push(copy_into(&mut buffer, message));
+        fresh.push(buffer);
+    }
+    (record, fresh)
+}
+
+/// One descriptor record for `parts`, plus the blocks made for heap parts, waiting for room in
+/// the segment as allocation does. (A free function: the future must not hold the socket, whose
+/// inner zeromq socket is not `Sync`.)
 async fn describe(
     session: &Session,
     label: &ChannelLabel,
     parts: &Parts,
 ) -> Result<(Vec<PartRef>, Vec<ShmBuffer>)> {
-    {
-        let mut record = Vec::with_capacity(parts.len());
-        let mut fresh = Vec::new();
-        for message in parts {
-            if let Some(part) = describe_as_is(session, message) {
-                record.push(part);
-                continue;
-            }
-            let mut buffer = session
-                .allocate(message.len())
-                .await
-                .map_err(|error| transport_error(label, error))?;
-            record.push(copy_into(&mut buffer, message));
-            fresh.push(buffer);
-        }
-        Ok((record, fresh))
+    let mut blocks = Vec::new();
+    for message in parts.iter().filter(|message| needs_block(session, message)) {
+        let block = session
+            .allocate(message.len())
+            .await
+            .map_err(|error| transport_error(label, error))?;
+        blocks.push(block);
     }
+    Ok(describe_into(session, parts, blocks))
 }
 
 /// [`describe`] without waiting: a heap part is copied into a block only if this process's
@@ -522,20 +546,13 @@ fn describe_now(
     label: &ChannelLabel,
     parts: &Parts,
 ) -> Result<(Vec<PartRef>, Vec<ShmBuffer>)> {
-    let mut record = Vec::with_capacity(parts.len());
-    let mut fresh = Vec::new();
-    for message in parts {
-        if let Some(part) = describe_as_is(session, message) {
-            record.push(part);
-            continue;
-        }
-        let mut buffer = session
-            .allocate_now(message.len())
-            .map_err(|error| transport_error(label, error))?;
-        record.push(copy_into(&mut buffer, message));
-        fresh.push(buffer);
-    }
-    Ok((record, fresh))
+    let blocks = parts
+        .iter()
+        .filter(|message| needs_block(session, message))
+        .map(|message| session.allocate_now(message.len()))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|error| transport_error(label, error))?;
+    Ok(describe_into(session, parts, blocks))
 }
 
 /// Copies `message` into the new block `buffer` and describes it.

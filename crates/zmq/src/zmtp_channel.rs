@@ -228,6 +228,15 @@ impl Shared {
         );
     }
 
+    /// Queues an accepted message behind the others and wakes a writer for it.
+    fn enqueue(&self, state: &mut State, parts: Parts) {
+        state
+            .queue
+            .push_back(parts.into_iter().map(Message::into_bytes).collect());
+        self.publish(state);
+        state.wake_a_writer();
+    }
+
     async fn stopped(&self) {
         let mut stop = self.stop.subscribe();
         let _ = stop.wait_for(|stopped| *stopped).await;
@@ -433,11 +442,7 @@ impl ZmtpChannel {
         if state.mismatch.is_some() || state.peers == 0 || state.unwritten() >= self.snd_buf_size {
             return Err(parts);
         }
-        state
-            .queue
-            .push_back(parts.into_iter().map(Message::into_bytes).collect());
-        self.shared.publish(&state);
-        state.wake_a_writer();
+        self.shared.enqueue(&mut state, parts);
         Ok(())
     }
 
@@ -480,11 +485,7 @@ impl ZmtpChannel {
         if let Some(mismatch) = state.mismatch {
             return Err(SendError::new(mismatch.error(label), parts));
         }
-        state
-            .queue
-            .push_back(parts.into_iter().map(Message::into_bytes).collect());
-        self.shared.publish(&state);
-        state.wake_a_writer();
+        self.shared.enqueue(&mut state, parts);
         Ok(())
     }
 
@@ -514,11 +515,7 @@ impl ZmtpChannel {
                     return Err(SendError::new(mismatch.error(label), parts));
                 }
                 if state.peers > 0 && state.unwritten() < self.snd_buf_size {
-                    state
-                        .queue
-                        .push_back(parts.into_iter().map(Message::into_bytes).collect());
-                    self.shared.publish(&state);
-                    state.wake_a_writer();
+                    self.shared.enqueue(&mut state, parts);
                     return Ok(());
                 }
             }
