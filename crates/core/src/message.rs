@@ -171,6 +171,18 @@ impl Message {
         }
     }
 
+    /// [`Message::new`], fallibly: a size no memory can hold is an error, not an abort (what a
+    /// transport's `new_message` does with a size a user typed).
+    ///
+    /// # Errors
+    /// The allocator's refusal.
+    pub fn try_new(size: usize) -> Result<Message, std::collections::TryReserveError> {
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(size)?;
+        bytes.resize(size, 0);
+        Ok(Message::from(bytes))
+    }
+
     /// An empty message (FairMQ's `NewMessage()`), used as a marker or for pure signalling.
     pub fn empty() -> Message {
         Message::from(Vec::new())

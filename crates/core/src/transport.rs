@@ -71,12 +71,18 @@ pub trait Transport: Send + Sync + fmt::Debug {
     fn name(&self) -> &'static str;
 
     /// A message of `size` bytes in this transport's memory (the heap unless the transport has
-    /// its own, like shared memory).
+    /// its own, like shared memory). Its bytes are zero unless the transport recycles memory
+    /// (shmem's blocks, zeromq's buffers from 64 KiB on), in which case they are what an earlier
+    /// message of this process left there: write what you send, as with FairMQ's messages. The
+    /// default allocates zeroed heap memory, fallibly.
     ///
     /// # Errors
-    /// The transport's allocation error (a full segment, say).
+    /// The transport's allocation error (a full segment, a size no memory can hold).
     async fn new_message(&self, size: usize) -> Result<Message> {
-        Ok(Message::new(size))
+        Message::try_new(size).map_err(|error| Error::Allocation {
+            transport: self.name(),
+            source: format!("{size} bytes: {error}").into(),
+        })
     }
 
     /// A message of `size` bytes if the transport can make one at once, without waiting and

@@ -183,8 +183,12 @@ pub struct DeviceContext {
     pub(crate) channel_generation: u64,
     /// Where transports come from, by name.
     pub(crate) registry: Arc<TransportRegistry>,
-    /// The transports made so far, by name: one per name per device.
+    /// The transports made so far, by name: one per name per device. Only ever added to.
     pub(crate) transports: BTreeMap<String, Arc<dyn Transport>>,
+    /// The transport [`DeviceContext::new_message_on`] used last, by its name: a sender's loop
+    /// makes every message from one transport, without a map lookup each time (valid because
+    /// `transports` is only ever added to).
+    pub(crate) last_transport: Option<(&'static str, Arc<dyn Transport>)>,
     pub(crate) properties: Arc<Mutex<BTreeMap<String, String>>>,
     pub(crate) stop: StopSignal,
     pub(crate) max_iterations: u64,
@@ -400,12 +404,27 @@ impl DeviceContext {
 
     async fn new_message_at(&mut self, idx: usize, size: usize) -> Result<Message, DeviceError> {
         let transport_name = self.channels[idx].transport_name();
-        match self.transports.get(transport_name) {
-            Some(transport) => match transport.try_new_message(size) {
+        let cached = self
+            .last_transport
+            .as_ref()
+            .is_some_and(|(name, _)| *name == transport_name);
+        if !cached {
+            self.last_transport = self
+                .transports
+                .get(transport_name)
+                .map(|transport| (transport_name, Arc::clone(transport)));
+        }
+        match &self.last_transport {
+            Some((_, transport)) => match transport.try_new_message(size) {
                 Some(message) => Ok(message),
                 None => Ok(transport.new_message(size).await?),
             },
-            None => Ok(Message::new(size)),
+            None => Message::try_new(size).map_err(|error| {
+                DeviceError::from(ferromq_core::Error::Allocation {
+                    transport: transport_name,
+                    source: format!("{size} bytes: {error}").into(),
+                })
+            }),
         }
     }
 
@@ -669,6 +688,7 @@ mod tests {
             channel_generation: 0,
             registry: Arc::default(),
             transports: BTreeMap::new(),
+            last_transport: None,
             properties: Arc::default(),
             stop: StopSignal::new(),
             max_iterations: 0,

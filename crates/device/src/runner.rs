@@ -311,6 +311,7 @@ impl<D: Device> DeviceRunner<D> {
             channel_generation: 0,
             registry: transports,
             transports: BTreeMap::new(),
+            last_transport: None,
             properties: Arc::clone(&properties),
             stop: StopSignal::new(),
             max_iterations: config.max_iterations,

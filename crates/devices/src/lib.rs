@@ -248,21 +248,31 @@ pub(crate) fn try_zeroed(key: &str, size: usize) -> Result<Vec<u8>, BoxError> {
     Ok(bytes)
 }
 
-/// A message of `size` bytes (property `key`) for channel `channel`: from the channel's
-/// transport when it has memory of its own (shmem: a block of the segment, or its error naming
-/// the segment size), otherwise from the heap, fallibly.
+/// A message of `size` bytes (property `key`) for channel `channel`, from the channel's
+/// transport (a block of a shmem segment, a recycled zeromq buffer, ...), fallibly: an
+/// impossible size is an error naming the property and the size, not an abort.
 pub(crate) async fn allocate(
     ctx: &mut DeviceContext,
     channel: &str,
     key: &str,
     size: usize,
 ) -> Result<Message, BoxError> {
-    // Only a transport with memory of its own (shmem) allocates fallibly; every other one
-    // allocates with `Message::new`, which would abort on an impossible size.
-    if ctx.transport_traits(channel)?.lends_shared_memory {
-        return Ok(ctx.new_message(channel, size).await?);
-    }
-    Ok(Message::from(try_zeroed(key, size)?))
+    ctx.new_message(channel, size)
+        .await
+        .map_err(|error| allocation_failed(key, size, &error))
+}
+
+/// The error of a message of `size` bytes (property `key`) that could not be made.
+pub(crate) fn allocation_failed(
+    key: &str,
+    size: usize,
+    error: &(dyn std::error::Error + 'static),
+) -> BoxError {
+    format!(
+        "{key} {size}: cannot allocate {size} bytes: {}",
+        ferromq_core::error_chain(error)
+    )
+    .into()
 }
 
 /// FNV-1a, 64 bits: fast, dependency-free, enough to catch corruption and misrouting.

@@ -6,8 +6,8 @@ use ferromq_core::{BoxError, Message, Parts};
 use ferromq_device::{Device, DeviceContext};
 
 use crate::{
-    MAX_PARTS, Pacer, allocate, bool_property, channel_property, rate_property, try_zeroed,
-    write_checksum,
+    MAX_PARTS, Pacer, allocate, allocation_failed, bool_property, channel_property, rate_property,
+    try_zeroed, write_checksum,
 };
 
 /// Sends `--max-iterations` messages (or until STOP) of `msg-size` bytes, or of the `text`
@@ -168,7 +168,6 @@ impl Device for BenchmarkSampler {
         };
         // Resolved once: no name lookup per message.
         let out = ctx.channel_id(&self.out_channel)?;
-        let in_shared_memory = ctx.transport_traits(&self.out_channel)?.lends_shared_memory;
         let stopped = ctx.stopped();
         tokio::pin!(stopped);
         while ctx.next_iteration() {
@@ -184,11 +183,12 @@ impl Device for BenchmarkSampler {
                 let message = if self.same_msg {
                     Message::from(shared.clone())
                 } else {
-                    let mut message = if in_shared_memory {
-                        ctx.new_message_on(out, self.msg_size).await?
-                    } else {
-                        allocate(ctx, &self.out_channel, "msg-size", self.msg_size).await?
-                    };
+                    // Resolved channel, the transport's own memory (a shmem block, a
+                    // recycled zeromq buffer), fallibly.
+                    let mut message = ctx
+                        .new_message_on(out, self.msg_size)
+                        .await
+                        .map_err(|error| allocation_failed("msg-size", self.msg_size, &error))?;
                     if self.memset {
                         message.data_mut().fill(0);
                     }

@@ -262,7 +262,12 @@ impl Transport for OfiTransport {
     async fn new_message(&self, size: usize) -> Result<ferromq_core::Message> {
         match &self.options.receive_memory {
             Some(memory) => memory.new_message(size).await,
-            None => Ok(ferromq_core::Message::new(size)),
+            None => ferromq_core::Message::try_new(size).map_err(|error| {
+                ferromq_core::Error::Allocation {
+                    transport: OfiTransport::NAME,
+                    source: format!("{size} bytes: {error}").into(),
+                }
+            }),
         }
     }
 

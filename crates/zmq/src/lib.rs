@@ -46,6 +46,7 @@
 mod flow;
 pub use flow::InFlight;
 mod handshake;
+mod heap_pool;
 pub use handshake::PeerRules;
 mod inproc;
 mod net;
@@ -205,6 +206,20 @@ pub fn register(registry: &mut ferromq_core::TransportRegistry) {
 impl Transport for ZmqTransport {
     fn name(&self) -> &'static str {
         ZmqTransport::NAME
+    }
+
+    /// From 64 KiB on, a recycled buffer of this thread when there is one (see `heap_pool.rs`:
+    /// its bytes are an earlier message's, not zeroes); an error naming the transport when the
+    /// memory cannot be had.
+    async fn new_message(&self, size: usize) -> Result<ferromq_core::Message> {
+        heap_pool::message(size).map_err(|error| ferromq_core::Error::Allocation {
+            transport: ZmqTransport::NAME,
+            source: format!("{size} bytes: {error}").into(),
+        })
+    }
+
+    fn try_new_message(&self, size: usize) -> Option<ferromq_core::Message> {
+        heap_pool::message(size).ok()
     }
 
     async fn create_socket(
