@@ -24,9 +24,9 @@ use ferromq_core::{Message, MessageBuffer};
 /// sizes as fast, and zeroing them is cheap.
 pub(crate) const MIN_POOLED: usize = 64 << 10;
 /// Buffers a thread keeps at most.
-const MAX_KEPT: usize = 16;
+const MAX_KEPT: usize = 8;
 /// Bytes a thread keeps at most.
-const MAX_KEPT_BYTES: usize = 256 << 20;
+const MAX_KEPT_BYTES: usize = 64 << 20;
 
 thread_local! {
     static POOL: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
