@@ -171,78 +171,95 @@ impl InprocChannel {
         timeout: Option<Duration>,
     ) -> Result<(), SendError<Parts>> {
         let deadline = timeout.map(|timeout| Instant::now() + timeout);
-        if self.socket_type == SocketType::Pub {
-            self.publish(parts);
-            return Ok(());
-        }
-        let from = self.node.id;
-        loop {
-            let changed = self.node.peers_changed.notified();
-            let target = if self.socket_type == SocketType::Rep {
-                let reply_to = self.reply_to.take();
-                let peer = self
-                    .node
-                    .live_peers()
-                    .into_iter()
-                    .find(|peer| Some(peer.id) == reply_to);
-                if peer.is_none() {
-                    let error = match reply_to {
-                        Some(_) => Error::PeerGone {
-                            channel: label.clone(),
-                            reason: "the requester left before the reply".to_owned(),
-                        },
-                        None => Error::WrongSocketType {
-                            channel: label.clone(),
-                            operation: "send a reply before receiving a request",
-                        },
-                    };
-                    return Err(SendError::new(error, parts));
-                }
-                peer
-            } else {
-                let peers = self.node.live_peers();
-                if peers.is_empty() {
-                    None
-                } else {
-                    self.next_peer_idx = (self.next_peer_idx + 1) % peers.len();
-                    Some(Arc::clone(&peers[self.next_peer_idx]))
-                }
-            };
-            let Some(peer) = target else {
-                // No peer linked yet: wait for one.
-                match deadline {
-                    Some(deadline) => {
-                        if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                            return Err(timed_out(label, timeout, parts));
-                        }
-                    }
-                    None => changed.await,
-                }
-                continue;
-            };
-            let reserved = match deadline {
-                Some(deadline) => {
-                    match tokio::time::timeout_at(deadline, peer.inbox.reserve()).await {
-                        Ok(reserved) => reserved,
-                        Err(_) => return Err(timed_out(label, timeout, parts)),
-                    }
-                }
-                None => peer.inbox.reserve().await,
-            };
-            match reserved {
-                Ok(permit) => {
-                    permit.send(Envelope { from, parts });
-                    return Ok(());
-                }
-                // That peer closed meanwhile; pick another.
-                Err(_) => continue,
+        match self.socket_type {
+            SocketType::Pub => {
+                self.publish(parts);
+                return Ok(());
             }
+            SocketType::Rep => return self.reply(label, parts, timeout).await,
+            _ => {}
+        }
+        // Push, pair, req: room in the next peer's inbox (a reservation), then the message.
+        let mut parts = parts;
+        loop {
+            let room = match deadline {
+                None => {
+                    self.reserve().await;
+                    true
+                }
+                Some(deadline) => tokio::time::timeout_at(deadline, self.reserve())
+                    .await
+                    .is_ok(),
+            };
+            if !room {
+                return Err(timed_out(label, timeout, parts));
+            }
+            match self.send_reserved(label, parts) {
+                // That peer closed meanwhile; pick another.
+                Err(failed) if matches!(failed.error, Error::PeerGone { .. }) => {
+                    parts = failed.message;
+                }
+                sent => return sent,
+            }
+        }
+    }
+
+    /// A rep's reply, to the node its last request came from.
+    async fn reply(
+        &mut self,
+        label: &ChannelLabel,
+        parts: Parts,
+        timeout: Option<Duration>,
+    ) -> Result<(), SendError<Parts>> {
+        let reply_to = self.reply_to.take();
+        let peer = self
+            .node
+            .live_peers()
+            .into_iter()
+            .find(|peer| Some(peer.id) == reply_to);
+        let Some(peer) = peer else {
+            let error = match reply_to {
+                Some(_) => Error::PeerGone {
+                    channel: label.clone(),
+                    reason: "the requester left before the reply".to_owned(),
+                },
+                None => Error::WrongSocketType {
+                    channel: label.clone(),
+                    operation: "send a reply before receiving a request",
+                },
+            };
+            return Err(SendError::new(error, parts));
+        };
+        let reserved = match timeout {
+            Some(after) => match tokio::time::timeout(after, peer.inbox.reserve()).await {
+                Ok(reserved) => reserved,
+                Err(_) => return Err(timed_out(label, timeout, parts)),
+            },
+            None => peer.inbox.reserve().await,
+        };
+        match reserved {
+            Ok(permit) => {
+                permit.send(Envelope {
+                    from: self.node.id,
+                    parts,
+                });
+                Ok(())
+            }
+            // The requester closed while the reply waited for room (the request was taken,
+            // so there is no turn to reply in any more).
+            Err(_) => Err(SendError::new(
+                Error::WrongSocketType {
+                    channel: label.clone(),
+                    operation: "send a reply before receiving a request",
+                },
+                parts,
+            )),
         }
     }
 
     /// Waits for room in the inbox of the next peer (round robin) and keeps it for
     /// [`InprocChannel::send_reserved`]; at once when room is kept already. Cancel-safe: a
-    /// dropped wait keeps nothing. Push and pair only.
+    /// dropped wait keeps nothing. Push, pair and req (a rep answers its requester).
     pub(crate) async fn reserve(&mut self) {
         if self
             .reserved

@@ -494,48 +494,30 @@ impl ZmtpChannel {
         self.inbox.try_recv().ok()
     }
 
+    /// Waits (at most `timeout`) for a peer and room, then queues `parts`: a reservation and a
+    /// send through it.
     pub(crate) async fn send(
         &mut self,
         label: &ChannelLabel,
         parts: Parts,
         timeout: Option<Duration>,
     ) -> Result<(), SendError<Parts>> {
-        let deadline = timeout.map(|timeout| Instant::now() + timeout);
         if parts.is_empty() {
             return Ok(());
         }
-        let figures = Arc::clone(&self.shared.figures);
-        let mut waiting = None;
-        loop {
-            let mut progressed = pin!(self.shared.progress.notified());
-            progressed.as_mut().enable();
-            {
-                let mut state = self.shared.state();
-                if let Some(mismatch) = state.mismatch {
-                    return Err(SendError::new(mismatch.error(label), parts));
-                }
-                if state.peers > 0 && state.unwritten() < self.snd_buf_size {
-                    self.shared.enqueue(&mut state, parts);
-                    return Ok(());
-                }
-            }
-            waiting.get_or_insert_with(|| figures.waiting());
-            let woken = match deadline {
-                Some(deadline) => tokio::time::timeout_at(deadline, progressed).await.is_ok(),
-                None => {
-                    progressed.await;
-                    true
-                }
-            };
-            if !woken {
-                return Err(SendError::new(
-                    Error::Timeout {
-                        channel: label.clone(),
-                        after: timeout.unwrap_or_default(),
-                    },
-                    parts,
-                ));
-            }
+        let room = match timeout {
+            None => self.reserve(label).await,
+            Some(after) => match tokio::time::timeout(after, self.reserve(label)).await {
+                Ok(room) => room,
+                Err(_) => Err(Error::Timeout {
+                    channel: label.clone(),
+                    after,
+                }),
+            },
+        };
+        match room {
+            Ok(()) => self.send_reserved(label, parts),
+            Err(error) => Err(SendError::new(error, parts)),
         }
     }
 
