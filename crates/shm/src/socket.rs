@@ -571,6 +571,44 @@ fn copy_into(buffer: &mut ShmBuffer, message: &Message) -> PartRef {
 }
 
 impl ShmSocket {
+    /// Waits (at most `timeout`) until fewer than `sndBufSize` of this socket's messages are in
+    /// flight. A push whose zeromq socket failed (a refused peer) says so at once, also while
+    /// it waits: its receivers will take nothing, so the wait would only time out. Cancel-safe.
+    async fn wait_for_window(&mut self, timeout: Option<Duration>) -> Result<()> {
+        let push_state = match &self.inner {
+            Inner::Batched(push) => Some(Arc::clone(&push.state)),
+            _ => None,
+        };
+        let failure = || push_state.as_ref()?.failure();
+        let peer_gone = |reason: String| Error::PeerGone {
+            channel: self.label.clone(),
+            reason,
+        };
+        if let Some(reason) = failure() {
+            return Err(peer_gone(reason));
+        }
+        if let Some(sent) = &mut self.sent
+            && !sent.has_room(self.window)
+        {
+            let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
+            let waiting = self.figures.waiting();
+            let room = sent
+                .wait_for_room(self.window, deadline, || failure().is_some())
+                .await;
+            drop(waiting);
+            if !room {
+                return Err(match failure() {
+                    Some(reason) => peer_gone(reason),
+                    None => Error::Timeout {
+                        channel: self.label.clone(),
+                        after: timeout.unwrap_or_default(),
+                    },
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// A message accepted for sending (queued or handed to zeromq): its references now belong
     /// to the receiver, and the delivery counter counts it as sent.
     fn hand_over(&mut self, parts: Parts, fresh: Vec<ShmBuffer>) {
@@ -763,29 +801,13 @@ impl Socket for ShmSocket {
     async fn reserve_send(&mut self) -> Result<bool> {
         // Push only: its outbox and delivery window are the room; the other patterns hand
         // their frames to a zeromq socket that cannot promise room ahead.
-        let Inner::Batched(push) = &self.inner else {
+        if !matches!(self.inner, Inner::Batched(_)) {
             return Ok(false);
-        };
-        let state = Arc::clone(&push.state);
-        let peer_gone = |reason: String| Error::PeerGone {
-            channel: self.label.clone(),
-            reason,
-        };
-        if let Some(reason) = state.failure() {
-            return Err(peer_gone(reason));
         }
-        if let Some(sent) = &mut self.sent
-            && !sent.has_room(self.window)
-        {
-            let waiting = self.figures.waiting();
-            sent.wait_for_room(self.window, None, || state.failed.load(Ordering::Acquire))
-                .await;
-            drop(waiting);
-            if let Some(reason) = state.failure() {
-                return Err(peer_gone(reason));
-            }
+        self.wait_for_window(None).await?;
+        if let Inner::Batched(push) = &self.inner {
+            push.wait_for_room().await;
         }
-        push.wait_for_room().await;
         Ok(true)
     }
 
@@ -844,40 +866,9 @@ impl Socket for ShmSocket {
         parts: Parts,
         timeout: Option<Duration>,
     ) -> Result<(), SendError<Parts>> {
-        // A push whose zeromq socket failed (a refused peer) says so at once, also while it
-        // waits for room: its receivers will take nothing, so the wait would only time out.
-        let push_state = match &self.inner {
-            Inner::Batched(push) => Some(Arc::clone(&push.state)),
-            _ => None,
-        };
-        let failure = || push_state.as_ref()?.failure();
-        let peer_gone = |reason: String| Error::PeerGone {
-            channel: self.label.clone(),
-            reason,
-        };
-        if let Some(reason) = failure() {
-            return Err(SendError::new(peer_gone(reason), parts));
-        }
         // Back-pressure first, before any block is made: waiting here is cancel-safe.
-        if let Some(sent) = &mut self.sent
-            && !sent.has_room(self.window)
-        {
-            let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
-            let waiting = self.figures.waiting();
-            let room = sent
-                .wait_for_room(self.window, deadline, || failure().is_some())
-                .await;
-            drop(waiting);
-            if !room {
-                let error = match failure() {
-                    Some(reason) => peer_gone(reason),
-                    None => Error::Timeout {
-                        channel: self.label.clone(),
-                        after: timeout.unwrap_or_default(),
-                    },
-                };
-                return Err(SendError::new(error, parts));
-            }
+        if let Err(error) = self.wait_for_window(timeout).await {
+            return Err(SendError::new(error, parts));
         }
         let (record, fresh) = match describe(&self.session, &self.label, &parts).await {
             Ok(described) => described,
