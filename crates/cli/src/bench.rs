@@ -87,6 +87,11 @@ pub struct BenchResult {
     /// The rate limit the sender ran at (0 = as fast as possible).
     #[serde(default)]
     pub msg_rate: f64,
+    /// Touch mode: messages per second one core copies with `memcpy` at this size, measured
+    /// by `ferromq bench` just before the pair ran: the bound a pipeline that writes and reads
+    /// every byte is compared with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memcpy_msgs_per_s: Option<f64>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -160,10 +165,18 @@ pub async fn run(options: BenchOptions) -> ExitCode {
 }
 
 fn print_table(results: &[BenchResult], latency: bool) {
+    let touch = results
+        .iter()
+        .any(|result| result.memcpy_msgs_per_s.is_some());
     if latency {
         println!(
             "{:<12} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8}",
             "transport", "size", "p50 us", "p99 us", "p99.9 us", "cpu S%", "cpu R%"
+        );
+    } else if touch {
+        println!(
+            "{:<12} {:>10} {:>12} {:>8} {:>8} {:>8} {:>12} {:>9}",
+            "transport", "size", "msg/s", "GB/s", "cpu S%", "cpu R%", "memcpy msg/s", "÷ memcpy"
         );
     } else {
         println!(
@@ -183,6 +196,20 @@ fn print_table(results: &[BenchResult], latency: bool) {
                 result.sender_cpu,
                 result.receiver_cpu
             ),
+            None if touch => {
+                let memcpy = result.memcpy_msgs_per_s.unwrap_or(f64::NAN);
+                println!(
+                    "{:<12} {:>10} {:>12.0} {:>8.3} {:>8.1} {:>8.1} {:>12.0} {:>9.2}",
+                    result.transport,
+                    result.msg_size,
+                    result.msgs_per_s,
+                    result.gb_per_s,
+                    result.sender_cpu,
+                    result.receiver_cpu,
+                    memcpy,
+                    result.msgs_per_s / memcpy
+                );
+            }
             None => println!(
                 "{:<12} {:>10} {:>12.0} {:>8.3} {:>8.1} {:>8.1}",
                 result.transport,
@@ -211,6 +238,11 @@ async fn run_all(options: &BenchOptions) -> Result<Vec<BenchResult>> {
 }
 
 async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> Result<BenchResult> {
+    // Measured before the pair starts, so neither disturbs the other.
+    let memcpy_msgs_per_s = (options.touch && !options.latency).then(|| {
+        let bytes_per_msg = msg_size.saturating_mul(options.num_parts).max(1);
+        memcpy_rate(bytes_per_msg)
+    });
     let dir = std::env::temp_dir().join(format!(
         "ferromq-bench-{}-{transport}-{msg_size}",
         std::process::id()
@@ -303,7 +335,32 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
         receiver_cpu: receiver_report.cpu_percent,
         latency_us: sender_report.latency_us,
         msg_rate: options.msg_rate,
+        memcpy_msgs_per_s,
     })
+}
+
+/// How many times a second one core copies `size` bytes with `memcpy` (`copy_from_slice`),
+/// cycling through buffers of 64 MiB in all on each side (more than the caches hold, like the
+/// blocks a stream of messages cycles through) for about 0.3 s after one warm-up pass.
+fn memcpy_rate(size: usize) -> f64 {
+    const WORKING_SET: usize = 64 << 20;
+    const MEASURE: Duration = Duration::from_millis(300);
+    let n_buffers = (WORKING_SET / size).clamp(2, 64);
+    let sources: Vec<Vec<u8>> = (0..n_buffers).map(|idx| vec![idx as u8; size]).collect();
+    let mut targets: Vec<Vec<u8>> = (0..n_buffers).map(|_| vec![0u8; size]).collect();
+    for (target, source) in targets.iter_mut().zip(&sources) {
+        target.copy_from_slice(source);
+    }
+    let started = Instant::now();
+    let mut n_copies = 0usize;
+    while started.elapsed() < MEASURE {
+        let target = n_copies % n_buffers;
+        let source = (n_copies + 1) % n_buffers;
+        targets[target].copy_from_slice(&sources[source]);
+        std::hint::black_box(&targets[target]);
+        n_copies += 1;
+    }
+    n_copies as f64 / started.elapsed().as_secs_f64()
 }
 
 /// Options of the hidden `bench-role` subcommand (one side of a pair).
@@ -523,6 +580,20 @@ async fn send(
     })
 }
 
+/// Reads every byte of `data` and folds them into a sum, eight at a time: a byte-by-byte sum
+/// runs at a quarter of the memory's speed and would measure the loop, not the transport.
+fn read_every_byte(data: &[u8]) -> u64 {
+    let words = data.chunks_exact(8);
+    let tail = words
+        .remainder()
+        .iter()
+        .fold(0u64, |sum, &byte| sum.wrapping_add(u64::from(byte)));
+    words.fold(tail, |sum, word| {
+        let word: [u8; 8] = word.try_into().expect("chunks of eight");
+        sum.wrapping_add(u64::from_le_bytes(word))
+    })
+}
+
 fn percentiles(samples: &mut [f64]) -> [f64; 3] {
     if samples.is_empty() {
         return [0.0; 3];
@@ -558,8 +629,7 @@ async fn receive(
         let first = *first_at.get_or_insert(now);
         if options.touch {
             for part in &parts {
-                digest = digest
-                    .wrapping_add(part.data().iter().map(|&byte| u64::from(byte)).sum::<u64>());
+                digest = digest.wrapping_add(read_every_byte(part.data()));
             }
         }
         if options.latency {
@@ -584,4 +654,36 @@ async fn receive(
         cpu_percent,
         latency_us: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reading_every_byte_sums_what_a_byte_by_byte_sum_does() {
+        // Lengths around the word size, so the tail is covered too.
+        for len in [0, 1, 7, 8, 9, 63, 64, 65, 1000] {
+            let data: Vec<u8> = (0..len).map(|idx| (idx * 37 + 11) as u8).collect();
+            let words = read_every_byte(&data);
+            // The word sum equals the bytes weighted by their place in each word.
+            let expected = data.chunks(8).fold(0u64, |sum, chunk| {
+                let weighted = if chunk.len() == 8 {
+                    u64::from_le_bytes(chunk.try_into().unwrap())
+                } else {
+                    chunk.iter().map(|&byte| u64::from(byte)).sum()
+                };
+                sum.wrapping_add(weighted)
+            });
+            assert_eq!(words, expected, "length {len}");
+        }
+        // A byte changed anywhere changes the sum: every byte is read.
+        let mut data = vec![0u8; 100];
+        let base = read_every_byte(&data);
+        for idx in 0..data.len() {
+            data[idx] = 1;
+            assert_ne!(read_every_byte(&data), base, "byte {idx}");
+            data[idx] = 0;
+        }
+    }
 }

@@ -38,6 +38,36 @@ fn bench_reports_for_every_transport() {
 }
 
 #[test]
+fn bench_touch_mode_reports_the_memcpy_bound_beside_the_rate() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args(["bench", "--json", "--touch", "--duration", "1"])
+        .args(["--transport", "shmem", "--msg-size", "65536"])
+        .args(["--shm-segment-size", "268435456"])
+        .output()
+        .expect("run ferromq bench");
+    let lines = json_lines(&output);
+    assert_eq!(lines.len(), 1);
+    assert!(
+        lines[0]["msgs_per_s"].as_f64().unwrap() > 0.0,
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[0]["memcpy_msgs_per_s"].as_f64().unwrap() > 0.0,
+        "{}",
+        lines[0]
+    );
+    // Without --touch there is no bound to report.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args(["bench", "--json", "--duration", "0.5"])
+        .args(["--transport", "zeromq-ipc", "--msg-size", "64"])
+        .output()
+        .expect("run ferromq bench");
+    let lines = json_lines(&output);
+    assert!(lines[0].get("memcpy_msgs_per_s").is_none(), "{}", lines[0]);
+}
+
+#[test]
 fn bench_latency_mode_reports_percentiles() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
         .args([
