@@ -27,6 +27,7 @@ mod error;
 mod keys;
 mod message;
 mod registry;
+mod spin;
 mod tap;
 mod transport;
 mod typed;

@@ -417,6 +417,8 @@ pub struct Channel {
     pending_frames: VecDeque<Message>,
     /// req and rep only: whose turn it is (see "Request and reply").
     turn: Option<Turn>,
+    /// Whether the next receive that finds nothing spins before it sleeps (see `spin.rs`).
+    spin: crate::spin::SpinPolicy,
 }
 
 /// What a req or rep channel may do next.
@@ -456,6 +458,7 @@ impl Channel {
             tap: Arc::default(),
             pending_frames: VecDeque::new(),
             turn,
+            spin: crate::spin::SpinPolicy::default(),
         })
     }
 
@@ -782,20 +785,48 @@ impl Channel {
         Ok(parts)
     }
 
-    /// Waits for the socket's next message, at most `timeout`. The one place a receive
-    /// deadline is kept: the socket's receive is cancel-safe, so dropping it at the deadline
-    /// loses nothing.
+    /// Waits for the socket's next message, at most `timeout`: first spinning for as long as
+    /// the channel's [`SpinPolicy`](crate::spin::SpinPolicy) says (polling the one receive
+    /// future, yielding to the runtime between polls), then sleeping until the transport wakes
+    /// it. The one place a receive deadline is kept: the socket's receive is cancel-safe, so
+    /// dropping it at the deadline, or mid-spin, loses nothing.
     async fn receive_waiting(&mut self, timeout: Option<Duration>) -> Result<Parts> {
-        let Some(after) = timeout else {
-            return self.socket.receive_parts().await;
-        };
-        match tokio::time::timeout(after, self.socket.receive_parts()).await {
-            Ok(received) => received,
-            Err(_) => Err(Error::Timeout {
-                channel: self.label().clone(),
-                after,
-            }),
+        use crate::spin::WaitOutcome;
+        let started = std::time::Instant::now();
+        let spin = self.spin.spin_for();
+        let deadline = timeout.map(|after| started + after);
+        let mut receive = self.socket.receive_parts();
+        if !spin.is_zero() {
+            let spin_end = started + spin.min(timeout.unwrap_or(spin));
+            loop {
+                let polled = std::future::poll_fn(|context| {
+                    std::task::Poll::Ready(receive.as_mut().poll(context))
+                })
+                .await;
+                if let std::task::Poll::Ready(received) = polled {
+                    self.spin.record(WaitOutcome::CaughtSpinning);
+                    return received;
+                }
+                if std::time::Instant::now() >= spin_end {
+                    break;
+                }
+                YieldNow { yielded: false }.await;
+            }
         }
+        let received = match deadline {
+            None => Some(receive.await),
+            Some(deadline) => tokio::time::timeout_at(deadline.into(), receive).await.ok(),
+        };
+        self.spin.record(WaitOutcome::Slept {
+            spun: !spin.is_zero(),
+            waited: started.elapsed(),
+        });
+        received.unwrap_or_else(|| {
+            Err(Error::Timeout {
+                channel: self.label().clone(),
+                after: timeout.unwrap_or_default(),
+            })
+        })
     }
 
     /// req/rep alternation: `wanted` must be this channel's turn.
