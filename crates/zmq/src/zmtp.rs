@@ -6,6 +6,7 @@
 //! peer's bytes can never make it panic: sizes are checked before they are used.
 
 use bytes::{Buf, Bytes, BytesMut};
+use ferromq_core::Message;
 
 /// The greeting every ZMTP 3.0 peer sends first: signature, version 3.0, the NULL mechanism,
 /// not a server, filler.
@@ -121,12 +122,12 @@ impl Command {
 }
 
 /// A frame read from the peer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Inbound {
     Command(Command),
     /// A message frame: its body, and whether more frames of the same message follow.
     Message {
-        body: Bytes,
+        body: Message,
         more: bool,
     },
 }
@@ -143,14 +144,49 @@ pub(crate) fn pong(context: &[u8]) -> Vec<u8> {
     frame
 }
 
+/// Message bodies larger than one read's room ([`READ_CHUNK`]) are read straight into a buffer
+/// of their own, made by `heap_pool` (recycled on the thread that drops it, not zeroed), instead
+/// of growing the shared read buffer: a stream of 1 MiB messages then costs no copy in user space
+/// at the receiver (growing and moving the read buffer was 13 % of a 1 MiB sink) and no fresh
+/// pages per message.
+pub(crate) const LARGE_BODY: usize = READ_CHUNK + 1;
+
+/// The longest frame header: flags and an eight-byte size.
+const LONG_HEADER: usize = 9;
+
+/// A large message body being read into its own buffer.
+#[derive(Debug)]
+struct LargeBody {
+    message: Message,
+    /// Bytes of it read so far.
+    filled: usize,
+    more: bool,
+}
+
+/// Where the next read from the peer goes (see [`Decoder::read_target`]).
+pub(crate) enum ReadTarget<'a> {
+    /// The shared read buffer, as much as it has room for.
+    Buffer(&'a mut BytesMut),
+    /// The rest of a large body; report what was read with [`Decoder::body_filled`].
+    Body(&'a mut [u8]),
+    /// At most a frame header's bytes (the frame after a large body is likely large too, and
+    /// its body should not land in the shared buffer); hand them to [`Decoder::accept`].
+    Header,
+}
+
 /// Reads frames out of the bytes a peer sent, as they arrive in pieces. Message bodies are split
-/// off the read buffer, not copied.
+/// off the read buffer, not copied; bodies of [`LARGE_BODY`] bytes or more are read into
+/// buffers of their own.
 #[derive(Debug)]
 pub(crate) struct Decoder {
     buffer: BytesMut,
     /// The largest frame accepted; a larger one ends the connection (a PULL peer sends only
     /// small commands).
     max_frame: usize,
+    /// The large body being read, if any.
+    large: Option<LargeBody>,
+    /// The last frame was a large body: the next read takes only a header's worth.
+    after_large: bool,
 }
 
 impl Decoder {
@@ -158,12 +194,21 @@ impl Decoder {
         Decoder {
             buffer: BytesMut::new(),
             max_frame,
+            large: None,
+            after_large: false,
         }
     }
 
-    /// Adds bytes read from the peer.
-    #[cfg(test)]
-    pub(crate) fn extend(&mut self, bytes: &[u8]) {
+    /// Adds bytes read from the peer (elsewhere than through [`Decoder::read_target`]): the
+    /// rest of a large body first, the remainder to the read buffer.
+    pub(crate) fn accept(&mut self, mut bytes: &[u8]) {
+        if let Some(large) = &mut self.large {
+            let body = large.message.data_mut();
+            let n = bytes.len().min(body.len() - large.filled);
+            body[large.filled..large.filled + n].copy_from_slice(&bytes[..n]);
+            large.filled += n;
+            bytes = &bytes[n..];
+        }
         self.buffer.extend_from_slice(bytes);
     }
 
@@ -176,10 +221,39 @@ impl Decoder {
         Some(greeting[..].try_into().expect("64 bytes"))
     }
 
+    /// Where the next read goes: the rest of a large body, a header's worth after a large
+    /// body, else the read buffer.
+    pub(crate) fn read_target(&mut self) -> ReadTarget<'_> {
+        let body_unfinished = self
+            .large
+            .as_ref()
+            .is_some_and(|large| large.filled < large.message.len());
+        if body_unfinished {
+            let large = self.large.as_mut().expect("a body is being read");
+            let filled = large.filled;
+            return ReadTarget::Body(&mut large.message.data_mut()[filled..]);
+        }
+        if self.after_large && self.buffer.is_empty() {
+            self.after_large = false;
+            return ReadTarget::Header;
+        }
+        ReadTarget::Buffer(self.read_buffer())
+    }
+
+    /// `n` more bytes of the large body were read into what [`ReadTarget::Body`] lent.
+    pub(crate) fn body_filled(&mut self, n: usize) {
+        if let Some(large) = &mut self.large {
+            large.filled = (large.filled + n).min(large.message.len());
+        }
+    }
+
+    /// The longest header read for [`ReadTarget::Header`].
+    pub(crate) const HEADER_READ: usize = LONG_HEADER;
+
     /// The buffer to read into, with room for at least the rest of the frame begun (up to
     /// 16 MiB at a time) or [`READ_CHUNK`]: several frames come in with one read, and their
     /// bodies share one allocation.
-    pub(crate) fn read_buffer(&mut self) -> &mut BytesMut {
+    fn read_buffer(&mut self) -> &mut BytesMut {
         let wanted = self.missing().clamp(READ_CHUNK, 16 << 20);
         self.buffer.reserve(wanted);
         &mut self.buffer
@@ -206,8 +280,19 @@ impl Decoder {
     }
 
     /// The next whole frame, `Ok(None)` when more bytes are needed, an error for a frame over
-    /// the limit or a malformed command.
+    /// the limit, a malformed command, or a large body whose buffer cannot be had.
     pub(crate) fn next_frame(&mut self) -> Result<Option<Inbound>, HandshakeError> {
+        if let Some(large) = &self.large {
+            if large.filled < large.message.len() {
+                return Ok(None);
+            }
+            let large = self.large.take().expect("checked above");
+            self.after_large = true;
+            return Ok(Some(Inbound::Message {
+                body: large.message,
+                more: large.more,
+            }));
+        }
         let Some(&flags) = self.buffer.first() else {
             return Ok(None);
         };
@@ -230,6 +315,9 @@ impl Decoder {
             )));
         }
         if self.buffer.len() < header_len + len {
+            if flags & FLAG_COMMAND == 0 && len >= LARGE_BODY {
+                self.begin_large_body(header_len, len, flags & FLAG_MORE != 0)?;
+            }
             return Ok(None);
         }
         let frame = if flags & FLAG_COMMAND != 0 {
@@ -239,11 +327,36 @@ impl Decoder {
         } else {
             self.buffer.advance(header_len);
             Inbound::Message {
-                body: self.buffer.split_to(len).freeze(),
+                body: Message::from(self.buffer.split_to(len).freeze()),
                 more: flags & FLAG_MORE != 0,
             }
         };
         Ok(Some(frame))
+    }
+
+    /// Moves the large body whose header (and maybe first bytes) the read buffer holds into a
+    /// buffer of its own; the read buffer is then empty.
+    fn begin_large_body(
+        &mut self,
+        header_len: usize,
+        len: usize,
+        more: bool,
+    ) -> Result<(), HandshakeError> {
+        let mut message = crate::heap_pool::message(len).map_err(|error| {
+            HandshakeError(format!(
+                "cannot allocate {len} bytes for a message from the peer: {error}"
+            ))
+        })?;
+        self.buffer.advance(header_len);
+        let filled = self.buffer.len();
+        message.data_mut()[..filled].copy_from_slice(&self.buffer);
+        self.buffer.clear();
+        self.large = Some(LargeBody {
+            message,
+            filled,
+            more,
+        });
+        Ok(())
     }
 }
 
@@ -318,9 +431,9 @@ mod tests {
         let mut decoder = Decoder::new(1024);
         let frame = ready("PUSH", b"fmq:zeromq:-:1:2");
         // In two pieces, as a socket may deliver it.
-        decoder.extend(&frame[..5]);
-        assert_eq!(decoder.next_frame(), Ok(None));
-        decoder.extend(&frame[5..]);
+        decoder.accept(&frame[..5]);
+        assert!(matches!(decoder.next_frame(), Ok(None)));
+        decoder.accept(&frame[5..]);
         let Some(Inbound::Command(Command::Ready(properties))) = decoder.next_frame().unwrap()
         else {
             panic!("not a READY");
@@ -333,7 +446,7 @@ mod tests {
             Command::property(&properties, "Identity").map(|value| &value[..]),
             Some(&b"fmq:zeromq:-:1:2"[..])
         );
-        assert_eq!(decoder.next_frame(), Ok(None));
+        assert!(matches!(decoder.next_frame(), Ok(None)));
     }
 
     #[test]
@@ -342,13 +455,11 @@ mod tests {
         ping.extend_from_slice(b"PING");
         ping.extend_from_slice(&[0, 10, b'h', b'i']);
         let mut decoder = Decoder::new(1024);
-        decoder.extend(&ping);
-        assert_eq!(
-            decoder.next_frame(),
-            Ok(Some(Inbound::Command(Command::Ping(Bytes::from_static(
-                b"hi"
-            )))))
-        );
+        decoder.accept(&ping);
+        let Ok(Some(Inbound::Command(command))) = decoder.next_frame() else {
+            panic!("not a command");
+        };
+        assert_eq!(command, Command::Ping(Bytes::from_static(b"hi")));
         assert_eq!(
             &pong(b"hi")[..],
             &[FLAG_COMMAND, 7, 4, b'P', b'O', b'N', b'G', b'h', b'i']
@@ -361,7 +472,7 @@ mod tests {
         let mut decoder = Decoder::new(16);
         let mut huge = vec![FLAG_COMMAND | FLAG_LONG];
         huge.extend_from_slice(&u64::MAX.to_be_bytes());
-        decoder.extend(&huge);
+        decoder.accept(&huge);
         assert!(decoder.next_frame().is_err());
         // A command whose name runs past its body, a READY whose value does.
         for body in [
@@ -371,26 +482,110 @@ mod tests {
             let mut decoder = Decoder::new(1024);
             let mut frame = vec![FLAG_COMMAND, body.len() as u8];
             frame.extend_from_slice(body);
-            decoder.extend(&frame);
+            decoder.accept(&frame);
             assert!(decoder.next_frame().is_err(), "{body:?}");
         }
         // Message frames come out with their bodies.
         let mut decoder = Decoder::new(1024);
-        decoder.extend(&[FLAG_MORE, 1, b'x', 0, 2, b'y', b'z']);
-        assert_eq!(
-            decoder.next_frame(),
-            Ok(Some(Inbound::Message {
-                body: Bytes::from_static(b"x"),
-                more: true
-            }))
-        );
-        assert_eq!(
-            decoder.next_frame(),
-            Ok(Some(Inbound::Message {
-                body: Bytes::from_static(b"yz"),
-                more: false
-            }))
-        );
+        decoder.accept(&[FLAG_MORE, 1, b'x', 0, 2, b'y', b'z']);
+        let [first, second] = [true, false].map(|_| message_frame(&mut decoder));
+        assert_eq!(first, (b"x".to_vec(), true));
+        assert_eq!(second, (b"yz".to_vec(), false));
+    }
+
+    /// The next frame of `decoder`, which must be a whole message frame: body and `more`.
+    fn message_frame(decoder: &mut Decoder) -> (Vec<u8>, bool) {
+        match decoder.next_frame() {
+            Ok(Some(Inbound::Message { body, more })) => (body.data().to_vec(), more),
+            other => panic!("not a message frame: {other:?}"),
+        }
+    }
+
+    /// Feeds `bytes` to `decoder` as reads would, `chunk` bytes at most per read, and returns
+    /// the message frames it decoded.
+    fn feed(decoder: &mut Decoder, bytes: &[u8], chunk: usize) -> Vec<(Vec<u8>, bool)> {
+        let mut frames = Vec::new();
+        let mut rest = bytes;
+        loop {
+            while let Some(frame) = decoder.next_frame().expect("well-formed") {
+                let Inbound::Message { body, more } = frame else {
+                    panic!("a command");
+                };
+                frames.push((body.data().to_vec(), more));
+            }
+            if rest.is_empty() {
+                return frames;
+            }
+            let n = match decoder.read_target() {
+                ReadTarget::Buffer(buffer) => {
+                    let n = chunk.min(rest.len());
+                    buffer.extend_from_slice(&rest[..n]);
+                    n
+                }
+                ReadTarget::Body(body) => {
+                    let n = chunk.min(rest.len()).min(body.len());
+                    body[..n].copy_from_slice(&rest[..n]);
+                    decoder.body_filled(n);
+                    n
+                }
+                ReadTarget::Header => {
+                    let n = chunk.min(rest.len()).min(Decoder::HEADER_READ);
+                    decoder.accept(&rest[..n]);
+                    n
+                }
+            };
+            rest = &rest[n..];
+        }
+    }
+
+    #[test]
+    fn large_bodies_are_read_into_their_own_buffers_whole_and_in_order() {
+        // Large, small, large (the last of two frames), then small again: every body whole,
+        // with its `more` flag, whatever the read sizes.
+        let sizes = [LARGE_BODY + 5, 3, 300, 2 * LARGE_BODY, 7, LARGE_BODY, 1];
+        let mut wire = Vec::new();
+        let mut expected = Vec::new();
+        for (idx, &size) in sizes.iter().enumerate() {
+            let body: Vec<u8> = (0..size).map(|byte| (byte * 7 + idx) as u8).collect();
+            let more = idx == 4;
+            push_header(&mut wire, if more { FLAG_MORE } else { 0 }, size);
+            wire.extend_from_slice(&body);
+            expected.push((body, more));
+        }
+        for chunk in [1, 2, 9, 10, 4096, READ_CHUNK, usize::MAX] {
+            let mut decoder = Decoder::new(usize::MAX);
+            let frames = feed(&mut decoder, &wire, chunk);
+            assert_eq!(frames.len(), expected.len(), "reads of {chunk}");
+            for (idx, (frame, want)) in frames.iter().zip(&expected).enumerate() {
+                assert!(frame == want, "frame {idx} with reads of {chunk}");
+            }
+        }
+        // Bytes read early (by the writer) go to the body being read, then to the buffer.
+        let mut decoder = Decoder::new(usize::MAX);
+        let split = 100;
+        decoder.accept(&wire[..split]);
+        assert!(decoder.next_frame().unwrap().is_none());
+        decoder.accept(&wire[split..]);
+        let mut n_frames = 0;
+        while let Some(frame) = decoder.next_frame().unwrap() {
+            let Inbound::Message { body, more } = frame else {
+                panic!("a command");
+            };
+            assert!((body.data().to_vec(), more) == expected[n_frames]);
+            n_frames += 1;
+        }
+        assert_eq!(n_frames, expected.len());
+    }
+
+    #[test]
+    fn a_large_body_that_cannot_be_allocated_is_an_error_not_an_abort() {
+        let mut decoder = Decoder::new(usize::MAX);
+        let mut wire = Vec::new();
+        push_header(&mut wire, 0, usize::MAX / 4);
+        wire.extend_from_slice(b"first bytes");
+        decoder.accept(&wire);
+        let error = decoder.next_frame().unwrap_err();
+        assert!(error.0.contains("cannot allocate"), "{}", error.0);
     }
 
     #[test]

@@ -119,12 +119,39 @@ impl Stream {
         }
     }
 
+    /// Reads what is there into the plain buffer `bytes` without waiting.
+    fn try_read(&self, bytes: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(stream) => stream.try_read(bytes),
+            Stream::Unix(stream) => stream.try_read(bytes),
+        }
+    }
+
+    /// Reads what is there into `decoder` without waiting, where it wants it (see
+    /// `zmtp::ReadTarget`): `Ok(0)` at the peer's end, `WouldBlock` for nothing.
+    fn try_read_decoder(&self, decoder: &mut zmtp::Decoder) -> std::io::Result<usize> {
+        match decoder.read_target() {
+            zmtp::ReadTarget::Buffer(buffer) => self.try_read_buf(buffer),
+            zmtp::ReadTarget::Body(body) => {
+                let n = self.try_read(body)?;
+                decoder.body_filled(n);
+                Ok(n)
+            }
+            zmtp::ReadTarget::Header => {
+                let mut header = [0u8; zmtp::Decoder::HEADER_READ];
+                let n = self.try_read(&mut header)?;
+                decoder.accept(&header[..n]);
+                Ok(n)
+            }
+        }
+    }
+
     /// Reads into `decoder` whatever is there, waiting for something first: an error at the
     /// peer's end.
     async fn read_into(&self, decoder: &mut zmtp::Decoder) -> std::io::Result<()> {
         loop {
             self.readable().await?;
-            match self.try_read_buf(decoder.read_buffer()) {
+            match self.try_read_decoder(decoder) {
                 Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
                 Ok(_) => return Ok(()),
                 Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -784,14 +811,14 @@ impl Connection {
                 let mut early = self.early();
                 if !early.bytes.is_empty() {
                     let bytes = early.bytes.split();
-                    decoder.read_buffer().extend_from_slice(&bytes);
+                    decoder.accept(&bytes);
                     return Ok(());
                 }
                 if let Some(end) = &early.end {
                     return Err(end.clone());
                 }
             }
-            match stream.try_read_buf(decoder.read_buffer()) {
+            match stream.try_read_decoder(decoder) {
                 Ok(0) => return Err("the peer closed its end".to_owned()),
                 Ok(_) => return Ok(()),
                 Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -920,7 +947,7 @@ async fn read_until_gone(
                     if shared.pattern == Pattern::Push {
                         continue;
                     }
-                    parts.push(Message::from(body));
+                    parts.push(body);
                     if !more {
                         // Waits while the inbox is full: the peer's sends then wait too.
                         let _ = shared.inbox.send(std::mem::take(&mut parts)).await;
