@@ -351,7 +351,7 @@ impl BatchedPush {
 /// Hands one frame to the zeromq socket, recording a refusal.
 async fn send_frame(socket: &mut ZmqSocket, state: &PushState, frame: Vec<u8>, n_records: usize) {
     let sent = socket
-        .send_parts(Parts::from(Message::from(frame)), None)
+        .send_unboxed(Parts::from(Message::from(frame)), None)
         .await;
     state.n_queued.fetch_sub(n_records as u64, Ordering::AcqRel);
     if let Err(failed) = sent {
@@ -379,6 +379,8 @@ pub(crate) struct ShmSocket {
     seen_memory: Vec<(ObjectKind, ObjectRef)>,
     /// Reused for the part descriptors of one message (try_send_parts).
     scratch: Vec<PartRef>,
+    /// Reused for decoding descriptor frames (receive_parts): no allocation per frame.
+    decoded: wire::Frame,
     /// The segment the last block received lay in.
     last_segment: Option<(ObjectRef, Arc<crate::segment::Segment>)>,
     /// The counter of the sender of the last counted frame.
@@ -462,6 +464,7 @@ impl ShmSocket {
             frames: VecDeque::new(),
             seen_memory: Vec::new(),
             scratch: Vec::new(),
+            decoded: wire::decode_scratch(),
             last_segment: None,
             last_taken: None,
             n_foreign_frames: 0,
@@ -972,8 +975,11 @@ impl Socket for ShmSocket {
                 return Ok(parts);
             }
             if let Some(frame) = self.frames.front() {
-                let decoded = match wire::decode(frame, self.session.hash) {
-                    Ok(decoded) => decoded,
+                // Taken out while in use (a receive cancelled meanwhile only loses the
+                // allocation); put back once the frame's records are queued.
+                let mut decoded = std::mem::replace(&mut self.decoded, wire::decode_scratch());
+                match wire::decode_into(frame, self.session.hash, &mut decoded) {
+                    Ok(()) => {}
                     // Not a descriptor frame of this session: it comes from a peer that was
                     // refused when it connected (a plain ZeroMQ program, another session). A
                     // fan-in socket drops it and keeps serving its other peers.
@@ -991,7 +997,7 @@ impl Socket for ShmSocket {
                         self.frames.pop_front();
                         return Err(transport_error(&self.label, error));
                     }
-                };
+                }
                 // Peers' segments are opened off the async threads, the frame still queued. The
                 // objects this socket has seen are remembered, so the usual frame takes no lock.
                 let unseen: Vec<_> = decoded
@@ -1027,7 +1033,7 @@ impl Socket for ShmSocket {
                         taken
                     }
                 };
-                let mut parts_of_frame = decoded.parts.into_iter();
+                let mut parts_of_frame = decoded.parts.drain(..);
                 for &n_parts in &decoded.record_lens {
                     let mut parts = Parts::with_capacity(n_parts as usize);
                     for part in parts_of_frame.by_ref().take(n_parts as usize) {
@@ -1045,11 +1051,13 @@ impl Socket for ShmSocket {
                     }
                     self.pending.push_back((parts, taken.clone()));
                 }
+                drop(parts_of_frame);
+                self.decoded = decoded;
                 continue;
             }
             let frames: Vec<Bytes> = match &mut self.inner {
                 Inner::Plain(socket) => socket
-                    .receive_parts()
+                    .receive_unboxed()
                     .await?
                     .into_iter()
                     .map(Message::into_bytes)

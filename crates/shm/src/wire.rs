@@ -278,6 +278,29 @@ impl<'a> Reader<'a> {
 /// [`ShmError::BadDescriptor`] naming what is wrong: not a ferromq shmem frame (a peer on
 /// another transport), another session, or a truncated or malformed record.
 pub fn decode(frame: &[u8], session_hash: u64) -> Result<Frame, ShmError> {
+    let mut decoded = decode_scratch();
+    decode_into(frame, session_hash, &mut decoded)?;
+    Ok(decoded)
+}
+
+/// An empty [`Frame`] to decode into with [`decode_into`] (allocates nothing).
+pub fn decode_scratch() -> Frame {
+    Frame {
+        delivery: DeliveryRef::NONE,
+        parts: Vec::new(),
+        record_lens: Vec::new(),
+    }
+}
+
+/// [`decode`] into `decoded`, whose vectors are cleared and reused: a receiver that keeps one
+/// [`Frame`] decodes frame after frame without allocating. On an error `decoded` holds
+/// whatever was decoded before it; use none of it.
+///
+/// # Errors
+/// As [`decode`].
+pub fn decode_into(frame: &[u8], session_hash: u64, decoded: &mut Frame) -> Result<(), ShmError> {
+    decoded.parts.clear();
+    decoded.record_lens.clear();
     if frame.len() < FRAME_HEADER_LEN || &frame[..8] != MAGIC {
         return Err(ShmError::BadDescriptor {
             reason: "not a ferromq shmem frame: the peer uses another transport (zeromq?) or another protocol version"
@@ -306,8 +329,12 @@ pub fn decode(frame: &[u8], session_hash: u64) -> Result<Frame, ShmError> {
             reason: format!("{n_records} records cannot fit in {} bytes", frame.len()),
         });
     }
-    let mut record_lens = Vec::with_capacity(n_records);
-    let mut parts = Vec::with_capacity(n_records);
+    decoded.delivery = delivery;
+    let Frame {
+        parts, record_lens, ..
+    } = decoded;
+    record_lens.reserve(n_records);
+    parts.reserve(n_records);
     for _ in 0..n_records {
         let n_parts = reader.u32()? as usize;
         if n_parts > frame.len() {
@@ -348,11 +375,7 @@ pub fn decode(frame: &[u8], session_hash: u64) -> Result<Frame, ShmError> {
             ),
         });
     }
-    Ok(Frame {
-        delivery,
-        parts,
-        record_lens,
-    })
+    Ok(())
 }
 
 /// The hash that identifies a session on the wire.

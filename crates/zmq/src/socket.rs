@@ -111,6 +111,42 @@ impl ZmqSocket {
         Ok(&mut self.backend)
     }
 
+    /// [`Socket::send_parts`] without the box the trait's future needs: for a caller that holds
+    /// a `ZmqSocket` itself (shmem's descriptor carrier sends one frame after another through
+    /// it, and a box per frame was half of its allocations).
+    ///
+    /// # Errors
+    /// As [`Socket::send_parts`].
+    pub async fn send_unboxed(
+        &mut self,
+        parts: Parts,
+        timeout: Option<Duration>,
+    ) -> Result<(), SendError<Parts>> {
+        if let Err(error) = self.check(self.socket_type.can_send(), "send") {
+            return Err(SendError::new(error, parts));
+        }
+        match &mut self.backend {
+            Backend::Net(net) => net.send(&self.label, parts, timeout).await,
+            Backend::Zmtp(zmtp) => zmtp.send(&self.label, parts, timeout).await,
+            Backend::Inproc(inproc) => inproc.send(&self.label, parts, timeout).await,
+            Backend::Unattached => Err(SendError::new(self.not_attached("send"), parts)),
+        }
+    }
+
+    /// [`Socket::receive_parts`] without the box (see [`ZmqSocket::send_unboxed`]).
+    ///
+    /// # Errors
+    /// As [`Socket::receive_parts`].
+    pub async fn receive_unboxed(&mut self) -> Result<Parts> {
+        self.check(self.socket_type.can_receive(), "receive")?;
+        match &mut self.backend {
+            Backend::Net(net) => net.receive(&self.label).await,
+            Backend::Zmtp(zmtp) => zmtp.receive(&self.label).await,
+            Backend::Inproc(inproc) => inproc.receive().await,
+            Backend::Unattached => Err(self.not_attached("receive")),
+        }
+    }
+
     fn not_attached(&self, operation: &'static str) -> Error {
         Error::PeerGone {
             channel: self.label.clone(),
@@ -183,15 +219,7 @@ impl Socket for ZmqSocket {
         parts: Parts,
         timeout: Option<Duration>,
     ) -> Result<(), SendError<Parts>> {
-        if let Err(error) = self.check(self.socket_type.can_send(), "send") {
-            return Err(SendError::new(error, parts));
-        }
-        match &mut self.backend {
-            Backend::Net(net) => net.send(&self.label, parts, timeout).await,
-            Backend::Zmtp(zmtp) => zmtp.send(&self.label, parts, timeout).await,
-            Backend::Inproc(inproc) => inproc.send(&self.label, parts, timeout).await,
-            Backend::Unattached => Err(SendError::new(self.not_attached("send"), parts)),
-        }
+        self.send_unboxed(parts, timeout).await
     }
 
     fn try_send_parts(&mut self, parts: Parts) -> std::result::Result<(), Parts> {
@@ -240,13 +268,7 @@ impl Socket for ZmqSocket {
     }
 
     async fn receive_parts(&mut self) -> Result<Parts> {
-        self.check(self.socket_type.can_receive(), "receive")?;
-        match &mut self.backend {
-            Backend::Net(net) => net.receive(&self.label).await,
-            Backend::Zmtp(zmtp) => zmtp.receive(&self.label).await,
-            Backend::Inproc(inproc) => inproc.receive().await,
-            Backend::Unattached => Err(self.not_attached("receive")),
-        }
+        self.receive_unboxed().await
     }
 
     async fn subscribe(&mut self, topic: &[u8]) -> Result<()> {
