@@ -272,6 +272,10 @@ pub struct ChannelConfig {
     /// Receives spin instead of sleeping until data arrives: lower latency for a whole core.
     #[serde(rename = "busyPoll")]
     pub busy_poll: bool,
+    /// Without `busyPoll`: how long (µs) a receive whose last wait was short spins before it
+    /// sleeps (see `spin.rs`); 0 never spins.
+    #[serde(rename = "spinUs")]
+    pub spin_us: u32,
     /// The libfabric provider of an ofi channel (`tcp;ofi_rxm`, `verbs;ofi_rxm`, ...); `None`
     /// follows the address: tcp:// takes `tcp;ofi_rxm`, verbs:// `verbs;ofi_rxm`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -298,6 +302,7 @@ impl Default for ChannelConfig {
             auto_bind: true,
             num_sockets: 0,
             busy_poll: false,
+            spin_us: crate::spin::DEFAULT_SPIN_US,
             provider: None,
         }
     }
@@ -720,6 +725,7 @@ mod tests {
             auto_bind: false,
             num_sockets: 2,
             busy_poll: true,
+            spin_us: 0,
             provider: Some("tcp;ofi_rxm".to_owned()),
             ..ChannelConfig::new("out", SocketType::Push, Method::Connect)
                 .with_address("ipc:///tmp/x")

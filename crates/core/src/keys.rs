@@ -65,7 +65,7 @@ const fn count(min: i64, max: i64) -> KeyKind {
 }
 
 /// Every channel key, in the order `--channel-config` text is written.
-pub const CHANNEL_KEYS: [ChannelKey; 19] = [
+pub const CHANNEL_KEYS: [ChannelKey; 20] = [
     key(
         "name",
         KeyKind::Text,
@@ -155,6 +155,12 @@ pub const CHANNEL_KEYS: [ChannelKey; 19] = [
         "at most 1024 sockets per channel",
     ),
     key("busyPoll", KeyKind::Bool, "false", "true or false"),
+    key(
+        "spinUs",
+        count(0, 1_000_000),
+        "60",
+        "microseconds from 0 (never spin) to 1000000",
+    ),
     key("provider", KeyKind::Text, "", "a libfabric provider"),
 ];
 
@@ -276,6 +282,7 @@ impl ChannelConfig {
             (_, Converted::Method(method)) => self.method = method,
             ("autoBind", Converted::Bool(flag)) => self.auto_bind = flag,
             ("busyPoll", Converted::Bool(flag)) => self.busy_poll = flag,
+            ("spinUs", Converted::Integer(number)) => self.spin_us = narrow(spec, number)?,
             ("sndBufSize", Converted::Integer(number)) => self.snd_buf_size = narrow(spec, number)?,
             ("rcvBufSize", Converted::Integer(number)) => self.rcv_buf_size = narrow(spec, number)?,
             ("sndKernelSize", Converted::Integer(number)) => {
@@ -322,6 +329,7 @@ impl ChannelConfig {
             "autoBind" => self.auto_bind.to_string(),
             "numSockets" => self.num_sockets.to_string(),
             "busyPoll" => self.busy_poll.to_string(),
+            "spinUs" => self.spin_us.to_string(),
             _ => return None,
         };
         Some(text)
@@ -386,6 +394,13 @@ mod tests {
             ("linger", KeyValue::Bool(true), "a non-negative integer"),
             ("address", KeyValue::Integer(5), "an address"),
             ("sndTimeoutMs", KeyValue::Integer(-2), "-1 for none"),
+            ("spinUs", KeyValue::Integer(-1), "0 (never spin) to 1000000"),
+            (
+                "spinUs",
+                KeyValue::Text("2000000"),
+                "0 (never spin) to 1000000",
+            ),
+            ("spinUs", KeyValue::Text("fast"), "microseconds"),
         ];
         for (key, value, expected) in cases {
             let error = config.set(key, value).expect_err(key).to_string();

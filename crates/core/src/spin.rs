@@ -3,7 +3,8 @@
 //! A receive that finds nothing sleeps until the transport wakes it, and a wake-up costs tens of
 //! microseconds here (about 30 µs each way on the project's machines), more than the rest of a
 //! round trip between two processes on one host. `busyPoll = true` never sleeps and costs a
-//! core. Without it, a [`Channel`](crate::Channel) spins briefly ([`SPIN`]) before sleeping,
+//! core. Without it, a [`Channel`](crate::Channel) spins briefly (the channel key `spinUs`,
+//! [`DEFAULT_SPIN_US`] by default; 0 never spins) before sleeping,
 //! but only where spinning has a chance: when the last wait was short (a message came within
 //! [`SHORT_WAIT`], as in a request/reply exchange or a stream the receiver keeps up with).
 //! After a wait that was long (an idle channel, a paced stream, the gap between two bursts) it
@@ -19,10 +20,11 @@
 
 use std::time::Duration;
 
-/// How long a receive spins before it sleeps, when it spins at all. Long enough to outlast the
-/// other side's turnaround in an rpc round trip (several task hops at each end), so that both
-/// sides settle into catching each other spinning: at 25 µs they never did here.
-pub(crate) const SPIN: Duration = Duration::from_micros(60);
+/// How long (µs) a receive spins before it sleeps, when it spins at all, unless the channel's
+/// `spinUs` says otherwise. Long enough to outlast the other side's turnaround in an rpc round
+/// trip (several task hops at each end), so that both sides settle into catching each other
+/// spinning: at 25 µs they never did here.
+pub(crate) const DEFAULT_SPIN_US: u32 = 60;
 
 /// A wait at most this long counts as short: the next one spins.
 pub(crate) const SHORT_WAIT: Duration = Duration::from_micros(200);
@@ -46,8 +48,10 @@ pub(crate) enum WaitOutcome {
 }
 
 /// Decides how long the next wait of one channel spins (see the module docs).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct SpinPolicy {
+    /// How long a spin lasts; zero: never spin.
+    spin: Duration,
     /// The last wait was short enough for a spin to have a chance.
     last_wait_short: bool,
     /// Spins in a row that caught nothing.
@@ -57,16 +61,26 @@ pub(crate) struct SpinPolicy {
 }
 
 impl SpinPolicy {
+    /// A policy whose spins last `spin` (zero: it never spins).
+    pub(crate) fn new(spin: Duration) -> SpinPolicy {
+        SpinPolicy {
+            spin,
+            last_wait_short: false,
+            misses: 0,
+            skip: 0,
+        }
+    }
+
     /// How long the wait that starts now spins before sleeping; zero: sleep at once.
     pub(crate) fn spin_for(&mut self) -> Duration {
-        if !self.last_wait_short {
+        if self.spin.is_zero() || !self.last_wait_short {
             return Duration::ZERO;
         }
         if self.skip > 0 {
             self.skip -= 1;
             return Duration::ZERO;
         }
-        SPIN
+        self.spin
     }
 
     /// Learns from a wait that ended (with a message or not). A receive that found its
@@ -93,6 +107,12 @@ impl SpinPolicy {
 mod tests {
     use super::*;
 
+    const SPIN: Duration = Duration::from_micros(DEFAULT_SPIN_US as u64);
+
+    fn policy() -> SpinPolicy {
+        SpinPolicy::new(SPIN)
+    }
+
     fn slept(spun: bool, micros: u64) -> WaitOutcome {
         WaitOutcome::Slept {
             spun,
@@ -102,7 +122,7 @@ mod tests {
 
     #[test]
     fn a_fresh_or_idle_channel_sleeps_at_once() {
-        let mut policy = SpinPolicy::default();
+        let mut policy = policy();
         assert_eq!(policy.spin_for(), Duration::ZERO);
         // A paced stream: 400 µs between messages.
         for _ in 0..100 {
@@ -113,7 +133,7 @@ mod tests {
 
     #[test]
     fn a_short_wait_makes_the_next_one_spin_and_a_catch_keeps_it_spinning() {
-        let mut policy = SpinPolicy::default();
+        let mut policy = policy();
         // A request/reply exchange whose first round trip slept (wake-ups included).
         policy.record(slept(false, 70));
         assert_eq!(policy.spin_for(), SPIN);
@@ -127,8 +147,17 @@ mod tests {
     }
 
     #[test]
+    fn a_channel_configured_with_spin_us_0_never_spins() {
+        let mut policy = SpinPolicy::new(Duration::ZERO);
+        policy.record(slept(false, 10));
+        assert_eq!(policy.spin_for(), Duration::ZERO);
+        policy.record(WaitOutcome::CaughtSpinning);
+        assert_eq!(policy.spin_for(), Duration::ZERO);
+    }
+
+    #[test]
     fn misses_in_a_row_back_off_to_one_spin_in_sixty_four_waits() {
-        let mut policy = SpinPolicy::default();
+        let mut policy = policy();
         policy.record(slept(false, 100));
         let mut n_spins = 0;
         let n_waits = 64 * 20;

@@ -311,6 +311,7 @@ const CHANNEL_CONFIG_TOKENS: &[&str] = &[
     "autoBind=",
     "numSockets=",
     "busyPoll=",
+    "spinUs=",
     "provider=",
     "push",
     "pull",
