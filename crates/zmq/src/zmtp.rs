@@ -68,7 +68,7 @@ pub(crate) fn ready(socket_type: &str, identity: &[u8]) -> Vec<u8> {
         body.extend_from_slice(&(value.len() as u32).to_be_bytes());
         body.extend_from_slice(value);
     }
-    let mut frame = Vec::with_capacity(body.len() + 9);
+    let mut frame = Vec::with_capacity(body.len() + LONG_HEADER);
     push_header(&mut frame, FLAG_COMMAND, body.len());
     frame.extend_from_slice(&body);
     frame
@@ -138,7 +138,7 @@ pub(crate) fn pong(context: &[u8]) -> Vec<u8> {
     body.push(4);
     body.extend_from_slice(b"PONG");
     body.extend_from_slice(context);
-    let mut frame = Vec::with_capacity(body.len() + 9);
+    let mut frame = Vec::with_capacity(body.len() + LONG_HEADER);
     push_header(&mut frame, FLAG_COMMAND, body.len());
     frame.extend_from_slice(&body);
     frame
@@ -151,8 +151,9 @@ pub(crate) fn pong(context: &[u8]) -> Vec<u8> {
 /// pages per message.
 pub(crate) const LARGE_BODY: usize = READ_CHUNK + 1;
 
-/// The longest frame header: flags and an eight-byte size.
-const LONG_HEADER: usize = 9;
+/// The longest frame header: flags and an eight-byte size; also what is read after a large body
+/// ([`ReadTarget::Header`]).
+pub(crate) const LONG_HEADER: usize = 9;
 
 /// A large message body being read into its own buffer.
 #[derive(Debug)]
@@ -247,9 +248,6 @@ impl Decoder {
         }
     }
 
-    /// The longest header read for [`ReadTarget::Header`].
-    pub(crate) const HEADER_READ: usize = LONG_HEADER;
-
     /// The buffer to read into, with room for at least the rest of the frame begun (up to
     /// 16 MiB at a time) or [`READ_CHUNK`]: several frames come in with one read, and their
     /// bodies share one allocation.
@@ -266,16 +264,16 @@ impl Decoder {
         };
         let announced = if flags & FLAG_LONG != 0 {
             self.buffer
-                .get(1..9)
+                .get(1..LONG_HEADER)
                 .map(|size| u64::from_be_bytes(size.try_into().expect("eight bytes")))
                 .and_then(|size| usize::try_from(size).ok())
-                .map(|size| size.saturating_add(9))
+                .map(|size| size.saturating_add(LONG_HEADER))
         } else {
             self.buffer.get(1).map(|&size| usize::from(size) + 2)
         };
         announced
             .unwrap_or(0)
-            .min(self.max_frame.saturating_add(9))
+            .min(self.max_frame.saturating_add(LONG_HEADER))
             .saturating_sub(self.buffer.len())
     }
 
@@ -297,11 +295,11 @@ impl Decoder {
             return Ok(None);
         };
         let (header_len, len) = if flags & FLAG_LONG != 0 {
-            let Some(size) = self.buffer.get(1..9) else {
+            let Some(size) = self.buffer.get(1..LONG_HEADER) else {
                 return Ok(None);
             };
             let size = u64::from_be_bytes(size.try_into().expect("eight bytes"));
-            (9, usize::try_from(size).unwrap_or(usize::MAX))
+            (LONG_HEADER, usize::try_from(size).unwrap_or(usize::MAX))
         } else {
             let Some(&size) = self.buffer.get(1) else {
                 return Ok(None);
@@ -529,7 +527,7 @@ mod tests {
                     n
                 }
                 ReadTarget::Header => {
-                    let n = chunk.min(rest.len()).min(Decoder::HEADER_READ);
+                    let n = chunk.min(rest.len()).min(LONG_HEADER);
                     decoder.accept(&rest[..n]);
                     n
                 }

@@ -138,7 +138,7 @@ impl Stream {
                 Ok(n)
             }
             zmtp::ReadTarget::Header => {
-                let mut header = [0u8; zmtp::Decoder::HEADER_READ];
+                let mut header = [0u8; zmtp::LONG_HEADER];
                 let n = self.try_read(&mut header)?;
                 decoder.accept(&header[..n]);
                 Ok(n)
