@@ -49,6 +49,14 @@ pub trait Game:
     /// A hash of the position (Zobrist): equal positions hash equal, in every process.
     fn hash(&self) -> u64;
 
+    /// The hash of the position after `mv` (a legal move). The default plays it on a copy; a
+    /// game with Zobrist hashing answers without one (expanding a node asks once per move).
+    fn hash_after(&self, mv: Self::Move) -> u64 {
+        let mut next = self.clone();
+        next.play(mv);
+        next.hash()
+    }
+
     /// Plays uniformly random moves to the end.
     fn random_playout(&self, rng: &mut Rng) -> Outcome {
         let mut position = self.clone();

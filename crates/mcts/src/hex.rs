@@ -1,6 +1,10 @@
 //! Hex on an S×S rhombus: player 0 connects top and bottom, player 1 left and right. A full
 //! board always has exactly one winner, so a random playout fills the empty cells at random and
 //! then looks once for the winner.
+//!
+//! Speed matters here (a rollout is a few moves and playouts): nothing below allocates but the
+//! clone of a position. A move looks for a win only in the group of the stone just placed, and
+//! a playout works on a copy of the board on the stack.
 
 use serde::{Deserialize, Serialize};
 
@@ -8,6 +12,96 @@ use crate::game::{Game, Outcome, Player, Rng, zobrist_key};
 
 /// The largest board.
 pub const MAX_SIZE: usize = 19;
+
+/// Cells of the largest board.
+const MAX_CELLS: usize = MAX_SIZE * MAX_SIZE;
+
+/// One bit per cell of the largest board: the cells a flood fill has reached.
+#[derive(Default)]
+struct Seen([u64; MAX_CELLS.div_ceil(64)]);
+
+impl Seen {
+    /// Marks `cell`; whether it was unmarked.
+    fn insert(&mut self, cell: usize) -> bool {
+        let (word, bit) = (cell / 64, 1u64 << (cell % 64));
+        let fresh = self.0[word] & bit == 0;
+        self.0[word] |= bit;
+        fresh
+    }
+}
+
+/// Calls `visit` with each cell next to `cell` on a board of side `size`.
+#[inline]
+fn for_each_neighbour(size: usize, cell: usize, mut visit: impl FnMut(usize)) {
+    let (row, col) = (cell / size, cell % size);
+    if row > 0 {
+        visit(cell - size);
+        if col + 1 < size {
+            visit(cell - size + 1);
+        }
+    }
+    if col > 0 {
+        visit(cell - 1);
+    }
+    if col + 1 < size {
+        visit(cell + 1);
+    }
+    if row + 1 < size {
+        if col > 0 {
+            visit(cell + size - 1);
+        }
+        visit(cell + size);
+    }
+}
+
+/// The line of `cell` that `player` must cross: its row for player 0, its column for player 1.
+#[inline]
+fn line(size: usize, cell: usize, player: Player) -> usize {
+    if player == 0 {
+        cell / size
+    } else {
+        cell % size
+    }
+}
+
+/// Whether the stones of `player` reachable from `starts` (cells holding them) touch `player`'s
+/// far side, and with `need_near`, also the near one (line 0).
+fn flood(
+    cells: &[u8],
+    size: usize,
+    player: Player,
+    starts: impl Iterator<Item = usize>,
+    need_near: bool,
+) -> bool {
+    let stone = player + 1;
+    let mut seen = Seen::default();
+    let mut stack = [0u16; MAX_CELLS];
+    let mut top = 0;
+    for cell in starts {
+        if seen.insert(cell) {
+            stack[top] = cell as u16;
+            top += 1;
+        }
+    }
+    let (mut near, mut far) = (!need_near, false);
+    while top > 0 {
+        top -= 1;
+        let cell = usize::from(stack[top]);
+        let at = line(size, cell, player);
+        near |= at == 0;
+        far |= at == size - 1;
+        if near && far {
+            return true;
+        }
+        for_each_neighbour(size, cell, |next| {
+            if cells[next] == stone && seen.insert(next) {
+                stack[top] = next as u16;
+                top += 1;
+            }
+        });
+    }
+    false
+}
 
 /// A Hex position.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -50,41 +144,14 @@ impl Hex {
         usize::from(self.size)
     }
 
-    fn neighbours(&self, cell: usize) -> impl Iterator<Item = usize> + use<> {
-        let size = self.size() as isize;
-        let (row, col) = ((cell as isize) / size, (cell as isize) % size);
-        [(-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0)]
-            .into_iter()
-            .map(move |(dr, dc)| (row + dr, col + dc))
-            .filter(move |&(r, c)| r >= 0 && r < size && c >= 0 && c < size)
-            .map(move |(r, c)| (r * size + c) as usize)
-    }
-
     /// Whether `player`'s stones connect their two sides.
     fn connects(&self, cells: &[u8], player: Player) -> bool {
         let size = self.size();
         let stone = player + 1;
-        let mut seen = vec![false; cells.len()];
-        let mut stack: Vec<usize> = (0..size)
+        let near_side = (0..size)
             .map(|idx| if player == 0 { idx } else { idx * size })
-            .filter(|&cell| cells[cell] == stone)
-            .collect();
-        for &cell in &stack {
-            seen[cell] = true;
-        }
-        while let Some(cell) = stack.pop() {
-            let (row, col) = (cell / size, cell % size);
-            if (player == 0 && row == size - 1) || (player == 1 && col == size - 1) {
-                return true;
-            }
-            for next in self.neighbours(cell) {
-                if !seen[next] && cells[next] == stone {
-                    seen[next] = true;
-                    stack.push(next);
-                }
-            }
-        }
-        false
+            .filter(|&cell| cells[cell] == stone);
+        flood(cells, size, player, near_side, false)
     }
 
     /// The cell of a move as `letter` + row, as Hex players write it (`c4`).
@@ -120,7 +187,14 @@ impl Game for Hex {
         self.cells[cell] = self.to_move + 1;
         self.hash ^= zobrist_key(cell, self.to_move);
         self.n_empty -= 1;
-        if self.connects(&self.cells, self.to_move) {
+        // Only the group of the new stone can have become a winning chain.
+        if flood(
+            &self.cells,
+            self.size(),
+            self.to_move,
+            std::iter::once(cell),
+            true,
+        ) {
             self.winner = Some(self.to_move);
         }
         self.to_move ^= 1;
@@ -135,22 +209,37 @@ impl Game for Hex {
         self.hash ^ u64::from(self.to_move)
     }
 
+    fn hash_after(&self, mv: u16) -> u64 {
+        self.hash ^ zobrist_key(usize::from(mv), self.to_move) ^ u64::from(self.to_move ^ 1)
+    }
+
     fn random_playout(&self, rng: &mut Rng) -> Outcome {
         if let Some(winner) = self.winner {
             return Outcome::Win(winner);
         }
-        let mut cells = self.cells.clone();
-        let mut empty: Vec<usize> = (0..cells.len()).filter(|&cell| cells[cell] == 0).collect();
+        let mut board = [0u8; MAX_CELLS];
+        let cells = &mut board[..self.cells.len()];
+        cells.copy_from_slice(&self.cells);
+        let mut empty = [0u16; MAX_CELLS];
+        let mut n_empty = 0;
+        for (cell, &stone) in cells.iter().enumerate() {
+            if stone == 0 {
+                empty[n_empty] = cell as u16;
+                n_empty += 1;
+            }
+        }
+        let empty = &mut empty[..n_empty];
         // Fisher-Yates, then alternate: the same as random moves to a full board.
         for idx in (1..empty.len()).rev() {
             empty.swap(idx, rng.below(idx + 1));
         }
         let mut player = self.to_move;
-        for cell in empty {
-            cells[cell] = player + 1;
+        for &cell in empty.iter() {
+            cells[usize::from(cell)] = player + 1;
             player ^= 1;
         }
-        if self.connects(&cells, 0) {
+        let cells = &*cells;
+        if self.connects(cells, 0) {
             Outcome::Win(0)
         } else {
             Outcome::Win(1)
@@ -176,6 +265,40 @@ mod tests {
             other_order.play(mv);
         }
         assert_eq!(board.hash(), other_order.hash());
+    }
+
+    #[test]
+    fn a_move_finds_a_win_as_a_whole_board_search_does_and_hash_after_agrees() {
+        let mut rng = Rng::new(11);
+        for size in [2, 3, 5, 11, MAX_SIZE] {
+            for _ in 0..40 {
+                let mut board = Hex::new(size).unwrap();
+                let mut moves = Vec::new();
+                loop {
+                    moves.clear();
+                    board.legal_moves(&mut moves);
+                    let Some(&mv) = moves.get(rng.below(moves.len().max(1))) else {
+                        break;
+                    };
+                    let (mover, expected_hash) = (board.to_move(), board.hash_after(mv));
+                    board.play(mv);
+                    assert_eq!(board.hash(), expected_hash, "{size}x{size}");
+                    // Only the mover can have won, and the group search agrees with a search
+                    // from the whole near side.
+                    assert_eq!(
+                        board.outcome() == Some(Outcome::Win(mover)),
+                        board.connects(&board.cells, mover),
+                        "{size}x{size}: {:?}",
+                        board.cells
+                    );
+                    assert!(!board.connects(&board.cells, mover ^ 1));
+                }
+                assert!(
+                    board.outcome().is_some(),
+                    "{size}x{size} ended without a winner"
+                );
+            }
+        }
     }
 
     #[test]
