@@ -19,5 +19,6 @@ pub mod local;
 pub mod plain;
 pub mod search;
 pub mod tictactoe;
+mod ucb;
 
 pub use game::{Game, Outcome, Player, Rng};

@@ -1,14 +1,12 @@
 //! A plain single-process UCT, the yardstick: the same selection rule and evaluation as the
 //! distributed search, in one thread, without virtual loss or calls. Also the `plain` opponent.
 
-use std::collections::HashMap;
-
 use crate::game::{Game, Rng};
+use crate::ucb::{Arms, NodeMap};
 
 struct Node<M> {
-    visits: u64,
-    /// (move, child hash, visits, score for the mover); expanded on the first selection.
-    edges: Option<Vec<(M, u64, u64, f64)>>,
+    /// (move, child hash) per edge, and their statistics; expanded on the first selection.
+    edges: Option<(Vec<(M, u64)>, Arms)>,
 }
 
 /// A single-threaded UCT search.
@@ -32,15 +30,10 @@ impl PlainSearch {
 
     /// The most visited move after `iterations` simulations from `position`.
     pub fn best_move<G: Game>(&mut self, position: &G, iterations: u64) -> Option<G::Move> {
-        let mut nodes: HashMap<u64, Node<G::Move>> = HashMap::new();
-        nodes.insert(
-            position.hash(),
-            Node {
-                visits: 0,
-                edges: None,
-            },
-        );
+        let mut nodes: NodeMap<Node<G::Move>> = NodeMap::default();
+        nodes.insert(position.hash(), Node { edges: None });
         let mut path: Vec<(u64, usize, usize)> = Vec::new();
+        let mut moves = Vec::new();
         for _ in 0..iterations {
             path.clear();
             let mut current = position.clone();
@@ -51,40 +44,25 @@ impl PlainSearch {
                     break ([outcome.score(0), outcome.score(1)], 1);
                 }
                 let node = nodes.get_mut(&hash).expect("a node on the path exists");
-                let edges = node.edges.get_or_insert_with(|| {
-                    let mut moves = Vec::new();
+                let (edges, arms) = node.edges.get_or_insert_with(|| {
+                    moves.clear();
                     current.legal_moves(&mut moves);
-                    moves
-                        .into_iter()
-                        .map(|mv| {
-                            let mut child = current.clone();
-                            child.play(mv);
-                            (mv, child.hash(), 0, 0.0)
-                        })
-                        .collect()
+                    let edges: Vec<_> = moves
+                        .iter()
+                        .map(|&mv| (mv, current.hash_after(mv)))
+                        .collect();
+                    let arms = Arms::new(edges.len());
+                    (edges, arms)
                 });
-                let log_total = (edges.iter().map(|edge| edge.2).sum::<u64>().max(1) as f64).ln();
-                let mut best = (f64::NEG_INFINITY, 0);
-                for (idx, edge) in edges.iter().enumerate() {
-                    let value = if edge.2 == 0 {
-                        f64::INFINITY
-                    } else {
-                        edge.3 / edge.2 as f64
-                            + self.exploration * (log_total / edge.2 as f64).sqrt()
-                    };
-                    if value > best.0 {
-                        best = (value, idx);
-                    }
-                }
-                let (mv, child, _, _) = edges[best.1];
-                path.push((hash, best.1, usize::from(current.to_move())));
+                let chosen = arms
+                    .choose(self.exploration)
+                    .expect("a game that goes on has a move");
+                let (mv, child) = edges[chosen];
+                path.push((hash, chosen, usize::from(current.to_move())));
                 current.play(mv);
                 hash = child;
                 if let std::collections::hash_map::Entry::Vacant(vacant) = nodes.entry(child) {
-                    vacant.insert(Node {
-                        visits: 0,
-                        edges: None,
-                    });
+                    vacant.insert(Node { edges: None });
                     let mut scores = [0.0; 2];
                     for _ in 0..self.playouts {
                         let outcome = current.random_playout(&mut self.rng);
@@ -99,17 +77,18 @@ impl PlainSearch {
                 let node = nodes
                     .get_mut(&node_hash)
                     .expect("a node on the path exists");
-                node.visits += n;
-                let edge = &mut node.edges.as_mut().expect("expanded")[edge_idx];
-                edge.2 += n;
-                edge.3 += scores[mover];
+                let (_, arms) = node.edges.as_mut().expect("expanded");
+                arms.add(edge_idx, n, scores[mover]);
             }
         }
-        let root = nodes.get(&position.hash())?;
-        root.edges
-            .as_ref()?
-            .iter()
-            .max_by_key(|edge| edge.2)
-            .map(|edge| edge.0)
+        let (edges, arms) = nodes.get(&position.hash())?.edges.as_ref()?;
+        // The most visited edge, the last of equals.
+        let mut best: Option<(u64, G::Move)> = None;
+        for (&(mv, _), arm) in edges.iter().zip(arms.iter()) {
+            if best.is_none_or(|(visits, _)| arm.n() >= visits) {
+                best = Some((arm.n(), mv));
+            }
+        }
+        best.map(|(_, mv)| mv)
     }
 }

@@ -1,0 +1,196 @@
+//! UCB1 selection over a node's edges, shared by the distributed and the plain search.
+//!
+//! Choosing an edge is the innermost loop of a search (a rollout chooses at every node on its
+//! way down, over every legal move: 121 on an empty 11×11 board). Each [`Arm`] keeps its mean
+//! and `1/√n` ready, updated when its count changes, and [`Arms`] keeps the sum of the counts,
+//! so a choice is one multiply-add per edge instead of a sum, a division and a square root.
+//! Edges never chosen (an infinite bound) are handed out first, in order, by a cursor.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// One edge's count and score, and what selection reads of them.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Arm {
+    /// Playouts counted through the edge (with the distributed search's virtual losses).
+    n: u64,
+    /// Their summed score for the player who makes the move.
+    score: f64,
+    /// `score / n` (0 while `n` is 0).
+    mean: f64,
+    /// `1 / √n` (0 while `n` is 0).
+    rsqrt: f64,
+}
+
+impl Arm {
+    /// Playouts counted.
+    pub(crate) fn n(&self) -> u64 {
+        self.n
+    }
+
+    /// Their summed score.
+    pub(crate) fn score(&self) -> f64 {
+        self.score
+    }
+
+    fn refresh(&mut self) {
+        if self.n == 0 {
+            (self.mean, self.rsqrt) = (0.0, 0.0);
+        } else {
+            let n = self.n as f64;
+            (self.mean, self.rsqrt) = (self.score / n, n.sqrt().recip());
+        }
+    }
+}
+
+/// The edges of one node as selection sees them.
+#[derive(Debug, Clone)]
+pub(crate) struct Arms {
+    arms: Vec<Arm>,
+    /// The sum of the arms' counts.
+    total: u64,
+    /// Arms `..tried` have been chosen; the others still count nothing.
+    tried: usize,
+}
+
+impl Arms {
+    /// `len` arms that count nothing yet.
+    pub(crate) fn new(len: usize) -> Arms {
+        Arms {
+            arms: vec![Arm::default(); len],
+            total: 0,
+            tried: 0,
+        }
+    }
+
+    /// Every arm, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arm> {
+        self.arms.iter()
+    }
+
+    /// The arm with the highest upper bound `mean + exploration·√(ln total / n)`, an arm never
+    /// chosen first (the lowest index of those), `None` without arms. The caller counts
+    /// something on the arm it gets (a virtual loss, the playouts) before it chooses again.
+    pub(crate) fn choose(&mut self, exploration: f64) -> Option<usize> {
+        if self.tried < self.arms.len() {
+            self.tried += 1;
+            return Some(self.tried - 1);
+        }
+        let weight = exploration * (self.total.max(1) as f64).ln().sqrt();
+        let mut best = (f64::NEG_INFINITY, None);
+        for (idx, arm) in self.arms.iter().enumerate() {
+            let bound = arm.mean + weight * arm.rsqrt;
+            if bound > best.0 {
+                best = (bound, Some(idx));
+            }
+        }
+        best.1
+    }
+
+    /// Counts `n` more playouts scoring `score` through the arm at `idx` (out of range: none).
+    pub(crate) fn add(&mut self, idx: usize, n: u64, score: f64) {
+        if let Some(arm) = self.arms.get_mut(idx) {
+            arm.n += n;
+            arm.score += score;
+            arm.refresh();
+            self.total += n;
+        }
+    }
+
+    /// Takes back `n` counts that scored nothing (a virtual loss), never below zero.
+    pub(crate) fn take_back(&mut self, idx: usize, n: u64) {
+        if let Some(arm) = self.arms.get_mut(idx) {
+            let n = n.min(arm.n);
+            arm.n -= n;
+            arm.refresh();
+            self.total -= n;
+        }
+    }
+}
+
+/// A hasher for keys that are Zobrist hashes already: the key is its own hash (SipHash over a
+/// random 64-bit key buys nothing and costs a tenth of a lookup).
+#[derive(Default)]
+pub(crate) struct KeyIsHash(u64);
+
+impl Hasher for KeyIsHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys are hashed; other writes fold in (correct, if slower).
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        self.0 ^= key;
+    }
+}
+
+/// Nodes by the Zobrist hash of their position.
+pub(crate) type NodeMap<V> = HashMap<u64, V, BuildHasherDefault<KeyIsHash>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bound computed the long way, as UCB1 writes it.
+    fn slow_choice(counts: &[(u64, f64)], exploration: f64) -> usize {
+        let total: u64 = counts.iter().map(|&(n, _)| n).sum();
+        let log_total = (total.max(1) as f64).ln();
+        let mut best = (f64::NEG_INFINITY, 0);
+        for (idx, &(n, score)) in counts.iter().enumerate() {
+            let value = if n == 0 {
+                f64::INFINITY
+            } else {
+                score / n as f64 + exploration * (log_total / n as f64).sqrt()
+            };
+            if value > best.0 {
+                best = (value, idx);
+            }
+        }
+        best.1
+    }
+
+    #[test]
+    fn choices_match_ucb1_written_out_with_counts_added_and_taken_back() {
+        let mut rng = crate::Rng::new(3);
+        for len in [1, 2, 7, 121] {
+            let mut arms = Arms::new(len);
+            let mut counts = vec![(0u64, 0.0f64); len];
+            for round in 0..2000 {
+                let chosen = arms.choose(1.0).unwrap();
+                assert_eq!(
+                    chosen,
+                    slow_choice(&counts, 1.0),
+                    "{len} arms, round {round}"
+                );
+                // A virtual loss, then (usually) the playouts with it taken back.
+                arms.add(chosen, 1, 0.0);
+                counts[chosen].0 += 1;
+                if rng.below(4) > 0 {
+                    let playouts = 1 + rng.below(16) as u64;
+                    let score = rng.below(playouts as usize + 1) as f64;
+                    arms.take_back(chosen, 1);
+                    arms.add(chosen, playouts, score);
+                    counts[chosen].0 += playouts - 1;
+                    counts[chosen].1 += score;
+                }
+                assert_eq!(arms.total, counts.iter().map(|c| c.0).sum::<u64>());
+            }
+        }
+        assert_eq!(Arms::new(0).choose(1.0), None);
+    }
+
+    #[test]
+    fn a_node_map_finds_what_it_holds() {
+        let mut map = NodeMap::default();
+        for key in 0..1000u64 {
+            map.insert(key.wrapping_mul(0x9e37_79b9_7f4a_7c15), key);
+        }
+        assert!((0..1000u64).all(|key| map[&key.wrapping_mul(0x9e37_79b9_7f4a_7c15)] == key));
+    }
+}
