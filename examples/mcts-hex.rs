@@ -207,7 +207,7 @@ async fn one_search(options: &Options, search: &LocalSearch<Hex>) -> Result<(), 
         )
         .await
         .map_err(|error| error.to_string())?;
-    let (records, aggregated) = search
+    let traffic = search
         .driver
         .traffic()
         .await
@@ -224,10 +224,11 @@ async fn one_search(options: &Options, search: &LocalSearch<Hex>) -> Result<(), 
         .take(5)
         .map(|edge| format!("[\"{}\",{}]", position.move_name(edge.mv), edge.visits))
         .collect();
-    let share = aggregated as f64 / records.max(1) as f64;
+    let (records, local_steps) = (traffic.records, traffic.local_steps);
+    let share = traffic.aggregated as f64 / records.max(1) as f64;
     if options.json {
         println!(
-            "{{\"board\":{},\"workers\":{},\"aggregate\":\"{}\",\"transport\":\"{}\",\"rollouts\":{},\"rollouts_per_s\":{rate:.0},\"playouts\":{},\"playouts_per_s\":{:.0},\"best_move\":\"{best}\",\"root_visits\":[{}],\"remote_calls\":{records},\"aggregated_share\":{share:.3},\"seconds\":{:.3}}}",
+            "{{\"board\":{},\"workers\":{},\"aggregate\":\"{}\",\"transport\":\"{}\",\"rollouts\":{},\"rollouts_per_s\":{rate:.0},\"playouts\":{},\"playouts_per_s\":{:.0},\"best_move\":\"{best}\",\"root_visits\":[{}],\"remote_calls\":{records},\"aggregated_share\":{share:.3},\"local_steps\":{local_steps},\"seconds\":{:.3}}}",
             options.board,
             options.workers,
             options.aggregate,
@@ -240,7 +241,7 @@ async fn one_search(options: &Options, search: &LocalSearch<Hex>) -> Result<(), 
         );
     } else {
         println!(
-            "{}x{} Hex, {} workers ({}, {}): {} rollouts in {:.2} s ({rate:.0}/s); best move {best}; most visited {}; {records} remote calls, {:.0}% aggregated",
+            "{}x{} Hex, {} workers ({}, {}): {} rollouts in {:.2} s ({rate:.0}/s); best move {best}; most visited {}; {records} remote calls, {:.0}% aggregated; {local_steps} steps without a call",
             options.board,
             options.board,
             options.workers,

@@ -231,6 +231,7 @@ fn mcts_budget() -> Result<()> {
             "\"workers\":2,",
             "\"best_move\":\"",
             "\"remote_calls\":",
+            "\"local_steps\":",
         ] {
             ensure!(
                 stdout.contains(field),

@@ -13,10 +13,14 @@
 //!   result to the edge and removes the virtual loss; the root's owner tells the driver
 //!   (`finished`).
 //!
+//! A step whose next node is owned by the same worker is taken there and then, in the same
+//! handler: only moves between owners are calls (with one worker, a simulation costs two calls,
+//! the driver's start and the report of its end). The number of local steps is reported beside
+//! the calls ([`Driver::traffic`]).
+//!
 //! Every member runs its handlers one at a time, so a worker's tree needs no lock beyond the
 //! short one that makes the handlers `Sync`. The driver keeps `in_flight` simulations going.
 
-use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,7 +30,10 @@ use ferromq_core::Message;
 use ferromq_rpc::{CallError, Handlers, Invocation, Procedure, Rpc};
 use serde::{Deserialize, Serialize};
 
+use std::collections::HashMap;
+
 use crate::game::{Game, Outcome, Rng};
+use crate::ucb::{Arms, NodeMap};
 
 /// One step of a simulation's path: a node and the edge taken from it.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -109,19 +116,30 @@ procedure!(
     Pending, "mcts-pending", (), (u64, u64)
 );
 procedure!(
-    /// Records sent by the member and how many travelled with others (for the report).
-    Traffic, "mcts-traffic", (), (u64, u64)
+    /// Records sent by the member, how many travelled with others, and the steps it took
+    /// without a call (for the report).
+    TrafficOf, "mcts-traffic", (), (u64, u64, u64)
 );
 
+/// What a search group's members sent and did ([`Driver::traffic`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Records (calls, returns, confirmations) sent.
+    pub records: u64,
+    /// Of those, the ones that travelled in a frame with others.
+    pub aggregated: u64,
+    /// Simulation steps taken at the worker that owned the next node too, without a call.
+    pub local_steps: u64,
+}
+
+/// An edge out of a node; its counts are the node's [`Arms`].
 struct Edge<M> {
     mv: M,
     child: u64,
-    visits: u64,
-    score: f64,
+    /// Simulations on their way below it (each counted on its arm as a playout that scored
+    /// nothing, until its result comes up).
     virtual_loss: u32,
     state: ChildState,
-    /// Paths of simulations waiting for the child to be created.
-    deferred: Vec<Vec<Step>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,7 +152,8 @@ enum ChildState {
 struct Node<G: Game> {
     position: G,
     visits: u64,
-    edges: Option<Vec<Edge<G::Move>>>,
+    /// The edges and their statistics, made on the first selection.
+    edges: Option<(Vec<Edge<G::Move>>, Arms)>,
 }
 
 /// The search settings every worker uses.
@@ -160,23 +179,50 @@ pub fn owner(hash: u64, n_workers: usize) -> usize {
     1 + (hash % n_workers as u64) as usize
 }
 
-/// A call a handler makes once its lock is released.
-enum Outgoing {
+/// The next step of a simulation, at the member it names: taken at once when that is this
+/// worker, else a call made once the handler's lock is released.
+enum Outgoing<G> {
     Select(usize, SelectArgs),
-    Create(usize, SelectArgs, Vec<u8>),
+    Create(usize, SelectArgs, G),
     Backup(usize, BackupArgs),
     Finished(u32),
 }
 
 struct WorkerState<G: Game> {
-    nodes: HashMap<u64, Node<G>>,
+    nodes: NodeMap<Node<G>>,
+    /// Paths of simulations waiting at (node, edge) for the child to be created (rare: kept
+    /// apart from the edges, which a node has a hundred of).
+    deferred: HashMap<(u64, u16), Vec<Vec<Step>>>,
     settings: SearchSettings,
     n_workers: usize,
     rng: Rng,
+    /// Steps taken here without a call, since the worker started.
+    local_steps: u64,
 }
 
 impl<G: Game> WorkerState<G> {
-    fn select(&mut self, args: SelectArgs, out: &mut Vec<Outgoing>) {
+    /// Takes the steps of `work` that stay at this worker (member `me`), and those they lead
+    /// to, until only steps elsewhere are left: those are returned, to be called.
+    fn settle(&mut self, me: usize, mut work: Vec<Outgoing<G>>) -> Vec<Outgoing<G>> {
+        let mut calls = Vec::new();
+        while let Some(step) = work.pop() {
+            match step {
+                Outgoing::Select(dest, args) if dest == me => self.select(args, &mut work),
+                Outgoing::Create(dest, args, position) if dest == me => {
+                    self.create(args, position, &mut work)
+                }
+                Outgoing::Backup(dest, args) if dest == me => self.backup(args, &mut work),
+                elsewhere => {
+                    calls.push(elsewhere);
+                    continue;
+                }
+            }
+            self.local_steps += 1;
+        }
+        calls
+    }
+
+    fn select(&mut self, args: SelectArgs, out: &mut Vec<Outgoing<G>>) {
         let SelectArgs {
             node: hash,
             mut path,
@@ -196,47 +242,30 @@ impl<G: Game> WorkerState<G> {
             return;
         }
         let position = &node.position;
-        let edges = node.edges.get_or_insert_with(|| {
+        let (edges, arms) = node.edges.get_or_insert_with(|| {
             let mut moves = Vec::new();
             position.legal_moves(&mut moves);
-            moves
+            let edges: Vec<_> = moves
                 .into_iter()
-                .map(|mv| {
-                    let mut child = position.clone();
-                    child.play(mv);
-                    Edge {
-                        mv,
-                        child: child.hash(),
-                        visits: 0,
-                        score: 0.0,
-                        virtual_loss: 0,
-                        state: ChildState::Absent,
-                        deferred: Vec::new(),
-                    }
+                .map(|mv| Edge {
+                    mv,
+                    child: position.hash_after(mv),
+                    virtual_loss: 0,
+                    state: ChildState::Absent,
                 })
-                .collect()
+                .collect();
+            let arms = Arms::new(edges.len());
+            (edges, arms)
         });
-        let total: f64 = edges
-            .iter()
-            .map(|edge| (edge.visits + u64::from(edge.virtual_loss)) as f64)
-            .sum::<f64>()
-            .max(1.0);
-        let log_total = total.ln();
-        let exploration = self.settings.exploration;
-        let mut best = (f64::NEG_INFINITY, 0);
-        for (idx, edge) in edges.iter().enumerate() {
-            let n = (edge.visits + u64::from(edge.virtual_loss)) as f64;
-            // A virtual loss counts as a visit that scored nothing.
-            let value = if n == 0.0 {
-                f64::INFINITY
-            } else {
-                edge.score / n + exploration * (log_total / n).sqrt()
-            };
-            if value > best.0 {
-                best = (value, idx);
-            }
-        }
-        let edge_idx = best.1;
+        let Some(edge_idx) = arms.choose(self.settings.exploration) else {
+            // A game that goes on without a legal move (a bug in the game): scored as a draw so
+            // that the simulation still ends.
+            tracing::error!(node = hash, "a position that is not over has no legal move");
+            out.push(self.up(path, [0.5, 0.5], 1, false));
+            return;
+        };
+        // The virtual loss: a playout that scored nothing, until the result comes up.
+        arms.add(edge_idx, 1, 0.0);
         let edge = &mut edges[edge_idx];
         edge.virtual_loss += 1;
         path.push(Step {
@@ -249,22 +278,25 @@ impl<G: Game> WorkerState<G> {
             ChildState::Present => {
                 out.push(Outgoing::Select(dest, SelectArgs { node: child, path }))
             }
-            ChildState::Creating => edge.deferred.push(path),
+            ChildState::Creating => self
+                .deferred
+                .entry((hash, edge_idx as u16))
+                .or_default()
+                .push(path),
             ChildState::Absent => {
                 edge.state = ChildState::Creating;
                 let mut position = node.position.clone();
                 position.play(edge.mv);
-                let bytes = postcard::to_allocvec(&position).unwrap_or_default();
                 out.push(Outgoing::Create(
                     dest,
                     SelectArgs { node: child, path },
-                    bytes,
+                    position,
                 ));
             }
         }
     }
 
-    fn create(&mut self, args: SelectArgs, position: G, out: &mut Vec<Outgoing>) {
+    fn create(&mut self, args: SelectArgs, position: G, out: &mut Vec<Outgoing<G>>) {
         let playouts = self.settings.playouts.max(1);
         let mut scores = [0.0; 2];
         for _ in 0..playouts {
@@ -282,7 +314,7 @@ impl<G: Game> WorkerState<G> {
     }
 
     /// The call that takes a result one step up `path`.
-    fn up(&self, path: Vec<Step>, scores: [f64; 2], playouts: u32, created: bool) -> Outgoing {
+    fn up(&self, path: Vec<Step>, scores: [f64; 2], playouts: u32, created: bool) -> Outgoing<G> {
         match path.last() {
             Some(step) => Outgoing::Backup(
                 owner(step.node, self.n_workers),
@@ -297,7 +329,7 @@ impl<G: Game> WorkerState<G> {
         }
     }
 
-    fn backup(&mut self, args: BackupArgs, out: &mut Vec<Outgoing>) {
+    fn backup(&mut self, args: BackupArgs, out: &mut Vec<Outgoing<G>>) {
         let BackupArgs {
             mut path,
             scores,
@@ -317,10 +349,11 @@ impl<G: Game> WorkerState<G> {
         };
         let mover = node.position.to_move();
         node.visits += u64::from(playouts);
-        let Some(edge) = node
+        let edge_idx = usize::from(step.edge);
+        let Some((edge, arms)) = node
             .edges
             .as_mut()
-            .and_then(|edges| edges.get_mut(usize::from(step.edge)))
+            .and_then(|(edges, arms)| Some((edges.get_mut(edge_idx)?, arms)))
         else {
             tracing::error!(
                 node = step.node,
@@ -329,13 +362,16 @@ impl<G: Game> WorkerState<G> {
             );
             return;
         };
-        edge.visits += u64::from(playouts);
-        edge.score += scores[usize::from(mover)];
-        edge.virtual_loss = edge.virtual_loss.saturating_sub(1);
+        if edge.virtual_loss > 0 {
+            edge.virtual_loss -= 1;
+            arms.take_back(edge_idx, 1);
+        }
+        arms.add(edge_idx, u64::from(playouts), scores[usize::from(mover)]);
         if created && edge.state == ChildState::Creating {
             edge.state = ChildState::Present;
             let dest = owner(edge.child, self.n_workers);
-            for waiting in edge.deferred.drain(..) {
+            let waiting = self.deferred.remove(&(step.node, step.edge));
+            for waiting in waiting.into_iter().flatten() {
                 out.push(Outgoing::Select(
                     dest,
                     SelectArgs {
@@ -350,13 +386,17 @@ impl<G: Game> WorkerState<G> {
 }
 
 /// Makes the calls a handler decided on; they queue (a handler never waits for room).
-fn send<G: Game>(rpc: &Rpc, outgoing: Vec<Outgoing>) {
+fn send<G: Game>(rpc: &Rpc, outgoing: Vec<Outgoing<G>>) {
     for call in outgoing {
         let sent = match call {
             Outgoing::Select(dest, args) => rpc.queue_call::<Select<G>>(dest, &args),
-            Outgoing::Create(dest, args, position) => {
-                rpc.queue_call_buffer::<Create<G>>(dest, &args, Message::from(position))
-            }
+            Outgoing::Create(dest, args, position) => match postcard::to_allocvec(&position) {
+                Ok(bytes) => rpc.queue_call_buffer::<Create<G>>(dest, &args, Message::from(bytes)),
+                Err(error) => {
+                    tracing::error!(%error, "a new node's position does not encode");
+                    continue;
+                }
+            },
             Outgoing::Backup(dest, args) => rpc.queue_call::<Backup<G>>(dest, &args),
             Outgoing::Finished(playouts) => rpc.queue_call::<Finished<G>>(0, &playouts),
         };
@@ -369,12 +409,15 @@ fn send<G: Game>(rpc: &Rpc, outgoing: Vec<Outgoing>) {
 /// The handlers of a worker member of a group of `n_workers` workers (members 1..=n).
 pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed: u64) -> Handlers {
     let state = Arc::new(Mutex::new(WorkerState::<G> {
-        nodes: HashMap::new(),
+        nodes: NodeMap::default(),
+        deferred: HashMap::new(),
         settings,
         n_workers: n_workers.max(1),
         rng: Rng::new(seed),
+        local_steps: 0,
     }));
-    let (on_select, on_create, on_plant, on_backup, on_reset, on_stats, on_pending) = (
+    let (on_select, on_create, on_plant, on_backup, on_reset, on_stats, on_pending, on_traffic) = (
+        Arc::clone(&state),
         Arc::clone(&state),
         Arc::clone(&state),
         Arc::clone(&state),
@@ -390,17 +433,29 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
     }
     Handlers::new()
         .on_sync::<Select<G>, _>(move |invocation: &Invocation, args| {
-            let mut out = Vec::new();
-            guard(&on_select).select(args, &mut out);
-            send::<G>(invocation.rpc(), out);
+            let rpc = invocation.rpc();
+            let calls = {
+                let mut state = guard(&on_select);
+                let mut out = Vec::new();
+                state.select(args, &mut out);
+                state.settle(rpc.me(), out)
+            };
+            send::<G>(rpc, calls);
         })
         .on_buffer_sync::<Create<G>, _>(move |invocation: &Invocation, args, buffer: Message| {
-            let mut out = Vec::new();
+            let rpc = invocation.rpc();
             match postcard::from_bytes::<G>(buffer.data()) {
-                Ok(position) => guard(&on_create).create(args, position, &mut out),
+                Ok(position) => {
+                    let calls = {
+                        let mut state = guard(&on_create);
+                        let mut out = Vec::new();
+                        state.create(args, position, &mut out);
+                        state.settle(rpc.me(), out)
+                    };
+                    send::<G>(rpc, calls);
+                }
                 Err(error) => tracing::error!(%error, "a created node's position does not decode"),
             }
-            send::<G>(invocation.rpc(), out);
         })
         .on_buffer::<Plant<G>, _, _>(move |_, hash, buffer: Message| {
             match postcard::from_bytes::<G>(buffer.data()) {
@@ -416,12 +471,19 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
             std::future::ready(())
         })
         .on_sync::<Backup<G>, _>(move |invocation: &Invocation, args| {
-            let mut out = Vec::new();
-            guard(&on_backup).backup(args, &mut out);
-            send::<G>(invocation.rpc(), out);
+            let rpc = invocation.rpc();
+            let calls = {
+                let mut state = guard(&on_backup);
+                let mut out = Vec::new();
+                state.backup(args, &mut out);
+                state.settle(rpc.me(), out)
+            };
+            send::<G>(rpc, calls);
         })
         .on::<Reset<G>, _, _>(move |_, ()| {
-            guard(&on_reset).nodes.clear();
+            let mut state = guard(&on_reset);
+            state.nodes.clear();
+            state.deferred.clear();
             std::future::ready(())
         })
         .on::<RootStats<G>, _, _>(move |_, hash| {
@@ -430,13 +492,14 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
                 .nodes
                 .get(&hash)
                 .and_then(|node| node.edges.as_ref())
-                .map(|edges| {
+                .map(|(edges, arms)| {
                     edges
                         .iter()
-                        .map(|edge| EdgeStats {
+                        .zip(arms.iter())
+                        .map(|(edge, arm)| EdgeStats {
                             mv: edge.mv,
-                            visits: edge.visits,
-                            score: edge.score,
+                            visits: arm.n() - u64::from(edge.virtual_loss),
+                            score: arm.score(),
                         })
                         .collect()
                 })
@@ -450,16 +513,21 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
                 .nodes
                 .values()
                 .filter_map(|node| node.edges.as_ref())
-                .flatten()
+                .flat_map(|(edges, _)| edges)
             {
                 pending.0 += u64::from(edge.virtual_loss);
-                pending.1 += edge.deferred.len() as u64;
             }
+            pending.1 = state
+                .deferred
+                .values()
+                .map(|paths| paths.len() as u64)
+                .sum();
             std::future::ready(pending)
         })
-        .on::<Traffic<G>, _, _>(|invocation: Invocation, ()| {
+        .on::<TrafficOf<G>, _, _>(move |invocation: Invocation, ()| {
             let stats = invocation.rpc().stats();
-            std::future::ready((stats.records, stats.aggregated_records))
+            let local_steps = guard(&on_traffic).local_steps;
+            std::future::ready((stats.records, stats.aggregated_records, local_steps))
         })
 }
 
@@ -483,9 +551,9 @@ pub fn driver_handlers<G: Game>(counts: &Arc<DriverCounts>) -> Handlers {
             finished.done.notify_one();
             std::future::ready(())
         })
-        .on::<Traffic<G>, _, _>(|invocation: Invocation, ()| {
+        .on::<TrafficOf<G>, _, _>(|invocation: Invocation, ()| {
             let stats = invocation.rpc().stats();
-            std::future::ready((stats.records, stats.aggregated_records))
+            std::future::ready((stats.records, stats.aggregated_records, 0))
         })
 }
 
@@ -675,16 +743,18 @@ impl<G: Game> Driver<G> {
         Ok(total)
     }
 
-    /// Records sent by every member, and how many of them travelled in a frame with others.
+    /// What every member sent and did since it started, summed.
     ///
     /// # Errors
     /// A member that does not answer.
-    pub async fn traffic(&self) -> Result<(u64, u64), CallError> {
-        let mut total = (0, 0);
+    pub async fn traffic(&self) -> Result<Traffic, CallError> {
+        let mut total = Traffic::default();
         for member in 0..=self.n_workers {
-            let (records, aggregated) = self.rpc.call_return::<Traffic<G>>(member, &()).await?;
-            total.0 += records;
-            total.1 += aggregated;
+            let (records, aggregated, local_steps) =
+                self.rpc.call_return::<TrafficOf<G>>(member, &()).await?;
+            total.records += records;
+            total.aggregated += aggregated;
+            total.local_steps += local_steps;
         }
         Ok(total)
     }

@@ -125,10 +125,16 @@ async fn hex_5x5_with_2_workers_ends_with_no_virtual_loss_in_every_mode() {
             (0, 0),
             "{aggregation}: virtual losses or deferred selections left"
         );
-        let (records, _) = driver.traffic().await.unwrap();
+        let traffic = driver.traffic().await.unwrap();
+        // Each simulation is started by the driver and reported to it; its steps from node
+        // to node are calls between the workers or taken where the next node lives.
         assert!(
-            records > 2000 * 3,
-            "{aggregation}: only {records} records for 2000 simulations"
+            traffic.records >= 2000 * 2 && traffic.local_steps > 0,
+            "{aggregation}: {traffic:?} for 2000 simulations"
+        );
+        assert!(
+            traffic.records - 2000 * 2 + traffic.local_steps > 2000 * 3,
+            "{aggregation}: {traffic:?}: fewer than 3 steps per simulation"
         );
         for worker in workers {
             worker.shutdown().await.unwrap();
