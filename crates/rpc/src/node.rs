@@ -8,7 +8,9 @@
 //! for `dest` = this member, hands it to its own dispatcher). `dest`'s dispatcher reads the
 //! frame's records in order, runs the handler of each (one at a time: calls from one sender run
 //! in the order they were made) and queues the result as a reply record in its outlet back to
-//! the caller, where the dispatcher completes the pending entry.
+//! the caller, where the dispatcher completes the pending entry. A frame whose handlers run
+//! long is served in slices ([`YIELD_AFTER`]): between them the outlets, tasks of the same
+//! runtime, send what the handlers queued so far.
 //!
 //! # Peer death, timeouts and drop
 //! Nothing waits forever: a result, an acknowledgement, room in a full destination's queue and a
@@ -1539,6 +1541,7 @@ impl Node {
             );
             return ControlFlow::Continue(());
         }
+        let (mut served, mut slice) = (0u32, std::time::Instant::now());
         while let Some(record) = reader.next_record() {
             let record = match record {
                 Ok(record) => record,
@@ -1581,6 +1584,15 @@ impl Node {
                     };
                     self.serve(from, head, record.payload, buffer, intake)
                         .await?;
+                    // Handlers that take long (a frame of calls that each run for tens of
+                    // µs) would hold the calls they made until the whole frame is served,
+                    // and the members they call would idle meanwhile: every `YIELD_AFTER`
+                    // of serving, the outlets get a turn to send.
+                    served += 1;
+                    if served % 8 == 0 && slice.elapsed() >= YIELD_AFTER {
+                        tokio::task::yield_now().await;
+                        slice = std::time::Instant::now();
+                    }
                 }
                 // A fetched buffer takes its part even when it was delivered already.
                 wire::KIND_FETCHED => {
@@ -1602,6 +1614,9 @@ impl Node {
         ControlFlow::Continue(())
     }
 }
+
+/// How long the dispatcher serves the calls of one frame before it lets the outlets send.
+const YIELD_AFTER: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// Whether `listed` is where an inbound bound at `bound` is reached: the same address, or for
 /// tcp the same port (a wildcard bind is reached at the host's address).

@@ -135,6 +135,24 @@ impl Procedure for Stall {
     type Output = ();
 }
 
+/// Works for a while (`spin_us`), then calls `touch(path)` at member 0; the call with
+/// `wait = true` instead waits (up to 20 s) for `path` to exist and logs whether it did
+/// (`append(1)` or `append(0)` at itself).
+struct Slow;
+impl Procedure for Slow {
+    const NAME: &'static str = "slow";
+    type Args = (u64, bool, String);
+    type Output = ();
+}
+
+/// Creates the file at the path.
+struct Touch;
+impl Procedure for Touch {
+    const NAME: &'static str = "touch";
+    type Args = String;
+    type Output = ();
+}
+
 struct Quit;
 impl Procedure for Quit {
     const NAME: &'static str = "quit";
@@ -151,7 +169,8 @@ struct Service {
 }
 
 fn handlers(service: &Arc<Service>) -> Handlers {
-    let (log, take, sums, last, hits, count, quit) = (
+    let (log, take, sums, last, hits, count, quit, waited) = (
+        Arc::clone(service),
         Arc::clone(service),
         Arc::clone(service),
         Arc::clone(service),
@@ -203,6 +222,28 @@ fn handlers(service: &Arc<Service>) -> Handlers {
                 .expect("consumed");
         })
         .on::<Stall, _, _>(|_, ()| std::future::pending::<()>())
+        .on_sync::<Slow, _>(move |invocation, (spin_us, wait, path)| {
+            let started = std::time::Instant::now();
+            if wait {
+                let limit = Duration::from_secs(20);
+                while !std::path::Path::new(&path).exists() && started.elapsed() < limit {
+                    std::hint::spin_loop();
+                }
+                let found = std::path::Path::new(&path).exists();
+                waited.log.lock().unwrap().push(u64::from(found));
+            } else {
+                while started.elapsed() < Duration::from_micros(spin_us) {
+                    std::hint::spin_loop();
+                }
+                invocation
+                    .rpc()
+                    .queue_call::<Touch>(0, &path)
+                    .expect("member 0 is in the group");
+            }
+        })
+        .on_sync::<Touch, _>(|_, path| {
+            std::fs::write(path, b"").expect("the temp dir is writable");
+        })
         .on::<Quit, _, _>(move |_, ()| {
             quit.quit.notify_one();
             async {}
@@ -584,6 +625,10 @@ fn main() {
         || run(wrong_index()),
     ));
     tests.push(Trial::test(
+        "calls_made_while_a_frame_of_slow_calls_is_served_leave_before_it_ends",
+        || run(slow_frame()),
+    ));
+    tests.push(Trial::test(
         "broadcast_to_15_members_over_a_binary_tree_reaches_each_once",
         || run(broadcast_15()),
     ));
@@ -958,6 +1003,42 @@ async fn big_buffer() -> Result<()> {
         copied_there == copied_there_before,
         "the destination copied {} bytes",
         copied_there - copied_there_before
+    );
+    group.quit().await
+}
+
+/// A member serving one frame of calls that each work for 300 µs (on a current-thread
+/// runtime, as devices run) lets the calls those handlers make leave while it goes on: the
+/// last call of the frame waits for a file that only a call made by an earlier one creates.
+/// Before the dispatcher gave its outlets a turn, that call could only leave after the whole
+/// frame, and the last handler waited its 20 s for nothing.
+async fn slow_frame() -> Result<()> {
+    let group = Group::start(
+        Kind::Shmem,
+        2,
+        Aggregation::Trad,
+        Duration::from_secs(60),
+        "slow",
+    )
+    .await?;
+    let path = std::env::temp_dir().join(format!(
+        "ferromq-rpc-slow-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let path_text = path.to_string_lossy().into_owned();
+    let rpc = &group.rpc;
+    // One frame: trad holds the calls (well under its 4 KiB) until the flush.
+    for _ in 0..23 {
+        rpc.queue_call::<Slow>(1, &(300, false, path_text.clone()))?;
+    }
+    rpc.queue_call::<Slow>(1, &(0, true, path_text.clone()))?;
+    rpc.flush().await?;
+    let log = rpc.call_return::<TakeLog>(1, &()).await?;
+    let _ = std::fs::remove_file(&path);
+    ensure!(
+        log == [1],
+        "the last slow call did not see the file an earlier one had asked for: {log:?}"
     );
     group.quit().await
 }
