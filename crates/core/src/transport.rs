@@ -856,22 +856,29 @@ impl Channel {
         }
     }
 
-    /// `busyPoll`: polls the socket once, and while nothing is there yields to the runtime
-    /// instead of sleeping, so the process never parks in the kernel waiting for data. The
+    /// `busyPoll`: polls one receive of the socket, and while nothing is there yields to the
+    /// runtime instead of sleeping, so the process never parks in the kernel waiting for data.
+    /// The same receive is polled again, with the task's waker: a receive that waits for work
+    /// of its own (shmem maps a peer's memory on the blocking pool) finishes it, where a fresh
+    /// receive per spin started that work over each time (an rpc member with `busy-poll` then
+    /// stopped answering, in one run of two). The
     /// runtime still polls its I/O driver between tasks (without blocking), so the transport's
     /// own tasks keep running. Costs a core; saves the wake-up on every message.
     async fn receive_busy(&mut self, timeout: Option<Duration>) -> Result<Parts> {
         let deadline = timeout.map(|timeout| std::time::Instant::now() + timeout);
+        let mut receive = self.socket.receive_parts();
         loop {
-            {
-                let mut attempt = std::pin::pin!(self.socket.receive_parts());
-                let mut context = std::task::Context::from_waker(std::task::Waker::noop());
-                // Receives are cancel-safe: dropping an attempt that found nothing loses nothing.
-                if let std::task::Poll::Ready(result) = attempt.as_mut().poll(&mut context) {
-                    return result;
-                }
+            // One receive future, polled with this task's waker: a transport that hands data
+            // over through its own tasks wakes the one it saw polling.
+            let polled = std::future::poll_fn(|context| {
+                std::task::Poll::Ready(receive.as_mut().poll(context))
+            })
+            .await;
+            if let std::task::Poll::Ready(result) = polled {
+                return result;
             }
             if deadline.is_some_and(|deadline| std::time::Instant::now() >= deadline) {
+                drop(receive);
                 return Err(Error::Timeout {
                     channel: self.label().clone(),
                     after: timeout.unwrap_or_default(),
@@ -1065,6 +1072,80 @@ mod tests {
                 config.socket_type,
             ))))
         }
+    }
+
+    /// A transport whose receive first waits for work on the blocking pool, as shmem's does
+    /// when a frame names memory it has not mapped yet.
+    #[derive(Debug, Default)]
+    struct OffThreadTransport(Arc<AtomicU64>);
+
+    /// Counts the receives started.
+    struct OffThreadSocket(ChannelLabel, Arc<AtomicU64>);
+
+    #[async_trait]
+    impl Socket for OffThreadSocket {
+        fn label(&self) -> &ChannelLabel {
+            &self.0
+        }
+        async fn bind(&mut self, address: &Address) -> Result<Address> {
+            Ok(address.clone())
+        }
+        async fn connect(&mut self, _address: &Address) -> Result<()> {
+            Ok(())
+        }
+        async fn send_parts(
+            &mut self,
+            _parts: Parts,
+            _timeout: Option<Duration>,
+        ) -> Result<(), SendError<Parts>> {
+            Ok(())
+        }
+        async fn receive_parts(&mut self) -> Result<Parts> {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            let mapped = tokio::task::spawn_blocking(|| Message::from("mapped")).await;
+            Ok(Parts::from(mapped.expect("the blocking task ran")))
+        }
+        async fn close(&mut self, _linger: Duration) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[async_trait]
+    impl Transport for OffThreadTransport {
+        fn name(&self) -> &'static str {
+            "off-thread"
+        }
+        async fn create_socket(
+            &self,
+            config: &ChannelConfig,
+            socket_name: &str,
+        ) -> Result<Box<dyn Socket>> {
+            Ok(Box::new(OffThreadSocket(
+                ChannelLabel::new(socket_name, config.socket_type),
+                Arc::clone(&self.0),
+            )))
+        }
+    }
+
+    /// `busyPoll` keeps polling one receive: a fresh attempt per spin (what it did) dropped the
+    /// blocking work each time and never received.
+    #[tokio::test]
+    async fn a_busy_polled_receive_completes_what_it_waits_for_off_the_async_threads() {
+        let mut config = ChannelConfig::new("data", SocketType::Pull, Method::Bind)
+            .with_address("tcp://127.0.0.1:1");
+        config.busy_poll = true;
+        let transport = OffThreadTransport::default();
+        let mut channel = Channel::open(&transport, config, "data").await.unwrap();
+        let received = channel
+            .receive_timeout(Duration::from_secs(5))
+            .await
+            .expect("received within 5 s");
+        assert_eq!(received.data(), b"mapped");
+        assert_eq!(
+            transport.0.load(Ordering::Relaxed),
+            1,
+            "the transport's receive was started again while it waited"
+        );
     }
 
     #[tokio::test]
