@@ -21,6 +21,7 @@ pub(crate) static ALL: &[Scenario] = &[
     scenario!(nothing_is_lost_when_the_sender_exits_right_after_sending),
     scenario!(a_receiver_killed_mid_stream_is_reported_to_the_sender),
     scenario!(a_killed_sender_leaves_the_receiver_usable_for_a_new_sender),
+    scenario!(a_busy_polled_receiver_gets_every_message_of_another_process),
 ];
 
 const SESSION_VAR: &str = "FERROMQ_CONFORMANCE_SESSION";
@@ -137,6 +138,32 @@ async fn nothing_is_lost_when_the_sender_exits_right_after_sending(
     const COUNT: u64 = 20_000;
     const SIZE: usize = 256;
     let (mut pull, address) = fixture.bound(SocketType::Pull).await?;
+    let mut sender = ChildRole::spawn(
+        &fixture.env,
+        "push",
+        &push_vars(&address, COUNT, SIZE, false),
+    )?;
+    receive_all(&mut pull, COUNT, SIZE).await?;
+    match sender.exit_code().await? {
+        Some(0) => Ok(()),
+        code => Err(Failure::expectation(format!(
+            "the sender exited with {code:?} after all {COUNT} messages arrived"
+        ))),
+    }
+}
+
+/// `busyPoll`: the receive spins instead of sleeping, and still gets every message of a sender
+/// in another process, whatever the first ones need before they can be handed out (shmem maps
+/// the sender's memory off the async threads).
+async fn a_busy_polled_receiver_gets_every_message_of_another_process(
+    fixture: Arc<Fixture>,
+) -> Result<(), Failure> {
+    const COUNT: u64 = 2_000;
+    // Above shmem's inline limit: in a block of the sender's segment.
+    const SIZE: usize = 4096;
+    let mut config = Fixture::config(SocketType::Pull, Method::Bind);
+    config.busy_poll = true;
+    let (mut pull, address) = fixture.bound_with(config).await?;
     let mut sender = ChildRole::spawn(
         &fixture.env,
         "push",
