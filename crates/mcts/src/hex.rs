@@ -103,8 +103,11 @@ fn flood(
     false
 }
 
-/// A Hex position.
+/// A Hex position. One that arrives from another process is checked as it is decoded (a side
+/// of 2..=19, a cell per square, each empty or a player's), since moves and playouts index the
+/// board by its side.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(try_from = "HexFields")]
 pub struct Hex {
     size: u8,
     /// 0 empty, 1 player 0, 2 player 1; row-major.
@@ -113,6 +116,62 @@ pub struct Hex {
     n_empty: u16,
     hash: u64,
     winner: Option<Player>,
+}
+
+/// [`Hex`]'s fields as they travel, before they are checked.
+#[derive(Deserialize)]
+struct HexFields {
+    size: u8,
+    cells: Vec<u8>,
+    to_move: Player,
+    n_empty: u16,
+    hash: u64,
+    winner: Option<Player>,
+}
+
+impl TryFrom<HexFields> for Hex {
+    type Error = String;
+
+    fn try_from(fields: HexFields) -> Result<Hex, String> {
+        let size = usize::from(fields.size);
+        if !(2..=MAX_SIZE).contains(&size) {
+            return Err(BadSize(size).to_string());
+        }
+        if fields.cells.len() != size * size {
+            return Err(format!(
+                "a {size}x{size} Hex board has {} cells, not {}",
+                size * size,
+                fields.cells.len()
+            ));
+        }
+        if let Some(cell) = fields.cells.iter().position(|&stone| stone > 2) {
+            return Err(format!(
+                "Hex cell {cell} holds {}, not 0 (empty), 1 or 2",
+                fields.cells[cell]
+            ));
+        }
+        if fields.to_move > 1 || fields.winner.is_some_and(|winner| winner > 1) {
+            return Err(format!(
+                "Hex players are 0 and 1, not {} to move and {:?} the winner",
+                fields.to_move, fields.winner
+            ));
+        }
+        let n_empty = fields.cells.iter().filter(|&&stone| stone == 0).count();
+        if usize::from(fields.n_empty) != n_empty {
+            return Err(format!(
+                "a Hex position says {} empty cells and has {n_empty}",
+                fields.n_empty
+            ));
+        }
+        Ok(Hex {
+            size: fields.size,
+            n_empty: fields.n_empty,
+            cells: fields.cells,
+            to_move: fields.to_move,
+            hash: fields.hash,
+            winner: fields.winner,
+        })
+    }
 }
 
 /// Why a board size is refused.
@@ -299,6 +358,36 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_position_from_another_process_is_checked_as_it_is_decoded() {
+        let mut board = Hex::new(5).unwrap();
+        board.play(12);
+        let bytes = postcard::to_allocvec(&board).unwrap();
+        let decoded: Hex = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!((decoded.hash(), decoded.n_empty), (board.hash(), 24));
+        // What the check says (postcard keeps only that decoding failed).
+        let refused = |(size, cells, to_move, winner): (u8, Vec<u8>, u8, Option<u8>)| {
+            let bytes =
+                postcard::to_allocvec(&(size, &cells, to_move, 0u16, 0u64, winner)).unwrap();
+            assert!(postcard::from_bytes::<Hex>(&bytes).is_err());
+            let fields = HexFields {
+                size,
+                cells,
+                to_move,
+                n_empty: 0,
+                hash: 0,
+                winner,
+            };
+            Hex::try_from(fields).unwrap_err()
+        };
+        assert!(refused((5, vec![0; 400], 0, None)).contains("has 25 cells, not 400"));
+        assert!(refused((40, vec![0; 1600], 0, None)).contains("not 40x40"));
+        assert!(refused((2, vec![0, 3, 0, 0], 0, None)).contains("cell 1 holds 3"));
+        assert!(refused((2, vec![0; 4], 2, None)).contains("players are 0 and 1"));
+        assert!(refused((2, vec![0; 4], 0, Some(5))).contains("players are 0 and 1"));
+        assert!(refused((2, vec![0; 4], 0, None)).contains("says 0 empty cells and has 4"));
     }
 
     #[test]
