@@ -135,19 +135,29 @@ async fn receive_all(
 async fn nothing_is_lost_when_the_sender_exits_right_after_sending(
     fixture: Arc<Fixture>,
 ) -> Result<(), Failure> {
-    const COUNT: u64 = 20_000;
-    const SIZE: usize = 256;
-    let (mut pull, address) = fixture.bound(SocketType::Pull).await?;
+    let (pull, address) = fixture.bound(SocketType::Pull).await?;
+    everything_from_a_sender_process(&fixture, pull, &address, 20_000, 256).await
+}
+
+/// A child process pushes `count` messages of `size` bytes to `pull` (bound at `address`) and
+/// exits: every message arrives intact and in order, and the child exits 0.
+async fn everything_from_a_sender_process(
+    fixture: &Fixture,
+    mut pull: ferromq_core::Channel,
+    address: &Address,
+    count: u64,
+    size: usize,
+) -> Result<(), Failure> {
     let mut sender = ChildRole::spawn(
         &fixture.env,
         "push",
-        &push_vars(&address, COUNT, SIZE, false),
+        &push_vars(address, count, size, false),
     )?;
-    receive_all(&mut pull, COUNT, SIZE).await?;
+    receive_all(&mut pull, count, size).await?;
     match sender.exit_code().await? {
         Some(0) => Ok(()),
         code => Err(Failure::expectation(format!(
-            "the sender exited with {code:?} after all {COUNT} messages arrived"
+            "the sender exited with {code:?} after all {count} messages arrived"
         ))),
     }
 }
@@ -158,24 +168,11 @@ async fn nothing_is_lost_when_the_sender_exits_right_after_sending(
 async fn a_busy_polled_receiver_gets_every_message_of_another_process(
     fixture: Arc<Fixture>,
 ) -> Result<(), Failure> {
-    const COUNT: u64 = 2_000;
-    // Above shmem's inline limit: in a block of the sender's segment.
-    const SIZE: usize = 4096;
     let mut config = Fixture::config(SocketType::Pull, Method::Bind);
     config.busy_poll = true;
-    let (mut pull, address) = fixture.bound_with(config).await?;
-    let mut sender = ChildRole::spawn(
-        &fixture.env,
-        "push",
-        &push_vars(&address, COUNT, SIZE, false),
-    )?;
-    receive_all(&mut pull, COUNT, SIZE).await?;
-    match sender.exit_code().await? {
-        Some(0) => Ok(()),
-        code => Err(Failure::expectation(format!(
-            "the sender exited with {code:?} after all {COUNT} messages arrived"
-        ))),
-    }
+    let (pull, address) = fixture.bound_with(config).await?;
+    // 4 KiB: above shmem's inline limit, in blocks of the sender's segment.
+    everything_from_a_sender_process(&fixture, pull, &address, 2_000, 4096).await
 }
 
 async fn a_receiver_killed_mid_stream_is_reported_to_the_sender(

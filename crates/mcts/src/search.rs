@@ -21,6 +21,7 @@
 //! Every member runs its handlers one at a time, so a worker's tree needs no lock beyond the
 //! short one that makes the handlers `Sync`. The driver keeps `in_flight` simulations going.
 
+use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,8 +30,6 @@ use std::time::{Duration, Instant};
 use ferromq_core::Message;
 use ferromq_rpc::{CallError, Handlers, Invocation, Procedure, Rpc};
 use serde::{Deserialize, Serialize};
-
-use std::collections::HashMap;
 
 use crate::game::{Game, Outcome, Rng};
 use crate::ucb::{Arms, NodeMap};
@@ -431,29 +430,32 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+    /// One step of a simulation (`take`), the steps it leads to at this worker, then the calls
+    /// to the others once the lock is released.
+    fn step<G: Game>(
+        state: &Mutex<WorkerState<G>>,
+        rpc: &Rpc,
+        take: impl FnOnce(&mut WorkerState<G>, &mut Vec<Outgoing<G>>),
+    ) {
+        let calls = {
+            let mut state = guard(state);
+            let mut out = Vec::new();
+            take(&mut state, &mut out);
+            state.settle(rpc.me(), out)
+        };
+        send::<G>(rpc, calls);
+    }
     Handlers::new()
         .on_sync::<Select<G>, _>(move |invocation: &Invocation, args| {
-            let rpc = invocation.rpc();
-            let calls = {
-                let mut state = guard(&on_select);
-                let mut out = Vec::new();
-                state.select(args, &mut out);
-                state.settle(rpc.me(), out)
-            };
-            send::<G>(rpc, calls);
+            step(&on_select, invocation.rpc(), |state, out| {
+                state.select(args, out)
+            });
         })
         .on_buffer_sync::<Create<G>, _>(move |invocation: &Invocation, args, buffer: Message| {
-            let rpc = invocation.rpc();
             match postcard::from_bytes::<G>(buffer.data()) {
-                Ok(position) => {
-                    let calls = {
-                        let mut state = guard(&on_create);
-                        let mut out = Vec::new();
-                        state.create(args, position, &mut out);
-                        state.settle(rpc.me(), out)
-                    };
-                    send::<G>(rpc, calls);
-                }
+                Ok(position) => step(&on_create, invocation.rpc(), |state, out| {
+                    state.create(args, position, out)
+                }),
                 Err(error) => tracing::error!(%error, "a created node's position does not decode"),
             }
         })
@@ -471,14 +473,9 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
             std::future::ready(())
         })
         .on_sync::<Backup<G>, _>(move |invocation: &Invocation, args| {
-            let rpc = invocation.rpc();
-            let calls = {
-                let mut state = guard(&on_backup);
-                let mut out = Vec::new();
-                state.backup(args, &mut out);
-                state.settle(rpc.me(), out)
-            };
-            send::<G>(rpc, calls);
+            step(&on_backup, invocation.rpc(), |state, out| {
+                state.backup(args, out)
+            });
         })
         .on::<Reset<G>, _, _>(move |_, ()| {
             let mut state = guard(&on_reset);
