@@ -1021,16 +1021,43 @@ impl fmt::Debug for Channel {
 mod tests {
     use super::*;
 
-    /// A transport whose sockets accept everything and whose close loses three messages.
+    /// What a test socket's receive and close do.
+    #[derive(Debug, Clone, Copy)]
+    enum Double {
+        /// Receives nothing; its close loses three messages.
+        Losing,
+        /// Receives once work on the blocking pool is done, as shmem's receive does when a
+        /// frame names memory it has not mapped yet; closes cleanly.
+        OffThread,
+    }
+
+    /// A transport whose sockets accept every send and behave as `double` says; `receives`
+    /// counts the receives its sockets started.
     #[derive(Debug)]
-    struct LosingTransport;
+    struct TestTransport {
+        double: Double,
+        receives: Arc<AtomicU64>,
+    }
 
-    struct LosingSocket(ChannelLabel);
+    impl TestTransport {
+        fn new(double: Double) -> TestTransport {
+            TestTransport {
+                double,
+                receives: Arc::default(),
+            }
+        }
+    }
+
+    struct TestSocket {
+        label: ChannelLabel,
+        double: Double,
+        receives: Arc<AtomicU64>,
+    }
 
     #[async_trait]
-    impl Socket for LosingSocket {
+    impl Socket for TestSocket {
         fn label(&self) -> &ChannelLabel {
-            &self.0
+            &self.label
         }
         async fn bind(&mut self, address: &Address) -> Result<Address> {
             Ok(address.clone())
@@ -1046,84 +1073,42 @@ mod tests {
             Ok(())
         }
         async fn receive_parts(&mut self) -> Result<Parts> {
-            std::future::pending().await
+            self.receives.fetch_add(1, Ordering::Relaxed);
+            match self.double {
+                Double::Losing => std::future::pending().await,
+                Double::OffThread => {
+                    let mapped = tokio::task::spawn_blocking(|| Message::from("mapped")).await;
+                    Ok(Parts::from(mapped.expect("the blocking task ran")))
+                }
+            }
         }
         async fn close(&mut self, _linger: Duration) -> Result<()> {
-            Err(Error::Undelivered {
-                channel: self.0.clone(),
-                n_messages: 3,
-                reason: "test".to_owned(),
-            })
+            match self.double {
+                Double::Losing => Err(Error::Undelivered {
+                    channel: self.label.clone(),
+                    n_messages: 3,
+                    reason: "test".to_owned(),
+                }),
+                Double::OffThread => Ok(()),
+            }
         }
     }
 
     #[async_trait]
-    impl Transport for LosingTransport {
+    impl Transport for TestTransport {
         fn name(&self) -> &'static str {
-            "losing"
+            "test"
         }
         async fn create_socket(
             &self,
             config: &ChannelConfig,
             socket_name: &str,
         ) -> Result<Box<dyn Socket>> {
-            Ok(Box::new(LosingSocket(ChannelLabel::new(
-                socket_name,
-                config.socket_type,
-            ))))
-        }
-    }
-
-    /// A transport whose receive first waits for work on the blocking pool, as shmem's does
-    /// when a frame names memory it has not mapped yet.
-    #[derive(Debug, Default)]
-    struct OffThreadTransport(Arc<AtomicU64>);
-
-    /// Counts the receives started.
-    struct OffThreadSocket(ChannelLabel, Arc<AtomicU64>);
-
-    #[async_trait]
-    impl Socket for OffThreadSocket {
-        fn label(&self) -> &ChannelLabel {
-            &self.0
-        }
-        async fn bind(&mut self, address: &Address) -> Result<Address> {
-            Ok(address.clone())
-        }
-        async fn connect(&mut self, _address: &Address) -> Result<()> {
-            Ok(())
-        }
-        async fn send_parts(
-            &mut self,
-            _parts: Parts,
-            _timeout: Option<Duration>,
-        ) -> Result<(), SendError<Parts>> {
-            Ok(())
-        }
-        async fn receive_parts(&mut self) -> Result<Parts> {
-            self.1.fetch_add(1, Ordering::Relaxed);
-            let mapped = tokio::task::spawn_blocking(|| Message::from("mapped")).await;
-            Ok(Parts::from(mapped.expect("the blocking task ran")))
-        }
-        async fn close(&mut self, _linger: Duration) -> Result<()> {
-            Ok(())
-        }
-    }
-
-    #[async_trait]
-    impl Transport for OffThreadTransport {
-        fn name(&self) -> &'static str {
-            "off-thread"
-        }
-        async fn create_socket(
-            &self,
-            config: &ChannelConfig,
-            socket_name: &str,
-        ) -> Result<Box<dyn Socket>> {
-            Ok(Box::new(OffThreadSocket(
-                ChannelLabel::new(socket_name, config.socket_type),
-                Arc::clone(&self.0),
-            )))
+            Ok(Box::new(TestSocket {
+                label: ChannelLabel::new(socket_name, config.socket_type),
+                double: self.double,
+                receives: Arc::clone(&self.receives),
+            }))
         }
     }
 
@@ -1134,7 +1119,7 @@ mod tests {
         let mut config = ChannelConfig::new("data", SocketType::Pull, Method::Bind)
             .with_address("tcp://127.0.0.1:1");
         config.busy_poll = true;
-        let transport = OffThreadTransport::default();
+        let transport = TestTransport::new(Double::OffThread);
         let mut channel = Channel::open(&transport, config, "data").await.unwrap();
         let received = channel
             .receive_timeout(Duration::from_secs(5))
@@ -1142,7 +1127,7 @@ mod tests {
             .expect("received within 5 s");
         assert_eq!(received.data(), b"mapped");
         assert_eq!(
-            transport.0.load(Ordering::Relaxed),
+            transport.receives.load(Ordering::Relaxed),
             1,
             "the transport's receive was started again while it waited"
         );
@@ -1152,7 +1137,7 @@ mod tests {
     async fn what_a_close_could_not_deliver_is_counted_as_lost() {
         let config = ChannelConfig::new("data", SocketType::Push, Method::Bind)
             .with_address("tcp://127.0.0.1:1");
-        let mut channel = Channel::open(&LosingTransport, config, "data")
+        let mut channel = Channel::open(&TestTransport::new(Double::Losing), config, "data")
             .await
             .unwrap();
         channel.send(Message::from("x")).await.unwrap();
