@@ -15,6 +15,7 @@ pub(crate) static ALL: &[Scenario] = &[
     scenario!(push_pull_carries_every_size_from_0_b_to_64_mib_intact_and_in_order),
     scenario!(multipart_messages_keep_every_part_empty_ones_included),
     scenario!(ten_thousand_messages_arrive_in_order_through_a_small_queue),
+    scenario!(several_pushes_into_one_pull_keep_each_senders_order),
     scenario!(pair_talks_both_ways),
     scenario!(req_rep_round_trips_and_each_side_must_alternate),
     scenario!(pub_sub_gives_each_subscriber_its_topics),
@@ -142,6 +143,68 @@ async fn ten_thousand_messages_arrive_in_order_through_a_small_queue(
     receive_payloads(&mut pull, &sizes).await?;
     let mut push = joined(sender).await?;
     push.close().await.during("closing the push")?;
+    Ok(())
+}
+
+/// Fan-in: three senders stream into one pull at once (for shmem, each through a descriptor
+/// ring of its own, taken in turn). Every message arrives whole, once, and each sender's in the
+/// order it sent them, whatever the interleaving; sizes vary pseudo-randomly per message
+/// (inline and block-sized payloads, small queues so that rings and windows fill and wrap).
+async fn several_pushes_into_one_pull_keep_each_senders_order(
+    fixture: Arc<Fixture>,
+) -> Result<(), Failure> {
+    const N_SENDERS: u64 = 3;
+    const N_EACH: u64 = 3_000;
+    /// Message `seq` of sender `sender`: its index names both.
+    fn index(sender: u64, seq: u64) -> u64 {
+        sender * 1_000_000 + seq
+    }
+    fn size_of(idx: u64) -> usize {
+        16 + (idx.wrapping_mul(7919) % 3_000) as usize
+    }
+    let mut pull_config = Fixture::config(SocketType::Pull, Method::Bind);
+    pull_config.rcv_buf_size = 16;
+    let (mut pull, address) = fixture.bound_with(pull_config).await?;
+    let mut senders = Vec::new();
+    for sender in 0..N_SENDERS {
+        let mut push_config = Fixture::config(SocketType::Push, Method::Connect);
+        push_config.snd_buf_size = 8 << sender;
+        let mut push = fixture.connected_with(push_config, &address).await?;
+        let fixture = Arc::clone(&fixture);
+        senders.push(tokio::spawn(async move {
+            for seq in 0..N_EACH {
+                let idx = index(sender, seq);
+                let message = message(fixture.transport(), idx, size_of(idx)).await?;
+                let what = format!("sender {sender} sending its message {seq}");
+                watch(&what, push.send(message)).await?.during(&what)?;
+            }
+            Ok::<Channel, Failure>(push)
+        }));
+    }
+    let mut next_seq = [0u64; N_SENDERS as usize];
+    for n_received in 0..N_SENDERS * N_EACH {
+        let what = format!("receiving message {n_received} of {}", N_SENDERS * N_EACH);
+        let received = watch(&what, pull.receive()).await?.during(&what)?;
+        let idx = index_of(received.data());
+        let sender = idx / 1_000_000;
+        let Some(expected) = next_seq.get_mut(sender as usize) else {
+            return Err(Failure::expectation(format!(
+                "message {idx} names no sender of this test"
+            )));
+        };
+        let expected_idx = index(sender, *expected);
+        if idx != expected_idx {
+            return Err(Failure::expectation(format!(
+                "sender {sender}: message {expected_idx} expected next, {idx} arrived (lost, reordered or duplicated)"
+            )));
+        }
+        verify(idx, size_of(idx), received.data())?;
+        *expected += 1;
+    }
+    for sender in senders {
+        let mut push = joined(sender).await?;
+        push.close().await.during("closing a push")?;
+    }
     Ok(())
 }
 
