@@ -54,6 +54,7 @@ mod socket;
 mod zmtp;
 mod zmtp_channel;
 pub use socket::ZmqSocket;
+pub use zmtp_channel::PeerLink;
 
 /// Binding and connecting zmq.rs sockets the way ferromq does, for transports that use zmq.rs
 /// sockets of their own (the shmem transport's metadata channel).
@@ -126,7 +127,7 @@ pub mod endpoint {
 }
 
 use async_trait::async_trait;
-use ferromq_core::{ChannelConfig, Result, Socket, Transport};
+use ferromq_core::{ChannelConfig, Result, Socket, SocketType, Transport};
 
 /// The first bytes of every descriptor frame the shmem transport sends over this transport (see
 /// [`ZmqTransport::with_peer_rules`]). A zeromq receiver that gets such a frame reports a
@@ -142,8 +143,12 @@ pub struct ZmqTransport {
     rules: PeerRules,
     /// Whether push and pair sockets over tcp and ipc are ferromq's own (a peer's death loses
     /// nothing queued: see `zmtp_channel.rs`) rather than zmq.rs's. A carrier whose frames
-    /// account for themselves (shmem's receivers count what they take) keeps zmq.rs's.
+    /// account for themselves (shmem's receivers count what they take) keeps zmq.rs's, but for
+    /// push and pull ([`ZmqTransport::own_push_pull_with_peer_rules`]).
     own_zmtp: bool,
+    /// Whether pair sockets are ferromq's own too when `own_zmtp` is (shmem's carrier keeps its
+    /// pair a DEALER on both ends).
+    own_pair: bool,
 }
 
 impl Default for ZmqTransport {
@@ -162,6 +167,7 @@ impl ZmqTransport {
         ZmqTransport {
             rules: PeerRules::ZEROMQ,
             own_zmtp: true,
+            own_pair: true,
         }
     }
 
@@ -171,6 +177,18 @@ impl ZmqTransport {
         ZmqTransport {
             rules,
             own_zmtp: false,
+            own_pair: false,
+        }
+    }
+
+    /// [`ZmqTransport::with_peer_rules`] whose push and pull over tcp and ipc are ferromq's own
+    /// (the shmem transport's descriptor carrier: its push reports each connection, see
+    /// [`ZmqSocket::next_peer`]); other patterns stay on zmq.rs.
+    pub fn own_push_pull_with_peer_rules(rules: PeerRules) -> ZmqTransport {
+        ZmqTransport {
+            rules,
+            own_zmtp: true,
+            own_pair: false,
         }
     }
 
@@ -188,7 +206,7 @@ impl ZmqTransport {
             config,
             socket_name,
             self.rules,
-            self.own_zmtp,
+            self.own_zmtp && (self.own_pair || config.socket_type != SocketType::Pair),
         ))
     }
 }

@@ -38,6 +38,8 @@ pub struct ZmqSocket {
     figures: std::sync::Arc<ferromq_core::SendFigures>,
     /// Push and pair over tcp and ipc are ferromq's own ([`ZmtpChannel`]).
     own_zmtp: bool,
+    /// Its connections are handed out by [`ZmqSocket::next_peer`] (own push only).
+    report_peers: bool,
 }
 
 impl ZmqSocket {
@@ -60,6 +62,34 @@ impl ZmqSocket {
             rules,
             figures: std::sync::Arc::default(),
             own_zmtp,
+            report_peers: false,
+        }
+    }
+
+    /// Asks for this push socket's connections to be handed out by [`ZmqSocket::next_peer`],
+    /// each with a [`crate::PeerLink`] that writes frames to that peer alone. Call before the
+    /// first bind or connect. Only ferromq's own push over tcp and ipc reports connections
+    /// ([`ZmqSocket::reports_peers`] says whether this one does, once bound or connected).
+    pub fn report_new_peers(&mut self) {
+        self.report_peers = true;
+    }
+
+    /// Whether [`ZmqSocket::next_peer`] hands out this socket's connections.
+    pub fn reports_peers(&self) -> bool {
+        matches!(&self.backend, Backend::Zmtp(_)) && self.report_peers
+    }
+
+    /// The next peer through its handshake: its identity and its link; the error once a peer
+    /// of another transport or session connected (the socket then sends nothing). Waits
+    /// forever on a socket that does not report peers ([`ZmqSocket::reports_peers`]).
+    /// Cancel-safe.
+    ///
+    /// # Errors
+    /// [`ferromq_core::Error::TransportMismatch`] or [`ferromq_core::Error::SessionMismatch`].
+    pub async fn next_peer(&self) -> Result<(bytes::Bytes, std::sync::Arc<crate::PeerLink>)> {
+        match &self.backend {
+            Backend::Zmtp(zmtp) if self.report_peers => zmtp.next_peer().await,
+            _ => std::future::pending().await,
         }
     }
 
@@ -89,6 +119,7 @@ impl ZmqSocket {
                     (self.snd_buf_size, self.rcv_buf_size),
                     self.rules,
                     std::sync::Arc::clone(&self.figures),
+                    self.report_peers && self.socket_type == SocketType::Push,
                 )));
             }
             (Backend::Unattached, false) => {

@@ -198,10 +198,17 @@ struct Shared {
     progress: Notify,
     figures: Arc<ferromq_core::SendFigures>,
     stop: watch::Sender<bool>,
+    /// Whether connections are handed to the owner ([`ZmtpChannel::next_peer`]).
+    report_peers: bool,
 }
 
 #[derive(Default)]
 struct State {
+    /// Connections not yet handed to the owner (only when it asked for them).
+    new_peers: VecDeque<(Bytes, Arc<PeerLink>)>,
+    /// Every connection's link, while it lasts (only when the owner asked for them): `close`
+    /// lets their frames out first.
+    links: Vec<Arc<PeerLink>>,
     queue: VecDeque<Vec<Bytes>>,
     /// Messages in writers' hands, not yet written whole.
     held: usize,
@@ -262,6 +269,18 @@ impl Shared {
             .push_back(parts.into_iter().map(Message::into_bytes).collect());
         self.publish(state);
         state.wake_a_writer();
+    }
+
+    /// Whether a connection's link still holds frames to write.
+    fn links_have_frames(&self) -> bool {
+        self.state().links.iter().any(|link| {
+            !link.is_gone()
+                && !link
+                    .replies
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .is_empty()
+        })
     }
 
     async fn stopped(&self) {
@@ -337,6 +356,7 @@ impl ZmtpChannel {
         (snd_buf_size, rcv_buf_size): (usize, usize),
         rules: crate::PeerRules,
         figures: Arc<ferromq_core::SendFigures>,
+        report_peers: bool,
     ) -> ZmtpChannel {
         let (inbox_sender, inbox) = tokio::sync::mpsc::channel(rcv_buf_size.max(1));
         ZmtpChannel {
@@ -351,6 +371,7 @@ impl ZmtpChannel {
                 progress: Notify::new(),
                 figures,
                 stop: watch::Sender::new(false),
+                report_peers,
             }),
             snd_buf_size: snd_buf_size.max(1),
             bound_ipc_paths: Vec::new(),
@@ -448,6 +469,27 @@ impl ZmtpChannel {
     }
 
     /// True when this socket had peers and every one still holds what was written to it.
+    /// The next connection made through its handshake, with the peer's identity; waits for
+    /// one. The error, at once and from then on, once a peer of another transport or session
+    /// connected (a push then sends nothing). Only for a socket made with `report_peers`.
+    /// Cancel-safe.
+    pub(crate) async fn next_peer(&self) -> Result<(Bytes, Arc<PeerLink>), Error> {
+        loop {
+            let mut woken = pin!(self.shared.progress.notified());
+            woken.as_mut().enable();
+            {
+                let mut state = self.shared.state();
+                if let Some(mismatch) = state.mismatch {
+                    return Err(mismatch.error(&self.shared.label));
+                }
+                if let Some(peer) = state.new_peers.pop_front() {
+                    return Ok(peer);
+                }
+            }
+            woken.await;
+        }
+    }
+
     pub(crate) fn peers_hold_what_was_written(&self) -> bool {
         let state = self.shared.state();
         state.peers_gone == 0
@@ -595,6 +637,13 @@ impl ZmtpChannel {
                 }
             }
         };
+        // The owner's frames to single peers (a shmem ring's doorbell) go out too: a peer that
+        // waits for one would otherwise never look again. They are small and the kernel takes
+        // them even from a stopped peer's socket; `linger` (at most a second) bounds the wait.
+        let flush_until = Instant::now() + linger.min(Duration::from_secs(1));
+        while Instant::now() < flush_until && self.shared.links_have_frames() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         self.shared.stop.send_replace(true);
         for listener in self.listeners.drain(..) {
             // It ends at once on the stop signal, dropping its listener.
@@ -723,23 +772,42 @@ async fn serve(shared: Arc<Shared>, stream: Stream) {
     }
     shared.progress.notify_waiters();
     let connection = Connection {
-        writer: Arc::new(Notify::new()),
+        link: Arc::new(PeerLink {
+            writer: Arc::new(Notify::new()),
+            replies: Mutex::new(Vec::new()),
+            gone: false.into(),
+        }),
         reader: Notify::new(),
         ended: Mutex::new(None),
-        replies: Mutex::new(Vec::new()),
         early: Mutex::new(Early::default()),
     };
+    if shared.report_peers {
+        let mut state = shared.state();
+        state
+            .new_peers
+            .push_back((peer.identity.clone(), Arc::clone(&connection.link)));
+        state.links.push(Arc::clone(&connection.link));
+        drop(state);
+        shared.progress.notify_waiters();
+    }
     let ended = tokio::select! {
         ended = write_until_gone(&shared, &connection, &stream) => ended,
         never = read_until_gone(&shared, &connection, &stream, decoder) => match never {},
         () = shared.stopped() => "the socket closed".to_owned(),
     };
     tracing::debug!(channel = %shared.label, peer = %name, %ended, "peer gone");
+    connection
+        .link
+        .gone
+        .store(true, std::sync::atomic::Ordering::Release);
     {
         let mut state = shared.state();
         state.peers -= 1;
         state.peers_gone += 1;
-        state.forget_writer(&connection.writer);
+        state.forget_writer(&connection.link.writer);
+        state
+            .links
+            .retain(|link| !Arc::ptr_eq(link, &connection.link));
         // It may have been woken for work it will not do now.
         if !state.queue.is_empty() {
             state.wake_a_writer();
@@ -748,16 +816,50 @@ async fn serve(shared: Arc<Shared>, stream: Stream) {
     shared.progress.notify_waiters();
 }
 
-/// What the reader and the writer of one connection share.
-struct Connection {
+/// One connection of a push socket as its owner sees it (see [`crate::ZmqSocket::next_peer`]):
+/// frames for this peer alone, written ahead of the socket's shared queue. The shmem transport
+/// announces a connection's descriptor ring and rings its doorbell through it.
+///
+/// Dropping it changes nothing; once the connection ends, what is given to it is dropped.
+pub struct PeerLink {
     /// Wakes the writer: work was queued, the reader has replies, or the peer ended.
     writer: Arc<Notify>,
+    /// Bytes to write before the next batch: PONGs the reader wants written and the owner's
+    /// frames, whole ZMTP frames each.
+    replies: Mutex<Vec<u8>>,
+    /// The connection ended.
+    gone: std::sync::atomic::AtomicBool,
+}
+
+impl PeerLink {
+    /// Queues `body` as one single-part message for this peer only, ahead of anything in the
+    /// socket's queue; the connection's writer writes it at its next turn. Never waits.
+    pub fn send_frame(&self, body: &[u8]) {
+        {
+            let mut replies = self
+                .replies
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            zmtp::push_message_header(&mut replies, 0, 1, body.len());
+            replies.extend_from_slice(body);
+        }
+        self.writer.notify_one();
+    }
+
+    /// Whether the connection has ended (what was given to it since is lost).
+    pub fn is_gone(&self) -> bool {
+        self.gone.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// What the reader and the writer of one connection share.
+struct Connection {
+    /// The writer's wake-up and the bytes written ahead of batches (shared with the owner).
+    link: Arc<PeerLink>,
     /// Wakes the reader: the writer read something early.
     reader: Notify,
     /// Why the peer's end is gone, once the reader saw it (after everything the peer sent).
     ended: Mutex<Option<String>>,
-    /// PONGs the reader wants written.
-    replies: Mutex<Vec<u8>>,
     /// What the writer read when it looked whether the peer is still there, for the reader.
     early: Mutex<Early>,
 }
@@ -841,6 +943,7 @@ impl Connection {
     fn take_replies(&self) -> Vec<u8> {
         std::mem::take(
             &mut *self
+                .link
                 .replies
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
@@ -933,11 +1036,12 @@ async fn read_until_gone(
             match frame {
                 zmtp::Inbound::Command(zmtp::Command::Ping(context)) => {
                     connection
+                        .link
                         .replies
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .extend_from_slice(&zmtp::pong(&context));
-                    connection.writer.notify_one();
+                    connection.link.writer.notify_one();
                 }
                 zmtp::Inbound::Command(zmtp::Command::Error(reason)) => {
                     break 'reading format!("the peer ended the connection: {reason}");
@@ -963,13 +1067,13 @@ async fn read_until_gone(
         .ended
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
-    connection.writer.notify_one();
+    connection.link.writer.notify_one();
     std::future::pending().await
 }
 
 /// Takes batches and writes them until the peer goes away; why it ended.
 async fn write_until_gone(shared: &Shared, connection: &Connection, stream: &Stream) -> String {
-    let writer = &connection.writer;
+    let writer = &connection.link.writer;
     loop {
         let batch = loop {
             let mut woken = pin!(writer.notified());
