@@ -12,8 +12,11 @@
 //! - `delivery`: per-socket counters in the sender's segment header that receivers advance as
 //!   they hand messages out: the back-pressure bound (`sndBufSize` in flight) and the proof,
 //!   at close, that everything accepted was taken.
-//! - [`wire`]: the descriptor frames (inline payloads up to 256 bytes, block and region
-//!   descriptors) that travel over zeromq, checked against the segment before any byte is read.
+//! - [`wire`]: the descriptor records (inline payloads up to 256 bytes, block and region
+//!   descriptors), checked against the segment before any byte is read. Between a push and a
+//!   pull they go through a descriptor ring in the push's segment, one per connection (`ring`:
+//!   no socket operation per message; zeromq carries the ring's announcement and the doorbell
+//!   of a consumer that sleeps); the other patterns send them in frames over zeromq.
 //! - [`region`]: unmanaged regions the user fills, with release callbacks (single or bulk).
 //! - [`cleanup`]: removal of a session's memory when its last process leaves or dies, the
 //!   watchdog, and what `ferromq shm list` and `clean` use.
@@ -48,6 +51,7 @@ pub mod managed;
 pub mod names;
 mod protocol;
 pub mod region;
+mod ring;
 pub mod segment;
 mod session;
 mod socket;

@@ -46,6 +46,9 @@ struct OwnerState {
     allocator: Allocator,
     /// Blocks handed out and not yet reclaimed: (header offset, total bytes), oldest first.
     outstanding: VecDeque<(usize, usize)>,
+    /// Blocks that live as long as a socket (descriptor rings): kept apart, so that one of them
+    /// at the front of `outstanding` does not hold back the reclaiming of every later block.
+    long_lived: Vec<(usize, usize)>,
 }
 
 /// A segment this process created and allocates from.
@@ -67,6 +70,7 @@ impl OwnedSegment {
             state: Mutex::new(OwnerState {
                 allocator,
                 outstanding: VecDeque::new(),
+                long_lived: Vec::new(),
             }),
         }
     }
@@ -123,6 +127,33 @@ impl OwnedSegment {
         ))
     }
 
+    /// A block that will live as long as a socket (a descriptor ring), from the free ranges
+    /// (not the recycling cache); reclaimed like any other once unreferenced.
+    pub fn allocate_long_lived(&self, size: usize) -> Option<ShmBuffer> {
+        let capacity = align_up(size);
+        let total = capacity + BLOCK_ALIGN;
+        let mut state = self.state.lock().expect("allocator lock poisoned");
+        self.reclaim(&mut state, false);
+        let header_offset = match state.allocator.allocate(total) {
+            Some(offset) => offset,
+            None => {
+                self.reclaim(&mut state, true);
+                state.allocator.allocate(total)?
+            }
+        };
+        let block = block_at(&self.segment, header_offset)
+            .expect("allocated blocks lie inside the segment");
+        block.publish(capacity as u64);
+        state.long_lived.push((header_offset, total));
+        self.publish_usage(&state);
+        drop(state);
+        Some(ShmBuffer::new_block(
+            Arc::clone(&self.segment),
+            header_offset + BLOCK_ALIGN,
+            capacity,
+        ))
+    }
+
     /// Frees blocks nobody references: the oldest ones in order, or all of them when `everything`.
     fn reclaim(&self, state: &mut OwnerState, everything: bool) {
         let released = |segment: &Segment, header_offset: usize| {
@@ -150,6 +181,16 @@ impl OwnedSegment {
                 n_freed += 1;
             }
         }
+        let mut long_lived = std::mem::take(&mut state.long_lived);
+        long_lived.retain(|&(offset, total)| {
+            let free = released(&self.segment, offset);
+            if free {
+                self.release(&mut state.allocator, offset, total);
+                n_freed += 1;
+            }
+            !free
+        });
+        state.long_lived = long_lived;
         if n_freed > 0 {
             self.publish_usage(state);
         }
@@ -171,9 +212,10 @@ impl OwnedSegment {
             (data_size - state.allocator.free_bytes()) as u64,
             Ordering::Relaxed,
         );
-        header
-            .live_blocks
-            .store(state.outstanding.len() as u64, Ordering::Relaxed);
+        header.live_blocks.store(
+            (state.outstanding.len() + state.long_lived.len()) as u64,
+            Ordering::Relaxed,
+        );
     }
 
     /// [`OwnedSegment::publish_counts`] and the largest free range.
@@ -191,7 +233,10 @@ impl OwnedSegment {
         self.reclaim(&mut state, true);
         state.allocator.flush();
         self.publish_usage(&state);
-        (state.allocator.free_bytes(), state.outstanding.len())
+        (
+            state.allocator.free_bytes(),
+            state.outstanding.len() + state.long_lived.len(),
+        )
     }
 
     /// Free bytes when nothing is allocated.
@@ -396,6 +441,11 @@ impl ShmBuffer {
     /// Offset of the first data byte in the segment.
     pub fn data_offset(&self) -> usize {
         self.data_offset
+    }
+
+    /// Bytes the block (or range) holds, whatever a message uses of them.
+    pub(crate) fn block_capacity(&self) -> usize {
+        self.capacity
     }
 
     /// True for a range of an unmanaged region.

@@ -333,6 +333,45 @@ impl Segment {
         })
     }
 
+    /// Copies `offset..offset + into.len()` into `into`, or `None` when the range is not inside
+    /// the data area. No reference to the shared bytes is made: a peer that writes them
+    /// meanwhile (against its protocol) changes what is copied, never this process's memory.
+    /// The descriptor rings read entries this way before decoding them.
+    pub(crate) fn copy_out(&self, offset: usize, into: &mut [u8]) -> Option<()> {
+        self.check_range(offset, into.len())?;
+        // SAFETY: the source range is inside the mapping (checked above) and `into` is this
+        // process's own memory; the two cannot overlap. A raw copy makes no reference to the
+        // shared bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.shmem.as_ptr().wrapping_add(offset).cast_const(),
+                into.as_mut_ptr(),
+                into.len(),
+            );
+        }
+        Some(())
+    }
+
+    /// Copies `bytes` to `offset..offset + bytes.len()`, or `None` when the range is not inside
+    /// the data area.
+    ///
+    /// # Safety
+    /// The caller has the only right to write the range, in every process (a descriptor ring's
+    /// producer owns the free part of its ring), and no slice over it exists in this process.
+    pub(crate) unsafe fn copy_in(&self, offset: usize, bytes: &[u8]) -> Option<()> {
+        self.check_range(offset, bytes.len())?;
+        // SAFETY: the target range is inside the mapping (checked above); `bytes` is not in it
+        // (no slice over the range exists, the caller's duty), and nobody else writes it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.shmem.as_ptr().wrapping_add(offset),
+                bytes.len(),
+            );
+        }
+        Some(())
+    }
+
     /// Where the whole mapping starts and how long it is, to register it with a network card.
     /// Only an address: touching the bytes through it is `unsafe` and governed by the ownership
     /// protocol above, like every other access.

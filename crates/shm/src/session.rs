@@ -199,6 +199,19 @@ impl Session {
             .ok_or_else(|| owned.full_error(size, 0))
     }
 
+    /// A block of `size` bytes that lives as long as a socket (a descriptor ring), if this
+    /// process's segment has room now.
+    pub(crate) fn allocate_long_lived(&self, size: usize) -> Result<ShmBuffer, ShmError> {
+        let Some(owned) = self.own.get() else {
+            return Err(ShmError::NotFound {
+                name: "this process's own segment (not created yet)".to_owned(),
+            });
+        };
+        owned
+            .allocate_long_lived(size)
+            .ok_or_else(|| owned.full_error(size, 0))
+    }
+
     /// A message of `size` bytes in this process's segment, waiting up to the allocation timeout
     /// while the segment is full.
     pub(crate) async fn allocate(&self, size: usize) -> Result<ShmBuffer, ShmError> {
@@ -353,7 +366,7 @@ impl Session {
         Ok(())
     }
 
-    fn segment(&self, object: ObjectRef) -> Result<Arc<Segment>, ShmError> {
+    pub(crate) fn segment(&self, object: ObjectRef) -> Result<Arc<Segment>, ShmError> {
         let mut segments = self.segments.lock().expect("segment map poisoned");
         if let Some(segment) = segments.get(&object) {
             return Ok(Arc::clone(segment));

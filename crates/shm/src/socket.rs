@@ -1,7 +1,11 @@
 //! [`ShmSocket`]: a channel end of the shmem transport.
 //!
-//! Payloads stay in shared memory; descriptor frames (see `wire.rs`) travel over zeromq.
-//! Push/pull, req/rep and pair use the zeromq transport's socket of the same pattern. Pub/sub
+//! Payloads stay in shared memory; their descriptors travel through a descriptor ring per
+//! push-to-pull connection (`ring.rs`), or as descriptor frames (see `wire.rs`) over zeromq.
+//! Push/pull, req/rep and pair use the zeromq transport's socket of the same pattern (push and
+//! pull ferromq's own ZMTP, whose push hands each connection to this socket so that it gets a
+//! ring; records then never touch the socket, which carries the ring's announcement and its
+//! doorbells). Pub/sub
 //! uses a zmq.rs ROUTER (publisher) and DEALERs (subscriber) instead of PUB/SUB, because the
 //! publisher must know exactly which subscribers get a block to count its references (zmq's PUB
 //! drops silently, which would leak the references of dropped copies). Like ZeroMQ's PUB, the
@@ -31,6 +35,9 @@ use zeromq::{Socket as _, SocketRecv as _, SocketSend as _, ZmqMessage};
 use crate::delivery::{SentCounter, TakenCounter};
 use crate::managed::ShmBuffer;
 use crate::names::ObjectKind;
+use crate::ring::{
+    EntryKind, MAX_INLINE_ENTRY, Pushed, RING_BLOCK, RingConsumer, RingProducer, Wake,
+};
 use crate::session::Session;
 use crate::wire::{self, DeliveryRef, ObjectRef, PartRef, WireRange};
 
@@ -97,12 +104,92 @@ struct Outbox {
     n_open: usize,
     /// Records in all of them.
     n_records: usize,
+    /// How records travel: decided at the first connection.
+    carriage: Carriage,
+    /// One descriptor ring per connection (carriage by rings), taken in turn.
+    rings: Vec<ConnectionRing>,
+    next_ring: usize,
+    /// The entry being written into a ring (reused: no allocation per record).
+    entry: Vec<u8>,
+}
+
+/// How a push's records travel (see `ring.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Carriage {
+    /// No connection yet: nothing is accepted.
+    Undecided,
+    /// Through a descriptor ring per connection (ferromq's own ZMTP push over tcp or ipc).
+    Rings,
+    /// In descriptor frames over zeromq (inproc, or no room for a ring at the first connection).
+    Frames,
+}
+
+/// A connection's ring and the link that announces it and rings its doorbell.
+struct ConnectionRing {
+    ring: RingProducer,
+    link: Arc<ferromq_zmq::PeerLink>,
+    /// The socket's doorbell: a descriptor frame with no record.
+    doorbell: Arc<[u8]>,
+}
+
+impl ConnectionRing {
+    fn ring_doorbell(&self, wake: Wake) {
+        if wake.0 {
+            self.link.send_frame(&self.doorbell);
+        }
+    }
+}
+
+impl Drop for ConnectionRing {
+    fn drop(&mut self) {
+        let wake = self.ring.close();
+        self.ring_doorbell(wake);
+    }
+}
+
+impl Outbox {
+    /// Writes `entry` into the next connection's ring with room, ringing its doorbell when its
+    /// consumer waits; false when every ring is full (or no connection is left). Sets
+    /// `publish_soon` when the entry is the first of a burst left unpublished.
+    fn push_to_a_ring(&mut self, kind: EntryKind, publish_soon: &mut bool) -> bool {
+        // A connection that ended takes nothing more; what its ring holds is counted as not
+        // taken (`delivery.rs`) unless its consumer still reads it.
+        self.rings.retain(|connection| !connection.link.is_gone());
+        let n_rings = self.rings.len();
+        for step in 0..n_rings {
+            let ring_idx = (self.next_ring + step) % n_rings;
+            let connection = &mut self.rings[ring_idx];
+            match connection.ring.push(kind, &self.entry) {
+                Pushed::Full => continue,
+                Pushed::Published(wake) => connection.ring_doorbell(wake),
+                // The batching task publishes what a burst leaves unpublished once the sender
+                // yields.
+                Pushed::Unpublished { first } => *publish_soon |= first,
+            }
+            self.next_ring = ring_idx + 1;
+            return true;
+        }
+        false
+    }
+
+    /// Publishes every ring's unpublished entries (the batching task, when the sender
+    /// yielded), ringing the doorbells of consumers that wait.
+    fn publish_rings(&mut self) {
+        for connection in &mut self.rings {
+            let wake = connection.ring.publish();
+            connection.ring_doorbell(wake);
+        }
+    }
 }
 
 /// Shared between a [`BatchedPush`] and its task.
 struct PushState {
     session_hash: u64,
     delivery: DeliveryRef,
+    /// For the blocks of ring entries too large for a ring.
+    session: Arc<Session>,
+    /// A doorbell: a descriptor frame with no record.
+    doorbell: Vec<u8>,
     outbox: std::sync::Mutex<Outbox>,
     /// Records were put into an empty outbox.
     ready: tokio::sync::Notify,
@@ -158,6 +245,12 @@ impl PushState {
             return false;
         }
         let mut outbox = self.outbox.lock().expect("outbox poisoned");
+        match outbox.carriage {
+            Carriage::Rings => return self.offer_to_a_ring(&mut outbox, record),
+            // No connection yet (or only a refused one): nothing is accepted.
+            Carriage::Undecided => return false,
+            Carriage::Frames => {}
+        }
         if outbox.n_records >= capacity {
             return false;
         }
@@ -178,10 +271,138 @@ impl PushState {
         true
     }
 
-    /// Whether [`PushState::offer`] would append a record now.
+    /// One record as a ring entry, into the next ring with room: a descriptor frame of one
+    /// record, or, when that is larger than a ring entry may be, a block holding the frame.
+    fn offer_to_a_ring(&self, outbox: &mut Outbox, record: &[PartRef]) -> bool {
+        let mut entry = std::mem::take(&mut outbox.entry);
+        entry.clear();
+        wire::append_record(&mut entry, record);
+        let mut indirect = None;
+        if entry.len() > MAX_INLINE_ENTRY {
+            // Rare (a message of thousands of parts): its record gets a block of its own.
+            let Ok(mut block) = self.session.allocate_now(entry.len()) else {
+                outbox.entry = entry;
+                return false;
+            };
+            ferromq_core::MessageBuffer::as_bytes_mut(&mut block)
+                .expect("a new block has one owner")[..entry.len()]
+                .copy_from_slice(&entry);
+            let reference = wire::encode_block_ref(
+                ObjectRef::of(block.segment().name()),
+                WireRange {
+                    offset: block.data_offset() as u64,
+                    size: entry.len() as u64,
+                },
+            );
+            entry.clear();
+            entry.extend_from_slice(&reference);
+            indirect = Some(block);
+        }
+        outbox.entry = entry;
+        let kind = if indirect.is_some() {
+            EntryKind::Indirect
+        } else {
+            EntryKind::Record
+        };
+        let mut publish_soon = false;
+        let written = outbox.push_to_a_ring(kind, &mut publish_soon);
+        if written && let Some(block) = indirect {
+            // Its reference now belongs to the consumer.
+            block.disarm();
+        }
+        if publish_soon {
+            self.ready.notify_one();
+        }
+        written
+    }
+
+    /// Publishes what the rings hold unpublished (the batching task, once the sender yields).
+    fn publish_rings(&self) {
+        self.outbox.lock().expect("outbox poisoned").publish_rings();
+    }
+
+    /// Whether [`PushState::offer`] would append a record now (for a ring: of any size).
     fn has_room(&self, capacity: usize) -> bool {
-        self.connected.load(Ordering::Acquire)
-            && self.outbox.lock().expect("outbox poisoned").n_records < capacity
+        if !self.connected.load(Ordering::Acquire) {
+            return false;
+        }
+        let outbox = self.outbox.lock().expect("outbox poisoned");
+        match outbox.carriage {
+            Carriage::Rings => outbox
+                .rings
+                .iter()
+                .any(|connection| connection.ring.has_room(MAX_INLINE_ENTRY)),
+            Carriage::Undecided => false,
+            Carriage::Frames => outbox.n_records < capacity,
+        }
+    }
+
+    /// Whether records go into rings, which free room without a wake-up.
+    fn carries_by_rings(&self) -> bool {
+        self.outbox.lock().expect("outbox poisoned").carriage == Carriage::Rings
+    }
+
+    /// Settles how records travel once the socket is bound or connected: a socket that
+    /// reports its connections waits for the first one (which gets a ring); any other sends
+    /// frames, accepting records once its connection is made.
+    fn attached(&self, socket: &ZmqSocket, establishing: bool) {
+        let mut outbox = self.outbox.lock().expect("outbox poisoned");
+        if outbox.carriage == Carriage::Undecided {
+            if socket.reports_peers() {
+                return;
+            }
+            outbox.carriage = Carriage::Frames;
+        }
+        if outbox.carriage == Carriage::Frames {
+            let waiting = socket.is_connecting() && establishing;
+            self.connected.store(!waiting, Ordering::Release);
+        }
+        drop(outbox);
+        self.room.notify_waiters();
+    }
+
+    /// A new connection: it gets a ring of its own, announced to it alone, when records travel
+    /// by rings (the first connection decides: rings unless this process's segment has no
+    /// room for one).
+    fn connection_made(&self, link: Arc<ferromq_zmq::PeerLink>) {
+        let mut outbox = self.outbox.lock().expect("outbox poisoned");
+        if outbox.carriage != Carriage::Frames {
+            match self.session.allocate_long_lived(RING_BLOCK) {
+                Ok(block) => {
+                    let ring = RingProducer::new(block);
+                    // The consumer's reference travels with the announcement.
+                    ring.block().add_references(1);
+                    let announce = wire::encode_ring_announce(
+                        self.session_hash,
+                        wire::RingAnnounce {
+                            segment: ObjectRef::of(ring.block().segment().name()),
+                            range: WireRange {
+                                offset: ring.block().data_offset() as u64,
+                                size: RING_BLOCK as u64,
+                            },
+                            delivery: self.delivery,
+                        },
+                    );
+                    link.send_frame(&announce);
+                    outbox.rings.push(ConnectionRing {
+                        ring,
+                        link,
+                        doorbell: Arc::from(self.doorbell.as_slice()),
+                    });
+                    outbox.carriage = Carriage::Rings;
+                }
+                Err(error) if outbox.carriage == Carriage::Undecided => {
+                    tracing::warn!(%error, "no room for a descriptor ring: descriptors travel in frames");
+                    outbox.carriage = Carriage::Frames;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "no room for this connection's descriptor ring: it gets nothing");
+                }
+            }
+        }
+        drop(outbox);
+        self.connected.store(true, Ordering::Release);
+        self.room.notify_waiters();
     }
 
     /// The oldest frame and its number of records, `None` when the outbox is empty.
@@ -206,19 +427,26 @@ impl PushState {
 impl BatchedPush {
     fn start(
         mut socket: ZmqSocket,
-        session_hash: u64,
+        session: Arc<Session>,
         delivery: DeliveryRef,
         capacity: usize,
     ) -> BatchedPush {
+        let session_hash = session.hash;
         let (commands, mut queue) = tokio::sync::mpsc::channel::<PushCommand>(4);
         let state = Arc::new(PushState {
             session_hash,
             delivery,
+            session,
+            doorbell: wire::frame_header(session_hash, delivery, 0),
             outbox: std::sync::Mutex::new(Outbox {
                 sealed: VecDeque::new(),
                 open: empty_frame(session_hash, delivery),
                 n_open: 0,
                 n_records: 0,
+                carriage: Carriage::Undecided,
+                rings: Vec::new(),
+                next_ring: 0,
+                entry: Vec::new(),
             }),
             ready: tokio::sync::Notify::new(),
             room: tokio::sync::Notify::new(),
@@ -226,7 +454,7 @@ impl BatchedPush {
             failed: false.into(),
             n_queued: 0.into(),
             n_refused: 0.into(),
-            connected: true.into(),
+            connected: false.into(),
         });
         let task_state = Arc::clone(&state);
         let task = tokio::spawn(async move {
@@ -235,6 +463,8 @@ impl BatchedPush {
             // ZeroMQ does: a receiver that stalls or is slow to start receiving later is
             // connected already, and what is sent meanwhile waits in its socket.
             let mut establishing = true;
+            // Until a peer of another transport or session connects (then nothing is sent).
+            let mut watching_peers = true;
             loop {
                 // Commands first: a connect must not wait behind frames that need its peer.
                 let command = tokio::select! {
@@ -244,28 +474,41 @@ impl BatchedPush {
                         None => return,
                     },
                     () = state.ready.notified() => None,
-                    established = socket.establish(), if establishing && socket.is_connecting() => {
-                        if let Err(error) = established {
-                            tracing::error!(%error, "connecting failed");
-                            state.fail(error.to_string());
-                            establishing = false;
+                    event = carrier_event(&mut socket, establishing, watching_peers) => {
+                        match event {
+                            CarrierEvent::Established(Ok(())) => {
+                                state.connected.store(true, Ordering::Release);
+                                state.room.notify_waiters();
+                            }
+                            CarrierEvent::Established(Err(error)) => {
+                                tracing::error!(%error, "connecting failed");
+                                state.fail(error.to_string());
+                                establishing = false;
+                                state.connected.store(true, Ordering::Release);
+                                state.room.notify_waiters();
+                            }
+                            CarrierEvent::Peer(Ok((_, link))) => state.connection_made(link),
+                            CarrierEvent::Peer(Err(error)) => {
+                                state.fail(error.to_string());
+                                watching_peers = false;
+                                state.connected.store(true, Ordering::Release);
+                                state.room.notify_waiters();
+                            }
                         }
-                        state.connected.store(true, Ordering::Release);
-                        state.room.notify_waiters();
                         continue;
                     }
                 };
                 match command {
                     None => {}
                     Some(PushCommand::Bind(address, reply)) => {
-                        let _ = reply.send(socket.bind(&address).await);
+                        let bound = socket.bind(&address).await;
+                        state.attached(&socket, establishing);
+                        let _ = reply.send(bound);
                         continue;
                     }
                     Some(PushCommand::Connect(address, reply)) => {
                         let connected = socket.connect(&address).await;
-                        if socket.is_connecting() && establishing {
-                            state.connected.store(false, Ordering::Release);
-                        }
+                        state.attached(&socket, establishing);
                         let _ = reply.send(connected);
                         continue;
                     }
@@ -274,11 +517,16 @@ impl BatchedPush {
                         while let Some((frame, n_records)) = state.take_frame() {
                             send_frame(&mut socket, &state, frame, n_records).await;
                         }
+                        // The rings are published and closed (their doorbells written by the
+                        // socket's close); their consumers still take what they hold.
+                        state.outbox.lock().expect("outbox poisoned").rings.clear();
                         let held = ask_peers && socket.peers_hold_what_was_written();
-                        let _ = reply.send(socket.close(linger).await.map(|()| held));
+                        let closed = socket.close(linger).await.map(|()| held);
+                        let _ = reply.send(closed);
                         return;
                     }
                 }
+                state.publish_rings();
                 while let Some((frame, n_records)) = state.take_frame() {
                     send_frame(&mut socket, &state, frame, n_records).await;
                 }
@@ -296,23 +544,53 @@ impl BatchedPush {
     /// nothing: nobody else puts records into it while its socket is borrowed for a
     /// reservation. Cancel-safe.
     async fn wait_for_room(&self) {
+        let mut looks = RingLooks::default();
         loop {
             let room = self.state.room.notified();
             tokio::pin!(room);
             room.as_mut().enable();
-            if self.state.has_room(self.capacity) {
+            // A failed socket takes nothing: the send through the reservation says why.
+            if self.state.has_room(self.capacity) || self.state.failed.load(Ordering::Acquire) {
                 return;
             }
-            room.await;
+            self.wait(room, None, &mut looks).await;
         }
     }
 
-    /// Puts `record` into the outbox, waiting while it is full; false at the deadline.
+    /// Waits for `room` to be notified (a frame taken, a connection made), or, with records
+    /// carried by rings, whose consumers free room without telling, for the next look;
+    /// false at `deadline`.
+    async fn wait(
+        &self,
+        room: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+        deadline: Option<tokio::time::Instant>,
+        looks: &mut RingLooks,
+    ) -> bool {
+        let next_look = self.state.carries_by_rings().then(|| looks.next());
+        let wake_at = match (next_look, deadline) {
+            (Some(look), Some(deadline)) => Some(look.min(deadline)),
+            (look, deadline) => look.or(deadline),
+        };
+        match wake_at {
+            Some(wake_at) => {
+                let _ = tokio::time::timeout_at(wake_at, room).await;
+                deadline.is_none_or(|deadline| tokio::time::Instant::now() < deadline)
+            }
+            None => {
+                room.await;
+                true
+            }
+        }
+    }
+
+    /// Puts `record` into the outbox, waiting while it is full; false at the deadline, or as
+    /// soon as the socket failed (a refused peer: [`PushState::failure`] says so).
     async fn put(&self, record: &[PartRef], deadline: Option<tokio::time::Instant>) -> bool {
         // The usual case: room at once, no waiter registered.
         if self.state.offer(record, self.capacity) {
             return true;
         }
+        let mut looks = RingLooks::default();
         loop {
             let room = self.state.room.notified();
             tokio::pin!(room);
@@ -320,13 +598,11 @@ impl BatchedPush {
             if self.state.offer(record, self.capacity) {
                 return true;
             }
-            match deadline {
-                Some(deadline) => {
-                    if tokio::time::timeout_at(deadline, room).await.is_err() {
-                        return false;
-                    }
-                }
-                None => room.await,
+            if self.state.failed.load(Ordering::Acquire) {
+                return false;
+            }
+            if !self.wait(room, deadline, &mut looks).await {
+                return false;
             }
         }
     }
@@ -345,6 +621,59 @@ impl BatchedPush {
             .await
             .map_err(|_| closed())?;
         answer.await.map_err(|_| closed())?
+    }
+}
+
+/// What the carrier socket of a push has to say besides taking frames.
+enum CarrierEvent {
+    /// A background connection was made (zmq.rs).
+    Established(Result<()>),
+    /// A connection through its handshake (ferromq's own ZMTP), or a refused peer.
+    Peer(Result<(Bytes, Arc<ferromq_zmq::PeerLink>)>),
+}
+
+/// The next [`CarrierEvent`]: a connection being made (while `establishing`) or a new peer
+/// (while `watching_peers`); pending when neither can come. Cancel-safe.
+async fn carrier_event(
+    socket: &mut ZmqSocket,
+    establishing: bool,
+    watching_peers: bool,
+) -> CarrierEvent {
+    if watching_peers && socket.reports_peers() {
+        CarrierEvent::Peer(socket.next_peer().await)
+    } else if establishing && socket.is_connecting() {
+        CarrierEvent::Established(socket.establish().await)
+    } else {
+        std::future::pending().await
+    }
+}
+
+/// When a sender whose rings are full looks again: at once for the first 200 µs (a consumer
+/// that keeps up frees room within microseconds), then every millisecond, so a stalled
+/// consumer costs no CPU.
+struct RingLooks {
+    since: tokio::time::Instant,
+}
+
+impl Default for RingLooks {
+    fn default() -> RingLooks {
+        RingLooks {
+            since: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl RingLooks {
+    const SPIN: Duration = Duration::from_micros(200);
+    const PAUSE: Duration = Duration::from_millis(1);
+
+    fn next(&self) -> tokio::time::Instant {
+        let now = tokio::time::Instant::now();
+        if now - self.since < Self::SPIN {
+            now
+        } else {
+            now + Self::PAUSE
+        }
     }
 }
 
@@ -389,7 +718,43 @@ pub(crate) struct ShmSocket {
     n_foreign_frames: u64,
     /// The send queue (sent and not taken, as of recently) and back-pressure waits.
     figures: Arc<ferromq_core::SendFigures>,
+    /// Descriptor rings this pull adopted, one per connected push (see `ring.rs`), taken in
+    /// turn.
+    rings: Vec<RingConsumer>,
+    next_ring: usize,
+    /// One ring entry, copied out of its ring (reused: no allocation per message).
+    entry: Vec<u8>,
+    /// Receives spin (`busyPoll`): they never wait on the socket, so they ask for no doorbell.
+    busy_poll: bool,
+    /// The last wait for ring entries was short: the next one looks again for a while before
+    /// it asks for a doorbell.
+    last_ring_wait_short: bool,
 }
+
+/// What [`ShmSocket::take_from_rings`] did.
+enum FromRings {
+    /// One message went to `pending`.
+    Queued,
+    /// No ring holds an entry.
+    Empty,
+    /// The next entry names memory this process has not mapped yet; it stays in its ring.
+    NeedsMapping(Vec<(ObjectKind, ObjectRef)>),
+}
+
+/// How long a consumer waiting for a doorbell sleeps at most before it looks at its rings
+/// again: a safety net for a doorbell lost with its connection (a producer killed between
+/// publishing an entry and writing the doorbell), never the way entries are noticed.
+const DOORBELL_SAFETY_NET: Duration = Duration::from_millis(100);
+
+/// The most messages taken from one ring at a time.
+const RING_RUN: usize = 32;
+
+/// How long a consumer whose last wait was short looks at its empty rings before it asks for a
+/// doorbell, and what counts as short (see `receive_parts`).
+const RING_SPIN: Duration = Duration::from_micros(50);
+const RING_SHORT_WAIT: Duration = Duration::from_micros(200);
+/// A wait that a frame ends within this was ended by a frame already queued.
+const RING_STALE_FRAME: Duration = Duration::from_micros(5);
 
 fn transport_error(
     label: &ChannelLabel,
@@ -444,10 +809,13 @@ impl ShmSocket {
                 next_dealer: 0,
             }),
             SocketType::Push => {
-                let socket = descriptor_carrier(&session).create_zmq_socket(config, socket_name)?;
+                let mut socket =
+                    descriptor_carrier(&session).create_zmq_socket(config, socket_name)?;
+                // Each connection gets a descriptor ring (see `ring.rs`).
+                socket.report_new_peers();
                 Inner::Batched(BatchedPush::start(
                     socket,
-                    session.hash,
+                    Arc::clone(&session),
                     delivery,
                     config.snd_buf_size,
                 ))
@@ -469,6 +837,11 @@ impl ShmSocket {
             last_taken: None,
             n_foreign_frames: 0,
             figures: Arc::default(),
+            rings: Vec::new(),
+            next_ring: 0,
+            entry: Vec::new(),
+            busy_poll: config.busy_poll,
+            last_ring_wait_short: false,
         })
     }
 }
@@ -476,7 +849,7 @@ impl ShmSocket {
 /// The zeromq transport as the carrier of this session's descriptor frames: its sockets announce
 /// shmem and the session, and serve only shmem peers of the same session.
 fn descriptor_carrier(session: &Session) -> ferromq_zmq::ZmqTransport {
-    ferromq_zmq::ZmqTransport::with_peer_rules(ferromq_zmq::PeerRules {
+    ferromq_zmq::ZmqTransport::own_push_pull_with_peer_rules(ferromq_zmq::PeerRules {
         transport: crate::ShmTransport::NAME,
         scope: Some(session.hash),
         serves_plain_zeromq: false,
@@ -857,6 +1230,10 @@ impl Socket for ShmSocket {
     }
 
     fn try_receive_parts(&mut self) -> Option<Parts> {
+        if self.pending.is_empty() && !self.rings.is_empty() {
+            // Errors and memory to map are the waiting receive's to handle.
+            let _ = self.take_from_rings();
+        }
         let (parts, taken) = self.pending.pop_front()?;
         if let Some(taken) = taken {
             taken.count_taken();
@@ -893,9 +1270,15 @@ impl Socket for ShmSocket {
             Inner::Batched(push) => {
                 let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
                 if !push.put(&record, deadline).await {
-                    let error = Error::Timeout {
-                        channel: self.label.clone(),
-                        after: timeout.unwrap_or_default(),
+                    let error = match push.state.failure() {
+                        Some(reason) => Error::PeerGone {
+                            channel: self.label.clone(),
+                            reason,
+                        },
+                        None => Error::Timeout {
+                            channel: self.label.clone(),
+                            after: timeout.unwrap_or_default(),
+                        },
                     };
                     return Err(SendError::new(error, parts));
                 }
@@ -974,12 +1357,41 @@ impl Socket for ShmSocket {
             if let Some(parts) = self.try_receive_parts() {
                 return Ok(parts);
             }
+            if !self.rings.is_empty() {
+                match self.take_from_rings() {
+                    Ok(FromRings::Queued) => continue,
+                    Ok(FromRings::NeedsMapping(unseen)) => {
+                        self.map_unseen(unseen).await?;
+                        continue;
+                    }
+                    Ok(FromRings::Empty) => {}
+                    Err((ring_idx, error)) => {
+                        // A ring that cannot be read is dropped (its producer is broken).
+                        self.rings.remove(ring_idx);
+                        return Err(error);
+                    }
+                }
+            }
             if let Some(frame) = self.frames.front() {
-                // Taken out while in use (a receive cancelled meanwhile only loses the
-                // allocation); put back once the frame's records are queued.
-                let mut decoded = std::mem::replace(&mut self.decoded, wire::decode_scratch());
-                match wire::decode_into(frame, self.session.hash, &mut decoded) {
-                    Ok(()) => {}
+                if let Some(announced) = wire::decode_ring_announce(frame, self.session.hash) {
+                    // Mapped while the announcement stays queued: a receive cancelled
+                    // meanwhile loses nothing.
+                    let adopted = match announced {
+                        Ok(announced) => self.adopt_ring(announced).await,
+                        Err(error) => Err(transport_error(&self.label, error)),
+                    };
+                    self.frames.pop_front();
+                    self.rings.push(adopted?);
+                    continue;
+                }
+                let frame = frame.clone();
+                let unseen = match decode_frame(
+                    &frame,
+                    self.session.hash,
+                    &mut self.decoded,
+                    &self.seen_memory,
+                ) {
+                    Ok(unseen) => unseen,
                     // Not a descriptor frame of this session: it comes from a peer that was
                     // refused when it connected (a plain ZeroMQ program, another session). A
                     // fan-in socket drops it and keeps serving its other peers.
@@ -997,71 +1409,73 @@ impl Socket for ShmSocket {
                         self.frames.pop_front();
                         return Err(transport_error(&self.label, error));
                     }
-                }
-                // Peers' segments are opened off the async threads, the frame still queued. The
-                // objects this socket has seen are remembered, so the usual frame takes no lock.
-                let unseen: Vec<_> = decoded
-                    .objects()
-                    .filter(|object| !self.seen_memory.contains(object))
-                    .collect();
-                let mapped = if unseen.is_empty() {
-                    Ok(())
-                } else {
-                    self.session.map_objects(&unseen).await
                 };
+                // Peers' segments are opened off the async threads, the frame still queued.
+                let mapped = self.map_unseen(unseen).await;
                 self.frames.pop_front();
-                mapped.map_err(|error| transport_error(&self.label, error))?;
-                for object in unseen {
-                    if !self.seen_memory.contains(&object) {
-                        self.seen_memory.push(object);
-                    }
-                }
-                // One sender's counter serves frame after frame: looked up when it changes.
-                let taken = match &self.last_taken {
-                    Some((delivery, taken)) if *delivery == decoded.delivery => {
-                        Some(Arc::clone(taken))
-                    }
-                    _ => {
-                        let taken = self
-                            .session
-                            .taken_counter(decoded.delivery)
-                            .map_err(|error| transport_error(&self.label, error))?
-                            .map(Arc::new);
-                        if let Some(taken) = &taken {
-                            self.last_taken = Some((decoded.delivery, Arc::clone(taken)));
-                        }
-                        taken
-                    }
-                };
-                let mut parts_of_frame = decoded.parts.drain(..);
-                for &n_parts in &decoded.record_lens {
-                    let mut parts = Parts::with_capacity(n_parts as usize);
-                    for part in parts_of_frame.by_ref().take(n_parts as usize) {
-                        let message = self
-                            .session
-                            .materialise(part, &mut self.last_segment)
-                            .map_err(|error| transport_error(&self.label, error))?;
-                        parts.push(message);
-                    }
-                    if let Inner::Subscriber(subscriber) = &self.inner {
-                        let first = parts.get(0).map(Message::data).unwrap_or_default();
-                        if !topic_matches(&subscriber.topics, first) {
-                            continue;
-                        }
-                    }
-                    self.pending.push_back((parts, taken.clone()));
-                }
-                drop(parts_of_frame);
-                self.decoded = decoded;
+                mapped?;
+                self.queue_decoded()?;
                 continue;
             }
             let frames: Vec<Bytes> = match &mut self.inner {
-                Inner::Plain(socket) => socket
-                    .receive_unboxed()
-                    .await?
-                    .into_iter()
-                    .map(Message::into_bytes)
-                    .collect(),
+                Inner::Plain(socket) => {
+                    // Rings finished by their producers go; the others are watched while the
+                    // socket is: entries are looked for at every poll (a spinning receive finds
+                    // them without a wake-up), and a doorbell frame wakes a sleeping one.
+                    self.rings.retain_mut(|ring| !ring.is_finished());
+                    let rings = &mut self.rings;
+                    let watch_rings = !rings.is_empty();
+                    // Under load a consumer finds its rings empty between the producer's runs
+                    // of entries: it looks again for a while (yielding) before it asks for a
+                    // doorbell, which costs both sides a syscall. Only when its last wait was
+                    // short: a paced or idle consumer asks at once and spins not at all.
+                    let spin = watch_rings && !self.busy_poll && self.last_ring_wait_short;
+                    let mut asked = self.busy_poll;
+                    if !spin && !asked {
+                        if !rings.iter_mut().all(RingConsumer::wait_for_doorbell) {
+                            continue;
+                        }
+                        asked = true;
+                    }
+                    let started = tokio::time::Instant::now();
+                    let receive = socket.receive_unboxed();
+                    tokio::pin!(receive);
+                    let safety_net = tokio::time::sleep(DOORBELL_SAFETY_NET);
+                    tokio::pin!(safety_net);
+                    let received = std::future::poll_fn(|cx| {
+                        if watch_rings && rings.iter_mut().any(RingConsumer::has_entries) {
+                            return std::task::Poll::Ready(None);
+                        }
+                        if let std::task::Poll::Ready(received) = receive.as_mut().poll(cx) {
+                            return std::task::Poll::Ready(Some(received));
+                        }
+                        if !asked {
+                            if started.elapsed() < RING_SPIN {
+                                cx.waker().wake_by_ref();
+                                return std::task::Poll::Pending;
+                            }
+                            asked = true;
+                            if !rings.iter_mut().all(RingConsumer::wait_for_doorbell) {
+                                return std::task::Poll::Ready(None);
+                            }
+                        }
+                        if watch_rings && safety_net.as_mut().poll(cx).is_ready() {
+                            return std::task::Poll::Ready(None);
+                        }
+                        std::task::Poll::Pending
+                    })
+                    .await;
+                    // How far apart entries come, unless the wait ended at once on a frame
+                    // (a doorbell still queued from the last wait): that tells nothing.
+                    let waited = started.elapsed();
+                    if received.is_none() || waited >= RING_STALE_FRAME {
+                        self.last_ring_wait_short = waited <= RING_SHORT_WAIT;
+                    }
+                    match received {
+                        Some(received) => received?.into_iter().map(Message::into_bytes).collect(),
+                        None => continue,
+                    }
+                }
                 Inner::Subscriber(subscriber) if !subscriber.dealers.is_empty() => {
                     let n_dealers = subscriber.dealers.len();
                     subscriber.next_dealer = (subscriber.next_dealer + 1) % n_dealers;
@@ -1197,6 +1611,187 @@ impl Socket for ShmSocket {
         self.pending.clear();
         self.frames.clear();
         result
+    }
+}
+
+/// Decodes `frame` into `decoded` (for `session_hash`) and lists the objects it names that are
+/// not among `seen` (an empty list allocates nothing).
+fn decode_frame(
+    frame: &[u8],
+    session_hash: u64,
+    decoded: &mut wire::Frame,
+    seen: &[(ObjectKind, ObjectRef)],
+) -> std::result::Result<Vec<(ObjectKind, ObjectRef)>, crate::error::ShmError> {
+    wire::decode_into(frame, session_hash, decoded)?;
+    let mut unseen = Vec::new();
+    for object in decoded.objects() {
+        if !seen.contains(&object) && !unseen.contains(&object) {
+            unseen.push(object);
+        }
+    }
+    Ok(unseen)
+}
+
+impl ShmSocket {
+    /// Maps, off the async threads, the peers' objects in `unseen` and remembers them, so the
+    /// usual frame or entry takes no lock.
+    async fn map_unseen(&mut self, unseen: Vec<(ObjectKind, ObjectRef)>) -> Result<()> {
+        if unseen.is_empty() {
+            return Ok(());
+        }
+        self.session
+            .map_objects(&unseen)
+            .await
+            .map_err(|error| transport_error(&self.label, error))?;
+        for object in unseen {
+            if !self.seen_memory.contains(&object) {
+                self.seen_memory.push(object);
+            }
+        }
+        Ok(())
+    }
+
+    /// Adopts the ring a push announced.
+    async fn adopt_ring(&mut self, announced: wire::RingAnnounce) -> Result<RingConsumer> {
+        let objects = [
+            (ObjectKind::Segment, announced.segment),
+            (ObjectKind::Segment, announced.delivery.segment),
+        ];
+        self.map_unseen(
+            objects
+                .into_iter()
+                .filter(|object| !self.seen_memory.contains(object))
+                .collect(),
+        )
+        .await?;
+        let adopted = self.session.segment(announced.segment).and_then(|mapped| {
+            let (block, _) = ShmBuffer::adopt_block(mapped, announced.range)?;
+            RingConsumer::adopt(block, announced.delivery)
+        });
+        adopted.map_err(|error| transport_error(&self.label, error))
+    }
+
+    /// Hands the records of `self.decoded` to `pending`, each with its sender's counter.
+    fn queue_decoded(&mut self) -> Result<()> {
+        let delivery = self.decoded.delivery;
+        // One sender's counter serves frame after frame: looked up when it changes.
+        let taken = match &self.last_taken {
+            Some((known, taken)) if *known == delivery => Some(Arc::clone(taken)),
+            _ => {
+                let taken = self
+                    .session
+                    .taken_counter(delivery)
+                    .map_err(|error| transport_error(&self.label, error))?
+                    .map(Arc::new);
+                if let Some(taken) = &taken {
+                    self.last_taken = Some((delivery, Arc::clone(taken)));
+                }
+                taken
+            }
+        };
+        let mut parts_of_frame = self.decoded.parts.drain(..);
+        for &n_parts in &self.decoded.record_lens {
+            let mut parts = Parts::with_capacity(n_parts as usize);
+            for part in parts_of_frame.by_ref().take(n_parts as usize) {
+                let message = self
+                    .session
+                    .materialise(part, &mut self.last_segment)
+                    .map_err(|error| transport_error(&self.label, error))?;
+                parts.push(message);
+            }
+            if let Inner::Subscriber(subscriber) = &self.inner {
+                let first = parts.get(0).map(Message::data).unwrap_or_default();
+                if !topic_matches(&subscriber.topics, first) {
+                    continue;
+                }
+            }
+            self.pending.push_back((parts, taken.clone()));
+        }
+        Ok(())
+    }
+
+    /// Takes the next entry of the next ring that has one into `pending`; the error comes with
+    /// the ring's index (the ring is left as it is: the caller drops it).
+    fn take_from_rings(&mut self) -> std::result::Result<FromRings, (usize, Error)> {
+        let n_rings = self.rings.len();
+        for step in 0..n_rings {
+            let ring_idx = (self.next_ring + step) % n_rings;
+            // What one ring holds is taken in a run (up to `RING_RUN` messages): the producer's
+            // lines are read while they are still where the last look found them.
+            let mut n_taken = 0;
+            while n_taken < RING_RUN {
+                match self.take_one(ring_idx)? {
+                    FromRings::Queued => n_taken += 1,
+                    FromRings::Empty => break,
+                    needs_mapping @ FromRings::NeedsMapping(_) if n_taken == 0 => {
+                        return Ok(needs_mapping);
+                    }
+                    FromRings::NeedsMapping(_) => break,
+                }
+            }
+            if n_taken > 0 {
+                self.next_ring = ring_idx + 1;
+                return Ok(FromRings::Queued);
+            }
+        }
+        Ok(FromRings::Empty)
+    }
+
+    /// Takes the next entry of ring `ring_idx` into `pending` (see `take_from_rings`).
+    fn take_one(&mut self, ring_idx: usize) -> std::result::Result<FromRings, (usize, Error)> {
+        let failed =
+            |error: crate::error::ShmError| (ring_idx, transport_error(&self.label, error));
+        let ring = &mut self.rings[ring_idx];
+        let kind = match ring.peek(&mut self.entry) {
+            Ok(Some(kind)) => kind,
+            Ok(None) => return Ok(FromRings::Empty),
+            Err(error) => return Err(failed(error)),
+        };
+        let delivery = ring.delivery();
+        // A record too large for the ring lies in a block of the ring's segment, whose
+        // reference the entry holds: read in place (the reference keeps it), released once
+        // the record's messages are queued.
+        let indirect = match kind {
+            EntryKind::Record => None,
+            EntryKind::Indirect => {
+                let (segment, range) = wire::decode_block_ref(&self.entry).map_err(failed)?;
+                let mapped = self.session.segment(segment).map_err(failed)?;
+                let bytes = range.checked(0, mapped.len()).ok_or_else(|| {
+                    failed(crate::error::ShmError::BadDescriptor {
+                        reason: format!("a ring entry's block {range} is outside its segment"),
+                    })
+                })?;
+                self.entry.clear();
+                self.entry.resize(bytes.len(), 0);
+                mapped
+                    .copy_out(bytes.start, &mut self.entry)
+                    .ok_or_else(|| {
+                        failed(crate::error::ShmError::BadDescriptor {
+                            reason: format!("a ring entry's block {range} is outside its data"),
+                        })
+                    })?;
+                Some((mapped, range))
+            }
+        };
+        wire::decode_record_into(&self.entry, delivery, &mut self.decoded).map_err(failed)?;
+        let mut unseen = Vec::new();
+        for object in self.decoded.objects() {
+            if !self.seen_memory.contains(&object) && !unseen.contains(&object) {
+                unseen.push(object);
+            }
+        }
+        if !unseen.is_empty() {
+            return Ok(FromRings::NeedsMapping(unseen));
+        }
+        let queued = self.queue_decoded();
+        if let Some((mapped, range)) = indirect {
+            // The entry's reference to the block is given back.
+            drop(ShmBuffer::adopt_block(mapped, range));
+        }
+        // Taken out of the ring once its messages hold their blocks' references.
+        self.rings[ring_idx].consume();
+        queued.map_err(|error| (ring_idx, error))?;
+        Ok(FromRings::Queued)
     }
 }
 

@@ -156,6 +156,113 @@ impl Frame {
     }
 }
 
+/// First bytes of a ring announcement (see `ring.rs`): what a push sends to one pull, once, to
+/// hand it the descriptor ring of their connection.
+///
+/// ```text
+/// announce := magic "FMQRING1" | session hash u64 | object | range | delivery
+/// ```
+/// `object | range`: the ring's block, with a reference for the pull; `delivery`: the
+/// sender's counter, which every record in the ring counts at.
+pub const RING_MAGIC: &[u8; 8] = b"FMQRING1";
+/// Bytes of a ring announcement.
+pub const RING_ANNOUNCE_LEN: usize = 16 + BLOCK_REF_LEN + 12;
+/// Bytes of a block reference (object and range), as an indirect ring entry holds it.
+pub const BLOCK_REF_LEN: usize = 24;
+
+/// A block reference: `object | range`.
+pub fn encode_block_ref(object: ObjectRef, range: WireRange) -> [u8; BLOCK_REF_LEN] {
+    let mut bytes = Vec::with_capacity(BLOCK_REF_LEN);
+    append_object(&mut bytes, object, range);
+    bytes
+        .try_into()
+        .expect("a block reference has a fixed size")
+}
+
+/// Reads a block reference made by [`encode_block_ref`].
+///
+/// # Errors
+/// [`ShmError::BadDescriptor`] when `bytes` is not one.
+pub fn decode_block_ref(bytes: &[u8]) -> Result<(ObjectRef, WireRange), ShmError> {
+    if bytes.len() != BLOCK_REF_LEN {
+        return Err(ShmError::BadDescriptor {
+            reason: format!(
+                "a block reference has {BLOCK_REF_LEN} bytes, not {}",
+                bytes.len()
+            ),
+        });
+    }
+    let mut reader = Reader { bytes, at: 0 };
+    Ok((reader.object()?, reader.range()?))
+}
+
+/// A ring announced by a push: its block and the sender's delivery counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingAnnounce {
+    /// The segment holding the ring's block.
+    pub segment: ObjectRef,
+    /// The block.
+    pub range: WireRange,
+    /// Where the receiver counts the records it takes from the ring.
+    pub delivery: DeliveryRef,
+}
+
+/// The announcement of `ring`, for `session_hash`.
+pub fn encode_ring_announce(session_hash: u64, ring: RingAnnounce) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(RING_ANNOUNCE_LEN);
+    frame.extend_from_slice(RING_MAGIC);
+    frame.extend_from_slice(&session_hash.to_le_bytes());
+    frame.extend_from_slice(&encode_block_ref(ring.segment, ring.range));
+    frame.extend_from_slice(&ring.delivery.segment.creator_pid.to_le_bytes());
+    frame.extend_from_slice(&ring.delivery.segment.index.to_le_bytes());
+    frame.extend_from_slice(&ring.delivery.slot.to_le_bytes());
+    frame
+}
+
+/// The ring a frame announces; `None` when the frame is no announcement.
+///
+/// # Errors
+/// [`ShmError::BadDescriptor`] for an announcement of another session or of the wrong length.
+pub fn decode_ring_announce(
+    frame: &[u8],
+    session_hash: u64,
+) -> Option<Result<RingAnnounce, ShmError>> {
+    if frame.len() < 8 || &frame[..8] != RING_MAGIC {
+        return None;
+    }
+    if frame.len() != RING_ANNOUNCE_LEN {
+        return Some(Err(ShmError::BadDescriptor {
+            reason: format!(
+                "a ring announcement has {RING_ANNOUNCE_LEN} bytes, not {}",
+                frame.len()
+            ),
+        }));
+    }
+    let peer_session = u64::from_le_bytes(frame[8..16].try_into().expect("8 bytes"));
+    if peer_session != session_hash {
+        return Some(Err(ShmError::BadDescriptor {
+            reason: "the peer belongs to another shmem session (check --session on both ends)"
+                .to_owned(),
+        }));
+    }
+    let decoded = decode_block_ref(&frame[16..16 + BLOCK_REF_LEN]).and_then(|(segment, range)| {
+        let mut reader = Reader {
+            bytes: &frame[16 + BLOCK_REF_LEN..],
+            at: 0,
+        };
+        let delivery = DeliveryRef {
+            segment: reader.object()?,
+            slot: reader.u32()?,
+        };
+        Ok(RingAnnounce {
+            segment,
+            range,
+            delivery,
+        })
+    });
+    Some(decoded)
+}
+
 /// Bytes before the first record.
 pub const FRAME_HEADER_LEN: usize = 32;
 
@@ -330,6 +437,34 @@ pub fn decode_into(frame: &[u8], session_hash: u64, decoded: &mut Frame) -> Resu
         });
     }
     decoded.delivery = delivery;
+    decode_records(&mut reader, n_records, decoded)?;
+    if reader.at != frame.len() {
+        return Err(ShmError::BadDescriptor {
+            reason: format!(
+                "{} stray bytes after the last record",
+                frame.len() - reader.at
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The hash that identifies a session on the wire.
+pub fn session_hash(uid: u32, session: &str) -> u64 {
+    format!("{uid}/{session}")
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+/// Decodes `n_records` records from `reader` into `decoded`'s parts.
+fn decode_records(
+    reader: &mut Reader<'_>,
+    n_records: usize,
+    decoded: &mut Frame,
+) -> Result<(), ShmError> {
+    let frame_len = reader.bytes.len();
     let Frame {
         parts, record_lens, ..
     } = decoded;
@@ -337,7 +472,7 @@ pub fn decode_into(frame: &[u8], session_hash: u64, decoded: &mut Frame) -> Resu
     parts.reserve(n_records);
     for _ in 0..n_records {
         let n_parts = reader.u32()? as usize;
-        if n_parts > frame.len() {
+        if n_parts > frame_len {
             return Err(ShmError::BadDescriptor {
                 reason: format!("{n_parts} parts cannot fit in the frame"),
             });
@@ -367,24 +502,33 @@ pub fn decode_into(frame: &[u8], session_hash: u64, decoded: &mut Frame) -> Resu
             parts.push(part);
         }
     }
-    if reader.at != frame.len() {
-        return Err(ShmError::BadDescriptor {
-            reason: format!(
-                "{} stray bytes after the last record",
-                frame.len() - reader.at
-            ),
-        });
-    }
     Ok(())
 }
 
-/// The hash that identifies a session on the wire.
-pub fn session_hash(uid: u32, session: &str) -> u64 {
-    format!("{uid}/{session}")
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-        })
+/// Decodes one record (as [`append_record`] wrote it, without a frame around it: a ring entry)
+/// of the sender counting at `delivery` into `decoded`, whose vectors are cleared and reused.
+///
+/// # Errors
+/// [`ShmError::BadDescriptor`] for a truncated or malformed record, or bytes after it.
+pub fn decode_record_into(
+    record: &[u8],
+    delivery: DeliveryRef,
+    decoded: &mut Frame,
+) -> Result<(), ShmError> {
+    decoded.parts.clear();
+    decoded.record_lens.clear();
+    decoded.delivery = delivery;
+    let mut reader = Reader {
+        bytes: record,
+        at: 0,
+    };
+    decode_records(&mut reader, 1, decoded)?;
+    if reader.at != record.len() {
+        return Err(ShmError::BadDescriptor {
+            reason: format!("{} stray bytes after the record", record.len() - reader.at),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -846,6 +846,8 @@ fn allocator_stress() -> Result<()> {
         }
         ensure!(dropper.line().await? == "DONE", "remote frees done");
         dropper.success().await?;
+        // The push's descriptor ring is a block too, released when the push closes.
+        push.close().await?;
         let (free, referenced) = transport.collect().await?;
         ensure!(referenced == 0, "{referenced} blocks still referenced");
         ensure!(
@@ -1016,11 +1018,24 @@ fn close_without_receiver() -> Result<()> {
         tokio::time::timeout(STEP, pull.receive()).await??;
         pull.close().await?;
         drop(pull);
-        // Queued with nobody to take them: closing must give up after linger, not hang.
+        // With nobody to take them, sends wait for a peer (accepted only while the push has not
+        // yet seen its receiver go) and time out handing the message back; closing then must
+        // give up after linger, not hang.
         for _ in 0..10 {
-            push.send(transport.new_message(4096).await?)
+            match push
+                .send_timeout(
+                    transport.new_message(4096).await?,
+                    Duration::from_millis(50),
+                )
                 .await
-                .map_err(|failed| failed.error)?;
+            {
+                Ok(()) => {}
+                Err(failed) => ensure!(
+                    matches!(failed.error, ferromq_core::Error::Timeout { .. }),
+                    "{}",
+                    failed.error
+                ),
+            }
         }
         let closed = tokio::time::timeout(Duration::from_secs(10), push.close()).await;
         ensure!(closed.is_ok(), "close hung with no receiver");

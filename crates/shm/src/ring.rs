@@ -1,0 +1,650 @@
+//! Descriptor rings: how a shmem push hands descriptors to a pull on the same host without a
+//! socket operation per message.
+//!
+//! A push makes one ring per connection, in a block of its own segment, and announces it to
+//! that peer alone over the zeromq metadata connection (ferromq's own ZMTP push writes a frame
+//! to one connection: `ferromq_zmq::PeerLink`). From then on every record for that peer is a
+//! descriptor frame written into the ring: single producer (the push, under its outbox lock),
+//! single consumer (the pull that adopted the announcement). Nothing else travels over zeromq
+//! for it but a **doorbell**: a consumer with nothing to take raises its `sleeping` word before
+//! it waits on its socket; a producer that finds the word raised after publishing takes it down
+//! and sends one empty descriptor frame to that peer. A consumer that keeps up or spins is never
+//! woken by a syscall, and a busy-polled one never raises the word.
+//!
+//! # Layout (in the block's data, offsets from its start)
+//! ```text
+//! 0    tail u64      bytes ever written (producer; release)
+//! 64   head u64      bytes ever taken (consumer; release)
+//! 128  sleeping u32  1: the consumer waits on its socket and wants a doorbell
+//! 132  closed u32    1: the producer writes nothing more
+//! 136  consumer u32  pid of the process that adopted the ring (0 before)
+//! 140  hungry u32    1: the consumer looked and found nothing (it wants entries published)
+//! 256  data          RING_DATA bytes: entries at offsets that are multiples of 8
+//! entry := len u32 | kind u32 | len bytes | padding to 8      (kind 0: a record;
+//!          len u32::MAX: the rest up to the end is skipped    kind 1: a block holding one)
+//! ```
+//! Head and tail each have a cache line, so the producer's writes and the consumer's never
+//! share one; each side reads the other's counter only when its own copy says full or empty.
+//!
+//! # Trust
+//! A ring's memory can be written by a broken peer at any time. The consumer copies an entry
+//! out (`Segment::copy_out`, no reference to shared bytes) before decoding it, checks every
+//! length against the ring, and refuses counters that would put more than the ring in flight;
+//! the frame inside is decoded and checked like one from a socket.
+//!
+//! # Peer death and drop
+//! The ring's block holds two references, the producer's and the consumer's, each dropped by
+//! its side's handle; the owner reclaims it when both are gone. A consumer that dies leaves its
+//! reference (the block leaks until the session's memory is removed) and the records in the
+//! ring are counted as not taken by the sender (`delivery.rs`). A producer that exits leaves
+//! the ring readable: its segment outlives it while a process of the session lives
+//! (`cleanup.rs`), so a stalled consumer still takes everything after it resumes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::error::ShmError;
+use crate::managed::ShmBuffer;
+use crate::segment::Segment;
+use crate::wire::DeliveryRef;
+
+/// Bytes of entries one ring holds.
+pub(crate) const RING_DATA: usize = 256 << 10;
+/// Bytes before the entries.
+const CONTROL: usize = 256;
+/// The size of a ring's block.
+pub(crate) const RING_BLOCK: usize = CONTROL + RING_DATA;
+/// The largest record written into the ring itself; a larger one goes into a block of its
+/// own, which the entry names.
+pub(crate) const MAX_INLINE_ENTRY: usize = RING_DATA / 8;
+
+const TAIL: usize = 0;
+const HEAD: usize = 64;
+const SLEEPING: usize = 128;
+const CLOSED: usize = 132;
+const CONSUMER: usize = 136;
+const HUNGRY: usize = 140;
+/// Entries a producer writes at most before it publishes them to a consumer that is busy.
+const PUBLISH_EVERY: u32 = 32;
+/// Empty looks in a row after which a consumer asks for every entry at once.
+const HUNGRY_AFTER: u32 = 32;
+const ENTRY_HEADER: usize = 8;
+const SKIP: u32 = u32::MAX;
+
+/// What an entry holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EntryKind {
+    /// A record (`wire::append_record`): one message of the ring's sender.
+    Record = 0,
+    /// A block's reference and range (`wire::encode_block_ref`) holding a record.
+    Indirect = 1,
+}
+
+fn padded(len: usize) -> usize {
+    len.div_ceil(8) * 8
+}
+
+/// The ring's words and bytes in its block.
+struct RingMemory {
+    segment: Arc<Segment>,
+    /// Offset of the block's data in the segment.
+    base: usize,
+}
+
+impl RingMemory {
+    fn u64_at(&self, at: usize) -> &AtomicU64 {
+        self.segment
+            .atomic_u64(self.base + at)
+            .expect("a ring's block lies inside its segment")
+    }
+
+    fn u32_at(&self, at: usize) -> &AtomicU32 {
+        self.segment
+            .atomic_u32(self.base + at)
+            .expect("a ring's block lies inside its segment")
+    }
+
+    fn data(&self, position: u64) -> usize {
+        self.base + CONTROL + (position % RING_DATA as u64) as usize
+    }
+}
+
+/// The writing end, held by the push under its outbox lock.
+pub(crate) struct RingProducer {
+    memory: RingMemory,
+    /// The producer's reference to the block.
+    block: ShmBuffer,
+    tail: u64,
+    /// The consumer's head as last read: the ring is full only if it is full by this.
+    known_head: u64,
+    /// Entries written since the tail was last published.
+    n_unpublished: u32,
+}
+
+/// What [`RingProducer::push`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pushed {
+    /// No room now.
+    Full,
+    /// Written and published.
+    Published(Wake),
+    /// Written, not yet published: the first such entry since the last publication (the
+    /// producer must see that `publish` runs soon) or a later one.
+    Unpublished { first: bool },
+}
+
+/// Whether the consumer must get a doorbell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Wake(pub(crate) bool);
+
+impl RingProducer {
+    /// A ring in `block` (at least [`RING_BLOCK`] bytes, this process's own), empty.
+    pub(crate) fn new(block: ShmBuffer) -> RingProducer {
+        assert!(
+            block.block_capacity() >= RING_BLOCK,
+            "a ring's block holds the ring"
+        );
+        let memory = RingMemory {
+            segment: Arc::clone(block.segment()),
+            base: block.data_offset(),
+        };
+        memory.u64_at(HEAD).store(0, Ordering::Relaxed);
+        memory.u32_at(SLEEPING).store(0, Ordering::Relaxed);
+        memory.u32_at(CLOSED).store(0, Ordering::Relaxed);
+        memory.u32_at(CONSUMER).store(0, Ordering::Relaxed);
+        memory.u32_at(HUNGRY).store(1, Ordering::Relaxed);
+        // Release: whoever reads the announcement (sent after this) sees the ring initialised.
+        memory.u64_at(TAIL).store(0, Ordering::Release);
+        RingProducer {
+            memory,
+            block,
+            tail: 0,
+            known_head: 0,
+            n_unpublished: 0,
+        }
+    }
+
+    /// The block, to announce (with a reference added for the consumer).
+    pub(crate) fn block(&self) -> &ShmBuffer {
+        &self.block
+    }
+
+    /// Writes one entry of `kind` holding `bytes`, or says the ring is full. An entry of more
+    /// than [`MAX_INLINE_ENTRY`] bytes is refused as full forever: the caller puts it in a block.
+    pub(crate) fn push(&mut self, kind: EntryKind, bytes: &[u8]) -> Pushed {
+        debug_assert!(bytes.len() <= MAX_INLINE_ENTRY);
+        let need = (ENTRY_HEADER + padded(bytes.len())) as u64;
+        let to_end = RING_DATA as u64 - self.tail % RING_DATA as u64;
+        let skip = if to_end < need { to_end } else { 0 };
+        let room = |head: u64, tail: u64| RING_DATA as u64 - (tail - head);
+        if room(self.known_head, self.tail) < skip + need {
+            self.known_head = self.memory.u64_at(HEAD).load(Ordering::Acquire);
+            if room(self.known_head, self.tail) < skip + need {
+                return Pushed::Full;
+            }
+        }
+        let mut at = self.tail;
+        if skip > 0 {
+            self.write(at, &SKIP.to_le_bytes());
+            at += skip;
+        }
+        let mut header = [0u8; ENTRY_HEADER];
+        header[..4].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
+        header[4..].copy_from_slice(&(kind as u32).to_le_bytes());
+        self.write(at, &header);
+        self.write(at + ENTRY_HEADER as u64, bytes);
+        self.tail = at + need;
+        self.n_unpublished += 1;
+        // A consumer that looked and found nothing gets it at once; a busy one a run of
+        // entries at a time (see the module docs).
+        if self.n_unpublished >= PUBLISH_EVERY
+            || self.memory.u32_at(HUNGRY).load(Ordering::Relaxed) == 1
+        {
+            return Pushed::Published(self.publish());
+        }
+        Pushed::Unpublished {
+            first: self.n_unpublished == 1,
+        }
+    }
+
+    /// Makes every entry written so far visible to the consumer; whether it must get a
+    /// doorbell (it waits on its socket).
+    pub(crate) fn publish(&mut self) -> Wake {
+        if self.n_unpublished == 0 {
+            return Wake(false);
+        }
+        self.n_unpublished = 0;
+        self.memory.u64_at(TAIL).store(self.tail, Ordering::Release);
+        // Pairs with the consumer's fence in `RingConsumer::wait_for_doorbell`: either it sees
+        // this tail, or this sees its raised word.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let sleeping = self.memory.u32_at(SLEEPING);
+        Wake(sleeping.load(Ordering::Relaxed) == 1 && sleeping.swap(0, Ordering::AcqRel) == 1)
+    }
+
+    fn write(&self, position: u64, bytes: &[u8]) {
+        // SAFETY: `position .. + len` lies between the tail and the head plus the ring's size
+        // (checked by `push`), which only the producer writes, and it is never split by the
+        // end (an entry that would be is preceded by a skip). No slice over the ring's bytes
+        // exists in this process: the block's handle is never read as bytes.
+        unsafe {
+            self.memory
+                .segment
+                .copy_in(self.memory.data(position), bytes)
+        }
+        .expect("a ring's block lies inside its segment");
+    }
+
+    /// Whether an entry of `entry_len` bytes would fit now, wherever the ring's end falls.
+    pub(crate) fn has_room(&self, entry_len: usize) -> bool {
+        let need = (ENTRY_HEADER + padded(entry_len)) as u64;
+        let head = self.memory.u64_at(HEAD).load(Ordering::Acquire);
+        RING_DATA as u64 - (self.tail - head) >= 2 * need
+    }
+
+    /// Publishes what is written and tells the consumer nothing more comes; what is in the
+    /// ring is still taken. Whether the consumer must get a doorbell.
+    pub(crate) fn close(&mut self) -> Wake {
+        let wake = self.publish();
+        self.memory.u32_at(CLOSED).store(1, Ordering::Release);
+        wake
+    }
+}
+
+impl Drop for RingProducer {
+    fn drop(&mut self) {
+        // The owner rang the doorbell of whatever its close published (`ConnectionRing`).
+        let _ = self.close();
+    }
+}
+
+/// The reading end, held by the pull that adopted the ring.
+pub(crate) struct RingConsumer {
+    memory: RingMemory,
+    /// The consumer's reference to the block, released when the ring is dropped.
+    _block: ShmBuffer,
+    head: u64,
+    /// The producer's tail as last read.
+    known_tail: u64,
+    /// Where the entry returned by the last `peek` ends.
+    peeked_end: Option<u64>,
+    /// The sender's counter, which every record of the ring counts at.
+    delivery: DeliveryRef,
+    /// The `hungry` word as this consumer last wrote it.
+    hungry: bool,
+    /// Looks in a row that found the ring empty.
+    n_empty_looks: u32,
+}
+
+impl RingConsumer {
+    /// Adopts the ring in `block` (its reference came with the announcement).
+    ///
+    /// # Errors
+    /// [`ShmError::BadDescriptor`] for a block too small to be a ring.
+    pub(crate) fn adopt(block: ShmBuffer, delivery: DeliveryRef) -> Result<RingConsumer, ShmError> {
+        if block.block_capacity() < RING_BLOCK {
+            return Err(ShmError::BadDescriptor {
+                reason: format!(
+                    "a descriptor ring needs {RING_BLOCK} bytes, the announced block has {}",
+                    block.block_capacity()
+                ),
+            });
+        }
+        let memory = RingMemory {
+            segment: Arc::clone(block.segment()),
+            base: block.data_offset(),
+        };
+        let head = memory.u64_at(HEAD).load(Ordering::Acquire);
+        memory
+            .u32_at(CONSUMER)
+            .store(std::process::id(), Ordering::Release);
+        Ok(RingConsumer {
+            memory,
+            _block: block,
+            head,
+            known_tail: head,
+            peeked_end: None,
+            delivery,
+            // As the producer starts the word: a new consumer wants its first entry at once.
+            hungry: true,
+            n_empty_looks: 0,
+        })
+    }
+
+    /// The sender's counter the ring's records count at.
+    pub(crate) fn delivery(&self) -> DeliveryRef {
+        self.delivery
+    }
+
+    fn corrupt(&self, what: String) -> ShmError {
+        ShmError::BadDescriptor {
+            reason: format!(
+                "descriptor ring in {} at {}: {what}",
+                self.memory.segment.name(),
+                self.memory.base
+            ),
+        }
+    }
+
+    /// Whether an entry waits, reading the producer's tail only when the last one read says
+    /// the ring is empty.
+    pub(crate) fn has_entries(&mut self) -> bool {
+        if self.head == self.known_tail {
+            self.known_tail = self.memory.u64_at(TAIL).load(Ordering::Acquire);
+        }
+        let empty = self.head == self.known_tail;
+        self.n_empty_looks = if empty { self.n_empty_looks + 1 } else { 0 };
+        // Hungry only after a few empty looks: a consumer that keeps up with a stream takes
+        // runs of entries the producer has finished with, instead of reading each line while
+        // the producer still writes it.
+        if !empty {
+            self.set_hungry(false);
+        } else if self.n_empty_looks >= HUNGRY_AFTER {
+            self.set_hungry(true);
+        }
+        !empty
+    }
+
+    /// Writes the `hungry` word, only when it changes: the producer reads it with every entry.
+    fn set_hungry(&mut self, hungry: bool) {
+        if hungry != self.hungry {
+            self.hungry = hungry;
+            self.memory
+                .u32_at(HUNGRY)
+                .store(u32::from(hungry), Ordering::Relaxed);
+        }
+    }
+
+    /// Copies the next entry into `into` (replacing its contents) and says what it holds;
+    /// `None` when the ring is empty. The entry stays in the ring until [`RingConsumer::consume`].
+    ///
+    /// # Errors
+    /// [`ShmError::BadDescriptor`] when the ring's counters or the entry's length are impossible.
+    pub(crate) fn peek(&mut self, into: &mut Vec<u8>) -> Result<Option<EntryKind>, ShmError> {
+        loop {
+            if !self.has_entries() {
+                return Ok(None);
+            }
+            let in_flight = self.known_tail.wrapping_sub(self.head);
+            if in_flight > RING_DATA as u64 || !in_flight.is_multiple_of(8) {
+                return Err(self.corrupt(format!(
+                    "head {} and tail {} are impossible",
+                    self.head, self.known_tail
+                )));
+            }
+            let mut header = [0u8; ENTRY_HEADER];
+            self.read(self.head, &mut header);
+            let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes"));
+            let to_end = RING_DATA as u64 - self.head % RING_DATA as u64;
+            if len == SKIP {
+                if to_end > in_flight {
+                    return Err(self.corrupt("a skip passes the tail".to_owned()));
+                }
+                self.head += to_end;
+                self.memory.u64_at(HEAD).store(self.head, Ordering::Release);
+                continue;
+            }
+            let need = (ENTRY_HEADER + padded(len as usize)) as u64;
+            if need > to_end || need > in_flight {
+                return Err(self.corrupt(format!("an entry of {len} bytes does not fit")));
+            }
+            let kind = match u32::from_le_bytes(header[4..].try_into().expect("4 bytes")) {
+                0 => EntryKind::Record,
+                1 => EntryKind::Indirect,
+                other => return Err(self.corrupt(format!("unknown entry kind {other}"))),
+            };
+            into.clear();
+            into.resize(len as usize, 0);
+            self.read(self.head + ENTRY_HEADER as u64, into);
+            self.peeked_end = Some(self.head + need);
+            return Ok(Some(kind));
+        }
+    }
+
+    /// Frees the entry the last [`RingConsumer::peek`] returned.
+    pub(crate) fn consume(&mut self) {
+        if let Some(end) = self.peeked_end.take() {
+            self.head = end;
+            self.memory.u64_at(HEAD).store(self.head, Ordering::Release);
+        }
+    }
+
+    fn read(&self, position: u64, into: &mut [u8]) {
+        self.memory
+            .segment
+            .copy_out(self.memory.data(position), into)
+            .expect("a ring's block lies inside its segment");
+    }
+
+    /// Raises the `sleeping` word before the consumer waits on its socket; false (and nothing
+    /// to wait for) when an entry came meanwhile. With the word raised, the producer's next
+    /// entry sends a doorbell.
+    pub(crate) fn wait_for_doorbell(&mut self) -> bool {
+        self.set_hungry(true);
+        self.memory.u32_at(SLEEPING).store(1, Ordering::SeqCst);
+        // Pairs with the producer's fence after publishing its tail.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        !self.has_entries()
+    }
+
+    /// The producer closed the ring and everything in it was taken.
+    pub(crate) fn is_finished(&mut self) -> bool {
+        self.memory.u32_at(CLOSED).load(Ordering::Acquire) == 1 && !self.has_entries()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::managed::OwnedSegment;
+    use crate::names::{ObjectKind, ObjectName, current_uid};
+    use crate::wire::{ObjectRef, WireRange};
+
+    /// A segment of this test's own with a ring in it, and the consumer's end adopted as a
+    /// pull would from the announcement.
+    struct Fixture {
+        name: ObjectName,
+        _owned: Arc<OwnedSegment>,
+        producer: RingProducer,
+        consumer: RingConsumer,
+    }
+
+    impl Fixture {
+        fn new(tag: u32) -> Fixture {
+            let name = ObjectName::new(
+                current_uid(),
+                &format!("ring-test-{}-{tag}", std::process::id()),
+                ObjectKind::Segment,
+                std::process::id(),
+                0,
+            );
+            let segment = Segment::create(name.clone(), 4 << 20).unwrap();
+            let owned = Arc::new(OwnedSegment::new(segment));
+            let producer = RingProducer::new(owned.allocate_long_lived(RING_BLOCK).unwrap());
+            producer.block().add_references(1);
+            let (block, _) = ShmBuffer::adopt_block(
+                Arc::clone(owned.segment()),
+                WireRange {
+                    offset: producer.block().data_offset() as u64,
+                    size: RING_BLOCK as u64,
+                },
+            )
+            .unwrap();
+            let delivery = DeliveryRef {
+                segment: ObjectRef::of(&name),
+                slot: 3,
+            };
+            let consumer = RingConsumer::adopt(block, delivery).unwrap();
+            Fixture {
+                name,
+                _owned: owned,
+                producer,
+                consumer,
+            }
+        }
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            let _ = Segment::remove(&self.name);
+        }
+    }
+
+    fn entry_bytes(seq: u64, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|byte_idx| (seq.wrapping_mul(131).wrapping_add(byte_idx as u64) % 253) as u8)
+            .collect()
+    }
+
+    /// Issue 13 §2's property: whatever the sizes of the entries (empty to the largest one a
+    /// ring holds) and however the producer and consumer interleave, every entry arrives once,
+    /// whole and in order, across many wraps of the ring; a full ring refuses and never
+    /// overwrites. Several seeds, each with its own size mix and run length.
+    #[test]
+    fn entries_of_every_size_wrap_around_whole_and_in_order() {
+        for seed in 1..=4u64 {
+            let mut fixture = Fixture::new(seed as u32);
+            let Fixture {
+                producer, consumer, ..
+            } = &mut fixture;
+            let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let mut next = move || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state
+            };
+            let n_entries = 20_000u64;
+            let mut sizes = Vec::new();
+            let mut written = 0u64;
+            let mut taken = 0u64;
+            let mut entry = Vec::new();
+            let mut n_bytes = 0usize;
+            while taken < n_entries {
+                // The producer writes a run, publishing now and then; the consumer takes a run.
+                for _ in 0..next() % 64 {
+                    if written == n_entries {
+                        break;
+                    }
+                    let len = match next() % 16 {
+                        0 => MAX_INLINE_ENTRY,
+                        1 => 0,
+                        2..=4 => (next() % 4096) as usize,
+                        _ => (next() % 120) as usize,
+                    };
+                    let bytes = entry_bytes(written, len);
+                    match producer.push(EntryKind::Record, &bytes) {
+                        Pushed::Full => {
+                            let _ = producer.publish();
+                            break;
+                        }
+                        Pushed::Published(_) | Pushed::Unpublished { .. } => {
+                            sizes.push(len);
+                            n_bytes += len;
+                            written += 1;
+                        }
+                    }
+                }
+                if next() % 3 == 0 || written == n_entries {
+                    let _ = producer.publish();
+                }
+                for _ in 0..next() % 64 {
+                    match consumer.peek(&mut entry).unwrap() {
+                        None => break,
+                        Some(kind) => {
+                            assert_eq!(kind, EntryKind::Record);
+                            let expected = entry_bytes(taken, sizes[taken as usize]);
+                            assert!(entry == expected, "seed {seed}: entry {taken} differs");
+                            consumer.consume();
+                            taken += 1;
+                        }
+                    }
+                }
+            }
+            assert!(consumer.peek(&mut entry).unwrap().is_none());
+            assert!(
+                n_bytes > 8 * RING_DATA,
+                "seed {seed}: only {n_bytes} bytes went through the ring"
+            );
+        }
+    }
+
+    /// The doorbell protocol: a consumer about to wait gets exactly one doorbell from the next
+    /// publication, none while it is busy, and never waits with an entry published.
+    #[test]
+    fn a_waiting_consumer_is_rung_once_and_a_busy_one_never() {
+        let mut fixture = Fixture::new(10);
+        let Fixture {
+            producer, consumer, ..
+        } = &mut fixture;
+        let mut entry = Vec::new();
+        // A new ring's consumer is hungry: the first entry is published at once.
+        assert_eq!(
+            producer.push(EntryKind::Record, b"w"),
+            Pushed::Published(Wake(false))
+        );
+        assert_eq!(consumer.peek(&mut entry).unwrap(), Some(EntryKind::Record));
+        consumer.consume();
+        // Busy (it found an entry and has not looked again): published in runs, no doorbell.
+        for _ in 0..3 {
+            assert!(matches!(
+                producer.push(EntryKind::Record, b"x"),
+                Pushed::Unpublished { .. }
+            ));
+        }
+        assert_eq!(producer.publish(), Wake(false));
+        while consumer.peek(&mut entry).unwrap().is_some() {
+            consumer.consume();
+        }
+        // It waits: the next entry is published at once and rings it, once.
+        assert!(consumer.wait_for_doorbell());
+        assert_eq!(
+            producer.push(EntryKind::Record, b"y"),
+            Pushed::Published(Wake(true))
+        );
+        assert_eq!(
+            producer.push(EntryKind::Record, b"z"),
+            Pushed::Published(Wake(false))
+        );
+        // An entry published before it asks: it does not wait.
+        assert!(!consumer.wait_for_doorbell());
+        assert_eq!(consumer.peek(&mut entry).unwrap(), Some(EntryKind::Record));
+        assert_eq!(entry, b"y");
+        // A closed ring is finished only once it is empty.
+        assert_eq!(producer.close(), Wake(false));
+        consumer.consume();
+        assert!(!consumer.is_finished());
+        assert!(consumer.peek(&mut entry).unwrap().is_some());
+        consumer.consume();
+        assert!(consumer.is_finished());
+    }
+
+    /// A broken producer cannot make the consumer read past the ring: impossible counters and
+    /// entry lengths are errors naming the ring.
+    #[test]
+    fn impossible_counters_and_lengths_are_errors() {
+        let mut entry = Vec::new();
+        let mut fixture = Fixture::new(20);
+        let memory = RingMemory {
+            segment: Arc::clone(fixture.producer.block().segment()),
+            base: fixture.producer.block().data_offset(),
+        };
+        memory
+            .u64_at(TAIL)
+            .store(RING_DATA as u64 + 8, Ordering::Release);
+        let error = fixture.consumer.peek(&mut entry).unwrap_err().to_string();
+        assert!(error.contains("impossible"), "{error}");
+        // An entry whose length passes the tail, forged through the ring's own writer.
+        let mut fixture = Fixture::new(21);
+        assert_ne!(
+            fixture.producer.push(EntryKind::Record, &[1; 16]),
+            Pushed::Full
+        );
+        let mut header = [0u8; ENTRY_HEADER];
+        header[..4].copy_from_slice(&4096u32.to_le_bytes());
+        fixture.producer.write(0, &header);
+        let _ = fixture.producer.publish();
+        let error = fixture.consumer.peek(&mut entry).unwrap_err().to_string();
+        assert!(error.contains("does not fit"), "{error}");
+    }
+}
