@@ -271,8 +271,8 @@ impl PushState {
         true
     }
 
-    /// One record as a ring entry, into the next ring with room: a descriptor frame of one
-    /// record, or, when that is larger than a ring entry may be, a block holding the frame.
+    /// One record as a ring entry, into the next ring with room: the record itself, or, when
+    /// it is larger than a ring entry may be, a block holding it.
     fn offer_to_a_ring(&self, outbox: &mut Outbox, record: &[PartRef]) -> bool {
         let mut entry = std::mem::take(&mut outbox.entry);
         entry.clear();
@@ -1623,13 +1623,22 @@ fn decode_frame(
     seen: &[(ObjectKind, ObjectRef)],
 ) -> std::result::Result<Vec<(ObjectKind, ObjectRef)>, crate::error::ShmError> {
     wire::decode_into(frame, session_hash, decoded)?;
+    Ok(unseen_objects(decoded, seen))
+}
+
+/// The objects `decoded` names that are not among `seen`, each once (an empty list allocates
+/// nothing).
+fn unseen_objects(
+    decoded: &wire::Frame,
+    seen: &[(ObjectKind, ObjectRef)],
+) -> Vec<(ObjectKind, ObjectRef)> {
     let mut unseen = Vec::new();
     for object in decoded.objects() {
         if !seen.contains(&object) && !unseen.contains(&object) {
             unseen.push(object);
         }
     }
-    Ok(unseen)
+    unseen
 }
 
 impl ShmSocket {
@@ -1774,12 +1783,7 @@ impl ShmSocket {
             }
         };
         wire::decode_record_into(&self.entry, delivery, &mut self.decoded).map_err(failed)?;
-        let mut unseen = Vec::new();
-        for object in self.decoded.objects() {
-            if !self.seen_memory.contains(&object) && !unseen.contains(&object) {
-                unseen.push(object);
-            }
-        }
+        let unseen = unseen_objects(&self.decoded, &self.seen_memory);
         if !unseen.is_empty() {
             return Ok(FromRings::NeedsMapping(unseen));
         }
