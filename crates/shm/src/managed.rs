@@ -93,24 +93,11 @@ impl OwnedSegment {
         // A recycled block of this size first; released blocks are reclaimed (which refills
         // the cache) only when it has none, so the receivers' reference counts are read in
         // runs, not one cache miss per allocation.
-        let mut from_cache = true;
-        let header_offset = match state.allocator.take_cached(total) {
-            Some(offset) => offset,
-            None => {
-                from_cache = false;
-                self.reclaim(&mut state, false);
-                match state.allocator.allocate(total) {
-                    Some(offset) => offset,
-                    None => {
-                        self.reclaim(&mut state, true);
-                        state.allocator.allocate(total)?
-                    }
-                }
-            }
+        let (header_offset, from_cache) = match state.allocator.take_cached(total) {
+            Some(offset) => (offset, true),
+            None => (self.reclaim_and_allocate(&mut state, total)?, false),
         };
-        let block = block_at(&self.segment, header_offset)
-            .expect("allocated blocks lie inside the segment");
-        block.publish(capacity as u64);
+        self.publish_block(header_offset, capacity);
         state.outstanding.push_back((header_offset, total));
         // A recycled range leaves the largest free range as it was unless it was the last of
         // its size: then only the counts change (the tree lookup was 1-2 % of the sender).
@@ -120,11 +107,7 @@ impl OwnedSegment {
             self.publish_usage(&state);
         }
         drop(state);
-        Some(ShmBuffer::new_block(
-            Arc::clone(&self.segment),
-            header_offset + BLOCK_ALIGN,
-            capacity,
-        ))
+        Some(self.handle(header_offset, capacity))
     }
 
     /// A block that will live as long as a socket (a descriptor ring), from the free ranges
@@ -133,25 +116,41 @@ impl OwnedSegment {
         let capacity = align_up(size);
         let total = capacity + BLOCK_ALIGN;
         let mut state = self.state.lock().expect("allocator lock poisoned");
-        self.reclaim(&mut state, false);
-        let header_offset = match state.allocator.allocate(total) {
-            Some(offset) => offset,
-            None => {
-                self.reclaim(&mut state, true);
-                state.allocator.allocate(total)?
-            }
-        };
-        let block = block_at(&self.segment, header_offset)
-            .expect("allocated blocks lie inside the segment");
-        block.publish(capacity as u64);
+        let header_offset = self.reclaim_and_allocate(&mut state, total)?;
+        self.publish_block(header_offset, capacity);
         state.long_lived.push((header_offset, total));
         self.publish_usage(&state);
         drop(state);
-        Some(ShmBuffer::new_block(
+        Some(self.handle(header_offset, capacity))
+    }
+
+    /// `total` bytes from the free ranges, after reclaiming the oldest released blocks, or
+    /// every released block when that is not enough.
+    fn reclaim_and_allocate(&self, state: &mut OwnerState, total: usize) -> Option<usize> {
+        self.reclaim(state, false);
+        match state.allocator.allocate(total) {
+            Some(offset) => Some(offset),
+            None => {
+                self.reclaim(state, true);
+                state.allocator.allocate(total)
+            }
+        }
+    }
+
+    /// Makes the block at `header_offset` live with one reference.
+    fn publish_block(&self, header_offset: usize, capacity: usize) {
+        block_at(&self.segment, header_offset)
+            .expect("allocated blocks lie inside the segment")
+            .publish(capacity as u64);
+    }
+
+    /// The handle of the block just published at `header_offset`.
+    fn handle(&self, header_offset: usize, capacity: usize) -> ShmBuffer {
+        ShmBuffer::new_block(
             Arc::clone(&self.segment),
             header_offset + BLOCK_ALIGN,
             capacity,
-        ))
+        )
     }
 
     /// Frees blocks nobody references: the oldest ones in order, or all of them when `everything`.
