@@ -453,7 +453,9 @@ impl Segment {
             .collect()
     }
 
-    fn detach(&self) {
+    /// Takes this process out of the object's attach table (idempotent; also done on drop):
+    /// it no longer counts as a user of the object, whatever handles it still holds.
+    pub(crate) fn detach(&self) {
         if !self.attached {
             return;
         }

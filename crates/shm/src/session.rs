@@ -512,6 +512,18 @@ impl Drop for Session {
                 })
                 .unwrap_or_default(),
         );
+        if let Some(owned) = self.own.get() {
+            mapped.push(Arc::clone(owned.segment()));
+        }
+        // This process leaves every object before it looks whether another process still
+        // uses one: of two processes that leave at the same instant, the one that looks last
+        // sees the other gone and removes the session's memory (looking first, both saw the
+        // other and neither removed it). The fence orders this process's leaving before its
+        // look, as the other's orders its own.
+        for segment in &mapped {
+            segment.detach();
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         drop(mapped);
         crate::cleanup::remove_session_if_unused(self.uid, &self.options.session);
     }
