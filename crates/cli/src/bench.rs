@@ -45,6 +45,10 @@ pub struct BenchOptions {
     /// Measure round-trip latency over req/rep instead of throughput.
     #[arg(long)]
     pub latency: bool,
+    /// With --latency: out over one push/pull channel and back over another instead of req/rep
+    /// (shmem's descriptor rings serve push/pull only).
+    #[arg(long = "push-pull", requires = "latency")]
+    pub push_pull: bool,
     /// Both ends spin on their receives instead of sleeping (channel option busyPoll).
     #[arg(long = "busy-poll")]
     pub busy_poll: bool,
@@ -288,6 +292,9 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
         if options.latency {
             command.arg("--latency");
         }
+        if options.push_pull {
+            command.arg("--push-pull");
+        }
         if options.busy_poll {
             command.arg("--busy-poll");
         }
@@ -301,7 +308,11 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
     let address = ready
         .and_then(|line| line.strip_prefix("READY ").map(str::to_owned))
         .context("receiver said no address")?;
-    let mut sender = common("sender").arg("--address").arg(&address).spawn()?;
+    // A push/pull round trip's receiver names both of its addresses: out, then back.
+    let mut sender = common("sender")
+        .arg("--address")
+        .args(address.split(' '))
+        .spawn()?;
     let mut sender_lines = BufReader::new(sender.stdout.take().expect("piped")).lines();
     let limit = Duration::from_secs_f64(options.duration * 3.0 + 60.0);
     let sender_report = tokio::time::timeout(limit, sender_lines.next_line())
@@ -323,11 +334,11 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
     let receiver_report: RoleReport = serde_json::from_str(&receiver_report)?;
     let msgs_per_s = receiver_report.n_msgs as f64 / receiver_report.seconds.max(1e-9);
     Ok(BenchResult {
-        transport: if options.busy_poll {
-            format!("{transport}+busy-poll")
-        } else {
-            transport.to_owned()
-        },
+        transport: format!(
+            "{transport}{}{}",
+            if options.push_pull { "+push-pull" } else { "" },
+            if options.busy_poll { "+busy-poll" } else { "" }
+        ),
         msg_size,
         msgs_per_s,
         gb_per_s: msgs_per_s * (msg_size * options.num_parts) as f64 / 1e9,
@@ -384,14 +395,17 @@ pub struct RoleOptions {
     session: String,
     #[arg(long)]
     dir: std::path::PathBuf,
-    #[arg(long)]
-    address: Option<String>,
+    /// Where the receiver bound: one address, or (a push/pull round trip) out and back.
+    #[arg(long, num_args = 1..=2)]
+    address: Vec<String>,
     #[arg(long = "same-msg")]
     same_msg: bool,
     #[arg(long)]
     touch: bool,
     #[arg(long)]
     latency: bool,
+    #[arg(long = "push-pull")]
+    push_pull: bool,
     #[arg(long = "busy-poll")]
     busy_poll: bool,
 }
@@ -423,6 +437,7 @@ async fn role(options: &RoleOptions) -> Result<RoleReport> {
         same_msg: options.same_msg,
         touch: options.touch,
         latency: options.latency,
+        push_pull: options.push_pull,
         busy_poll: options.busy_poll,
         json: true,
         shm_segment_size: options.shm_segment_size,
@@ -436,7 +451,7 @@ async fn role(options: &RoleOptions) -> Result<RoleReport> {
     )?;
     let warm_up = Duration::from_secs_f64((options.duration / 4.0).max(0.25));
     let measure = Duration::from_secs_f64(options.duration);
-    let (receiver_type, sender_type) = if options.latency {
+    let (receiver_type, sender_type) = if options.latency && !options.push_pull {
         (SocketType::Rep, SocketType::Req)
     } else {
         (SocketType::Pull, SocketType::Push)
@@ -453,6 +468,11 @@ async fn role(options: &RoleOptions) -> Result<RoleReport> {
         busy_poll: options.busy_poll,
         ..ChannelConfig::new("data", socket_type, method).with_address(address)
     };
+    // A push/pull round trip comes back over a second channel, bound by the receiver too.
+    let back_address = match address.strip_suffix(".ipc") {
+        Some(stem) => format!("{stem}-back.ipc"),
+        None => address.clone(),
+    };
     if options.role == "receiver" {
         let mut channel = Channel::open(
             transport.as_ref(),
@@ -461,24 +481,65 @@ async fn role(options: &RoleOptions) -> Result<RoleReport> {
         )
         .await?;
         let bound = channel.bind_configured().await?.for_local_connect();
-        println!("READY {bound}");
-        let report = receive(&mut channel, options, warm_up).await?;
+        let mut back = None;
+        if options.push_pull {
+            let mut channel = Channel::open(
+                transport.as_ref(),
+                config(SocketType::Push, Method::Bind, &back_address),
+                "back",
+            )
+            .await?;
+            let back_bound = channel.bind_configured().await?.for_local_connect();
+            println!("READY {bound} {back_bound}");
+            back = Some(channel);
+        } else {
+            println!("READY {bound}");
+        }
+        let report = receive(&mut channel, back.as_mut(), options, warm_up).await?;
         // Close in order: the last reply leaves before the process does.
+        if let Some(back) = &mut back {
+            back.close().await?;
+        }
         channel.close().await?;
         return Ok(report);
     }
-    let address = options
-        .address
-        .clone()
-        .context("the sender needs --address")?;
+    let (address, back_address) = match options.address.as_slice() {
+        [address] => (address, None),
+        [address, back] => (address, Some(back)),
+        _ => bail!("the sender needs --address"),
+    };
     let mut channel = Channel::open(
         transport.as_ref(),
-        config(sender_type, Method::Connect, &address),
+        config(sender_type, Method::Connect, address),
         "data",
     )
     .await?;
     channel.connect_configured().await?;
-    send(&mut channel, transport.as_ref(), options, warm_up, measure).await
+    let mut back = match back_address {
+        Some(back_address) => {
+            let mut back = Channel::open(
+                transport.as_ref(),
+                config(SocketType::Pull, Method::Connect, back_address),
+                "back",
+            )
+            .await?;
+            back.connect_configured().await?;
+            Some(back)
+        }
+        None => None,
+    };
+    let sent = send(
+        &mut channel,
+        back.as_mut(),
+        transport.as_ref(),
+        options,
+        (warm_up, measure),
+    )
+    .await;
+    if let Some(back) = &mut back {
+        back.close().await?;
+    }
+    sent
 }
 
 async fn make_parts(
@@ -508,10 +569,10 @@ fn end_marker(options: &RoleOptions) -> Parts {
 
 async fn send(
     channel: &mut Channel,
+    mut back: Option<&mut Channel>,
     transport: &dyn Transport,
     options: &RoleOptions,
-    warm_up: Duration,
-    measure: Duration,
+    (warm_up, measure): (Duration, Duration),
 ) -> Result<RoleReport> {
     // A transport with memory of its own sends from it; one shared heap buffer would be copied.
     let lends_memory = crate::built_in_transports()
@@ -549,7 +610,10 @@ async fn send(
             .await
             .map_err(|failed| failed.error)?;
         if options.latency {
-            channel.receive_parts().await?;
+            match back.as_deref_mut() {
+                Some(back) => back.receive_parts().await?,
+                None => channel.receive_parts().await?,
+            };
             if measure_start.is_some() {
                 round_trips_us.push(sent_at.elapsed().as_secs_f64() * 1e6);
             }
@@ -563,7 +627,10 @@ async fn send(
             .send_parts(end_marker(options))
             .await
             .map_err(|failed| failed.error)?;
-        channel.receive_parts().await?;
+        match back {
+            Some(back) => back.receive_parts().await?,
+            None => channel.receive_parts().await?,
+        };
     } else {
         channel
             .send_parts(end_marker(options))
@@ -594,6 +661,15 @@ fn read_every_byte(data: &[u8]) -> u64 {
     })
 }
 
+/// Sends a round trip's message back: over `back` (push/pull) or the channel it came by (rep).
+async fn answer(channel: &mut Channel, back: Option<&mut Channel>, parts: Parts) -> Result<()> {
+    back.unwrap_or(channel)
+        .send_parts(parts)
+        .await
+        .map_err(|failed| failed.error)?;
+    Ok(())
+}
+
 fn percentiles(samples: &mut [f64]) -> [f64; 3] {
     if samples.is_empty() {
         return [0.0; 3];
@@ -607,6 +683,7 @@ fn percentiles(samples: &mut [f64]) -> [f64; 3] {
 
 async fn receive(
     channel: &mut Channel,
+    mut back: Option<&mut Channel>,
     options: &RoleOptions,
     warm_up: Duration,
 ) -> Result<RoleReport> {
@@ -618,10 +695,7 @@ async fn receive(
         let parts = channel.receive_parts().await?;
         if parts.len() == options.num_parts + 1 {
             if options.latency {
-                channel
-                    .send_parts(parts)
-                    .await
-                    .map_err(|failed| failed.error)?;
+                answer(channel, back.as_deref_mut(), parts).await?;
             }
             break;
         }
@@ -633,10 +707,7 @@ async fn receive(
             }
         }
         if options.latency {
-            channel
-                .send_parts(parts)
-                .await
-                .map_err(|failed| failed.error)?;
+            answer(channel, back.as_deref_mut(), parts).await?;
         }
         if measure_start.is_none() && now.duration_since(first) >= warm_up {
             measure_start = Some((now, cpu_seconds()));

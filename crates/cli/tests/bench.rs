@@ -97,6 +97,46 @@ fn bench_latency_mode_reports_percentiles() {
     }
 }
 
+/// `--push-pull` measures the round trip over two push/pull channels (shmem's descriptor rings),
+/// for every transport, and says so in the result's transport.
+#[test]
+fn bench_latency_over_push_pull_reports_percentiles() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args(["bench", "--json", "--latency", "--push-pull"])
+        .args(["--duration", "0.5", "--msg-size", "64,65536"])
+        .args(["--transport", "shmem,zeromq-ipc,zeromq-tcp"])
+        .args(["--shm-segment-size", "268435456"])
+        .output()
+        .expect("run ferromq bench");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines = json_lines(&output);
+    assert_eq!(lines.len(), 6, "{lines:?}");
+    for value in lines {
+        assert!(
+            value["transport"].as_str().unwrap().ends_with("+push-pull"),
+            "{value}"
+        );
+        let percentiles = value["latency_us"].as_array().expect("percentiles");
+        let [p50, p99, p999] = [0, 1, 2].map(|idx| percentiles[idx].as_f64().unwrap());
+        assert!(0.0 < p50 && p50 <= p99 && p99 <= p999, "{value}");
+    }
+    // Without --latency it is refused, naming what it needs.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args(["bench", "--push-pull"])
+        .output()
+        .expect("run ferromq bench");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("--latency"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 #[test]
 fn bench_rpc_reports_every_mode_as_json() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
