@@ -66,8 +66,10 @@ const CONSUMER: usize = 136;
 const HUNGRY: usize = 140;
 /// Entries a producer writes at most before it publishes them to a consumer that is busy.
 const PUBLISH_EVERY: u32 = 32;
-/// Empty looks in a row after which a consumer asks for every entry at once.
+/// Empty looks in a row after which a consumer asks for every entry at once; a busy-polled
+/// consumer (it spins for latency, not throughput) asks at its first.
 const HUNGRY_AFTER: u32 = 32;
+const HUNGRY_AFTER_BUSY_POLLED: u32 = 1;
 const ENTRY_HEADER: usize = 8;
 const SKIP: u32 = u32::MAX;
 
@@ -274,6 +276,8 @@ pub(crate) struct RingConsumer {
     hungry: bool,
     /// Looks in a row that found the ring empty.
     n_empty_looks: u32,
+    /// Empty looks after which this consumer is hungry.
+    hungry_after: u32,
 }
 
 impl RingConsumer {
@@ -281,7 +285,11 @@ impl RingConsumer {
     ///
     /// # Errors
     /// [`ShmError::BadDescriptor`] for a block too small to be a ring.
-    pub(crate) fn adopt(block: ShmBuffer, delivery: DeliveryRef) -> Result<RingConsumer, ShmError> {
+    pub(crate) fn adopt(
+        block: ShmBuffer,
+        delivery: DeliveryRef,
+        busy_polled: bool,
+    ) -> Result<RingConsumer, ShmError> {
         if block.block_capacity() < RING_BLOCK {
             return Err(ShmError::BadDescriptor {
                 reason: format!(
@@ -308,6 +316,11 @@ impl RingConsumer {
             // As the producer starts the word: a new consumer wants its first entry at once.
             hungry: true,
             n_empty_looks: 0,
+            hungry_after: if busy_polled {
+                HUNGRY_AFTER_BUSY_POLLED
+            } else {
+                HUNGRY_AFTER
+            },
         })
     }
 
@@ -339,7 +352,7 @@ impl RingConsumer {
         // the producer still writes it.
         if !empty {
             self.set_hungry(false);
-        } else if self.n_empty_looks >= HUNGRY_AFTER {
+        } else if self.n_empty_looks >= self.hungry_after {
             self.set_hungry(true);
         }
         !empty
@@ -474,7 +487,7 @@ mod tests {
                 segment: ObjectRef::of(&name),
                 slot: 3,
             };
-            let consumer = RingConsumer::adopt(block, delivery).unwrap();
+            let consumer = RingConsumer::adopt(block, delivery, false).unwrap();
             Fixture {
                 name,
                 _owned: owned,

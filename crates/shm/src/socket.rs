@@ -1675,7 +1675,7 @@ impl ShmSocket {
         .await?;
         let adopted = self.session.segment(announced.segment).and_then(|mapped| {
             let (block, _) = ShmBuffer::adopt_block(mapped, announced.range)?;
-            RingConsumer::adopt(block, announced.delivery)
+            RingConsumer::adopt(block, announced.delivery, self.busy_poll)
         });
         adopted.map_err(|error| transport_error(&self.label, error))
     }
