@@ -169,6 +169,11 @@ impl Fixture {
     pub(crate) fn refuses(&self, socket_type: SocketType) -> bool {
         self.suite.is_refused(socket_type)
     }
+
+    /// Whether a channel of the transport serves one peer at a time, by design (ofi).
+    pub(crate) fn one_peer_per_channel(&self) -> bool {
+        self.suite.one_peer_per_channel
+    }
 }
 
 impl Drop for Fixture {

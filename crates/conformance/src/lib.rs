@@ -99,6 +99,7 @@ pub struct Suite {
     scheme: AddressScheme,
     make_transport: Arc<MakeTransport>,
     refused: Vec<SocketType>,
+    one_peer_per_channel: bool,
     cleanup: Option<Arc<Cleanup>>,
 }
 
@@ -116,6 +117,7 @@ impl Suite {
             scheme,
             make_transport: Arc::new(make_transport),
             refused: Vec::new(),
+            one_peer_per_channel: false,
             cleanup: None,
         }
     }
@@ -125,6 +127,14 @@ impl Suite {
     #[must_use]
     pub fn refusing(mut self, socket_types: &[SocketType]) -> Suite {
         self.refused.extend_from_slice(socket_types);
+        self
+    }
+
+    /// The transport's channels serve one peer at a time, by design (ofi): scenarios of several
+    /// peers on one channel (fan-in) run with one.
+    #[must_use]
+    pub fn one_peer_per_channel(mut self) -> Suite {
+        self.one_peer_per_channel = true;
         self
     }
 

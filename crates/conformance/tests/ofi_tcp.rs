@@ -1,6 +1,6 @@
 //! The conformance suite over the ofi transport on libfabric's tcp provider (loopback). ofi
 //! channels are one-to-one and carry no pub/sub, by design: the suite checks that pub/sub is
-//! refused with an error naming the channel.
+//! refused with an error naming the channel, and runs its fan-in scenario with one sender.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,5 +21,6 @@ fn main() {
         }))
     })
     .refusing(&[SocketType::Pub, SocketType::Sub])
+    .one_peer_per_channel()
     .run()
 }
