@@ -66,10 +66,10 @@ pub(crate) struct SentCounter {
 /// How long a full window is polled by yielding, without the receivers taking anything, before
 /// the sender sleeps between looks: a receiver that keeps taking is followed closely (sleeping
 /// a timer tick would leave it idle), a stalled one costs no CPU.
-const SPIN_FOR: Duration = Duration::from_micros(200);
+pub(crate) const SPIN_FOR: Duration = Duration::from_micros(200);
 /// How often (in messages sent) a sender refreshes the send-queue figure.
 const QUEUE_LOOK_EVERY: u64 = 256;
-const POLL_PAUSE: Duration = Duration::from_millis(1);
+pub(crate) const POLL_PAUSE: Duration = Duration::from_millis(1);
 
 impl SentCounter {
     /// Claims a slot of `owned`; `None` when all [`DELIVERY_COUNTERS`] are in use (the socket

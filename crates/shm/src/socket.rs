@@ -184,12 +184,11 @@ impl Outbox {
 
 /// Shared between a [`BatchedPush`] and its task.
 struct PushState {
-    session_hash: u64,
     delivery: DeliveryRef,
     /// For the blocks of ring entries too large for a ring.
     session: Arc<Session>,
-    /// A doorbell: a descriptor frame with no record.
-    doorbell: Vec<u8>,
+    /// A doorbell: a descriptor frame with no record (one, shared by every connection's ring).
+    doorbell: Arc<[u8]>,
     outbox: std::sync::Mutex<Outbox>,
     /// Records were put into an empty outbox.
     ready: tokio::sync::Notify,
@@ -221,7 +220,7 @@ fn empty_frame(session_hash: u64, delivery: DeliveryRef) -> Vec<u8> {
 
 impl PushState {
     fn empty_frame(&self) -> Vec<u8> {
-        empty_frame(self.session_hash, self.delivery)
+        empty_frame(self.session.hash, self.delivery)
     }
 
     /// Why the zeromq socket failed, if it did.
@@ -373,7 +372,7 @@ impl PushState {
                     // The consumer's reference travels with the announcement.
                     ring.block().add_references(1);
                     let announce = wire::encode_ring_announce(
-                        self.session_hash,
+                        self.session.hash,
                         wire::RingAnnounce {
                             segment: ObjectRef::of(ring.block().segment().name()),
                             range: WireRange {
@@ -387,7 +386,7 @@ impl PushState {
                     outbox.rings.push(ConnectionRing {
                         ring,
                         link,
-                        doorbell: Arc::from(self.doorbell.as_slice()),
+                        doorbell: Arc::clone(&self.doorbell),
                     });
                     outbox.carriage = Carriage::Rings;
                 }
@@ -434,10 +433,9 @@ impl BatchedPush {
         let session_hash = session.hash;
         let (commands, mut queue) = tokio::sync::mpsc::channel::<PushCommand>(4);
         let state = Arc::new(PushState {
-            session_hash,
             delivery,
             session,
-            doorbell: wire::frame_header(session_hash, delivery, 0),
+            doorbell: Arc::from(wire::frame_header(session_hash, delivery, 0)),
             outbox: std::sync::Mutex::new(Outbox {
                 sealed: VecDeque::new(),
                 open: empty_frame(session_hash, delivery),
@@ -650,7 +648,7 @@ async fn carrier_event(
 
 /// When a sender whose rings are full looks again: at once for the first 200 µs (a consumer
 /// that keeps up frees room within microseconds), then every millisecond, so a stalled
-/// consumer costs no CPU.
+/// consumer costs no CPU: the same rule as a full delivery window's (`delivery.rs`).
 struct RingLooks {
     since: tokio::time::Instant,
 }
@@ -664,15 +662,12 @@ impl Default for RingLooks {
 }
 
 impl RingLooks {
-    const SPIN: Duration = Duration::from_micros(200);
-    const PAUSE: Duration = Duration::from_millis(1);
-
     fn next(&self) -> tokio::time::Instant {
         let now = tokio::time::Instant::now();
-        if now - self.since < Self::SPIN {
+        if now - self.since < crate::delivery::SPIN_FOR {
             now
         } else {
-            now + Self::PAUSE
+            now + crate::delivery::POLL_PAUSE
         }
     }
 }
