@@ -1,15 +1,18 @@
 //! [`ShmSocket`]: a channel end of the shmem transport.
 //!
 //! Payloads stay in shared memory; their descriptors travel through a descriptor ring per
-//! push-to-pull connection (`ring.rs`), or as descriptor frames (see `wire.rs`) over zeromq.
+//! push-to-pull and publisher-to-subscriber connection (`ring.rs`), or as descriptor frames
+//! (see `wire.rs`) over zeromq (pair, req/rep).
 //! Push/pull, req/rep and pair use the zeromq transport's socket of the same pattern (push and
 //! pull ferromq's own ZMTP, whose push hands each connection to this socket so that it gets a
 //! ring; records then never touch the socket, which carries the ring's announcement and its
 //! doorbells). Pub/sub
 //! uses a zmq.rs ROUTER (publisher) and DEALERs (subscriber) instead of PUB/SUB, because the
 //! publisher must know exactly which subscribers get a block to count its references (zmq's PUB
-//! drops silently, which would leak the references of dropped copies). Like ZeroMQ's PUB, the
-//! publisher drops a message for a subscriber whose queue is full, and releases that reference.
+//! drops silently, which would leak the references of dropped copies); the ROUTER also names
+//! each subscriber's connection, which gets its ring and doorbells. Like ZeroMQ's PUB, the
+//! publisher drops a message for a subscriber whose ring (or queue) is full, and releases that
+//! reference.
 //!
 //! # Copies and allocation
 //! A message already in this session's shared memory travels as a descriptor: no copy. A heap
@@ -29,7 +32,7 @@ use ferromq_core::{
 };
 use ferromq_zmq::ZmqSocket;
 use ferromq_zmq::endpoint::{bind, connect_endpoint};
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
 use zeromq::{Socket as _, SocketRecv as _, SocketSend as _, ZmqMessage};
 
 use crate::delivery::{SentCounter, TakenCounter};
@@ -47,6 +50,9 @@ struct SubscriberPeer {
     identity: Bytes,
     /// Topic prefixes; `None` until the subscriber said (then it gets everything and filters).
     topics: Option<Vec<Vec<u8>>>,
+    /// The subscriber's descriptor ring (see `ring.rs`), announced when it connected; `None`
+    /// when this process's segment had no room for one: its records then travel in frames.
+    ring: Option<RingProducer>,
 }
 
 struct Publisher {
@@ -56,7 +62,20 @@ struct Publisher {
     /// Frames handed to zmq.rs and not yet written out: `close` waits for them (zmq.rs has no
     /// linger), so a publisher that exits right after sending loses nothing it handed over.
     in_flight: Arc<ferromq_zmq::InFlight>,
+    /// A doorbell for a subscriber's ring: a descriptor frame with no record.
+    doorbell: Bytes,
+    /// The entry being written into the rings (reused: no allocation per message).
+    entry: Vec<u8>,
+    /// Sends since subscription messages were last looked for, or since the clock was.
+    n_sends_since_subscriptions: u32,
+    /// When subscription messages were last looked for; `None`: at the next send.
+    subscriptions_looked_at: Option<std::time::Instant>,
 }
+
+/// A publisher looks at the clock every this many sends, and for subscription messages when
+/// `SUBSCRIPTIONS_PAUSE` passed since the last look (or a subscriber joined).
+const SUBSCRIPTIONS_EVERY: u32 = 64;
+const SUBSCRIPTIONS_PAUSE: Duration = Duration::from_millis(5);
 
 struct SubscriberSide {
     /// One DEALER per attach, so that each publisher hears this subscriber's topics.
@@ -274,34 +293,10 @@ impl PushState {
     /// it is larger than a ring entry may be, a block holding it.
     fn offer_to_a_ring(&self, outbox: &mut Outbox, record: &[PartRef]) -> bool {
         let mut entry = std::mem::take(&mut outbox.entry);
-        entry.clear();
-        wire::append_record(&mut entry, record);
-        let mut indirect = None;
-        if entry.len() > MAX_INLINE_ENTRY {
-            // Rare (a message of thousands of parts): its record gets a block of its own.
-            let Ok(mut block) = self.session.allocate_now(entry.len()) else {
-                outbox.entry = entry;
-                return false;
-            };
-            ferromq_core::MessageBuffer::as_bytes_mut(&mut block)
-                .expect("a new block has one owner")[..entry.len()]
-                .copy_from_slice(&entry);
-            let reference = wire::encode_block_ref(
-                ObjectRef::of(block.segment().name()),
-                WireRange {
-                    offset: block.data_offset() as u64,
-                    size: entry.len() as u64,
-                },
-            );
-            entry.clear();
-            entry.extend_from_slice(&reference);
-            indirect = Some(block);
-        }
+        let made = ring_entry(&self.session, record, &mut entry);
         outbox.entry = entry;
-        let kind = if indirect.is_some() {
-            EntryKind::Indirect
-        } else {
-            EntryKind::Record
+        let Ok((kind, indirect)) = made else {
+            return false;
         };
         let mut publish_soon = false;
         let written = outbox.push_to_a_ring(kind, &mut publish_soon);
@@ -421,6 +416,39 @@ impl PushState {
         wire::set_record_count(&mut frame, n_records);
         Some((frame, n_records))
     }
+}
+
+/// `record` as a ring entry in `entry` (replacing its contents) and the entry's kind: the record
+/// itself, or, when it is larger than a ring entry may be (a message of thousands of parts),
+/// a reference to a new block of this process's segment holding it, returned with one
+/// reference, which the caller hands to each consumer that gets the entry.
+///
+/// # Errors
+/// When such a record finds no room in the segment now.
+fn ring_entry(
+    session: &Session,
+    record: &[PartRef],
+    entry: &mut Vec<u8>,
+) -> std::result::Result<(EntryKind, Option<ShmBuffer>), crate::error::ShmError> {
+    entry.clear();
+    wire::append_record(entry, record);
+    if entry.len() <= MAX_INLINE_ENTRY {
+        return Ok((EntryKind::Record, None));
+    }
+    let mut block = session.allocate_now(entry.len())?;
+    ferromq_core::MessageBuffer::as_bytes_mut(&mut block).expect("a new block has one owner")
+        [..entry.len()]
+        .copy_from_slice(entry);
+    let reference = wire::encode_block_ref(
+        ObjectRef::of(block.segment().name()),
+        WireRange {
+            offset: block.data_offset() as u64,
+            size: entry.len() as u64,
+        },
+    );
+    entry.clear();
+    entry.extend_from_slice(&reference);
+    Ok((EntryKind::Indirect, Some(block)))
 }
 
 impl BatchedPush {
@@ -736,6 +764,82 @@ enum FromRings {
     NeedsMapping(Vec<(ObjectKind, ObjectRef)>),
 }
 
+/// How a receive waits for its rings' entries and its socket's frames together.
+struct RingWait<'a> {
+    rings: &'a mut Vec<RingConsumer>,
+    busy_poll: bool,
+    /// The last wait for ring entries was short (see `RING_SHORT_WAIT`); updated by this one.
+    last_wait_short: &'a mut bool,
+}
+
+impl RingWait<'_> {
+    /// Waits until a ring has an entry (`None`, also when the safety net expires) or
+    /// `receive` brings frames. Rings finished by their producers go; the others are watched
+    /// while the socket is: entries are looked for at every poll (a spinning receive finds them
+    /// without a wake-up), and a doorbell frame wakes a sleeping one. Cancel-safe where
+    /// `receive` is.
+    async fn or_socket(
+        self,
+        receive: impl std::future::Future<Output = Result<Vec<Bytes>>>,
+    ) -> Option<Result<Vec<Bytes>>> {
+        let RingWait {
+            rings,
+            busy_poll,
+            last_wait_short,
+        } = self;
+        rings.retain_mut(|ring| !ring.is_finished());
+        let watch_rings = !rings.is_empty();
+        // Under load a consumer finds its rings empty between the producer's runs of entries:
+        // it looks again for a while (yielding) before it asks for a doorbell, which costs both
+        // sides a syscall. Only when its last wait was short: a paced or idle consumer asks at
+        // once and spins not at all.
+        let spin = watch_rings && !busy_poll && *last_wait_short;
+        let mut asked = busy_poll;
+        if !spin && !asked {
+            if !rings.iter_mut().all(RingConsumer::wait_for_doorbell) {
+                return None;
+            }
+            asked = true;
+        }
+        let started = tokio::time::Instant::now();
+        tokio::pin!(receive);
+        let safety_net = tokio::time::sleep(DOORBELL_SAFETY_NET);
+        tokio::pin!(safety_net);
+        let received = std::future::poll_fn(|cx| {
+            if watch_rings && rings.iter_mut().any(RingConsumer::has_entries) {
+                return std::task::Poll::Ready(None);
+            }
+            if !asked {
+                // Spinning looks at the rings only: a frame (a new ring) can wait that long,
+                // and a spin that entries end costs the socket nothing.
+                if started.elapsed() < RING_SPIN {
+                    cx.waker().wake_by_ref();
+                    return std::task::Poll::Pending;
+                }
+                asked = true;
+                if !rings.iter_mut().all(RingConsumer::wait_for_doorbell) {
+                    return std::task::Poll::Ready(None);
+                }
+            }
+            if let std::task::Poll::Ready(received) = receive.as_mut().poll(cx) {
+                return std::task::Poll::Ready(Some(received));
+            }
+            if watch_rings && safety_net.as_mut().poll(cx).is_ready() {
+                return std::task::Poll::Ready(None);
+            }
+            std::task::Poll::Pending
+        })
+        .await;
+        // How far apart entries come, unless the wait ended at once on a frame (a doorbell
+        // still queued from the last wait): that tells nothing.
+        let waited = started.elapsed();
+        if received.is_none() || waited >= RING_STALE_FRAME {
+            *last_wait_short = waited <= RING_SHORT_WAIT;
+        }
+        received
+    }
+}
+
 /// How long a consumer waiting for a doorbell sleeps at most before it looks at its rings
 /// again: a safety net for a doorbell lost with its connection (a producer killed between
 /// publishing an entry and writing the doorbell), never the way entries are noticed.
@@ -796,6 +900,11 @@ impl ShmSocket {
                     events,
                     subscribers: Vec::new(),
                     in_flight: Arc::default(),
+                    doorbell: Bytes::from(wire::frame_header(session.hash, DeliveryRef::NONE, 0)),
+                    entry: Vec::new(),
+                    // The first send looks.
+                    n_sends_since_subscriptions: SUBSCRIPTIONS_EVERY,
+                    subscriptions_looked_at: None,
                 })
             }
             SocketType::Sub => Inner::Subscriber(SubscriberSide {
@@ -1012,26 +1121,60 @@ fn topic_matches(topics: &[Vec<u8>], first_part: &[u8]) -> bool {
     topics.is_empty() || topics.iter().any(|topic| first_part.starts_with(topic))
 }
 
+/// What became of one frame a publisher handed to zmq.rs for one subscriber.
+enum FrameSent {
+    Queued,
+    /// The subscriber's queue is full.
+    Full,
+    /// The subscriber is gone.
+    Gone,
+}
+
+/// What a publisher's subscribers get of one message.
+struct PreparedMessage {
+    /// A descriptor frame, for subscribers without a ring (empty when all have one).
+    frame: Bytes,
+    /// The ring entry (with the block holding a record too large for an entry), when a
+    /// subscriber has a ring.
+    ring_entry: Option<(EntryKind, Option<ShmBuffer>)>,
+}
+
 impl Publisher {
     /// Takes in connection events and subscription messages that arrived since the last send.
-    fn refresh(&mut self) {
-        while let Some(Some(event)) = self.events.next().now_or_never() {
-            if let zeromq::SocketEvent::Accepted(_, peer)
-            | zeromq::SocketEvent::Connected(_, peer) = event
-            {
-                let identity = Bytes::from(peer);
-                if !self
-                    .subscribers
-                    .iter()
-                    .any(|known| known.identity == identity)
-                {
-                    self.subscribers.push(SubscriberPeer {
-                        identity,
-                        topics: None,
-                    });
+    /// A new subscriber gets a descriptor ring in this process's segment, announced to it
+    /// alone; a subscriber that disconnected is forgotten with its ring.
+    fn refresh(&mut self, session: &Session) {
+        // `try_recv` registers no waker: this runs at every send.
+        while let Ok(event) = self.events.try_recv() {
+            match event {
+                zeromq::SocketEvent::Accepted(_, peer)
+                | zeromq::SocketEvent::Connected(_, peer) => {
+                    self.subscriber(session, Bytes::from(peer));
                 }
+                zeromq::SocketEvent::Disconnected(peer) => {
+                    let identity = Bytes::from(peer);
+                    // Its consumer is gone: the ring is closed and nobody is woken.
+                    self.subscribers.retain(|known| known.identity != identity);
+                }
+                _ => {}
             }
         }
+        // Subscriptions are looked for now and then only (zmq.rs allocates for each
+        // receive): a subscriber filters what it gets anyway, so a late one costs only
+        // bandwidth. A new subscriber's first subscription is looked for at once.
+        self.n_sends_since_subscriptions += 1;
+        if self.n_sends_since_subscriptions < SUBSCRIPTIONS_EVERY {
+            return;
+        }
+        self.n_sends_since_subscriptions = 0;
+        let now = std::time::Instant::now();
+        if self
+            .subscriptions_looked_at
+            .is_some_and(|looked_at| now < looked_at + SUBSCRIPTIONS_PAUSE)
+        {
+            return;
+        }
+        self.subscriptions_looked_at = Some(now);
         while let Some(Ok(message)) = self.router.recv().now_or_never() {
             let mut frames = message.into_vec().into_iter();
             let (Some(identity), Some(tag)) = (frames.next(), frames.next()) else {
@@ -1041,18 +1184,218 @@ impl Publisher {
                 continue;
             }
             let topics: Vec<Vec<u8>> = frames.map(|topic| topic.to_vec()).collect();
-            match self
-                .subscribers
-                .iter_mut()
-                .find(|known| known.identity == identity)
-            {
-                Some(known) => known.topics = Some(topics),
-                None => self.subscribers.push(SubscriberPeer {
-                    identity,
-                    topics: Some(topics),
-                }),
+            self.subscriber(session, identity).topics = Some(topics);
+        }
+    }
+
+    /// The subscriber `identity`, added (with its ring) if it is new.
+    fn subscriber(&mut self, session: &Session, identity: Bytes) -> &mut SubscriberPeer {
+        if let Some(known_idx) = self
+            .subscribers
+            .iter()
+            .position(|known| known.identity == identity)
+        {
+            return &mut self.subscribers[known_idx];
+        }
+        let ring = match session.allocate_long_lived(RING_BLOCK) {
+            Ok(block) => {
+                let ring = RingProducer::new(block);
+                // The subscriber's reference travels with the announcement.
+                ring.block().add_references(1);
+                let announce = wire::encode_ring_announce(
+                    session.hash,
+                    wire::RingAnnounce {
+                        segment: ObjectRef::of(ring.block().segment().name()),
+                        range: WireRange {
+                            offset: ring.block().data_offset() as u64,
+                            size: RING_BLOCK as u64,
+                        },
+                        delivery: DeliveryRef::NONE,
+                    },
+                );
+                match self.send_frame(&identity, Bytes::from(announce)) {
+                    FrameSent::Queued => Some(ring),
+                    // Never adopted: the consumer's reference goes back with the ring.
+                    FrameSent::Full | FrameSent::Gone => {
+                        ring.block().release_references(1);
+                        None
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "no room for a subscriber's descriptor ring: its descriptors travel in frames");
+                None
+            }
+        };
+        self.subscribers.push(SubscriberPeer {
+            identity,
+            topics: None,
+            ring,
+        });
+        // Its first subscription follows soon: the next send looks for it.
+        self.n_sends_since_subscriptions = SUBSCRIPTIONS_EVERY;
+        self.subscriptions_looked_at = None;
+        self.subscribers.last_mut().expect("just pushed")
+    }
+
+    /// Hands `frame` to zmq.rs for the subscriber `identity`, without waiting.
+    fn send_frame(&mut self, identity: &Bytes, frame: Bytes) -> FrameSent {
+        let tracked = self.in_flight.track(frame.clone(), frame.len());
+        let message = ZmqMessage::try_from(vec![identity.clone(), tracked]).expect("two frames");
+        match self.router.send(message).now_or_never() {
+            Some(Ok(())) => FrameSent::Queued,
+            Some(Err(_)) => FrameSent::Gone,
+            None => FrameSent::Full,
+        }
+    }
+
+    /// Writes `entry` into the ring of subscriber `subscriber_idx` and publishes it, ringing
+    /// its doorbell when it waits; false when the ring is full.
+    fn push_to_ring(&mut self, subscriber_idx: usize, kind: EntryKind) -> bool {
+        let subscriber = &mut self.subscribers[subscriber_idx];
+        let ring = subscriber.ring.as_mut().expect("a subscriber with a ring");
+        let wake = match ring.push(kind, &self.entry) {
+            Pushed::Full => return false,
+            Pushed::Published(wake) => wake,
+            // No task publishes later for a publisher: every entry is published at once.
+            Pushed::Unpublished { .. } => ring.publish(),
+        };
+        if wake.0 {
+            let identity = subscriber.identity.clone();
+            // A doorbell that finds the queue full is not needed: the subscriber has frames
+            // to read, and looks at its rings after them.
+            let _ = self.send_frame(&identity, self.doorbell.clone());
+        }
+        true
+    }
+
+    /// Closes every subscriber's ring (they still take what it holds), ringing the doorbells
+    /// of those that wait.
+    fn close_rings(&mut self) {
+        for subscriber_idx in 0..self.subscribers.len() {
+            let subscriber = &mut self.subscribers[subscriber_idx];
+            let Some(mut ring) = subscriber.ring.take() else {
+                continue;
+            };
+            if ring.close().0 {
+                let identity = subscriber.identity.clone();
+                let _ = self.send_frame(&identity, self.doorbell.clone());
             }
         }
+    }
+}
+
+impl Publisher {
+    /// Takes in what happened since the last send (see [`Publisher::refresh`]) and makes what
+    /// the subscribers get of the message `record` describes: its ring entry, and a frame only
+    /// when a subscriber has no ring.
+    ///
+    /// # Errors
+    /// A record too large for a ring entry found no room for its block.
+    fn prepare(
+        &mut self,
+        session: &Session,
+        record: &[PartRef],
+    ) -> std::result::Result<PreparedMessage, crate::error::ShmError> {
+        self.refresh(session);
+        let frame = if self.subscribers.iter().all(|known| known.ring.is_some()) {
+            Bytes::new()
+        } else {
+            let mut frame = wire::frame_header(session.hash, DeliveryRef::NONE, 32);
+            wire::append_record(&mut frame, record);
+            wire::set_record_count(&mut frame, 1);
+            Bytes::from(frame)
+        };
+        let mut ring_entry_kind = None;
+        if self.subscribers.iter().any(|known| known.ring.is_some()) {
+            let mut entry = std::mem::take(&mut self.entry);
+            let made = ring_entry(session, record, &mut entry);
+            self.entry = entry;
+            ring_entry_kind = Some(made?);
+        }
+        Ok(PreparedMessage {
+            frame,
+            ring_entry: ring_entry_kind,
+        })
+    }
+
+    /// Sends a publisher's message (prepared by [`Publisher::prepare`], with the blocks made
+    /// for it in `fresh`) to every subscriber whose topics it matches, without waiting: into each
+    /// subscriber's ring, or a frame for one without a ring. A subscriber whose ring or queue
+    /// is full misses it, as with ZeroMQ's PUB.
+    fn publish(
+        &mut self,
+        figures: &ferromq_core::SendFigures,
+        parts: Parts,
+        fresh: Vec<ShmBuffer>,
+        prepared: PreparedMessage,
+    ) {
+        let PreparedMessage {
+            frame,
+            ring_entry: ring_entry_kind,
+        } = prepared;
+        // Topics are matched against the first part where it lies: no copy.
+        let first_part = parts.get(0).map(Message::data).unwrap_or_default();
+        let mut gone = Vec::new();
+        // The first subscriber that takes the message gets the publisher's own references;
+        // each further one a reference added for it.
+        let mut n_delivered = 0usize;
+        for subscriber_idx in 0..self.subscribers.len() {
+            let subscriber = &self.subscribers[subscriber_idx];
+            if !subscriber
+                .topics
+                .as_deref()
+                .is_none_or(|topics| topic_matches(topics, first_part))
+            {
+                continue;
+            }
+            let indirect = ring_entry_kind
+                .as_ref()
+                .and_then(|(_, indirect)| indirect.as_ref());
+            let buffers = || shm_buffers(&parts).chain(fresh.iter()).chain(indirect);
+            let adds_references = n_delivered > 0;
+            if adds_references {
+                buffers().for_each(|buffer| buffer.add_references(1));
+            }
+            let delivered = match (&ring_entry_kind, subscriber.ring.is_some()) {
+                (Some((kind, _)), true) => self.push_to_ring(subscriber_idx, *kind),
+                _ => {
+                    let identity = subscriber.identity.clone();
+                    match self.send_frame(&identity, frame.clone()) {
+                        FrameSent::Queued => true,
+                        FrameSent::Gone => {
+                            gone.push(subscriber_idx);
+                            false
+                        }
+                        FrameSent::Full => false,
+                    }
+                }
+            };
+            if delivered {
+                n_delivered += 1;
+                continue;
+            }
+            if gone.last() != Some(&subscriber_idx) {
+                // Queue or ring full: a slow subscriber misses this message, as with
+                // ZeroMQ's PUB.
+                figures
+                    .dropped_for_slow_subscribers
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            if adds_references {
+                buffers().for_each(|buffer| buffer.release_references(1));
+            }
+        }
+        for subscriber_idx in gone.into_iter().rev() {
+            self.subscribers.remove(subscriber_idx);
+        }
+        let indirect = ring_entry_kind.and_then(|(_, indirect)| indirect);
+        if n_delivered > 0 {
+            // The publisher's own references went to the first subscriber.
+            disarm(parts, fresh.into_iter().chain(indirect).collect());
+        }
+        // Otherwise nobody took the message: its references go with `parts`, `fresh` and the
+        // entry's block here.
     }
 }
 
@@ -1138,8 +1481,31 @@ impl Socket for ShmSocket {
     }
 
     fn try_send_parts(&mut self, parts: Parts) -> std::result::Result<(), Parts> {
-        // Only a push socket's outbox takes a message without waiting, and only one whose
-        // parts all lie in this session's memory or travel inline: nothing to allocate.
+        // Only a push socket's outbox and a publisher take a message without waiting, and only
+        // one whose parts all lie in this session's memory or travel inline: nothing to
+        // allocate.
+        if let Inner::Publisher(publisher) = &mut self.inner {
+            let mut record = std::mem::take(&mut self.scratch);
+            record.clear();
+            let described = parts.iter().all(|message| {
+                describe_as_is(&self.session, message)
+                    .map(|part| record.push(part))
+                    .is_some()
+            });
+            // A record that cannot be prepared now goes the waiting way, which says why.
+            let prepared = described
+                .then(|| publisher.prepare(&self.session, &record).ok())
+                .flatten();
+            let published = match prepared {
+                Some(prepared) => {
+                    publisher.publish(&self.figures, parts, Vec::new(), prepared);
+                    Ok(())
+                }
+                None => Err(parts),
+            };
+            self.scratch = record;
+            return published;
+        }
         let Inner::Batched(push) = &self.inner else {
             return Err(parts);
         };
@@ -1254,7 +1620,8 @@ impl Socket for ShmSocket {
             .as_ref()
             .map_or(DeliveryRef::NONE, SentCounter::reference);
         let frame = match &self.inner {
-            Inner::Batched(_) => Bytes::new(),
+            // A push's records go into its outbox; a publisher makes a frame when it needs one.
+            Inner::Batched(_) | Inner::Publisher(_) => Bytes::new(),
             _ => Bytes::from(wire::encode(
                 self.session.hash,
                 delivery,
@@ -1290,53 +1657,13 @@ impl Socket for ShmSocket {
                 }
                 Err(failed) => Err(SendError::new(failed.error, parts)),
             },
-            Inner::Publisher(publisher) => {
-                publisher.refresh();
-                // Topics are matched against the first part where it lies: no copy.
-                let first_part = parts.get(0).map(Message::data).unwrap_or_default();
-                let mut gone = Vec::new();
-                for (subscriber_idx, subscriber) in publisher.subscribers.iter().enumerate() {
-                    if !subscriber
-                        .topics
-                        .as_deref()
-                        .is_none_or(|topics| topic_matches(topics, first_part))
-                    {
-                        continue;
-                    }
-                    // One reference per subscriber that takes the message.
-                    shm_buffers(&parts)
-                        .chain(fresh.iter())
-                        .for_each(|buffer| buffer.add_references(1));
-                    let tracked = publisher.in_flight.track(frame.clone(), frame.len());
-                    let message = ZmqMessage::try_from(vec![subscriber.identity.clone(), tracked])
-                        .expect("two frames");
-                    let delivered = match publisher.router.send(message).now_or_never() {
-                        Some(Ok(())) => true,
-                        Some(Err(_)) => {
-                            gone.push(subscriber_idx);
-                            false
-                        }
-                        // Queue full: a slow subscriber misses this message, as with ZeroMQ's PUB.
-                        None => {
-                            self.figures
-                                .dropped_for_slow_subscribers
-                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            false
-                        }
-                    };
-                    if !delivered {
-                        shm_buffers(&parts)
-                            .chain(fresh.iter())
-                            .for_each(|buffer| buffer.release_references(1));
-                    }
+            Inner::Publisher(publisher) => match publisher.prepare(&self.session, &record) {
+                Ok(prepared) => {
+                    publisher.publish(&self.figures, parts, fresh, prepared);
+                    Ok(())
                 }
-                for subscriber_idx in gone.into_iter().rev() {
-                    publisher.subscribers.remove(subscriber_idx);
-                }
-                // The publisher's own references go with `parts` and `fresh` here.
-                drop((parts, fresh));
-                Ok(())
-            }
+                Err(error) => Err(SendError::new(transport_error(&self.label, error), parts)),
+            },
             Inner::Subscriber(_) => Err(SendError::new(
                 Error::WrongSocketType {
                     channel: self.label.clone(),
@@ -1412,82 +1739,39 @@ impl Socket for ShmSocket {
                 self.queue_decoded()?;
                 continue;
             }
-            let frames: Vec<Bytes> = match &mut self.inner {
-                Inner::Plain(socket) => {
-                    // Rings finished by their producers go; the others are watched while the
-                    // socket is: entries are looked for at every poll (a spinning receive finds
-                    // them without a wake-up), and a doorbell frame wakes a sleeping one.
-                    self.rings.retain_mut(|ring| !ring.is_finished());
-                    let rings = &mut self.rings;
-                    let watch_rings = !rings.is_empty();
-                    // Under load a consumer finds its rings empty between the producer's runs
-                    // of entries: it looks again for a while (yielding) before it asks for a
-                    // doorbell, which costs both sides a syscall. Only when its last wait was
-                    // short: a paced or idle consumer asks at once and spins not at all.
-                    let spin = watch_rings && !self.busy_poll && self.last_ring_wait_short;
-                    let mut asked = self.busy_poll;
-                    if !spin && !asked {
-                        if !rings.iter_mut().all(RingConsumer::wait_for_doorbell) {
-                            continue;
-                        }
-                        asked = true;
-                    }
-                    let started = tokio::time::Instant::now();
-                    let receive = socket.receive_unboxed();
-                    tokio::pin!(receive);
-                    let safety_net = tokio::time::sleep(DOORBELL_SAFETY_NET);
-                    tokio::pin!(safety_net);
-                    let received = std::future::poll_fn(|cx| {
-                        if watch_rings && rings.iter_mut().any(RingConsumer::has_entries) {
-                            return std::task::Poll::Ready(None);
-                        }
-                        if let std::task::Poll::Ready(received) = receive.as_mut().poll(cx) {
-                            return std::task::Poll::Ready(Some(received));
-                        }
-                        if !asked {
-                            if started.elapsed() < RING_SPIN {
-                                cx.waker().wake_by_ref();
-                                return std::task::Poll::Pending;
-                            }
-                            asked = true;
-                            if !rings.iter_mut().all(RingConsumer::wait_for_doorbell) {
-                                return std::task::Poll::Ready(None);
-                            }
-                        }
-                        if watch_rings && safety_net.as_mut().poll(cx).is_ready() {
-                            return std::task::Poll::Ready(None);
-                        }
-                        std::task::Poll::Pending
-                    })
-                    .await;
-                    // How far apart entries come, unless the wait ended at once on a frame
-                    // (a doorbell still queued from the last wait): that tells nothing.
-                    let waited = started.elapsed();
-                    if received.is_none() || waited >= RING_STALE_FRAME {
-                        self.last_ring_wait_short = waited <= RING_SHORT_WAIT;
-                    }
-                    match received {
-                        Some(received) => received?.into_iter().map(Message::into_bytes).collect(),
-                        None => continue,
-                    }
+            let label = &self.label;
+            let receive = match &mut self.inner {
+                Inner::Plain(socket) => async {
+                    Ok(socket
+                        .receive_unboxed()
+                        .await?
+                        .into_iter()
+                        .map(Message::into_bytes)
+                        .collect())
                 }
+                .left_future(),
                 Inner::Subscriber(subscriber) if !subscriber.dealers.is_empty() => {
-                    let n_dealers = subscriber.dealers.len();
-                    subscriber.next_dealer = (subscriber.next_dealer + 1) % n_dealers;
-                    let start = subscriber.next_dealer;
-                    let receives: Vec<_> = subscriber
-                        .dealers
-                        .iter_mut()
-                        .enumerate()
-                        .map(|(idx, dealer)| ((idx + n_dealers - start) % n_dealers, dealer))
-                        .collect::<std::collections::BTreeMap<_, _>>()
-                        .into_values()
-                        .map(|dealer| dealer.recv().boxed())
-                        .collect();
-                    let (received, _, _) = futures::future::select_all(receives).await;
-                    received
-                        .map_err(|error| transport_error(&self.label, error))?
-                        .into_vec()
+                    // Made when first polled: zmq.rs allocates for each receive, and a wait
+                    // that its rings end first never gets that far.
+                    async move {
+                        let n_dealers = subscriber.dealers.len();
+                        subscriber.next_dealer = (subscriber.next_dealer + 1) % n_dealers;
+                        let start = subscriber.next_dealer;
+                        let receives: Vec<_> = subscriber
+                            .dealers
+                            .iter_mut()
+                            .enumerate()
+                            .map(|(idx, dealer)| ((idx + n_dealers - start) % n_dealers, dealer))
+                            .collect::<std::collections::BTreeMap<_, _>>()
+                            .into_values()
+                            .map(|dealer| dealer.recv().boxed())
+                            .collect();
+                        let (received, _, _) = futures::future::select_all(receives).await;
+                        Ok(received
+                            .map_err(|error| transport_error(label, error))?
+                            .into_vec())
+                    }
+                    .right_future()
                 }
                 Inner::Subscriber(_) => {
                     return Err(Error::PeerGone {
@@ -1501,6 +1785,17 @@ impl Socket for ShmSocket {
                         operation: "receive",
                     });
                 }
+            };
+            let waited = RingWait {
+                rings: &mut self.rings,
+                busy_poll: self.busy_poll,
+                last_wait_short: &mut self.last_ring_wait_short,
+            }
+            .or_socket(receive)
+            .await;
+            let frames: Vec<Bytes> = match waited {
+                Some(received) => received?,
+                None => continue,
             };
             // Kept until processed: a receive cancelled while their memory is being mapped
             // loses nothing.
@@ -1583,6 +1878,7 @@ impl Socket for ShmSocket {
             // What was handed to zmq.rs goes out first (linger bounding the silence), then the
             // listeners stop (zmq.rs removes their socket files as they stop).
             Inner::Publisher(publisher) => {
+                publisher.close_rings();
                 let drained = publisher.in_flight.drain_then_flush(linger).await;
                 publisher.router.unbind_all().await;
                 match drained {
@@ -1655,19 +1951,18 @@ impl ShmSocket {
         Ok(())
     }
 
-    /// Adopts the ring a push announced.
+    /// Adopts the ring a push or a publisher announced.
     async fn adopt_ring(&mut self, announced: wire::RingAnnounce) -> Result<RingConsumer> {
-        let objects = [
-            (ObjectKind::Segment, announced.segment),
-            (ObjectKind::Segment, announced.delivery.segment),
-        ];
-        self.map_unseen(
-            objects
-                .into_iter()
-                .filter(|object| !self.seen_memory.contains(object))
-                .collect(),
-        )
-        .await?;
+        // A publisher counts no deliveries: its rings name no counter.
+        let counter = announced
+            .delivery
+            .is_some()
+            .then_some((ObjectKind::Segment, announced.delivery.segment));
+        let objects = std::iter::once((ObjectKind::Segment, announced.segment)).chain(counter);
+        let unseen = objects
+            .filter(|object| !self.seen_memory.contains(object))
+            .collect();
+        self.map_unseen(unseen).await?;
         let adopted = self.session.segment(announced.segment).and_then(|mapped| {
             let (block, _) = ShmBuffer::adopt_block(mapped, announced.range)?;
             RingConsumer::adopt(block, announced.delivery, self.busy_poll)
