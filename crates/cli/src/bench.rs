@@ -46,9 +46,12 @@ pub struct BenchOptions {
     #[arg(long)]
     pub latency: bool,
     /// With --latency: out over one push/pull channel and back over another instead of req/rep
-    /// (shmem's descriptor rings serve push/pull only).
+    /// (shmem's descriptor rings serve push/pull, pair and pub/sub, not req/rep).
     #[arg(long = "push-pull", requires = "latency")]
     pub push_pull: bool,
+    /// With --latency: out and back over one pair channel instead of req/rep.
+    #[arg(long, requires = "latency", conflicts_with = "push_pull")]
+    pub pair: bool,
     /// Both ends spin on their receives instead of sleeping (channel option busyPoll).
     #[arg(long = "busy-poll")]
     pub busy_poll: bool,
@@ -295,6 +298,9 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
         if options.push_pull {
             command.arg("--push-pull");
         }
+        if options.pair {
+            command.arg("--pair");
+        }
         if options.busy_poll {
             command.arg("--busy-poll");
         }
@@ -335,8 +341,9 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
     let msgs_per_s = receiver_report.n_msgs as f64 / receiver_report.seconds.max(1e-9);
     Ok(BenchResult {
         transport: format!(
-            "{transport}{}{}",
+            "{transport}{}{}{}",
             if options.push_pull { "+push-pull" } else { "" },
+            if options.pair { "+pair" } else { "" },
             if options.busy_poll { "+busy-poll" } else { "" }
         ),
         msg_size,
@@ -406,6 +413,8 @@ pub struct RoleOptions {
     latency: bool,
     #[arg(long = "push-pull")]
     push_pull: bool,
+    #[arg(long)]
+    pair: bool,
     #[arg(long = "busy-poll")]
     busy_poll: bool,
 }
@@ -438,6 +447,7 @@ async fn role(options: &RoleOptions) -> Result<RoleReport> {
         touch: options.touch,
         latency: options.latency,
         push_pull: options.push_pull,
+        pair: options.pair,
         busy_poll: options.busy_poll,
         json: true,
         shm_segment_size: options.shm_segment_size,
@@ -451,10 +461,10 @@ async fn role(options: &RoleOptions) -> Result<RoleReport> {
     )?;
     let warm_up = Duration::from_secs_f64((options.duration / 4.0).max(0.25));
     let measure = Duration::from_secs_f64(options.duration);
-    let (receiver_type, sender_type) = if options.latency && !options.push_pull {
-        (SocketType::Rep, SocketType::Req)
-    } else {
-        (SocketType::Pull, SocketType::Push)
+    let (receiver_type, sender_type) = match (options.latency, options.push_pull, options.pair) {
+        (true, _, true) => (SocketType::Pair, SocketType::Pair),
+        (true, false, false) => (SocketType::Rep, SocketType::Req),
+        _ => (SocketType::Pull, SocketType::Push),
     };
     // Queues bounded in bytes too (about 256 MiB in flight), so big messages do not pile up
     // gigabytes that then take longer than the linger to drain.

@@ -102,12 +102,11 @@ fn assert_ordered_percentiles(value: &serde_json::Value) {
     assert!(0.0 < p50 && p50 <= p99 && p99 <= p999, "{value}");
 }
 
-/// `--push-pull` measures the round trip over two push/pull channels (shmem's descriptor rings),
-/// for every transport, and says so in the result's transport.
-#[test]
-fn bench_latency_over_push_pull_reports_percentiles() {
+/// Runs `ferromq bench --latency FLAG` over every transport at two sizes: each result is
+/// labelled with `suffix` and has ordered percentiles.
+fn latency_mode_reports_percentiles(flag: &str, suffix: &str) {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-        .args(["bench", "--json", "--latency", "--push-pull"])
+        .args(["bench", "--json", "--latency", flag])
         .args(["--duration", "0.5", "--msg-size", "64,65536"])
         .args(["--transport", "shmem,zeromq-ipc,zeromq-tcp"])
         .args(["--shm-segment-size", "268435456"])
@@ -117,11 +116,43 @@ fn bench_latency_over_push_pull_reports_percentiles() {
     assert_eq!(lines.len(), 6, "{lines:?}");
     for value in lines {
         assert!(
-            value["transport"].as_str().unwrap().ends_with("+push-pull"),
+            value["transport"].as_str().unwrap().ends_with(suffix),
             "{value}"
         );
         assert_ordered_percentiles(&value);
     }
+}
+
+/// `--pair` measures the round trip out and back over one pair channel (shmem: a descriptor
+/// ring each way), for every transport; it needs `--latency` and excludes `--push-pull`.
+#[test]
+fn bench_latency_over_pair_reports_percentiles() {
+    latency_mode_reports_percentiles("--pair", "+pair");
+    for (args, needs) in [
+        (&["bench", "--pair"][..], "--latency"),
+        (
+            &["bench", "--latency", "--pair", "--push-pull"][..],
+            "--push-pull",
+        ),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+            .args(args)
+            .output()
+            .expect("run ferromq bench");
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains(needs),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+/// `--push-pull` measures the round trip over two push/pull channels (shmem's descriptor rings),
+/// for every transport, and says so in the result's transport.
+#[test]
+fn bench_latency_over_push_pull_reports_percentiles() {
+    latency_mode_reports_percentiles("--push-pull", "+push-pull");
     // Without --latency it is refused, naming what it needs.
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
         .args(["bench", "--push-pull"])

@@ -1,12 +1,12 @@
 //! [`ShmSocket`]: a channel end of the shmem transport.
 //!
 //! Payloads stay in shared memory; their descriptors travel through a descriptor ring per
-//! push-to-pull and publisher-to-subscriber connection (`ring.rs`), or as descriptor frames
-//! (see `wire.rs`) over zeromq (pair, req/rep).
-//! Push/pull, req/rep and pair use the zeromq transport's socket of the same pattern (push and
-//! pull ferromq's own ZMTP, whose push hands each connection to this socket so that it gets a
-//! ring; records then never touch the socket, which carries the ring's announcement and its
-//! doorbells). Pub/sub
+//! push-to-pull, pair-to-pair and publisher-to-subscriber connection (`ring.rs`), or as
+//! descriptor frames (see `wire.rs`) over zeromq (req/rep; inproc).
+//! Push/pull, req/rep and pair use the zeromq transport's socket of the same pattern (push,
+//! pull and pair ferromq's own ZMTP, whose push and pair hand each connection to this socket
+//! so that it gets a ring; records then never touch the socket, which carries the ring's
+//! announcement and its doorbells). Pub/sub
 //! uses a zmq.rs ROUTER (publisher) and DEALERs (subscriber) instead of PUB/SUB, because the
 //! publisher must know exactly which subscribers get a block to count its references (zmq's PUB
 //! drops silently, which would leak the references of dropped copies); the ROUTER also names
@@ -86,9 +86,176 @@ struct SubscriberSide {
 
 enum Inner {
     Plain(ZmqSocket),
+    Pair(PairSide),
     Batched(BatchedPush),
     Publisher(Publisher),
     Subscriber(SubscriberSide),
+}
+
+/// A pair socket. Over tcp and ipc its carrier (ferromq's own ZMTP pair) reports its
+/// connection, which gets a descriptor ring at the first send (see `ring.rs`): every record
+/// then goes into the ring, the socket carrying the ring's announcement and doorbells (both
+/// ways: the peer's ring comes in as this socket's frames). Over inproc, or when this process's
+/// segment had no room for a ring at the first connection, records travel in frames.
+struct PairSide {
+    socket: ZmqSocket,
+    /// How records travel: decided at the first bind or connect (frames when the socket does
+    /// not report connections) and at the first connection (rings, unless no room).
+    carriage: Carriage,
+    /// The ring of the current connection.
+    ring: Option<ConnectionRing>,
+    /// The doorbell of this socket's rings: a descriptor frame with no record.
+    doorbell: Arc<[u8]>,
+    /// The entry being written into the ring (reused: no allocation per message).
+    entry: Vec<u8>,
+    /// A connection [`PairSide::wait_for_peer`] saw come.
+    next_link: Option<Arc<ferromq_zmq::PeerLink>>,
+}
+
+/// What [`PairSide::offer`] did with a record.
+enum PairOffer {
+    /// Into the ring.
+    Written,
+    /// The ring is full.
+    Full,
+    /// No connection (or only a gone one): wait for the next.
+    NoPeer,
+    /// Records travel in frames (see [`PairSide`]).
+    Frames,
+}
+
+impl PairSide {
+    /// Settles the carriage once the socket is bound or connected.
+    fn attached(&mut self) {
+        if self.carriage == Carriage::Undecided && !self.socket.reports_peers() {
+            self.carriage = Carriage::Frames;
+        }
+    }
+
+    /// The ring of the newest connection, made and announced if that connection has none yet;
+    /// `Ok(false)` when there is no connection now.
+    ///
+    /// # Errors
+    /// The peer was refused (another transport or session): nothing can be sent.
+    fn connection(&mut self, session: &Session, delivery: DeliveryRef) -> Result<bool> {
+        if self
+            .ring
+            .as_ref()
+            .is_some_and(|connection| !connection.link.is_gone())
+        {
+            return Ok(true);
+        }
+        let mut newest = self.next_link.take();
+        while let Some(peer) = self.socket.next_peer().now_or_never() {
+            let (_, link) = peer?;
+            newest = Some(link);
+        }
+        let newest = newest.filter(|link| !link.is_gone());
+        let Some(link) = newest else {
+            return Ok(false);
+        };
+        // A gone connection's ring is closed; what it holds is counted as not taken unless
+        // its consumer still reads it.
+        self.ring = None;
+        match new_ring(session, delivery) {
+            Ok((ring, announce)) => {
+                link.send_frame(&announce);
+                self.ring = Some(ConnectionRing {
+                    ring,
+                    link,
+                    doorbell: Arc::clone(&self.doorbell),
+                });
+                self.carriage = Carriage::Rings;
+                Ok(true)
+            }
+            Err(error) if self.carriage == Carriage::Undecided => {
+                tracing::warn!(%error, "no room for a descriptor ring: descriptors travel in frames");
+                self.carriage = Carriage::Frames;
+                Ok(true)
+            }
+            Err(error) => {
+                tracing::warn!(%error, "no room for this connection's descriptor ring: waiting for room");
+                Ok(false)
+            }
+        }
+    }
+
+    /// Writes `record` into the connection's ring and publishes it (a pair has no task to
+    /// publish later), ringing the peer's doorbell when it waits.
+    fn offer(
+        &mut self,
+        session: &Session,
+        delivery: DeliveryRef,
+        record: &[PartRef],
+    ) -> Result<PairOffer> {
+        if self.carriage == Carriage::Frames {
+            return Ok(PairOffer::Frames);
+        }
+        if !self.connection(session, delivery)? {
+            return Ok(PairOffer::NoPeer);
+        }
+        let Some(connection) = &mut self.ring else {
+            return Ok(PairOffer::Frames);
+        };
+        let Ok((kind, indirect)) = ring_entry(session, record, &mut self.entry) else {
+            // A record of thousands of parts and a full segment: like a full ring.
+            return Ok(PairOffer::Full);
+        };
+        let wake = match connection.ring.push(kind, &self.entry) {
+            Pushed::Full => return Ok(PairOffer::Full),
+            Pushed::Published(wake) => wake,
+            Pushed::Unpublished { .. } => connection.ring.publish(),
+        };
+        connection.ring_doorbell(wake);
+        if let Some(block) = indirect {
+            // Its reference now belongs to the consumer.
+            block.disarm();
+        }
+        Ok(PairOffer::Written)
+    }
+
+    /// Waits until the next connection is made (kept for [`PairSide::connection`]), or
+    /// `deadline`; false at the deadline. Cancel-safe.
+    ///
+    /// # Errors
+    /// The peer was refused (another transport or session).
+    async fn wait_for_peer(&mut self, deadline: Option<tokio::time::Instant>) -> Result<bool> {
+        let peer = self.socket.next_peer();
+        let peer = match deadline {
+            Some(deadline) => match tokio::time::timeout_at(deadline, peer).await {
+                Ok(peer) => peer,
+                Err(_) => return Ok(false),
+            },
+            None => peer.await,
+        };
+        let (_, link) = peer?;
+        self.next_link = Some(link);
+        Ok(true)
+    }
+}
+
+/// A new ring in this process's segment and its announcement (with the consumer's reference
+/// to the ring and the sender's `delivery` counter), for the caller to send to one peer.
+fn new_ring(
+    session: &Session,
+    delivery: DeliveryRef,
+) -> std::result::Result<(RingProducer, Vec<u8>), crate::error::ShmError> {
+    let block = session.allocate_long_lived(RING_BLOCK)?;
+    let ring = RingProducer::new(block);
+    // The consumer's reference travels with the announcement.
+    ring.block().add_references(1);
+    let announce = wire::encode_ring_announce(
+        session.hash,
+        wire::RingAnnounce {
+            segment: ObjectRef::of(ring.block().segment().name()),
+            range: WireRange {
+                offset: ring.block().data_offset() as u64,
+                size: RING_BLOCK as u64,
+            },
+            delivery,
+        },
+    );
+    Ok((ring, announce))
 }
 
 /// What the batching task of a push socket is asked to do, besides sending records.
@@ -361,22 +528,8 @@ impl PushState {
     fn connection_made(&self, link: Arc<ferromq_zmq::PeerLink>) {
         let mut outbox = self.outbox.lock().expect("outbox poisoned");
         if outbox.carriage != Carriage::Frames {
-            match self.session.allocate_long_lived(RING_BLOCK) {
-                Ok(block) => {
-                    let ring = RingProducer::new(block);
-                    // The consumer's reference travels with the announcement.
-                    ring.block().add_references(1);
-                    let announce = wire::encode_ring_announce(
-                        self.session.hash,
-                        wire::RingAnnounce {
-                            segment: ObjectRef::of(ring.block().segment().name()),
-                            range: WireRange {
-                                offset: ring.block().data_offset() as u64,
-                                size: RING_BLOCK as u64,
-                            },
-                            delivery: self.delivery,
-                        },
-                    );
+            match new_ring(&self.session, self.delivery) {
+                Ok((ring, announce)) => {
                     link.send_frame(&announce);
                     outbox.rings.push(ConnectionRing {
                         ring,
@@ -924,6 +1077,20 @@ impl ShmSocket {
                     config.snd_buf_size,
                 ))
             }
+            SocketType::Pair => {
+                let mut socket =
+                    descriptor_carrier(&session).create_zmq_socket(config, socket_name)?;
+                // Its connection gets a descriptor ring (see `ring.rs`).
+                socket.report_new_peers();
+                Inner::Pair(PairSide {
+                    socket,
+                    carriage: Carriage::Undecided,
+                    ring: None,
+                    doorbell: Arc::from(wire::frame_header(session.hash, delivery, 0)),
+                    entry: Vec::new(),
+                    next_link: None,
+                })
+            }
             _ => Inner::Plain(descriptor_carrier(&session).create_zmq_socket(config, socket_name)?),
         };
         Ok(ShmSocket {
@@ -953,7 +1120,7 @@ impl ShmSocket {
 /// The zeromq transport as the carrier of this session's descriptor frames: its sockets announce
 /// shmem and the session, and serve only shmem peers of the same session.
 fn descriptor_carrier(session: &Session) -> ferromq_zmq::ZmqTransport {
-    ferromq_zmq::ZmqTransport::own_push_pull_with_peer_rules(ferromq_zmq::PeerRules {
+    ferromq_zmq::ZmqTransport::own_zmtp_with_peer_rules(ferromq_zmq::PeerRules {
         transport: crate::ShmTransport::NAME,
         scope: Some(session.hash),
         serves_plain_zeromq: false,
@@ -1197,22 +1364,8 @@ impl Publisher {
         {
             return &mut self.subscribers[known_idx];
         }
-        let ring = match session.allocate_long_lived(RING_BLOCK) {
-            Ok(block) => {
-                let ring = RingProducer::new(block);
-                // The subscriber's reference travels with the announcement.
-                ring.block().add_references(1);
-                let announce = wire::encode_ring_announce(
-                    session.hash,
-                    wire::RingAnnounce {
-                        segment: ObjectRef::of(ring.block().segment().name()),
-                        range: WireRange {
-                            offset: ring.block().data_offset() as u64,
-                            size: RING_BLOCK as u64,
-                        },
-                        delivery: DeliveryRef::NONE,
-                    },
-                );
+        let ring = match new_ring(session, DeliveryRef::NONE) {
+            Ok((ring, announce)) => {
                 match self.send_frame(&identity, Bytes::from(announce)) {
                     FrameSent::Queued => Some(ring),
                     // Never adopted: the consumer's reference goes back with the ring.
@@ -1424,6 +1577,11 @@ impl Socket for ShmSocket {
     async fn bind(&mut self, address: &Address) -> Result<Address> {
         let bound = match &mut self.inner {
             Inner::Plain(socket) => socket.bind(address).await?,
+            Inner::Pair(pair) => {
+                let bound = pair.socket.bind(address).await?;
+                pair.attached();
+                bound
+            }
             Inner::Batched(push) => {
                 push.call(&self.label, |reply| {
                     PushCommand::Bind(address.clone(), reply)
@@ -1451,6 +1609,10 @@ impl Socket for ShmSocket {
         };
         match &mut self.inner {
             Inner::Plain(socket) => socket.connect(address).await?,
+            Inner::Pair(pair) => {
+                pair.socket.connect(address).await?;
+                pair.attached();
+            }
             Inner::Batched(push) => {
                 push.call(&self.label, |reply| {
                     PushCommand::Connect(address.clone(), reply)
@@ -1481,9 +1643,9 @@ impl Socket for ShmSocket {
     }
 
     fn try_send_parts(&mut self, parts: Parts) -> std::result::Result<(), Parts> {
-        // Only a push socket's outbox and a publisher take a message without waiting, and only
-        // one whose parts all lie in this session's memory or travel inline: nothing to
-        // allocate.
+        // Only a push socket's outbox, a pair's ring and a publisher take a message without
+        // waiting, and only one whose parts all lie in this session's memory or travel inline:
+        // nothing to allocate.
         if let Inner::Publisher(publisher) = &mut self.inner {
             let mut record = std::mem::take(&mut self.scratch);
             record.clear();
@@ -1506,14 +1668,39 @@ impl Socket for ShmSocket {
             self.scratch = record;
             return published;
         }
-        let Inner::Batched(push) = &self.inner else {
-            return Err(parts);
-        };
         if let Some(sent) = &mut self.sent
             && !sent.has_room(self.window)
         {
             return Err(parts);
         }
+        if let Inner::Pair(pair) = &mut self.inner {
+            let delivery = self
+                .sent
+                .as_ref()
+                .map_or(DeliveryRef::NONE, SentCounter::reference);
+            let mut record = std::mem::take(&mut self.scratch);
+            record.clear();
+            let described = parts.iter().all(|message| {
+                describe_as_is(&self.session, message)
+                    .map(|part| record.push(part))
+                    .is_some()
+            });
+            // Anything but a record in the ring goes the waiting way.
+            let written = described
+                && matches!(
+                    pair.offer(&self.session, delivery, &record),
+                    Ok(PairOffer::Written)
+                );
+            self.scratch = record;
+            if !written {
+                return Err(parts);
+            }
+            self.hand_over(parts, Vec::new());
+            return Ok(());
+        }
+        let Inner::Batched(push) = &self.inner else {
+            return Err(parts);
+        };
         let mut record = std::mem::take(&mut self.scratch);
         record.clear();
         for message in &parts {
@@ -1620,8 +1807,9 @@ impl Socket for ShmSocket {
             .as_ref()
             .map_or(DeliveryRef::NONE, SentCounter::reference);
         let frame = match &self.inner {
-            // A push's records go into its outbox; a publisher makes a frame when it needs one.
-            Inner::Batched(_) | Inner::Publisher(_) => Bytes::new(),
+            // A push's records go into its outbox; a publisher and a pair make a frame when
+            // they need one.
+            Inner::Batched(_) | Inner::Publisher(_) | Inner::Pair(_) => Bytes::new(),
             _ => Bytes::from(wire::encode(
                 self.session.hash,
                 delivery,
@@ -1646,6 +1834,60 @@ impl Socket for ShmSocket {
                 }
                 self.hand_over(parts, fresh);
                 Ok(())
+            }
+            Inner::Pair(pair) => {
+                let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
+                let timed_out = || Error::Timeout {
+                    channel: self.label.clone(),
+                    after: timeout.unwrap_or_default(),
+                };
+                let looks = RingLooks::default();
+                loop {
+                    let offer = match pair.offer(&self.session, delivery, &record) {
+                        Ok(offer) => offer,
+                        Err(error) => return Err(SendError::new(error, parts)),
+                    };
+                    match offer {
+                        PairOffer::Written => {
+                            self.hand_over(parts, fresh);
+                            return Ok(());
+                        }
+                        PairOffer::Frames => break,
+                        PairOffer::NoPeer => match pair.wait_for_peer(deadline).await {
+                            Ok(true) => {}
+                            Ok(false) => return Err(SendError::new(timed_out(), parts)),
+                            Err(error) => return Err(SendError::new(error, parts)),
+                        },
+                        // The consumer frees room without telling: look again soon.
+                        PairOffer::Full => {
+                            let now = tokio::time::Instant::now();
+                            if deadline.is_some_and(|deadline| now >= deadline) {
+                                return Err(SendError::new(timed_out(), parts));
+                            }
+                            let next_look = looks.next();
+                            let wake_at =
+                                deadline.map_or(next_look, |deadline| next_look.min(deadline));
+                            if wake_at <= now {
+                                tokio::task::yield_now().await;
+                            } else {
+                                tokio::time::sleep_until(wake_at).await;
+                            }
+                        }
+                    }
+                }
+                let frame =
+                    wire::encode(self.session.hash, delivery, std::slice::from_ref(&record));
+                match pair
+                    .socket
+                    .send_parts(Parts::from(Message::from(frame)), timeout)
+                    .await
+                {
+                    Ok(()) => {
+                        self.hand_over(parts, fresh);
+                        Ok(())
+                    }
+                    Err(failed) => Err(SendError::new(failed.error, parts)),
+                }
             }
             Inner::Plain(socket) => match socket
                 .send_parts(Parts::from(Message::from(frame)), timeout)
@@ -1741,7 +1983,7 @@ impl Socket for ShmSocket {
             }
             let label = &self.label;
             let receive = match &mut self.inner {
-                Inner::Plain(socket) => async {
+                Inner::Plain(socket) | Inner::Pair(PairSide { socket, .. }) => async {
                     Ok(socket
                         .receive_unboxed()
                         .await?
@@ -1838,8 +2080,13 @@ impl Socket for ShmSocket {
                 ),
             })
         };
+        if let Inner::Pair(pair) = &mut self.inner {
+            // Its ring is published and closed (the doorbell written by the socket's close);
+            // the peer still takes what it holds.
+            pair.ring = None;
+        }
         let result = match &mut self.inner {
-            Inner::Plain(socket) => {
+            Inner::Plain(socket) | Inner::Pair(PairSide { socket, .. }) => {
                 let held = n_untaken > 0 && socket.peers_hold_what_was_written();
                 socket
                     .close(linger)

@@ -127,7 +127,7 @@ pub mod endpoint {
 }
 
 use async_trait::async_trait;
-use ferromq_core::{ChannelConfig, Result, Socket, SocketType, Transport};
+use ferromq_core::{ChannelConfig, Result, Socket, Transport};
 
 /// The first bytes of every descriptor frame the shmem transport sends over this transport (see
 /// [`ZmqTransport::with_peer_rules`]). A zeromq receiver that gets such a frame reports a
@@ -141,14 +141,11 @@ pub const SHMEM_DESCRIPTOR_MIN_LEN: usize = 32;
 #[derive(Debug, Clone, Copy)]
 pub struct ZmqTransport {
     rules: PeerRules,
-    /// Whether push and pair sockets over tcp and ipc are ferromq's own (a peer's death loses
-    /// nothing queued: see `zmtp_channel.rs`) rather than zmq.rs's. A carrier whose frames
-    /// account for themselves (shmem's receivers count what they take) keeps zmq.rs's, but for
-    /// push and pull ([`ZmqTransport::own_push_pull_with_peer_rules`]).
+    /// Whether push, pull and pair sockets over tcp and ipc are ferromq's own (a peer's death
+    /// loses nothing queued: see `zmtp_channel.rs`) rather than zmq.rs's. shmem's carrier has
+    /// them for their connections, which get descriptor rings
+    /// ([`ZmqTransport::own_zmtp_with_peer_rules`]).
     own_zmtp: bool,
-    /// Whether pair sockets are ferromq's own too when `own_zmtp` is (shmem's carrier keeps its
-    /// pair a DEALER on both ends).
-    own_pair: bool,
 }
 
 impl Default for ZmqTransport {
@@ -167,7 +164,6 @@ impl ZmqTransport {
         ZmqTransport {
             rules: PeerRules::ZEROMQ,
             own_zmtp: true,
-            own_pair: true,
         }
     }
 
@@ -177,18 +173,16 @@ impl ZmqTransport {
         ZmqTransport {
             rules,
             own_zmtp: false,
-            own_pair: false,
         }
     }
 
-    /// [`ZmqTransport::with_peer_rules`] whose push and pull over tcp and ipc are ferromq's own
-    /// (the shmem transport's descriptor carrier: its push reports each connection, see
-    /// [`ZmqSocket::next_peer`]); other patterns stay on zmq.rs.
-    pub fn own_push_pull_with_peer_rules(rules: PeerRules) -> ZmqTransport {
+    /// [`ZmqTransport::with_peer_rules`] whose push, pull and pair over tcp and ipc are
+    /// ferromq's own (the shmem transport's descriptor carrier: its push and pair report each
+    /// connection, see [`ZmqSocket::next_peer`]); other patterns stay on zmq.rs.
+    pub fn own_zmtp_with_peer_rules(rules: PeerRules) -> ZmqTransport {
         ZmqTransport {
             rules,
             own_zmtp: true,
-            own_pair: false,
         }
     }
 
@@ -206,7 +200,7 @@ impl ZmqTransport {
             config,
             socket_name,
             self.rules,
-            self.own_zmtp && (self.own_pair || config.socket_type != SocketType::Pair),
+            self.own_zmtp,
         ))
     }
 }

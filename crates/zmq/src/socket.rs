@@ -68,7 +68,7 @@ impl ZmqSocket {
 
     /// Asks for this push socket's connections to be handed out by [`ZmqSocket::next_peer`],
     /// each with a [`crate::PeerLink`] that writes frames to that peer alone. Call before the
-    /// first bind or connect. Only ferromq's own push over tcp and ipc reports connections
+    /// first bind or connect. Only ferromq's own push and pair over tcp and ipc report connections
     /// ([`ZmqSocket::reports_peers`] says whether this one does, once bound or connected).
     pub fn report_new_peers(&mut self) {
         self.report_peers = true;
@@ -119,7 +119,8 @@ impl ZmqSocket {
                     (self.snd_buf_size, self.rcv_buf_size),
                     self.rules,
                     std::sync::Arc::clone(&self.figures),
-                    self.report_peers && self.socket_type == SocketType::Push,
+                    self.report_peers
+                        && matches!(self.socket_type, SocketType::Push | SocketType::Pair),
                 )));
             }
             (Backend::Unattached, false) => {
