@@ -45,8 +45,7 @@ pub struct BenchOptions {
     /// Measure round-trip latency over req/rep instead of throughput.
     #[arg(long)]
     pub latency: bool,
-    /// With --latency: out over one push/pull channel and back over another instead of req/rep
-    /// (shmem's descriptor rings serve push/pull, pair and pub/sub, not req/rep).
+    /// With --latency: out over one push/pull channel and back over another instead of req/rep.
     #[arg(long = "push-pull", requires = "latency")]
     pub push_pull: bool,
     /// With --latency: out and back over one pair channel instead of req/rep.

@@ -18,6 +18,7 @@ pub(crate) static ALL: &[Scenario] = &[
     scenario!(several_pushes_into_one_pull_keep_each_senders_order),
     scenario!(pair_talks_both_ways),
     scenario!(req_rep_round_trips_and_each_side_must_alternate),
+    scenario!(a_rep_answers_each_of_several_requesters_and_no_other),
     scenario!(pub_sub_gives_each_subscriber_its_topics),
     scenario!(a_receive_with_nothing_to_receive_times_out),
     scenario!(a_send_without_a_peer_is_held_back_and_hands_the_message_back),
@@ -268,6 +269,57 @@ async fn req_rep_round_trips_and_each_side_must_alternate(
         verify(idx + 1000, 4096, reply.data())?;
     }
     req.close().await.during("closing the req")?;
+    rep.close().await.during("closing the rep")?;
+    Ok(())
+}
+
+/// Three requesters (one where a channel serves one peer) talk to one rep at once: each
+/// request's reply goes back to its own requester, whichever connection the rep took it from.
+async fn a_rep_answers_each_of_several_requesters_and_no_other(
+    fixture: Arc<Fixture>,
+) -> Result<(), Failure> {
+    let n_requesters: u64 = if fixture.one_peer_per_channel() { 1 } else { 3 };
+    const N_EACH: u64 = 200;
+    /// Request `seq` of requester `requester`; its reply is the index plus `REPLY`.
+    fn index(requester: u64, seq: u64) -> u64 {
+        requester * 1_000_000 + seq
+    }
+    const REPLY: u64 = 500_000;
+    let (mut rep, address) = fixture.bound(SocketType::Rep).await?;
+    let mut requesters = Vec::new();
+    for requester in 0..n_requesters {
+        let mut req = fixture.connected(SocketType::Req, &address).await?;
+        let fixture = Arc::clone(&fixture);
+        requesters.push(tokio::spawn(async move {
+            for seq in 0..N_EACH {
+                let idx = index(requester, seq);
+                let what = format!("requester {requester}'s round trip {seq}");
+                let request = message(fixture.transport(), idx, 64).await?;
+                watch(&what, req.send(request)).await?.during(&what)?;
+                let reply = watch(&what, req.receive()).await?.during(&what)?;
+                if index_of(reply.data()) != idx + REPLY {
+                    return Err(Failure::expectation(format!(
+                        "{what}: the reply to {} came, not to {idx}",
+                        index_of(reply.data()).wrapping_sub(REPLY)
+                    )));
+                }
+                verify(idx + REPLY, 512, reply.data())?;
+            }
+            Ok::<Channel, Failure>(req)
+        }));
+    }
+    for n_answered in 0..n_requesters * N_EACH {
+        let what = format!("answering request {n_answered}");
+        let request = watch(&what, rep.receive()).await?.during(&what)?;
+        let idx = index_of(request.data());
+        verify(idx, 64, request.data())?;
+        let reply = message(fixture.transport(), idx + REPLY, 512).await?;
+        watch(&what, rep.send(reply)).await?.during(&what)?;
+    }
+    for requester in requesters {
+        let mut req = joined(requester).await?;
+        req.close().await.during("closing a req")?;
+    }
     rep.close().await.during("closing the rep")?;
     Ok(())
 }

@@ -1,12 +1,13 @@
 //! [`ShmSocket`]: a channel end of the shmem transport.
 //!
 //! Payloads stay in shared memory; their descriptors travel through a descriptor ring per
-//! push-to-pull, pair-to-pair and publisher-to-subscriber connection (`ring.rs`), or as
-//! descriptor frames (see `wire.rs`) over zeromq (req/rep; inproc).
-//! Push/pull, req/rep and pair use the zeromq transport's socket of the same pattern (push,
-//! pull and pair ferromq's own ZMTP, whose push and pair hand each connection to this socket
-//! so that it gets a ring; records then never touch the socket, which carries the ring's
-//! announcement and its doorbells). Pub/sub
+//! connection and direction (`ring.rs`) for every pattern over tcp and ipc, or as descriptor
+//! frames (see `wire.rs`) over zeromq (inproc).
+//! Push/pull, req/rep and pair use the zeromq transport's socket of the same pattern (ferromq's
+//! own ZMTP, whose push, pair, req and rep hand each connection to this socket so that it gets a
+//! ring; records then never touch the socket, which carries the rings' announcements and their
+//! doorbells; a req's or rep's frames come behind their peer's identity, which says where a
+//! reply goes). Pub/sub
 //! uses a zmq.rs ROUTER (publisher) and DEALERs (subscriber) instead of PUB/SUB, because the
 //! publisher must know exactly which subscribers get a block to count its references (zmq's PUB
 //! drops silently, which would leak the references of dropped copies); the ROUTER also names
@@ -87,6 +88,7 @@ struct SubscriberSide {
 enum Inner {
     Plain(ZmqSocket),
     Pair(PairSide),
+    ReqRep(ReqRepSide),
     Batched(BatchedPush),
     Publisher(Publisher),
     Subscriber(SubscriberSide),
@@ -113,7 +115,7 @@ struct PairSide {
 }
 
 /// What [`PairSide::offer`] did with a record.
-enum PairOffer {
+enum RingOffer {
     /// Into the ring.
     Written,
     /// The ring is full.
@@ -187,31 +189,17 @@ impl PairSide {
         session: &Session,
         delivery: DeliveryRef,
         record: &[PartRef],
-    ) -> Result<PairOffer> {
+    ) -> Result<RingOffer> {
         if self.carriage == Carriage::Frames {
-            return Ok(PairOffer::Frames);
+            return Ok(RingOffer::Frames);
         }
         if !self.connection(session, delivery)? {
-            return Ok(PairOffer::NoPeer);
+            return Ok(RingOffer::NoPeer);
         }
         let Some(connection) = &mut self.ring else {
-            return Ok(PairOffer::Frames);
+            return Ok(RingOffer::Frames);
         };
-        let Ok((kind, indirect)) = ring_entry(session, record, &mut self.entry) else {
-            // A record of thousands of parts and a full segment: like a full ring.
-            return Ok(PairOffer::Full);
-        };
-        let wake = match connection.ring.push(kind, &self.entry) {
-            Pushed::Full => return Ok(PairOffer::Full),
-            Pushed::Published(wake) => wake,
-            Pushed::Unpublished { .. } => connection.ring.publish(),
-        };
-        connection.ring_doorbell(wake);
-        if let Some(block) = indirect {
-            // Its reference now belongs to the consumer.
-            block.disarm();
-        }
-        Ok(PairOffer::Written)
+        Ok(connection.write_published(session, record, &mut self.entry))
     }
 
     /// Waits until the next connection is made (kept for [`PairSide::connection`]), or
@@ -231,6 +219,161 @@ impl PairSide {
         let (_, link) = peer?;
         self.next_link = Some(link);
         Ok(true)
+    }
+}
+
+/// A req or rep socket. Over tcp and ipc its carrier (ferromq's own ZMTP req or rep, which
+/// reports each connection and hands in each frame behind its peer's identity) carries only
+/// rings' announcements and doorbells: each side makes a ring for a connection at its first
+/// send on it (a req's request, a rep's reply) and announces it to that peer alone. A req sends
+/// its requests to its connections in turn and takes the reply of the one it sent to; a rep
+/// writes each reply into the ring of the connection its request came by. Over inproc records
+/// travel in frames through the carrier's own req and rep, which keep the alternation.
+struct ReqRepSide {
+    socket: ZmqSocket,
+    /// Frames when the socket does not report connections (inproc), rings otherwise.
+    carriage: Carriage,
+    connections: Vec<ReqRepConnection>,
+    /// A req's next connection to send to.
+    next_connection: usize,
+    /// A req's: the peer whose reply is awaited; a rep's: the peer of the request being
+    /// answered.
+    peer: Option<Bytes>,
+    /// The doorbell of this socket's rings: a descriptor frame with no record.
+    doorbell: Arc<[u8]>,
+    /// The entry being written into a ring (reused: no allocation per message).
+    entry: Vec<u8>,
+}
+
+/// One connection of a [`ReqRepSide`].
+struct ReqRepConnection {
+    /// The peer's identity, which its frames (and the ring it announced) come behind.
+    identity: Bytes,
+    link: Arc<ferromq_zmq::PeerLink>,
+    /// This side's ring for the connection, made at the first send on it.
+    ring: Option<ConnectionRing>,
+}
+
+impl ReqRepSide {
+    fn is_req(&self) -> bool {
+        self.socket.label().socket_type == SocketType::Req
+    }
+
+    /// Settles the carriage once the socket is bound or connected.
+    fn attached(&mut self) {
+        if self.carriage == Carriage::Undecided {
+            self.carriage = if self.socket.reports_peers() {
+                Carriage::Rings
+            } else {
+                Carriage::Frames
+            };
+        }
+    }
+
+    /// Takes in the connections made since the last look and forgets those that ended.
+    ///
+    /// # Errors
+    /// A req's peer was refused (another transport or session): nothing can be sent.
+    fn refresh(&mut self) -> Result<()> {
+        while let Some(peer) = self.socket.next_peer().now_or_never() {
+            let (identity, link) = peer?;
+            self.add_connection(identity, link);
+        }
+        // A gone connection's ring is closed; what it holds is counted as not taken unless
+        // its consumer still reads it.
+        self.connections
+            .retain(|connection| !connection.link.is_gone());
+        Ok(())
+    }
+
+    fn add_connection(&mut self, identity: Bytes, link: Arc<ferromq_zmq::PeerLink>) {
+        // A peer that reconnected gets a new ring: its old connection is gone.
+        self.connections
+            .retain(|connection| connection.identity != identity);
+        self.connections.push(ReqRepConnection {
+            identity,
+            link,
+            ring: None,
+        });
+    }
+
+    /// Waits until the next connection is made, or `deadline`; false at the deadline.
+    /// Cancel-safe.
+    ///
+    /// # Errors
+    /// The peer was refused (another transport or session).
+    async fn wait_for_peer(&mut self, deadline: Option<tokio::time::Instant>) -> Result<bool> {
+        let peer = self.socket.next_peer();
+        let peer = match deadline {
+            Some(deadline) => match tokio::time::timeout_at(deadline, peer).await {
+                Ok(peer) => peer,
+                Err(_) => return Ok(false),
+            },
+            None => peer.await,
+        };
+        let (identity, link) = peer?;
+        self.add_connection(identity, link);
+        Ok(true)
+    }
+
+    /// The connection a send goes to: a req's next in turn, a rep's requester.
+    ///
+    /// # Errors
+    /// A rep's requester is gone ([`Error::PeerGone`]); a req's peer was refused.
+    fn target(&mut self, label: &ChannelLabel) -> Result<Option<usize>> {
+        self.refresh()?;
+        if !self.is_req() {
+            let requester = self.peer.as_ref().and_then(|peer| {
+                self.connections
+                    .iter()
+                    .position(|connection| connection.identity == *peer)
+            });
+            return match requester {
+                Some(connection_idx) => Ok(Some(connection_idx)),
+                None => Err(Error::PeerGone {
+                    channel: label.clone(),
+                    reason: "the requester left before its reply was sent".to_owned(),
+                }),
+            };
+        }
+        if self.connections.is_empty() {
+            return Ok(None);
+        }
+        let connection_idx = self.next_connection % self.connections.len();
+        self.next_connection = connection_idx + 1;
+        Ok(Some(connection_idx))
+    }
+
+    /// Writes `record` into the ring of connection `connection_idx`, making and announcing
+    /// the ring first if it has none.
+    fn offer(
+        &mut self,
+        session: &Session,
+        connection_idx: usize,
+        record: &[PartRef],
+    ) -> Result<RingOffer> {
+        let connection = &mut self.connections[connection_idx];
+        if connection.ring.is_none() {
+            let (ring, announce) = new_ring(session, DeliveryRef::NONE)
+                .map_err(|error| transport_error(self.socket.label(), error))?;
+            connection.link.send_frame(&announce);
+            connection.ring = Some(ConnectionRing {
+                ring,
+                link: Arc::clone(&connection.link),
+                doorbell: Arc::clone(&self.doorbell),
+            });
+        }
+        let ring = connection.ring.as_mut().expect("made above");
+        Ok(ring.write_published(session, record, &mut self.entry))
+    }
+
+    /// A message was handed out that came from `peer`: a req's reply (the next request may
+    /// go), a rep's request (its reply goes to `peer`).
+    fn received(&mut self, peer: Option<Bytes>) {
+        if self.carriage != Carriage::Rings {
+            return;
+        }
+        self.peer = if self.is_req() { None } else { peer };
     }
 }
 
@@ -324,6 +467,49 @@ impl ConnectionRing {
             self.link.send_frame(&self.doorbell);
         }
     }
+
+    /// Writes `record` into the ring (made in `entry`) and publishes it at once (for a socket
+    /// with no task to publish later), ringing the doorbell when the consumer waits:
+    /// [`RingOffer::Written`] or [`RingOffer::Full`].
+    fn write_published(
+        &mut self,
+        session: &Session,
+        record: &[PartRef],
+        entry: &mut Vec<u8>,
+    ) -> RingOffer {
+        let Ok((kind, indirect)) = ring_entry(session, record, entry) else {
+            // A record of thousands of parts and a full segment: like a full ring.
+            return RingOffer::Full;
+        };
+        let wake = match self.ring.push(kind, entry) {
+            Pushed::Full => return RingOffer::Full,
+            Pushed::Published(wake) => wake,
+            Pushed::Unpublished { .. } => self.ring.publish(),
+        };
+        self.ring_doorbell(wake);
+        if let Some(block) = indirect {
+            // Its reference now belongs to the consumer.
+            block.disarm();
+        }
+        RingOffer::Written
+    }
+}
+
+/// Waits for the next look at a full ring (see [`RingLooks`]), at most until `deadline`;
+/// false once the deadline has passed. Its consumer frees room without telling.
+async fn wait_for_ring_room(looks: &RingLooks, deadline: Option<tokio::time::Instant>) -> bool {
+    let now = tokio::time::Instant::now();
+    if deadline.is_some_and(|deadline| now >= deadline) {
+        return false;
+    }
+    let next_look = looks.next();
+    let wake_at = deadline.map_or(next_look, |deadline| next_look.min(deadline));
+    if wake_at <= now {
+        tokio::task::yield_now().await;
+    } else {
+        tokio::time::sleep_until(wake_at).await;
+    }
+    true
 }
 
 impl Drop for ConnectionRing {
@@ -876,10 +1062,11 @@ pub(crate) struct ShmSocket {
     sent: Option<SentCounter>,
     /// Messages in flight at most (`sndBufSize`; 0: no bound).
     window: usize,
-    /// Received and not yet handed out, with the counter of the sender to advance on hand-out.
-    pending: VecDeque<(Parts, Option<Arc<TakenCounter>>)>,
-    /// Descriptor frames received and not yet decoded into `pending`.
-    frames: VecDeque<Bytes>,
+    /// Received and not yet handed out.
+    pending: VecDeque<Received>,
+    /// Descriptor frames received and not yet decoded into `pending`, each with the identity of
+    /// the peer it came from where the carrier says (req/rep).
+    frames: VecDeque<(Option<Bytes>, Bytes)>,
     /// Segments and regions of peers already mapped for this socket.
     seen_memory: Vec<(ObjectKind, ObjectRef)>,
     /// Reused for the part descriptors of one message (try_send_parts).
@@ -896,7 +1083,7 @@ pub(crate) struct ShmSocket {
     figures: Arc<ferromq_core::SendFigures>,
     /// Descriptor rings this pull adopted, one per connected push (see `ring.rs`), taken in
     /// turn.
-    rings: Vec<RingConsumer>,
+    rings: Vec<AdoptedRing>,
     next_ring: usize,
     /// One ring entry, copied out of its ring (reused: no allocation per message).
     entry: Vec<u8>,
@@ -917,9 +1104,25 @@ enum FromRings {
     NeedsMapping(Vec<(ObjectKind, ObjectRef)>),
 }
 
+/// A message received and not yet handed out.
+struct Received {
+    parts: Parts,
+    /// The counter of its sender, advanced when it is handed out.
+    taken: Option<Arc<TakenCounter>>,
+    /// The peer it came from, where the carrier says (req/rep: a rep's reply goes there).
+    peer: Option<Bytes>,
+}
+
+/// A ring a receiver adopted, and the peer that announced it where the carrier says
+/// (req/rep).
+struct AdoptedRing {
+    ring: RingConsumer,
+    peer: Option<Bytes>,
+}
+
 /// How a receive waits for its rings' entries and its socket's frames together.
 struct RingWait<'a> {
-    rings: &'a mut Vec<RingConsumer>,
+    rings: &'a mut Vec<AdoptedRing>,
     busy_poll: bool,
     /// The last wait for ring entries was short (see `RING_SHORT_WAIT`); updated by this one.
     last_wait_short: &'a mut bool,
@@ -933,14 +1136,14 @@ impl RingWait<'_> {
     /// `receive` is.
     async fn or_socket(
         self,
-        receive: impl std::future::Future<Output = Result<Vec<Bytes>>>,
-    ) -> Option<Result<Vec<Bytes>>> {
+        receive: impl std::future::Future<Output = Result<Vec<(Option<Bytes>, Bytes)>>>,
+    ) -> Option<Result<Vec<(Option<Bytes>, Bytes)>>> {
         let RingWait {
             rings,
             busy_poll,
             last_wait_short,
         } = self;
-        rings.retain_mut(|ring| !ring.is_finished());
+        rings.retain_mut(|adopted| !adopted.ring.is_finished());
         let watch_rings = !rings.is_empty();
         // Under load a consumer finds its rings empty between the producer's runs of entries:
         // it looks again for a while (yielding) before it asks for a doorbell, which costs both
@@ -949,7 +1152,10 @@ impl RingWait<'_> {
         let spin = watch_rings && !busy_poll && *last_wait_short;
         let mut asked = busy_poll;
         if !spin && !asked {
-            if !rings.iter_mut().all(RingConsumer::wait_for_doorbell) {
+            if !rings
+                .iter_mut()
+                .all(|adopted| adopted.ring.wait_for_doorbell())
+            {
                 return None;
             }
             asked = true;
@@ -959,7 +1165,7 @@ impl RingWait<'_> {
         let safety_net = tokio::time::sleep(DOORBELL_SAFETY_NET);
         tokio::pin!(safety_net);
         let received = std::future::poll_fn(|cx| {
-            if watch_rings && rings.iter_mut().any(RingConsumer::has_entries) {
+            if watch_rings && rings.iter_mut().any(|adopted| adopted.ring.has_entries()) {
                 return std::task::Poll::Ready(None);
             }
             if !asked {
@@ -970,7 +1176,10 @@ impl RingWait<'_> {
                     return std::task::Poll::Pending;
                 }
                 asked = true;
-                if !rings.iter_mut().all(RingConsumer::wait_for_doorbell) {
+                if !rings
+                    .iter_mut()
+                    .all(|adopted| adopted.ring.wait_for_doorbell())
+                {
                     return std::task::Poll::Ready(None);
                 }
             }
@@ -1089,6 +1298,21 @@ impl ShmSocket {
                     doorbell: Arc::from(wire::frame_header(session.hash, delivery, 0)),
                     entry: Vec::new(),
                     next_link: None,
+                })
+            }
+            SocketType::Req | SocketType::Rep => {
+                let mut socket =
+                    descriptor_carrier(&session).create_zmq_socket(config, socket_name)?;
+                // Its connections get descriptor rings (see `ring.rs`).
+                socket.report_new_peers();
+                Inner::ReqRep(ReqRepSide {
+                    socket,
+                    carriage: Carriage::Undecided,
+                    connections: Vec::new(),
+                    next_connection: 0,
+                    peer: None,
+                    doorbell: Arc::from(wire::frame_header(session.hash, delivery, 0)),
+                    entry: Vec::new(),
                 })
             }
             _ => Inner::Plain(descriptor_carrier(&session).create_zmq_socket(config, socket_name)?),
@@ -1582,6 +1806,11 @@ impl Socket for ShmSocket {
                 pair.attached();
                 bound
             }
+            Inner::ReqRep(req_rep) => {
+                let bound = req_rep.socket.bind(address).await?;
+                req_rep.attached();
+                bound
+            }
             Inner::Batched(push) => {
                 push.call(&self.label, |reply| {
                     PushCommand::Bind(address.clone(), reply)
@@ -1612,6 +1841,10 @@ impl Socket for ShmSocket {
             Inner::Pair(pair) => {
                 pair.socket.connect(address).await?;
                 pair.attached();
+            }
+            Inner::ReqRep(req_rep) => {
+                req_rep.socket.connect(address).await?;
+                req_rep.attached();
             }
             Inner::Batched(push) => {
                 push.call(&self.label, |reply| {
@@ -1689,7 +1922,7 @@ impl Socket for ShmSocket {
             let written = described
                 && matches!(
                     pair.offer(&self.session, delivery, &record),
-                    Ok(PairOffer::Written)
+                    Ok(RingOffer::Written)
                 );
             self.scratch = record;
             if !written {
@@ -1782,9 +2015,12 @@ impl Socket for ShmSocket {
             // Errors and memory to map are the waiting receive's to handle.
             let _ = self.take_from_rings();
         }
-        let (parts, taken) = self.pending.pop_front()?;
+        let Received { parts, taken, peer } = self.pending.pop_front()?;
         if let Some(taken) = taken {
             taken.count_taken();
+        }
+        if let Inner::ReqRep(req_rep) = &mut self.inner {
+            req_rep.received(peer);
         }
         Some(parts)
     }
@@ -1810,6 +2046,7 @@ impl Socket for ShmSocket {
             // A push's records go into its outbox; a publisher and a pair make a frame when
             // they need one.
             Inner::Batched(_) | Inner::Publisher(_) | Inner::Pair(_) => Bytes::new(),
+            Inner::ReqRep(req_rep) if req_rep.carriage == Carriage::Rings => Bytes::new(),
             _ => Bytes::from(wire::encode(
                 self.session.hash,
                 delivery,
@@ -1848,29 +2085,19 @@ impl Socket for ShmSocket {
                         Err(error) => return Err(SendError::new(error, parts)),
                     };
                     match offer {
-                        PairOffer::Written => {
+                        RingOffer::Written => {
                             self.hand_over(parts, fresh);
                             return Ok(());
                         }
-                        PairOffer::Frames => break,
-                        PairOffer::NoPeer => match pair.wait_for_peer(deadline).await {
+                        RingOffer::Frames => break,
+                        RingOffer::NoPeer => match pair.wait_for_peer(deadline).await {
                             Ok(true) => {}
                             Ok(false) => return Err(SendError::new(timed_out(), parts)),
                             Err(error) => return Err(SendError::new(error, parts)),
                         },
-                        // The consumer frees room without telling: look again soon.
-                        PairOffer::Full => {
-                            let now = tokio::time::Instant::now();
-                            if deadline.is_some_and(|deadline| now >= deadline) {
+                        RingOffer::Full => {
+                            if !wait_for_ring_room(&looks, deadline).await {
                                 return Err(SendError::new(timed_out(), parts));
-                            }
-                            let next_look = looks.next();
-                            let wake_at =
-                                deadline.map_or(next_look, |deadline| next_look.min(deadline));
-                            if wake_at <= now {
-                                tokio::task::yield_now().await;
-                            } else {
-                                tokio::time::sleep_until(wake_at).await;
                             }
                         }
                     }
@@ -1889,7 +2116,64 @@ impl Socket for ShmSocket {
                     Err(failed) => Err(SendError::new(failed.error, parts)),
                 }
             }
-            Inner::Plain(socket) => match socket
+            Inner::ReqRep(req_rep) if req_rep.carriage == Carriage::Rings => {
+                let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
+                let timed_out = || Error::Timeout {
+                    channel: self.label.clone(),
+                    after: timeout.unwrap_or_default(),
+                };
+                let out_of_turn = |operation| Error::WrongSocketType {
+                    channel: self.label.clone(),
+                    operation,
+                };
+                match (req_rep.is_req(), &req_rep.peer) {
+                    (true, Some(_)) => {
+                        let error = out_of_turn("send a request before the last one's reply came");
+                        return Err(SendError::new(error, parts));
+                    }
+                    (false, None) => {
+                        let error = out_of_turn("send a reply before receiving a request");
+                        return Err(SendError::new(error, parts));
+                    }
+                    _ => {}
+                }
+                let looks = RingLooks::default();
+                loop {
+                    let target = match req_rep.target(&self.label) {
+                        Ok(target) => target,
+                        Err(error) => {
+                            // A rep whose requester left has nobody to answer any more.
+                            if !req_rep.is_req() {
+                                req_rep.peer = None;
+                            }
+                            return Err(SendError::new(error, parts));
+                        }
+                    };
+                    let Some(connection_idx) = target else {
+                        match req_rep.wait_for_peer(deadline).await {
+                            Ok(true) => continue,
+                            Ok(false) => return Err(SendError::new(timed_out(), parts)),
+                            Err(error) => return Err(SendError::new(error, parts)),
+                        }
+                    };
+                    match req_rep.offer(&self.session, connection_idx, &record) {
+                        Ok(RingOffer::Written) => {
+                            let identity = req_rep.connections[connection_idx].identity.clone();
+                            // A req waits for this peer's reply; a rep answered.
+                            req_rep.peer = req_rep.is_req().then_some(identity);
+                            self.hand_over(parts, fresh);
+                            return Ok(());
+                        }
+                        Ok(_) => {
+                            if !wait_for_ring_room(&looks, deadline).await {
+                                return Err(SendError::new(timed_out(), parts));
+                            }
+                        }
+                        Err(error) => return Err(SendError::new(error, parts)),
+                    }
+                }
+            }
+            Inner::Plain(socket) | Inner::ReqRep(ReqRepSide { socket, .. }) => match socket
                 .send_parts(Parts::from(Message::from(frame)), timeout)
                 .await
             {
@@ -1917,6 +2201,17 @@ impl Socket for ShmSocket {
     }
 
     async fn receive_parts(&mut self) -> Result<Parts> {
+        if let Inner::ReqRep(req_rep) = &self.inner
+            && req_rep.carriage == Carriage::Rings
+            && req_rep.is_req()
+            && req_rep.peer.is_none()
+            && self.pending.is_empty()
+        {
+            return Err(Error::WrongSocketType {
+                channel: self.label.clone(),
+                operation: "receive a reply before sending a request",
+            });
+        }
         loop {
             if let Some(parts) = self.try_receive_parts() {
                 return Ok(parts);
@@ -1936,8 +2231,9 @@ impl Socket for ShmSocket {
                     }
                 }
             }
-            if let Some(frame) = self.frames.front() {
+            if let Some((peer, frame)) = self.frames.front() {
                 if let Some(announced) = wire::decode_ring_announce(frame, self.session.hash) {
+                    let peer = peer.clone();
                     // Mapped while the announcement stays queued: a receive cancelled
                     // meanwhile loses nothing.
                     let adopted = match announced {
@@ -1945,10 +2241,11 @@ impl Socket for ShmSocket {
                         Err(error) => Err(transport_error(&self.label, error)),
                     };
                     self.frames.pop_front();
-                    self.rings.push(adopted?);
+                    let ring = adopted?;
+                    self.rings.push(AdoptedRing { ring, peer });
                     continue;
                 }
-                let frame = frame.clone();
+                let (peer, frame) = (peer.clone(), frame.clone());
                 let unseen = match decode_frame(
                     &frame,
                     self.session.hash,
@@ -1978,20 +2275,28 @@ impl Socket for ShmSocket {
                 let mapped = self.map_unseen(unseen).await;
                 self.frames.pop_front();
                 mapped?;
-                self.queue_decoded()?;
+                self.queue_decoded(peer.as_ref())?;
                 continue;
             }
             let label = &self.label;
             let receive = match &mut self.inner {
-                Inner::Plain(socket) | Inner::Pair(PairSide { socket, .. }) => async {
-                    Ok(socket
-                        .receive_unboxed()
-                        .await?
-                        .into_iter()
-                        .map(Message::into_bytes)
-                        .collect())
+                Inner::Plain(socket)
+                | Inner::Pair(PairSide { socket, .. })
+                | Inner::ReqRep(ReqRepSide { socket, .. }) => {
+                    // A req or rep carrier's messages come behind their peer's identity.
+                    let envelopes = socket.reports_peers()
+                        && matches!(label.socket_type, SocketType::Req | SocketType::Rep);
+                    async move {
+                        let mut frames = socket
+                            .receive_unboxed()
+                            .await?
+                            .into_iter()
+                            .map(Message::into_bytes);
+                        let peer = if envelopes { frames.next() } else { None };
+                        Ok(frames.map(|frame| (peer.clone(), frame)).collect())
+                    }
+                    .left_future()
                 }
-                .left_future(),
                 Inner::Subscriber(subscriber) if !subscriber.dealers.is_empty() => {
                     // Made when first polled: zmq.rs allocates for each receive, and a wait
                     // that its rings end first never gets that far.
@@ -2011,7 +2316,10 @@ impl Socket for ShmSocket {
                         let (received, _, _) = futures::future::select_all(receives).await;
                         Ok(received
                             .map_err(|error| transport_error(label, error))?
-                            .into_vec())
+                            .into_vec()
+                            .into_iter()
+                            .map(|frame| (None, frame))
+                            .collect())
                     }
                     .right_future()
                 }
@@ -2035,7 +2343,7 @@ impl Socket for ShmSocket {
             }
             .or_socket(receive)
             .await;
-            let frames: Vec<Bytes> = match waited {
+            let frames: Vec<(Option<Bytes>, Bytes)> = match waited {
                 Some(received) => received?,
                 None => continue,
             };
@@ -2080,13 +2388,17 @@ impl Socket for ShmSocket {
                 ),
             })
         };
-        if let Inner::Pair(pair) = &mut self.inner {
-            // Its ring is published and closed (the doorbell written by the socket's close);
-            // the peer still takes what it holds.
-            pair.ring = None;
+        // Rings are published and closed (their doorbells written by the socket's close); the
+        // peers still take what they hold.
+        match &mut self.inner {
+            Inner::Pair(pair) => pair.ring = None,
+            Inner::ReqRep(req_rep) => req_rep.connections.clear(),
+            _ => {}
         }
         let result = match &mut self.inner {
-            Inner::Plain(socket) | Inner::Pair(PairSide { socket, .. }) => {
+            Inner::Plain(socket)
+            | Inner::Pair(PairSide { socket, .. })
+            | Inner::ReqRep(ReqRepSide { socket, .. }) => {
                 let held = n_untaken > 0 && socket.peers_hold_what_was_written();
                 socket
                     .close(linger)
@@ -2217,8 +2529,9 @@ impl ShmSocket {
         adopted.map_err(|error| transport_error(&self.label, error))
     }
 
-    /// Hands the records of `self.decoded` to `pending`, each with its sender's counter.
-    fn queue_decoded(&mut self) -> Result<()> {
+    /// Hands the records of `self.decoded` to `pending`, each with its sender's counter and
+    /// the `peer` it came from (where known).
+    fn queue_decoded(&mut self, peer: Option<&Bytes>) -> Result<()> {
         let delivery = self.decoded.delivery;
         // One sender's counter serves frame after frame: looked up when it changes.
         let taken = match &self.last_taken {
@@ -2251,7 +2564,11 @@ impl ShmSocket {
                     continue;
                 }
             }
-            self.pending.push_back((parts, taken.clone()));
+            self.pending.push_back(Received {
+                parts,
+                taken: taken.clone(),
+                peer: peer.cloned(),
+            });
         }
         Ok(())
     }
@@ -2287,7 +2604,7 @@ impl ShmSocket {
     fn take_one(&mut self, ring_idx: usize) -> std::result::Result<FromRings, (usize, Error)> {
         let failed =
             |error: crate::error::ShmError| (ring_idx, transport_error(&self.label, error));
-        let ring = &mut self.rings[ring_idx];
+        let ring = &mut self.rings[ring_idx].ring;
         let kind = match ring.peek(&mut self.entry) {
             Ok(Some(kind)) => kind,
             Ok(None) => return Ok(FromRings::Empty),
@@ -2324,13 +2641,15 @@ impl ShmSocket {
         if !unseen.is_empty() {
             return Ok(FromRings::NeedsMapping(unseen));
         }
-        let queued = self.queue_decoded();
+        // The peer's identity is an `Arc`'s clone: no allocation per message.
+        let peer = self.rings[ring_idx].peer.clone();
+        let queued = self.queue_decoded(peer.as_ref());
         if let Some((mapped, range)) = indirect {
             // The entry's reference to the block is given back.
             drop(ShmBuffer::adopt_block(mapped, range));
         }
         // Taken out of the ring once its messages hold their blocks' references.
-        self.rings[ring_idx].consume();
+        self.rings[ring_idx].ring.consume();
         queued.map_err(|error| (ring_idx, error))?;
         Ok(FromRings::Queued)
     }

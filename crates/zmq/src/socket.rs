@@ -66,10 +66,12 @@ impl ZmqSocket {
         }
     }
 
-    /// Asks for this push socket's connections to be handed out by [`ZmqSocket::next_peer`],
-    /// each with a [`crate::PeerLink`] that writes frames to that peer alone. Call before the
-    /// first bind or connect. Only ferromq's own push and pair over tcp and ipc report connections
-    /// ([`ZmqSocket::reports_peers`] says whether this one does, once bound or connected).
+    /// Asks for this socket's connections to be handed out by [`ZmqSocket::next_peer`], each
+    /// with a [`crate::PeerLink`] that writes frames to that peer alone. Call before the first
+    /// bind or connect. Only ferromq's own push, pair, req and rep over tcp and ipc report
+    /// connections ([`ZmqSocket::reports_peers`] says whether this one does, once bound or
+    /// connected); a req or rep that does is a carrier of ferromq peers only, whose received
+    /// messages come behind their peer's identity and which sends through its links alone.
     pub fn report_new_peers(&mut self) {
         self.report_peers = true;
     }
@@ -101,16 +103,21 @@ impl ZmqSocket {
                 self.backend =
                     Backend::Inproc(InprocChannel::new(self.socket_type, self.rcv_buf_size));
             }
+            // A req or rep that reports its peers is shmem's carrier: frames in behind their
+            // peer's identity, out through links only (`Pattern::Req`).
             (Backend::Unattached, false)
                 if self.own_zmtp
-                    && matches!(
+                    && (matches!(
                         self.socket_type,
                         SocketType::Push | SocketType::Pair | SocketType::Pull
-                    ) =>
+                    ) || (self.report_peers
+                        && matches!(self.socket_type, SocketType::Req | SocketType::Rep))) =>
             {
                 let pattern = match self.socket_type {
                     SocketType::Push => Pattern::Push,
                     SocketType::Pair => Pattern::Pair,
+                    SocketType::Req => Pattern::Req,
+                    SocketType::Rep => Pattern::Rep,
                     _ => Pattern::Pull,
                 };
                 self.backend = Backend::Zmtp(Box::new(ZmtpChannel::new(
@@ -120,7 +127,10 @@ impl ZmqSocket {
                     self.rules,
                     std::sync::Arc::clone(&self.figures),
                     self.report_peers
-                        && matches!(self.socket_type, SocketType::Push | SocketType::Pair),
+                        && matches!(
+                            self.socket_type,
+                            SocketType::Push | SocketType::Pair | SocketType::Req | SocketType::Rep
+                        ),
                 )));
             }
             (Backend::Unattached, false) => {

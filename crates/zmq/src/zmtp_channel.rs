@@ -1,5 +1,7 @@
 //! PUSH and PAIR over tcp and ipc, written by ferromq rather than zmq.rs, so that a message
-//! accepted by `send` is never lost with a peer that dies.
+//! accepted by `send` is never lost with a peer that dies. (Also PULL, and the REQ and REP of
+//! shmem's descriptor carrier, which only take frames in and write through each connection's
+//! [`PeerLink`]: see [`Pattern`].)
 //!
 //! zmq.rs gives every peer a queue of its own and drops that queue when the peer's connection
 //! ends: a receiver SIGKILLed with messages queued for it took them along, and the sender,
@@ -171,6 +173,13 @@ pub(crate) enum Pattern {
     /// Receives from any number of push peers, fairly (each connection's reader waits its turn
     /// for room in the inbox).
     Pull,
+    /// shmem's carrier of a req socket (ferromq peers only): frames in from any number of rep
+    /// peers, each message behind the identity of the peer it came from (as a ROUTER's
+    /// envelope), frames out only through each connection's [`PeerLink`].
+    Req,
+    /// shmem's carrier of a rep socket: as [`Pattern::Req`], with req peers; a peer of another
+    /// transport or session is refused alone, as a pull refuses one.
+    Rep,
 }
 
 impl Pattern {
@@ -180,7 +189,19 @@ impl Pattern {
             Pattern::Push => ("PUSH", b"PULL"),
             Pattern::Pair => ("PAIR", b"PAIR"),
             Pattern::Pull => ("PULL", b"PUSH"),
+            Pattern::Req => ("REQ", b"REP"),
+            Pattern::Rep => ("REP", b"REQ"),
         }
+    }
+
+    /// Whether it serves many peers and refuses a wrong one alone.
+    fn fans_in(self) -> bool {
+        matches!(self, Pattern::Pull | Pattern::Rep)
+    }
+
+    /// Whether each message it receives comes behind its peer's identity.
+    fn envelopes(self) -> bool {
+        matches!(self, Pattern::Req | Pattern::Rep)
     }
 }
 
@@ -507,6 +528,9 @@ impl ZmtpChannel {
         if parts.is_empty() {
             return Ok(());
         }
+        if self.shared.pattern.envelopes() {
+            return Err(parts);
+        }
         let mut state = self.shared.state();
         if state.mismatch.is_some() || state.peers == 0 || state.unwritten() >= self.snd_buf_size {
             return Err(parts);
@@ -573,6 +597,14 @@ impl ZmtpChannel {
     ) -> Result<(), SendError<Parts>> {
         if parts.is_empty() {
             return Ok(());
+        }
+        if self.shared.pattern.envelopes() {
+            let error = Error::Unsupported {
+                channel: label.clone(),
+                operation: "send",
+                reason: "a req/rep carrier writes to its connections' links only",
+            };
+            return Err(SendError::new(error, parts));
         }
         let room = match timeout {
             None => self.reserve(label).await,
@@ -736,7 +768,7 @@ async fn serve(shared: Arc<Shared>, stream: Stream) {
     // Who the peer is comes first: a shmem or other-session peer is named as such.
     if let Some(mismatch) = crate::handshake::check(shared.rules, &peer.identity) {
         let mut state = shared.state();
-        if shared.pattern == Pattern::Pull {
+        if shared.pattern.fans_in() {
             // A fan-in socket refuses that one peer and keeps serving the others.
             if !state.refused.contains(&peer.identity) {
                 state.refused.push(peer.identity.clone());
@@ -792,7 +824,7 @@ async fn serve(shared: Arc<Shared>, stream: Stream) {
     }
     let ended = tokio::select! {
         ended = write_until_gone(&shared, &connection, &stream) => ended,
-        never = read_until_gone(&shared, &connection, &stream, decoder) => match never {},
+        never = read_until_gone(&shared, &connection, &stream, (decoder, &peer.identity)) => match never {},
         () = shared.stopped() => "the socket closed".to_owned(),
     };
     tracing::debug!(channel = %shared.label, peer = %name, %ended, "peer gone");
@@ -1011,7 +1043,8 @@ async fn handshake(
 /// messages are as large as they are (memory grows only with what actually arrives).
 fn max_frame(pattern: Pattern) -> usize {
     match pattern {
-        Pattern::Push => 64 * 1024,
+        // Req and rep carriers get a ring's announcements and doorbells only.
+        Pattern::Push | Pattern::Req | Pattern::Rep => 64 * 1024,
         Pattern::Pair | Pattern::Pull => usize::MAX,
     }
 }
@@ -1023,7 +1056,7 @@ async fn read_until_gone(
     shared: &Shared,
     connection: &Connection,
     stream: &Stream,
-    mut decoder: zmtp::Decoder,
+    (mut decoder, peer_identity): (zmtp::Decoder, &Bytes),
 ) -> std::convert::Infallible {
     let mut parts = Parts::new();
     let why = 'reading: loop {
@@ -1050,6 +1083,9 @@ async fn read_until_gone(
                 zmtp::Inbound::Message { body, more } => {
                     if shared.pattern == Pattern::Push {
                         continue;
+                    }
+                    if parts.is_empty() && shared.pattern.envelopes() {
+                        parts.push(Message::from(peer_identity.clone()));
                     }
                     parts.push(body);
                     if !more {
