@@ -51,6 +51,11 @@ pub struct BenchOptions {
     /// With --latency: out and back over one pair channel instead of req/rep.
     #[arg(long, requires = "latency", conflicts_with = "push_pull")]
     pub pair: bool,
+    /// Publish to one subscriber instead of pushing to a pull. A publisher drops for a
+    /// subscriber that falls behind (as ZeroMQ's PUB does): the rate is what the subscriber
+    /// received.
+    #[arg(long = "pub-sub", conflicts_with = "latency")]
+    pub pub_sub: bool,
     /// Both ends spin on their receives instead of sleeping (channel option busyPoll).
     #[arg(long = "busy-poll")]
     pub busy_poll: bool,
@@ -300,6 +305,9 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
         if options.pair {
             command.arg("--pair");
         }
+        if options.pub_sub {
+            command.arg("--pub-sub");
+        }
         if options.busy_poll {
             command.arg("--busy-poll");
         }
@@ -340,9 +348,10 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
     let msgs_per_s = receiver_report.n_msgs as f64 / receiver_report.seconds.max(1e-9);
     Ok(BenchResult {
         transport: format!(
-            "{transport}{}{}{}",
+            "{transport}{}{}{}{}",
             if options.push_pull { "+push-pull" } else { "" },
             if options.pair { "+pair" } else { "" },
+            if options.pub_sub { "+pub-sub" } else { "" },
             if options.busy_poll { "+busy-poll" } else { "" }
         ),
         msg_size,
@@ -414,6 +423,8 @@ pub struct RoleOptions {
     push_pull: bool,
     #[arg(long)]
     pair: bool,
+    #[arg(long = "pub-sub")]
+    pub_sub: bool,
     #[arg(long = "busy-poll")]
     busy_poll: bool,
 }
@@ -447,6 +458,7 @@ async fn role(options: &RoleOptions) -> Result<RoleReport> {
         latency: options.latency,
         push_pull: options.push_pull,
         pair: options.pair,
+        pub_sub: options.pub_sub,
         busy_poll: options.busy_poll,
         json: true,
         shm_segment_size: options.shm_segment_size,
@@ -463,6 +475,7 @@ async fn role(options: &RoleOptions) -> Result<RoleReport> {
     let (receiver_type, sender_type) = match (options.latency, options.push_pull, options.pair) {
         (true, _, true) => (SocketType::Pair, SocketType::Pair),
         (true, false, false) => (SocketType::Rep, SocketType::Req),
+        _ if options.pub_sub => (SocketType::Sub, SocketType::Pub),
         _ => (SocketType::Pull, SocketType::Push),
     };
     // Queues bounded in bytes too (about 256 MiB in flight), so big messages do not pile up
@@ -490,6 +503,9 @@ async fn role(options: &RoleOptions) -> Result<RoleReport> {
         )
         .await?;
         let bound = channel.bind_configured().await?.for_local_connect();
+        if options.pub_sub {
+            channel.subscribe("").await?;
+        }
         let mut back = None;
         if options.push_pull {
             let mut channel = Channel::open(
@@ -641,10 +657,20 @@ async fn send(
             None => channel.receive_parts().await?,
         };
     } else {
-        channel
-            .send_parts(end_marker(options))
-            .await
-            .map_err(|failed| failed.error)?;
+        // A publisher drops what a subscriber that is behind has no room for: the end marker
+        // goes again until it was not dropped (over zeromq drops are not counted; the
+        // subscriber's own time bound ends its run if the marker is lost).
+        for _ in 0..1_000 {
+            let dropped = channel.counters().snapshot().lost_slow_subscriber;
+            channel
+                .send_parts(end_marker(options))
+                .await
+                .map_err(|failed| failed.error)?;
+            if !options.pub_sub || channel.counters().snapshot().lost_slow_subscriber == dropped {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
     channel.close().await?;
     let latency_us = options.latency.then(|| percentiles(&mut round_trips_us));
@@ -700,8 +726,27 @@ async fn receive(
     let mut measure_start: Option<(Instant, f64)> = None;
     let mut n_msgs = 0u64;
     let mut digest = 0u64;
+    // A subscriber whose end marker was dropped (zeromq's PUB drops without counting) ends
+    // when the sender must have finished.
+    let started = Instant::now();
+    let run = warm_up + Duration::from_secs_f64(options.duration) + Duration::from_secs(3);
+    let mut last_at = None;
     loop {
-        let parts = channel.receive_parts().await?;
+        let parts = if options.pub_sub {
+            let ends_at = match first_at {
+                Some(first) => first + run,
+                None => started + Duration::from_secs(30),
+            };
+            let left = ends_at.saturating_duration_since(Instant::now());
+            match channel.receive_parts_timeout(left).await {
+                Ok(parts) => parts,
+                // Measured up to the last message, not over the wait.
+                Err(ferromq_core::Error::Timeout { .. }) => break,
+                Err(error) => return Err(error.into()),
+            }
+        } else {
+            channel.receive_parts().await?
+        };
         if parts.len() == options.num_parts + 1 {
             if options.latency {
                 answer(channel, back.as_deref_mut(), parts).await?;
@@ -709,6 +754,7 @@ async fn receive(
             break;
         }
         let now = Instant::now();
+        last_at = Some(now);
         let first = *first_at.get_or_insert(now);
         if options.touch {
             for part in &parts {
@@ -725,7 +771,11 @@ async fn receive(
         n_msgs += 1;
     }
     let (start, cpu_at_start) = measure_start.unwrap_or((Instant::now(), cpu_seconds()));
-    let seconds = start.elapsed().as_secs_f64();
+    let ended = match (options.pub_sub, last_at) {
+        (true, Some(last_at)) => last_at.max(start),
+        _ => Instant::now(),
+    };
+    let seconds = ended.duration_since(start).as_secs_f64();
     let cpu_percent = (cpu_seconds() - cpu_at_start) / seconds.max(1e-9) * 100.0;
     std::hint::black_box(digest);
     Ok(RoleReport {

@@ -37,6 +37,42 @@ fn bench_reports_for_every_transport() {
     }
 }
 
+/// `--pub-sub` publishes to one subscriber: every transport reports what its subscriber
+/// received, labelled so; it excludes `--latency` (nothing comes back).
+#[test]
+fn bench_pub_sub_reports_what_the_subscriber_received() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args(["bench", "--json", "--pub-sub", "--duration", "0.5"])
+        .args([
+            "--transport",
+            "shmem,zeromq-ipc,zeromq-tcp",
+            "--msg-size",
+            "64,65536",
+        ])
+        .args(["--shm-segment-size", "268435456"])
+        .output()
+        .expect("run ferromq bench");
+    let lines = json_lines(&output);
+    assert_eq!(lines.len(), 6, "{lines:?}");
+    for line in &lines {
+        assert!(
+            line["transport"].as_str().unwrap().ends_with("+pub-sub"),
+            "{line}"
+        );
+        assert!(line["msgs_per_s"].as_f64().unwrap() > 0.0, "{line}");
+    }
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args(["bench", "--pub-sub", "--latency"])
+        .output()
+        .expect("run ferromq bench");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("--latency"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 #[test]
 fn bench_touch_mode_reports_the_memcpy_bound_beside_the_rate() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
