@@ -1164,9 +1164,18 @@ impl RingWait<'_> {
         tokio::pin!(receive);
         let safety_net = tokio::time::sleep(DOORBELL_SAFETY_NET);
         tokio::pin!(safety_net);
+        let mut n_polls = 0u32;
         let received = std::future::poll_fn(|cx| {
             if watch_rings && rings.iter_mut().any(|adopted| adopted.ring.has_entries()) {
                 return std::task::Poll::Ready(None);
+            }
+            n_polls = n_polls.wrapping_add(1);
+            if busy_poll && watch_rings && !n_polls.is_multiple_of(BUSY_POLLS_PER_SOCKET_POLL) {
+                // A busy-polled receive spins on its rings; its socket (new rings, frames of
+                // other peers) is looked at now and then: polling it costs a waker's
+                // registration, a fifth of a round trip when done every time.
+                cx.waker().wake_by_ref();
+                return std::task::Poll::Pending;
             }
             if !asked {
                 // Spinning looks at the rings only: a frame (a new ring) can wait that long,
@@ -1206,6 +1215,9 @@ impl RingWait<'_> {
 /// again: a safety net for a doorbell lost with its connection (a producer killed between
 /// publishing an entry and writing the doorbell), never the way entries are noticed.
 const DOORBELL_SAFETY_NET: Duration = Duration::from_millis(100);
+
+/// A busy-polled receive with rings polls its socket once in this many looks at its rings.
+const BUSY_POLLS_PER_SOCKET_POLL: u32 = 16;
 
 /// The most messages taken from one ring at a time.
 const RING_RUN: usize = 32;
