@@ -13,6 +13,48 @@ fn json_lines(output: &std::process::Output) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// `ferromq bench --json ARGS` over every transport at 64 B and 64 KiB, half a second each:
+/// the six results, each labelled with `suffix`.
+fn every_transport(args: &[&str], suffix: &str) -> Vec<serde_json::Value> {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args([
+            "bench",
+            "--json",
+            "--duration",
+            "0.5",
+            "--msg-size",
+            "64,65536",
+        ])
+        .args(["--transport", "shmem,zeromq-ipc,zeromq-tcp"])
+        .args(["--shm-segment-size", "268435456"])
+        .args(args)
+        .output()
+        .expect("run ferromq bench");
+    let lines = json_lines(&output);
+    assert_eq!(lines.len(), 6, "{lines:?}");
+    for line in &lines {
+        assert!(
+            line["transport"].as_str().unwrap().ends_with(suffix),
+            "{line}"
+        );
+    }
+    lines
+}
+
+/// `ferromq ARGS` is refused as a usage error (exit 2) whose message names `names`.
+fn refused_naming(args: &[&str], names: &str) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args(args)
+        .output()
+        .expect("run ferromq bench");
+    assert_eq!(output.status.code(), Some(2), "{args:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains(names),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 #[test]
 fn bench_reports_for_every_transport() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
@@ -41,36 +83,10 @@ fn bench_reports_for_every_transport() {
 /// received, labelled so; it excludes `--latency` (nothing comes back).
 #[test]
 fn bench_pub_sub_reports_what_the_subscriber_received() {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-        .args(["bench", "--json", "--pub-sub", "--duration", "0.5"])
-        .args([
-            "--transport",
-            "shmem,zeromq-ipc,zeromq-tcp",
-            "--msg-size",
-            "64,65536",
-        ])
-        .args(["--shm-segment-size", "268435456"])
-        .output()
-        .expect("run ferromq bench");
-    let lines = json_lines(&output);
-    assert_eq!(lines.len(), 6, "{lines:?}");
-    for line in &lines {
-        assert!(
-            line["transport"].as_str().unwrap().ends_with("+pub-sub"),
-            "{line}"
-        );
+    for line in every_transport(&["--pub-sub"], "+pub-sub") {
         assert!(line["msgs_per_s"].as_f64().unwrap() > 0.0, "{line}");
     }
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-        .args(["bench", "--pub-sub", "--latency"])
-        .output()
-        .expect("run ferromq bench");
-    assert_eq!(output.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&output.stderr).contains("--latency"),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    refused_naming(&["bench", "--pub-sub", "--latency"], "--latency");
 }
 
 #[test]
@@ -141,20 +157,7 @@ fn assert_ordered_percentiles(value: &serde_json::Value) {
 /// Runs `ferromq bench --latency FLAG` over every transport at two sizes: each result is
 /// labelled with `suffix` and has ordered percentiles.
 fn latency_mode_reports_percentiles(flag: &str, suffix: &str) {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-        .args(["bench", "--json", "--latency", flag])
-        .args(["--duration", "0.5", "--msg-size", "64,65536"])
-        .args(["--transport", "shmem,zeromq-ipc,zeromq-tcp"])
-        .args(["--shm-segment-size", "268435456"])
-        .output()
-        .expect("run ferromq bench");
-    let lines = json_lines(&output);
-    assert_eq!(lines.len(), 6, "{lines:?}");
-    for value in lines {
-        assert!(
-            value["transport"].as_str().unwrap().ends_with(suffix),
-            "{value}"
-        );
+    for value in every_transport(&["--latency", flag], suffix) {
         assert_ordered_percentiles(&value);
     }
 }
@@ -164,24 +167,11 @@ fn latency_mode_reports_percentiles(flag: &str, suffix: &str) {
 #[test]
 fn bench_latency_over_pair_reports_percentiles() {
     latency_mode_reports_percentiles("--pair", "+pair");
-    for (args, needs) in [
-        (&["bench", "--pair"][..], "--latency"),
-        (
-            &["bench", "--latency", "--pair", "--push-pull"][..],
-            "--push-pull",
-        ),
-    ] {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-            .args(args)
-            .output()
-            .expect("run ferromq bench");
-        assert_eq!(output.status.code(), Some(2), "{args:?}");
-        assert!(
-            String::from_utf8_lossy(&output.stderr).contains(needs),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
+    refused_naming(&["bench", "--pair"], "--latency");
+    refused_naming(
+        &["bench", "--latency", "--pair", "--push-pull"],
+        "--push-pull",
+    );
 }
 
 /// `--push-pull` measures the round trip over two push/pull channels (shmem's descriptor rings),
@@ -190,16 +180,7 @@ fn bench_latency_over_pair_reports_percentiles() {
 fn bench_latency_over_push_pull_reports_percentiles() {
     latency_mode_reports_percentiles("--push-pull", "+push-pull");
     // Without --latency it is refused, naming what it needs.
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-        .args(["bench", "--push-pull"])
-        .output()
-        .expect("run ferromq bench");
-    assert_eq!(output.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&output.stderr).contains("--latency"),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    refused_naming(&["bench", "--push-pull"], "--latency");
 }
 
 #[test]

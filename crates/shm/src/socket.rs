@@ -201,25 +201,6 @@ impl PairSide {
         };
         Ok(connection.write_published(session, record, &mut self.entry))
     }
-
-    /// Waits until the next connection is made (kept for [`PairSide::connection`]), or
-    /// `deadline`; false at the deadline. Cancel-safe.
-    ///
-    /// # Errors
-    /// The peer was refused (another transport or session).
-    async fn wait_for_peer(&mut self, deadline: Option<tokio::time::Instant>) -> Result<bool> {
-        let peer = self.socket.next_peer();
-        let peer = match deadline {
-            Some(deadline) => match tokio::time::timeout_at(deadline, peer).await {
-                Ok(peer) => peer,
-                Err(_) => return Ok(false),
-            },
-            None => peer.await,
-        };
-        let (_, link) = peer?;
-        self.next_link = Some(link);
-        Ok(true)
-    }
 }
 
 /// A req or rep socket. Over tcp and ipc its carrier (ferromq's own ZMTP req or rep, which
@@ -297,29 +278,12 @@ impl ReqRepSide {
         });
     }
 
-    /// Waits until the next connection is made, or `deadline`; false at the deadline.
-    /// Cancel-safe.
+    /// The connection a send goes to: a req's next in turn, a rep's requester; `None` when a
+    /// req has no connection.
     ///
     /// # Errors
-    /// The peer was refused (another transport or session).
-    async fn wait_for_peer(&mut self, deadline: Option<tokio::time::Instant>) -> Result<bool> {
-        let peer = self.socket.next_peer();
-        let peer = match deadline {
-            Some(deadline) => match tokio::time::timeout_at(deadline, peer).await {
-                Ok(peer) => peer,
-                Err(_) => return Ok(false),
-            },
-            None => peer.await,
-        };
-        let (identity, link) = peer?;
-        self.add_connection(identity, link);
-        Ok(true)
-    }
-
-    /// The connection a send goes to: a req's next in turn, a rep's requester.
-    ///
-    /// # Errors
-    /// A rep's requester is gone ([`Error::PeerGone`]); a req's peer was refused.
+    /// A rep's requester is gone ([`Error::PeerGone`]; the rep then answers nobody); a req's
+    /// peer was refused.
     fn target(&mut self, label: &ChannelLabel) -> Result<Option<usize>> {
         self.refresh()?;
         if !self.is_req() {
@@ -328,13 +292,15 @@ impl ReqRepSide {
                     .iter()
                     .position(|connection| connection.identity == *peer)
             });
-            return match requester {
-                Some(connection_idx) => Ok(Some(connection_idx)),
-                None => Err(Error::PeerGone {
+            let Some(connection_idx) = requester else {
+                // Nobody is left to answer.
+                self.peer = None;
+                return Err(Error::PeerGone {
                     channel: label.clone(),
                     reason: "the requester left before its reply was sent".to_owned(),
-                }),
+                });
             };
+            return Ok(Some(connection_idx));
         }
         if self.connections.is_empty() {
             return Ok(None);
@@ -344,9 +310,28 @@ impl ReqRepSide {
         Ok(Some(connection_idx))
     }
 
+    /// Writes `record` into the ring of the connection [`ReqRepSide::target`] picks; a req
+    /// then awaits that peer's reply, a rep has answered.
+    fn offer(
+        &mut self,
+        session: &Session,
+        record: &[PartRef],
+        label: &ChannelLabel,
+    ) -> Result<RingOffer> {
+        let Some(connection_idx) = self.target(label)? else {
+            return Ok(RingOffer::NoPeer);
+        };
+        let offer = self.write_to(session, connection_idx, record)?;
+        if matches!(offer, RingOffer::Written) {
+            let identity = &self.connections[connection_idx].identity;
+            self.peer = self.is_req().then(|| identity.clone());
+        }
+        Ok(offer)
+    }
+
     /// Writes `record` into the ring of connection `connection_idx`, making and announcing
     /// the ring first if it has none.
-    fn offer(
+    fn write_to(
         &mut self,
         session: &Session,
         connection_idx: usize,
@@ -374,6 +359,91 @@ impl ReqRepSide {
             return;
         }
         self.peer = if self.is_req() { None } else { peer };
+    }
+}
+
+/// A socket side whose sending call writes each record into the ring of one of its
+/// connections itself (pair, req, rep; a push has its outbox and task, a publisher never
+/// waits).
+enum RingSender<'a> {
+    Pair(&'a mut PairSide),
+    ReqRep(&'a mut ReqRepSide),
+}
+
+impl RingSender<'_> {
+    fn offer(
+        &mut self,
+        session: &Session,
+        delivery: DeliveryRef,
+        record: &[PartRef],
+        label: &ChannelLabel,
+    ) -> Result<RingOffer> {
+        match self {
+            RingSender::Pair(pair) => pair.offer(session, delivery, record),
+            RingSender::ReqRep(req_rep) => req_rep.offer(session, record, label),
+        }
+    }
+
+    /// Waits until the next connection is made, or `deadline`; false at the deadline.
+    /// Cancel-safe.
+    ///
+    /// # Errors
+    /// The peer was refused (another transport or session).
+    async fn wait_for_peer(&mut self, deadline: Option<tokio::time::Instant>) -> Result<bool> {
+        let socket = match self {
+            RingSender::Pair(pair) => &pair.socket,
+            RingSender::ReqRep(req_rep) => &req_rep.socket,
+        };
+        let peer = match deadline {
+            Some(deadline) => match tokio::time::timeout_at(deadline, socket.next_peer()).await {
+                Ok(peer) => peer,
+                Err(_) => return Ok(false),
+            },
+            None => socket.next_peer().await,
+        };
+        let (identity, link) = peer?;
+        match self {
+            // Kept for [`PairSide::connection`].
+            RingSender::Pair(pair) => pair.next_link = Some(link),
+            RingSender::ReqRep(req_rep) => req_rep.add_connection(identity, link),
+        }
+        Ok(true)
+    }
+
+    /// Offers `record` until it is in a ring, waiting for a connection or for room (at most
+    /// `timeout`): true once written, false when this side's records travel in frames.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`], a refused peer, a rep's requester gone, no room for a ring.
+    async fn send(
+        &mut self,
+        (session, delivery): (&Session, DeliveryRef),
+        record: &[PartRef],
+        label: &ChannelLabel,
+        timeout: Option<Duration>,
+    ) -> Result<bool> {
+        let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
+        let timed_out = || Error::Timeout {
+            channel: label.clone(),
+            after: timeout.unwrap_or_default(),
+        };
+        let looks = RingLooks::default();
+        loop {
+            match self.offer(session, delivery, record, label)? {
+                RingOffer::Written => return Ok(true),
+                RingOffer::Frames => return Ok(false),
+                RingOffer::NoPeer => {
+                    if !self.wait_for_peer(deadline).await? {
+                        return Err(timed_out());
+                    }
+                }
+                RingOffer::Full => {
+                    if !wait_for_ring_room(&looks, deadline).await {
+                        return Err(timed_out());
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -1891,76 +1961,50 @@ impl Socket for ShmSocket {
         // Only a push socket's outbox, a pair's ring and a publisher take a message without
         // waiting, and only one whose parts all lie in this session's memory or travel inline:
         // nothing to allocate.
-        if let Inner::Publisher(publisher) = &mut self.inner {
-            let mut record = std::mem::take(&mut self.scratch);
-            record.clear();
-            let described = parts.iter().all(|message| {
-                describe_as_is(&self.session, message)
-                    .map(|part| record.push(part))
-                    .is_some()
-            });
-            // A record that cannot be prepared now goes the waiting way, which says why.
-            let prepared = described
-                .then(|| publisher.prepare(&self.session, &record).ok())
-                .flatten();
-            let published = match prepared {
-                Some(prepared) => {
-                    publisher.publish(&self.figures, parts, Vec::new(), prepared);
-                    Ok(())
-                }
-                None => Err(parts),
-            };
-            self.scratch = record;
-            return published;
+        let counts_deliveries = matches!(self.inner, Inner::Batched(_) | Inner::Pair(_));
+        if !counts_deliveries && !matches!(self.inner, Inner::Publisher(_)) {
+            return Err(parts);
         }
         if let Some(sent) = &mut self.sent
             && !sent.has_room(self.window)
         {
             return Err(parts);
         }
-        if let Inner::Pair(pair) = &mut self.inner {
-            let delivery = self
-                .sent
-                .as_ref()
-                .map_or(DeliveryRef::NONE, SentCounter::reference);
-            let mut record = std::mem::take(&mut self.scratch);
-            record.clear();
-            let described = parts.iter().all(|message| {
-                describe_as_is(&self.session, message)
-                    .map(|part| record.push(part))
-                    .is_some()
-            });
-            // Anything but a record in the ring goes the waiting way.
-            let written = described
-                && matches!(
-                    pair.offer(&self.session, delivery, &record),
-                    Ok(RingOffer::Written)
-                );
-            self.scratch = record;
-            if !written {
-                return Err(parts);
-            }
-            self.hand_over(parts, Vec::new());
-            return Ok(());
-        }
-        let Inner::Batched(push) = &self.inner else {
-            return Err(parts);
-        };
         let mut record = std::mem::take(&mut self.scratch);
         record.clear();
-        for message in &parts {
-            match describe_as_is(&self.session, message) {
-                Some(part) => record.push(part),
-                None => {
-                    self.scratch = record;
-                    return Err(parts);
+        let described = parts.iter().all(|message| {
+            describe_as_is(&self.session, message)
+                .map(|part| record.push(part))
+                .is_some()
+        });
+        let delivery = self
+            .sent
+            .as_ref()
+            .map_or(DeliveryRef::NONE, SentCounter::reference);
+        // Anything else (a part to copy, no room, no peer, ...) goes the waiting way, which
+        // waits or says why.
+        let taken = described
+            && match &mut self.inner {
+                Inner::Batched(push) => {
+                    !push.state.failed.load(Ordering::Acquire)
+                        && push.state.offer(&record, push.capacity)
                 }
-            }
-        }
-        let accepted =
-            !push.state.failed.load(Ordering::Acquire) && push.state.offer(&record, push.capacity);
+                Inner::Pair(pair) => matches!(
+                    pair.offer(&self.session, delivery, &record),
+                    Ok(RingOffer::Written)
+                ),
+                Inner::Publisher(publisher) => match publisher.prepare(&self.session, &record) {
+                    Ok(prepared) => {
+                        publisher.publish(&self.figures, parts, Vec::new(), prepared);
+                        self.scratch = record;
+                        return Ok(());
+                    }
+                    Err(_) => false,
+                },
+                _ => false,
+            };
         self.scratch = record;
-        if !accepted {
+        if !taken {
             return Err(parts);
         }
         self.hand_over(parts, Vec::new());
@@ -2054,17 +2098,20 @@ impl Socket for ShmSocket {
             .sent
             .as_ref()
             .map_or(DeliveryRef::NONE, SentCounter::reference);
-        let frame = match &self.inner {
-            // A push's records go into its outbox; a publisher and a pair make a frame when
-            // they need one.
-            Inner::Batched(_) | Inner::Publisher(_) | Inner::Pair(_) => Bytes::new(),
-            Inner::ReqRep(req_rep) if req_rep.carriage == Carriage::Rings => Bytes::new(),
-            _ => Bytes::from(wire::encode(
-                self.session.hash,
-                delivery,
-                std::slice::from_ref(&record),
-            )),
-        };
+        // A pair writes into its connection's ring when it has one (frames below otherwise).
+        if let Inner::Pair(pair) = &mut self.inner {
+            let sent = RingSender::Pair(pair)
+                .send((&self.session, delivery), &record, &self.label, timeout)
+                .await;
+            match sent {
+                Ok(true) => {
+                    self.hand_over(parts, fresh);
+                    return Ok(());
+                }
+                Ok(false) => {}
+                Err(error) => return Err(SendError::new(error, parts)),
+            }
+        }
         match &mut self.inner {
             Inner::Batched(push) => {
                 let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
@@ -2084,40 +2131,37 @@ impl Socket for ShmSocket {
                 self.hand_over(parts, fresh);
                 Ok(())
             }
-            Inner::Pair(pair) => {
-                let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
-                let timed_out = || Error::Timeout {
-                    channel: self.label.clone(),
-                    after: timeout.unwrap_or_default(),
+            Inner::ReqRep(req_rep) if req_rep.carriage == Carriage::Rings => {
+                let out_of_turn = match (req_rep.is_req(), &req_rep.peer) {
+                    (true, Some(_)) => Some("send a request before the last one's reply came"),
+                    (false, None) => Some("send a reply before receiving a request"),
+                    _ => None,
                 };
-                let looks = RingLooks::default();
-                loop {
-                    let offer = match pair.offer(&self.session, delivery, &record) {
-                        Ok(offer) => offer,
-                        Err(error) => return Err(SendError::new(error, parts)),
+                if let Some(operation) = out_of_turn {
+                    let error = Error::WrongSocketType {
+                        channel: self.label.clone(),
+                        operation,
                     };
-                    match offer {
-                        RingOffer::Written => {
-                            self.hand_over(parts, fresh);
-                            return Ok(());
-                        }
-                        RingOffer::Frames => break,
-                        RingOffer::NoPeer => match pair.wait_for_peer(deadline).await {
-                            Ok(true) => {}
-                            Ok(false) => return Err(SendError::new(timed_out(), parts)),
-                            Err(error) => return Err(SendError::new(error, parts)),
-                        },
-                        RingOffer::Full => {
-                            if !wait_for_ring_room(&looks, deadline).await {
-                                return Err(SendError::new(timed_out(), parts));
-                            }
-                        }
-                    }
+                    return Err(SendError::new(error, parts));
                 }
+                let sent = RingSender::ReqRep(req_rep)
+                    .send((&self.session, delivery), &record, &self.label, timeout)
+                    .await;
+                match sent {
+                    Ok(_) => {
+                        self.hand_over(parts, fresh);
+                        Ok(())
+                    }
+                    Err(error) => Err(SendError::new(error, parts)),
+                }
+            }
+            // Descriptors in frames: inproc, or no room for a ring at the first connection.
+            Inner::Plain(socket)
+            | Inner::Pair(PairSide { socket, .. })
+            | Inner::ReqRep(ReqRepSide { socket, .. }) => {
                 let frame =
                     wire::encode(self.session.hash, delivery, std::slice::from_ref(&record));
-                match pair
-                    .socket
+                match socket
                     .send_parts(Parts::from(Message::from(frame)), timeout)
                     .await
                 {
@@ -2128,73 +2172,6 @@ impl Socket for ShmSocket {
                     Err(failed) => Err(SendError::new(failed.error, parts)),
                 }
             }
-            Inner::ReqRep(req_rep) if req_rep.carriage == Carriage::Rings => {
-                let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
-                let timed_out = || Error::Timeout {
-                    channel: self.label.clone(),
-                    after: timeout.unwrap_or_default(),
-                };
-                let out_of_turn = |operation| Error::WrongSocketType {
-                    channel: self.label.clone(),
-                    operation,
-                };
-                match (req_rep.is_req(), &req_rep.peer) {
-                    (true, Some(_)) => {
-                        let error = out_of_turn("send a request before the last one's reply came");
-                        return Err(SendError::new(error, parts));
-                    }
-                    (false, None) => {
-                        let error = out_of_turn("send a reply before receiving a request");
-                        return Err(SendError::new(error, parts));
-                    }
-                    _ => {}
-                }
-                let looks = RingLooks::default();
-                loop {
-                    let target = match req_rep.target(&self.label) {
-                        Ok(target) => target,
-                        Err(error) => {
-                            // A rep whose requester left has nobody to answer any more.
-                            if !req_rep.is_req() {
-                                req_rep.peer = None;
-                            }
-                            return Err(SendError::new(error, parts));
-                        }
-                    };
-                    let Some(connection_idx) = target else {
-                        match req_rep.wait_for_peer(deadline).await {
-                            Ok(true) => continue,
-                            Ok(false) => return Err(SendError::new(timed_out(), parts)),
-                            Err(error) => return Err(SendError::new(error, parts)),
-                        }
-                    };
-                    match req_rep.offer(&self.session, connection_idx, &record) {
-                        Ok(RingOffer::Written) => {
-                            let identity = req_rep.connections[connection_idx].identity.clone();
-                            // A req waits for this peer's reply; a rep answered.
-                            req_rep.peer = req_rep.is_req().then_some(identity);
-                            self.hand_over(parts, fresh);
-                            return Ok(());
-                        }
-                        Ok(_) => {
-                            if !wait_for_ring_room(&looks, deadline).await {
-                                return Err(SendError::new(timed_out(), parts));
-                            }
-                        }
-                        Err(error) => return Err(SendError::new(error, parts)),
-                    }
-                }
-            }
-            Inner::Plain(socket) | Inner::ReqRep(ReqRepSide { socket, .. }) => match socket
-                .send_parts(Parts::from(Message::from(frame)), timeout)
-                .await
-            {
-                Ok(()) => {
-                    self.hand_over(parts, fresh);
-                    Ok(())
-                }
-                Err(failed) => Err(SendError::new(failed.error, parts)),
-            },
             Inner::Publisher(publisher) => match publisher.prepare(&self.session, &record) {
                 Ok(prepared) => {
                     publisher.publish(&self.figures, parts, fresh, prepared);

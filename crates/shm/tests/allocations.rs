@@ -169,24 +169,29 @@ async fn subscriber_connected(
     }
 }
 
+/// Fails when a message from `sender` to `receiver` costs `bound` heap allocations or more.
+fn assert_fewer_allocations_than(
+    name: &str,
+    (sender, receiver): (SocketType, SocketType),
+    bound: f64,
+) {
+    let per_message = allocations_per_message(name, sender, receiver);
+    assert!(
+        per_message < bound,
+        "{name}: {per_message:.4} heap allocations per message"
+    );
+}
+
 #[test]
 fn a_message_on_the_shmem_hot_path_costs_no_heap_allocation() {
-    let per_message = allocations_per_message("pushpull", SocketType::Push, SocketType::Pull);
-    assert!(
-        per_message < 0.002,
-        "{per_message:.3} heap allocations per message"
-    );
+    assert_fewer_allocations_than("pushpull", (SocketType::Push, SocketType::Pull), 0.002);
 }
 
 /// The same from one pair to the other, through the ring the sending pair made for its
 /// connection.
 #[test]
 fn a_message_between_pairs_costs_no_heap_allocation() {
-    let per_message = allocations_per_message("pair", SocketType::Pair, SocketType::Pair);
-    assert!(
-        per_message < 0.002,
-        "{per_message:.3} heap allocations per message"
-    );
+    assert_fewer_allocations_than("pair", (SocketType::Pair, SocketType::Pair), 0.002);
 }
 
 /// The same through a publisher's descriptor rings to a subscriber. A subscriber that sleeps
@@ -196,9 +201,5 @@ fn a_message_between_pairs_costs_no_heap_allocation() {
 /// run of messages (up to 32).
 #[test]
 fn a_published_message_costs_no_heap_allocation() {
-    let per_message = allocations_per_message("pubsub", SocketType::Pub, SocketType::Sub);
-    assert!(
-        per_message < 0.01,
-        "{per_message:.3} heap allocations per message"
-    );
+    assert_fewer_allocations_than("pubsub", (SocketType::Pub, SocketType::Sub), 0.01);
 }
