@@ -1622,7 +1622,7 @@ impl Publisher {
             match event {
                 zeromq::SocketEvent::Accepted(_, peer)
                 | zeromq::SocketEvent::Connected(_, peer) => {
-                    self.subscriber(session, Bytes::from(peer));
+                    self.add_subscriber(session, Bytes::from(peer));
                 }
                 zeromq::SocketEvent::Disconnected(peer) => {
                     let identity = Bytes::from(peer);
@@ -1656,19 +1656,28 @@ impl Publisher {
             if tag != SUBSCRIBE_TAG {
                 continue;
             }
-            let topics: Vec<Vec<u8>> = frames.map(|topic| topic.to_vec()).collect();
-            self.subscriber(session, identity).topics = Some(topics);
+            // Only a connected subscriber's: one whose connection event has not come yet gets
+            // everything and filters it, and one that left already (its hello read after its
+            // disconnection) must not come back as a ring nobody reads, whose entries would
+            // hold their blocks for ever.
+            if let Some(known) = self
+                .subscribers
+                .iter_mut()
+                .find(|known| known.identity == identity)
+            {
+                known.topics = Some(frames.map(|topic| topic.to_vec()).collect());
+            }
         }
     }
 
-    /// The subscriber `identity`, added (with its ring) if it is new.
-    fn subscriber(&mut self, session: &Session, identity: Bytes) -> &mut SubscriberPeer {
-        if let Some(known_idx) = self
+    /// Adds the subscriber `identity`, which connected, with its ring, unless it is known.
+    fn add_subscriber(&mut self, session: &Session, identity: Bytes) {
+        if self
             .subscribers
             .iter()
-            .position(|known| known.identity == identity)
+            .any(|known| known.identity == identity)
         {
-            return &mut self.subscribers[known_idx];
+            return;
         }
         let ring = match new_ring(session, DeliveryRef::NONE) {
             Ok((ring, announce)) => {
@@ -1694,7 +1703,6 @@ impl Publisher {
         // Its first subscription follows soon: the next send looks for it.
         self.n_sends_since_subscriptions = SUBSCRIPTIONS_EVERY;
         self.subscriptions_looked_at = None;
-        self.subscribers.last_mut().expect("just pushed")
     }
 
     /// Hands `frame` to zmq.rs for the subscriber `identity`, without waiting.
