@@ -1356,47 +1356,29 @@ impl ShmSocket {
                 topics: Vec::new(),
                 next_dealer: 0,
             }),
-            SocketType::Push => {
-                let mut socket =
-                    descriptor_carrier(&session).create_zmq_socket(config, socket_name)?;
-                // Each connection gets a descriptor ring (see `ring.rs`).
-                socket.report_new_peers();
-                Inner::Batched(BatchedPush::start(
-                    socket,
-                    Arc::clone(&session),
-                    delivery,
-                    config.snd_buf_size,
-                ))
-            }
-            SocketType::Pair => {
-                let mut socket =
-                    descriptor_carrier(&session).create_zmq_socket(config, socket_name)?;
-                // Its connection gets a descriptor ring (see `ring.rs`).
-                socket.report_new_peers();
-                Inner::Pair(PairSide {
-                    socket,
-                    carriage: Carriage::Undecided,
-                    ring: None,
-                    doorbell: Arc::from(wire::frame_header(session.hash, delivery, 0)),
-                    entry: Vec::new(),
-                    next_link: None,
-                })
-            }
-            SocketType::Req | SocketType::Rep => {
-                let mut socket =
-                    descriptor_carrier(&session).create_zmq_socket(config, socket_name)?;
-                // Its connections get descriptor rings (see `ring.rs`).
-                socket.report_new_peers();
-                Inner::ReqRep(ReqRepSide {
-                    socket,
-                    carriage: Carriage::Undecided,
-                    connections: Vec::new(),
-                    next_connection: 0,
-                    peer: None,
-                    doorbell: Arc::from(wire::frame_header(session.hash, delivery, 0)),
-                    entry: Vec::new(),
-                })
-            }
+            SocketType::Push => Inner::Batched(BatchedPush::start(
+                ring_carrier(&session, config, socket_name)?,
+                Arc::clone(&session),
+                delivery,
+                config.snd_buf_size,
+            )),
+            SocketType::Pair => Inner::Pair(PairSide {
+                socket: ring_carrier(&session, config, socket_name)?,
+                carriage: Carriage::Undecided,
+                ring: None,
+                doorbell: Arc::from(wire::frame_header(session.hash, delivery, 0)),
+                entry: Vec::new(),
+                next_link: None,
+            }),
+            SocketType::Req | SocketType::Rep => Inner::ReqRep(ReqRepSide {
+                socket: ring_carrier(&session, config, socket_name)?,
+                carriage: Carriage::Undecided,
+                connections: Vec::new(),
+                next_connection: 0,
+                peer: None,
+                doorbell: Arc::from(wire::frame_header(session.hash, delivery, 0)),
+                entry: Vec::new(),
+            }),
             _ => Inner::Plain(descriptor_carrier(&session).create_zmq_socket(config, socket_name)?),
         };
         Ok(ShmSocket {
@@ -1421,6 +1403,14 @@ impl ShmSocket {
             last_ring_wait_short: false,
         })
     }
+}
+
+/// The carrier socket of a push, pair, req or rep: it reports its connections, each of which
+/// gets a descriptor ring (see `ring.rs`).
+fn ring_carrier(session: &Session, config: &ChannelConfig, socket_name: &str) -> Result<ZmqSocket> {
+    let mut socket = descriptor_carrier(session).create_zmq_socket(config, socket_name)?;
+    socket.report_new_peers();
+    Ok(socket)
 }
 
 /// The zeromq transport as the carrier of this session's descriptor frames: its sockets announce
