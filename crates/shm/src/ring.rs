@@ -582,6 +582,92 @@ mod tests {
         }
     }
 
+    /// Several producers at once (issue 13: "ring wrap-around and several producers under a
+    /// property test"): three threads each fill a ring of their own with entries of sizes drawn
+    /// per entry, publishing at random moments, while one consumer takes runs from the rings in
+    /// turn, as a pull does; every producer's entries arrive once, whole and in its order,
+    /// across many wraps, with producers and consumer really running at once.
+    #[test]
+    fn several_producers_at_once_each_keep_their_order() {
+        const N_PRODUCERS: u64 = 3;
+        const N_EACH: u64 = 20_000;
+        fn mix(mut state: u64) -> u64 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        }
+        /// Entry `seq` of producer `producer`: its length and bytes, known to both sides.
+        fn entry_of(producer: u64, seq: u64) -> Vec<u8> {
+            let draw = mix(mix((producer << 40) ^ seq ^ 0x9e37_79b9));
+            let len = match draw % 16 {
+                0 => MAX_INLINE_ENTRY,
+                1 => 0,
+                2..=4 => ((draw >> 8) % 4096) as usize,
+                _ => ((draw >> 8) % 120) as usize,
+            };
+            entry_bytes(producer * 1_000_000 + seq, len)
+        }
+        let mut fixtures: Vec<Fixture> = (0..N_PRODUCERS)
+            .map(|producer| Fixture::new(100 + producer as u32))
+            .collect();
+        let (producers, mut consumers): (Vec<_>, Vec<_>) = fixtures
+            .iter_mut()
+            .map(|fixture| (&mut fixture.producer, &mut fixture.consumer))
+            .unzip();
+        std::thread::scope(|scope| {
+            for (producer_idx, producer) in producers.into_iter().enumerate() {
+                scope.spawn(move || {
+                    let producer_idx = producer_idx as u64;
+                    let mut state = mix(producer_idx + 7);
+                    for seq in 0..N_EACH {
+                        let bytes = entry_of(producer_idx, seq);
+                        while producer.push(EntryKind::Record, &bytes) == Pushed::Full {
+                            let _ = producer.publish();
+                            std::thread::yield_now();
+                        }
+                        state = mix(state);
+                        if state.is_multiple_of(5) {
+                            let _ = producer.publish();
+                        }
+                    }
+                    let _ = producer.publish();
+                });
+            }
+            let mut next_seq = vec![0u64; N_PRODUCERS as usize];
+            let mut entry = Vec::new();
+            let mut state = mix(99);
+            let started = std::time::Instant::now();
+            while next_seq.iter().any(|&seq| seq < N_EACH) {
+                assert!(
+                    started.elapsed() < std::time::Duration::from_secs(60),
+                    "stuck at {next_seq:?}"
+                );
+                for (producer_idx, consumer) in consumers.iter_mut().enumerate() {
+                    state = mix(state);
+                    for _ in 0..state % 64 {
+                        match consumer.peek(&mut entry).unwrap() {
+                            None => break,
+                            Some(kind) => {
+                                assert_eq!(kind, EntryKind::Record);
+                                let seq = &mut next_seq[producer_idx];
+                                assert!(
+                                    entry == entry_of(producer_idx as u64, *seq),
+                                    "producer {producer_idx}: entry {seq} differs or is out of order"
+                                );
+                                consumer.consume();
+                                *seq += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        for consumer in consumers {
+            assert!(consumer.peek(&mut Vec::new()).unwrap().is_none());
+        }
+    }
+
     /// The doorbell protocol: a consumer about to wait gets exactly one doorbell from the next
     /// publication, none while it is busy, and never waits with an entry published.
     #[test]
