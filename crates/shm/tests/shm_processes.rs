@@ -220,12 +220,38 @@ struct ChildRole {
 
 impl ChildRole {
     fn spawn(role: &str, session: &Session, address: &str, extra: &[(&str, String)]) -> ChildRole {
+        ChildRole::spawn_with_stdin(role, session, address, extra, Stdio::null())
+    }
+
+    /// A child whose stdin this process holds: a role that waits for its stdin to end before
+    /// it exits stays until [`ChildRole::release`] (a gate that needs no sleep).
+    fn spawn_held(
+        role: &str,
+        session: &Session,
+        address: &str,
+        extra: &[(&str, String)],
+    ) -> ChildRole {
+        ChildRole::spawn_with_stdin(role, session, address, extra, Stdio::piped())
+    }
+
+    /// Ends the child's stdin (see [`ChildRole::spawn_held`]).
+    fn release(&mut self) {
+        drop(self.child.stdin.take());
+    }
+
+    fn spawn_with_stdin(
+        role: &str,
+        session: &Session,
+        address: &str,
+        extra: &[(&str, String)],
+        stdin: Stdio,
+    ) -> ChildRole {
         let mut command = Command::new(std::env::current_exe().expect("test binary"));
         command
             .env(ROLE_VAR, role)
             .env("SESSION", &session.0)
             .env("ADDRESS", address)
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true);
@@ -369,7 +395,8 @@ async fn run_role(role: &str) -> Result<()> {
             }
         }
         "taker" => {
-            // Takes COUNT messages, checking each, then exits (leaving the rest unreceived).
+            // Takes COUNT messages, checking each, then exits (leaving the rest unreceived)
+            // once its stdin ends (at once unless the parent holds it).
             let mut pull = open(&transport, SocketType::Pull, Method::Connect, &address).await?;
             println!("CONNECTED");
             let n_msgs: u64 = env("COUNT").parse()?;
@@ -377,6 +404,10 @@ async fn run_role(role: &str) -> Result<()> {
                 verify(&pull.receive().await?, msg_idx)?;
             }
             println!("TOOK {n_msgs}");
+            tokio::task::spawn_blocking(|| {
+                std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())
+            })
+            .await??;
         }
         "endless-receiver" => {
             let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await?;
@@ -1122,7 +1153,9 @@ fn stopped_receiver_back_pressure() -> Result<()> {
 }
 
 /// A receiver that exits while messages wait in its queue did not take them: the sender's
-/// close says how many were not delivered instead of succeeding.
+/// close says how many were not delivered instead of succeeding. The receiver stays until all
+/// 30 are sent: one that took its 10 and left before (a slow sender) would leave a push with
+/// no connection, which waits for one, as the zeromq transport's does.
 fn receiver_exits_with_messages_queued() -> Result<()> {
     let session = Session::new("queued");
     block_on(async {
@@ -1130,14 +1163,18 @@ fn receiver_exits_with_messages_queued() -> Result<()> {
         let address = session.ipc("queued");
         let mut push = Channel::open(&transport, push_with(&address, 1000, 500), "data").await?;
         push.bind_configured().await?;
-        let mut taker = ChildRole::spawn("taker", &session, &address, &[("COUNT", "10".into())]);
+        let mut taker =
+            ChildRole::spawn_held("taker", &session, &address, &[("COUNT", "10".into())]);
         ensure!(taker.line().await? == "CONNECTED");
         for msg_idx in 0..30 {
             let mut message = transport.new_message(4096).await?;
             fill(&mut message, msg_idx);
-            push.send(message).await.map_err(|failed| failed.error)?;
+            push.send_timeout(message, STEP)
+                .await
+                .map_err(|failed| failed.error)?;
         }
         ensure!(taker.line().await? == "TOOK 10");
+        taker.release();
         taker.success().await?;
         match push.close().await {
             Err(ferromq_core::Error::Undelivered { n_messages, .. }) => {
