@@ -290,26 +290,18 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true);
-        if options.same_msg {
-            command.arg("--same-msg");
-        }
-        if options.touch {
-            command.arg("--touch");
-        }
-        if options.latency {
-            command.arg("--latency");
-        }
-        if options.push_pull {
-            command.arg("--push-pull");
-        }
-        if options.pair {
-            command.arg("--pair");
-        }
-        if options.pub_sub {
-            command.arg("--pub-sub");
-        }
-        if options.busy_poll {
-            command.arg("--busy-poll");
+        // The roles take the same switches as the command.
+        let switches = [
+            (options.same_msg, "--same-msg"),
+            (options.touch, "--touch"),
+            (options.latency, "--latency"),
+            (options.push_pull, "--push-pull"),
+            (options.pair, "--pair"),
+            (options.pub_sub, "--pub-sub"),
+            (options.busy_poll, "--busy-poll"),
+        ];
+        for (_, switch) in switches.iter().filter(|(on, _)| *on) {
+            command.arg(switch);
         }
         command
     };

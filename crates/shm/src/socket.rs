@@ -1552,6 +1552,14 @@ impl ShmSocket {
         Ok(())
     }
 
+    /// The counter this socket's receivers count its messages at (none for a socket that
+    /// counts no deliveries).
+    fn delivery(&self) -> DeliveryRef {
+        self.sent
+            .as_ref()
+            .map_or(DeliveryRef::NONE, SentCounter::reference)
+    }
+
     /// A message accepted for sending (queued or handed to zeromq): its references now belong
     /// to the receiver, and the delivery counter counts it as sent.
     fn hand_over(&mut self, parts: Parts, fresh: Vec<ShmBuffer>) {
@@ -1975,10 +1983,7 @@ impl Socket for ShmSocket {
                 .map(|part| record.push(part))
                 .is_some()
         });
-        let delivery = self
-            .sent
-            .as_ref()
-            .map_or(DeliveryRef::NONE, SentCounter::reference);
+        let delivery = self.delivery();
         // Anything else (a part to copy, no room, no peer, ...) goes the waiting way, which
         // waits or says why.
         let taken = described
@@ -2092,10 +2097,7 @@ impl Socket for ShmSocket {
             Ok(described) => described,
             Err(error) => return Err(SendError::new(error, parts)),
         };
-        let delivery = self
-            .sent
-            .as_ref()
-            .map_or(DeliveryRef::NONE, SentCounter::reference);
+        let delivery = self.delivery();
         // A pair writes into its connection's ring when it has one (frames below otherwise).
         if let Inner::Pair(pair) = &mut self.inner {
             let sent = RingSender::Pair(pair)
