@@ -125,26 +125,72 @@ impl FrameBuf {
         }
     }
 
-    /// Serialises `value` at the end; `Ok(false)` when lent memory has no room.
-    fn write_postcard<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<bool, String> {
-        match self {
+    /// Appends a record: `head`, then the payload, with the payload's length set in the head.
+    /// `Ok(false)` when lent memory has no room; on `Ok(false)` and on an error nothing is
+    /// written. Lent memory is borrowed once per record (each borrow of a shared-memory
+    /// message checks that it is still the block's only holder).
+    fn append_record<T: Serialize + ?Sized>(
+        &mut self,
+        head: &[u8; wire::RECORD_HEAD_LEN],
+        payload: &Payload<'_, T>,
+    ) -> Result<bool, String> {
+        let (bytes, head_at, end) = match self {
             FrameBuf::Heap(vec) => {
-                let taken = std::mem::take(vec);
-                *vec = postcard::to_extend(value, taken).map_err(|error| error.to_string())?;
-                Ok(true)
+                let head_at = vec.len();
+                vec.extend_from_slice(head);
+                let encoded = match payload {
+                    Payload::Raw(bytes) => {
+                        vec.extend_from_slice(bytes);
+                        Ok(())
+                    }
+                    // Into the vector in place: a failed encoding leaves the records before
+                    // it as they were.
+                    Payload::Encode(value) => postcard::to_io(*value, &mut *vec)
+                        .map(drop)
+                        .map_err(|error| error.to_string()),
+                };
+                if let Err(error) = encoded {
+                    vec.truncate(head_at);
+                    return Err(error);
+                }
+                let end = vec.len();
+                (&mut vec[..], head_at, end)
             }
             FrameBuf::Lent { message, used } => {
                 let data = message.data_mut();
-                match postcard::to_slice(value, &mut data[*used..]) {
-                    Ok(written) => {
-                        *used += written.len();
-                        Ok(true)
+                let head_at = *used;
+                let Some(head_room) = data.get_mut(head_at..head_at + head.len()) else {
+                    return Ok(false);
+                };
+                head_room.copy_from_slice(head);
+                let payload_at = head_at + head.len();
+                let payload_len = match payload {
+                    Payload::Raw(bytes) => {
+                        let Some(room) = data.get_mut(payload_at..payload_at + bytes.len()) else {
+                            return Ok(false);
+                        };
+                        room.copy_from_slice(bytes);
+                        bytes.len()
                     }
-                    Err(postcard::Error::SerializeBufferFull) => Ok(false),
-                    Err(error) => Err(error.to_string()),
-                }
+                    Payload::Encode(value) => {
+                        match postcard::to_slice(*value, &mut data[payload_at..]) {
+                            Ok(written) => written.len(),
+                            Err(postcard::Error::SerializeBufferFull) => return Ok(false),
+                            Err(error) => return Err(error.to_string()),
+                        }
+                    }
+                };
+                *used = payload_at + payload_len;
+                (data, head_at, *used)
             }
-        }
+        };
+        let payload_len = end - head_at - wire::RECORD_HEAD_LEN;
+        let Ok(payload_len) = u32::try_from(payload_len) else {
+            self.truncate(head_at);
+            return Err(format!("{payload_len} bytes of arguments (4 GiB at most)"));
+        };
+        wire::set_payload_len(bytes, head_at, payload_len);
+        Ok(true)
     }
 
     fn truncate(&mut self, len: usize) {
@@ -336,33 +382,20 @@ impl Outlet {
                 .open
                 .get_or_insert_with(|| self.new_frame(wire::HEADER_LEN + wire::RECORD_HEAD_LEN));
             let head_at = frame.buf.len();
-            let written = frame.buf.write(&head_bytes)
-                && match payload {
-                    Payload::Raw(bytes) => frame.buf.write(bytes),
-                    Payload::Encode(value) => match frame.buf.write_postcard(*value) {
-                        Ok(fits) => fits,
-                        Err(error) => {
-                            frame.buf.truncate(head_at);
-                            if frame.n_records == 0 {
-                                state.open = None;
-                            }
-                            return Err(Rejection::Encode(error, buffer));
-                        }
-                    },
-                };
-            if written {
-                let payload_len = frame.buf.len() - head_at - wire::RECORD_HEAD_LEN;
-                let payload_len = u32::try_from(payload_len).map_err(|_| {
-                    Rejection::Encode(
-                        format!("{payload_len} bytes of arguments (4 GiB at most)"),
-                        None,
-                    )
-                })?;
-                wire::set_payload_len(frame.buf.bytes_mut(), head_at, payload_len);
-                frame.n_records += 1;
-                frame.buffers.extend(buffer);
-                frame.on_left.extend(on_left);
-                break;
+            match frame.buf.append_record(&head_bytes, payload) {
+                Ok(true) => {
+                    frame.n_records += 1;
+                    frame.buffers.extend(buffer);
+                    frame.on_left.extend(on_left);
+                    break;
+                }
+                Ok(false) => {}
+                Err(error) => {
+                    if frame.n_records == 0 {
+                        state.open = None;
+                    }
+                    return Err(Rejection::Encode(error, buffer));
+                }
             }
             // No room in lent memory: seal what the frame holds, or, for a record larger than
             // a fresh frame, write it to the heap.
@@ -571,5 +604,74 @@ impl Outlet {
             Sink::Channel(mut channel) => channel.close().await,
             Sink::Loopback(_) => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Arguments whose encoding fails (postcard needs a sequence's length up front).
+    struct Unencodable;
+
+    impl Serialize for Unencodable {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeSeq;
+            let mut seq = serializer.serialize_seq(None)?;
+            seq.serialize_element(&1u8)?;
+            seq.end()
+        }
+    }
+
+    fn heap_outlet() -> Outlet {
+        let config = OutletConfig {
+            aggregation: Aggregation::Trad,
+            frame_bytes: 4096,
+            max_delay: Duration::from_secs(1),
+            max_queued: 100,
+        };
+        Outlet::new(1, 0, config, None, Arc::new(Counts::default()))
+    }
+
+    #[test]
+    fn a_call_that_fails_to_encode_leaves_the_calls_before_it_in_the_frame() {
+        let outlet = heap_outlet();
+        let head = |handler: u64| RecordHead::call(handler, 0, 0);
+        let pushed = outlet.try_push(head(1), &Payload::Encode(&7u32), None, None, true);
+        assert!(pushed.is_ok());
+        let refused = outlet.try_push(head(2), &Payload::Encode(&Unencodable), None, None, true);
+        assert!(matches!(refused, Err(Rejection::Encode(..))));
+        let pushed = outlet.try_push(head(3), &Payload::Encode(&9u32), None, None, true);
+        assert!(pushed.is_ok());
+
+        let frame = outlet.lock().open.take().expect("an open frame");
+        let (parts, _, n_records) = frame.into_parts();
+        assert_eq!(n_records, 2);
+        let bytes = parts.get(0).expect("the frame").data().to_vec();
+        let mut reader = wire::FrameReader::new(&bytes).expect("a whole frame");
+        let mut handlers = Vec::new();
+        while let Some(record) = reader.next_record() {
+            let record = record.expect("a whole record");
+            handlers.push((record.head.handler, record.payload.to_vec()));
+        }
+        assert_eq!(handlers, vec![(1, vec![7]), (3, vec![9])]);
+    }
+
+    #[test]
+    fn a_call_of_raw_bytes_sets_its_payload_length() {
+        let outlet = heap_outlet();
+        let raw: Payload<'_, ()> = Payload::Raw(&[5, 6, 7]);
+        assert!(
+            outlet
+                .try_push(RecordHead::call(4, 0, 0), &raw, None, None, true)
+                .is_ok()
+        );
+        let frame = outlet.lock().open.take().expect("an open frame");
+        let (parts, _, _) = frame.into_parts();
+        let bytes = parts.get(0).expect("the frame").data().to_vec();
+        let mut reader = wire::FrameReader::new(&bytes).expect("a whole frame");
+        let record = reader.next_record().expect("a record").expect("whole");
+        assert_eq!(record.payload, &[5, 6, 7]);
+        assert!(reader.next_record().is_none());
     }
 }
