@@ -19,6 +19,7 @@
 //! 132  closed u32    1: the producer writes nothing more
 //! 136  consumer u32  pid of the process that adopted the ring (0 before)
 //! 140  hungry u32    1: the consumer looked and found nothing (it wants entries published)
+//! 144  rung_at u64   when the producer last rang the doorbell (CLOCK_MONOTONIC, ns)
 //! 256  data          RING_DATA bytes: entries at offsets that are multiples of 8
 //! entry := len u32 | kind u32 | len bytes | padding to 8      (kind 0: a record;
 //!          len u32::MAX: the rest up to the end is skipped    kind 1: a block holding one)
@@ -64,6 +65,7 @@ const SLEEPING: usize = 128;
 const CLOSED: usize = 132;
 const CONSUMER: usize = 136;
 const HUNGRY: usize = 140;
+const RUNG_AT: usize = 144;
 /// Entries a producer writes at most before it publishes them to a consumer that is busy.
 const PUBLISH_EVERY: u32 = 32;
 /// Empty looks in a row after which a consumer asks for every entry at once; a busy-polled
@@ -72,6 +74,16 @@ const HUNGRY_AFTER: u32 = 32;
 const HUNGRY_AFTER_BUSY_POLLED: u32 = 1;
 const ENTRY_HEADER: usize = 8;
 const SKIP: u32 = u32::MAX;
+
+/// Nanoseconds of CLOCK_MONOTONIC: the same clock in every process of the host, so a time
+/// one process writes into a ring another can compare with its own.
+pub(crate) fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |now| {
+        (now.tv_sec() as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(now.tv_nsec() as u64)
+    })
+}
 
 /// What an entry holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,6 +167,7 @@ impl RingProducer {
         memory.u32_at(CLOSED).store(0, Ordering::Relaxed);
         memory.u32_at(CONSUMER).store(0, Ordering::Relaxed);
         memory.u32_at(HUNGRY).store(1, Ordering::Relaxed);
+        memory.u64_at(RUNG_AT).store(0, Ordering::Relaxed);
         // Release: whoever reads the announcement (sent after this) sees the ring initialised.
         memory.u64_at(TAIL).store(0, Ordering::Release);
         RingProducer {
@@ -221,7 +234,15 @@ impl RingProducer {
         // this tail, or this sees its raised word.
         std::sync::atomic::fence(Ordering::SeqCst);
         let sleeping = self.memory.u32_at(SLEEPING);
-        Wake(sleeping.load(Ordering::Relaxed) == 1 && sleeping.swap(0, Ordering::AcqRel) == 1)
+        let wake = sleeping.load(Ordering::Relaxed) == 1 && sleeping.swap(0, Ordering::AcqRel) == 1;
+        if wake {
+            // For the consumer's measure of how long its peer took (`RingConsumer::rung_at`):
+            // only with a doorbell, which costs a syscall anyway.
+            self.memory
+                .u64_at(RUNG_AT)
+                .store(monotonic_ns(), Ordering::Relaxed);
+        }
+        Wake(wake)
     }
 
     fn write(&self, position: u64, bytes: &[u8]) {
@@ -438,6 +459,12 @@ impl RingConsumer {
         // Pairs with the producer's fence after publishing its tail.
         std::sync::atomic::fence(Ordering::SeqCst);
         !self.has_entries()
+    }
+
+    /// When the producer last rang this ring's doorbell ([`monotonic_ns`]; 0 before it ever
+    /// did). A peer's word: used only to judge how soon entries come, never trusted further.
+    pub(crate) fn rung_at(&self) -> u64 {
+        self.memory.u64_at(RUNG_AT).load(Ordering::Relaxed)
     }
 
     /// The producer closed the ring and everything in it was taken.
@@ -745,5 +772,44 @@ mod tests {
         let _ = fixture.producer.publish();
         let error = fixture.consumer.peek(&mut entry).unwrap_err().to_string();
         assert!(error.contains("does not fit"), "{error}");
+    }
+
+    /// A producer that rings a sleeping consumer's doorbell says when, on the clock the
+    /// consumer reads (how a sleeping receive tells how soon its peer answered); publishing to
+    /// a consumer that is not asleep rings nothing and leaves the time as it was.
+    #[test]
+    fn a_rung_doorbell_says_when() {
+        let mut fixture = Fixture::new(30);
+        assert_eq!(fixture.consumer.rung_at(), 0, "never rung");
+        assert_ne!(
+            fixture.producer.push(EntryKind::Record, &[1; 8]),
+            Pushed::Full
+        );
+        assert!(!fixture.producer.publish().0, "the consumer was not asleep");
+        assert_eq!(fixture.consumer.rung_at(), 0);
+        let mut entry = Vec::new();
+        assert!(
+            fixture
+                .consumer
+                .peek(&mut entry)
+                .expect("an entry")
+                .is_some()
+        );
+        fixture.consumer.consume();
+
+        let before = monotonic_ns();
+        assert!(
+            fixture.consumer.wait_for_doorbell(),
+            "nothing came meanwhile"
+        );
+        // `push` publishes at once to a consumer that asked for entries (it is hungry).
+        let pushed = fixture.producer.push(EntryKind::Record, &[2; 8]);
+        let rang = match pushed {
+            Pushed::Published(wake) => wake.0,
+            _ => fixture.producer.publish().0,
+        };
+        assert!(rang, "a sleeping consumer gets a doorbell");
+        let rung = fixture.consumer.rung_at();
+        assert!(before <= rung && rung <= monotonic_ns(), "{before} {rung}");
     }
 }

@@ -1220,7 +1220,11 @@ impl RingWait<'_> {
         // sides a syscall. Only when its last wait was short: a paced or idle consumer asks at
         // once and spins not at all.
         let spin = watch_rings && !busy_poll && *last_wait_short;
+        let started = tokio::time::Instant::now();
         let mut asked = busy_poll;
+        // When this wait asked for a doorbell: into the wait, and on the host's clock (read
+        // only then, on the way to sleep; see the end of the wait).
+        let mut asked_at: Option<(Duration, u64)> = None;
         if !spin && !asked {
             if !rings
                 .iter_mut()
@@ -1229,8 +1233,8 @@ impl RingWait<'_> {
                 return None;
             }
             asked = true;
+            asked_at = Some((Duration::ZERO, crate::ring::monotonic_ns()));
         }
-        let started = tokio::time::Instant::now();
         tokio::pin!(receive);
         let safety_net = tokio::time::sleep(DOORBELL_SAFETY_NET);
         tokio::pin!(safety_net);
@@ -1255,6 +1259,7 @@ impl RingWait<'_> {
                     return std::task::Poll::Pending;
                 }
                 asked = true;
+                asked_at = Some((started.elapsed(), crate::ring::monotonic_ns()));
                 if !rings
                     .iter_mut()
                     .all(|adopted| adopted.ring.wait_for_doorbell())
@@ -1272,10 +1277,24 @@ impl RingWait<'_> {
         })
         .await;
         // How far apart entries come, unless the wait ended at once on a frame (a doorbell
-        // still queued from the last wait): that tells nothing.
+        // still queued from the last wait): that tells nothing. A wait that slept counts from
+        // its start to the doorbell its producer rang, not to this process's wake-up: a
+        // sleeping wake-up takes longer than "short" on a busy host, and counted in, a
+        // request/response pair that once went quiet would never spin again (every round
+        // trip two sleeping wake-ups, ~230 us here, instead of ~12).
         let waited = started.elapsed();
         if received.is_none() || waited >= RING_STALE_FRAME {
-            *last_wait_short = waited <= RING_SHORT_WAIT;
+            let until_entries = asked_at
+                .and_then(|(spun, asked_ns)| {
+                    let rung_at = rings
+                        .iter()
+                        .map(|adopted| adopted.ring.rung_at())
+                        .filter(|&rung_at| rung_at >= asked_ns)
+                        .max()?;
+                    Some(spun + Duration::from_nanos(rung_at - asked_ns))
+                })
+                .map_or(waited, |until_rung| until_rung.min(waited));
+            *last_wait_short = until_entries <= RING_SHORT_WAIT;
         }
         received
     }
