@@ -691,17 +691,25 @@ async fn light_load(rpc: &Rpc, size: usize, rate: f64) -> Result<f64> {
 }
 
 /// The p50 time of `call_buffer` with a buffer of `size` bytes made by the transport, until the
-/// handler ran (the buffer's allocation and filling not timed).
+/// handler ran (the buffers are all made and written before the first call, not timed).
 async fn buffer_calls(
     rpc: &Rpc,
     transport: &dyn Transport,
     size: usize,
     n_calls: usize,
 ) -> Result<f64> {
-    let mut times = Vec::with_capacity(n_calls);
+    // Every buffer made and written before the first call: writing 64 MiB right before a call
+    // left the caches cold and the destination asleep for the call that followed, whatever its
+    // size (a 4 KiB call after such a write took as long as a 64 MiB one: ~200-280 µs, 44-47
+    // busy-polled, against 13-16 and 12). Made ahead, both sizes are timed alike.
+    let mut buffers = Vec::with_capacity(n_calls);
     for _ in 0..n_calls {
         let mut buffer = transport.new_message(size).await?;
         buffer.data_mut().fill(1);
+        buffers.push(buffer);
+    }
+    let mut times = Vec::with_capacity(n_calls);
+    for buffer in buffers {
         let sent_at = Instant::now();
         rpc.to(1)
             .confirm(Confirm::Consumed)
