@@ -480,6 +480,14 @@ mod tests {
     use crate::names::{ObjectKind, ObjectName, current_uid};
     use crate::wire::{ObjectRef, WireRange};
 
+    /// The next state of a xorshift generator: the tests' sizes and interleavings, reproducible.
+    fn mix(mut state: u64) -> u64 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+
     /// A segment of this test's own with a ring in it, and the consumer's end adopted as a
     /// pull would from the announcement.
     struct Fixture {
@@ -549,9 +557,7 @@ mod tests {
             } = &mut fixture;
             let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
             let mut next = move || {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
+                state = mix(state);
                 state
             };
             let n_entries = 20_000u64;
@@ -618,12 +624,6 @@ mod tests {
     fn several_producers_at_once_each_keep_their_order() {
         const N_PRODUCERS: u64 = 3;
         const N_EACH: u64 = 20_000;
-        fn mix(mut state: u64) -> u64 {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        }
         /// Entry `seq` of producer `producer`: its length and bytes, known to both sides.
         fn entry_of(producer: u64, seq: u64) -> Vec<u8> {
             let draw = mix(mix((producer << 40) ^ seq ^ 0x9e37_79b9));

@@ -1221,18 +1221,17 @@ impl RingWait<'_> {
         // once and spins not at all.
         let spin = watch_rings && !busy_poll && *last_wait_short;
         let started = tokio::time::Instant::now();
-        let mut asked = busy_poll;
         // When this wait asked for a doorbell: into the wait, and on the host's clock (read
-        // only then, on the way to sleep; see the end of the wait).
+        // only then, on the way to sleep; see the end of the wait). A busy-polled receive never
+        // asks: it counts as having asked, for a doorbell that never comes.
         let mut asked_at: Option<(Duration, u64)> = None;
-        if !spin && !asked {
+        if !spin && !busy_poll {
             if !rings
                 .iter_mut()
                 .all(|adopted| adopted.ring.wait_for_doorbell())
             {
                 return None;
             }
-            asked = true;
             asked_at = Some((Duration::ZERO, crate::ring::monotonic_ns()));
         }
         tokio::pin!(receive);
@@ -1251,14 +1250,13 @@ impl RingWait<'_> {
                 cx.waker().wake_by_ref();
                 return std::task::Poll::Pending;
             }
-            if !asked {
+            if !busy_poll && asked_at.is_none() {
                 // Spinning looks at the rings only: a frame (a new ring) can wait that long,
                 // and a spin that entries end costs the socket nothing.
                 if started.elapsed() < RING_SPIN {
                     cx.waker().wake_by_ref();
                     return std::task::Poll::Pending;
                 }
-                asked = true;
                 asked_at = Some((started.elapsed(), crate::ring::monotonic_ns()));
                 if !rings
                     .iter_mut()
