@@ -453,16 +453,14 @@ impl Rpc {
     pub async fn call<P: Procedure>(&self, dest: usize, args: &P::Args) -> Result<(), CallError> {
         // A call the outlet takes at once needs no ticket and no waiting: written here, without
         // the builder's future (a third of a streaming caller's time).
-        if let Some(outlet) = self.node.outlets.get(dest) {
-            let bounded = self.when_full != WhenFull::Queue;
-            let head = RecordHead::call(P::id().0, 0, 0);
-            match outlet.try_push(head, &Payload::Encode(args), None, None, bounded) {
-                Ok(()) => return Ok(()),
-                // Full: the builder waits (or queues) as the node's policy says.
-                Err(Rejection::NoRoom { .. }) => {}
-                Err(rejection) => {
-                    return Err(self.node.rejection_error(dest, P::NAME, rejection).0);
-                }
+        let bounded = self.when_full != WhenFull::Queue;
+        match self.push_call(dest, P::id().0, &Payload::Encode(args), None, bounded) {
+            Some(Ok(())) => return Ok(()),
+            // Full: the builder waits (or queues) as the node's policy says; an unknown
+            // destination is the builder's to name.
+            Some(Err(Rejection::NoRoom { .. })) | None => {}
+            Some(Err(rejection)) => {
+                return Err(self.node.rejection_error(dest, P::NAME, rejection).0);
             }
         }
         self.to(dest).call::<P>(args).await.map(drop)
@@ -504,19 +502,25 @@ impl Rpc {
         payload: &Payload<'_, T>,
         buffer: Option<Message>,
     ) -> Result<(), CallError> {
-        let Some(outlet) = self.node.outlets.get(dest) else {
-            return Err(self.unknown(dest));
-        };
-        let flags = if buffer.is_some() { wire::BUFFER } else { 0 };
-        outlet
-            .try_push(
-                RecordHead::call(handler_id, 0, flags),
-                payload,
-                buffer,
-                None,
-                false,
-            )
+        self.push_call(dest, handler_id, payload, buffer, false)
+            .ok_or_else(|| self.unknown(dest))?
             .map_err(|rejection| self.node.rejection_error(dest, handler, rejection).0)
+    }
+
+    /// Writes a fire-and-forget call into `dest`'s outlet without waiting (`bounded`: refused
+    /// when the outlet is full); `None` when `dest` is not a member.
+    fn push_call<T: Serialize + ?Sized>(
+        &self,
+        dest: usize,
+        handler_id: u64,
+        payload: &Payload<'_, T>,
+        buffer: Option<Message>,
+        bounded: bool,
+    ) -> Option<Result<(), Rejection>> {
+        let outlet = self.node.outlets.get(dest)?;
+        let flags = if buffer.is_some() { wire::BUFFER } else { 0 };
+        let head = RecordHead::call(handler_id, 0, flags);
+        Some(outlet.try_push(head, payload, buffer, None, bounded))
     }
 
     /// Runs `P(args, buffer)` at `dest` once `buffer` is there in full. On shmem a buffer in

@@ -52,12 +52,12 @@ use crate::zmtp;
 
 /// The most messages, and about the most bytes, a writer takes at a time.
 const BATCH_MESSAGES: usize = 128;
-/// A queued message's frames: a single-part message keeps its one frame inline, so queueing it
-/// costs no heap allocation (a `Vec` per message was a tenth of a 64-byte sender's time).
-type Frames = smallvec::SmallVec<[Bytes; 1]>;
 const BATCH_BYTES: usize = 1 << 20;
 /// A frame body at least this long is written from its own buffer instead of being copied.
 const COPY_LIMIT: usize = 16 * 1024;
+/// A queued message's frames: a single-part message keeps its one frame inline, so queueing it
+/// costs no heap allocation (a `Vec` per message was a tenth of a 64-byte sender's time).
+type Frames = smallvec::SmallVec<[Bytes; 1]>;
 /// The most slices one vectored write gets (Linux's IOV_MAX is 1024).
 const MAX_SLICES: usize = 512;
 /// How long a peer has to complete its handshake (libzmq's default handshake interval).
