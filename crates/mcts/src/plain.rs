@@ -5,8 +5,8 @@ use crate::game::{Game, Rng};
 use crate::ucb::{Arms, NodeMap};
 
 struct Node<M> {
-    /// (move, child hash) per edge, and their statistics; expanded on the first selection.
-    edges: Option<(Vec<(M, u64)>, Arms)>,
+    /// The legal moves and their edges' statistics; expanded on the first selection.
+    edges: Option<(Vec<M>, Arms)>,
 }
 
 /// A single-threaded UCT search.
@@ -33,7 +33,6 @@ impl PlainSearch {
         let mut nodes: NodeMap<Node<G::Move>> = NodeMap::default();
         nodes.insert(position.hash(), Node { edges: None });
         let mut path: Vec<(u64, usize, usize)> = Vec::new();
-        let mut moves = Vec::new();
         for _ in 0..iterations {
             path.clear();
             let mut current = position.clone();
@@ -44,20 +43,17 @@ impl PlainSearch {
                     break ([outcome.score(0), outcome.score(1)], 1);
                 }
                 let node = nodes.get_mut(&hash).expect("a node on the path exists");
-                let (edges, arms) = node.edges.get_or_insert_with(|| {
-                    moves.clear();
+                let (moves, arms) = node.edges.get_or_insert_with(|| {
+                    let mut moves = Vec::new();
                     current.legal_moves(&mut moves);
-                    let edges: Vec<_> = moves
-                        .iter()
-                        .map(|&mv| (mv, current.hash_after(mv)))
-                        .collect();
-                    let arms = Arms::new(edges.len());
-                    (edges, arms)
+                    let arms = Arms::new(moves.len());
+                    (moves, arms)
                 });
                 let chosen = arms
                     .choose(self.exploration)
                     .expect("a game that goes on has a move");
-                let (mv, child) = edges[chosen];
+                let mv = moves[chosen];
+                let child = current.hash_after(mv);
                 path.push((hash, chosen, usize::from(current.to_move())));
                 current.play(mv);
                 hash = child;
@@ -81,10 +77,10 @@ impl PlainSearch {
                 arms.add(edge_idx, n, scores[mover]);
             }
         }
-        let (edges, arms) = nodes.get(&position.hash())?.edges.as_ref()?;
+        let (moves, arms) = nodes.get(&position.hash())?.edges.as_ref()?;
         // The most visited edge, the last of equals.
         let mut best: Option<(u64, G::Move)> = None;
-        for (&(mv, _), arm) in edges.iter().zip(arms.iter()) {
+        for (&mv, arm) in moves.iter().zip(arms.iter()) {
             if best.is_none_or(|(visits, _)| arm.n() >= visits) {
                 best = Some((arm.n(), mv));
             }

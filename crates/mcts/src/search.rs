@@ -131,9 +131,8 @@ pub struct Traffic {
     pub local_steps: u64,
 }
 
-/// An edge out of a node; its counts are the node's [`Arms`].
-struct Edge<M> {
-    mv: M,
+/// An edge out of a node that selection has taken; its counts are the node's [`Arms`].
+struct Edge {
     child: u64,
     /// Simulations on their way below it (each counted on its arm as a playout that scored
     /// nothing, until its result comes up).
@@ -151,8 +150,18 @@ enum ChildState {
 struct Node<G: Game> {
     position: G,
     visits: u64,
-    /// The edges and their statistics, made on the first selection.
-    edges: Option<(Vec<Edge<G::Move>>, Arms)>,
+    /// The moves and the statistics of their edges, made on the first selection.
+    edges: Option<Expanded<G::Move>>,
+}
+
+/// A node's edges: one per legal move, the `Edge` of each made when selection first takes it
+/// (in order, as [`Arms`] hands untried edges out), so that the many nodes a search leaves
+/// after a few selections cost their moves and not a hundred edges each.
+struct Expanded<M> {
+    moves: Vec<M>,
+    /// The edges of `moves[..edges.len()]`.
+    edges: Vec<Edge>,
+    arms: Arms,
 }
 
 /// The search settings every worker uses.
@@ -241,20 +250,15 @@ impl<G: Game> WorkerState<G> {
             return;
         }
         let position = &node.position;
-        let (edges, arms) = node.edges.get_or_insert_with(|| {
+        let Expanded { moves, edges, arms } = node.edges.get_or_insert_with(|| {
             let mut moves = Vec::new();
             position.legal_moves(&mut moves);
-            let edges: Vec<_> = moves
-                .into_iter()
-                .map(|mv| Edge {
-                    mv,
-                    child: position.hash_after(mv),
-                    virtual_loss: 0,
-                    state: ChildState::Absent,
-                })
-                .collect();
-            let arms = Arms::new(edges.len());
-            (edges, arms)
+            let arms = Arms::new(moves.len());
+            Expanded {
+                moves,
+                edges: Vec::new(),
+                arms,
+            }
         });
         let Some(edge_idx) = arms.choose(self.settings.exploration) else {
             // A game that goes on without a legal move (a bug in the game): scored as a draw so
@@ -265,6 +269,15 @@ impl<G: Game> WorkerState<G> {
         };
         // The virtual loss: a playout that scored nothing, until the result comes up.
         arms.add(edge_idx, 1, 0.0);
+        let mv = moves[edge_idx];
+        if edge_idx == edges.len() {
+            // Taken for the first time (untried edges are handed out in order).
+            edges.push(Edge {
+                child: position.hash_after(mv),
+                virtual_loss: 0,
+                state: ChildState::Absent,
+            });
+        }
         let edge = &mut edges[edge_idx];
         edge.virtual_loss += 1;
         path.push(Step {
@@ -285,7 +298,7 @@ impl<G: Game> WorkerState<G> {
             ChildState::Absent => {
                 edge.state = ChildState::Creating;
                 let mut position = node.position.clone();
-                position.play(edge.mv);
+                position.play(mv);
                 out.push(Outgoing::Create(
                     dest,
                     SelectArgs { node: child, path },
@@ -352,7 +365,7 @@ impl<G: Game> WorkerState<G> {
         let Some((edge, arms)) = node
             .edges
             .as_mut()
-            .and_then(|(edges, arms)| Some((edges.get_mut(edge_idx)?, arms)))
+            .and_then(|expanded| Some((expanded.edges.get_mut(edge_idx)?, &mut expanded.arms)))
         else {
             tracing::error!(
                 node = step.node,
@@ -489,13 +502,21 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
                 .nodes
                 .get(&hash)
                 .and_then(|node| node.edges.as_ref())
-                .map(|(edges, arms)| {
-                    edges
+                .map(|expanded| {
+                    let virtual_loss = |idx| {
+                        expanded
+                            .edges
+                            .get(idx)
+                            .map_or(0, |edge: &Edge| edge.virtual_loss)
+                    };
+                    expanded
+                        .moves
                         .iter()
-                        .zip(arms.iter())
-                        .map(|(edge, arm)| EdgeStats {
-                            mv: edge.mv,
-                            visits: arm.n() - u64::from(edge.virtual_loss),
+                        .zip(expanded.arms.iter())
+                        .enumerate()
+                        .map(|(idx, (&mv, arm))| EdgeStats {
+                            mv,
+                            visits: arm.n() - u64::from(virtual_loss(idx)),
                             score: arm.score(),
                         })
                         .collect()
@@ -510,7 +531,7 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
                 .nodes
                 .values()
                 .filter_map(|node| node.edges.as_ref())
-                .flat_map(|(edges, _)| edges)
+                .flat_map(|expanded| &expanded.edges)
             {
                 pending.0 += u64::from(edge.virtual_loss);
             }
