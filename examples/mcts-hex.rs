@@ -8,7 +8,7 @@
 //!
 //! Options: `--board S` (default 11), `--workers N` (2), `--rollouts R` per search or move
 //! (10000), `--aggregate none|trad|ovfl` (ovfl), `--playouts P` per new node (16),
-//! `--in-flight K` simulations per worker (64), `--seconds T` per search or move (none: the
+//! `--in-flight K` simulations per worker (256), `--seconds T` per search or move (none: the
 //! rollouts alone are the budget), `--transport shmem|zeromq` (shmem),
 //! `--versus random|plain` with `--games G` (10) and `--plain-iterations I` (the rollouts),
 //! `--plain` (time the single-process UCT alone), `--json`.
@@ -55,7 +55,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         rollouts: 10_000,
         aggregate: Aggregation::Ovfl,
         playouts: 16,
-        in_flight: 64,
+        in_flight: ferromq::mcts::search::IN_FLIGHT_PER_WORKER,
         transport: "shmem".to_owned(),
         versus: None,
         games: 10,

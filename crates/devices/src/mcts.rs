@@ -7,7 +7,8 @@
 //! Properties (both): `game` (`hex` or `tictactoe`), `board` (Hex side, 11), `rpc-group`
 //! (`search`); worker: `playouts` (random games per new node, 16); driver: `rollouts` (10000),
 //! `seconds` (a time per move, 0 for none: the move is played when either budget is spent),
-//! `moves` (1; 0 plays to the end), `in-flight` (simulations per worker, 64).
+//! `moves` (1; 0 plays to the end), `in-flight` (simulations per worker, 256:
+//! [`ferromq_mcts::search::IN_FLIGHT_PER_WORKER`]).
 
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ use ferromq_core::BoxError;
 use ferromq_device::{Device, DeviceContext, DeviceError};
 use ferromq_mcts::hex::Hex;
 use ferromq_mcts::search::{
-    Driver, DriverCounts, SearchSettings, driver_handlers, worker_handlers,
+    Driver, DriverCounts, IN_FLIGHT_PER_WORKER, SearchSettings, driver_handlers, worker_handlers,
 };
 use ferromq_mcts::tictactoe::TicTacToe;
 use ferromq_mcts::{Game, Outcome};
@@ -150,7 +151,7 @@ async fn drive<G: Game>(
     let group = group(ctx)?;
     let rollouts: u64 = ctx.property_or("rollouts", 10_000)?;
     let moves: u64 = ctx.property_or("moves", 1)?;
-    let in_flight: usize = ctx.property_or("in-flight", 64)?;
+    let in_flight: usize = ctx.property_or("in-flight", IN_FLIGHT_PER_WORKER)?;
     let seconds: f64 = ctx.property_or("seconds", 0.0)?;
     if !(seconds >= 0.0 && seconds.is_finite()) {
         return Err(

@@ -214,7 +214,11 @@ mod tests {
         let counts: Vec<u64> = arms.iter().map(Arm::n).collect();
         assert_eq!(counts.len(), 121, "every edge is listed");
         assert_eq!(&counts[..4], &[2, 2, 2, 0]);
-        assert!(arms.iter().skip(3).all(|arm| arm.n() == 0 && arm.score() == 0.0));
+        assert!(
+            arms.iter()
+                .skip(3)
+                .all(|arm| arm.n() == 0 && arm.score() == 0.0)
+        );
         assert_eq!(arms.total, 6);
     }
 
