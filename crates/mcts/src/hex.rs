@@ -276,26 +276,28 @@ impl Game for Hex {
         if let Some(winner) = self.winner {
             return Outcome::Win(winner);
         }
+        // Random moves to a full board give the player to move ceil(n/2) of the n empty cells,
+        // a uniformly random set of them, and the other player the rest: the empty cells are
+        // filled with the other player's stones, then the first ceil(n/2) steps of a
+        // Fisher-Yates shuffle pick the mover's (half the shuffle, and no pass to alternate).
         let mut board = [0u8; MAX_CELLS];
         let cells = &mut board[..self.cells.len()];
-        cells.copy_from_slice(&self.cells);
+        let (mover, other) = (self.to_move + 1, (self.to_move ^ 1) + 1);
         let mut empty = [0u16; MAX_CELLS];
         let mut n_empty = 0;
-        for (cell, &stone) in cells.iter().enumerate() {
+        for (cell, (&stone, filled)) in self.cells.iter().zip(cells.iter_mut()).enumerate() {
             if stone == 0 {
                 empty[n_empty] = cell as u16;
                 n_empty += 1;
+                *filled = other;
+            } else {
+                *filled = stone;
             }
         }
         let empty = &mut empty[..n_empty];
-        // Fisher-Yates, then alternate: the same as random moves to a full board.
-        for idx in (1..empty.len()).rev() {
-            empty.swap(idx, rng.below(idx + 1));
-        }
-        let mut player = self.to_move;
-        for &cell in empty.iter() {
-            cells[usize::from(cell)] = player + 1;
-            player ^= 1;
+        for idx in 0..n_empty.div_ceil(2) {
+            empty.swap(idx, idx + rng.below(n_empty - idx));
+            cells[usize::from(empty[idx])] = mover;
         }
         let cells = &*cells;
         if self.connects(cells, 0) {
@@ -404,5 +406,45 @@ mod tests {
         // The first player wins random games a little more often, never all of them.
         assert!(wins[0] > 800 && wins[1] > 600, "{wins:?}");
         assert!(Hex::new(1).is_err() && Hex::new(20).is_err());
+    }
+
+    #[test]
+    fn a_playout_wins_as_often_as_random_moves_played_one_by_one() {
+        // The playout fills the board at once; random moves played until someone wins must
+        // give each player the same chance, from any position and whoever is to move.
+        let moves_one_by_one = |start: &Hex, rng: &mut Rng| {
+            let mut position = start.clone();
+            let mut moves = Vec::new();
+            loop {
+                if let Some(Outcome::Win(winner)) = position.outcome() {
+                    return winner;
+                }
+                moves.clear();
+                position.legal_moves(&mut moves);
+                position.play(moves[rng.below(moves.len())]);
+            }
+        };
+        let mut started = Hex::new(4).unwrap();
+        for mv in [5, 6, 9] {
+            started.play(mv);
+        }
+        for start in [Hex::new(3).unwrap(), Hex::new(4).unwrap(), started] {
+            let (mut rng, n) = (Rng::new(11), 40_000);
+            let (mut by_playout, mut by_moves) = (0, 0);
+            for _ in 0..n {
+                by_playout += u32::from(start.random_playout(&mut rng) == Outcome::Win(0));
+                by_moves += u32::from(moves_one_by_one(&start, &mut rng) == 0);
+            }
+            let (p, q) = (
+                f64::from(by_playout) / n as f64,
+                f64::from(by_moves) / n as f64,
+            );
+            // Two estimates of one probability from 40 000 games each differ by less than
+            // 0.0036 (one standard deviation) in two cases of three; 0.02 is over five.
+            assert!(
+                (p - q).abs() < 0.02,
+                "{start:?}: playout {p}, one by one {q}"
+            );
+        }
     }
 }
