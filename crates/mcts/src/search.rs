@@ -150,9 +150,9 @@ enum ChildState {
 struct Node<G: Game> {
     position: G,
     visits: u64,
-    /// The moves and the statistics of their edges, made on the first selection. Boxed: the
-    /// nodes live in a hash map, whose entries are 64 bytes so instead of 144 (rehashing moves
-    /// them; lookups miss the cache less).
+    /// The moves and the statistics of their edges, made on the first selection. Boxed, so
+    /// that an entry of the hash map the nodes live in is 64 bytes instead of 144 (rehashing
+    /// moves entries; a lookup touches one cache line).
     edges: Option<Box<Expanded<G::Move>>>,
 }
 
