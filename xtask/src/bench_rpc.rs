@@ -1,6 +1,8 @@
 //! The remote-invocation and MCTS sections of `cargo xtask bench`'s report: `ferromq bench rpc`
 //! (calls/s per mode and size, round trips) beside Seriema's figures and ferromq's targets, and
-//! the `mcts-hex` example's rollouts/s for 1, 2 and 4 workers per aggregation mode.
+//! the `mcts-hex` example's rollouts/s for 1, 2 and 4 workers per aggregation mode (16 playouts
+//! per rollout, and `ovfl` with 1), beside the single-process UCT and crates.io's `mcts` on the
+//! same Hex, with issue 15's targets.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -102,61 +104,130 @@ pub fn render_rpc(lines: &[RpcLine]) -> String {
     text
 }
 
-/// One line of the `mcts-hex` example's `--json`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// What the `--json` line of `mcts-hex` and of `mcts-crate-hex` says that the report reads.
+#[derive(Debug, Clone, Deserialize)]
+struct Rate {
+    rollouts_per_s: f64,
+}
+
+/// One run of the MCTS section: what ran, and its rate.
+#[derive(Debug, Clone, PartialEq)]
 pub struct MctsLine {
-    #[serde(default)]
-    pub plain: bool,
-    #[serde(default)]
+    /// The aggregation mode (`none`, `trad`, `ovfl`), [`SINGLE_PROCESS`] or [`MCTS_CRATE`].
+    pub what: String,
+    /// Worker processes (threads for the `mcts` crate; 1 for the single-process UCT).
     pub workers: usize,
-    #[serde(default)]
-    pub aggregate: String,
+    /// Random playouts per rollout.
+    pub playouts: u32,
     pub rollouts_per_s: f64,
 }
 
-/// The MCTS section: rollouts/s per mode and worker count, and the single-process yardstick.
+/// The single-process UCT of `ferromq-mcts` (`mcts-hex --plain`), the yardstick.
+const SINGLE_PROCESS: &str = "single-process UCT";
+/// crates.io's `mcts` on the same Hex (`mcts-crate-hex`).
+const MCTS_CRATE: &str = "`mcts` crate 0.3";
+
+/// Issue 15's rate target: rollouts/s with one worker and one playout per rollout.
+const ONE_WORKER_TARGET: f64 = 300e3;
+/// Issue 15's scaling target: efficiency at 2 workers.
+const EFFICIENCY_TARGET: f64 = 0.7;
+
+/// The MCTS section: rollouts/s per mode, worker count and playouts, with the single-process
+/// UCT and the `mcts` crate beside them, and the targets.
 pub fn render_mcts(lines: &[MctsLine]) -> String {
     let mut text = String::new();
     if lines.is_empty() {
         return text;
     }
-    let mut cells: BTreeMap<(String, usize), Vec<f64>> = BTreeMap::new();
+    // Ordered by playouts (16 first), then what ran, then workers.
+    let mut cells: BTreeMap<(std::cmp::Reverse<u32>, String, usize), Vec<f64>> = BTreeMap::new();
     for line in lines {
-        let key = if line.plain {
-            ("single-process UCT".to_owned(), 1)
-        } else {
-            (line.aggregate.clone(), line.workers)
-        };
-        cells.entry(key).or_default().push(line.rollouts_per_s);
+        cells
+            .entry((
+                std::cmp::Reverse(line.playouts),
+                line.what.clone(),
+                line.workers,
+            ))
+            .or_default()
+            .push(line.rollouts_per_s);
     }
+    let median = |playouts: u32, what: &str, workers: usize| {
+        cells
+            .get(&(std::cmp::Reverse(playouts), what.to_owned(), workers))
+            .map(|rates| Spread::of(rates).median)
+    };
     let _ = writeln!(
         text,
-        "\n## Distributed MCTS (`mcts-hex` example, 11x11 Hex, 16 playouts per rollout)\n\n| mode | workers | rollouts/s (min-max) | efficiency vs 1 worker |\n|---|---|---|---|"
+        "\n## Distributed MCTS (`mcts-hex` example, 11x11 Hex)\n\n| playouts per rollout | what | workers (threads) | rollouts/s (min-max) | efficiency vs 1 |\n|---|---|---|---|---|"
     );
-    for ((mode, workers), rates) in &cells {
+    for ((std::cmp::Reverse(playouts), what, workers), rates) in &cells {
         let spread = Spread::of(rates);
-        let single = cells
-            .get(&(mode.clone(), 1))
-            .map(|rates| Spread::of(rates).median)
-            .unwrap_or(spread.median);
+        let single = median(*playouts, what, 1).unwrap_or(spread.median);
         let _ = writeln!(
             text,
-            "| {mode} | {workers} | {:.1} k ({:.1}-{:.1}) | {:.2} |",
+            "| {playouts} | {what} | {workers} | {:.1} k ({:.1}-{:.1}) | {:.2} |",
             spread.median / 1e3,
             spread.min / 1e3,
             spread.max / 1e3,
             spread.median / (single * *workers as f64)
         );
     }
-    let _ = writeln!(
-        text,
-        "\nTargets: scaling efficiency ≥ 0.7 at 2 workers (on 2 cores shared with the driver here)."
-    );
+    let verdict = |met: bool| if met { "met" } else { "not met" };
+    let mut targets = Vec::new();
+    if let Some(rate) = median(1, "ovfl", 1) {
+        targets.push(format!(
+            "≥ {:.0} k rollouts/s with one worker and 1 playout: {:.1} k ({})",
+            ONE_WORKER_TARGET / 1e3,
+            rate / 1e3,
+            verdict(rate >= ONE_WORKER_TARGET)
+        ));
+    }
+    if let (Some(one), Some(two)) = (median(16, "ovfl", 1), median(16, "ovfl", 2)) {
+        let efficiency = two / (2.0 * one);
+        targets.push(format!(
+            "scaling efficiency ≥ {EFFICIENCY_TARGET} at 2 workers (ovfl, 16 playouts, on 2 cores shared with the driver here): {efficiency:.2} ({})",
+            verdict(efficiency >= EFFICIENCY_TARGET)
+        ));
+    }
+    if !targets.is_empty() {
+        let _ = writeln!(text, "\nTargets: {}.", targets.join("; "));
+    }
     text
 }
 
-/// Runs `ferromq bench rpc` (3 rounds) and the `mcts-hex` example (1, 2, 4 workers per mode,
-/// 3 runs interleaved); their report sections, or `None` when a run failed.
+/// Runs `program` with `args` and reads the rate from its `--json` line; `None` (and why, on
+/// stderr) when it fails.
+fn rate_of(program: &Path, args: &[String], workspace: &Path) -> Option<f64> {
+    let output = Command::new(program)
+        .args(args)
+        .current_dir(workspace)
+        .output()
+        .ok()?;
+    if !output.status.success() {
+        eprintln!(
+            "xtask: {} {} failed: {}",
+            program.display(),
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        return None;
+    }
+    let rate = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|line| serde_json::from_str::<Rate>(line).ok());
+    if rate.is_none() {
+        eprintln!(
+            "xtask: {} {} printed no rollouts_per_s",
+            program.display(),
+            args.join(" ")
+        );
+    }
+    Some(rate?.rollouts_per_s)
+}
+
+/// Runs `ferromq bench rpc` (3 rounds), then the `mcts-hex` example (1, 2, 4 workers per mode;
+/// `--plain`) and `mcts-crate-hex` (1, 2 threads), 3 rounds interleaved; their report sections,
+/// or `None` when a run failed.
 pub fn run(cargo: &str, workspace: &Path, ferromq: &Path) -> Option<String> {
     eprintln!("xtask: ferromq bench rpc");
     let output = Command::new(ferromq)
@@ -183,48 +254,73 @@ pub fn run(cargo: &str, workspace: &Path, ferromq: &Path) -> Option<String> {
         .lines()
         .filter_map(|line| serde_json::from_str(line).ok())
         .collect();
-    let built = Command::new(cargo)
-        .args(["build", "--release", "--example", "mcts-hex"])
-        .current_dir(workspace)
-        .status()
-        .is_ok_and(|status| status.success());
+    let built = [
+        vec!["build", "--release", "--example", "mcts-hex"],
+        vec![
+            "build",
+            "--release",
+            "-p",
+            "ferromq-mcts",
+            "--example",
+            "mcts-crate-hex",
+        ],
+    ]
+    .iter()
+    .all(|args| {
+        Command::new(cargo)
+            .args(args)
+            .current_dir(workspace)
+            .status()
+            .is_ok_and(|status| status.success())
+    });
     if !built {
-        eprintln!("xtask: building the mcts-hex example failed");
+        eprintln!("xtask: building the mcts-hex and mcts-crate-hex examples failed");
         return None;
     }
     let example = workspace.join("target/release/examples/mcts-hex");
+    let crate_example = workspace.join("target/release/examples/mcts-crate-hex");
+    // (what, workers or threads, playouts): 40 000 rollouts with 16 playouts, 100 000 with 1.
+    let mut runs: Vec<(&str, usize, u32)> = vec![(SINGLE_PROCESS, 1, 16), (SINGLE_PROCESS, 1, 1)];
+    for mode in ["none", "trad", "ovfl"] {
+        runs.extend([1, 2, 4].map(|workers| (mode, workers, 16)));
+    }
+    runs.extend([1, 2, 4].map(|workers| ("ovfl", workers, 1)));
+    runs.extend([
+        (MCTS_CRATE, 1, 16),
+        (MCTS_CRATE, 2, 16),
+        (MCTS_CRATE, 1, 1),
+        (MCTS_CRATE, 2, 1),
+    ]);
     let mut mcts = Vec::new();
+    // Three rounds, all the runs of one round, then the next.
     for _ in 0..3 {
-        let mut cells: Vec<Vec<String>> = vec![vec!["--plain".to_owned()]];
-        for mode in ["none", "trad", "ovfl"] {
-            for workers in ["1", "2", "4"] {
-                cells.push(
-                    ["--aggregate", mode, "--workers", workers]
-                        .map(str::to_owned)
-                        .to_vec(),
-                );
-            }
-        }
-        for cell in cells {
-            let output = Command::new(&example)
-                .args(["--board", "11", "--rollouts", "40000", "--json"])
-                .args(&cell)
-                .current_dir(workspace)
-                .output()
-                .ok()?;
-            if !output.status.success() {
-                eprintln!(
-                    "xtask: mcts-hex {} failed: {}",
-                    cell.join(" "),
-                    String::from_utf8_lossy(&output.stderr)
-                );
-                return None;
-            }
-            mcts.extend(
-                String::from_utf8_lossy(&output.stdout)
-                    .lines()
-                    .filter_map(|line| serde_json::from_str::<MctsLine>(line).ok()),
-            );
+        for &(what, workers, playouts) in &runs {
+            let rollouts = if playouts == 1 { "100000" } else { "40000" };
+            let mut args: Vec<String> = ["--board", "11", "--rollouts", rollouts, "--playouts"]
+                .map(str::to_owned)
+                .to_vec();
+            args.push(playouts.to_string());
+            let program = match what {
+                SINGLE_PROCESS => {
+                    args.extend(["--plain", "--json"].map(str::to_owned));
+                    &example
+                }
+                MCTS_CRATE => {
+                    args.extend(["--threads".to_owned(), workers.to_string()]);
+                    &crate_example
+                }
+                mode => {
+                    args.extend(["--aggregate", mode, "--json", "--workers"].map(str::to_owned));
+                    args.push(workers.to_string());
+                    &example
+                }
+            };
+            mcts.push(MctsLine {
+                what: what.to_owned(),
+                workers,
+                playouts,
+                rollouts_per_s: rate_of(program, &args, workspace)?,
+            });
         }
     }
     Some(render_rpc(&rpc) + &render_mcts(&mcts))
@@ -264,32 +360,50 @@ mod tests {
     }
 
     #[test]
-    fn the_mcts_section_gives_efficiency_against_one_worker() {
+    fn the_mcts_section_gives_efficiency_against_one_worker_and_the_targets() {
+        let line = |what: &str, workers, playouts, rollouts_per_s| MctsLine {
+            what: what.to_owned(),
+            workers,
+            playouts,
+            rollouts_per_s,
+        };
         let lines = [
-            MctsLine {
-                plain: false,
-                workers: 1,
-                aggregate: "ovfl".to_owned(),
-                rollouts_per_s: 20e3,
-            },
-            MctsLine {
-                plain: false,
-                workers: 2,
-                aggregate: "ovfl".to_owned(),
-                rollouts_per_s: 30e3,
-            },
-            MctsLine {
-                plain: true,
-                workers: 0,
-                aggregate: String::new(),
-                rollouts_per_s: 25e3,
-            },
+            line("ovfl", 1, 16, 20e3),
+            line("ovfl", 2, 16, 30e3),
+            line(SINGLE_PROCESS, 1, 16, 25e3),
+            line("ovfl", 1, 1, 250e3),
+            line("ovfl", 1, 1, 260e3),
+            line("ovfl", 1, 1, 310e3),
+            line(MCTS_CRATE, 2, 1, 150e3),
         ];
         let text = render_mcts(&lines);
         assert!(
-            text.contains("| ovfl | 2 | 30.0 k (30.0-30.0) | 0.75 |"),
+            text.contains("| 16 | ovfl | 2 | 30.0 k (30.0-30.0) | 0.75 |"),
             "{text}"
         );
-        assert!(text.contains("| single-process UCT | 1 | 25.0 k"), "{text}");
+        assert!(
+            text.contains("| 16 | single-process UCT | 1 | 25.0 k"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| 1 | ovfl | 1 | 260.0 k (250.0-310.0) | 1.00 |"),
+            "{text}"
+        );
+        // No one-thread run of the crate: its efficiency is against itself.
+        assert!(
+            text.contains("| 1 | `mcts` crate 0.3 | 2 | 150.0 k"),
+            "{text}"
+        );
+        assert!(
+            text.find("| 16 | ovfl") < text.find("| 1 | ovfl"),
+            "16 playouts first: {text}"
+        );
+        assert!(
+            text.contains("with one worker and 1 playout: 260.0 k (not met)"),
+            "{text}"
+        );
+        assert!(text.contains("at 2 workers"), "{text}");
+        assert!(text.contains(": 0.75 (met)"), "{text}");
+        assert!(render_mcts(&[]).is_empty());
     }
 }
