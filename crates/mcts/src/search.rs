@@ -149,7 +149,6 @@ enum ChildState {
 
 struct Node<G: Game> {
     position: G,
-    visits: u64,
     /// The moves and the statistics of their edges, made on the first selection. Boxed, so
     /// that an entry of the hash map the nodes live in is 64 bytes instead of 144 (rehashing
     /// moves entries; a lookup touches one cache line).
@@ -247,7 +246,6 @@ impl<G: Game> WorkerState<G> {
         if let Some(outcome) = node.position.outcome() {
             // A finished game: its result is exact, no playout needed.
             let scores = [outcome.score(0), outcome.score(1)];
-            node.visits += 1;
             out.push(self.up(path, scores, 1, false));
             return;
         }
@@ -318,12 +316,10 @@ impl<G: Game> WorkerState<G> {
             scores[0] += outcome.score(0);
             scores[1] += outcome.score(1);
         }
-        let node = self.nodes.entry(args.node).or_insert_with(|| Node {
+        self.nodes.entry(args.node).or_insert_with(|| Node {
             position,
-            visits: 0,
             edges: None,
         });
-        node.visits += u64::from(playouts);
         out.push(self.up(args.path, scores, playouts, true));
     }
 
@@ -362,7 +358,6 @@ impl<G: Game> WorkerState<G> {
             return;
         };
         let mover = node.position.to_move();
-        node.visits += u64::from(playouts);
         let edge_idx = usize::from(step.edge);
         let Some((edge, arms)) = node
             .edges
@@ -479,7 +474,6 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
                 Ok(position) => {
                     guard(&on_plant).nodes.entry(hash).or_insert_with(|| Node {
                         position,
-                        visits: 0,
                         edges: None,
                     });
                 }
