@@ -625,6 +625,29 @@ impl Channel {
         self.send_inner(parts, Some(timeout)).await
     }
 
+    /// Sends a multipart message if the socket takes it at once, without waiting and outside
+    /// any runtime: for a sender that must not wait (rpc's dispatcher sending its answers). The
+    /// parts come back untouched (`Err`) when the socket cannot take them now (no room, no
+    /// peer, out of turn, or a socket that only sends by waiting); the caller then awaits
+    /// [`Channel::send_parts`], which waits, times out or reports the error.
+    ///
+    /// # Errors
+    /// The parts, not sent.
+    pub fn try_send_parts(&mut self, parts: Parts) -> std::result::Result<(), Parts> {
+        if self.turn.is_some_and(|turn| turn != Turn::Send) {
+            return Err(parts);
+        }
+        let n_bytes = parts.total_size();
+        let tapped = self.tap.prepare(&parts);
+        self.socket.try_send_parts(parts)?;
+        self.counters.record_out(n_bytes);
+        if let Some(tapped) = tapped {
+            tapped.commit(Direction::Out);
+        }
+        self.pass_turn(Turn::Receive);
+        Ok(())
+    }
+
     /// Waits for room for one message and returns a permit that sends it without waiting: the
     /// two-phase send. The wait is cancel-safe and the message stays the caller's until
     /// [`SendPermit::send`], so a send that must give way to STOP (or anything else in a
@@ -1182,6 +1205,22 @@ mod tests {
                 "the spinning receive was polled {most_between} times while main waited for one turn"
             );
         });
+    }
+
+    /// A socket that only sends by waiting hands the parts back untouched, and nothing is
+    /// counted as sent.
+    #[tokio::test]
+    async fn a_send_the_socket_cannot_take_at_once_hands_the_parts_back() {
+        let config = ChannelConfig::new("data", SocketType::Push, Method::Bind)
+            .with_address("tcp://127.0.0.1:1");
+        let mut channel = Channel::open(&TestTransport::new(Double::Losing), config, "data")
+            .await
+            .unwrap();
+        let back = channel
+            .try_send_parts(Parts::from(Message::from("kept")))
+            .expect_err("the test socket takes nothing at once");
+        assert_eq!(back.get(0).map(Message::data), Some(&b"kept"[..]));
+        assert_eq!(channel.counters().snapshot().messages_out, 0);
     }
 
     #[tokio::test]
