@@ -838,14 +838,22 @@ impl CallBuilder<'_> {
         }
         let seq = node.next_seq.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = oneshot::channel();
-        lock(&node.pending).insert(
-            seq,
-            Pending::Result {
-                dest: self.dest,
-                handler: P::NAME,
-                reply,
-            },
-        );
+        // The only call waiting for an answer sends itself from this task when the outlet is
+        // idle: a task switch less each way of a lone round trip (6.6 -> 5.9 us busy-polled).
+        // With others in flight the outlet's task packs them: sending each from its caller
+        // halved the returns per second with 64 in flight.
+        let alone = {
+            let mut pending = lock(&node.pending);
+            pending.insert(
+                seq,
+                Pending::Result {
+                    dest: self.dest,
+                    handler: P::NAME,
+                    reply,
+                },
+            );
+            pending.len() == 1
+        };
         let head = RecordHead::call(P::id().0, seq, wire::WANTS_RESULT);
         let when_full = match self.when_full {
             WhenFull::Fail => WhenFull::Wait,
@@ -853,7 +861,7 @@ impl CallBuilder<'_> {
         };
         let started = Instant::now();
         if let Err((error, _)) = node
-            .submit(
+            .submit_with(
                 self.dest,
                 head,
                 &Payload::Encode(args),
@@ -861,6 +869,7 @@ impl CallBuilder<'_> {
                 None,
                 when_full,
                 P::NAME,
+                alone,
             )
             .await
         {
@@ -1125,10 +1134,28 @@ impl Node {
         dest: usize,
         head: RecordHead,
         payload: &Payload<'_, T>,
+        buffer: Option<Message>,
+        on_left: Option<oneshot::Sender<()>>,
+        when_full: WhenFull,
+        handler: &'static str,
+    ) -> Result<(), (CallError, Option<Message>)> {
+        self.submit_with(
+            dest, head, payload, buffer, on_left, when_full, handler, false,
+        )
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn submit_with<T: Serialize + ?Sized>(
+        &self,
+        dest: usize,
+        head: RecordHead,
+        payload: &Payload<'_, T>,
         mut buffer: Option<Message>,
         mut on_left: Option<oneshot::Sender<()>>,
         when_full: WhenFull,
         handler: &'static str,
+        hold: bool,
     ) -> Result<(), (CallError, Option<Message>)> {
         let outlet = &self.outlets[dest];
         let bounded = when_full != WhenFull::Queue;
@@ -1136,8 +1163,13 @@ impl Node {
         // streaming case) costs no clock read.
         let mut deadline = None;
         loop {
-            match outlet.try_push(head, payload, buffer, on_left.take(), bounded) {
-                Ok(()) => return Ok(()),
+            match outlet.push(head, payload, buffer, on_left.take(), bounded, hold) {
+                Ok(()) => {
+                    if hold {
+                        outlet.release();
+                    }
+                    return Ok(());
+                }
                 Err(Rejection::NoRoom {
                     buffer: back,
                     on_left: notice,
@@ -1242,15 +1274,21 @@ impl Node {
     }
 
     /// A record queued for `dest` that must not wait (results, acknowledgements, broadcasts
-    /// passed on: the dispatcher never blocks on a full peer).
+    /// passed on: the dispatcher never blocks on a full peer). Held: it leaves at the
+    /// dispatcher's next [`Node::release_answers`], which comes before the dispatcher waits for
+    /// anything.
     fn answer(&self, dest: usize, head: RecordHead, payload: &[u8], buffer: Option<Message>) {
         let outlet = &self.outlets[dest];
-        if let Err(rejection) =
-            outlet.try_push::<[u8]>(head, &Payload::Raw(payload), buffer, None, false)
-        {
+        if let Err(rejection) = outlet.try_push_held::<[u8]>(head, &Payload::Raw(payload), buffer) {
             let (error, _) = self.rejection_error(dest, "an answer", rejection);
             tracing::warn!(%error, "an rpc answer could not be queued");
         }
+    }
+
+    /// Sends the answers held since the last call, from the dispatcher itself where the outlet
+    /// is idle (see `outlet.rs`).
+    fn release_answers(&self) {
+        self.outlets.iter().for_each(|outlet| outlet.release());
     }
 
     /// Runs the call in `head` from `from` and answers it. While the handler runs, frames that
@@ -1286,6 +1324,7 @@ impl Node {
                 let copy = buffer.as_ref().map(Message::copy);
                 self.answer(child, head, payload, copy);
             }
+            self.release_answers();
         }
         let buffer = if head.flags & wire::PULL == 0 {
             Ok(buffer)
@@ -1380,6 +1419,7 @@ impl Node {
         intake: &mut Intake,
     ) -> Option<F::Output> {
         loop {
+            self.release_answers();
             tokio::select! {
                 biased;
                 output = &mut *future => return Some(output),
@@ -1613,6 +1653,7 @@ impl Node {
                     // serving (looked at every 8 calls), the outlets get a turn to send.
                     served += 1;
                     if served % 8 == 0 && slice.elapsed() >= YIELD_AFTER {
+                        self.release_answers();
                         tokio::task::yield_now().await;
                         slice = std::time::Instant::now();
                     }
@@ -1731,11 +1772,9 @@ async fn dispatch(node: Weak<Node>, mut intake: Intake) -> ferromq_core::Result<
             },
         };
         let Some(node) = node.upgrade() else { break };
-        if node
-            .handle_frame(parts, answered, &mut intake)
-            .await
-            .is_break()
-        {
+        let flow = node.handle_frame(parts, answered, &mut intake).await;
+        node.release_answers();
+        if flow.is_break() {
             break;
         }
     }

@@ -10,9 +10,13 @@
 //! - `ovfl`: the task takes whatever the open frame holds whenever it is free to send, so calls
 //!   leave one by one while the destination keeps up and are packed only while it lags.
 //!
-//! The task owns the channel; it sends one frame (the records, then the calls' buffers as
-//! further parts) at a time, so the transport's back-pressure holds it, calls pile up in the
-//! outlet, and callers see the destination as full at `max-queued-calls`.
+//! The task sends one frame (the records, then the calls' buffers as further parts) at a time,
+//! so the transport's back-pressure holds it, calls pile up in the outlet, and callers see the
+//! destination as full at `max-queued-calls`. The dispatcher's answers (results,
+//! acknowledgements) are *held*: they wake no task, and once the dispatcher is done with the
+//! frame it served (or is about to wait) it sends them itself if the task is idle and the
+//! channel takes them at once ([`Outlet::release`]), saving a task switch on each side of a
+//! round trip. A frame the channel does not take at once goes to the task, first in line.
 //!
 //! Cancellation and drop: a caller that stops waiting for room has queued nothing. Closing seals
 //! the open frame and lets the task send every frame before it closes the channel (with the
@@ -22,7 +26,7 @@
 
 use std::collections::VecDeque;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -251,6 +255,11 @@ pub(crate) struct OutletConfig {
 }
 
 struct State {
+    /// The channel, here while the task is not sending (the task takes it for its sends;
+    /// [`Outlet::release`] sends through it in place). `None` before the task starts.
+    sink: Option<Sink>,
+    /// A frame [`Outlet::release`] took and the channel did not take at once: the next to send.
+    unsent: Option<Outgoing>,
     sealed: VecDeque<Frame>,
     open: Option<Frame>,
     /// When the open frame got its first record.
@@ -261,6 +270,9 @@ struct State {
     failure: Option<String>,
     closing: bool,
 }
+
+/// A frame made into parts: the parts, who waits for them to leave, how many records.
+type Outgoing = (Parts, Vec<oneshot::Sender<()>>, u32);
 
 /// Why a record was not accepted. What was handed in comes back.
 pub(crate) enum Rejection {
@@ -289,6 +301,8 @@ pub(crate) struct Outlet {
     /// Lends the memory of frames (shared memory on shmem); `None`: heap frames.
     transport: Option<Arc<dyn Transport>>,
     state: Mutex<State>,
+    /// Records were pushed held ([`Outlet::try_push_held`]) and not yet released.
+    held: AtomicBool,
     /// Records came in, or a frame was sealed: the task looks.
     ready: Notify,
     /// The task sent a frame: callers waiting for room look again.
@@ -312,6 +326,8 @@ impl Outlet {
             config,
             transport,
             state: Mutex::new(State {
+                sink: None,
+                unsent: None,
                 sealed: VecDeque::new(),
                 open: None,
                 open_since: None,
@@ -319,6 +335,7 @@ impl Outlet {
                 failure: None,
                 closing: false,
             }),
+            held: AtomicBool::new(false),
             ready: Notify::new(),
             room: Notify::new(),
             drained: Notify::new(),
@@ -360,6 +377,29 @@ impl Outlet {
         buffer: Option<Message>,
         on_left: Option<oneshot::Sender<()>>,
         bounded: bool,
+    ) -> Result<(), Rejection> {
+        self.push(head, payload, buffer, on_left, bounded, false)
+    }
+
+    /// Appends one record, never bounded, without waking the task: the caller (the
+    /// dispatcher) calls [`Outlet::release`] before it waits for anything.
+    pub(crate) fn try_push_held<T: Serialize + ?Sized>(
+        &self,
+        head: RecordHead,
+        payload: &Payload<'_, T>,
+        buffer: Option<Message>,
+    ) -> Result<(), Rejection> {
+        self.push(head, payload, buffer, None, false, true)
+    }
+
+    pub(crate) fn push<T: Serialize + ?Sized>(
+        &self,
+        head: RecordHead,
+        payload: &Payload<'_, T>,
+        buffer: Option<Message>,
+        on_left: Option<oneshot::Sender<()>>,
+        bounded: bool,
+        hold: bool,
     ) -> Result<(), Rejection> {
         let mut state = self.lock();
         if let Some(failure) = &state.failure {
@@ -425,10 +465,84 @@ impl Outlet {
             false
         };
         drop(state);
-        if was_idle || sealed_now {
+        if hold {
+            // Release: whoever swaps it back (below) finds the record pushed.
+            self.held.store(true, Ordering::Release);
+        } else if was_idle || sealed_now {
             self.ready.notify_one();
         }
         Ok(())
+    }
+
+    /// Sends what was pushed held: from the calling task, when the outlet's task is not
+    /// sending and the channel takes each frame at once (`ovfl`, `none`); otherwise, and for
+    /// whatever the channel did not take, the task is woken. `trad` frames wait for the task
+    /// (their delay or size decides when they leave).
+    pub(crate) fn release(&self) {
+        if !self.held.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let mut state = self.lock();
+        let inline = self.config.aggregation != Aggregation::Trad
+            && state.unsent.is_none()
+            && state.failure.is_none();
+        while inline && state.sink.is_some() {
+            let frame = match state.sealed.pop_front() {
+                Some(frame) => frame,
+                None => match state.open.take() {
+                    Some(frame) => {
+                        state.open_since = None;
+                        frame
+                    }
+                    None => break,
+                },
+            };
+            let (parts, on_left, n_records) = frame.into_parts();
+            let sent = match state.sink.as_mut() {
+                Some(Sink::Channel(channel)) => channel.try_send_parts(parts),
+                Some(Sink::Loopback(queue)) => queue.send(parts).map_err(|unsent| unsent.0),
+                None => Err(parts),
+            };
+            match sent {
+                Ok(()) => self.sent(&mut state, on_left, n_records),
+                Err(parts) => {
+                    state.unsent = Some((parts, on_left, n_records));
+                    break;
+                }
+            }
+        }
+        let for_task = state.unsent.is_some() || !state.sealed.is_empty() || state.open.is_some();
+        drop(state);
+        if for_task {
+            self.ready.notify_one();
+        }
+    }
+
+    /// Accounts for a frame handed to the channel (the state's lock is held) and tells whom it
+    /// concerns: its callers that wait for it to leave, and the waits for room and for drain.
+    fn sent(
+        &self,
+        state: &mut std::sync::MutexGuard<'_, State>,
+        on_left: Vec<oneshot::Sender<()>>,
+        n_records: u32,
+    ) {
+        self.counts.frames.fetch_add(1, Ordering::Relaxed);
+        self.counts
+            .records
+            .fetch_add(u64::from(n_records), Ordering::Relaxed);
+        if n_records > 1 {
+            self.counts
+                .aggregated
+                .fetch_add(u64::from(n_records), Ordering::Relaxed);
+        }
+        state.n_queued -= n_records as usize;
+        on_left.into_iter().for_each(|left| {
+            let _ = left.send(());
+        });
+        self.room.notify_waiters();
+        if state.n_queued == 0 {
+            self.drained.notify_waiters();
+        }
     }
 
     fn seal(&self, state: &mut State) {
@@ -496,41 +610,51 @@ impl Outlet {
         self.ready.notify_one();
     }
 
-    /// The next frame to send, or when to look again (`trad`'s delay).
-    fn next_frame(&self) -> (Option<Frame>, Option<Instant>, bool) {
+    /// The next frame to send with the channel to send it on (taken from the state until the
+    /// send is done), or when to look again (`trad`'s delay).
+    fn next_frame(&self) -> (Option<(Outgoing, Sink)>, Option<Instant>, bool) {
         let mut state = self.lock();
-        if let Some(frame) = state.sealed.pop_front() {
-            return (Some(frame), None, false);
+        if state.sink.is_none() {
+            // The task put it back after its last send; absent only once it failed.
+            return (None, None, true);
         }
-        if state.open.is_some() {
+        let outgoing = if let Some(unsent) = state.unsent.take() {
+            unsent
+        } else if let Some(frame) = state.sealed.pop_front() {
+            frame.into_parts()
+        } else if state.open.is_some() {
             let since = state.open_since.unwrap_or_else(Instant::now);
             let due = since + self.config.max_delay;
             let take = match self.config.aggregation {
                 Aggregation::None | Aggregation::Ovfl => true,
                 Aggregation::Trad => state.closing || Instant::now() >= due,
             };
-            if take {
-                state.open_since = None;
-                return (state.open.take(), None, false);
+            if !take {
+                return (None, Some(due), false);
             }
-            return (None, Some(due), false);
-        }
-        (None, None, state.closing)
+            state.open_since = None;
+            state.open.take().expect("just looked").into_parts()
+        } else {
+            return (None, None, state.closing);
+        };
+        let sink = state.sink.take().expect("looked above");
+        (Some((outgoing, sink)), None, false)
     }
 
     /// The task: sends frames until closed, then closes the channel. `on_failure` hears why the
     /// channel failed, once.
     pub(crate) async fn run(
         self: Arc<Self>,
-        mut sink: Sink,
+        sink: Sink,
         on_failure: impl Fn(String) + Send + 'static,
     ) -> ferromq_core::Result<()> {
+        self.lock().sink = Some(sink);
         loop {
             let ready = self.ready.notified();
             tokio::pin!(ready);
             ready.as_mut().enable();
-            let (frame, due, closing) = self.next_frame();
-            let Some(frame) = frame else {
+            let (next, due, closing) = self.next_frame();
+            let Some(((parts, on_left, n_records), mut sink)) = next else {
                 if closing {
                     break;
                 }
@@ -551,7 +675,6 @@ impl Outlet {
                 }
                 continue;
             };
-            let (parts, on_left, n_records) = frame.into_parts();
             let sent = match &mut sink {
                 Sink::Channel(channel) => channel
                     .send_parts(parts)
@@ -561,18 +684,10 @@ impl Outlet {
                     .send(parts)
                     .map_err(|_| "the rpc node is shut down".to_owned()),
             };
-            self.counts.frames.fetch_add(1, Ordering::Relaxed);
-            self.counts
-                .records
-                .fetch_add(u64::from(n_records), Ordering::Relaxed);
-            if n_records > 1 {
-                self.counts
-                    .aggregated
-                    .fetch_add(u64::from(n_records), Ordering::Relaxed);
-            }
             let mut state = self.lock();
-            state.n_queued -= n_records as usize;
             if let Err(cause) = sent {
+                // The failed channel is dropped here (`release` finds no channel any more).
+                state.n_queued -= n_records as usize;
                 tracing::error!(destination = self.dest, %cause, "rpc channel failed");
                 let dropped: usize = state
                     .sealed
@@ -590,19 +705,13 @@ impl Outlet {
                 on_failure(cause);
                 return Ok(());
             }
-            let drained = state.n_queued == 0;
-            drop(state);
-            on_left.into_iter().for_each(|left| {
-                let _ = left.send(());
-            });
-            self.room.notify_waiters();
-            if drained {
-                self.drained.notify_waiters();
-            }
+            state.sink = Some(sink);
+            self.sent(&mut state, on_left, n_records);
         }
+        let sink = self.lock().sink.take();
         match sink {
-            Sink::Channel(mut channel) => channel.close().await,
-            Sink::Loopback(_) => Ok(()),
+            Some(Sink::Channel(mut channel)) => channel.close().await,
+            Some(Sink::Loopback(_)) | None => Ok(()),
         }
     }
 }
@@ -610,6 +719,7 @@ impl Outlet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Status;
 
     /// Arguments whose encoding fails (postcard needs a sequence's length up front).
     struct Unencodable;
@@ -655,6 +765,83 @@ mod tests {
             handlers.push((record.head.handler, record.payload.to_vec()));
         }
         assert_eq!(handlers, vec![(1, vec![7]), (3, vec![9])]);
+    }
+
+    fn ovfl_outlet() -> Outlet {
+        let config = OutletConfig {
+            aggregation: Aggregation::Ovfl,
+            frame_bytes: 4096,
+            max_delay: Duration::from_secs(1),
+            max_queued: 100,
+        };
+        Outlet::new(1, 0, config, None, Arc::new(Counts::default()))
+    }
+
+    fn handlers_in(parts: &Parts) -> Vec<u64> {
+        let bytes = parts.get(0).expect("the frame").data().to_vec();
+        let mut reader = wire::FrameReader::new(&bytes).expect("a whole frame");
+        let mut handlers = Vec::new();
+        while let Some(record) = reader.next_record() {
+            handlers.push(record.expect("a whole record").head.handler);
+        }
+        handlers
+    }
+
+    #[test]
+    fn held_answers_leave_in_one_frame_from_the_releasing_caller_when_the_task_is_idle() {
+        let outlet = ovfl_outlet();
+        let (sink, mut frames) = tokio::sync::mpsc::unbounded_channel();
+        outlet.lock().sink = Some(Sink::Loopback(sink));
+        let answer = |handler: u64| RecordHead::answer(wire::KIND_REPLY, handler, 0, Status::Ok);
+        for handler in [1, 2, 3] {
+            assert!(
+                outlet
+                    .try_push_held::<[u8]>(answer(handler), &Payload::Raw(&[9]), None)
+                    .is_ok()
+            );
+        }
+        assert!(
+            frames.try_recv().is_err(),
+            "a held answer left before its release"
+        );
+        outlet.release();
+        let frame = frames
+            .try_recv()
+            .expect("the answers left at their release");
+        assert_eq!(handlers_in(&frame), vec![1, 2, 3]);
+        assert!(frames.try_recv().is_err());
+        assert_eq!(outlet.queued(), 0);
+        assert_eq!(outlet.counts.records.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn held_answers_wait_for_the_task_while_it_sends_and_a_refused_frame_goes_first() {
+        let outlet = ovfl_outlet();
+        let answer = |handler: u64| RecordHead::answer(wire::KIND_REPLY, handler, 0, Status::Ok);
+        // No channel in the state: the task is sending; the answer stays for it.
+        assert!(
+            outlet
+                .try_push_held::<[u8]>(answer(1), &Payload::Raw(&[]), None)
+                .is_ok()
+        );
+        outlet.release();
+        assert_eq!(outlet.queued(), 1);
+        assert!(outlet.lock().open.is_some());
+
+        // A channel that does not take the frame: it is kept, first in line, for the task.
+        let (sink, frames) = tokio::sync::mpsc::unbounded_channel();
+        drop(frames);
+        outlet.lock().sink = Some(Sink::Loopback(sink));
+        assert!(
+            outlet
+                .try_push_held::<[u8]>(answer(2), &Payload::Raw(&[]), None)
+                .is_ok()
+        );
+        outlet.release();
+        let mut state = outlet.lock();
+        assert_eq!(state.n_queued, 2);
+        let (parts, _, n_records) = state.unsent.take().expect("the refused frame, kept");
+        assert_eq!((handlers_in(&parts), n_records), (vec![1, 2], 2));
     }
 
     #[test]
