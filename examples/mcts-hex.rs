@@ -133,12 +133,16 @@ pub fn main() -> ExitCode {
         plain_alone(&options);
         return ExitCode::SUCCESS;
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a runtime");
-    match runtime.block_on(drive(&options)) {
+    let driven = runtime.block_on(async move {
+        tokio::spawn(async move { drive(&options).await })
+            .await
+            .unwrap_or_else(|error| Err(format!("the driver task failed: {error}")))
+    });
+    match driven {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("mcts-hex: {error}");
