@@ -1652,6 +1652,12 @@ impl Node {
                     // and the members they call would idle meanwhile: after `YIELD_AFTER` of
                     // serving (looked at every 8 calls), the outlets get a turn to send.
                     served += 1;
+                    // Answers leave every `RELEASE_EVERY` calls, not only at the frame's end:
+                    // a caller with many calls in flight refills while the rest is served
+                    // instead of waiting for the whole wave.
+                    if served % RELEASE_EVERY == 0 {
+                        self.release_answers();
+                    }
                     if served % 8 == 0 && slice.elapsed() >= YIELD_AFTER {
                         self.release_answers();
                         tokio::task::yield_now().await;
@@ -1678,6 +1684,12 @@ impl Node {
         ControlFlow::Continue(())
     }
 }
+
+/// Calls served between two releases of their answers within one frame. `ferromq bench rpc
+/// --mode ovfl --call-size 64` (64 `call_return`s in flight, shmem): answers released only at a
+/// frame's end 0.88 M returns/s, every 8 calls 0.82-0.92 M, every 16 1.02-1.11 M, every 32
+/// 1.07-1.12 M; 16 keeps the gain for fewer calls in flight.
+const RELEASE_EVERY: u32 = 16;
 
 /// How long the dispatcher serves the calls of one frame before it lets the outlets send. 20 µs
 /// and 500 µs both served the MCTS search's two workers worse than 200 (50 µs: ~10 % fewer
