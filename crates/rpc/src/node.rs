@@ -1285,8 +1285,8 @@ impl Node {
         }
     }
 
-    /// Sends the answers held since the last call, from the dispatcher itself where the outlet
-    /// is idle (see `outlet.rs`).
+    /// Sends the answers held since the last release, from the dispatcher itself where the
+    /// outlet is idle (see `outlet.rs`).
     fn release_answers(&self) {
         self.outlets.iter().for_each(|outlet| outlet.release());
     }

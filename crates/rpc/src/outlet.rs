@@ -13,10 +13,12 @@
 //! The task sends one frame (the records, then the calls' buffers as further parts) at a time,
 //! so the transport's back-pressure holds it, calls pile up in the outlet, and callers see the
 //! destination as full at `max-queued-calls`. The dispatcher's answers (results,
-//! acknowledgements) are *held*: they wake no task, and once the dispatcher is done with the
-//! frame it served (or is about to wait) it sends them itself if the task is idle and the
-//! channel takes them at once ([`Outlet::release`]), saving a task switch on each side of a
-//! round trip. A frame the channel does not take at once goes to the task, first in line.
+//! acknowledgements) are *held*: they wake no task, and every 16 calls it serves, at the end of
+//! a frame and before it waits for anything, the dispatcher sends them itself if the task is
+//! idle and the channel takes them at once ([`Outlet::release`]); a `call_return` that is the
+//! only call waiting for an answer does the same with its call. That saves a task switch on
+//! each side of a round trip. A frame the channel does not take at once goes to the task, first
+//! in line, so records to one destination keep their order.
 //!
 //! Cancellation and drop: a caller that stops waiting for room has queued nothing. Closing seals
 //! the open frame and lets the task send every frame before it closes the channel (with the
