@@ -640,11 +640,7 @@ impl Channel {
         let n_bytes = parts.total_size();
         let tapped = self.tap.prepare(&parts);
         self.socket.try_send_parts(parts)?;
-        self.counters.record_out(n_bytes);
-        if let Some(tapped) = tapped {
-            tapped.commit(Direction::Out);
-        }
-        self.pass_turn(Turn::Receive);
+        self.count_sent(n_bytes, tapped);
         Ok(())
     }
 
@@ -728,12 +724,18 @@ impl Channel {
         if let Err(parts) = self.socket.try_send_parts(parts) {
             self.socket.send_parts(parts, timeout).await?;
         }
+        self.count_sent(n_bytes, tapped);
+        Ok(())
+    }
+
+    /// What every send does once the socket took the message: counts it, hands the tap its
+    /// copy, and passes a req or rep channel's turn.
+    fn count_sent(&mut self, n_bytes: usize, tapped: Option<crate::tap::PreparedCopy>) {
         self.counters.record_out(n_bytes);
         if let Some(tapped) = tapped {
             tapped.commit(Direction::Out);
         }
         self.pass_turn(Turn::Receive);
-        Ok(())
     }
 
     /// Receives one frame. A multipart message arrives one part per call, in order, like
@@ -1013,11 +1015,7 @@ impl SendPermit<'_> {
         let n_bytes = parts.total_size();
         let tapped = channel.tap.prepare(&parts);
         channel.socket.send_reserved(parts)?;
-        channel.counters.record_out(n_bytes);
-        if let Some(tapped) = tapped {
-            tapped.commit(Direction::Out);
-        }
-        channel.pass_turn(Turn::Receive);
+        channel.count_sent(n_bytes, tapped);
         Ok(())
     }
 }
