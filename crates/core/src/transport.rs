@@ -1205,15 +1205,20 @@ mod tests {
         });
     }
 
+    /// A push channel on a `Double::Losing` socket.
+    async fn losing_push() -> Channel {
+        let config = ChannelConfig::new("data", SocketType::Push, Method::Bind)
+            .with_address("tcp://127.0.0.1:1");
+        Channel::open(&TestTransport::new(Double::Losing), config, "data")
+            .await
+            .unwrap()
+    }
+
     /// A socket that only sends by waiting hands the parts back untouched, and nothing is
     /// counted as sent.
     #[tokio::test]
     async fn a_send_the_socket_cannot_take_at_once_hands_the_parts_back() {
-        let config = ChannelConfig::new("data", SocketType::Push, Method::Bind)
-            .with_address("tcp://127.0.0.1:1");
-        let mut channel = Channel::open(&TestTransport::new(Double::Losing), config, "data")
-            .await
-            .unwrap();
+        let mut channel = losing_push().await;
         let back = channel
             .try_send_parts(Parts::from(Message::from("kept")))
             .expect_err("the test socket takes nothing at once");
@@ -1223,11 +1228,7 @@ mod tests {
 
     #[tokio::test]
     async fn what_a_close_could_not_deliver_is_counted_as_lost() {
-        let config = ChannelConfig::new("data", SocketType::Push, Method::Bind)
-            .with_address("tcp://127.0.0.1:1");
-        let mut channel = Channel::open(&TestTransport::new(Double::Losing), config, "data")
-            .await
-            .unwrap();
+        let mut channel = losing_push().await;
         channel.send(Message::from("x")).await.unwrap();
         assert!(channel.close().await.is_err());
         let counted = channel.counters().snapshot();
