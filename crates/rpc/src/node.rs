@@ -520,7 +520,7 @@ impl Rpc {
         let outlet = self.node.outlets.get(dest)?;
         let flags = if buffer.is_some() { wire::BUFFER } else { 0 };
         let head = RecordHead::call(handler_id, 0, flags);
-        Some(outlet.try_push(head, payload, buffer, None, bounded))
+        Some(outlet.try_push(head, payload, buffer, None, bounded, false))
     }
 
     /// Runs `P(args, buffer)` at `dest` once `buffer` is there in full. On shmem a buffer in
@@ -1027,7 +1027,7 @@ impl CallBuilder<'_> {
         let (on_left, left) = self.left_channel();
         let node = &self.rpc.node;
         let outlet = &node.outlets[self.dest];
-        match outlet.try_push(head, &Payload::Encode(&args), buffer, on_left, true) {
+        match outlet.try_push(head, &Payload::Encode(&args), buffer, on_left, true, false) {
             Ok(()) => Ok(self.ticket::<P>(consumed, left, seq)),
             Err(rejection) => {
                 if seq != 0 {
@@ -1163,7 +1163,7 @@ impl Node {
         // streaming case) costs no clock read.
         let mut deadline = None;
         loop {
-            match outlet.push(head, payload, buffer, on_left.take(), bounded, hold) {
+            match outlet.try_push(head, payload, buffer, on_left.take(), bounded, hold) {
                 Ok(()) => {
                     if hold {
                         outlet.release();

@@ -371,18 +371,6 @@ impl Outlet {
         }
     }
 
-    /// Appends one record unless the outlet is full (`bounded`) or failed.
-    pub(crate) fn try_push<T: Serialize + ?Sized>(
-        &self,
-        head: RecordHead,
-        payload: &Payload<'_, T>,
-        buffer: Option<Message>,
-        on_left: Option<oneshot::Sender<()>>,
-        bounded: bool,
-    ) -> Result<(), Rejection> {
-        self.push(head, payload, buffer, on_left, bounded, false)
-    }
-
     /// Appends one record, never bounded, without waking the task: the caller (the
     /// dispatcher) calls [`Outlet::release`] before it waits for anything.
     pub(crate) fn try_push_held<T: Serialize + ?Sized>(
@@ -391,10 +379,12 @@ impl Outlet {
         payload: &Payload<'_, T>,
         buffer: Option<Message>,
     ) -> Result<(), Rejection> {
-        self.push(head, payload, buffer, None, false, true)
+        self.try_push(head, payload, buffer, None, false, true)
     }
 
-    pub(crate) fn push<T: Serialize + ?Sized>(
+    /// Appends one record unless the outlet is full (`bounded`) or failed. `hold`: the task is
+    /// not woken; the caller calls [`Outlet::release`] before it waits for anything.
+    pub(crate) fn try_push<T: Serialize + ?Sized>(
         &self,
         head: RecordHead,
         payload: &Payload<'_, T>,
@@ -749,11 +739,18 @@ mod tests {
     fn a_call_that_fails_to_encode_leaves_the_calls_before_it_in_the_frame() {
         let outlet = heap_outlet();
         let head = |handler: u64| RecordHead::call(handler, 0, 0);
-        let pushed = outlet.try_push(head(1), &Payload::Encode(&7u32), None, None, true);
+        let pushed = outlet.try_push(head(1), &Payload::Encode(&7u32), None, None, true, false);
         assert!(pushed.is_ok());
-        let refused = outlet.try_push(head(2), &Payload::Encode(&Unencodable), None, None, true);
+        let refused = outlet.try_push(
+            head(2),
+            &Payload::Encode(&Unencodable),
+            None,
+            None,
+            true,
+            false,
+        );
         assert!(matches!(refused, Err(Rejection::Encode(..))));
-        let pushed = outlet.try_push(head(3), &Payload::Encode(&9u32), None, None, true);
+        let pushed = outlet.try_push(head(3), &Payload::Encode(&9u32), None, None, true, false);
         assert!(pushed.is_ok());
 
         let frame = outlet.lock().open.take().expect("an open frame");
@@ -852,7 +849,7 @@ mod tests {
         let raw: Payload<'_, ()> = Payload::Raw(&[5, 6, 7]);
         assert!(
             outlet
-                .try_push(RecordHead::call(4, 0, 0), &raw, None, None, true)
+                .try_push(RecordHead::call(4, 0, 0), &raw, None, None, true, false)
                 .is_ok()
         );
         let frame = outlet.lock().open.take().expect("an open frame");
