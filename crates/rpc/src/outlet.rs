@@ -725,14 +725,19 @@ mod tests {
         }
     }
 
-    fn heap_outlet() -> Outlet {
+    /// An outlet of heap frames to member 1 with `aggregation`.
+    fn heap_outlet_with(aggregation: Aggregation) -> Outlet {
         let config = OutletConfig {
-            aggregation: Aggregation::Trad,
+            aggregation,
             frame_bytes: 4096,
             max_delay: Duration::from_secs(1),
             max_queued: 100,
         };
         Outlet::new(1, 0, config, None, Arc::new(Counts::default()))
+    }
+
+    fn heap_outlet() -> Outlet {
+        heap_outlet_with(Aggregation::Trad)
     }
 
     #[test]
@@ -767,13 +772,7 @@ mod tests {
     }
 
     fn ovfl_outlet() -> Outlet {
-        let config = OutletConfig {
-            aggregation: Aggregation::Ovfl,
-            frame_bytes: 4096,
-            max_delay: Duration::from_secs(1),
-            max_queued: 100,
-        };
-        Outlet::new(1, 0, config, None, Arc::new(Counts::default()))
+        heap_outlet_with(Aggregation::Ovfl)
     }
 
     fn handlers_in(parts: &Parts) -> Vec<u64> {
