@@ -24,6 +24,8 @@ use crate::names::{ObjectKind, ObjectName, sanitise_session};
 use crate::segment::{ProcessId, Segment};
 
 const WATCHDOG_SESSION_VAR: &str = "FERROMQ_SHM_WATCHDOG_SESSION";
+/// The process that started a watchdog, `pid:start_time` (see [`ProcessId`]).
+const WATCHDOG_STARTER_VAR: &str = "FERROMQ_SHM_WATCHDOG_STARTER";
 const WATCHDOG_POLL: Duration = Duration::from_millis(200);
 
 /// Set by [`run_watchdog_if_requested`]: this binary can act as a watchdog, so devices in it may
@@ -216,8 +218,13 @@ pub fn ensure_watchdog(uid: u32, session: &str) {
     let Ok(exe) = std::env::current_exe() else {
         return;
     };
+    let me = ProcessId::current();
     let spawned = std::process::Command::new(exe)
         .env(WATCHDOG_SESSION_VAR, &session)
+        .env(
+            WATCHDOG_STARTER_VAR,
+            format!("{}:{}", me.pid, me.start_time),
+        )
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -260,11 +267,22 @@ fn watch(uid: u32, session: &str) {
     };
     let started = Instant::now();
     let mut seen_objects = false;
+    // The process that started this watchdog, where it said: once it is gone and the session
+    // has no objects, none will come (a session cleaned before this watchdog ran recreated its
+    // lock file just above, which would otherwise stay until the 30 s below).
+    let starter = std::env::var(WATCHDOG_STARTER_VAR).ok().and_then(|text| {
+        let (pid, start_time) = text.split_once(':')?;
+        Some(ProcessId {
+            pid: pid.parse().ok()?,
+            start_time: start_time.parse().ok()?,
+        })
+    });
     loop {
         std::thread::sleep(WATCHDOG_POLL);
         let objects = list_objects(uid, Some(session));
         if objects.is_empty() {
-            if seen_objects || started.elapsed() > Duration::from_secs(30) {
+            let starter_gone = starter.is_some_and(|starter| !starter.is_alive());
+            if seen_objects || starter_gone || started.elapsed() > Duration::from_secs(30) {
                 let _ = std::fs::remove_file(lock_path(uid, session));
                 return;
             }
