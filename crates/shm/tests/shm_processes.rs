@@ -1008,19 +1008,20 @@ fn refused_peer_ends_wait_for_room() -> Result<()> {
 /// A session's watchdog that starts after its session was cleaned (a short test, a device that
 /// exits at once) recreates the session's lock file; with no object and its starter gone it
 /// must remove it and exit, not wait 30 s for objects (CI machines were left with such a file
-/// in /dev/shm). The starter here is a shell that starts the watchdog and exits.
+/// in /dev/shm). The starter named here is a `cat` that ran, told its start time, and ended.
 fn watchdog_without_starter() -> Result<()> {
     let session = Session::new("starterexit");
-    let started = std::process::Command::new("sh")
-        .args([
-            "-c",
-            "FERROMQ_SHM_WATCHDOG_STARTER=$$:0 \"$0\" </dev/null >/dev/null 2>&1 & echo $!",
-        ])
-        .arg(std::env::current_exe()?)
-        .env("FERROMQ_SHM_WATCHDOG_SESSION", &session.0)
-        .output()?;
-    ensure!(started.status.success(), "sh: {}", started.status);
-    let watchdog: u32 = String::from_utf8(started.stdout)?.trim().parse()?;
+    let mut starter = std::process::Command::new("cat")
+        .stdin(std::process::Stdio::piped())
+        .spawn()?;
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", starter.id()))?;
+    let start_time = stat
+        .rfind(')')
+        .and_then(|at| stat[at + 1..].split_whitespace().nth(19))
+        .context("no start time in /proc/<pid>/stat")?
+        .to_owned();
+    drop(starter.stdin.take());
+    starter.wait()?;
     let lock_files = || -> Result<Vec<String>> {
         Ok(std::fs::read_dir("/dev/shm")?
             .flatten()
@@ -1028,26 +1029,30 @@ fn watchdog_without_starter() -> Result<()> {
             .filter(|name| name.contains(&session.0) && name.ends_with("watchdog"))
             .collect())
     };
-    // Well under the 30 s a watchdog waits for the objects of a session whose starter lives.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    // Running until its /proc entry is gone or shows a zombie (an exited child nobody reaped).
-    let running = || {
-        std::fs::read_to_string(format!("/proc/{watchdog}/stat")).is_ok_and(|stat| {
-            stat.rfind(')')
-                .is_some_and(|at| !stat[at + 1..].trim_start().starts_with('Z'))
-        })
-    };
-    while running() {
-        ensure!(
-            std::time::Instant::now() < deadline,
-            "the watchdog (pid {watchdog}) still runs after 10 s; lock files: {:?}",
-            lock_files()?
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let left = lock_files()?;
-    ensure!(left.is_empty(), "the watchdog left {left:?}");
-    Ok(())
+    block_on(async {
+        let mut watchdog = Command::new(std::env::current_exe()?)
+            .env("FERROMQ_SHM_WATCHDOG_SESSION", &session.0)
+            .env(
+                "FERROMQ_SHM_WATCHDOG_STARTER",
+                format!("{}:{start_time}", starter.id()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        // Well under the 30 s a watchdog waits for the objects of a session whose starter lives.
+        let Ok(status) = tokio::time::timeout(Duration::from_secs(10), watchdog.wait()).await
+        else {
+            bail!(
+                "the watchdog still runs after 10 s; lock files: {:?}",
+                lock_files()?
+            );
+        };
+        ensure!(status?.success(), "the watchdog failed");
+        let left = lock_files()?;
+        ensure!(left.is_empty(), "the watchdog left {left:?}");
+        Ok(())
+    })
 }
 
 fn region_events() -> Result<()> {
