@@ -475,33 +475,31 @@ impl Outlet {
             return;
         }
         let mut state = self.lock();
-        let inline = self.config.aggregation != Aggregation::Trad
+        // The channel is in the state only while the task is not sending.
+        let idle_sink = (self.config.aggregation != Aggregation::Trad
             && state.unsent.is_none()
-            && state.failure.is_none();
-        while inline && state.sink.is_some() {
-            let frame = match state.sealed.pop_front() {
-                Some(frame) => frame,
-                None => match state.open.take() {
-                    Some(frame) => {
-                        state.open_since = None;
-                        frame
+            && state.failure.is_none())
+        .then(|| state.sink.take())
+        .flatten();
+        if let Some(mut sink) = idle_sink {
+            while let Some(frame) = state.sealed.pop_front().or_else(|| {
+                state.open_since = None;
+                state.open.take()
+            }) {
+                let (parts, on_left, n_records) = frame.into_parts();
+                let sent = match &mut sink {
+                    Sink::Channel(channel) => channel.try_send_parts(parts),
+                    Sink::Loopback(queue) => queue.send(parts).map_err(|unsent| unsent.0),
+                };
+                match sent {
+                    Ok(()) => self.sent(&mut state, on_left, n_records),
+                    Err(parts) => {
+                        state.unsent = Some((parts, on_left, n_records));
+                        break;
                     }
-                    None => break,
-                },
-            };
-            let (parts, on_left, n_records) = frame.into_parts();
-            let sent = match state.sink.as_mut() {
-                Some(Sink::Channel(channel)) => channel.try_send_parts(parts),
-                Some(Sink::Loopback(queue)) => queue.send(parts).map_err(|unsent| unsent.0),
-                None => Err(parts),
-            };
-            match sent {
-                Ok(()) => self.sent(&mut state, on_left, n_records),
-                Err(parts) => {
-                    state.unsent = Some((parts, on_left, n_records));
-                    break;
                 }
             }
+            state.sink = Some(sink);
         }
         let for_task = state.unsent.is_some() || !state.sealed.is_empty() || state.open.is_some();
         drop(state);
@@ -606,10 +604,6 @@ impl Outlet {
     /// send is done), or when to look again (`trad`'s delay).
     fn next_frame(&self) -> (Option<(Outgoing, Sink)>, Option<Instant>, bool) {
         let mut state = self.lock();
-        if state.sink.is_none() {
-            // The task put it back after its last send; absent only once it failed.
-            return (None, None, true);
-        }
         let outgoing = if let Some(unsent) = state.unsent.take() {
             unsent
         } else if let Some(frame) = state.sealed.pop_front() {
@@ -629,7 +623,12 @@ impl Outlet {
         } else {
             return (None, None, state.closing);
         };
-        let sink = state.sink.take().expect("looked above");
+        // The task puts the channel back after every send that did not fail, and stops at one
+        // that did; `release` only borrows it under this lock.
+        let sink = state
+            .sink
+            .take()
+            .expect("the channel is back between the task's sends");
         (Some((outgoing, sink)), None, false)
     }
 
