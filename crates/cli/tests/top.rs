@@ -11,15 +11,16 @@ use support::{
     Device, Ipc, bundled, ferromq_as_is, finish, ids_in_state, signal, top, top_json_until,
 };
 
-/// A tmux server of its own (its own socket), killed when dropped, however the test ends.
+/// A tmux server of its own (its own socket file), killed and its socket file removed when
+/// dropped, however the test ends: `kill-server` ends the server but leaves the file.
 struct Tmux {
-    socket: String,
+    socket: std::path::PathBuf,
 }
 
 impl Tmux {
     fn start(command: &str) -> Tmux {
         let tmux = Tmux {
-            socket: format!("ferromq-top-test-{}", std::process::id()),
+            socket: std::env::temp_dir().join(format!("ferromq-top-test-{}", std::process::id())),
         };
         let status = tmux
             .command(&[
@@ -41,7 +42,7 @@ impl Tmux {
 
     fn command(&self, args: &[&str]) -> std::process::Command {
         let mut command = std::process::Command::new("tmux");
-        command.args(["-L", &self.socket]).args(args);
+        command.arg("-S").arg(&self.socket).args(args);
         command
     }
 
@@ -67,6 +68,7 @@ impl Drop for Tmux {
             .command(&["kill-server"])
             .stderr(std::process::Stdio::null())
             .status();
+        let _ = std::fs::remove_file(&self.socket);
     }
 }
 
@@ -121,6 +123,13 @@ async fn top_in_a_terminal_shows_every_device_of_a_run_another_process_started()
         look.tick().await;
     }
     assert!(!tmux.alive(), "top did not leave on q:\n{}", tmux.screen());
+    let socket = tmux.socket.clone();
+    drop(tmux);
+    assert!(
+        !socket.exists(),
+        "tmux's socket {} was left",
+        socket.display()
+    );
 
     // Looking and leaving disturbed nothing: still all RUNNING, and the run ends cleanly.
     let after = top_json_until(&session, |snapshot| {
