@@ -11,12 +11,16 @@
 //! - **Evaluation**: the new node runs `playouts` random games at its owner.
 //! - **Backpropagation** (`backup`, up the path the simulation carries): each parent adds the
 //!   result to the edge and removes the virtual loss; the root's owner tells the driver
-//!   (`finished`).
+//!   (`finished`, one call for the simulations a handler finished).
+//!
+//! The driver starts simulations in batches (`start`, up to [`START_BATCH`]): the root's owner
+//! makes the batch's selections at the root one after the other, each counting its virtual
+//! loss, and the steps they lead to follow.
 //!
 //! A step whose next node is owned by the same worker is taken there and then, in the same
-//! handler: only moves between owners are calls (with one worker, a simulation costs two calls,
-//! the driver's start and the report of its end). The number of local steps is reported beside
-//! the calls ([`Driver::traffic`]).
+//! handler: only moves between owners are calls (with one worker, the calls are the driver's
+//! start and the report of the end, each shared by a batch of simulations). The number of
+//! local steps is reported beside the calls ([`Driver::traffic`]).
 //!
 //! Every member runs its handlers one at a time, so a worker's tree needs no lock beyond the
 //! short one that makes the handlers `Sync`. The driver keeps `in_flight` simulations going.
@@ -46,6 +50,20 @@ pub struct Step {
 pub struct SelectArgs {
     node: u64,
     path: Vec<Step>,
+}
+
+/// `count` new simulations, each starting with a selection at the root, `node`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StartArgs {
+    node: u64,
+    count: u32,
+}
+
+/// Simulations finished (at the root's owner), with their playouts.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct FinishedArgs {
+    simulations: u32,
+    playouts: u64,
 }
 
 /// The result of a simulation going up: at the last node of `path`.
@@ -99,8 +117,12 @@ procedure!(
     Backup, "mcts-backup", BackupArgs, ()
 );
 procedure!(
-    /// A simulation finished (to the driver): its playouts.
-    Finished, "mcts-finished", u32, ()
+    /// New simulations (from the driver, to the root's owner).
+    Start, "mcts-start", StartArgs, ()
+);
+procedure!(
+    /// Simulations finished (to the driver), with their playouts.
+    Finished, "mcts-finished", FinishedArgs, ()
 );
 procedure!(
     /// Forget the tree (a new search).
@@ -394,8 +416,13 @@ impl<G: Game> WorkerState<G> {
     }
 }
 
-/// Makes the calls a handler decided on; they queue (a handler never waits for room).
+/// Makes the calls a handler decided on; they queue (a handler never waits for room). The
+/// simulations it finished are reported to the driver in one call.
 fn send<G: Game>(rpc: &Rpc, outgoing: Vec<Outgoing<G>>) {
+    let mut finished = FinishedArgs {
+        simulations: 0,
+        playouts: 0,
+    };
     for call in outgoing {
         let sent = match call {
             Outgoing::Select(dest, args) => rpc.queue_call::<Select<G>>(dest, &args),
@@ -407,11 +434,20 @@ fn send<G: Game>(rpc: &Rpc, outgoing: Vec<Outgoing<G>>) {
                 }
             },
             Outgoing::Backup(dest, args) => rpc.queue_call::<Backup<G>>(dest, &args),
-            Outgoing::Finished(playouts) => rpc.queue_call::<Finished<G>>(0, &playouts),
+            Outgoing::Finished(playouts) => {
+                finished.simulations += 1;
+                finished.playouts += u64::from(playouts);
+                continue;
+            }
         };
         if let Err(error) = sent {
             tracing::error!(%error, "a search call could not be made");
         }
+    }
+    if finished.simulations > 0
+        && let Err(error) = rpc.queue_call::<Finished<G>>(0, &finished)
+    {
+        tracing::error!(%error, "finished simulations could not be reported");
     }
 }
 
@@ -425,7 +461,7 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
         rng: Rng::new(seed),
         local_steps: 0,
     }));
-    let (on_select, on_create, on_plant, on_backup, on_reset, on_stats, on_pending, on_traffic) = (
+    let (on_select, on_start, on_create, on_plant, on_backup, on_reset, on_stats, on_pending) = (
         Arc::clone(&state),
         Arc::clone(&state),
         Arc::clone(&state),
@@ -435,6 +471,7 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
         Arc::clone(&state),
         Arc::clone(&state),
     );
+    let on_traffic = Arc::clone(&state);
     fn guard<G: Game>(state: &Mutex<WorkerState<G>>) -> std::sync::MutexGuard<'_, WorkerState<G>> {
         state
             .lock()
@@ -459,6 +496,17 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
         .on_sync::<Select<G>, _>(move |invocation: &Invocation, args| {
             step(&on_select, invocation.rpc(), |state, out| {
                 state.select(args, out)
+            });
+        })
+        .on_sync::<Start<G>, _>(move |invocation: &Invocation, args| {
+            step(&on_start, invocation.rpc(), |state, out| {
+                for _ in 0..args.count {
+                    let root = SelectArgs {
+                        node: args.node,
+                        path: Vec::new(),
+                    };
+                    state.select(root, out);
+                }
             });
         })
         .on_buffer_sync::<Create<G>, _>(move |invocation: &Invocation, args, buffer: Message| {
@@ -557,11 +605,13 @@ pub struct DriverCounts {
 pub fn driver_handlers<G: Game>(counts: &Arc<DriverCounts>) -> Handlers {
     let finished = Arc::clone(counts);
     Handlers::new()
-        .on::<Finished<G>, _, _>(move |_, playouts| {
-            finished.simulations.fetch_add(1, Ordering::Relaxed);
+        .on::<Finished<G>, _, _>(move |_, args: FinishedArgs| {
+            finished
+                .simulations
+                .fetch_add(u64::from(args.simulations), Ordering::Relaxed);
             finished
                 .playouts
-                .fetch_add(u64::from(playouts), Ordering::Relaxed);
+                .fetch_add(args.playouts, Ordering::Relaxed);
             finished.done.notify_one();
             std::future::ready(())
         })
@@ -611,6 +661,14 @@ pub enum SearchError {
 /// 71-77 k. More in flight spread the search wider (each counts a virtual loss), so the default
 /// stops at 256.
 pub const IN_FLIGHT_PER_WORKER: usize = 256;
+
+/// Simulations the driver starts with one call at most.
+///
+/// The root's owner runs a batch's selections at the root in one handler and reports the
+/// simulations that handler finished in one call: with one worker, whose steps are all local, a
+/// batch is a run of whole simulations between two records. Smaller batches leave the worker
+/// idle between refills less often; larger ones cost fewer records.
+pub const START_BATCH: u64 = 32;
 
 /// The driver's side of a group: member 0, the workers 1..=n.
 pub struct Driver<G: Game> {
@@ -685,10 +743,6 @@ impl<G: Game> Driver<G> {
         let base_playouts = self.counts.playouts.load(Ordering::Relaxed);
         let finished = || self.counts.simulations.load(Ordering::Relaxed) - base_simulations;
         let mut started = 0u64;
-        let select = SelectArgs {
-            node: root,
-            path: Vec::new(),
-        };
         let mut rollouts = rollouts;
         while finished() < rollouts {
             if time.is_some_and(|time| started_at.elapsed() >= time) {
@@ -701,9 +755,20 @@ impl<G: Game> Driver<G> {
             let done = self.counts.done.notified();
             tokio::pin!(done);
             done.as_mut().enable();
-            while started < rollouts && started - finished() < self.in_flight as u64 {
-                rpc.call::<Select<G>>(root_owner, &select).await?;
-                started += 1;
+            loop {
+                let room = (self.in_flight as u64)
+                    .saturating_sub(started - finished())
+                    .min(rollouts - started)
+                    .min(START_BATCH);
+                if room == 0 {
+                    break;
+                }
+                let start = StartArgs {
+                    node: root,
+                    count: room as u32,
+                };
+                rpc.call::<Start<G>>(root_owner, &start).await?;
+                started += room;
             }
             if finished() >= rollouts {
                 break;
