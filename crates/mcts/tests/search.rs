@@ -8,7 +8,7 @@ use std::time::Duration;
 use ferromq_core::{Address, Transport};
 use ferromq_mcts::hex::Hex;
 use ferromq_mcts::search::{
-    Driver, DriverCounts, SearchSettings, driver_handlers, worker_handlers,
+    Driver, DriverCounts, START_BATCH, SearchSettings, driver_handlers, worker_handlers,
 };
 use ferromq_mcts::tictactoe::TicTacToe;
 use ferromq_mcts::{Game, Outcome};
@@ -108,38 +108,44 @@ async fn tic_tac_toe_finds_the_forced_win_and_keeps_the_draw() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hex_5x5_with_2_workers_ends_with_no_virtual_loss_in_every_mode() {
-    for aggregation in [Aggregation::None, Aggregation::Trad, Aggregation::Ovfl] {
-        let (driver, workers) = group::<Hex>(2, aggregation).await;
-        let position = Hex::new(5).unwrap();
-        let result = driver.search(&position, 2000).await.unwrap();
-        assert_eq!(result.rollouts, 2000, "{aggregation}");
-        let visits: u64 = result.root.iter().map(|edge| edge.visits).sum();
-        assert!(
-            visits > 0 && result.root.len() == 25,
-            "{aggregation}: {:?}",
-            result.root.len()
-        );
-        assert_eq!(
-            driver.pending().await.unwrap(),
-            (0, 0),
-            "{aggregation}: virtual losses or deferred selections left"
-        );
-        let traffic = driver.traffic().await.unwrap();
-        // Each simulation is started by the driver and reported to it; its steps from node
-        // to node are calls between the workers or taken where the next node lives.
-        assert!(
-            traffic.records >= 2000 * 2 && traffic.local_steps > 0,
-            "{aggregation}: {traffic:?} for 2000 simulations"
-        );
-        assert!(
-            traffic.records - 2000 * 2 + traffic.local_steps > 2000 * 3,
-            "{aggregation}: {traffic:?}: fewer than 3 steps per simulation"
-        );
-        for worker in workers {
-            worker.shutdown().await.unwrap();
+async fn hex_5x5_with_2_and_8_workers_ends_with_no_virtual_loss_in_every_mode() {
+    // With 8 workers the root's owner holds fewer nodes than the others (`Placement`).
+    for n_workers in [2, 8] {
+        for aggregation in [Aggregation::None, Aggregation::Trad, Aggregation::Ovfl] {
+            let case = format!("{n_workers} workers, {aggregation}");
+            let (driver, workers) = group::<Hex>(n_workers, aggregation).await;
+            let position = Hex::new(5).unwrap();
+            let result = driver.search(&position, 2000).await.unwrap();
+            assert_eq!(result.rollouts, 2000, "{case}");
+            let visits: u64 = result.root.iter().map(|edge| edge.visits).sum();
+            assert!(
+                visits > 0 && result.root.len() == 25,
+                "{case}: {:?}",
+                result.root.len()
+            );
+            assert_eq!(
+                driver.pending().await.unwrap(),
+                (0, 0),
+                "{case}: virtual losses or deferred selections left"
+            );
+            let traffic = driver.traffic().await.unwrap();
+            // The driver starts the simulations in batches and the root's owner reports them
+            // in batches; their steps from node to node are calls between the workers or
+            // taken where the next node lives.
+            let batches = 2000u64.div_ceil(START_BATCH);
+            assert!(
+                traffic.records >= 2 * batches && traffic.local_steps > 0,
+                "{case}: {traffic:?} for 2000 simulations"
+            );
+            assert!(
+                traffic.records + traffic.local_steps > 2000 * 3,
+                "{case}: {traffic:?}: fewer than 3 steps per simulation"
+            );
+            for worker in workers {
+                worker.shutdown().await.unwrap();
+            }
+            driver.rpc().shutdown().await.unwrap();
         }
-        driver.rpc().shutdown().await.unwrap();
     }
 }
 
