@@ -725,6 +725,7 @@ impl Rpc {
                 None,
                 WhenFull::Queue,
                 P::NAME,
+                false,
             )
             .await;
         if let Err((error, _)) = submitted {
@@ -861,7 +862,7 @@ impl CallBuilder<'_> {
         };
         let started = Instant::now();
         if let Err((error, _)) = node
-            .submit_with(
+            .submit(
                 self.dest,
                 head,
                 &Payload::Encode(args),
@@ -996,6 +997,7 @@ impl CallBuilder<'_> {
                 on_left,
                 when_full,
                 P::NAME,
+                false,
             )
             .await
         {
@@ -1128,25 +1130,10 @@ impl Ticket {
 
 impl Node {
     /// Queues one record for `dest` with the policy; what was handed in comes back on failure.
+    /// `hold`: the record is pushed held and released at once, so that an idle outlet sends it
+    /// from this task (see `outlet.rs`).
     #[allow(clippy::too_many_arguments)]
     async fn submit<T: Serialize + ?Sized>(
-        &self,
-        dest: usize,
-        head: RecordHead,
-        payload: &Payload<'_, T>,
-        buffer: Option<Message>,
-        on_left: Option<oneshot::Sender<()>>,
-        when_full: WhenFull,
-        handler: &'static str,
-    ) -> Result<(), (CallError, Option<Message>)> {
-        self.submit_with(
-            dest, head, payload, buffer, on_left, when_full, handler, false,
-        )
-        .await
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn submit_with<T: Serialize + ?Sized>(
         &self,
         dest: usize,
         head: RecordHead,
