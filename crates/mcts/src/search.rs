@@ -237,6 +237,11 @@ impl Placement {
         }
     }
 
+    /// The same workers, for a search from the position hashed `root`.
+    pub fn rooted_at(&self, root: u64) -> Placement {
+        Placement::new(self.n_workers as usize, root)
+    }
+
     /// The member that owns the root.
     pub fn root_owner(&self) -> usize {
         self.root_owner
@@ -284,8 +289,7 @@ struct WorkerState<G: Game> {
     /// apart from the edges, which a node has a hundred of).
     deferred: HashMap<(u64, u16), Vec<Vec<Step>>>,
     settings: SearchSettings,
-    n_workers: usize,
-    /// Where the nodes of the current search live (set by `reset`).
+    /// Where the nodes of the current search live (its root set by `reset`).
     placement: Placement,
     rng: Rng,
     /// Steps taken here without a call, since the worker started.
@@ -518,7 +522,6 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
         nodes: NodeMap::default(),
         deferred: HashMap::new(),
         settings,
-        n_workers: n_workers.max(1),
         placement: Placement::new(n_workers, 0),
         rng: Rng::new(seed),
         local_steps: 0,
@@ -600,7 +603,7 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
             let mut state = guard(&on_reset);
             state.nodes.clear();
             state.deferred.clear();
-            state.placement = Placement::new(state.n_workers, root);
+            state.placement = state.placement.rooted_at(root);
             std::future::ready(())
         })
         .on::<RootStats<G>, _, _>(move |_, hash| {
