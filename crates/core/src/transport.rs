@@ -327,6 +327,10 @@ impl Drop for SendWait<'_> {
 }
 
 /// Messages and bytes through one channel, readable from any thread.
+///
+/// Written by its [`Channel`] alone, through `&mut self`: one writer, so a count goes up by a
+/// load and a store instead of a locked add (the locked adds were 3 % of a sender at 64 B,
+/// each waiting for the stores into the shared ring before it to leave the core).
 #[derive(Debug, Default)]
 pub struct ChannelCounters {
     messages_in: AtomicU64,
@@ -363,15 +367,26 @@ pub struct CounterSnapshot {
     pub lost_slow_subscriber: u64,
 }
 
+/// Adds `n` to a counter that only the caller writes (readers see every value it passes
+/// through, never a torn one; two writers would lose counts).
+fn add_as_only_writer(counter: &AtomicU64, n: u64) {
+    counter.store(
+        counter.load(Ordering::Relaxed).wrapping_add(n),
+        Ordering::Relaxed,
+    );
+}
+
 impl ChannelCounters {
+    /// Only the owning [`Channel`] calls this (its `&mut self` makes it the one writer).
     fn record_in(&self, n_bytes: usize) {
-        self.messages_in.fetch_add(1, Ordering::Relaxed);
-        self.bytes_in.fetch_add(n_bytes as u64, Ordering::Relaxed);
+        add_as_only_writer(&self.messages_in, 1);
+        add_as_only_writer(&self.bytes_in, n_bytes as u64);
     }
 
+    /// Only the owning [`Channel`] calls this (its `&mut self` makes it the one writer).
     fn record_out(&self, n_bytes: usize) {
-        self.messages_out.fetch_add(1, Ordering::Relaxed);
-        self.bytes_out.fetch_add(n_bytes as u64, Ordering::Relaxed);
+        add_as_only_writer(&self.messages_out, 1);
+        add_as_only_writer(&self.bytes_out, n_bytes as u64);
     }
 
     /// The current values.
