@@ -47,6 +47,7 @@ pub mod allocator;
 pub mod cleanup;
 mod delivery;
 mod error;
+mod lock;
 pub mod managed;
 pub mod names;
 mod protocol;

@@ -24,8 +24,8 @@
 use std::any::Any;
 use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use ferromq_core::MessageBuffer;
 
@@ -54,7 +54,7 @@ struct OwnerState {
 /// A segment this process created and allocates from.
 pub struct OwnedSegment {
     segment: Arc<Segment>,
-    state: Mutex<OwnerState>,
+    state: crate::lock::ShortLock<OwnerState>,
 }
 
 impl OwnedSegment {
@@ -67,7 +67,7 @@ impl OwnedSegment {
             .store(allocator.largest_free() as u64, Ordering::Relaxed);
         OwnedSegment {
             segment: Arc::new(segment),
-            state: Mutex::new(OwnerState {
+            state: crate::lock::ShortLock::new(OwnerState {
                 allocator,
                 outstanding: VecDeque::new(),
                 long_lived: Vec::new(),
@@ -89,7 +89,7 @@ impl OwnedSegment {
     pub fn allocate(&self, size: usize) -> Option<ShmBuffer> {
         let capacity = align_up(size);
         let total = capacity + BLOCK_ALIGN;
-        let mut state = self.state.lock().expect("allocator lock poisoned");
+        let mut state = self.state.lock();
         // A recycled block of this size first; released blocks are reclaimed (which refills
         // the cache) only when it has none, so the receivers' reference counts are read in
         // runs, not one cache miss per allocation.
@@ -115,7 +115,7 @@ impl OwnedSegment {
     pub fn allocate_long_lived(&self, size: usize) -> Option<ShmBuffer> {
         let capacity = align_up(size);
         let total = capacity + BLOCK_ALIGN;
-        let mut state = self.state.lock().expect("allocator lock poisoned");
+        let mut state = self.state.lock();
         let header_offset = self.reclaim_and_allocate(&mut state, total)?;
         self.publish_block(header_offset, capacity);
         state.long_lived.push((header_offset, total));
@@ -228,7 +228,7 @@ impl OwnedSegment {
 
     /// Reclaims everything releasable and reports (free bytes, blocks still referenced).
     pub fn collect(&self) -> (usize, usize) {
-        let mut state = self.state.lock().expect("allocator lock poisoned");
+        let mut state = self.state.lock();
         self.reclaim(&mut state, true);
         state.allocator.flush();
         self.publish_usage(&state);

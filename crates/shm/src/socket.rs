@@ -631,7 +631,7 @@ struct PushState {
     session: Arc<Session>,
     /// A doorbell: a descriptor frame with no record (one, shared by every connection's ring).
     doorbell: Arc<[u8]>,
-    outbox: std::sync::Mutex<Outbox>,
+    outbox: crate::lock::ShortLock<Outbox>,
     /// Records were put into an empty outbox.
     ready: tokio::sync::Notify,
     /// The task took records out: senders waiting for room look again.
@@ -685,7 +685,7 @@ impl PushState {
         if !self.connected.load(Ordering::Acquire) {
             return false;
         }
-        let mut outbox = self.outbox.lock().expect("outbox poisoned");
+        let mut outbox = self.outbox.lock();
         match outbox.carriage {
             Carriage::Rings => return self.offer_to_a_ring(&mut outbox, record),
             // No connection yet (or only a refused one): nothing is accepted.
@@ -735,7 +735,7 @@ impl PushState {
 
     /// Publishes what the rings hold unpublished (the batching task, once the sender yields).
     fn publish_rings(&self) {
-        self.outbox.lock().expect("outbox poisoned").publish_rings();
+        self.outbox.lock().publish_rings();
     }
 
     /// Whether [`PushState::offer`] would append a record now (for a ring: of any size).
@@ -743,7 +743,7 @@ impl PushState {
         if !self.connected.load(Ordering::Acquire) {
             return false;
         }
-        let outbox = self.outbox.lock().expect("outbox poisoned");
+        let outbox = self.outbox.lock();
         match outbox.carriage {
             Carriage::Rings => outbox
                 .rings
@@ -756,14 +756,14 @@ impl PushState {
 
     /// Whether records go into rings, which free room without a wake-up.
     fn carries_by_rings(&self) -> bool {
-        self.outbox.lock().expect("outbox poisoned").carriage == Carriage::Rings
+        self.outbox.lock().carriage == Carriage::Rings
     }
 
     /// Settles how records travel once the socket is bound or connected: a socket that
     /// reports its connections waits for the first one (which gets a ring); any other sends
     /// frames, accepting records once its connection is made.
     fn attached(&self, socket: &ZmqSocket, establishing: bool) {
-        let mut outbox = self.outbox.lock().expect("outbox poisoned");
+        let mut outbox = self.outbox.lock();
         if outbox.carriage == Carriage::Undecided {
             if socket.reports_peers() {
                 return;
@@ -782,7 +782,7 @@ impl PushState {
     /// by rings (the first connection decides: rings unless this process's segment has no
     /// room for one).
     fn connection_made(&self, link: Arc<ferromq_zmq::PeerLink>) {
-        let mut outbox = self.outbox.lock().expect("outbox poisoned");
+        let mut outbox = self.outbox.lock();
         if outbox.carriage != Carriage::Frames {
             match new_ring(&self.session, self.delivery) {
                 Ok((ring, announce)) => {
@@ -810,7 +810,7 @@ impl PushState {
 
     /// The oldest frame and its number of records, `None` when the outbox is empty.
     fn take_frame(&self) -> Option<(Vec<u8>, usize)> {
-        let mut outbox = self.outbox.lock().expect("outbox poisoned");
+        let mut outbox = self.outbox.lock();
         let (mut frame, n_records) = match outbox.sealed.pop_front() {
             Some(sealed) => sealed,
             None if outbox.n_open > 0 => {
@@ -873,7 +873,7 @@ impl BatchedPush {
             delivery,
             session,
             doorbell: Arc::from(wire::frame_header(session_hash, delivery, 0)),
-            outbox: std::sync::Mutex::new(Outbox {
+            outbox: crate::lock::ShortLock::new(Outbox {
                 sealed: VecDeque::new(),
                 open: empty_frame(session_hash, delivery),
                 n_open: 0,
@@ -954,7 +954,7 @@ impl BatchedPush {
                         }
                         // The rings are published and closed (their doorbells written by the
                         // socket's close); their consumers still take what they hold.
-                        state.outbox.lock().expect("outbox poisoned").rings.clear();
+                        state.outbox.lock().rings.clear();
                         let held = ask_peers && socket.peers_hold_what_was_written();
                         let closed = socket.close(linger).await.map(|()| held);
                         let _ = reply.send(closed);
