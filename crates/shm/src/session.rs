@@ -264,6 +264,20 @@ impl Session {
         }
     }
 
+    /// The wait of something that needs room in this process's segment and found none (a
+    /// connection's descriptor ring), starting now: it waits as a message's allocation does,
+    /// up to the allocation timeout.
+    pub(crate) fn room_wait(&self) -> RoomWait<'_> {
+        RoomWait {
+            session: self,
+            started: Instant::now(),
+            pause: self
+                .options
+                .retry_interval
+                .unwrap_or(Duration::from_micros(100)),
+        }
+    }
+
     /// How this process's own segment is used, as its header says (the owner publishes the
     /// figures as it allocates and reclaims), and its regions' buffers lent; `None` before it
     /// has either.
@@ -526,5 +540,50 @@ impl Drop for Session {
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         drop(mapped);
         crate::cleanup::remove_session_if_unused(self.uid, &self.options.session);
+    }
+}
+
+/// See [`Session::room_wait`].
+pub(crate) struct RoomWait<'a> {
+    session: &'a Session,
+    started: Instant,
+    /// The next pause: the retry interval, or from 100 µs doubling up to 10 ms.
+    pause: Duration,
+}
+
+impl RoomWait<'_> {
+    /// Pauses before the next look for room for `size` bytes: `Ok(true)` to look again,
+    /// `Ok(false)` once `deadline` (the caller's own timeout) has passed. Cancel-safe.
+    ///
+    /// # Errors
+    /// [`ShmError::SegmentFull`] (naming the segment, its use and `size`) once the allocation
+    /// timeout has passed since the wait began.
+    pub(crate) async fn pause(
+        &mut self,
+        size: usize,
+        deadline: Option<Instant>,
+    ) -> Result<bool, ShmError> {
+        let options = &self.session.options;
+        let waited = self.started.elapsed();
+        if waited >= options.allocation_timeout {
+            return Err(match self.session.own.get() {
+                Some(owned) => owned.full_error(size, waited.as_millis() as u64),
+                None => ShmError::NotFound {
+                    name: "this process's own segment (not created yet)".to_owned(),
+                },
+            });
+        }
+        let mut wake = Instant::now() + self.pause.min(options.allocation_timeout - waited);
+        if let Some(deadline) = deadline {
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            wake = wake.min(deadline);
+        }
+        tokio::time::sleep_until(wake).await;
+        if options.retry_interval.is_none() {
+            self.pause = (self.pause * 2).min(Duration::from_millis(10));
+        }
+        Ok(true)
     }
 }

@@ -124,6 +124,19 @@ enum RingOffer {
     NoPeer,
     /// Records travel in frames (see [`PairSide`]).
     Frames,
+    /// The connection has no ring yet and this process's segment has no room for one now:
+    /// wait for room, as a message's allocation does.
+    NoRoomForRing,
+}
+
+/// What [`PairSide::connection`] found.
+enum PairLink {
+    /// A connection with its ring (or records travel in frames).
+    Ready,
+    /// No connection now.
+    NoPeer,
+    /// A connection whose ring found no room in the segment: it is kept, to try again.
+    NoRoomForRing,
 }
 
 impl PairSide {
@@ -134,18 +147,17 @@ impl PairSide {
         }
     }
 
-    /// The ring of the newest connection, made and announced if that connection has none yet;
-    /// `Ok(false)` when there is no connection now.
+    /// The ring of the newest connection, made and announced if that connection has none yet.
     ///
     /// # Errors
     /// The peer was refused (another transport or session): nothing can be sent.
-    fn connection(&mut self, session: &Session, delivery: DeliveryRef) -> Result<bool> {
+    fn connection(&mut self, session: &Session, delivery: DeliveryRef) -> Result<PairLink> {
         if self
             .ring
             .as_ref()
             .is_some_and(|connection| !connection.link.is_gone())
         {
-            return Ok(true);
+            return Ok(PairLink::Ready);
         }
         let mut newest = self.next_link.take();
         while let Some(peer) = self.socket.next_peer().now_or_never() {
@@ -154,7 +166,7 @@ impl PairSide {
         }
         let newest = newest.filter(|link| !link.is_gone());
         let Some(link) = newest else {
-            return Ok(false);
+            return Ok(PairLink::NoPeer);
         };
         // A gone connection's ring is closed; what it holds is counted as not taken unless
         // its consumer still reads it.
@@ -168,16 +180,18 @@ impl PairSide {
                     doorbell: Arc::clone(&self.doorbell),
                 });
                 self.carriage = Carriage::Rings;
-                Ok(true)
+                Ok(PairLink::Ready)
             }
             Err(error) if self.carriage == Carriage::Undecided => {
                 tracing::warn!(%error, "no room for a descriptor ring: descriptors travel in frames");
                 self.carriage = Carriage::Frames;
-                Ok(true)
+                Ok(PairLink::Ready)
             }
             Err(error) => {
-                tracing::warn!(%error, "no room for this connection's descriptor ring: waiting for room");
-                Ok(false)
+                tracing::debug!(%error, "no room for this connection's descriptor ring yet");
+                // Kept for the next look: no other connection may come to wake the sender.
+                self.next_link = Some(link);
+                Ok(PairLink::NoRoomForRing)
             }
         }
     }
@@ -193,8 +207,10 @@ impl PairSide {
         if self.carriage == Carriage::Frames {
             return Ok(RingOffer::Frames);
         }
-        if !self.connection(session, delivery)? {
-            return Ok(RingOffer::NoPeer);
+        match self.connection(session, delivery)? {
+            PairLink::Ready => {}
+            PairLink::NoPeer => return Ok(RingOffer::NoPeer),
+            PairLink::NoRoomForRing => return Ok(RingOffer::NoRoomForRing),
         }
         let Some(connection) = &mut self.ring else {
             return Ok(RingOffer::Frames);
@@ -339,8 +355,13 @@ impl ReqRepSide {
     ) -> Result<RingOffer> {
         let connection = &mut self.connections[connection_idx];
         if connection.ring.is_none() {
-            let (ring, announce) = new_ring(session, DeliveryRef::NONE)
-                .map_err(|error| transport_error(self.socket.label(), error))?;
+            let (ring, announce) = match new_ring(session, DeliveryRef::NONE) {
+                Ok(made) => made,
+                Err(crate::error::ShmError::SegmentFull { .. }) => {
+                    return Ok(RingOffer::NoRoomForRing);
+                }
+                Err(error) => return Err(transport_error(self.socket.label(), error)),
+            };
             connection.link.send_frame(&announce);
             connection.ring = Some(ConnectionRing {
                 ring,
@@ -411,10 +432,12 @@ impl RingSender<'_> {
     }
 
     /// Offers `record` until it is in a ring, waiting for a connection or for room (at most
-    /// `timeout`): true once written, false when this side's records travel in frames.
+    /// `timeout`; room for a connection's new ring at most the allocation timeout): true once
+    /// written, false when this side's records travel in frames.
     ///
     /// # Errors
-    /// [`Error::Timeout`], a refused peer, a rep's requester gone, no room for a ring.
+    /// [`Error::Timeout`], a refused peer, a rep's requester gone, no room for a ring within
+    /// the allocation timeout (the segment-full error).
     async fn send(
         &mut self,
         (session, delivery): (&Session, DeliveryRef),
@@ -428,6 +451,7 @@ impl RingSender<'_> {
             after: timeout.unwrap_or_default(),
         };
         let looks = RingLooks::default();
+        let mut segment_full = None;
         loop {
             match self.offer(session, delivery, record, label)? {
                 RingOffer::Written => return Ok(true),
@@ -440,6 +464,14 @@ impl RingSender<'_> {
                 RingOffer::Full => {
                     if !wait_for_ring_room(&looks, deadline).await {
                         return Err(timed_out());
+                    }
+                }
+                RingOffer::NoRoomForRing => {
+                    let wait = segment_full.get_or_insert_with(|| session.room_wait());
+                    match wait.pause(RING_BLOCK, deadline).await {
+                        Ok(true) => {}
+                        Ok(false) => return Err(timed_out()),
+                        Err(full) => return Err(transport_error(label, full)),
                     }
                 }
             }

@@ -1,0 +1,143 @@
+//! A req, rep or pair makes a connection's descriptor ring in its own segment at its first send
+//! on that connection. When the segment is full then, the send waits for room as a message's
+//! allocation does, and fails naming the segment only once the allocation timeout has passed
+//! (it used to fail at once, naming the segment: a full segment is backpressure, not an error).
+
+use std::time::Duration;
+
+use ferromq_core::{Channel, ChannelConfig, Message, Method, SocketType, Transport};
+use ferromq_shm::{ShmOptions, ShmTransport};
+
+/// Removes the session's shared memory and the ipc socket file when the test ends, passed or
+/// failed.
+struct Cleanup {
+    session: String,
+    ipc_path: std::path::PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let uid = ferromq_shm::names::current_uid();
+        let _ = ferromq_shm::cleanup::clean_session(uid, &self.session, true);
+        let _ = std::fs::remove_file(&self.ipc_path);
+    }
+}
+
+/// A bound rep (or pair) and a connected req (or pair) of one transport (one segment), with
+/// `allocation_timeout`.
+async fn pair_of_channels(
+    name: &str,
+    allocation_timeout: Duration,
+    (bound, connecting): (SocketType, SocketType),
+) -> (ShmTransport, Channel, Channel, Cleanup) {
+    let session = format!("ring-room-{name}-{}", std::process::id());
+    let ipc_path = std::env::temp_dir().join(format!("ferromq-{session}.ipc"));
+    let cleanup = Cleanup {
+        session: session.clone(),
+        ipc_path: ipc_path.clone(),
+    };
+    let transport = ShmTransport::new(ShmOptions {
+        session,
+        segment_size: 4 << 20,
+        allocation_timeout,
+        ..ShmOptions::default()
+    });
+    let address = format!("ipc://{}", ipc_path.display());
+    let mut server = Channel::open(
+        &transport,
+        ChannelConfig::new("data", bound, Method::Bind).with_address(&address),
+        "data",
+    )
+    .await
+    .unwrap();
+    server.bind_configured().await.unwrap();
+    let mut client = Channel::open(
+        &transport,
+        ChannelConfig::new("data", connecting, Method::Connect).with_address(&address),
+        "data",
+    )
+    .await
+    .unwrap();
+    client.connect_configured().await.unwrap();
+    (transport, server, client, cleanup)
+}
+
+/// Messages of 256 KiB held until the segment has no room for another (nor for a ring, which
+/// is a little larger).
+fn fill_segment(transport: &ShmTransport) -> Vec<Message> {
+    let mut held = Vec::new();
+    while let Some(message) = transport.try_new_message(256 << 10) {
+        held.push(message);
+        assert!(held.len() < 64, "a 4 MiB segment never fills");
+    }
+    assert!(!held.is_empty());
+    held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_ring_finds_the_segment_full_waits_for_room_then_goes() {
+    let (transport, mut rep, mut req, _cleanup) = pair_of_channels(
+        "wait",
+        Duration::from_secs(30),
+        (SocketType::Rep, SocketType::Req),
+    )
+    .await;
+    let held = fill_segment(&transport);
+    let mut request = tokio::spawn(async move {
+        req.send(Message::from("ping"))
+            .await
+            .map_err(|failed| failed.error.to_string())?;
+        Ok::<_, String>(req)
+    });
+    // The request waits for room (before, it failed at once).
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut request).await;
+    assert!(
+        early.is_err(),
+        "the send ended while the segment was full: {early:?}"
+    );
+    drop(held);
+    let mut req = tokio::time::timeout(Duration::from_secs(20), request)
+        .await
+        .expect("the request went once there was room")
+        .unwrap()
+        .unwrap();
+    let asked = rep.receive().await.unwrap();
+    assert_eq!(asked.data(), b"ping");
+    rep.send(Message::from("pong")).await.unwrap();
+    let answer = req.receive().await.unwrap();
+    assert_eq!(answer.data(), b"pong");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_finds_no_room_for_its_ring_fails_after_the_allocation_timeout() {
+    let (transport, _rep, mut req, _cleanup) = pair_of_channels(
+        "timeout",
+        Duration::from_millis(400),
+        (SocketType::Rep, SocketType::Req),
+    )
+    .await;
+    let _held = fill_segment(&transport);
+    let started = tokio::time::Instant::now();
+    let failed = tokio::time::timeout(Duration::from_secs(20), req.send(Message::from("ping")))
+        .await
+        .expect("the send gave up after the allocation timeout")
+        .expect_err("no room ever came");
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "failed before the allocation timeout: {:?}",
+        started.elapsed()
+    );
+    // The error and its sources, as a device's log or `anyhow` prints them.
+    let mut text = failed.error.to_string();
+    let mut source = std::error::Error::source(&failed.error);
+    while let Some(cause) = source {
+        text = format!("{text}: {cause}");
+        source = cause.source();
+    }
+    assert!(
+        text.contains(&format!("ring-room-timeout-{}", std::process::id()))
+            && text.contains("has no room")
+            && text.contains("after waiting"),
+        "the error names the segment and its wait: {text}"
+    );
+}
