@@ -542,7 +542,16 @@ struct Outbox {
     next_ring: usize,
     /// The entry being written into a ring (reused: no allocation per record).
     entry: Vec<u8>,
+    /// Connections that came when this process's segment had no room for their ring, oldest
+    /// first: the sender tries again (see [`PushState::ring_the_ringless`]).
+    ringless: VecDeque<Arc<ferromq_zmq::PeerLink>>,
+    /// Not before this instant.
+    ringless_retry_at: tokio::time::Instant,
 }
+
+/// How often a push with ringless connections tries to make their rings, at most: an attempt
+/// in a full segment reclaims every block it can, not something to do per message.
+const RINGLESS_RETRY: Duration = Duration::from_millis(1);
 
 /// How a push's records travel (see `ring.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -747,6 +756,9 @@ impl PushState {
     /// One record as a ring entry, into the next ring with room: the record itself, or, when
     /// it is larger than a ring entry may be, a block holding it.
     fn offer_to_a_ring(&self, outbox: &mut Outbox, record: &[PartRef]) -> bool {
+        if !outbox.ringless.is_empty() {
+            self.ring_the_ringless(outbox);
+        }
         let mut entry = std::mem::take(&mut outbox.entry);
         let made = ring_entry(&self.session, record, &mut entry);
         outbox.entry = entry;
@@ -765,6 +777,31 @@ impl PushState {
         written
     }
 
+    /// Makes the rings of connections that found no room for one when they came, oldest first,
+    /// while the segment has room (at most every [`RINGLESS_RETRY`]). A sender waiting for
+    /// room offers again at each look, so a push whose other connections are gone does not
+    /// wait for ever while one is left without a ring.
+    fn ring_the_ringless(&self, outbox: &mut Outbox) {
+        let now = tokio::time::Instant::now();
+        if now < outbox.ringless_retry_at {
+            return;
+        }
+        outbox.ringless_retry_at = now + RINGLESS_RETRY;
+        outbox.ringless.retain(|link| !link.is_gone());
+        while let Some(link) = outbox.ringless.front() {
+            let Ok((ring, announce)) = new_ring(&self.session, self.delivery) else {
+                return;
+            };
+            link.send_frame(&announce);
+            let link = outbox.ringless.pop_front().expect("looked at above");
+            outbox.rings.push(ConnectionRing {
+                ring,
+                link,
+                doorbell: Arc::clone(&self.doorbell),
+            });
+        }
+    }
+
     /// Publishes what the rings hold unpublished (the batching task, once the sender yields).
     fn publish_rings(&self) {
         self.outbox.lock().publish_rings();
@@ -775,7 +812,10 @@ impl PushState {
         if !self.connected.load(Ordering::Acquire) {
             return false;
         }
-        let outbox = self.outbox.lock();
+        let mut outbox = self.outbox.lock();
+        if !outbox.ringless.is_empty() {
+            self.ring_the_ringless(&mut outbox);
+        }
         match outbox.carriage {
             Carriage::Rings => outbox
                 .rings
@@ -831,7 +871,8 @@ impl PushState {
                     outbox.carriage = Carriage::Frames;
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "no room for this connection's descriptor ring: it gets nothing");
+                    tracing::debug!(%error, "no room for this connection's descriptor ring yet");
+                    outbox.ringless.push_back(link);
                 }
             }
         }
@@ -914,6 +955,8 @@ impl BatchedPush {
                 rings: Vec::new(),
                 next_ring: 0,
                 entry: Vec::new(),
+                ringless: VecDeque::new(),
+                ringless_retry_at: tokio::time::Instant::now(),
             }),
             ready: tokio::sync::Notify::new(),
             room: tokio::sync::Notify::new(),

@@ -2,6 +2,8 @@
 //! on that connection. When the segment is full then, the send waits for room as a message's
 //! allocation does, and fails naming the segment only once the allocation timeout has passed
 //! (it used to fail at once, naming the segment: a full segment is backpressure, not an error).
+//! A push makes the ring when the connection comes; one that came while the segment was full
+//! gets its ring once there is room (it used to get nothing, for ever).
 
 use std::time::Duration;
 
@@ -140,4 +142,50 @@ async fn a_request_that_finds_no_room_for_its_ring_fails_after_the_allocation_ti
             && text.contains("after waiting"),
         "the error names the segment and its wait: {text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_puller_that_connected_while_the_segment_was_full_gets_messages_once_room_comes() {
+    let (transport, mut push, mut first_pull, cleanup) = pair_of_channels(
+        "push",
+        Duration::from_secs(30),
+        (SocketType::Push, SocketType::Pull),
+    )
+    .await;
+    // The first connection gets a ring: records travel by rings from now on.
+    push.send(Message::from("one")).await.unwrap();
+    assert_eq!(first_pull.receive().await.unwrap().data(), b"one");
+    let held = fill_segment(&transport);
+    let mut second_pull = Channel::open(
+        &transport,
+        ChannelConfig::new("data", SocketType::Pull, Method::Connect)
+            .with_address(&format!("ipc://{}", cleanup.ipc_path.display())),
+        "data",
+    )
+    .await
+    .unwrap();
+    second_pull.connect_configured().await.unwrap();
+    // Its handshake completes in the background: give the push's task time to take the new
+    // connection in while the segment is still full (were it later, the connection would find
+    // room and the test would prove nothing, never fail).
+    let _ = tokio::time::timeout(Duration::from_millis(300), std::future::pending::<()>()).await;
+    // The first puller leaves, and room comes. Until the push sees the first puller gone its
+    // ring may take a message or two; the second puller then gets the rest.
+    first_pull.close().await.unwrap();
+    drop(first_pull);
+    drop(held);
+    let reached_the_second = async {
+        loop {
+            push.send(Message::from("two")).await.unwrap();
+            if let Ok(received) =
+                tokio::time::timeout(Duration::from_millis(50), second_pull.receive()).await
+            {
+                return received.unwrap();
+            }
+        }
+    };
+    let received = tokio::time::timeout(Duration::from_secs(20), reached_the_second)
+        .await
+        .expect("the puller that connected while the segment was full got a ring");
+    assert_eq!(received.data(), b"two");
 }
