@@ -159,7 +159,7 @@ async fn a_puller_that_connected_while_the_segment_was_full_gets_messages_once_r
     let mut second_pull = Channel::open(
         &transport,
         ChannelConfig::new("data", SocketType::Pull, Method::Connect)
-            .with_address(&format!("ipc://{}", cleanup.ipc_path.display())),
+            .with_address(format!("ipc://{}", cleanup.ipc_path.display())),
         "data",
     )
     .await
