@@ -45,23 +45,22 @@ async fn pair_of_channels(
         ..ShmOptions::default()
     });
     let address = format!("ipc://{}", ipc_path.display());
-    let mut server = Channel::open(
-        &transport,
-        ChannelConfig::new("data", bound, Method::Bind).with_address(&address),
-        "data",
-    )
-    .await
-    .unwrap();
+    let mut server = open(&transport, bound, Method::Bind, &address).await;
     server.bind_configured().await.unwrap();
-    let mut client = Channel::open(
-        &transport,
-        ChannelConfig::new("data", connecting, Method::Connect).with_address(&address),
-        "data",
-    )
-    .await
-    .unwrap();
+    let mut client = open(&transport, connecting, Method::Connect, &address).await;
     client.connect_configured().await.unwrap();
     (transport, server, client, cleanup)
+}
+
+/// Channel `data` of `transport` at `address`, not bound or connected yet.
+async fn open(
+    transport: &ShmTransport,
+    socket_type: SocketType,
+    method: Method,
+    address: &str,
+) -> Channel {
+    let config = ChannelConfig::new("data", socket_type, method).with_address(address);
+    Channel::open(transport, config, "data").await.unwrap()
 }
 
 /// Messages of 256 KiB held until the segment has no room for another (nor for a ring, which
@@ -156,14 +155,8 @@ async fn a_puller_that_connected_while_the_segment_was_full_gets_messages_once_r
     push.send(Message::from("one")).await.unwrap();
     assert_eq!(first_pull.receive().await.unwrap().data(), b"one");
     let held = fill_segment(&transport);
-    let mut second_pull = Channel::open(
-        &transport,
-        ChannelConfig::new("data", SocketType::Pull, Method::Connect)
-            .with_address(format!("ipc://{}", cleanup.ipc_path.display())),
-        "data",
-    )
-    .await
-    .unwrap();
+    let address = format!("ipc://{}", cleanup.ipc_path.display());
+    let mut second_pull = open(&transport, SocketType::Pull, Method::Connect, &address).await;
     second_pull.connect_configured().await.unwrap();
     // Its handshake completes in the background: give the push's task time to take the new
     // connection in while the segment is still full (were it later, the connection would find
