@@ -10,6 +10,9 @@
 //!   reused. The model checks that a block is written again only after every receiver's reads of
 //!   it happened (no data race on the bytes), and that a descriptor replayed after the last
 //!   release never finds a live block.
+//! - **The ends of a descriptor ring** ([`RingFinish`]): the producer and the consumer each
+//!   mark themselves done; the model checks that exactly one of them is the last, and that it
+//!   reads the other's last entry without a data race.
 //! - **Acknowledgement rings** ([`AckRing`]): one producer per ring appends `(offset, size,
 //!   hint)` entries, the region's creator drains them. The model checks that the creator reads
 //!   exactly what was appended, in order, across a wrap-around of a short ring.
@@ -30,6 +33,13 @@ pub(crate) trait Atomic32 {
     fn store(&self, value: u32, order: Ordering);
     fn fetch_add(&self, value: u32, order: Ordering) -> u32;
     fn fetch_sub(&self, value: u32, order: Ordering) -> u32;
+    fn compare_exchange(
+        &self,
+        current: u32,
+        new: u32,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<u32, u32>;
 }
 
 /// The 64-bit atomic operations the protocols use.
@@ -52,6 +62,15 @@ macro_rules! atomic_impls {
             }
             fn fetch_sub(&self, value: u32, order: Ordering) -> u32 {
                 <$u32>::fetch_sub(self, value, order)
+            }
+            fn compare_exchange(
+                &self,
+                current: u32,
+                new: u32,
+                success: Ordering,
+                failure: Ordering,
+            ) -> Result<u32, u32> {
+                <$u32>::compare_exchange(self, current, new, success, failure)
             }
         }
 
@@ -134,6 +153,35 @@ impl<A: Atomic32, B: Atomic64> BlockCells<'_, A, B> {
     /// Whether the caller's reference is the only one (it may then write the bytes).
     pub(crate) fn is_sole_reference(&self) -> bool {
         self.refcount.load(Ordering::Acquire) == 1
+    }
+}
+
+/// Which end of a descriptor ring (`ring.rs`) marks itself done with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RingEnd {
+    Producer = 1,
+    Consumer = 2,
+}
+
+/// The `finished` word of a descriptor ring: each end marks it once, after its last access to
+/// the ring's entries; the end that finds the other's mark is the last one at the ring and
+/// releases what it still holds. The compare-and-swap is acquire-release: the last end sees
+/// everything the other did before its mark (the producer's last entries, the consumer's
+/// last take).
+pub(crate) struct RingFinish<'a, A> {
+    pub(crate) finished: &'a A,
+}
+
+impl<A: Atomic32> RingFinish<'_, A> {
+    /// Marks `end` done; true when the other end was done already (`end` is the last one).
+    pub(crate) fn finish(&self, end: RingEnd) -> bool {
+        let other = match end {
+            RingEnd::Producer => RingEnd::Consumer,
+            RingEnd::Consumer => RingEnd::Producer,
+        };
+        self.finished
+            .compare_exchange(0, end as u32, Ordering::AcqRel, Ordering::Acquire)
+            == Err(other as u32)
     }
 }
 
@@ -359,6 +407,53 @@ mod loom_models {
             producer.join().unwrap();
             let expected = [1u64, 2, 3].map(|idx| ([idx, idx * 10, idx * 100], idx));
             assert_eq!(taken, expected);
+        });
+    }
+
+    /// The producer writes its last entry and finishes; the consumer finishes (having taken
+    /// nothing more). Exactly one of them finds the other done, and the one that does reads
+    /// the last entry without racing its write.
+    #[test]
+    fn exactly_one_end_of_a_ring_is_last_and_it_sees_the_last_entry() {
+        model(|| {
+            let finished = Arc::new(AtomicU32::new(0));
+            let entry = Arc::new(UnsafeCell::new(0u64));
+            let n_last = Arc::new(AtomicU32::new(0));
+            let producer = {
+                let (finished, entry, n_last) = (
+                    Arc::clone(&finished),
+                    Arc::clone(&entry),
+                    Arc::clone(&n_last),
+                );
+                thread::spawn(move || {
+                    // SAFETY: only the producer writes the entry; loom checks the reads.
+                    entry.with_mut(|entry| unsafe { *entry = 7 });
+                    if (RingFinish {
+                        finished: &*finished,
+                    })
+                    .finish(RingEnd::Producer)
+                    {
+                        // SAFETY: its own write.
+                        assert_eq!(entry.with(|entry| unsafe { *entry }), 7);
+                        n_last.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            };
+            if (RingFinish {
+                finished: &*finished,
+            })
+            .finish(RingEnd::Consumer)
+            {
+                // SAFETY: the producer finished after its write; loom checks the ordering.
+                assert_eq!(entry.with(|entry| unsafe { *entry }), 7);
+                n_last.fetch_add(1, Ordering::Relaxed);
+            }
+            producer.join().unwrap();
+            assert_eq!(
+                n_last.load(Ordering::Relaxed),
+                1,
+                "exactly one end is the last"
+            );
         });
     }
 }

@@ -20,6 +20,7 @@
 //! 136  consumer u32  pid of the process that adopted the ring (0 before)
 //! 140  hungry u32    1: the consumer looked and found nothing (it wants entries published)
 //! 144  rung_at u64   when the producer last rang the doorbell (CLOCK_MONOTONIC, ns)
+//! 152  finished u32  which side finished with the ring first: 1 the producer, 2 the consumer
 //! 256  data          RING_DATA bytes: entries at offsets that are multiples of 8
 //! entry := len u32 | kind u32 | len bytes | padding to 8      (kind 0: a record;
 //!          len u32::MAX: the rest up to the end is skipped    kind 1: a block holding one)
@@ -40,12 +41,23 @@
 //! ring are counted as not taken by the sender (`delivery.rs`). A producer that exits leaves
 //! the ring readable: its segment outlives it while a process of the session lives
 //! (`cleanup.rs`), so a stalled consumer still takes everything after it resumes.
+//!
+//! The entries nobody takes hold references to their messages' blocks. When both sides are
+//! done, exactly one of them releases those: each side, done with the ring, marks `finished`
+//! by compare-and-swap from 0 ([`RingProducer::finish`], after its last write;
+//! [`RingConsumer::finish`], after its last take). The side that finds the other's mark is
+//! the last one at the ring, alone with it: it releases what the ring still holds. A consumer
+//! that leaves first thus leaves its untaken entries to the producer (which may still write
+//! some before it sees the connection gone); a producer that finishes first leaves them to its
+//! consumer, which may still take them all. A side that dies never marks: what its peer leaves
+//! to it leaks, as before.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::error::ShmError;
 use crate::managed::ShmBuffer;
+use crate::protocol::{RingEnd, RingFinish};
 use crate::segment::Segment;
 use crate::wire::DeliveryRef;
 
@@ -66,6 +78,7 @@ const CLOSED: usize = 132;
 const CONSUMER: usize = 136;
 const HUNGRY: usize = 140;
 const RUNG_AT: usize = 144;
+const FINISHED: usize = 152;
 /// Entries a producer writes at most before it publishes them to a consumer that is busy.
 const PUBLISH_EVERY: u32 = 32;
 /// Empty looks in a row after which a consumer asks for every entry at once; a busy-polled
@@ -168,6 +181,7 @@ impl RingProducer {
         memory.u32_at(CONSUMER).store(0, Ordering::Relaxed);
         memory.u32_at(HUNGRY).store(1, Ordering::Relaxed);
         memory.u64_at(RUNG_AT).store(0, Ordering::Relaxed);
+        memory.u32_at(FINISHED).store(0, Ordering::Relaxed);
         // Release: whoever reads the announcement (sent after this) sees the ring initialised.
         memory.u64_at(TAIL).store(0, Ordering::Release);
         RingProducer {
@@ -271,6 +285,34 @@ impl RingProducer {
         let wake = self.publish();
         self.memory.u32_at(CLOSED).store(1, Ordering::Release);
         wake
+    }
+
+    /// Closes the ring and marks the producer finished with it (see "Peer death and drop"):
+    /// whether the consumer finished first, which leaves what it did not take to the producer
+    /// ([`RingProducer::untaken`]), and whether it must get a doorbell.
+    pub(crate) fn finish(&mut self) -> (Wake, bool) {
+        let wake = self.close();
+        let consumer_left = RingFinish {
+            finished: self.memory.u32_at(FINISHED),
+        }
+        .finish(RingEnd::Producer);
+        (wake, consumer_left)
+    }
+
+    /// A reader of the entries the consumer left in the ring, holding a reference of its own
+    /// to the block; only for a producer whose [`RingProducer::finish`] found the consumer
+    /// gone (nobody else reads the ring then).
+    pub(crate) fn untaken(&self) -> Result<RingConsumer, ShmError> {
+        self.block.add_references(1);
+        let block = ShmBuffer::adopt_block(
+            Arc::clone(self.block.segment()),
+            crate::wire::WireRange {
+                offset: self.block.data_offset() as u64,
+                size: RING_BLOCK as u64,
+            },
+        )?
+        .0;
+        RingConsumer::adopt(block, DeliveryRef::NONE, false)
     }
 }
 
@@ -470,6 +512,15 @@ impl RingConsumer {
     /// The producer closed the ring and everything in it was taken.
     pub(crate) fn is_finished(&mut self) -> bool {
         self.memory.u32_at(CLOSED).load(Ordering::Acquire) == 1 && !self.has_entries()
+    }
+
+    /// Marks the consumer finished with the ring (see "Peer death and drop"): true when the
+    /// producer finished first, which leaves what this consumer did not take to it.
+    pub(crate) fn finish(&mut self) -> bool {
+        RingFinish {
+            finished: self.memory.u32_at(FINISHED),
+        }
+        .finish(RingEnd::Consumer)
     }
 }
 

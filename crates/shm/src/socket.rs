@@ -54,6 +54,21 @@ struct SubscriberPeer {
     /// The subscriber's descriptor ring (see `ring.rs`), announced when it connected; `None`
     /// when this process's segment had no room for one: its records then travel in frames.
     ring: Option<RingProducer>,
+    /// To release what a subscriber that left did not take, when it is dropped.
+    session: Arc<Session>,
+}
+
+impl Drop for SubscriberPeer {
+    fn drop(&mut self) {
+        let Some(ring) = &mut self.ring else {
+            return;
+        };
+        // Its doorbell, if any, has no one to wake: the subscriber is gone or leaving.
+        let (_, subscriber_left) = ring.finish();
+        if subscriber_left {
+            release_ring_left_untaken(&self.session, ring);
+        }
+    }
 }
 
 struct Publisher {
@@ -151,7 +166,7 @@ impl PairSide {
     ///
     /// # Errors
     /// The peer was refused (another transport or session): nothing can be sent.
-    fn connection(&mut self, session: &Session, delivery: DeliveryRef) -> Result<PairLink> {
+    fn connection(&mut self, session: &Arc<Session>, delivery: DeliveryRef) -> Result<PairLink> {
         if self
             .ring
             .as_ref()
@@ -178,6 +193,7 @@ impl PairSide {
                     ring,
                     link,
                     doorbell: Arc::clone(&self.doorbell),
+                    session: Arc::clone(session),
                 });
                 self.carriage = Carriage::Rings;
                 Ok(PairLink::Ready)
@@ -200,7 +216,7 @@ impl PairSide {
     /// publish later), ringing the peer's doorbell when it waits.
     fn offer(
         &mut self,
-        session: &Session,
+        session: &Arc<Session>,
         delivery: DeliveryRef,
         record: &[PartRef],
     ) -> Result<RingOffer> {
@@ -330,7 +346,7 @@ impl ReqRepSide {
     /// then awaits that peer's reply, a rep has answered.
     fn offer(
         &mut self,
-        session: &Session,
+        session: &Arc<Session>,
         record: &[PartRef],
         label: &ChannelLabel,
     ) -> Result<RingOffer> {
@@ -349,7 +365,7 @@ impl ReqRepSide {
     /// the ring first if it has none.
     fn write_to(
         &mut self,
-        session: &Session,
+        session: &Arc<Session>,
         connection_idx: usize,
         record: &[PartRef],
     ) -> Result<RingOffer> {
@@ -367,6 +383,7 @@ impl ReqRepSide {
                 ring,
                 link: Arc::clone(&connection.link),
                 doorbell: Arc::clone(&self.doorbell),
+                session: Arc::clone(session),
             });
         }
         let ring = connection.ring.as_mut().expect("made above");
@@ -394,7 +411,7 @@ enum RingSender<'a> {
 impl RingSender<'_> {
     fn offer(
         &mut self,
-        session: &Session,
+        session: &Arc<Session>,
         delivery: DeliveryRef,
         record: &[PartRef],
         label: &ChannelLabel,
@@ -440,7 +457,7 @@ impl RingSender<'_> {
     /// the allocation timeout (the segment-full error).
     async fn send(
         &mut self,
-        (session, delivery): (&Session, DeliveryRef),
+        (session, delivery): (&Arc<Session>, DeliveryRef),
         record: &[PartRef],
         label: &ChannelLabel,
         timeout: Option<Duration>,
@@ -570,6 +587,8 @@ struct ConnectionRing {
     link: Arc<ferromq_zmq::PeerLink>,
     /// The socket's doorbell: a descriptor frame with no record.
     doorbell: Arc<[u8]>,
+    /// To release what a consumer that left did not take, when the ring is dropped.
+    session: Arc<Session>,
 }
 
 impl ConnectionRing {
@@ -625,8 +644,84 @@ async fn wait_for_ring_room(looks: &RingLooks, deadline: Option<tokio::time::Ins
 
 impl Drop for ConnectionRing {
     fn drop(&mut self) {
-        let wake = self.ring.close();
+        let (wake, consumer_left) = self.ring.finish();
         self.ring_doorbell(wake);
+        if consumer_left {
+            release_ring_left_untaken(&self.session, &self.ring);
+        }
+    }
+}
+
+/// For a producer whose `finish` found its consumer gone: releases what the consumer left.
+fn release_ring_left_untaken(session: &Session, ring: &RingProducer) {
+    match ring.untaken() {
+        Ok(mut untaken) => release_untaken(session, &mut untaken),
+        Err(error) => {
+            tracing::warn!(%error, "the entries a receiver left in its ring stay until the session ends");
+        }
+    }
+}
+
+/// Replaces `entry`, a ring entry naming a block that holds a record too large for the ring,
+/// by a copy of that record (read in place: the entry's reference keeps the block), and
+/// returns the block's segment and range, whose reference the caller gives back once the
+/// record's messages hold theirs.
+fn read_indirect_entry(
+    session: &Session,
+    entry: &mut Vec<u8>,
+) -> std::result::Result<(Arc<crate::segment::Segment>, WireRange), crate::error::ShmError> {
+    let (segment, range) = wire::decode_block_ref(entry)?;
+    let mapped = session.segment(segment)?;
+    let outside = |what: &str| crate::error::ShmError::BadDescriptor {
+        reason: format!("a ring entry's block {range} is outside its {what}"),
+    };
+    let bytes = range
+        .checked(0, mapped.len())
+        .ok_or_else(|| outside("segment"))?;
+    entry.clear();
+    entry.resize(bytes.len(), 0);
+    mapped
+        .copy_out(bytes.start, entry)
+        .ok_or_else(|| outside("data"))?;
+    Ok((mapped, range))
+}
+
+/// Releases the references held by the entries left in `ring`, whose reader is the last one
+/// at it (see `ring.rs`, "Peer death and drop"): their messages are materialised and dropped,
+/// counted nowhere (the sender counted them as not taken). Stops at an entry it cannot read
+/// (what follows stays until the session's memory is removed).
+fn release_untaken(session: &Session, ring: &mut RingConsumer) {
+    let mut entry = Vec::new();
+    let mut decoded = wire::decode_scratch();
+    let mut last_segment = None;
+    let mut n_released = 0u64;
+    let mut released = || -> std::result::Result<(), crate::error::ShmError> {
+        while let Some(kind) = ring.peek(&mut entry)? {
+            let indirect = match kind {
+                EntryKind::Record => None,
+                EntryKind::Indirect => Some(read_indirect_entry(session, &mut entry)?),
+            };
+            wire::decode_record_into(&entry, ring.delivery(), &mut decoded)?;
+            for part in decoded.parts.drain(..) {
+                drop(session.materialise(part, &mut last_segment)?);
+            }
+            n_released += decoded.record_lens.len() as u64;
+            ring.consume();
+            if let Some((mapped, range)) = indirect {
+                // The entry's reference to the block is given back.
+                drop(ShmBuffer::adopt_block(mapped, range));
+            }
+        }
+        Ok(())
+    };
+    if let Err(error) = released() {
+        tracing::warn!(%error, "an entry left in a ring could not be read: it and those after it stay until the session ends");
+    }
+    if n_released > 0 {
+        tracing::debug!(
+            n_messages = n_released,
+            "released the messages a receiver left untaken in its ring"
+        );
     }
 }
 
@@ -798,6 +893,7 @@ impl PushState {
                 ring,
                 link,
                 doorbell: Arc::clone(&self.doorbell),
+                session: Arc::clone(&self.session),
             });
         }
     }
@@ -863,6 +959,7 @@ impl PushState {
                         ring,
                         link,
                         doorbell: Arc::clone(&self.doorbell),
+                        session: Arc::clone(&self.session),
                     });
                     outbox.carriage = Carriage::Rings;
                 }
@@ -1263,6 +1360,16 @@ struct Received {
 struct AdoptedRing {
     ring: RingConsumer,
     peer: Option<Bytes>,
+    /// To release what this receiver did not take when the producer finished first.
+    session: Arc<Session>,
+}
+
+impl Drop for AdoptedRing {
+    fn drop(&mut self) {
+        if self.ring.finish() {
+            release_untaken(&self.session, &mut self.ring);
+        }
+    }
 }
 
 /// How a receive waits for its rings' entries and its socket's frames together.
@@ -1706,7 +1813,7 @@ impl Publisher {
     /// Takes in connection events and subscription messages that arrived since the last send.
     /// A new subscriber gets a descriptor ring in this process's segment, announced to it
     /// alone; a subscriber that disconnected is forgotten with its ring.
-    fn refresh(&mut self, session: &Session) {
+    fn refresh(&mut self, session: &Arc<Session>) {
         // `try_recv` registers no waker: this runs at every send.
         while let Ok(event) = self.events.try_recv() {
             match event {
@@ -1761,7 +1868,7 @@ impl Publisher {
     }
 
     /// Adds the subscriber `identity`, which connected, with its ring, unless it is known.
-    fn add_subscriber(&mut self, session: &Session, identity: Bytes) {
+    fn add_subscriber(&mut self, session: &Arc<Session>, identity: Bytes) {
         if self
             .subscribers
             .iter()
@@ -1789,6 +1896,7 @@ impl Publisher {
             identity,
             topics: None,
             ring,
+            session: Arc::clone(session),
         });
         // Its first subscription follows soon: the next send looks for it.
         self.n_sends_since_subscriptions = SUBSCRIPTIONS_EVERY;
@@ -1834,7 +1942,11 @@ impl Publisher {
             let Some(mut ring) = subscriber.ring.take() else {
                 continue;
             };
-            if ring.close().0 {
+            let (wake, subscriber_left) = ring.finish();
+            if subscriber_left {
+                release_ring_left_untaken(&subscriber.session, &ring);
+            }
+            if wake.0 {
                 let identity = subscriber.identity.clone();
                 let _ = self.send_frame(&identity, self.doorbell.clone());
             }
@@ -1851,7 +1963,7 @@ impl Publisher {
     /// A record too large for a ring entry found no room for its block.
     fn prepare(
         &mut self,
-        session: &Session,
+        session: &Arc<Session>,
         record: &[PartRef],
     ) -> std::result::Result<PreparedMessage, crate::error::ShmError> {
         self.refresh(session);
@@ -2323,7 +2435,11 @@ impl Socket for ShmSocket {
                     };
                     self.frames.pop_front();
                     let ring = adopted?;
-                    self.rings.push(AdoptedRing { ring, peer });
+                    self.rings.push(AdoptedRing {
+                        ring,
+                        peer,
+                        session: Arc::clone(&self.session),
+                    });
                     continue;
                 }
                 let (peer, frame) = (peer.clone(), frame.clone());
@@ -2698,23 +2814,7 @@ impl ShmSocket {
         let indirect = match kind {
             EntryKind::Record => None,
             EntryKind::Indirect => {
-                let (segment, range) = wire::decode_block_ref(&self.entry).map_err(failed)?;
-                let mapped = self.session.segment(segment).map_err(failed)?;
-                let bytes = range.checked(0, mapped.len()).ok_or_else(|| {
-                    failed(crate::error::ShmError::BadDescriptor {
-                        reason: format!("a ring entry's block {range} is outside its segment"),
-                    })
-                })?;
-                self.entry.clear();
-                self.entry.resize(bytes.len(), 0);
-                mapped
-                    .copy_out(bytes.start, &mut self.entry)
-                    .ok_or_else(|| {
-                        failed(crate::error::ShmError::BadDescriptor {
-                            reason: format!("a ring entry's block {range} is outside its data"),
-                        })
-                    })?;
-                Some((mapped, range))
+                Some(read_indirect_entry(&self.session, &mut self.entry).map_err(failed)?)
             }
         };
         wire::decode_record_into(&self.entry, delivery, &mut self.decoded).map_err(failed)?;
