@@ -172,6 +172,9 @@ pub(crate) struct RingFinish<'a, A> {
     pub(crate) finished: &'a A,
 }
 
+/// `finished` once the last end released what was left.
+const RING_SETTLED: u32 = 3;
+
 impl<A: Atomic32> RingFinish<'_, A> {
     /// Marks `end` done; true when the other end was done already (`end` is the last one).
     pub(crate) fn finish(&self, end: RingEnd) -> bool {
@@ -182,6 +185,17 @@ impl<A: Atomic32> RingFinish<'_, A> {
         self.finished
             .compare_exchange(0, end as u32, Ordering::AcqRel, Ordering::Acquire)
             == Err(other as u32)
+    }
+
+    /// The last end: what was left is released (a producer that keeps an eye on a consumer
+    /// still at the ring when it finished stops watching).
+    pub(crate) fn settle(&self) {
+        self.finished.store(RING_SETTLED, Ordering::Release);
+    }
+
+    /// Whether the last end released what was left.
+    pub(crate) fn is_settled(&self) -> bool {
+        self.finished.load(Ordering::Acquire) == RING_SETTLED
     }
 }
 

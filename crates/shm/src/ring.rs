@@ -49,8 +49,14 @@
 //! the last one at the ring, alone with it: it releases what the ring still holds. A consumer
 //! that leaves first thus leaves its untaken entries to the producer (which may still write
 //! some before it sees the connection gone); a producer that finishes first leaves them to its
-//! consumer, which may still take them all. A side that dies never marks: what its peer leaves
-//! to it leaks, as before.
+//! consumer, which may still take them all. The last end then marks the ring settled (3). A
+//! consumer that dies never marks: its producer, finishing while the consumer's pid
+//! (`consumer`) still runs, keeps an [`OrphanRing`] and looks again whenever an allocation
+//! finds its segment full; once no process has that pid it releases what the consumer left
+//! and the consumer's reference to the block (the consumer takes each entry out of the ring
+//! before it releases anything of it, so nothing is released twice). A producer that dies
+//! never marks either: what it leaves to a consumer that leaves without taking it stays until
+//! the session's memory is removed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -299,10 +305,15 @@ impl RingProducer {
         (wake, consumer_left)
     }
 
-    /// A reader of the entries the consumer left in the ring, holding a reference of its own
-    /// to the block; only for a producer whose [`RingProducer::finish`] found the consumer
-    /// gone (nobody else reads the ring then).
-    pub(crate) fn untaken(&self) -> Result<RingConsumer, ShmError> {
+    /// The pid of the process that adopted the ring, 0 before one did.
+    pub(crate) fn consumer_pid(&self) -> u32 {
+        self.memory.u32_at(CONSUMER).load(Ordering::Acquire)
+    }
+
+    /// A handle of the producer's on the ring after it finished, with a reference of its own
+    /// to the block: a reader of what the consumer left when the consumer finished first
+    /// ([`OrphanRing::reader`]), or a watch on a consumer still at the ring ([`OrphanRing::fate`]).
+    pub(crate) fn orphan(&self) -> Result<OrphanRing, ShmError> {
         self.block.add_references(1);
         let block = ShmBuffer::adopt_block(
             Arc::clone(self.block.segment()),
@@ -312,7 +323,64 @@ impl RingProducer {
             },
         )?
         .0;
-        RingConsumer::adopt(block, DeliveryRef::NONE, false)
+        let memory = RingMemory {
+            segment: Arc::clone(block.segment()),
+            base: block.data_offset(),
+        };
+        Ok(OrphanRing { block, memory })
+    }
+}
+
+/// A ring its producer finished with (see [`RingProducer::orphan`]).
+pub(crate) struct OrphanRing {
+    /// The producer's extra reference to the block.
+    block: ShmBuffer,
+    memory: RingMemory,
+}
+
+/// What became of the consumer of an [`OrphanRing`].
+pub(crate) enum OrphanFate {
+    /// It finished and released what was left: nothing more to do.
+    Settled,
+    /// It died without finishing: what it left is the producer's to release, with this reader
+    /// (its reference to the block was given back already).
+    Dead(RingConsumer),
+    /// It lives, or it never adopted the ring (an announcement may still be on its way): look
+    /// again later.
+    Waiting(OrphanRing),
+}
+
+impl OrphanRing {
+    fn finished(&self) -> RingFinish<'_, AtomicU32> {
+        RingFinish {
+            finished: self.memory.u32_at(FINISHED),
+        }
+    }
+
+    /// A reader of what the consumer left, for a producer whose [`RingProducer::finish`] found
+    /// it finished first (nobody else reads the ring then).
+    pub(crate) fn reader(self) -> Result<RingConsumer, ShmError> {
+        RingConsumer::adopt(self.block, DeliveryRef::NONE, false)
+    }
+
+    /// Looks at the consumer (see [`OrphanFate`]). A consumer is dead when no process has its
+    /// pid (or only a zombie): processes of a session share a pid namespace, as its cleanup
+    /// assumes; a pid reused since looks alive, and what the dead consumer left then stays.
+    pub(crate) fn fate(self) -> OrphanFate {
+        if self.finished().is_settled() {
+            return OrphanFate::Settled;
+        }
+        let pid = self.memory.u32_at(CONSUMER).load(Ordering::Acquire);
+        let alive = crate::segment::ProcessId { pid, start_time: 0 }.is_alive();
+        if pid == 0 || alive {
+            return OrphanFate::Waiting(self);
+        }
+        // The dead consumer's reference: ours keeps the block while the reader reads it.
+        self.block.release_references(1);
+        match RingConsumer::adopt(self.block, DeliveryRef::NONE, false) {
+            Ok(reader) => OrphanFate::Dead(reader),
+            Err(_) => OrphanFate::Settled,
+        }
     }
 }
 
@@ -521,6 +589,14 @@ impl RingConsumer {
             finished: self.memory.u32_at(FINISHED),
         }
         .finish(RingEnd::Consumer)
+    }
+
+    /// Marks what was left released, by the last end at the ring (see "Peer death and drop").
+    pub(crate) fn settle(&self) {
+        RingFinish {
+            finished: self.memory.u32_at(FINISHED),
+        }
+        .settle();
     }
 }
 

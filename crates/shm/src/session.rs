@@ -14,6 +14,7 @@ use crate::error::ShmError;
 use crate::managed::{OwnedSegment, ShmBuffer};
 use crate::names::{ObjectKind, ObjectName, current_uid};
 use crate::region::{REGION_DATA_START, RegionCallback, UnmanagedRegion, remote_acknowledger};
+use crate::ring::{EntryKind, OrphanFate, OrphanRing, RingConsumer, RingProducer, Wake};
 use crate::segment::Segment;
 use crate::wire::{DeliveryRef, ObjectRef, PartRef, WireRange, session_hash};
 
@@ -99,6 +100,10 @@ pub(crate) struct Session {
     /// Whether an allocation that finds the segment full looks again at once for a while
     /// before sleeping (see `allocate`).
     spin_on_full: AtomicBool,
+    /// Rings this process produced and finished with while their consumers were still at
+    /// them: if a consumer dies without finishing, what it left is released here (see
+    /// [`Session::settle_orphans`]).
+    orphans: Mutex<Vec<OrphanRing>>,
 }
 
 /// A message of `size` bytes in a block allocated for at least that many.
@@ -129,6 +134,7 @@ impl Session {
             own_regions: Mutex::default(),
             delivery_slots: Arc::default(),
             spin_on_full: AtomicBool::new(true),
+            orphans: Mutex::default(),
         }
     }
 
@@ -227,7 +233,8 @@ impl Session {
         if let Some(buffer) = owned.allocate(size) {
             return Ok(buffer);
         }
-        // Full: only now is the clock read.
+        // Full: only now is the clock read. A receiver killed with a backlog may hold room.
+        self.settle_orphans();
         let started = Instant::now();
         // While the receivers keep releasing blocks (the usual case for large messages: the
         // segment holds only so many), room comes back within microseconds: look again after
@@ -257,11 +264,141 @@ impl Session {
             if self.options.retry_interval.is_none() {
                 pause = (pause * 2).min(Duration::from_millis(10));
             }
+            self.settle_orphans();
             if let Some(buffer) = owned.allocate(size) {
                 self.spin_on_full.store(true, Ordering::Relaxed);
                 return Ok(buffer);
             }
         }
+    }
+
+    /// Closes `ring`, which this process produced, for good (see `ring.rs`, "Peer death and
+    /// drop"): releases what its consumer left if the consumer finished first, or keeps an
+    /// eye on a consumer still at the ring in case it dies. Whether the consumer must get a
+    /// doorbell.
+    pub(crate) fn finish_producing(&self, ring: &mut RingProducer) -> Wake {
+        let (wake, consumer_left) = ring.finish();
+        let orphan = if consumer_left || ring.consumer_pid() != 0 {
+            ring.orphan()
+        } else {
+            // Never adopted: nothing is known of a consumer to watch.
+            return wake;
+        };
+        match orphan {
+            Ok(orphan) if consumer_left => match orphan.reader() {
+                Ok(mut reader) => self.release_untaken(&mut reader),
+                Err(error) => Self::left_in_ring(&error),
+            },
+            Ok(orphan) => {
+                self.orphans.lock().expect("orphans poisoned").push(orphan);
+                self.settle_orphans();
+            }
+            Err(error) => Self::left_in_ring(&error),
+        }
+        wake
+    }
+
+    /// Closes `ring`, which this process consumed, for good: releases what is left in it if
+    /// its producer finished first.
+    pub(crate) fn finish_consuming(&self, ring: &mut RingConsumer) {
+        if ring.finish() {
+            self.release_untaken(ring);
+        }
+    }
+
+    /// Looks at the consumers of the rings this process finished with while they were still
+    /// at them: what one that died left is released, one that finished is forgotten. Done when
+    /// such a ring is finished and whenever an allocation finds the segment full, so a
+    /// receiver killed with a backlog does not hold its sender's memory for ever.
+    pub(crate) fn settle_orphans(&self) {
+        let watched = std::mem::take(&mut *self.orphans.lock().expect("orphans poisoned"));
+        if watched.is_empty() {
+            return;
+        }
+        let mut waiting = Vec::new();
+        for orphan in watched {
+            match orphan.fate() {
+                OrphanFate::Settled => {}
+                OrphanFate::Dead(mut reader) => self.release_untaken(&mut reader),
+                OrphanFate::Waiting(orphan) => waiting.push(orphan),
+            }
+        }
+        self.orphans
+            .lock()
+            .expect("orphans poisoned")
+            .extend(waiting);
+    }
+
+    fn left_in_ring(error: &ShmError) {
+        tracing::warn!(%error, "the entries a receiver left in its ring stay until the session ends");
+    }
+
+    /// Releases the references held by the entries left in `ring`, whose reader is the last one
+    /// at it (see `ring.rs`, "Peer death and drop"), and marks the ring settled: their messages
+    /// are materialised and dropped, counted nowhere (the sender counted them as not taken).
+    /// Each entry leaves the ring before its messages are dropped (a reader killed in between
+    /// leaks them rather than have them released twice). Stops at an entry it cannot read:
+    /// what follows stays until the session's memory is removed.
+    pub(crate) fn release_untaken(&self, ring: &mut RingConsumer) {
+        let mut entry = Vec::new();
+        let mut decoded = crate::wire::decode_scratch();
+        let mut last_segment = None;
+        let mut n_released = 0u64;
+        let mut released = || -> Result<(), ShmError> {
+            while let Some(kind) = ring.peek(&mut entry)? {
+                let indirect = match kind {
+                    EntryKind::Record => None,
+                    EntryKind::Indirect => Some(self.read_indirect_entry(&mut entry)?),
+                };
+                crate::wire::decode_record_into(&entry, ring.delivery(), &mut decoded)?;
+                let messages = decoded
+                    .parts
+                    .drain(..)
+                    .map(|part| self.materialise(part, &mut last_segment))
+                    .collect::<Result<Vec<_>, _>>()?;
+                n_released += decoded.record_lens.len() as u64;
+                ring.consume();
+                drop(messages);
+                if let Some((mapped, range)) = indirect {
+                    drop(ShmBuffer::adopt_block(mapped, range));
+                }
+            }
+            Ok(())
+        };
+        match released() {
+            Ok(()) => ring.settle(),
+            Err(error) => Self::left_in_ring(&error),
+        }
+        if n_released > 0 {
+            tracing::debug!(
+                n_messages = n_released,
+                "released the messages a receiver left untaken in its ring"
+            );
+        }
+    }
+
+    /// Replaces `entry`, a ring entry naming a block that holds a record too large for the
+    /// ring, by a copy of that record (read in place: the entry's reference keeps the block),
+    /// and returns the block's segment and range, whose reference the caller gives back once
+    /// the entry left the ring and the record's messages hold theirs.
+    pub(crate) fn read_indirect_entry(
+        &self,
+        entry: &mut Vec<u8>,
+    ) -> Result<(Arc<Segment>, WireRange), ShmError> {
+        let (segment, range) = crate::wire::decode_block_ref(entry)?;
+        let mapped = self.segment(segment)?;
+        let outside = |what: &str| ShmError::BadDescriptor {
+            reason: format!("a ring entry's block {range} is outside its {what}"),
+        };
+        let bytes = range
+            .checked(0, mapped.len())
+            .ok_or_else(|| outside("segment"))?;
+        entry.clear();
+        entry.resize(bytes.len(), 0);
+        mapped
+            .copy_out(bytes.start, entry)
+            .ok_or_else(|| outside("data"))?;
+        Ok((mapped, range))
     }
 
     /// The wait of something that needs room in this process's segment and found none (a
@@ -584,6 +721,7 @@ impl RoomWait<'_> {
         if options.retry_interval.is_none() {
             self.pause = (self.pause * 2).min(Duration::from_millis(10));
         }
+        self.session.settle_orphans();
         Ok(true)
     }
 }

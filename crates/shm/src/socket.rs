@@ -64,10 +64,7 @@ impl Drop for SubscriberPeer {
             return;
         };
         // Its doorbell, if any, has no one to wake: the subscriber is gone or leaving.
-        let (_, subscriber_left) = ring.finish();
-        if subscriber_left {
-            release_ring_left_untaken(&self.session, ring);
-        }
+        self.session.finish_producing(ring);
     }
 }
 
@@ -644,84 +641,8 @@ async fn wait_for_ring_room(looks: &RingLooks, deadline: Option<tokio::time::Ins
 
 impl Drop for ConnectionRing {
     fn drop(&mut self) {
-        let (wake, consumer_left) = self.ring.finish();
+        let wake = self.session.finish_producing(&mut self.ring);
         self.ring_doorbell(wake);
-        if consumer_left {
-            release_ring_left_untaken(&self.session, &self.ring);
-        }
-    }
-}
-
-/// For a producer whose `finish` found its consumer gone: releases what the consumer left.
-fn release_ring_left_untaken(session: &Session, ring: &RingProducer) {
-    match ring.untaken() {
-        Ok(mut untaken) => release_untaken(session, &mut untaken),
-        Err(error) => {
-            tracing::warn!(%error, "the entries a receiver left in its ring stay until the session ends");
-        }
-    }
-}
-
-/// Replaces `entry`, a ring entry naming a block that holds a record too large for the ring,
-/// by a copy of that record (read in place: the entry's reference keeps the block), and
-/// returns the block's segment and range, whose reference the caller gives back once the
-/// record's messages hold theirs.
-fn read_indirect_entry(
-    session: &Session,
-    entry: &mut Vec<u8>,
-) -> std::result::Result<(Arc<crate::segment::Segment>, WireRange), crate::error::ShmError> {
-    let (segment, range) = wire::decode_block_ref(entry)?;
-    let mapped = session.segment(segment)?;
-    let outside = |what: &str| crate::error::ShmError::BadDescriptor {
-        reason: format!("a ring entry's block {range} is outside its {what}"),
-    };
-    let bytes = range
-        .checked(0, mapped.len())
-        .ok_or_else(|| outside("segment"))?;
-    entry.clear();
-    entry.resize(bytes.len(), 0);
-    mapped
-        .copy_out(bytes.start, entry)
-        .ok_or_else(|| outside("data"))?;
-    Ok((mapped, range))
-}
-
-/// Releases the references held by the entries left in `ring`, whose reader is the last one
-/// at it (see `ring.rs`, "Peer death and drop"): their messages are materialised and dropped,
-/// counted nowhere (the sender counted them as not taken). Stops at an entry it cannot read
-/// (what follows stays until the session's memory is removed).
-fn release_untaken(session: &Session, ring: &mut RingConsumer) {
-    let mut entry = Vec::new();
-    let mut decoded = wire::decode_scratch();
-    let mut last_segment = None;
-    let mut n_released = 0u64;
-    let mut released = || -> std::result::Result<(), crate::error::ShmError> {
-        while let Some(kind) = ring.peek(&mut entry)? {
-            let indirect = match kind {
-                EntryKind::Record => None,
-                EntryKind::Indirect => Some(read_indirect_entry(session, &mut entry)?),
-            };
-            wire::decode_record_into(&entry, ring.delivery(), &mut decoded)?;
-            for part in decoded.parts.drain(..) {
-                drop(session.materialise(part, &mut last_segment)?);
-            }
-            n_released += decoded.record_lens.len() as u64;
-            ring.consume();
-            if let Some((mapped, range)) = indirect {
-                // The entry's reference to the block is given back.
-                drop(ShmBuffer::adopt_block(mapped, range));
-            }
-        }
-        Ok(())
-    };
-    if let Err(error) = released() {
-        tracing::warn!(%error, "an entry left in a ring could not be read: it and those after it stay until the session ends");
-    }
-    if n_released > 0 {
-        tracing::debug!(
-            n_messages = n_released,
-            "released the messages a receiver left untaken in its ring"
-        );
     }
 }
 
@@ -1366,9 +1287,7 @@ struct AdoptedRing {
 
 impl Drop for AdoptedRing {
     fn drop(&mut self) {
-        if self.ring.finish() {
-            release_untaken(&self.session, &mut self.ring);
-        }
+        self.session.finish_consuming(&mut self.ring);
     }
 }
 
@@ -1942,10 +1861,7 @@ impl Publisher {
             let Some(mut ring) = subscriber.ring.take() else {
                 continue;
             };
-            let (wake, subscriber_left) = ring.finish();
-            if subscriber_left {
-                release_ring_left_untaken(&subscriber.session, &ring);
-            }
+            let wake = subscriber.session.finish_producing(&mut ring);
             if wake.0 {
                 let identity = subscriber.identity.clone();
                 let _ = self.send_frame(&identity, self.doorbell.clone());
@@ -2813,9 +2729,11 @@ impl ShmSocket {
         // the record's messages are queued.
         let indirect = match kind {
             EntryKind::Record => None,
-            EntryKind::Indirect => {
-                Some(read_indirect_entry(&self.session, &mut self.entry).map_err(failed)?)
-            }
+            EntryKind::Indirect => Some(
+                self.session
+                    .read_indirect_entry(&mut self.entry)
+                    .map_err(failed)?,
+            ),
         };
         wire::decode_record_into(&self.entry, delivery, &mut self.decoded).map_err(failed)?;
         let unseen = unseen_objects(&self.decoded, &self.seen_memory);
@@ -2825,12 +2743,14 @@ impl ShmSocket {
         // The peer's identity is an `Arc`'s clone: no allocation per message.
         let peer = self.rings[ring_idx].peer.clone();
         let queued = self.queue_decoded(peer.as_ref());
-        if let Some((mapped, range)) = indirect {
-            // The entry's reference to the block is given back.
-            drop(ShmBuffer::adopt_block(mapped, range));
-        }
         // Taken out of the ring once its messages hold their blocks' references.
         self.rings[ring_idx].ring.consume();
+        if let Some((mapped, range)) = indirect {
+            // The entry's reference to the block is given back, after the entry left the
+            // ring: a receiver killed in between leaks it rather than have its sender, which
+            // releases what a dead receiver left, release it again.
+            drop(ShmBuffer::adopt_block(mapped, range));
+        }
         queued.map_err(|error| (ring_idx, error))?;
         Ok(FromRings::Queued)
     }

@@ -86,6 +86,14 @@ fn main() {
             receiver_exits_with_messages_queued,
         ),
         trial(
+            "a_sender_releases_what_a_receiver_killed_with_a_backlog_left_in_its_ring",
+            killed_receiver_backlog_released,
+        ),
+        trial(
+            "what_a_receiver_killed_after_its_sender_closed_left_is_released_when_memory_runs_short",
+            killed_receiver_backlog_released_after_close,
+        ),
+        trial(
             "a_publisher_that_exits_right_after_sending_loses_nothing",
             publisher_exits_right_after_sending,
         ),
@@ -1240,6 +1248,84 @@ fn receiver_exits_with_messages_queued() -> Result<()> {
             }
             other => bail!("closing with 20 messages never taken: {other:?}"),
         }
+    })
+}
+
+/// A push sends 30 messages of 1 MiB to a `taker` child, which takes 10 and waits: 20 MiB
+/// of the sender's 64 MiB segment are held by entries of the child's ring, so 48 MiB do not
+/// fit. Returns the push and the child.
+async fn backlog_of_a_taker(
+    session: &Session,
+    transport: &ShmTransport,
+    address: &str,
+) -> Result<(Channel, ChildRole)> {
+    let mut push = Channel::open(transport, push_with(address, 1000, 500), "data").await?;
+    push.bind_configured().await?;
+    let mut taker = ChildRole::spawn_held("taker", session, address, &[("COUNT", "10".into())]);
+    ensure!(taker.line().await? == "CONNECTED");
+    for msg_idx in 0..30 {
+        let mut message = transport.new_message(1 << 20).await?;
+        fill(&mut message, msg_idx);
+        push.send_timeout(message, STEP)
+            .await
+            .map_err(|failed| failed.error)?;
+    }
+    ensure!(taker.line().await? == "TOOK 10");
+    ensure!(
+        transport.try_new_message(48 << 20).is_none(),
+        "48 MiB fit beside a backlog of 20 MiB in a 64 MiB segment"
+    );
+    Ok((push, taker))
+}
+
+/// A receiver killed (SIGKILL) with 20 messages of 1 MiB left in its ring: once its sender
+/// finds the connection gone, the memory they held is free again. Before, it stayed until the
+/// session ended (a receiver restarted a few times filled its sender's segment).
+fn killed_receiver_backlog_released() -> Result<()> {
+    let session = Session::new("killedbacklog");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("killedbacklog");
+        let (mut push, mut taker) = backlog_of_a_taker(&session, &transport, &address).await?;
+        taker.child.kill().await?;
+        // Until the push sees the connection gone, a send goes into the dead receiver's ring;
+        // then, with no receiver left, one waits.
+        let mut n_probes = 0;
+        while push
+            .send_timeout(Message::from("probe"), Duration::from_millis(300))
+            .await
+            .is_ok()
+        {
+            n_probes += 1;
+            ensure!(n_probes < 100, "the push kept sending to a killed receiver");
+        }
+        ensure!(
+            transport.try_new_message(48 << 20).is_some(),
+            "what the killed receiver left untaken still holds its sender's memory"
+        );
+        Ok(())
+    })
+}
+
+/// The sender closes while its receiver lives (it may still take the backlog); then the
+/// receiver is killed. An allocation that finds the segment full looks at the receivers the
+/// sender left at their rings, finds this one dead and releases what it left.
+fn killed_receiver_backlog_released_after_close() -> Result<()> {
+    let session = Session::new("killedafterclose");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("killedafterclose");
+        let (mut push, mut taker) = backlog_of_a_taker(&session, &transport, &address).await?;
+        // Handed over to the receiver, which lives.
+        push.close().await?;
+        drop(push);
+        ensure!(transport.try_new_message(48 << 20).is_none());
+        taker.child.kill().await?;
+        tokio::time::timeout(STEP, transport.new_message(48 << 20))
+            .await
+            .context("the allocation never found room")?
+            .context("what the killed receiver left untaken still holds its sender's memory")?;
+        Ok(())
     })
 }
 
