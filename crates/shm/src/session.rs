@@ -344,6 +344,7 @@ impl Session {
         let mut decoded = crate::wire::decode_scratch();
         let mut last_segment = None;
         let mut n_released = 0u64;
+        let mut part_lost = None;
         let mut released = || -> Result<(), ShmError> {
             while let Some(kind) = ring.peek(&mut entry)? {
                 let indirect = match kind {
@@ -351,14 +352,21 @@ impl Session {
                     EntryKind::Indirect => Some(self.read_indirect_entry(&mut entry)?),
                 };
                 crate::wire::decode_record_into(&entry, ring.delivery(), &mut decoded)?;
-                let messages = decoded
+                // Every part the entry names, then the entry out of the ring, then the
+                // releases: a part that cannot be materialised is left (its reference stays),
+                // never tried again by anyone.
+                let parts = decoded
                     .parts
                     .drain(..)
                     .map(|part| self.materialise(part, &mut last_segment))
-                    .collect::<Result<Vec<_>, _>>()?;
+                    .collect::<Vec<_>>();
                 n_released += decoded.record_lens.len() as u64;
                 ring.consume();
-                drop(messages);
+                for part in parts {
+                    if let Err(error) = part {
+                        part_lost.get_or_insert(error);
+                    }
+                }
                 if let Some((mapped, range)) = indirect {
                     drop(ShmBuffer::adopt_block(mapped, range));
                 }
@@ -368,6 +376,9 @@ impl Session {
         match released() {
             Ok(()) => ring.settle(),
             Err(error) => Self::left_in_ring(&error),
+        }
+        if let Some(error) = part_lost {
+            Self::left_in_ring(&error);
         }
         if n_released > 0 {
             tracing::debug!(
