@@ -299,10 +299,12 @@ impl Session {
     }
 
     /// Closes `ring`, which this process consumed, for good: releases what is left in it if
-    /// its producer finished first.
+    /// its producer finished first (a producer in this process then stops watching it at
+    /// once; one in another process at its next look).
     pub(crate) fn finish_consuming(&self, ring: &mut RingConsumer) {
         if ring.finish() {
             self.release_untaken(ring);
+            self.settle_orphans();
         }
     }
 
