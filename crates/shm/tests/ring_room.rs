@@ -10,20 +10,8 @@ use std::time::Duration;
 use ferromq_core::{Channel, ChannelConfig, Message, Method, SocketType, Transport};
 use ferromq_shm::{ShmOptions, ShmTransport};
 
-/// Removes the session's shared memory and the ipc socket file when the test ends, passed or
-/// failed.
-struct Cleanup {
-    session: String,
-    ipc_path: std::path::PathBuf,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let uid = ferromq_shm::names::current_uid();
-        let _ = ferromq_shm::cleanup::clean_session(uid, &self.session, true);
-        let _ = std::fs::remove_file(&self.ipc_path);
-    }
-}
+mod support;
+use support::TestSession;
 
 /// A bound rep (or pair) and a connected req (or pair) of one transport (one segment), with
 /// `allocation_timeout`.
@@ -31,25 +19,19 @@ async fn pair_of_channels(
     name: &str,
     allocation_timeout: Duration,
     (bound, connecting): (SocketType, SocketType),
-) -> (ShmTransport, Channel, Channel, Cleanup) {
-    let session = format!("ring-room-{name}-{}", std::process::id());
-    let ipc_path = std::env::temp_dir().join(format!("ferromq-{session}.ipc"));
-    let cleanup = Cleanup {
-        session: session.clone(),
-        ipc_path: ipc_path.clone(),
-    };
-    let transport = ShmTransport::new(ShmOptions {
-        session,
+) -> (ShmTransport, Channel, Channel, TestSession) {
+    let session = TestSession::new(&format!("ring-room-{name}"));
+    let transport = session.transport(ShmOptions {
         segment_size: 4 << 20,
         allocation_timeout,
         ..ShmOptions::default()
     });
-    let address = format!("ipc://{}", ipc_path.display());
+    let address = session.address();
     let mut server = open(&transport, bound, Method::Bind, &address).await;
     server.bind_configured().await.unwrap();
     let mut client = open(&transport, connecting, Method::Connect, &address).await;
     client.connect_configured().await.unwrap();
-    (transport, server, client, cleanup)
+    (transport, server, client, session)
 }
 
 /// Channel `data` of `transport` at `address`, not bound or connected yet.
@@ -111,7 +93,7 @@ async fn a_request_whose_ring_finds_the_segment_full_waits_for_room_then_goes() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_finds_no_room_for_its_ring_fails_after_the_allocation_timeout() {
-    let (transport, _rep, mut req, _cleanup) = pair_of_channels(
+    let (transport, _rep, mut req, session) = pair_of_channels(
         "timeout",
         Duration::from_millis(400),
         (SocketType::Rep, SocketType::Req),
@@ -136,7 +118,7 @@ async fn a_request_that_finds_no_room_for_its_ring_fails_after_the_allocation_ti
         source = cause.source();
     }
     assert!(
-        text.contains(&format!("ring-room-timeout-{}", std::process::id()))
+        text.contains(session.name())
             && text.contains("has no room")
             && text.contains("after waiting"),
         "the error names the segment and its wait: {text}"
@@ -145,7 +127,7 @@ async fn a_request_that_finds_no_room_for_its_ring_fails_after_the_allocation_ti
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_puller_that_connected_while_the_segment_was_full_gets_messages_once_room_comes() {
-    let (transport, mut push, mut first_pull, cleanup) = pair_of_channels(
+    let (transport, mut push, mut first_pull, session) = pair_of_channels(
         "push",
         Duration::from_secs(30),
         (SocketType::Push, SocketType::Pull),
@@ -155,7 +137,7 @@ async fn a_puller_that_connected_while_the_segment_was_full_gets_messages_once_r
     push.send(Message::from("one")).await.unwrap();
     assert_eq!(first_pull.receive().await.unwrap().data(), b"one");
     let held = fill_segment(&transport);
-    let address = format!("ipc://{}", cleanup.ipc_path.display());
+    let address = session.address();
     let mut second_pull = open(&transport, SocketType::Pull, Method::Connect, &address).await;
     second_pull.connect_configured().await.unwrap();
     // Its handshake completes in the background: give the push's task time to take the new

@@ -9,20 +9,8 @@ use std::time::Duration;
 use ferromq_core::{Channel, ChannelConfig, Message, Method, SocketType, Transport};
 use ferromq_shm::{ShmOptions, ShmTransport};
 
-/// Removes the session's shared memory and the ipc socket file when the test ends, passed or
-/// failed.
-struct Cleanup {
-    session: String,
-    ipc_path: std::path::PathBuf,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let uid = ferromq_shm::names::current_uid();
-        let _ = ferromq_shm::cleanup::clean_session(uid, &self.session, true);
-        let _ = std::fs::remove_file(&self.ipc_path);
-    }
-}
+mod support;
+use support::TestSession;
 
 const SEGMENT: usize = 8 << 20;
 const MESSAGE: usize = 64 << 10;
@@ -37,19 +25,13 @@ const PUSH_PULL: (SocketType, SocketType) = (SocketType::Push, SocketType::Pull)
 async fn stream_with_untaken(
     name: &str,
     (sending, receiving): (SocketType, SocketType),
-) -> (ShmTransport, Channel, Channel, Cleanup) {
-    let session = format!("untaken-{name}-{}", std::process::id());
-    let ipc_path = std::env::temp_dir().join(format!("ferromq-{session}.ipc"));
-    let cleanup = Cleanup {
-        session: session.clone(),
-        ipc_path: ipc_path.clone(),
-    };
-    let transport = ShmTransport::new(ShmOptions {
-        session,
+) -> (ShmTransport, Channel, Channel, TestSession) {
+    let session = TestSession::new(&format!("untaken-{name}"));
+    let transport = session.transport(ShmOptions {
         segment_size: SEGMENT,
         ..ShmOptions::default()
     });
-    let address = format!("ipc://{}", ipc_path.display());
+    let address = session.address();
     let mut config = ChannelConfig::new("data", sending, Method::Bind).with_address(&address);
     // A close waits this long for the receiver to take what is left.
     config.linger = 100;
@@ -87,7 +69,7 @@ async fn stream_with_untaken(
     for _ in 0..TAKEN {
         assert_eq!(pull.receive().await.unwrap().data().len(), MESSAGE);
     }
-    (transport, push, pull, cleanup)
+    (transport, push, pull, session)
 }
 
 /// Whether the sender's segment has room for 6 MiB (it has not while the untaken messages

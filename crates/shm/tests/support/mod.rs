@@ -1,0 +1,47 @@
+//! What the in-process shmem tests share: a session of their own whose shared memory and ipc
+//! socket file are removed when the test ends, passed or failed.
+
+use std::path::PathBuf;
+
+use ferromq_shm::{ShmOptions, ShmTransport};
+
+pub struct TestSession {
+    name: String,
+    ipc_path: PathBuf,
+}
+
+impl TestSession {
+    /// Session `<tag>-<pid>`, with an ipc address in the temporary directory.
+    pub fn new(tag: &str) -> TestSession {
+        let name = format!("{tag}-{}", std::process::id());
+        let ipc_path = std::env::temp_dir().join(format!("ferromq-{name}.ipc"));
+        TestSession { name, ipc_path }
+    }
+
+    /// The session's name, as object names and errors show it.
+    #[allow(dead_code, reason = "not every test file that has this module asks")]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The session's ipc address.
+    pub fn address(&self) -> String {
+        format!("ipc://{}", self.ipc_path.display())
+    }
+
+    /// A transport of this session with `options` (their session replaced).
+    pub fn transport(&self, options: ShmOptions) -> ShmTransport {
+        ShmTransport::new(ShmOptions {
+            session: self.name.clone(),
+            ..options
+        })
+    }
+}
+
+impl Drop for TestSession {
+    fn drop(&mut self) {
+        let uid = ferromq_shm::names::current_uid();
+        let _ = ferromq_shm::cleanup::clean_session(uid, &self.name, true);
+        let _ = std::fs::remove_file(&self.ipc_path);
+    }
+}
