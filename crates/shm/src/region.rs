@@ -9,7 +9,7 @@
 //! and immediately again while they hold entries, so acknowledgements are batched under load and
 //! never held back when idle (FairMQ could wait up to 500 ms). A release never waits for the
 //! creator: one that finds its ring full (the creator stopped or slow) is queued in the process
-//! and moved into the ring, in order, by a short-lived thread of its own (see [`AckProducer`]).
+//! and moved into the ring, in order, by a short-lived thread of its own (see `AckProducer`).
 //!
 //! # Ownership
 //! The region's bytes are the creator's; a range lent to a message in flight cannot be written

@@ -20,7 +20,8 @@
 //! 136  consumer u32  pid of the process that adopted the ring (0 before)
 //! 140  hungry u32    1: the consumer looked and found nothing (it wants entries published)
 //! 144  rung_at u64   when the producer last rang the doorbell (CLOCK_MONOTONIC, ns)
-//! 152  finished u32  which side finished with the ring first: 1 the producer, 2 the consumer
+//! 152  finished u32  which end finished with the ring first: 1 the producer, 2 the consumer;
+//!                    3 once the last end released what was left
 //! 256  data          RING_DATA bytes: entries at offsets that are multiples of 8
 //! entry := len u32 | kind u32 | len bytes | padding to 8      (kind 0: a record;
 //!          len u32::MAX: the rest up to the end is skipped    kind 1: a block holding one)
@@ -295,7 +296,7 @@ impl RingProducer {
 
     /// Closes the ring and marks the producer finished with it (see "Peer death and drop"):
     /// whether the consumer finished first, which leaves what it did not take to the producer
-    /// ([`RingProducer::untaken`]), and whether it must get a doorbell.
+    /// ([`RingProducer::orphan`]), and whether it must get a doorbell.
     pub(crate) fn finish(&mut self) -> (Wake, bool) {
         let wake = self.close();
         let consumer_left = RingFinish {

@@ -122,7 +122,7 @@ struct PairSide {
     doorbell: Arc<[u8]>,
     /// The entry being written into the ring (reused: no allocation per message).
     entry: Vec<u8>,
-    /// A connection [`PairSide::wait_for_peer`] saw come.
+    /// A connection [`RingSender::wait_for_peer`] saw come.
     next_link: Option<Arc<ferromq_zmq::PeerLink>>,
 }
 
