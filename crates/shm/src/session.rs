@@ -235,7 +235,7 @@ impl Session {
         }
         // Full: only now is the clock read. A receiver killed with a backlog may hold room.
         self.settle_orphans();
-        let started = Instant::now();
+        let mut wait = self.room_wait();
         // While the receivers keep releasing blocks (the usual case for large messages: the
         // segment holds only so many), room comes back within microseconds: look again after
         // yielding (which also lets this process's own socket tasks send on) before sleeping a
@@ -243,7 +243,7 @@ impl Session {
         // allocation succeeds again, so a stalled receiver costs no CPU.
         let spin_for = SPIN_ON_FULL.min(self.options.allocation_timeout);
         if self.spin_on_full.load(Ordering::Relaxed) && !spin_for.is_zero() {
-            while started.elapsed() < spin_for {
+            while wait.started.elapsed() < spin_for {
                 tokio::task::yield_now().await;
                 if let Some(buffer) = owned.allocate(size) {
                     return Ok(buffer);
@@ -251,20 +251,9 @@ impl Session {
             }
             self.spin_on_full.store(false, Ordering::Relaxed);
         }
-        let mut pause = self
-            .options
-            .retry_interval
-            .unwrap_or(Duration::from_micros(100));
         loop {
-            let waited = started.elapsed();
-            if waited >= self.options.allocation_timeout {
-                return Err(owned.full_error(size, waited.as_millis() as u64));
-            }
-            tokio::time::sleep(pause.min(self.options.allocation_timeout - waited)).await;
-            if self.options.retry_interval.is_none() {
-                pause = (pause * 2).min(Duration::from_millis(10));
-            }
-            self.settle_orphans();
+            // No deadline but the allocation timeout: it pauses or fails.
+            wait.pause(size, None).await?;
             if let Some(buffer) = owned.allocate(size) {
                 self.spin_on_full.store(true, Ordering::Relaxed);
                 return Ok(buffer);
@@ -278,13 +267,11 @@ impl Session {
     /// doorbell.
     pub(crate) fn finish_producing(&self, ring: &mut RingProducer) -> Wake {
         let (wake, consumer_left) = ring.finish();
-        let orphan = if consumer_left || ring.consumer_pid() != 0 {
-            ring.orphan()
-        } else {
+        if !consumer_left && ring.consumer_pid() == 0 {
             // Never adopted: nothing is known of a consumer to watch.
             return wake;
-        };
-        match orphan {
+        }
+        match ring.orphan() {
             Ok(orphan) if consumer_left => match orphan.reader() {
                 Ok(mut reader) => self.release_untaken(&mut reader),
                 Err(error) => Self::left_in_ring(&error),
@@ -415,8 +402,8 @@ impl Session {
     }
 
     /// The wait of something that needs room in this process's segment and found none (a
-    /// connection's descriptor ring), starting now: it waits as a message's allocation does,
-    /// up to the allocation timeout.
+    /// message's block, a connection's descriptor ring), starting now, up to the allocation
+    /// timeout.
     pub(crate) fn room_wait(&self) -> RoomWait<'_> {
         RoomWait {
             session: self,
