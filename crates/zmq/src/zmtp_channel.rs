@@ -53,6 +53,8 @@ use crate::zmtp;
 /// The most messages, and about the most bytes, a writer takes at a time.
 const BATCH_MESSAGES: usize = 128;
 const BATCH_BYTES: usize = 1 << 20;
+/// The most whole messages a connection's reader decodes before it puts them in the inbox.
+const INBOX_BATCH: usize = 256;
 /// A frame body at least this long is written from its own buffer instead of being copied.
 const COPY_LIMIT: usize = 16 * 1024;
 /// A queued message's frames: a single-part message keeps its one frame inline, so queueing it
@@ -214,7 +216,7 @@ struct Shared {
     pattern: Pattern,
     /// Whole messages received (pair), for `receive`; bounded by `rcvBufSize`, so a full one
     /// stops reading the connection and the peer's sends wait.
-    inbox: tokio::sync::mpsc::Sender<Parts>,
+    inbox: Inbox,
     rules: crate::PeerRules,
     identity: String,
     state: Mutex<State>,
@@ -250,7 +252,16 @@ struct State {
     /// push) and a busy one is skipped (it takes more when it is done). A writer leaves the list
     /// when it takes a batch, and takes only its share while others wait: a sender that queues
     /// two messages at a time would otherwise feed one peer only, the first woken taking both.
-    idle: VecDeque<Arc<Notify>>,
+    /// A writer woken and not yet back is not woken again (a wake-up per message, when the
+    /// writers were all woken already, was a twentieth of a 64-byte sender's time).
+    idle: VecDeque<IdleWriter>,
+}
+
+/// A writer waiting for work.
+struct IdleWriter {
+    writer: Arc<Notify>,
+    /// Woken since it last found the queue empty.
+    woken: bool,
 }
 
 impl State {
@@ -258,16 +269,117 @@ impl State {
         self.queue.len() + self.held
     }
 
-    /// Wakes the next idle writer, if any waits.
+    /// Wakes the next idle writer not woken yet, if any.
     fn wake_a_writer(&mut self) {
-        if let Some(writer) = self.idle.pop_front() {
-            writer.notify_one();
-            self.idle.push_back(writer);
+        let Some(position) = self.idle.iter().position(|idle| !idle.woken) else {
+            return;
+        };
+        if let Some(mut idle) = self.idle.remove(position) {
+            idle.writer.notify_one();
+            idle.woken = true;
+            self.idle.push_back(idle);
+        }
+    }
+
+    /// `writer` found nothing queued and waits: the next message may wake it.
+    fn wait_for_work(&mut self, writer: &Arc<Notify>) {
+        match self
+            .idle
+            .iter_mut()
+            .find(|idle| Arc::ptr_eq(&idle.writer, writer))
+        {
+            Some(idle) => idle.woken = false,
+            None => self.idle.push_back(IdleWriter {
+                writer: Arc::clone(writer),
+                woken: false,
+            }),
         }
     }
 
     fn forget_writer(&mut self, writer: &Arc<Notify>) {
-        self.idle.retain(|idle| !Arc::ptr_eq(idle, writer));
+        self.idle.retain(|idle| !Arc::ptr_eq(&idle.writer, writer));
+    }
+}
+
+/// Whole messages on their way from the connections' readers to `receive`, handed over in
+/// batches: a reader puts what it decoded from one read in under one lock, and `receive` takes
+/// everything there under one lock when its own batch is used up. (A channel operation per
+/// message, tokio's bounded `mpsc`, was a quarter of a 64-byte receiver's time.)
+///
+/// `rcvBufSize` bounds the messages between the readers and the device: those in the inbox
+/// plus those of the receiver's batch, which count until it comes back for more. Room is a
+/// semaphore's permits, one a message: a reader acquires them for what it puts in, the
+/// receiver gives back its batch's when it takes the next. The semaphore queues readers that
+/// wait for room first come, first served, so connections with more to put in take turns
+/// (fan-in stays fair).
+struct Inbox {
+    state: Mutex<InboxState>,
+    capacity: usize,
+    room: tokio::sync::Semaphore,
+    /// Messages were put in (one permit: the receiver is the only one to wait on it).
+    arrived: Notify,
+}
+
+#[derive(Default)]
+struct InboxState {
+    queue: VecDeque<Parts>,
+    /// The messages of the receiver's batch, whose room it gives back when it takes the next.
+    taken: usize,
+}
+
+impl Inbox {
+    fn new(capacity: usize) -> Inbox {
+        let capacity = capacity.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        Inbox {
+            state: Mutex::new(InboxState::default()),
+            capacity,
+            room: tokio::sync::Semaphore::new(capacity),
+            arrived: Notify::new(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, InboxState> {
+        // Nothing panics while holding the lock; a poisoned lock's data is still whole.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The next message of the receiver's `batch`, taking the next batch when it is used up.
+    fn next(&self, batch: &mut VecDeque<Parts>) -> Option<Parts> {
+        if batch.is_empty() {
+            let used_up = {
+                let mut state = self.state();
+                std::mem::swap(&mut state.queue, batch);
+                std::mem::replace(&mut state.taken, batch.len())
+            };
+            if used_up > 0 {
+                self.room.add_permits(used_up);
+            }
+        }
+        batch.pop_front()
+    }
+
+    /// Puts `ready` into the inbox, in order, waiting for room as often as it takes (the
+    /// peer's sends wait meanwhile). Cancel-safe: what is not in the inbox stays in `ready`.
+    async fn put(&self, ready: &mut Vec<Parts>) {
+        while !ready.is_empty() {
+            let wanted = ready.len().min(self.capacity);
+            let n_permits = u32::try_from(wanted).unwrap_or(u32::MAX);
+            let permits = match self.room.try_acquire_many(n_permits) {
+                Ok(permits) => permits,
+                // The semaphore is never closed.
+                Err(_) => match self.room.acquire_many(n_permits).await {
+                    Ok(permits) => permits,
+                    Err(_) => return,
+                },
+            };
+            // Each permit now stands for a message in the inbox, until the receiver is done
+            // with it.
+            permits.forget();
+            self.state().queue.extend(ready.drain(..n_permits as usize));
+            self.arrived.notify_one();
+        }
     }
 }
 
@@ -321,9 +433,7 @@ impl Shared {
     fn take_batch(&self, writer: &Arc<Notify>) -> Option<Vec<Frames>> {
         let mut state = self.state();
         if state.queue.is_empty() {
-            if !state.idle.iter().any(|idle| Arc::ptr_eq(idle, writer)) {
-                state.idle.push_back(Arc::clone(writer));
-            }
+            state.wait_for_work(writer);
             return None;
         }
         state.forget_writer(writer);
@@ -365,7 +475,8 @@ impl Shared {
 /// A push or pair socket over tcp and ipc (see the module docs).
 pub(crate) struct ZmtpChannel {
     shared: Arc<Shared>,
-    inbox: tokio::sync::mpsc::Receiver<Parts>,
+    /// Messages taken from the inbox, handed out by `receive` one at a time.
+    batch: VecDeque<Parts>,
     snd_buf_size: usize,
     bound_ipc_paths: Vec<PathBuf>,
     /// The accepting tasks: `close` waits for them to end, so that their addresses are free
@@ -382,13 +493,12 @@ impl ZmtpChannel {
         figures: Arc<ferromq_core::SendFigures>,
         report_peers: bool,
     ) -> ZmtpChannel {
-        let (inbox_sender, inbox) = tokio::sync::mpsc::channel(rcv_buf_size.max(1));
         ZmtpChannel {
-            inbox,
+            batch: VecDeque::new(),
             shared: Arc::new(Shared {
                 label: label.clone(),
                 pattern,
-                inbox: inbox_sender,
+                inbox: Inbox::new(rcv_buf_size),
                 rules,
                 identity: crate::handshake::identity(rules),
                 state: Mutex::new(State::default()),
@@ -587,7 +697,7 @@ impl ZmtpChannel {
 
     /// The next message if one is in the inbox already, without waiting.
     pub(crate) fn try_receive(&mut self) -> Option<Parts> {
-        self.inbox.try_recv().ok()
+        self.shared.inbox.next(&mut self.batch)
     }
 
     /// Waits (at most `timeout`) for a peer and room, then queues `parts`: a reservation and a
@@ -634,12 +744,12 @@ impl ZmtpChannel {
             if let Some(mismatch) = self.shared.state().mismatch {
                 return Err(mismatch.error(label));
             }
+            if let Some(parts) = self.shared.inbox.next(&mut self.batch) {
+                return Ok(parts);
+            }
+            // A reader that put messages in since left a permit: no wake-up is missed.
             tokio::select! {
-                received = self.inbox.recv() => {
-                    // The sender lives in `shared`, which this channel holds.
-                    let parts = received.expect("the inbox's sender lives as long as the channel");
-                    return Ok(parts);
-                }
+                () = self.shared.inbox.arrived.notified() => {}
                 () = progressed => {}
             }
         }
@@ -1062,6 +1172,9 @@ async fn read_until_gone(
     (mut decoder, peer_identity): (zmtp::Decoder, &Bytes),
 ) -> std::convert::Infallible {
     let mut parts = Parts::new();
+    // Whole messages decoded, not yet in the inbox: put in together, at most `INBOX_BATCH` at
+    // a time and before the next read.
+    let mut ready: Vec<Parts> = Vec::new();
     let why = 'reading: loop {
         loop {
             let frame = match decoder.next_frame() {
@@ -1092,16 +1205,22 @@ async fn read_until_gone(
                     }
                     parts.push(body);
                     if !more {
-                        // Waits while the inbox is full: the peer's sends then wait too.
-                        let _ = shared.inbox.send(std::mem::take(&mut parts)).await;
+                        ready.push(std::mem::take(&mut parts));
+                        if ready.len() >= INBOX_BATCH {
+                            // Waits while the inbox is full: the peer's sends then wait too.
+                            shared.inbox.put(&mut ready).await;
+                        }
                     }
                 }
             }
         }
+        shared.inbox.put(&mut ready).await;
         if let Err(end) = connection.read_more(stream, &mut decoder).await {
             break end;
         }
     };
+    // What came whole before a protocol error is the peer's, as what came before its end.
+    shared.inbox.put(&mut ready).await;
     *connection
         .ended
         .lock()
@@ -1222,4 +1341,149 @@ async fn write_batch(
         }
     }
     (batch.len(), None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn numbered(idx: u8) -> Parts {
+        let mut parts = Parts::new();
+        parts.push(Message::from(vec![idx]));
+        parts
+    }
+
+    fn number(parts: &Parts) -> u8 {
+        parts.iter().next().expect("one part").data()[0]
+    }
+
+    /// The inbox hands messages over in order and holds no more than its capacity, counting
+    /// the receiver's batch until the receiver comes back for more; a reader waits for room
+    /// and goes on when the receiver takes from the full inbox.
+    #[tokio::test]
+    async fn the_inbox_bounds_what_the_receiver_has_not_used_up() {
+        let inbox = Inbox::new(3);
+        let mut ready: Vec<Parts> = (0..5).map(numbered).collect();
+        // Three fit; the reader waits with two.
+        let put = tokio::time::timeout(Duration::from_millis(50), inbox.put(&mut ready)).await;
+        assert!(put.is_err(), "a full inbox makes the reader wait");
+        assert_eq!(ready.len(), 2);
+        let mut batch = VecDeque::new();
+        assert_eq!(inbox.next(&mut batch).as_ref().map(number), Some(0));
+        // The batch's other two still count: no room yet.
+        let put = tokio::time::timeout(Duration::from_millis(50), inbox.put(&mut ready)).await;
+        assert!(
+            put.is_err(),
+            "the receiver's batch counts against the capacity"
+        );
+        assert_eq!(inbox.next(&mut batch).as_ref().map(number), Some(1));
+        assert_eq!(inbox.next(&mut batch).as_ref().map(number), Some(2));
+        // A waiting reader goes on once the receiver comes back to the full inbox.
+        let waiting = async {
+            inbox.put(&mut ready).await;
+            assert!(ready.is_empty());
+        };
+        let taking = async {
+            tokio::task::yield_now().await;
+            assert!(inbox.next(&mut batch).is_none(), "nothing was put in yet");
+            // The reader, woken, puts the rest in (an earlier put left a permit: look again).
+            let third = tokio::time::timeout(Duration::from_secs(5), async {
+                loop {
+                    if let Some(parts) = inbox.next(&mut batch) {
+                        return parts;
+                    }
+                    inbox.arrived.notified().await;
+                }
+            })
+            .await
+            .expect("the reader puts the rest in");
+            assert_eq!(number(&third), 3);
+            assert_eq!(inbox.next(&mut batch).as_ref().map(number), Some(4));
+            assert!(inbox.next(&mut batch).is_none());
+        };
+        tokio::join!(waiting, taking);
+    }
+
+    /// Two connections with more to put in than the inbox holds take turns: neither waits
+    /// until the other has put everything in.
+    #[tokio::test]
+    async fn readers_of_a_full_inbox_take_turns() {
+        let inbox = Arc::new(Inbox::new(4));
+        // Each connection's reader is a task of its own.
+        let readers: Vec<_> = [0u8, 100]
+            .into_iter()
+            .map(|from| {
+                let inbox = Arc::clone(&inbox);
+                tokio::spawn(async move {
+                    let mut ready: Vec<Parts> = (from..from + 40).map(numbered).collect();
+                    inbox.put(&mut ready).await;
+                })
+            })
+            .collect();
+        let mut order = Vec::new();
+        let mut batch = VecDeque::new();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while order.len() < 80 {
+                match inbox.next(&mut batch) {
+                    Some(parts) => order.push(number(&parts)),
+                    None => inbox.arrived.notified().await,
+                }
+            }
+        })
+        .await
+        .expect("every message arrives");
+        for reader in readers {
+            reader.await.expect("a reader");
+        }
+        // Each connection's messages in its order.
+        for from in [0u8, 100] {
+            let own: Vec<u8> = order
+                .iter()
+                .copied()
+                .filter(|idx| idx / 100 == from / 100)
+                .collect();
+            assert_eq!(own, (from..from + 40).collect::<Vec<u8>>());
+        }
+        // Turns of one full inbox each once both wait for room (the first may put more in
+        // before the second is there), until one connection has put everything in.
+        let runs: Vec<usize> = order
+            .chunk_by(|a, b| a / 100 == b / 100)
+            .map(<[u8]>::len)
+            .collect();
+        let turns = &runs[1..runs.len() - 1];
+        assert!(
+            turns.len() >= 8 && turns.iter().all(|&run| run <= 4),
+            "connections did not take turns: {order:?}"
+        );
+    }
+
+    /// Whether `writer` holds a wake-up (taking it).
+    fn was_woken(writer: &Notify) -> bool {
+        use futures::FutureExt;
+        writer.notified().now_or_never().is_some()
+    }
+
+    /// Queued messages wake the idle writers in turn (round robin), each once until it comes
+    /// back for work and finds none; then the next message wakes it again.
+    #[test]
+    fn idle_writers_are_woken_in_turn_and_once() {
+        let (first, second) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let mut state = State::default();
+        state.wait_for_work(&first);
+        state.wait_for_work(&second);
+        state.wake_a_writer();
+        assert!(was_woken(&first) && !was_woken(&second));
+        state.wake_a_writer();
+        assert!(was_woken(&second));
+        // Both woken, neither back yet: no more wake-ups.
+        state.wake_a_writer();
+        assert!(!was_woken(&first) && !was_woken(&second));
+        // The first comes back to an empty queue and waits again.
+        state.wait_for_work(&first);
+        state.wake_a_writer();
+        assert!(was_woken(&first) && !was_woken(&second));
+        // A writer that takes a batch leaves the list.
+        state.forget_writer(&second);
+        assert_eq!(state.idle.len(), 1);
+    }
 }
