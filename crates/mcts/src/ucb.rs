@@ -1,9 +1,13 @@
 //! UCB1 selection over a node's edges, shared by the distributed and the plain search.
 //!
 //! Choosing an edge is the innermost loop of a search (a rollout chooses at every node on its
-//! way down, over every legal move: 121 on an empty 11×11 board). Each [`Arm`] keeps its mean
-//! and `1/√n` ready, updated when its count changes, and [`Arms`] keeps the sum of the counts,
-//! so a choice is one multiply-add per edge instead of a sum, a division and a square root.
+//! way down, over every legal move: 121 on an empty 11×11 board). [`Arms`] keeps each edge's
+//! mean and `1/√n` ready, updated when its count changes, and the sum of the counts, so a
+//! choice is one multiply-add per edge instead of a sum, a division and a square root. The
+//! means and the `1/√n` lie in arrays of their own, apart from the counts, and the choice scans
+//! them in [`LANES`] interleaved runs: half the memory to read, and a loop the compiler turns
+//! into vector instructions (in a profile of a one-playout worker the choice went from 16 % to
+//! 11 % of its time, most of the rest the first look at the node's arms, a cache miss).
 //! Edges never chosen (an infinite bound) are handed out first, in order, and only then get an
 //! arm: most nodes of a big tree are left after a few choices, and an arm for each of their
 //! hundred edges made up and faulted in most of a search's memory (a quarter of its time in
@@ -12,17 +16,13 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-/// One edge's count and score, and what selection reads of them.
+/// One edge's count and score.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Arm {
     /// Playouts counted through the edge (with the distributed search's virtual losses).
     n: u64,
     /// Their summed score for the player who makes the move.
     score: f64,
-    /// `score / n` (0 while `n` is 0).
-    mean: f64,
-    /// `1 / √n` (0 while `n` is 0).
-    rsqrt: f64,
 }
 
 impl Arm {
@@ -36,21 +36,28 @@ impl Arm {
         self.score
     }
 
-    fn refresh(&mut self) {
+    /// What selection reads of it: `score / n` and `1 / √n` (both 0 while `n` is 0).
+    fn mean_and_rsqrt(&self) -> (f64, f64) {
         if self.n == 0 {
-            (self.mean, self.rsqrt) = (0.0, 0.0);
+            (0.0, 0.0)
         } else {
             let n = self.n as f64;
-            (self.mean, self.rsqrt) = (self.score / n, n.sqrt().recip());
+            (self.score / n, n.sqrt().recip())
         }
     }
 }
+
+/// How many runs a choice scans the arms in at once.
+const LANES: usize = 4;
 
 /// The edges of one node as selection sees them.
 #[derive(Debug, Clone)]
 pub(crate) struct Arms {
     /// The arms of the edges chosen so far (`0..arms.len()`); the others count nothing.
     arms: Vec<Arm>,
+    /// Each arm's `score / n` and `1 / √n`, by index ([`Arm::mean_and_rsqrt`]).
+    means: Vec<f64>,
+    rsqrts: Vec<f64>,
     /// The number of edges.
     len: usize,
     /// The sum of the arms' counts.
@@ -58,18 +65,15 @@ pub(crate) struct Arms {
 }
 
 /// What an edge never chosen counts.
-const UNTRIED: Arm = Arm {
-    n: 0,
-    score: 0.0,
-    mean: 0.0,
-    rsqrt: 0.0,
-};
+const UNTRIED: Arm = Arm { n: 0, score: 0.0 };
 
 impl Arms {
     /// `len` arms that count nothing yet.
     pub(crate) fn new(len: usize) -> Arms {
         Arms {
             arms: Vec::new(),
+            means: Vec::new(),
+            rsqrts: Vec::new(),
             len,
             total: 0,
         }
@@ -89,17 +93,54 @@ impl Arms {
     pub(crate) fn choose(&mut self, exploration: f64) -> Option<usize> {
         if self.arms.len() < self.len {
             self.arms.push(UNTRIED);
+            self.means.push(0.0);
+            self.rsqrts.push(0.0);
             return Some(self.arms.len() - 1);
         }
+        if self.arms.is_empty() {
+            return None;
+        }
         let weight = exploration * (self.total.max(1) as f64).ln().sqrt();
-        let mut best = (f64::NEG_INFINITY, None);
-        for (idx, arm) in self.arms.iter().enumerate() {
-            let bound = arm.mean + weight * arm.rsqrt;
-            if bound > best.0 {
-                best = (bound, Some(idx));
+        // Lane `l` keeps the best of the arms `l`, `l + LANES`, ... (the first of equals);
+        // then the best lane, the lowest index of equals: the first arm with the highest
+        // bound, as a plain scan finds it.
+        let mut best = [f64::NEG_INFINITY; LANES];
+        let mut best_idx = [usize::MAX; LANES];
+        let means = self.means.chunks_exact(LANES);
+        let rsqrts = self.rsqrts.chunks_exact(LANES);
+        let (tail_means, tail_rsqrts) = (means.remainder(), rsqrts.remainder());
+        for (chunk_idx, (means, rsqrts)) in means.zip(rsqrts).enumerate() {
+            for lane in 0..LANES {
+                let bound = means[lane] + weight * rsqrts[lane];
+                if bound > best[lane] {
+                    best[lane] = bound;
+                    best_idx[lane] = chunk_idx * LANES + lane;
+                }
             }
         }
-        best.1
+        let tail_start = self.arms.len() - tail_means.len();
+        for (lane, (mean, rsqrt)) in tail_means.iter().zip(tail_rsqrts).enumerate() {
+            let bound = mean + weight * rsqrt;
+            if bound > best[lane] {
+                best[lane] = bound;
+                best_idx[lane] = tail_start + lane;
+            }
+        }
+        let mut chosen = (f64::NEG_INFINITY, usize::MAX);
+        for (bound, idx) in best.into_iter().zip(best_idx) {
+            if bound > chosen.0 || (bound == chosen.0 && idx < chosen.1) {
+                chosen = (bound, idx);
+            }
+        }
+        // A bound that is NaN everywhere (an exploration of NaN) chooses the first arm.
+        Some(if chosen.1 == usize::MAX { 0 } else { chosen.1 })
+    }
+
+    /// Keeps what selection reads of the arm at `idx` up to date with its counts.
+    fn refresh(&mut self, idx: usize) {
+        let (mean, rsqrt) = self.arms[idx].mean_and_rsqrt();
+        self.means[idx] = mean;
+        self.rsqrts[idx] = rsqrt;
     }
 
     /// Counts `n` more playouts scoring `score` through the arm at `idx` (one not chosen yet:
@@ -108,8 +149,8 @@ impl Arms {
         if let Some(arm) = self.arms.get_mut(idx) {
             arm.n += n;
             arm.score += score;
-            arm.refresh();
             self.total += n;
+            self.refresh(idx);
         }
     }
 
@@ -118,8 +159,8 @@ impl Arms {
         if let Some(arm) = self.arms.get_mut(idx) {
             let n = n.min(arm.n);
             arm.n -= n;
-            arm.refresh();
             self.total -= n;
+            self.refresh(idx);
         }
     }
 }
