@@ -232,6 +232,8 @@ impl Game for Hex {
         if self.winner.is_some() {
             return;
         }
+        // One allocation for all of them, not one per doubling (six for an empty 11x11 board).
+        moves.reserve(usize::from(self.n_empty));
         moves.extend(
             self.cells
                 .iter()
