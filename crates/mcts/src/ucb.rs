@@ -3,11 +3,13 @@
 //! Choosing an edge is the innermost loop of a search (a rollout chooses at every node on its
 //! way down, over every legal move: 121 on an empty 11×11 board). [`Arms`] keeps each edge's
 //! mean and `1/√n` ready, updated when its count changes, and the sum of the counts, so a
-//! choice is one multiply-add per edge instead of a sum, a division and a square root. The
-//! means and the `1/√n` lie in arrays of their own, apart from the counts, and the choice scans
-//! them in [`LANES`] interleaved runs: half the memory to read, and a loop the compiler turns
-//! into vector instructions (in a profile of a one-playout worker the choice went from 16 % to
-//! 11 % of its time, most of the rest the first look at the node's arms, a cache miss).
+//! choice is one multiply-add per edge instead of a sum, a division and a square root. The arms
+//! lie in chunks of [`LANES`], each field an array over the chunk's arms, so that the means and
+//! the `1/√n` a choice reads sit together, apart from the counts, and the choice scans them in
+//! [`LANES`] interleaved runs: half the memory to read, and a loop the compiler turns into
+//! vector instructions (in a profile of a one-playout worker the choice went from 16 % to 11 %
+//! of its time, most of the rest the first look at the node's arms, a cache miss). One vector
+//! of chunks is one allocation where an array per field was one each.
 //! Edges never chosen (an infinite bound) are handed out first, in order, and only then get an
 //! arm: most nodes of a big tree are left after a few choices, and an arm for each of their
 //! hundred edges made up and faulted in most of a search's memory (a quarter of its time in
@@ -35,95 +37,98 @@ impl Arm {
     pub(crate) fn score(&self) -> f64 {
         self.score
     }
-
-    /// What selection reads of it: `score / n` and `1 / √n` (both 0 while `n` is 0).
-    fn mean_and_rsqrt(&self) -> (f64, f64) {
-        if self.n == 0 {
-            (0.0, 0.0)
-        } else {
-            let n = self.n as f64;
-            (self.score / n, n.sqrt().recip())
-        }
-    }
 }
 
-/// How many runs a choice scans the arms in at once.
+/// How many arms a [`Chunk`] holds, and how many runs a choice scans at once.
 const LANES: usize = 4;
+
+/// [`LANES`] arms, each field an array over them: what a choice reads (`mean`, `rsqrt`)
+/// together, apart from what it does not.
+#[derive(Debug, Clone, Copy)]
+struct Chunk {
+    /// `score / n` (0 while `n` is 0; -∞ in a lane without an arm, which no choice takes).
+    mean: [f64; LANES],
+    /// `1 / √n` (0 while `n` is 0).
+    rsqrt: [f64; LANES],
+    n: [u64; LANES],
+    score: [f64; LANES],
+}
+
+/// A chunk whose lanes hold no arm yet.
+const EMPTY_CHUNK: Chunk = Chunk {
+    mean: [f64::NEG_INFINITY; LANES],
+    rsqrt: [0.0; LANES],
+    n: [0; LANES],
+    score: [0.0; LANES],
+};
 
 /// The edges of one node as selection sees them.
 #[derive(Debug, Clone)]
 pub(crate) struct Arms {
-    /// The arms of the edges chosen so far (`0..arms.len()`); the others count nothing.
-    arms: Vec<Arm>,
-    /// Each arm's `score / n` and `1 / √n`, by index ([`Arm::mean_and_rsqrt`]).
-    means: Vec<f64>,
-    rsqrts: Vec<f64>,
+    /// The arms of the edges chosen so far, `LANES` to a chunk (arm `i` in lane `i % LANES`
+    /// of chunk `i / LANES`); the other edges count nothing.
+    chunks: Vec<Chunk>,
+    /// How many edges have an arm.
+    n_arms: usize,
     /// The number of edges.
     len: usize,
     /// The sum of the arms' counts.
     total: u64,
 }
 
-/// What an edge never chosen counts.
-const UNTRIED: Arm = Arm { n: 0, score: 0.0 };
-
 impl Arms {
     /// `len` arms that count nothing yet.
     pub(crate) fn new(len: usize) -> Arms {
         Arms {
-            arms: Vec::new(),
-            means: Vec::new(),
-            rsqrts: Vec::new(),
+            chunks: Vec::new(),
+            n_arms: 0,
             len,
             total: 0,
         }
     }
 
     /// Every arm, in order (`len` of them).
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arm> {
-        let untried = self.len - self.arms.len();
-        self.arms
-            .iter()
-            .chain(std::iter::repeat_n(&UNTRIED, untried))
+    pub(crate) fn iter(&self) -> impl Iterator<Item = Arm> + '_ {
+        (0..self.len).map(|idx| self.arm(idx))
+    }
+
+    /// The arm at `idx` (one not chosen yet counts nothing).
+    fn arm(&self, idx: usize) -> Arm {
+        if idx >= self.n_arms {
+            return Arm::default();
+        }
+        let chunk = &self.chunks[idx / LANES];
+        let lane = idx % LANES;
+        Arm {
+            n: chunk.n[lane],
+            score: chunk.score[lane],
+        }
     }
 
     /// The arm with the highest upper bound `mean + exploration·√(ln total / n)`, an arm never
     /// chosen first (the lowest index of those), `None` without arms. The caller counts
     /// something on the arm it gets (a virtual loss, the playouts) before it chooses again.
     pub(crate) fn choose(&mut self, exploration: f64) -> Option<usize> {
-        if self.arms.len() < self.len {
-            self.arms.push(UNTRIED);
-            self.means.push(0.0);
-            self.rsqrts.push(0.0);
-            return Some(self.arms.len() - 1);
+        if self.n_arms < self.len {
+            self.new_arm();
+            return Some(self.n_arms - 1);
         }
-        if self.arms.is_empty() {
+        if self.n_arms == 0 {
             return None;
         }
         let weight = exploration * (self.total.max(1) as f64).ln().sqrt();
         // Lane `l` keeps the best of the arms `l`, `l + LANES`, ... (the first of equals);
         // then the best lane, the lowest index of equals: the first arm with the highest
-        // bound, as a plain scan finds it.
+        // bound, as a plain scan finds it. A lane without an arm bounds at -∞ and never wins.
         let mut best = [f64::NEG_INFINITY; LANES];
         let mut best_idx = [usize::MAX; LANES];
-        let means = self.means.chunks_exact(LANES);
-        let rsqrts = self.rsqrts.chunks_exact(LANES);
-        let (tail_means, tail_rsqrts) = (means.remainder(), rsqrts.remainder());
-        for (chunk_idx, (means, rsqrts)) in means.zip(rsqrts).enumerate() {
+        for (chunk_idx, chunk) in self.chunks.iter().enumerate() {
             for lane in 0..LANES {
-                let bound = means[lane] + weight * rsqrts[lane];
+                let bound = chunk.mean[lane] + weight * chunk.rsqrt[lane];
                 if bound > best[lane] {
                     best[lane] = bound;
                     best_idx[lane] = chunk_idx * LANES + lane;
                 }
-            }
-        }
-        let tail_start = self.arms.len() - tail_means.len();
-        for (lane, (mean, rsqrt)) in tail_means.iter().zip(tail_rsqrts).enumerate() {
-            let bound = mean + weight * rsqrt;
-            if bound > best[lane] {
-                best[lane] = bound;
-                best_idx[lane] = tail_start + lane;
             }
         }
         let mut chosen = (f64::NEG_INFINITY, usize::MAX);
@@ -133,35 +138,58 @@ impl Arms {
             }
         }
         // A bound that is NaN everywhere (an exploration of NaN) chooses the first arm.
-        Some(if chosen.1 == usize::MAX { 0 } else { chosen.1 })
+        Some(if chosen.1 < self.n_arms { chosen.1 } else { 0 })
     }
 
-    /// Keeps what selection reads of the arm at `idx` up to date with its counts.
-    fn refresh(&mut self, idx: usize) {
-        let (mean, rsqrt) = self.arms[idx].mean_and_rsqrt();
-        self.means[idx] = mean;
-        self.rsqrts[idx] = rsqrt;
+    /// Gives the next edge its arm, counting nothing. The chunks grow one allocation at a
+    /// time, doubling: most nodes of a big tree keep one or two chunks.
+    fn new_arm(&mut self) {
+        let lane = self.n_arms % LANES;
+        if lane == 0 {
+            if self.chunks.len() == self.chunks.capacity() {
+                self.chunks.reserve_exact(self.chunks.len().max(1));
+            }
+            self.chunks.push(EMPTY_CHUNK);
+        }
+        if let Some(chunk) = self.chunks.last_mut() {
+            chunk.mean[lane] = 0.0;
+        }
+        self.n_arms += 1;
     }
 
     /// Counts `n` more playouts scoring `score` through the arm at `idx` (one not chosen yet:
     /// none).
     pub(crate) fn add(&mut self, idx: usize, n: u64, score: f64) {
-        if let Some(arm) = self.arms.get_mut(idx) {
-            arm.n += n;
-            arm.score += score;
-            self.total += n;
-            self.refresh(idx);
+        if idx >= self.n_arms {
+            return;
         }
+        let (chunk, lane) = (&mut self.chunks[idx / LANES], idx % LANES);
+        chunk.n[lane] += n;
+        chunk.score[lane] += score;
+        Self::refresh(chunk, lane);
+        self.total += n;
     }
 
     /// Takes back `n` counts that scored nothing (a virtual loss), never below zero.
     pub(crate) fn take_back(&mut self, idx: usize, n: u64) {
-        if let Some(arm) = self.arms.get_mut(idx) {
-            let n = n.min(arm.n);
-            arm.n -= n;
-            self.total -= n;
-            self.refresh(idx);
+        if idx >= self.n_arms {
+            return;
         }
+        let (chunk, lane) = (&mut self.chunks[idx / LANES], idx % LANES);
+        let n = n.min(chunk.n[lane]);
+        chunk.n[lane] -= n;
+        Self::refresh(chunk, lane);
+        self.total -= n;
+    }
+
+    /// Keeps what selection reads of an arm up to date with its counts.
+    fn refresh(chunk: &mut Chunk, lane: usize) {
+        (chunk.mean[lane], chunk.rsqrt[lane]) = if chunk.n[lane] == 0 {
+            (0.0, 0.0)
+        } else {
+            let n = chunk.n[lane] as f64;
+            (chunk.score[lane] / n, n.sqrt().recip())
+        };
     }
 }
 
@@ -245,14 +273,15 @@ mod tests {
     #[test]
     fn an_edge_gets_its_arm_when_first_chosen_and_untried_ones_count_nothing() {
         let mut arms = Arms::new(121);
-        assert_eq!(arms.arms.len(), 0);
+        assert_eq!(arms.n_arms, 0);
         for round in 0..3 {
             let chosen = arms.choose(1.0).unwrap();
             assert_eq!(chosen, round);
             arms.add(chosen, 2, 1.0);
         }
-        assert_eq!(arms.arms.len(), 3, "only the chosen edges hold an arm");
-        let counts: Vec<u64> = arms.iter().map(Arm::n).collect();
+        assert_eq!(arms.n_arms, 3, "only the chosen edges hold an arm");
+        assert_eq!(arms.chunks.len(), 1);
+        let counts: Vec<u64> = arms.iter().map(|arm| arm.n()).collect();
         assert_eq!(counts.len(), 121, "every edge is listed");
         assert_eq!(&counts[..4], &[2, 2, 2, 0]);
         assert!(
