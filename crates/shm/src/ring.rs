@@ -54,8 +54,12 @@
 //! consumer that dies never marks: its producer, finishing while the consumer's pid
 //! (`consumer`) still runs, keeps an [`OrphanRing`] and looks again whenever an allocation
 //! finds its segment full; once no process has that pid it releases what the consumer left
-//! and the consumer's reference to the block (the consumer takes each entry out of the ring
-//! before it releases anything of it, so nothing is released twice). A producer that dies
+//! and the consumer's reference to the block. What the consumer left is everything from the
+//! published head: the consumer reads ahead of it (a run of entries at a look), but moves the
+//! head past an entry only when it hands the entry's message to its device
+//! ([`RingConsumer::take_peeked`], [`RingConsumer::release_to`]), so a consumer killed with a
+//! run taken and not handed out leaves all of it to its producer; it releases nothing of an
+//! entry before the head passed it, so nothing is released twice. A producer that dies
 //! never marks either: what it leaves to a consumer that leaves without taking it stays until
 //! the session's memory is removed.
 
@@ -397,7 +401,13 @@ pub(crate) struct RingConsumer {
     memory: RingMemory,
     /// The consumer's reference to the block, released when the ring is dropped.
     _block: ShmBuffer,
-    head: u64,
+    /// Where the next entry starts: entries before it were taken out of the ring by this
+    /// consumer ([`RingConsumer::take_peeked`]).
+    next: u64,
+    /// The head as published (`head`): entries before it are this consumer's; those between
+    /// it and `next` were taken but not yet handed out ([`RingConsumer::release_to`]), and
+    /// are still the producer's to release if this consumer dies.
+    released: u64,
     /// The producer's tail as last read.
     known_tail: u64,
     /// Where the entry returned by the last `peek` ends.
@@ -441,7 +451,8 @@ impl RingConsumer {
         Ok(RingConsumer {
             memory,
             _block: block,
-            head,
+            next: head,
+            released: head,
             known_tail: head,
             peeked_end: None,
             delivery,
@@ -474,10 +485,10 @@ impl RingConsumer {
     /// Whether an entry waits, reading the producer's tail only when the last one read says
     /// the ring is empty.
     pub(crate) fn has_entries(&mut self) -> bool {
-        if self.head == self.known_tail {
+        if self.next == self.known_tail {
             self.known_tail = self.memory.u64_at(TAIL).load(Ordering::Acquire);
         }
-        let empty = self.head == self.known_tail;
+        let empty = self.next == self.known_tail;
         self.n_empty_looks = if empty { self.n_empty_looks + 1 } else { 0 };
         // Hungry only after a few empty looks: a consumer that keeps up with a stream takes
         // runs of entries the producer has finished with, instead of reading each line while
@@ -510,23 +521,28 @@ impl RingConsumer {
             if !self.has_entries() {
                 return Ok(None);
             }
-            let in_flight = self.known_tail.wrapping_sub(self.head);
+            let in_flight = self.known_tail.wrapping_sub(self.next);
             if in_flight > RING_DATA as u64 || !in_flight.is_multiple_of(8) {
                 return Err(self.corrupt(format!(
                     "head {} and tail {} are impossible",
-                    self.head, self.known_tail
+                    self.next, self.known_tail
                 )));
             }
             let mut header = [0u8; ENTRY_HEADER];
-            self.read(self.head, &mut header);
+            self.read(self.next, &mut header);
             let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes"));
-            let to_end = RING_DATA as u64 - self.head % RING_DATA as u64;
+            let to_end = RING_DATA as u64 - self.next % RING_DATA as u64;
             if len == SKIP {
                 if to_end > in_flight {
                     return Err(self.corrupt("a skip passes the tail".to_owned()));
                 }
-                self.head += to_end;
-                self.memory.u64_at(HEAD).store(self.head, Ordering::Release);
+                // Released with the entry before it when nothing taken waits to be handed
+                // out; otherwise with the next entry handed out after it.
+                let all_released = self.released == self.next;
+                self.next += to_end;
+                if all_released {
+                    self.release_to(self.next);
+                }
                 continue;
             }
             let need = (ENTRY_HEADER + padded(len as usize)) as u64;
@@ -540,17 +556,37 @@ impl RingConsumer {
             };
             into.clear();
             into.resize(len as usize, 0);
-            self.read(self.head + ENTRY_HEADER as u64, into);
-            self.peeked_end = Some(self.head + need);
+            self.read(self.next + ENTRY_HEADER as u64, into);
+            self.peeked_end = Some(self.next + need);
             return Ok(Some(kind));
         }
     }
 
-    /// Frees the entry the last [`RingConsumer::peek`] returned.
+    /// Takes the entry the last [`RingConsumer::peek`] returned out of the ring and frees its
+    /// room: what it holds is this process's from now on.
     pub(crate) fn consume(&mut self) {
-        if let Some(end) = self.peeked_end.take() {
-            self.head = end;
-            self.memory.u64_at(HEAD).store(self.head, Ordering::Release);
+        if let Some(end) = self.take_peeked() {
+            self.release_to(end);
+        }
+    }
+
+    /// Moves past the entry the last [`RingConsumer::peek`] returned without giving it up:
+    /// until [`RingConsumer::release_to`] its end, the entry stays in the ring, and a producer
+    /// that finds this consumer dead releases what it holds (see "Peer death and drop").
+    /// Where the entry ends; `None` when nothing was peeked.
+    pub(crate) fn take_peeked(&mut self) -> Option<u64> {
+        let end = self.peeked_end.take()?;
+        self.next = end;
+        Some(end)
+    }
+
+    /// Gives up the entries that end at or before `end` (returned by
+    /// [`RingConsumer::take_peeked`]): their room is the producer's again, and what they hold
+    /// is this process's to release.
+    pub(crate) fn release_to(&mut self, end: u64) {
+        if end > self.released && end <= self.next {
+            self.released = end;
+            self.memory.u64_at(HEAD).store(end, Ordering::Release);
         }
     }
 
@@ -586,6 +622,8 @@ impl RingConsumer {
     /// Marks the consumer finished with the ring (see "Peer death and drop"): true when the
     /// producer finished first, which leaves what this consumer did not take to it.
     pub(crate) fn finish(&mut self) -> bool {
+        // What was taken and not handed out is this process's, released by its handles.
+        self.release_to(self.next);
         RingFinish {
             finished: self.memory.u32_at(FINISHED),
         }
@@ -821,6 +859,101 @@ mod tests {
         for consumer in consumers {
             assert!(consumer.peek(&mut Vec::new()).unwrap().is_none());
         }
+    }
+
+    /// A reader adopting the ring now (as a producer does for a consumer it found dead) starts
+    /// at the published head: the length and first byte of each entry it finds.
+    fn what_a_reader_of_the_rest_finds(fixture: &Fixture) -> Vec<(usize, u8)> {
+        fixture.producer.block().add_references(1);
+        let (block, _) = ShmBuffer::adopt_block(
+            Arc::clone(fixture.producer.block().segment()),
+            WireRange {
+                offset: fixture.producer.block().data_offset() as u64,
+                size: RING_BLOCK as u64,
+            },
+        )
+        .unwrap();
+        let mut reader = RingConsumer::adopt(block, DeliveryRef::NONE, false).unwrap();
+        let mut found = Vec::new();
+        let mut entry = Vec::new();
+        while reader.peek(&mut entry).unwrap().is_some() {
+            found.push((entry.len(), entry[0]));
+            reader.take_peeked();
+        }
+        found
+    }
+
+    /// Entries a consumer took but did not release stay in the ring for whoever reads what it
+    /// left (a consumer killed with a run of entries taken and not handed out loses its
+    /// producer nothing); released ones, and at `finish` all taken ones, leave it. A skip at
+    /// the ring's end after unreleased entries does not release them.
+    #[test]
+    fn entries_taken_and_not_released_stay_for_a_reader_of_what_is_left() {
+        let mut fixture = Fixture::new(12);
+        let mut entry = Vec::new();
+        // Up to less than a large entry before the end, so that the second entry wraps
+        // behind a skip.
+        let big = vec![7u8; MAX_INLINE_ENTRY];
+        let mut written = 0;
+        while written + ENTRY_HEADER + MAX_INLINE_ENTRY <= RING_DATA {
+            fixture.producer.push(EntryKind::Record, &big);
+            written += ENTRY_HEADER + MAX_INLINE_ENTRY;
+        }
+        fixture.producer.publish();
+        while fixture.consumer.peek(&mut entry).unwrap().is_some() {
+            fixture.consumer.consume();
+        }
+        let entries: [&[u8]; 3] = [b"first", &[1u8; MAX_INLINE_ENTRY], b"third"];
+        let summary = |entries: &[&[u8]]| -> Vec<(usize, u8)> {
+            entries
+                .iter()
+                .map(|bytes| (bytes.len(), bytes[0]))
+                .collect()
+        };
+        for bytes in entries {
+            assert_ne!(
+                fixture.producer.push(EntryKind::Record, bytes),
+                Pushed::Full
+            );
+        }
+        fixture.producer.publish();
+        let mut ends = Vec::new();
+        for bytes in entries {
+            assert_eq!(
+                fixture.consumer.peek(&mut entry).unwrap(),
+                Some(EntryKind::Record)
+            );
+            assert_eq!(entry, bytes);
+            ends.push(fixture.consumer.take_peeked().unwrap());
+        }
+        assert!(fixture.consumer.peek(&mut entry).unwrap().is_none());
+        assert_eq!(
+            ends[1],
+            (RING_DATA + ENTRY_HEADER + MAX_INLINE_ENTRY) as u64,
+            "the second entry starts the ring's next lap, behind a skip"
+        );
+        assert_eq!(what_a_reader_of_the_rest_finds(&fixture), summary(&entries));
+        fixture.consumer.release_to(ends[0]);
+        assert_eq!(
+            what_a_reader_of_the_rest_finds(&fixture),
+            summary(&entries[1..])
+        );
+        fixture.consumer.release_to(ends[2]);
+        assert!(what_a_reader_of_the_rest_finds(&fixture).is_empty());
+        // A release out of order (an end already passed) changes nothing.
+        fixture.consumer.release_to(ends[1]);
+        assert!(what_a_reader_of_the_rest_finds(&fixture).is_empty());
+
+        assert_ne!(
+            fixture.producer.push(EntryKind::Record, b"left"),
+            Pushed::Full
+        );
+        fixture.producer.publish();
+        assert!(fixture.consumer.peek(&mut entry).unwrap().is_some());
+        fixture.consumer.take_peeked();
+        assert_eq!(what_a_reader_of_the_rest_finds(&fixture), vec![(4, b'l')]);
+        fixture.consumer.finish();
+        assert!(what_a_reader_of_the_rest_finds(&fixture).is_empty());
     }
 
     /// The doorbell protocol: a consumer about to wait gets exactly one doorbell from the next

@@ -1248,6 +1248,8 @@ pub(crate) struct ShmSocket {
     /// turn.
     rings: Vec<AdoptedRing>,
     next_ring: usize,
+    /// The [`AdoptedRing::id`] of the last ring adopted.
+    next_ring_id: u64,
     /// One ring entry, copied out of its ring (reused: no allocation per message).
     entry: Vec<u8>,
     /// Receives spin (`busyPoll`): they never wait on the socket, so they ask for no doorbell.
@@ -1255,6 +1257,14 @@ pub(crate) struct ShmSocket {
     /// The last wait for ring entries was short: the next one looks again for a while before
     /// it asks for a doorbell.
     last_ring_wait_short: bool,
+}
+
+impl Drop for ShmSocket {
+    fn drop(&mut self) {
+        // The rings first: the entries taken into `pending` leave them, so the messages
+        // `pending` releases when it is dropped next are released once (see `TakenEntry`).
+        self.rings.clear();
+    }
 }
 
 /// What [`ShmSocket::take_from_rings`] did.
@@ -1274,6 +1284,24 @@ struct Received {
     taken: Option<Arc<TakenCounter>>,
     /// The peer it came from, where the carrier says (req/rep: a rep's reply goes there).
     peer: Option<Bytes>,
+    /// The ring entry it came in, which stays in its ring until it is handed out.
+    entry: Option<TakenEntry>,
+    /// A record a subscriber's topics do not match: released when its turn comes, never
+    /// handed out.
+    filtered: bool,
+}
+
+/// A ring entry taken into `pending` and not yet handed out. It stays in the ring (the head
+/// does not pass it) so that a receiver killed with a run of entries taken loses its sender
+/// nothing: the sender releases whatever its dead receiver's ring still holds (`ring.rs`).
+struct TakenEntry {
+    /// [`AdoptedRing::id`] of its ring.
+    ring_id: u64,
+    /// Where it ends in the ring ([`RingConsumer::release_to`]).
+    end: u64,
+    /// The block holding a record too large for the ring, with the entry's reference to it:
+    /// given back after the entry left the ring.
+    indirect: Option<(Arc<crate::segment::Segment>, WireRange)>,
 }
 
 /// A ring a receiver adopted, and the peer that announced it where the carrier says
@@ -1283,10 +1311,25 @@ struct AdoptedRing {
     peer: Option<Bytes>,
     /// To release what this receiver did not take when the producer finished first.
     session: Arc<Session>,
+    /// Names the ring for the entries taken from it into `pending` ([`TakenEntry`]).
+    id: u64,
+    /// Entries taken from it into `pending` and not yet handed out: a finished ring stays
+    /// while it has some.
+    n_taken: usize,
+}
+
+impl AdoptedRing {
+    /// Gives up a taken entry once its message is handed out (or released): it leaves the ring.
+    fn release(&mut self, end: u64) {
+        self.ring.release_to(end);
+        self.n_taken -= 1;
+    }
 }
 
 impl Drop for AdoptedRing {
     fn drop(&mut self) {
+        // Entries taken and not handed out leave the ring here: this process releases them
+        // with `pending`.
         self.session.finish_consuming(&mut self.ring);
     }
 }
@@ -1314,7 +1357,7 @@ impl RingWait<'_> {
             busy_poll,
             last_wait_short,
         } = self;
-        rings.retain_mut(|adopted| !adopted.ring.is_finished());
+        rings.retain_mut(|adopted| adopted.n_taken > 0 || !adopted.ring.is_finished());
         let watch_rings = !rings.is_empty();
         // Under load a consumer finds its rings empty between the producer's runs of entries:
         // it looks again for a while (yielding) before it asks for a doorbell, which costs both
@@ -1516,6 +1559,7 @@ impl ShmSocket {
             figures: Arc::default(),
             rings: Vec::new(),
             next_ring: 0,
+            next_ring_id: 0,
             entry: Vec::new(),
             busy_poll: config.busy_poll,
             last_ring_wait_short: false,
@@ -2194,7 +2238,18 @@ impl Socket for ShmSocket {
             // Errors and memory to map are the waiting receive's to handle.
             let _ = self.take_from_rings();
         }
-        let Received { parts, taken, peer } = self.pending.pop_front()?;
+        let Received {
+            parts, taken, peer, ..
+        } = loop {
+            let mut received = self.pending.pop_front()?;
+            if let Some(entry) = received.entry.take() {
+                self.give_up(entry);
+            }
+            if !received.filtered {
+                break received;
+            }
+            // A filtered record's messages are released here, out of the ring.
+        };
         if let Some(taken) = taken {
             taken.count_taken();
         }
@@ -2351,10 +2406,13 @@ impl Socket for ShmSocket {
                     };
                     self.frames.pop_front();
                     let ring = adopted?;
+                    self.next_ring_id += 1;
                     self.rings.push(AdoptedRing {
                         ring,
                         peer,
                         session: Arc::clone(&self.session),
+                        id: self.next_ring_id,
+                        n_taken: 0,
                     });
                     continue;
                 }
@@ -2388,7 +2446,7 @@ impl Socket for ShmSocket {
                 let mapped = self.map_unseen(unseen).await;
                 self.frames.pop_front();
                 mapped?;
-                self.queue_decoded(peer.as_ref())?;
+                self.queue_decoded(peer.as_ref(), false)?;
                 continue;
             }
             let label = &self.label;
@@ -2571,6 +2629,8 @@ impl Socket for ShmSocket {
                 Ok(())
             }
         };
+        // The rings before what was taken from them (see `Drop for ShmSocket`).
+        self.rings.clear();
         self.pending.clear();
         self.frames.clear();
         result
@@ -2643,8 +2703,10 @@ impl ShmSocket {
     }
 
     /// Hands the records of `self.decoded` to `pending`, each with its sender's counter and
-    /// the `peer` it came from (where known).
-    fn queue_decoded(&mut self, peer: Option<&Bytes>) -> Result<()> {
+    /// the `peer` it came from (where known). A record a subscriber's topics do not match is
+    /// released at once, or, from a ring (`from_ring`), queued as filtered: its messages are
+    /// released after its entry leaves the ring.
+    fn queue_decoded(&mut self, peer: Option<&Bytes>, from_ring: bool) -> Result<()> {
         let delivery = self.decoded.delivery;
         // One sender's counter serves frame after frame: looked up when it changes.
         let taken = match &self.last_taken {
@@ -2671,16 +2733,22 @@ impl ShmSocket {
                     .map_err(|error| transport_error(&self.label, error))?;
                 parts.push(message);
             }
-            if let Inner::Subscriber(subscriber) = &self.inner {
-                let first = parts.get(0).map(Message::data).unwrap_or_default();
-                if !topic_matches(&subscriber.topics, first) {
-                    continue;
+            let filtered = match &self.inner {
+                Inner::Subscriber(subscriber) => {
+                    let first = parts.get(0).map(Message::data).unwrap_or_default();
+                    !topic_matches(&subscriber.topics, first)
                 }
+                _ => false,
+            };
+            if filtered && !from_ring {
+                continue;
             }
             self.pending.push_back(Received {
                 parts,
                 taken: taken.clone(),
                 peer: peer.cloned(),
+                entry: None,
+                filtered,
             });
         }
         Ok(())
@@ -2742,17 +2810,46 @@ impl ShmSocket {
         }
         // The peer's identity is an `Arc`'s clone: no allocation per message.
         let peer = self.rings[ring_idx].peer.clone();
-        let queued = self.queue_decoded(peer.as_ref());
-        // Taken out of the ring once its messages hold their blocks' references.
-        self.rings[ring_idx].ring.consume();
-        if let Some((mapped, range)) = indirect {
-            // The entry's reference to the block is given back, after the entry left the
-            // ring: a receiver killed in between leaks it rather than have its sender, which
-            // releases what a dead receiver left, release it again.
-            drop(ShmBuffer::adopt_block(mapped, range));
+        let n_pending = self.pending.len();
+        let queued = self.queue_decoded(peer.as_ref(), true);
+        let adopted = &mut self.rings[ring_idx];
+        let end = adopted
+            .ring
+            .take_peeked()
+            .expect("the entry decoded above was peeked");
+        adopted.n_taken += 1;
+        let entry = TakenEntry {
+            ring_id: adopted.id,
+            end,
+            indirect,
+        };
+        // A ring entry holds one record: queued, it keeps its entry in the ring until it is
+        // handed out (see `TakenEntry`).
+        let grew = queued.is_ok() && self.pending.len() > n_pending;
+        match self.pending.back_mut() {
+            Some(received) if grew => received.entry = Some(entry),
+            _ => self.give_up(entry),
         }
         queued.map_err(|error| (ring_idx, error))?;
         Ok(FromRings::Queued)
+    }
+
+    /// Lets a taken entry leave its ring (when its message is handed out or released), then
+    /// gives back the entry's reference to the block holding its record, if any: a receiver
+    /// killed in between leaks that block rather than have its sender, which releases what a
+    /// dead receiver's ring holds, release it again. The ring may be gone: its entries left it
+    /// when it was dropped.
+    fn give_up(&mut self, entry: TakenEntry) {
+        if let Some(adopted) = self
+            .rings
+            .iter_mut()
+            .find(|adopted| adopted.id == entry.ring_id)
+        {
+            adopted.release(entry.end);
+        }
+        if let Some((mapped, range)) = entry.indirect {
+            drop(ShmBuffer::adopt_block(mapped, range));
+        }
     }
 }
 

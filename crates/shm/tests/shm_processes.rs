@@ -16,7 +16,7 @@ use ferromq_shm::names::current_uid;
 use ferromq_shm::wire::{ObjectRef, PartRef, WireRange};
 use ferromq_shm::{RegionBlock, RegionCallback, ShmBuffer, ShmOptions, ShmTransport};
 use libtest_mimic::{Arguments, Failed, Trial};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
 
 const ROLE_VAR: &str = "FERROMQ_SHM_TEST_ROLE";
@@ -408,9 +408,14 @@ async fn run_role(role: &str) -> Result<()> {
         }
         "taker" => {
             // Takes COUNT messages, checking each, then exits (leaving the rest unreceived)
-            // once its stdin ends (at once unless the parent holds it).
+            // once its stdin ends (at once unless the parent holds it). With GATED set, it
+            // starts taking only once a line came on its stdin.
             let mut pull = open(&transport, SocketType::Pull, Method::Connect, &address).await?;
             println!("CONNECTED");
+            if std::env::var_os("GATED").is_some() {
+                tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new()))
+                    .await??;
+            }
             let n_msgs: u64 = env("COUNT").parse()?;
             for msg_idx in 0..n_msgs {
                 verify(&pull.receive().await?, msg_idx)?;
@@ -1251,9 +1256,11 @@ fn receiver_exits_with_messages_queued() -> Result<()> {
     })
 }
 
-/// A push sends 30 messages of 1 MiB to a `taker` child, which takes 10 and waits: 20 MiB
-/// of the sender's 64 MiB segment are held by entries of the child's ring, so 48 MiB do not
-/// fit. Returns the push and the child.
+/// A push sends 30 messages of 1 MiB to a `taker` child, which starts taking once all are sent,
+/// takes 10 and waits: 20 MiB of the sender's 64 MiB segment are held by the 20 messages the
+/// child did not take, so 48 MiB do not fit. The child's first look at its ring finds all 30,
+/// more than it hands out: what it takes at one look and does not hand out before it is killed
+/// must be released too. Returns the push and the child.
 async fn backlog_of_a_taker(
     session: &Session,
     transport: &ShmTransport,
@@ -1261,7 +1268,12 @@ async fn backlog_of_a_taker(
 ) -> Result<(Channel, ChildRole)> {
     let mut push = Channel::open(transport, push_with(address, 1000, 500), "data").await?;
     push.bind_configured().await?;
-    let mut taker = ChildRole::spawn_held("taker", session, address, &[("COUNT", "10".into())]);
+    let mut taker = ChildRole::spawn_held(
+        "taker",
+        session,
+        address,
+        &[("COUNT", "10".into()), ("GATED", "1".into())],
+    );
     ensure!(taker.line().await? == "CONNECTED");
     for msg_idx in 0..30 {
         let mut message = transport.new_message(1 << 20).await?;
@@ -1270,6 +1282,13 @@ async fn backlog_of_a_taker(
             .await
             .map_err(|failed| failed.error)?;
     }
+    taker
+        .child
+        .stdin
+        .as_mut()
+        .context("held stdin")?
+        .write_all(b"GO\n")
+        .await?;
     ensure!(taker.line().await? == "TOOK 10");
     ensure!(
         transport.try_new_message(48 << 20).is_none(),
