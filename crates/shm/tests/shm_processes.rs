@@ -1170,6 +1170,10 @@ fn stopped_receiver_back_pressure() -> Result<()> {
         push.bind_configured().await?;
         let mut taker = ChildRole::spawn("taker", &session, &address, &[("COUNT", "20".into())]);
         ensure!(taker.line().await? == "CONNECTED");
+        // The taker's connection is made in the background after it says CONNECTED: stopped
+        // before its handshake, it would leave the push with no receiver (a send then waits
+        // for one, as ZeroMQ's does). Room for a send means the connection is made.
+        drop(push.reserve_timeout(STEP).await?);
         signal(&taker.child, "STOP")?;
         let mut next = 0u64;
         let make = async |msg_idx: u64| -> Result<Message> {
