@@ -1012,6 +1012,10 @@ async fn big_buffer() -> Result<()> {
 /// last call of the frame waits for a file that only a call made by an earlier one creates.
 /// Before the dispatcher gave its outlets a turn, that call could only leave after the whole
 /// frame, and the last handler waited its 20 s for nothing.
+///
+/// Member 1's connection to member 0 is made first (a relayed call): a connection still being
+/// made when the frame comes advances one step of its handshake per turn the dispatcher
+/// gives, and on a loaded host the frame's two turns were sometimes not enough for it.
 async fn slow_frame() -> Result<()> {
     let group = Group::start(
         Kind::Shmem,
@@ -1028,6 +1032,8 @@ async fn slow_frame() -> Result<()> {
     ));
     let path_text = path.to_string_lossy().into_owned();
     let rpc = &group.rpc;
+    rpc.call_return::<Relay>(1, &(0, 5)).await?;
+    ensure!(group.service.log.lock().unwrap().as_slice() == [5]);
     // One frame: trad holds the calls (well under its 4 KiB) until the flush.
     for _ in 0..23 {
         rpc.queue_call::<Slow>(1, &(300, false, path_text.clone()))?;
