@@ -802,6 +802,21 @@ impl Channel {
         self.receive_parts_inner(Some(timeout)).await
     }
 
+    /// Receives a whole multipart message if one is there now, without waiting and outside any
+    /// runtime: the receiving twin of [`Channel::try_send_parts`]. `None` when nothing is there,
+    /// out of turn, or on a socket that only receives by waiting; the caller then awaits
+    /// [`Channel::receive_parts`], which waits, times out or reports the error.
+    pub fn try_receive_parts(&mut self) -> Option<Parts> {
+        if !self.pending_frames.is_empty() || self.turn.is_some_and(|turn| turn != Turn::Receive) {
+            return None;
+        }
+        let parts = self.socket.try_receive_parts()?;
+        self.counters.record_in(parts.total_size());
+        self.tap.offer(Direction::In, &parts);
+        self.pass_turn(Turn::Send);
+        Some(parts)
+    }
+
     async fn receive_parts_inner(&mut self, timeout: Option<Duration>) -> Result<Parts> {
         if !self.pending_frames.is_empty() {
             return Ok(self.pending_frames.drain(..).collect());

@@ -478,6 +478,18 @@ impl DeviceContext {
     }
 
     async fn send_parts_at(&mut self, idx: usize, parts: Parts) -> Result<(), DeviceError> {
+        // The usual case first: the socket takes the parts at once. No future is built around
+        // the send (moving it into `interrupt` was 4 % of a 64 B shmem sampler); STOP requested
+        // before the call still wins, and the budget is spent as a waiting send spends it, so
+        // a sender whose every send succeeds still yields to the runtime's other tasks.
+        if self.stop.is_requested() {
+            return self.settle(idx, None);
+        }
+        tokio::task::consume_budget().await;
+        let parts = match self.channels[idx].try_send_parts(parts) {
+            Ok(()) => return Ok(()),
+            Err(parts) => parts,
+        };
         let send = async {
             self.channels[idx]
                 .send_parts(parts)
@@ -518,6 +530,15 @@ impl DeviceContext {
     }
 
     async fn receive_parts_at(&mut self, idx: usize) -> Result<Parts, DeviceError> {
+        // As `send_parts_at`: a message that is there is taken without a future around the
+        // receive (moving it into `interrupt` was 5 % of a 64 B shmem sink).
+        if self.stop.is_requested() {
+            return self.settle(idx, None);
+        }
+        tokio::task::consume_budget().await;
+        if let Some(parts) = self.channels[idx].try_receive_parts() {
+            return Ok(parts);
+        }
         let outcome = self
             .stop
             .interrupt(self.channels[idx].receive_parts())

@@ -410,3 +410,117 @@ async fn a_device_whose_launcher_falls_silent_goes_down_by_itself() {
 async fn a_stuck_device_whose_launcher_falls_silent_is_told_to_end_its_process() {
     serve_unattended(Stuck, "unattended-stuck", true).await;
 }
+
+/// A transport whose sockets never wait: a push takes every message at once and drops it, a
+/// pull always has one. What a device sees when its peers keep up (a send into a ring with
+/// room, a receive from a full queue).
+#[derive(Debug)]
+struct Bottomless;
+
+struct BottomlessSocket(ferromq_core::ChannelLabel);
+
+#[async_trait::async_trait]
+impl ferromq_core::Socket for BottomlessSocket {
+    fn label(&self) -> &ferromq_core::ChannelLabel {
+        &self.0
+    }
+    async fn bind(
+        &mut self,
+        address: &ferromq_core::Address,
+    ) -> ferromq_core::Result<ferromq_core::Address> {
+        Ok(address.clone())
+    }
+    async fn connect(&mut self, _address: &ferromq_core::Address) -> ferromq_core::Result<()> {
+        Ok(())
+    }
+    async fn send_parts(
+        &mut self,
+        _parts: Parts,
+        _timeout: Option<Duration>,
+    ) -> Result<(), ferromq_core::SendError<Parts>> {
+        Ok(())
+    }
+    fn try_send_parts(&mut self, _parts: Parts) -> Result<(), Parts> {
+        Ok(())
+    }
+    fn try_receive_parts(&mut self) -> Option<Parts> {
+        Some(Parts::from(Message::from("x")))
+    }
+    async fn receive_parts(&mut self) -> ferromq_core::Result<Parts> {
+        Ok(Parts::from(Message::from("x")))
+    }
+    async fn close(&mut self, _linger: Duration) -> ferromq_core::Result<()> {
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl ferromq_core::Transport for Bottomless {
+    fn name(&self) -> &'static str {
+        "bottomless"
+    }
+    async fn create_socket(
+        &self,
+        config: &ChannelConfig,
+        _socket_name: &str,
+    ) -> ferromq_core::Result<Box<dyn ferromq_core::Socket>> {
+        Ok(Box::new(BottomlessSocket(ferromq_core::ChannelLabel::new(
+            config.name.clone(),
+            config.socket_type,
+        ))))
+    }
+}
+
+/// Sends and receives through sockets that never wait until a task it spawned on its own
+/// (current-thread) runtime has run; fails after 100 000 of each.
+struct Tireless;
+
+#[async_trait::async_trait]
+impl Device for Tireless {
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let (out, input) = (ctx.channel_id("out")?, ctx.channel_id("in")?);
+        let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let other = {
+            let ran = std::sync::Arc::clone(&ran);
+            tokio::spawn(async move { ran.store(true, Ordering::Relaxed) })
+        };
+        for _ in 0..100_000 {
+            if ran.load(Ordering::Relaxed) {
+                other.await?;
+                return Ok(());
+            }
+            ctx.send_parts_on(out, Parts::from(Message::from("x")))
+                .await?;
+            ctx.receive_parts_on(input).await?;
+        }
+        Err("100 000 sends and receives that never waited gave the runtime no turn".into())
+    }
+}
+
+/// Sends and receives that complete at once (no future built around them) still spend the
+/// task's cooperative budget, as `Channel`'s do: a device whose peers always keep up gives its
+/// runtime's other tasks (control, signals, connections) their turns.
+#[tokio::test]
+async fn sends_and_receives_that_never_wait_still_let_other_tasks_run() {
+    let mut registry = ferromq_core::TransportRegistry::new();
+    registry.register(
+        "bottomless",
+        ferromq_core::TransportTraits::PLAIN,
+        |_options| Ok(std::sync::Arc::new(Bottomless)),
+    );
+    let mut config = DeviceConfig::new("tireless");
+    for (name, socket_type, method) in [
+        ("in", SocketType::Pull, Method::Bind),
+        ("out", SocketType::Push, Method::Connect),
+    ] {
+        let mut channel = ChannelConfig::new(name, socket_type, method)
+            .with_address(unique("bottomless").as_str());
+        channel.transport = Some("bottomless".to_owned());
+        config = config.with_channel(channel).unwrap();
+    }
+    let (runner, controller) = DeviceRunner::new(Tireless, config, std::sync::Arc::new(registry));
+    let task = tokio::spawn(runner.run());
+    control::run_static(&controller).await.unwrap();
+    let device = task.await.unwrap();
+    assert!(device.is_ok(), "{device:?}");
+}
