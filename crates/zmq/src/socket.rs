@@ -27,6 +27,9 @@ pub struct ZmqSocket {
     socket_type: SocketType,
     snd_buf_size: usize,
     rcv_buf_size: usize,
+    /// `sndKernelSize` and `rcvKernelSize`: the kernel's buffers of each connection (0: the
+    /// system's default), as FairMQ sets them.
+    kernel_sizes: crate::zmtp_channel::KernelSizes,
     backend: Backend,
     /// Topic prefixes asked for so far (sub only); applied when the backend is created.
     subscriptions: Vec<Vec<u8>>,
@@ -56,6 +59,10 @@ impl ZmqSocket {
             socket_type: config.socket_type,
             snd_buf_size: config.snd_buf_size,
             rcv_buf_size: config.rcv_buf_size,
+            kernel_sizes: crate::zmtp_channel::KernelSizes {
+                send: config.snd_kernel_size,
+                receive: config.rcv_kernel_size,
+            },
             backend: Backend::Unattached,
             subscriptions: Vec::new(),
             subscribed_to_all_by_default: false,
@@ -124,6 +131,7 @@ impl ZmqSocket {
                     pattern,
                     &self.label,
                     (self.snd_buf_size, self.rcv_buf_size),
+                    self.kernel_sizes,
                     self.rules,
                     std::sync::Arc::clone(&self.figures),
                     self.report_peers
@@ -134,6 +142,10 @@ impl ZmqSocket {
                 )));
             }
             (Backend::Unattached, false) => {
+                if self.kernel_sizes != crate::zmtp_channel::KernelSizes::default() {
+                    // zmq.rs makes these sockets' connections and does not hand them out.
+                    tracing::warn!(channel = %self.label, "sndKernelSize and rcvKernelSize apply to push, pull and pair over tcp and ipc; this socket's connections keep the system's default buffers");
+                }
                 self.backend = Backend::Net(Box::new(NetChannel::new(
                     self.socket_type,
                     self.snd_buf_size,
@@ -425,5 +437,42 @@ impl ZmqSocket {
             }
             Backend::Unattached => Err(self.not_attached(operation)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A channel's `sndKernelSize` / `rcvKernelSize` are what its own push or pull sets on each
+    /// connection (the connections themselves: `zmtp_channel`'s tests).
+    #[tokio::test]
+    async fn a_push_over_ipc_carries_the_channels_kernel_sizes_to_its_connections() {
+        let path = std::env::temp_dir().join(format!(
+            "ferromq-socket-kernel-sizes-{}.ipc",
+            std::process::id()
+        ));
+        let address = format!("ipc://{}", path.display());
+        let mut config = ChannelConfig::new("data", SocketType::Push, ferromq_core::Method::Bind)
+            .with_address(address.as_str());
+        config.snd_kernel_size = 96 << 10;
+        config.rcv_kernel_size = 80 << 10;
+        let mut socket = ZmqSocket::new(&config, "data", crate::PeerRules::ZEROMQ, true);
+        socket
+            .bind(&Address::parse(&address).unwrap())
+            .await
+            .unwrap();
+        match &socket.backend {
+            Backend::Zmtp(zmtp) => assert_eq!(
+                zmtp.kernel_sizes(),
+                crate::zmtp_channel::KernelSizes {
+                    send: 96 << 10,
+                    receive: 80 << 10
+                }
+            ),
+            _ => panic!("a push over ipc is ferromq's own"),
+        }
+        socket.close(Duration::ZERO).await.unwrap();
+        let _ = std::fs::remove_file(&path);
     }
 }

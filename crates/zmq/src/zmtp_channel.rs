@@ -226,6 +226,36 @@ struct Shared {
     stop: watch::Sender<bool>,
     /// Whether connections are handed to the owner ([`ZmtpChannel::next_peer`]).
     report_peers: bool,
+    /// The kernel's buffer sizes for each connection.
+    kernel_sizes: KernelSizes,
+}
+
+/// The kernel's send and receive buffer sizes of a connection (`SO_SNDBUF`, `SO_RCVBUF`), from
+/// FairMQ's `sndKernelSize` and `rcvKernelSize`: 0 leaves the system's default, as FairMQ does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct KernelSizes {
+    pub(crate) send: usize,
+    pub(crate) receive: usize,
+}
+
+impl KernelSizes {
+    /// Sets the sizes asked for on `stream`; a size the kernel refuses is said, not fatal (the
+    /// connection works with the default; Linux caps what it grants at `wmem_max` / `rmem_max`
+    /// without an error).
+    fn apply(self, label: &ChannelLabel, stream: &impl std::os::fd::AsFd) {
+        use nix::sys::socket::{setsockopt, sockopt};
+        let clamp = |size: usize| size.min(i32::MAX as usize);
+        if self.send > 0
+            && let Err(error) = setsockopt(stream, sockopt::SndBuf, &clamp(self.send))
+        {
+            tracing::warn!(channel = %label, size = self.send, %error, "sndKernelSize not applied");
+        }
+        if self.receive > 0
+            && let Err(error) = setsockopt(stream, sockopt::RcvBuf, &clamp(self.receive))
+        {
+            tracing::warn!(channel = %label, size = self.receive, %error, "rcvKernelSize not applied");
+        }
+    }
 }
 
 #[derive(Default)]
@@ -489,6 +519,7 @@ impl ZmtpChannel {
         pattern: Pattern,
         label: &ChannelLabel,
         (snd_buf_size, rcv_buf_size): (usize, usize),
+        kernel_sizes: KernelSizes,
         rules: crate::PeerRules,
         figures: Arc<ferromq_core::SendFigures>,
         report_peers: bool,
@@ -506,11 +537,18 @@ impl ZmtpChannel {
                 figures,
                 stop: watch::Sender::new(false),
                 report_peers,
+                kernel_sizes,
             }),
             snd_buf_size: snd_buf_size.max(1),
             bound_ipc_paths: Vec::new(),
             listeners: Vec::new(),
         }
+    }
+
+    /// The kernel buffer sizes its connections get.
+    #[cfg(test)]
+    pub(crate) fn kernel_sizes(&self) -> KernelSizes {
+        self.shared.kernel_sizes
     }
 
     pub(crate) async fn bind(
@@ -547,7 +585,7 @@ impl ZmtpChannel {
         let accepting_task = tokio::spawn(async move {
             let accepting = async {
                 loop {
-                    match listener.accept().await {
+                    match listener.accept(shared.kernel_sizes, &shared.label).await {
                         Ok(stream) => {
                             tokio::spawn(serve(Arc::clone(&shared), stream));
                         }
@@ -581,7 +619,7 @@ impl ZmtpChannel {
             let connecting = async {
                 let mut backoff = RECONNECT_MIN;
                 loop {
-                    match target.connect().await {
+                    match target.connect(shared.kernel_sizes, &shared.label).await {
                         Ok(stream) => {
                             serve(Arc::clone(&shared), stream).await;
                             backoff = RECONNECT_MIN;
@@ -829,14 +867,20 @@ enum Listener {
 }
 
 impl Listener {
-    async fn accept(&self) -> std::io::Result<Stream> {
+    /// The next connection, its kernel buffers set (before the handshake's first byte).
+    async fn accept(&self, sizes: KernelSizes, label: &ChannelLabel) -> std::io::Result<Stream> {
         match self {
             Listener::Tcp(listener) => {
                 let (stream, _) = listener.accept().await?;
                 let _ = stream.set_nodelay(true);
+                sizes.apply(label, &stream);
                 Ok(Stream::Tcp(stream))
             }
-            Listener::Unix(listener) => Ok(Stream::Unix(listener.accept().await?.0)),
+            Listener::Unix(listener) => {
+                let (stream, _) = listener.accept().await?;
+                sizes.apply(label, &stream);
+                Ok(Stream::Unix(stream))
+            }
         }
     }
 }
@@ -848,14 +892,22 @@ enum Target {
 }
 
 impl Target {
-    async fn connect(&self) -> std::io::Result<Stream> {
+    /// A connection, its kernel buffers set (before the handshake's first byte; on tcp the
+    /// window scale was agreed when the connection was made, from the system's defaults, and
+    /// the sizes still bound what the kernel holds).
+    async fn connect(&self, sizes: KernelSizes, label: &ChannelLabel) -> std::io::Result<Stream> {
         match self {
             Target::Tcp(address) => {
                 let stream = tokio::net::TcpStream::connect(address.as_str()).await?;
                 let _ = stream.set_nodelay(true);
+                sizes.apply(label, &stream);
                 Ok(Stream::Tcp(stream))
             }
-            Target::Ipc(path) => Ok(Stream::Unix(tokio::net::UnixStream::connect(path).await?)),
+            Target::Ipc(path) => {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                sizes.apply(label, &stream);
+                Ok(Stream::Unix(stream))
+            }
         }
     }
 }
@@ -1346,6 +1398,66 @@ async fn write_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection's (send, receive) kernel buffer sizes.
+    fn kernel_buffers(stream: &Stream) -> (usize, usize) {
+        use nix::sys::socket::{getsockopt, sockopt};
+        let read = |fd: &dyn std::os::fd::AsFd| {
+            let fd = fd.as_fd();
+            (
+                getsockopt(&fd, sockopt::SndBuf).expect("SO_SNDBUF"),
+                getsockopt(&fd, sockopt::RcvBuf).expect("SO_RCVBUF"),
+            )
+        };
+        match stream {
+            Stream::Tcp(tcp) => read(tcp),
+            Stream::Unix(unix) => read(unix),
+        }
+    }
+
+    /// FairMQ's `sndKernelSize` / `rcvKernelSize` reach the kernel on both ends of a connection,
+    /// tcp and ipc: each connection a listener accepts and each one a connecting socket makes
+    /// gets the buffers asked for (Linux reports twice the size set, its bookkeeping included).
+    #[tokio::test]
+    async fn accepted_and_made_connections_get_the_kernel_buffers_asked_for() {
+        let label = ChannelLabel::new("data", ferromq_core::SocketType::Push);
+        let ipc =
+            std::env::temp_dir().join(format!("ferromq-kernel-sizes-{}.ipc", std::process::id()));
+        let _ = std::fs::remove_file(&ipc);
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tcp_target = Target::Tcp(tcp.local_addr().unwrap().to_string());
+        let cases = [
+            (Listener::Tcp(tcp), tcp_target),
+            (
+                Listener::Unix(tokio::net::UnixListener::bind(&ipc).unwrap()),
+                Target::Ipc(ipc.clone()),
+            ),
+        ];
+        // Sizes no system default has, under Linux's default caps (212992).
+        let accepting = KernelSizes {
+            send: 96 << 10,
+            receive: 80 << 10,
+        };
+        let connecting = KernelSizes {
+            send: 88 << 10,
+            receive: 72 << 10,
+        };
+        for (listener, target) in cases {
+            let (accepted, made) = tokio::join!(
+                listener.accept(accepting, &label),
+                target.connect(connecting, &label)
+            );
+            assert_eq!(
+                kernel_buffers(&accepted.unwrap()),
+                (2 * (96 << 10), 2 * (80 << 10))
+            );
+            assert_eq!(
+                kernel_buffers(&made.unwrap()),
+                (2 * (88 << 10), 2 * (72 << 10))
+            );
+        }
+        let _ = std::fs::remove_file(&ipc);
+    }
 
     fn numbered(idx: u8) -> Parts {
         let mut parts = Parts::new();
