@@ -1424,6 +1424,14 @@ mod tests {
         let ipc =
             std::env::temp_dir().join(format!("ferromq-kernel-sizes-{}.ipc", std::process::id()));
         let _ = std::fs::remove_file(&ipc);
+        // Removed however the test ends (a failed assertion too).
+        struct RemovedOnDrop<'a>(&'a std::path::Path);
+        impl Drop for RemovedOnDrop<'_> {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(self.0);
+            }
+        }
+        let _removed = RemovedOnDrop(&ipc);
         let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let tcp_target = Target::Tcp(tcp.local_addr().unwrap().to_string());
         let cases = [
@@ -1456,7 +1464,6 @@ mod tests {
                 (2 * (88 << 10), 2 * (72 << 10))
             );
         }
-        let _ = std::fs::remove_file(&ipc);
     }
 
     fn numbered(idx: u8) -> Parts {
