@@ -445,14 +445,7 @@ impl DeviceContext {
     /// [`DeviceError::UnknownChannel`], or the channel's error.
     pub async fn send(&mut self, name: &str, message: Message) -> Result<(), DeviceError> {
         let idx = self.channel_idx(name)?;
-        let send = async {
-            self.channels[idx]
-                .send(message)
-                .await
-                .map_err(|failed| failed.error)
-        };
-        let outcome = self.stop.interrupt(send).await;
-        self.settle(idx, outcome)
+        self.send_parts_at(idx, Parts::from(message)).await
     }
 
     /// Sends a multipart message on channel `name`.
