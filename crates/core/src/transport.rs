@@ -811,9 +811,7 @@ impl Channel {
             return None;
         }
         let parts = self.socket.try_receive_parts()?;
-        self.counters.record_in(parts.total_size());
-        self.tap.offer(Direction::In, &parts);
-        self.pass_turn(Turn::Send);
+        self.count_received(&parts);
         Some(parts)
     }
 
@@ -835,10 +833,16 @@ impl Channel {
         } else {
             self.receive_waiting(timeout).await?
         };
-        self.counters.record_in(parts.total_size());
-        self.tap.offer(Direction::In, &parts);
-        self.pass_turn(Turn::Send);
+        self.count_received(&parts);
         Ok(parts)
+    }
+
+    /// What every receive does with the parts it got: counts them, offers the tap a copy,
+    /// and passes a req or rep channel's turn (the twin of `count_sent`).
+    fn count_received(&mut self, parts: &Parts) {
+        self.counters.record_in(parts.total_size());
+        self.tap.offer(Direction::In, parts);
+        self.pass_turn(Turn::Send);
     }
 
     /// Waits for the socket's next message, at most `timeout`: first spinning for as long as
