@@ -4,7 +4,9 @@
 //!
 //! Speed matters here (a rollout is a few moves and playouts): nothing below allocates but the
 //! clone of a position. A move looks for a win only in the group of the stone just placed, and
-//! a playout works on a copy of the board on the stack.
+//! a playout works on a bit per cell on the stack: player 0's stones, grown from the top row a
+//! ring of neighbours at a time with shifts ([`Cells`]) until they reach the bottom row or stop
+//! growing. Boards of up to 128 cells (11x11) take two words, larger ones six.
 
 use serde::{Deserialize, Serialize};
 
@@ -18,7 +20,7 @@ const MAX_CELLS: usize = MAX_SIZE * MAX_SIZE;
 
 /// One bit per cell of the largest board: the cells a flood fill has reached.
 #[derive(Default)]
-struct Seen([u64; MAX_CELLS.div_ceil(64)]);
+struct Seen([u64; WIDE]);
 
 impl Seen {
     /// Marks `cell`; whether it was unmarked.
@@ -29,6 +31,157 @@ impl Seen {
         fresh
     }
 }
+
+/// A set of cells of a board of up to `64 * W` cells, cell `i` in bit `i % 64` of word `i / 64`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Cells<const W: usize>([u64; W]);
+
+impl<const W: usize> Cells<W> {
+    const EMPTY: Cells<W> = Cells([0; W]);
+
+    /// The first `W` words of a set of the largest board's cells.
+    fn from_words(words: &[u64; WIDE]) -> Cells<W> {
+        Cells(std::array::from_fn(|word| words[word]))
+    }
+
+    fn insert(&mut self, cell: usize) {
+        self.0[cell / 64] |= 1 << (cell % 64);
+    }
+
+    /// Every cell moved `by` (1..64) cells up the numbering; what passes the last word is lost.
+    #[inline(always)]
+    fn up(self, by: u32) -> Cells<W> {
+        Cells(std::array::from_fn(|word| {
+            let carried = if word == 0 {
+                0
+            } else {
+                self.0[word - 1] >> (64 - by)
+            };
+            self.0[word] << by | carried
+        }))
+    }
+
+    /// Every cell moved `by` (1..64) cells down the numbering; what passes cell 0 is lost.
+    #[inline(always)]
+    fn down(self, by: u32) -> Cells<W> {
+        Cells(std::array::from_fn(|word| {
+            let carried = if word + 1 == W {
+                0
+            } else {
+                self.0[word + 1] << (64 - by)
+            };
+            self.0[word] >> by | carried
+        }))
+    }
+
+    #[inline(always)]
+    fn and(self, other: Cells<W>) -> Cells<W> {
+        Cells(std::array::from_fn(|word| self.0[word] & other.0[word]))
+    }
+
+    #[inline(always)]
+    fn or(self, other: Cells<W>) -> Cells<W> {
+        Cells(std::array::from_fn(|word| self.0[word] | other.0[word]))
+    }
+
+    fn is_empty(self) -> bool {
+        self.0.iter().all(|&word| word == 0)
+    }
+
+    /// Whether the cells of `self` (stones of player 0 on a board of side `size`) connect the
+    /// top row to the bottom one: the stones reached from the top row grow by their neighbours
+    /// among `self` until the bottom row is reached or nothing is added.
+    fn connect_top_to_bottom(self, size: usize) -> bool {
+        let lines = &LINES[size];
+        let (top, bottom) = (
+            Cells::from_words(&lines.top),
+            Cells::from_words(&lines.bottom),
+        );
+        let not_first = Cells::from_words(&lines.not_first_column);
+        let not_last = Cells::from_words(&lines.not_last_column);
+        let (side, diagonal) = (size as u32, size as u32 - 1);
+        let mut reached = self.and(top);
+        loop {
+            if !reached.and(bottom).is_empty() {
+                return true;
+            }
+            // The six neighbours: right and left in the row, the cells above and below, and
+            // the two diagonals (up-right, down-left); a move along a row or a diagonal must
+            // not wrap around to the other edge of the board.
+            let sideways = reached.up(1).or(reached.down(diagonal)).and(not_first);
+            let back = reached.down(1).or(reached.up(diagonal)).and(not_last);
+            let grown = reached
+                .or(sideways)
+                .or(back)
+                .or(reached.up(side))
+                .or(reached.down(side))
+                .and(self);
+            if grown == reached {
+                return false;
+            }
+            reached = grown;
+        }
+    }
+}
+
+/// Words of a set of the largest board's cells.
+const WIDE: usize = MAX_CELLS.div_ceil(64);
+
+/// The cells of a board of one side that [`Cells::connect_top_to_bottom`] needs, as words of
+/// the largest board.
+struct Lines {
+    top: [u64; WIDE],
+    bottom: [u64; WIDE],
+    not_first_column: [u64; WIDE],
+    not_last_column: [u64; WIDE],
+}
+
+impl Lines {
+    const fn of(size: usize) -> Lines {
+        let mut lines = Lines {
+            top: [0; WIDE],
+            bottom: [0; WIDE],
+            not_first_column: [0; WIDE],
+            not_last_column: [0; WIDE],
+        };
+        let mut cell = 0;
+        while cell < size * size {
+            let (row, col, word, bit) = (cell / size, cell % size, cell / 64, 1 << (cell % 64));
+            if row == 0 {
+                lines.top[word] |= bit;
+            }
+            if row + 1 == size {
+                lines.bottom[word] |= bit;
+            }
+            if col != 0 {
+                lines.not_first_column[word] |= bit;
+            }
+            if col + 1 != size {
+                lines.not_last_column[word] |= bit;
+            }
+            cell += 1;
+        }
+        lines
+    }
+}
+
+/// [`Lines`] of every side up to [`MAX_SIZE`] (sizes 0 and 1 unused), made by the compiler.
+static LINES: [Lines; MAX_SIZE + 1] = {
+    let mut all = [const {
+        Lines {
+            top: [0; WIDE],
+            bottom: [0; WIDE],
+            not_first_column: [0; WIDE],
+            not_last_column: [0; WIDE],
+        }
+    }; MAX_SIZE + 1];
+    let mut size = 2;
+    while size <= MAX_SIZE {
+        all[size] = Lines::of(size);
+        size += 1;
+    }
+    all
+};
 
 /// Calls `visit` with each cell next to `cell` on a board of side `size`.
 #[inline]
@@ -203,7 +356,9 @@ impl Hex {
         usize::from(self.size)
     }
 
-    /// Whether `player`'s stones connect their two sides.
+    /// Whether `player`'s stones connect their two sides (the search a stone's group uses, from
+    /// the whole near side: what the playouts' shifts are checked against).
+    #[cfg(test)]
     fn connects(&self, cells: &[u8], player: Player) -> bool {
         let size = self.size();
         let stone = player + 1;
@@ -278,31 +433,40 @@ impl Game for Hex {
         if let Some(winner) = self.winner {
             return Outcome::Win(winner);
         }
+        if self.cells.len() <= 128 {
+            self.fill_and_score::<2>(rng)
+        } else {
+            self.fill_and_score::<WIDE>(rng)
+        }
+    }
+}
+
+impl Hex {
+    /// A random playout on `W` words a set (see [`Game::random_playout`]).
+    fn fill_and_score<const W: usize>(&self, rng: &mut Rng) -> Outcome {
         // Random moves to a full board give the player to move ceil(n/2) of the n empty cells,
-        // a uniformly random set of them, and the other player the rest: the empty cells are
-        // filled with the other player's stones, then the first ceil(n/2) steps of a
-        // Fisher-Yates shuffle pick the mover's (half the shuffle, and no pass to alternate).
-        let mut board = [0u8; MAX_CELLS];
-        let cells = &mut board[..self.cells.len()];
-        let (mover, other) = (self.to_move + 1, (self.to_move ^ 1) + 1);
+        // a uniformly random set of them, and the other player the rest: the first ceil(n/2)
+        // steps of a Fisher-Yates shuffle pick the mover's (half the shuffle, and no pass to
+        // alternate). Only player 0's stones are needed to say who won.
+        let mut zeros = Cells::<W>::EMPTY;
         let mut empty = [0u16; MAX_CELLS];
         let mut n_empty = 0;
-        for (cell, (&stone, filled)) in self.cells.iter().zip(cells.iter_mut()).enumerate() {
-            if stone == 0 {
-                empty[n_empty] = cell as u16;
-                n_empty += 1;
-                *filled = other;
-            } else {
-                *filled = stone;
-            }
+        for (cell, &stone) in self.cells.iter().enumerate() {
+            // No branch on the stone: which cells are empty is as random as the playouts.
+            empty[n_empty] = cell as u16;
+            n_empty += usize::from(stone == 0);
+            zeros.0[cell / 64] |= u64::from(stone == 1) << (cell % 64);
         }
         let empty = &mut empty[..n_empty];
-        for idx in 0..n_empty.div_ceil(2) {
+        let n_mover = n_empty.div_ceil(2);
+        for idx in 0..n_mover {
             empty.swap(idx, idx + rng.below(n_empty - idx));
-            cells[usize::from(empty[idx])] = mover;
         }
-        let cells = &*cells;
-        if self.connects(cells, 0) {
+        let (mover, other) = empty.split_at(n_mover);
+        for &cell in if self.to_move == 0 { mover } else { other } {
+            zeros.insert(usize::from(cell));
+        }
+        if zeros.connect_top_to_bottom(self.size()) {
             Outcome::Win(0)
         } else {
             Outcome::Win(1)
@@ -362,6 +526,49 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn stones_grown_by_shifts_connect_exactly_when_a_search_of_their_group_says_so() {
+        fn grown<const W: usize>(cells: &[u8], size: usize) -> bool {
+            let mut zeros = Cells::<W>::EMPTY;
+            for (cell, _) in cells.iter().enumerate().filter(|(_, stone)| **stone == 1) {
+                zeros.insert(cell);
+            }
+            zeros.connect_top_to_bottom(size)
+        }
+        let mut rng = Rng::new(5);
+        let mut connected = [0; 2];
+        for size in 2..=MAX_SIZE {
+            let board = Hex::new(size).unwrap();
+            for round in 0..400 {
+                // Full boards, and boards a third empty, with player 0's share from 30 % to
+                // 70 %: chains that wind across columns and wrap-around candidates at the edges.
+                let share = 30 + round % 41;
+                let cells: Vec<u8> = (0..size * size)
+                    .map(|_| match rng.below(100) {
+                        n if round % 2 == 1 && n < 33 => 0,
+                        n if n < share => 1,
+                        _ => 2,
+                    })
+                    .collect();
+                let expected = board.connects(&cells, 0);
+                connected[usize::from(expected)] += 1;
+                assert_eq!(
+                    grown::<WIDE>(&cells, size),
+                    expected,
+                    "{size}x{size}: {cells:?}"
+                );
+                if size * size <= 128 {
+                    assert_eq!(
+                        grown::<2>(&cells, size),
+                        expected,
+                        "{size}x{size}: {cells:?}"
+                    );
+                }
+            }
+        }
+        assert!(connected[0] > 1000 && connected[1] > 1000, "{connected:?}");
     }
 
     #[test]
