@@ -10,12 +10,13 @@
 //! of this process (initialised memory, never another process's), as with shmem's recycled
 //! blocks: a sender writes what it sends.
 //!
-//! A new buffer of [`MIN_MAPPED`] bytes or more is an anonymous mapping of its own (what glibc's `malloc` gives such sizes
-//! until its first `free` of one, after which it serves them from its heap and `calloc` writes
-//! their zeroes): zero from the kernel without a write, its pages touched only once the
-//! message is written or sent, and given back to the kernel when dropped. Writing zeroes into
-//! 1 GiB of new memory (a sender filling its 1000-message queue of 1 MiB before its peer takes
-//! any) made the kernel clear every page first: 22 % of a 10 000-message run's sampler.
+//! A new buffer of [`MIN_MAPPED`] bytes or more is an anonymous mapping of its own (what
+//! glibc's `malloc` gives such sizes until its first `free` of one, after which it serves them
+//! from its heap and `calloc` writes their zeroes): zero from the kernel without a write, its
+//! pages touched only once the message is written or sent, and given back to the kernel when
+//! dropped. Writing zeroes into 1 GiB of new memory (a sender filling its 1000-message queue of
+//! 1 MiB before its peer takes any) made the kernel clear every page first: 22 % of a
+//! 10 000-message run's sampler.
 //!
 //! Per thread, so that taking and returning need no lock; bounded ([`MAX_KEPT`] buffers,
 //! [`MAX_KEPT_BYTES`] bytes), so that a thread that only frees (a receiver) keeps little. A
@@ -149,6 +150,11 @@ mod tests {
         for size in [MIN_POOLED, MIN_MAPPED] {
             let mut first = message(size).unwrap();
             assert_eq!(first.memory_kind(), "zeromq");
+            let mapped = first
+                .buffer()
+                .and_then(|buffer| buffer.as_any().downcast_ref::<PooledBuffer>())
+                .map(|pooled| matches!(pooled.0, Memory::Mapped(_)));
+            assert_eq!(mapped, Some(size >= MIN_MAPPED), "{size} bytes");
             assert!(
                 first.data().iter().all(|&byte| byte == 0),
                 "a new buffer of {size} bytes is zeroed"
