@@ -137,13 +137,16 @@ struct Lines {
 }
 
 impl Lines {
+    /// No cells.
+    const NONE: Lines = Lines {
+        top: [0; WIDE],
+        bottom: [0; WIDE],
+        not_first_column: [0; WIDE],
+        not_last_column: [0; WIDE],
+    };
+
     const fn of(size: usize) -> Lines {
-        let mut lines = Lines {
-            top: [0; WIDE],
-            bottom: [0; WIDE],
-            not_first_column: [0; WIDE],
-            not_last_column: [0; WIDE],
-        };
+        let mut lines = Lines::NONE;
         let mut cell = 0;
         while cell < size * size {
             let (row, col, word, bit) = (cell / size, cell % size, cell / 64, 1 << (cell % 64));
@@ -167,14 +170,7 @@ impl Lines {
 
 /// [`Lines`] of every side up to [`MAX_SIZE`] (sizes 0 and 1 unused), made by the compiler.
 static LINES: [Lines; MAX_SIZE + 1] = {
-    let mut all = [const {
-        Lines {
-            top: [0; WIDE],
-            bottom: [0; WIDE],
-            not_first_column: [0; WIDE],
-            not_last_column: [0; WIDE],
-        }
-    }; MAX_SIZE + 1];
+    let mut all = [Lines::NONE; MAX_SIZE + 1];
     let mut size = 2;
     while size <= MAX_SIZE {
         all[size] = Lines::of(size);
