@@ -470,15 +470,23 @@ impl DeviceContext {
         self.send_parts_at(idx, parts).await
     }
 
-    async fn send_parts_at(&mut self, idx: usize, parts: Parts) -> Result<(), DeviceError> {
-        // The usual case first: the socket takes the parts at once. No future is built around
-        // the send (moving it into `interrupt` was 4 % of a 64 B shmem sampler); STOP requested
-        // before the call still wins, and the budget is spent as a waiting send spends it, so
-        // a sender whose every send succeeds still yields to the runtime's other tasks.
+    /// What a send or a receive on channel `idx` does before it tries the socket at once: STOP
+    /// requested before the call wins (the channel's `Interrupted`), and a unit of the
+    /// cooperative budget is spent as a waiting call spends it, so a device whose every call
+    /// completes at once still yields to the runtime's other tasks. (`&mut`: the context is
+    /// not `Sync`, and a shared borrow held across the yield would make the future not `Send`.)
+    async fn take_turn(&mut self, idx: usize) -> Result<(), DeviceError> {
         if self.stop.is_requested() {
             return self.settle(idx, None);
         }
         tokio::task::consume_budget().await;
+        Ok(())
+    }
+
+    async fn send_parts_at(&mut self, idx: usize, parts: Parts) -> Result<(), DeviceError> {
+        // The usual case first: the socket takes the parts at once. No future is built around
+        // the send (moving it into `interrupt` was 4 % of a 64 B shmem sampler).
+        self.take_turn(idx).await?;
         let parts = match self.channels[idx].try_send_parts(parts) {
             Ok(()) => return Ok(()),
             Err(parts) => parts,
@@ -525,10 +533,7 @@ impl DeviceContext {
     async fn receive_parts_at(&mut self, idx: usize) -> Result<Parts, DeviceError> {
         // As `send_parts_at`: a message that is there is taken without a future around the
         // receive (moving it into `interrupt` was 5 % of a 64 B shmem sink).
-        if self.stop.is_requested() {
-            return self.settle(idx, None);
-        }
-        tokio::task::consume_budget().await;
+        self.take_turn(idx).await?;
         if let Some(parts) = self.channels[idx].try_receive_parts() {
             return Ok(parts);
         }
