@@ -209,17 +209,23 @@ impl Default for SearchSettings {
 /// 1..=n, and the root's owner, whom every simulation passes twice, holds fewer of the others.
 ///
 /// Every simulation starts and ends at the root's owner (the selection at the root, the
-/// backup into it, the report to the driver): ~2 µs per rollout on top of its share of the
-/// playouts, so with many workers it is the first one full (on 16 cores, 2 to 12 workers with
-/// 16 playouts ran at about 1 / (2 µs + 24 µs / n)). From 8 workers up it keeps 1 in n of the
-/// nodes that hash to it and the others take the rest: measured there, 8 workers ran 7 % and 12
-/// workers 32 % faster with it (1 playout, 8 workers: 24 %), 4 workers 10 % slower (the others'
-/// larger shares cost more than the root's owner was spared).
+/// backup into it, the report to the driver). On 16 cores (2026-11-27, 8 workers, 16
+/// playouts, the time each worker spent in its handlers measured) those handlers cost ~0.8 µs
+/// per rollout, and a rollout cost a worker ~3.5 µs plus ~0.7 µs per playout of handler time.
+/// With 1 in n of its share (the rule before) the root's owner spent 30-40 % of its time in
+/// handlers against 65-80 % at the others. So from 8 workers up the root's owner keeps the
+/// share of its nodes that evens the handler loads, `1 - (n - 1) * 0.8 / (3.5 + 0.7 *
+/// playouts)`, none when that is below zero (8 workers with 1 playout); the nodes it gives up
+/// are spread evenly over the others. Below 8 workers it keeps them all: every node it gives up
+/// makes steps that were local calls, and where the processes share cores (2 workers on 2)
+/// that cost more than the evened load gained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placement {
     n_workers: u64,
     root: u64,
     root_owner: usize,
+    /// Of the nodes that hash to the root's owner, those it keeps, in 1024ths.
+    root_keeps: u64,
 }
 
 impl Placement {
@@ -227,19 +233,35 @@ impl Placement {
     pub const LIGHTER_ROOT_FROM: u64 = 8;
 
     /// The placement over `n_workers` workers (at least 1) of a search from the position
-    /// hashed `root`.
-    pub fn new(n_workers: usize, root: u64) -> Placement {
+    /// hashed `root`, each new node evaluated with `playouts` random games.
+    pub fn new(n_workers: usize, root: u64, playouts: u32) -> Placement {
         let n_workers = n_workers.max(1) as u64;
         Placement {
             n_workers,
             root,
             root_owner: 1 + (root % n_workers) as usize,
+            root_keeps: Self::root_keeps(n_workers, playouts),
         }
     }
 
-    /// The same workers, for a search from the position hashed `root`.
+    /// The share of its nodes the root's owner keeps, in 1024ths (see the type's docs).
+    fn root_keeps(n_workers: u64, playouts: u32) -> u64 {
+        if n_workers < Self::LIGHTER_ROOT_FROM {
+            return 1024;
+        }
+        // In tenths of a microsecond: the root's work per rollout, a rollout's at a worker.
+        let root_work = 8 * (n_workers - 1);
+        let rollout_work = 35 + 7 * u64::from(playouts.max(1));
+        1024 * rollout_work.saturating_sub(root_work) / rollout_work
+    }
+
+    /// The same workers and playouts, for a search from the position hashed `root`.
     pub fn rooted_at(&self, root: u64) -> Placement {
-        Placement::new(self.n_workers as usize, root)
+        Placement {
+            root,
+            root_owner: 1 + (root % self.n_workers) as usize,
+            ..*self
+        }
     }
 
     /// The member that owns the root.
@@ -251,10 +273,9 @@ impl Placement {
     pub fn owner(&self, hash: u64) -> usize {
         let n = self.n_workers;
         let first = 1 + (hash % n) as usize;
-        if n < Self::LIGHTER_ROOT_FROM
-            || first != self.root_owner
+        if first != self.root_owner
             || hash == self.root
-            || mixed(hash, 0x9e37_79b9_7f4a_7c15).is_multiple_of(n)
+            || mixed(hash, 0x9e37_79b9_7f4a_7c15) % 1024 < self.root_keeps
         {
             return first;
         }
@@ -554,7 +575,7 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
         nodes: NodeMap::default(),
         deferred: HashMap::new(),
         settings,
-        placement: Placement::new(n_workers, 0),
+        placement: Placement::new(n_workers, 0, settings.playouts),
         rng: Rng::new(seed),
         local_steps: 0,
         spare_paths: Vec::new(),
@@ -833,7 +854,7 @@ impl<G: Game> Driver<G> {
                 .confirmed()
                 .await?;
         }
-        let root_owner = Placement::new(self.n_workers, root).root_owner();
+        let root_owner = Placement::new(self.n_workers, root, 1).root_owner();
         let bytes = postcard::to_allocvec(position).unwrap_or_default();
         rpc.call_buffer::<Plant<G>>(root_owner, &root, Message::from(bytes))
             .await?;
@@ -953,32 +974,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_roots_owner_keeps_the_root_and_holds_fewer_nodes_from_eight_workers_up() {
+    fn the_roots_owner_keeps_the_root_and_from_eight_workers_the_share_that_evens_the_loads() {
         let mut rng = crate::Rng::new(7);
         let hashes: Vec<u64> = (0..200_000)
             .map(|_| (rng.below(1 << 32) as u64) << 32 | rng.below(1 << 32) as u64)
             .collect();
-        for n in 1..=12usize {
-            let root = hashes[n];
-            let placement = Placement::new(n, root);
-            assert_eq!(placement.owner(root), placement.root_owner());
-            let mut held = vec![0usize; n + 1];
-            for &hash in &hashes {
-                let owner = placement.owner(hash);
-                assert!((1..=n).contains(&owner), "{n} workers: member {owner}");
-                held[owner] += 1;
-            }
-            let even = hashes.len() as f64 / n as f64;
-            let root_share = held[placement.root_owner()] as f64;
+        // The share the root's owner keeps from 8 workers up: 1 - (n - 1) * 0.8 / (3.5 + 0.7 *
+        // playouts); below, all.
+        let expected = |n: usize, playouts: u32| {
             if (n as u64) < Placement::LIGHTER_ROOT_FROM {
-                assert!((root_share / even - 1.0).abs() < 0.05, "{n}: {held:?}");
-            } else {
-                // 1 in n of its share, the rest spread evenly over the others.
+                return 1.0;
+            }
+            (1.0 - (n - 1) as f64 * 0.8 / (3.5 + 0.7 * f64::from(playouts))).max(0.0)
+        };
+        assert!((expected(8, 16) - 0.62).abs() < 0.01);
+        assert_eq!(expected(8, 1), 0.0);
+        for playouts in [1, 16] {
+            for n in 1..=12usize {
+                let root = hashes[n];
+                let placement = Placement::new(n, root, playouts);
+                assert_eq!(placement.owner(root), placement.root_owner());
+                assert_eq!(placement.rooted_at(root), placement);
+                let mut held = vec![0usize; n + 1];
+                for &hash in &hashes {
+                    let owner = placement.owner(hash);
+                    assert!((1..=n).contains(&owner), "{n} workers: member {owner}");
+                    held[owner] += 1;
+                }
+                let even = hashes.len() as f64 / n as f64;
+                let root_share = held[placement.root_owner()] as f64 / even;
+                let keeps = expected(n, playouts);
                 assert!(
-                    (root_share / (even / n as f64) - 1.0).abs() < 0.1,
-                    "{n}: {held:?}"
+                    (root_share - keeps).abs() < 0.03,
+                    "{n} workers, {playouts} playouts: {root_share} kept, not {keeps}: {held:?}"
                 );
-                let others = (hashes.len() as f64 - root_share) / (n - 1) as f64;
+                // The rest spread evenly over the others.
+                let others = (hashes.len() as f64 - held[placement.root_owner()] as f64)
+                    / (n.max(2) - 1) as f64;
                 for (member, &count) in held.iter().enumerate().skip(1) {
                     if member != placement.root_owner() {
                         assert!((count as f64 / others - 1.0).abs() < 0.05, "{n}: {held:?}");
@@ -999,7 +1031,7 @@ mod tests {
             nodes: NodeMap::default(),
             deferred: HashMap::new(),
             settings: SearchSettings::default(),
-            placement: Placement::new(1, root_hash),
+            placement: Placement::new(1, root_hash, 16),
             rng: Rng::new(1),
             local_steps: 0,
             spare_paths: Vec::new(),
