@@ -7,7 +7,8 @@
 //! ```
 //!
 //! Options: `--board S` (default 11), `--workers N` (2), `--rollouts R` per search or move
-//! (10000), `--aggregate none|trad|ovfl` (ovfl), `--playouts P` per new node (16),
+//! (10000), `--aggregate none|trad|ovfl` (ovfl), `--aggregate-bytes B` and `--aggregate-us U`
+//! (`trad`'s frame size and longest hold: 4096, 100), `--playouts P` per new node (16),
 //! `--in-flight K` simulations per worker (256), `--seconds T` per search or move (none: the
 //! rollouts alone are the budget), `--transport shmem|zeromq` (shmem),
 //! `--versus random|plain` with `--games G` (10) and `--plain-iterations I` (the rollouts),
@@ -37,6 +38,8 @@ struct Options {
     workers: usize,
     rollouts: u64,
     aggregate: Aggregation,
+    aggregate_bytes: usize,
+    aggregate_us: u64,
     playouts: u32,
     in_flight: usize,
     transport: String,
@@ -54,6 +57,10 @@ fn parse(args: &[String]) -> Result<Options, String> {
         workers: 2,
         rollouts: 10_000,
         aggregate: Aggregation::Ovfl,
+        aggregate_bytes: ferromq::rpc::RpcOptions::default().aggregate_bytes,
+        aggregate_us: ferromq::rpc::RpcOptions::default()
+            .aggregate_delay
+            .as_micros() as u64,
         playouts: 16,
         in_flight: ferromq::mcts::search::IN_FLIGHT_PER_WORKER,
         transport: "shmem".to_owned(),
@@ -85,6 +92,15 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--workers" => options.workers = number(flag, value()?, 1)?,
             "--rollouts" => options.rollouts = number(flag, value()?, 1)?,
             "--aggregate" => options.aggregate = value()?.parse()?,
+            // The ranges a topology's group takes for the same settings.
+            "--aggregate-bytes" => match number(flag, value()?, 64usize)? {
+                bytes if bytes <= 64 << 20 => options.aggregate_bytes = bytes,
+                bytes => return Err(format!("{flag} {bytes}: at most 64 MiB ({})", 64 << 20)),
+            },
+            "--aggregate-us" => match number(flag, value()?, 0u64)? {
+                micros if micros <= 10_000_000 => options.aggregate_us = micros,
+                micros => return Err(format!("{flag} {micros}: at most 10000000 (10 s)")),
+            },
             "--playouts" => options.playouts = number(flag, value()?, 1)?,
             "--in-flight" => options.in_flight = number(flag, value()?, 1)?,
             "--transport" => match value()?.as_str() {
@@ -178,6 +194,8 @@ async fn drive(options: &Options) -> Result<(), String> {
         transport: options.transport.clone(),
         session: format!("mcts-{}", std::process::id()),
         aggregation: options.aggregate,
+        aggregate_bytes: options.aggregate_bytes,
+        aggregate_delay: Duration::from_micros(options.aggregate_us),
         settings: SearchSettings {
             playouts: options.playouts,
             ..SearchSettings::default()
@@ -228,11 +246,11 @@ async fn one_search(options: &Options, search: &LocalSearch<Hex>) -> Result<(), 
         .take(5)
         .map(|edge| format!("[\"{}\",{}]", position.move_name(edge.mv), edge.visits))
         .collect();
-    let (records, local_steps) = (traffic.records, traffic.local_steps);
+    let (records, frames, local_steps) = (traffic.records, traffic.frames, traffic.local_steps);
     let share = traffic.aggregated as f64 / records.max(1) as f64;
     if options.json {
         println!(
-            "{{\"board\":{},\"workers\":{},\"aggregate\":\"{}\",\"transport\":\"{}\",\"rollouts\":{},\"rollouts_per_s\":{rate:.0},\"playouts\":{},\"playouts_per_s\":{:.0},\"best_move\":\"{best}\",\"root_visits\":[{}],\"remote_calls\":{records},\"aggregated_share\":{share:.3},\"local_steps\":{local_steps},\"seconds\":{:.3}}}",
+            "{{\"board\":{},\"workers\":{},\"aggregate\":\"{}\",\"transport\":\"{}\",\"rollouts\":{},\"rollouts_per_s\":{rate:.0},\"playouts\":{},\"playouts_per_s\":{:.0},\"best_move\":\"{best}\",\"root_visits\":[{}],\"remote_calls\":{records},\"remote_frames\":{frames},\"aggregated_share\":{share:.3},\"local_steps\":{local_steps},\"seconds\":{:.3}}}",
             options.board,
             options.workers,
             options.aggregate,
@@ -245,7 +263,7 @@ async fn one_search(options: &Options, search: &LocalSearch<Hex>) -> Result<(), 
         );
     } else {
         println!(
-            "{}x{} Hex, {} workers ({}, {}): {} rollouts in {:.2} s ({rate:.0}/s); best move {best}; most visited {}; {records} remote calls, {:.0}% aggregated; {local_steps} steps without a call",
+            "{}x{} Hex, {} workers ({}, {}): {} rollouts in {:.2} s ({rate:.0}/s); best move {best}; most visited {}; {records} remote calls in {frames} frames, {:.0}% aggregated; {local_steps} steps without a call",
             options.board,
             options.board,
             options.workers,

@@ -46,6 +46,10 @@ fn main() -> ExitCode {
             mcts_budget,
         ),
         trial(
+            "mcts_hex_example_packs_calls_by_its_trad_settings_and_refuses_them_out_of_range",
+            mcts_trad_settings,
+        ),
+        trial(
             "mcts_hex_example_plays_games_against_a_random_player",
             mcts_versus_random,
         ),
@@ -242,6 +246,56 @@ fn mcts_budget() -> Result<()> {
     Ok(())
 }
 
+/// A number field of the example's JSON.
+fn json_number(stdout: &str, field: &str) -> Result<u64> {
+    stdout
+        .split(&format!("\"{field}\":"))
+        .nth(1)
+        .and_then(|rest| rest.split([',', '}']).next())
+        .and_then(|number| number.parse().ok())
+        .with_context(|| format!("no {field} in {stdout}"))
+}
+
+fn mcts_trad_settings() -> Result<()> {
+    // Calls per frame with `trad`: frames of 64 bytes hold a call or two; frames of 64 KiB
+    // held up to 2 ms gather many.
+    let mut per_frame = Vec::new();
+    for (bytes, micros) in [("64", "0"), ("65536", "2000")] {
+        let stdout = mcts_example(&[
+            "--board",
+            "5",
+            "--workers",
+            "2",
+            "--rollouts",
+            "2000",
+            "--aggregate",
+            "trad",
+            "--aggregate-bytes",
+            bytes,
+            "--aggregate-us",
+            micros,
+            "--json",
+        ])?;
+        let calls = json_number(&stdout, "remote_calls")?;
+        let frames = json_number(&stdout, "remote_frames")?;
+        ensure!(frames > 0 && frames <= calls, "{bytes} bytes: {stdout}");
+        per_frame.push(calls as f64 / frames as f64);
+    }
+    ensure!(
+        per_frame[0] <= 3.0 && per_frame[1] > 2.0 * per_frame[0],
+        "calls per frame with 64-byte and 64-KiB frames: {per_frame:?}"
+    );
+    for (flag, value) in [("--aggregate-us", "10000001"), ("--aggregate-bytes", "63")] {
+        let args = vec![flag.to_owned(), value.to_owned()];
+        let (code, _, stderr) = ExampleProcess::spawn("mcts-hex", &args)?.finish("mcts-hex")?;
+        ensure!(
+            code == 2 && stderr.contains(&format!("{flag} {value}")),
+            "{flag} {value}: exit {code}, {stderr}"
+        );
+    }
+    Ok(())
+}
+
 fn mcts_versus_random() -> Result<()> {
     let stdout = mcts_example(&[
         "--board",
@@ -274,6 +328,8 @@ fn mcts_worker_killed() -> Result<()> {
         transport: "zeromq".to_owned(),
         session: format!("mctskill{}", std::process::id()),
         aggregation: ferromq::rpc::Aggregation::Ovfl,
+        aggregate_bytes: 4096,
+        aggregate_delay: Duration::from_micros(100),
         settings: ferromq::mcts::search::SearchSettings::default(),
         timeout: Duration::from_secs(2),
     };

@@ -36,6 +36,10 @@ pub struct LocalConfig {
     pub session: String,
     /// How calls are packed.
     pub aggregation: Aggregation,
+    /// The size of an aggregated frame ([`RpcOptions::aggregate_bytes`]).
+    pub aggregate_bytes: usize,
+    /// How long `trad` holds a frame that is not full ([`RpcOptions::aggregate_delay`]).
+    pub aggregate_delay: Duration,
     /// Playouts and exploration.
     pub settings: SearchSettings,
     /// The longest wait for a call.
@@ -66,6 +70,8 @@ impl Drop for IpcFiles {
 fn rpc_options(config: &LocalConfig) -> RpcOptions {
     RpcOptions {
         aggregation: config.aggregation,
+        aggregate_bytes: config.aggregate_bytes,
+        aggregate_delay: config.aggregate_delay,
         timeout: config.timeout,
         ..RpcOptions::default()
     }
@@ -225,11 +231,13 @@ fn members(addresses: &[String]) -> Result<Vec<Member>, String> {
 
 fn config_text(config: &LocalConfig) -> String {
     format!(
-        "{} {} {} {} {} {} {}",
+        "{} {} {} {} {} {} {} {} {}",
         config.workers,
         config.transport,
         config.session,
         config.aggregation,
+        config.aggregate_bytes,
+        config.aggregate_delay.as_micros(),
         config.settings.playouts,
         config.settings.exploration,
         config.timeout.as_millis()
@@ -243,12 +251,14 @@ fn parse_config(text: &str) -> Result<LocalConfig, String> {
         transport,
         session,
         aggregation,
+        aggregate_bytes,
+        aggregate_us,
         playouts,
         exploration,
         timeout_ms,
     ] = fields[..]
     else {
-        return Err(format!("FERROMQ_MCTS_CONFIG {text:?} has not 7 fields"));
+        return Err(format!("FERROMQ_MCTS_CONFIG {text:?} has not 9 fields"));
     };
     let number = |field: &str| {
         field
@@ -260,6 +270,8 @@ fn parse_config(text: &str) -> Result<LocalConfig, String> {
         transport: transport.to_owned(),
         session: session.to_owned(),
         aggregation: aggregation.parse()?,
+        aggregate_bytes: number(aggregate_bytes)? as usize,
+        aggregate_delay: Duration::from_micros(number(aggregate_us)?),
         settings: SearchSettings {
             playouts: number(playouts)? as u32,
             exploration: exploration

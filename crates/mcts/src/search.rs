@@ -139,7 +139,7 @@ procedure!(
 procedure!(
     /// Records sent by the member, how many travelled with others, and the steps it took
     /// without a call (for the report).
-    TrafficOf, "mcts-traffic", (), (u64, u64, u64)
+    TrafficOf, "mcts-traffic", (), (u64, u64, u64, u64)
 );
 
 /// What a search group's members sent and did ([`Driver::traffic`]).
@@ -147,6 +147,8 @@ procedure!(
 pub struct Traffic {
     /// Records (calls, returns, confirmations) sent.
     pub records: u64,
+    /// Frames they travelled in (records ÷ frames: how well the calls were packed).
+    pub frames: u64,
     /// Of those, the ones that travelled in a frame with others.
     pub aggregated: u64,
     /// Simulation steps taken at the worker that owned the next node too, without a call.
@@ -709,7 +711,12 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
         .on::<TrafficOf<G>, _, _>(move |invocation: Invocation, ()| {
             let stats = invocation.rpc().stats();
             let local_steps = guard(&on_traffic).local_steps;
-            std::future::ready((stats.records, stats.aggregated_records, local_steps))
+            std::future::ready((
+                stats.records,
+                stats.aggregated_records,
+                local_steps,
+                stats.frames,
+            ))
         })
 }
 
@@ -737,7 +744,7 @@ pub fn driver_handlers<G: Game>(counts: &Arc<DriverCounts>) -> Handlers {
         })
         .on::<TrafficOf<G>, _, _>(|invocation: Invocation, ()| {
             let stats = invocation.rpc().stats();
-            std::future::ready((stats.records, stats.aggregated_records, 0))
+            std::future::ready((stats.records, stats.aggregated_records, 0, stats.frames))
         })
 }
 
@@ -959,9 +966,10 @@ impl<G: Game> Driver<G> {
     pub async fn traffic(&self) -> Result<Traffic, CallError> {
         let mut total = Traffic::default();
         for member in 0..=self.n_workers {
-            let (records, aggregated, local_steps) =
+            let (records, aggregated, local_steps, frames) =
                 self.rpc.call_return::<TrafficOf<G>>(member, &()).await?;
             total.records += records;
+            total.frames += frames;
             total.aggregated += aggregated;
             total.local_steps += local_steps;
         }
