@@ -310,12 +310,7 @@ fn mcts_versus_random() -> Result<()> {
         "2",
         "--json",
     ])?;
-    let wins = stdout
-        .split("\"wins\":")
-        .nth(1)
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|wins| wins.parse::<u32>().ok())
-        .with_context(|| format!("no wins in {stdout}"))?;
+    let wins = json_number(&stdout, "wins")?;
     ensure!(stdout.contains("\"games\":2,") && wins <= 2, "{stdout}");
     Ok(())
 }

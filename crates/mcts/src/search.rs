@@ -137,8 +137,8 @@ procedure!(
     Pending, "mcts-pending", (), (u64, u64)
 );
 procedure!(
-    /// Records sent by the member, how many travelled with others, and the steps it took
-    /// without a call (for the report).
+    /// Records sent by the member, how many travelled with others, the steps it took without a
+    /// call, and the frames the records travelled in (for the report).
     TrafficOf, "mcts-traffic", (), (u64, u64, u64, u64)
 );
 
@@ -241,9 +241,14 @@ impl Placement {
         Placement {
             n_workers,
             root,
-            root_owner: 1 + (root % n_workers) as usize,
+            root_owner: Self::owner_of_root(n_workers as usize, root),
             root_keeps: Self::root_keeps(n_workers, playouts),
         }
+    }
+
+    /// The member that owns the root hashed `root` among `n_workers` workers (at least 1).
+    pub fn owner_of_root(n_workers: usize, root: u64) -> usize {
+        1 + (root % n_workers.max(1) as u64) as usize
     }
 
     /// The share of its nodes the root's owner keeps, in 1024ths (see the type's docs).
@@ -261,7 +266,7 @@ impl Placement {
     pub fn rooted_at(&self, root: u64) -> Placement {
         Placement {
             root,
-            root_owner: 1 + (root % self.n_workers) as usize,
+            root_owner: Self::owner_of_root(self.n_workers as usize, root),
             ..*self
         }
     }
@@ -861,7 +866,7 @@ impl<G: Game> Driver<G> {
                 .confirmed()
                 .await?;
         }
-        let root_owner = Placement::new(self.n_workers, root, 1).root_owner();
+        let root_owner = Placement::owner_of_root(self.n_workers, root);
         let bytes = postcard::to_allocvec(position).unwrap_or_default();
         rpc.call_buffer::<Plant<G>>(root_owner, &root, Message::from(bytes))
             .await?;
