@@ -217,19 +217,24 @@ fn mcts_example(args: &[&str]) -> Result<String> {
     Ok(stdout)
 }
 
+/// A search of `rollouts` on 5x5 Hex by 2 workers, with `more` options; its JSON.
+fn mcts_small_search(rollouts: &str, more: &[&str]) -> Result<String> {
+    let mut args = vec![
+        "--board",
+        "5",
+        "--workers",
+        "2",
+        "--json",
+        "--rollouts",
+        rollouts,
+    ];
+    args.extend_from_slice(more);
+    mcts_example(&args)
+}
+
 fn mcts_budget() -> Result<()> {
     for transport in ["shmem", "zeromq"] {
-        let stdout = mcts_example(&[
-            "--board",
-            "5",
-            "--workers",
-            "2",
-            "--rollouts",
-            "500",
-            "--transport",
-            transport,
-            "--json",
-        ])?;
+        let stdout = mcts_small_search("500", &["--transport", transport])?;
         for field in [
             "\"rollouts\":500,",
             "\"workers\":2,",
@@ -261,21 +266,17 @@ fn mcts_trad_settings() -> Result<()> {
     // held up to 2 ms gather many.
     let mut per_frame = Vec::new();
     for (bytes, micros) in [("64", "0"), ("65536", "2000")] {
-        let stdout = mcts_example(&[
-            "--board",
-            "5",
-            "--workers",
-            "2",
-            "--rollouts",
+        let stdout = mcts_small_search(
             "2000",
-            "--aggregate",
-            "trad",
-            "--aggregate-bytes",
-            bytes,
-            "--aggregate-us",
-            micros,
-            "--json",
-        ])?;
+            &[
+                "--aggregate",
+                "trad",
+                "--aggregate-bytes",
+                bytes,
+                "--aggregate-us",
+                micros,
+            ],
+        )?;
         let calls = json_number(&stdout, "remote_calls")?;
         let frames = json_number(&stdout, "remote_frames")?;
         ensure!(frames > 0 && frames <= calls, "{bytes} bytes: {stdout}");
