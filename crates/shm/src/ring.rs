@@ -54,9 +54,12 @@
 //! consumer that dies never marks: its producer, finishing while the consumer's pid
 //! (`consumer`) still runs, keeps an [`OrphanRing`] and looks again whenever an allocation
 //! finds its segment full; once no process has that pid it releases what the consumer left
-//! and the consumer's reference to the block. What the consumer left is everything from the
-//! published head: the consumer reads ahead of it (a run of entries at a look), but moves the
-//! head past an entry only when it hands the entry's message to its device
+//! and the consumer's reference to the block. A push lets the ring of a connection that ended
+//! go (and so finishes it) at its next write into a ring, or when an allocation of its process
+//! finds the segment full ([`crate::session::RingHolder`]), whichever comes first: a sender
+//! that never writes again still gets that memory back. What the consumer left is everything
+//! from the published head: the consumer reads ahead of it (a run of entries at a look), but
+//! moves the head past an entry only when it hands the entry's message to its device
 //! ([`RingConsumer::take_peeked`], [`RingConsumer::release_to`]), so a consumer killed with a
 //! run taken and not handed out leaves all of it to its producer; it releases nothing of an
 //! entry before the head passed it, so nothing is released twice. A producer that dies

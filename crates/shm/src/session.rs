@@ -104,6 +104,21 @@ pub(crate) struct Session {
     /// them: if a consumer dies without finishing, what it left is released here (see
     /// [`Session::settle_orphans`]).
     orphans: Mutex<Vec<OrphanRing>>,
+    /// The sockets of this process that produce into rings, looked at when an allocation finds
+    /// the segment full ([`Session::settle_full`]).
+    producers: Mutex<Vec<std::sync::Weak<dyn RingHolder>>>,
+}
+
+/// A socket that keeps a ring per connection until it next writes: when its connection ends
+/// (a receiver killed), the ring stays with the socket until then, and what the receiver
+/// left in it with the ring. An allocation that finds the segment full has the socket let
+/// such rings go ([`Session::settle_full`]), so their backlog is released even when the
+/// socket never writes again (no receiver left, a sender waiting for room).
+pub(crate) trait RingHolder: Send + Sync {
+    /// Drops the rings of connections that ended (each one's drop finishes it: see
+    /// [`Session::finish_producing`]). Never called with the holder's own lock held: the
+    /// allocation that calls it takes no socket lock.
+    fn drop_rings_of_gone_connections(&self);
 }
 
 /// A message of `size` bytes in a block allocated for at least that many.
@@ -135,7 +150,31 @@ impl Session {
             delivery_slots: Arc::default(),
             spin_on_full: AtomicBool::new(true),
             orphans: Mutex::default(),
+            producers: Mutex::default(),
         }
+    }
+
+    /// Has an allocation that finds the segment full look at `holder`'s rings.
+    pub(crate) fn watch_producer(&self, holder: std::sync::Weak<dyn RingHolder>) {
+        let mut producers = self.producers.lock().expect("producers poisoned");
+        producers.retain(|known| known.strong_count() > 0);
+        producers.push(holder);
+    }
+
+    /// The segment is full: the rings of connections that ended go (their consumers' backlog
+    /// becomes orphaned, or is released at once), then what dead consumers left is released.
+    fn settle_full(&self) {
+        let producers: Vec<_> = self
+            .producers
+            .lock()
+            .expect("producers poisoned")
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        for producer in producers {
+            producer.drop_rings_of_gone_connections();
+        }
+        self.settle_orphans();
     }
 
     fn object_name(&self, kind: ObjectKind, creator_pid: u32, index: u32) -> ObjectName {
@@ -234,7 +273,7 @@ impl Session {
             return Ok(buffer);
         }
         // Full: only now is the clock read. A receiver killed with a backlog may hold room.
-        self.settle_orphans();
+        self.settle_full();
         let mut wait = self.room_wait();
         // While the receivers keep releasing blocks (the usual case for large messages: the
         // segment holds only so many), room comes back within microseconds: look again after
@@ -721,7 +760,7 @@ impl RoomWait<'_> {
         if options.retry_interval.is_none() {
             self.pause = (self.pause * 2).min(Duration::from_millis(10));
         }
-        self.session.settle_orphans();
+        self.session.settle_full();
         Ok(true)
     }
 }

@@ -709,6 +709,15 @@ struct PushState {
     connected: std::sync::atomic::AtomicBool,
 }
 
+impl crate::session::RingHolder for PushState {
+    fn drop_rings_of_gone_connections(&self) {
+        self.outbox
+            .lock()
+            .rings
+            .retain(|connection| !connection.link.is_gone());
+    }
+}
+
 const MAX_RECORDS_PER_FRAME: usize = 64;
 const MAX_FRAME_BYTES: usize = 64 << 10;
 
@@ -984,6 +993,8 @@ impl BatchedPush {
             n_refused: 0.into(),
             connected: false.into(),
         });
+        let holder: Arc<dyn crate::session::RingHolder> = state.clone();
+        state.session.watch_producer(Arc::downgrade(&holder));
         let task_state = Arc::clone(&state);
         let task = tokio::spawn(async move {
             let state = task_state;
