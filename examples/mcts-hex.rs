@@ -87,20 +87,27 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 _ => Err(format!("{flag} {text}: a whole number of at least {min}")),
             }
         }
+        fn bounded(flag: &str, text: String, (low, high): (u64, u64)) -> Result<u64, String> {
+            match text.parse::<u64>() {
+                Ok(number) if (low..=high).contains(&number) => Ok(number),
+                _ => Err(format!(
+                    "{flag} {text}: a whole number from {low} to {high}"
+                )),
+            }
+        }
         match flag.as_str() {
             "--board" => options.board = number(flag, value()?, 2)?,
             "--workers" => options.workers = number(flag, value()?, 1)?,
             "--rollouts" => options.rollouts = number(flag, value()?, 1)?,
             "--aggregate" => options.aggregate = value()?.parse()?,
             // The ranges a topology's group takes for the same settings.
-            "--aggregate-bytes" => match number(flag, value()?, 64usize)? {
-                bytes if bytes <= 64 << 20 => options.aggregate_bytes = bytes,
-                bytes => return Err(format!("{flag} {bytes}: at most 64 MiB ({})", 64 << 20)),
-            },
-            "--aggregate-us" => match number(flag, value()?, 0u64)? {
-                micros if micros <= 10_000_000 => options.aggregate_us = micros,
-                micros => return Err(format!("{flag} {micros}: at most 10000000 (10 s)")),
-            },
+            "--aggregate-bytes" => {
+                let bounds = ferromq::rpc::AGGREGATE_BYTES_BOUNDS;
+                options.aggregate_bytes = bounded(flag, value()?, bounds)? as usize;
+            }
+            "--aggregate-us" => {
+                options.aggregate_us = bounded(flag, value()?, ferromq::rpc::AGGREGATE_US_BOUNDS)?;
+            }
             "--playouts" => options.playouts = number(flag, value()?, 1)?,
             "--in-flight" => options.in_flight = number(flag, value()?, 1)?,
             "--transport" => match value()?.as_str() {

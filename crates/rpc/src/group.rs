@@ -95,10 +95,10 @@ pub fn options_from_properties(ctx: &DeviceContext, group: &str) -> Result<RpcOp
             }
         }
     };
-    if let Some(bytes) = number("aggregate-bytes", (64, 64 << 20))? {
+    if let Some(bytes) = number("aggregate-bytes", crate::AGGREGATE_BYTES_BOUNDS)? {
         options.aggregate_bytes = bytes as usize;
     }
-    if let Some(micros) = number("aggregate-us", (0, 10_000_000))? {
+    if let Some(micros) = number("aggregate-us", crate::AGGREGATE_US_BOUNDS)? {
         options.aggregate_delay = Duration::from_micros(micros);
     }
     if let Some(millis) = number("timeout-ms", (1, 86_400_000))? {

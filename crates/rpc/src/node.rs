@@ -62,6 +62,12 @@ pub struct RpcOptions {
     pub busy_poll: bool,
 }
 
+/// The values [`RpcOptions::aggregate_bytes`] takes from a user (a topology's group, an
+/// example's option), inclusive.
+pub const AGGREGATE_BYTES_BOUNDS: (u64, u64) = (64, 64 << 20);
+/// The values [`RpcOptions::aggregate_delay`] takes from a user, in microseconds, inclusive.
+pub const AGGREGATE_US_BOUNDS: (u64, u64) = (0, 10_000_000);
+
 impl Default for RpcOptions {
     fn default() -> RpcOptions {
         RpcOptions {
