@@ -55,9 +55,10 @@
 //! (`consumer`) still runs, keeps an [`OrphanRing`] and looks again whenever an allocation
 //! finds its segment full; once no process has that pid it releases what the consumer left
 //! and the consumer's reference to the block. A push lets the ring of a connection that ended
-//! go (and so finishes it) at its next write into a ring, or when an allocation of its process
-//! finds the segment full ([`crate::session::RingHolder`]), whichever comes first: a sender
-//! that never writes again still gets that memory back. What the consumer left is everything
+//! go (and so finishes it) at its next write into a ring, a publisher the ring of a subscriber
+//! that left at its next send, or either when an allocation of its process finds the segment
+//! full ([`crate::session::RingHolder`]), whichever comes first: a sender that never writes
+//! again still gets that memory back. What the consumer left is everything
 //! from the published head: the consumer reads ahead of it (a run of entries at a look), but
 //! moves the head past an entry only when it hands the entry's message to its device
 //! ([`RingConsumer::take_peeked`], [`RingConsumer::release_to`]), so a consumer killed with a
@@ -316,6 +317,14 @@ impl RingProducer {
     /// The pid of the process that adopted the ring, 0 before one did.
     pub(crate) fn consumer_pid(&self) -> u32 {
         self.memory.u32_at(CONSUMER).load(Ordering::Acquire)
+    }
+
+    /// Whether the process that adopted the ring is gone (none has its pid, or only a
+    /// zombie; see [`OrphanRing::fate`]); false before one adopted it. Reads `/proc`: for a
+    /// segment found full, not for a send.
+    pub(crate) fn consumer_died(&self) -> bool {
+        let pid = self.consumer_pid();
+        pid != 0 && !crate::segment::ProcessId { pid, start_time: 0 }.is_alive()
     }
 
     /// A handle of the producer's on the ring after it finished, with a reference of its own

@@ -69,9 +69,15 @@ impl Drop for SubscriberPeer {
 }
 
 struct Publisher {
+    /// The subscribers, shared with the session: an allocation that finds the segment full
+    /// has the publisher let the rings of subscribers that left go ([`PublisherPeers`]).
+    peers: Arc<PublisherPeers>,
+    out: PublisherOut,
+}
+
+/// What a publisher sends with: its socket and what it reuses from send to send.
+struct PublisherOut {
     router: zeromq::RouterSocket,
-    events: futures::channel::mpsc::Receiver<zeromq::SocketEvent>,
-    subscribers: Vec<SubscriberPeer>,
     /// Frames handed to zmq.rs and not yet written out: `close` waits for them (zmq.rs has no
     /// linger), so a publisher that exits right after sending loses nothing it handed over.
     in_flight: Arc<ferromq_zmq::InFlight>,
@@ -83,6 +89,57 @@ struct Publisher {
     n_sends_since_subscriptions: u32,
     /// When subscription messages were last looked for; `None`: at the next send.
     subscriptions_looked_at: Option<std::time::Instant>,
+}
+
+/// A publisher's subscribers and the connection events not yet looked at, behind a lock that
+/// the publisher takes twice per message (to prepare it and to publish it) and an allocation
+/// that finds the segment full once ([`crate::session::RingHolder`]): a subscriber killed with
+/// a backlog in its ring gives that memory back though its publisher never sends again.
+struct PublisherPeers {
+    state: crate::lock::ShortLock<PeersState>,
+}
+
+struct PeersState {
+    events: futures::channel::mpsc::Receiver<zeromq::SocketEvent>,
+    subscribers: Vec<SubscriberPeer>,
+    /// Subscribers that connected and have no ring yet: the publisher gives them one at its
+    /// next send (announcing it takes the publisher's socket, which the session cannot reach).
+    joined: Vec<Bytes>,
+}
+
+impl PeersState {
+    /// Takes in the connection events that arrived: a subscriber that connected waits in
+    /// `joined`, one that disconnected is forgotten with its ring. `try_recv` registers no
+    /// waker: this runs at every send.
+    fn take_events(&mut self) {
+        while let Ok(event) = self.events.try_recv() {
+            match event {
+                zeromq::SocketEvent::Accepted(_, peer)
+                | zeromq::SocketEvent::Connected(_, peer) => {
+                    self.joined.push(Bytes::from(peer));
+                }
+                zeromq::SocketEvent::Disconnected(peer) => {
+                    let identity = Bytes::from(peer);
+                    // Its consumer is gone: the ring is closed and nobody is woken.
+                    self.joined.retain(|joined| *joined != identity);
+                    self.subscribers.retain(|known| known.identity != identity);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+impl crate::session::RingHolder for PublisherPeers {
+    fn drop_rings_of_gone_connections(&self) {
+        let mut state = self.state.lock();
+        state.take_events();
+        // zmq.rs reports a disconnection only once the publisher's socket is read, which
+        // only its own sends do: a subscriber whose process is gone goes now.
+        state
+            .subscribers
+            .retain(|known| known.ring.as_ref().is_none_or(|ring| !ring.consumer_died()));
+    }
 }
 
 /// A publisher looks at the clock every this many sends, and for subscription messages when
@@ -1510,17 +1567,30 @@ impl ShmSocket {
         let inner = match config.socket_type {
             SocketType::Pub => {
                 let mut router = zeromq::RouterSocket::new();
-                let events = router.monitor();
+                let peers = Arc::new(PublisherPeers {
+                    state: crate::lock::ShortLock::new(PeersState {
+                        events: router.monitor(),
+                        subscribers: Vec::new(),
+                        joined: Vec::new(),
+                    }),
+                });
+                let holder: Arc<dyn crate::session::RingHolder> = peers.clone();
+                session.watch_producer(Arc::downgrade(&holder));
                 Inner::Publisher(Publisher {
-                    router,
-                    events,
-                    subscribers: Vec::new(),
-                    in_flight: Arc::default(),
-                    doorbell: Bytes::from(wire::frame_header(session.hash, DeliveryRef::NONE, 0)),
-                    entry: Vec::new(),
-                    // The first send looks.
-                    n_sends_since_subscriptions: SUBSCRIPTIONS_EVERY,
-                    subscriptions_looked_at: None,
+                    peers,
+                    out: PublisherOut {
+                        router,
+                        in_flight: Arc::default(),
+                        doorbell: Bytes::from(wire::frame_header(
+                            session.hash,
+                            DeliveryRef::NONE,
+                            0,
+                        )),
+                        entry: Vec::new(),
+                        // The first send looks.
+                        n_sends_since_subscriptions: SUBSCRIPTIONS_EVERY,
+                        subscriptions_looked_at: None,
+                    },
                 })
             }
             SocketType::Sub => Inner::Subscriber(SubscriberSide {
@@ -1783,25 +1853,14 @@ struct PreparedMessage {
     ring_entry: Option<(EntryKind, Option<ShmBuffer>)>,
 }
 
-impl Publisher {
+impl PublisherOut {
     /// Takes in connection events and subscription messages that arrived since the last send.
     /// A new subscriber gets a descriptor ring in this process's segment, announced to it
     /// alone; a subscriber that disconnected is forgotten with its ring.
-    fn refresh(&mut self, session: &Arc<Session>) {
-        // `try_recv` registers no waker: this runs at every send.
-        while let Ok(event) = self.events.try_recv() {
-            match event {
-                zeromq::SocketEvent::Accepted(_, peer)
-                | zeromq::SocketEvent::Connected(_, peer) => {
-                    self.add_subscriber(session, Bytes::from(peer));
-                }
-                zeromq::SocketEvent::Disconnected(peer) => {
-                    let identity = Bytes::from(peer);
-                    // Its consumer is gone: the ring is closed and nobody is woken.
-                    self.subscribers.retain(|known| known.identity != identity);
-                }
-                _ => {}
-            }
+    fn refresh(&mut self, session: &Arc<Session>, peers: &mut PeersState) {
+        peers.take_events();
+        for identity in std::mem::take(&mut peers.joined) {
+            self.add_subscriber(session, peers, identity);
         }
         // Subscriptions are looked for now and then only (zmq.rs allocates for each
         // receive): a subscriber filters what it gets anyway, so a late one costs only
@@ -1831,7 +1890,7 @@ impl Publisher {
             // everything and filters it, and one that left already (its hello read after its
             // disconnection) must not come back as a ring nobody reads, whose entries would
             // hold their blocks for ever.
-            if let Some(known) = self
+            if let Some(known) = peers
                 .subscribers
                 .iter_mut()
                 .find(|known| known.identity == identity)
@@ -1842,8 +1901,8 @@ impl Publisher {
     }
 
     /// Adds the subscriber `identity`, which connected, with its ring, unless it is known.
-    fn add_subscriber(&mut self, session: &Arc<Session>, identity: Bytes) {
-        if self
+    fn add_subscriber(&mut self, session: &Arc<Session>, peers: &mut PeersState, identity: Bytes) {
+        if peers
             .subscribers
             .iter()
             .any(|known| known.identity == identity)
@@ -1866,7 +1925,7 @@ impl Publisher {
                 None
             }
         };
-        self.subscribers.push(SubscriberPeer {
+        peers.subscribers.push(SubscriberPeer {
             identity,
             topics: None,
             ring,
@@ -1890,8 +1949,7 @@ impl Publisher {
 
     /// Writes `entry` into the ring of subscriber `subscriber_idx` and publishes it, ringing
     /// its doorbell when it waits; false when the ring is full.
-    fn push_to_ring(&mut self, subscriber_idx: usize, kind: EntryKind) -> bool {
-        let subscriber = &mut self.subscribers[subscriber_idx];
+    fn push_to_ring(&mut self, subscriber: &mut SubscriberPeer, kind: EntryKind) -> bool {
         let ring = subscriber.ring.as_mut().expect("a subscriber with a ring");
         let wake = match ring.push(kind, &self.entry) {
             Pushed::Full => return false,
@@ -1910,9 +1968,8 @@ impl Publisher {
 
     /// Closes every subscriber's ring (they still take what it holds), ringing the doorbells
     /// of those that wait.
-    fn close_rings(&mut self) {
-        for subscriber_idx in 0..self.subscribers.len() {
-            let subscriber = &mut self.subscribers[subscriber_idx];
+    fn close_rings(&mut self, peers: &mut PeersState) {
+        for subscriber in &mut peers.subscribers {
             let Some(mut ring) = subscriber.ring.take() else {
                 continue;
             };
@@ -1925,7 +1982,7 @@ impl Publisher {
     }
 }
 
-impl Publisher {
+impl PublisherOut {
     /// Takes in what happened since the last send (see [`Publisher::refresh`]) and makes what
     /// the subscribers get of the message `record` describes: its ring entry, and a frame only
     /// when a subscriber has no ring.
@@ -1935,10 +1992,11 @@ impl Publisher {
     fn prepare(
         &mut self,
         session: &Arc<Session>,
+        peers: &mut PeersState,
         record: &[PartRef],
     ) -> std::result::Result<PreparedMessage, crate::error::ShmError> {
-        self.refresh(session);
-        let frame = if self.subscribers.iter().all(|known| known.ring.is_some()) {
+        self.refresh(session, peers);
+        let frame = if peers.subscribers.iter().all(|known| known.ring.is_some()) {
             Bytes::new()
         } else {
             let mut frame = wire::frame_header(session.hash, DeliveryRef::NONE, 32);
@@ -1947,7 +2005,7 @@ impl Publisher {
             Bytes::from(frame)
         };
         let mut ring_entry_kind = None;
-        if self.subscribers.iter().any(|known| known.ring.is_some()) {
+        if peers.subscribers.iter().any(|known| known.ring.is_some()) {
             let mut entry = std::mem::take(&mut self.entry);
             let made = ring_entry(session, record, &mut entry);
             self.entry = entry;
@@ -1965,6 +2023,7 @@ impl Publisher {
     /// is full misses it, as with ZeroMQ's PUB.
     fn publish(
         &mut self,
+        peers: &mut PeersState,
         figures: &ferromq_core::SendFigures,
         parts: Parts,
         fresh: Vec<ShmBuffer>,
@@ -1980,8 +2039,8 @@ impl Publisher {
         // The first subscriber that takes the message gets the publisher's own references;
         // each further one a reference added for it.
         let mut n_delivered = 0usize;
-        for subscriber_idx in 0..self.subscribers.len() {
-            let subscriber = &self.subscribers[subscriber_idx];
+        for subscriber_idx in 0..peers.subscribers.len() {
+            let subscriber = &mut peers.subscribers[subscriber_idx];
             if !subscriber
                 .topics
                 .as_deref()
@@ -1998,7 +2057,7 @@ impl Publisher {
                 buffers().for_each(|buffer| buffer.add_references(1));
             }
             let delivered = match (&ring_entry_kind, subscriber.ring.is_some()) {
-                (Some((kind, _)), true) => self.push_to_ring(subscriber_idx, *kind),
+                (Some((kind, _)), true) => self.push_to_ring(subscriber, *kind),
                 _ => {
                     let identity = subscriber.identity.clone();
                     match self.send_frame(&identity, frame.clone()) {
@@ -2027,7 +2086,7 @@ impl Publisher {
             }
         }
         for subscriber_idx in gone.into_iter().rev() {
-            self.subscribers.remove(subscriber_idx);
+            peers.subscribers.remove(subscriber_idx);
         }
         let indirect = ring_entry_kind.and_then(|(_, indirect)| indirect);
         if n_delivered > 0 {
@@ -2036,6 +2095,34 @@ impl Publisher {
         }
         // Otherwise nobody took the message: its references go with `parts`, `fresh` and the
         // entry's block here.
+    }
+}
+
+impl Publisher {
+    /// Sends the message `record` describes ([`PublisherOut::prepare`], then
+    /// [`PublisherOut::publish`]) under one hold of the subscribers' lock; `parts` come back
+    /// with the error when a record too large for a ring entry found no room for its block.
+    fn send(
+        &mut self,
+        session: &Arc<Session>,
+        figures: &ferromq_core::SendFigures,
+        record: &[PartRef],
+        (parts, fresh): (Parts, Vec<ShmBuffer>),
+    ) -> std::result::Result<(), Box<(crate::error::ShmError, Parts)>> {
+        let mut peers = self.peers.state.lock();
+        match self.out.prepare(session, &mut peers, record) {
+            Ok(prepared) => {
+                self.out
+                    .publish(&mut peers, figures, parts, fresh, prepared);
+                Ok(())
+            }
+            Err(error) => Err(Box::new((error, parts))),
+        }
+    }
+
+    /// [`PublisherOut::close_rings`].
+    fn close_rings(&mut self) {
+        self.out.close_rings(&mut self.peers.state.lock());
     }
 }
 
@@ -2081,7 +2168,9 @@ impl Socket for ShmSocket {
                 .await?
             }
             Inner::Publisher(publisher) => {
-                bind(&mut publisher.router, &self.label, address).await?.0
+                bind(&mut publisher.out.router, &self.label, address)
+                    .await?
+                    .0
             }
             Inner::Subscriber(subscriber) => {
                 let mut dealer = zeromq::DealerSocket::new();
@@ -2118,6 +2207,7 @@ impl Socket for ShmSocket {
             Inner::Publisher(publisher) => {
                 let endpoint = connect_endpoint(&self.label, address)?;
                 publisher
+                    .out
                     .router
                     .connect(&endpoint)
                     .await
@@ -2171,14 +2261,19 @@ impl Socket for ShmSocket {
                     pair.offer(&self.session, delivery, &record),
                     Ok(RingOffer::Written)
                 ),
-                Inner::Publisher(publisher) => match publisher.prepare(&self.session, &record) {
-                    Ok(prepared) => {
-                        publisher.publish(&self.figures, parts, Vec::new(), prepared);
-                        self.scratch = record;
-                        return Ok(());
+                Inner::Publisher(publisher) => {
+                    match publisher.send(&self.session, &self.figures, &record, (parts, Vec::new()))
+                    {
+                        Ok(()) => {
+                            self.scratch = record;
+                            return Ok(());
+                        }
+                        Err(refused) => {
+                            self.scratch = record;
+                            return Err(refused.1);
+                        }
                     }
-                    Err(_) => false,
-                },
+                }
                 _ => false,
             };
         self.scratch = record;
@@ -2358,13 +2453,12 @@ impl Socket for ShmSocket {
                     Err(failed) => Err(SendError::new(failed.error, parts)),
                 }
             }
-            Inner::Publisher(publisher) => match publisher.prepare(&self.session, &record) {
-                Ok(prepared) => {
-                    publisher.publish(&self.figures, parts, fresh, prepared);
-                    Ok(())
-                }
-                Err(error) => Err(SendError::new(transport_error(&self.label, error), parts)),
-            },
+            Inner::Publisher(publisher) => publisher
+                .send(&self.session, &self.figures, &record, (parts, fresh))
+                .map_err(|refused| {
+                    let (error, parts) = *refused;
+                    SendError::new(transport_error(&self.label, error), parts)
+                }),
             Inner::Subscriber(_) => Err(SendError::new(
                 Error::WrongSocketType {
                     channel: self.label.clone(),
@@ -2620,8 +2714,8 @@ impl Socket for ShmSocket {
             // listeners stop (zmq.rs removes their socket files as they stop).
             Inner::Publisher(publisher) => {
                 publisher.close_rings();
-                let drained = publisher.in_flight.drain_then_flush(linger).await;
-                publisher.router.unbind_all().await;
+                let drained = publisher.out.in_flight.drain_then_flush(linger).await;
+                publisher.out.router.unbind_all().await;
                 match drained {
                     Ok(()) => Ok(()),
                     Err(n_messages) => Err(Error::Undelivered {

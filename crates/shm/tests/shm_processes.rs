@@ -94,6 +94,10 @@ fn main() {
             killed_receiver_backlog_released_after_close,
         ),
         trial(
+            "a_publisher_releases_what_a_subscriber_killed_with_a_backlog_left_in_its_ring",
+            killed_subscriber_backlog_released,
+        ),
+        trial(
             "a_publisher_that_exits_right_after_sending_loses_nothing",
             publisher_exits_right_after_sending,
         ),
@@ -419,6 +423,32 @@ async fn run_role(role: &str) -> Result<()> {
             let n_msgs: u64 = env("COUNT").parse()?;
             for msg_idx in 0..n_msgs {
                 verify(&pull.receive().await?, msg_idx)?;
+            }
+            println!("TOOK {n_msgs}");
+            tokio::task::spawn_blocking(|| {
+                std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())
+            })
+            .await??;
+        }
+        "sub-taker" => {
+            // Subscribes to everything and takes one message (the publisher's sign that the
+            // subscription is in place), says SUBSCRIBED, waits for a line on its stdin, then
+            // takes COUNT messages of 1 MiB, checking each, and says TOOK; then waits for its
+            // stdin to end, leaving the rest in its ring.
+            let mut sub = open(&transport, SocketType::Sub, Method::Connect, &address).await?;
+            sub.subscribe("").await?;
+            sub.receive().await?;
+            println!("SUBSCRIBED");
+            tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new()))
+                .await??;
+            let n_msgs: u64 = env("COUNT").parse()?;
+            let mut msg_idx = 0;
+            while msg_idx < n_msgs {
+                let message = sub.receive().await?;
+                if message.len() == 1 << 20 {
+                    verify(&message, msg_idx)?;
+                    msg_idx += 1;
+                }
             }
             println!("TOOK {n_msgs}");
             tokio::task::spawn_blocking(|| {
@@ -1327,6 +1357,68 @@ fn killed_receiver_backlog_released() -> Result<()> {
                 .is_err(),
             "the push sent to a killed receiver"
         );
+        Ok(())
+    })
+}
+
+/// The publisher's twin of `killed_receiver_backlog_released`: a subscriber killed (SIGKILL)
+/// with 20 messages of 1 MiB left in its ring. The memory they held is free again for the
+/// publisher's process, which publishes nothing after the kill (before, the publisher let the
+/// ring of a subscriber that left go only at its next send, and an allocation made first, the
+/// one that message would need, waited its whole timeout).
+fn killed_subscriber_backlog_released() -> Result<()> {
+    let session = Session::new("killedsub");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("killedsub");
+        let mut publisher = open(&transport, SocketType::Pub, Method::Bind, &address).await?;
+        let mut taker =
+            ChildRole::spawn_held("sub-taker", &session, &address, &[("COUNT", "10".into())]);
+        // Small messages until the subscriber has one: it is connected and subscribed.
+        {
+            let subscribed = taker.line();
+            tokio::pin!(subscribed);
+            loop {
+                publisher
+                    .send(Message::from("hello"))
+                    .await
+                    .map_err(|failed| failed.error)?;
+                tokio::select! {
+                    line = &mut subscribed => {
+                        ensure!(line? == "SUBSCRIBED");
+                        break;
+                    }
+                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            }
+        }
+        for msg_idx in 0..30 {
+            let mut message = transport.new_message(1 << 20).await?;
+            fill(&mut message, msg_idx);
+            publisher
+                .send(message)
+                .await
+                .map_err(|failed| failed.error)?;
+        }
+        taker
+            .child
+            .stdin
+            .as_mut()
+            .context("held stdin")?
+            .write_all(b"GO\n")
+            .await?;
+        ensure!(taker.line().await? == "TOOK 10");
+        ensure!(
+            transport.try_new_message(48 << 20).is_none(),
+            "48 MiB fit beside a backlog of 20 MiB in a 64 MiB segment"
+        );
+        taker.child.kill().await?;
+        tokio::time::timeout(STEP, transport.new_message(48 << 20))
+            .await
+            .context("the allocation never found room")?
+            .context(
+                "what the killed subscriber left untaken still holds its publisher's memory",
+            )?;
         Ok(())
     })
 }
