@@ -1309,10 +1309,22 @@ async fn backlog_of_a_taker(
         &[("COUNT", "10".into()), ("GATED", "1".into())],
     );
     ensure!(taker.line().await? == "CONNECTED");
+    leave_a_backlog(transport, &mut push, &mut taker).await?;
+    Ok((push, taker))
+}
+
+/// Sends 30 messages of 1 MiB to `taker`, a held child that takes 10 once told to go; then
+/// 20 MiB of the sender's 64 MiB segment are held by the messages it did not take.
+async fn leave_a_backlog(
+    transport: &ShmTransport,
+    sender: &mut Channel,
+    taker: &mut ChildRole,
+) -> Result<()> {
     for msg_idx in 0..30 {
         let mut message = transport.new_message(1 << 20).await?;
         fill(&mut message, msg_idx);
-        push.send_timeout(message, STEP)
+        sender
+            .send_timeout(message, STEP)
             .await
             .map_err(|failed| failed.error)?;
     }
@@ -1328,7 +1340,24 @@ async fn backlog_of_a_taker(
         transport.try_new_message(48 << 20).is_none(),
         "48 MiB fit beside a backlog of 20 MiB in a 64 MiB segment"
     );
-    Ok((push, taker))
+    Ok(())
+}
+
+/// Kills `taker` (SIGKILL) and allocates 48 MiB at once: what the `taker` (a `what`) left
+/// untaken must give its sender's memory back.
+async fn kill_then_allocate(
+    transport: &ShmTransport,
+    taker: &mut ChildRole,
+    what: &str,
+) -> Result<()> {
+    taker.child.kill().await?;
+    tokio::time::timeout(STEP, transport.new_message(48 << 20))
+        .await
+        .context("the allocation never found room")?
+        .with_context(|| {
+            format!("what the killed {what} left untaken still holds its sender's memory")
+        })?;
+    Ok(())
 }
 
 /// A receiver killed (SIGKILL) with 20 messages of 1 MiB left in its ring: the memory they
@@ -1344,11 +1373,7 @@ fn killed_receiver_backlog_released() -> Result<()> {
         let transport = session.transport();
         let address = session.ipc("killedbacklog");
         let (mut push, mut taker) = backlog_of_a_taker(&session, &transport, &address).await?;
-        taker.child.kill().await?;
-        tokio::time::timeout(STEP, transport.new_message(48 << 20))
-            .await
-            .context("the allocation never found room")?
-            .context("what the killed receiver left untaken still holds its sender's memory")?;
+        kill_then_allocate(&transport, &mut taker, "receiver").await?;
         // The connection is gone: a send waits for a receiver (as ZeroMQ's does) rather than
         // going into the dead receiver's ring.
         ensure!(
@@ -1392,33 +1417,8 @@ fn killed_subscriber_backlog_released() -> Result<()> {
                 }
             }
         }
-        for msg_idx in 0..30 {
-            let mut message = transport.new_message(1 << 20).await?;
-            fill(&mut message, msg_idx);
-            publisher
-                .send(message)
-                .await
-                .map_err(|failed| failed.error)?;
-        }
-        taker
-            .child
-            .stdin
-            .as_mut()
-            .context("held stdin")?
-            .write_all(b"GO\n")
-            .await?;
-        ensure!(taker.line().await? == "TOOK 10");
-        ensure!(
-            transport.try_new_message(48 << 20).is_none(),
-            "48 MiB fit beside a backlog of 20 MiB in a 64 MiB segment"
-        );
-        taker.child.kill().await?;
-        tokio::time::timeout(STEP, transport.new_message(48 << 20))
-            .await
-            .context("the allocation never found room")?
-            .context(
-                "what the killed subscriber left untaken still holds its publisher's memory",
-            )?;
+        leave_a_backlog(&transport, &mut publisher, &mut taker).await?;
+        kill_then_allocate(&transport, &mut taker, "subscriber").await?;
         Ok(())
     })
 }
@@ -1436,12 +1436,7 @@ fn killed_receiver_backlog_released_after_close() -> Result<()> {
         push.close().await?;
         drop(push);
         ensure!(transport.try_new_message(48 << 20).is_none());
-        taker.child.kill().await?;
-        tokio::time::timeout(STEP, transport.new_message(48 << 20))
-            .await
-            .context("the allocation never found room")?
-            .context("what the killed receiver left untaken still holds its sender's memory")?;
-        Ok(())
+        kill_then_allocate(&transport, &mut taker, "receiver").await
     })
 }
 
