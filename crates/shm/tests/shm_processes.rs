@@ -1408,12 +1408,10 @@ fn killed_subscriber_backlog_released() -> Result<()> {
                     .send(Message::from("hello"))
                     .await
                     .map_err(|failed| failed.error)?;
-                tokio::select! {
-                    line = &mut subscribed => {
-                        ensure!(line? == "SUBSCRIBED");
-                        break;
-                    }
-                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                let said = tokio::time::timeout(Duration::from_millis(20), &mut subscribed);
+                if let Ok(line) = said.await {
+                    ensure!(line? == "SUBSCRIBED");
+                    break;
                 }
             }
         }
