@@ -221,12 +221,14 @@ impl PairSide {
     /// # Errors
     /// The peer was refused (another transport or session): nothing can be sent.
     fn connection(&mut self, session: &Arc<Session>, delivery: DeliveryRef) -> Result<PairLink> {
-        if self
-            .ring
-            .as_ref()
-            .is_some_and(|connection| !connection.link.is_gone())
-        {
-            return Ok(PairLink::Ready);
+        if let Some(connection) = &self.ring {
+            if !connection.link.is_gone() {
+                return Ok(PairLink::Ready);
+            }
+            // Its peer is gone: the ring goes now (what it holds is counted as not taken
+            // unless its consumer still reads it, and what a dead one left is released), not
+            // when a next peer comes, which may be never.
+            self.ring = None;
         }
         let mut newest = self.next_link.take();
         while let Some(peer) = self.socket.next_peer().now_or_never() {
@@ -237,9 +239,6 @@ impl PairSide {
         let Some(link) = newest else {
             return Ok(PairLink::NoPeer);
         };
-        // A gone connection's ring is closed; what it holds is counted as not taken unless
-        // its consumer still reads it.
-        self.ring = None;
         match new_ring(session, delivery) {
             Ok((ring, announce)) => {
                 link.send_frame(&announce);

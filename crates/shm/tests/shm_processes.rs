@@ -94,6 +94,10 @@ fn main() {
             killed_receiver_backlog_released_after_close,
         ),
         trial(
+            "a_pair_releases_what_its_peer_killed_with_a_backlog_left_in_its_ring",
+            killed_pair_peer_backlog_released,
+        ),
+        trial(
             "a_publisher_releases_what_a_subscriber_killed_with_a_backlog_left_in_its_ring",
             killed_subscriber_backlog_released,
         ),
@@ -413,8 +417,13 @@ async fn run_role(role: &str) -> Result<()> {
         "taker" => {
             // Takes COUNT messages, checking each, then exits (leaving the rest unreceived)
             // once its stdin ends (at once unless the parent holds it). With GATED set, it
-            // starts taking only once a line came on its stdin.
-            let mut pull = open(&transport, SocketType::Pull, Method::Connect, &address).await?;
+            // starts taking only once a line came on its stdin. A pull, or a pair with
+            // PATTERN=pair.
+            let pattern = match std::env::var("PATTERN").as_deref() {
+                Ok("pair") => SocketType::Pair,
+                _ => SocketType::Pull,
+            };
+            let mut pull = open(&transport, pattern, Method::Connect, &address).await?;
             println!("CONNECTED");
             if std::env::var_os("GATED").is_some() {
                 tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new()))
@@ -1382,6 +1391,48 @@ fn killed_receiver_backlog_released() -> Result<()> {
                 .is_err(),
             "the push sent to a killed receiver"
         );
+        Ok(())
+    })
+}
+
+/// The pair's twin of `killed_receiver_backlog_released`: its peer killed (SIGKILL) with 20
+/// messages of 1 MiB left in its ring. A send after the kill finds no peer and waits for one;
+/// the memory the dead peer held is free again meanwhile (before, a pair kept the ring of a
+/// gone connection until the next peer connected: an allocation waited its whole timeout).
+fn killed_pair_peer_backlog_released() -> Result<()> {
+    let session = Session::new("killedpair");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("killedpair");
+        let mut pair = open(&transport, SocketType::Pair, Method::Bind, &address).await?;
+        let mut taker = ChildRole::spawn_held(
+            "taker",
+            &session,
+            &address,
+            &[
+                ("COUNT", "10".into()),
+                ("GATED", "1".into()),
+                ("PATTERN", "pair".into()),
+            ],
+        );
+        ensure!(taker.line().await? == "CONNECTED");
+        leave_a_backlog(&transport, &mut pair, &mut taker).await?;
+        taker.child.kill().await?;
+        let released = async {
+            loop {
+                // Inline, needing no memory: into the dead peer's ring until the pair sees its
+                // connection gone, then waiting for a next peer (in vain: it times out).
+                let _ = pair
+                    .send_timeout(Message::from("probe"), Duration::from_millis(100))
+                    .await;
+                if transport.try_new_message(48 << 20).is_some() {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(STEP, released)
+            .await
+            .context("what the killed peer left untaken still holds its pair's memory")?;
         Ok(())
     })
 }
