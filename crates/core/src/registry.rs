@@ -79,6 +79,26 @@ impl TransportOptions {
         })
     }
 
+    /// The property `key` as a flag (`true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`, as FairMQ's
+    /// boolean options take); `None` when not set.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the key and the value when the value is none of those.
+    pub fn flag(&self, key: &str) -> Result<Option<bool>> {
+        let Some(text) = self.properties.get(key) else {
+            return Ok(None);
+        };
+        match text.trim().to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => Ok(Some(true)),
+            "false" | "0" | "no" | "off" => Ok(Some(false)),
+            _ => Err(Error::Config(ConfigError::InvalidValue {
+                key: key.to_owned(),
+                value: text.clone(),
+                expected: "true or false",
+            })),
+        }
+    }
+
     /// The property `key` as a number of milliseconds; `None` when not set.
     ///
     /// # Errors
@@ -260,6 +280,28 @@ mod tests {
                 available: String::new(),
             })
         }
+    }
+
+    #[test]
+    fn flags_read_fairmq_booleans_and_refuse_anything_else_naming_key_and_value() {
+        let mut options = TransportOptions::for_session("s");
+        for (text, flag) in [("true", true), ("1", true), ("Yes", true), ("on", true)] {
+            options.properties.insert("k".to_owned(), text.to_owned());
+            assert_eq!(options.flag("k").unwrap(), Some(flag), "{text}");
+        }
+        for text in ["false", "0", "no", "OFF"] {
+            options.properties.insert("k".to_owned(), text.to_owned());
+            assert_eq!(options.flag("k").unwrap(), Some(false), "{text}");
+        }
+        assert_eq!(options.flag("unset").unwrap(), None);
+        options
+            .properties
+            .insert("k".to_owned(), "maybe".to_owned());
+        let error = options.flag("k").expect_err("not a flag").to_string();
+        assert!(
+            error.contains('k') && error.contains("maybe") && error.contains("true or false"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -136,6 +136,16 @@ impl Segment {
     /// [`ShmError::TooSmall`], [`ShmError::NoSpace`] when `/dev/shm` has less room than `size`,
     /// [`ShmError::Os`] for the system's refusal.
     pub fn create(name: ObjectName, size: usize) -> Result<Segment, ShmError> {
+        Segment::create_zeroed(name, size, false)
+    }
+
+    /// [`Segment::create`], writing zeros over everything past the header first when `zero`
+    /// (FairMQ's `shm-zero-segment`): every page is allocated now, before anyone else can map
+    /// the object, instead of at its first use.
+    ///
+    /// # Errors
+    /// As [`Segment::create`].
+    pub fn create_zeroed(name: ObjectName, size: usize, zero: bool) -> Result<Segment, ShmError> {
         if size < HEADER_SIZE * 2 {
             return Err(ShmError::TooSmall {
                 name: name.to_string(),
@@ -186,9 +196,45 @@ impl Segment {
         unsafe { (*header).size = len as u64 };
         // SAFETY: see above.
         unsafe { (*header).creator_pid = std::process::id() };
+        if zero {
+            // SAFETY: as for the header: nobody else maps the object before its magic is
+            // published, so nothing reads or writes these bytes meanwhile; the range lies
+            // inside the mapping (`len` bytes from its start, at least two headers long).
+            unsafe {
+                std::ptr::write_bytes(
+                    segment.shmem.as_ptr().wrapping_add(HEADER_SIZE),
+                    0,
+                    len - HEADER_SIZE,
+                );
+            }
+        }
         segment.header().magic.store(MAGIC, Ordering::Release);
         segment.attach()?;
         Ok(segment)
+    }
+
+    /// Locks the whole object into this process's memory (`mlock`): every page is allocated and
+    /// mapped now, and none is swapped out or faulted in at its first use (FairMQ's
+    /// `shm-mlock-segment`). The lock goes with the mapping.
+    ///
+    /// # Errors
+    /// [`ShmError::Os`] with the system's reason (a lock beyond `ulimit -l` without the
+    /// `CAP_IPC_LOCK` capability, or beyond the memory there is).
+    pub fn lock_in_memory(&self) -> Result<(), ShmError> {
+        let Some(start) = std::ptr::NonNull::new(self.shmem.as_ptr().cast::<std::ffi::c_void>())
+        else {
+            return Ok(());
+        };
+        // SAFETY: `start` and `len` describe this segment's whole mapping, which lives as long as
+        // `self`; locking pages changes no byte of them.
+        unsafe { nix::sys::mman::mlock(start, self.len) }.map_err(|errno| ShmError::Os {
+            name: self.name.to_string(),
+            operation: "lock in memory (mlock)",
+            reason: format!(
+                "{} bytes: {errno} (the limit is `ulimit -l` without the CAP_IPC_LOCK capability)",
+                self.len
+            ),
+        })
     }
 
     /// Opens and attaches to an existing object.

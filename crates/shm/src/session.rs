@@ -34,6 +34,17 @@ pub struct ShmOptions {
     pub retry_interval: Option<Duration>,
     /// Payloads up to this size travel inside the descriptor instead of a segment block.
     pub inline_max: usize,
+    /// Lock this process's segment into memory when it is created (`mlock`: every page
+    /// allocated and mapped then, never faulted in at first use nor swapped out). FairMQ's
+    /// `shm-mlock-segment-on-creation`; its `shm-mlock-segment` sets this and `mlock_peers`.
+    pub mlock_own: bool,
+    /// Lock every peer's segment into memory when this process maps it (FairMQ's
+    /// `shm-mlock-segment`): a first look at a block there costs no page fault.
+    pub mlock_peers: bool,
+    /// Write zeros over this process's segment when it is created (FairMQ's
+    /// `shm-zero-segment[-on-creation]`): its pages are allocated then, not at first use. A
+    /// peer's segment is never written: its free ranges are its creator's to know.
+    pub zero_own: bool,
 }
 
 impl Default for ShmOptions {
@@ -44,6 +55,9 @@ impl Default for ShmOptions {
             allocation_timeout: Duration::from_secs(10),
             retry_interval: None,
             inline_max: 256,
+            mlock_own: false,
+            mlock_peers: false,
+            zero_own: false,
         }
     }
 }
@@ -74,11 +88,29 @@ impl ShmOptions {
             inline_max: device
                 .size("shm-inline-max")?
                 .unwrap_or(defaults.inline_max),
+            mlock_own: device.flag("shm-mlock-segment")?.unwrap_or(false)
+                || device
+                    .flag("shm-mlock-segment-on-creation")?
+                    .unwrap_or(false),
+            mlock_peers: device.flag("shm-mlock-segment")?.unwrap_or(false),
+            zero_own: device.flag("shm-zero-segment")?.unwrap_or(false)
+                || device
+                    .flag("shm-zero-segment-on-creation")?
+                    .unwrap_or(false),
         })
     }
 }
 
 type RemoteRegion = (Arc<Segment>, Arc<dyn Fn(u64, u64, u64) + Send + Sync>);
+
+/// Opens a peer's object, locked into memory when `lock` (see [`ShmOptions::mlock_peers`]).
+fn open_peer(name: ObjectName, lock: bool) -> Result<Segment, ShmError> {
+    let segment = Segment::open(name)?;
+    if lock {
+        segment.lock_in_memory()?;
+    }
+    Ok(segment)
+}
 
 /// Segment indices are unique per process, whatever the number of transports in it.
 static NEXT_SEGMENT_INDEX: AtomicU32 = AtomicU32::new(0);
@@ -189,8 +221,13 @@ impl Session {
                 let name = self.object_name(ObjectKind::Segment, std::process::id(), index);
                 let size = self.options.segment_size;
                 let session = self.options.session.clone();
+                let (zero, lock) = (self.options.zero_own, self.options.mlock_own);
                 let owned = tokio::task::spawn_blocking(move || {
-                    Segment::create(name, size).map(|segment| Arc::new(OwnedSegment::new(segment)))
+                    let segment = Segment::create_zeroed(name, size, zero)?;
+                    if lock {
+                        segment.lock_in_memory()?;
+                    }
+                    Ok::<_, ShmError>(Arc::new(OwnedSegment::new(segment)))
                 })
                 .await
                 .map_err(|error| ShmError::Os { name: "segment".to_owned(), operation: "create", reason: error.to_string() })??;
@@ -527,7 +564,8 @@ impl Session {
             }
             let name = self.object_name(kind, object.creator_pid, object.index);
             let display = name.to_string();
-            let opened = tokio::task::spawn_blocking(move || Segment::open(name))
+            let lock = kind == ObjectKind::Segment && self.options.mlock_peers;
+            let opened = tokio::task::spawn_blocking(move || open_peer(name, lock))
                 .await
                 .map_err(|error| ShmError::Os {
                     name: display,
@@ -561,11 +599,10 @@ impl Session {
         if let Some(segment) = segments.get(&object) {
             return Ok(Arc::clone(segment));
         }
-        let segment = Arc::new(Segment::open(self.object_name(
-            ObjectKind::Segment,
-            object.creator_pid,
-            object.index,
-        ))?);
+        let segment = Arc::new(open_peer(
+            self.object_name(ObjectKind::Segment, object.creator_pid, object.index),
+            self.options.mlock_peers,
+        )?);
         segments.insert(object, Arc::clone(&segment));
         Ok(segment)
     }
@@ -762,5 +799,41 @@ impl RoomWait<'_> {
         }
         self.session.settle_full();
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ShmOptions;
+
+    fn from(properties: &[(&str, &str)]) -> ferromq_core::Result<ShmOptions> {
+        let mut device = ferromq_core::TransportOptions::for_session("s");
+        for (key, value) in properties {
+            device
+                .properties
+                .insert((*key).to_owned(), (*value).to_owned());
+        }
+        ShmOptions::from_device(&device)
+    }
+
+    #[test]
+    fn fairmqs_mlock_and_zero_properties_choose_what_is_locked_and_zeroed() {
+        let none = from(&[]).unwrap();
+        assert!(!none.mlock_own && !none.mlock_peers && !none.zero_own);
+        let every = from(&[("shm-mlock-segment", "true")]).unwrap();
+        assert!(every.mlock_own && every.mlock_peers && !every.zero_own);
+        let own = from(&[("shm-mlock-segment-on-creation", "1")]).unwrap();
+        assert!(own.mlock_own && !own.mlock_peers);
+        for key in ["shm-zero-segment", "shm-zero-segment-on-creation"] {
+            let zeroed = from(&[(key, "yes")]).unwrap();
+            assert!(zeroed.zero_own && !zeroed.mlock_own, "{key}");
+        }
+        let error = from(&[("shm-zero-segment", "sure")])
+            .expect_err("not a flag")
+            .to_string();
+        assert!(
+            error.contains("shm-zero-segment") && error.contains("sure"),
+            "{error}"
+        );
     }
 }

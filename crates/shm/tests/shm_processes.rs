@@ -94,6 +94,10 @@ fn main() {
             killed_receiver_backlog_released_after_close,
         ),
         trial(
+            "mlock_and_zero_segment_options_put_the_segments_in_memory_up_front",
+            mlock_and_zero_segment,
+        ),
+        trial(
             "a_pair_releases_what_its_peer_killed_with_a_backlog_left_in_its_ring",
             killed_pair_peer_backlog_released,
         ),
@@ -319,6 +323,7 @@ async fn run_role(role: &str) -> Result<()> {
     let transport = ShmTransport::new(ShmOptions {
         session,
         segment_size: SEGMENT,
+        mlock_peers: std::env::var_os("MLOCK_PEERS").is_some(),
         ..ShmOptions::default()
     });
     let address = env("ADDRESS");
@@ -465,6 +470,15 @@ async fn run_role(role: &str) -> Result<()> {
             })
             .await??;
         }
+        "locked-puller" => {
+            // Takes one message, then says how much of its sender's segment (its creator is
+            // this process's parent) is resident in this process, and whether it is locked.
+            let mut pull = open(&transport, SocketType::Pull, Method::Connect, &address).await?;
+            pull.receive().await?;
+            let parent = format!("_seg_{}_", std::os::unix::process::parent_id());
+            let (resident_kib, locked) = mapped(&parent)?;
+            println!("MAPPED {resident_kib} {locked}");
+        }
         "endless-receiver" => {
             let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await?;
             println!("BOUND");
@@ -479,6 +493,28 @@ async fn run_role(role: &str) -> Result<()> {
         other => bail!("unknown role {other}"),
     }
     Ok(())
+}
+
+/// This process's mappings of shared memory objects whose name contains `name`, from
+/// /proc/self/smaps: their resident kB, and whether every one is locked (`lo` among its
+/// `VmFlags`; smaps' `Locked:` is shared out among the processes that lock a page).
+fn mapped(name: &str) -> Result<(u64, bool)> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps")?;
+    let (mut in_object, mut resident_kib, mut all_locked, mut seen) = (false, 0, true, false);
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or_default();
+        if !first.ends_with(':') {
+            // A mapping's first line: `start-end perms offset dev inode [path]`.
+            in_object = line.contains("/dev/shm/") && line.contains(name);
+            seen |= in_object;
+        } else if in_object && first == "Rss:" {
+            resident_kib += words.next().unwrap_or_default().parse::<u64>()?;
+        } else if in_object && first == "VmFlags:" {
+            all_locked &= line.split_whitespace().any(|flag| flag == "lo");
+        }
+    }
+    Ok((resident_kib, seen && all_locked))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1392,6 +1428,49 @@ fn killed_receiver_backlog_released() -> Result<()> {
             "the push sent to a killed receiver"
         );
         Ok(())
+    })
+}
+
+/// FairMQ's `--shm-zero-segment` and `--shm-mlock-segment` (`ShmOptions::zero_own`,
+/// `mlock_own`, `mlock_peers`): this process's segment is all in memory and locked as soon as
+/// its first socket opens, and a receiver started with `mlock_peers` has the sender's whole
+/// segment locked once it took a message, not only the pages it touched.
+fn mlock_and_zero_segment() -> Result<()> {
+    let session = Session::new("mlock");
+    block_on(async {
+        let size = 16 << 20;
+        let transport = ShmTransport::new(ShmOptions {
+            session: session.0.clone(),
+            segment_size: size,
+            mlock_own: true,
+            zero_own: true,
+            ..ShmOptions::default()
+        });
+        let address = session.ipc("mlock");
+        let mut push = open(&transport, SocketType::Push, Method::Bind, &address).await?;
+        let own = format!("_seg_{}_", std::process::id());
+        let whole = (size / 1024) as u64;
+        let (resident, locked) = mapped(&own)?;
+        ensure!(
+            resident >= whole && locked,
+            "own segment of {whole} kB: {resident} kB resident, locked: {locked}"
+        );
+        let mut puller = ChildRole::spawn(
+            "locked-puller",
+            &session,
+            &address,
+            &[("MLOCK_PEERS", "1".into())],
+        );
+        let message = transport.new_message(64).await?;
+        push.send_timeout(message, STEP)
+            .await
+            .map_err(|failed| failed.error)?;
+        let line = puller.line().await?;
+        ensure!(
+            line == format!("MAPPED {whole} true"),
+            "the receiver of a sender's {whole} kB segment said {line:?}"
+        );
+        puller.success().await
     })
 }
 
