@@ -135,6 +135,21 @@ pub struct DeviceOptions {
     /// Milliseconds between allocation attempts when the segment is full.
     #[arg(long = "bad-alloc-attempt-interval", value_name = "MS")]
     pub bad_alloc_attempt_interval: Option<u64>,
+    /// Lock this device's shared-memory segment into memory when it is created, and every
+    /// peer's segment when it is mapped (mlock: no page faulted in at first use, none swapped
+    /// out; needs `ulimit -l` or the CAP_IPC_LOCK capability).
+    #[arg(long = "shm-mlock-segment", num_args = 0..=1, default_missing_value = "true", value_parser = boolish())]
+    pub shm_mlock_segment: Option<bool>,
+    /// Lock only this device's own segment into memory, when it is created.
+    #[arg(long = "shm-mlock-segment-on-creation", num_args = 0..=1, default_missing_value = "true", value_parser = boolish())]
+    pub shm_mlock_segment_on_creation: Option<bool>,
+    /// Write zeros over this device's segment when it is created: every page is allocated
+    /// then, not at its first use (a peer's segment is never written).
+    #[arg(long = "shm-zero-segment", num_args = 0..=1, default_missing_value = "true", value_parser = boolish())]
+    pub shm_zero_segment: Option<bool>,
+    /// As --shm-zero-segment (ferromq creates every segment it zeroes).
+    #[arg(long = "shm-zero-segment-on-creation", num_args = 0..=1, default_missing_value = "true", value_parser = boolish())]
+    pub shm_zero_segment_on_creation: Option<bool>,
     /// Any device property, KEY=VALUE (repeatable).
     #[arg(long = "property", value_name = "KEY=VALUE")]
     pub properties: Vec<String>,
@@ -165,18 +180,6 @@ pub struct IgnoredOptions {
     /// (FairMQ) fixed shmid; ferromq names its objects after user and session.
     #[arg(long = "shmid", hide = true)]
     pub shmid: Option<u64>,
-    /// (FairMQ) mlock the segment.
-    #[arg(long = "shm-mlock-segment", hide = true, num_args = 0..=1, default_missing_value = "true", value_parser = boolish())]
-    pub shm_mlock_segment: Option<bool>,
-    /// (FairMQ) mlock the segment when created.
-    #[arg(long = "shm-mlock-segment-on-creation", hide = true, num_args = 0..=1, default_missing_value = "true", value_parser = boolish())]
-    pub shm_mlock_segment_on_creation: Option<bool>,
-    /// (FairMQ) zero the segment; a new ferromq segment is zeroed by the kernel.
-    #[arg(long = "shm-zero-segment", hide = true, num_args = 0..=1, default_missing_value = "true", value_parser = boolish())]
-    pub shm_zero_segment: Option<bool>,
-    /// (FairMQ) zero the segment when created; a new ferromq segment is zeroed by the kernel.
-    #[arg(long = "shm-zero-segment-on-creation", hide = true, num_args = 0..=1, default_missing_value = "true", value_parser = boolish())]
-    pub shm_zero_segment_on_creation: Option<bool>,
     /// (FairMQ) the shm monitor daemon; ferromq's session watchdog always runs.
     #[arg(long = "shm-monitor", hide = true, num_args = 0..=1, default_missing_value = "true", value_parser = boolish())]
     pub shm_monitor: Option<bool>,
@@ -212,16 +215,6 @@ impl IgnoredOptions {
             ("--shm-allocation", self.shm_allocation.is_some()),
             ("--shm-segment-id", self.shm_segment_id.is_some()),
             ("--shmid", self.shmid.is_some()),
-            ("--shm-mlock-segment", self.shm_mlock_segment.is_some()),
-            (
-                "--shm-mlock-segment-on-creation",
-                self.shm_mlock_segment_on_creation.is_some(),
-            ),
-            ("--shm-zero-segment", self.shm_zero_segment.is_some()),
-            (
-                "--shm-zero-segment-on-creation",
-                self.shm_zero_segment_on_creation.is_some(),
-            ),
             ("--shm-monitor", self.shm_monitor.is_some()),
             ("--shm-no-cleanup", self.shm_no_cleanup.is_some()),
             (
@@ -429,7 +422,8 @@ impl DeviceOptions {
     }
 
     /// The shared-memory properties these options set (`shm-segment-size`,
-    /// `shm-allocation-timeout-ms`, `shm-allocation-retry-ms`), FairMQ's allocation policy
+    /// `shm-allocation-timeout-ms`, `shm-allocation-retry-ms`, FairMQ's `shm-mlock-segment`
+    /// and `shm-zero-segment` with their `-on-creation` forms), FairMQ's allocation policy
     /// included: `--shm-throw-bad-alloc false` waits as long as it takes, `--bad-alloc-max-attempts`
     /// waits that many `--bad-alloc-attempt-interval`s.
     pub fn shm_properties(&self) -> Vec<(&'static str, String)> {
@@ -455,6 +449,23 @@ impl DeviceOptions {
         // The explicit timeout wins over the policy derived from FairMQ's options.
         if let Some(timeout_ms) = self.shm_allocation_timeout_ms.or(timeout_ms) {
             properties.push(("shm-allocation-timeout-ms", timeout_ms.to_string()));
+        }
+        let flags = [
+            ("shm-mlock-segment", self.shm_mlock_segment),
+            (
+                "shm-mlock-segment-on-creation",
+                self.shm_mlock_segment_on_creation,
+            ),
+            ("shm-zero-segment", self.shm_zero_segment),
+            (
+                "shm-zero-segment-on-creation",
+                self.shm_zero_segment_on_creation,
+            ),
+        ];
+        for (key, flag) in flags {
+            if let Some(flag) = flag {
+                properties.push((key, flag.to_string()));
+            }
         }
         properties
     }
@@ -638,6 +649,29 @@ mod tests {
             ],
             &[("shm-allocation-timeout-ms", "20")],
         );
+    }
+
+    #[test]
+    fn fairmqs_mlock_and_zero_segment_options_become_properties_and_are_not_ignored() {
+        let args = [
+            "--shm-mlock-segment",
+            "--shm-mlock-segment-on-creation",
+            "false",
+            "--shm-zero-segment",
+            "1",
+            "--shm-zero-segment-on-creation",
+            "no",
+        ];
+        check_shm(
+            &args,
+            &[
+                ("shm-mlock-segment", "true"),
+                ("shm-mlock-segment-on-creation", "false"),
+                ("shm-zero-segment", "true"),
+                ("shm-zero-segment-on-creation", "false"),
+            ],
+        );
+        assert_eq!(options(&args).ignored(), Vec::<&str>::new());
     }
 
     #[test]
