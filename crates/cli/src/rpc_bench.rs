@@ -51,6 +51,10 @@ pub struct RpcBenchOptions {
     /// Both ends spin on their inbound channels instead of sleeping (channel option busyPoll).
     #[arg(long = "busy-poll")]
     pub busy_poll: bool,
+    /// shmem: every process locks its own segment and its peers' into memory (FairMQ's
+    /// --shm-mlock-segment), so that no first look at a block costs a page fault.
+    #[arg(long = "shm-mlock-segment")]
+    pub shm_mlock_segment: bool,
     /// One JSON object per cell instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -174,9 +178,15 @@ fn transport_and_address(
     name: &str,
     session: &str,
     member: usize,
+    shm_mlock_segment: bool,
 ) -> Result<(Arc<dyn Transport>, Address)> {
     let transports = crate::built_in_transports();
-    let options = ferromq_core::TransportOptions::for_session(session);
+    let mut options = ferromq_core::TransportOptions::for_session(session);
+    if shm_mlock_segment {
+        options
+            .properties
+            .insert("shm-mlock-segment".to_owned(), "true".to_owned());
+    }
     let ipc = || {
         format!(
             "ipc://{}/ferromq-{session}-rpc-{member}.ipc",
@@ -348,11 +358,13 @@ async fn run_all(options: &RpcBenchOptions) -> Result<Vec<RpcBenchResult>> {
                             .with_context(|| format!("{transport}, {mode}, {size} B"))?,
                     );
                 }
-                let label = if options.busy_poll {
-                    format!("{transport}+busy-poll")
-                } else {
-                    transport.clone()
-                };
+                let mut label = transport.clone();
+                if options.busy_poll {
+                    label.push_str("+busy-poll");
+                }
+                if options.shm_mlock_segment {
+                    label.push_str("+mlock");
+                }
                 results.push(summarise(&label, mode, size, &mut rounds));
             }
         }
@@ -438,6 +450,7 @@ async fn start_group(
             ])
             .args(["--mode", &aggregation.to_string(), "--me", &me.to_string()])
             .args(options.busy_poll.then_some("--busy-poll"))
+            .args(options.shm_mlock_segment.then_some("--shm-mlock-segment"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -454,7 +467,8 @@ async fn start_group(
         addresses.push(Address::parse(address)?);
         roles.push(role);
     }
-    let (transport, address) = transport_and_address(transport_name, &session, 0)?;
+    let (transport, address) =
+        transport_and_address(transport_name, &session, 0, options.shm_mlock_segment)?;
     let rpc_options = rpc_options(aggregation, options.busy_poll);
     let inbound = Inbound::bind_with(transport.as_ref(), &address, &rpc_options).await?;
     addresses.insert(0, inbound.address().clone());
@@ -766,6 +780,8 @@ pub struct RpcRoleOptions {
     me: usize,
     #[arg(long = "busy-poll")]
     busy_poll: bool,
+    #[arg(long = "shm-mlock-segment")]
+    shm_mlock_segment: bool,
 }
 
 /// The destination: binds, learns the caller's address on stdin, counts calls until told to quit.
@@ -781,8 +797,12 @@ pub async fn run_role(options: RpcRoleOptions) -> ExitCode {
 
 async fn role(options: &RpcRoleOptions) -> Result<()> {
     let aggregation = aggregation(&options.mode)?;
-    let (transport, address) =
-        transport_and_address(&options.transport, &options.session, options.me)?;
+    let (transport, address) = transport_and_address(
+        &options.transport,
+        &options.session,
+        options.me,
+        options.shm_mlock_segment,
+    )?;
     let rpc_options = rpc_options(aggregation, options.busy_poll);
     let inbound = Inbound::bind_with(transport.as_ref(), &address, &rpc_options).await?;
     println!("bound {}", inbound.address());
