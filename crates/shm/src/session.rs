@@ -143,9 +143,9 @@ pub(crate) struct Session {
 
 /// A socket (push, pub) that keeps a ring per connection until it next writes: when its
 /// connection ends (a receiver killed), the ring stays with the socket until then, and what
-/// the receiver left in it with the ring. An allocation that finds the segment full has the socket let
-/// such rings go ([`Session::settle_full`]), so their backlog is released even when the
-/// socket never writes again (no receiver left, a sender waiting for room).
+/// the receiver left in it with the ring. An allocation that finds the segment full has the
+/// socket let such rings go ([`Session::settle_full`]), so their backlog is released even when
+/// the socket never writes again (no receiver left, a sender waiting for room).
 pub(crate) trait RingHolder: Send + Sync {
     /// Drops the rings of connections that ended (each one's drop finishes it: see
     /// [`Session::finish_producing`]). Never called with the holder's own lock held: the
@@ -224,10 +224,13 @@ impl Session {
                 let (zero, lock) = (self.options.zero_own, self.options.mlock_own);
                 let owned = tokio::task::spawn_blocking(move || {
                     let segment = Segment::create_zeroed(name, size, zero)?;
-                    if lock {
-                        segment.lock_in_memory()?;
+                    if lock && let Err(refused) = segment.lock_in_memory() {
+                        // Nobody knows the object yet, and no watchdog was started for it:
+                        // it goes now rather than stay in /dev/shm.
+                        let _ = Segment::remove(segment.name());
+                        return Err(refused);
                     }
-                    Ok::<_, ShmError>(Arc::new(OwnedSegment::new(segment)))
+                    Ok(Arc::new(OwnedSegment::new(segment)))
                 })
                 .await
                 .map_err(|error| ShmError::Os { name: "segment".to_owned(), operation: "create", reason: error.to_string() })??;
