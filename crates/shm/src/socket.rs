@@ -92,9 +92,10 @@ struct PublisherOut {
 }
 
 /// A publisher's subscribers and the connection events not yet looked at, behind a lock that
-/// the publisher takes twice per message (to prepare it and to publish it) and an allocation
-/// that finds the segment full once ([`crate::session::RingHolder`]): a subscriber killed with
-/// a backlog in its ring gives that memory back though its publisher never sends again.
+/// the publisher takes once per message (to prepare and publish it, [`Publisher::send`]) and an
+/// allocation that finds the segment full once ([`crate::session::RingHolder`]): a subscriber
+/// killed with a backlog in its ring gives that memory back though its publisher never sends
+/// again.
 struct PublisherPeers {
     state: crate::lock::ShortLock<PeersState>,
 }
@@ -2261,17 +2262,10 @@ impl Socket for ShmSocket {
                     Ok(RingOffer::Written)
                 ),
                 Inner::Publisher(publisher) => {
-                    match publisher.send(&self.session, &self.figures, &record, (parts, Vec::new()))
-                    {
-                        Ok(()) => {
-                            self.scratch = record;
-                            return Ok(());
-                        }
-                        Err(refused) => {
-                            self.scratch = record;
-                            return Err(refused.1);
-                        }
-                    }
+                    let sent =
+                        publisher.send(&self.session, &self.figures, &record, (parts, Vec::new()));
+                    self.scratch = record;
+                    return sent.map_err(|refused| refused.1);
                 }
                 _ => false,
             };
