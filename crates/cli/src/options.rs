@@ -772,10 +772,10 @@ mod tests {
 
     #[test]
     fn ignored_options_are_named() {
-        let parsed = options(&["--io-threads", "4", "--shm-mlock-segment", "-P", "x"]);
+        let parsed = options(&["--io-threads", "4", "--shm-monitor", "-P", "x"]);
         assert_eq!(
             parsed.ignored(),
-            ["--io-threads", "--shm-mlock-segment", "--plugin"]
+            ["--io-threads", "--shm-monitor", "--plugin"]
         );
     }
 }
