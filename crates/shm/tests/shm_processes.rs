@@ -475,7 +475,11 @@ async fn run_role(role: &str) -> Result<()> {
             // this process's parent) is resident in this process, and whether it is locked.
             let mut pull = open(&transport, SocketType::Pull, Method::Connect, &address).await?;
             pull.receive().await?;
-            let parent = format!("_seg_{}_", std::os::unix::process::parent_id());
+            let parent = format!(
+                "_{}_seg_{}_",
+                env("SESSION"),
+                std::os::unix::process::parent_id()
+            );
             let (resident_kib, locked) = mapped(&parent)?;
             println!("MAPPED {resident_kib} {locked}");
         }
@@ -1448,7 +1452,8 @@ fn mlock_and_zero_segment() -> Result<()> {
         });
         let address = session.ipc("mlock");
         let mut push = open(&transport, SocketType::Push, Method::Bind, &address).await?;
-        let own = format!("_seg_{}_", std::process::id());
+        // This session's only: the binary's other tests map segments of this process too.
+        let own = format!("_{}_seg_{}_", session.0, std::process::id());
         let whole = (size / 1024) as u64;
         let (resident, locked) = mapped(&own)?;
         ensure!(
