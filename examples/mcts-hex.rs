@@ -78,22 +78,26 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 .cloned()
                 .ok_or_else(|| format!("{flag} needs a value"))
         };
-        fn number<T>(flag: &str, text: String, min: T) -> Result<T, String>
+        /// `text` as a whole number from `min` (to `max`, when there is one).
+        fn within<T>(flag: &str, text: String, min: T, max: Option<T>) -> Result<T, String>
         where
             T: std::str::FromStr + PartialOrd + std::fmt::Display,
         {
             match text.parse::<T>() {
-                Ok(number) if number >= min => Ok(number),
-                _ => Err(format!("{flag} {text}: a whole number of at least {min}")),
+                Ok(number) if number >= min && max.as_ref().is_none_or(|max| number <= *max) => {
+                    Ok(number)
+                }
+                _ => Err(match max {
+                    Some(max) => format!("{flag} {text}: a whole number from {min} to {max}"),
+                    None => format!("{flag} {text}: a whole number of at least {min}"),
+                }),
             }
         }
-        fn bounded(flag: &str, text: String, (low, high): (u64, u64)) -> Result<u64, String> {
-            match text.parse::<u64>() {
-                Ok(number) if (low..=high).contains(&number) => Ok(number),
-                _ => Err(format!(
-                    "{flag} {text}: a whole number from {low} to {high}"
-                )),
-            }
+        fn number<T>(flag: &str, text: String, min: T) -> Result<T, String>
+        where
+            T: std::str::FromStr + PartialOrd + std::fmt::Display,
+        {
+            within(flag, text, min, None)
         }
         match flag.as_str() {
             "--board" => options.board = number(flag, value()?, 2)?,
@@ -102,11 +106,12 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--aggregate" => options.aggregate = value()?.parse()?,
             // The ranges a topology's group takes for the same settings.
             "--aggregate-bytes" => {
-                let bounds = ferromq::rpc::AGGREGATE_BYTES_BOUNDS;
-                options.aggregate_bytes = bounded(flag, value()?, bounds)? as usize;
+                let (low, high) = ferromq::rpc::AGGREGATE_BYTES_BOUNDS;
+                options.aggregate_bytes = within(flag, value()?, low, Some(high))? as usize;
             }
             "--aggregate-us" => {
-                options.aggregate_us = bounded(flag, value()?, ferromq::rpc::AGGREGATE_US_BOUNDS)?;
+                let (low, high) = ferromq::rpc::AGGREGATE_US_BOUNDS;
+                options.aggregate_us = within(flag, value()?, low, Some(high))?;
             }
             "--playouts" => options.playouts = number(flag, value()?, 1)?,
             "--in-flight" => options.in_flight = number(flag, value()?, 1)?,
