@@ -74,6 +74,11 @@ impl ShmOptions {
         device: &ferromq_core::TransportOptions,
     ) -> ferromq_core::Result<ShmOptions> {
         let defaults = ShmOptions::default();
+        let flag = |key| device.flag(key).map(|flag| flag.unwrap_or(false));
+        // Each read, so that a bad value is refused even beside a flag that decides alone.
+        let mlock_everything = flag("shm-mlock-segment")?;
+        let mlock_on_creation = flag("shm-mlock-segment-on-creation")?;
+        let zero = flag("shm-zero-segment")? | flag("shm-zero-segment-on-creation")?;
         Ok(ShmOptions {
             session: device.session.clone(),
             segment_size: device
@@ -88,15 +93,9 @@ impl ShmOptions {
             inline_max: device
                 .size("shm-inline-max")?
                 .unwrap_or(defaults.inline_max),
-            mlock_own: device.flag("shm-mlock-segment")?.unwrap_or(false)
-                || device
-                    .flag("shm-mlock-segment-on-creation")?
-                    .unwrap_or(false),
-            mlock_peers: device.flag("shm-mlock-segment")?.unwrap_or(false),
-            zero_own: device.flag("shm-zero-segment")?.unwrap_or(false)
-                || device
-                    .flag("shm-zero-segment-on-creation")?
-                    .unwrap_or(false),
+            mlock_own: mlock_everything || mlock_on_creation,
+            mlock_peers: mlock_everything,
+            zero_own: zero,
         })
     }
 }
