@@ -185,11 +185,13 @@ impl Session {
         }
     }
 
-    /// Has an allocation that finds the segment full look at `holder`'s rings.
-    pub(crate) fn watch_producer(&self, holder: std::sync::Weak<dyn RingHolder>) {
+    /// Has an allocation that finds the segment full look at `holder`'s rings, for as long as
+    /// the holder lives (the session keeps a weak reference).
+    pub(crate) fn watch_producer<H: RingHolder + 'static>(&self, holder: &Arc<H>) {
+        let holder: Arc<dyn RingHolder> = Arc::clone(holder) as _;
         let mut producers = self.producers.lock().expect("producers poisoned");
         producers.retain(|known| known.strong_count() > 0);
-        producers.push(holder);
+        producers.push(Arc::downgrade(&holder));
     }
 
     /// The segment is full: the rings of connections that ended go (their consumers' backlog

@@ -1050,8 +1050,7 @@ impl BatchedPush {
             n_refused: 0.into(),
             connected: false.into(),
         });
-        let holder: Arc<dyn crate::session::RingHolder> = state.clone();
-        state.session.watch_producer(Arc::downgrade(&holder));
+        state.session.watch_producer(&state);
         let task_state = Arc::clone(&state);
         let task = tokio::spawn(async move {
             let state = task_state;
@@ -1574,8 +1573,7 @@ impl ShmSocket {
                         joined: Vec::new(),
                     }),
                 });
-                let holder: Arc<dyn crate::session::RingHolder> = peers.clone();
-                session.watch_producer(Arc::downgrade(&holder));
+                session.watch_producer(&peers);
                 Inner::Publisher(Publisher {
                     peers,
                     out: PublisherOut {
