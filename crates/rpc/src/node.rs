@@ -9,8 +9,8 @@
 //! frame's records in order, runs the handler of each (one at a time: calls from one sender run
 //! in the order they were made) and queues the result as a reply record in its outlet back to
 //! the caller, where the dispatcher completes the pending entry. A frame whose handlers run
-//! long is served in slices ([`YIELD_AFTER`]): between them the outlets, tasks of the same
-//! runtime, send what the handlers queued so far.
+//! long, or frames that keep coming, are served in slices ([`YIELD_AFTER`]): between them the
+//! outlets, tasks of the same runtime, send what the handlers queued so far.
 //!
 //! # Peer death, timeouts and drop
 //! Nothing waits forever: a result, an acknowledgement, room in a full destination's queue and a
@@ -401,6 +401,7 @@ impl Rpc {
             stopped,
             backlog: VecDeque::new(),
             n_errors: 0,
+            serving_since: std::time::Instant::now(),
         };
         tasks.push(tokio::spawn(dispatch(Arc::downgrade(&node), intake)));
         *lock(&node.tasks) = tasks;
@@ -1597,7 +1598,7 @@ impl Node {
             );
             return ControlFlow::Continue(());
         }
-        let (mut served, mut slice) = (0u32, std::time::Instant::now());
+        let mut served = 0u32;
         while let Some(record) = reader.next_record() {
             let record = match record {
                 Ok(record) => record,
@@ -1640,21 +1641,21 @@ impl Node {
                     };
                     self.serve(from, head, record.payload, buffer, intake)
                         .await?;
-                    // Handlers that take long (a frame of calls that each run for tens of
-                    // µs) would hold the calls they made until the whole frame is served,
-                    // and the members they call would idle meanwhile: after `YIELD_AFTER` of
-                    // serving (looked at every 8 calls), the outlets get a turn to send.
-                    served += 1;
                     // Answers leave every `RELEASE_EVERY` calls, not only at the frame's end:
                     // a caller with many calls in flight refills while the rest is served
                     // instead of waiting for the whole wave.
-                    if served % RELEASE_EVERY == 0 {
+                    served += 1;
+                    if served.is_multiple_of(RELEASE_EVERY) {
                         self.release_answers();
                     }
-                    if served % 8 == 0 && slice.elapsed() >= YIELD_AFTER {
+                    // Handlers that take long would hold the calls they made until the
+                    // intake is empty, and the members they call would idle meanwhile: after
+                    // `YIELD_AFTER` of serving (looked at every 8 calls of a frame, counted
+                    // across frames), the outlets get a turn to send.
+                    if served.is_multiple_of(8) && intake.serving_since.elapsed() >= YIELD_AFTER {
                         self.release_answers();
                         tokio::task::yield_now().await;
-                        slice = std::time::Instant::now();
+                        intake.serving_since = std::time::Instant::now();
                     }
                 }
                 // A fetched buffer takes its part even when it was delivered already.
@@ -1684,9 +1685,19 @@ impl Node {
 /// 1.07-1.12 M; 16 keeps the gain for fewer calls in flight.
 const RELEASE_EVERY: u32 = 16;
 
-/// How long the dispatcher serves the calls of one frame before it lets the outlets send. 20 µs
-/// and 500 µs both served the MCTS search's two workers worse than 200 (50 µs: ~10 % fewer
-/// rollouts/s): a turn costs a pass over the runtime's tasks and the sends it makes.
+/// How long the dispatcher serves calls before it lets the outlets send. 20 µs and 500 µs both
+/// served the MCTS search's two workers worse than 200 (50 µs: ~10 % fewer rollouts/s): a turn
+/// costs a pass over the runtime's tasks and the sends it makes.
+///
+/// Counted from the dispatcher's last turn, across frames, not from each frame's start: a frame
+/// taken from a full intake comes at once, without a turn, so a member fed frame after frame
+/// used to send nothing until its intake ran dry, and the members waiting for its calls idled.
+/// With the time counted across frames (2026-11-27, MCTS with 1 playout a rollout, whose
+/// frames take tens of µs): 2 workers on this project's machine 1.20-1.44x (three runs of 6-10
+/// rounds), 8 workers on 16 cores 1.19x (8 rounds); with 16 playouts, whose frames took longer
+/// already, 0.97-0.99x and 1.02x (0.84-1.26); `ferromq bench rpc` unchanged. The clock is
+/// still read every 8 calls of a frame, so a run of frames of fewer calls (`none`: one each)
+/// never yields mid-run: counting the calls across frames too cost `none` 7 % here.
 const YIELD_AFTER: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Whether `listed` is where an inbound bound at `bound` is reached: the same address, or for
@@ -1735,6 +1746,10 @@ struct Intake {
     /// Frames whose calls wait for the handler running now (their answers were delivered).
     backlog: VecDeque<Parts>,
     n_errors: u64,
+    /// When the dispatcher last let the runtime's other tasks (the outlets) run: across
+    /// frames, because a frame taken at once from a full intake lets nothing else run (see
+    /// `YIELD_AFTER`).
+    serving_since: std::time::Instant,
 }
 
 impl Intake {
@@ -1771,10 +1786,27 @@ async fn dispatch(node: Weak<Node>, mut intake: Intake) -> ferromq_core::Result<
     loop {
         let (parts, answered) = match intake.backlog.pop_front() {
             Some(parts) => (parts, true),
-            None => match intake.next().await {
-                Some(parts) => (parts, false),
-                None => break,
-            },
+            None => {
+                // Whether the intake was empty: the wait let the other tasks run.
+                let mut waited = false;
+                let next = {
+                    let next = intake.next();
+                    tokio::pin!(next);
+                    std::future::poll_fn(|cx| {
+                        let polled = next.as_mut().poll(cx);
+                        waited |= polled.is_pending();
+                        polled
+                    })
+                    .await
+                };
+                if waited {
+                    intake.serving_since = std::time::Instant::now();
+                }
+                match next {
+                    Some(parts) => (parts, false),
+                    None => break,
+                }
+            }
         };
         let Some(node) = node.upgrade() else { break };
         let flow = node.handle_frame(parts, answered, &mut intake).await;

@@ -629,6 +629,10 @@ fn main() {
         || run(slow_frame()),
     ));
     tests.push(Trial::test(
+        "calls_made_while_frames_keep_coming_leave_before_the_intake_runs_dry",
+        || run(frames_that_keep_coming()),
+    ));
+    tests.push(Trial::test(
         "broadcast_to_15_members_over_a_binary_tree_reaches_each_once",
         || run(broadcast_15()),
     ));
@@ -1051,6 +1055,52 @@ async fn slow_frame() -> Result<()> {
     ensure!(
         log == [1],
         "the last slow call did not see the file an earlier one had asked for: {log:?}"
+    );
+    group.quit().await
+}
+
+/// A member fed frame after frame, each served in well under the dispatcher's slice (8 calls of
+/// 10 µs), lets the calls its handlers make leave while the frames keep coming: the last call
+/// of the last frame waits for a file that calls made by earlier handlers ask member 0 to
+/// create. Before the dispatcher counted its serving time across frames, a frame taken at once
+/// from a full intake gave the outlets no turn, the calls could only leave once the intake
+/// ran dry, and the last handler waited its 20 s for nothing.
+///
+/// The frames queue up behind a first call that keeps member 1 busy for 50 ms.
+async fn frames_that_keep_coming() -> Result<()> {
+    let group = Group::start(
+        Kind::Shmem,
+        2,
+        Aggregation::Trad,
+        Duration::from_secs(60),
+        "stream",
+    )
+    .await?;
+    let path = std::env::temp_dir().join(format!(
+        "ferromq-rpc-stream-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let path_text = path.to_string_lossy().into_owned();
+    let rpc = &group.rpc;
+    rpc.call_return::<Relay>(1, &(0, 5)).await?;
+    ensure!(group.service.log.lock().unwrap().as_slice() == [5]);
+    rpc.queue_call::<Slow>(1, &(50_000, false, path_text.clone()))?;
+    rpc.flush().await?;
+    const FRAMES: usize = 60;
+    for frame in 0..FRAMES {
+        for call in 0..8 {
+            let wait = frame == FRAMES - 1 && call == 7;
+            let spin_us = if wait { 0 } else { 10 };
+            rpc.queue_call::<Slow>(1, &(spin_us, wait, path_text.clone()))?;
+        }
+        rpc.flush().await?;
+    }
+    let log = rpc.call_return::<TakeLog>(1, &()).await?;
+    let _ = std::fs::remove_file(&path);
+    ensure!(
+        log == [1],
+        "the last call did not see the file that calls made by earlier handlers had asked for: {log:?}"
     );
     group.quit().await
 }
