@@ -1027,23 +1027,9 @@ async fn big_buffer() -> Result<()> {
 /// made when the frame comes advances one step of its handshake per turn the dispatcher
 /// gives, and on a loaded host the frame's two turns were sometimes not enough for it.
 async fn slow_frame() -> Result<()> {
-    let group = Group::start(
-        Kind::Shmem,
-        2,
-        Aggregation::Trad,
-        Duration::from_secs(60),
-        "slow",
-    )
-    .await?;
-    let path = std::env::temp_dir().join(format!(
-        "ferromq-rpc-slow-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
+    let (group, path) = slow_group("slow").await?;
     let path_text = path.to_string_lossy().into_owned();
     let rpc = &group.rpc;
-    rpc.call_return::<Relay>(1, &(0, 5)).await?;
-    ensure!(group.service.log.lock().unwrap().as_slice() == [5]);
     // One frame: trad holds the calls (well under its 4 KiB) until the flush.
     for _ in 0..23 {
         rpc.queue_call::<Slow>(1, &(300, false, path_text.clone()))?;
@@ -1059,6 +1045,28 @@ async fn slow_frame() -> Result<()> {
     group.quit().await
 }
 
+/// Two members over shmem with `trad` (a frame holds what is queued until the flush), member
+/// 1 already connected to member 0 (a relayed call), and a path in the temp dir for [`Slow`]
+/// calls to wait for.
+async fn slow_group(label: &str) -> Result<(Group, std::path::PathBuf)> {
+    let group = Group::start(
+        Kind::Shmem,
+        2,
+        Aggregation::Trad,
+        Duration::from_secs(60),
+        label,
+    )
+    .await?;
+    let path = std::env::temp_dir().join(format!(
+        "ferromq-rpc-{label}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    group.rpc.call_return::<Relay>(1, &(0, 5)).await?;
+    ensure!(group.service.log.lock().unwrap().as_slice() == [5]);
+    Ok((group, path))
+}
+
 /// A member fed frame after frame, each served in well under the dispatcher's slice (8 calls of
 /// 10 µs), lets the calls its handlers make leave while the frames keep coming: the last call
 /// of the last frame waits for a file that calls made by earlier handlers ask member 0 to
@@ -1068,23 +1076,9 @@ async fn slow_frame() -> Result<()> {
 ///
 /// The frames queue up behind a first call that keeps member 1 busy for 50 ms.
 async fn frames_that_keep_coming() -> Result<()> {
-    let group = Group::start(
-        Kind::Shmem,
-        2,
-        Aggregation::Trad,
-        Duration::from_secs(60),
-        "stream",
-    )
-    .await?;
-    let path = std::env::temp_dir().join(format!(
-        "ferromq-rpc-stream-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
+    let (group, path) = slow_group("stream").await?;
     let path_text = path.to_string_lossy().into_owned();
     let rpc = &group.rpc;
-    rpc.call_return::<Relay>(1, &(0, 5)).await?;
-    ensure!(group.service.log.lock().unwrap().as_slice() == [5]);
     rpc.queue_call::<Slow>(1, &(50_000, false, path_text.clone()))?;
     rpc.flush().await?;
     const FRAMES: usize = 60;
