@@ -44,6 +44,7 @@
 #![warn(missing_docs)]
 
 pub mod allocator;
+mod bell;
 pub mod cleanup;
 mod delivery;
 mod error;

@@ -8,7 +8,8 @@
 //! single consumer (the pull that adopted the announcement). Nothing else travels over zeromq
 //! for it but a **doorbell**: a consumer with nothing to take raises its `sleeping` word before
 //! it waits on its socket; a producer that finds the word raised after publishing takes it down
-//! and sends one empty descriptor frame to that peer. A consumer that keeps up or spins is never
+//! and rings the consumer's bell (a datagram, `bell.rs`), or where it has none sends one empty
+//! descriptor frame to that peer. A consumer that keeps up or spins is never
 //! woken by a syscall, and a busy-polled one never raises the word.
 //!
 //! # Layout (in the block's data, offsets from its start)
@@ -22,6 +23,8 @@
 //! 144  rung_at u64   when the producer last rang the doorbell (CLOCK_MONOTONIC, ns)
 //! 152  finished u32  which end finished with the ring first: 1 the producer, 2 the consumer;
 //!                    3 once the last end released what was left
+//! 160  bell u64      the consumer's bell (`bell.rs`) that a doorbell rings; 0: none, the
+//!                    doorbell is a frame
 //! 256  data          RING_DATA bytes: entries at offsets that are multiples of 8
 //! entry := len u32 | kind u32 | len bytes | padding to 8      (kind 0: a record;
 //!          len u32::MAX: the rest up to the end is skipped    kind 1: a block holding one)
@@ -95,6 +98,7 @@ const CONSUMER: usize = 136;
 const HUNGRY: usize = 140;
 const RUNG_AT: usize = 144;
 const FINISHED: usize = 152;
+const BELL: usize = 160;
 /// Entries a producer writes at most before it publishes them to a consumer that is busy.
 const PUBLISH_EVERY: u32 = 32;
 /// Empty looks in a row after which a consumer asks for every entry at once; a busy-polled
@@ -198,6 +202,7 @@ impl RingProducer {
         memory.u32_at(HUNGRY).store(1, Ordering::Relaxed);
         memory.u64_at(RUNG_AT).store(0, Ordering::Relaxed);
         memory.u32_at(FINISHED).store(0, Ordering::Relaxed);
+        memory.u64_at(BELL).store(0, Ordering::Relaxed);
         // Release: whoever reads the announcement (sent after this) sees the ring initialised.
         memory.u64_at(TAIL).store(0, Ordering::Release);
         RingProducer {
@@ -273,6 +278,18 @@ impl RingProducer {
                 .store(monotonic_ns(), Ordering::Relaxed);
         }
         Wake(wake)
+    }
+
+    /// Wakes the consumer when `wake` says it waits: rings its bell where it gave one; true when
+    /// the doorbell must go as a frame instead (no bell, or one that cannot be reached).
+    pub(crate) fn needs_doorbell_frame(&self, wake: Wake) -> bool {
+        if !wake.0 {
+            return false;
+        }
+        // The consumer wrote it before it first raised `sleeping`, which `publish` took down
+        // (acquire).
+        let bell = self.memory.u64_at(BELL).load(Ordering::Relaxed);
+        bell == 0 || !crate::bell::ring(bell)
     }
 
     fn write(&self, position: u64, bytes: &[u8]) {
@@ -619,6 +636,12 @@ impl RingConsumer {
         // Pairs with the producer's fence after publishing its tail.
         std::sync::atomic::fence(Ordering::SeqCst);
         !self.has_entries()
+    }
+
+    /// Gives the producer the consumer's bell to ring (`bell.rs`) instead of sending doorbell
+    /// frames; before the consumer first waits.
+    pub(crate) fn set_bell(&mut self, bell: u64) {
+        self.memory.u64_at(BELL).store(bell, Ordering::Release);
     }
 
     /// When the producer last rang this ring's doorbell ([`monotonic_ns`]; 0 before it ever
@@ -1017,6 +1040,54 @@ mod tests {
         assert!(consumer.peek(&mut entry).unwrap().is_some());
         consumer.consume();
         assert!(consumer.is_finished());
+    }
+
+    /// A consumer that gave its bell is woken through it, not by a doorbell frame; one without
+    /// a bell, or whose bell is gone (it left, or cannot be reached), gets the frame; a
+    /// publication to a consumer that is not asleep rings nothing.
+    #[tokio::test]
+    async fn a_consumer_with_a_bell_is_rung_through_it_and_others_get_the_frame() {
+        let mut fixture = Fixture::new(40);
+        let Fixture {
+            producer, consumer, ..
+        } = &mut fixture;
+        let mut entry = Vec::new();
+        assert!(
+            producer.needs_doorbell_frame(Wake(true)),
+            "a consumer that waits without a bell gets the frame"
+        );
+        let bell = crate::bell::Bell::bind().expect("a bell can be bound here");
+        consumer.set_bell(bell.id());
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(!producer.needs_doorbell_frame(Wake(false)), "not asleep");
+        assert!(bell.poll_rung(&mut cx).is_pending(), "nothing rang");
+
+        assert_eq!(
+            producer.push(EntryKind::Record, b"a"),
+            Pushed::Published(Wake(false))
+        );
+        assert!(consumer.peek(&mut entry).unwrap().is_some());
+        consumer.consume();
+        assert!(consumer.wait_for_doorbell());
+        let Pushed::Published(wake) = producer.push(EntryKind::Record, b"b") else {
+            panic!("a waiting consumer's entry is published at once");
+        };
+        assert_eq!(wake, Wake(true));
+        assert!(
+            !producer.needs_doorbell_frame(wake),
+            "the bell rang instead"
+        );
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            std::future::poll_fn(|cx| bell.poll_rung(cx)),
+        )
+        .await
+        .expect("the bell woke the consumer");
+
+        // The consumer's bell is gone: the producer falls back to the frame.
+        drop(bell);
+        assert!(producer.needs_doorbell_frame(Wake(true)));
     }
 
     /// A broken producer cannot make the consumer read past the ring: impossible counters and
