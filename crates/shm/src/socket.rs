@@ -1433,8 +1433,8 @@ impl RingWait<'_> {
     /// Waits until a ring has an entry (`None`, also when the safety net expires) or
     /// `receive` brings frames. Rings finished by their producers go; the others are watched
     /// while the socket is: entries are looked for at every poll (a spinning receive finds them
-    /// without a wake-up), and its bell or a doorbell frame wakes a sleeping one. Cancel-safe where
-    /// `receive` is.
+    /// without a wake-up), and the bell or a doorbell frame wakes a sleeping one. Cancel-safe
+    /// where `receive` is.
     async fn or_socket(
         self,
         receive: impl std::future::Future<Output = Result<Vec<(Option<Bytes>, Bytes)>>>,
@@ -3079,8 +3079,8 @@ mod tests {
             }
             pull
         });
-        // On this one thread the pull runs until it waits, asleep on its ring; the burst's
-        // first entry rings its bell.
+        // On this one thread the pull runs until it waits, asleep on its ring; the push's task
+        // rings its bell once this task yields.
         tokio::task::yield_now().await;
         assert!(!receiving.is_finished());
         for _ in 0..BURST {
