@@ -2,17 +2,18 @@
 //!
 //! A consumer that found its rings empty raises their `sleeping` word and waits (`ring.rs`); the
 //! producer that next publishes takes the word down and must wake it. Sent as a frame over the
-//! zeromq connection, that doorbell costs the producer twice: a hop to the connection's task
-//! and, when the consumer reads the frame, a wake-up of its own (the kernel reports the stream
-//! socket writable again, and tokio's epoll watches every socket for that). A paced sender
+//! zeromq connection, that doorbell costs the producer a wake-up of its own when the consumer
+//! reads the frame (the kernel reports the stream socket writable again, and tokio's epoll
+//! watches every socket for that). A paced sender
 //! that sleeps between bursts thus woke twice per burst (`perf stat`: 330 context switches a
 //! second at 160 bursts a second).
 //!
 //! Here the consumer's socket (one per receiving socket, shared by its rings) binds a datagram
 //! socket in Linux's abstract namespace, `\0ferromq-bell-<id:016x>`, and writes `id` into every
 //! ring it adopts (the ring's `bell` word). A producer rings by sending one byte there from a
-//! process-wide unbound datagram socket that no epoll watches and nothing reads: one `sendto`,
-//! no task hop, and nothing wakes the producer when the consumer reads.
+//! process-wide unbound datagram socket that no epoll watches and nothing reads: one `sendto`
+//! (where the frame was written: a push's batching task, or the sending call of a pair, req,
+//! rep or publisher), and nothing wakes the producer when the consumer reads.
 //!
 //! - No file: the name goes with the socket when the consumer closes it or dies, so crash
 //!   cleanup has nothing more to remove.
@@ -23,8 +24,9 @@
 //!   wake-ups waiting already.
 //! - Trust: the word is a peer's; the producer builds the name from the number alone, so a
 //!   broken peer can at most point it at another ferromq bell, which then wakes for nothing.
-//! - Cancellation: a consumer's wait polls the bell's readiness; dropped, it leaves datagrams
-//!   queued, which end the next wait at once (as a queued doorbell frame does).
+//! - Cancellation: a consumer's wait polls the bell's readiness after its rings and socket; a
+//!   wait dropped, or ended by entries first, leaves the byte queued, which ends the next wait
+//!   at once (as a queued doorbell frame does; `socket.rs` does not count such a wait as short).
 
 use std::io::ErrorKind;
 use std::os::linux::net::SocketAddrExt;
