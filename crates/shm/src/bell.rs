@@ -35,9 +35,17 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Context, Poll};
 
-/// The abstract name of the bell `id`.
+/// The abstract name of the bell `id`, `ferromq-bell-<id:016x>`, made on the stack: a producer
+/// makes it for every doorbell.
 fn address(id: u64) -> Option<SocketAddr> {
-    SocketAddr::from_abstract_name(format!("ferromq-bell-{id:016x}")).ok()
+    const PREFIX: &[u8] = b"ferromq-bell-";
+    let mut name = [0u8; PREFIX.len() + 16];
+    name[..PREFIX.len()].copy_from_slice(PREFIX);
+    for (digit_idx, digit) in name[PREFIX.len()..].iter_mut().enumerate() {
+        let nibble = (id >> (60 - 4 * digit_idx)) & 0xf;
+        *digit = b"0123456789abcdef"[nibble as usize];
+    }
+    SocketAddr::from_abstract_name(name).ok()
 }
 
 /// How many datagrams one poll takes at most: a flood (anyone in the network namespace may
@@ -146,6 +154,10 @@ mod tests {
         let id = bell.id();
         drop(bell);
         assert!(!ring(id), "a closed bell's name is gone");
+        assert_eq!(
+            address(0x0123_4567_89ab_cdef).unwrap().as_abstract_name(),
+            Some(&b"ferromq-bell-0123456789abcdef"[..])
+        );
         // A second bell of the process never takes the first one's name.
         let other = Bell::bind().expect("bound");
         assert_ne!(other.id(), id);
