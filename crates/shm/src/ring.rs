@@ -282,7 +282,7 @@ impl RingProducer {
 
     /// Wakes the consumer when `wake` says it waits: rings its bell where it gave one; true when
     /// the doorbell must go as a frame instead (no bell, or one that cannot be reached).
-    pub(crate) fn needs_doorbell_frame(&self, wake: Wake) -> bool {
+    pub(crate) fn ring_bell_or_need_frame(&self, wake: Wake) -> bool {
         if !wake.0 {
             return false;
         }
@@ -1053,14 +1053,14 @@ mod tests {
         } = &mut fixture;
         let mut entry = Vec::new();
         assert!(
-            producer.needs_doorbell_frame(Wake(true)),
+            producer.ring_bell_or_need_frame(Wake(true)),
             "a consumer that waits without a bell gets the frame"
         );
         let bell = crate::bell::Bell::bind().expect("a bell can be bound here");
         consumer.set_bell(bell.id());
         let waker = futures::task::noop_waker();
         let mut cx = std::task::Context::from_waker(&waker);
-        assert!(!producer.needs_doorbell_frame(Wake(false)), "not asleep");
+        assert!(!producer.ring_bell_or_need_frame(Wake(false)), "not asleep");
         assert!(bell.poll_rung(&mut cx).is_pending(), "nothing rang");
 
         assert_eq!(
@@ -1075,7 +1075,7 @@ mod tests {
         };
         assert_eq!(wake, Wake(true));
         assert!(
-            !producer.needs_doorbell_frame(wake),
+            !producer.ring_bell_or_need_frame(wake),
             "the bell rang instead"
         );
         tokio::time::timeout(
@@ -1087,7 +1087,7 @@ mod tests {
 
         // The consumer's bell is gone: the producer falls back to the frame.
         drop(bell);
-        assert!(producer.needs_doorbell_frame(Wake(true)));
+        assert!(producer.ring_bell_or_need_frame(Wake(true)));
     }
 
     /// A broken producer cannot make the consumer read past the ring: impossible counters and

@@ -652,7 +652,7 @@ struct ConnectionRing {
 
 impl ConnectionRing {
     fn ring_doorbell(&self, wake: Wake) {
-        if self.ring.needs_doorbell_frame(wake) {
+        if self.ring.ring_bell_or_need_frame(wake) {
             self.link.send_frame(&self.doorbell);
         }
     }
@@ -1989,7 +1989,7 @@ impl PublisherOut {
             // No task publishes later for a publisher: every entry is published at once.
             Pushed::Unpublished { .. } => ring.publish(),
         };
-        if ring.needs_doorbell_frame(wake) {
+        if ring.ring_bell_or_need_frame(wake) {
             let identity = subscriber.identity.clone();
             // A doorbell that finds the queue full is not needed: the subscriber has frames
             // to read, and looks at its rings after them.
@@ -2006,7 +2006,7 @@ impl PublisherOut {
                 continue;
             };
             let wake = subscriber.session.finish_producing(&mut ring);
-            if ring.needs_doorbell_frame(wake) {
+            if ring.ring_bell_or_need_frame(wake) {
                 let identity = subscriber.identity.clone();
                 let _ = self.send_frame(&identity, self.doorbell.clone());
             }
