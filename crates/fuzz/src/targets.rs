@@ -434,18 +434,22 @@ fn shm_frame_seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
     let batches: Vec<Vec<Vec<PartRef>>> = vec![
         vec![],
         vec![vec![]],
-        vec![vec![PartRef::Inline(b"hello".to_vec())]],
-        vec![vec![PartRef::Inline(vec![7; 256])]],
+        vec![vec![PartRef::Inline(b"hello".into())]],
+        vec![vec![PartRef::Inline(vec![7; 256].into())]],
         vec![vec![block(0, 4160, 8 << 20)]],
         vec![vec![
-            PartRef::Inline(b"header".to_vec()),
+            PartRef::Inline(b"header".into()),
             block(1, 64, 9000),
             region.clone(),
         ]],
         (0..16)
-            .map(|msg_idx| vec![PartRef::Inline(vec![msg_idx; 8])])
+            .map(|msg_idx| vec![PartRef::Inline(vec![msg_idx; 8].into())])
             .collect(),
-        vec![vec![region], vec![PartRef::Inline(Vec::new())], vec![]],
+        vec![
+            vec![region],
+            vec![PartRef::Inline(Vec::new().into())],
+            vec![],
+        ],
     ];
     let counted = DeliveryRef {
         segment: ObjectRef {

@@ -1,5 +1,5 @@
-//! The shared-memory transport: on one host, a message of any size moves between processes
-//! without its payload being copied.
+//! The shared-memory transport: on one host, a message moves between processes without its
+//! payload being copied; one of at most 256 bytes travels inside its descriptor instead (`small`).
 //!
 //! Selecting it is configuration only (`transport = "shmem"`); device code does not change.
 //!
@@ -17,6 +17,8 @@
 //!   pull they go through a descriptor ring in the push's segment, one per connection (`ring`:
 //!   no socket operation per message; zeromq carries the ring's announcement and the doorbell
 //!   of a consumer that sleeps); the other patterns send them in frames over zeromq.
+//! - [`small`]: messages of at most 256 bytes (and `shm-inline-max`), made in process memory and
+//!   copied into their descriptor, which is cheaper than a block for so few bytes.
 //! - [`region`]: unmanaged regions the user fills, with release callbacks (single or bulk).
 //! - [`cleanup`]: removal of a session's memory when its last process leaves or dies, the
 //!   watchdog, and what `ferromq shm list` and `clean` use.
@@ -56,6 +58,7 @@ pub mod region;
 mod ring;
 pub mod segment;
 mod session;
+pub mod small;
 mod socket;
 pub mod wire;
 

@@ -32,7 +32,9 @@ pub struct ShmOptions {
     /// The pause between allocation attempts while the segment is full (FairMQ's
     /// `--bad-alloc-attempt-interval`); `None`: from 100 µs, doubling up to 10 ms.
     pub retry_interval: Option<Duration>,
-    /// Payloads up to this size travel inside the descriptor instead of a segment block.
+    /// Payloads up to this size travel inside the descriptor instead of a segment block; the
+    /// transport makes messages up to this size (at most `small::SMALL_MESSAGE_MAX`) in process
+    /// memory for that (`shm-inline-max`; 0: every message is a block).
     pub inline_max: usize,
     /// Lock this process's segment into memory when it is created (`mlock`: every page
     /// allocated and mapped then, never faulted in at first use nor swapped out). FairMQ's
@@ -530,7 +532,16 @@ impl Session {
     }
 
     /// A message of `size` bytes if this process's segment exists and has room now.
+    /// Whether a message of `size` bytes is made in process memory, to travel inside its
+    /// descriptor (`small.rs`).
+    fn travels_inline(&self, size: usize) -> bool {
+        size <= self.options.inline_max.min(crate::small::SMALL_MESSAGE_MAX)
+    }
+
     pub(crate) fn try_new_message(&self, size: usize) -> Option<Message> {
+        if self.travels_inline(size) {
+            return Some(crate::small::small_message(size));
+        }
         let owned = self.own.get()?;
         if size > owned.max_message_size() {
             return None;
@@ -539,6 +550,9 @@ impl Session {
     }
 
     pub(crate) async fn new_message(&self, size: usize) -> Result<Message, ShmError> {
+        if self.travels_inline(size) {
+            return Ok(crate::small::small_message(size));
+        }
         Ok(message_of(self.allocate(size).await?, size))
     }
 
@@ -635,7 +649,7 @@ impl Session {
         last_segment: &mut Option<(ObjectRef, Arc<Segment>)>,
     ) -> Result<Message, ShmError> {
         match part {
-            PartRef::Inline(bytes) => Ok(Message::from(bytes)),
+            PartRef::Inline(bytes) => Ok(bytes.into_message()),
             PartRef::Block { segment, range } => {
                 let segment = match last_segment {
                     Some((key, mapped)) if *key == segment => Arc::clone(mapped),

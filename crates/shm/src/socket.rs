@@ -18,7 +18,9 @@
 //! # Copies and allocation
 //! A message already in this session's shared memory travels as a descriptor: no copy. A heap
 //! message is copied into this process's segment (counted in `ferromq_core::copied_bytes`),
-//! unless it is at most `inline_max` bytes: then it travels inside the descriptor frame.
+//! unless it is at most `inline_max` bytes: then it travels inside the descriptor frame, as the
+//! small messages the transport makes do (`small.rs`), whose buffers go back to their spare
+//! list once described.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -1703,7 +1705,7 @@ fn descriptor_carrier(session: &Session) -> ferromq_zmq::ZmqTransport {
 fn describe_as_is(session: &Session, message: &Message) -> Option<PartRef> {
     session.describe(message).or_else(|| {
         (message.len() <= session.options.inline_max)
-            .then(|| PartRef::Inline(message.data().to_vec()))
+            .then(|| PartRef::Inline(crate::small::InlineBytes::copy_of(message.data())))
     })
 }
 
@@ -1846,12 +1848,19 @@ impl ShmSocket {
 }
 
 /// Hands the references of the sent parts to the receiver: their handles must not release.
+/// Any other part was copied into its descriptor (or into a block of `fresh`): it is done, and
+/// a small message's buffer goes back to the spare list (`small.rs`).
 fn disarm(parts: Parts, fresh: Vec<ShmBuffer>) {
     for message in parts {
-        if let Ok((buffer, _)) = message.into_buffer()
-            && let Ok(buffer) = buffer.into_any().downcast::<ShmBuffer>()
-        {
-            buffer.disarm_boxed();
+        if let Ok((buffer, _)) = message.into_buffer() {
+            match buffer.into_any().downcast::<ShmBuffer>() {
+                Ok(buffer) => buffer.disarm_boxed(),
+                Err(other) => {
+                    if let Ok(small) = other.downcast::<crate::small::SmallBuffer>() {
+                        ferromq_core::MessageBuffer::recycle(small);
+                    }
+                }
+            }
         }
     }
     fresh.into_iter().for_each(ShmBuffer::disarm);

@@ -73,7 +73,7 @@ impl std::fmt::Display for WireRange {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PartRef {
     /// The payload itself.
-    Inline(Vec<u8>),
+    Inline(crate::small::InlineBytes),
     /// A block of a managed segment.
     Block {
         /// The segment.
@@ -308,6 +308,7 @@ pub fn append_record(frame: &mut Vec<u8>, record: &[PartRef]) {
     for part in record {
         match part {
             PartRef::Inline(bytes) => {
+                let bytes = bytes.as_slice();
                 frame.push(0);
                 frame.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
                 frame.extend_from_slice(bytes);
@@ -482,7 +483,7 @@ fn decode_records(
             let part = match reader.u8()? {
                 0 => {
                     let len = reader.u32()? as usize;
-                    PartRef::Inline(reader.take(len)?.to_vec())
+                    PartRef::Inline(crate::small::InlineBytes::copy_of(reader.take(len)?))
                 }
                 1 => PartRef::Block {
                     segment: reader.object()?,
@@ -545,7 +546,7 @@ mod tests {
     fn records() -> Vec<Vec<PartRef>> {
         vec![
             vec![
-                PartRef::Inline(b"header".to_vec()),
+                PartRef::Inline(b"header".into()),
                 PartRef::Block {
                     segment: ObjectRef {
                         creator_pid: 7,

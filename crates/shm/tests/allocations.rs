@@ -45,11 +45,14 @@ static ALLOCATOR: Counting = Counting;
 
 const WARM_UP: u64 = 20_000;
 const MEASURED: u64 = 100_000;
+/// A message in a block of the segment; [`SMALL`]: one that travels inside its descriptor.
 const SIZE: usize = 1024;
+const SMALL: usize = 64;
 
 /// Sends `n_messages` numbered from `first` through `sender` and receives them in order through
 /// `receiver`.
 async fn stream(
+    size: usize,
     transport: &dyn Transport,
     sender: &mut Channel,
     receiver: &mut Channel,
@@ -58,9 +61,9 @@ async fn stream(
 ) {
     let send = async {
         for idx in first..first + n_messages {
-            let mut message = match transport.try_new_message(SIZE) {
+            let mut message = match transport.try_new_message(size) {
                 Some(message) => message,
-                None => transport.new_message(SIZE).await.expect("allocate"),
+                None => transport.new_message(size).await.expect("allocate"),
             };
             message.data_mut()[..8].copy_from_slice(&idx.to_le_bytes());
             sender
@@ -81,7 +84,12 @@ async fn stream(
 
 /// Heap allocations per message while `MEASURED` messages go from a `sender` socket to a
 /// `receiver` socket of one session (in one process, on one thread), after a warm-up.
-fn allocations_per_message(name: &str, sender: SocketType, receiver: SocketType) -> f64 {
+fn allocations_per_message(
+    name: &str,
+    sender: SocketType,
+    receiver: SocketType,
+    size: usize,
+) -> f64 {
     // The count is the process's: one measurement at a time.
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _alone = ONE_AT_A_TIME
@@ -120,9 +128,18 @@ fn allocations_per_message(name: &str, sender: SocketType, receiver: SocketType)
             // slow joiner): it sends until the subscriber gets one.
             subscriber_connected(transport.as_ref(), &mut sender, &mut receiver).await;
         }
-        stream(transport.as_ref(), &mut sender, &mut receiver, 0, WARM_UP).await;
+        stream(
+            size,
+            transport.as_ref(),
+            &mut sender,
+            &mut receiver,
+            0,
+            WARM_UP,
+        )
+        .await;
         let before = N_ALLOCATIONS.load(Ordering::Relaxed);
         stream(
+            size,
             transport.as_ref(),
             &mut sender,
             &mut receiver,
@@ -173,9 +190,10 @@ async fn subscriber_connected(
 fn assert_fewer_allocations_than(
     name: &str,
     (sender, receiver): (SocketType, SocketType),
+    size: usize,
     bound: f64,
 ) {
-    let per_message = allocations_per_message(name, sender, receiver);
+    let per_message = allocations_per_message(name, sender, receiver, size);
     assert!(
         per_message < bound,
         "{name}: {per_message:.4} heap allocations per message"
@@ -184,14 +202,36 @@ fn assert_fewer_allocations_than(
 
 #[test]
 fn a_message_on_the_shmem_hot_path_costs_no_heap_allocation() {
-    assert_fewer_allocations_than("pushpull", (SocketType::Push, SocketType::Pull), 0.002);
+    assert_fewer_allocations_than(
+        "pushpull",
+        (SocketType::Push, SocketType::Pull),
+        SIZE,
+        0.002,
+    );
+}
+
+/// A small message travels inside its descriptor (`small.rs`): its buffers on both sides come
+/// from the spare lists, so it costs no allocation either.
+#[test]
+fn a_small_message_travelling_inline_costs_no_heap_allocation() {
+    for (name, ends, bound) in [
+        (
+            "pushpull-small",
+            (SocketType::Push, SocketType::Pull),
+            0.002,
+        ),
+        ("pair-small", (SocketType::Pair, SocketType::Pair), 0.002),
+        ("pubsub-small", (SocketType::Pub, SocketType::Sub), 0.01),
+    ] {
+        assert_fewer_allocations_than(name, ends, SMALL, bound);
+    }
 }
 
 /// The same from one pair to the other, through the ring the sending pair made for its
 /// connection.
 #[test]
 fn a_message_between_pairs_costs_no_heap_allocation() {
-    assert_fewer_allocations_than("pair", (SocketType::Pair, SocketType::Pair), 0.002);
+    assert_fewer_allocations_than("pair", (SocketType::Pair, SocketType::Pair), SIZE, 0.002);
 }
 
 /// The same through a publisher's descriptor rings to a subscriber. A subscriber that sleeps
@@ -201,5 +241,5 @@ fn a_message_between_pairs_costs_no_heap_allocation() {
 /// run of messages (up to 32).
 #[test]
 fn a_published_message_costs_no_heap_allocation() {
-    assert_fewer_allocations_than("pubsub", (SocketType::Pub, SocketType::Sub), 0.01);
+    assert_fewer_allocations_than("pubsub", (SocketType::Pub, SocketType::Sub), SIZE, 0.01);
 }

@@ -40,6 +40,10 @@ fn main() {
             push_pull_zero_copy,
         ),
         trial(
+            "with_inline_max_0_even_64_b_travel_as_blocks_without_copies",
+            push_pull_zero_copy_of_small_blocks,
+        ),
+        trial(
             "pub_sub_with_3_subscribers_and_a_topic_filter",
             pub_sub_three,
         ),
@@ -320,11 +324,16 @@ const SIZES: [usize; 3] = [64, 64 << 10, 8 << 20];
 
 async fn run_role(role: &str) -> Result<()> {
     let session = env("SESSION");
+    let defaults = ShmOptions::default();
     let transport = ShmTransport::new(ShmOptions {
         session,
         segment_size: SEGMENT,
         mlock_peers: std::env::var_os("MLOCK_PEERS").is_some(),
-        ..ShmOptions::default()
+        inline_max: std::env::var("INLINE_MAX")
+            .ok()
+            .and_then(|max| max.parse().ok())
+            .unwrap_or(defaults.inline_max),
+        ..defaults
     });
     let address = env("ADDRESS");
     match role {
@@ -333,8 +342,10 @@ async fn run_role(role: &str) -> Result<()> {
             for (msg_idx, size) in SIZES.into_iter().enumerate() {
                 let mut message = transport.new_message(size).await?;
                 fill(&mut message, msg_idx as u64);
-                let (segment, offset) = block_location(&message).context("a shm message")?;
-                println!("BLOCK {segment} {offset}");
+                match block_location(&message) {
+                    Some((segment, offset)) => println!("BLOCK {segment} {offset}"),
+                    None => println!("INLINE"),
+                }
                 push.send(message).await.map_err(|failed| failed.error)?;
             }
             let mut parts = Parts::new();
@@ -524,14 +535,42 @@ fn mapped(name: &str) -> Result<(u64, bool)> {
 // ---------------------------------------------------------------------------------------------
 // Tests
 
+/// A message of more than `SMALL_MESSAGE_MAX` bytes that the transport makes arrives as the
+/// very block the sender filled; a smaller one inside its descriptor (`small.rs`: its bytes
+/// copied into the descriptor and out of it, no block on either side, nothing counted in
+/// `copied_bytes`, which counts copies into blocks).
 fn push_pull_zero_copy() -> Result<()> {
-    let session = Session::new("sizes");
+    push_pull_sizes("sizes", None)
+}
+
+/// With `shm-inline-max` 0 no payload travels inside its descriptor: a 64-byte message too is
+/// the block its sender filled (zero copy by configuration).
+fn push_pull_zero_copy_of_small_blocks() -> Result<()> {
+    push_pull_sizes("sizes-blocks", Some(0))
+}
+
+fn push_pull_sizes(name: &str, inline_max: Option<usize>) -> Result<()> {
+    let session = Session::new(name);
     block_on(async {
-        let transport = session.transport();
-        let address = session.ipc("sizes");
+        let transport = match inline_max {
+            None => session.transport(),
+            Some(inline_max) => ShmTransport::new(ShmOptions {
+                session: session.0.clone(),
+                segment_size: SEGMENT,
+                inline_max,
+                ..ShmOptions::default()
+            }),
+        };
+        let travels_inline =
+            |size: usize| size <= inline_max.unwrap_or(ferromq_shm::small::SMALL_MESSAGE_MAX);
+        let address = session.ipc(name);
         let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await?;
         let copied_before = copied_bytes();
-        let mut sender = ChildRole::spawn("sizes-sender", &session, &address, &[]);
+        let extra: Vec<(&str, String)> = inline_max
+            .map(|max| ("INLINE_MAX", max.to_string()))
+            .into_iter()
+            .collect();
+        let mut sender = ChildRole::spawn("sizes-sender", &session, &address, &extra);
         for (msg_idx, size) in SIZES.into_iter().enumerate() {
             let announced = sender.line().await?;
             let message = tokio::time::timeout(STEP, pull.receive()).await??;
@@ -541,6 +580,14 @@ fn push_pull_zero_copy() -> Result<()> {
                 message.len()
             );
             verify(&message, msg_idx as u64)?;
+            if travels_inline(size) {
+                ensure!(
+                    announced == "INLINE" && block_location(&message).is_none(),
+                    "{size} bytes travel inline: sender said {announced:?}, received {:?}",
+                    block_location(&message)
+                );
+                continue;
+            }
             let (segment, offset) =
                 block_location(&message).context("received message is in shared memory")?;
             ensure!(
@@ -552,11 +599,13 @@ fn push_pull_zero_copy() -> Result<()> {
         ensure!(parts.len() == 3, "multipart of 3");
         for (part_idx, part) in parts.iter().enumerate() {
             verify(part, 100 + part_idx as u64)?;
+            ensure!(
+                block_location(part).is_none() == travels_inline(part.len()),
+                "part {part_idx} of {} bytes: {:?}",
+                part.len(),
+                block_location(part)
+            );
         }
-        ensure!(
-            parts.get(0).is_some_and(|part| part.buffer().is_some()),
-            "shm messages stay in shm even when small"
-        );
         ensure!(
             sender.line().await? == "COPIED 0",
             "the sender copied nothing"
@@ -883,7 +932,7 @@ fn forged_descriptors() -> Result<()> {
                         },
                         slot: 100_000,
                     },
-                    &[vec![PartRef::Inline(b"counted".to_vec())]],
+                    &[vec![PartRef::Inline(b"counted".into())]],
                 ),
                 "delivery counter slot 100000",
             ),
@@ -902,7 +951,7 @@ fn forged_descriptors() -> Result<()> {
         raw.send(zeromq::ZmqMessage::from(encode(
             hash ^ 1,
             DeliveryRef::NONE,
-            &[vec![PartRef::Inline(vec![1])]],
+            &[vec![PartRef::Inline(vec![1].into())]],
         )))
         .await?;
         raw.send(zeromq::ZmqMessage::from(
@@ -913,7 +962,7 @@ fn forged_descriptors() -> Result<()> {
         raw.send(zeromq::ZmqMessage::from(encode(
             hash,
             DeliveryRef::NONE,
-            &[vec![PartRef::Inline(b"fine".to_vec())]],
+            &[vec![PartRef::Inline(b"fine".into())]],
         )))
         .await?;
         let message = tokio::time::timeout(STEP, pull.receive()).await??;
