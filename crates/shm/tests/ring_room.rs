@@ -4,6 +4,11 @@
 //! (it used to fail at once, naming the segment: a full segment is backpressure, not an error).
 //! A push makes the ring when the connection comes; one that came while the segment was full
 //! gets its ring once there is room (it used to get nothing, for ever).
+//!
+//! A push whose ring is full looks again at once while its consumer keeps taking: it used to
+//! wait for a timer due "now", which tokio rounds up to the next millisecond, so a sender of
+//! messages whose entries fill the ring before its delivery window (256-byte messages travel
+//! inside their entries) slept up to a millisecond per ringful.
 
 use std::time::Duration;
 
@@ -163,4 +168,80 @@ async fn a_puller_that_connected_while_the_segment_was_full_gets_messages_once_r
         .await
         .expect("the puller that connected while the segment was full got a ring");
     assert_eq!(received.data(), b"two");
+}
+
+/// With the clock paused (after the connection is made), a push of 20 000 messages of 256
+/// bytes, whose entries fill its ring every ~700 messages, to a pull of the same runtime that
+/// keeps taking, one message per turn: every message arrives and no time passes. Waiting for ring room on a timer
+/// (rounded up to the next millisecond) never ends here: the clock advances only when the
+/// runtime is idle, and the pull, spinning on its empty ring, never lets it be; on a real clock
+/// that wait cost a millisecond per ringful. A watchdog thread turns the hang into a failure.
+#[test]
+fn a_push_whose_ring_is_full_follows_a_consumer_that_keeps_taking_without_a_timer() {
+    const N_MESSAGES: u64 = 20_000;
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let outcome = runtime.block_on(async {
+            let session = TestSession::new("ring-room-full-ring");
+            let transport = session.transport(ShmOptions {
+                segment_size: 16 << 20,
+                ..ShmOptions::default()
+            });
+            let address = session.address();
+            let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await;
+            pull.bind_configured().await.unwrap();
+            let mut push = open(&transport, SocketType::Push, Method::Connect, &address).await;
+            push.connect_configured().await.unwrap();
+            // The ring is made and announced with the first message.
+            push.send(transport.new_message(256).await.unwrap())
+                .await
+                .map_err(|failed| failed.error)
+                .unwrap();
+            pull.receive().await.unwrap();
+            tokio::time::pause();
+            let paused_at = tokio::time::Instant::now();
+            let send = async {
+                for idx in 0..N_MESSAGES {
+                    let mut message = transport.new_message(256).await.unwrap();
+                    message.data_mut()[..8].copy_from_slice(&idx.to_le_bytes());
+                    push.send(message)
+                        .await
+                        .map_err(|failed| failed.error)
+                        .unwrap();
+                }
+            };
+            // One message per turn of the runtime, where the sender may send a hundred: the
+            // ring fills.
+            let receive = async {
+                for idx in 0..N_MESSAGES {
+                    let message = pull.receive().await.unwrap();
+                    assert_eq!(message.data()[..8], idx.to_le_bytes());
+                    tokio::task::yield_now().await;
+                }
+            };
+            tokio::join!(send, receive);
+            let waited = paused_at.elapsed();
+            tokio::time::resume();
+            push.close().await.unwrap();
+            pull.close().await.unwrap();
+            drop(session);
+            waited
+        });
+        let _ = done.send(outcome);
+    });
+    match finished.recv_timeout(Duration::from_secs(60)) {
+        Ok(waited) => assert_eq!(
+            waited,
+            Duration::ZERO,
+            "the sender waited on the clock for room its consumer had freed"
+        ),
+        Err(_) => panic!(
+            "20 000 messages through a ring that fills did not arrive within 60 s: the sender \
+             waits for ring room on a timer"
+        ),
+    }
 }
