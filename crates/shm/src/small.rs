@@ -14,6 +14,9 @@
 //! [`MAX_SPARE_SMALL`] of them, each at most [`SMALL_MESSAGE_MAX`] bytes of capacity: larger
 //! inline payloads (a raised `shm-inline-max`) are allocated and freed as before.
 //!
+//! A message of at most `shm-inline-max` bytes that lies in a block travels inline too
+//! (`socket.rs`, `travels_inline`): its sender releases the block itself.
+//!
 //! Nothing here is shared between processes: a crash or a dropped peer concerns no such buffer.
 
 use std::any::Any;

@@ -1709,19 +1709,40 @@ fn descriptor_carrier(session: &Session) -> ferromq_zmq::ZmqTransport {
     })
 }
 
-/// The descriptor of a part that needs no block made for it: one already in this session's
-/// shared memory, or one small enough to travel inline. `None` for a part that must be copied.
+/// The descriptor of a part that needs no block made for it: one small enough to travel
+/// inline (at most `inline_max` bytes, wherever it lies, but a region's range: its creator's
+/// callback says when the receiver is done with it), or one in this session's shared memory.
+/// `None` for a part that must be copied into a block.
 fn describe_as_is(session: &Session, message: &Message) -> Option<PartRef> {
-    session.describe(message).or_else(|| {
-        (message.len() <= session.options.inline_max)
-            .then(|| PartRef::Inline(crate::small::InlineBytes::copy_of(message.data())))
-    })
+    if travels_inline(session, message) {
+        return Some(PartRef::Inline(crate::small::InlineBytes::copy_of(
+            message.data(),
+        )));
+    }
+    session.describe(message)
+}
+
+/// Whether [`describe_as_is`] copies `message` into its descriptor. A short message in a block
+/// travels so too (an rpc frame holding one call: 1.29 -> 1.64 M calls/s unaggregated): its
+/// block is released by the sender, in its own process, instead of adopted by the receiver.
+fn travels_inline(session: &Session, message: &Message) -> bool {
+    message.len() <= session.options.inline_max
+        && !message
+            .buffer()
+            .and_then(|buffer| buffer.as_any().downcast_ref::<ShmBuffer>())
+            .is_some_and(ShmBuffer::is_region)
+}
+
+/// Whether a sent `message` travelled as a reference to its memory, which then belongs to the
+/// receiver: [`describe_as_is`] described it as this session's block or region.
+fn travels_by_reference(session: &Session, message: &Message) -> bool {
+    !travels_inline(session, message) && session.describe(message).is_some()
 }
 
 /// Whether `message` must be copied into a block of its own to travel ([`describe_as_is`] has
 /// no descriptor for it).
 fn needs_block(session: &Session, message: &Message) -> bool {
-    message.len() > session.options.inline_max && session.describe(message).is_none()
+    !travels_inline(session, message) && session.describe(message).is_none()
 }
 
 /// One descriptor record for `parts`, copying each part that needs a block into the next of
@@ -1849,35 +1870,37 @@ impl ShmSocket {
     /// A message accepted for sending (queued or handed to zeromq): its references now belong
     /// to the receiver, and the delivery counter counts it as sent.
     fn hand_over(&mut self, parts: Parts, fresh: Vec<ShmBuffer>) {
-        disarm(parts, fresh);
+        disarm(&self.session, parts, fresh);
         if let Some(sent) = &mut self.sent {
             sent.note_sent(&self.figures);
         }
     }
 }
 
-/// Hands the references of the sent parts to the receiver: their handles must not release.
-/// Any other part was copied into its descriptor (or into a block of `fresh`): it is done, and
-/// a small message's buffer goes back to the spare list (`small.rs`).
-fn disarm(parts: Parts, fresh: Vec<ShmBuffer>) {
+/// Hands the references of the parts sent by reference (and of `fresh`, the blocks made for
+/// copied parts) to the receiver: their handles must not release. Every other part was copied
+/// (into its descriptor or a block of `fresh`) and is done here: dropped, its memory released
+/// (a small message's buffer back to its spare list, `small.rs`; another session's block to
+/// that session).
+fn disarm(session: &Session, parts: Parts, fresh: Vec<ShmBuffer>) {
     for message in parts {
-        if let Ok((buffer, _)) = message.into_buffer() {
-            match buffer.into_any().downcast::<ShmBuffer>() {
-                Ok(buffer) => buffer.disarm_boxed(),
-                Err(other) => {
-                    if let Ok(small) = other.downcast::<crate::small::SmallBuffer>() {
-                        ferromq_core::MessageBuffer::recycle(small);
-                    }
-                }
-            }
+        if !travels_by_reference(session, &message) {
+            continue;
+        }
+        if let Ok((buffer, _)) = message.into_buffer()
+            && let Ok(buffer) = buffer.into_any().downcast::<ShmBuffer>()
+        {
+            buffer.disarm_boxed();
         }
     }
     fresh.into_iter().for_each(ShmBuffer::disarm);
 }
 
-fn shm_buffers(parts: &Parts) -> impl Iterator<Item = &ShmBuffer> {
+/// The blocks and regions of `parts` sent by reference.
+fn shm_buffers<'a>(session: &'a Session, parts: &'a Parts) -> impl Iterator<Item = &'a ShmBuffer> {
     parts
         .iter()
+        .filter(|message| travels_by_reference(session, message))
         .filter_map(|message| message.buffer()?.as_any().downcast_ref::<ShmBuffer>())
 }
 
@@ -2073,6 +2096,7 @@ impl PublisherOut {
     /// is full misses it, as with ZeroMQ's PUB.
     fn publish(
         &mut self,
+        session: &Session,
         peers: &mut PeersState,
         figures: &ferromq_core::SendFigures,
         parts: Parts,
@@ -2101,7 +2125,11 @@ impl PublisherOut {
             let indirect = ring_entry_kind
                 .as_ref()
                 .and_then(|(_, indirect)| indirect.as_ref());
-            let buffers = || shm_buffers(&parts).chain(fresh.iter()).chain(indirect);
+            let buffers = || {
+                shm_buffers(session, &parts)
+                    .chain(fresh.iter())
+                    .chain(indirect)
+            };
             let adds_references = n_delivered > 0;
             if adds_references {
                 buffers().for_each(|buffer| buffer.add_references(1));
@@ -2141,7 +2169,7 @@ impl PublisherOut {
         let indirect = ring_entry_kind.and_then(|(_, indirect)| indirect);
         if n_delivered > 0 {
             // The publisher's own references went to the first subscriber.
-            disarm(parts, fresh.into_iter().chain(indirect).collect());
+            disarm(session, parts, fresh.into_iter().chain(indirect).collect());
         }
         // Otherwise nobody took the message: its references go with `parts`, `fresh` and the
         // entry's block here.
@@ -2163,7 +2191,7 @@ impl Publisher {
         match self.out.prepare(session, &mut peers, record) {
             Ok(prepared) => {
                 self.out
-                    .publish(&mut peers, figures, parts, fresh, prepared);
+                    .publish(session, &mut peers, figures, parts, fresh, prepared);
                 Ok(())
             }
             Err(error) => Err(Box::new((error, parts))),

@@ -1,0 +1,181 @@
+//! A short message travels inside its descriptor wherever it lies: one of at most
+//! `shm-inline-max` bytes in a block (an rpc frame holding one call, a block whose used size
+//! was cut) is copied into its ring entry, and its block is released by its sender, not handed
+//! to the receiver. The block's reference must then be neither handed over (a leak: the
+//! segment fills) nor released twice, for a push and for a publisher, which hands one
+//! reference per subscriber to what it sends by reference.
+
+use std::time::Duration;
+
+use ferromq_core::{Channel, ChannelConfig, Message, Method, SocketType, Transport};
+use ferromq_shm::{ShmBuffer, ShmOptions, ShmTransport};
+
+mod support;
+use support::TestSession;
+
+/// Through a 4 MiB segment: 2 000 blocks of 64 KiB (125 MiB) would fill it 31 times over.
+const N_MESSAGES: u64 = 2_000;
+const BLOCK: usize = 64 << 10;
+const USED: usize = 100;
+
+async fn open(
+    transport: &ShmTransport,
+    socket_type: SocketType,
+    method: Method,
+    address: &str,
+) -> Channel {
+    let config = ChannelConfig::new("data", socket_type, method).with_address(address);
+    let mut channel = Channel::open(transport, config, "data").await.unwrap();
+    match method {
+        Method::Bind => {
+            channel.bind_configured().await.unwrap();
+        }
+        Method::Connect => channel.connect_configured().await.unwrap(),
+    }
+    channel
+}
+
+/// A 64 KiB block of the segment holding `idx` in its first `USED` bytes, cut to those.
+async fn short_message_in_a_block(transport: &ShmTransport, idx: u64) -> Message {
+    let mut message = transport.new_message(BLOCK).await.unwrap();
+    message.set_used_size(USED).unwrap();
+    message.data_mut()[..8].copy_from_slice(&idx.to_le_bytes());
+    assert!(is_block(&message), "a 64 KiB message is a block");
+    message
+}
+
+fn is_block(message: &Message) -> bool {
+    message
+        .buffer()
+        .is_some_and(|buffer| buffer.as_any().downcast_ref::<ShmBuffer>().is_some())
+}
+
+fn check(message: &Message, idx: u64) {
+    assert_eq!(message.len(), USED);
+    assert_eq!(message.data()[..8], idx.to_le_bytes());
+    assert!(
+        !is_block(message),
+        "message {idx} arrived in the sender's block, not inline"
+    );
+}
+
+fn live_blocks(transport: &ShmTransport) -> u64 {
+    transport.memory_figures().unwrap().live_blocks
+}
+
+/// Waits (yielding) until no more blocks are referenced than `before` (the rings): the sender
+/// reclaims what was released at its next allocation, so one more is made and dropped.
+async fn blocks_back_to(transport: &ShmTransport, before: u64) {
+    for _ in 0..1000 {
+        drop(transport.new_message(BLOCK).await.unwrap());
+        if live_blocks(transport) <= before {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!(
+        "blocks still referenced: {:?}",
+        transport.memory_figures().unwrap()
+    );
+}
+
+fn transport(session: &TestSession) -> ShmTransport {
+    session.transport(ShmOptions {
+        segment_size: 4 << 20,
+        allocation_timeout: Duration::from_secs(5),
+        ..ShmOptions::default()
+    })
+}
+
+#[tokio::test]
+async fn a_short_message_in_a_block_travels_inline_and_its_block_comes_back_push() {
+    let session = TestSession::new("inline-push");
+    let transport = transport(&session);
+    let address = session.address();
+    let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await;
+    let mut push = open(&transport, SocketType::Push, Method::Connect, &address).await;
+    // The ring is made with the connection; one message in and out first.
+    push.send(short_message_in_a_block(&transport, u64::MAX).await)
+        .await
+        .map_err(|failed| failed.error)
+        .unwrap();
+    check(&pull.receive().await.unwrap(), u64::MAX);
+    blocks_back_to(&transport, u64::MAX).await;
+    let rings = live_blocks(&transport);
+    let send = async {
+        for idx in 0..N_MESSAGES {
+            let message = short_message_in_a_block(&transport, idx).await;
+            push.send(message)
+                .await
+                .map_err(|failed| failed.error)
+                .unwrap();
+        }
+    };
+    let receive = async {
+        for idx in 0..N_MESSAGES {
+            check(&pull.receive().await.unwrap(), idx);
+        }
+    };
+    tokio::join!(send, receive);
+    blocks_back_to(&transport, rings).await;
+    push.close().await.unwrap();
+    pull.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_short_message_in_a_block_travels_inline_and_its_block_comes_back_pub_sub() {
+    let session = TestSession::new("inline-pub");
+    let transport = transport(&session);
+    let address = session.address();
+    let mut publisher = open(&transport, SocketType::Pub, Method::Bind, &address).await;
+    let mut subscribers = Vec::new();
+    for _ in 0..2 {
+        let mut subscriber = open(&transport, SocketType::Sub, Method::Connect, &address).await;
+        subscriber.subscribe("").await.unwrap();
+        subscribers.push(subscriber);
+    }
+    // A publisher drops what it sends before a subscriber is connected: markers (numbered
+    // u64::MAX) until both got one, then what follows them is drained.
+    let mut connected = [false; 2];
+    while connected != [true; 2] {
+        let marker = short_message_in_a_block(&transport, u64::MAX).await;
+        publisher
+            .send(marker)
+            .await
+            .map_err(|failed| failed.error)
+            .unwrap();
+        for (subscriber, connected) in subscribers.iter_mut().zip(&mut connected) {
+            if let Ok(got) =
+                tokio::time::timeout(Duration::from_millis(10), subscriber.receive()).await
+            {
+                got.unwrap();
+                *connected = true;
+            }
+        }
+    }
+    for subscriber in &mut subscribers {
+        while let Ok(got) =
+            tokio::time::timeout(Duration::from_millis(100), subscriber.receive()).await
+        {
+            got.unwrap();
+        }
+    }
+    blocks_back_to(&transport, u64::MAX).await;
+    let rings = live_blocks(&transport);
+    for idx in 0..N_MESSAGES {
+        let message = short_message_in_a_block(&transport, idx).await;
+        publisher
+            .send(message)
+            .await
+            .map_err(|failed| failed.error)
+            .unwrap();
+        for subscriber in &mut subscribers {
+            check(&subscriber.receive().await.unwrap(), idx);
+        }
+    }
+    blocks_back_to(&transport, rings).await;
+    publisher.close().await.unwrap();
+    for mut subscriber in subscribers {
+        subscriber.close().await.unwrap();
+    }
+}
