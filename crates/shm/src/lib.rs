@@ -1,5 +1,6 @@
 //! The shared-memory transport: on one host, a message moves between processes without its
-//! payload being copied; one of at most 256 bytes travels inside its descriptor instead (`small`).
+//! payload being copied; one of at most `shm-inline-max` bytes (256 by default) travels inside
+//! its descriptor instead (`small`).
 //!
 //! Selecting it is configuration only (`transport = "shmem"`); device code does not change.
 //!

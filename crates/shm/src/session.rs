@@ -531,15 +531,16 @@ impl Session {
         Some(figures)
     }
 
-    /// A message of `size` bytes if this process's segment exists and has room now.
     /// Whether a message of `size` bytes is made in process memory, to travel inside its
     /// descriptor (`small.rs`).
-    fn travels_inline(&self, size: usize) -> bool {
+    fn makes_small(&self, size: usize) -> bool {
         size <= self.options.inline_max.min(crate::small::SMALL_MESSAGE_MAX)
     }
 
+    /// A message of `size` bytes if this process's segment exists and has room now (a small
+    /// one in process memory).
     pub(crate) fn try_new_message(&self, size: usize) -> Option<Message> {
-        if self.travels_inline(size) {
+        if self.makes_small(size) {
             return Some(crate::small::small_message(size));
         }
         let owned = self.own.get()?;
@@ -550,7 +551,7 @@ impl Session {
     }
 
     pub(crate) async fn new_message(&self, size: usize) -> Result<Message, ShmError> {
-        if self.travels_inline(size) {
+        if self.makes_small(size) {
             return Ok(crate::small::small_message(size));
         }
         Ok(message_of(self.allocate(size).await?, size))

@@ -16,11 +16,12 @@
 //! reference.
 //!
 //! # Copies and allocation
-//! A message already in this session's shared memory travels as a descriptor: no copy. A heap
-//! message is copied into this process's segment (counted in `ferromq_core::copied_bytes`),
-//! unless it is at most `inline_max` bytes: then it travels inside the descriptor frame, as the
-//! small messages the transport makes do (`small.rs`), whose buffers go back to their spare
-//! list once described.
+//! A message of at most `inline_max` bytes travels inside its descriptor, wherever it lies (the
+//! small messages the transport makes, `small.rs`, whose buffers go back to their spare list
+//! once described; a heap message; a short one in a block, which its sender then releases),
+//! except a region's range. A larger message already in this session's shared memory travels
+//! as a descriptor: no copy. A larger heap message is copied into this process's segment
+//! (counted in `ferromq_core::copied_bytes`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
