@@ -2308,11 +2308,15 @@ impl Socket for ShmSocket {
     }
 
     fn try_send_parts(&mut self, parts: Parts) -> std::result::Result<(), Parts> {
-        // Only a push socket's outbox, a pair's ring and a publisher take a message without
-        // waiting, and only one whose parts all lie in this session's memory or travel inline:
-        // nothing to allocate.
+        // Only a push socket's outbox, a pair's, req's or rep's ring and a publisher take a
+        // message without waiting, and only one whose parts all lie in this session's memory
+        // or travel inline: nothing to allocate.
         let counts_deliveries = matches!(self.inner, Inner::Batched(_) | Inner::Pair(_));
-        if !counts_deliveries && !matches!(self.inner, Inner::Publisher(_)) {
+        let req_rep_rings = matches!(
+            &self.inner,
+            Inner::ReqRep(req_rep) if req_rep.carriage == Carriage::Rings
+        );
+        if !counts_deliveries && !req_rep_rings && !matches!(self.inner, Inner::Publisher(_)) {
             return Err(parts);
         }
         if let Some(sent) = &mut self.sent
@@ -2340,6 +2344,15 @@ impl Socket for ShmSocket {
                     pair.offer(&self.session, delivery, &record),
                     Ok(RingOffer::Written)
                 ),
+                // In turn only (the waiting way names the mistake): a req with no reply
+                // pending, a rep with a request to answer.
+                Inner::ReqRep(req_rep) => {
+                    req_rep.is_req() == req_rep.peer.is_none()
+                        && matches!(
+                            req_rep.offer(&self.session, &record, &self.label),
+                            Ok(RingOffer::Written)
+                        )
+                }
                 Inner::Publisher(publisher) => {
                     let sent =
                         publisher.send(&self.session, &self.figures, &record, (parts, Vec::new()));

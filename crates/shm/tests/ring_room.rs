@@ -5,6 +5,10 @@
 //! A push makes the ring when the connection comes; one that came while the segment was full
 //! gets its ring once there is room (it used to get nothing, for ever).
 //!
+//! A req or rep whose connection has a ring takes a message in turn at once, without a
+//! runtime (`Channel::try_send_parts`, which a device's send tries first): it used to hand
+//! every message back to the waiting way, a future and a descriptor record allocated per send.
+//!
 //! A push whose ring is full looks again at once while its consumer keeps taking: it used to
 //! wait for a timer due "now", which tokio rounds up to the next millisecond, so a sender of
 //! messages whose entries fill the ring before its delivery window (256-byte messages travel
@@ -244,4 +248,49 @@ fn a_push_whose_ring_is_full_follows_a_consumer_that_keeps_taking_without_a_time
              waits for ring room on a timer"
         ),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_req_and_a_rep_with_rings_take_a_message_in_turn_without_waiting() {
+    let (transport, mut rep, mut req, _session) = pair_of_channels(
+        "try-send",
+        Duration::from_secs(10),
+        (SocketType::Rep, SocketType::Req),
+    )
+    .await;
+    let message = |tag: &[u8]| {
+        let mut message = transport.try_new_message(64).unwrap();
+        message.data_mut()[..tag.len()].copy_from_slice(tag);
+        message
+    };
+    // The first request makes the connection's ring (the waiting way: it may have to).
+    req.send(message(b"request 0"))
+        .await
+        .map_err(|failed| failed.error)
+        .unwrap();
+    for round in 0..3u8 {
+        let request = rep.receive().await.unwrap();
+        assert_eq!(request.data()[..9], *format!("request {round}").as_bytes());
+        assert!(
+            rep.try_send_parts(message(format!("reply {round}").as_bytes()).into())
+                .is_ok(),
+            "round {round}: the rep handed its reply back"
+        );
+        let reply = req.receive().await.unwrap();
+        assert_eq!(reply.data()[..7], *format!("reply {round}").as_bytes());
+        if round < 2 {
+            let next = format!("request {}", round + 1);
+            assert!(
+                req.try_send_parts(message(next.as_bytes()).into()).is_ok(),
+                "round {round}: the req handed its request back"
+            );
+        }
+    }
+    // Out of turn (a reply is due), the req takes nothing.
+    req.send(message(b"request 3"))
+        .await
+        .map_err(|failed| failed.error)
+        .unwrap();
+    assert!(req.try_send_parts(message(b"early").into()).is_err());
+    rep.receive().await.unwrap();
 }
