@@ -449,6 +449,16 @@ impl ReqRepSide {
         Ok(ring.write_published(session, record, &mut self.entry))
     }
 
+    /// What a send now would do out of turn, `None` in turn: a req with a reply pending, a rep
+    /// with no request to answer.
+    fn out_of_turn(&self) -> Option<&'static str> {
+        match (self.is_req(), &self.peer) {
+            (true, Some(_)) => Some("send a request before the last one's reply came"),
+            (false, None) => Some("send a reply before receiving a request"),
+            _ => None,
+        }
+    }
+
     /// A message was handed out that came from `peer`: a req's reply (the next request may
     /// go), a rep's request (its reply goes to `peer`).
     fn received(&mut self, peer: Option<Bytes>) {
@@ -2344,10 +2354,9 @@ impl Socket for ShmSocket {
                     pair.offer(&self.session, delivery, &record),
                     Ok(RingOffer::Written)
                 ),
-                // In turn only (the waiting way names the mistake): a req with no reply
-                // pending, a rep with a request to answer.
+                // In turn only: the waiting way names the mistake.
                 Inner::ReqRep(req_rep) => {
-                    req_rep.is_req() == req_rep.peer.is_none()
+                    req_rep.out_of_turn().is_none()
                         && matches!(
                             req_rep.offer(&self.session, &record, &self.label),
                             Ok(RingOffer::Written)
@@ -2498,12 +2507,7 @@ impl Socket for ShmSocket {
                 Ok(())
             }
             Inner::ReqRep(req_rep) if req_rep.carriage == Carriage::Rings => {
-                let out_of_turn = match (req_rep.is_req(), &req_rep.peer) {
-                    (true, Some(_)) => Some("send a request before the last one's reply came"),
-                    (false, None) => Some("send a reply before receiving a request"),
-                    _ => None,
-                };
-                if let Some(operation) = out_of_turn {
+                if let Some(operation) = req_rep.out_of_turn() {
                     let error = Error::WrongSocketType {
                         channel: self.label.clone(),
                         operation,
