@@ -183,6 +183,9 @@ async fn a_puller_that_connected_while_the_segment_was_full_gets_messages_once_r
 #[test]
 fn a_push_whose_ring_is_full_follows_a_consumer_that_keeps_taking_without_a_timer() {
     const N_MESSAGES: u64 = 20_000;
+    const TAG: &str = "ring-room-full-ring";
+    // The same session as the runtime thread's: removed here too when that thread hangs.
+    let cleanup = TestSession::new(TAG);
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -190,7 +193,7 @@ fn a_push_whose_ring_is_full_follows_a_consumer_that_keeps_taking_without_a_time
             .build()
             .unwrap();
         let outcome = runtime.block_on(async {
-            let session = TestSession::new("ring-room-full-ring");
+            let session = TestSession::new(TAG);
             let transport = session.transport(ShmOptions {
                 segment_size: 16 << 20,
                 ..ShmOptions::default()
@@ -243,10 +246,13 @@ fn a_push_whose_ring_is_full_follows_a_consumer_that_keeps_taking_without_a_time
             Duration::ZERO,
             "the sender waited on the clock for room its consumer had freed"
         ),
-        Err(_) => panic!(
-            "20 000 messages through a ring that fills did not arrive within 60 s: the sender \
+        Err(_) => {
+            drop(cleanup);
+            panic!(
+                "20 000 messages through a ring that fills did not arrive within 60 s: the sender \
              waits for ring room on a timer"
-        ),
+            )
+        }
     }
 }
 
