@@ -38,13 +38,9 @@ use std::task::{Context, Poll};
 /// The abstract name of the bell `id`, `ferromq-bell-<id:016x>`, made on the stack: a producer
 /// makes it for every doorbell.
 fn address(id: u64) -> Option<SocketAddr> {
-    const PREFIX: &[u8] = b"ferromq-bell-";
-    let mut name = [0u8; PREFIX.len() + 16];
-    name[..PREFIX.len()].copy_from_slice(PREFIX);
-    for (digit_idx, digit) in name[PREFIX.len()..].iter_mut().enumerate() {
-        let nibble = (id >> (60 - 4 * digit_idx)) & 0xf;
-        *digit = b"0123456789abcdef"[nibble as usize];
-    }
+    use std::io::Write as _;
+    let mut name = [0u8; "ferromq-bell-".len() + 16];
+    write!(&mut name[..], "ferromq-bell-{id:016x}").ok()?;
     SocketAddr::from_abstract_name(name).ok()
 }
 

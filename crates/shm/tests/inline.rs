@@ -59,15 +59,19 @@ fn check(message: &Message, idx: u64) {
     );
 }
 
+/// Makes and drops one block: the sender reclaims what receivers released at its allocations.
+async fn reclaim_released(transport: &ShmTransport) {
+    drop(transport.new_message(BLOCK).await.unwrap());
+}
+
 fn live_blocks(transport: &ShmTransport) -> u64 {
     transport.memory_figures().unwrap().live_blocks
 }
 
-/// Waits (yielding) until no more blocks are referenced than `before` (the rings): the sender
-/// reclaims what was released at its next allocation, so one more is made and dropped.
+/// Waits (yielding) until no more blocks are referenced than `before` (the rings).
 async fn blocks_back_to(transport: &ShmTransport, before: u64) {
     for _ in 0..1000 {
-        drop(transport.new_message(BLOCK).await.unwrap());
+        reclaim_released(transport).await;
         if live_blocks(transport) <= before {
             return;
         }
@@ -100,7 +104,7 @@ async fn a_short_message_in_a_block_travels_inline_and_its_block_comes_back_push
         .map_err(|failed| failed.error)
         .unwrap();
     check(&pull.receive().await.unwrap(), u64::MAX);
-    blocks_back_to(&transport, u64::MAX).await;
+    reclaim_released(&transport).await;
     let rings = live_blocks(&transport);
     let send = async {
         for idx in 0..N_MESSAGES {
@@ -160,7 +164,7 @@ async fn a_short_message_in_a_block_travels_inline_and_its_block_comes_back_pub_
             got.unwrap();
         }
     }
-    blocks_back_to(&transport, u64::MAX).await;
+    reclaim_released(&transport).await;
     let rings = live_blocks(&transport);
     for idx in 0..N_MESSAGES {
         let message = short_message_in_a_block(&transport, idx).await;
