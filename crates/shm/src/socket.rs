@@ -235,7 +235,7 @@ impl PairSide {
             self.ring = None;
         }
         let mut newest = self.next_link.take();
-        while let Some(peer) = self.socket.next_peer().now_or_never() {
+        while let Some(peer) = self.socket.try_next_peer() {
             let (_, link) = peer?;
             newest = Some(link);
         }
@@ -346,7 +346,7 @@ impl ReqRepSide {
     /// # Errors
     /// A req's peer was refused (another transport or session): nothing can be sent.
     fn refresh(&mut self) -> Result<()> {
-        while let Some(peer) = self.socket.next_peer().now_or_never() {
+        while let Some(peer) = self.socket.try_next_peer() {
             let (identity, link) = peer?;
             self.add_connection(identity, link);
         }

@@ -102,6 +102,19 @@ impl ZmqSocket {
         }
     }
 
+    /// [`ZmqSocket::next_peer`] without waiting: `None` when no connection is new (always, on
+    /// a socket that does not report peers). Costs a lock, no wake-up registration: for a
+    /// sender that looks for new connections on every send.
+    ///
+    /// # Errors
+    /// As [`ZmqSocket::next_peer`].
+    pub fn try_next_peer(&self) -> Option<Result<(bytes::Bytes, std::sync::Arc<crate::PeerLink>)>> {
+        match &self.backend {
+            Backend::Zmtp(zmtp) if self.report_peers => zmtp.try_next_peer(),
+            _ => None,
+        }
+    }
+
     /// The backend for `address`, created on first use; one socket cannot mix inproc with tcp/ipc.
     fn backend_for(&mut self, address: &Address) -> Result<&mut Backend> {
         let wants_inproc = matches!(address, Address::Inproc { .. });
@@ -473,6 +486,68 @@ mod tests {
             _ => panic!("a push over ipc is ferromq's own"),
         }
         socket.close(Duration::ZERO).await.unwrap();
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// Waits (yielding, so the connections' tasks run) until `try_next_peer` hands out a
+    /// connection; `None` after 10 s.
+    async fn next_peer_by_looking(socket: &ZmqSocket) -> Option<bytes::Bytes> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if let Some(peer) = socket.try_next_peer() {
+                return Some(peer.expect("a peer of this transport").0);
+            }
+            tokio::task::yield_now().await;
+        }
+        None
+    }
+
+    /// `try_next_peer` hands out each new connection once, as `next_peer` does, and nothing
+    /// when none is new; a socket that does not report its peers hands out nothing.
+    #[tokio::test]
+    async fn looking_for_new_peers_without_waiting_finds_each_connection_once() {
+        let path = std::env::temp_dir().join(format!(
+            "ferromq-socket-try-next-peer-{}.ipc",
+            std::process::id()
+        ));
+        let address = format!("ipc://{}", path.display());
+        let parsed = Address::parse(&address).unwrap();
+        let config = |socket_type, method| {
+            ChannelConfig::new("data", socket_type, method).with_address(address.as_str())
+        };
+        let mut push = ZmqSocket::new(
+            &config(SocketType::Push, ferromq_core::Method::Bind),
+            "data",
+            crate::PeerRules::ZEROMQ,
+            true,
+        );
+        push.report_new_peers();
+        push.bind(&parsed).await.unwrap();
+        assert!(push.try_next_peer().is_none(), "nobody connected yet");
+        let mut pulls = Vec::new();
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            let mut pull = ZmqSocket::new(
+                &config(SocketType::Pull, ferromq_core::Method::Connect),
+                "data",
+                crate::PeerRules::ZEROMQ,
+                true,
+            );
+            pull.connect(&parsed).await.unwrap();
+            pulls.push(pull);
+            let peer = next_peer_by_looking(&push)
+                .await
+                .expect("the new connection is handed out");
+            assert!(!seen.contains(&peer), "each connection once");
+            seen.push(peer);
+            assert!(push.try_next_peer().is_none(), "nothing new after it");
+        }
+        // A pull does not report its peers: nothing, however many connect.
+        assert!(pulls[0].try_next_peer().is_none());
+        for mut pull in pulls {
+            pull.close(Duration::ZERO).await.unwrap();
+        }
+        push.close(Duration::ZERO).await.unwrap();
         let _ = std::fs::remove_file(&path);
     }
 }
