@@ -457,15 +457,35 @@ impl ZmqSocket {
 mod tests {
     use super::*;
 
+    /// An ipc endpoint's file under the temporary directory, removed when dropped: also when
+    /// the test fails.
+    struct IpcFile(std::path::PathBuf);
+
+    impl IpcFile {
+        fn new(tag: &str) -> IpcFile {
+            IpcFile(
+                std::env::temp_dir()
+                    .join(format!("ferromq-socket-{tag}-{}.ipc", std::process::id())),
+            )
+        }
+
+        fn address(&self) -> String {
+            format!("ipc://{}", self.0.display())
+        }
+    }
+
+    impl Drop for IpcFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
     /// A channel's `sndKernelSize` / `rcvKernelSize` are what its own push or pull sets on each
     /// connection (the connections themselves: `zmtp_channel`'s tests).
     #[tokio::test]
     async fn a_push_over_ipc_carries_the_channels_kernel_sizes_to_its_connections() {
-        let path = std::env::temp_dir().join(format!(
-            "ferromq-socket-kernel-sizes-{}.ipc",
-            std::process::id()
-        ));
-        let address = format!("ipc://{}", path.display());
+        let file = IpcFile::new("kernel-sizes");
+        let address = file.address();
         let mut config = ChannelConfig::new("data", SocketType::Push, ferromq_core::Method::Bind)
             .with_address(address.as_str());
         config.snd_kernel_size = 96 << 10;
@@ -486,7 +506,6 @@ mod tests {
             _ => panic!("a push over ipc is ferromq's own"),
         }
         socket.close(Duration::ZERO).await.unwrap();
-        let _ = std::fs::remove_file(&path);
     }
 
     /// Waits (yielding, so the connections' tasks run) until `try_next_peer` hands out a
@@ -506,11 +525,8 @@ mod tests {
     /// when none is new; a socket that does not report its peers hands out nothing.
     #[tokio::test]
     async fn looking_for_new_peers_without_waiting_finds_each_connection_once() {
-        let path = std::env::temp_dir().join(format!(
-            "ferromq-socket-try-next-peer-{}.ipc",
-            std::process::id()
-        ));
-        let address = format!("ipc://{}", path.display());
+        let file = IpcFile::new("try-next-peer");
+        let address = file.address();
         let parsed = Address::parse(&address).unwrap();
         let config = |socket_type, method| {
             ChannelConfig::new("data", socket_type, method).with_address(address.as_str())
@@ -548,6 +564,5 @@ mod tests {
             pull.close(Duration::ZERO).await.unwrap();
         }
         push.close(Duration::ZERO).await.unwrap();
-        let _ = std::fs::remove_file(&path);
     }
 }
