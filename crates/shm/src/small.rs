@@ -169,8 +169,10 @@ impl From<&[u8]> for InlineBytes {
 }
 
 impl From<Vec<u8>> for InlineBytes {
+    /// Takes the vector as the buffer (kept for reuse when dropped only if its capacity is at
+    /// most [`SMALL_MESSAGE_MAX`]).
     fn from(bytes: Vec<u8>) -> InlineBytes {
-        InlineBytes::copy_of(&bytes)
+        InlineBytes(Some(Box::new(SmallBuffer { bytes })))
     }
 }
 
