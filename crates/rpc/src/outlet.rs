@@ -282,6 +282,9 @@ struct State {
     /// The channel failed: why. Nothing is accepted any more.
     failure: Option<String>,
     closing: bool,
+    /// The last lone record fitted a small frame: the next frame starts small. A record that
+    /// did not (larger calls) makes frames start full until one fits again.
+    small_fits: bool,
 }
 
 /// A frame made into parts: the parts, who waits for them to leave, how many records.
@@ -347,6 +350,7 @@ impl Outlet {
                 n_queued: 0,
                 failure: None,
                 closing: false,
+                small_fits: true,
             }),
             held: AtomicBool::new(false),
             ready: Notify::new(),
@@ -363,11 +367,12 @@ impl Outlet {
     }
 
     /// A frame for the next record. `trad` frames are made at their full size; the others,
-    /// which mostly leave with one call, start at [`SMALL_FRAME`] bytes and grow when a record
-    /// finds no room ([`Outlet::grown`]).
-    fn new_frame(&self) -> Frame {
-        let small =
-            self.config.aggregation != Aggregation::Trad && self.config.frame_bytes > SMALL_FRAME;
+    /// which mostly leave with one call, start at [`SMALL_FRAME`] bytes while calls fit there
+    /// (`small_fits`) and grow when a record finds no room ([`Outlet::grown`]).
+    fn new_frame(&self, small_fits: bool) -> Frame {
+        let small = small_fits
+            && self.config.aggregation != Aggregation::Trad
+            && self.config.frame_bytes > SMALL_FRAME;
         let size = if small {
             SMALL_FRAME
         } else {
@@ -448,11 +453,18 @@ impl Outlet {
         }
         let was_idle = state.open.is_none() && state.sealed.is_empty();
         let head_bytes = head.encode();
+        let mut first_fits = None;
         loop {
-            let frame = state.open.get_or_insert_with(|| self.new_frame());
+            let small_fits = state.small_fits;
+            let frame = state.open.get_or_insert_with(|| self.new_frame(small_fits));
             let head_at = frame.buf.len();
             match frame.buf.append_record(&head_bytes, payload) {
                 Ok(true) => {
+                    // A frame's first record says whether the next frames start small: one
+                    // written into a full frame that would have fitted a small one.
+                    if frame.n_records == 0 && !frame.small {
+                        first_fits = Some(frame.buf.len() <= SMALL_FRAME);
+                    }
                     frame.n_records += 1;
                     frame.buffers.extend(buffer);
                     frame.on_left.extend(on_left);
@@ -482,6 +494,9 @@ impl Outlet {
                 heap.buf = FrameBuf::Heap(wire::frame_header(self.me).to_vec());
                 state.open = Some(heap);
             }
+        }
+        if let Some(fits) = first_fits {
+            state.small_fits = fits;
         }
         state.n_queued += 1;
         // Only `trad` holds a frame for a while: the others need no clock read per call.
@@ -954,6 +969,26 @@ mod tests {
             assert_eq!(record.payload, &[handler as u8; 64]);
         }
         assert!(reader.next_record().is_none());
+
+        // A lone call larger than a small frame grows one; the frames after it start full
+        // until a lone call fits a small frame again.
+        let lending = Arc::new(Lending::default());
+        let outlet = lending_outlet(Aggregation::None, &lending);
+        for size in [300, 300, 64, 64] {
+            let args = vec![7u8; size];
+            let raw: Payload<'_, ()> = Payload::Raw(&args);
+            assert!(
+                outlet
+                    .try_push(call(size as u64), &raw, None, None, true, true)
+                    .is_ok()
+            );
+        }
+        assert_eq!(
+            *lending.sizes.lock().unwrap(),
+            vec![SMALL_FRAME, 4096, 4096, 4096, SMALL_FRAME]
+        );
+        let sealed: Vec<u32> = outlet.lock().sealed.iter().map(|f| f.n_records).collect();
+        assert_eq!(sealed, vec![1, 1, 1, 1], "none: a frame per call");
 
         // `trad` frames are made full at once: they are meant to fill.
         let lending = Arc::new(Lending::default());
