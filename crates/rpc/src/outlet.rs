@@ -282,9 +282,18 @@ struct State {
     /// The channel failed: why. Nothing is accepted any more.
     failure: Option<String>,
     closing: bool,
-    /// The last lone record fitted a small frame: the next frame starts small. A record that
-    /// did not (larger calls) makes frames start full until one fits again.
+    /// The last frame that left fitted a small frame: the next starts small. One that did not
+    /// (larger calls, or calls packed while the destination lags) makes frames start full
+    /// until one leaves small again.
     small_fits: bool,
+}
+
+impl State {
+    /// `frame` made into parts to send; how large it left says how the next frame starts.
+    fn leaving(&mut self, frame: Frame) -> Outgoing {
+        self.small_fits = frame.buf.len() <= SMALL_FRAME;
+        frame.into_parts()
+    }
 }
 
 /// A frame made into parts: the parts, who waits for them to leave, how many records.
@@ -453,7 +462,6 @@ impl Outlet {
         }
         let was_idle = state.open.is_none() && state.sealed.is_empty();
         let head_bytes = head.encode();
-        let mut first_fits = None;
         loop {
             let small_fits = state.small_fits;
             let frame = state.open.get_or_insert_with(|| self.new_frame(small_fits));
@@ -462,9 +470,6 @@ impl Outlet {
                 Ok(true) => {
                     // A frame's first record says whether the next frames start small: one
                     // written into a full frame that would have fitted a small one.
-                    if frame.n_records == 0 && !frame.small {
-                        first_fits = Some(frame.buf.len() <= SMALL_FRAME);
-                    }
                     frame.n_records += 1;
                     frame.buffers.extend(buffer);
                     frame.on_left.extend(on_left);
@@ -494,9 +499,6 @@ impl Outlet {
                 heap.buf = FrameBuf::Heap(wire::frame_header(self.me).to_vec());
                 state.open = Some(heap);
             }
-        }
-        if let Some(fits) = first_fits {
-            state.small_fits = fits;
         }
         state.n_queued += 1;
         // Only `trad` holds a frame for a while: the others need no clock read per call.
@@ -543,7 +545,7 @@ impl Outlet {
                 state.open_since = None;
                 state.open.take()
             }) {
-                let (parts, on_left, n_records) = frame.into_parts();
+                let (parts, on_left, n_records) = state.leaving(frame);
                 let sent = match &mut sink {
                     Sink::Channel(channel) => channel.try_send_parts(parts),
                     Sink::Loopback(queue) => queue.send(parts).map_err(|unsent| unsent.0),
@@ -664,7 +666,7 @@ impl Outlet {
         let outgoing = if let Some(unsent) = state.unsent.take() {
             unsent
         } else if let Some(frame) = state.sealed.pop_front() {
-            frame.into_parts()
+            state.leaving(frame)
         } else if state.open.is_some() {
             let since = state.open_since.unwrap_or_else(Instant::now);
             let due = since + self.config.max_delay;
@@ -676,7 +678,8 @@ impl Outlet {
                 return (None, Some(due), false);
             }
             state.open_since = None;
-            state.open.take().expect("just looked").into_parts()
+            let frame = state.open.take().expect("just looked");
+            state.leaving(frame)
         } else {
             return (None, None, state.closing);
         };
@@ -970,10 +973,35 @@ mod tests {
         }
         assert!(reader.next_record().is_none());
 
+        // Calls packed while the destination lagged left in a frame larger than a small one:
+        // the next frame starts full.
+        let (sink, mut frames) = tokio::sync::mpsc::unbounded_channel();
+        outlet.lock().sink = Some(Sink::Loopback(sink));
+        for handler in 0..20 {
+            let raw: Payload<'_, ()> = Payload::Raw(&[2; 64]);
+            assert!(
+                outlet
+                    .try_push(call(handler), &raw, None, None, true, true)
+                    .is_ok()
+            );
+        }
+        outlet.release();
+        assert_eq!(handlers_in(&frames.try_recv().unwrap()).len(), 20);
+        lending.sizes.lock().unwrap().clear();
+        let raw: Payload<'_, ()> = Payload::Raw(&[1; 64]);
+        assert!(
+            outlet
+                .try_push(call(1), &raw, None, None, true, true)
+                .is_ok()
+        );
+        assert_eq!(*lending.sizes.lock().unwrap(), vec![4096]);
+
         // A lone call larger than a small frame grows one; the frames after it start full
-        // until a lone call fits a small frame again.
+        // until one leaves small again.
         let lending = Arc::new(Lending::default());
         let outlet = lending_outlet(Aggregation::None, &lending);
+        let (sink, mut frames) = tokio::sync::mpsc::unbounded_channel();
+        outlet.lock().sink = Some(Sink::Loopback(sink));
         for size in [300, 300, 64, 64] {
             let args = vec![7u8; size];
             let raw: Payload<'_, ()> = Payload::Raw(&args);
@@ -982,13 +1010,13 @@ mod tests {
                     .try_push(call(size as u64), &raw, None, None, true, true)
                     .is_ok()
             );
+            outlet.release();
+            assert_eq!(handlers_in(&frames.try_recv().unwrap()), vec![size as u64]);
         }
         assert_eq!(
             *lending.sizes.lock().unwrap(),
             vec![SMALL_FRAME, 4096, 4096, 4096, SMALL_FRAME]
         );
-        let sealed: Vec<u32> = outlet.lock().sealed.iter().map(|f| f.n_records).collect();
-        assert_eq!(sealed, vec![1, 1, 1, 1], "none: a frame per call");
 
         // `trad` frames are made full at once: they are meant to fill.
         let lending = Arc::new(Lending::default());
