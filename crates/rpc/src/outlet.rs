@@ -4,8 +4,9 @@
 //! the transport when it has its own (a shared-memory block on shmem, so nothing is copied
 //! between serialisation and delivery), into a heap vector otherwise. A `none` or `ovfl` frame
 //! starts small ([`SMALL_FRAME`]; on shmem a spare buffer that travels inside its ring entry)
-//! and grows into a full one, copying what it held, when a record finds no room. What makes a
-//! frame leave is the aggregation mode ([`Aggregation`]):
+//! while the frames before it left that small, and grows into a full one, copying what it
+//! held, when a record finds no room. What makes a frame leave is the aggregation mode
+//! ([`Aggregation`]):
 //! - `none`: every call is a frame of its own;
 //! - `trad`: a frame leaves when it holds `aggregate-bytes`, `aggregate-us` after its first
 //!   call, or on [`Outlet::flush`];
@@ -468,8 +469,6 @@ impl Outlet {
             let head_at = frame.buf.len();
             match frame.buf.append_record(&head_bytes, payload) {
                 Ok(true) => {
-                    // A frame's first record says whether the next frames start small: one
-                    // written into a full frame that would have fitted a small one.
                     frame.n_records += 1;
                     frame.buffers.extend(buffer);
                     frame.on_left.extend(on_left);
