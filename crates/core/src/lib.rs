@@ -44,6 +44,6 @@ pub use registry::{MakeTransport, TransportOptions, TransportRegistry, Transport
 pub use tap::{Direction, TapReceiver, TapSlot, Tapped};
 pub use transport::{
     Channel, ChannelCounters, CounterSnapshot, MemoryFigures, SendFigures, SendPermit, SendWait,
-    Socket, Transport,
+    Socket, Transport, yield_once,
 };
 pub use typed::{Decode, Encode, Json, Payload, Pod, Postcard, Receiver, Sender};

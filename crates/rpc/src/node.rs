@@ -1846,31 +1846,10 @@ async fn dispatch(node: Weak<Node>, mut intake: Intake) -> ferromq_core::Result<
             // channel's receive) lay on the way from the result to the caller, ~0.3 us of a
             // busy-polled round trip. Only for the last call waited for: with many in flight
             // a turn after every frame cut the returns per second by a third.
-            YieldOnce(false).await;
+            ferromq_core::yield_once().await;
         }
     }
     intake.inbound.close().await
-}
-
-/// Lets the runtime's other tasks run once: the task goes back on the run queue at once, behind
-/// those woken before it (tokio's `yield_now` waits for a turn of the I/O driver too, a
-/// syscall).
-struct YieldOnce(bool);
-
-impl Future for YieldOnce {
-    type Output = ();
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        context: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<()> {
-        if self.0 {
-            return std::task::Poll::Ready(());
-        }
-        self.0 = true;
-        context.waker().wake_by_ref();
-        std::task::Poll::Pending
-    }
 }
 
 #[cfg(test)]
