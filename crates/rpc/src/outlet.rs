@@ -940,20 +940,20 @@ mod tests {
         Outlet::new(1, 0, config, Some(transport), Arc::new(Counts::default()))
     }
 
+    /// Pushes a held call of `args` to `handler`, which the outlet must take.
+    fn push_raw(outlet: &Outlet, handler: u64, args: &[u8]) {
+        let raw: Payload<'_, ()> = Payload::Raw(args);
+        let call = RecordHead::call(handler, 0, 0);
+        assert!(outlet.try_push(call, &raw, None, None, true, true).is_ok());
+    }
+
     #[test]
     fn a_frame_that_mostly_leaves_with_one_call_starts_small_and_grows_keeping_every_call() {
         let lending = Arc::new(Lending::default());
         let outlet = lending_outlet(Aggregation::Ovfl, &lending);
-        let call = |handler: u64| RecordHead::call(handler, 0, 0);
         // 20 calls of 64 bytes: more than a small frame holds, less than a full one.
         for handler in 0..20 {
-            let args = [handler as u8; 64];
-            let raw: Payload<'_, ()> = Payload::Raw(&args);
-            assert!(
-                outlet
-                    .try_push(call(handler), &raw, None, None, true, true)
-                    .is_ok()
-            );
+            push_raw(&outlet, handler, &[handler as u8; 64]);
         }
         assert_eq!(*lending.sizes.lock().unwrap(), vec![SMALL_FRAME, 4096]);
         let frame = outlet.lock().open.take().expect("one open frame");
@@ -977,22 +977,12 @@ mod tests {
         let (sink, mut frames) = tokio::sync::mpsc::unbounded_channel();
         outlet.lock().sink = Some(Sink::Loopback(sink));
         for handler in 0..20 {
-            let raw: Payload<'_, ()> = Payload::Raw(&[2; 64]);
-            assert!(
-                outlet
-                    .try_push(call(handler), &raw, None, None, true, true)
-                    .is_ok()
-            );
+            push_raw(&outlet, handler, &[2; 64]);
         }
         outlet.release();
         assert_eq!(handlers_in(&frames.try_recv().unwrap()).len(), 20);
         lending.sizes.lock().unwrap().clear();
-        let raw: Payload<'_, ()> = Payload::Raw(&[1; 64]);
-        assert!(
-            outlet
-                .try_push(call(1), &raw, None, None, true, true)
-                .is_ok()
-        );
+        push_raw(&outlet, 1, &[1; 64]);
         assert_eq!(*lending.sizes.lock().unwrap(), vec![4096]);
 
         // A lone call larger than a small frame grows one; the frames after it start full
@@ -1002,13 +992,7 @@ mod tests {
         let (sink, mut frames) = tokio::sync::mpsc::unbounded_channel();
         outlet.lock().sink = Some(Sink::Loopback(sink));
         for size in [300, 300, 64, 64] {
-            let args = vec![7u8; size];
-            let raw: Payload<'_, ()> = Payload::Raw(&args);
-            assert!(
-                outlet
-                    .try_push(call(size as u64), &raw, None, None, true, true)
-                    .is_ok()
-            );
+            push_raw(&outlet, size as u64, &vec![7u8; size]);
             outlet.release();
             assert_eq!(handlers_in(&frames.try_recv().unwrap()), vec![size as u64]);
         }
@@ -1020,12 +1004,7 @@ mod tests {
         // `trad` frames are made full at once: they are meant to fill.
         let lending = Arc::new(Lending::default());
         let outlet = lending_outlet(Aggregation::Trad, &lending);
-        let raw: Payload<'_, ()> = Payload::Raw(&[1; 64]);
-        assert!(
-            outlet
-                .try_push(call(1), &raw, None, None, true, true)
-                .is_ok()
-        );
+        push_raw(&outlet, 1, &[1; 64]);
         assert_eq!(*lending.sizes.lock().unwrap(), vec![4096]);
     }
 

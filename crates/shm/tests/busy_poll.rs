@@ -10,30 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use ferromq_core::{Channel, ChannelConfig, Error, Message, Method, SocketType};
-use ferromq_shm::{ShmOptions, ShmTransport};
+use ferromq_core::{Error, Message, Method, SocketType};
+use ferromq_shm::ShmOptions;
 
 mod support;
 use support::TestSession;
-
-async fn open(
-    transport: &ShmTransport,
-    socket_type: SocketType,
-    method: Method,
-    address: &str,
-    busy_poll: bool,
-) -> Channel {
-    let mut config = ChannelConfig::new("data", socket_type, method).with_address(address);
-    config.busy_poll = busy_poll;
-    let mut channel = Channel::open(transport, config, "data").await.unwrap();
-    match method {
-        Method::Bind => {
-            channel.bind_configured().await.unwrap();
-        }
-        Method::Connect => channel.connect_configured().await.unwrap(),
-    }
-    channel
-}
 
 #[tokio::test]
 async fn a_busy_polled_receive_lets_a_task_that_yielded_run_between_its_looks() {
@@ -43,8 +24,9 @@ async fn a_busy_polled_receive_lets_a_task_that_yielded_run_between_its_looks() 
         ..ShmOptions::default()
     });
     let address = session.address();
-    let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address, true).await;
-    let mut push = open(
+    let mut pull =
+        support::open_channel(&transport, SocketType::Pull, Method::Bind, &address, true).await;
+    let mut push = support::open_channel(
         &transport,
         SocketType::Push,
         Method::Connect,

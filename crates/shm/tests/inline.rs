@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use ferromq_core::{Channel, ChannelConfig, Message, Method, SocketType, Transport};
+use ferromq_core::{Channel, Message, Method, SocketType, Transport};
 use ferromq_shm::{ShmBuffer, ShmOptions, ShmTransport};
 
 mod support;
@@ -24,15 +24,7 @@ async fn open(
     method: Method,
     address: &str,
 ) -> Channel {
-    let config = ChannelConfig::new("data", socket_type, method).with_address(address);
-    let mut channel = Channel::open(transport, config, "data").await.unwrap();
-    match method {
-        Method::Bind => {
-            channel.bind_configured().await.unwrap();
-        }
-        Method::Connect => channel.connect_configured().await.unwrap(),
-    }
-    channel
+    support::open_channel(transport, socket_type, method, address, false).await
 }
 
 /// A 64 KiB block of the segment holding `idx` in its first `USED` bytes, cut to those.

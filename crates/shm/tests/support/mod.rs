@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use ferromq_core::{Channel, ChannelConfig, Method, SocketType};
 use ferromq_shm::{ShmOptions, ShmTransport};
 
 pub struct TestSession {
@@ -44,4 +45,29 @@ impl Drop for TestSession {
         let _ = ferromq_shm::cleanup::clean_session(uid, &self.name, true);
         let _ = std::fs::remove_file(&self.ipc_path);
     }
+}
+
+/// A channel named `data` of `transport`, bound or connected at `address`; `busy_poll`: the
+/// channel option `busyPoll`.
+#[allow(
+    dead_code,
+    reason = "not every test file that has this module opens channels"
+)]
+pub async fn open_channel(
+    transport: &ShmTransport,
+    socket_type: SocketType,
+    method: Method,
+    address: &str,
+    busy_poll: bool,
+) -> Channel {
+    let mut config = ChannelConfig::new("data", socket_type, method).with_address(address);
+    config.busy_poll = busy_poll;
+    let mut channel = Channel::open(transport, config, "data").await.unwrap();
+    match method {
+        Method::Bind => {
+            channel.bind_configured().await.unwrap();
+        }
+        Method::Connect => channel.connect_configured().await.unwrap(),
+    }
+    channel
 }
