@@ -1517,7 +1517,7 @@ impl RingWait<'_> {
                 // Polled again after the runtime's next turn of its drivers (tokio's
                 // `yield_now`), not at once: the tasks that yielded that way (a sender waiting
                 // for ring room) run between two looks. Woken at once, this task never left
-                // the run queue and they waited for the runtime's turn every 61 looks, 2 us
+                // the run queue and they ran only at its looks at its socket, one in 16, 2 us
                 // each with the spin: a busy-polled rpc caller streamed 25 % fewer calls.
                 let _ = std::pin::pin!(tokio::task::yield_now()).poll(cx);
                 return std::task::Poll::Pending;

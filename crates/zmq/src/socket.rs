@@ -103,8 +103,9 @@ impl ZmqSocket {
     }
 
     /// [`ZmqSocket::next_peer`] without waiting: `None` when no connection is new (always, on
-    /// a socket that does not report peers). Costs a lock, no wake-up registration: for a
-    /// sender that looks for new connections on every send.
+    /// a socket that does not report peers). An atomic load while nothing is new, the lock
+    /// only when something is, and no wake-up registration: for a sender that looks for new
+    /// connections on every send.
     ///
     /// # Errors
     /// As [`ZmqSocket::next_peer`].

@@ -661,8 +661,9 @@ impl ZmtpChannel {
         }
     }
 
-    /// [`ZmtpChannel::next_peer`] without waiting: `None` when no connection is new. A lock
-    /// and no wake-up registration, for a sender that looks on every send.
+    /// [`ZmtpChannel::next_peer`] without waiting: `None` when no connection is new. The
+    /// state's lock only when `peer_news` says there is something, and no wake-up
+    /// registration: for a sender that looks on every send.
     pub(crate) fn try_next_peer(&self) -> Option<Result<(Bytes, Arc<PeerLink>), Error>> {
         // Acquire: pairs with the Release under the lock where news was queued; without
         // news the lock is not taken (a peer queued meanwhile is found at the next look).
