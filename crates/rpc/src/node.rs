@@ -16,7 +16,8 @@
 //! Nothing waits forever: a result, an acknowledgement, room in a full destination's queue and a
 //! flush each wait at most `RpcOptions::timeout`, then fail with an error naming the destination
 //! and the handler (a destination that died is found this way; zeromq and shmem give no
-//! earlier sign). A channel that fails fails the pending calls to its destination at once. A
+//! earlier sign). Results are timed by one sweeper task per member (`sweep`), not a timer per
+//! call, so a `call_return` fails no earlier than 15/16 of the timeout. A channel that fails fails the pending calls to its destination at once. A
 //! result that arrives after its caller gave up is dropped. Dropping every [`Rpc`] handle stops
 //! the dispatcher and lets the outlets send what they hold before closing; [`Rpc::shutdown`]
 //! does the same and waits for it.
