@@ -17,10 +17,10 @@
 //! flush each wait at most `RpcOptions::timeout`, then fail with an error naming the destination
 //! and the handler (a destination that died is found this way; zeromq and shmem give no
 //! earlier sign). Results are timed by one sweeper task per member (`sweep`), not a timer per
-//! call, so a `call_return` fails no earlier than 15/16 of the timeout. A channel that fails fails the pending calls to its destination at once. A
-//! result that arrives after its caller gave up is dropped. Dropping every [`Rpc`] handle stops
-//! the dispatcher and lets the outlets send what they hold before closing; [`Rpc::shutdown`]
-//! does the same and waits for it.
+//! call, so a `call_return` fails no earlier than 15/16 of the timeout. A channel that fails
+//! fails the pending calls to its destination at once. A result that arrives after its caller
+//! gave up is dropped. Dropping every [`Rpc`] handle stops the dispatcher and lets the outlets
+//! send what they hold before closing; [`Rpc::shutdown`] does the same and waits for it.
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::ControlFlow;
@@ -218,6 +218,34 @@ enum Pending {
         remaining: usize,
         reply: oneshot::Sender<Result<(), CallError>>,
     },
+}
+
+impl Pending {
+    /// The call's destination.
+    fn dest(&self) -> usize {
+        match self {
+            Pending::Result { dest, .. } | Pending::Acks { dest, .. } => *dest,
+        }
+    }
+
+    /// The handler the call is for.
+    fn handler(&self) -> &'static str {
+        match self {
+            Pending::Result { handler, .. } | Pending::Acks { handler, .. } => handler,
+        }
+    }
+
+    /// Ends the wait of whoever waits for this call with `error`.
+    fn fail(self, error: CallError) {
+        match self {
+            Pending::Result { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+            Pending::Acks { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
 }
 
 /// Where a pull call waiting for its buffer is told: the buffer, or why there is none.
@@ -685,14 +713,7 @@ impl Rpc {
         }
         lock(&self.node.lent).clear();
         for (_, pending) in lock(&self.node.pending).drain() {
-            match pending {
-                Pending::Result { reply, .. } => {
-                    let _ = reply.send(Err(CallError::Stopped));
-                }
-                Pending::Acks { reply, .. } => {
-                    let _ = reply.send(Err(CallError::Stopped));
-                }
-            }
+            pending.fail(CallError::Stopped);
         }
         result
     }
@@ -1227,56 +1248,38 @@ impl Node {
 
     /// The channel to `dest` failed: every call waiting on it fails with `cause`.
     fn fail_pending_to(&self, dest: usize, cause: &str) {
-        let mut pending = lock(&self.pending);
-        let failed: Vec<u64> = pending
-            .iter()
-            .filter(|(_, entry)| match entry {
-                Pending::Result { dest: to, .. } | Pending::Acks { dest: to, .. } => *to == dest,
-            })
-            .map(|(seq, _)| *seq)
-            .collect();
-        for seq in failed {
-            let error = CallError::Unreachable {
+        self.fail_pending_where(
+            |entry| entry.dest() == dest,
+            |_| CallError::Unreachable {
                 destination: self.names[dest].clone(),
                 cause: cause.to_owned(),
-            };
-            match pending.remove(&seq) {
-                Some(Pending::Result { reply, .. }) => {
-                    let _ = reply.send(Err(error));
-                }
-                Some(Pending::Acks { reply, .. }) => {
-                    let _ = reply.send(Err(error));
-                }
-                None => {}
-            }
-        }
+            },
+        );
     }
 
     /// Fails every `call_return` whose deadline is at most `limit` with
     /// [`CallError::Timeout`] (the sweeper's work, see `sweep`).
     fn expire_results(&self, limit: Instant) {
+        self.fail_pending_where(
+            |entry| matches!(entry, Pending::Result { deadline, .. } if *deadline <= limit),
+            |entry| CallError::Timeout {
+                destination: self.names[entry.dest()].clone(),
+                handler: entry.handler().to_owned(),
+                after: self.options.timeout,
+            },
+        );
+    }
+
+    /// Takes the pending calls `picked` and fails each with its `error`.
+    fn fail_pending_where(
+        &self,
+        mut picked: impl FnMut(&Pending) -> bool,
+        error: impl Fn(&Pending) -> CallError,
+    ) {
         let mut pending = lock(&self.pending);
-        let expired: Vec<u64> = pending
-            .iter()
-            .filter(|(_, entry)| {
-                matches!(entry, Pending::Result { deadline, .. } if *deadline <= limit)
-            })
-            .map(|(seq, _)| *seq)
-            .collect();
-        for seq in expired {
-            if let Some(Pending::Result {
-                dest,
-                handler,
-                reply,
-                ..
-            }) = pending.remove(&seq)
-            {
-                let _ = reply.send(Err(CallError::Timeout {
-                    destination: self.names[dest].clone(),
-                    handler: handler.to_owned(),
-                    after: self.options.timeout,
-                }));
-            }
+        for (_, entry) in pending.extract_if(|_, entry| picked(entry)) {
+            let error = error(&entry);
+            entry.fail(error);
         }
     }
 
