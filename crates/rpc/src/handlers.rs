@@ -3,8 +3,10 @@
 //! A [`Procedure`] names a remote function and its types once, for both sides; its id is a
 //! 64-bit FNV-1a hash of its name, stable across builds and processes (unlike `TypeId`). A
 //! handler is stored type-erased: it decodes its arguments from the frame (postcard) and
-//! returns a boxed future whose output is already encoded. A panic in the handler, synchronous
-//! or in its future, is caught and becomes [`Status::Panicked`] for the caller.
+//! returns a boxed future whose output is already encoded, or, a synchronous one, encodes its
+//! output into a buffer the dispatcher lends it (the same buffer call after call: no allocation
+//! per call). A panic in the handler, synchronous or in its future, is caught and becomes
+//! [`Status::Panicked`] for the caller.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -100,14 +102,16 @@ impl Invocation {
 /// What a handler's run produced: the encoded result, or why there is none.
 pub(crate) type Outcome = Result<Vec<u8>, (Status, String)>;
 
-/// A handler started: finished already (a synchronous one), or a future to run.
+/// A handler started: finished already (a synchronous one; its result is encoded in the
+/// buffer [`Handlers::start`] was given), or a future to run.
 pub(crate) enum Started {
-    Done(Outcome),
+    Done,
     Running(BoxFuture<'static, Outcome>),
 }
 
-type Erased =
-    dyn Fn(Invocation, &[u8], Option<Message>) -> Result<Started, (Status, String)> + Send + Sync;
+type Erased = dyn Fn(Invocation, &[u8], Option<Message>, &mut Vec<u8>) -> Result<Started, (Status, String)>
+    + Send
+    + Sync;
 
 struct Entry {
     name: &'static str,
@@ -137,7 +141,10 @@ impl Handlers {
         F: Fn(Invocation, P::Args) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = P::Output> + Send + 'static,
     {
-        let run = move |invocation: Invocation, payload: &[u8], _buffer: Option<Message>| {
+        let run = move |invocation: Invocation,
+                        payload: &[u8],
+                        _buffer: Option<Message>,
+                        _output: &mut Vec<u8>| {
             let args = decode_args::<P>(payload)?;
             let future = catch_panic(|| handler(invocation, args))?;
             Ok(Started::Running(encode_output::<P, _>(future)))
@@ -154,10 +161,14 @@ impl Handlers {
         P: Procedure,
         F: Fn(&Invocation, P::Args) -> P::Output + Send + Sync + 'static,
     {
-        let run = move |invocation: Invocation, payload: &[u8], _buffer: Option<Message>| {
+        let run = move |invocation: Invocation,
+                        payload: &[u8],
+                        _buffer: Option<Message>,
+                        into: &mut Vec<u8>| {
             let args = decode_args::<P>(payload)?;
             let output = catch_panic(|| handler(&invocation, args))?;
-            Ok(Started::Done(encode::<P>(&output)))
+            encode_into::<P>(&output, into)?;
+            Ok(Started::Done)
         };
         self.insert::<P>(false, Arc::new(run))
     }
@@ -169,11 +180,15 @@ impl Handlers {
         P: Procedure,
         F: Fn(&Invocation, P::Args, Message) -> P::Output + Send + Sync + 'static,
     {
-        let run = move |invocation: Invocation, payload: &[u8], buffer: Option<Message>| {
+        let run = move |invocation: Invocation,
+                        payload: &[u8],
+                        buffer: Option<Message>,
+                        into: &mut Vec<u8>| {
             let buffer = buffer.ok_or_else(|| no_buffer::<P>())?;
             let args = decode_args::<P>(payload)?;
             let output = catch_panic(|| handler(&invocation, args, buffer))?;
-            Ok(Started::Done(encode::<P>(&output)))
+            encode_into::<P>(&output, into)?;
+            Ok(Started::Done)
         };
         self.insert::<P>(true, Arc::new(run))
     }
@@ -187,7 +202,10 @@ impl Handlers {
         F: Fn(Invocation, P::Args, Message) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = P::Output> + Send + 'static,
     {
-        let run = move |invocation: Invocation, payload: &[u8], buffer: Option<Message>| {
+        let run = move |invocation: Invocation,
+                        payload: &[u8],
+                        buffer: Option<Message>,
+                        _output: &mut Vec<u8>| {
             let buffer = buffer.ok_or_else(|| no_buffer::<P>())?;
             let args = decode_args::<P>(payload)?;
             let future = catch_panic(|| handler(invocation, args, buffer))?;
@@ -223,13 +241,15 @@ impl Handlers {
         self.entries.get(&id).map(|entry| entry.name)
     }
 
-    /// Starts the handler `id` on `payload`; the future runs it to its outcome.
+    /// Starts the handler `id` on `payload`: a synchronous one runs and leaves its encoded
+    /// result in `output` (replacing what it held); otherwise the future runs it to its outcome.
     pub(crate) fn start(
         &self,
         id: u64,
         invocation: Invocation,
         payload: &[u8],
         buffer: Option<Message>,
+        output: &mut Vec<u8>,
     ) -> Result<Started, (Status, String)> {
         let Some(entry) = self.entries.get(&id) else {
             return Err((
@@ -243,7 +263,7 @@ impl Handlers {
                 "a buffer came with a call that takes none; dropped"
             );
         }
-        (entry.run)(invocation, payload, buffer)
+        (entry.run)(invocation, payload, buffer, output)
     }
 }
 
@@ -255,12 +275,26 @@ fn no_buffer<P: Procedure>() -> (Status, String) {
 }
 
 fn encode<P: Procedure>(output: &P::Output) -> Outcome {
-    postcard::to_allocvec(output).map_err(|error| {
-        (
-            Status::Panicked,
-            format!("its result could not be serialised: {error}"),
-        )
-    })
+    postcard::to_allocvec(output).map_err(unencodable)
+}
+
+/// Encodes `output` into `into`, replacing what it held and keeping its memory: postcard's own
+/// vector starts empty and grows (a 64-byte result took a `malloc` and three `realloc`s).
+fn encode_into<P: Procedure>(
+    output: &P::Output,
+    into: &mut Vec<u8>,
+) -> Result<(), (Status, String)> {
+    let mut reused = std::mem::take(into);
+    reused.clear();
+    *into = postcard::to_extend(output, reused).map_err(unencodable)?;
+    Ok(())
+}
+
+fn unencodable(error: postcard::Error) -> (Status, String) {
+    (
+        Status::Panicked,
+        format!("its result could not be serialised: {error}"),
+    )
 }
 
 fn decode_args<P: Procedure>(payload: &[u8]) -> Result<P::Args, (Status, String)> {

@@ -203,6 +203,11 @@ impl Inbound {
     }
 }
 
+/// A result's encoded bytes on their way from the dispatcher to its caller: up to a cache line
+/// of them without an allocation of their own (a copy into a `Vec` was one of the few
+/// allocations left per `call_return`; most results are small: the MCTS search's are 3 bytes).
+type ResultBytes = smallvec::SmallVec<[u8; 64]>;
+
 enum Pending {
     Result {
         dest: usize,
@@ -210,7 +215,7 @@ enum Pending {
         /// When the call fails with [`CallError::Timeout`] unless its result came: the
         /// sweeper's to keep (`sweep`), not a timer per call.
         deadline: Instant,
-        reply: oneshot::Sender<Result<Vec<u8>, CallError>>,
+        reply: oneshot::Sender<Result<ResultBytes, CallError>>,
     },
     Acks {
         dest: usize,
@@ -437,6 +442,7 @@ impl Rpc {
             n_errors: 0,
             serving_since: std::time::Instant::now(),
             delivered: false,
+            output: Vec::new(),
         };
         tasks.push(tokio::spawn(dispatch(Arc::downgrade(&node), intake)));
         *lock(&node.tasks) = tasks;
@@ -1391,14 +1397,24 @@ impl Node {
             },
         };
         let started = buffer.and_then(|buffer| {
-            self.handlers
-                .start(head.handler, invocation, payload, buffer)
+            self.handlers.start(
+                head.handler,
+                invocation,
+                payload,
+                buffer,
+                &mut intake.output,
+            )
         });
+        let async_output;
         let outcome = match started {
-            Ok(Started::Done(outcome)) => outcome,
+            Ok(Started::Done) => Ok(intake.output.as_slice()),
             Ok(Started::Running(mut running)) => {
                 match self.while_serving(&mut running, intake).await {
-                    Some(outcome) => outcome,
+                    Some(Ok(output)) => {
+                        async_output = output;
+                        Ok(async_output.as_slice())
+                    }
+                    Some(Err(failure)) => Err(failure),
                     None => return ControlFlow::Break(()),
                 }
             }
@@ -1409,7 +1425,7 @@ impl Node {
                 if head.flags & wire::WANTS_RESULT != 0 {
                     let reply =
                         RecordHead::answer(wire::KIND_REPLY, head.handler, head.seq, Status::Ok);
-                    self.answer(from, reply, &result, None);
+                    self.answer(from, reply, result, None);
                 }
                 if head.flags & wire::WANTS_ACK != 0 {
                     let ack =
@@ -1438,6 +1454,9 @@ impl Node {
                     None,
                 );
             }
+        }
+        if intake.output.capacity() > OUTPUT_KEPT {
+            intake.output = Vec::new();
         }
         ControlFlow::Continue(())
     }
@@ -1570,7 +1589,7 @@ impl Node {
                 ..
             }) => {
                 let result = match head.status {
-                    Status::Ok => Ok(payload.to_vec()),
+                    Status::Ok => Ok(ResultBytes::from_slice(payload)),
                     status => Err(self.remote_error(dest, handler, status, payload)),
                 };
                 let _ = reply.send(result);
@@ -1634,7 +1653,7 @@ impl Node {
         answered: bool,
         intake: &mut Intake,
     ) -> ControlFlow<()> {
-        let mut parts = parts.into_vec().into_iter();
+        let mut parts = parts.into_iter();
         let Some(first) = parts.next() else {
             return ControlFlow::Continue(());
         };
@@ -1812,7 +1831,14 @@ struct Intake {
     /// `call_return`'s result, a lone ticket's acknowledgement): its caller is let run before
     /// the intake is looked at again.
     delivered: bool,
+    /// Where a synchronous handler encodes its result, lent call after call (it is copied into
+    /// the answer's frame at once); given up after a result of more than `OUTPUT_KEPT` bytes.
+    output: Vec<u8>,
 }
+
+/// The most memory a dispatcher keeps for encoding synchronous handlers' results between calls:
+/// one large result does not hold on to its size for the member's life.
+const OUTPUT_KEPT: usize = 64 << 10;
 
 impl Intake {
     /// The next frame from the channel or the loopback; `None` once the node stops.
