@@ -8,7 +8,7 @@
 //! per call). A panic in the handler, synchronous or in its future, is caught and becomes
 //! [`Status::Panicked`] for the caller.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -122,7 +122,7 @@ struct Entry {
 /// The handlers one member serves, by id. Built before the node starts.
 #[derive(Default)]
 pub struct Handlers {
-    entries: HashMap<u64, Entry>,
+    entries: FxHashMap<u64, Entry>,
     /// Two procedures whose names hash alike, or one registered twice: reported at start.
     pub(crate) conflicts: Vec<String>,
 }

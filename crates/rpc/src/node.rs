@@ -22,6 +22,7 @@
 //! gave up is dropped. Dropping every [`Rpc`] handle stops the dispatcher and lets the outlets
 //! send what they hold before closing; [`Rpc::shutdown`] does the same and waits for it.
 
+use rustc_hash::FxHashMap;
 use std::collections::{HashMap, VecDeque};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -263,7 +264,7 @@ struct Node {
     me: usize,
     names: Vec<String>,
     outlets: Vec<Arc<Outlet>>,
-    pending: Mutex<HashMap<u64, Pending>>,
+    pending: Mutex<FxHashMap<u64, Pending>>,
     next_seq: AtomicU64,
     handlers: Handlers,
     options: RpcOptions,
