@@ -11,38 +11,14 @@
 //! for the result, and each dispatcher's wait for its frame (the transport's receive future,
 //! boxed by `Socket::receive_parts`).
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use ferromq_core::{Address, Transport};
 use ferromq_rpc::{Aggregation, Handlers, Inbound, Member, Procedure, Rpc, RpcOptions};
 use ferromq_shm::{ShmOptions, ShmTransport};
 
-struct Counting;
-
-static N_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        N_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        N_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: ferromq_alloc_count::Counting = ferromq_alloc_count::Counting;
 
 /// 64 bytes each way, as `ferromq bench rpc`'s round trips.
 struct Echo;
@@ -114,11 +90,11 @@ fn a_round_trip_to_a_synchronous_handler_allocates_at_most_three_times() {
         for _ in 0..WARM_UP {
             assert_eq!(rpcs[0].call_return::<Echo>(1, &args).await.unwrap(), args);
         }
-        let before = N_ALLOCATIONS.load(Ordering::Relaxed);
+        let before = ferromq_alloc_count::allocations();
         for _ in 0..MEASURED {
             assert_eq!(rpcs[0].call_return::<Echo>(1, &args).await.unwrap(), args);
         }
-        let allocations = N_ALLOCATIONS.load(Ordering::Relaxed) - before;
+        let allocations = ferromq_alloc_count::allocations() - before;
         for rpc in rpcs {
             rpc.shutdown().await.expect("shut down");
         }

@@ -11,37 +11,13 @@
 //! rings 0.000; a pair with frames through zmq.rs DEALERs 15.0, with rings 0.000). The bound leaves room for the rare
 //! doorbell (a frame through the socket when the receiver waits), never for one allocation per
 //! message or per run of messages.
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use ferromq_core::{Channel, ChannelConfig, Method, SocketType, Transport};
 use ferromq_shm::{ShmOptions, ShmTransport};
 
-struct Counting;
-
-static N_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        N_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        N_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract is System's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: ferromq_alloc_count::Counting = ferromq_alloc_count::Counting;
 
 const WARM_UP: u64 = 20_000;
 const MEASURED: u64 = 100_000;
@@ -137,7 +113,7 @@ fn allocations_per_message(
             WARM_UP,
         )
         .await;
-        let before = N_ALLOCATIONS.load(Ordering::Relaxed);
+        let before = ferromq_alloc_count::allocations();
         stream(
             size,
             transport.as_ref(),
@@ -147,7 +123,7 @@ fn allocations_per_message(
             MEASURED,
         )
         .await;
-        let allocations = N_ALLOCATIONS.load(Ordering::Relaxed) - before;
+        let allocations = ferromq_alloc_count::allocations() - before;
         sender.close().await.unwrap();
         receiver.close().await.unwrap();
         let _ = std::fs::remove_file(&path);
