@@ -17,6 +17,9 @@ use ferromq_core::{Address, Transport};
 use ferromq_rpc::{Aggregation, Handlers, Inbound, Member, Procedure, Rpc, RpcOptions};
 use ferromq_shm::{ShmOptions, ShmTransport};
 
+mod support;
+use support::Session;
+
 #[global_allocator]
 static ALLOCATOR: ferromq_alloc_count::Counting = ferromq_alloc_count::Counting;
 
@@ -33,22 +36,21 @@ const MEASURED: u64 = 20_000;
 
 #[test]
 fn a_round_trip_to_a_synchronous_handler_allocates_at_most_three_times() {
-    let session = format!("rpc-allocations-{}", std::process::id());
+    // Its shared memory and ipc files go when the test ends, passed or failed.
+    let session = Session::new("allocations");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a runtime");
     let per_call = runtime.block_on(async {
         let transport: Arc<dyn Transport> = Arc::new(ShmTransport::new(ShmOptions {
-            session: session.clone(),
+            session: session.0.clone(),
             segment_size: 64 << 20,
             ..ShmOptions::default()
         }));
-        let paths: Vec<_> = (0..2)
-            .map(|idx| std::env::temp_dir().join(format!("ferromq-{session}-m{idx}.ipc")))
-            .collect();
         let mut inbounds = Vec::new();
-        for path in &paths {
+        for idx in 0..2 {
+            let path = std::env::temp_dir().join(format!("ferromq-{}-m{idx}.ipc", session.0));
             let address: Address = format!("ipc://{}", path.display())
                 .parse()
                 .expect("an address");
@@ -98,12 +100,8 @@ fn a_round_trip_to_a_synchronous_handler_allocates_at_most_three_times() {
         for rpc in rpcs {
             rpc.shutdown().await.expect("shut down");
         }
-        for path in &paths {
-            let _ = std::fs::remove_file(path);
-        }
         allocations as f64 / MEASURED as f64
     });
-    let _ = ferromq_shm::cleanup::clean_session(ferromq_shm::names::current_uid(), &session, true);
     println!("{per_call:.3} heap allocations per call_return");
     assert!(
         per_call < 3.5,

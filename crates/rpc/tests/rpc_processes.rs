@@ -15,14 +15,15 @@ use ferromq_rpc::{
     Aggregation, CallError, Confirm, Handlers, Inbound, Member, Plain, Procedure, RemoteFailure,
     Rpc, RpcOptions, WhenFull,
 };
-use ferromq_shm::cleanup::clean_session;
-use ferromq_shm::names::current_uid;
 use ferromq_shm::{ShmOptions, ShmTransport};
 use libtest_mimic::{Arguments, Failed, Trial};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
+
+mod support;
+use support::Session;
 
 const ROLE_VAR: &str = "FERROMQ_RPC_TEST_ROLE";
 const STEP: Duration = Duration::from_secs(60);
@@ -301,33 +302,6 @@ impl Kind {
             ),
         };
         Address::parse(&text).expect("a valid address")
-    }
-}
-
-/// A session of its own, force-cleaned when the test ends however it ends.
-struct Session(String);
-
-impl Session {
-    fn new(tag: &str) -> Session {
-        Session(format!(
-            "rpc-{tag}-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ))
-    }
-}
-
-impl Drop for Session {
-    fn drop(&mut self) {
-        let _ = clean_session(current_uid(), &self.0, true);
-        let prefix = format!("ferromq-{}-", self.0);
-        if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
-            for entry in entries.flatten() {
-                if entry.file_name().to_string_lossy().starts_with(&prefix) {
-                    let _ = std::fs::remove_file(entry.path());
-                }
-            }
-        }
     }
 }
 
