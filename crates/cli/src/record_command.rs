@@ -5,7 +5,10 @@
 //! The device is found through its presence entry (`ferromq top` finds it the same way) and
 //! asked for a tap over its read-only control endpoint; copies arrive over ipc. The device never
 //! waits for the recorder: what the recorder could not take in time is counted, by the device,
-//! as missed, and the recording's summary and the exit code (1) say so.
+//! as missed, and the recording's summary and the exit code (1) say so. A device that ends
+//! closes its tap, which tells the recorder so (after the copies still queued); one that was
+//! killed cannot, and the recorder, finding its process gone (or a zombie), says that the
+//! recording may lack copies it could not count, and exits 1.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,7 +45,8 @@ pub struct RecordOptions {
 const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Runs `ferromq record`; 0 when everything that passed was recorded, 1 when messages were
-/// missed or the device cannot be tapped, 2 for bad options (clap's).
+/// missed (or may have been: a killed device) or the device cannot be tapped, 2 for bad
+/// options (clap's).
 pub fn run(options: &RecordOptions) -> ExitCode {
     crate::block_on(1, async {
         match record(options).await {
@@ -146,7 +150,11 @@ async fn record(options: &RecordOptions) -> Result<u64> {
             ASK_TIMEOUT,
         )
         .await;
-    let (missed, started) = outcome?;
+    let Copies {
+        missed,
+        started,
+        vanished,
+    } = outcome?;
     let summary = writer.finish(missed)?;
     println!(
         "ferromq: recorded {} messages ({} bytes) in {:.3} s into {}",
@@ -161,17 +169,25 @@ async fn record(options: &RecordOptions) -> Result<u64> {
              recorder did not keep up (the device never waits for it); the recording says so"
         );
     }
+    if vanished {
+        bail!(
+            "device {:?} (pid {}) ended without closing its tap (was it killed?): copies it had \
+             not sent yet may be missing from the recording, uncounted",
+            options.device,
+            entry.pid
+        );
+    }
     Ok(missed)
 }
 
-/// Writes copies until a stop; returns the messages missed and when recording started.
+/// Writes copies until a stop; says what was missed.
 async fn take_copies(
     options: &RecordOptions,
     pid: u32,
     stream: &mut Channel,
     writer: &mut Writer,
     mut signals: crate::launch::Signals,
-) -> Result<(u64, Instant)> {
+) -> Result<Copies> {
     let started = Instant::now();
     let deadline = options
         .duration
@@ -180,6 +196,7 @@ async fn take_copies(
     let mut expected = 0u64;
     let mut gaps = 0u64;
     let mut end_missed = None;
+    let mut vanished = false;
     loop {
         if options
             .messages
@@ -204,8 +221,12 @@ async fn take_copies(
         let parts = match parts {
             Ok(parts) => parts,
             Err(ferromq_core::Error::Timeout { .. }) => {
-                if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                    println!("ferromq: device {:?} has exited", options.device);
+                // A device's end closes its tap (the end marker below); one that did not get
+                // there (killed) may have had copies on their way. A zombie has exited too: a
+                // parent that has not waited for it yet keeps its pid.
+                let device = ferromq_shm::segment::ProcessId { pid, start_time: 0 };
+                if !device.is_alive() {
+                    vanished = true;
                     break;
                 }
                 continue;
@@ -221,6 +242,10 @@ async fn take_copies(
             TapKind::End => {
                 // The tap closed on the device's side: its count covers what followed the
                 // last copy too.
+                println!(
+                    "ferromq: device {:?} closed the tap after {} message(s)",
+                    options.device, header.sequence
+                );
                 end_missed = Some(header.missed);
                 break;
             }
@@ -239,5 +264,21 @@ async fn take_copies(
     }
     // The device numbers every message and counts the ones it could not copy: the gaps are
     // those, seen from here, up to the last copy; a closing tap's count also covers the rest.
-    Ok((end_missed.map_or(gaps, |missed| missed.max(gaps)), started))
+    let missed = end_missed.map_or(gaps, |missed| missed.max(gaps));
+    Ok(Copies {
+        missed,
+        started,
+        vanished,
+    })
+}
+
+/// How recording went.
+struct Copies {
+    /// Messages the device numbered that are not in the recording.
+    missed: u64,
+    /// When recording started.
+    started: Instant,
+    /// The device's process ended without closing the tap (killed): copies it had not sent yet
+    /// may be missing, uncounted.
+    vanished: bool,
 }

@@ -7,7 +7,11 @@ mod support;
 
 use std::time::Duration;
 
-use support::{Device, Ipc, ferromq_as_is, finish, signal, top_json_until};
+use tokio::io::AsyncBufReadExt;
+
+use support::{
+    Device, Ipc, ferromq_as_is, finish, finish_rest, signal, top_json_until, wait_for_line,
+};
 
 /// A scratch file, removed on drop.
 struct Scratch(std::path::PathBuf);
@@ -83,7 +87,8 @@ fn number_after(text: &str, key: &str) -> u64 {
 async fn a_recorded_multipart_stream_replays_into_a_verifying_sink() {
     let session = format!("record-{}", std::process::id());
     let live = Ipc::new("record-live");
-    // 150 000 messages, 100 000 of them recorded; both ends stop on their own.
+    // 150 000 messages, 50 000 of them recorded (the recorder starts after the sampler, which
+    // runs 7.5 s: room for a slow start on a loaded machine); both ends stop on their own.
     let sink = Device::new("sink", "sink")
         .args(&["--session", &session, "--verify", "--num-parts", "3"])
         .args(&["--max-iterations", "149999"])
@@ -104,11 +109,11 @@ async fn a_recorded_multipart_stream_replays_into_a_verifying_sink() {
         "--output",
         recording.path(),
         "--messages",
-        "100000",
+        "50000",
     ]))
     .await;
     assert!(
-        recorded.stdout.contains("recorded 100000 messages"),
+        recorded.stdout.contains("recorded 50000 messages"),
         "{}{}",
         recorded.stdout,
         recorded.stderr
@@ -138,7 +143,7 @@ async fn a_recorded_multipart_stream_replays_into_a_verifying_sink() {
     // (parts of 200, 100 and 66 bytes: 366 a message).
     let replayed_into = Ipc::new("record-replay");
     let checker = Device::new("sink", "checker")
-        .args(&["--verify", "--num-parts", "3", "--max-iterations", "99999"])
+        .args(&["--verify", "--num-parts", "3", "--max-iterations", "49999"])
         .channel("pull", "bind", &replayed_into.address())
         .spawn();
     let replay = finish(replay(recording.path(), "0", &replayed_into.address())).await;
@@ -148,8 +153,8 @@ async fn a_recorded_multipart_stream_replays_into_a_verifying_sink() {
     assert!(
         checked
             .stdout
-            .contains("received 100000 messages, 36600000 bytes")
-            && checked.stdout.contains("100000 checksums ok"),
+            .contains("received 50000 messages, 18300000 bytes")
+            && checked.stdout.contains("50000 checksums ok"),
         "{}",
         checked.stdout
     );
@@ -221,6 +226,103 @@ async fn a_recorder_that_falls_behind_says_how_much_it_missed_and_slows_nothing(
         "the tapped pipeline lost messages: {}",
         sink.stdout
     );
+}
+
+/// A recorder stops when the device it taps ends, `--messages` not reached and the device's
+/// parent (this test) not yet having waited for it, so that its pid is a zombie's: the ending
+/// device closes its tap after the copies still queued, and the recording holds every message
+/// the tap numbered. A device killed with SIGKILL cannot close it: the recorder says its
+/// recording may lack copies it cannot count, and exits 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorder_stops_when_its_device_ends_or_is_killed() {
+    // 1. The sampler ends after 20 000 messages at 10 000 a second.
+    let session = format!("record-end-{}", std::process::id());
+    let live = Ipc::new("record-end");
+    let sink = Device::new("sink", "sink")
+        .args(&["--session", &session, "--max-iterations", "19999"])
+        .channel("pull", "bind", &live.address())
+        .spawn();
+    let sampler = Device::new("sampler", "sampler")
+        .args(&["--session", &session, "--rate", "10000"])
+        .args(&["--msg-size", "64", "--max-iterations", "19999"])
+        .channel("push", "connect", &live.address())
+        .spawn();
+    running(&session, "sampler").await;
+    let recording = Scratch::new("record-end");
+    let recorded = finish(ferromq_as_is(&[
+        "record",
+        &session,
+        "sampler",
+        "data",
+        "--output",
+        recording.path(),
+        "--messages",
+        "1000000",
+    ]))
+    .await;
+    recorded.assert_exited_0();
+    let numbered = number_after(&recorded.stdout, "closed the tap after ");
+    assert!(numbered > 0, "{}", recorded.stdout);
+    let mut reader =
+        ferromq_record::Reader::open(std::path::Path::new(recording.path())).expect("a recording");
+    let mut sequences = Vec::new();
+    while let Some(record) = reader.next_record().expect("readable") {
+        sequences.push(record.sequence);
+    }
+    assert_eq!(
+        sequences,
+        (0..numbered).collect::<Vec<_>>(),
+        "the recording lacks copies the tap numbered:\n{}",
+        recorded.stdout
+    );
+    assert_eq!(reader.summary().expect("a finished recording").missed, 0);
+    finish(sampler).await.assert_exited_0();
+    finish(sink).await.assert_exited_0();
+
+    // 2. The sampler is killed while recorded.
+    let session = format!("record-kill-{}", std::process::id());
+    let live = Ipc::new("record-kill");
+    let sink = Device::new("sink", "sink")
+        .args(&["--session", &session])
+        .channel("pull", "bind", &live.address())
+        .spawn();
+    let sampler = Device::new("sampler", "sampler")
+        .args(&["--session", &session, "--rate", "10000", "--msg-size", "64"])
+        .channel("push", "connect", &live.address())
+        .spawn();
+    running(&session, "sampler").await;
+    let recording = Scratch::new("record-kill");
+    let mut recorder = ferromq_as_is(&[
+        "record",
+        &session,
+        "sampler",
+        "data",
+        "--output",
+        recording.path(),
+    ]);
+    // Killed once the tap is open (the recorder says so when it is).
+    let mut lines = tokio::io::BufReader::new(recorder.stdout.take().expect("stdout")).lines();
+    wait_for_line(&mut lines, "ferromq: recording ", &mut Vec::new()).await;
+    signal(&sampler, "KILL");
+    let recorded = finish_rest(recorder, lines).await;
+    assert_eq!(
+        recorded.code,
+        Some(1),
+        "{}{}",
+        recorded.stdout,
+        recorded.stderr
+    );
+    assert!(
+        recorded.stderr.contains("device \"sampler\" (pid ")
+            && recorded
+                .stderr
+                .contains("ended without closing its tap (was it killed?)"),
+        "{}",
+        recorded.stderr
+    );
+    signal(&sink, "INT");
+    finish(sink).await;
+    let _ = finish(sampler).await;
 }
 
 /// Writes a recording of `n` one-part checksummed messages `gap` apart.

@@ -25,6 +25,7 @@ use crate::error::{DeviceError, Result};
 use crate::rates;
 use crate::state::{State, Transition, next_state};
 use crate::stop::StopSignal;
+use crate::tap::TAP_FLUSH;
 
 enum Request {
     Change(Transition, oneshot::Sender<Result<State>>),
@@ -60,6 +61,8 @@ struct Shared {
     /// The device's transports, by name, for their memory figures.
     transports: Vec<(String, Arc<dyn ferromq_core::Transport>)>,
     last_error: Option<String>,
+    /// The tasks forwarding taps' copies to recorders (`tap.rs`), waited for at EXITING.
+    tap_forwarders: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// A handle to a running device: request transitions, wait for states, read properties.
@@ -231,6 +234,14 @@ impl DeviceController {
         Some(channel.tap.open(capacity))
     }
 
+    /// Keeps the task forwarding a tap's copies, so that the device's end waits (a while) for
+    /// it to hand over the last copies and the tap's end (see [`crate::tap::TAP_FLUSH`]).
+    pub(crate) fn keep_tap_forwarder(&self, forwarder: tokio::task::JoinHandle<()>) {
+        let mut shared = self.shared.lock().expect("shared state poisoned");
+        shared.tap_forwarders.retain(|kept| !kept.is_finished());
+        shared.tap_forwarders.push(forwarder);
+    }
+
     /// Closes the tap on channel `name`, if one is open.
     pub fn untap(&self, name: &str) {
         let shared = self.shared.lock().expect("shared state poisoned");
@@ -353,6 +364,7 @@ impl<D: Device> DeviceRunner<D> {
             }
             let Some(request) = self.requests.recv().await else {
                 self.stop_rate_logger();
+                self.close_taps().await;
                 return Err(DeviceError::DeviceGone {
                     device: self.config.id.clone(),
                 });
@@ -396,9 +408,31 @@ impl<D: Device> DeviceRunner<D> {
             }
         }
         self.stop_rate_logger();
+        self.close_taps().await;
         match self.failure.take() {
             Some(failure) => Err(failure),
             None => Ok(()),
+        }
+    }
+
+    /// Closes every open tap and gives their forwarders up to [`TAP_FLUSH`] to hand the copies
+    /// still queued, and the tap's end with its count of missed copies, to their recorders:
+    /// without this the process would end with them, and a recording would lose its last
+    /// copies without knowing.
+    async fn close_taps(&mut self) {
+        let forwarders = {
+            let mut shared = self.shared.lock().expect("shared state poisoned");
+            for channel in &shared.channels {
+                channel.tap.close();
+            }
+            std::mem::take(&mut shared.tap_forwarders)
+        };
+        if forwarders.is_empty() {
+            return;
+        }
+        let all = futures_util::future::join_all(forwarders);
+        if tokio::time::timeout(TAP_FLUSH, all).await.is_err() {
+            tracing::warn!(device = %self.config.id, "a recorder took no copy for {TAP_FLUSH:?}: its tap's last copies are not sent");
         }
     }
 

@@ -6,8 +6,10 @@
 //! first a [`TapHeader`] part, then the message's parts, boundaries kept. When the tap closes
 //! (`untap`, another tap on the channel, or the recorder gone: nothing taken for
 //! [`RECORDER_SILENCE`]), a last header-only message with [`TapKind::End`] carries the final
-//! count of missed messages. The device's own sends and receives never wait for any of this:
-//! what does not fit in the tap's queue ([`TAP_QUEUE`]) is counted missed.
+//! count of missed messages; a device at its end closes its taps too and waits up to
+//! [`TAP_FLUSH`] for the copies still queued and the end to go out. The device's
+//! own sends and receives never wait for any of this: what does not fit in the tap's queue
+//! ([`TAP_QUEUE`]) is counted missed.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -23,6 +25,10 @@ pub const TAP_QUEUE: usize = 8192;
 /// How long the forwarder waits for a recorder to take a copy before it takes it for gone and
 /// closes the tap.
 pub const RECORDER_SILENCE: Duration = Duration::from_secs(5);
+
+/// How long a device at its end waits for its taps' forwarders to hand their last copies and
+/// the tap's end to their recorders: bounded, since a device never waits long for an observer.
+pub const TAP_FLUSH: Duration = Duration::from_secs(2);
 
 /// The size of an encoded [`TapHeader`].
 pub const HEADER_LEN: usize = 25;
@@ -128,9 +134,10 @@ pub async fn serve(
     let mut tap = controller
         .tap(channel, TAP_QUEUE)
         .ok_or_else(|| format!("no channel {channel:?}"))?;
+    let keeper = controller.clone();
     let controller = controller.clone();
     let channel = channel.to_owned();
-    tokio::spawn(async move {
+    let forwarder = tokio::spawn(async move {
         let mut numbered = 0;
         while let Some(copy) = tap.copies.recv().await {
             numbered = copy.sequence + 1;
@@ -175,6 +182,7 @@ pub async fn serve(
             .await;
         let _ = stream.close().await;
     });
+    keeper.keep_tap_forwarder(forwarder);
     Ok((bound, config.clone()))
 }
 
