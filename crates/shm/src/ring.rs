@@ -27,10 +27,28 @@
 //!                    doorbell is a frame
 //! 256  data          RING_DATA bytes: entries at offsets that are multiples of 8
 //! entry := len u32 | kind u32 | len bytes | padding to 8      (kind 0: a record;
-//!          len u32::MAX: the rest up to the end is skipped    kind 1: a block holding one)
+//!          len u32::MAX: the rest up to the end is skipped    kind 1: a block holding one;
+//!          kind's top bit is set in every header written)
 //! ```
 //! Head and tail each have a cache line, so the producer's writes and the consumer's never
 //! share one; each side reads the other's counter only when its own copy says full or empty.
+//!
+//! # Headers as readiness
+//! The producer commits an entry by storing its header word last (release), after its bytes
+//! and after clearing the header slot just past it; a skip is stored after the entry it skips
+//! to. So the header slot at any position a consumer can reach next is 0 until an entry is
+//! committed there (the first one is cleared when the ring is made), and a consumer can find
+//! entries by their headers instead of by the tail. A busy-polled consumer does: waiting for
+//! a tail it must read the tail's line and then the entry's, one transfer between cores after
+//! the other, where the header comes with the entry's first line (busy-polled request/reply
+//! round trips 3-5 % shorter at the median, busy `call_return` 8 %, p99 14 %, streaming
+//! unchanged, interleaved on a 2-core machine). Its head may then pass the published tail,
+//! which nobody else minds (the producer compares it with its own tail; what a finished ring
+//! still holds is read up to the tail its close published). Other consumers keep reading the
+//! tail: a consumer that keeps up with a stream takes runs of entries the producer has finished
+//! with instead of each line while it is written. A header slot costs the producer 8 bytes of
+//! room beyond each entry. Any header written has `kind`'s top bit set, so no committed header
+//! is 0 (an empty record's would be otherwise; the property test found that).
 //!
 //! # Trust
 //! A ring's memory can be written by a broken peer at any time. The consumer copies an entry
@@ -154,6 +172,30 @@ impl RingMemory {
     fn data(&self, position: u64) -> usize {
         self.base + CONTROL + (position % RING_DATA as u64) as usize
     }
+
+    /// The header word of the entry at `position` (a multiple of 8): `len | kind << 32`, 0 while
+    /// no entry is committed there (see "Headers as readiness").
+    fn header(&self, position: u64) -> &AtomicU64 {
+        self.segment
+            .atomic_u64(self.data(position))
+            .expect("a ring's block lies inside its segment")
+    }
+}
+
+/// Set in the `kind` half of every committed header, so that no header is 0 (an empty record
+/// would be `len` 0, kind 0).
+const COMMITTED: u32 = 1 << 31;
+
+/// An entry's header as one word: its bytes are `len` then `kind` (with [`COMMITTED`]), both
+/// little-endian.
+fn header_word(len: u32, kind: u32) -> u64 {
+    let kind = kind | COMMITTED;
+    u64::from_le_bytes({
+        let mut bytes = [0u8; ENTRY_HEADER];
+        bytes[..4].copy_from_slice(&len.to_le_bytes());
+        bytes[4..].copy_from_slice(&kind.to_le_bytes());
+        bytes
+    })
 }
 
 /// The writing end, held by the push under its outbox lock.
@@ -203,6 +245,8 @@ impl RingProducer {
         memory.u64_at(RUNG_AT).store(0, Ordering::Relaxed);
         memory.u32_at(FINISHED).store(0, Ordering::Relaxed);
         memory.u64_at(BELL).store(0, Ordering::Relaxed);
+        // The first entry's header slot: the block may have held anything before.
+        memory.header(0).store(0, Ordering::Relaxed);
         // Release: whoever reads the announcement (sent after this) sees the ring initialised.
         memory.u64_at(TAIL).store(0, Ordering::Release);
         RingProducer {
@@ -227,22 +271,29 @@ impl RingProducer {
         let to_end = RING_DATA as u64 - self.tail % RING_DATA as u64;
         let skip = if to_end < need { to_end } else { 0 };
         let room = |head: u64, tail: u64| RING_DATA as u64 - (tail - head);
-        if room(self.known_head, self.tail) < skip + need {
+        // The entry, and the header slot after it, which is cleared before the entry commits.
+        let want = skip + need + ENTRY_HEADER as u64;
+        if room(self.known_head, self.tail) < want {
             self.known_head = self.memory.u64_at(HEAD).load(Ordering::Acquire);
-            if room(self.known_head, self.tail) < skip + need {
+            if room(self.known_head, self.tail) < want {
                 return Pushed::Full;
             }
         }
-        let mut at = self.tail;
-        if skip > 0 {
-            self.write(at, &SKIP.to_le_bytes());
-            at += skip;
-        }
-        let mut header = [0u8; ENTRY_HEADER];
-        header[..4].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
-        header[4..].copy_from_slice(&(kind as u32).to_le_bytes());
-        self.write(at, &header);
+        let at = self.tail + skip;
         self.write(at + ENTRY_HEADER as u64, bytes);
+        self.memory.header(at + need).store(0, Ordering::Relaxed);
+        // The commit (release): a consumer that reads this header sees the bytes and the
+        // cleared slot after them.
+        self.memory.header(at).store(
+            header_word(bytes.len() as u32, kind as u32),
+            Ordering::Release,
+        );
+        if skip > 0 {
+            // Last: a consumer that follows the skip finds the entry committed.
+            self.memory
+                .header(self.tail)
+                .store(header_word(SKIP, 0), Ordering::Release);
+        }
         self.tail = at + need;
         self.n_unpublished += 1;
         // A consumer that looked and found nothing gets it at once; a busy one a run of
@@ -450,6 +501,9 @@ pub(crate) struct RingConsumer {
     n_empty_looks: u32,
     /// Empty looks after which this consumer is hungry.
     hungry_after: u32,
+    /// Whether this consumer finds entries by their headers instead of the producer's tail
+    /// (a busy-polled one; see "Headers as readiness").
+    reads_headers: bool,
 }
 
 impl RingConsumer {
@@ -494,6 +548,7 @@ impl RingConsumer {
             } else {
                 HUNGRY_AFTER
             },
+            reads_headers: busy_polled,
         })
     }
 
@@ -512,13 +567,18 @@ impl RingConsumer {
         }
     }
 
-    /// Whether an entry waits, reading the producer's tail only when the last one read says
-    /// the ring is empty.
+    /// Whether an entry waits: the header at `next` for a consumer that reads headers, else the
+    /// producer's tail, read only when the last one read says the ring is empty.
     pub(crate) fn has_entries(&mut self) -> bool {
-        if self.next == self.known_tail {
-            self.known_tail = self.memory.u64_at(TAIL).load(Ordering::Acquire);
-        }
-        let empty = self.next == self.known_tail;
+        let empty = if self.reads_headers {
+            // Acquire: pairs with the producer's commit of the header.
+            self.memory.header(self.next).load(Ordering::Acquire) == 0
+        } else {
+            if self.next == self.known_tail {
+                self.known_tail = self.memory.u64_at(TAIL).load(Ordering::Acquire);
+            }
+            self.next == self.known_tail
+        };
         self.n_empty_looks = if empty { self.n_empty_looks + 1 } else { 0 };
         // Hungry only after a few empty looks: a consumer that keeps up with a stream takes
         // runs of entries the producer has finished with, instead of reading each line while
@@ -551,7 +611,13 @@ impl RingConsumer {
             if !self.has_entries() {
                 return Ok(None);
             }
-            let in_flight = self.known_tail.wrapping_sub(self.next);
+            // How far entries may reach: to the published tail, or, for a consumer that reads
+            // headers (the tail may lag behind them), to the ring's end.
+            let in_flight = if self.reads_headers {
+                RING_DATA as u64
+            } else {
+                self.known_tail.wrapping_sub(self.next)
+            };
             if in_flight > RING_DATA as u64 || !in_flight.is_multiple_of(8) {
                 return Err(self.corrupt(format!(
                     "head {} and tail {} are impossible",
@@ -579,7 +645,8 @@ impl RingConsumer {
             if need > to_end || need > in_flight {
                 return Err(self.corrupt(format!("an entry of {len} bytes does not fit")));
             }
-            let kind = match u32::from_le_bytes(header[4..].try_into().expect("4 bytes")) {
+            let kind_word = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+            let kind = match kind_word & !COMMITTED {
                 0 => EntryKind::Record,
                 1 => EntryKind::Indirect,
                 other => return Err(self.corrupt(format!("unknown entry kind {other}"))),
@@ -701,6 +768,12 @@ mod tests {
 
     impl Fixture {
         fn new(tag: u32) -> Fixture {
+            Fixture::adopted(tag, false)
+        }
+
+        /// A ring whose consumer is busy-polled (`busy`: it finds entries by their headers)
+        /// or not (by the tail).
+        fn adopted(tag: u32, busy: bool) -> Fixture {
             let name = ObjectName::new(
                 current_uid(),
                 &format!("ring-test-{}-{tag}", std::process::id()),
@@ -724,7 +797,7 @@ mod tests {
                 segment: ObjectRef::of(&name),
                 slot: 3,
             };
-            let consumer = RingConsumer::adopt(block, delivery, false).unwrap();
+            let consumer = RingConsumer::adopt(block, delivery, busy).unwrap();
             Fixture {
                 name,
                 _owned: owned,
@@ -749,11 +822,12 @@ mod tests {
     /// Issue 13 §2's property: whatever the sizes of the entries (empty to the largest one a
     /// ring holds) and however the producer and consumer interleave, every entry arrives once,
     /// whole and in order, across many wraps of the ring; a full ring refuses and never
-    /// overwrites. Several seeds, each with its own size mix and run length.
+    /// overwrites. Several seeds, each with its own size mix and run length, for a consumer
+    /// that reads the tail and one that reads headers (it also takes unpublished entries).
     #[test]
     fn entries_of_every_size_wrap_around_whole_and_in_order() {
-        for seed in 1..=4u64 {
-            let mut fixture = Fixture::new(seed as u32);
+        for (seed, busy) in (1..=4u64).flat_map(|seed| [(seed, false), (seed, true)]) {
+            let mut fixture = Fixture::adopted(seed as u32 + 50 * u32::from(busy), busy);
             let Fixture {
                 producer, consumer, ..
             } = &mut fixture;
@@ -802,7 +876,10 @@ mod tests {
                         Some(kind) => {
                             assert_eq!(kind, EntryKind::Record);
                             let expected = entry_bytes(taken, sizes[taken as usize]);
-                            assert!(entry == expected, "seed {seed}: entry {taken} differs");
+                            assert!(
+                                entry == expected,
+                                "seed {seed}, busy {busy}: entry {taken} differs"
+                            );
                             consumer.consume();
                             taken += 1;
                         }
@@ -812,7 +889,7 @@ mod tests {
             assert!(consumer.peek(&mut entry).unwrap().is_none());
             assert!(
                 n_bytes > 8 * RING_DATA,
-                "seed {seed}: only {n_bytes} bytes went through the ring"
+                "seed {seed}, busy {busy}: only {n_bytes} bytes went through the ring"
             );
         }
     }
@@ -821,9 +898,16 @@ mod tests {
     /// property test"): three threads each fill a ring of their own with entries of sizes drawn
     /// per entry, publishing at random moments, while one consumer takes runs from the rings in
     /// turn, as a pull does; every producer's entries arrive once, whole and in its order,
-    /// across many wraps, with producers and consumer really running at once.
+    /// across many wraps, with producers and consumer really running at once. Once with
+    /// consumers that read tails, once with consumers that read headers (they race with the
+    /// producers' writes entry by entry).
     #[test]
     fn several_producers_at_once_each_keep_their_order() {
+        several_producers_at_once(false);
+        several_producers_at_once(true);
+    }
+
+    fn several_producers_at_once(busy: bool) {
         const N_PRODUCERS: u64 = 3;
         const N_EACH: u64 = 20_000;
         /// Entry `seq` of producer `producer`: its length and bytes, known to both sides.
@@ -838,7 +922,7 @@ mod tests {
             entry_bytes(producer * 1_000_000 + seq, len)
         }
         let mut fixtures: Vec<Fixture> = (0..N_PRODUCERS)
-            .map(|producer| Fixture::new(100 + producer as u32))
+            .map(|producer| Fixture::adopted(100 + producer as u32 + 10 * u32::from(busy), busy))
             .collect();
         let (producers, mut consumers): (Vec<_>, Vec<_>) = fixtures
             .iter_mut()
@@ -870,7 +954,7 @@ mod tests {
             while next_seq.iter().any(|&seq| seq < N_EACH) {
                 assert!(
                     started.elapsed() < std::time::Duration::from_secs(60),
-                    "stuck at {next_seq:?}"
+                    "busy {busy}: stuck at {next_seq:?}"
                 );
                 for (producer_idx, consumer) in consumers.iter_mut().enumerate() {
                     state = mix(state);
@@ -882,7 +966,7 @@ mod tests {
                                 let seq = &mut next_seq[producer_idx];
                                 assert!(
                                     entry == entry_of(producer_idx as u64, *seq),
-                                    "producer {producer_idx}: entry {seq} differs or is out of order"
+                                    "busy {busy}, producer {producer_idx}: entry {seq} differs or is out of order"
                                 );
                                 consumer.consume();
                                 *seq += 1;

@@ -24,7 +24,9 @@ use crate::names::{ObjectKind, ObjectName};
 /// Bytes reserved at the start of every object for its [`Header`].
 pub const HEADER_SIZE: usize = 4096;
 const MAGIC: u64 = u64::from_le_bytes(*b"FERROMQ1");
-const VERSION: u32 = 2;
+/// Bumped when what processes share changes: 3 since ring entries' headers commit them
+/// (`ring.rs`, "Headers as readiness"), which a build of version 2 would misread.
+const VERSION: u32 = 3;
 /// Processes that can be attached to one object at once.
 pub const MAX_ATTACHED: usize = 128;
 /// Delivery counters in a segment's header: one per sending socket of the owner (see
