@@ -57,6 +57,35 @@ async fn record_nowhere(session: &str, device: &str, channel: &str) -> support::
     .await
 }
 
+/// A sink and a sampler of `session` over `live`, started in that order with their extra
+/// arguments; returns once `ferromq top` sees the sampler RUNNING.
+async fn sampler_into_sink(
+    session: &str,
+    live: &Ipc,
+    sink_args: &[&str],
+    sampler_args: &[&str],
+) -> (tokio::process::Child, tokio::process::Child) {
+    let sink = Device::new("sink", "sink")
+        .args(&["--session", session])
+        .args(sink_args)
+        .channel("pull", "bind", &live.address())
+        .spawn();
+    let sampler = Device::new("sampler", "sampler")
+        .args(&["--session", session])
+        .args(sampler_args)
+        .channel("push", "connect", &live.address())
+        .spawn();
+    running(session, "sampler").await;
+    (sink, sampler)
+}
+
+/// `ferromq record SESSION sampler data --output PATH` with `extra`.
+fn record_sampler(session: &str, path: &str, extra: &[&str]) -> tokio::process::Child {
+    let mut args = vec!["record", session, "sampler", "data", "--output", path];
+    args.extend_from_slice(extra);
+    ferromq_as_is(&args)
+}
+
 /// `ferromq replay PATH` at `speed` into a push channel connecting to `address`.
 fn replay(path: &str, speed: &str, address: &str) -> tokio::process::Child {
     ferromq_as_is(&[
@@ -89,28 +118,28 @@ async fn a_recorded_multipart_stream_replays_into_a_verifying_sink() {
     let live = Ipc::new("record-live");
     // 150 000 messages, 50 000 of them recorded (the recorder starts after the sampler, which
     // runs 7.5 s: room for a slow start on a loaded machine); both ends stop on their own.
-    let sink = Device::new("sink", "sink")
-        .args(&["--session", &session, "--verify", "--num-parts", "3"])
-        .args(&["--max-iterations", "149999"])
-        .channel("pull", "bind", &live.address())
-        .spawn();
-    let sampler = Device::new("sampler", "sampler")
-        .args(&["--session", &session, "--rate", "20000", "--num-parts", "3"])
-        .args(&["--msg-size", "200", "--max-iterations", "149999"])
-        .channel("push", "connect", &live.address())
-        .spawn();
-    running(&session, "sampler").await;
-    let recording = Scratch::new("record-multipart");
-    let recorded = finish(ferromq_as_is(&[
-        "record",
+    let (sink, sampler) = sampler_into_sink(
         &session,
-        "sampler",
-        "data",
-        "--output",
+        &live,
+        &["--verify", "--num-parts", "3", "--max-iterations", "149999"],
+        &[
+            "--rate",
+            "20000",
+            "--num-parts",
+            "3",
+            "--msg-size",
+            "200",
+            "--max-iterations",
+            "149999",
+        ],
+    )
+    .await;
+    let recording = Scratch::new("record-multipart");
+    let recorded = finish(record_sampler(
+        &session,
         recording.path(),
-        "--messages",
-        "50000",
-    ]))
+        &["--messages", "50000"],
+    ))
     .await;
     assert!(
         recorded.stdout.contains("recorded 50000 messages"),
@@ -165,32 +194,22 @@ async fn a_recorder_that_falls_behind_says_how_much_it_missed_and_slows_nothing(
     let session = format!("record-behind-{}", std::process::id());
     let live = Ipc::new("record-behind");
     // 600 000 messages at 100 000 a second; both ends stop on their own.
-    let sink = Device::new("sink", "sink")
-        .args(&["--session", &session, "--max-iterations", "599999"])
-        .channel("pull", "bind", &live.address())
-        .spawn();
-    let sampler = Device::new("sampler", "sampler")
-        .args(&[
-            "--session",
-            &session,
+    let (sink, sampler) = sampler_into_sink(
+        &session,
+        &live,
+        &["--max-iterations", "599999"],
+        &[
             "--msg-size",
             "64",
             "--rate",
             "100000",
-        ])
-        .args(&["--max-iterations", "599999"])
-        .channel("push", "connect", &live.address())
-        .spawn();
-    running(&session, "sampler").await;
+            "--max-iterations",
+            "599999",
+        ],
+    )
+    .await;
     let recording = Scratch::new("record-behind");
-    let recorder = ferromq_as_is(&[
-        "record",
-        &session,
-        "sampler",
-        "data",
-        "--output",
-        recording.path(),
-    ]);
+    let recorder = record_sampler(&session, recording.path(), &[]);
     let mut pause = tokio::time::interval(Duration::from_millis(1500));
     pause.tick().await;
     pause.tick().await;
@@ -239,27 +258,26 @@ async fn a_recorder_stops_when_its_device_ends_or_is_killed() {
     // up with: nothing is missed).
     let session = format!("record-end-{}", std::process::id());
     let live = Ipc::new("record-end");
-    let sink = Device::new("sink", "sink")
-        .args(&["--session", &session, "--max-iterations", "9999"])
-        .channel("pull", "bind", &live.address())
-        .spawn();
-    let sampler = Device::new("sampler", "sampler")
-        .args(&["--session", &session, "--rate", "5000"])
-        .args(&["--msg-size", "64", "--max-iterations", "9999"])
-        .channel("push", "connect", &live.address())
-        .spawn();
-    running(&session, "sampler").await;
-    let recording = Scratch::new("record-end");
-    let recorded = finish(ferromq_as_is(&[
-        "record",
+    let (sink, sampler) = sampler_into_sink(
         &session,
-        "sampler",
-        "data",
-        "--output",
+        &live,
+        &["--max-iterations", "9999"],
+        &[
+            "--rate",
+            "5000",
+            "--msg-size",
+            "64",
+            "--max-iterations",
+            "9999",
+        ],
+    )
+    .await;
+    let recording = Scratch::new("record-end");
+    let recorded = finish(record_sampler(
+        &session,
         recording.path(),
-        "--messages",
-        "1000000",
-    ]))
+        &["--messages", "1000000"],
+    ))
     .await;
     recorded.assert_exited_0();
     let numbered = number_after(&recorded.stdout, "closed the tap after ");
@@ -283,24 +301,15 @@ async fn a_recorder_stops_when_its_device_ends_or_is_killed() {
     // 2. The sampler is killed while recorded.
     let session = format!("record-kill-{}", std::process::id());
     let live = Ipc::new("record-kill");
-    let sink = Device::new("sink", "sink")
-        .args(&["--session", &session])
-        .channel("pull", "bind", &live.address())
-        .spawn();
-    let sampler = Device::new("sampler", "sampler")
-        .args(&["--session", &session, "--rate", "10000", "--msg-size", "64"])
-        .channel("push", "connect", &live.address())
-        .spawn();
-    running(&session, "sampler").await;
-    let recording = Scratch::new("record-kill");
-    let mut recorder = ferromq_as_is(&[
-        "record",
+    let (sink, sampler) = sampler_into_sink(
         &session,
-        "sampler",
-        "data",
-        "--output",
-        recording.path(),
-    ]);
+        &live,
+        &[],
+        &["--rate", "10000", "--msg-size", "64"],
+    )
+    .await;
+    let recording = Scratch::new("record-kill");
+    let mut recorder = record_sampler(&session, recording.path(), &[]);
     // Killed once the tap is open (the recorder says so when it is).
     let mut lines = tokio::io::BufReader::new(recorder.stdout.take().expect("stdout")).lines();
     wait_for_line(&mut lines, "ferromq: recording ", &mut Vec::new()).await;
