@@ -13,6 +13,10 @@
 //! - **The ends of a descriptor ring** ([`RingFinish`]): the producer and the consumer each
 //!   mark themselves done; the model checks that exactly one of them is the last, and that it
 //!   reads the other's last entry without a data race.
+//! - **Entry headers of a descriptor ring** ([`EntryHeaders`]): the producer clears the header
+//!   slot after an entry, then commits the entry by its header; a consumer that finds a header
+//!   reads the entry. The model checks, across a wrap-around, that a consumer never reads an
+//!   entry's bytes before they are whole, nor a stale header, nor one the producer cleared.
 //! - **Acknowledgement rings** ([`AckRing`]): one producer per ring appends `(offset, size,
 //!   hint)` entries, the region's creator drains them. The model checks that the creator reads
 //!   exactly what was appended, in order, across a wrap-around of a short ring.
@@ -196,6 +200,32 @@ impl<A: Atomic32> RingFinish<'_, A> {
     /// Whether the last end released what was left.
     pub(crate) fn is_settled(&self) -> bool {
         self.finished.load(Ordering::Acquire) == RING_SETTLED
+    }
+}
+
+/// The header words of a descriptor ring's entries as readiness (`ring.rs`, "Headers as
+/// readiness"): a header slot is 0 until an entry is committed there, and no committed header is
+/// 0.
+pub(crate) struct EntryHeaders;
+
+impl EntryHeaders {
+    /// Producer: commits the entry whose header goes in `slot` (its bytes written before this
+    /// call), after clearing `next`, the header slot just past the entry (free room), if given
+    /// (a skip's next slot is the entry it skips to, committed before it). Release: a consumer
+    /// that sees the header sees the bytes and the cleared slot.
+    pub(crate) fn commit<A: Atomic64>(slot: &A, next: Option<&A>, header: u64) {
+        debug_assert_ne!(header, 0, "a committed header is never 0");
+        if let Some(next) = next {
+            next.store(0, Ordering::Relaxed);
+        }
+        slot.store(header, Ordering::Release);
+    }
+
+    /// Consumer: the header committed in `slot`, if any (acquire: the entry's bytes may be read
+    /// once it is).
+    pub(crate) fn committed<A: Atomic64>(slot: &A) -> Option<u64> {
+        let header = slot.load(Ordering::Acquire);
+        (header != 0).then_some(header)
     }
 }
 
@@ -421,6 +451,66 @@ mod loom_models {
             producer.join().unwrap();
             let expected = [1u64, 2, 3].map(|idx| ([idx, idx * 10, idx * 100], idx));
             assert_eq!(taken, expected);
+        });
+    }
+
+    /// Three entries through a ring of two header slots, each with a body cell beside it,
+    /// where the producer needs the slot after an entry free too (it clears it): so the ring
+    /// wraps and the producer clears and rewrites slots the consumer read a lap before. The
+    /// consumer finds each entry by its header, reads the body the producer wrote before
+    /// committing it, and frees the slot by its head (release). Loom fails the model if the
+    /// consumer could read a body before it is whole, see a stale or cleared header as a new
+    /// one, or the producer could write a body the consumer is still reading.
+    #[test]
+    fn a_committed_header_shows_its_whole_entry_and_nothing_stale() {
+        const LEN: u64 = 2;
+        struct Ring {
+            head: AtomicU64,
+            headers: Vec<AtomicU64>,
+            bodies: Vec<UnsafeCell<u64>>,
+        }
+        model(|| {
+            let shared = Arc::new(Ring {
+                head: AtomicU64::new(0),
+                headers: (0..LEN).map(|_| AtomicU64::new(0)).collect(),
+                bodies: (0..LEN).map(|_| UnsafeCell::new(0)).collect(),
+            });
+            let slot = |position: u64| (position % LEN) as usize;
+            let producer = {
+                let shared = Arc::clone(&shared);
+                thread::spawn(move || {
+                    for idx in 1..=3u64 {
+                        let position = idx - 1;
+                        // Room for the entry and the slot after it.
+                        while position + 1 - shared.head.load(Ordering::Acquire) >= LEN {
+                            thread::yield_now();
+                        }
+                        // SAFETY: the consumer freed this slot (the head passed it).
+                        shared.bodies[slot(position)].with_mut(|body| unsafe { *body = idx * 10 });
+                        EntryHeaders::commit(
+                            &shared.headers[slot(position)],
+                            Some(&shared.headers[slot(position + 1)]),
+                            idx,
+                        );
+                    }
+                })
+            };
+            let mut taken = Vec::new();
+            let mut position = 0u64;
+            while taken.len() < 3 {
+                match EntryHeaders::committed(&shared.headers[slot(position)]) {
+                    Some(header) => {
+                        // SAFETY: the producer wrote it before committing the header.
+                        let body = shared.bodies[slot(position)].with(|body| unsafe { *body });
+                        taken.push((header, body));
+                        position += 1;
+                        shared.head.store(position, Ordering::Release);
+                    }
+                    None => thread::yield_now(),
+                }
+            }
+            producer.join().unwrap();
+            assert_eq!(taken, vec![(1, 10), (2, 20), (3, 30)]);
         });
     }
 

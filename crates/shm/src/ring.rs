@@ -94,7 +94,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::error::ShmError;
 use crate::managed::ShmBuffer;
-use crate::protocol::{RingEnd, RingFinish};
+use crate::protocol::{EntryHeaders, RingEnd, RingFinish};
 use crate::segment::Segment;
 use crate::wire::DeliveryRef;
 
@@ -281,18 +281,14 @@ impl RingProducer {
         }
         let at = self.tail + skip;
         self.write(at + ENTRY_HEADER as u64, bytes);
-        self.memory.header(at + need).store(0, Ordering::Relaxed);
-        // The commit (release): a consumer that reads this header sees the bytes and the
-        // cleared slot after them.
-        self.memory.header(at).store(
+        EntryHeaders::commit(
+            self.memory.header(at),
+            Some(self.memory.header(at + need)),
             header_word(bytes.len() as u32, kind as u32),
-            Ordering::Release,
         );
         if skip > 0 {
             // Last: a consumer that follows the skip finds the entry committed.
-            self.memory
-                .header(self.tail)
-                .store(header_word(SKIP, 0), Ordering::Release);
+            EntryHeaders::commit(self.memory.header(self.tail), None, header_word(SKIP, 0));
         }
         self.tail = at + need;
         self.n_unpublished += 1;
@@ -571,8 +567,7 @@ impl RingConsumer {
     /// producer's tail, read only when the last one read says the ring is empty.
     pub(crate) fn has_entries(&mut self) -> bool {
         let empty = if self.reads_headers {
-            // Acquire: pairs with the producer's commit of the header.
-            self.memory.header(self.next).load(Ordering::Acquire) == 0
+            EntryHeaders::committed(self.memory.header(self.next)).is_none()
         } else {
             if self.next == self.known_tail {
                 self.known_tail = self.memory.u64_at(TAIL).load(Ordering::Acquire);
