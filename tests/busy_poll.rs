@@ -84,6 +84,21 @@ async fn a_busy_polled_shmem_stream_arrives_whole_and_in_order() {
             .map(|byte_idx| (msg_idx as usize).wrapping_mul(31).wrapping_add(byte_idx) as u8)
             .collect()
     }
+    /// Removes the session's shared memory and the ipc file however the test ends.
+    struct Cleanup {
+        session: String,
+        path: std::path::PathBuf,
+    }
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.path);
+            let _ = ferromq_shm::cleanup::clean_session(
+                ferromq_shm::names::current_uid(),
+                &self.session,
+                true,
+            );
+        }
+    }
     let session = format!("test-busy-stream-{}", std::process::id());
     let transport = ShmTransport::new(ShmOptions {
         session: session.clone(),
@@ -92,6 +107,10 @@ async fn a_busy_polled_shmem_stream_arrives_whole_and_in_order() {
     });
     let path = std::env::temp_dir().join(format!("ferromq-busy-stream-{}.ipc", std::process::id()));
     let address = format!("ipc://{}", path.display());
+    let _cleanup = Cleanup {
+        session: session.clone(),
+        path: path.clone(),
+    };
     let busy = |socket_type, method| ChannelConfig {
         busy_poll: true,
         ..ChannelConfig::new("data", socket_type, method).with_address(&address)
@@ -118,7 +137,10 @@ async fn a_busy_polled_shmem_stream_arrives_whole_and_in_order() {
         push
     });
     for msg_idx in 0..N_MESSAGES {
-        let message = pull.receive().await.unwrap();
+        let message = tokio::time::timeout(Duration::from_secs(60), pull.receive())
+            .await
+            .unwrap_or_else(|_| panic!("message {msg_idx} never came"))
+            .unwrap();
         assert!(
             message.data() == payload(msg_idx).as_slice(),
             "message {msg_idx} differs or is out of order"
@@ -127,7 +149,5 @@ async fn a_busy_polled_shmem_stream_arrives_whole_and_in_order() {
     let mut push = sender.await.unwrap();
     push.close().await.unwrap();
     pull.close().await.unwrap();
-    let _ = std::fs::remove_file(path);
     drop(transport);
-    let _ = ferromq_shm::cleanup::clean_session(ferromq_shm::names::current_uid(), &session, true);
 }

@@ -16,7 +16,9 @@
 //! - **Entry headers of a descriptor ring** ([`EntryHeaders`]): the producer clears the header
 //!   slot after an entry, then commits the entry by its header; a consumer that finds a header
 //!   reads the entry. The model checks, across a wrap-around, that a consumer never reads an
-//!   entry's bytes before they are whole, nor a stale header, nor one the producer cleared.
+//!   entry's bytes before they are whole, nor a stale header, nor one the producer cleared. It
+//!   has no skip (a skip's header is committed, without clearing, after the entry it skips
+//!   to: the same release store); `ring.rs`'s property tests wrap with skips.
 //! - **Acknowledgement rings** ([`AckRing`]): one producer per ring appends `(offset, size,
 //!   hint)` entries, the region's creator drains them. The model checks that the creator reads
 //!   exactly what was appended, in order, across a wrap-around of a short ring.

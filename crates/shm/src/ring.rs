@@ -31,7 +31,8 @@
 //!          kind's top bit is set in every header written)
 //! ```
 //! Head and tail each have a cache line, so the producer's writes and the consumer's never
-//! share one; each side reads the other's counter only when its own copy says full or empty.
+//! share one; each side reads the other's counter only when its own copy says full or empty
+//! (a consumer that reads headers reads no tail: below).
 //!
 //! # Headers as readiness
 //! The producer commits an entry by storing its header word last (release), after its bytes
@@ -40,9 +41,9 @@
 //! committed there (the first one is cleared when the ring is made), and a consumer can find
 //! entries by their headers instead of by the tail. A busy-polled consumer does: waiting for
 //! a tail it must read the tail's line and then the entry's, one transfer between cores after
-//! the other, where the header comes with the entry's first line (busy-polled request/reply
-//! round trips 3-5 % shorter at the median, busy `call_return` 8 %, p99 14 %, streaming
-//! unchanged, interleaved on a 2-core machine). Its head may then pass the published tail,
+//! the other, where the header comes with the entry's first line (interleaved on a 2-core
+//! machine: busy-polled `ferromq bench --latency` p50 3-5 % lower, p99 14 %; busy
+//! `call_return` p50 8 %; streaming unchanged). Its head may then pass the published tail,
 //! which nobody else minds (the producer compares it with its own tail; what a finished ring
 //! still holds is read up to the tail its close published). Other consumers keep reading the
 //! tail: a consumer that keeps up with a stream takes runs of entries the producer has finished
@@ -53,8 +54,10 @@
 //! # Trust
 //! A ring's memory can be written by a broken peer at any time. The consumer copies an entry
 //! out (`Segment::copy_out`, no reference to shared bytes) before decoding it, checks every
-//! length against the ring, and refuses counters that would put more than the ring in flight;
-//! the frame inside is decoded and checked like one from a socket.
+//! length against the ring, and refuses counters that would put more than the ring in flight
+//! (a consumer that reads headers has no tail to check: an entry must end within the ring, and
+//! a head that is not a multiple of 8 is refused when the ring is adopted); the frame inside is
+//! decoded and checked like one from a socket.
 //!
 //! # Peer death and drop
 //! The ring's block holds two references, the producer's and the consumer's, each dropped by
@@ -525,6 +528,17 @@ impl RingConsumer {
             base: block.data_offset(),
         };
         let head = memory.u64_at(HEAD).load(Ordering::Acquire);
+        // Entries start at multiples of 8 (a header is one aligned word): a head that is not
+        // one was written by a broken peer.
+        if !head.is_multiple_of(8) {
+            return Err(ShmError::BadDescriptor {
+                reason: format!(
+                    "descriptor ring in {} at {}: head {head} is not a multiple of 8",
+                    memory.segment.name(),
+                    memory.base
+                ),
+            });
+        }
         memory
             .u32_at(CONSUMER)
             .store(std::process::id(), Ordering::Release);
@@ -1196,6 +1210,35 @@ mod tests {
         let _ = fixture.producer.publish();
         let error = fixture.consumer.peek(&mut entry).unwrap_err().to_string();
         assert!(error.contains("does not fit"), "{error}");
+        // The same entry for a consumer that reads headers (it reads no tail).
+        let mut fixture = Fixture::adopted(22, true);
+        assert_ne!(
+            fixture.producer.push(EntryKind::Record, &[1; 16]),
+            Pushed::Full
+        );
+        let header = header_word(RING_DATA as u32, EntryKind::Record as u32);
+        fixture.producer.write(0, &header.to_le_bytes());
+        let error = fixture.consumer.peek(&mut entry).unwrap_err().to_string();
+        assert!(error.contains("does not fit"), "{error}");
+        // A head no entry can start at: refused at adoption, not a panic at the first look.
+        let fixture = Fixture::new(23);
+        let memory = RingMemory {
+            segment: Arc::clone(fixture.producer.block().segment()),
+            base: fixture.producer.block().data_offset(),
+        };
+        memory.u64_at(HEAD).store(12, Ordering::Release);
+        fixture.producer.block().add_references(1);
+        let (block, _) = ShmBuffer::adopt_block(
+            Arc::clone(fixture.producer.block().segment()),
+            WireRange {
+                offset: fixture.producer.block().data_offset() as u64,
+                size: RING_BLOCK as u64,
+            },
+        )
+        .unwrap();
+        let refused = RingConsumer::adopt(block, DeliveryRef::NONE, true);
+        let error = refused.err().expect("refused").to_string();
+        assert!(error.contains("head 12 is not a multiple of 8"), "{error}");
     }
 
     /// A producer that rings a sleeping consumer's doorbell says when, on the clock the
