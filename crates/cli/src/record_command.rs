@@ -44,6 +44,10 @@ pub struct RecordOptions {
 /// How long the device has to answer the tap request.
 const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long the recorder still looks for copies and the tap's end once the device's process is
+/// gone: they are already on this host, in the stream's queues.
+const LAST_LOOK: Duration = Duration::from_millis(500);
+
 /// Runs `ferromq record`; 0 when everything that passed was recorded, 1 when messages were
 /// missed (or may have been: a killed device) or the device cannot be tapped, 2 for bad
 /// options (clap's).
@@ -171,8 +175,9 @@ async fn record(options: &RecordOptions) -> Result<u64> {
     }
     if vanished {
         bail!(
-            "device {:?} (pid {}) ended without closing its tap (was it killed?): copies it had \
-             not sent yet may be missing from the recording, uncounted",
+            "device {:?} (pid {}) ended without closing its tap (killed, or its tap's forwarder \
+             did not finish in time): copies it had not sent may be missing from the recording, \
+             uncounted",
             options.device,
             entry.pid
         );
@@ -197,6 +202,9 @@ async fn take_copies(
     let mut gaps = 0u64;
     let mut end_missed = None;
     let mut vanished = false;
+    // The device's process is gone: one short look more for what it sent before it went (its
+    // end marker may be queued here, behind the last copies).
+    let mut device_gone = false;
     loop {
         if options
             .messages
@@ -210,13 +218,18 @@ async fn take_copies(
                 None => std::future::pending().await,
             }
         };
+        let look = if device_gone {
+            LAST_LOOK
+        } else {
+            Duration::from_secs(1)
+        };
         let parts = tokio::select! {
             name = signals.next() => {
                 println!("ferromq: {name}: stopping the recording");
                 break;
             }
             () = wait => break,
-            parts = stream.receive_parts_timeout(Duration::from_secs(1)) => parts,
+            parts = stream.receive_parts_timeout(look) => parts,
         };
         let parts = match parts {
             Ok(parts) => parts,
@@ -224,11 +237,11 @@ async fn take_copies(
                 // A device's end closes its tap (the end marker below); one that did not get
                 // there (killed) may have had copies on their way. A zombie has exited too: a
                 // parent that has not waited for it yet keeps its pid.
-                let device = ferromq_shm::segment::ProcessId { pid, start_time: 0 };
-                if !device.is_alive() {
+                if device_gone {
                     vanished = true;
                     break;
                 }
+                device_gone = !ferromq_shm::segment::ProcessId { pid, start_time: 0 }.is_alive();
                 continue;
             }
             Err(error) => return Err(error.into()),

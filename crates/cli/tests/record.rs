@@ -79,6 +79,15 @@ async fn sampler_into_sink(
     (sink, sampler)
 }
 
+/// The messages `ferromq top`'s `snapshot` says the device `sampler` sent (0 when not shown).
+fn sampler_sent(snapshot: &serde_json::Value) -> u64 {
+    snapshot["devices"]
+        .as_array()
+        .and_then(|devices| devices.iter().find(|device| device["id"] == "sampler"))
+        .and_then(|device| device["channels"][0]["messages_out"].as_u64())
+        .unwrap_or(0)
+}
+
 /// `ferromq record SESSION sampler data --output PATH` with `extra`.
 fn record_sampler(session: &str, path: &str, extra: &[&str]) -> tokio::process::Child {
     let mut args = vec!["record", session, "sampler", "data", "--output", path];
@@ -247,38 +256,36 @@ async fn a_recorder_that_falls_behind_says_how_much_it_missed_and_slows_nothing(
     );
 }
 
-/// A recorder stops when the device it taps ends, `--messages` not reached and the device's
-/// parent (this test) not yet having waited for it, so that its pid is a zombie's: the ending
+/// A recorder stops when the device it taps ends (SIGINT), `--messages` not reached and the
+/// device's parent (this test) not yet having waited for it, so that its pid is a zombie's: the ending
 /// device closes its tap after the copies still queued, and the recording holds every message
 /// the tap numbered. A device killed with SIGKILL cannot close it: the recorder says its
 /// recording may lack copies it cannot count, and exits 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recorder_stops_when_its_device_ends_or_is_killed() {
-    // 1. The sampler ends after 10 000 messages at 5 000 a second (a pace any recorder keeps
-    // up with: nothing is missed).
+    // 1. The sampler is stopped (SIGINT) once the tap is open, at 5 000 messages a second (a
+    // pace any recorder keeps up with: nothing is missed).
     let session = format!("record-end-{}", std::process::id());
     let live = Ipc::new("record-end");
     let (sink, sampler) = sampler_into_sink(
         &session,
         &live,
-        &["--max-iterations", "9999"],
-        &[
-            "--rate",
-            "5000",
-            "--msg-size",
-            "64",
-            "--max-iterations",
-            "9999",
-        ],
+        &[],
+        &["--rate", "5000", "--msg-size", "64"],
     )
     .await;
     let recording = Scratch::new("record-end");
-    let recorded = finish(record_sampler(
-        &session,
-        recording.path(),
-        &["--messages", "1000000"],
-    ))
+    let mut recorder = record_sampler(&session, recording.path(), &["--messages", "1000000"]);
+    let mut lines = tokio::io::BufReader::new(recorder.stdout.take().expect("stdout")).lines();
+    wait_for_line(&mut lines, "ferromq: recording ", &mut Vec::new()).await;
+    // Stopped once it sent another 2 000 messages (copies went to the recorder meanwhile).
+    let sent_then = sampler_sent(&top_json_until(&session, |_| true).await);
+    top_json_until(&session, |snapshot| {
+        sampler_sent(snapshot) >= sent_then + 2000
+    })
     .await;
+    signal(&sampler, "INT");
+    let recorded = finish_rest(recorder, lines).await;
     recorded.assert_exited_0();
     let numbered = number_after(&recorded.stdout, "closed the tap after ");
     assert!(numbered > 0, "{}", recorded.stdout);
@@ -296,6 +303,7 @@ async fn a_recorder_stops_when_its_device_ends_or_is_killed() {
     );
     assert_eq!(reader.summary().expect("a finished recording").missed, 0);
     finish(sampler).await.assert_exited_0();
+    signal(&sink, "INT");
     finish(sink).await.assert_exited_0();
 
     // 2. The sampler is killed while recorded.
@@ -326,12 +334,12 @@ async fn a_recorder_stops_when_its_device_ends_or_is_killed() {
         recorded.stderr.contains("device \"sampler\" (pid ")
             && recorded
                 .stderr
-                .contains("ended without closing its tap (was it killed?)"),
+                .contains("ended without closing its tap (killed, or its tap's forwarder"),
         "{}",
         recorded.stderr
     );
     signal(&sink, "INT");
-    finish(sink).await;
+    finish(sink).await.assert_exited_0();
     let _ = finish(sampler).await;
 }
 

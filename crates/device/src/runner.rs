@@ -63,6 +63,19 @@ struct Shared {
     last_error: Option<String>,
     /// The tasks forwarding taps' copies to recorders (`tap.rs`), waited for at EXITING.
     tap_forwarders: Vec<tokio::task::JoinHandle<()>>,
+    /// Set when the device closed its taps for good (at EXITING): no tap opens after.
+    taps_closed: bool,
+}
+
+/// Why a tap was not opened ([`DeviceController::tap_forwarded`]).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TapRefused {
+    /// No such channel (yet).
+    #[error("no channel {0:?}")]
+    NoChannel(String),
+    /// The device is ending: its taps are closed.
+    #[error("the device is ending: its taps are closed")]
+    Ending,
 }
 
 /// A handle to a running device: request transitions, wait for states, read properties.
@@ -224,9 +237,13 @@ impl DeviceController {
     /// Opens a tap on channel (socket) `name`: a copy of every message it sends or receives
     /// from now on, up to `capacity` waiting copies (more are counted missed, never waited
     /// for). `None` when the device has no such channel (yet: channels exist from INITIALIZING
-    /// DEVICE on). Another tap on the same channel replaces this one.
+    /// DEVICE on) or is ending (its taps closed at EXITING). Another tap on the same channel
+    /// replaces this one.
     pub fn tap(&self, name: &str, capacity: usize) -> Option<ferromq_core::TapReceiver> {
         let shared = self.shared.lock().expect("shared state poisoned");
+        if shared.taps_closed {
+            return None;
+        }
         let channel = shared
             .channels
             .iter()
@@ -234,12 +251,31 @@ impl DeviceController {
         Some(channel.tap.open(capacity))
     }
 
-    /// Keeps the task forwarding a tap's copies, so that the device's end waits (a while) for
-    /// it to hand over the last copies and the tap's end (see [`crate::tap::TAP_FLUSH`]).
-    pub(crate) fn keep_tap_forwarder(&self, forwarder: tokio::task::JoinHandle<()>) {
+    /// Opens a tap on channel `name` (as [`DeviceController::tap`]) and starts its forwarder
+    /// with `forward`, keeping the task so that the device's end waits (a while) for it to hand
+    /// over the last copies and the tap's end (see [`crate::tap::TAP_FLUSH`]). Both happen
+    /// under the lock the end takes to close the taps: a tap opens before them (and is
+    /// waited for) or is refused.
+    pub(crate) fn tap_forwarded(
+        &self,
+        name: &str,
+        capacity: usize,
+        forward: impl FnOnce(ferromq_core::TapReceiver) -> tokio::task::JoinHandle<()>,
+    ) -> std::result::Result<(), TapRefused> {
         let mut shared = self.shared.lock().expect("shared state poisoned");
+        if shared.taps_closed {
+            return Err(TapRefused::Ending);
+        }
+        let tap = shared
+            .channels
+            .iter()
+            .find(|channel| channel.name == name)
+            .ok_or_else(|| TapRefused::NoChannel(name.to_owned()))?
+            .tap
+            .open(capacity);
         shared.tap_forwarders.retain(|kept| !kept.is_finished());
-        shared.tap_forwarders.push(forwarder);
+        shared.tap_forwarders.push(forward(tap));
+        Ok(())
     }
 
     /// Closes the tap on channel `name`, if one is open.
@@ -422,6 +458,7 @@ impl<D: Device> DeviceRunner<D> {
     async fn close_taps(&mut self) {
         let forwarders = {
             let mut shared = self.shared.lock().expect("shared state poisoned");
+            shared.taps_closed = true;
             for channel in &shared.channels {
                 channel.tap.close();
             }
@@ -432,7 +469,7 @@ impl<D: Device> DeviceRunner<D> {
         }
         let all = futures_util::future::join_all(forwarders);
         if tokio::time::timeout(TAP_FLUSH, all).await.is_err() {
-            tracing::warn!(device = %self.config.id, "a recorder took no copy for {TAP_FLUSH:?}: its tap's last copies are not sent");
+            tracing::warn!(device = %self.config.id, flush = ?TAP_FLUSH, "tap forwarders did not finish: their last copies and the tap's end are dropped");
         }
     }
 

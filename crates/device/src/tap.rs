@@ -131,59 +131,67 @@ pub async fn serve(
         .await
         .map_err(|error| error.to_string())?
         .to_string();
-    let mut tap = controller
-        .tap(channel, TAP_QUEUE)
-        .ok_or_else(|| format!("no channel {channel:?}"))?;
-    let keeper = controller.clone();
-    let controller = controller.clone();
-    let channel = channel.to_owned();
-    let forwarder = tokio::spawn(async move {
-        let mut numbered = 0;
-        while let Some(copy) = tap.copies.recv().await {
-            numbered = copy.sequence + 1;
-            let header = TapHeader {
-                sequence: copy.sequence,
-                at: copy.at,
-                missed: tap.missed.load(Ordering::Relaxed),
-                kind: match copy.direction {
-                    ferromq_core::Direction::In => TapKind::In,
-                    ferromq_core::Direction::Out => TapKind::Out,
-                },
-            };
-            let mut parts = Parts::with_capacity(copy.parts.len() + 1);
-            parts.push(Message::from(Bytes::copy_from_slice(&header.encode())));
-            for part in copy.parts {
-                parts.push(Message::from(part));
-            }
-            if stream
-                .send_parts_timeout(parts, RECORDER_SILENCE)
-                .await
-                .is_err()
-            {
-                tracing::info!(device = %controller.id(), %channel, "the recorder is gone: tap closed");
-                controller.untap(&channel);
-                let _ = stream.close().await;
-                return;
-            }
-        }
-        // Closed (untap, or replaced): the last word says how many were missed in all.
-        let missed = tap.missed.load(Ordering::Relaxed);
-        let end = TapHeader {
-            sequence: numbered,
-            at: Duration::ZERO,
-            missed,
-            kind: TapKind::End,
-        };
-        let _ = stream
-            .send_timeout(
-                Message::from(Bytes::copy_from_slice(&end.encode())),
-                RECORDER_SILENCE,
-            )
-            .await;
-        let _ = stream.close().await;
-    });
-    keeper.keep_tap_forwarder(forwarder);
+    let owner = controller.clone();
+    let channel_name = channel.to_owned();
+    controller
+        .tap_forwarded(channel, TAP_QUEUE, move |tap| {
+            tokio::spawn(forward(tap, stream, owner, channel_name))
+        })
+        .map_err(|refused| refused.to_string())?;
     Ok((bound, config.clone()))
+}
+
+/// Sends every copy of `tap` down `stream` until the tap closes, then its end; closes the tap
+/// itself when the recorder takes nothing for [`RECORDER_SILENCE`].
+async fn forward(
+    mut tap: ferromq_core::TapReceiver,
+    mut stream: Channel,
+    controller: DeviceController,
+    channel: String,
+) {
+    let mut numbered = 0;
+    while let Some(copy) = tap.copies.recv().await {
+        numbered = copy.sequence + 1;
+        let header = TapHeader {
+            sequence: copy.sequence,
+            at: copy.at,
+            missed: tap.missed.load(Ordering::Relaxed),
+            kind: match copy.direction {
+                ferromq_core::Direction::In => TapKind::In,
+                ferromq_core::Direction::Out => TapKind::Out,
+            },
+        };
+        let mut parts = Parts::with_capacity(copy.parts.len() + 1);
+        parts.push(Message::from(Bytes::copy_from_slice(&header.encode())));
+        for part in copy.parts {
+            parts.push(Message::from(part));
+        }
+        if stream
+            .send_parts_timeout(parts, RECORDER_SILENCE)
+            .await
+            .is_err()
+        {
+            tracing::info!(device = %controller.id(), %channel, "the recorder is gone: tap closed");
+            controller.untap(&channel);
+            let _ = stream.close().await;
+            return;
+        }
+    }
+    // Closed (untap, or replaced): the last word says how many were missed in all.
+    let missed = tap.missed.load(Ordering::Relaxed);
+    let end = TapHeader {
+        sequence: numbered,
+        at: Duration::ZERO,
+        missed,
+        kind: TapKind::End,
+    };
+    let _ = stream
+        .send_timeout(
+            Message::from(Bytes::copy_from_slice(&end.encode())),
+            RECORDER_SILENCE,
+        )
+        .await;
+    let _ = stream.close().await;
 }
 
 #[cfg(test)]
