@@ -79,6 +79,41 @@ async fn sampler_into_sink(
     (sink, sampler)
 }
 
+/// A sampler of 64-byte messages at a rate into a sink, and a recorder of the sampler whose
+/// tap is open (it said so).
+struct Recorded {
+    session: String,
+    _live: Ipc,
+    sink: tokio::process::Child,
+    sampler: tokio::process::Child,
+    recording: Scratch,
+    recorder: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Recorded {
+    /// Starts them (session, ipc and file named after `tag`), the recorder with `extra`.
+    async fn start(tag: &str, rate: &str, extra: &[&str]) -> Recorded {
+        let session = format!("{tag}-{}", std::process::id());
+        let live = Ipc::new(tag);
+        let (sink, sampler) =
+            sampler_into_sink(&session, &live, &[], &["--rate", rate, "--msg-size", "64"]).await;
+        let recording = Scratch::new(tag);
+        let mut recorder = record_sampler(&session, recording.path(), extra);
+        let mut lines = tokio::io::BufReader::new(recorder.stdout.take().expect("stdout")).lines();
+        wait_for_line(&mut lines, "ferromq: recording ", &mut Vec::new()).await;
+        Recorded {
+            session,
+            _live: live,
+            sink,
+            sampler,
+            recording,
+            recorder,
+            lines,
+        }
+    }
+}
+
 /// The messages `ferromq top`'s `snapshot` says the device `sampler` sent (0 when not shown).
 fn sampler_sent(snapshot: &serde_json::Value) -> u64 {
     snapshot["devices"]
@@ -229,13 +264,7 @@ async fn a_recorder_that_falls_behind_says_how_much_it_missed_and_slows_nothing(
     pause.tick().await;
     signal(&recorder, "INT");
     let recorded = finish(recorder).await;
-    assert_eq!(
-        recorded.code,
-        Some(1),
-        "{}{}",
-        recorded.stdout,
-        recorded.stderr
-    );
+    recorded.assert_exited(1);
     let missed = number_after(&recorded.stderr, "missed ");
     assert!(missed > 0, "{}", recorded.stderr);
     let mut reader =
@@ -257,27 +286,23 @@ async fn a_recorder_that_falls_behind_says_how_much_it_missed_and_slows_nothing(
 }
 
 /// A recorder stops when the device it taps ends (SIGINT), `--messages` not reached and the
-/// device's parent (this test) not yet having waited for it, so that its pid is a zombie's: the ending
-/// device closes its tap after the copies still queued, and the recording holds every message
-/// the tap numbered. A device killed with SIGKILL cannot close it: the recorder says its
-/// recording may lack copies it cannot count, and exits 1.
+/// device's parent (this test) not yet having waited for it, so that its pid is a zombie's:
+/// the ending device closes its tap after the copies still queued, and the recording holds
+/// every message the tap numbered. A device killed with SIGKILL cannot close it: the recorder
+/// says its recording may lack copies it cannot count, and exits 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recorder_stops_when_its_device_ends_or_is_killed() {
     // 1. The sampler is stopped (SIGINT) once the tap is open, at 5 000 messages a second (a
     // pace any recorder keeps up with: nothing is missed).
-    let session = format!("record-end-{}", std::process::id());
-    let live = Ipc::new("record-end");
-    let (sink, sampler) = sampler_into_sink(
-        &session,
-        &live,
-        &[],
-        &["--rate", "5000", "--msg-size", "64"],
-    )
-    .await;
-    let recording = Scratch::new("record-end");
-    let mut recorder = record_sampler(&session, recording.path(), &["--messages", "1000000"]);
-    let mut lines = tokio::io::BufReader::new(recorder.stdout.take().expect("stdout")).lines();
-    wait_for_line(&mut lines, "ferromq: recording ", &mut Vec::new()).await;
+    let Recorded {
+        session,
+        _live,
+        sink,
+        sampler,
+        recording,
+        recorder,
+        lines,
+    } = Recorded::start("record-end", "5000", &["--messages", "1000000"]).await;
     // Stopped once it sent another 2 000 messages (copies went to the recorder meanwhile).
     let sent_then = sampler_sent(&top_json_until(&session, |_| true).await);
     top_json_until(&session, |snapshot| {
@@ -306,30 +331,19 @@ async fn a_recorder_stops_when_its_device_ends_or_is_killed() {
     signal(&sink, "INT");
     finish(sink).await.assert_exited_0();
 
-    // 2. The sampler is killed while recorded.
-    let session = format!("record-kill-{}", std::process::id());
-    let live = Ipc::new("record-kill");
-    let (sink, sampler) = sampler_into_sink(
-        &session,
-        &live,
-        &[],
-        &["--rate", "10000", "--msg-size", "64"],
-    )
-    .await;
-    let recording = Scratch::new("record-kill");
-    let mut recorder = record_sampler(&session, recording.path(), &[]);
-    // Killed once the tap is open (the recorder says so when it is).
-    let mut lines = tokio::io::BufReader::new(recorder.stdout.take().expect("stdout")).lines();
-    wait_for_line(&mut lines, "ferromq: recording ", &mut Vec::new()).await;
+    // 2. The sampler is killed once the tap is open.
+    let Recorded {
+        sink,
+        sampler,
+        recorder,
+        lines,
+        _live,
+        recording: _recording,
+        ..
+    } = Recorded::start("record-kill", "10000", &[]).await;
     signal(&sampler, "KILL");
     let recorded = finish_rest(recorder, lines).await;
-    assert_eq!(
-        recorded.code,
-        Some(1),
-        "{}{}",
-        recorded.stdout,
-        recorded.stderr
-    );
+    recorded.assert_exited(1);
     assert!(
         recorded.stderr.contains("device \"sampler\" (pid ")
             && recorded

@@ -990,9 +990,9 @@ mod tests {
         }
     }
 
-    /// A reader adopting the ring now (as a producer does for a consumer it found dead) starts
-    /// at the published head: the length and first byte of each entry it finds.
-    fn what_a_reader_of_the_rest_finds(fixture: &Fixture) -> Vec<(usize, u8)> {
+    /// Another consumer's end of `fixture`'s ring, adopted now with a reference of its own (as
+    /// a producer's reader of what a dead consumer left is); `busy`: it reads headers.
+    fn adopt_again(fixture: &Fixture, busy: bool) -> Result<RingConsumer, ShmError> {
         fixture.producer.block().add_references(1);
         let (block, _) = ShmBuffer::adopt_block(
             Arc::clone(fixture.producer.block().segment()),
@@ -1002,7 +1002,13 @@ mod tests {
             },
         )
         .unwrap();
-        let mut reader = RingConsumer::adopt(block, DeliveryRef::NONE, false).unwrap();
+        RingConsumer::adopt(block, DeliveryRef::NONE, busy)
+    }
+
+    /// A reader adopting the ring now (as a producer does for a consumer it found dead) starts
+    /// at the published head: the length and first byte of each entry it finds.
+    fn what_a_reader_of_the_rest_finds(fixture: &Fixture) -> Vec<(usize, u8)> {
+        let mut reader = adopt_again(fixture, false).unwrap();
         let mut found = Vec::new();
         let mut entry = Vec::new();
         while reader.peek(&mut entry).unwrap().is_some() {
@@ -1227,17 +1233,10 @@ mod tests {
             base: fixture.producer.block().data_offset(),
         };
         memory.u64_at(HEAD).store(12, Ordering::Release);
-        fixture.producer.block().add_references(1);
-        let (block, _) = ShmBuffer::adopt_block(
-            Arc::clone(fixture.producer.block().segment()),
-            WireRange {
-                offset: fixture.producer.block().data_offset() as u64,
-                size: RING_BLOCK as u64,
-            },
-        )
-        .unwrap();
-        let refused = RingConsumer::adopt(block, DeliveryRef::NONE, true);
-        let error = refused.err().expect("refused").to_string();
+        let error = adopt_again(&fixture, true)
+            .err()
+            .expect("refused")
+            .to_string();
         assert!(error.contains("head 12 is not a multiple of 8"), "{error}");
     }
 

@@ -21,7 +21,13 @@ impl Finished {
     /// Panics, with everything the process printed, unless it exited 0.
     #[allow(dead_code)]
     pub fn assert_exited_0(&self) {
-        assert_eq!(self.code, Some(0), "{}{}", self.stdout, self.stderr);
+        self.assert_exited(0);
+    }
+
+    /// Panics, with everything the process printed, unless it exited with `code`.
+    #[allow(dead_code)]
+    pub fn assert_exited(&self, code: i32) {
+        assert_eq!(self.code, Some(code), "{}{}", self.stdout, self.stderr);
     }
 }
 
