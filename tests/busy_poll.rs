@@ -6,26 +6,42 @@ use std::time::Duration;
 use ferromq::prelude::*;
 use ferromq::{ShmOptions, ShmTransport, ZmqTransport};
 
-async fn ping_pong(transport: &dyn Transport, address: &str) {
+/// Two busy-polled channels: one of `binder` type bound at `address`, one of `connector` type
+/// connected to it.
+async fn busy_pair(
+    transport: &dyn Transport,
+    address: &str,
+    binder: SocketType,
+    connector: SocketType,
+) -> (Channel, Channel) {
     let busy = |socket_type, method| ChannelConfig {
         busy_poll: true,
         ..ChannelConfig::new("data", socket_type, method).with_address(address)
     };
-    let mut rep = Channel::open(transport, busy(SocketType::Rep, Method::Bind), "data")
+    let mut bound_channel = Channel::open(transport, busy(binder, Method::Bind), "data")
         .await
         .unwrap();
-    let bound = rep.bind_configured().await.unwrap().for_local_connect();
-    let mut req = Channel::open(
+    let bound = bound_channel
+        .bind_configured()
+        .await
+        .unwrap()
+        .for_local_connect();
+    let mut connected = Channel::open(
         transport,
         ChannelConfig {
             address: Some(bound.to_string()),
-            ..busy(SocketType::Req, Method::Connect)
+            ..busy(connector, Method::Connect)
         },
         "data",
     )
     .await
     .unwrap();
-    req.connect_configured().await.unwrap();
+    connected.connect_configured().await.unwrap();
+    (bound_channel, connected)
+}
+
+async fn ping_pong(transport: &dyn Transport, address: &str) {
+    let (mut rep, mut req) = busy_pair(transport, address, SocketType::Rep, SocketType::Req).await;
     let server = async {
         for _ in 0..2000 {
             let request = rep.receive().await.unwrap();
@@ -111,25 +127,8 @@ async fn a_busy_polled_shmem_stream_arrives_whole_and_in_order() {
         session: session.clone(),
         path: path.clone(),
     };
-    let busy = |socket_type, method| ChannelConfig {
-        busy_poll: true,
-        ..ChannelConfig::new("data", socket_type, method).with_address(&address)
-    };
-    let mut pull = Channel::open(&transport, busy(SocketType::Pull, Method::Bind), "data")
-        .await
-        .unwrap();
-    let bound = pull.bind_configured().await.unwrap().for_local_connect();
-    let mut push = Channel::open(
-        &transport,
-        ChannelConfig {
-            address: Some(bound.to_string()),
-            ..busy(SocketType::Push, Method::Connect)
-        },
-        "data",
-    )
-    .await
-    .unwrap();
-    push.connect_configured().await.unwrap();
+    let (mut pull, mut push) =
+        busy_pair(&transport, &address, SocketType::Pull, SocketType::Push).await;
     let sender = tokio::spawn(async move {
         for msg_idx in 0..N_MESSAGES {
             push.send(Message::from(payload(msg_idx))).await.unwrap();

@@ -67,6 +67,25 @@ struct Shared {
     taps_closed: bool,
 }
 
+impl Shared {
+    /// Opens a tap on channel `name` unless there is none or the taps were closed for good.
+    fn open_tap(
+        &self,
+        name: &str,
+        capacity: usize,
+    ) -> std::result::Result<ferromq_core::TapReceiver, TapRefused> {
+        if self.taps_closed {
+            return Err(TapRefused::Ending);
+        }
+        let channel = self
+            .channels
+            .iter()
+            .find(|channel| channel.name == name)
+            .ok_or_else(|| TapRefused::NoChannel(name.to_owned()))?;
+        Ok(channel.tap.open(capacity))
+    }
+}
+
 /// Why a tap was not opened ([`DeviceController::tap_forwarded`]).
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum TapRefused {
@@ -241,14 +260,7 @@ impl DeviceController {
     /// replaces this one.
     pub fn tap(&self, name: &str, capacity: usize) -> Option<ferromq_core::TapReceiver> {
         let shared = self.shared.lock().expect("shared state poisoned");
-        if shared.taps_closed {
-            return None;
-        }
-        let channel = shared
-            .channels
-            .iter()
-            .find(|channel| channel.name == name)?;
-        Some(channel.tap.open(capacity))
+        shared.open_tap(name, capacity).ok()
     }
 
     /// Opens a tap on channel `name` (as [`DeviceController::tap`]) and starts its forwarder
@@ -263,16 +275,7 @@ impl DeviceController {
         forward: impl FnOnce(ferromq_core::TapReceiver) -> tokio::task::JoinHandle<()>,
     ) -> std::result::Result<(), TapRefused> {
         let mut shared = self.shared.lock().expect("shared state poisoned");
-        if shared.taps_closed {
-            return Err(TapRefused::Ending);
-        }
-        let tap = shared
-            .channels
-            .iter()
-            .find(|channel| channel.name == name)
-            .ok_or_else(|| TapRefused::NoChannel(name.to_owned()))?
-            .tap
-            .open(capacity);
+        let tap = shared.open_tap(name, capacity)?;
         shared.tap_forwarders.retain(|kept| !kept.is_finished());
         shared.tap_forwarders.push(forward(tap));
         Ok(())

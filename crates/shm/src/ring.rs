@@ -183,6 +183,17 @@ impl RingMemory {
             .atomic_u64(self.data(position))
             .expect("a ring's block lies inside its segment")
     }
+
+    /// The error for something impossible a peer wrote into this ring.
+    fn corrupt(&self, what: String) -> ShmError {
+        ShmError::BadDescriptor {
+            reason: format!(
+                "descriptor ring in {} at {}: {what}",
+                self.segment.name(),
+                self.base
+            ),
+        }
+    }
 }
 
 /// Set in the `kind` half of every committed header, so that no header is 0 (an empty record
@@ -192,13 +203,7 @@ const COMMITTED: u32 = 1 << 31;
 /// An entry's header as one word: its bytes are `len` then `kind` (with [`COMMITTED`]), both
 /// little-endian.
 fn header_word(len: u32, kind: u32) -> u64 {
-    let kind = kind | COMMITTED;
-    u64::from_le_bytes({
-        let mut bytes = [0u8; ENTRY_HEADER];
-        bytes[..4].copy_from_slice(&len.to_le_bytes());
-        bytes[4..].copy_from_slice(&kind.to_le_bytes());
-        bytes
-    })
+    u64::from(len) | u64::from(kind | COMMITTED) << 32
 }
 
 /// The writing end, held by the push under its outbox lock.
@@ -531,13 +536,7 @@ impl RingConsumer {
         // Entries start at multiples of 8 (a header is one aligned word): a head that is not
         // one was written by a broken peer.
         if !head.is_multiple_of(8) {
-            return Err(ShmError::BadDescriptor {
-                reason: format!(
-                    "descriptor ring in {} at {}: head {head} is not a multiple of 8",
-                    memory.segment.name(),
-                    memory.base
-                ),
-            });
+            return Err(memory.corrupt(format!("head {head} is not a multiple of 8")));
         }
         memory
             .u32_at(CONSUMER)
@@ -568,13 +567,7 @@ impl RingConsumer {
     }
 
     fn corrupt(&self, what: String) -> ShmError {
-        ShmError::BadDescriptor {
-            reason: format!(
-                "descriptor ring in {} at {}: {what}",
-                self.memory.segment.name(),
-                self.memory.base
-            ),
-        }
+        self.memory.corrupt(what)
     }
 
     /// Whether an entry waits: the header at `next` for a consumer that reads headers, else the
