@@ -707,6 +707,7 @@ async fn wait_for_ring_room(looks: &RingLooks, deadline: Option<tokio::time::Ins
     let next_look = looks.next();
     let wake_at = deadline.map_or(next_look, |deadline| next_look.min(deadline));
     if wake_at <= now {
+        crate::delivery::give_way();
         tokio::task::yield_now().await;
     } else {
         tokio::time::sleep_until(wake_at).await;
@@ -1201,6 +1202,7 @@ impl BatchedPush {
                 // look while the consumer had long freed room (a sender of 1 KiB inline
                 // messages, whose ring fills before its window, made 0.22 M msg/s instead of
                 // 2.9 M; `tests/ring_room.rs`).
+                crate::delivery::give_way();
                 tokio::task::yield_now().await;
                 deadline.is_none_or(|deadline| tokio::time::Instant::now() < deadline)
             }

@@ -27,7 +27,18 @@ static NEXT: AtomicUsize = AtomicUsize::new(0);
 fn main() {
     ferromq_shm::run_watchdog_if_requested();
     if let Ok(role) = std::env::var(ROLE_VAR) {
-        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        // With PIN_CPU, the role runs on that CPU alone, in a current-thread runtime as a
+        // device does (every thread it starts inherits the pin).
+        let runtime = match std::env::var("PIN_CPU") {
+            Ok(cpu) => {
+                pin_to_cpu(cpu.parse().expect("PIN_CPU is a CPU number"));
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+            }
+            Err(_) => tokio::runtime::Runtime::new(),
+        }
+        .expect("runtime");
         if let Err(error) = runtime.block_on(run_role(&role)) {
             eprintln!("role {role} failed: {error:#}");
             std::process::exit(1);
@@ -84,6 +95,10 @@ fn main() {
         trial(
             "a_stopped_receiver_holds_the_sender_at_snd_buf_size_and_loses_nothing",
             stopped_receiver_back_pressure,
+        ),
+        trial(
+            "a_sender_and_its_receiver_on_one_cpu_take_turns_without_sleeping",
+            sender_and_receiver_on_one_cpu,
         ),
         trial(
             "messages_a_receiver_left_queued_when_it_exited_are_reported_undelivered",
@@ -429,6 +444,27 @@ async fn run_role(role: &str) -> Result<()> {
                 fill(&mut message, msg_idx);
                 push.send(message).await.map_err(|failed| failed.error)?;
             }
+        }
+        "pinned-sender" => {
+            // Binds a push, sends COUNT messages of 64 bytes (inside their ring entries) and
+            // says how often its thread went to sleep from the second message to the last
+            // (the first waits for the receiver's connection).
+            let mut push =
+                Channel::open(&transport, push_with(&address, 1000, 10_000), "data").await?;
+            push.bind_configured().await?;
+            println!("BOUND");
+            let n_msgs: u64 = env("COUNT").parse()?;
+            let mut slept_before = 0;
+            for msg_idx in 0..n_msgs {
+                if msg_idx == 1 {
+                    slept_before = times_slept()?;
+                }
+                let mut message = transport.new_message(64).await?;
+                fill(&mut message, msg_idx);
+                push.send(message).await.map_err(|failed| failed.error)?;
+            }
+            println!("SLEPT {}", times_slept()? - slept_before);
+            push.close().await?;
         }
         "taker" => {
             // Takes COUNT messages, checking each, then exits (leaving the rest unreceived)
@@ -1349,6 +1385,62 @@ fn stopped_receiver_back_pressure() -> Result<()> {
         ensure!(taker.line().await? == "TOOK 20");
         taker.success().await
     })
+}
+
+/// A sender and its receiver in two processes that share one CPU (as when devices outnumber
+/// cores): whenever the receiver's ring is empty it sleeps until the sender rings its bell,
+/// and the sender's ring or window fills while the woken receiver waits for the CPU the sender
+/// holds. The sender's wait for room must let it run. It spun through its runtime instead,
+/// keeping the receiver off the CPU until it gave up and slept a timer tick (1-2 ms, the CPU
+/// idle meanwhile): once every ~2 000 messages, at a quarter of the rate of taking turns. The
+/// same happens on a busy machine with cores to spare, since the kernel wakes the bell's reader
+/// on the writer's CPU. Counted, not timed: how often the sender's thread slept over 400 000
+/// messages.
+fn sender_and_receiver_on_one_cpu() -> Result<()> {
+    const N_MSGS: u64 = 400_000;
+    // Before the fix 130-230 times here (debug build); after, 0-1, and 19-24 with a busy loop
+    // pinned to the same CPU (a sender that gives way may let another process run instead of
+    // its receiver, and sleeps when that takes its time slice).
+    const MOST_SLEEPS: u64 = 60;
+    let session = Session::new("one-cpu");
+    let cpu = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
+    let cpu = (0..nix::sched::CpuSet::count())
+        .find(|&idx| cpu.is_set(idx).unwrap_or(false))
+        .context("this process may run on no CPU")?;
+    block_on(async {
+        let address = session.ipc("one-cpu");
+        let extra = [("PIN_CPU", cpu.to_string()), ("COUNT", N_MSGS.to_string())];
+        let mut sender = ChildRole::spawn("pinned-sender", &session, &address, &extra);
+        ensure!(sender.line().await? == "BOUND");
+        let mut taker = ChildRole::spawn("taker", &session, &address, &extra);
+        ensure!(taker.line().await? == "CONNECTED");
+        ensure!(taker.line().await? == format!("TOOK {N_MSGS}"));
+        let slept = sender.line().await?;
+        let slept: u64 = slept
+            .strip_prefix("SLEPT ")
+            .with_context(|| format!("the sender said {slept:?}"))?
+            .parse()?;
+        ensure!(
+            slept <= MOST_SLEEPS,
+            "a sender sharing CPU {cpu} with its receiver slept {slept} times over {N_MSGS} \
+             messages waiting for room its receiver could not make"
+        );
+        taker.success().await?;
+        sender.success().await
+    })
+}
+
+/// Pins the calling thread, and every thread it starts after, to `cpu`.
+fn pin_to_cpu(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).expect("a CPU number within the set");
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).expect("pin to a CPU");
+}
+
+/// How often this thread went to sleep so far (its voluntary context switches).
+fn times_slept() -> Result<u64> {
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_THREAD)?;
+    Ok(u64::try_from(usage.voluntary_context_switches())?)
 }
 
 /// A receiver that exits while messages wait in its queue did not take them: the sender's
