@@ -71,20 +71,30 @@ pub(crate) const SPIN_FOR: Duration = Duration::from_micros(200);
 const QUEUE_LOOK_EVERY: u64 = 256;
 pub(crate) const POLL_PAUSE: Duration = Duration::from_millis(1);
 
-/// Lets a runnable thread of this CPU run before a sender waiting for room looks again: the
-/// receiver it waits for may be that thread. A doorbell is a datagram, and the kernel wakes its
-/// reader as if the writer were about to sleep (a "sync" wake-up): on the writer's CPU when the
-/// machine is busy, not on an idle one; or the two share a CPU because devices outnumber cores.
-/// A sender that spun through its runtime alone (`tokio::task::yield_now`) kept its woken
-/// receiver off that CPU until the spin ended and it slept a timer tick, the CPU idle meanwhile:
-/// a 64-byte device pair on one CPU made 0.40 M msg/s, 1.33-1.38 M with this (`sched_yield`; it
-/// returns at once when nothing else here is runnable). Test: `tests/shm_processes.rs`,
-/// `a_sender_and_its_receiver_on_one_cpu_take_turns_without_sleeping`. A receiver spinning on
-/// empty rings does not give way: its look is a load, and a system call per look made the
-/// default round trip slower (rpc `call_return` p50 +15 %), and a receiver sharing its
-/// sender's CPU holds it only for its 50 µs spin before it sleeps.
-pub(crate) fn give_way() {
-    std::thread::yield_now();
+/// How long a sender waits for room without progress before each of its looks gives way.
+pub(crate) const GIVE_WAY_AFTER: Duration = Duration::from_micros(50);
+
+/// Once a sender has waited [`GIVE_WAY_AFTER`] for room that did not come, lets a runnable
+/// thread of this CPU run before it looks again (`sched_yield`; at once back when nothing else
+/// here is runnable): the receiver it waits for may be that thread. A doorbell is a datagram,
+/// and the kernel wakes its reader as if the writer were about to sleep (a "sync" wake-up): on
+/// the writer's CPU when the machine is busy, not on an idle one; or the two share a CPU because
+/// devices outnumber cores. A sender that spun through its runtime alone
+/// (`tokio::task::yield_now`) kept its woken receiver off that CPU until the spin ended and it
+/// slept a timer tick, the CPU idle meanwhile: a 64-byte device pair on one CPU made 0.40 M
+/// msg/s, 1.32-1.35 M giving way (test: `tests/shm_processes.rs`,
+/// `a_sender_and_its_receiver_on_one_cpu_take_turns_without_sleeping`).
+///
+/// Not before: a receiver on another CPU that keeps taking frees room within microseconds,
+/// and a sender that gave way at once handed its CPU to whatever else ran there for a whole
+/// time slice (a busy loop beside the sampler of a pair on two CPUs: 0.80-0.89x the rate).
+/// A receiver spinning on empty rings never gives way: a receiver sharing its sender's CPU
+/// holds it only for its 50 µs spin before it sleeps (unless busy-polled), and a system call
+/// per look after 5 µs made the default rpc round trip slower (`call_return` p50 +15 %).
+pub(crate) fn give_way(waited: Duration) {
+    if waited >= GIVE_WAY_AFTER {
+        std::thread::yield_now();
+    }
 }
 
 impl SentCounter {
@@ -181,7 +191,7 @@ impl SentCounter {
                 return false;
             }
             if now - progress_at < SPIN_FOR {
-                give_way();
+                give_way(now - progress_at);
                 tokio::task::yield_now().await;
             } else {
                 let pause = deadline.map_or(POLL_PAUSE, |deadline| {

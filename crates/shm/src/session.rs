@@ -326,7 +326,7 @@ impl Session {
         let spin_for = SPIN_ON_FULL.min(self.options.allocation_timeout);
         if self.spin_on_full.load(Ordering::Relaxed) && !spin_for.is_zero() {
             while wait.started.elapsed() < spin_for {
-                crate::delivery::give_way();
+                crate::delivery::give_way(wait.started.elapsed());
                 tokio::task::yield_now().await;
                 if let Some(buffer) = owned.allocate(size) {
                     return Ok(buffer);

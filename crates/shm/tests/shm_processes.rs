@@ -20,6 +20,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
 
 const ROLE_VAR: &str = "FERROMQ_SHM_TEST_ROLE";
+const PIN_CPU_VAR: &str = "FERROMQ_SHM_TEST_PIN_CPU";
 const STEP: Duration = Duration::from_secs(60);
 const SEGMENT: usize = 64 << 20;
 static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -27,11 +28,11 @@ static NEXT: AtomicUsize = AtomicUsize::new(0);
 fn main() {
     ferromq_shm::run_watchdog_if_requested();
     if let Ok(role) = std::env::var(ROLE_VAR) {
-        // With PIN_CPU, the role runs on that CPU alone, in a current-thread runtime as a
-        // device does (every thread it starts inherits the pin).
-        let runtime = match std::env::var("PIN_CPU") {
+        // With PIN_CPU_VAR set, the role is pinned to that CPU (every thread it starts
+        // inherits the pin) and runs in a current-thread runtime, as a device does.
+        let runtime = match std::env::var(PIN_CPU_VAR) {
             Ok(cpu) => {
-                pin_to_cpu(cpu.parse().expect("PIN_CPU is a CPU number"));
+                pin_to_cpu(cpu.parse().expect("a CPU number"));
                 tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -96,7 +97,7 @@ fn main() {
             "a_stopped_receiver_holds_the_sender_at_snd_buf_size_and_loses_nothing",
             stopped_receiver_back_pressure,
         ),
-        trial(
+        trial_alone(
             "a_sender_and_its_receiver_on_one_cpu_take_turns_without_sleeping",
             sender_and_receiver_on_one_cpu,
         ),
@@ -146,9 +147,26 @@ fn main() {
 
 fn trial(name: &'static str, test: fn() -> Result<()>) -> Trial {
     Trial::test(name, move || {
+        let _shared = ALONE
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         test().map_err(|error| Failed::from(format!("{error:#}")))
     })
 }
+
+/// A trial that runs while no other trial of this binary does: it counts how its processes
+/// share a CPU, which the others' processes would take turns on too.
+fn trial_alone(name: &'static str, test: fn() -> Result<()>) -> Trial {
+    Trial::test(name, move || {
+        let _alone = ALONE
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        test().map_err(|error| Failed::from(format!("{error:#}")))
+    })
+}
+
+/// Held for reading by every trial, for writing by a [`trial_alone`].
+static ALONE: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 fn block_on(test: impl Future<Output = Result<()>>) -> Result<()> {
     tokio::runtime::Runtime::new()?
@@ -448,22 +466,28 @@ async fn run_role(role: &str) -> Result<()> {
         "pinned-sender" => {
             // Binds a push, sends COUNT messages of 64 bytes (inside their ring entries) and
             // says how often its thread went to sleep from the second message to the last
-            // (the first waits for the receiver's connection).
+            // (the first waits for the receiver's connection), and how often it was switched
+            // out without sleeping.
             let mut push =
                 Channel::open(&transport, push_with(&address, 1000, 10_000), "data").await?;
             push.bind_configured().await?;
             println!("BOUND");
             let n_msgs: u64 = env("COUNT").parse()?;
-            let mut slept_before = 0;
+            let mut before = (0, 0);
             for msg_idx in 0..n_msgs {
                 if msg_idx == 1 {
-                    slept_before = times_slept()?;
+                    before = context_switches()?;
                 }
                 let mut message = transport.new_message(64).await?;
                 fill(&mut message, msg_idx);
                 push.send(message).await.map_err(|failed| failed.error)?;
             }
-            println!("SLEPT {}", times_slept()? - slept_before);
+            let after = context_switches()?;
+            println!(
+                "SLEPT {} SWITCHED {}",
+                after.0 - before.0,
+                after.1 - before.1
+            );
             push.close().await?;
         }
         "taker" => {
@@ -1398,33 +1422,49 @@ fn stopped_receiver_back_pressure() -> Result<()> {
 /// messages.
 fn sender_and_receiver_on_one_cpu() -> Result<()> {
     const N_MSGS: u64 = 400_000;
-    // Before the fix 130-230 times here (debug build); after, 0-1, and 19-24 with a busy loop
-    // pinned to the same CPU (a sender that gives way may let another process run instead of
-    // its receiver, and sleeps when that takes its time slice).
+    // Before the fix 129-233 times here (debug build); after, 0-1. A busy process on the same
+    // CPU makes it 25-81 (a sender that gives way may let that process run instead of its
+    // receiver, and sleeps when it takes its time slice): the trial runs alone.
     const MOST_SLEEPS: u64 = 60;
     let session = Session::new("one-cpu");
-    let cpu = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
+    let allowed = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
     let cpu = (0..nix::sched::CpuSet::count())
-        .find(|&idx| cpu.is_set(idx).unwrap_or(false))
+        .find(|&idx| allowed.is_set(idx).unwrap_or(false))
         .context("this process may run on no CPU")?;
     block_on(async {
         let address = session.ipc("one-cpu");
-        let extra = [("PIN_CPU", cpu.to_string()), ("COUNT", N_MSGS.to_string())];
+        let extra = [
+            (PIN_CPU_VAR, cpu.to_string()),
+            ("COUNT", N_MSGS.to_string()),
+        ];
         let mut sender = ChildRole::spawn("pinned-sender", &session, &address, &extra);
-        ensure!(sender.line().await? == "BOUND");
+        ensure!(sender.line().await? == "BOUND", "the sender did not bind");
         let mut taker = ChildRole::spawn("taker", &session, &address, &extra);
-        ensure!(taker.line().await? == "CONNECTED");
-        ensure!(taker.line().await? == format!("TOOK {N_MSGS}"));
-        let slept = sender.line().await?;
-        let slept: u64 = slept
-            .strip_prefix("SLEPT ")
-            .with_context(|| format!("the sender said {slept:?}"))?
-            .parse()?;
+        ensure!(
+            taker.line().await? == "CONNECTED",
+            "the taker did not connect"
+        );
+        let said = sender.line().await?;
+        let counts: Vec<u64> = said
+            .split(' ')
+            .skip(1)
+            .step_by(2)
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("the sender said {said:?}"))?;
+        let [slept, switched] = counts[..] else {
+            bail!("the sender said {said:?}");
+        };
         ensure!(
             slept <= MOST_SLEEPS,
             "a sender sharing CPU {cpu} with its receiver slept {slept} times over {N_MSGS} \
-             messages waiting for room its receiver could not make"
+             messages waiting for room its receiver could not make (switched out {switched} \
+             times without sleeping; load average {})",
+            std::fs::read_to_string("/proc/loadavg")
+                .unwrap_or_default()
+                .trim()
         );
+        ensure!(taker.line().await? == format!("TOOK {N_MSGS}"));
         taker.success().await?;
         sender.success().await
     })
@@ -1437,10 +1477,13 @@ fn pin_to_cpu(cpu: usize) {
     nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).expect("pin to a CPU");
 }
 
-/// How often this thread went to sleep so far (its voluntary context switches).
-fn times_slept() -> Result<u64> {
+/// This thread's context switches so far: (went to sleep, switched out while runnable).
+fn context_switches() -> Result<(u64, u64)> {
     let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_THREAD)?;
-    Ok(u64::try_from(usage.voluntary_context_switches())?)
+    Ok((
+        u64::try_from(usage.voluntary_context_switches())?,
+        u64::try_from(usage.involuntary_context_switches())?,
+    ))
 }
 
 /// A receiver that exits while messages wait in its queue did not take them: the sender's
