@@ -146,21 +146,29 @@ fn main() {
 }
 
 fn trial(name: &'static str, test: fn() -> Result<()>) -> Trial {
-    Trial::test(name, move || {
-        let _shared = ALONE
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        test().map_err(|error| Failed::from(format!("{error:#}")))
-    })
+    trial_with(name, test, false)
 }
 
 /// A trial that runs while no other trial of this binary does: it counts how its processes
 /// share a CPU, which the others' processes would take turns on too.
 fn trial_alone(name: &'static str, test: fn() -> Result<()>) -> Trial {
+    trial_with(name, test, true)
+}
+
+fn trial_with(name: &'static str, test: fn() -> Result<()>, alone: bool) -> Trial {
     Trial::test(name, move || {
-        let _alone = ALONE
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        use std::sync::PoisonError;
+        let _turn = if alone {
+            (
+                None,
+                Some(ALONE.write().unwrap_or_else(PoisonError::into_inner)),
+            )
+        } else {
+            (
+                Some(ALONE.read().unwrap_or_else(PoisonError::into_inner)),
+                None,
+            )
+        };
         test().map_err(|error| Failed::from(format!("{error:#}")))
     })
 }
