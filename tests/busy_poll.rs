@@ -75,17 +75,45 @@ async fn busy_poll_round_trips_over_zeromq_ipc() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn busy_poll_round_trips_over_shmem() {
-    let session = format!("test-busy-{}", std::process::id());
-    let transport = ShmTransport::new(ShmOptions {
-        session: session.clone(),
-        segment_size: 16 << 20,
-        ..ShmOptions::default()
-    });
-    let path = std::env::temp_dir().join(format!("ferromq-busy-shm-{}.ipc", std::process::id()));
-    ping_pong(&transport, &format!("ipc://{}", path.display())).await;
-    let _ = std::fs::remove_file(path);
-    drop(transport);
-    let _ = ferromq_shm::cleanup::clean_session(ferromq_shm::names::current_uid(), &session, true);
+    let shm = ShmTestSession::new("busy", 16 << 20);
+    ping_pong(&shm.transport, &shm.address).await;
+}
+
+/// A shmem transport of a session of its own and an ipc address; the session's shared memory
+/// and the ipc file are removed however the test ends.
+struct ShmTestSession {
+    transport: ShmTransport,
+    address: String,
+    session: String,
+    path: std::path::PathBuf,
+}
+
+impl ShmTestSession {
+    fn new(tag: &str, segment_size: usize) -> ShmTestSession {
+        let session = format!("test-{tag}-{}", std::process::id());
+        let path = std::env::temp_dir().join(format!("ferromq-{tag}-{}.ipc", std::process::id()));
+        ShmTestSession {
+            transport: ShmTransport::new(ShmOptions {
+                session: session.clone(),
+                segment_size,
+                ..ShmOptions::default()
+            }),
+            address: format!("ipc://{}", path.display()),
+            session,
+            path,
+        }
+    }
+}
+
+impl Drop for ShmTestSession {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        let _ = ferromq_shm::cleanup::clean_session(
+            ferromq_shm::names::current_uid(),
+            &self.session,
+            true,
+        );
+    }
 }
 
 /// A busy-polled pull finds ring entries by their headers, racing the producer entry by entry
@@ -100,35 +128,14 @@ async fn a_busy_polled_shmem_stream_arrives_whole_and_in_order() {
             .map(|byte_idx| (msg_idx as usize).wrapping_mul(31).wrapping_add(byte_idx) as u8)
             .collect()
     }
-    /// Removes the session's shared memory and the ipc file however the test ends.
-    struct Cleanup {
-        session: String,
-        path: std::path::PathBuf,
-    }
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.path);
-            let _ = ferromq_shm::cleanup::clean_session(
-                ferromq_shm::names::current_uid(),
-                &self.session,
-                true,
-            );
-        }
-    }
-    let session = format!("test-busy-stream-{}", std::process::id());
-    let transport = ShmTransport::new(ShmOptions {
-        session: session.clone(),
-        segment_size: 64 << 20,
-        ..ShmOptions::default()
-    });
-    let path = std::env::temp_dir().join(format!("ferromq-busy-stream-{}.ipc", std::process::id()));
-    let address = format!("ipc://{}", path.display());
-    let _cleanup = Cleanup {
-        session: session.clone(),
-        path: path.clone(),
-    };
-    let (mut pull, mut push) =
-        busy_pair(&transport, &address, SocketType::Pull, SocketType::Push).await;
+    let shm = ShmTestSession::new("busy-stream", 64 << 20);
+    let (mut pull, mut push) = busy_pair(
+        &shm.transport,
+        &shm.address,
+        SocketType::Pull,
+        SocketType::Push,
+    )
+    .await;
     let sender = tokio::spawn(async move {
         for msg_idx in 0..N_MESSAGES {
             push.send(Message::from(payload(msg_idx))).await.unwrap();
@@ -148,5 +155,4 @@ async fn a_busy_polled_shmem_stream_arrives_whole_and_in_order() {
     let mut push = sender.await.unwrap();
     push.close().await.unwrap();
     pull.close().await.unwrap();
-    drop(transport);
 }
