@@ -31,7 +31,7 @@ use ferromq_core::MessageBuffer;
 
 use crate::allocator::Allocator;
 use crate::error::ShmError;
-use crate::protocol::{BlockCells, NotLive};
+use crate::protocol::{BlockCells, FirstTouch, NotLive};
 use crate::segment::{HEADER_SIZE, Segment};
 use crate::wire::WireRange;
 
@@ -258,6 +258,12 @@ impl OwnedSegment {
     }
 }
 
+/// Messages of at least this many bytes have their block's header first touched by a write
+/// ([`FirstTouch::Write`]): from here on the pages a read fault would map around the header
+/// (64 KiB, the kernel's default fault-around) are the block's own data, not other blocks'
+/// headers, so mapping one page is the cheaper fault.
+const FIRST_TOUCH_BY_WRITE_FROM: usize = 64 << 10;
+
 /// The shared fields of a block header.
 /// A block's header in a mapped segment; its protocol steps are `protocol.rs`'s (model-checked).
 type BlockHeader<'a> = BlockCells<'a, AtomicU32, AtomicU64>;
@@ -413,7 +419,12 @@ impl ShmBuffer {
                 segment.len()
             ))
         })?;
-        let capacity = match block.live_capacity() {
+        let touch = if size >= FIRST_TOUCH_BY_WRITE_FROM {
+            FirstTouch::Write
+        } else {
+            FirstTouch::Read
+        };
+        let capacity = match block.live_capacity(touch) {
             Ok(capacity) => capacity as usize,
             Err(NotLive::NoBlock) => {
                 return Err(bad(format!("no live block at offset {data_offset}")));
@@ -546,5 +557,89 @@ impl MessageBuffer for ShmBuffer {
 impl Drop for ShmBuffer {
     fn drop(&mut self) {
         self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+
+    use super::*;
+    use crate::names::{ObjectKind, ObjectName, current_uid};
+
+    const PAGE: usize = 4096;
+    /// The kernel's default fault-around: a read fault maps the page cache's pages of the
+    /// 64 KiB-aligned window around the faulting address.
+    const FAULT_AROUND: usize = 64 << 10;
+
+    /// Whether the page at `address` is mapped in this process (`/proc/self/pagemap`, bit 63;
+    /// readable without privileges, which only hide the frame numbers).
+    fn is_mapped(pagemap: &mut std::fs::File, address: usize) -> bool {
+        let mut entry = [0u8; 8];
+        pagemap
+            .seek(SeekFrom::Start((address / PAGE * 8) as u64))
+            .and_then(|_| pagemap.read_exact(&mut entry))
+            .expect("/proc/self/pagemap must be readable for this test");
+        u64::from_le_bytes(entry) >> 63 == 1
+    }
+
+    /// A receiver adopting a large block in memory it has not looked at maps the header's page
+    /// only, none of the pages around it (the block's data, which it may never read): its first
+    /// touch of the header is a write. Read first, the kernel's fault-around maps pages of the
+    /// window the owner wrote as well (one more here; issue 14's `call_buffer` of 64 MiB in
+    /// memory new to the destination paid ~1.7 µs more for it).
+    #[test]
+    fn a_large_block_new_to_its_receiver_maps_only_its_header_page() {
+        let name = ObjectName::new(
+            current_uid(),
+            &format!("first-touch-test-{}", std::process::id()),
+            ObjectKind::Segment,
+            std::process::id(),
+            0,
+        );
+        struct Remove(ObjectName);
+        impl Drop for Remove {
+            fn drop(&mut self) {
+                let _ = Segment::remove(&self.0);
+            }
+        }
+        let _remove = Remove(name.clone());
+        let owned = OwnedSegment::new(Segment::create(name.clone(), 8 << 20).unwrap());
+        // A block first, so that the large one's window holds nothing the receiver maps on
+        // opening the segment (its header page); written, so that the window has no hole.
+        let mut first = owned.allocate(1 << 20).unwrap();
+        first.as_bytes_mut().unwrap().fill(7);
+        let mut large = owned.allocate(FIRST_TOUCH_BY_WRITE_FROM).unwrap();
+        large.as_bytes_mut().unwrap().fill(7);
+        let (owner_base, _) = owned.segment().mapping_range();
+        let header = large.data_offset() - BLOCK_ALIGN;
+        let window =
+            header / FAULT_AROUND * FAULT_AROUND..(header / FAULT_AROUND + 1) * FAULT_AROUND;
+        let mut pagemap = std::fs::File::open("/proc/self/pagemap").unwrap();
+        for page in window.clone().step_by(PAGE) {
+            assert!(
+                is_mapped(&mut pagemap, owner_base as usize + page),
+                "the owner wrote {page}"
+            );
+        }
+
+        // The receiver's own mapping of the segment, as another process has.
+        let receiver = Arc::new(Segment::open(name.clone()).unwrap());
+        let (base, _) = receiver.mapping_range();
+        large.add_references(1);
+        let range = WireRange {
+            offset: large.data_offset() as u64,
+            size: FIRST_TOUCH_BY_WRITE_FROM as u64,
+        };
+        let (adopted, used) = ShmBuffer::adopt_block(Arc::clone(&receiver), range).unwrap();
+        assert_eq!(used, FIRST_TOUCH_BY_WRITE_FROM);
+
+        let header_page = header / PAGE * PAGE;
+        let mapped: Vec<usize> = window
+            .step_by(PAGE)
+            .filter(|&page| is_mapped(&mut pagemap, base as usize + page))
+            .collect();
+        assert_eq!(mapped, vec![header_page], "pages the receiver mapped");
+        drop(adopted);
     }
 }

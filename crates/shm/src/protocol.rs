@@ -107,6 +107,23 @@ pub(crate) enum NotLive {
     Released,
 }
 
+/// How a receiver first touches a block's header.
+///
+/// A header in memory this process has not looked at yet costs a page fault. A read fault on
+/// shared memory also maps pages around it that the owner wrote (the kernel's fault-around,
+/// within 64 KiB by default), which for a large block are its data, that a zero-copy receiver
+/// may never read; a write fault maps the one page. Measured on this project's 2-core machine
+/// (2026-12-01, kernel 6.18, two mappings of one object in /dev/shm, each touch at a new
+/// 64 MiB step): a first load ~4.8-5.3 µs, a first compare-and-swap ~2.5-2.9 µs. For small
+/// blocks the pages around hold other blocks' headers, which the read maps in one fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FirstTouch {
+    /// A load of the magic.
+    Read,
+    /// A compare-and-swap of the magic with itself.
+    Write,
+}
+
 /// A managed block's header: reference count, magic and capacity.
 pub(crate) struct BlockCells<'a, A, B> {
     pub(crate) refcount: &'a A,
@@ -134,9 +151,24 @@ impl<A: Atomic32, B: Atomic64> BlockCells<'_, A, B> {
         self.magic.store(0, Ordering::Release);
     }
 
-    /// Receiver, adopting a descriptor: the block's capacity if it is live.
-    pub(crate) fn live_capacity(&self) -> Result<u64, NotLive> {
-        if self.magic.load(Ordering::Acquire) != BLOCK_MAGIC {
+    /// Receiver, adopting a descriptor: the block's capacity if it is live. `touch` says how
+    /// the header is first touched (see [`FirstTouch`]); both read the magic alike.
+    pub(crate) fn live_capacity(&self, touch: FirstTouch) -> Result<u64, NotLive> {
+        let magic = match touch {
+            FirstTouch::Read => self.magic.load(Ordering::Acquire),
+            // Writes the magic it finds back only when it is a live block's: a retiring
+            // owner's store of 0 is never undone, and an RMW continues the publishing store's
+            // release sequence, so later acquirers still see what the owner published.
+            FirstTouch::Write => match self.magic.compare_exchange(
+                BLOCK_MAGIC,
+                BLOCK_MAGIC,
+                Ordering::Acquire,
+                Ordering::Acquire,
+            ) {
+                Ok(magic) | Err(magic) => magic,
+            },
+        };
+        if magic != BLOCK_MAGIC {
             return Err(NotLive::NoBlock);
         }
         let capacity = self.capacity.load(Ordering::Acquire);
@@ -338,12 +370,13 @@ mod loom_models {
             block.cells().publish(64);
             block.cells().add(1);
             block.descriptor_sent.store(true, Ordering::Release);
-            let readers: Vec<_> = (0..2)
-                .map(|_| {
+            let readers: Vec<_> = [FirstTouch::Read, FirstTouch::Write]
+                .into_iter()
+                .map(|touch| {
                     let block = Arc::clone(&block);
                     thread::spawn(move || {
                         block.wait_for_descriptor();
-                        assert_eq!(block.cells().live_capacity(), Ok(64));
+                        assert_eq!(block.cells().live_capacity(touch), Ok(64));
                         // SAFETY: this reader holds a reference; loom checks nobody writes.
                         let seen = block.bytes.with(|bytes| unsafe { *bytes });
                         assert_eq!(seen, 7);
@@ -375,10 +408,10 @@ mod loom_models {
                 let block = Arc::clone(&block);
                 thread::spawn(move || {
                     block.wait_for_descriptor();
-                    assert_eq!(block.cells().live_capacity(), Ok(64));
+                    assert_eq!(block.cells().live_capacity(FirstTouch::Write), Ok(64));
                     block.cells().release(1);
                     // The same descriptor again, while the owner may be reclaiming.
-                    assert!(block.cells().live_capacity().is_err());
+                    assert!(block.cells().live_capacity(FirstTouch::Read).is_err());
                 })
             };
             while !block.cells().is_released() {
@@ -387,7 +420,42 @@ mod loom_models {
             block.cells().retire();
             receiver.join().unwrap();
             // And once the owner has retired the block.
-            assert_eq!(block.cells().live_capacity(), Err(NotLive::NoBlock));
+            for touch in [FirstTouch::Read, FirstTouch::Write] {
+                assert_eq!(block.cells().live_capacity(touch), Err(NotLive::NoBlock));
+            }
+        });
+    }
+
+    /// A receiver that first touches headers by writing (a compare-and-swap of the magic with
+    /// itself, for large blocks) never makes a released or retired block adoptable, whether its
+    /// replayed descriptor comes while the owner reclaims or after.
+    ///
+    /// Only "an error" is asserted after the owner's retiring store here, not which: loom keeps
+    /// the modification order partial and lets a later access read the replay's own write of
+    /// the magic, which C++'s atomicity of read-modify-writes orders before that store (the
+    /// replay read the magic the first adoption wrote, and the owner's store comes after that
+    /// one). Either answer refuses the block.
+    #[test]
+    fn a_header_first_touched_by_a_write_is_never_revived() {
+        model(|| {
+            let block = Arc::new(Block::new());
+            block.cells().publish(64);
+            block.descriptor_sent.store(true, Ordering::Release);
+            let receiver = {
+                let block = Arc::clone(&block);
+                thread::spawn(move || {
+                    block.wait_for_descriptor();
+                    assert_eq!(block.cells().live_capacity(FirstTouch::Write), Ok(64));
+                    block.cells().release(1);
+                    assert!(block.cells().live_capacity(FirstTouch::Write).is_err());
+                })
+            };
+            while !block.cells().is_released() {
+                thread::yield_now();
+            }
+            block.cells().retire();
+            receiver.join().unwrap();
+            assert!(block.cells().live_capacity(FirstTouch::Write).is_err());
         });
     }
 
