@@ -42,6 +42,24 @@ pub fn seconds(text: &str) -> Result<f64, String> {
     }
 }
 
+/// The most calls per second `ferromq bench rpc --light-load-rate` accepts.
+pub const MAX_CALLS_PER_SECOND: f64 = 1e9;
+
+/// clap's parser for a rate of calls: above 0 and at most [`MAX_CALLS_PER_SECOND`].
+pub fn calls_per_second(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of calls per second"))?;
+    if value.is_finite() && value > 0.0 && value <= MAX_CALLS_PER_SECOND {
+        Ok(value)
+    } else {
+        Err(format!(
+            "{text}: expected calls per second above 0 and at most {MAX_CALLS_PER_SECOND:e}"
+        ))
+    }
+}
+
 /// clap's parser for messages per second: 0 (unlimited) or finite and at least
 /// [`ferromq_devices::MIN_RATE`].
 pub fn messages_per_second(text: &str) -> Result<f64, String> {

@@ -4,7 +4,8 @@
 //! whose handlers do nothing but count. Per transport, mode and call size, each round streams
 //! calls for `--duration` and then asks the destination how many it ran (so a call counts once
 //! its handler ran); then it measures `call_return` round trips one at a time (p50, p99) and
-//! with 64 in flight (returns per second), calls' latency at 1% of the measured rate, and
+//! with 64 in flight (returns per second), calls' latency at 1% of the measured rate (or at
+//! `--light-load-rate`, one rate for every mode, so that modes compare at the same load), and
 //! `call_buffer` of 4 KiB and 64 MiB until the handler ran (64 MiB twice: in memory new to the
 //! destination, then in memory it has had buffers in). The rounds' medians are reported,
 //! with min and max. The caller measures from a task, as a device's code runs (see
@@ -55,6 +56,11 @@ pub struct RpcBenchOptions {
     /// --shm-mlock-segment), so that no first look at a block costs a page fault.
     #[arg(long = "shm-mlock-segment")]
     pub shm_mlock_segment: bool,
+    /// Calls per second of the light-load measurement, for every mode (default: 1% of the
+    /// rate each mode streamed in the same round, which for an aggregating mode is several
+    /// times the calls of unaggregated `send`'s 1%).
+    #[arg(long = "light-load-rate", value_name = "CALLS_PER_S", allow_hyphen_values = true, value_parser = crate::options::calls_per_second)]
+    pub light_load_rate: Option<f64>,
     /// One JSON object per cell instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -86,8 +92,12 @@ pub struct RpcBenchResult {
     /// `call_return`s per second with 64 in flight.
     pub returns_per_s_64_in_flight: f64,
     /// A call's latency until its handler ran (a `Consumed` ticket), p50 in microseconds, with
-    /// calls paced at 1% of the rate measured in the same round.
+    /// calls paced at `light_load_calls_per_s`.
     pub light_load_p50_us: f64,
+    /// The rate of that measurement: 1% of the rate measured in the same round, or
+    /// `--light-load-rate` (median over the rounds).
+    #[serde(default)]
+    pub light_load_calls_per_s: f64,
     /// `call_buffer` of 4 KiB until its handler ran, p50 in microseconds.
     pub buffer_4k_us: f64,
     /// `call_buffer` of 64 MiB (memory of the transport) until its handler ran, p50 in µs, in
@@ -280,7 +290,7 @@ pub async fn run(options: RpcBenchOptions) -> ExitCode {
                     );
                 }
             } else {
-                print_table(&results);
+                print_table(&results, options.light_load_rate);
             }
             ExitCode::SUCCESS
         }
@@ -291,7 +301,11 @@ pub async fn run(options: RpcBenchOptions) -> ExitCode {
     }
 }
 
-fn print_table(results: &[RpcBenchResult]) {
+/// The table; `light_load_rate`: the rate the light-load column was measured at, when one was
+/// given (the column's header says it; 1% of each row's rate otherwise).
+fn print_table(results: &[RpcBenchResult], light_load_rate: Option<f64>) {
+    let light_load =
+        light_load_rate.map_or_else(|| "1%-load".to_owned(), |rate| format!("@{rate:.0}/s"));
     println!(
         "{:<11} {:<5} {:>5} {:>12} {:>21} {:>8} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
         "transport",
@@ -304,7 +318,7 @@ fn print_table(results: &[RpcBenchResult]) {
         "rt p50",
         "rt p99",
         "rt/s @64",
-        "1%-load",
+        light_load,
         "buf 4K",
         "buf 64M",
         "64M new"
@@ -379,6 +393,7 @@ struct Round {
     p99_us: f64,
     returns_per_s: f64,
     light_load_p50_us: f64,
+    light_load_calls_per_s: f64,
     buffer_4k_us: f64,
     buffer_64m_us: f64,
     buffer_64m_fresh_us: f64,
@@ -406,6 +421,7 @@ fn summarise(transport: &str, mode: &str, size: usize, rounds: &mut [Round]) -> 
         return_p99_us: pick(|round| round.p99_us),
         returns_per_s_64_in_flight: pick(|round| round.returns_per_s),
         light_load_p50_us: pick(|round| round.light_load_p50_us),
+        light_load_calls_per_s: pick(|round| round.light_load_calls_per_s),
         buffer_4k_us: pick(|round| round.buffer_4k_us),
         buffer_64m_us: pick(|round| round.buffer_64m_us),
         buffer_64m_fresh_us: pick(|round| round.buffer_64m_fresh_us),
@@ -674,7 +690,8 @@ async fn measure(
     }
     let returns_per_s = n_returns as f64 / in_flight_started.elapsed().as_secs_f64();
     let calls_per_s = n_sent as f64 / seconds;
-    let light_load_p50_us = light_load(rpc, size, calls_per_s / 100.0).await?;
+    let light_load_calls_per_s = options.light_load_rate.unwrap_or(calls_per_s / 100.0);
+    let light_load_p50_us = light_load(rpc, size, light_load_calls_per_s).await?;
     let buffer_4k_us = buffer_calls(rpc, transport, 4 << 10, 20).await?;
     // First in memory the destination has not seen, then (the freed blocks handed out again)
     // in memory it has: a first look at a block's header costs the destination a page fault
@@ -683,6 +700,7 @@ async fn measure(
     let buffer_64m_us = buffer_calls(rpc, transport, 64 << 20, 10).await?;
     Ok(Round {
         light_load_p50_us,
+        light_load_calls_per_s,
         buffer_4k_us,
         buffer_64m_us,
         buffer_64m_fresh_us,

@@ -202,12 +202,17 @@ fn bench_rpc_reports_every_mode_as_json() {
             "shmem,zeromq-tcp",
             "--call-size",
             "8",
+            "--light-load-rate",
+            "20000",
         ])
         .output()
         .expect("run ferromq bench rpc");
     let lines = json_lines(&output);
     assert_eq!(lines.len(), 6, "2 transports x 3 modes");
     for line in &lines {
+        // Every mode at the rate given, not at 1% of its own.
+        assert_eq!(line["light_load_calls_per_s"], 20000.0, "{line}");
+        assert!(line["light_load_p50_us"].as_f64().unwrap() > 0.0, "{line}");
         for key in [
             "calls_per_s",
             "mb_per_s",
@@ -223,6 +228,22 @@ fn bench_rpc_reports_every_mode_as_json() {
         .map(|line| line["mode"].as_str().unwrap())
         .collect();
     assert_eq!(modes, ["send", "trad", "ovfl", "send", "trad", "ovfl"]);
+}
+
+#[test]
+fn bench_rpc_refuses_a_light_load_rate_that_is_not_a_positive_number() {
+    for rate in ["0", "-5", "nan", "inf", "2e9", "fast"] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+            .args(["bench", "rpc", "--light-load-rate", rate])
+            .output()
+            .expect("run ferromq bench rpc");
+        assert_eq!(output.status.code(), Some(2), "{rate}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("--light-load-rate") && stderr.contains(rate),
+            "{rate}: {stderr}"
+        );
+    }
 }
 
 #[test]
