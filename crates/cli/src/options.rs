@@ -29,33 +29,31 @@ pub const MAX_SECONDS: f64 = 1e9;
 /// # Errors
 /// The text and what was expected.
 pub fn seconds(text: &str) -> Result<f64, String> {
-    let value: f64 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
-    if value.is_finite() && value > 0.0 && value <= MAX_SECONDS {
-        Ok(value)
-    } else {
-        Err(format!(
-            "{text}: expected a number of seconds above 0 and at most {MAX_SECONDS:e}"
-        ))
-    }
+    positive_number(text, "seconds", MAX_SECONDS)
 }
 
 /// The most calls per second `ferromq bench rpc --light-load-rate` accepts.
 pub const MAX_CALLS_PER_SECOND: f64 = 1e9;
 
-/// clap's parser for a rate of calls: above 0 and at most [`MAX_CALLS_PER_SECOND`].
+/// clap's parser for a rate of calls: finite, above 0, at most [`MAX_CALLS_PER_SECOND`].
+///
+/// # Errors
+/// The text and what was expected.
 pub fn calls_per_second(text: &str) -> Result<f64, String> {
+    positive_number(text, "calls per second", MAX_CALLS_PER_SECOND)
+}
+
+/// A number of `unit`s in `text`, finite, above 0 and at most `max`.
+fn positive_number(text: &str, unit: &str, max: f64) -> Result<f64, String> {
     let value: f64 = text
         .trim()
         .parse()
-        .map_err(|_| format!("{text:?} is not a number of calls per second"))?;
-    if value.is_finite() && value > 0.0 && value <= MAX_CALLS_PER_SECOND {
+        .map_err(|_| format!("{text:?} is not a number of {unit}"))?;
+    if value.is_finite() && value > 0.0 && value <= max {
         Ok(value)
     } else {
         Err(format!(
-            "{text}: expected calls per second above 0 and at most {MAX_CALLS_PER_SECOND:e}"
+            "{text}: expected a number of {unit} above 0 and at most {max:e}"
         ))
     }
 }

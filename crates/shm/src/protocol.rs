@@ -396,29 +396,37 @@ mod loom_models {
         });
     }
 
+    /// A receiver adopts the block (its header first touched by `first`), releases it and gets
+    /// the same descriptor again, looked at by `replay`, while the owner reclaims and retires
+    /// the block: the replay finds no live block. Returns the block, retired.
+    fn adopt_release_and_replay(first: FirstTouch, replay: FirstTouch) -> Arc<Block> {
+        let block = Arc::new(Block::new());
+        block.cells().publish(64);
+        block.descriptor_sent.store(true, Ordering::Release);
+        let receiver = {
+            let block = Arc::clone(&block);
+            thread::spawn(move || {
+                block.wait_for_descriptor();
+                assert_eq!(block.cells().live_capacity(first), Ok(64));
+                block.cells().release(1);
+                // The same descriptor again, while the owner may be reclaiming.
+                assert!(block.cells().live_capacity(replay).is_err());
+            })
+        };
+        while !block.cells().is_released() {
+            thread::yield_now();
+        }
+        block.cells().retire();
+        receiver.join().unwrap();
+        block
+    }
+
     /// A descriptor replayed after its reference was released (a forged or duplicated frame)
     /// never finds a live block, whether the owner has reclaimed it by then or not.
     #[test]
     fn a_replayed_descriptor_never_adopts_a_released_block() {
         model(|| {
-            let block = Arc::new(Block::new());
-            block.cells().publish(64);
-            block.descriptor_sent.store(true, Ordering::Release);
-            let receiver = {
-                let block = Arc::clone(&block);
-                thread::spawn(move || {
-                    block.wait_for_descriptor();
-                    assert_eq!(block.cells().live_capacity(FirstTouch::Write), Ok(64));
-                    block.cells().release(1);
-                    // The same descriptor again, while the owner may be reclaiming.
-                    assert!(block.cells().live_capacity(FirstTouch::Read).is_err());
-                })
-            };
-            while !block.cells().is_released() {
-                thread::yield_now();
-            }
-            block.cells().retire();
-            receiver.join().unwrap();
+            let block = adopt_release_and_replay(FirstTouch::Write, FirstTouch::Read);
             // And once the owner has retired the block.
             for touch in [FirstTouch::Read, FirstTouch::Write] {
                 assert_eq!(block.cells().live_capacity(touch), Err(NotLive::NoBlock));
@@ -438,23 +446,7 @@ mod loom_models {
     #[test]
     fn a_header_first_touched_by_a_write_is_never_revived() {
         model(|| {
-            let block = Arc::new(Block::new());
-            block.cells().publish(64);
-            block.descriptor_sent.store(true, Ordering::Release);
-            let receiver = {
-                let block = Arc::clone(&block);
-                thread::spawn(move || {
-                    block.wait_for_descriptor();
-                    assert_eq!(block.cells().live_capacity(FirstTouch::Write), Ok(64));
-                    block.cells().release(1);
-                    assert!(block.cells().live_capacity(FirstTouch::Write).is_err());
-                })
-            };
-            while !block.cells().is_released() {
-                thread::yield_now();
-            }
-            block.cells().retire();
-            receiver.join().unwrap();
+            let block = adopt_release_and_replay(FirstTouch::Write, FirstTouch::Write);
             assert!(block.cells().live_capacity(FirstTouch::Write).is_err());
         });
     }
