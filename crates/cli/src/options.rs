@@ -32,7 +32,9 @@ pub fn seconds(text: &str) -> Result<f64, String> {
     positive_number(text, "seconds", MAX_SECONDS)
 }
 
-/// The most calls per second `ferromq bench rpc --light-load-rate` accepts.
+/// The most calls per second `ferromq bench rpc --light-load-rate` accepts: above any rate one
+/// caller reaches (a call costs tens of nanoseconds at the least), so only a mistyped rate is
+/// refused.
 pub const MAX_CALLS_PER_SECOND: f64 = 1e9;
 
 /// clap's parser for a rate of calls: finite, above 0, at most [`MAX_CALLS_PER_SECOND`].

@@ -231,6 +231,42 @@ fn bench_rpc_reports_every_mode_as_json() {
 }
 
 #[test]
+fn bench_rpc_runs_light_load_at_one_percent_of_each_rounds_rate_by_default() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args([
+            "bench",
+            "rpc",
+            "--json",
+            "--duration",
+            "0.2",
+            "--rounds",
+            "1",
+        ])
+        .args([
+            "--round-trips",
+            "50",
+            "--transport",
+            "shmem",
+            "--mode",
+            "send",
+        ])
+        .args(["--call-size", "8"])
+        .output()
+        .expect("run ferromq bench rpc");
+    let lines = json_lines(&output);
+    assert_eq!(lines.len(), 1, "one cell");
+    let line = &lines[0];
+    let (rate, streamed) = (
+        line["light_load_calls_per_s"].as_f64().unwrap(),
+        line["calls_per_s"].as_f64().unwrap(),
+    );
+    assert!(
+        rate > 0.0 && (rate - streamed / 100.0).abs() <= streamed * 1e-12,
+        "{line}"
+    );
+}
+
+#[test]
 fn bench_rpc_refuses_a_light_load_rate_that_is_not_a_positive_number() {
     for rate in ["0", "-5", "nan", "inf", "2e9", "fast"] {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
@@ -240,7 +276,8 @@ fn bench_rpc_refuses_a_light_load_rate_that_is_not_a_positive_number() {
         assert_eq!(output.status.code(), Some(2), "{rate}");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(
-            stderr.contains("--light-load-rate") && stderr.contains(rate),
+            stderr.contains(&format!("'{rate}' for '--light-load-rate"))
+                && stderr.contains("calls per second"),
             "{rate}: {stderr}"
         );
     }

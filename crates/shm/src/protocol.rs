@@ -425,13 +425,15 @@ mod loom_models {
     /// never finds a live block, whether the owner has reclaimed it by then or not.
     #[test]
     fn a_replayed_descriptor_never_adopts_a_released_block() {
-        model(|| {
-            let block = adopt_release_and_replay(FirstTouch::Write, FirstTouch::Read);
-            // And once the owner has retired the block.
-            for touch in [FirstTouch::Read, FirstTouch::Write] {
-                assert_eq!(block.cells().live_capacity(touch), Err(NotLive::NoBlock));
-            }
-        });
+        for first in [FirstTouch::Read, FirstTouch::Write] {
+            model(move || {
+                let block = adopt_release_and_replay(first, FirstTouch::Read);
+                // And once the owner has retired the block.
+                for touch in [FirstTouch::Read, FirstTouch::Write] {
+                    assert_eq!(block.cells().live_capacity(touch), Err(NotLive::NoBlock));
+                }
+            });
+        }
     }
 
     /// A receiver that first touches headers by writing (a compare-and-swap of the magic with
