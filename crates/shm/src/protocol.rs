@@ -113,7 +113,7 @@ pub(crate) enum NotLive {
 /// shared memory also maps pages around it that the owner wrote (the kernel's fault-around,
 /// within 64 KiB by default), which for a large block are its data, that a zero-copy receiver
 /// may never read; a write fault maps the one page. Measured on this project's 2-core machine
-/// (2026-12-01, kernel 6.18, two mappings of one object in /dev/shm, each touch at a new
+/// (AMD EPYC, 2026-12-01, kernel 6.18, two mappings of one object in /dev/shm, each touch at a new
 /// 64 MiB step): a first load ~4.8-5.3 µs, a first compare-and-swap ~2.5-2.9 µs. For small
 /// blocks the pages around hold other blocks' headers, which the read maps in one fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
