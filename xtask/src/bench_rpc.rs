@@ -26,7 +26,16 @@ pub struct RpcLine {
     pub return_p50_us: f64,
     pub return_p99_us: f64,
     pub returns_per_s_64_in_flight: f64,
+    /// A call's latency until its handler ran at light load, p50 (0 from an older `ferromq`).
+    #[serde(default)]
+    pub light_load_p50_us: f64,
+    /// The rate of that light load (0 from an older `ferromq`).
+    #[serde(default)]
+    pub light_load_calls_per_s: f64,
 }
+
+/// Issue 14's bound on `ovfl`'s light-load latency, as a multiple of unaggregated `send`'s.
+const LIGHT_LOAD_TARGET: f64 = 1.2;
 
 /// Seriema's MB/s on FDR InfiniBand (its paper): (size, unaggregated, ovfl, trad).
 const SERIEMA_MB_PER_S: [(usize, f64, f64, f64); 3] = [
@@ -102,6 +111,83 @@ pub fn render_rpc(lines: &[RpcLine]) -> String {
         );
     }
     text
+}
+
+/// The light-load comparison: `ovfl` against unaggregated `send`, p50 until the handler ran,
+/// from `lines` (each mode at 1 % of its own streaming rate, `ovfl`'s several times `send`'s
+/// calls a second) and from `at_one_rate` (`--light-load-rate`: both at one rate, which the
+/// target is judged on).
+pub fn render_light_load(lines: &[RpcLine], at_one_rate: &[RpcLine]) -> String {
+    let mut text = String::new();
+    let mut rows = Vec::new();
+    for (runs, how) in [(lines, "own 1 %"), (at_one_rate, "one rate")] {
+        for ovfl in runs.iter().filter(|line| line.mode == "ovfl") {
+            let Some(send) = runs.iter().find(|line| {
+                line.mode == "send"
+                    && line.transport == ovfl.transport
+                    && line.call_size == ovfl.call_size
+            }) else {
+                continue;
+            };
+            if send.light_load_p50_us <= 0.0 || ovfl.light_load_p50_us <= 0.0 {
+                continue;
+            }
+            let ratio = ovfl.light_load_p50_us / send.light_load_p50_us;
+            let judged = if how == "one rate" {
+                if ratio <= LIGHT_LOAD_TARGET {
+                    " (met)"
+                } else {
+                    " (not met)"
+                }
+            } else {
+                ""
+            };
+            rows.push(format!(
+                "| {} | {} B | {how} | {:.1} µs at {:.0} k/s | {:.1} µs at {:.0} k/s | {ratio:.2}x{judged} |",
+                ovfl.transport,
+                ovfl.call_size,
+                send.light_load_p50_us,
+                send.light_load_calls_per_s / 1e3,
+                ovfl.light_load_p50_us,
+                ovfl.light_load_calls_per_s / 1e3,
+            ));
+        }
+    }
+    if rows.is_empty() {
+        return text;
+    }
+    let _ = writeln!(
+        text,
+        "\nLight load, p50 until the handler ran: each mode at 1 % of its own streaming rate, and both at one rate (`--light-load-rate`, 1 % of `ovfl`'s rate at 8 B over shmem). Target: `ovfl` ≤ {LIGHT_LOAD_TARGET}x `send` at one rate.\n\n| transport | size | rate | send | ovfl | ovfl ÷ send |\n|---|---|---|---|---|---|"
+    );
+    for row in rows {
+        let _ = writeln!(text, "{row}");
+    }
+    text
+}
+
+/// Runs `ferromq bench rpc --json` with `args`; its lines, or `None` when it failed.
+fn bench_rpc(ferromq: &Path, workspace: &Path, args: &[&str]) -> Option<Vec<RpcLine>> {
+    let output = Command::new(ferromq)
+        .args(["bench", "rpc", "--json"])
+        .args(args)
+        .current_dir(workspace)
+        .output()
+        .ok()?;
+    if !output.status.success() {
+        eprintln!(
+            "xtask: ferromq bench rpc {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        return None;
+    }
+    Some(
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect(),
+    )
 }
 
 /// What the `--json` line of `mcts-hex` and of `mcts-crate-hex` says that the report reads.
@@ -242,30 +328,40 @@ fn rate_of(program: &Path, args: &[String], workspace: &Path) -> Option<f64> {
 /// or `None` when a run failed.
 pub fn run(cargo: &str, workspace: &Path, ferromq: &Path) -> Option<String> {
     eprintln!("xtask: ferromq bench rpc");
-    let output = Command::new(ferromq)
-        .args([
-            "bench",
-            "rpc",
-            "--json",
-            "--rounds",
-            "3",
-            "--transport",
-            "shmem,zeromq-ipc",
-        ])
-        .current_dir(workspace)
-        .output()
-        .ok()?;
-    if !output.status.success() {
-        eprintln!(
-            "xtask: ferromq bench rpc failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        return None;
-    }
-    let rpc: Vec<RpcLine> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str(line).ok())
-        .collect();
+    let rpc = bench_rpc(
+        ferromq,
+        workspace,
+        &["--rounds", "3", "--transport", "shmem,zeromq-ipc"],
+    )?;
+    // Light load with both modes at one rate: 1 % of what `ovfl` streamed at 8 B over shmem.
+    let one_rate = rpc
+        .iter()
+        .find(|line| line.transport == "shmem" && line.mode == "ovfl" && line.call_size == 8)
+        .map(|line| format!("{:.0}", (line.calls_per_s / 100.0).max(1.0)));
+    let at_one_rate = match &one_rate {
+        Some(rate) => {
+            eprintln!("xtask: ferromq bench rpc --light-load-rate {rate}");
+            bench_rpc(
+                ferromq,
+                workspace,
+                &[
+                    "--rounds",
+                    "3",
+                    "--transport",
+                    "shmem,zeromq-ipc",
+                    "--mode",
+                    "send,ovfl",
+                    "--call-size",
+                    "8,64",
+                    "--duration",
+                    "0.5",
+                    "--light-load-rate",
+                    rate,
+                ],
+            )?
+        }
+        None => Vec::new(),
+    };
     let built = [
         vec!["build", "--release", "--example", "mcts-hex"],
         vec![
@@ -339,7 +435,7 @@ pub fn run(cargo: &str, workspace: &Path, ferromq: &Path) -> Option<String> {
             });
         }
     }
-    Some(render_rpc(&rpc) + &render_mcts(&mcts))
+    Some(render_rpc(&rpc) + &render_light_load(&rpc, &at_one_rate) + &render_mcts(&mcts))
 }
 
 #[cfg(test)]
@@ -358,7 +454,51 @@ mod tests {
             return_p50_us: 30.0,
             return_p99_us: 90.0,
             returns_per_s_64_in_flight: 400e3,
+            light_load_p50_us: 0.0,
+            light_load_calls_per_s: 0.0,
         }
+    }
+
+    /// A line of `mode` at 64 B with a light-load p50 at a rate.
+    fn light(transport: &str, mode: &str, p50_us: f64, rate: f64) -> RpcLine {
+        RpcLine {
+            transport: transport.to_owned(),
+            light_load_p50_us: p50_us,
+            light_load_calls_per_s: rate,
+            ..line(mode, 64, rate * 100.0)
+        }
+    }
+
+    #[test]
+    fn the_light_load_section_judges_ovfl_against_send_at_one_rate() {
+        let own = [
+            light("zeromq-ipc", "send", 35.0, 27e3),
+            light("zeromq-ipc", "ovfl", 47.0, 135e3),
+        ];
+        let one = [
+            light("zeromq-ipc", "send", 49.6, 135e3),
+            light("zeromq-ipc", "ovfl", 47.6, 135e3),
+            light("shmem", "send", 10.0, 135e3),
+            light("shmem", "ovfl", 13.0, 135e3),
+        ];
+        let text = render_light_load(&own, &one);
+        // Each at its own rate: shown, not judged.
+        assert!(
+            text.contains(
+                "| zeromq-ipc | 64 B | own 1 % | 35.0 µs at 27 k/s | 47.0 µs at 135 k/s | 1.34x |"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "| zeromq-ipc | 64 B | one rate | 49.6 µs at 135 k/s | 47.6 µs at 135 k/s | 0.96x (met) |"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("| shmem | 64 B | one rate |"), "{text}");
+        assert!(text.contains("1.30x (not met)"), "{text}");
+        // Nothing to compare (an older `ferromq`, or no ovfl run): no section.
+        assert!(render_light_load(&[line("send", 8, 1e6)], &[]).is_empty());
     }
 
     #[test]
