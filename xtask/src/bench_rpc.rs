@@ -168,26 +168,36 @@ pub fn render_light_load(lines: &[RpcLine], at_one_rate: &[RpcLine]) -> String {
 
 /// Runs `ferromq bench rpc --json` with `args`; its lines, or `None` when it failed.
 fn bench_rpc(ferromq: &Path, workspace: &Path, args: &[&str]) -> Option<Vec<RpcLine>> {
-    let output = Command::new(ferromq)
-        .args(["bench", "rpc", "--json"])
+    let args: Vec<String> = ["bench", "rpc", "--json"]
+        .iter()
+        .chain(args)
+        .map(|arg| (*arg).to_owned())
+        .collect();
+    Some(
+        stdout_of(ferromq, &args, workspace)?
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect(),
+    )
+}
+
+/// What `program` with `args` printed; `None` (and why, on stderr) when it failed.
+fn stdout_of(program: &Path, args: &[String], workspace: &Path) -> Option<String> {
+    let output = Command::new(program)
         .args(args)
         .current_dir(workspace)
         .output()
         .ok()?;
     if !output.status.success() {
         eprintln!(
-            "xtask: ferromq bench rpc {} failed: {}",
+            "xtask: {} {} failed: {}",
+            program.display(),
             args.join(" "),
             String::from_utf8_lossy(&output.stderr)
         );
         return None;
     }
-    Some(
-        String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .filter_map(|line| serde_json::from_str(line).ok())
-            .collect(),
-    )
+    Some(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// What the `--json` line of `mcts-hex` and of `mcts-crate-hex` says that the report reads.
@@ -296,21 +306,7 @@ pub fn render_mcts(lines: &[MctsLine]) -> String {
 /// Runs `program` with `args` and reads the rate from its `--json` line; `None` (and why, on
 /// stderr) when it fails.
 fn rate_of(program: &Path, args: &[String], workspace: &Path) -> Option<f64> {
-    let output = Command::new(program)
-        .args(args)
-        .current_dir(workspace)
-        .output()
-        .ok()?;
-    if !output.status.success() {
-        eprintln!(
-            "xtask: {} {} failed: {}",
-            program.display(),
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        return None;
-    }
-    let rate = String::from_utf8_lossy(&output.stdout)
+    let rate = stdout_of(program, args, workspace)?
         .lines()
         .find_map(|line| serde_json::from_str::<Rate>(line).ok());
     if rate.is_none() {
@@ -482,21 +478,14 @@ mod tests {
             light("shmem", "ovfl", 13.0, 135e3),
         ];
         let text = render_light_load(&own, &one);
-        // Each at its own rate: shown, not judged.
-        assert!(
-            text.contains(
-                "| zeromq-ipc | 64 B | own 1 % | 35.0 µs at 27 k/s | 47.0 µs at 135 k/s | 1.34x |"
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                "| zeromq-ipc | 64 B | one rate | 49.6 µs at 135 k/s | 47.6 µs at 135 k/s | 0.96x (met) |"
-            ),
-            "{text}"
-        );
-        assert!(text.contains("| shmem | 64 B | one rate |"), "{text}");
-        assert!(text.contains("1.30x (not met)"), "{text}");
+        for row in [
+            // Each at its own rate: shown, not judged.
+            "| zeromq-ipc | 64 B | own 1 % | 35.0 µs at 27 k/s | 47.0 µs at 135 k/s | 1.34x |",
+            "| zeromq-ipc | 64 B | one rate | 49.6 µs at 135 k/s | 47.6 µs at 135 k/s | 0.96x (met) |",
+            "| shmem | 64 B | one rate | 10.0 µs at 135 k/s | 13.0 µs at 135 k/s | 1.30x (not met) |",
+        ] {
+            assert!(text.contains(row), "{row}\n{text}");
+        }
         // Nothing to compare (an older `ferromq`, or no ovfl run): no section.
         assert!(render_light_load(&[line("send", 8, 1e6)], &[]).is_empty());
     }

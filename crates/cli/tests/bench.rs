@@ -183,8 +183,8 @@ fn bench_latency_over_push_pull_reports_percentiles() {
     refused_naming(&["bench", "--push-pull"], "--latency");
 }
 
-#[test]
-fn bench_rpc_reports_every_mode_as_json() {
+/// `ferromq bench rpc --json`, one short round of 8 B calls, with `args`: its lines.
+fn short_bench_rpc(args: &[&str]) -> Vec<serde_json::Value> {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
         .args([
             "bench",
@@ -195,19 +195,21 @@ fn bench_rpc_reports_every_mode_as_json() {
             "--rounds",
             "1",
         ])
-        .args([
-            "--round-trips",
-            "50",
-            "--transport",
-            "shmem,zeromq-tcp",
-            "--call-size",
-            "8",
-            "--light-load-rate",
-            "20000",
-        ])
+        .args(["--round-trips", "50", "--call-size", "8"])
+        .args(args)
         .output()
         .expect("run ferromq bench rpc");
-    let lines = json_lines(&output);
+    json_lines(&output)
+}
+
+#[test]
+fn bench_rpc_reports_every_mode_as_json() {
+    let lines = short_bench_rpc(&[
+        "--transport",
+        "shmem,zeromq-tcp",
+        "--light-load-rate",
+        "20000",
+    ]);
     assert_eq!(lines.len(), 6, "2 transports x 3 modes");
     for line in &lines {
         // Every mode at the rate given, not at 1% of its own.
@@ -232,28 +234,7 @@ fn bench_rpc_reports_every_mode_as_json() {
 
 #[test]
 fn bench_rpc_runs_light_load_at_one_percent_of_each_rounds_rate_by_default() {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-        .args([
-            "bench",
-            "rpc",
-            "--json",
-            "--duration",
-            "0.2",
-            "--rounds",
-            "1",
-        ])
-        .args([
-            "--round-trips",
-            "50",
-            "--transport",
-            "shmem",
-            "--mode",
-            "send",
-        ])
-        .args(["--call-size", "8"])
-        .output()
-        .expect("run ferromq bench rpc");
-    let lines = json_lines(&output);
+    let lines = short_bench_rpc(&["--transport", "shmem", "--mode", "send"]);
     assert_eq!(lines.len(), 1, "one cell");
     let line = &lines[0];
     let (rate, streamed) = (
