@@ -1,5 +1,6 @@
 //! The remote-invocation and MCTS sections of `cargo xtask bench`'s report: `ferromq bench rpc`
-//! (calls/s per mode and size, round trips) beside Seriema's figures and ferromq's targets, and
+//! (calls/s per mode and size, round trips) beside Seriema's figures and ferromq's targets,
+//! `ovfl` against `send` at light load (each at its own 1 % and both at one rate), and
 //! the `mcts-hex` example's rollouts/s for 1, 2 and 4 workers per aggregation mode (16 playouts
 //! per rollout, and `ovfl` with 1), beside the single-process UCT and crates.io's `mcts` on the
 //! same Hex, with issue 15's targets.
@@ -319,9 +320,9 @@ fn rate_of(program: &Path, args: &[String], workspace: &Path) -> Option<f64> {
     Some(rate?.rollouts_per_s)
 }
 
-/// Runs `ferromq bench rpc` (3 rounds), then the `mcts-hex` example (1, 2, 4 workers per mode;
-/// `--plain`) and `mcts-crate-hex` (1, 2 threads), 3 rounds interleaved; their report sections,
-/// or `None` when a run failed.
+/// Runs `ferromq bench rpc` (3 rounds; again with `--light-load-rate` for `send` and `ovfl`),
+/// then the `mcts-hex` example (1, 2, 4 workers per mode; `--plain`) and `mcts-crate-hex` (1, 2
+/// threads), 3 rounds interleaved; their report sections, or `None` when a run failed.
 pub fn run(cargo: &str, workspace: &Path, ferromq: &Path) -> Option<String> {
     eprintln!("xtask: ferromq bench rpc");
     let rpc = bench_rpc(
