@@ -80,10 +80,10 @@
 //! finds its segment full; once no process has that pid it releases what the consumer left
 //! and the consumer's reference to the block. A push lets the ring of a connection that ended
 //! go (and so finishes it) at its next write into a ring, a publisher the ring of a subscriber
-//! that left at its next send, or either when an allocation of its process finds the segment
+//! that left at its next send, a pair the ring of its gone peer at its next send (which then
+//! waits for a next peer), or any of them when an allocation of its process finds the segment
 //! full ([`crate::session::RingHolder`]), whichever comes first: a sender that never writes
-//! again still gets that memory back. A pair lets the ring of its gone peer go at its next
-//! send (which then waits for a next peer). What the consumer left is everything
+//! again still gets that memory back. What the consumer left is everything
 //! from the published head: the consumer reads ahead of it (a run of entries at a look), but
 //! moves the head past an entry only when it hands the entry's message to its device
 //! ([`RingConsumer::take_peeked`], [`RingConsumer::release_to`]), so a consumer killed with a

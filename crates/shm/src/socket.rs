@@ -177,14 +177,42 @@ struct PairSide {
     /// How records travel: decided at the first bind or connect (frames when the socket does
     /// not report connections) and at the first connection (rings, unless no room).
     carriage: Carriage,
-    /// The ring of the current connection.
-    ring: Option<ConnectionRing>,
+    /// The ring of the current connection, shared with the session ([`PairRing`]).
+    ring: Arc<PairRing>,
     /// The doorbell of this socket's rings: a descriptor frame with no record.
     doorbell: Arc<[u8]>,
     /// The entry being written into the ring (reused: no allocation per message).
     entry: Vec<u8>,
     /// A connection [`RingSender::wait_for_peer`] saw come.
     next_link: Option<Arc<ferromq_zmq::PeerLink>>,
+}
+
+/// The ring of a pair's current connection, behind a lock that the pair takes once per send
+/// and an allocation that finds the segment full once ([`crate::session::RingHolder`]): a peer
+/// killed with a backlog in its ring gives that memory back though the pair never sends again
+/// (its next send would let the ring go too, [`PairSide::connection`]).
+struct PairRing(crate::lock::ShortLock<Option<ConnectionRing>>);
+
+impl PairRing {
+    /// The ring, out of the lock, if its connection ended: dropped by the caller, outside the
+    /// lock (its drop releases what a dead consumer left, see `ring.rs`).
+    fn take_if_gone(&self) -> Option<ConnectionRing> {
+        let mut ring = self.0.lock();
+        if ring
+            .as_ref()
+            .is_some_and(|connection| connection.link.is_gone())
+        {
+            ring.take()
+        } else {
+            None
+        }
+    }
+}
+
+impl crate::session::RingHolder for PairRing {
+    fn drop_rings_of_gone_connections(&self) {
+        drop(self.take_if_gone());
+    }
 }
 
 /// What [`PairSide::offer`] did with a record.
@@ -220,20 +248,16 @@ impl PairSide {
         }
     }
 
-    /// The ring of the newest connection, made and announced if that connection has none yet.
+    /// The ring of the newest connection, made and announced if that connection has none yet;
+    /// called when the pair has no ring of a live connection.
     ///
     /// # Errors
     /// The peer was refused (another transport or session): nothing can be sent.
     fn connection(&mut self, session: &Arc<Session>, delivery: DeliveryRef) -> Result<PairLink> {
-        if let Some(connection) = &self.ring {
-            if !connection.link.is_gone() {
-                return Ok(PairLink::Ready);
-            }
-            // Its peer is gone: the ring goes now (what it holds is counted as not taken
-            // unless its consumer still reads it, and what a dead one left is released), not
-            // when a next peer comes, which may be never.
-            self.ring = None;
-        }
+        // Its peer gone, the ring goes now (what it holds is counted as not taken unless its
+        // consumer still reads it, and what a dead one left is released), not when a next
+        // peer comes, which may be never.
+        drop(self.ring.take_if_gone());
         let mut newest = self.next_link.take();
         while let Some(peer) = self.socket.try_next_peer() {
             let (_, link) = peer?;
@@ -246,7 +270,7 @@ impl PairSide {
         match new_ring(session, delivery) {
             Ok((ring, announce)) => {
                 link.send_frame(&announce);
-                self.ring = Some(ConnectionRing {
+                *self.ring.0.lock() = Some(ConnectionRing {
                     ring,
                     link,
                     doorbell: Arc::clone(&self.doorbell),
@@ -271,7 +295,8 @@ impl PairSide {
     }
 
     /// Writes `record` into the connection's ring and publishes it (a pair has no task to
-    /// publish later), ringing the peer's doorbell when it waits.
+    /// publish later), ringing the peer's doorbell when it waits. One look under the lock
+    /// when the connection lives (the usual case), the connection's ring made first otherwise.
     fn offer(
         &mut self,
         session: &Arc<Session>,
@@ -281,15 +306,33 @@ impl PairSide {
         if self.carriage == Carriage::Frames {
             return Ok(RingOffer::Frames);
         }
+        if let Some(written) = self.write_if_live(session, record) {
+            return Ok(written);
+        }
         match self.connection(session, delivery)? {
             PairLink::Ready => {}
             PairLink::NoPeer => return Ok(RingOffer::NoPeer),
             PairLink::NoRoomForRing => return Ok(RingOffer::NoRoomForRing),
         }
-        let Some(connection) = &mut self.ring else {
+        if self.carriage == Carriage::Frames {
+            // No room for a ring at the first connection.
             return Ok(RingOffer::Frames);
-        };
-        Ok(connection.write_published(session, record, &mut self.entry))
+        }
+        // Ready: a ring was just made for a live connection (were it let go since, by an
+        // allocation that found its connection ended, the next offer waits for a peer).
+        Ok(self
+            .write_if_live(session, record)
+            .unwrap_or(RingOffer::NoPeer))
+    }
+
+    /// Writes `record` into the ring if the pair has one and its connection lives.
+    fn write_if_live(&mut self, session: &Arc<Session>, record: &[PartRef]) -> Option<RingOffer> {
+        let mut ring = self.ring.0.lock();
+        let connection = ring.as_mut()?;
+        if connection.link.is_gone() {
+            return None;
+        }
+        Some(connection.write_published(session, record, &mut self.entry))
     }
 }
 
@@ -1710,7 +1753,11 @@ impl ShmSocket {
             SocketType::Pair => Inner::Pair(PairSide {
                 socket: ring_carrier(&session, config, socket_name)?,
                 carriage: Carriage::Undecided,
-                ring: None,
+                ring: {
+                    let ring = Arc::new(PairRing(crate::lock::ShortLock::new(None)));
+                    session.watch_producer(&ring);
+                    ring
+                },
                 doorbell: Arc::from(wire::frame_header(session.hash, delivery, 0)),
                 entry: Vec::new(),
                 next_link: None,
@@ -2807,7 +2854,10 @@ impl Socket for ShmSocket {
         // Rings are published and closed (their doorbells written by the socket's close); the
         // peers still take what they hold.
         match &mut self.inner {
-            Inner::Pair(pair) => pair.ring = None,
+            Inner::Pair(pair) => {
+                let ring = pair.ring.0.lock().take();
+                drop(ring);
+            }
             Inner::ReqRep(req_rep) => req_rep.connections.clear(),
             _ => {}
         }

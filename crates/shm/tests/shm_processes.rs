@@ -122,6 +122,10 @@ fn main() {
             killed_pair_peer_backlog_released,
         ),
         trial(
+            "a_pair_that_never_sends_again_releases_what_its_killed_peer_left_when_memory_runs_short",
+            killed_pair_peer_backlog_released_without_a_send,
+        ),
+        trial(
             "a_publisher_releases_what_a_subscriber_killed_with_a_backlog_left_in_its_ring",
             killed_subscriber_backlog_released,
         ),
@@ -1683,20 +1687,7 @@ fn killed_pair_peer_backlog_released() -> Result<()> {
     let session = Session::new("killedpair");
     block_on(async {
         let transport = session.transport();
-        let address = session.ipc("killedpair");
-        let mut pair = open(&transport, SocketType::Pair, Method::Bind, &address).await?;
-        let mut taker = ChildRole::spawn_held(
-            "taker",
-            &session,
-            &address,
-            &[
-                ("COUNT", "10".into()),
-                ("GATED", "1".into()),
-                ("PATTERN", "pair".into()),
-            ],
-        );
-        ensure!(taker.line().await? == "CONNECTED");
-        leave_a_backlog(&transport, &mut pair, &mut taker).await?;
+        let (mut pair, mut taker) = pair_and_a_peer_with_a_backlog(&session, &transport).await?;
         taker.child.kill().await?;
         // What the probes met: written into the dead peer's ring, or timed out (no peer, or
         // that ring full), for the error below.
@@ -1731,6 +1722,42 @@ fn killed_pair_peer_backlog_released() -> Result<()> {
             );
         }
         Ok(())
+    })
+}
+
+/// A pair (bound) and its peer, a gated `taker`, which took 10 of 30 messages of 1 MiB: 20
+/// MiB of the pair's 64 MiB segment are left in the peer's ring.
+async fn pair_and_a_peer_with_a_backlog(
+    session: &Session,
+    transport: &ShmTransport,
+) -> Result<(Channel, ChildRole)> {
+    let address = session.ipc("killedpair");
+    let mut pair = open(transport, SocketType::Pair, Method::Bind, &address).await?;
+    let mut taker = ChildRole::spawn_held(
+        "taker",
+        session,
+        &address,
+        &[
+            ("COUNT", "10".into()),
+            ("GATED", "1".into()),
+            ("PATTERN", "pair".into()),
+        ],
+    );
+    ensure!(taker.line().await? == "CONNECTED");
+    leave_a_backlog(transport, &mut pair, &mut taker).await?;
+    Ok((pair, taker))
+}
+
+/// `killed_pair_peer_backlog_released` with a pair that sends nothing after the kill: an
+/// allocation that finds the segment full has the pair let the ring of its ended connection
+/// go, and what the dead peer left comes back (before, only the pair's next send let it go:
+/// the allocation waited its whole timeout).
+fn killed_pair_peer_backlog_released_without_a_send() -> Result<()> {
+    let session = Session::new("killedpairquiet");
+    block_on(async {
+        let transport = session.transport();
+        let (_pair, mut taker) = pair_and_a_peer_with_a_backlog(&session, &transport).await?;
+        kill_then_allocate(&transport, &mut taker, "pair's peer").await
     })
 }
 
