@@ -1,6 +1,6 @@
 //! The lock around state that the sending path takes once or twice per message (the owner's
-//! allocator, a push socket's outbox of rings, a publisher's subscribers): a spin lock whose
-//! release is a plain store.
+//! allocator, a push socket's outbox of rings, a publisher's subscribers, a pair's ring): a spin
+//! lock whose release is a plain store.
 //!
 //! Why not `std::sync::Mutex`: its release is an atomic swap, a locked instruction, and a locked
 //! instruction waits until every store before it has left the core. Inside these sections the
@@ -9,10 +9,12 @@
 //! swaps per message were ~15 % of a 64 B sender. A release by plain store lets the stores
 //! drain while the sender goes on. Taking the lock is still one compare-and-swap.
 //!
-//! Contention is rare (the sender against its socket's task or a `collect`) and the sections
-//! are short and never await; a waiter yields its thread between looks (`spin`'s `Yield`
-//! strategy), so a holder that was preempted is not starved by a spinning waiter. There is no
-//! poisoning: a panic inside a section (none of them panics on any input) releases the lock.
+//! Contention is rare (the sender against its socket's task, a `collect`, or an allocation that
+//! found the segment full and asks the sockets to let their ended connections' rings go) and
+//! the sections are short and never await; a waiter yields its thread between looks (`spin`'s
+//! `Yield` strategy), so a holder that was preempted is not starved by a spinning waiter. There
+//! is no poisoning: a panic inside a section (none of them panics on any input) releases the
+//! lock.
 
 /// A short-held lock (see the module docs).
 pub(crate) struct ShortLock<T>(spin::mutex::SpinMutex<T, spin::relax::Yield>);

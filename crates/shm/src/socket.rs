@@ -191,11 +191,16 @@ struct PairSide {
 /// and an allocation that finds the segment full once ([`crate::session::RingHolder`]): a peer
 /// killed with a backlog in its ring gives that memory back though the pair never sends again
 /// (its next send would let the ring go too, [`PairSide::connection`]).
+/// A ring leaves the lock before it is dropped: its drop releases what a dead consumer left
+/// (see `ring.rs`), too long to hold up an allocation waiting for the lock.
 struct PairRing(crate::lock::ShortLock<Option<ConnectionRing>>);
 
 impl PairRing {
-    /// The ring, out of the lock, if its connection ended: dropped by the caller, outside the
-    /// lock (its drop releases what a dead consumer left, see `ring.rs`).
+    fn new() -> PairRing {
+        PairRing(crate::lock::ShortLock::new(None))
+    }
+
+    /// The ring, out of the lock, if its connection ended (for the caller to drop).
     fn take_if_gone(&self) -> Option<ConnectionRing> {
         let mut ring = self.0.lock();
         if ring
@@ -206,6 +211,34 @@ impl PairRing {
         } else {
             None
         }
+    }
+
+    /// The ring, out of the lock (for the caller to drop).
+    fn take(&self) -> Option<ConnectionRing> {
+        self.0.lock().take()
+    }
+
+    /// Puts in the ring of a new connection, where there is none: the old one's is let go
+    /// (by [`PairRing::take_if_gone`]) before a new connection is looked for.
+    fn set(&self, connection: ConnectionRing) {
+        let previous = self.0.lock().replace(connection);
+        debug_assert!(previous.is_none(), "a pair's ring replaced another");
+        drop(previous);
+    }
+
+    /// Writes `record` into the ring if there is one and its connection lives.
+    fn write_if_live(
+        &self,
+        session: &Session,
+        record: &[PartRef],
+        entry: &mut Vec<u8>,
+    ) -> Option<RingOffer> {
+        let mut ring = self.0.lock();
+        let connection = ring.as_mut()?;
+        if connection.link.is_gone() {
+            return None;
+        }
+        Some(connection.write_published(session, record, entry))
     }
 }
 
@@ -270,7 +303,7 @@ impl PairSide {
         match new_ring(session, delivery) {
             Ok((ring, announce)) => {
                 link.send_frame(&announce);
-                *self.ring.0.lock() = Some(ConnectionRing {
+                self.ring.set(ConnectionRing {
                     ring,
                     link,
                     doorbell: Arc::clone(&self.doorbell),
@@ -306,7 +339,7 @@ impl PairSide {
         if self.carriage == Carriage::Frames {
             return Ok(RingOffer::Frames);
         }
-        if let Some(written) = self.write_if_live(session, record) {
+        if let Some(written) = self.ring.write_if_live(session, record, &mut self.entry) {
             return Ok(written);
         }
         match self.connection(session, delivery)? {
@@ -321,18 +354,9 @@ impl PairSide {
         // Ready: a ring was just made for a live connection (were it let go since, by an
         // allocation that found its connection ended, the next offer waits for a peer).
         Ok(self
-            .write_if_live(session, record)
+            .ring
+            .write_if_live(session, record, &mut self.entry)
             .unwrap_or(RingOffer::NoPeer))
-    }
-
-    /// Writes `record` into the ring if the pair has one and its connection lives.
-    fn write_if_live(&mut self, session: &Arc<Session>, record: &[PartRef]) -> Option<RingOffer> {
-        let mut ring = self.ring.0.lock();
-        let connection = ring.as_mut()?;
-        if connection.link.is_gone() {
-            return None;
-        }
-        Some(connection.write_published(session, record, &mut self.entry))
     }
 }
 
@@ -1754,7 +1778,7 @@ impl ShmSocket {
                 socket: ring_carrier(&session, config, socket_name)?,
                 carriage: Carriage::Undecided,
                 ring: {
-                    let ring = Arc::new(PairRing(crate::lock::ShortLock::new(None)));
+                    let ring = Arc::new(PairRing::new());
                     session.watch_producer(&ring);
                     ring
                 },
@@ -2855,8 +2879,7 @@ impl Socket for ShmSocket {
         // peers still take what they hold.
         match &mut self.inner {
             Inner::Pair(pair) => {
-                let ring = pair.ring.0.lock().take();
-                drop(ring);
+                drop(pair.ring.take());
             }
             Inner::ReqRep(req_rep) => req_rep.connections.clear(),
             _ => {}

@@ -1676,13 +1676,17 @@ fn mlock_and_zero_segment() -> Result<()> {
 }
 
 /// The pair's twin of `killed_receiver_backlog_released`: its peer killed (SIGKILL) with 20
-/// messages of 1 MiB left in its ring. A send after the kill finds no peer and waits for one;
-/// the memory the dead peer held is free again meanwhile (before, a pair kept the ring of a
-/// gone connection until the next peer connected: an allocation waited its whole timeout).
-/// The allocation is the waiting form a device falls back to when the at-once one finds no
-/// room (the at-once form only takes what is free: it settles nothing). A failure says what
-/// the probes met and the segment's figures (one CI run of 13a17bf timed out here, with the
-/// at-once form and no figures; 1 000 local runs did not).
+/// messages of 1 MiB left in its ring, the pair sending on. The memory the dead peer held is
+/// free again (before 8bb646b, a pair kept the ring of a gone connection until the next peer
+/// connected: an allocation waited its whole timeout), and a send then waits for a next peer
+/// rather than going into the dead peer's ring. The ring goes at the pair's first send that
+/// finds the connection ended or at an allocation that finds the segment full, whichever comes
+/// first (the test without sends is
+/// `killed_pair_peer_backlog_released_without_a_send`). The allocation is the waiting form a
+/// device falls back to when the at-once one finds no room (the at-once form only takes what is
+/// free: it settles nothing). A failure says what the probes met and the segment's figures (one
+/// CI run of 13a17bf timed out here, with the at-once form and no figures; 1 000 local runs did
+/// not).
 fn killed_pair_peer_backlog_released() -> Result<()> {
     let session = Session::new("killedpair");
     block_on(async {
@@ -1721,6 +1725,12 @@ fn killed_pair_peer_backlog_released() -> Result<()> {
                 transport.memory_figures()
             );
         }
+        ensure!(
+            pair.send_timeout(Message::from("probe"), Duration::from_millis(300))
+                .await
+                .is_err(),
+            "the pair sent to its killed peer"
+        );
         Ok(())
     })
 }
