@@ -25,6 +25,8 @@
 //!                    3 once the last end released what was left
 //! 160  bell u64      the consumer's bell (`bell.rs`) that a doorbell rings; 0: none, the
 //!                    doorbell is a frame
+//! 168  consumer_start u64  the adopting process's start time (clock ticks since boot, from
+//!                    /proc), written before `consumer`; 0: unknown (then the pid alone counts)
 //! 256  data          RING_DATA bytes: entries at offsets that are multiples of 8
 //! entry := len u32 | kind u32 | len bytes | padding to 8      (kind 0: a record;
 //!          len u32::MAX: the rest up to the end is skipped    kind 1: a block holding one;
@@ -75,9 +77,10 @@
 //! that leaves first thus leaves its untaken entries to the producer (which may still write
 //! some before it sees the connection gone); a producer that finishes first leaves them to its
 //! consumer, which may still take them all. The last end then marks the ring settled (3). A
-//! consumer that dies never marks: its producer, finishing while the consumer's pid
-//! (`consumer`) still runs, keeps an [`OrphanRing`] and looks again whenever an allocation
-//! finds its segment full; once no process has that pid it releases what the consumer left
+//! consumer that dies never marks: its producer, finishing while the consumer (`consumer`, and
+//! `consumer_start` so that a pid reused by another process is not mistaken for it) still
+//! runs, keeps an [`OrphanRing`] and looks again whenever an allocation finds its segment
+//! full; once that process is gone it releases what the consumer left
 //! and the consumer's reference to the block. A push lets the ring of a connection that ended
 //! go (and so finishes it) at its next write into a ring, a publisher the ring of a subscriber
 //! that left at its next send, a pair the ring of its gone peer at its next send (which then
@@ -98,7 +101,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crate::error::ShmError;
 use crate::managed::ShmBuffer;
 use crate::protocol::{EntryHeaders, RingEnd, RingFinish};
-use crate::segment::Segment;
+use crate::segment::{ProcessId, Segment};
 use crate::wire::DeliveryRef;
 
 /// Bytes of entries one ring holds.
@@ -120,6 +123,8 @@ const HUNGRY: usize = 140;
 const RUNG_AT: usize = 144;
 const FINISHED: usize = 152;
 const BELL: usize = 160;
+const CONSUMER_START: usize = 168;
+const _: () = assert!(CONSUMER_START + 8 <= CONTROL);
 /// Entries a producer writes at most before it publishes them to a consumer that is busy.
 const PUBLISH_EVERY: u32 = 32;
 /// Empty looks in a row after which a consumer asks for every entry at once; a busy-polled
@@ -160,6 +165,16 @@ struct RingMemory {
 }
 
 impl RingMemory {
+    /// The process that adopted the ring (its start time 0 when it wrote none), `None` before
+    /// one did.
+    fn consumer(&self) -> Option<ProcessId> {
+        let pid = self.u32_at(CONSUMER).load(Ordering::Acquire);
+        (pid != 0).then(|| ProcessId {
+            pid,
+            start_time: self.u64_at(CONSUMER_START).load(Ordering::Relaxed),
+        })
+    }
+
     fn u64_at(&self, at: usize) -> &AtomicU64 {
         self.segment
             .atomic_u64(self.base + at)
@@ -253,6 +268,7 @@ impl RingProducer {
         memory.u64_at(RUNG_AT).store(0, Ordering::Relaxed);
         memory.u32_at(FINISHED).store(0, Ordering::Relaxed);
         memory.u64_at(BELL).store(0, Ordering::Relaxed);
+        memory.u64_at(CONSUMER_START).store(0, Ordering::Relaxed);
         // The first entry's header slot: the block may have held anything before.
         memory.header(0).store(0, Ordering::Relaxed);
         // Release: whoever reads the announcement (sent after this) sees the ring initialised.
@@ -392,12 +408,14 @@ impl RingProducer {
         self.memory.u32_at(CONSUMER).load(Ordering::Acquire)
     }
 
-    /// Whether the process that adopted the ring is gone (none has its pid, or only a
-    /// zombie; see [`OrphanRing::fate`]); false before one adopted it. Reads `/proc`: for a
+    /// Whether the process that adopted the ring is gone (none has its pid, only a zombie, or
+    /// one started at another time than it wrote; see [`OrphanRing::fate`]); false before one
+    /// adopted it. Reads `/proc`: for a
     /// segment found full, not for a send.
     pub(crate) fn consumer_died(&self) -> bool {
-        let pid = self.consumer_pid();
-        pid != 0 && !crate::segment::ProcessId { pid, start_time: 0 }.is_alive()
+        self.memory
+            .consumer()
+            .is_some_and(|consumer| !consumer.is_alive())
     }
 
     /// A handle of the producer's on the ring after it finished, with a reference of its own
@@ -454,15 +472,19 @@ impl OrphanRing {
     }
 
     /// Looks at the consumer (see [`OrphanFate`]). A consumer is dead when no process has its
-    /// pid (or only a zombie): processes of a session share a pid namespace, as its cleanup
-    /// assumes; a pid reused since looks alive, and what the dead consumer left then stays.
+    /// pid, only a zombie, or one that started at another time than the consumer wrote
+    /// (`consumer_start`): processes of a session share a pid namespace, as its cleanup
+    /// assumes, and a pid reused since is another process. A consumer that wrote no start time
+    /// (it could not read /proc) is judged by its pid alone.
     pub(crate) fn fate(self) -> OrphanFate {
         if self.finished().is_settled() {
             return OrphanFate::Settled;
         }
-        let pid = self.memory.u32_at(CONSUMER).load(Ordering::Acquire);
-        let alive = crate::segment::ProcessId { pid, start_time: 0 }.is_alive();
-        if pid == 0 || alive {
+        if self
+            .memory
+            .consumer()
+            .is_none_or(|consumer| consumer.is_alive())
+        {
             return OrphanFate::Waiting(self);
         }
         // The dead consumer's reference: ours keeps the block while the reader reads it.
@@ -538,9 +560,12 @@ impl RingConsumer {
         if !head.is_multiple_of(8) {
             return Err(memory.corrupt(format!("head {head} is not a multiple of 8")));
         }
+        // The start time first: whoever reads the pid (acquire) reads the start time it goes with.
+        let me = ProcessId::current();
         memory
-            .u32_at(CONSUMER)
-            .store(std::process::id(), Ordering::Release);
+            .u64_at(CONSUMER_START)
+            .store(me.start_time, Ordering::Relaxed);
+        memory.u32_at(CONSUMER).store(me.pid, Ordering::Release);
         Ok(RingConsumer {
             memory,
             _block: block,
@@ -1231,6 +1256,46 @@ mod tests {
             .expect("refused")
             .to_string();
         assert!(error.contains("head 12 is not a multiple of 8"), "{error}");
+    }
+
+    /// A producer that finished while its consumer was still at the ring watches the consumer:
+    /// while it lives the producer waits; a process under the consumer's pid that started at
+    /// another time (the pid reused after the consumer died) is not the consumer, and what the
+    /// consumer left is then the producer's to release. When the ring held the pid alone, a
+    /// reused pid kept it for as long as that other process ran.
+    #[test]
+    fn a_consumers_pid_reused_by_another_process_does_not_keep_what_it_left() {
+        let mut fixture = Fixture::new(14);
+        assert_ne!(
+            fixture.producer.push(EntryKind::Record, b"left"),
+            Pushed::Full
+        );
+        fixture.producer.publish();
+        let (_, consumer_left) = fixture.producer.finish();
+        assert!(!consumer_left, "the consumer is still at the ring");
+        assert!(!fixture.producer.consumer_died());
+        let OrphanFate::Waiting(orphan) = fixture.producer.orphan().unwrap().fate() else {
+            panic!("a consumer that lives is waited for");
+        };
+        // This process is the consumer: its pid with another start time is what the pid
+        // looks like once another process has it.
+        let start = fixture.consumer.memory.u64_at(CONSUMER_START);
+        assert_ne!(
+            start.load(Ordering::Relaxed),
+            0,
+            "the consumer wrote its start time"
+        );
+        start.fetch_add(1, Ordering::Relaxed);
+        assert!(fixture.producer.consumer_died());
+        // `fate` gives back the dead consumer's reference, which the fixture's consumer (alive
+        // in truth) still gives back when dropped: one more keeps the count right.
+        fixture.producer.block().add_references(1);
+        let OrphanFate::Dead(mut reader) = orphan.fate() else {
+            panic!("a pid reused by another process kept what the consumer left");
+        };
+        let mut entry = Vec::new();
+        assert_eq!(reader.peek(&mut entry).unwrap(), Some(EntryKind::Record));
+        assert_eq!(entry, b"left");
     }
 
     /// A producer that rings a sleeping consumer's doorbell says when, on the clock the
