@@ -472,6 +472,13 @@ impl ShmBuffer {
         }
     }
 
+    /// The references its block has now (`None` for a region's range), for tests that count
+    /// them.
+    #[cfg(test)]
+    pub(crate) fn block_references(&self) -> Option<u32> {
+        self.block().map(|block| block.references())
+    }
+
     fn block(&self) -> Option<BlockHeader<'_>> {
         match self.release {
             Release::Block => block_at(self.segment_ref(), self.data_offset - BLOCK_ALIGN),

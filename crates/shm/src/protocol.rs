@@ -192,6 +192,12 @@ impl<A: Atomic32, B: Atomic64> BlockCells<'_, A, B> {
     pub(crate) fn is_sole_reference(&self) -> bool {
         self.refcount.load(Ordering::Acquire) == 1
     }
+
+    /// The references held now, for tests that count them.
+    #[cfg(test)]
+    pub(crate) fn references(&self) -> u32 {
+        self.refcount.load(Ordering::Acquire)
+    }
 }
 
 /// Which end of a descriptor ring (`ring.rs`) marks itself done with it.

@@ -25,8 +25,10 @@
 //!                    3 once the last end released what was left
 //! 160  bell u64      the consumer's bell (`bell.rs`) that a doorbell rings; 0: none, the
 //!                    doorbell is a frame
-//! 168  consumer_start u64  the adopting process's start time (clock ticks since boot, from
-//!                    /proc), written before `consumer`; 0: unknown (then the pid alone counts)
+//! 168  consumer_start u64
+//!                    start time of the process that adopted the ring (clock ticks since
+//!                    boot, from /proc), written before `consumer`; 0: unknown (the pid alone
+//!                    counts then)
 //! 256  data          RING_DATA bytes: entries at offsets that are multiples of 8
 //! entry := len u32 | kind u32 | len bytes | padding to 8      (kind 0: a record;
 //!          len u32::MAX: the rest up to the end is skipped    kind 1: a block holding one;
@@ -80,8 +82,8 @@
 //! consumer that dies never marks: its producer, finishing while the consumer (`consumer`, and
 //! `consumer_start` so that a pid reused by another process is not mistaken for it) still
 //! runs, keeps an [`OrphanRing`] and looks again whenever an allocation finds its segment
-//! full; once that process is gone it releases what the consumer left
-//! and the consumer's reference to the block. A push lets the ring of a connection that ended
+//! full; once that process is gone it releases what the consumer left and the consumer's
+//! reference to the block. A push lets the ring of a connection that ended
 //! go (and so finishes it) at its next write into a ring, a publisher the ring of a subscriber
 //! that left at its next send, a pair the ring of its gone peer at its next send (which then
 //! waits for a next peer), or any of them when an allocation of its process finds the segment
@@ -410,8 +412,7 @@ impl RingProducer {
 
     /// Whether the process that adopted the ring is gone (none has its pid, only a zombie, or
     /// one started at another time than it wrote; see [`OrphanRing::fate`]); false before one
-    /// adopted it. Reads `/proc`: for a
-    /// segment found full, not for a send.
+    /// adopted it. Reads `/proc`: for a segment found full, not for a send.
     pub(crate) fn consumer_died(&self) -> bool {
         self.memory
             .consumer()
@@ -475,7 +476,8 @@ impl OrphanRing {
     /// pid, only a zombie, or one that started at another time than the consumer wrote
     /// (`consumer_start`): processes of a session share a pid namespace, as its cleanup
     /// assumes, and a pid reused since is another process. A consumer that wrote no start time
-    /// (it could not read /proc) is judged by its pid alone.
+    /// (a ferromq from before the word, or one that could not read /proc) is judged by its pid
+    /// alone.
     pub(crate) fn fate(self) -> OrphanFate {
         if self.finished().is_settled() {
             return OrphanFate::Settled;
@@ -560,8 +562,9 @@ impl RingConsumer {
         if !head.is_multiple_of(8) {
             return Err(memory.corrupt(format!("head {head} is not a multiple of 8")));
         }
-        // The start time first: whoever reads the pid (acquire) reads the start time it goes with.
-        let me = ProcessId::current();
+        // The start time first: whoever reads the pid (acquire) reads the start time it goes
+        // with. The segment's record of this process: no /proc read here.
+        let me = memory.segment.me();
         memory
             .u64_at(CONSUMER_START)
             .store(me.start_time, Ordering::Relaxed);
@@ -1296,6 +1299,11 @@ mod tests {
         let mut entry = Vec::new();
         assert_eq!(reader.peek(&mut entry).unwrap(), Some(EntryKind::Record));
         assert_eq!(entry, b"left");
+        // The producer's, the fixture's consumer's (given back by `fate`, added again above) and
+        // the reader's (the orphan's): nothing was given back twice, nothing kept.
+        assert_eq!(fixture.producer.block().block_references(), Some(3));
+        drop(reader);
+        assert_eq!(fixture.producer.block().block_references(), Some(2));
     }
 
     /// A producer that rings a sleeping consumer's doorbell says when, on the clock the

@@ -329,6 +329,11 @@ impl Segment {
         &self.name
     }
 
+    /// This process, as it was when it mapped the object (read from /proc once, then).
+    pub(crate) fn me(&self) -> ProcessId {
+        self.me
+    }
+
     /// Total length in bytes, header included.
     pub fn len(&self) -> usize {
         self.len
