@@ -1547,15 +1547,32 @@ async fn backlog_of_a_taker(
 ) -> Result<(Channel, ChildRole)> {
     let mut push = Channel::open(transport, push_with(address, 1000, 500), "data").await?;
     push.bind_configured().await?;
+    let taker = taker_with_a_backlog(session, transport, address, &mut push, "pull").await?;
+    Ok((push, taker))
+}
+
+/// A gated `taker` child with `pattern` ("pull" or "pair") connected to `address`, where
+/// `sender` is bound, left with a backlog ([`leave_a_backlog`]).
+async fn taker_with_a_backlog(
+    session: &Session,
+    transport: &ShmTransport,
+    address: &str,
+    sender: &mut Channel,
+    pattern: &str,
+) -> Result<ChildRole> {
     let mut taker = ChildRole::spawn_held(
         "taker",
         session,
         address,
-        &[("COUNT", "10".into()), ("GATED", "1".into())],
+        &[
+            ("COUNT", "10".into()),
+            ("GATED", "1".into()),
+            ("PATTERN", pattern.into()),
+        ],
     );
     ensure!(taker.line().await? == "CONNECTED");
-    leave_a_backlog(transport, &mut push, &mut taker).await?;
-    Ok((push, taker))
+    leave_a_backlog(transport, sender, &mut taker).await?;
+    Ok(taker)
 }
 
 /// Sends 30 messages of 1 MiB to `taker`, a held child that takes 10 once told to go; then
@@ -1743,18 +1760,7 @@ async fn pair_and_a_peer_with_a_backlog(
 ) -> Result<(Channel, ChildRole)> {
     let address = session.ipc("killedpair");
     let mut pair = open(transport, SocketType::Pair, Method::Bind, &address).await?;
-    let mut taker = ChildRole::spawn_held(
-        "taker",
-        session,
-        &address,
-        &[
-            ("COUNT", "10".into()),
-            ("GATED", "1".into()),
-            ("PATTERN", "pair".into()),
-        ],
-    );
-    ensure!(taker.line().await? == "CONNECTED");
-    leave_a_backlog(transport, &mut pair, &mut taker).await?;
+    let taker = taker_with_a_backlog(session, transport, &address, &mut pair, "pair").await?;
     Ok((pair, taker))
 }
 
