@@ -223,13 +223,20 @@ const CONNECT_ATTEMPT: Duration = Duration::from_millis(200);
 /// peer accepting the connection and granting announced messages. A sender that accepted a
 /// burst before its side channel was up (its thread busy building messages) connects only when
 /// it closes; counting only finished messages gave that connection and the first 64 MiB
-/// transfer together one `linger` (about one run in six failed with 500 ms).
+/// transfer together one `linger` (about one run in six failed with 500 ms). Bytes leaving
+/// count too, a chunk at a time: the peer grants several large messages at once, their chunks
+/// leave interleaved, and the first of four 64 MiB messages completed only once nearly all
+/// 256 MiB had moved, more than 500 ms on a loaded 2-core machine (the CI failure of
+/// 2026-12-01).
 struct Closing {
     linger: Duration,
     /// When to give up if nothing more leaves by then.
     deadline: Instant,
     /// The fewest messages outstanding seen so far; fewer now is progress.
     n_outstanding: usize,
+    /// The engine's bytes sent when last looked at; more now is progress (what it receives
+    /// is not: a pair's peer that keeps sending does not take what this end accepted).
+    bytes_sent: u64,
     done: oneshot::Sender<usize>,
 }
 
@@ -237,6 +244,17 @@ impl Closing {
     /// The peer did something towards delivery: the silence starts again.
     fn progressed(&mut self) {
         self.deadline = Instant::now() + self.linger;
+    }
+
+    /// At the deadline: true (and the silence starts again) if bytes left since the last look
+    /// (`bytes_sent` is the engine's count now), false if `linger` passed in silence.
+    fn bytes_left_since(&mut self, bytes_sent: u64) -> bool {
+        if bytes_sent == self.bytes_sent {
+            return false;
+        }
+        self.bytes_sent = bytes_sent;
+        self.progressed();
+        true
     }
 }
 
@@ -275,6 +293,7 @@ impl Driver {
                                     linger,
                                     deadline: Instant::now() + linger,
                                     n_outstanding: usize::MAX,
+                                    bytes_sent: self.engine.bytes_sent(),
                                     done,
                                 });
                                 break;
@@ -320,6 +339,12 @@ impl Driver {
                 _ = tick.tick() => self.on_tick().await,
                 () = sleep_until_opt(connect_due) => self.try_connect().await,
                 () = sleep_until_opt(closing_deadline) => {
+                    let bytes_sent = self.engine.bytes_sent();
+                    if let Some(closing) = &mut self.closing
+                        && closing.bytes_left_since(bytes_sent)
+                    {
+                        continue;
+                    }
                     let lost = self.n_outstanding();
                     if let Some(closing) = self.closing.take() {
                         let _ = closing.done.send(lost);

@@ -174,6 +174,8 @@ pub(crate) struct EngineHandle {
     endpoint: Arc<Endpoint>,
     /// Set while the thread is (about to be) blocked in the completion queue's wait.
     asleep: Arc<AtomicBool>,
+    /// The thread's counters (shared with the socket's).
+    stats: Arc<EngineStats>,
     /// The endpoint's own address (for the peer).
     pub(crate) address: Arc<[u8]>,
 }
@@ -223,6 +225,7 @@ impl EngineHandle {
             thread: Some(thread),
             endpoint,
             asleep,
+            stats,
             address,
         })
     }
@@ -255,6 +258,12 @@ impl EngineHandle {
     /// The provider in use.
     pub(crate) fn provider(&self) -> &str {
         &self.endpoint.provider
+    }
+
+    /// Bytes sent so far, counted per completed chunk (at most `ofi-max-chunk-size`): a message
+    /// of many chunks shows its progress before it completes.
+    pub(crate) fn bytes_sent(&self) -> u64 {
+        self.stats.bytes_sent.load(Ordering::Relaxed)
     }
 }
 

@@ -25,8 +25,9 @@
 //!   receiving; nothing is dropped.
 //! - Messages larger than the provider's maximum (or `ofi-max-chunk-size`) travel in chunks and
 //!   are reassembled in place.
-//! - `send` returns once the message is accepted; `close` waits up to `linger` until every
-//!   accepted message reached the peer. A message accepted before any peer existed waits for
+//! - `send` returns once the message is accepted; `close` waits until every accepted message
+//!   reached the peer, giving up after `linger` in which nothing moved (no chunk left, no grant
+//!   came). A message accepted before any peer existed waits for
 //!   one (it is not lost); one never granted by a peer that died goes to the next peer.
 //! - A peer that dies (no heartbeat for `ofi-peer-timeout-ms`, a broken side channel, a failed
 //!   completion) is reported by the next send or receive as [`ferromq_core::Error::PeerGone`],

@@ -413,7 +413,7 @@ impl Socket for OfiSocket {
             return Err(Error::Undelivered {
                 channel: self.label.clone(),
                 n_messages: lost as u64,
-                reason: format!("the peer took none for linger = {linger:?}"),
+                reason: format!("nothing moved to the peer for linger = {linger:?}"),
             });
         }
         Ok(())

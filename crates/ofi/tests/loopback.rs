@@ -293,3 +293,49 @@ async fn a_peer_announcing_more_than_max_message_size_is_refused() {
         "{text}"
     );
 }
+
+/// `linger` bounds silence, and bytes moving are not silence: a message of 1 GiB takes longer
+/// than a `linger` of 250 ms to move over loopback, and a close still delivers it, because
+/// every chunk (1 MiB here) that completes starts the silence again. Before, only a whole
+/// message counted, and a close gave up on a large message still moving (how `ofi_drain`
+/// failed in CI: four 64 MiB messages granted at once, their chunks interleaved).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_waits_for_a_large_message_while_its_chunks_keep_moving() {
+    const SIZE: usize = 1 << 30;
+    let transport = OfiTransport::new(OfiOptions {
+        max_chunk: 1 << 20,
+        peer_timeout: Duration::from_secs(5),
+        receive_window: 2 << 30,
+        ..OfiOptions::default()
+    });
+    let mut pull = Channel::open(
+        &transport,
+        config("data", SocketType::Pull, Method::Bind),
+        "data",
+    )
+    .await
+    .unwrap();
+    let address = pull
+        .bind(&Address::parse("tcp://127.0.0.1:0").unwrap())
+        .await
+        .unwrap();
+    let mut push_config = config("data", SocketType::Push, Method::Connect);
+    push_config.linger = 250;
+    let mut push = Channel::open(&transport, push_config, "data")
+        .await
+        .unwrap();
+    push.connect(&address).await.unwrap();
+    let mut large = vec![0u8; SIZE];
+    large[SIZE - 1] = 7;
+    push.send(Message::from(large)).await.unwrap();
+    let started = std::time::Instant::now();
+    push.close()
+        .await
+        .expect("the close waits while the message's chunks keep moving");
+    let took = started.elapsed();
+    let message = pull.receive().await.unwrap();
+    assert_eq!(message.len(), SIZE);
+    assert_eq!(message.data()[SIZE - 1], 7);
+    // The test is worth something only if the message took longer than `linger` to move.
+    assert!(took > Duration::from_millis(250), "1 GiB moved in {took:?}");
+}
