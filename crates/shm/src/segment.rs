@@ -33,12 +33,55 @@ pub const MAX_ATTACHED: usize = 128;
 /// `delivery.rs`).
 pub const DELIVERY_COUNTERS: usize = 224;
 
-/// One attached process.
+/// One attached process: `pid` 0 when free, [`CLAIMING`] while a process writes its start time.
+///
+/// A process claims a slot in three steps: `pid` from what it judged free to [`CLAIMING`] (a
+/// compare-exchange), then its start time, then its pid (release). Storing the pid first and the
+/// start time after left a moment in which the slot held the new pid with the previous
+/// occupant's start time, and a reader then judged a live process dead (`ferromq shm clean
+/// --stale` could have taken a live session for a dead one). A reader that sees a pid sees the
+/// start time written with it.
 #[repr(C)]
 struct AttachSlot {
     pid: AtomicU32,
     _pad: u32,
     start_time: AtomicU64,
+}
+
+/// A slot's `pid` while its claimer writes its start time (no pid is `u32::MAX`: Linux's
+/// `pid_max` is at most 2^22). Never free; a reader waits for the pid (the claimer is between two
+/// stores, [`CLAIM_WAIT`] at most unless it was killed there). A process killed between them
+/// leaves the slot claimed for good: one of [`MAX_ATTACHED`].
+const CLAIMING: u32 = u32::MAX;
+
+/// How long a reader waits for a claimer to write its pid: far longer than a preempted claimer
+/// takes on a loaded machine, short enough for `ferromq shm list`.
+const CLAIM_WAIT: Duration = Duration::from_millis(200);
+
+impl AttachSlot {
+    /// The process in this slot, `None` when free (or claimed by a process that never finished).
+    fn occupant(&self) -> Option<ProcessId> {
+        let mut claimed_since = None;
+        loop {
+            let pid = self.pid.load(Ordering::Acquire);
+            if pid == 0 {
+                return None;
+            }
+            if pid == CLAIMING {
+                let since = *claimed_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > CLAIM_WAIT {
+                    return None;
+                }
+                std::thread::yield_now();
+                continue;
+            }
+            let start_time = self.start_time.load(Ordering::Acquire);
+            // The slot may have been freed and claimed again in between: then look again.
+            if self.pid.load(Ordering::Acquire) == pid {
+                return Some(ProcessId { pid, start_time });
+            }
+        }
+    }
 }
 
 /// The header at offset 0 of every ferromq shared-memory object.
@@ -470,18 +513,21 @@ impl Segment {
         for slot in slots {
             let pid = slot.pid.load(Ordering::Acquire);
             let free = pid == 0
-                || !(ProcessId {
-                    pid,
-                    start_time: slot.start_time.load(Ordering::Acquire),
-                })
-                .is_alive();
+                || (pid != CLAIMING
+                    && !(ProcessId {
+                        pid,
+                        start_time: slot.start_time.load(Ordering::Acquire),
+                    })
+                    .is_alive());
             if free
                 && slot
                     .pid
-                    .compare_exchange(pid, self.me.pid, Ordering::AcqRel, Ordering::Acquire)
+                    .compare_exchange(pid, CLAIMING, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
             {
-                slot.start_time.store(self.me.start_time, Ordering::Release);
+                // See `AttachSlot`: the start time before the pid that it belongs to.
+                slot.start_time.store(self.me.start_time, Ordering::Relaxed);
+                slot.pid.store(self.me.pid, Ordering::Release);
                 return Ok(());
             }
         }
@@ -496,13 +542,7 @@ impl Segment {
         self.header()
             .attached
             .iter()
-            .filter_map(|slot| {
-                let pid = slot.pid.load(Ordering::Acquire);
-                (pid != 0).then(|| ProcessId {
-                    pid,
-                    start_time: slot.start_time.load(Ordering::Acquire),
-                })
-            })
+            .filter_map(AttachSlot::occupant)
             .collect()
     }
 
@@ -532,5 +572,100 @@ impl std::fmt::Debug for Segment {
             .field("name", &self.name.to_string())
             .field("len", &self.len)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::names::current_uid;
+
+    /// A segment of this test's own, removed when the test ends.
+    struct Fixture {
+        name: ObjectName,
+        segment: Segment,
+    }
+
+    impl Fixture {
+        fn new(tag: &str) -> Fixture {
+            let name = ObjectName::new(
+                current_uid(),
+                &format!("segment-test-{}-{tag}", std::process::id()),
+                ObjectKind::Segment,
+                std::process::id(),
+                0,
+            );
+            let segment = Segment::create(name.clone(), 1 << 20).unwrap();
+            Fixture { name, segment }
+        }
+
+        fn slot(&self, index: usize) -> &AttachSlot {
+            &self.segment.header().attached[index]
+        }
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            let _ = Segment::remove(&self.name);
+        }
+    }
+
+    /// A slot a process is claiming is neither free nor read with the start time of whoever had
+    /// it before: a reader waits for the pid, and then sees the start time written with it.
+    #[test]
+    fn a_slot_being_claimed_is_read_once_its_claimer_wrote_both_halves() {
+        let fixture = Fixture::new("claiming");
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let child_pid = child.id();
+        let child_start = process_start_time(child_pid).unwrap();
+        // The slot's previous occupant: a process that is gone, with its start time.
+        let slot = fixture.slot(5);
+        slot.start_time.store(1, Ordering::Relaxed);
+        slot.pid.store(CLAIMING, Ordering::Release);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                std::thread::sleep(Duration::from_millis(30));
+                slot.start_time.store(child_start, Ordering::Relaxed);
+                slot.pid.store(child_pid, Ordering::Release);
+            });
+            let attached = fixture.segment.attached();
+            let child_seen = attached
+                .iter()
+                .find(|process| process.pid == child_pid)
+                .copied();
+            assert_eq!(
+                child_seen,
+                Some(ProcessId {
+                    pid: child_pid,
+                    start_time: child_start
+                }),
+                "{attached:?}"
+            );
+            assert!(child_seen.unwrap().is_alive());
+        });
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// A claim its claimer never finished (killed between the two stores) is not taken for a
+    /// process, and attaching goes to another slot.
+    #[test]
+    fn a_claim_never_finished_counts_as_nobody_and_is_not_reused() {
+        let fixture = Fixture::new("stuck");
+        fixture.segment.detach();
+        for slot in &fixture.segment.header().attached {
+            assert_eq!(slot.pid.load(Ordering::Acquire), 0);
+        }
+        fixture.slot(0).pid.store(CLAIMING, Ordering::Release);
+        fixture.segment.attach().unwrap();
+        assert_eq!(fixture.slot(0).pid.load(Ordering::Acquire), CLAIMING);
+        assert_eq!(
+            fixture.segment.attached(),
+            vec![fixture.segment.me()],
+            "the stuck claim is nobody; this process is in another slot"
+        );
     }
 }
