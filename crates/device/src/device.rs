@@ -8,6 +8,16 @@
 //! STOP fires the context's cancellation token. The context's send and receive calls return
 //! [`Error::Interrupted`] as soon as it fires, so a device blocked on a channel leaves RUNNING
 //! promptly; a message whose send was interrupted is dropped, as the device is stopping.
+//!
+//! # Long computations
+//! A standalone device runs its hooks on a current-thread tokio runtime, the one its channels'
+//! transport tasks run on too: zeromq's writers, the ofi driver's connects, grants and
+//! heartbeats, the control channel. They run only while a hook waits. A hook that computes for
+//! long between two waits (a send that a free credit completes at once does not wait) holds them
+//! all: an ofi sender that builds one large message after another connects and starts moving
+//! bytes only when it first waits, and one that computes for longer than `ofi-peer-timeout-ms`
+//! is taken for dead by its peer. Put such work on a thread of its own
+//! (`tokio::task::spawn_blocking`) or yield between its pieces (`tokio::task::yield_now`).
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
