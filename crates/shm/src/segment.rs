@@ -59,22 +59,23 @@ const CLAIMING: u32 = u32::MAX;
 const CLAIM_WAIT: Duration = Duration::from_millis(200);
 
 impl AttachSlot {
-    /// The process in this slot, `None` when free (or claimed by a process that never finished).
-    fn occupant(&self) -> Option<ProcessId> {
-        let mut claimed_since = None;
+    /// The process in this slot, `None` when free (or still claimed at `give_up`: a claimer
+    /// that never finished).
+    fn occupant(&self, give_up: Instant) -> Option<ProcessId> {
         loop {
             let pid = self.pid.load(Ordering::Acquire);
             if pid == 0 {
                 return None;
             }
             if pid == CLAIMING {
-                let since = *claimed_since.get_or_insert_with(Instant::now);
-                if since.elapsed() > CLAIM_WAIT {
+                if Instant::now() > give_up {
                     return None;
                 }
                 std::thread::yield_now();
                 continue;
             }
+            // Acquire pairs with the claimer's release store of its start time: a start time
+            // written after this pid was replaced makes the next load see the change.
             let start_time = self.start_time.load(Ordering::Acquire);
             // The slot may have been freed and claimed again in between: then look again.
             if self.pid.load(Ordering::Acquire) == pid {
@@ -504,10 +505,12 @@ impl Segment {
 
     fn attach(&self) -> Result<(), ShmError> {
         let slots = &self.header().attached;
-        if slots
-            .iter()
-            .any(|slot| slot.pid.load(Ordering::Acquire) == self.me.pid)
-        {
+        // This process, not a dead one whose pid it was given (that slot is free, below).
+        if slots.iter().any(|slot| {
+            slot.pid.load(Ordering::Acquire) == self.me.pid
+                && (self.me.start_time == 0
+                    || slot.start_time.load(Ordering::Acquire) == self.me.start_time)
+        }) {
             return Ok(());
         }
         for slot in slots {
@@ -526,7 +529,7 @@ impl Segment {
                     .is_ok()
             {
                 // See `AttachSlot`: the start time before the pid that it belongs to.
-                slot.start_time.store(self.me.start_time, Ordering::Relaxed);
+                slot.start_time.store(self.me.start_time, Ordering::Release);
                 slot.pid.store(self.me.pid, Ordering::Release);
                 return Ok(());
             }
@@ -537,12 +540,14 @@ impl Segment {
         })
     }
 
-    /// The processes attached now (dead ones included until their slot is reused).
+    /// The processes attached now (dead ones included until their slot is reused; a claim not
+    /// finished within [`CLAIM_WAIT`] is nobody).
     pub fn attached(&self) -> Vec<ProcessId> {
+        let give_up = Instant::now() + CLAIM_WAIT;
         self.header()
             .attached
             .iter()
-            .filter_map(AttachSlot::occupant)
+            .filter_map(|slot| slot.occupant(give_up))
             .collect()
     }
 
@@ -614,14 +619,24 @@ mod tests {
     /// it before: a reader waits for the pid, and then sees the start time written with it.
     #[test]
     fn a_slot_being_claimed_is_read_once_its_claimer_wrote_both_halves() {
+        /// Kills and reaps the child when the test ends, passed or failed.
+        struct Child(std::process::Child);
+        impl Drop for Child {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
         let fixture = Fixture::new("claiming");
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let child_pid = child.id();
+        let child = Child(
+            std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap(),
+        );
+        let child_pid = child.0.id();
         let child_start = process_start_time(child_pid).unwrap();
-        // The slot's previous occupant: a process that is gone, with its start time.
+        // What the slot's previous occupant left: its start time.
         let slot = fixture.slot(5);
         slot.start_time.store(1, Ordering::Relaxed);
         slot.pid.store(CLAIMING, Ordering::Release);
@@ -646,8 +661,6 @@ mod tests {
             );
             assert!(child_seen.unwrap().is_alive());
         });
-        let _ = child.kill();
-        let _ = child.wait();
     }
 
     /// A claim its claimer never finished (killed between the two stores) is not taken for a
@@ -667,5 +680,23 @@ mod tests {
             vec![fixture.segment.me()],
             "the stuck claim is nobody; this process is in another slot"
         );
+    }
+
+    /// A slot left by a dead process whose pid this process was given (a container restarted
+    /// with the same pids, `/dev/shm` kept) is not this process: attaching records this
+    /// process's own start time, so it counts as alive.
+    #[test]
+    fn a_dead_process_with_this_pid_is_not_taken_for_this_process() {
+        let fixture = Fixture::new("reused");
+        let me = fixture.segment.me();
+        assert_ne!(me.start_time, 0, "this test needs /proc");
+        fixture.segment.detach();
+        let slot = fixture.slot(0);
+        slot.start_time.store(me.start_time + 1, Ordering::Release);
+        slot.pid.store(me.pid, Ordering::Release);
+        fixture.segment.attach().unwrap();
+        let attached = fixture.segment.attached();
+        assert!(attached.contains(&me), "{attached:?}");
+        assert!(attached.iter().all(ProcessId::is_alive), "{attached:?}");
     }
 }
