@@ -1,6 +1,6 @@
 //! The lock around state that the sending path takes once or twice per message (the owner's
-//! allocator, a push socket's outbox of rings, a publisher's subscribers, a pair's ring): a spin
-//! lock whose release is a plain store.
+//! allocator, a push socket's outbox of rings, a publisher's subscribers, the ring of a pair's,
+//! req's or rep's connection): a spin lock whose release is a plain store.
 //!
 //! Why not `std::sync::Mutex`: its release is an atomic swap, a locked instruction, and a locked
 //! instruction waits until every store before it has left the core. Inside these sections the

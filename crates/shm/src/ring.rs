@@ -86,8 +86,8 @@
 //! reference to the block. A push lets the ring of a connection that ended
 //! go (and so finishes it) at its next write into a ring, a publisher the ring of a subscriber
 //! that left at its next send, a pair the ring of its gone peer at its next send (which then
-//! waits for a next peer), or any of them when an allocation of its process finds the segment
-//! full ([`crate::session::RingHolder`]), whichever comes first: a sender that never writes
+//! waits for a next peer), a req or rep the ring of a connection that ended at its next send,
+//! or any of them when an allocation of its process finds the segment full ([`crate::session::RingHolder`]), whichever comes first: a sender that never writes
 //! again still gets that memory back. What the consumer left is everything
 //! from the published head: the consumer reads ahead of it (a run of entries at a look), but
 //! moves the head past an entry only when it hands the entry's message to its device

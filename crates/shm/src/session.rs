@@ -142,9 +142,9 @@ pub(crate) struct Session {
     producers: Mutex<Vec<std::sync::Weak<dyn RingHolder>>>,
 }
 
-/// A socket (push, pub, pair) that keeps a ring per connection until it next writes: when its
-/// connection ends (a receiver killed), the ring stays with the socket until then, and what
-/// the receiver left in it with the ring. An allocation that finds the segment full has the
+/// A socket (push, pub) or a connection's ring (pair, req, rep) that keeps a ring until the
+/// socket next writes: when its connection ends (a receiver killed), the ring stays with the
+/// socket until then, and what the receiver left in it with the ring. An allocation that finds the segment full has the
 /// socket let such rings go ([`Session::settle_full`]), so their backlog is released even when
 /// the socket never writes again (no receiver left, a sender waiting for room).
 pub(crate) trait RingHolder: Send + Sync {

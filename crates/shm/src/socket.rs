@@ -177,8 +177,8 @@ struct PairSide {
     /// How records travel: decided at the first bind or connect (frames when the socket does
     /// not report connections) and at the first connection (rings, unless no room).
     carriage: Carriage,
-    /// The ring of the current connection, shared with the session ([`PairRing`]).
-    ring: Arc<PairRing>,
+    /// The ring of the current connection, shared with the session ([`RingSlot`]).
+    ring: Arc<RingSlot>,
     /// The doorbell of this socket's rings: a descriptor frame with no record.
     doorbell: Arc<[u8]>,
     /// The entry being written into the ring (reused: no allocation per message).
@@ -187,17 +187,24 @@ struct PairSide {
     next_link: Option<Arc<ferromq_zmq::PeerLink>>,
 }
 
-/// The ring of a pair's current connection, behind a lock that the pair takes once per send
-/// and an allocation that finds the segment full once ([`crate::session::RingHolder`]): a peer
-/// killed with a backlog in its ring gives that memory back though the pair never sends again
-/// (its next send would let the ring go too, [`PairSide::connection`]).
+/// The ring of one connection of a socket that writes into it itself (a pair's current
+/// connection, each of a req's or rep's), behind a lock that the socket takes once per send and
+/// an allocation that finds the segment full once ([`crate::session::RingHolder`]): a peer
+/// killed with a backlog in its ring (a pair's messages, the one request or reply of a req or
+/// rep) gives that memory back though the socket never sends again (its next send would let the
+/// ring go too: [`PairSide::connection`], [`ReqRepSide::refresh`]).
 /// A ring leaves the lock before it is dropped: its drop releases what a dead consumer left
 /// (see `ring.rs`), too long to hold up an allocation waiting for the lock.
-struct PairRing(crate::lock::ShortLock<Option<ConnectionRing>>);
+struct RingSlot(crate::lock::ShortLock<Option<ConnectionRing>>);
 
-impl PairRing {
-    fn new() -> PairRing {
-        PairRing(crate::lock::ShortLock::new(None))
+impl RingSlot {
+    fn new() -> RingSlot {
+        RingSlot(crate::lock::ShortLock::new(None))
+    }
+
+    /// True while no ring was put in (or it was let go).
+    fn is_empty(&self) -> bool {
+        self.0.lock().is_none()
     }
 
     /// The ring, out of the lock, if its connection ended (for the caller to drop).
@@ -218,11 +225,12 @@ impl PairRing {
         self.0.lock().take()
     }
 
-    /// Puts in the ring of a new connection, where there is none: the old one's is let go
-    /// (by [`PairRing::take_if_gone`]) before a new connection is looked for.
+    /// Puts in the ring of a new connection, where there is none: a pair lets the old one's go
+    /// (by [`RingSlot::take_if_gone`]) before it looks for a new connection; a req's or rep's
+    /// slot belongs to one connection, which gets one ring.
     fn set(&self, connection: ConnectionRing) {
         let previous = self.0.lock().replace(connection);
-        debug_assert!(previous.is_none(), "a pair's ring replaced another");
+        debug_assert!(previous.is_none(), "a connection's ring replaced another");
         drop(previous);
     }
 
@@ -242,7 +250,7 @@ impl PairRing {
     }
 }
 
-impl crate::session::RingHolder for PairRing {
+impl crate::session::RingHolder for RingSlot {
     fn drop_rings_of_gone_connections(&self) {
         drop(self.take_if_gone());
     }
@@ -388,8 +396,9 @@ struct ReqRepConnection {
     /// The peer's identity, which its frames (and the ring it announced) come behind.
     identity: Bytes,
     link: Arc<ferromq_zmq::PeerLink>,
-    /// This side's ring for the connection, made at the first send on it.
-    ring: Option<ConnectionRing>,
+    /// This side's ring for the connection, made at the first send on it, shared with the
+    /// session from then on ([`RingSlot`]).
+    ring: Arc<RingSlot>,
 }
 
 impl ReqRepSide {
@@ -431,7 +440,7 @@ impl ReqRepSide {
         self.connections.push(ReqRepConnection {
             identity,
             link,
-            ring: None,
+            ring: Arc::new(RingSlot::new()),
         });
     }
 
@@ -494,8 +503,8 @@ impl ReqRepSide {
         connection_idx: usize,
         record: &[PartRef],
     ) -> Result<RingOffer> {
-        let connection = &mut self.connections[connection_idx];
-        if connection.ring.is_none() {
+        let connection = &self.connections[connection_idx];
+        if connection.ring.is_empty() {
             let (ring, announce) = match new_ring(session, DeliveryRef::NONE) {
                 Ok(made) => made,
                 Err(crate::error::ShmError::SegmentFull { .. }) => {
@@ -504,16 +513,21 @@ impl ReqRepSide {
                 Err(error) => return Err(transport_error(self.socket.label(), error)),
             };
             connection.link.send_frame(&announce);
-            connection.ring = Some(ConnectionRing {
+            connection.ring.set(ConnectionRing {
                 ring,
                 link: Arc::clone(&connection.link),
                 doorbell: Arc::clone(&self.doorbell),
                 doorbell_due: false,
                 session: Arc::clone(session),
             });
+            session.watch_producer(&connection.ring);
         }
-        let ring = connection.ring.as_mut().expect("made above");
-        Ok(ring.write_published(session, record, &mut self.entry))
+        // A connection that ended since `target` looked takes nothing: the next send looks
+        // for another.
+        Ok(connection
+            .ring
+            .write_if_live(session, record, &mut self.entry)
+            .unwrap_or(RingOffer::NoPeer))
     }
 
     /// What a send now would do out of turn, `None` in turn: a req with a reply pending, a rep
@@ -1778,7 +1792,7 @@ impl ShmSocket {
                 socket: ring_carrier(&session, config, socket_name)?,
                 carriage: Carriage::Undecided,
                 ring: {
-                    let ring = Arc::new(PairRing::new());
+                    let ring = Arc::new(RingSlot::new());
                     session.watch_producer(&ring);
                     ring
                 },

@@ -130,6 +130,10 @@ fn main() {
             killed_subscriber_backlog_released,
         ),
         trial(
+            "a_rep_that_never_sends_again_releases_the_reply_its_killed_requester_left_when_memory_runs_short",
+            killed_requester_reply_released_without_a_send,
+        ),
+        trial(
             "a_publisher_that_exits_right_after_sending_loses_nothing",
             publisher_exits_right_after_sending,
         ),
@@ -457,6 +461,24 @@ async fn run_role(role: &str) -> Result<()> {
                 verify(&reply, msg_idx + 1)?;
             }
             req.close().await?;
+        }
+        "silent-requester" => {
+            // One round trip (it adopts the rep's ring), then a second request; says ASKED and
+            // never takes that reply: it waits for its stdin to end (or to be killed) with the
+            // reply left in the rep's ring.
+            let mut req = open(&transport, SocketType::Req, Method::Connect, &address).await?;
+            req.send(Message::from("request"))
+                .await
+                .map_err(|failed| failed.error)?;
+            ensure!(req.receive().await?.data() == b"reply");
+            req.send(Message::from("request"))
+                .await
+                .map_err(|failed| failed.error)?;
+            println!("ASKED");
+            tokio::task::spawn_blocking(|| {
+                std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())
+            })
+            .await??;
         }
         "dropper" => {
             // Receives and drops everything; the senders' releases happen here.
@@ -1774,6 +1796,39 @@ fn killed_pair_peer_backlog_released_without_a_send() -> Result<()> {
         let transport = session.transport();
         let (_pair, mut taker) = pair_and_a_peer_with_a_backlog(&session, &transport).await?;
         kill_then_allocate(&transport, &mut taker, "pair's peer").await
+    })
+}
+
+/// A requester killed (SIGKILL) with its second reply, 24 MiB of the rep's 64 MiB segment, left
+/// untaken in the rep's ring (the first round trip has it adopt the ring): an allocation that finds the segment full has the rep let the
+/// ring of its ended connection go, and the reply's memory comes back though the rep never sends
+/// again (before, only the rep's next send let it go: the allocation waited its whole timeout).
+/// A req whose rep was killed holding its request is the same code.
+fn killed_requester_reply_released_without_a_send() -> Result<()> {
+    let session = Session::new("killedreq");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("killedreq");
+        let mut rep = open(&transport, SocketType::Rep, Method::Bind, &address).await?;
+        let mut requester = ChildRole::spawn_held("silent-requester", &session, &address, &[]);
+        let request = tokio::time::timeout(STEP, rep.receive()).await??;
+        ensure!(request.data() == b"request");
+        rep.send(Message::from("reply"))
+            .await
+            .map_err(|failed| failed.error)?;
+        ensure!(requester.line().await? == "ASKED");
+        let request = tokio::time::timeout(STEP, rep.receive()).await??;
+        ensure!(request.data() == b"request");
+        let mut reply = transport.new_message(24 << 20).await?;
+        fill(&mut reply, 0);
+        rep.send_timeout(reply, STEP)
+            .await
+            .map_err(|failed| failed.error)?;
+        ensure!(
+            transport.try_new_message(48 << 20).is_none(),
+            "48 MiB fit beside a reply of 24 MiB in a 64 MiB segment"
+        );
+        kill_then_allocate(&transport, &mut requester, "requester").await
     })
 }
 
