@@ -83,12 +83,17 @@
 //! `consumer_start` so that a pid reused by another process is not mistaken for it) still
 //! runs, keeps an [`OrphanRing`] and looks again whenever an allocation finds its segment
 //! full; once that process is gone it releases what the consumer left and the consumer's
-//! reference to the block. A push lets the ring of a connection that ended
+//! reference to the block. A ring no consumer adopted yet (its receiver never read the
+//! announcement, which it does at its first receive) is watched the same way through the
+//! process it was announced to, which the peer named in its handshake: only that process could
+//! still adopt it (publishers do not know it: a subscriber's ring never adopted stays until
+//! the session ends). A push lets the ring of a connection that ended
 //! go (and so finishes it) at its next write into a ring, a publisher the ring of a subscriber
 //! that left at its next send, a pair the ring of its gone peer at its next send (which then
 //! waits for a next peer), a req or rep the ring of a connection that ended at its next send,
-//! or any of them when an allocation of its process finds the segment full ([`crate::session::RingHolder`]), whichever comes first: a sender that never writes
-//! again still gets that memory back. What the consumer left is everything
+//! or any of them when an allocation of its process finds the segment full
+//! ([`crate::session::RingHolder`]), whichever comes first: a sender that never writes again
+//! still gets that memory back. What the consumer left is everything
 //! from the published head: the consumer reads ahead of it (a run of entries at a look), but
 //! moves the head past an entry only when it hands the entry's message to its device
 //! ([`RingConsumer::take_peeked`], [`RingConsumer::release_to`]), so a consumer killed with a
@@ -436,7 +441,11 @@ impl RingProducer {
             segment: Arc::clone(block.segment()),
             base: block.data_offset(),
         };
-        Ok(OrphanRing { block, memory })
+        Ok(OrphanRing {
+            block,
+            memory,
+            expected_consumer: None,
+        })
     }
 }
 
@@ -445,6 +454,9 @@ pub(crate) struct OrphanRing {
     /// The producer's extra reference to the block.
     block: ShmBuffer,
     memory: RingMemory,
+    /// The process the ring was announced to, which alone can adopt it: while no consumer
+    /// adopted the ring, its death means nobody will ([`OrphanRing::fate`]).
+    expected_consumer: Option<u32>,
 }
 
 /// What became of the consumer of an [`OrphanRing`].
@@ -454,12 +466,19 @@ pub(crate) enum OrphanFate {
     /// It died without finishing: what it left is the producer's to release, with this reader
     /// (its reference to the block was given back already).
     Dead(RingConsumer),
-    /// It lives, or it never adopted the ring (an announcement may still be on its way): look
-    /// again later.
+    /// It lives, or it never adopted the ring and the process it was announced to lives (or is
+    /// not known): the announcement may still be read. Look again later.
     Waiting(OrphanRing),
 }
 
 impl OrphanRing {
+    /// The orphan of a ring announced to process `pid` (`None`: not known), for a ring that no
+    /// consumer adopted yet.
+    pub(crate) fn announced_to(mut self, pid: Option<u32>) -> OrphanRing {
+        self.expected_consumer = pid;
+        self
+    }
+
     fn finished(&self) -> RingFinish<'_, AtomicU32> {
         RingFinish {
             finished: self.memory.u32_at(FINISHED),
@@ -482,11 +501,15 @@ impl OrphanRing {
         if self.finished().is_settled() {
             return OrphanFate::Settled;
         }
-        if self
-            .memory
-            .consumer()
-            .is_none_or(|consumer| consumer.is_alive())
-        {
+        let lives = match self.memory.consumer() {
+            Some(consumer) => consumer.is_alive(),
+            // Never adopted: only the process the ring was announced to could still adopt it
+            // (its pid without a start time: a reused pid keeps the ring, never the reverse).
+            None => self
+                .expected_consumer
+                .is_none_or(|pid| ProcessId { pid, start_time: 0 }.is_alive()),
+        };
+        if lives {
             return OrphanFate::Waiting(self);
         }
         // The dead consumer's reference: ours keeps the block while the reader reads it.
@@ -1304,6 +1327,60 @@ mod tests {
         assert_eq!(fixture.producer.block().block_references(), Some(3));
         drop(reader);
         assert_eq!(fixture.producer.block().block_references(), Some(2));
+    }
+
+    /// A ring no consumer adopted (its receiver never read the announcement): while the
+    /// process it was announced to lives, or when that process is not known, the producer
+    /// waits (the announcement may still be read); once that process is gone nobody can adopt
+    /// the ring, and what it holds is the producer's to release, with the reference the
+    /// announcement carried.
+    #[test]
+    fn a_ring_never_adopted_is_released_once_the_process_it_was_announced_to_is_gone() {
+        let name = ObjectName::new(
+            current_uid(),
+            &format!("ring-test-{}-unadopted", std::process::id()),
+            ObjectKind::Segment,
+            std::process::id(),
+            0,
+        );
+        /// Removes the segment when the test ends, passed or failed.
+        struct Removed(ObjectName);
+        impl Drop for Removed {
+            fn drop(&mut self) {
+                let _ = Segment::remove(&self.0);
+            }
+        }
+        let _removed = Removed(name.clone());
+        let segment = Segment::create(name, 4 << 20).unwrap();
+        let owned = Arc::new(OwnedSegment::new(segment));
+        let mut producer = RingProducer::new(owned.allocate_long_lived(RING_BLOCK).unwrap());
+        // The announcement's reference, which no consumer took.
+        producer.block().add_references(1);
+        assert_ne!(producer.push(EntryKind::Record, b"left"), Pushed::Full);
+        producer.publish();
+        let (_, consumer_left) = producer.finish();
+        assert!(!consumer_left);
+        assert_eq!(producer.consumer_pid(), 0, "never adopted");
+        for announced_to in [None, Some(std::process::id())] {
+            let orphan = producer.orphan().unwrap().announced_to(announced_to);
+            let OrphanFate::Waiting(orphan) = orphan.fate() else {
+                panic!("a ring announced to {announced_to:?} was let go");
+            };
+            drop(orphan);
+        }
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        gone.wait().unwrap();
+        let orphan = producer.orphan().unwrap().announced_to(Some(gone.id()));
+        let OrphanFate::Dead(mut reader) = orphan.fate() else {
+            panic!("a ring announced to a process that is gone was kept");
+        };
+        let mut entry = Vec::new();
+        assert_eq!(reader.peek(&mut entry).unwrap(), Some(EntryKind::Record));
+        assert_eq!(entry, b"left");
+        // The producer's and the reader's: the announcement's reference was given back once.
+        assert_eq!(producer.block().block_references(), Some(2));
+        drop(reader);
+        assert_eq!(producer.block().block_references(), Some(1));
     }
 
     /// A producer that rings a sleeping consumer's doorbell says when, on the clock the

@@ -346,15 +346,24 @@ impl Session {
 
     /// Closes `ring`, which this process produced, for good (see `ring.rs`, "Peer death and
     /// drop"): releases what its consumer left if the consumer finished first, or keeps an
-    /// eye on a consumer still at the ring in case it dies. Whether the consumer must get a
-    /// doorbell.
-    pub(crate) fn finish_producing(&self, ring: &mut RingProducer) -> Wake {
+    /// eye on a consumer still at the ring in case it dies, or, for a ring no consumer adopted
+    /// yet, on the process it was `announced_to` (the peer's handshake names it): only that
+    /// process can adopt it, so once it is gone what the ring holds is released. Whether the
+    /// consumer must get a doorbell.
+    pub(crate) fn finish_producing(
+        &self,
+        ring: &mut RingProducer,
+        announced_to: Option<u32>,
+    ) -> Wake {
         let (wake, consumer_left) = ring.finish();
-        if !consumer_left && ring.consumer_pid() == 0 {
-            // Never adopted: nothing is known of a consumer to watch.
+        if !consumer_left && ring.consumer_pid() == 0 && announced_to.is_none() {
+            // Never adopted, and nothing is known of a consumer to watch.
             return wake;
         }
-        match ring.orphan() {
+        match ring
+            .orphan()
+            .map(|orphan| orphan.announced_to(announced_to))
+        {
             Ok(orphan) if consumer_left => match orphan.reader() {
                 Ok(mut reader) => self.release_untaken(&mut reader),
                 Err(error) => Self::left_in_ring(&error),

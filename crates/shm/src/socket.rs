@@ -66,8 +66,9 @@ impl Drop for SubscriberPeer {
         let Some(ring) = &mut self.ring else {
             return;
         };
-        // Its doorbell, if any, has no one to wake: the subscriber is gone or leaving.
-        self.session.finish_producing(ring);
+        // Its doorbell, if any, has no one to wake: the subscriber is gone or leaving. (Its
+        // process is not known here: a ring it never adopted stays until the session ends.)
+        self.session.finish_producing(ring, None);
     }
 }
 
@@ -798,7 +799,9 @@ async fn wait_for_ring_room(looks: &RingLooks, deadline: Option<tokio::time::Ins
 
 impl Drop for ConnectionRing {
     fn drop(&mut self) {
-        let wake = self.session.finish_producing(&mut self.ring);
+        let wake = self
+            .session
+            .finish_producing(&mut self.ring, self.link.peer_pid());
         self.ring_doorbell(wake);
     }
 }
@@ -2192,7 +2195,7 @@ impl PublisherOut {
             let Some(mut ring) = subscriber.ring.take() else {
                 continue;
             };
-            let wake = subscriber.session.finish_producing(&mut ring);
+            let wake = subscriber.session.finish_producing(&mut ring, None);
             if ring.ring_bell_or_need_frame(wake) {
                 let identity = subscriber.identity.clone();
                 let _ = self.send_frame(&identity, self.doorbell.clone());

@@ -130,6 +130,10 @@ fn main() {
             killed_subscriber_backlog_released,
         ),
         trial(
+            "a_sender_releases_what_a_receiver_killed_before_its_first_receive_left_in_its_ring",
+            receiver_killed_before_its_first_receive_releases_its_ring,
+        ),
+        trial(
             "a_rep_that_never_sends_again_releases_the_reply_its_killed_requester_left_when_memory_runs_short",
             killed_requester_reply_released_without_a_send,
         ),
@@ -1667,6 +1671,39 @@ fn killed_receiver_backlog_released() -> Result<()> {
             "the push sent to a killed receiver"
         );
         Ok(())
+    })
+}
+
+/// A receiver killed (SIGKILL) before its first receive, with 30 messages of 1 MiB in the ring
+/// it never adopted (a receiver adopts a ring when it reads the announcement, at its first
+/// receive): only the process the ring was announced to could adopt it, so once that process is
+/// gone the sender releases what the ring holds. Before, a ring no consumer had adopted was kept
+/// until the session ended: an allocation waited its whole timeout.
+fn receiver_killed_before_its_first_receive_releases_its_ring() -> Result<()> {
+    let session = Session::new("killedunadopted");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("killedunadopted");
+        let mut push = open(&transport, SocketType::Push, Method::Bind, &address).await?;
+        let mut taker = ChildRole::spawn_held(
+            "taker",
+            &session,
+            &address,
+            &[("COUNT", "10".into()), ("GATED", "1".into())],
+        );
+        ensure!(taker.line().await? == "CONNECTED");
+        for msg_idx in 0..30 {
+            let mut message = transport.new_message(1 << 20).await?;
+            fill(&mut message, msg_idx);
+            push.send_timeout(message, STEP)
+                .await
+                .map_err(|failed| failed.error)?;
+        }
+        ensure!(
+            transport.try_new_message(48 << 20).is_none(),
+            "48 MiB fit beside 30 MiB in a 64 MiB segment"
+        );
+        kill_then_allocate(&transport, &mut taker, "receiver").await
     })
 }
 

@@ -994,6 +994,7 @@ async fn serve(shared: Arc<Shared>, stream: Stream) {
             writer: Arc::new(Notify::new()),
             replies: Mutex::new(Vec::new()),
             gone: false.into(),
+            peer_pid: crate::handshake::peer_pid(&peer.identity),
         }),
         reader: Notify::new(),
         ended: Mutex::new(None),
@@ -1048,6 +1049,8 @@ pub struct PeerLink {
     replies: Mutex<Vec<u8>>,
     /// The connection ended.
     gone: std::sync::atomic::AtomicBool,
+    /// The process the peer named in its handshake identity.
+    peer_pid: Option<u32>,
 }
 
 impl PeerLink {
@@ -1068,6 +1071,12 @@ impl PeerLink {
     /// Whether the connection has ended (what was given to it since is lost).
     pub fn is_gone(&self) -> bool {
         self.gone.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The process the peer named in its handshake identity (a ferromq peer of this host's
+    /// shmem transport); `None` for a peer that named none (libzmq, FairMQ).
+    pub fn peer_pid(&self) -> Option<u32> {
+        self.peer_pid
     }
 }
 
