@@ -66,8 +66,8 @@
 //! # Peer death and drop
 //! The ring's block holds two references, the producer's and the consumer's, each dropped by
 //! its side's handle; the owner reclaims it when both are gone. A consumer that dies leaves its
-//! reference (the block leaks until the session's memory is removed) and the records in the
-//! ring are counted as not taken by the sender (`delivery.rs`). A producer that exits leaves
+//! reference, which its producer gives back once it finds the consumer gone (below), and the
+//! records in the ring are counted as not taken by the sender (`delivery.rs`). A producer that exits leaves
 //! the ring readable: its segment outlives it while a process of the session lives
 //! (`cleanup.rs`), so a stalled consumer still takes everything after it resumes.
 //!
@@ -84,23 +84,24 @@
 //! runs, keeps an [`OrphanRing`] and looks again whenever an allocation finds its segment
 //! full; once that process is gone it releases what the consumer left and the consumer's
 //! reference to the block. A ring no consumer adopted yet (its receiver never read the
-//! announcement, which it does at its first receive) is watched the same way through the
-//! process it was announced to, which the peer named in its handshake: only that process could
-//! still adopt it (publishers do not know it: a subscriber's ring never adopted stays until
-//! the session ends). A push lets the ring of a connection that ended
-//! go (and so finishes it) at its next write into a ring, a publisher the ring of a subscriber
-//! that left at its next send, a pair the ring of its gone peer at its next send (which then
-//! waits for a next peer), a req or rep the ring of a connection that ended at its next send,
-//! or any of them when an allocation of its process finds the segment full
+//! announcement, which it does at its first receive, or could not adopt it:
+//! [`RingConsumer::adopt_announced`] then keeps the announcement's reference) is watched the
+//! same way through the process it was announced to, which the peer named in its handshake, by
+//! its pid alone (a reused pid keeps the ring): only that process could still adopt it.
+//! Publishers do not know that process, nor does a ring whose peer is in its own process: such
+//! a ring never adopted stays until the session ends. A push lets the ring of a connection that
+//! ended go (and so finishes it) at its next write into a ring, a publisher the ring of a
+//! subscriber that left at its next send, a pair the ring of its gone peer at its next send
+//! (which then waits for a next peer), a req or rep the ring of a connection that ended at its
+//! next send, or any of them when an allocation of its process finds the segment full
 //! ([`crate::session::RingHolder`]), whichever comes first: a sender that never writes again
-//! still gets that memory back. What the consumer left is everything
-//! from the published head: the consumer reads ahead of it (a run of entries at a look), but
-//! moves the head past an entry only when it hands the entry's message to its device
-//! ([`RingConsumer::take_peeked`], [`RingConsumer::release_to`]), so a consumer killed with a
-//! run taken and not handed out leaves all of it to its producer; it releases nothing of an
-//! entry before the head passed it, so nothing is released twice. A producer that dies
-//! never marks either: what it leaves to a consumer that leaves without taking it stays until
-//! the session's memory is removed.
+//! still gets that memory back. What the consumer left is everything from the published head:
+//! the consumer reads ahead of it (a run of entries at a look), but moves the head past an
+//! entry only when it hands the entry's message to its device ([`RingConsumer::take_peeked`],
+//! [`RingConsumer::release_to`]), so a consumer killed with a run taken and not handed out
+//! leaves all of it to its producer; it releases nothing of an entry before the head passed it,
+//! so nothing is released twice. A producer that dies never marks either: what it leaves to a
+//! consumer that leaves without taking it stays until the session's memory is removed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -512,6 +513,11 @@ impl OrphanRing {
         if lives {
             return OrphanFate::Waiting(self);
         }
+        // A process that is gone writes nothing more, but it may have finished and settled the
+        // ring (and given its reference back) between the first look and the /proc read.
+        if self.finished().is_settled() {
+            return OrphanFate::Settled;
+        }
         // The dead consumer's reference: ours keeps the block while the reader reads it.
         self.block.release_references(1);
         match RingConsumer::adopt(self.block, DeliveryRef::NONE, false) {
@@ -561,19 +567,49 @@ impl RingConsumer {
     /// Adopts the ring in `block` (its reference came with the announcement).
     ///
     /// # Errors
-    /// [`ShmError::BadDescriptor`] for a block too small to be a ring.
+    /// [`ShmError::BadDescriptor`] for a block too small to be a ring, or a head no producer
+    /// writes; the block's reference is given back.
     pub(crate) fn adopt(
         block: ShmBuffer,
         delivery: DeliveryRef,
         busy_polled: bool,
     ) -> Result<RingConsumer, ShmError> {
+        RingConsumer::adopt_or_refuse(block, delivery, busy_polled).map_err(|refused| refused.0)
+    }
+
+    /// [`RingConsumer::adopt`] for a receiver that read the ring's announcement: a ring it
+    /// cannot adopt keeps the reference the announcement carried, for its producer, which
+    /// releases it (and what the ring holds) once this process is gone (see "Peer death and
+    /// drop"); given back here too, it would be given back twice.
+    ///
+    /// # Errors
+    /// As [`RingConsumer::adopt`].
+    pub(crate) fn adopt_announced(
+        block: ShmBuffer,
+        delivery: DeliveryRef,
+        busy_polled: bool,
+    ) -> Result<RingConsumer, ShmError> {
+        RingConsumer::adopt_or_refuse(block, delivery, busy_polled).map_err(|refused| {
+            let (error, block) = *refused;
+            block.disarm();
+            error
+        })
+    }
+
+    /// Adopts the ring in `block`, or says why not and hands the block back.
+    fn adopt_or_refuse(
+        block: ShmBuffer,
+        delivery: DeliveryRef,
+        busy_polled: bool,
+    ) -> Result<RingConsumer, Box<(ShmError, ShmBuffer)>> {
         if block.block_capacity() < RING_BLOCK {
-            return Err(ShmError::BadDescriptor {
+            let error = ShmError::BadDescriptor {
                 reason: format!(
                     "a descriptor ring needs {RING_BLOCK} bytes, the announced block has {}",
                     block.block_capacity()
                 ),
-            });
+            };
+            return Err(Box::new((error, block)));
         }
         let memory = RingMemory {
             segment: Arc::clone(block.segment()),
@@ -583,7 +619,8 @@ impl RingConsumer {
         // Entries start at multiples of 8 (a header is one aligned word): a head that is not
         // one was written by a broken peer.
         if !head.is_multiple_of(8) {
-            return Err(memory.corrupt(format!("head {head} is not a multiple of 8")));
+            let error = memory.corrupt(format!("head {head} is not a multiple of 8"));
+            return Err(Box::new((error, block)));
         }
         // The start time first: whoever reads the pid (acquire) reads the start time it goes
         // with. The segment's record of this process: no /proc read here.
@@ -1368,9 +1405,9 @@ mod tests {
             };
             drop(orphan);
         }
-        let mut gone = std::process::Command::new("true").spawn().unwrap();
-        gone.wait().unwrap();
-        let orphan = producer.orphan().unwrap().announced_to(Some(gone.id()));
+        // No process has this pid (Linux's pid_max is at most 2^22).
+        let gone = i32::MAX as u32;
+        let orphan = producer.orphan().unwrap().announced_to(Some(gone));
         let OrphanFate::Dead(mut reader) = orphan.fate() else {
             panic!("a ring announced to a process that is gone was kept");
         };
@@ -1381,6 +1418,51 @@ mod tests {
         assert_eq!(producer.block().block_references(), Some(2));
         drop(reader);
         assert_eq!(producer.block().block_references(), Some(1));
+    }
+
+    /// A receiver that cannot adopt an announced ring (here a block too small to be one)
+    /// keeps the reference the announcement carried, which the producer gives back once the
+    /// receiver's process is gone; `adopt` (the producer's own reader) gives it back at once.
+    #[test]
+    fn a_ring_that_cannot_be_adopted_keeps_the_announcements_reference_for_its_producer() {
+        let name = ObjectName::new(
+            current_uid(),
+            &format!("ring-test-{}-refused", std::process::id()),
+            ObjectKind::Segment,
+            std::process::id(),
+            0,
+        );
+        /// Removes the segment when the test ends, passed or failed.
+        struct Removed(ObjectName);
+        impl Drop for Removed {
+            fn drop(&mut self) {
+                let _ = Segment::remove(&self.0);
+            }
+        }
+        let _removed = Removed(name.clone());
+        let owned = Arc::new(OwnedSegment::new(Segment::create(name, 4 << 20).unwrap()));
+        let block = owned.allocate(4096).unwrap();
+        let announced = || {
+            block.add_references(1);
+            ShmBuffer::adopt_block(
+                Arc::clone(owned.segment()),
+                WireRange {
+                    offset: block.data_offset() as u64,
+                    size: 4096,
+                },
+            )
+            .unwrap()
+            .0
+        };
+        assert!(RingConsumer::adopt_announced(announced(), DeliveryRef::NONE, false).is_err());
+        assert_eq!(
+            block.block_references(),
+            Some(2),
+            "the announcement's reference stays for the producer"
+        );
+        block.release_references(1);
+        assert!(RingConsumer::adopt(announced(), DeliveryRef::NONE, false).is_err());
+        assert_eq!(block.block_references(), Some(1), "given back at once");
     }
 
     /// A producer that rings a sleeping consumer's doorbell says when, on the clock the

@@ -134,7 +134,8 @@ pub(crate) struct Session {
     /// before sleeping (see `allocate`).
     spin_on_full: AtomicBool,
     /// Rings this process produced and finished with while their consumers were still at
-    /// them: if a consumer dies without finishing, what it left is released here (see
+    /// them, or before any consumer adopted them: if a consumer (or the process a ring was
+    /// announced to) dies without finishing, what it left is released here (see
     /// [`Session::settle_orphans`]).
     orphans: Mutex<Vec<OrphanRing>>,
     /// The sockets of this process that produce into rings, looked at when an allocation finds
@@ -388,7 +389,8 @@ impl Session {
     }
 
     /// Looks at the consumers of the rings this process finished with while they were still
-    /// at them: what one that died left is released, one that finished is forgotten. Done when
+    /// at them (or at the processes that never adopted theirs): what one that died left is
+    /// released, one that finished is forgotten. Done when
     /// such a ring is finished and whenever an allocation finds the segment full, so a
     /// receiver killed with a backlog does not hold its sender's memory for ever.
     pub(crate) fn settle_orphans(&self) {

@@ -485,10 +485,17 @@ impl ReqRepSide {
         record: &[PartRef],
         label: &ChannelLabel,
     ) -> Result<RingOffer> {
-        let Some(connection_idx) = self.target(label)? else {
-            return Ok(RingOffer::NoPeer);
+        // A connection that ended after `target` looked takes nothing: `target` looks again,
+        // without it (a rep's requester gone is an error, a req goes on to its next
+        // connection).
+        let (connection_idx, offer) = loop {
+            let Some(connection_idx) = self.target(label)? else {
+                return Ok(RingOffer::NoPeer);
+            };
+            if let Some(offer) = self.write_to(session, connection_idx, record)? {
+                break (connection_idx, offer);
+            }
         };
-        let offer = self.write_to(session, connection_idx, record)?;
         if matches!(offer, RingOffer::Written) {
             let identity = &self.connections[connection_idx].identity;
             self.peer = self.is_req().then(|| identity.clone());
@@ -497,19 +504,22 @@ impl ReqRepSide {
     }
 
     /// Writes `record` into the ring of connection `connection_idx`, making and announcing
-    /// the ring first if it has none.
+    /// the ring first if it has none; `None` when the connection has ended.
     fn write_to(
         &mut self,
         session: &Arc<Session>,
         connection_idx: usize,
         record: &[PartRef],
-    ) -> Result<RingOffer> {
+    ) -> Result<Option<RingOffer>> {
         let connection = &self.connections[connection_idx];
+        if connection.link.is_gone() {
+            return Ok(None);
+        }
         if connection.ring.is_empty() {
             let (ring, announce) = match new_ring(session, DeliveryRef::NONE) {
                 Ok(made) => made,
                 Err(crate::error::ShmError::SegmentFull { .. }) => {
-                    return Ok(RingOffer::NoRoomForRing);
+                    return Ok(Some(RingOffer::NoRoomForRing));
                 }
                 Err(error) => return Err(transport_error(self.socket.label(), error)),
             };
@@ -523,12 +533,9 @@ impl ReqRepSide {
             });
             session.watch_producer(&connection.ring);
         }
-        // A connection that ended since `target` looked takes nothing: the next send looks
-        // for another.
         Ok(connection
             .ring
-            .write_if_live(session, record, &mut self.entry)
-            .unwrap_or(RingOffer::NoPeer))
+            .write_if_live(session, record, &mut self.entry))
     }
 
     /// What a send now would do out of turn, `None` in turn: a req with a reply pending, a rep
@@ -799,9 +806,12 @@ async fn wait_for_ring_room(looks: &RingLooks, deadline: Option<tokio::time::Ins
 
 impl Drop for ConnectionRing {
     fn drop(&mut self) {
-        let wake = self
-            .session
-            .finish_producing(&mut self.ring, self.link.peer_pid());
+        // A peer in this process lives as long as the ring's orphan would be looked at.
+        let announced_to = self
+            .link
+            .peer_pid()
+            .filter(|&pid| pid != std::process::id());
+        let wake = self.session.finish_producing(&mut self.ring, announced_to);
         self.ring_doorbell(wake);
     }
 }
@@ -3032,7 +3042,7 @@ impl ShmSocket {
         self.map_unseen(unseen).await?;
         let adopted = self.session.segment(announced.segment).and_then(|mapped| {
             let (block, _) = ShmBuffer::adopt_block(mapped, announced.range)?;
-            RingConsumer::adopt(block, announced.delivery, self.busy_poll)
+            RingConsumer::adopt_announced(block, announced.delivery, self.busy_poll)
         });
         let mut ring = adopted.map_err(|error| transport_error(&self.label, error))?;
         // A busy-polled receive never waits for a doorbell.
