@@ -49,20 +49,26 @@ async fn pair_up(
     binder: SocketType,
     connector: SocketType,
 ) -> (Channel, Channel) {
-    let mut bound = Channel::open(transport, config("data", binder, Method::Bind), "data")
-        .await
-        .unwrap();
+    pair_up_with(
+        (transport, config("data", binder, Method::Bind)),
+        (transport, config("data", connector, Method::Connect)),
+    )
+    .await
+}
+
+/// [`pair_up`] with a transport and a configuration of each end's own.
+async fn pair_up_with(
+    binder: (&OfiTransport, ChannelConfig),
+    connector: (&OfiTransport, ChannelConfig),
+) -> (Channel, Channel) {
+    let mut bound = Channel::open(binder.0, binder.1, "data").await.unwrap();
     let address = bound
         .bind(&Address::parse("tcp://127.0.0.1:0").unwrap())
         .await
         .unwrap();
-    let mut connected = Channel::open(
-        transport,
-        config("data", connector, Method::Connect),
-        "data",
-    )
-    .await
-    .unwrap();
+    let mut connected = Channel::open(connector.0, connector.1, "data")
+        .await
+        .unwrap();
     connected.connect(&address).await.unwrap();
     (bound, connected)
 }
@@ -263,25 +269,11 @@ async fn a_peer_announcing_more_than_max_message_size_is_refused() {
         ..OfiOptions::default()
     });
     let sender = transport();
-    let mut pull = Channel::open(
-        &bounded,
-        config("data", SocketType::Pull, Method::Bind),
-        "data",
+    let (mut pull, mut push) = pair_up_with(
+        (&bounded, config("data", SocketType::Pull, Method::Bind)),
+        (&sender, config("data", SocketType::Push, Method::Connect)),
     )
-    .await
-    .unwrap();
-    let address = pull
-        .bind(&Address::parse("tcp://127.0.0.1:0").unwrap())
-        .await
-        .unwrap();
-    let mut push = Channel::open(
-        &sender,
-        config("data", SocketType::Push, Method::Connect),
-        "data",
-    )
-    .await
-    .unwrap();
-    push.connect(&address).await.unwrap();
+    .await;
     push.send(Message::from(vec![7; 2 << 20])).await.unwrap();
     let error = pull
         .receive_timeout(Duration::from_secs(30))
@@ -308,23 +300,13 @@ async fn a_close_waits_for_a_large_message_while_its_chunks_keep_moving() {
         receive_window: 2 << 30,
         ..OfiOptions::default()
     });
-    let mut pull = Channel::open(
-        &transport,
-        config("data", SocketType::Pull, Method::Bind),
-        "data",
-    )
-    .await
-    .unwrap();
-    let address = pull
-        .bind(&Address::parse("tcp://127.0.0.1:0").unwrap())
-        .await
-        .unwrap();
     let mut push_config = config("data", SocketType::Push, Method::Connect);
     push_config.linger = 250;
-    let mut push = Channel::open(&transport, push_config, "data")
-        .await
-        .unwrap();
-    push.connect(&address).await.unwrap();
+    let (mut pull, mut push) = pair_up_with(
+        (&transport, config("data", SocketType::Pull, Method::Bind)),
+        (&transport, push_config),
+    )
+    .await;
     let mut large = vec![0u8; SIZE];
     large[SIZE - 1] = 7;
     push.send(Message::from(large)).await.unwrap();

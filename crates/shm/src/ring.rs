@@ -1366,6 +1366,29 @@ mod tests {
         assert_eq!(fixture.producer.block().block_references(), Some(2));
     }
 
+    /// Removes a test's segment when the test ends, passed or failed.
+    struct Removed(ObjectName);
+
+    impl Drop for Removed {
+        fn drop(&mut self) {
+            let _ = Segment::remove(&self.0);
+        }
+    }
+
+    /// A segment of 4 MiB of this test's own (`tag`), owned by this process, with no ring in it.
+    fn own_segment(tag: &str) -> (Removed, Arc<OwnedSegment>) {
+        let name = ObjectName::new(
+            current_uid(),
+            &format!("ring-test-{}-{tag}", std::process::id()),
+            ObjectKind::Segment,
+            std::process::id(),
+            0,
+        );
+        let removed = Removed(name.clone());
+        let segment = Segment::create(name, 4 << 20).unwrap();
+        (removed, Arc::new(OwnedSegment::new(segment)))
+    }
+
     /// A ring no consumer adopted (its receiver never read the announcement): while the
     /// process it was announced to lives, or when that process is not known, the producer
     /// waits (the announcement may still be read); once that process is gone nobody can adopt
@@ -1373,23 +1396,7 @@ mod tests {
     /// announcement carried.
     #[test]
     fn a_ring_never_adopted_is_released_once_the_process_it_was_announced_to_is_gone() {
-        let name = ObjectName::new(
-            current_uid(),
-            &format!("ring-test-{}-unadopted", std::process::id()),
-            ObjectKind::Segment,
-            std::process::id(),
-            0,
-        );
-        /// Removes the segment when the test ends, passed or failed.
-        struct Removed(ObjectName);
-        impl Drop for Removed {
-            fn drop(&mut self) {
-                let _ = Segment::remove(&self.0);
-            }
-        }
-        let _removed = Removed(name.clone());
-        let segment = Segment::create(name, 4 << 20).unwrap();
-        let owned = Arc::new(OwnedSegment::new(segment));
+        let (_removed, owned) = own_segment("unadopted");
         let mut producer = RingProducer::new(owned.allocate_long_lived(RING_BLOCK).unwrap());
         // The announcement's reference, which no consumer took.
         producer.block().add_references(1);
@@ -1425,22 +1432,7 @@ mod tests {
     /// receiver's process is gone; `adopt` (the producer's own reader) gives it back at once.
     #[test]
     fn a_ring_that_cannot_be_adopted_keeps_the_announcements_reference_for_its_producer() {
-        let name = ObjectName::new(
-            current_uid(),
-            &format!("ring-test-{}-refused", std::process::id()),
-            ObjectKind::Segment,
-            std::process::id(),
-            0,
-        );
-        /// Removes the segment when the test ends, passed or failed.
-        struct Removed(ObjectName);
-        impl Drop for Removed {
-            fn drop(&mut self) {
-                let _ = Segment::remove(&self.0);
-            }
-        }
-        let _removed = Removed(name.clone());
-        let owned = Arc::new(OwnedSegment::new(Segment::create(name, 4 << 20).unwrap()));
+        let (_removed, owned) = own_segment("refused");
         let block = owned.allocate(4096).unwrap();
         let announced = || {
             block.add_references(1);
