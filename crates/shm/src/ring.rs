@@ -67,8 +67,8 @@
 //! The ring's block holds two references, the producer's and the consumer's, each dropped by
 //! its side's handle; the owner reclaims it when both are gone. A consumer that dies leaves its
 //! reference, which its producer gives back once it finds the consumer gone (below), and the
-//! records in the ring are counted as not taken by the sender (`delivery.rs`). A producer that exits leaves
-//! the ring readable: its segment outlives it while a process of the session lives
+//! records in the ring are counted as not taken by the sender (`delivery.rs`). A producer that
+//! exits leaves the ring readable: its segment outlives it while a process of the session lives
 //! (`cleanup.rs`), so a stalled consumer still takes everything after it resumes.
 //!
 //! The entries nobody takes hold references to their messages' blocks. When both sides are
