@@ -203,11 +203,6 @@ impl RingSlot {
         RingSlot(crate::lock::ShortLock::new(None))
     }
 
-    /// True while no ring was put in (or it was let go).
-    fn is_empty(&self) -> bool {
-        self.0.lock().is_none()
-    }
-
     /// The ring, out of the lock, if its connection ended (for the caller to drop).
     fn take_if_gone(&self) -> Option<ConnectionRing> {
         let mut ring = self.0.lock();
@@ -504,7 +499,8 @@ impl ReqRepSide {
     }
 
     /// Writes `record` into the ring of connection `connection_idx`, making and announcing
-    /// the ring first if it has none; `None` when the connection has ended.
+    /// the ring first if it has none; `None` when the connection has ended. One look under the
+    /// ring's lock when the connection has its ring (every send after its first).
     fn write_to(
         &mut self,
         session: &Arc<Session>,
@@ -512,27 +508,32 @@ impl ReqRepSide {
         record: &[PartRef],
     ) -> Result<Option<RingOffer>> {
         let connection = &self.connections[connection_idx];
+        if let Some(offer) = connection
+            .ring
+            .write_if_live(session, record, &mut self.entry)
+        {
+            return Ok(Some(offer));
+        }
+        // No ring yet, or the connection ended (then none is made).
         if connection.link.is_gone() {
             return Ok(None);
         }
-        if connection.ring.is_empty() {
-            let (ring, announce) = match new_ring(session, DeliveryRef::NONE) {
-                Ok(made) => made,
-                Err(crate::error::ShmError::SegmentFull { .. }) => {
-                    return Ok(Some(RingOffer::NoRoomForRing));
-                }
-                Err(error) => return Err(transport_error(self.socket.label(), error)),
-            };
-            connection.link.send_frame(&announce);
-            connection.ring.set(ConnectionRing {
-                ring,
-                link: Arc::clone(&connection.link),
-                doorbell: Arc::clone(&self.doorbell),
-                doorbell_due: false,
-                session: Arc::clone(session),
-            });
-            session.watch_producer(&connection.ring);
-        }
+        let (ring, announce) = match new_ring(session, DeliveryRef::NONE) {
+            Ok(made) => made,
+            Err(crate::error::ShmError::SegmentFull { .. }) => {
+                return Ok(Some(RingOffer::NoRoomForRing));
+            }
+            Err(error) => return Err(transport_error(self.socket.label(), error)),
+        };
+        connection.link.send_frame(&announce);
+        connection.ring.set(ConnectionRing {
+            ring,
+            link: Arc::clone(&connection.link),
+            doorbell: Arc::clone(&self.doorbell),
+            doorbell_due: false,
+            session: Arc::clone(session),
+        });
+        session.watch_producer(&connection.ring);
         Ok(connection
             .ring
             .write_if_live(session, record, &mut self.entry))

@@ -974,6 +974,7 @@ async fn serve(shared: Arc<Shared>, stream: Stream) {
         tracing::warn!(channel = %shared.label, peer = %name, "refused a peer: a {ours} serves {} peers, this one is {:?}", String::from_utf8_lossy(theirs), String::from_utf8_lossy(&peer.socket_type));
         return;
     }
+    let peer_pid = crate::handshake::peer_pid(&peer.identity);
     {
         let mut state = shared.state();
         if shared.pattern == Pattern::Pair && state.peers > 0 {
@@ -982,7 +983,7 @@ async fn serve(shared: Arc<Shared>, stream: Stream) {
             return;
         }
         state.peers += 1;
-        if let Some(pid) = crate::handshake::peer_pid(&peer.identity)
+        if let Some(pid) = peer_pid
             && !state.peer_pids.contains(&pid)
         {
             state.peer_pids.push(pid);
@@ -994,7 +995,7 @@ async fn serve(shared: Arc<Shared>, stream: Stream) {
             writer: Arc::new(Notify::new()),
             replies: Mutex::new(Vec::new()),
             gone: false.into(),
-            peer_pid: crate::handshake::peer_pid(&peer.identity),
+            peer_pid,
         }),
         reader: Notify::new(),
         ended: Mutex::new(None),
