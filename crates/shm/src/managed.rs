@@ -573,7 +573,6 @@ mod tests {
     use std::io::{Read as _, Seek as _, SeekFrom};
 
     use super::*;
-    use crate::names::{ObjectKind, ObjectName, current_uid};
 
     const PAGE: usize = 4096;
     /// The kernel's default fault-around: a read fault maps the page cache's pages of the
@@ -624,20 +623,8 @@ mod tests {
             eprintln!("skipped: /dev/shm may be backed by huge pages here");
             return;
         }
-        let name = ObjectName::new(
-            current_uid(),
-            &format!("first-touch-test-{}", std::process::id()),
-            ObjectKind::Segment,
-            std::process::id(),
-            0,
-        );
-        struct Remove(ObjectName);
-        impl Drop for Remove {
-            fn drop(&mut self) {
-                let _ = Segment::remove(&self.0);
-            }
-        }
-        let _remove = Remove(name.clone());
+        let object = crate::segment::TestObject::segment("first-touch");
+        let name = object.0.clone();
         let owned = OwnedSegment::new(Segment::create(name.clone(), 8 << 20).unwrap());
         // A block first, so that the large one's window holds nothing the receiver maps on
         // opening the segment (its header page); written, so that the window has no hole.

@@ -836,7 +836,7 @@ impl RingConsumer {
 mod tests {
     use super::*;
     use crate::managed::OwnedSegment;
-    use crate::names::{ObjectKind, ObjectName, current_uid};
+    use crate::segment::TestObject;
     use crate::wire::{ObjectRef, WireRange};
 
     /// The next state of a xorshift generator: the tests' sizes and interleavings, reproducible.
@@ -847,10 +847,18 @@ mod tests {
         state
     }
 
+    /// A segment of 4 MiB of this test's own (`tag`), owned by this process, with no ring in it;
+    /// removed when the returned name drops.
+    fn own_segment(tag: &str) -> (TestObject, Arc<OwnedSegment>) {
+        let object = TestObject::segment(&format!("ring-{tag}"));
+        let segment = Segment::create(object.0.clone(), 4 << 20).unwrap();
+        (object, Arc::new(OwnedSegment::new(segment)))
+    }
+
     /// A segment of this test's own with a ring in it, and the consumer's end adopted as a
     /// pull would from the announcement.
     struct Fixture {
-        name: ObjectName,
+        _object: TestObject,
         _owned: Arc<OwnedSegment>,
         producer: RingProducer,
         consumer: RingConsumer,
@@ -864,15 +872,7 @@ mod tests {
         /// A ring whose consumer is busy-polled (`busy`: it finds entries by their headers)
         /// or not (by the tail).
         fn adopted(tag: u32, busy: bool) -> Fixture {
-            let name = ObjectName::new(
-                current_uid(),
-                &format!("ring-test-{}-{tag}", std::process::id()),
-                ObjectKind::Segment,
-                std::process::id(),
-                0,
-            );
-            let segment = Segment::create(name.clone(), 4 << 20).unwrap();
-            let owned = Arc::new(OwnedSegment::new(segment));
+            let (object, owned) = own_segment(&tag.to_string());
             let producer = RingProducer::new(owned.allocate_long_lived(RING_BLOCK).unwrap());
             producer.block().add_references(1);
             let (block, _) = ShmBuffer::adopt_block(
@@ -884,22 +884,16 @@ mod tests {
             )
             .unwrap();
             let delivery = DeliveryRef {
-                segment: ObjectRef::of(&name),
+                segment: ObjectRef::of(&object.0),
                 slot: 3,
             };
             let consumer = RingConsumer::adopt(block, delivery, busy).unwrap();
             Fixture {
-                name,
+                _object: object,
                 _owned: owned,
                 producer,
                 consumer,
             }
-        }
-    }
-
-    impl Drop for Fixture {
-        fn drop(&mut self) {
-            let _ = Segment::remove(&self.name);
         }
     }
 
@@ -1364,29 +1358,6 @@ mod tests {
         assert_eq!(fixture.producer.block().block_references(), Some(3));
         drop(reader);
         assert_eq!(fixture.producer.block().block_references(), Some(2));
-    }
-
-    /// Removes a test's segment when the test ends, passed or failed.
-    struct Removed(ObjectName);
-
-    impl Drop for Removed {
-        fn drop(&mut self) {
-            let _ = Segment::remove(&self.0);
-        }
-    }
-
-    /// A segment of 4 MiB of this test's own (`tag`), owned by this process, with no ring in it.
-    fn own_segment(tag: &str) -> (Removed, Arc<OwnedSegment>) {
-        let name = ObjectName::new(
-            current_uid(),
-            &format!("ring-test-{}-{tag}", std::process::id()),
-            ObjectKind::Segment,
-            std::process::id(),
-            0,
-        );
-        let removed = Removed(name.clone());
-        let segment = Segment::create(name, 4 << 20).unwrap();
-        (removed, Arc::new(OwnedSegment::new(segment)))
     }
 
     /// A ring no consumer adopted (its receiver never read the announcement): while the

@@ -580,38 +580,55 @@ impl std::fmt::Debug for Segment {
     }
 }
 
+/// For unit tests: the name of an object of the test process's own, removed from /dev/shm when
+/// this drops, passed or failed.
+#[cfg(test)]
+pub(crate) struct TestObject(pub(crate) ObjectName);
+
+#[cfg(test)]
+impl TestObject {
+    /// A segment's name, `tag` telling the test's objects apart.
+    pub(crate) fn segment(tag: &str) -> TestObject {
+        let pid = std::process::id();
+        TestObject(ObjectName::new(
+            crate::names::current_uid(),
+            &format!("test-{pid}-{tag}"),
+            ObjectKind::Segment,
+            pid,
+            0,
+        ))
+    }
+}
+
+#[cfg(test)]
+impl Drop for TestObject {
+    fn drop(&mut self) {
+        let _ = Segment::remove(&self.0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::names::current_uid;
 
     /// A segment of this test's own, removed when the test ends.
     struct Fixture {
-        name: ObjectName,
         segment: Segment,
+        _object: TestObject,
     }
 
     impl Fixture {
         fn new(tag: &str) -> Fixture {
-            let name = ObjectName::new(
-                current_uid(),
-                &format!("segment-test-{}-{tag}", std::process::id()),
-                ObjectKind::Segment,
-                std::process::id(),
-                0,
-            );
-            let segment = Segment::create(name.clone(), 1 << 20).unwrap();
-            Fixture { name, segment }
+            let object = TestObject::segment(&format!("segment-{tag}"));
+            let segment = Segment::create(object.0.clone(), 1 << 20).unwrap();
+            Fixture {
+                segment,
+                _object: object,
+            }
         }
 
         fn slot(&self, index: usize) -> &AttachSlot {
             &self.segment.header().attached[index]
-        }
-    }
-
-    impl Drop for Fixture {
-        fn drop(&mut self) {
-            let _ = Segment::remove(&self.name);
         }
     }
 

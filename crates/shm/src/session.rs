@@ -145,9 +145,10 @@ pub(crate) struct Session {
 
 /// A socket (push, pub) or a connection's ring (pair, req, rep) that keeps a ring until the
 /// socket next writes: when its connection ends (a receiver killed), the ring stays with the
-/// socket until then, and what the receiver left in it with the ring. An allocation that finds the segment full has the
-/// socket let such rings go ([`Session::settle_full`]), so their backlog is released even when
-/// the socket never writes again (no receiver left, a sender waiting for room).
+/// socket until then, and what the receiver left in it with the ring. An allocation that finds
+/// the segment full has the socket let such rings go ([`Session::settle_full`]), so their
+/// backlog is released even when the socket never writes again (no receiver left, a sender
+/// waiting for room).
 pub(crate) trait RingHolder: Send + Sync {
     /// Drops the rings of connections that ended (each one's drop finishes it: see
     /// [`Session::finish_producing`]). Never called with the holder's own lock held: the
@@ -388,11 +389,11 @@ impl Session {
         }
     }
 
-    /// Looks at the consumers of the rings this process finished with while they were still
-    /// at them (or at the processes that never adopted theirs): what one that died left is
-    /// released, one that finished is forgotten. Done when
-    /// such a ring is finished and whenever an allocation finds the segment full, so a
-    /// receiver killed with a backlog does not hold its sender's memory for ever.
+    /// Looks at the consumers of the rings this process finished with while they were still at
+    /// them (or at the processes that never adopted theirs): what one that died left is
+    /// released, one that finished is forgotten. Done when such a ring is finished and whenever
+    /// an allocation finds the segment full, so a receiver killed with a backlog does not hold
+    /// its sender's memory for ever.
     pub(crate) fn settle_orphans(&self) {
         let watched = std::mem::take(&mut *self.orphans.lock().expect("orphans poisoned"));
         if watched.is_empty() {

@@ -1837,10 +1837,11 @@ fn killed_pair_peer_backlog_released_without_a_send() -> Result<()> {
 }
 
 /// A requester killed (SIGKILL) with its second reply, 24 MiB of the rep's 64 MiB segment, left
-/// untaken in the rep's ring (the first round trip has it adopt the ring): an allocation that finds the segment full has the rep let the
-/// ring of its ended connection go, and the reply's memory comes back though the rep never sends
-/// again (before, only the rep's next send let it go: the allocation waited its whole timeout).
-/// A req whose rep was killed holding its request is the same code.
+/// untaken in the rep's ring (the first round trip has it adopt the ring): an allocation that
+/// finds the segment full has the rep let the ring of its ended connection go, and the reply's
+/// memory comes back though the rep never sends again (before, only the rep's next send let it
+/// go: the allocation waited its whole timeout). A req whose rep was killed holding its request
+/// is the same code.
 fn killed_requester_reply_released_without_a_send() -> Result<()> {
     let session = Session::new("killedreq");
     block_on(async {
