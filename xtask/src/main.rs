@@ -85,8 +85,10 @@ enum Task {
         #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
         messages: u64,
         /// Pace the samplers at this many messages per second (--msg-rate) and report the CPU
-        /// each process used (% of a core) instead of the message rate; pass --messages to
-        /// match (e.g. 25000 at 2500 for 10 s).
+        /// each process used (% of a core) instead of the message rate, beside the machine's
+        /// wake-up floor measured in each round (a thread that only sleeps and rings a
+        /// doorbell as often as the samplers wake, and the thread it wakes); pass --messages
+        /// to match (e.g. 25000 at 2500 for 10 s).
         #[arg(long, value_parser = positive_rate)]
         msg_rate: Option<f64>,
     },

@@ -16,6 +16,13 @@
 //! Rounds alternate FairMQ, ferromq for every size; the report gives each side's median with
 //! min-max and the ratio ferromq ÷ FairMQ taken pair by pair (median, min-max). Every session's
 //! shared memory is removed after its run, also after a failure or a timeout.
+//!
+//! Paced runs (`--msg-rate`) report CPU instead, and beside it the machine's wake-up floor,
+//! measured in the same round right before the pair ([`wake_up_floor`]): what a sender that does
+//! nothing but sleep until its next burst and ring a doorbell costs, and what the receiver that
+//! the doorbell wakes costs. Both devices sleep and wake once per burst whatever they send, and
+//! on a virtual machine a timer's wake-up alone costs most of a percent of a core at 200 a
+//! second, varying by the hour: the floor says how much of a device's figure is the machine's.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -56,6 +63,9 @@ pub struct Cell {
     pub fairmq: Vec<RunResult>,
     /// ferromq's runs, paired with FairMQ's by index.
     pub ferromq: Vec<RunResult>,
+    /// Paced runs: the wake-up floor measured in each round before the pair, % of a core of its
+    /// sender and of its receiver ([`wake_up_floor`]).
+    pub floor: Vec<(f64, f64)>,
 }
 
 /// What to compare.
@@ -92,6 +102,66 @@ fn cpu_ticks(pid: u32) -> Option<u64> {
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
     Some(utime + stime)
+}
+
+/// How often a paced device sleeps and wakes at most: FairMQ's rate limiter sleeps once per
+/// 5 ms of messages, ferromq's pacer once per `BURST` (5 ms); slower rates sleep before every
+/// message.
+const BURST: Duration = Duration::from_millis(5);
+
+/// How far apart a device paced to `msg_rate` messages a second wakes.
+fn wake_period(msg_rate: f64) -> Duration {
+    Duration::try_from_secs_f64(1.0 / msg_rate)
+        .unwrap_or(BURST)
+        .max(BURST)
+}
+
+/// How long the wake-up floor is measured in each round.
+const FLOOR_RUN: Duration = Duration::from_secs(10);
+
+/// This thread's CPU time so far in nanoseconds (the scheduler's own count,
+/// `/proc/thread-self/schedstat`, exact where clock ticks are 10 ms apart).
+fn thread_cpu_ns() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// The wake-up floor of a paced pair on this machine now, for `run_for`: a sender thread that
+/// sleeps until its next wake-up every `period` and then sends one datagram, and a receiver
+/// thread blocked in `recv` that the datagram wakes; nothing else. Their CPU in % of a core
+/// (sender, receiver), or `None` where the threads' CPU cannot be read (no schedstat) or the
+/// doorbell failed. A device paced to sleep as often costs at least this much.
+fn wake_up_floor(run_for: Duration, period: Duration) -> Option<(f64, f64)> {
+    let (doorbell, bell) = std::os::unix::net::UnixDatagram::pair().ok()?;
+    // A lost doorbell ends the receiver instead of hanging the run.
+    bell.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    let n_wakes = (run_for.as_nanos() / period.as_nanos().max(1)).max(1);
+    let receiver = std::thread::spawn(move || {
+        let before = thread_cpu_ns()?;
+        let mut byte = [0u8; 1];
+        for _ in 0..n_wakes {
+            bell.recv(&mut byte).ok()?;
+        }
+        Some(thread_cpu_ns()? - before)
+    });
+    let started = Instant::now();
+    let before = thread_cpu_ns();
+    let mut due = started;
+    let mut rung = true;
+    for _ in 0..n_wakes {
+        due += period;
+        if let Some(left) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(left);
+        }
+        rung &= doorbell.send(&[1]).is_ok();
+    }
+    let sender_ns = thread_cpu_ns()
+        .zip(before)
+        .map(|(after, before)| after - before);
+    let receiver_ns = receiver.join().ok().flatten();
+    let seconds = started.elapsed().as_secs_f64();
+    let percent = |ns: u64| ns as f64 / 1e9 / seconds * 100.0;
+    rung.then_some((percent(sender_ns?), percent(receiver_ns?)))
 }
 
 /// Clock ticks per second (`getconf CLK_TCK`; 100, Linux's usual value, if that fails).
@@ -434,6 +504,7 @@ pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
                 size,
                 fairmq: Vec::new(),
                 ferromq: Vec::new(),
+                floor: Vec::new(),
             })
         })
         .collect();
@@ -441,6 +512,24 @@ pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
     for round in 0..options.rounds {
         for cell in &mut cells {
             let (transport, size) = (cell.transport, cell.size);
+            if let Some(msg_rate) = options.msg_rate {
+                let period = wake_period(msg_rate);
+                match wake_up_floor(FLOOR_RUN, period) {
+                    Some(floor) => {
+                        eprintln!(
+                            "xtask: round {} wake-up floor every {period:?}: sender {:.2}% receiver {:.2}%",
+                            round + 1,
+                            floor.0,
+                            floor.1
+                        );
+                        cell.floor.push(floor);
+                    }
+                    None => eprintln!(
+                        "xtask: round {} wake-up floor not measured (no /proc/thread-self/schedstat, or a doorbell failed)",
+                        round + 1
+                    ),
+                }
+            }
             let mut pair_rates = [RunResult::default(); 2];
             for (side_idx, side) in [Side::FairMq, Side::Ferromq].into_iter().enumerate() {
                 let session = format!(
@@ -555,26 +644,31 @@ pub fn render(options: &Options, cells: &[Cell]) -> String {
     report
 }
 
-/// The report of paced runs: CPU % of a core per process, medians (min-max).
+/// The report of paced runs: CPU % of a core per process, medians (min-max), and the wake-up
+/// floor measured beside them.
 fn render_cpu(options: &Options, msg_rate: f64, cells: &[Cell]) -> String {
     let mut report = String::new();
     let _ = writeln!(
         report,
         "# ferromq vs FairMQ, side by side: CPU at {msg_rate} msg/s\n\n{}; {} rounds of {} \
          messages, device pairs over ipc (sink binds, sampler connects), interleaved; CPU time of \
-         each process from its first second to its end, in % of one core; medians with min-max.\n",
+         each process from its first second to its end, in % of one core; medians with min-max. \
+         Wake-up floor: in each round before the pair, a thread that only sleeps until its next \
+         burst ({:?} apart, as both samplers sleep) and rings a doorbell, and the thread it \
+         wakes ({:?} each round).\n",
         crate::bench::machine(),
         options.rounds,
-        options.messages + 1
+        options.messages + 1,
+        wake_period(msg_rate),
+        FLOOR_RUN
     );
     let _ = writeln!(
         report,
-        "| transport | size | FairMQ sampler | FairMQ sink | ferromq sampler | ferromq sink |\n|---|---|---|---|---|---|"
+        "| transport | size | FairMQ sampler | FairMQ sink | ferromq sampler | ferromq sink | floor: sender | floor: receiver |\n|---|---|---|---|---|---|---|---|"
     );
-    let spread = |runs: &[RunResult], pick: fn((f64, f64)) -> f64| {
-        let values: Vec<f64> = runs.iter().filter_map(|run| run.cpu.map(pick)).collect();
+    let percent = |values: Vec<f64>, missing: &str| {
         if values.is_empty() {
-            return "failed".to_owned();
+            return missing.to_owned();
         }
         let spread = Spread::of(&values);
         format!(
@@ -582,16 +676,26 @@ fn render_cpu(options: &Options, msg_rate: f64, cells: &[Cell]) -> String {
             spread.median, spread.min, spread.max
         )
     };
+    let spread = |runs: &[RunResult], pick: fn((f64, f64)) -> f64| {
+        percent(
+            runs.iter().filter_map(|run| run.cpu.map(pick)).collect(),
+            "failed",
+        )
+    };
     for cell in cells {
+        let floor =
+            |pick: fn(&(f64, f64)) -> f64| percent(cell.floor.iter().map(pick).collect(), "-");
         let _ = writeln!(
             report,
-            "| {} | {} B | {} | {} | {} | {} |",
+            "| {} | {} B | {} | {} | {} | {} | {} | {} |",
             cell.transport.name(),
             cell.size,
             spread(&cell.fairmq, |cpu| cpu.0),
             spread(&cell.fairmq, |cpu| cpu.1),
             spread(&cell.ferromq, |cpu| cpu.0),
-            spread(&cell.ferromq, |cpu| cpu.1)
+            spread(&cell.ferromq, |cpu| cpu.1),
+            floor(|floor| floor.0),
+            floor(|floor| floor.1)
         );
     }
     report
@@ -635,6 +739,7 @@ mod tests {
             size: 64,
             fairmq,
             ferromq,
+            floor: Vec::new(),
         };
         let report = render(
             &options,
@@ -686,13 +791,54 @@ mod tests {
                 size: 1048576,
                 fairmq: vec![run(3.3, 2.5)],
                 ferromq: vec![run(0.8, 0.4)],
+                floor: vec![(0.7, 0.2)],
             }],
         );
         assert!(report.contains("CPU at 2500 msg/s"), "{report}");
         assert!(
-            report.contains("| shmem | 1048576 B | 3.30% (3.30-3.30) | 2.50% (2.50-2.50) | 0.80% (0.80-0.80) | 0.40% (0.40-0.40) |"),
+            report.contains("(5ms apart, as both samplers sleep)"),
             "{report}"
         );
+        assert!(
+            report.contains("| shmem | 1048576 B | 3.30% (3.30-3.30) | 2.50% (2.50-2.50) | 0.80% (0.80-0.80) | 0.40% (0.40-0.40) | 0.70% (0.70-0.70) | 0.20% (0.20-0.20) |"),
+            "{report}"
+        );
+        // A round whose floor could not be measured leaves the columns empty, not failed.
+        let report = render(
+            &options,
+            &[Cell {
+                transport: Transport::Shmem,
+                size: 1048576,
+                fairmq: vec![run(3.3, 2.5)],
+                ferromq: vec![run(0.8, 0.4)],
+                floor: Vec::new(),
+            }],
+        );
+        assert!(report.contains("| 0.40% (0.40-0.40) | - | - |"), "{report}");
+    }
+
+    #[test]
+    fn a_slow_rate_wakes_per_message_and_a_fast_one_per_burst() {
+        assert_eq!(wake_period(2500.0), BURST);
+        assert_eq!(wake_period(10.0), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn the_wake_up_floor_is_measured_by_both_threads() {
+        if thread_cpu_ns().is_none() {
+            eprintln!("skipped: no /proc/thread-self/schedstat on this kernel");
+            return;
+        }
+        let started = Instant::now();
+        let (sender, receiver) =
+            wake_up_floor(Duration::from_millis(200), Duration::from_millis(5))
+                .expect("both threads' CPU, every doorbell received");
+        // Forty sleeps of 5 ms: the sender kept its schedule (it never ran ahead).
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        // Each thread ran (a wake-up costs something) and slept most of the time.
+        for cpu in [sender, receiver] {
+            assert!(cpu > 0.0 && cpu < 100.0, "{sender}% / {receiver}%");
+        }
     }
 
     #[test]
