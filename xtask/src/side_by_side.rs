@@ -784,16 +784,19 @@ mod tests {
             rate: 2500.0,
             cpu: Some((sampler, sink)),
         };
-        let report = render(
-            &options,
-            &[Cell {
-                transport: Transport::Shmem,
-                size: 1048576,
-                fairmq: vec![run(3.3, 2.5)],
-                ferromq: vec![run(0.8, 0.4)],
-                floor: vec![(0.7, 0.2)],
-            }],
-        );
+        let report_with_floor = |floor: Vec<(f64, f64)>| {
+            render(
+                &options,
+                &[Cell {
+                    transport: Transport::Shmem,
+                    size: 1048576,
+                    fairmq: vec![run(3.3, 2.5)],
+                    ferromq: vec![run(0.8, 0.4)],
+                    floor,
+                }],
+            )
+        };
+        let report = report_with_floor(vec![(0.7, 0.2)]);
         assert!(report.contains("CPU at 2500 msg/s"), "{report}");
         assert!(
             report.contains("(5ms apart, as both samplers sleep)"),
@@ -804,16 +807,7 @@ mod tests {
             "{report}"
         );
         // A round whose floor could not be measured leaves the columns empty, not failed.
-        let report = render(
-            &options,
-            &[Cell {
-                transport: Transport::Shmem,
-                size: 1048576,
-                fairmq: vec![run(3.3, 2.5)],
-                ferromq: vec![run(0.8, 0.4)],
-                floor: Vec::new(),
-            }],
-        );
+        let report = report_with_floor(Vec::new());
         assert!(report.contains("| 0.40% (0.40-0.40) | - | - |"), "{report}");
     }
 
