@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use plotters::prelude::*;
 use serde::Deserialize;
@@ -127,13 +128,15 @@ fn size_label(size: usize) -> String {
     }
 }
 
-/// Renders the report from the two-process runs and the criterion results.
+/// Renders the report from the two-process runs and the criterion results; `floor` is the
+/// machine's wake-up floor measured before the paced runs (sender, receiver; % of a core).
 pub fn render_report(
     runs: &[BenchLine],
     criterion: &BTreeMap<String, Spread>,
     profile: Option<&str>,
     machine: &str,
     date: &str,
+    floor: Option<(f64, f64)>,
 ) -> String {
     let mut grouped: BTreeMap<(String, usize), Vec<&BenchLine>> = BTreeMap::new();
     for run in runs
@@ -244,6 +247,13 @@ pub fn render_report(
                 run.msgs_per_s,
                 run.sender_cpu,
                 run.receiver_cpu
+            );
+        }
+        if let Some((sender, receiver)) = floor {
+            // What the machine takes before any work: see `side_by_side::wake_up_floor`.
+            let _ = writeln!(
+                report,
+                "| wake-up floor (a thread that only wakes as a paced sender does, and the thread it wakes) | - | - | {sender:.1} | {receiver:.1} |"
             );
         }
     }
@@ -501,6 +511,7 @@ pub fn run(cargo: &str, workspace: &Path) -> bool {
         return false;
     };
     let mut runs = Vec::new();
+    let mut floor = None;
     let throughput_args = [
         "bench",
         "--json",
@@ -559,6 +570,12 @@ pub fn run(cargo: &str, workspace: &Path) -> bool {
         (4, &busy_latency_args[..]),
         (5, &paced_args[..]),
     ] {
+        if args == paced_args {
+            floor = crate::side_by_side::wake_up_floor(
+                Duration::from_secs(3),
+                crate::side_by_side::wake_period(2500.0),
+            );
+        }
         eprintln!("xtask: ferromq {} (run {})", args.join(" "), repetition + 1);
         let Ok(output) = Command::new(&ferromq)
             .args(args)
@@ -589,8 +606,14 @@ pub fn run(cargo: &str, workspace: &Path) -> bool {
     let Some(metrics_cost) = crate::bench_metrics::measure(&ferromq, workspace, 3) else {
         return false;
     };
-    let report = render_report(&runs, &criterion, profile.as_deref(), &machine(), &date)
-        + &rpc_and_mcts
+    let report = render_report(
+        &runs,
+        &criterion,
+        profile.as_deref(),
+        &machine(),
+        &date,
+        floor,
+    ) + &rpc_and_mcts
         + &crate::bench_metrics::render(&metrics_cost);
     let written = std::fs::write(report_dir.join("report.md"), &report).is_ok()
         && plot_throughput(&runs, &report_dir.join("throughput.svg")).is_ok()
@@ -671,6 +694,7 @@ mod tests {
             Some("  40.00%  ferromq  [.] describe"),
             "2 cores, test CPU",
             "2026-11-22",
+            Some((0.7, 0.2)),
         );
         assert!(
             report.contains("| shmem | 64 B | 1500000 (1400000-1600000) |"),
@@ -692,6 +716,10 @@ mod tests {
         assert!(report.contains("Taken 2026-11-22 on 2 cores, test CPU"));
         assert!(
             report.contains("| shmem | 1 MiB | 2500 msg/s | 0.8 | 0.5 |"),
+            "{report}"
+        );
+        assert!(
+            report.contains("and the thread it wakes) | - | - | 0.7 | 0.2 |"),
             "{report}"
         );
         assert!(report.contains("40.00%  ferromq  [.] describe"), "{report}");

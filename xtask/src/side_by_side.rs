@@ -110,7 +110,7 @@ fn cpu_ticks(pid: u32) -> Option<u64> {
 const BURST: Duration = Duration::from_millis(5);
 
 /// How far apart a device paced to `msg_rate` messages a second wakes.
-fn wake_period(msg_rate: f64) -> Duration {
+pub(crate) fn wake_period(msg_rate: f64) -> Duration {
     Duration::try_from_secs_f64(1.0 / msg_rate)
         .unwrap_or(BURST)
         .max(BURST)
@@ -131,7 +131,7 @@ fn thread_cpu_ns() -> Option<u64> {
 /// thread blocked in `recv` that the datagram wakes; nothing else. Their CPU in % of a core
 /// (sender, receiver), or `None` where the threads' CPU cannot be read (no schedstat) or the
 /// doorbell failed. A device paced to sleep as often costs at least this much.
-fn wake_up_floor(run_for: Duration, period: Duration) -> Option<(f64, f64)> {
+pub(crate) fn wake_up_floor(run_for: Duration, period: Duration) -> Option<(f64, f64)> {
     let (doorbell, bell) = std::os::unix::net::UnixDatagram::pair().ok()?;
     // A lost doorbell ends the receiver instead of hanging the run.
     bell.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
