@@ -1624,9 +1624,18 @@ async fn leave_a_backlog(
         .write_all(b"GO\n")
         .await?;
     ensure!(taker.line().await? == "TOOK 10");
+    ensure_no_room(transport, "a backlog of 20 MiB")
+}
+
+/// The allocation that finds no room while a killed peer's backlog holds its sender's memory,
+/// and room once it is released.
+const PROBE_BYTES: usize = 48 << 20;
+
+/// Fails unless the probe allocation finds no room now, beside `held` in the 64 MiB segment.
+fn ensure_no_room(transport: &ShmTransport, held: &str) -> Result<()> {
     ensure!(
-        transport.try_new_message(48 << 20).is_none(),
-        "48 MiB fit beside a backlog of 20 MiB in a 64 MiB segment"
+        transport.try_new_message(PROBE_BYTES).is_none(),
+        "48 MiB fit beside {held} in a 64 MiB segment"
     );
     Ok(())
 }
@@ -1639,7 +1648,7 @@ async fn kill_then_allocate(
     what: &str,
 ) -> Result<()> {
     taker.child.kill().await?;
-    tokio::time::timeout(STEP, transport.new_message(48 << 20))
+    tokio::time::timeout(STEP, transport.new_message(PROBE_BYTES))
         .await
         .context("the allocation never found room")?
         .with_context(|| {
@@ -1699,10 +1708,7 @@ fn receiver_killed_before_its_first_receive_releases_its_ring() -> Result<()> {
                 .await
                 .map_err(|failed| failed.error)?;
         }
-        ensure!(
-            transport.try_new_message(48 << 20).is_none(),
-            "48 MiB fit beside 30 MiB in a 64 MiB segment"
-        );
+        ensure_no_room(&transport, "30 MiB")?;
         kill_then_allocate(&transport, &mut taker, "receiver").await
     })
 }
@@ -1787,7 +1793,7 @@ fn killed_pair_peer_backlog_released() -> Result<()> {
                 // room: its first look at a full segment settles what dead receivers left.
                 let allocated = tokio::time::timeout(
                     Duration::from_millis(10),
-                    transport.new_message(48 << 20),
+                    transport.new_message(PROBE_BYTES),
                 );
                 if matches!(allocated.await, Ok(Ok(_))) {
                     return;
@@ -1862,10 +1868,7 @@ fn killed_requester_reply_released_without_a_send() -> Result<()> {
         rep.send_timeout(reply, STEP)
             .await
             .map_err(|failed| failed.error)?;
-        ensure!(
-            transport.try_new_message(48 << 20).is_none(),
-            "48 MiB fit beside a reply of 24 MiB in a 64 MiB segment"
-        );
+        ensure_no_room(&transport, "a reply of 24 MiB")?;
         kill_then_allocate(&transport, &mut requester, "requester").await
     })
 }
@@ -1917,7 +1920,7 @@ fn killed_receiver_backlog_released_after_close() -> Result<()> {
         // Handed over to the receiver, which lives.
         push.close().await?;
         drop(push);
-        ensure!(transport.try_new_message(48 << 20).is_none());
+        ensure_no_room(&transport, "a backlog of 20 MiB handed over")?;
         kill_then_allocate(&transport, &mut taker, "receiver").await
     })
 }
