@@ -419,6 +419,7 @@ fn shm_frame_seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
             index,
         },
         range: WireRange { offset, size },
+        header: wire::HeaderAt::BeforeData,
     };
     let region = PartRef::Region {
         region: ObjectRef {
@@ -437,6 +438,17 @@ fn shm_frame_seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
         vec![vec![PartRef::Inline(b"hello".into())]],
         vec![vec![PartRef::Inline(vec![7; 256].into())]],
         vec![vec![block(0, 4160, 8 << 20)]],
+        vec![vec![PartRef::Block {
+            segment: ObjectRef {
+                creator_pid: 4242,
+                index: 0,
+            },
+            range: WireRange {
+                offset: 69_696,
+                size: 1 << 20,
+            },
+            header: wire::HeaderAt::Slot(5),
+        }]],
         vec![vec![
             PartRef::Inline(b"header".into()),
             block(1, 64, 9000),

@@ -105,6 +105,9 @@ pub(crate) enum NotLive {
     NoBlock,
     /// The block is there but its last reference was released.
     Released,
+    /// A live block's header, but of a block whose data lies elsewhere (a header slot the
+    /// descriptor does not belong to).
+    OtherBlock,
 }
 
 /// How a receiver first touches a block's header.
@@ -124,19 +127,23 @@ pub(crate) enum FirstTouch {
     Write,
 }
 
-/// A managed block's header: reference count, magic and capacity.
+/// A managed block's header: reference count, magic, capacity and the offset of the block's
+/// data (which a header outside the block ties to it).
 pub(crate) struct BlockCells<'a, A, B> {
     pub(crate) refcount: &'a A,
     pub(crate) magic: &'a A,
     pub(crate) capacity: &'a B,
+    pub(crate) data_offset: &'a B,
 }
 
 impl<A: Atomic32, B: Atomic64> BlockCells<'_, A, B> {
-    /// Owner, allocating: one reference and the capacity, then the magic. The release store
-    /// publishes both (and the owner's earlier writes) to whoever acquires the magic.
-    pub(crate) fn publish(&self, capacity: u64) {
+    /// Owner, allocating: one reference, the capacity and the data's offset, then the magic.
+    /// The release store publishes them (and the owner's earlier writes) to whoever acquires
+    /// the magic.
+    pub(crate) fn publish(&self, capacity: u64, data_offset: u64) {
         self.refcount.store(1, Ordering::Relaxed);
         self.capacity.store(capacity, Ordering::Relaxed);
+        self.data_offset.store(data_offset, Ordering::Relaxed);
         self.magic.store(BLOCK_MAGIC, Ordering::Release);
     }
 
@@ -151,9 +158,14 @@ impl<A: Atomic32, B: Atomic64> BlockCells<'_, A, B> {
         self.magic.store(0, Ordering::Release);
     }
 
-    /// Receiver, adopting a descriptor: the block's capacity if it is live. `touch` says how
-    /// the header is first touched (see [`FirstTouch`]); both read the magic alike.
-    pub(crate) fn live_capacity(&self, touch: FirstTouch) -> Result<u64, NotLive> {
+    /// Receiver, adopting a descriptor that names the block's data at `data_offset`: the
+    /// block's capacity if it is live and its data lies there. `touch` says how the header is
+    /// first touched (see [`FirstTouch`]); both read the magic alike.
+    pub(crate) fn live_capacity(
+        &self,
+        touch: FirstTouch,
+        data_offset: u64,
+    ) -> Result<u64, NotLive> {
         let magic = match touch {
             FirstTouch::Read => self.magic.load(Ordering::Acquire),
             // Writes the magic it finds back only when it is a live block's: a retiring
@@ -172,6 +184,9 @@ impl<A: Atomic32, B: Atomic64> BlockCells<'_, A, B> {
             return Err(NotLive::NoBlock);
         }
         let capacity = self.capacity.load(Ordering::Acquire);
+        if self.data_offset.load(Ordering::Acquire) != data_offset {
+            return Err(NotLive::OtherBlock);
+        }
         if self.refcount.load(Ordering::Acquire) == 0 {
             return Err(NotLive::Released);
         }
@@ -327,6 +342,7 @@ mod loom_models {
         refcount: AtomicU32,
         magic: AtomicU32,
         capacity: AtomicU64,
+        data_offset: AtomicU64,
         bytes: UnsafeCell<u64>,
         descriptor_sent: AtomicBool,
     }
@@ -337,6 +353,7 @@ mod loom_models {
                 refcount: AtomicU32::new(0),
                 magic: AtomicU32::new(0),
                 capacity: AtomicU64::new(0),
+                data_offset: AtomicU64::new(0),
                 bytes: UnsafeCell::new(0),
                 descriptor_sent: AtomicBool::new(false),
             }
@@ -347,6 +364,7 @@ mod loom_models {
                 refcount: &self.refcount,
                 magic: &self.magic,
                 capacity: &self.capacity,
+                data_offset: &self.data_offset,
             }
         }
 
@@ -357,6 +375,9 @@ mod loom_models {
             }
         }
     }
+
+    /// The data offset the block's descriptors name.
+    const DATA: u64 = 128;
 
     fn model(scenario: impl Fn() + Sync + Send + 'static) {
         let mut builder = loom::model::Builder::new();
@@ -373,7 +394,7 @@ mod loom_models {
             let block = Arc::new(Block::new());
             // SAFETY: no other thread runs yet.
             block.bytes.with_mut(|bytes| unsafe { *bytes = 7 });
-            block.cells().publish(64);
+            block.cells().publish(64, DATA);
             block.cells().add(1);
             block.descriptor_sent.store(true, Ordering::Release);
             let readers: Vec<_> = [FirstTouch::Read, FirstTouch::Write]
@@ -382,7 +403,7 @@ mod loom_models {
                     let block = Arc::clone(&block);
                     thread::spawn(move || {
                         block.wait_for_descriptor();
-                        assert_eq!(block.cells().live_capacity(touch), Ok(64));
+                        assert_eq!(block.cells().live_capacity(touch, DATA), Ok(64));
                         // SAFETY: this reader holds a reference; loom checks nobody writes.
                         let seen = block.bytes.with(|bytes| unsafe { *bytes });
                         assert_eq!(seen, 7);
@@ -407,16 +428,16 @@ mod loom_models {
     /// the block: the replay finds no live block. Returns the block, retired.
     fn adopt_release_and_replay(first: FirstTouch, replay: FirstTouch) -> Arc<Block> {
         let block = Arc::new(Block::new());
-        block.cells().publish(64);
+        block.cells().publish(64, DATA);
         block.descriptor_sent.store(true, Ordering::Release);
         let receiver = {
             let block = Arc::clone(&block);
             thread::spawn(move || {
                 block.wait_for_descriptor();
-                assert_eq!(block.cells().live_capacity(first), Ok(64));
+                assert_eq!(block.cells().live_capacity(first, DATA), Ok(64));
                 block.cells().release(1);
                 // The same descriptor again, while the owner may be reclaiming.
-                assert!(block.cells().live_capacity(replay).is_err());
+                assert!(block.cells().live_capacity(replay, DATA).is_err());
             })
         };
         while !block.cells().is_released() {
@@ -436,7 +457,10 @@ mod loom_models {
                 let block = adopt_release_and_replay(first, FirstTouch::Read);
                 // And once the owner has retired the block.
                 for touch in [FirstTouch::Read, FirstTouch::Write] {
-                    assert_eq!(block.cells().live_capacity(touch), Err(NotLive::NoBlock));
+                    assert_eq!(
+                        block.cells().live_capacity(touch, DATA),
+                        Err(NotLive::NoBlock)
+                    );
                 }
             });
         }
@@ -455,7 +479,12 @@ mod loom_models {
     fn a_header_first_touched_by_a_write_is_never_revived() {
         model(|| {
             let block = adopt_release_and_replay(FirstTouch::Write, FirstTouch::Write);
-            assert!(block.cells().live_capacity(FirstTouch::Write).is_err());
+            assert!(
+                block
+                    .cells()
+                    .live_capacity(FirstTouch::Write, DATA)
+                    .is_err()
+            );
         });
     }
 

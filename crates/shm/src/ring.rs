@@ -430,7 +430,7 @@ impl RingProducer {
     /// ([`OrphanRing::reader`]), or a watch on a consumer still at the ring ([`OrphanRing::fate`]).
     pub(crate) fn orphan(&self) -> Result<OrphanRing, ShmError> {
         self.block.add_references(1);
-        let block = ShmBuffer::adopt_block(
+        let block = ShmBuffer::adopt_referenced_block(
             Arc::clone(self.block.segment()),
             crate::wire::WireRange {
                 offset: self.block.data_offset() as u64,
@@ -875,7 +875,7 @@ mod tests {
             let (object, owned) = own_segment(&tag.to_string());
             let producer = RingProducer::new(owned.allocate_long_lived(RING_BLOCK).unwrap());
             producer.block().add_references(1);
-            let (block, _) = ShmBuffer::adopt_block(
+            let (block, _) = ShmBuffer::adopt_referenced_block(
                 Arc::clone(owned.segment()),
                 WireRange {
                     offset: producer.block().data_offset() as u64,
@@ -1069,7 +1069,7 @@ mod tests {
     /// a producer's reader of what a dead consumer left is); `busy`: it reads headers.
     fn adopt_again(fixture: &Fixture, busy: bool) -> Result<RingConsumer, ShmError> {
         fixture.producer.block().add_references(1);
-        let (block, _) = ShmBuffer::adopt_block(
+        let (block, _) = ShmBuffer::adopt_referenced_block(
             Arc::clone(fixture.producer.block().segment()),
             WireRange {
                 offset: fixture.producer.block().data_offset() as u64,
@@ -1407,7 +1407,7 @@ mod tests {
         let block = owned.allocate(4096).unwrap();
         let announced = || {
             block.add_references(1);
-            ShmBuffer::adopt_block(
+            ShmBuffer::adopt_referenced_block(
                 Arc::clone(owned.segment()),
                 WireRange {
                     offset: block.data_offset() as u64,

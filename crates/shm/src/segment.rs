@@ -25,8 +25,10 @@ use crate::names::{ObjectKind, ObjectName};
 pub const HEADER_SIZE: usize = 4096;
 const MAGIC: u64 = u64::from_le_bytes(*b"FERROMQ1");
 /// Bumped when what processes share changes: 3 since ring entries' headers commit them
-/// (`ring.rs`, "Headers as readiness"), which a build of version 2 would misread.
-const VERSION: u32 = 3;
+/// (`ring.rs`, "Headers as readiness"), which a build of version 2 would misread; 4 since
+/// managed segments have a table of large-block headers before their first block
+/// (`managed.rs`, "Block layout"), which a build of version 3 would allocate over.
+const VERSION: u32 = 4;
 /// Processes that can be attached to one object at once.
 pub const MAX_ATTACHED: usize = 128;
 /// Delivery counters in a segment's header: one per sending socket of the owner (see

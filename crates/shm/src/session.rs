@@ -104,11 +104,16 @@ impl ShmOptions {
 
 type RemoteRegion = (Arc<Segment>, Arc<dyn Fn(u64, u64, u64) + Send + Sync>);
 
-/// Opens a peer's object, locked into memory when `lock` (see [`ShmOptions::mlock_peers`]).
+/// Opens a peer's object, locked into memory when `lock` (see [`ShmOptions::mlock_peers`]);
+/// a managed segment's table of large-block headers mapped (`managed.rs`, "Block layout").
 fn open_peer(name: ObjectName, lock: bool) -> Result<Segment, ShmError> {
+    let managed = name.kind == ObjectKind::Segment;
     let segment = Segment::open(name)?;
     if lock {
         segment.lock_in_memory()?;
+    }
+    if managed {
+        crate::managed::map_header_table(&segment);
     }
     Ok(segment)
 }
@@ -272,6 +277,20 @@ impl Session {
     /// A block of `size` bytes in this process's segment if there is room now: a send through
     /// a reservation copies a heap part into it and must not wait.
     pub(crate) fn allocate_now(&self, size: usize) -> Result<ShmBuffer, ShmError> {
+        self.allocate_now_with(size, OwnedSegment::allocate)
+    }
+
+    /// [`Session::allocate_now`] for a block that a ring entry names by a block reference
+    /// (`wire::encode_block_ref`): its header before its data.
+    pub(crate) fn allocate_referenced_now(&self, size: usize) -> Result<ShmBuffer, ShmError> {
+        self.allocate_now_with(size, OwnedSegment::allocate_with_header_before_data)
+    }
+
+    fn allocate_now_with(
+        &self,
+        size: usize,
+        allocate: impl FnOnce(&OwnedSegment, usize) -> Option<ShmBuffer>,
+    ) -> Result<ShmBuffer, ShmError> {
         // Every shmem socket creates it before it exists, so a socket always finds it.
         let Some(owned) = self.own.get() else {
             return Err(ShmError::NotFound {
@@ -284,9 +303,7 @@ impl Session {
                 segment_size: self.options.segment_size,
             });
         }
-        owned
-            .allocate(size)
-            .ok_or_else(|| owned.full_error(size, 0))
+        allocate(owned, size).ok_or_else(|| owned.full_error(size, 0))
     }
 
     /// A block of `size` bytes that lives as long as a socket (a descriptor ring), if this
@@ -452,7 +469,7 @@ impl Session {
                     }
                 }
                 if let Some((mapped, range)) = indirect {
-                    drop(ShmBuffer::adopt_block(mapped, range));
+                    drop(ShmBuffer::adopt_referenced_block(mapped, range));
                 }
             }
             Ok(())
@@ -664,7 +681,11 @@ impl Session {
     ) -> Result<Message, ShmError> {
         match part {
             PartRef::Inline(bytes) => Ok(bytes.into_message()),
-            PartRef::Block { segment, range } => {
+            PartRef::Block {
+                segment,
+                range,
+                header,
+            } => {
                 let segment = match last_segment {
                     Some((key, mapped)) if *key == segment => Arc::clone(mapped),
                     _ => {
@@ -673,7 +694,7 @@ impl Session {
                         mapped
                     }
                 };
-                let (buffer, used) = ShmBuffer::adopt_block(segment, range)?;
+                let (buffer, used) = ShmBuffer::adopt_block(segment, range, header)?;
                 let mut message = Message::from_buffer(buffer.boxed());
                 message
                     .set_used_size(used)
@@ -723,6 +744,7 @@ impl Session {
                     offset: buffer.data_offset() as u64,
                     size,
                 },
+                header: buffer.header_at(),
             }
         })
     }

@@ -1125,7 +1125,7 @@ fn ring_entry(
     if entry.len() <= MAX_INLINE_ENTRY {
         return Ok((EntryKind::Record, None));
     }
-    let mut block = session.allocate_now(entry.len())?;
+    let mut block = session.allocate_referenced_now(entry.len())?;
     ferromq_core::MessageBuffer::as_bytes_mut(&mut block).expect("a new block has one owner")
         [..entry.len()]
         .copy_from_slice(entry);
@@ -1977,6 +1977,7 @@ fn copy_into(buffer: &mut ShmBuffer, message: &Message) -> PartRef {
             offset: buffer.data_offset() as u64,
             size: message.len() as u64,
         },
+        header: buffer.header_at(),
     }
 }
 
@@ -3042,7 +3043,7 @@ impl ShmSocket {
             .collect();
         self.map_unseen(unseen).await?;
         let adopted = self.session.segment(announced.segment).and_then(|mapped| {
-            let (block, _) = ShmBuffer::adopt_block(mapped, announced.range)?;
+            let (block, _) = ShmBuffer::adopt_referenced_block(mapped, announced.range)?;
             RingConsumer::adopt_announced(block, announced.delivery, self.busy_poll)
         });
         let mut ring = adopted.map_err(|error| transport_error(&self.label, error))?;
@@ -3202,7 +3203,7 @@ impl ShmSocket {
             adopted.release(entry.end);
         }
         if let Some((mapped, range)) = entry.indirect {
-            drop(ShmBuffer::adopt_block(mapped, range));
+            drop(ShmBuffer::adopt_referenced_block(mapped, range));
         }
     }
 }

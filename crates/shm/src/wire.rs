@@ -8,7 +8,9 @@
 //! delivery := object | counter slot u32        (slot u32::MAX: none)
 //! record := n_parts u32 | part*
 //! part   := 0 u8 | len u32 | bytes                 (inline)
-//!         | 1 u8 | object | range                  (a block of a segment)
+//!         | 1 u8 | object | range                  (a block of a segment, its header before it)
+//!         | 3 u8 | object | range | slot u32       (a block whose header is in the segment's
+//!                                                    table of large-block headers)
 //!         | 2 u8 | object | range | hint u64       (a range of a region)
 //! object := creator pid u32 | index u32            (ObjectRef)
 //! range  := offset u64 | size u64                  (WireRange: checked before any use)
@@ -69,6 +71,15 @@ impl std::fmt::Display for WireRange {
     }
 }
 
+/// Where a managed block's header lies (see `managed.rs`, "Block layout").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HeaderAt {
+    /// Right before the block's data.
+    BeforeData,
+    /// In this slot of the segment's table of large-block headers.
+    Slot(u32),
+}
+
 /// One part of a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PartRef {
@@ -80,6 +91,8 @@ pub enum PartRef {
         segment: ObjectRef,
         /// The block's data offset and the bytes used.
         range: WireRange,
+        /// Where the block's header is.
+        header: HeaderAt,
     },
     /// A range of an unmanaged region.
     Region {
@@ -313,10 +326,21 @@ pub fn append_record(frame: &mut Vec<u8>, record: &[PartRef]) {
                 frame.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
                 frame.extend_from_slice(bytes);
             }
-            PartRef::Block { segment, range } => {
-                frame.push(1);
-                append_object(frame, *segment, *range);
-            }
+            PartRef::Block {
+                segment,
+                range,
+                header,
+            } => match header {
+                HeaderAt::BeforeData => {
+                    frame.push(1);
+                    append_object(frame, *segment, *range);
+                }
+                HeaderAt::Slot(slot) => {
+                    frame.push(3);
+                    append_object(frame, *segment, *range);
+                    frame.extend_from_slice(&slot.to_le_bytes());
+                }
+            },
             PartRef::Region {
                 region,
                 range,
@@ -488,6 +512,12 @@ fn decode_records(
                 1 => PartRef::Block {
                     segment: reader.object()?,
                     range: reader.range()?,
+                    header: HeaderAt::BeforeData,
+                },
+                3 => PartRef::Block {
+                    segment: reader.object()?,
+                    range: reader.range()?,
+                    header: HeaderAt::Slot(reader.u32()?),
                 },
                 2 => PartRef::Region {
                     region: reader.object()?,
@@ -556,6 +586,18 @@ mod tests {
                         offset: 4160,
                         size: 9000,
                     },
+                    header: HeaderAt::BeforeData,
+                },
+                PartRef::Block {
+                    segment: ObjectRef {
+                        creator_pid: 7,
+                        index: 0,
+                    },
+                    range: WireRange {
+                        offset: 1 << 20,
+                        size: 1 << 20,
+                    },
+                    header: HeaderAt::Slot(1023),
                 },
             ],
             vec![PartRef::Region {

@@ -13,7 +13,7 @@ use ferromq_core::{
 };
 use ferromq_shm::cleanup::{clean_session, list_objects};
 use ferromq_shm::names::current_uid;
-use ferromq_shm::wire::{ObjectRef, PartRef, WireRange};
+use ferromq_shm::wire::{HeaderAt, ObjectRef, PartRef, WireRange};
 use ferromq_shm::{RegionBlock, RegionCallback, ShmBuffer, ShmOptions, ShmTransport};
 use libtest_mimic::{Arguments, Failed, Trial};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -242,6 +242,7 @@ fn block_part(creator_pid: u32, index: u32, offset: u64, size: u64) -> PartRef {
     PartRef::Block {
         segment: ObjectRef { creator_pid, index },
         range: WireRange { offset, size },
+        header: HeaderAt::BeforeData,
     }
 }
 
@@ -981,9 +982,36 @@ fn forged_descriptors() -> Result<()> {
                 encode(
                     hash,
                     DeliveryRef::NONE,
-                    &[vec![block_part(std::process::id(), index, 8192, 8)]],
+                    &[vec![block_part(std::process::id(), index, 1 << 20, 8)]],
                 ),
                 "no live block",
+            ),
+            (
+                // Before the first block: the segment's header and its table of headers.
+                encode(
+                    hash,
+                    DeliveryRef::NONE,
+                    &[vec![block_part(std::process::id(), index, 8192, 8)]],
+                ),
+                "not a block offset",
+            ),
+            (
+                encode(
+                    hash,
+                    DeliveryRef::NONE,
+                    &[vec![PartRef::Block {
+                        segment: ObjectRef {
+                            creator_pid: std::process::id(),
+                            index,
+                        },
+                        range: WireRange {
+                            offset: 1 << 20,
+                            size: 8,
+                        },
+                        header: HeaderAt::Slot(u32::MAX),
+                    }]],
+                ),
+                "past the segment's table",
             ),
             (
                 encode(
@@ -1124,10 +1152,15 @@ fn allocator_stress() -> Result<()> {
         push.close().await?;
         let (free, referenced) = transport.collect().await?;
         ensure!(referenced == 0, "{referenced} blocks still referenced");
+        // All of it free again: everything after the segment's header and table of headers.
+        let (_, capacity) = transport.segment_info().await?;
         ensure!(
-            free == SEGMENT - 4096,
-            "free space {free} equals the initial {}",
-            SEGMENT - 4096
+            capacity == SEGMENT - 4096 - 16 * 4096,
+            "the segment holds {capacity} bytes of blocks"
+        );
+        ensure!(
+            free == capacity,
+            "free space {free} equals the initial {capacity}"
         );
         Ok(())
     })
