@@ -79,10 +79,20 @@ pub fn data_start(len: usize) -> usize {
     HEADER_SIZE + table_pages(len) * PAGE
 }
 
+/// The offset of the header in slot `slot` of the table.
+fn slot_header(slot: usize) -> usize {
+    HEADER_SIZE + slot * BLOCK_ALIGN
+}
+
+/// The slot of the table whose header is at `header_offset`.
+fn header_slot(header_offset: usize) -> usize {
+    (header_offset - HEADER_SIZE) / BLOCK_ALIGN
+}
+
 /// The offset of header slot `slot`, `None` past the table of a segment of `len` bytes.
 fn slot_offset(len: usize, slot: u32) -> Option<usize> {
     let slot = usize::try_from(slot).ok()?;
-    (slot < table_slots(len)).then_some(HEADER_SIZE + slot * BLOCK_ALIGN)
+    (slot < table_slots(len)).then(|| slot_header(slot))
 }
 
 /// Maps the pages of `segment`'s table of large-block headers into this process (a read of
@@ -113,7 +123,7 @@ struct Held {
 impl Held {
     /// Its header's slot in the table, `None` when the header is before the data.
     fn slot(&self) -> Option<u16> {
-        (self.header != self.range).then(|| ((self.header - HEADER_SIZE) / BLOCK_ALIGN) as u16)
+        (self.header != self.range).then(|| header_slot(self.header) as u16)
     }
 }
 
@@ -191,7 +201,7 @@ impl OwnedSegment {
             None => (self.reclaim_and_allocate(&mut state, total)?, false),
         };
         let header = match header_in_table.then(|| state.free_slots.pop()).flatten() {
-            Some(slot) => HEADER_SIZE + usize::from(slot) * BLOCK_ALIGN,
+            Some(slot) => slot_header(usize::from(slot)),
             None => range,
         };
         let held = Held {
@@ -613,7 +623,7 @@ impl ShmBuffer {
         if self.header_offset + BLOCK_ALIGN == self.data_offset {
             HeaderAt::BeforeData
         } else {
-            HeaderAt::Slot(((self.header_offset - HEADER_SIZE) / BLOCK_ALIGN) as u32)
+            HeaderAt::Slot(header_slot(self.header_offset) as u32)
         }
     }
 
