@@ -41,6 +41,7 @@ pub use message::{
     record_copy,
 };
 pub use registry::{MakeTransport, TransportOptions, TransportRegistry, TransportTraits};
+pub use spin::{DEFAULT_SPIN_US, SpinPolicy, WaitOutcome};
 pub use tap::{Direction, TapReceiver, TapSlot, Tapped};
 pub use transport::{
     Channel, ChannelCounters, CounterSnapshot, MemoryFigures, SendFigures, SendPermit, SendWait,

@@ -15,7 +15,9 @@
 //!
 //! The policy is per channel and only decides durations; the channel does the spinning
 //! (yielding to the runtime between polls, so the transport's own tasks keep running) and the
-//! sleeping. Cancelling a receive mid-spin loses nothing (receives are cancel-safe); the policy
+//! sleeping. A transport that waits in a way of its own inside a receive (shmem's descriptor
+//! rings, which spin on the ring before asking the producer for a doorbell) keeps a policy of
+//! its own for that wait, so that its spins back off alike. Cancelling a receive mid-spin loses nothing (receives are cancel-safe); the policy
 //! then learns nothing from that wait.
 
 use std::time::Duration;
@@ -24,7 +26,7 @@ use std::time::Duration;
 /// `spinUs` says otherwise. Long enough to outlast the other side's turnaround in an rpc round
 /// trip (several task hops at each end), so that both sides settle into catching each other
 /// spinning: at 25 µs they never did here.
-pub(crate) const DEFAULT_SPIN_US: u32 = 60;
+pub const DEFAULT_SPIN_US: u32 = 60;
 
 /// A wait at most this long counts as short: the next one spins.
 pub(crate) const SHORT_WAIT: Duration = Duration::from_micros(200);
@@ -34,7 +36,7 @@ pub(crate) const MAX_BACKOFF_EXPONENT: u32 = 6;
 
 /// What one receive that had to wait found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WaitOutcome {
+pub enum WaitOutcome {
     /// The message came while spinning.
     CaughtSpinning,
     /// The receive slept (it spun first, or not), then got a message or gave up, after
@@ -49,7 +51,7 @@ pub(crate) enum WaitOutcome {
 
 /// Decides how long the next wait of one channel spins (see the module docs).
 #[derive(Debug, Clone)]
-pub(crate) struct SpinPolicy {
+pub struct SpinPolicy {
     /// How long a spin lasts; zero: never spin.
     spin: Duration,
     /// The last wait was short enough for a spin to have a chance.
@@ -62,7 +64,7 @@ pub(crate) struct SpinPolicy {
 
 impl SpinPolicy {
     /// A policy whose spins last `spin` (zero: it never spins).
-    pub(crate) fn new(spin: Duration) -> SpinPolicy {
+    pub fn new(spin: Duration) -> SpinPolicy {
         SpinPolicy {
             spin,
             last_wait_short: false,
@@ -72,7 +74,7 @@ impl SpinPolicy {
     }
 
     /// How long the wait that starts now spins before sleeping; zero: sleep at once.
-    pub(crate) fn spin_for(&mut self) -> Duration {
+    pub fn spin_for(&mut self) -> Duration {
         if self.spin.is_zero() || !self.last_wait_short {
             return Duration::ZERO;
         }
@@ -83,9 +85,14 @@ impl SpinPolicy {
         self.spin
     }
 
+    /// Whether the last wait counted as short (the next one may spin).
+    pub fn last_wait_short(&self) -> bool {
+        self.last_wait_short
+    }
+
     /// Learns from a wait that ended (with a message or not). A receive that found its
     /// message without waiting tells nothing and is not recorded.
-    pub(crate) fn record(&mut self, outcome: WaitOutcome) {
+    pub fn record(&mut self, outcome: WaitOutcome) {
         match outcome {
             WaitOutcome::CaughtSpinning => {
                 self.last_wait_short = true;

@@ -795,6 +795,12 @@ impl RingConsumer {
         !self.has_entries()
     }
 
+    /// Whether the consumer has asked for a doorbell (its `sleeping` word), for tests.
+    #[cfg(test)]
+    pub(crate) fn wants_doorbell(&self) -> bool {
+        self.memory.u32_at(SLEEPING).load(Ordering::SeqCst) == 1
+    }
+
     /// Gives the producer the consumer's bell to ring (`bell.rs`) instead of sending doorbell
     /// frames; before the consumer first waits.
     pub(crate) fn set_bell(&mut self, bell: u64) {

@@ -32,7 +32,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use ferromq_core::{
     Address, ChannelConfig, ChannelLabel, Error, Message, Parts, Result, SendError, Socket,
-    SocketType, record_copy,
+    SocketType, SpinPolicy, WaitOutcome, record_copy,
 };
 use ferromq_zmq::ZmqSocket;
 use ferromq_zmq::endpoint::{bind, connect_endpoint};
@@ -1460,9 +1460,9 @@ pub(crate) struct ShmSocket {
     entry: Vec<u8>,
     /// Receives spin (`busyPoll`): they never wait on the socket, so they ask for no doorbell.
     busy_poll: bool,
-    /// The last wait for ring entries was short: the next one looks again for a while before
-    /// it asks for a doorbell.
-    last_ring_wait_short: bool,
+    /// Whether the next wait for ring entries looks again for a while before it asks for a
+    /// doorbell: after a short wait, unless such spins have been missing.
+    ring_spin: SpinPolicy,
     /// What the producers of its rings ring instead of sending doorbell frames (`bell.rs`):
     /// bound at the first ring adopted; `None` before, when busy-polled, or where none can be.
     bell: Option<crate::bell::Bell>,
@@ -1547,8 +1547,9 @@ impl Drop for AdoptedRing {
 struct RingWait<'a> {
     rings: &'a mut Vec<AdoptedRing>,
     busy_poll: bool,
-    /// The last wait for ring entries was short (see `RING_SHORT_WAIT`); updated by this one.
-    last_wait_short: &'a mut bool,
+    /// Whether this wait spins on the rings before it asks for a doorbell, and for how long
+    /// (the channel's `spinUs`); learns from this wait.
+    spin: &'a mut SpinPolicy,
     /// Rung by the rings' producers (where they can reach it) instead of a doorbell frame.
     bell: Option<&'a crate::bell::Bell>,
 }
@@ -1566,22 +1567,30 @@ impl RingWait<'_> {
         let RingWait {
             rings,
             busy_poll,
-            last_wait_short,
+            spin,
             bell,
         } = self;
         rings.retain_mut(|adopted| adopted.n_taken > 0 || !adopted.ring.is_finished());
         let watch_rings = !rings.is_empty();
         // Under load a consumer finds its rings empty between the producer's runs of entries:
         // it looks again for a while (yielding) before it asks for a doorbell, which costs both
-        // sides a syscall. Only when its last wait was short: a paced or idle consumer asks at
-        // once and spins not at all.
-        let spin = watch_rings && !busy_poll && *last_wait_short;
+        // sides a syscall. Only when its last wait was short, and not while its spins keep
+        // missing (the policy's back-off, as a channel's own spin does): a paced or idle
+        // consumer asks at once and spins not at all, and one whose entries come just too late
+        // (a worker of a distributed search waiting for its peers, with fewer cores than
+        // processes) stops taking a core from the processes it waits for.
+        let spin_for = if watch_rings && !busy_poll {
+            spin.spin_for()
+        } else {
+            Duration::ZERO
+        };
+        let spinning = !spin_for.is_zero();
         let started = tokio::time::Instant::now();
         // When this wait asked for a doorbell: into the wait, and on the host's clock (read
         // only then, on the way to sleep; see the end of the wait). A busy-polled receive never
         // asks: it counts as having asked, for a doorbell that never comes.
         let mut asked_at: Option<(Duration, u64)> = None;
-        if !spin && !busy_poll {
+        if !spinning && !busy_poll {
             if !rings
                 .iter_mut()
                 .all(|adopted| adopted.ring.wait_for_doorbell())
@@ -1627,7 +1636,7 @@ impl RingWait<'_> {
             if !busy_poll && asked_at.is_none() {
                 // Spinning looks at the rings only: a frame (a new ring) can wait that long,
                 // and a spin that entries end costs the socket nothing.
-                if started.elapsed() < RING_SPIN {
+                if started.elapsed() < spin_for {
                     cx.waker().wake_by_ref();
                     return std::task::Poll::Pending;
                 }
@@ -1675,8 +1684,17 @@ impl RingWait<'_> {
             received.is_some() && waited < RING_STALE_FRAME
         };
         if !stale {
-            let until_entries = until_rung.map_or(waited, |until_rung| until_rung.min(waited));
-            *last_wait_short = until_entries <= RING_SHORT_WAIT;
+            // Found while spinning: the spin caught it. Otherwise the wait slept (after a spin
+            // that missed, or none), as long as it took the entries to come.
+            let outcome = if spinning && asked_at.is_none() {
+                WaitOutcome::CaughtSpinning
+            } else {
+                WaitOutcome::Slept {
+                    spun: spinning,
+                    waited: until_rung.map_or(waited, |until_rung| until_rung.min(waited)),
+                }
+            };
+            spin.record(outcome);
         }
         received
     }
@@ -1720,10 +1738,6 @@ fn spin_on_rings(rings: &mut [AdoptedRing]) -> bool {
 /// The most messages taken from one ring at a time.
 const RING_RUN: usize = 32;
 
-/// How long a consumer whose last wait was short looks at its empty rings before it asks for a
-/// doorbell, and what counts as short (see `receive_parts`).
-const RING_SPIN: Duration = Duration::from_micros(50);
-const RING_SHORT_WAIT: Duration = Duration::from_micros(200);
 /// A wait that a frame ends within this was ended by a frame already queued.
 const RING_STALE_FRAME: Duration = Duration::from_micros(5);
 
@@ -1845,7 +1859,7 @@ impl ShmSocket {
             next_ring_id: 0,
             entry: Vec::new(),
             busy_poll: config.busy_poll,
-            last_ring_wait_short: false,
+            ring_spin: SpinPolicy::new(Duration::from_micros(u64::from(config.spin_us))),
             bell: None,
         })
     }
@@ -2854,7 +2868,7 @@ impl Socket for ShmSocket {
             let waited = RingWait {
                 rings: &mut self.rings,
                 busy_poll: self.busy_poll,
-                last_wait_short: &mut self.last_ring_wait_short,
+                spin: &mut self.ring_spin,
                 bell: self.bell.as_ref(),
             }
             .or_socket(receive)
@@ -3287,7 +3301,7 @@ mod tests {
         assert!(pull.bell.is_some(), "the pull has a bell");
 
         // A paced pull: it asks for a doorbell as soon as its ring is empty.
-        pull.last_ring_wait_short = false;
+        pull.ring_spin = SpinPolicy::new(Duration::from_micros(60));
         const BURST: usize = 8;
         let receiving = tokio::spawn(async move {
             for _ in 0..BURST {
@@ -3308,7 +3322,7 @@ mod tests {
             .unwrap();
 
         // As after a burst that came long after the pull asked.
-        pull.last_ring_wait_short = false;
+        pull.ring_spin = SpinPolicy::new(Duration::from_micros(60));
         let waker = futures::task::noop_waker();
         let mut cx = std::task::Context::from_waker(&waker);
         {
@@ -3321,7 +3335,7 @@ mod tests {
             );
         }
         assert!(
-            !pull.last_ring_wait_short,
+            !pull.ring_spin.last_wait_short(),
             "the bell's left byte counted as a short wait"
         );
         let bell = pull.bell.as_ref().unwrap();
@@ -3329,5 +3343,60 @@ mod tests {
             bell.poll_rung(&mut cx).is_pending(),
             "the left byte was taken"
         );
+    }
+
+    /// A pull's spin on its rings follows its channel's `spinUs`: with the default, a receive
+    /// after a short wait looks at its empty ring for a while before it asks the producer for
+    /// a doorbell; with `spinUs = 0` it asks at once (a member of an rpc group with more
+    /// processes than cores spins not at all).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_pull_spins_on_its_rings_only_as_its_channel_s_spin_us_says() {
+        for (spin_us, spins) in [(ferromq_core::DEFAULT_SPIN_US, true), (0, false)] {
+            let session = format!("ring-spin-{}-{spin_us}", std::process::id());
+            let ipc_path = std::env::temp_dir().join(format!("ferromq-{session}.ipc"));
+            let _cleanup = Cleanup {
+                session: session.clone(),
+                ipc_path: ipc_path.clone(),
+            };
+            let transport = crate::ShmTransport::new(crate::ShmOptions {
+                session,
+                segment_size: 8 << 20,
+                ..crate::ShmOptions::default()
+            });
+            let address = format!("ipc://{}", ipc_path.display());
+            let config =
+                ChannelConfig::new("data", SocketType::Push, Method::Bind).with_address(&address);
+            let mut push = Channel::open(&transport, config, "data").await.unwrap();
+            push.bind_configured().await.unwrap();
+            let mut config = ChannelConfig::new("data", SocketType::Pull, Method::Connect)
+                .with_address(&address);
+            config.spin_us = spin_us;
+            let endpoint = config.endpoints().unwrap().remove(0).address;
+            let mut pull = ShmSocket::new(Arc::clone(&transport.session), &config, "data")
+                .await
+                .unwrap();
+            pull.connect(&endpoint).await.unwrap();
+            push.send(Message::from("first")).await.unwrap();
+            assert_eq!(pull.receive_parts().await.unwrap().len(), 1);
+            assert_eq!(pull.rings.len(), 1, "the pull adopted the push's ring");
+            // As after a wait that a spin ended: the next wait may spin.
+            pull.ring_spin.record(WaitOutcome::CaughtSpinning);
+
+            let waker = futures::task::noop_waker();
+            let mut cx = std::task::Context::from_waker(&waker);
+            {
+                let receive = pull.receive_parts();
+                tokio::pin!(receive);
+                assert!(
+                    receive.as_mut().poll(&mut cx).is_pending(),
+                    "nothing was sent"
+                );
+            }
+            assert_eq!(
+                pull.rings[0].ring.wants_doorbell(),
+                !spins,
+                "spinUs {spin_us}: asked for a doorbell at its first look"
+            );
+        }
     }
 }
