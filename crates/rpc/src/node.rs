@@ -64,6 +64,12 @@ pub struct RpcOptions {
     /// `busyPoll`): the lowest latency, at the cost of a busy core. Applies where the inbound is
     /// bound ([`Inbound::bind_with`]; a topology's group sets it with `busy-poll = true`).
     pub busy_poll: bool,
+    /// How long the inbound channel spins, once a frame came soon after the last, before it
+    /// sleeps (channel option `spinUs`, default [`ferromq_core::DEFAULT_SPIN_US`]; 0 never
+    /// spins). A spin takes a core: where the group has more processes than the host has
+    /// cores, the processes it waits for may need that core more. Applies where the inbound is
+    /// bound, as `busy_poll` does.
+    pub spin_us: u32,
 }
 
 /// The values [`RpcOptions::aggregate_bytes`] takes from a user (a topology's group, an
@@ -82,6 +88,7 @@ impl Default for RpcOptions {
             timeout: Duration::from_secs(10),
             tree_arity: 2,
             busy_poll: false,
+            spin_us: ferromq_core::DEFAULT_SPIN_US,
         }
     }
 }
@@ -181,7 +188,7 @@ impl Inbound {
         Inbound::bind_with(transport, address, &RpcOptions::default()).await
     }
 
-    /// [`Inbound::bind`] with the inbound's settings from `options` (`busy_poll`).
+    /// [`Inbound::bind`] with the inbound's settings from `options` (`busy_poll`, `spin_us`).
     ///
     /// # Errors
     /// As [`Inbound::bind`].
@@ -193,6 +200,7 @@ impl Inbound {
         let mut config = ChannelConfig::new("rpc", SocketType::Pull, Method::Bind)
             .with_address(address.to_string());
         config.busy_poll = options.busy_poll;
+        config.spin_us = options.spin_us;
         let mut channel = Channel::open(transport, config, "rpc").await?;
         let address = channel.bind(address).await?;
         Ok(Inbound { channel, address })
