@@ -3266,16 +3266,16 @@ mod tests {
         }
     }
 
-    /// A pull asleep on its ring is woken by its bell when a burst comes, and finds the
-    /// burst's entries before it looks at the bell: the bell's byte is left for its next wait,
-    /// which it ends at once. That wait was no short one (no producer rang since it asked):
-    /// counted as one, a paced pull spun 50 µs after every burst (twice the CPU of a paced
-    /// sink at 1 MiB x 2500 msg/s).
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_bell_left_from_the_last_wait_does_not_make_the_next_one_short() {
-        let session = format!("bell-stale-{}", std::process::id());
+    /// A shmem push bound in a session of its own (named after `tag`) and a pull socket
+    /// connected to it with `spin_us`, which has taken one message (and so adopted the push's
+    /// ring).
+    async fn push_and_pull(
+        tag: &str,
+        spin_us: u32,
+    ) -> (Cleanup, crate::ShmTransport, Channel, ShmSocket) {
+        let session = format!("{tag}-{}", std::process::id());
         let ipc_path = std::env::temp_dir().join(format!("ferromq-{session}.ipc"));
-        let _cleanup = Cleanup {
+        let cleanup = Cleanup {
             session: session.clone(),
             ipc_path: ipc_path.clone(),
         };
@@ -3289,8 +3289,9 @@ mod tests {
             ChannelConfig::new("data", SocketType::Push, Method::Bind).with_address(&address);
         let mut push = Channel::open(&transport, config, "data").await.unwrap();
         push.bind_configured().await.unwrap();
-        let config =
+        let mut config =
             ChannelConfig::new("data", SocketType::Pull, Method::Connect).with_address(&address);
+        config.spin_us = spin_us;
         let endpoint = config.endpoints().unwrap().remove(0).address;
         let mut pull = ShmSocket::new(Arc::clone(&transport.session), &config, "data")
             .await
@@ -3298,6 +3299,18 @@ mod tests {
         pull.connect(&endpoint).await.unwrap();
         push.send(Message::from("first")).await.unwrap();
         assert_eq!(pull.receive_parts().await.unwrap().len(), 1);
+        (cleanup, transport, push, pull)
+    }
+
+    /// A pull asleep on its ring is woken by its bell when a burst comes, and finds the
+    /// burst's entries before it looks at the bell: the bell's byte is left for its next wait,
+    /// which it ends at once. That wait was no short one (no producer rang since it asked):
+    /// counted as one, a paced pull spun 50 µs after every burst (twice the CPU of a paced
+    /// sink at 1 MiB x 2500 msg/s).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_bell_left_from_the_last_wait_does_not_make_the_next_one_short() {
+        let (_cleanup, _transport, mut push, mut pull) =
+            push_and_pull("bell-stale", ferromq_core::DEFAULT_SPIN_US).await;
         assert!(pull.bell.is_some(), "the pull has a bell");
 
         // A paced pull: it asks for a doorbell as soon as its ring is empty.
@@ -3352,32 +3365,8 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_pull_spins_on_its_rings_only_as_its_channel_s_spin_us_says() {
         for (spin_us, spins) in [(ferromq_core::DEFAULT_SPIN_US, true), (0, false)] {
-            let session = format!("ring-spin-{}-{spin_us}", std::process::id());
-            let ipc_path = std::env::temp_dir().join(format!("ferromq-{session}.ipc"));
-            let _cleanup = Cleanup {
-                session: session.clone(),
-                ipc_path: ipc_path.clone(),
-            };
-            let transport = crate::ShmTransport::new(crate::ShmOptions {
-                session,
-                segment_size: 8 << 20,
-                ..crate::ShmOptions::default()
-            });
-            let address = format!("ipc://{}", ipc_path.display());
-            let config =
-                ChannelConfig::new("data", SocketType::Push, Method::Bind).with_address(&address);
-            let mut push = Channel::open(&transport, config, "data").await.unwrap();
-            push.bind_configured().await.unwrap();
-            let mut config = ChannelConfig::new("data", SocketType::Pull, Method::Connect)
-                .with_address(&address);
-            config.spin_us = spin_us;
-            let endpoint = config.endpoints().unwrap().remove(0).address;
-            let mut pull = ShmSocket::new(Arc::clone(&transport.session), &config, "data")
-                .await
-                .unwrap();
-            pull.connect(&endpoint).await.unwrap();
-            push.send(Message::from("first")).await.unwrap();
-            assert_eq!(pull.receive_parts().await.unwrap().len(), 1);
+            let (_cleanup, _transport, _push, mut pull) =
+                push_and_pull(&format!("ring-spin-{spin_us}"), spin_us).await;
             assert_eq!(pull.rings.len(), 1, "the pull adopted the push's ring");
             // As after a wait that a spin ended: the next wait may spin.
             pull.ring_spin.record(WaitOutcome::CaughtSpinning);
