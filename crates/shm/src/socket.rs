@@ -3302,6 +3302,18 @@ mod tests {
         (cleanup, transport, push, pull)
     }
 
+    /// Polls one receive of `pull` once, which finds nothing (nothing was sent), and drops it.
+    fn look_once(pull: &mut ShmSocket) {
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        let receive = pull.receive_parts();
+        tokio::pin!(receive);
+        assert!(
+            receive.as_mut().poll(&mut cx).is_pending(),
+            "nothing was sent"
+        );
+    }
+
     /// A pull asleep on its ring is woken by its bell when a burst comes, and finds the
     /// burst's entries before it looks at the bell: the bell's byte is left for its next wait,
     /// which it ends at once. That wait was no short one (no producer rang since it asked):
@@ -3336,17 +3348,10 @@ mod tests {
 
         // As after a burst that came long after the pull asked.
         pull.ring_spin = SpinPolicy::new(Duration::from_micros(60));
+        // The left byte ends a wait; the next one sleeps.
+        look_once(&mut pull);
         let waker = futures::task::noop_waker();
         let mut cx = std::task::Context::from_waker(&waker);
-        {
-            let receive = pull.receive_parts();
-            tokio::pin!(receive);
-            // The left byte ends a wait; the next one sleeps.
-            assert!(
-                receive.as_mut().poll(&mut cx).is_pending(),
-                "nothing was sent"
-            );
-        }
         assert!(
             !pull.ring_spin.last_wait_short(),
             "the bell's left byte counted as a short wait"
@@ -3370,17 +3375,7 @@ mod tests {
             assert_eq!(pull.rings.len(), 1, "the pull adopted the push's ring");
             // As after a wait that a spin ended: the next wait may spin.
             pull.ring_spin.record(WaitOutcome::CaughtSpinning);
-
-            let waker = futures::task::noop_waker();
-            let mut cx = std::task::Context::from_waker(&waker);
-            {
-                let receive = pull.receive_parts();
-                tokio::pin!(receive);
-                assert!(
-                    receive.as_mut().poll(&mut cx).is_pending(),
-                    "nothing was sent"
-                );
-            }
+            look_once(&mut pull);
             assert_eq!(
                 pull.rings[0].ring.wants_doorbell(),
                 !spins,
