@@ -17,8 +17,8 @@
 //! (yielding to the runtime between polls, so the transport's own tasks keep running) and the
 //! sleeping. A transport that waits in a way of its own inside a receive (shmem's descriptor
 //! rings, which spin on the ring before asking the producer for a doorbell) keeps a policy of
-//! its own for that wait, so that its spins back off alike. Cancelling a receive mid-spin loses nothing (receives are cancel-safe); the policy
-//! then learns nothing from that wait.
+//! its own for that wait, so that its spins back off alike. Cancelling a receive mid-spin
+//! loses nothing (receives are cancel-safe); the policy then learns nothing from that wait.
 
 use std::time::Duration;
 
