@@ -68,7 +68,7 @@ pub struct RpcOptions {
     /// sleeps (channel option `spinUs`, default [`ferromq_core::DEFAULT_SPIN_US`]; 0 never
     /// spins). A spin takes a core: where the group has more processes than the host has
     /// cores, the processes it waits for may need that core more. Applies where the inbound is
-    /// bound, as `busy_poll` does.
+    /// bound, as `busy_poll` does (a topology's group sets it with `spin-us`).
     pub spin_us: u32,
 }
 

@@ -181,7 +181,8 @@ impl<'a> Loader<'a> {
     /// inbound, in the order of `members` with replicas expanded (`worker-0`, `worker-1`, ...).
     /// The properties `rpc.<group>.members` (instance ids, in that order), `.aggregate`,
     /// `.aggregate-bytes`, `.aggregate-us`, `.timeout-ms` and `.tree-arity` tell each member
-    /// the rest (ferromq-rpc's `join` reads them). Problems point at the `[[rpc]]` table.
+    /// the rest (ferromq-rpc's `join` reads them); `busy-poll` and `spin-us` become the
+    /// inbound channels' `busyPoll` and `spinUs`. Problems point at the `[[rpc]]` table.
     fn rpc_groups(&mut self, parsed: &mut FileToml) {
         let mut seen: BTreeSet<String> = BTreeSet::new();
         for group in std::mem::take(&mut parsed.rpc) {
@@ -222,23 +223,11 @@ impl<'a> Loader<'a> {
                 .map(|key| key.name)
                 .expect("numSockets is a channel key");
             let spanned = |value: String| Spanned::new(group.name.span(), value);
-            // busy-poll = true: the members' inbound channels spin (channel key busyPoll).
-            let inbound_keys: Vec<(&'static str, Spanned<toml::Value>)> = group
-                .busy_poll
-                .as_ref()
-                .map(|busy| {
-                    let key = ferromq_core::CHANNEL_KEYS
-                        .iter()
-                        .find(|key| key.name == "busyPoll")
-                        .map(|key| key.name)
-                        .expect("busyPoll is a channel key");
-                    (
-                        key,
-                        Spanned::new(busy.span(), toml::Value::Boolean(*busy.get_ref())),
-                    )
-                })
-                .into_iter()
-                .collect();
+            // busy-poll and spin-us: how the members' inbound channels wait (channel keys
+            // busyPoll and spinUs).
+            let Some(inbound_keys) = self.rpc_inbound_keys(&group, &context) else {
+                continue;
+            };
             for device_idx in member_idxs {
                 let device = parsed.device[device_idx].get_mut();
                 for (key, value) in &properties {
@@ -288,6 +277,39 @@ impl<'a> Loader<'a> {
                 ));
             }
         }
+    }
+
+    /// The channel keys an rpc group gives its members' inbound channels: `busyPoll` from
+    /// `busy-poll`, `spinUs` from `spin-us` (checked against the channel key's bounds here, so
+    /// that a bad value points at the `[[rpc]]` table); `None` (with the errors noted) when a
+    /// value is out of range.
+    fn rpc_inbound_keys(
+        &mut self,
+        group: &RpcToml,
+        context: &str,
+    ) -> Option<Vec<(&'static str, Spanned<toml::Value>)>> {
+        let mut keys = Vec::new();
+        let key = |name: &str| {
+            ferromq_core::channel_key(name).expect("busyPoll and spinUs are channel keys")
+        };
+        if let Some(busy) = &group.busy_poll {
+            keys.push((
+                key("busyPoll").name,
+                Spanned::new(busy.span(), toml::Value::Boolean(*busy.get_ref())),
+            ));
+        }
+        if let Some(spin) = &group.spin_us {
+            let spin_us = key("spinUs");
+            let ferromq_core::KeyKind::Integer { min, max } = spin_us.kind else {
+                unreachable!("spinUs is an integer key");
+            };
+            let micros = count(spin, &mut self.checker, context, "spin-us", (min, max))?;
+            keys.push((
+                spin_us.name,
+                Spanned::new(spin.span(), toml::Value::Integer(micros as i64)),
+            ));
+        }
+        Some(keys)
     }
 
     /// The instance ids of an rpc group's members, in order, and the members' device indices;

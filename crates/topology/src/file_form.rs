@@ -42,6 +42,7 @@ pub(crate) struct RpcToml {
     pub(crate) timeout_ms: Option<Spanned<i64>>,
     pub(crate) tree_arity: Option<Spanned<i64>>,
     pub(crate) busy_poll: Option<Spanned<bool>>,
+    pub(crate) spin_us: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]

@@ -178,6 +178,7 @@ members = ["driver", "worker"]
 aggregate = "trad"
 aggregate-us = 50
 busy-poll = true
+spin-us = 0
 "#;
     let topology = load("rpc.toml", text, &KNOWN).unwrap_or_else(|errors| panic!("{errors}"));
     let instances = topology.instances();
@@ -198,6 +199,12 @@ busy-poll = true
         assert_eq!(inbound.config.socket_type, ferromq_core::SocketType::Pull);
         assert_eq!(inbound.config.method, ferromq_core::Method::Bind);
         assert!(inbound.config.busy_poll);
+        assert_eq!(inbound.config.spin_us, 0);
+        assert_ne!(
+            ferromq_core::DEFAULT_SPIN_US,
+            0,
+            "the group's 0 is not the default"
+        );
         let out = &instance.channels[1];
         assert_eq!(out.config.name, "search-out");
         assert_eq!(out.config.num_sockets, 3);
