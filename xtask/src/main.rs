@@ -81,17 +81,33 @@ enum Task {
         /// Message sizes in bytes, comma separated.
         #[arg(long, value_delimiter = ',', default_values_t = [64usize, 1024, 65536])]
         sizes: Vec<usize>,
-        /// Messages per run (--max-iterations; both sides send one more).
-        #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
-        messages: u64,
+        /// Messages per run at every size (--max-iterations; both sides send one more),
+        /// instead of --seconds.
+        #[arg(long, conflicts_with = "seconds", value_parser = clap::value_parser!(u64).range(1..))]
+        messages: Option<u64>,
+        /// How long each run measures: every run of a size sends the messages ferromq's pair
+        /// sent in this many seconds in a calibration run before the first round (FairMQ's
+        /// take longer where it is slower); paced runs send --msg-rate times this.
+        #[arg(long, default_value_t = 3.0, value_parser = run_seconds)]
+        seconds: f64,
         /// Pace the samplers at this many messages per second (--msg-rate) and report the CPU
         /// each process used (% of a core) instead of the message rate, beside the machine's
         /// wake-up floor measured in each round (a thread that only sleeps and rings a
-        /// doorbell as often as the samplers wake, and the thread it wakes); pass --messages
-        /// to match (e.g. 25000 at 2500 for 10 s).
+        /// doorbell as often as the samplers wake, and the thread it wakes); --seconds says
+        /// for how long (e.g. 30).
         #[arg(long, value_parser = positive_rate)]
         msg_rate: Option<f64>,
     },
+}
+
+/// Seconds for `--seconds`: from 0.1 to 600.
+fn run_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(seconds) if (0.1..=600.0).contains(&seconds) => Ok(seconds),
+        _ => Err(format!(
+            "{text:?} is not a run's length: expected seconds from 0.1 to 600"
+        )),
+    }
 }
 
 /// A message rate for `--msg-rate`: a finite number above zero.
@@ -127,6 +143,7 @@ fn main() -> ExitCode {
             transports,
             sizes,
             messages,
+            seconds,
             msg_rate,
         } => {
             let options = side_by_side::Options {
@@ -134,7 +151,10 @@ fn main() -> ExitCode {
                 rounds: rounds as usize,
                 transports,
                 sizes,
-                messages,
+                length: messages.map_or(
+                    side_by_side::RunLength::Seconds(seconds),
+                    side_by_side::RunLength::Messages,
+                ),
                 msg_rate,
             };
             return exit_code(side_by_side::run(&cargo, workspace, &options));

@@ -13,6 +13,13 @@
 //! (bsampler) to "Received" (sink); ferromq's sampler `READY ---> RUNNING` to sink
 //! `RUNNING ---> READY`. Process start-up is outside both intervals.
 //!
+//! How long: `--seconds S` (3 by default, `BENCHMARKS.md`'s shortest measurement) makes every
+//! run of a size send the same N, chosen from a ferromq run of `CALIBRATION_MESSAGES` made
+//! before the first round so that ferromq's runs take about S (FairMQ's as long as its rate
+//! makes them: longer where it is slower); a run of a fraction of a second weighs a start-up
+//! hiccup as heavily as the transport. `--messages N` sends N everywhere instead; a paced run
+//! sends S × the rate.
+//!
 //! Rounds alternate FairMQ, ferromq for every size; the report gives each side's median with
 //! min-max and the ratio ferromq ÷ FairMQ taken pair by pair (median, min-max). Every session's
 //! shared memory is removed after its run, also after a failure or a timeout.
@@ -31,8 +38,16 @@ use std::time::{Duration, Instant};
 
 use crate::bench::Spread;
 
-/// A run that takes longer than this is killed and reported as failed.
+/// A run that takes longer than this is killed and reported as failed (longer for runs of more
+/// than 2 s: see [`Options::run_timeout`]).
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Messages of the ferromq run that calibrates a size's count for `--seconds`: long enough that
+/// its rate is the pair's, not its start's (0.1 s at 3 M msg/s).
+const CALIBRATION_MESSAGES: u64 = 299_999;
+
+/// The fewest messages a calibrated run sends (`BENCHMARKS.md`: warm up at least 10 000).
+const FEWEST_MESSAGES: u64 = 10_000;
 
 /// A transport both sides have, by the name both sides' `--transport` takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -59,6 +74,8 @@ pub struct Cell {
     pub transport: Transport,
     /// Message size in bytes.
     pub size: usize,
+    /// `--max-iterations` of its runs (each sends one more).
+    pub messages: u64,
     /// FairMQ's runs, one per round counted.
     pub fairmq: Vec<RunResult>,
     /// ferromq's runs, paired with FairMQ's by index.
@@ -78,10 +95,55 @@ pub struct Options {
     pub transports: Vec<Transport>,
     /// Message sizes in bytes.
     pub sizes: Vec<usize>,
-    /// Messages per run (`--max-iterations`).
-    pub messages: u64,
+    /// How many messages each run sends.
+    pub length: RunLength,
     /// Paced runs (`--msg-rate`): report CPU use instead of the message rate.
     pub msg_rate: Option<f64>,
+}
+
+/// How many messages a run sends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RunLength {
+    /// This many at every size (`--max-iterations`).
+    Messages(u64),
+    /// As many as ferromq sends in this many seconds, per size; paced: the rate times this.
+    Seconds(f64),
+}
+
+impl Options {
+    /// `--max-iterations` of the runs of a size, when it needs no calibration: fixed, or paced
+    /// (the rate times the seconds).
+    fn fixed_messages(&self) -> Option<u64> {
+        match (self.length, self.msg_rate) {
+            (RunLength::Messages(messages), _) => Some(messages),
+            (RunLength::Seconds(seconds), Some(rate)) => {
+                Some(((rate * seconds).ceil() as u64).max(2) - 1)
+            }
+            (RunLength::Seconds(_), None) => None,
+        }
+    }
+
+    /// How long a run may take before it is killed: [`RUN_TIMEOUT`], or 30 times the seconds
+    /// asked for (FairMQ's pair runs up to 15 times slower than ferromq's at 8 MiB).
+    fn run_timeout(&self) -> Duration {
+        match self.length {
+            RunLength::Messages(_) => RUN_TIMEOUT,
+            RunLength::Seconds(seconds) => {
+                RUN_TIMEOUT.max(Duration::from_secs_f64(seconds.clamp(0.0, 3600.0) * 30.0))
+            }
+        }
+    }
+}
+
+/// The `--max-iterations` that makes a pair measured at `rate` messages a second (counting
+/// N + 1) run about `seconds`.
+fn calibrated_messages(rate: f64, seconds: f64) -> u64 {
+    let wanted = (rate * seconds).ceil();
+    if wanted.is_finite() && wanted >= 1.0 {
+        (wanted as u64).max(FEWEST_MESSAGES) - 1
+    } else {
+        FEWEST_MESSAGES - 1
+    }
 }
 
 /// What one run of one side measured.
@@ -283,7 +345,7 @@ fn run_once(
     side: Side,
     options: &Options,
     ferromq: &Path,
-    (transport, size): (Transport, usize),
+    (transport, size, messages): (Transport, usize, u64),
     session: &str,
     dir: &Path,
 ) -> Result<RunResult, String> {
@@ -302,7 +364,7 @@ fn run_once(
             "--control".to_owned(),
             "static".to_owned(),
             "--max-iterations".to_owned(),
-            options.messages.to_string(),
+            messages.to_string(),
             "--verbosity".to_owned(),
             "veryhigh".to_owned(),
         ];
@@ -349,7 +411,8 @@ fn run_once(
     let library_path = options.fairmq.join("lib");
     let sink_log = dir.join(format!("{session}.sink.log"));
     let sampler_log = dir.join(format!("{session}.sampler.log"));
-    let deadline = Instant::now() + RUN_TIMEOUT;
+    let run_timeout = options.run_timeout();
+    let deadline = Instant::now() + run_timeout;
     let sink = spawn(&sink_program, &sink_args, &library_path, &sink_log)
         .map_err(|error| format!("{}: {error}", sink_program.display()))?;
     // The sink binds first, as in FairMQ's own benchmark scripts.
@@ -369,7 +432,7 @@ fn run_once(
     let sampler_text = std::fs::read_to_string(&sampler_log).unwrap_or_default();
     if !(sampler_ok && sink_ok) {
         return Err(format!(
-            "{} {} {size} B: the pair failed or ran past {RUN_TIMEOUT:?} (logs in {})",
+            "{} {} {size} B: the pair failed or ran past {run_timeout:?} (logs in {})",
             side.name(),
             transport.name(),
             dir.display()
@@ -402,7 +465,7 @@ fn run_once(
     let _ = std::fs::remove_file(&sink_log);
     let _ = std::fs::remove_file(&sampler_log);
     Ok(RunResult {
-        rate: (options.messages + 1) as f64 / seconds.max(1e-6),
+        rate: (messages + 1) as f64 / seconds.max(1e-6),
         cpu,
     })
 }
@@ -473,6 +536,62 @@ fn clean(side: Side, options: &Options, ferromq: &Path, session: &str) {
     };
 }
 
+/// [`run_once`] in a session of its own (named after `label`), whose shared memory and ipc file
+/// are removed after it, also after a failure.
+fn run_in_session(
+    side: Side,
+    options: &Options,
+    ferromq: &Path,
+    run: (Transport, usize, u64),
+    label: &str,
+    dir: &Path,
+) -> Result<RunResult, String> {
+    let (transport, size, _) = run;
+    let side_idx = u8::from(side == Side::Ferromq);
+    let session = format!(
+        "sbs{}{label}{}{size}s{side_idx}",
+        std::process::id(),
+        &transport.name()[..1]
+    );
+    let result = run_once(side, options, ferromq, run, &session, dir);
+    clean(side, options, ferromq, &session);
+    let _ = std::fs::remove_file(ipc_file(dir, &session));
+    result
+}
+
+/// The `--max-iterations` that makes ferromq's pair run `--seconds` at this size, from one run
+/// of [`CALIBRATION_MESSAGES`]. A failed calibration is noted in `failures` and leaves the size
+/// at the count of a run as long as the calibration's.
+fn calibrate(
+    options: &Options,
+    ferromq: &Path,
+    (transport, size): (Transport, usize),
+    dir: &Path,
+    failures: &mut Vec<(Side, String)>,
+) -> u64 {
+    let RunLength::Seconds(seconds) = options.length else {
+        return CALIBRATION_MESSAGES;
+    };
+    let run = (transport, size, CALIBRATION_MESSAGES);
+    match run_in_session(Side::Ferromq, options, ferromq, run, "cal", dir) {
+        Ok(result) => {
+            let messages = calibrated_messages(result.rate, seconds);
+            eprintln!(
+                "xtask: calibration {} {size} B: {:.0} msg/s -> {} messages a run",
+                transport.name(),
+                result.rate,
+                messages + 1
+            );
+            messages
+        }
+        Err(failure) => {
+            eprintln!("xtask: calibration: {failure}");
+            failures.push((Side::Ferromq, format!("calibration: {failure}")));
+            CALIBRATION_MESSAGES
+        }
+    }
+}
+
 /// Runs the comparison and writes `target/side-by-side/report.md`; false when a ferromq run
 /// failed. A FairMQ run that fails (its sink still waiting for messages its sampler sent, seen
 /// now and then at 1 KiB) is listed in the report and leaves that round out of the ratios.
@@ -495,23 +614,26 @@ pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
     };
     let dir = workspace.join("target/side-by-side");
     let _ = std::fs::create_dir_all(&dir);
-    let mut cells: Vec<Cell> = options
-        .transports
-        .iter()
-        .flat_map(|&transport| {
-            options.sizes.iter().map(move |&size| Cell {
+    let mut failures = Vec::new();
+    let mut cells: Vec<Cell> = Vec::new();
+    for &transport in &options.transports {
+        for &size in &options.sizes {
+            let messages = options.fixed_messages().unwrap_or_else(|| {
+                calibrate(options, &ferromq, (transport, size), &dir, &mut failures)
+            });
+            cells.push(Cell {
                 transport,
                 size,
+                messages,
                 fairmq: Vec::new(),
                 ferromq: Vec::new(),
                 floor: Vec::new(),
-            })
-        })
-        .collect();
-    let mut failures = Vec::new();
+            });
+        }
+    }
     for round in 0..options.rounds {
         for cell in &mut cells {
-            let (transport, size) = (cell.transport, cell.size);
+            let (transport, size, messages) = (cell.transport, cell.size, cell.messages);
             if let Some(msg_rate) = options.msg_rate {
                 let period = wake_period(msg_rate);
                 match wake_up_floor(FLOOR_RUN, period) {
@@ -532,14 +654,8 @@ pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
             }
             let mut pair_rates = [RunResult::default(); 2];
             for (side_idx, side) in [Side::FairMq, Side::Ferromq].into_iter().enumerate() {
-                let session = format!(
-                    "sbs{}r{round}{}{size}s{side_idx}",
-                    std::process::id(),
-                    &transport.name()[..1]
-                );
-                let rate = run_once(side, options, &ferromq, (transport, size), &session, &dir);
-                clean(side, options, &ferromq, &session);
-                let _ = std::fs::remove_file(ipc_file(&dir, &session));
+                let run = (transport, size, messages);
+                let rate = run_in_session(side, options, &ferromq, run, &format!("r{round}"), &dir);
                 match rate {
                     Ok(result) => {
                         let cpu = result.cpu.map_or_else(String::new, |(sampler, sink)| {
@@ -603,22 +719,26 @@ pub fn render(options: &Options, cells: &[Cell]) -> String {
     let mut report = String::new();
     let _ = writeln!(
         report,
-        "# ferromq vs FairMQ, side by side\n\n{}; {} rounds of {} messages, device pairs over ipc \
-         (sink binds, sampler connects), interleaved; medians with min-max.\n",
+        "# ferromq vs FairMQ, side by side\n\n{}; {} rounds, {}, device pairs over ipc (sink \
+         binds, sampler connects), interleaved; medians with min-max.\n",
         crate::bench::machine(),
         options.rounds,
-        options.messages + 1
+        length_text(options.length),
     );
     let _ = writeln!(
         report,
-        "| transport | size | FairMQ msg/s | ferromq msg/s | ferromq ÷ FairMQ |\n|---|---|---|---|---|"
+        "| transport | size | messages | FairMQ msg/s | ferromq msg/s | ferromq ÷ FairMQ |\n|---|---|---|---|---|---|"
     );
     for cell in cells {
         let (transport, size) = (cell.transport.name(), cell.size);
         let rates = |runs: &[RunResult]| -> Vec<f64> { runs.iter().map(|run| run.rate).collect() };
         let (fairmq, ferromq) = (rates(&cell.fairmq), rates(&cell.ferromq));
         if fairmq.is_empty() {
-            let _ = writeln!(report, "| {transport} | {size} B | failed | failed | - |");
+            let _ = writeln!(
+                report,
+                "| {transport} | {size} B | {} | failed | failed | - |",
+                cell.messages + 1
+            );
             continue;
         }
         let ratios: Vec<f64> = ferromq.iter().zip(&fairmq).map(|(f, c)| f / c).collect();
@@ -629,7 +749,8 @@ pub fn render(options: &Options, cells: &[Cell]) -> String {
         );
         let _ = writeln!(
             report,
-            "| {transport} | {size} B | {} ({}-{}) | {} ({}-{}) | {:.2} ({:.2}-{:.2}) |",
+            "| {transport} | {size} B | {} | {} ({}-{}) | {} ({}-{}) | {:.2} ({:.2}-{:.2}) |",
+            cell.messages + 1,
             millions(a.median),
             millions(a.min),
             millions(a.max),
@@ -644,21 +765,32 @@ pub fn render(options: &Options, cells: &[Cell]) -> String {
     report
 }
 
+/// How long the runs were, for a report's header.
+fn length_text(length: RunLength) -> String {
+    match length {
+        RunLength::Messages(messages) => format!("{} messages a run", messages + 1),
+        RunLength::Seconds(seconds) => format!(
+            "runs of about {seconds} s (the messages ferromq's pair sent in that time in a \
+             calibration run before the first round; a paced run: the rate times that)"
+        ),
+    }
+}
+
 /// The report of paced runs: CPU % of a core per process, medians (min-max), and the wake-up
 /// floor measured beside them.
 fn render_cpu(options: &Options, msg_rate: f64, cells: &[Cell]) -> String {
     let mut report = String::new();
     let _ = writeln!(
         report,
-        "# ferromq vs FairMQ, side by side: CPU at {msg_rate} msg/s\n\n{}; {} rounds of {} \
-         messages, device pairs over ipc (sink binds, sampler connects), interleaved; CPU time of \
+        "# ferromq vs FairMQ, side by side: CPU at {msg_rate} msg/s\n\n{}; {} rounds, {}, \
+         device pairs over ipc (sink binds, sampler connects), interleaved; CPU time of \
          each process from its first second to its end, in % of one core; medians with min-max. \
          Wake-up floor: in each round before the pair, a thread that only sleeps until its next \
          burst ({:?} apart, as both samplers sleep) and rings a doorbell, and the thread it \
          wakes ({:?} each round).\n",
         crate::bench::machine(),
         options.rounds,
-        options.messages + 1,
+        length_text(options.length),
         wake_period(msg_rate),
         FLOOR_RUN
     );
@@ -725,7 +857,7 @@ mod tests {
             rounds: 2,
             transports: vec![Transport::Shmem],
             sizes: vec![64],
-            messages: 9,
+            length: RunLength::Messages(9),
             msg_rate: None,
         };
         let runs = |rates: &[f64]| -> Vec<RunResult> {
@@ -737,6 +869,7 @@ mod tests {
         let cell = |transport, fairmq, ferromq| Cell {
             transport,
             size: 64,
+            messages: 9,
             fairmq,
             ferromq,
             floor: Vec::new(),
@@ -750,15 +883,48 @@ mod tests {
         );
         assert!(
             report.contains(
-                "| shmem | 64 B | 1.50 M (1.00 M-2.00 M) | 1.00 M (1.00 M-1.00 M) | 0.75 (0.50-1.00) |"
+                "| shmem | 64 B | 10 | 1.50 M (1.00 M-2.00 M) | 1.00 M (1.00 M-1.00 M) | 0.75 (0.50-1.00) |"
             ),
             "{report}"
         );
         assert!(
             report.contains(
-                "| zeromq | 64 B | 1.00 M (1.00 M-1.00 M) | 1.25 M (500 k-2.00 M) | 1.25 (0.50-2.00) |"
+                "| zeromq | 64 B | 10 | 1.00 M (1.00 M-1.00 M) | 1.25 M (500 k-2.00 M) | 1.25 (0.50-2.00) |"
             ),
             "{report}"
+        );
+        assert!(report.contains("2 rounds, 10 messages a run,"), "{report}");
+    }
+
+    #[test]
+    fn seconds_give_each_size_the_messages_ferromq_sends_in_them() {
+        let options = |length, msg_rate| Options {
+            fairmq: PathBuf::new(),
+            rounds: 1,
+            transports: vec![Transport::Shmem],
+            sizes: vec![64],
+            length,
+            msg_rate,
+        };
+        // 4 M msg/s for 3 s: 12 M messages, FairMQ's count (N + 1).
+        assert_eq!(calibrated_messages(4e6, 3.0), 11_999_999);
+        // Never fewer than BENCHMARKS.md's warm-up, whatever the calibration measured.
+        assert_eq!(calibrated_messages(100.0, 3.0), FEWEST_MESSAGES - 1);
+        assert_eq!(calibrated_messages(f64::NAN, 3.0), FEWEST_MESSAGES - 1);
+        let calibrated = options(RunLength::Seconds(3.0), None);
+        assert_eq!(calibrated.fixed_messages(), None, "measured per size");
+        assert_eq!(calibrated.run_timeout(), Duration::from_secs(90));
+        assert_eq!(
+            options(RunLength::Seconds(30.0), Some(2500.0)).fixed_messages(),
+            Some(74_999),
+            "a paced run sends the rate times the seconds"
+        );
+        let fixed = options(RunLength::Messages(999_999), None);
+        assert_eq!(fixed.fixed_messages(), Some(999_999));
+        assert_eq!(fixed.run_timeout(), RUN_TIMEOUT);
+        assert!(
+            render(&calibrated, &[]).contains("runs of about 3 s"),
+            "the report says how long its runs were"
         );
     }
 
@@ -777,7 +943,7 @@ mod tests {
             rounds: 1,
             transports: vec![Transport::Shmem],
             sizes: vec![1048576],
-            messages: 24_999,
+            length: RunLength::Messages(24_999),
             msg_rate: Some(2500.0),
         };
         let run = |sampler, sink| RunResult {
@@ -790,6 +956,7 @@ mod tests {
                 &[Cell {
                     transport: Transport::Shmem,
                     size: 1048576,
+                    messages: 24_999,
                     fairmq: vec![run(3.3, 2.5)],
                     ferromq: vec![run(0.8, 0.4)],
                     floor,
