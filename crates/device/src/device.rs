@@ -417,7 +417,10 @@ impl DeviceContext {
         let cached = self
             .last_transport
             .as_ref()
-            .is_some_and(|(name, _)| *name == transport_name);
+            // The same static name as a rule: its address settles it without reading it.
+            .is_some_and(|(name, _)| {
+                std::ptr::eq(*name, transport_name) || *name == transport_name
+            });
         if !cached {
             self.last_transport = self
                 .transports
