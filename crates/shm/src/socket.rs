@@ -2046,6 +2046,11 @@ impl ShmSocket {
     /// to the receiver, and the delivery counter counts it as sent.
     fn hand_over(&mut self, parts: Parts, fresh: Vec<ShmBuffer>) {
         disarm(&self.session, parts, fresh);
+        self.count_sent();
+    }
+
+    /// Counts a message handed over, for the delivery window and the figures.
+    fn count_sent(&mut self) {
         if let Some(sent) = &mut self.sent {
             sent.note_sent(&self.figures);
         }
@@ -2069,6 +2074,23 @@ fn disarm(session: &Session, parts: Parts, fresh: Vec<ShmBuffer>) {
         }
     }
     fresh.into_iter().for_each(ShmBuffer::disarm);
+}
+
+/// [`disarm`] for parts that `record` describes one for one, as [`describe_as_is`] made it: a
+/// part travelled by reference unless its record is inline, which says so without describing
+/// every part again (70 instructions a message of a streaming sender, a third of `disarm`).
+fn disarm_described(parts: Parts, record: &[PartRef]) {
+    debug_assert_eq!(parts.len(), record.len(), "one record per part");
+    for (message, part) in parts.into_iter().zip(record) {
+        if matches!(part, PartRef::Inline(_)) {
+            continue;
+        }
+        if let Ok((buffer, _)) = message.into_buffer()
+            && let Ok(buffer) = buffer.into_any().downcast::<ShmBuffer>()
+        {
+            buffer.disarm_boxed();
+        }
+    }
 }
 
 /// The blocks and regions of `parts` sent by reference.
@@ -2534,11 +2556,13 @@ impl Socket for ShmSocket {
                 }
                 _ => false,
             };
-        self.scratch = record;
         if !taken {
+            self.scratch = record;
             return Err(parts);
         }
-        self.hand_over(parts, Vec::new());
+        disarm_described(parts, &record);
+        self.scratch = record;
+        self.count_sent();
         Ok(())
     }
 
