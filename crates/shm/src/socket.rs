@@ -2078,7 +2078,7 @@ fn disarm(session: &Session, parts: Parts, fresh: Vec<ShmBuffer>) {
 
 /// [`disarm`] for parts that `record` describes one for one, as [`describe_as_is`] made it: a
 /// part travelled by reference unless its record is inline, which says so without describing
-/// every part again (70 instructions a message of a streaming sender, a third of `disarm`).
+/// every part again (~95 instructions a message of a streaming sender, 4 % of its send).
 fn disarm_described(parts: Parts, record: &[PartRef]) {
     debug_assert_eq!(parts.len(), record.len(), "one record per part");
     for (message, part) in parts.into_iter().zip(record) {

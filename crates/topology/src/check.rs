@@ -217,11 +217,9 @@ impl<'a> Loader<'a> {
                 .iter()
                 .map(|member| format!("{member}.{name}"))
                 .collect();
-            let num_sockets_key = ferromq_core::CHANNEL_KEYS
-                .iter()
-                .find(|key| key.name == "numSockets")
-                .map(|key| key.name)
-                .expect("numSockets is a channel key");
+            let num_sockets_key = ferromq_core::channel_key("numSockets")
+                .expect("numSockets is a channel key")
+                .name;
             let spanned = |value: String| Spanned::new(group.name.span(), value);
             // busy-poll and spin-us: how the members' inbound channels wait (channel keys
             // busyPoll and spinUs).
