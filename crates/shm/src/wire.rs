@@ -185,11 +185,12 @@ pub const BLOCK_REF_LEN: usize = 24;
 
 /// A block reference: `object | range`.
 pub fn encode_block_ref(object: ObjectRef, range: WireRange) -> [u8; BLOCK_REF_LEN] {
-    let mut bytes = Vec::with_capacity(BLOCK_REF_LEN);
-    append_object(&mut bytes, object, range);
+    let mut bytes = [0; BLOCK_REF_LEN];
+    bytes[..4].copy_from_slice(&object.creator_pid.to_le_bytes());
+    bytes[4..8].copy_from_slice(&object.index.to_le_bytes());
+    bytes[8..16].copy_from_slice(&range.offset.to_le_bytes());
+    bytes[16..].copy_from_slice(&range.size.to_le_bytes());
     bytes
-        .try_into()
-        .expect("a block reference has a fixed size")
 }
 
 /// Reads a block reference made by [`encode_block_ref`].
@@ -308,49 +309,75 @@ pub fn set_record_count(frame: &mut [u8], n_records: usize) {
         .copy_from_slice(&(n_records as u32).to_le_bytes());
 }
 
-fn append_object(frame: &mut Vec<u8>, object: ObjectRef, range: WireRange) {
-    frame.extend_from_slice(&object.creator_pid.to_le_bytes());
-    frame.extend_from_slice(&object.index.to_le_bytes());
-    frame.extend_from_slice(&range.offset.to_le_bytes());
-    frame.extend_from_slice(&range.size.to_le_bytes());
+/// The longest encoding of a part by reference: its kind, object and range, and a region's hint
+/// (a slot takes 4 of those 8).
+const MAX_REFERENCE_BYTES: usize = 1 + BLOCK_REF_LEN + 8;
+
+/// One part by reference, encoded on the stack: the frame then grows once per part, not once
+/// per field (a capacity check each).
+struct ReferenceBytes {
+    bytes: [u8; MAX_REFERENCE_BYTES],
+    len: usize,
+}
+
+impl ReferenceBytes {
+    fn new(kind: u8, object: ObjectRef, range: WireRange) -> ReferenceBytes {
+        let mut encoded = ReferenceBytes {
+            bytes: [0; MAX_REFERENCE_BYTES],
+            len: 0,
+        };
+        encoded.put(&[kind]);
+        encoded.put(&encode_block_ref(object, range));
+        encoded
+    }
+
+    fn put(&mut self, field: &[u8]) {
+        self.bytes[self.len..self.len + field.len()].copy_from_slice(field);
+        self.len += field.len();
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
 }
 
 /// Appends one record (one multipart message) to a frame.
 pub fn append_record(frame: &mut Vec<u8>, record: &[PartRef]) {
     frame.extend_from_slice(&(record.len() as u32).to_le_bytes());
     for part in record {
-        match part {
+        let encoded = match part {
             PartRef::Inline(bytes) => {
                 let bytes = bytes.as_slice();
                 frame.push(0);
                 frame.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
                 frame.extend_from_slice(bytes);
+                continue;
             }
             PartRef::Block {
                 segment,
                 range,
-                header,
-            } => match header {
-                HeaderAt::BeforeData => {
-                    frame.push(1);
-                    append_object(frame, *segment, *range);
-                }
-                HeaderAt::Slot(slot) => {
-                    frame.push(3);
-                    append_object(frame, *segment, *range);
-                    frame.extend_from_slice(&slot.to_le_bytes());
-                }
-            },
+                header: HeaderAt::BeforeData,
+            } => ReferenceBytes::new(1, *segment, *range),
+            PartRef::Block {
+                segment,
+                range,
+                header: HeaderAt::Slot(slot),
+            } => {
+                let mut encoded = ReferenceBytes::new(3, *segment, *range);
+                encoded.put(&slot.to_le_bytes());
+                encoded
+            }
             PartRef::Region {
                 region,
                 range,
                 hint,
             } => {
-                frame.push(2);
-                append_object(frame, *region, *range);
-                frame.extend_from_slice(&hint.to_le_bytes());
+                let mut encoded = ReferenceBytes::new(2, *region, *range);
+                encoded.put(&hint.to_le_bytes());
+                encoded
             }
-        }
+        };
+        frame.extend_from_slice(encoded.as_slice());
     }
 }
 
