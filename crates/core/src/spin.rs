@@ -73,6 +73,12 @@ impl SpinPolicy {
         }
     }
 
+    /// The policy a channel's `spinUs` (microseconds) asks for: the channel's own, and that of
+    /// a transport's wait inside a receive.
+    pub fn of_spin_us(spin_us: u32) -> SpinPolicy {
+        SpinPolicy::new(Duration::from_micros(u64::from(spin_us)))
+    }
+
     /// How long the wait that starts now spins before sleeping; zero: sleep at once.
     pub fn spin_for(&mut self) -> Duration {
         if self.spin.is_zero() || !self.last_wait_short {

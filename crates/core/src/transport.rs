@@ -456,7 +456,7 @@ impl Channel {
         config.validate()?;
         let socket = transport.create_socket(&config, socket_name).await?;
         let send = socket.send_figures();
-        let spin = crate::spin::SpinPolicy::new(Duration::from_micros(u64::from(config.spin_us)));
+        let spin = crate::spin::SpinPolicy::of_spin_us(config.spin_us);
         let turn = match config.socket_type {
             SocketType::Req => Some(Turn::Send),
             SocketType::Rep => Some(Turn::Receive),

@@ -1859,7 +1859,7 @@ impl ShmSocket {
             next_ring_id: 0,
             entry: Vec::new(),
             busy_poll: config.busy_poll,
-            ring_spin: SpinPolicy::new(Duration::from_micros(u64::from(config.spin_us))),
+            ring_spin: SpinPolicy::of_spin_us(config.spin_us),
             bell: None,
         })
     }
