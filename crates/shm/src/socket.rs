@@ -2063,16 +2063,10 @@ impl ShmSocket {
 /// (a small message's buffer back to its spare list, `small.rs`; another session's block to
 /// that session).
 fn disarm(session: &Session, parts: Parts, fresh: Vec<ShmBuffer>) {
-    for message in parts {
-        if !travels_by_reference(session, &message) {
-            continue;
-        }
-        if let Ok((buffer, _)) = message.into_buffer()
-            && let Ok(buffer) = buffer.into_any().downcast::<ShmBuffer>()
-        {
-            buffer.disarm_boxed();
-        }
-    }
+    parts
+        .into_iter()
+        .filter(|message| travels_by_reference(session, message))
+        .for_each(disarm_message);
     fresh.into_iter().for_each(ShmBuffer::disarm);
 }
 
@@ -2081,15 +2075,20 @@ fn disarm(session: &Session, parts: Parts, fresh: Vec<ShmBuffer>) {
 /// every part again (~95 instructions a message of a streaming sender, 4 % of its send).
 fn disarm_described(parts: Parts, record: &[PartRef]) {
     debug_assert_eq!(parts.len(), record.len(), "one record per part");
-    for (message, part) in parts.into_iter().zip(record) {
-        if matches!(part, PartRef::Inline(_)) {
-            continue;
-        }
-        if let Ok((buffer, _)) = message.into_buffer()
-            && let Ok(buffer) = buffer.into_any().downcast::<ShmBuffer>()
-        {
-            buffer.disarm_boxed();
-        }
+    parts
+        .into_iter()
+        .zip(record)
+        .filter(|(_, part)| !matches!(part, PartRef::Inline(_)))
+        .for_each(|(message, _)| disarm_message(message));
+}
+
+/// Hands the reference of one part sent by reference to the receiver (its handle must not
+/// release it).
+fn disarm_message(message: Message) {
+    if let Ok((buffer, _)) = message.into_buffer()
+        && let Ok(buffer) = buffer.into_any().downcast::<ShmBuffer>()
+    {
+        buffer.disarm_boxed();
     }
 }
 
