@@ -109,7 +109,7 @@ pub(crate) enum Started {
     Running(BoxFuture<'static, Outcome>),
 }
 
-type Erased = dyn Fn(Invocation, &[u8], Option<Message>, &mut Vec<u8>) -> Result<Started, (Status, String)>
+type Erased = dyn Fn(&Invocation, &[u8], Option<Message>, &mut Vec<u8>) -> Result<Started, (Status, String)>
     + Send
     + Sync;
 
@@ -141,12 +141,12 @@ impl Handlers {
         F: Fn(Invocation, P::Args) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = P::Output> + Send + 'static,
     {
-        let run = move |invocation: Invocation,
+        let run = move |invocation: &Invocation,
                         payload: &[u8],
                         _buffer: Option<Message>,
                         _output: &mut Vec<u8>| {
             let args = decode_args::<P>(payload)?;
-            let future = catch_panic(|| handler(invocation, args))?;
+            let future = catch_panic(|| handler(invocation.clone(), args))?;
             Ok(Started::Running(encode_output::<P, _>(future)))
         };
         self.insert::<P>(false, Arc::new(run))
@@ -161,12 +161,12 @@ impl Handlers {
         P: Procedure,
         F: Fn(&Invocation, P::Args) -> P::Output + Send + Sync + 'static,
     {
-        let run = move |invocation: Invocation,
+        let run = move |invocation: &Invocation,
                         payload: &[u8],
                         _buffer: Option<Message>,
                         into: &mut Vec<u8>| {
             let args = decode_args::<P>(payload)?;
-            let output = catch_panic(|| handler(&invocation, args))?;
+            let output = catch_panic(|| handler(invocation, args))?;
             encode_into::<P>(&output, into)?;
             Ok(Started::Done)
         };
@@ -180,13 +180,13 @@ impl Handlers {
         P: Procedure,
         F: Fn(&Invocation, P::Args, Message) -> P::Output + Send + Sync + 'static,
     {
-        let run = move |invocation: Invocation,
+        let run = move |invocation: &Invocation,
                         payload: &[u8],
                         buffer: Option<Message>,
                         into: &mut Vec<u8>| {
             let buffer = buffer.ok_or_else(|| no_buffer::<P>())?;
             let args = decode_args::<P>(payload)?;
-            let output = catch_panic(|| handler(&invocation, args, buffer))?;
+            let output = catch_panic(|| handler(invocation, args, buffer))?;
             encode_into::<P>(&output, into)?;
             Ok(Started::Done)
         };
@@ -202,13 +202,13 @@ impl Handlers {
         F: Fn(Invocation, P::Args, Message) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = P::Output> + Send + 'static,
     {
-        let run = move |invocation: Invocation,
+        let run = move |invocation: &Invocation,
                         payload: &[u8],
                         buffer: Option<Message>,
                         _output: &mut Vec<u8>| {
             let buffer = buffer.ok_or_else(|| no_buffer::<P>())?;
             let args = decode_args::<P>(payload)?;
-            let future = catch_panic(|| handler(invocation, args, buffer))?;
+            let future = catch_panic(|| handler(invocation.clone(), args, buffer))?;
             Ok(Started::Running(encode_output::<P, _>(future)))
         };
         self.insert::<P>(true, Arc::new(run))
@@ -246,7 +246,7 @@ impl Handlers {
     pub(crate) fn start(
         &self,
         id: u64,
-        invocation: Invocation,
+        invocation: &Invocation,
         payload: &[u8],
         buffer: Option<Message>,
         output: &mut Vec<u8>,
