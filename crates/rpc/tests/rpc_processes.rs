@@ -113,9 +113,19 @@ impl Procedure for Hit {
     type Output = ();
 }
 
+/// How many `hit`s the member ran, and the caller the last one was given (`u64::MAX`: none).
 struct Hits;
 impl Procedure for Hits {
     const NAME: &'static str = "hits";
+    type Args = ();
+    type Output = (u64, u64);
+}
+
+/// The caller the destination's handler was given (an asynchronous handler: its own copy of
+/// the invocation).
+struct Caller;
+impl Procedure for Caller {
+    const NAME: &'static str = "caller";
     type Args = ();
     type Output = u64;
 }
@@ -161,12 +171,24 @@ impl Procedure for Quit {
     type Output = ();
 }
 
-#[derive(Default)]
 struct Service {
     log: Mutex<Vec<u64>>,
     last_sum: Mutex<(u64, u64, u64)>,
     hits: AtomicU64,
+    hit_caller: AtomicU64,
     quit: tokio::sync::Notify,
+}
+
+impl Default for Service {
+    fn default() -> Service {
+        Service {
+            log: Mutex::default(),
+            last_sum: Mutex::default(),
+            hits: AtomicU64::new(0),
+            hit_caller: AtomicU64::new(u64::MAX),
+            quit: tokio::sync::Notify::new(),
+        }
+    }
 }
 
 fn handlers(service: &Arc<Service>) -> Handlers {
@@ -202,14 +224,21 @@ fn handlers(service: &Arc<Service>) -> Handlers {
             async move { value }
         })
         .on::<Explode, _, _>(|_, ()| async { panic!("deliberate: the handler exploded") })
-        .on::<Hit, _, _>(move |_, ()| {
+        // For a broadcast the caller is the member that started it, not the one that passed
+        // it on.
+        .on_sync::<Hit, _>(move |invocation, ()| {
             hits.hits.fetch_add(1, Ordering::Relaxed);
-            async {}
+            hits.hit_caller
+                .store(invocation.caller() as u64, Ordering::Relaxed);
         })
         .on::<Hits, _, _>(move |_, ()| {
-            let value = count.hits.load(Ordering::Relaxed);
+            let value = (
+                count.hits.load(Ordering::Relaxed),
+                count.hit_caller.load(Ordering::Relaxed),
+            );
             async move { value }
         })
+        .on::<Caller, _, _>(|invocation, ()| async move { invocation.caller() as u64 })
         .on::<Relay, _, _>(|invocation, (dest, value)| async move {
             invocation
                 .rpc()
@@ -641,9 +670,14 @@ async fn primitives(kind: Kind, mode: Aggregation) -> Result<()> {
     ensure!(rpc.member("member-2") == Some(2) && rpc.member("member[1]") == Some(1));
     ensure!(rpc.member("member[7]").is_none() && rpc.member("nobody").is_none());
 
-    // call_return, to each member and to itself.
+    // call_return, to each member and to itself; each handler is told who called.
     for idx in 0..3 {
         ensure!(rpc.call_return::<Add>(idx, &(2, idx as u64)).await? == 2 + idx as u64);
+        let caller = rpc.call_return::<Caller>(idx, &()).await?;
+        ensure!(
+            caller == 0,
+            "member {idx}'s handler was told member {caller} called"
+        );
     }
 
     ensure!(
@@ -809,10 +843,8 @@ async fn primitives(kind: Kind, mode: Aggregation) -> Result<()> {
     rpc.broadcast::<Hit>(&()).await?.confirmed().await?;
     ensure!(group.service.hits.load(Ordering::Relaxed) == 1);
     for idx in 1..3 {
-        ensure!(
-            rpc.call_return::<Hits>(idx, &()).await? == 1,
-            "member {idx} was not hit once"
-        );
+        let hits = rpc.call_return::<Hits>(idx, &()).await?;
+        ensure!(hits == (1, 0), "member {idx}: (hits, caller) {hits:?}");
     }
     group.quit().await
 }
@@ -1100,11 +1132,11 @@ async fn broadcast_15() -> Result<()> {
     let sent = rpc.stats().records - before;
     ensure!(sent == 4, "the root sent {sent} records");
     ensure!(group.service.hits.load(Ordering::Relaxed) == 1);
+    // Members below the root's children got it from a member other than the root, and are
+    // told the root called.
     for idx in 1..15 {
-        ensure!(
-            rpc.call_return::<Hits>(idx, &()).await? == 1,
-            "member {idx} was not hit once"
-        );
+        let hits = rpc.call_return::<Hits>(idx, &()).await?;
+        ensure!(hits == (1, 0), "member {idx}: (hits, caller) {hits:?}");
     }
     group.quit().await
 }
