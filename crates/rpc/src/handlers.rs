@@ -5,8 +5,8 @@
 //! handler is stored type-erased: it decodes its arguments from the frame (postcard) and
 //! returns a boxed future whose output is already encoded, or, a synchronous one, encodes its
 //! output into a buffer the dispatcher lends it (the same buffer call after call: no allocation
-//! per call). A panic in the handler, synchronous or in its future, is caught and becomes
-//! [`Status::Panicked`] for the caller.
+//! per call). Only a result the caller waits for is encoded. A panic in the handler,
+//! synchronous or in its future, is caught and becomes [`Status::Panicked`] for the caller.
 
 use rustc_hash::FxHashMap;
 use std::future::Future;
@@ -109,7 +109,12 @@ pub(crate) enum Started {
     Running(BoxFuture<'static, Outcome>),
 }
 
-type Erased = dyn Fn(&Invocation, &[u8], Option<Message>, &mut Vec<u8>) -> Result<Started, (Status, String)>
+type Erased = dyn Fn(
+        &Invocation,
+        &[u8],
+        Option<Message>,
+        Option<&mut Vec<u8>>,
+    ) -> Result<Started, (Status, String)>
     + Send
     + Sync;
 
@@ -144,10 +149,13 @@ impl Handlers {
         let run = move |invocation: &Invocation,
                         payload: &[u8],
                         _buffer: Option<Message>,
-                        _output: &mut Vec<u8>| {
+                        output: Option<&mut Vec<u8>>| {
             let args = decode_args::<P>(payload)?;
             let future = catch_panic(|| handler(invocation.clone(), args))?;
-            Ok(Started::Running(encode_output::<P, _>(future)))
+            Ok(Started::Running(encode_output::<P, _>(
+                future,
+                output.is_some(),
+            )))
         };
         self.insert::<P>(false, Arc::new(run))
     }
@@ -164,10 +172,12 @@ impl Handlers {
         let run = move |invocation: &Invocation,
                         payload: &[u8],
                         _buffer: Option<Message>,
-                        into: &mut Vec<u8>| {
+                        into: Option<&mut Vec<u8>>| {
             let args = decode_args::<P>(payload)?;
             let output = catch_panic(|| handler(invocation, args))?;
-            encode_into::<P>(&output, into)?;
+            if let Some(into) = into {
+                encode_into::<P>(&output, into)?;
+            }
             Ok(Started::Done)
         };
         self.insert::<P>(false, Arc::new(run))
@@ -183,11 +193,13 @@ impl Handlers {
         let run = move |invocation: &Invocation,
                         payload: &[u8],
                         buffer: Option<Message>,
-                        into: &mut Vec<u8>| {
+                        into: Option<&mut Vec<u8>>| {
             let buffer = buffer.ok_or_else(|| no_buffer::<P>())?;
             let args = decode_args::<P>(payload)?;
             let output = catch_panic(|| handler(invocation, args, buffer))?;
-            encode_into::<P>(&output, into)?;
+            if let Some(into) = into {
+                encode_into::<P>(&output, into)?;
+            }
             Ok(Started::Done)
         };
         self.insert::<P>(true, Arc::new(run))
@@ -205,11 +217,14 @@ impl Handlers {
         let run = move |invocation: &Invocation,
                         payload: &[u8],
                         buffer: Option<Message>,
-                        _output: &mut Vec<u8>| {
+                        output: Option<&mut Vec<u8>>| {
             let buffer = buffer.ok_or_else(|| no_buffer::<P>())?;
             let args = decode_args::<P>(payload)?;
             let future = catch_panic(|| handler(invocation.clone(), args, buffer))?;
-            Ok(Started::Running(encode_output::<P, _>(future)))
+            Ok(Started::Running(encode_output::<P, _>(
+                future,
+                output.is_some(),
+            )))
         };
         self.insert::<P>(true, Arc::new(run))
     }
@@ -243,13 +258,15 @@ impl Handlers {
 
     /// Starts the handler `id` on `payload`: a synchronous one runs and leaves its encoded
     /// result in `output` (replacing what it held); otherwise the future runs it to its outcome.
+    /// Without `output` (the caller waits for no result) the result is not encoded: the handler
+    /// still runs, and its outcome is an empty result.
     pub(crate) fn start(
         &self,
         id: u64,
         invocation: &Invocation,
         payload: &[u8],
         buffer: Option<Message>,
-        output: &mut Vec<u8>,
+        output: Option<&mut Vec<u8>>,
     ) -> Result<Started, (Status, String)> {
         let Some(entry) = self.entries.get(&id) else {
             return Err((
@@ -315,7 +332,8 @@ fn catch_panic<T>(run: impl FnOnce() -> T) -> Result<T, (Status, String)> {
         .map_err(|panic| (Status::Panicked, panic_message(panic.as_ref())))
 }
 
-fn encode_output<P, Fut>(future: Fut) -> BoxFuture<'static, Outcome>
+/// `future` run to its outcome: its output encoded when `wanted`, an empty result otherwise.
+fn encode_output<P, Fut>(future: Fut, wanted: bool) -> BoxFuture<'static, Outcome>
 where
     P: Procedure,
     Fut: Future<Output = P::Output> + Send + 'static,
@@ -325,7 +343,11 @@ where
             .catch_unwind()
             .await
             .map_err(|panic| (Status::Panicked, panic_message(panic.as_ref())))?;
-        encode::<P>(&output)
+        if wanted {
+            encode::<P>(&output)
+        } else {
+            Ok(Vec::new())
+        }
     }
     .boxed()
 }

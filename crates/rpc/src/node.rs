@@ -1400,18 +1400,22 @@ impl Node {
             }
         };
         invocation.caller = answer_to;
+        // A result nobody waits for is not encoded (a fire-and-forget call, or one that waits
+        // only for its acknowledgement).
+        let wants_result = head.flags & wire::WANTS_RESULT != 0;
         let started = buffer.and_then(|buffer| {
             self.handlers.start(
                 head.handler,
                 invocation,
                 payload,
                 buffer,
-                &mut intake.output,
+                wants_result.then_some(&mut intake.output),
             )
         });
         let async_output;
         let outcome = match started {
-            Ok(Started::Done) => Ok(intake.output.as_slice()),
+            Ok(Started::Done) if wants_result => Ok(intake.output.as_slice()),
+            Ok(Started::Done) => Ok(&[][..]),
             Ok(Started::Running(mut running)) => {
                 match self.while_serving(&mut running, intake).await {
                     Some(Ok(output)) => {

@@ -164,6 +164,25 @@ impl Procedure for Touch {
     type Output = ();
 }
 
+/// A result that cannot be serialised.
+#[derive(Debug, serde::Deserialize)]
+struct Unserialisable;
+
+impl serde::Serialize for Unserialisable {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        Err(serde::ser::Error::custom("deliberately unserialisable"))
+    }
+}
+
+/// Returns a result that cannot be serialised: a failure for a caller that waits for it,
+/// nothing to a caller that does not (the result is not encoded).
+struct BadResult;
+impl Procedure for BadResult {
+    const NAME: &'static str = "bad-result";
+    type Args = ();
+    type Output = Unserialisable;
+}
+
 struct Quit;
 impl Procedure for Quit {
     const NAME: &'static str = "quit";
@@ -271,6 +290,7 @@ fn handlers(service: &Arc<Service>) -> Handlers {
                     .expect("member 0 is in the group");
             }
         })
+        .on_sync::<BadResult, _>(|_, ()| Unserialisable)
         .on_sync::<Touch, _>(|_, path| {
             std::fs::write(path, b"").expect("the temp dir is writable");
         })
@@ -834,6 +854,24 @@ async fn primitives(kind: Kind, mode: Aggregation) -> Result<()> {
             ),
         "{failures:?}"
     );
+
+    // A result that cannot be serialised fails the caller that waits for it; a caller that
+    // waits only for the handler to have run is not failed by it.
+    let error = rpc.call_return::<BadResult>(2, &()).await.unwrap_err();
+    ensure!(
+        matches!(
+            remote(&error),
+            Some(("member-2", "bad-result", RemoteFailure::Panicked, cause))
+                if cause.contains("could not be serialised")
+        ),
+        "{error}"
+    );
+    rpc.to(2)
+        .confirm(Confirm::Consumed)
+        .call::<BadResult>(&())
+        .await?
+        .confirmed()
+        .await?;
 
     // A handler that calls another member.
     rpc.call_return::<Relay>(1, &(2, 99)).await?;
