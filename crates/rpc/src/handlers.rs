@@ -175,9 +175,7 @@ impl Handlers {
                         into: Option<&mut Vec<u8>>| {
             let args = decode_args::<P>(payload)?;
             let output = catch_panic(|| handler(invocation, args))?;
-            if let Some(into) = into {
-                encode_into::<P>(&output, into)?;
-            }
+            encode_into::<P>(&output, into)?;
             Ok(Started::Done)
         };
         self.insert::<P>(false, Arc::new(run))
@@ -197,9 +195,7 @@ impl Handlers {
             let buffer = buffer.ok_or_else(|| no_buffer::<P>())?;
             let args = decode_args::<P>(payload)?;
             let output = catch_panic(|| handler(invocation, args, buffer))?;
-            if let Some(into) = into {
-                encode_into::<P>(&output, into)?;
-            }
+            encode_into::<P>(&output, into)?;
             Ok(Started::Done)
         };
         self.insert::<P>(true, Arc::new(run))
@@ -297,10 +293,14 @@ fn encode<P: Procedure>(output: &P::Output) -> Outcome {
 
 /// Encodes `output` into `into`, replacing what it held and keeping its memory: postcard's own
 /// vector starts empty and grows (a 64-byte result took a `malloc` and three `realloc`s).
+/// Without `into` (nobody waits for the result) nothing is encoded.
 fn encode_into<P: Procedure>(
     output: &P::Output,
-    into: &mut Vec<u8>,
+    into: Option<&mut Vec<u8>>,
 ) -> Result<(), (Status, String)> {
+    let Some(into) = into else {
+        return Ok(());
+    };
     let mut reused = std::mem::take(into);
     reused.clear();
     *into = postcard::to_extend(output, reused).map_err(unencodable)?;

@@ -1414,8 +1414,8 @@ impl Node {
         });
         let async_output;
         let outcome = match started {
-            Ok(Started::Done) if wants_result => Ok(intake.output.as_slice()),
-            Ok(Started::Done) => Ok(&[][..]),
+            // Without `WANTS_RESULT` the buffer is not written, and not read either.
+            Ok(Started::Done) => Ok(intake.output.as_slice()),
             Ok(Started::Running(mut running)) => {
                 match self.while_serving(&mut running, intake).await {
                     Some(Ok(output)) => {
