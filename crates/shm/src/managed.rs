@@ -45,7 +45,7 @@ use ferromq_core::MessageBuffer;
 
 use crate::allocator::Allocator;
 use crate::error::ShmError;
-use crate::protocol::{BlockCells, FirstTouch, NotLive};
+use crate::protocol::{BlockCells, BlockRefs, FirstTouch, NotLive};
 use crate::segment::{HEADER_SIZE, Segment};
 use crate::wire::{HeaderAt, WireRange};
 
@@ -391,6 +391,14 @@ const FIRST_TOUCH_BY_WRITE_FROM: usize = 64 << 10;
 /// A block's header in a mapped segment; its protocol steps are `protocol.rs`'s (model-checked).
 type BlockHeader<'a> = BlockCells<'a, AtomicU32, AtomicU64>;
 
+/// The reference count of the block whose header is at `header_offset`, `None` outside the
+/// segment: what a holder's steps need (one cell looked up, not the header's four).
+fn refs_at(segment: &Segment, header_offset: usize) -> Option<BlockRefs<'_, AtomicU32>> {
+    Some(BlockRefs {
+        refcount: segment.atomic_u32(header_offset)?,
+    })
+}
+
 /// The header of the block at `header_offset`, `None` outside the segment.
 fn block_at(segment: &Segment, header_offset: usize) -> Option<BlockHeader<'_>> {
     Some(BlockCells {
@@ -455,9 +463,9 @@ impl ShmBuffer {
         match std::mem::replace(&mut self.release, Release::Nothing) {
             Release::Block => {
                 if let Some(segment) = &self.segment
-                    && let Some(block) = block_at(segment, self.header_offset)
+                    && let Some(refs) = refs_at(segment, self.header_offset)
                 {
-                    block.release(1);
+                    refs.release(1);
                 }
             }
             Release::Region(acknowledge, hint) => {
@@ -649,28 +657,29 @@ impl ShmBuffer {
     /// them.
     #[cfg(test)]
     pub(crate) fn block_references(&self) -> Option<u32> {
-        self.block().map(|block| block.references())
+        self.refs().map(|refs| refs.references())
     }
 
-    fn block(&self) -> Option<BlockHeader<'_>> {
+    /// A managed block's reference count (`None` for a region's range).
+    fn refs(&self) -> Option<BlockRefs<'_, AtomicU32>> {
         match self.release {
-            Release::Block => block_at(self.segment_ref(), self.header_offset),
+            Release::Block => refs_at(self.segment_ref(), self.header_offset),
             _ => None,
         }
     }
 
     /// Adds `n` references for `n` more receivers of the same block (pub/sub fan-out).
     pub(crate) fn add_references(&self, n: u32) {
-        if let Some(block) = self.block() {
-            block.add(n);
+        if let Some(refs) = self.refs() {
+            refs.add(n);
         }
     }
 
     /// Takes back `n` references added with [`ShmBuffer::add_references`] for receivers that did
     /// not get the block after all.
     pub(crate) fn release_references(&self, n: u32) {
-        if let Some(block) = self.block() {
-            block.release(n);
+        if let Some(refs) = self.refs() {
+            refs.release(n);
         }
     }
 
@@ -696,8 +705,7 @@ impl MessageBuffer for ShmBuffer {
     fn as_bytes_mut(&mut self) -> Option<&mut [u8]> {
         // Writable only by the single owner: a block with one reference held by this handle.
         // Region ranges belong to their creator, who writes them through the region.
-        let block = self.block()?;
-        if !block.is_sole_reference() {
+        if !self.refs()?.is_sole_reference() {
             return None;
         }
         let (data_offset, capacity) = (self.data_offset, self.capacity);

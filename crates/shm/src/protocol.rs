@@ -3,13 +3,14 @@
 //! in this module's tests, on [loom]'s, which runs each scenario under every interleaving and
 //! every outcome the C++ memory model allows.
 //!
-//! - **Block references** ([`BlockCells`]): the owner publishes a new block (one reference, its
-//!   capacity, then the magic that makes it adoptable), a publisher adds references for more
-//!   subscribers, receivers check a descriptor's block is live and release their reference, and
-//!   the owner reclaims the block once the count is zero, retiring the magic before the range is
-//!   reused. The model checks that a block is written again only after every receiver's reads of
-//!   it happened (no data race on the bytes), and that a descriptor replayed after the last
-//!   release never finds a live block.
+//! - **Block references** ([`BlockCells`]; a holder's steps on the count alone, [`BlockRefs`]):
+//!   the owner publishes a new block (one reference, its capacity, then the magic that makes it
+//!   adoptable), a publisher adds references for more subscribers, receivers check a
+//!   descriptor's block is live and release their reference, and the owner reclaims the block
+//!   once the count is zero, retiring the magic before the range is reused. The model checks
+//!   that a block is written again only after every receiver's reads of it happened (no data
+//!   race on the bytes), and that a descriptor replayed after the last release never finds a
+//!   live block.
 //! - **The ends of a descriptor ring** ([`RingFinish`]): the producer and the consumer each
 //!   mark themselves done; the model checks that exactly one of them is the last, and that it
 //!   reads the other's last entry without a data race.
@@ -192,7 +193,16 @@ impl<A: Atomic32, B: Atomic64> BlockCells<'_, A, B> {
         }
         Ok(capacity)
     }
+}
 
+/// A block's reference count: the steps of a holder, who needs no other cell of the header.
+/// Kept apart from [`BlockCells`] so that a holder's hot steps (a sender checking, per write,
+/// that it still holds the only reference) look up one cell of the segment, not four.
+pub(crate) struct BlockRefs<'a, A> {
+    pub(crate) refcount: &'a A,
+}
+
+impl<A: Atomic32> BlockRefs<'_, A> {
     /// A holder adds `n` references for `n` more receivers (pub/sub fan-out).
     pub(crate) fn add(&self, n: u32) {
         self.refcount.fetch_add(n, Ordering::AcqRel);
@@ -359,6 +369,12 @@ mod loom_models {
             }
         }
 
+        fn refs(&self) -> BlockRefs<'_, AtomicU32> {
+            BlockRefs {
+                refcount: &self.refcount,
+            }
+        }
+
         fn cells(&self) -> BlockCells<'_, AtomicU32, AtomicU64> {
             BlockCells {
                 refcount: &self.refcount,
@@ -395,7 +411,7 @@ mod loom_models {
             // SAFETY: no other thread runs yet.
             block.bytes.with_mut(|bytes| unsafe { *bytes = 7 });
             block.cells().publish(64, DATA);
-            block.cells().add(1);
+            block.refs().add(1);
             block.descriptor_sent.store(true, Ordering::Release);
             let readers: Vec<_> = [FirstTouch::Read, FirstTouch::Write]
                 .into_iter()
@@ -407,7 +423,7 @@ mod loom_models {
                         // SAFETY: this reader holds a reference; loom checks nobody writes.
                         let seen = block.bytes.with(|bytes| unsafe { *bytes });
                         assert_eq!(seen, 7);
-                        block.cells().release(1);
+                        block.refs().release(1);
                     })
                 })
                 .collect();
@@ -435,7 +451,7 @@ mod loom_models {
             thread::spawn(move || {
                 block.wait_for_descriptor();
                 assert_eq!(block.cells().live_capacity(first, DATA), Ok(64));
-                block.cells().release(1);
+                block.refs().release(1);
                 // The same descriptor again, while the owner may be reclaiming.
                 assert!(block.cells().live_capacity(replay, DATA).is_err());
             })
