@@ -134,19 +134,29 @@ fn transport_and_address(
         "shm-segment-size".to_owned(),
         options.shm_segment_size.to_string(),
     );
-    let (transport, address) = match name {
-        "zeromq-ipc" => ("zeromq", format!("ipc://{}/bench.ipc", dir.display())),
-        "zeromq-tcp" => ("zeromq", "tcp://127.0.0.1:0".to_owned()),
-        "shmem" => ("shmem", format!("ipc://{}/bench.ipc", dir.display())),
-        "ofi-tcp" => ("ofi", "tcp://127.0.0.1:0".to_owned()),
-        other => bail!(
-            "unknown bench transport {other:?}: zeromq-ipc, zeromq-tcp, shmem or ofi-tcp (with --features ofi)"
-        ),
+    let transport = transport_kind(name)?;
+    let address = if name.ends_with("-tcp") {
+        "tcp://127.0.0.1:0".to_owned()
+    } else {
+        format!("ipc://{}/bench.ipc", dir.display())
     };
     Ok((
         crate::built_in_transports().create(transport, &transport_options)?,
         address,
     ))
+}
+
+/// The transport a bench transport's name creates; the `-tcp` ones are reached over loopback
+/// tcp, the others over an ipc file.
+fn transport_kind(name: &str) -> Result<&'static str> {
+    match name {
+        "zeromq-ipc" | "zeromq-tcp" => Ok("zeromq"),
+        "shmem" => Ok("shmem"),
+        "ofi-tcp" => Ok("ofi"),
+        other => bail!(
+            "--transport {other:?}: the transports are zeromq-ipc, zeromq-tcp, shmem and ofi-tcp (with --features ofi)"
+        ),
+    }
 }
 
 /// Runs every transport × size pair and prints the results.
@@ -235,6 +245,10 @@ fn print_table(results: &[BenchResult], latency: bool) {
 }
 
 async fn run_all(options: &BenchOptions) -> Result<Vec<BenchResult>> {
+    // Refused before any process starts.
+    for transport in &options.transport {
+        transport_kind(transport)?;
+    }
     let mut results = Vec::new();
     for transport in &options.transport {
         for &msg_size in &options.msg_size {

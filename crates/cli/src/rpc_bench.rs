@@ -46,7 +46,8 @@ pub struct RpcBenchOptions {
     #[arg(long = "round-trips", default_value_t = 2000)]
     pub round_trips: usize,
     /// Instead of calls: a broadcast to this many members (this process and N-1 others) until
-    /// each ran the handler, against a call_return round trip to one of them (p50s of 200).
+    /// each ran the handler, against a call_return round trip to one of them (p50s of 200);
+    /// 2 to 256.
     #[arg(long, default_value_t = 0)]
     pub broadcast: usize,
     /// Both ends spin on their inbound channels instead of sleeping (channel option busyPoll).
@@ -204,16 +205,65 @@ fn transport_and_address(
             std::env::temp_dir().display()
         )
     };
-    let (transport, address) = match name {
-        "shmem" => ("shmem", ipc()),
-        "zeromq-ipc" => ("zeromq", ipc()),
-        "zeromq-tcp" => ("zeromq", "tcp://127.0.0.1:0".to_owned()),
-        other => bail!("unknown bench transport {other:?}: shmem, zeromq-ipc or zeromq-tcp"),
+    let address = if name == "zeromq-tcp" {
+        "tcp://127.0.0.1:0".to_owned()
+    } else {
+        ipc()
     };
     Ok((
-        transports.create(transport, &options)?,
+        transports.create(transport_kind(name)?, &options)?,
         Address::parse(&address)?,
     ))
+}
+
+/// The transport a bench transport's name creates (`zeromq-ipc` and `zeromq-tcp` differ in
+/// their addresses only).
+fn transport_kind(name: &str) -> Result<&'static str> {
+    match name {
+        "shmem" => Ok("shmem"),
+        "zeromq-ipc" | "zeromq-tcp" => Ok("zeromq"),
+        other => {
+            bail!("--transport {other:?}: the transports are shmem, zeromq-ipc and zeromq-tcp")
+        }
+    }
+}
+
+/// The most members `--broadcast` starts: each one but this process is a process of its own.
+const MAX_BROADCAST_MEMBERS: usize = 256;
+
+/// Refuses, before any process starts, what the bench cannot measure.
+fn check_options(options: &RpcBenchOptions) -> Result<()> {
+    for transport in &options.transport {
+        transport_kind(transport)?;
+    }
+    if options.broadcast > 0 {
+        if options.broadcast < 2 {
+            bail!("--broadcast {}: at least 2 members", options.broadcast);
+        }
+        if options.broadcast > MAX_BROADCAST_MEMBERS {
+            bail!(
+                "--broadcast {}: at most {MAX_BROADCAST_MEMBERS} members (each one but this \
+                 process is a process of its own)",
+                options.broadcast
+            );
+        }
+        return Ok(());
+    }
+    for &size in &options.call_size {
+        if ![8, 64, 256].contains(&size) {
+            bail!("--call-size {size}: the sizes measured are 8, 64 and 256 bytes");
+        }
+    }
+    for mode in &options.mode {
+        aggregation(mode)?;
+    }
+    if options.rounds == 0 {
+        bail!("--rounds 0: at least one round is needed");
+    }
+    if options.round_trips == 0 {
+        bail!("--round-trips 0: at least one round trip is needed for their p50 and p99");
+    }
+    Ok(())
 }
 
 /// One broadcast measurement (`--broadcast N`).
@@ -232,9 +282,7 @@ pub struct BroadcastResult {
 }
 
 async fn run_broadcasts(options: &RpcBenchOptions) -> Result<Vec<BroadcastResult>> {
-    if options.broadcast < 2 {
-        bail!("--broadcast {}: at least 2 members", options.broadcast);
-    }
+    check_options(options)?;
     let mut results = Vec::new();
     for transport in &options.transport {
         let (broadcast, round_trip) = broadcast_round(options, transport, options.broadcast)
@@ -361,17 +409,7 @@ fn print_table(results: &[RpcBenchResult], light_load_rate: Option<f64>) {
 }
 
 async fn run_all(options: &RpcBenchOptions) -> Result<Vec<RpcBenchResult>> {
-    for &size in &options.call_size {
-        if ![8, 64, 256].contains(&size) {
-            bail!("--call-size {size}: the sizes measured are 8, 64 and 256 bytes");
-        }
-    }
-    for mode in &options.mode {
-        aggregation(mode)?;
-    }
-    if options.rounds == 0 {
-        bail!("--rounds 0: at least one round is needed");
-    }
+    check_options(options)?;
     let mut results = Vec::new();
     for transport in &options.transport {
         for mode in &options.mode {

@@ -1,5 +1,7 @@
 //! `ferromq bench` as a smoke test: every transport reports, in both modes. No speed is asserted.
 
+use std::os::unix::process::CommandExt as _;
+
 /// The JSON objects a successful `--json` run printed, one a line.
 fn json_lines(output: &std::process::Output) -> Vec<serde_json::Value> {
     assert!(
@@ -264,19 +266,62 @@ fn bench_rpc_refuses_a_light_load_rate_that_is_not_a_positive_number() {
     }
 }
 
+/// `ferromq ARGS` fails at once (exit 1) with one line naming `culprit`: refused before any
+/// member process starts (a member that starts and fails says so on a line of its own). A bench
+/// that started members instead (100 000 processes for `--broadcast 100000`) is killed after
+/// 10 s with its members (its process group) and their shared memory, and the test fails.
+fn refused_before_any_member_starts(args: &[&str], culprit: &str) {
+    let bench = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("run ferromq bench");
+    let pid = bench.id();
+    let (exited, exit) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = exited.send(bench.wait_with_output());
+    });
+    let Ok(output) = exit.recv_timeout(std::time::Duration::from_secs(10)) else {
+        let group = nix::unistd::Pid::from_raw(pid as i32);
+        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        let _ = exit.recv_timeout(std::time::Duration::from_secs(10));
+        for session in ["bench", "bench-rpc"] {
+            let _ = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+                .args(["shm", "clean", "--force", "--session"])
+                .arg(format!("{session}-{pid}"))
+                .output();
+        }
+        panic!("{args:?}: still running after 10 s");
+    };
+    let output = output.expect("wait for ferromq bench");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+    assert!(stderr.contains(culprit), "{args:?}: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+}
+
 #[test]
-fn bench_rpc_names_a_size_or_mode_it_cannot_measure() {
+fn bench_names_a_transport_it_does_not_have_before_it_starts_a_process() {
+    refused_before_any_member_starts(
+        &["bench", "--transport", "shmem,bogus", "--duration", "0.1"],
+        "--transport \"bogus\"",
+    );
+}
+
+#[test]
+fn bench_rpc_names_what_it_cannot_measure_before_it_starts_a_process() {
     for (args, culprit) in [
         (["--call-size", "7"], "--call-size 7"),
         (["--mode", "fast"], "--mode \"fast\""),
+        (["--rounds", "0"], "--rounds 0"),
+        (["--round-trips", "0"], "--round-trips 0"),
+        (["--transport", "ofi"], "--transport \"ofi\""),
+        (["--broadcast", "1"], "--broadcast 1"),
+        (["--broadcast", "100000"], "--broadcast 100000"),
     ] {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-            .args(["bench", "rpc"])
-            .args(args)
-            .output()
-            .expect("run ferromq bench rpc");
-        assert_eq!(output.status.code(), Some(1), "{args:?}");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(stderr.contains(culprit), "{args:?}: {stderr}");
+        let args = [["bench", "rpc"].as_slice(), args.as_slice()].concat();
+        refused_before_any_member_starts(&args, culprit);
     }
 }
