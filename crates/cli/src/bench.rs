@@ -27,7 +27,7 @@ pub struct BenchOptions {
         default_value = "64,1024,65536,1048576,8388608"
     )]
     pub msg_size: Vec<usize>,
-    /// Parts per message.
+    /// Parts per message (1 to 1024).
     #[arg(long = "num-parts", default_value_t = 1)]
     pub num_parts: usize,
     /// Messages per second to send (0 = as fast as possible).
@@ -248,6 +248,13 @@ async fn run_all(options: &BenchOptions) -> Result<Vec<BenchResult>> {
     // Refused before any process starts.
     for transport in &options.transport {
         transport_kind(transport)?;
+    }
+    let max_parts = ferromq_devices::MAX_PARTS;
+    if !(1..=max_parts).contains(&options.num_parts) {
+        bail!(
+            "--num-parts {}: expected 1 to {max_parts}",
+            options.num_parts
+        );
     }
     let mut results = Vec::new();
     for transport in &options.transport {

@@ -303,11 +303,25 @@ fn refused_before_any_member_starts(args: &[&str], culprit: &str) {
 }
 
 #[test]
-fn bench_names_a_transport_it_does_not_have_before_it_starts_a_process() {
+fn bench_names_a_transport_or_part_count_it_cannot_measure_before_it_starts_a_process() {
     refused_before_any_member_starts(
         &["bench", "--transport", "shmem,bogus", "--duration", "0.1"],
         "--transport \"bogus\"",
     );
+    for parts in ["0", "1025"] {
+        refused_before_any_member_starts(
+            &[
+                "bench",
+                "--transport",
+                "shmem",
+                "--duration",
+                "0.1",
+                "--num-parts",
+                parts,
+            ],
+            &format!("--num-parts {parts}"),
+        );
+    }
 }
 
 #[test]
