@@ -269,7 +269,8 @@ fn bench_rpc_refuses_a_light_load_rate_that_is_not_a_positive_number() {
 /// `ferromq ARGS` fails at once (exit 1) with one line naming `culprit`: refused before any
 /// member process starts (a member that starts and fails says so on a line of its own). A bench
 /// that started members instead (100 000 processes for `--broadcast 100000`) is killed after
-/// 10 s with its members (its process group) and their shared memory, and the test fails.
+/// 10 s with its members (its process group), their shared memory and their files in the temp
+/// directory are removed, and the test fails.
 fn refused_before_any_member_starts(args: &[&str], culprit: &str) {
     let bench = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
         .args(args)
@@ -292,6 +293,18 @@ fn refused_before_any_member_starts(args: &[&str], culprit: &str) {
                 .args(["shm", "clean", "--force", "--session"])
                 .arg(format!("{session}-{pid}"))
                 .output();
+            // The members' ipc files (`bench rpc`) and the pair's directory (`bench`).
+            let prefix = format!("ferromq-{session}-{pid}-");
+            for entry in std::fs::read_dir(std::env::temp_dir())
+                .into_iter()
+                .flatten()
+            {
+                let Ok(entry) = entry else { continue };
+                if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                    let path = entry.path();
+                    let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir_all(&path));
+                }
+            }
         }
         panic!("{args:?}: still running after 10 s");
     };
