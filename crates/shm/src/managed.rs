@@ -274,7 +274,7 @@ impl OwnedSegment {
     /// Frees blocks nobody references: the oldest ones in order, or all of them when `everything`.
     fn reclaim(&self, state: &mut OwnerState, everything: bool) {
         let released = |segment: &Segment, held: Held| {
-            block_at(segment, held.header).is_some_and(|block| block.is_released())
+            refs_at(segment, held.header).is_some_and(|refs| refs.is_released())
         };
         let mut n_freed = 0;
         if everything {
@@ -392,7 +392,8 @@ const FIRST_TOUCH_BY_WRITE_FROM: usize = 64 << 10;
 type BlockHeader<'a> = BlockCells<'a, AtomicU32, AtomicU64>;
 
 /// The reference count of the block whose header is at `header_offset`, `None` outside the
-/// segment: what a holder's steps need (one cell looked up, not the header's four).
+/// segment: what a holder's steps and the owner's reclaim check need (one cell looked up, not
+/// the header's four).
 fn refs_at(segment: &Segment, header_offset: usize) -> Option<BlockRefs<'_, AtomicU32>> {
     Some(BlockRefs {
         refcount: segment.atomic_u32(header_offset)?,

@@ -148,13 +148,7 @@ impl<A: Atomic32, B: Atomic64> BlockCells<'_, A, B> {
         self.magic.store(BLOCK_MAGIC, Ordering::Release);
     }
 
-    /// Owner, reclaiming: whether the last reference is gone. Acquire pairs with the releases'
-    /// release half: every access to the block by a releasing holder happened before.
-    pub(crate) fn is_released(&self) -> bool {
-        self.refcount.load(Ordering::Acquire) == 0
-    }
-
-    /// Owner, after [`BlockCells::is_released`]: the block is no longer adoptable.
+    /// Owner, after [`BlockRefs::is_released`]: the block is no longer adoptable.
     pub(crate) fn retire(&self) {
         self.magic.store(0, Ordering::Release);
     }
@@ -195,9 +189,11 @@ impl<A: Atomic32, B: Atomic64> BlockCells<'_, A, B> {
     }
 }
 
-/// A block's reference count: the steps of a holder, who needs no other cell of the header.
-/// Kept apart from [`BlockCells`] so that a holder's hot steps (a sender checking, per write,
-/// that it still holds the only reference) look up one cell of the segment, not four.
+/// A block's reference count: the steps on the count alone, a holder's and the owner's check
+/// that none is left, which need no other cell of the header. Kept apart from [`BlockCells`] so
+/// that the hot steps (a sender checking, per write, that it still holds the only reference;
+/// the owner looking at each outstanding block on a reclaim) look up one cell of the segment,
+/// not four.
 pub(crate) struct BlockRefs<'a, A> {
     pub(crate) refcount: &'a A,
 }
@@ -211,6 +207,12 @@ impl<A: Atomic32> BlockRefs<'_, A> {
     /// A holder gives up `n` references; the owner may reclaim the block once none is left.
     pub(crate) fn release(&self, n: u32) {
         self.refcount.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// Owner, reclaiming: whether the last reference is gone. Acquire pairs with the releases'
+    /// release half: every access to the block by a releasing holder happened before.
+    pub(crate) fn is_released(&self) -> bool {
+        self.refcount.load(Ordering::Acquire) == 0
     }
 
     /// Whether the caller's reference is the only one (it may then write the bytes).
@@ -427,7 +429,7 @@ mod loom_models {
                     })
                 })
                 .collect();
-            while !block.cells().is_released() {
+            while !block.refs().is_released() {
                 thread::yield_now();
             }
             block.cells().retire();
@@ -456,7 +458,7 @@ mod loom_models {
                 assert!(block.cells().live_capacity(replay, DATA).is_err());
             })
         };
-        while !block.cells().is_released() {
+        while !block.refs().is_released() {
             thread::yield_now();
         }
         block.cells().retire();
