@@ -246,14 +246,22 @@ fn print_table(results: &[BenchResult], latency: bool) {
 
 async fn run_all(options: &BenchOptions) -> Result<Vec<BenchResult>> {
     // Refused before any process starts.
+    let mut measures_shmem = false;
     for transport in &options.transport {
-        transport_kind(transport)?;
+        measures_shmem |= transport_kind(transport)? == "shmem";
     }
     let max_parts = ferromq_devices::MAX_PARTS;
     if !(1..=max_parts).contains(&options.num_parts) {
         bail!(
             "--num-parts {}: expected 1 to {max_parts}",
             options.num_parts
+        );
+    }
+    let min_segment = ferromq_shm::segment::MIN_SEGMENT_SIZE as u64;
+    if measures_shmem && options.shm_segment_size < min_segment {
+        bail!(
+            "--shm-segment-size {}: expected at least {min_segment} bytes",
+            options.shm_segment_size
         );
     }
     let mut results = Vec::new();

@@ -316,7 +316,8 @@ fn refused_before_any_member_starts(args: &[&str], culprit: &str) {
 }
 
 #[test]
-fn bench_names_a_transport_or_part_count_it_cannot_measure_before_it_starts_a_process() {
+fn bench_names_a_transport_part_count_or_segment_size_it_cannot_measure_before_it_starts_a_process()
+{
     refused_before_any_member_starts(
         &["bench", "--transport", "shmem,bogus", "--duration", "0.1"],
         "--transport \"bogus\"",
@@ -335,6 +336,19 @@ fn bench_names_a_transport_or_part_count_it_cannot_measure_before_it_starts_a_pr
             &format!("--num-parts {parts}"),
         );
     }
+    // Smaller than the shm crate's smallest segment, which the member used to refuse.
+    refused_before_any_member_starts(
+        &[
+            "bench",
+            "--transport",
+            "shmem",
+            "--duration",
+            "0.1",
+            "--shm-segment-size",
+            "0",
+        ],
+        "--shm-segment-size 0",
+    );
 }
 
 #[test]

@@ -23,6 +23,10 @@ use crate::names::{ObjectKind, ObjectName};
 
 /// Bytes reserved at the start of every object for its [`Header`].
 pub const HEADER_SIZE: usize = 4096;
+
+/// The smallest segment [`Segment::create`] makes: the header and one page for blocks.
+pub const MIN_SEGMENT_SIZE: usize = HEADER_SIZE * 2;
+
 const MAGIC: u64 = u64::from_le_bytes(*b"FERROMQ1");
 /// Bumped when what processes share changes: 3 since ring entries' headers commit them
 /// (`ring.rs`, "Headers as readiness"), which a build of version 2 would misread; 4 since
@@ -194,11 +198,11 @@ impl Segment {
     /// # Errors
     /// As [`Segment::create`].
     pub fn create_zeroed(name: ObjectName, size: usize, zero: bool) -> Result<Segment, ShmError> {
-        if size < HEADER_SIZE * 2 {
+        if size < MIN_SEGMENT_SIZE {
             return Err(ShmError::TooSmall {
                 name: name.to_string(),
                 size,
-                minimum: HEADER_SIZE * 2,
+                minimum: MIN_SEGMENT_SIZE,
             });
         }
         if let Some(free) = shm_free_bytes().filter(|&free| free < size as u64) {
