@@ -689,14 +689,7 @@ impl DeviceContext {
     where
         T::Err: std::fmt::Display,
     {
-        match self.property_text(key) {
-            None => Ok(default),
-            Some(text) => text.parse().map_err(|error: T::Err| DeviceError::Property {
-                device: self.id.clone(),
-                key: key.to_owned(),
-                problem: format!("has invalid value {text:?}: {error}"),
-            }),
-        }
+        parse_property(&self.id, key, self.property_text(key), default)
     }
 
     /// Sets a property (visible to controllers).
@@ -705,6 +698,31 @@ impl DeviceContext {
             .lock()
             .expect("properties poisoned")
             .insert(key.into(), value.to_string());
+    }
+}
+
+/// Property `key` of device `device` parsed as `T` from `text`, or `default` when it is absent:
+/// what [`DeviceContext::property_or`] does, for code that checks properties without a
+/// context (`ferromq validate` checking a topology's built-in devices).
+///
+/// # Errors
+/// [`DeviceError::Property`] naming the device, the key and the text when it is not a `T`.
+pub fn parse_property<T: FromStr>(
+    device: &str,
+    key: &str,
+    text: Option<String>,
+    default: T,
+) -> Result<T, DeviceError>
+where
+    T::Err: std::fmt::Display,
+{
+    match text {
+        None => Ok(default),
+        Some(text) => text.parse().map_err(|error: T::Err| DeviceError::Property {
+            device: device.to_owned(),
+            key: key.to_owned(),
+            problem: format!("has invalid value {text:?}: {error}"),
+        }),
     }
 }
 

@@ -60,7 +60,7 @@ pub mod tap;
 /// The attribute `impl Device` blocks need (the trait has async methods and is object-safe).
 pub use async_trait::async_trait;
 pub use config::{DEFAULT_TRANSPORT, DeviceConfig, SocketConfig};
-pub use device::{ChannelId, Device, DeviceContext, Flow};
+pub use device::{ChannelId, Device, DeviceContext, Flow, parse_property};
 pub use error::{DeviceError, Result};
 /// An error and its causes on one line (core's, for device code that has only this crate).
 pub use ferromq_core::error_chain;

@@ -20,7 +20,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use ferromq_core::{BoxError, Message};
-use ferromq_device::{Device, DeviceContext};
+use ferromq_device::{Device, DeviceContext, DeviceError};
+
+use crate::Properties;
 
 /// How long a stopping device waits for its peers' last messages (see `# Stopping`).
 pub const DRAIN_SILENCE: Duration = Duration::from_millis(500);
@@ -47,13 +49,21 @@ pub struct StfSource {
     source_index: u32,
 }
 
+impl StfSource {
+    /// Reads the properties (INIT's part that [`crate::Builtin::check_properties`] shares).
+    pub(crate) fn configure(&mut self, props: &impl Properties) -> Result<(), DeviceError> {
+        self.stf_size = props.parse_or("stf-size", 65536usize)?.max(12);
+        self.source_index = props.parse_or("replica-index", 0u32)?;
+        Ok(())
+    }
+}
+
 #[async_trait::async_trait]
 impl Device for StfSource {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.configure(ctx)?;
         self.outputs = crate::sockets_of(ctx, "data-out")?;
         ctx.channel("requests")?;
-        self.stf_size = ctx.property_or("stf-size", 65536usize)?.max(12);
-        self.source_index = ctx.property_or("replica-index", 0u32)?;
         Ok(())
     }
 
@@ -206,14 +216,22 @@ impl Builder {
     }
 }
 
+impl Builder {
+    /// Reads the properties (INIT's part that [`crate::Builtin::check_properties`] shares).
+    pub(crate) fn configure(&mut self, props: &impl Properties) -> Result<(), DeviceError> {
+        self.index = props.parse_or("replica-index", 0u64)?;
+        self.n_builders = props.parse_or("replica-count", 1u64)?.max(1);
+        self.max_outstanding = props.parse_or("max-outstanding", 8usize)?.max(1);
+        Ok(())
+    }
+}
+
 #[async_trait::async_trait]
 impl Device for Builder {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.configure(ctx)?;
         self.sources = crate::sockets_of(ctx, "requests")?;
         ctx.channel("data-in")?;
-        self.index = ctx.property_or("replica-index", 0u64)?;
-        self.n_builders = ctx.property_or("replica-count", 1u64)?.max(1);
-        self.max_outstanding = ctx.property_or("max-outstanding", 8usize)?.max(1);
         self.next_event = 0;
         self.incomplete.clear();
         self.n_built = 0;

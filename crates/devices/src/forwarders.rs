@@ -5,9 +5,9 @@
 //! shares one immutable buffer between its outputs.
 
 use ferromq_core::{BoxError, Message, Parts};
-use ferromq_device::{Device, DeviceContext};
+use ferromq_device::{Device, DeviceContext, DeviceError};
 
-use crate::{bool_property, channel_property, fnv1a};
+use crate::{Properties, bool_property, channel_property, fnv1a};
 
 /// Receives from any of `inputs`; `None` once STOP or `--max-iterations` ends the run.
 async fn next_message(
@@ -50,13 +50,21 @@ pub struct Processor {
     in_shared_memory: u64,
 }
 
+impl Processor {
+    /// Reads the properties (INIT's part that [`crate::Builtin::check_properties`] shares).
+    pub(crate) fn configure(&mut self, props: &impl Properties) -> Result<(), DeviceError> {
+        self.touch = bool_property(props, "touch", false)?;
+        Ok(())
+    }
+}
+
 #[async_trait::async_trait]
 impl Device for Processor {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.configure(ctx)?;
         self.inputs = crate::sockets_of(ctx, &channel_property(ctx, "in-channel", "data-in"))?;
         self.output = channel_property(ctx, "out-channel", "data-out");
         ctx.channel(&self.output)?;
-        self.touch = bool_property(ctx, "touch", false)?;
         Ok(())
     }
 
@@ -110,16 +118,29 @@ pub struct Splitter {
     next_output: usize,
 }
 
+impl Splitter {
+    /// Reads the properties (INIT's part that [`crate::Builtin::check_properties`] shares).
+    pub(crate) fn configure(&mut self, props: &impl Properties) -> Result<(), DeviceError> {
+        self.routing = match props.text("routing").as_deref() {
+            None | Some("round-robin") => Routing::RoundRobin,
+            Some("key") => Routing::Key,
+            Some(other) => {
+                return Err(props.invalid(
+                    "routing",
+                    format!("has invalid value {other:?}: expected round-robin or key"),
+                ));
+            }
+        };
+        Ok(())
+    }
+}
+
 #[async_trait::async_trait]
 impl Device for Splitter {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        self.configure(ctx)?;
         self.inputs = crate::sockets_of(ctx, &channel_property(ctx, "in-channel", "data-in"))?;
         self.outputs = crate::sockets_of(ctx, &channel_property(ctx, "out-channel", "data-out"))?;
-        self.routing = match channel_property(ctx, "routing", "round-robin").as_str() {
-            "round-robin" => Routing::RoundRobin,
-            "key" => Routing::Key,
-            other => return Err(format!("routing {other:?} is not round-robin or key").into()),
-        };
         Ok(())
     }
 

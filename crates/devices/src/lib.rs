@@ -34,7 +34,9 @@
 //! example devices do.
 //!
 //! # Bad values
-//! Rates must be 0 (unlimited) or finite and at least [`MIN_RATE`]; sizes are allocated
+//! [`Builtin::check_properties`] refuses, before anything runs, what a device would refuse at
+//! INIT (the same reading; `ferromq validate` and `ferromq run` call it for a topology's built-in
+//! devices). Rates must be 0 (unlimited) or finite and at least [`MIN_RATE`]; sizes are allocated
 //! fallibly, through the channel's transport (a shmem channel reports a message larger than its
 //! segment, naming both sizes), so that an impossible `msg-size` is an error naming the size,
 //! never an abort.
@@ -53,6 +55,9 @@ mod replay;
 mod reqrep;
 mod sampler;
 mod sink;
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
 
 use ferromq_core::{BoxError, Message};
 use ferromq_device::{Device, DeviceContext, DeviceError};
@@ -192,6 +197,93 @@ impl Builtin {
     }
 }
 
+impl Builtin {
+    /// Checks the properties a device of this kind called `id` would be given, as its INIT
+    /// does, before anything runs (`ferromq validate`, and `ferromq run` before it starts a
+    /// process): the same reading, so the same values are refused with the same error. What
+    /// needs the device's surroundings (its channels, a `payload-file` or recording to read, an
+    /// `out-filename` to create, its rpc group) is left to INIT.
+    ///
+    /// # Errors
+    /// [`DeviceError::Property`] naming the device, the property and its value.
+    pub fn check_properties(
+        self,
+        id: &str,
+        properties: &BTreeMap<String, String>,
+    ) -> Result<(), DeviceError> {
+        let table = PropertyTable { id, properties };
+        match self {
+            Builtin::Sampler => Sampler::default().configure(&table),
+            Builtin::BenchmarkSampler => BenchmarkSampler::default().configure(&table),
+            Builtin::Sink => Sink::default().configure(&table),
+            Builtin::Processor => Processor::default().configure(&table),
+            Builtin::Splitter => Splitter::default().configure(&table),
+            Builtin::Client => Client::default().configure(&table),
+            Builtin::StfSource => StfSource::default().configure(&table),
+            Builtin::Builder => EventBuilder::default().configure(&table),
+            Builtin::MctsDriver => mcts::driver_settings(&table).map(drop),
+            Builtin::MctsWorker => mcts::worker_settings(&table).map(drop),
+            Builtin::Replay => Replay::default().configure(&table),
+            // Channel names only: any text is a name.
+            Builtin::Merger | Builtin::Proxy | Builtin::Multiplier | Builtin::Server => Ok(()),
+        }
+    }
+}
+
+/// Where a built-in device reads its properties: its context at INIT, or a topology's table
+/// when [`Builtin::check_properties`] checks them before anything runs. Each device reads them
+/// in one function (`configure`) over this trait, so both refuse the same values.
+pub(crate) trait Properties {
+    /// The device's id, for errors.
+    fn device_id(&self) -> &str;
+
+    /// Property `key` as text.
+    fn text(&self, key: &str) -> Option<String>;
+
+    /// Property `key` parsed as `T`, `default` when absent.
+    fn parse_or<T: FromStr>(&self, key: &str, default: T) -> Result<T, DeviceError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        ferromq_device::parse_property(self.device_id(), key, self.text(key), default)
+    }
+
+    /// The error of property `key`, whose value is wrong as `problem` says.
+    fn invalid(&self, key: &str, problem: String) -> DeviceError {
+        DeviceError::Property {
+            device: self.device_id().to_owned(),
+            key: key.to_owned(),
+            problem,
+        }
+    }
+}
+
+impl Properties for DeviceContext {
+    fn device_id(&self) -> &str {
+        self.id()
+    }
+
+    fn text(&self, key: &str) -> Option<String> {
+        self.property_text(key)
+    }
+}
+
+/// A topology's properties of one device, checked before it runs.
+struct PropertyTable<'a> {
+    id: &'a str,
+    properties: &'a BTreeMap<String, String>,
+}
+
+impl Properties for PropertyTable<'_> {
+    fn device_id(&self) -> &str {
+        self.id
+    }
+
+    fn text(&self, key: &str) -> Option<String> {
+        self.properties.get(key).cloned()
+    }
+}
+
 /// `--max-iterations N` as FairMQ's benchmark devices count it: N iterations after the first,
 /// N + 1 in all; 0 stays "no limit". See the crate docs.
 pub fn fairmq_iterations(max_iterations: u64) -> u64 {
@@ -225,16 +317,12 @@ pub fn check_rate(rate: f64) -> Result<f64, String> {
 
 /// Property `key` as a rate ([`check_rate`]).
 pub(crate) fn rate_property(
-    ctx: &DeviceContext,
+    props: &impl Properties,
     key: &str,
     default: f64,
 ) -> Result<f64, DeviceError> {
-    let rate: f64 = ctx.property_or(key, default)?;
-    check_rate(rate).map_err(|problem| DeviceError::Property {
-        device: ctx.id().to_owned(),
-        key: key.to_owned(),
-        problem: format!("has invalid value {problem}"),
-    })
+    let rate: f64 = props.parse_or(key, default)?;
+    check_rate(rate).map_err(|problem| props.invalid(key, format!("has invalid value {problem}")))
 }
 
 /// A zeroed heap buffer of `size` bytes, or an error naming `key` and the size when this process
@@ -296,8 +384,8 @@ pub fn checksum_ok(message: &[u8]) -> bool {
     message.len() >= 8 && message[..8] == fnv1a(&message[8..]).to_le_bytes()
 }
 
-pub(crate) fn channel_property(ctx: &DeviceContext, key: &str, default: &str) -> String {
-    ctx.property_text(key).unwrap_or_else(|| default.to_owned())
+pub(crate) fn channel_property(props: &impl Properties, key: &str, default: &str) -> String {
+    props.text(key).unwrap_or_else(|| default.to_owned())
 }
 
 /// The sockets of channel `base` (`data-out[0]`, `data-out[1]`, or just `data-out`).
@@ -315,21 +403,20 @@ pub(crate) fn sockets_of(ctx: &DeviceContext, base: &str) -> Result<Vec<String>,
 
 /// A boolean property in FairMQ's spellings: `true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`.
 pub(crate) fn bool_property(
-    ctx: &DeviceContext,
+    props: &impl Properties,
     key: &str,
     default: bool,
 ) -> Result<bool, DeviceError> {
-    let Some(text) = ctx.property_text(key) else {
+    let Some(text) = props.text(key) else {
         return Ok(default);
     };
     match text.trim().to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Ok(true),
         "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(DeviceError::Property {
-            device: ctx.id().to_owned(),
-            key: key.to_owned(),
-            problem: format!("has invalid value {text:?}: expected true or false"),
-        }),
+        _ => Err(props.invalid(
+            key,
+            format!("has invalid value {text:?}: expected true or false"),
+        )),
     }
 }
 

@@ -22,6 +22,8 @@ use ferromq_mcts::tictactoe::TicTacToe;
 use ferromq_mcts::{Game, Outcome};
 use ferromq_rpc::{Procedure, Rpc};
 
+use crate::Properties;
+
 /// The driver says the search is over: every member leaves RUNNING.
 struct Finish;
 impl Procedure for Finish {
@@ -31,34 +33,50 @@ impl Procedure for Finish {
 }
 
 /// The game a device plays, from its properties.
+#[derive(Clone, Copy)]
 enum Which {
     Hex(usize),
     TicTacToe,
 }
 
-fn which(ctx: &DeviceContext) -> Result<Which, DeviceError> {
-    let game: String = ctx.property_or("game", "hex".to_owned())?;
-    let bad = |key: &str, problem: String| DeviceError::Property {
-        device: ctx.id().to_owned(),
-        key: key.to_owned(),
-        problem,
-    };
+fn which(props: &impl Properties) -> Result<Which, DeviceError> {
+    let game: String = props.parse_or("game", "hex".to_owned())?;
     match game.as_str() {
         "hex" => {
-            let board: usize = ctx.property_or("board", 11)?;
-            Hex::new(board).map_err(|error| bad("board", error.to_string()))?;
+            let board: usize = props.parse_or("board", 11)?;
+            Hex::new(board).map_err(|error| props.invalid("board", error.to_string()))?;
             Ok(Which::Hex(board))
         }
         "tictactoe" => Ok(Which::TicTacToe),
-        other => Err(bad(
+        other => Err(props.invalid(
             "game",
             format!("has invalid value {other:?}: hex or tictactoe"),
         )),
     }
 }
 
-fn group(ctx: &DeviceContext) -> Result<String, DeviceError> {
-    ctx.property_or("rpc-group", "search".to_owned())
+fn group(props: &impl Properties) -> Result<String, DeviceError> {
+    props.parse_or("rpc-group", "search".to_owned())
+}
+
+/// A worker's properties (what [`crate::Builtin::check_properties`] checks).
+pub(crate) struct WorkerSettings {
+    which: Which,
+    group: String,
+    search: SearchSettings,
+    seed: u64,
+}
+
+pub(crate) fn worker_settings(props: &impl Properties) -> Result<WorkerSettings, DeviceError> {
+    Ok(WorkerSettings {
+        which: which(props)?,
+        group: group(props)?,
+        search: SearchSettings {
+            playouts: props.parse_or("playouts", 16)?,
+            ..SearchSettings::default()
+        },
+        seed: props.parse_or("replica-index", 0)?,
+    })
 }
 
 /// Holds part of the search tree (see the module docs).
@@ -68,15 +86,16 @@ pub struct MctsWorker;
 #[async_trait::async_trait]
 impl Device for MctsWorker {
     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        match which(ctx)? {
-            Which::Hex(_) => work::<Hex>(ctx).await,
-            Which::TicTacToe => work::<TicTacToe>(ctx).await,
+        let settings = worker_settings(ctx)?;
+        match settings.which {
+            Which::Hex(_) => work::<Hex>(ctx, settings).await,
+            Which::TicTacToe => work::<TicTacToe>(ctx, settings).await,
         }
     }
 }
 
-async fn work<G: Game>(ctx: &mut DeviceContext) -> Result<(), BoxError> {
-    let group = group(ctx)?;
+async fn work<G: Game>(ctx: &mut DeviceContext, settings: WorkerSettings) -> Result<(), BoxError> {
+    let group = settings.group;
     let members = ctx
         .property_text(&format!("rpc.{group}.members"))
         .unwrap_or_default();
@@ -87,18 +106,17 @@ async fn work<G: Game>(ctx: &mut DeviceContext) -> Result<(), BoxError> {
         )
         .into());
     }
-    let settings = SearchSettings {
-        playouts: ctx.property_or("playouts", 16)?,
-        ..SearchSettings::default()
-    };
-    let seed: u64 = ctx.property_or("replica-index", 0)?;
     let finished = Arc::new(tokio::sync::Notify::new());
     let finish = Arc::clone(&finished);
-    let handlers = worker_handlers::<G>(n_workers, settings, seed.wrapping_add(0x9e37_79b9))
-        .on::<Finish, _, _>(move |_, ()| {
-            finish.notify_one();
-            std::future::ready(())
-        });
+    let handlers = worker_handlers::<G>(
+        n_workers,
+        settings.search,
+        settings.seed.wrapping_add(0x9e37_79b9),
+    )
+    .on::<Finish, _, _>(move |_, ()| {
+        finish.notify_one();
+        std::future::ready(())
+    });
     let rpc = ferromq_rpc::join(ctx, &group, handlers).await?;
     tokio::select! {
         () = finished.notified() => {}
@@ -119,6 +137,46 @@ async fn leave(rpc: &Rpc) -> Result<(), BoxError> {
     }
 }
 
+/// A driver's properties (what [`crate::Builtin::check_properties`] checks).
+pub(crate) struct DriverSettings {
+    which: Which,
+    group: String,
+    rollouts: u64,
+    moves: u64,
+    in_flight: usize,
+    time: Option<std::time::Duration>,
+}
+
+pub(crate) fn driver_settings(props: &impl Properties) -> Result<DriverSettings, DeviceError> {
+    let at_least_one = |key: &str, value: u64| {
+        if value == 0 {
+            Err(props.invalid(
+                key,
+                "has invalid value \"0\": expected at least 1".to_owned(),
+            ))
+        } else {
+            Ok(value)
+        }
+    };
+    let seconds: f64 = props.parse_or("seconds", 0.0)?;
+    if !(seconds >= 0.0 && seconds.is_finite()) {
+        return Err(props.invalid(
+            "seconds",
+            format!("has invalid value \"{seconds}\": a time per move in seconds, 0 for none"),
+        ));
+    }
+    let in_flight: usize = props.parse_or("in-flight", IN_FLIGHT_PER_WORKER)?;
+    at_least_one("in-flight", in_flight as u64)?;
+    Ok(DriverSettings {
+        which: which(props)?,
+        group: group(props)?,
+        rollouts: at_least_one("rollouts", props.parse_or("rollouts", 10_000)?)?,
+        moves: props.parse_or("moves", 1)?,
+        in_flight,
+        time: (seconds > 0.0).then(|| std::time::Duration::from_secs_f64(seconds)),
+    })
+}
+
 /// Plays moves by distributed search (see the module docs).
 #[derive(Debug, Default)]
 pub struct MctsDriver;
@@ -126,15 +184,16 @@ pub struct MctsDriver;
 #[async_trait::async_trait]
 impl Device for MctsDriver {
     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        match which(ctx)? {
+        let settings = driver_settings(ctx)?;
+        match settings.which {
             Which::Hex(board) => {
-                drive(ctx, Hex::new(board)?, |position: &Hex, mv| {
+                drive(ctx, Hex::new(board)?, settings, |position: &Hex, mv| {
                     position.move_name(mv)
                 })
                 .await
             }
             Which::TicTacToe => {
-                drive(ctx, TicTacToe::default(), |_: &TicTacToe, mv| {
+                drive(ctx, TicTacToe::default(), settings, |_: &TicTacToe, mv| {
                     format!("cell {mv}")
                 })
                 .await
@@ -146,22 +205,17 @@ impl Device for MctsDriver {
 async fn drive<G: Game>(
     ctx: &mut DeviceContext,
     start: G,
+    settings: DriverSettings,
     name: fn(&G, G::Move) -> String,
 ) -> Result<(), BoxError> {
-    let group = group(ctx)?;
-    let rollouts: u64 = ctx.property_or("rollouts", 10_000)?;
-    let moves: u64 = ctx.property_or("moves", 1)?;
-    let in_flight: usize = ctx.property_or("in-flight", IN_FLIGHT_PER_WORKER)?;
-    let seconds: f64 = ctx.property_or("seconds", 0.0)?;
-    if !(seconds >= 0.0 && seconds.is_finite()) {
-        return Err(
-            format!("property seconds {seconds}: a time per move in seconds, 0 for none").into(),
-        );
-    }
-    let time = (seconds > 0.0).then(|| std::time::Duration::from_secs_f64(seconds));
-    if rollouts == 0 || in_flight == 0 {
-        return Err("properties rollouts and in-flight must be at least 1".into());
-    }
+    let DriverSettings {
+        group,
+        rollouts,
+        moves,
+        in_flight,
+        time,
+        ..
+    } = settings;
     let counts = Arc::new(DriverCounts::default());
     let handlers = driver_handlers::<G>(&counts).on::<Finish, _, _>(|_, ()| std::future::ready(()));
     let rpc = ferromq_rpc::join(ctx, &group, handlers).await?;
@@ -169,7 +223,7 @@ async fn drive<G: Game>(
         return Err(format!("the mcts driver must be listed first in rpc group {group:?}").into());
     }
     let mut driver = Driver::<G>::new(rpc.clone(), counts);
-    driver.in_flight = in_flight * rpc.members().len().saturating_sub(1).max(1);
+    driver.in_flight = in_flight.saturating_mul(rpc.members().len().saturating_sub(1).max(1));
     let mut position = start;
     let mut n_played = 0;
     let outcome = loop {

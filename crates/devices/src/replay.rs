@@ -3,10 +3,10 @@
 use std::time::Duration;
 
 use ferromq_core::{BoxError, Message, Parts};
-use ferromq_device::{Device, DeviceContext};
+use ferromq_device::{Device, DeviceContext, DeviceError};
 use ferromq_record::Reader;
 
-use crate::channel_property;
+use crate::{Properties, channel_property};
 
 /// Sends every message of the recording `file` on `out-channel` (default `data`), parts and
 /// boundaries as recorded, at the recorded pace times `speed` (default 1; 2 is twice as fast;
@@ -23,23 +23,39 @@ pub struct Replay {
 /// The largest `speed` taken: past it the pace is "as fast as possible" anyway.
 const MAX_SPEED: f64 = 1e9;
 
+impl Replay {
+    /// Reads the properties (INIT's part that [`crate::Builtin::check_properties`] shares).
+    pub(crate) fn configure(&mut self, props: &impl Properties) -> Result<(), DeviceError> {
+        self.out_channel = channel_property(props, "out-channel", "data");
+        self.file = props
+            .text("file")
+            .filter(|file| !file.is_empty())
+            .ok_or_else(|| {
+                props.invalid(
+                    "file",
+                    "is missing: replay needs the recording: --property file=PATH (or `ferromq replay FILE`)"
+                        .to_owned(),
+                )
+            })?;
+        self.speed = props.parse_or("speed", 1.0)?;
+        if !(self.speed.is_finite() && (0.0..=MAX_SPEED).contains(&self.speed)) {
+            return Err(props.invalid(
+                "speed",
+                format!(
+                    "has invalid value \"{}\": expected 0 (as fast as possible) or a positive factor up to {MAX_SPEED:e}",
+                    self.speed
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[async_trait::async_trait]
 impl Device for Replay {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        self.out_channel = channel_property(ctx, "out-channel", "data");
+        self.configure(ctx)?;
         ctx.channel(&self.out_channel)?;
-        self.file = ctx
-            .property_text("file")
-            .filter(|file| !file.is_empty())
-            .ok_or("replay needs the recording: --property file=PATH (or `ferromq replay FILE`)")?;
-        self.speed = ctx.property_or("speed", 1.0)?;
-        if !(self.speed.is_finite() && (0.0..=MAX_SPEED).contains(&self.speed)) {
-            return Err(format!(
-                "speed {}: expected 0 (as fast as possible) or a positive factor up to {MAX_SPEED:e}",
-                self.speed
-            )
-            .into());
-        }
         // Fail at INIT TASK, not RUNNING, on a file that is no recording.
         let path = std::path::PathBuf::from(&self.file);
         tokio::task::spawn_blocking(move || Reader::open(&path).map(|_| ()))

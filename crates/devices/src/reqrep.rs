@@ -3,9 +3,9 @@
 //! verify the round trip and measure it.
 
 use ferromq_core::BoxError;
-use ferromq_device::{Device, DeviceContext};
+use ferromq_device::{Device, DeviceContext, DeviceError};
 
-use crate::channel_property;
+use crate::{Properties, channel_property};
 
 /// Sends requests on `out-channel` (default `data`) and checks that each reply echoes it.
 #[derive(Debug, Default)]
@@ -14,12 +14,20 @@ pub struct Client {
     msg_size: usize,
 }
 
+impl Client {
+    /// Reads the properties (INIT's part that [`crate::Builtin::check_properties`] shares).
+    pub(crate) fn configure(&mut self, props: &impl Properties) -> Result<(), DeviceError> {
+        self.channel = channel_property(props, "out-channel", "data");
+        self.msg_size = props.parse_or("msg-size", 64usize)?.max(8);
+        Ok(())
+    }
+}
+
 #[async_trait::async_trait]
 impl Device for Client {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        self.channel = channel_property(ctx, "out-channel", "data");
+        self.configure(ctx)?;
         ctx.channel(&self.channel)?;
-        self.msg_size = ctx.property_or("msg-size", 64usize)?.max(8);
         Ok(())
     }
 

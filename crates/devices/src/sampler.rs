@@ -3,11 +3,11 @@
 
 use bytes::Bytes;
 use ferromq_core::{BoxError, Message, Parts};
-use ferromq_device::{Device, DeviceContext};
+use ferromq_device::{Device, DeviceContext, DeviceError};
 
 use crate::{
-    MAX_PARTS, Pacer, allocate, allocation_failed, bool_property, channel_property, rate_property,
-    try_zeroed, write_checksum,
+    MAX_PARTS, Pacer, Properties, allocate, allocation_failed, bool_property, channel_property,
+    rate_property, try_zeroed, write_checksum,
 };
 
 /// Sends `--max-iterations` messages (or until STOP) of `msg-size` bytes, or of the `text`
@@ -19,6 +19,8 @@ use crate::{
 pub struct Sampler {
     out_channel: String,
     template: Vec<u8>,
+    /// `payload-file`, read at INIT after the properties are checked.
+    payload_file: Option<String>,
     num_parts: usize,
     /// `msg-size` of a generated payload, until RUNNING makes the template.
     generated_size: Option<usize>,
@@ -26,37 +28,64 @@ pub struct Sampler {
     rate: f64,
 }
 
+impl Sampler {
+    /// Reads the properties (INIT's part that [`crate::Builtin::check_properties`] shares).
+    pub(crate) fn configure(&mut self, props: &impl Properties) -> Result<(), DeviceError> {
+        self.out_channel = channel_property(props, "out-channel", "data");
+        self.checksum = bool_property(props, "checksum", true)?;
+        // The sampler writes every byte of every message anyway; `memset` changes nothing.
+        bool_property(props, "memset", false)?;
+        self.rate = rate_property(props, "rate", 0.0)?;
+        self.num_parts = props.parse_or("num-parts", 1)?;
+        if !(1..=MAX_PARTS).contains(&self.num_parts) {
+            return Err(props.invalid(
+                "num-parts",
+                format!(
+                    "has invalid value \"{}\": expected 1 to {MAX_PARTS}",
+                    self.num_parts
+                ),
+            ));
+        }
+        self.payload_file = props.text("payload-file");
+        self.generated_size = None;
+        self.template = Vec::new();
+        if self.payload_file.is_none() {
+            if let Some(text) = props.text("text") {
+                self.template = text.into_bytes();
+            } else {
+                // Generated when RUNNING starts, after the transport has given a first message.
+                self.generated_size = Some(props.parse_or("msg-size", 1000)?);
+            }
+            self.check_payload_size(props)?;
+        }
+        Ok(())
+    }
+
+    /// A checksummed payload has room for its 8-byte checksum.
+    fn check_payload_size(&self, props: &impl Properties) -> Result<(), DeviceError> {
+        let payload_size = self.generated_size.unwrap_or(self.template.len());
+        if self.checksum && payload_size < 8 {
+            return Err(props.invalid(
+                "checksum",
+                format!(
+                    "needs messages of at least 8 bytes, the payload has {payload_size}; set checksum=false"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[async_trait::async_trait]
 impl Device for Sampler {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        self.out_channel = channel_property(ctx, "out-channel", "data");
+        self.configure(ctx)?;
         ctx.channel(&self.out_channel)?;
-        self.checksum = bool_property(ctx, "checksum", true)?;
-        // The sampler writes every byte of every message anyway; `memset` changes nothing.
-        bool_property(ctx, "memset", false)?;
-        self.rate = rate_property(ctx, "rate", 0.0)?;
-        self.num_parts = ctx.property_or("num-parts", 1)?;
-        if !(1..=MAX_PARTS).contains(&self.num_parts) {
-            return Err(format!("num-parts {}: expected 1 to {MAX_PARTS}", self.num_parts).into());
-        }
-        self.generated_size = None;
-        self.template = if let Some(path) = ctx.property_text("payload-file") {
-            tokio::fs::read(&path)
+        if let Some(path) = self.payload_file.clone() {
+            self.template = tokio::fs::read(&path)
                 .await
-                .map_err(|error| format!("payload-file {path:?}: {error}"))?
-        } else if let Some(text) = ctx.property_text("text") {
-            text.into_bytes()
-        } else {
-            // Generated when RUNNING starts, after the transport has given a first message.
-            self.generated_size = Some(ctx.property_or("msg-size", 1000)?);
-            Vec::new()
-        };
-        let payload_size = self.generated_size.unwrap_or(self.template.len());
-        if self.checksum && payload_size < 8 {
-            return Err(format!(
-                "checksummed messages need at least 8 bytes, the payload has {payload_size}; set checksum=false"
-            )
-            .into());
+                .map_err(|error| format!("payload-file {path:?}: {error}"))?;
+            self.check_payload_size(ctx)?;
         }
         Ok(())
     }
@@ -137,23 +166,34 @@ pub struct BenchmarkSampler {
     rate: f64,
 }
 
+impl BenchmarkSampler {
+    /// Reads the properties (INIT's part that [`crate::Builtin::check_properties`] shares).
+    pub(crate) fn configure(&mut self, props: &impl Properties) -> Result<(), DeviceError> {
+        self.out_channel = channel_property(props, "out-channel", "data");
+        self.msg_size = props.parse_or("msg-size", 1_000_000)?;
+        self.n_parts = props.parse_or("num-parts", 1)?;
+        if props.text("multipart").is_some() && !bool_property(props, "multipart", false)? {
+            self.n_parts = 1;
+        }
+        self.same_msg = bool_property(props, "same-msg", false)?;
+        self.memset = bool_property(props, "memset", false)?;
+        let rate = rate_property(props, "rate", 0.0)?;
+        self.rate = rate_property(props, "msg-rate", rate)?;
+        if self.n_parts == 0 {
+            return Err(props.invalid(
+                "num-parts",
+                "has invalid value \"0\": expected at least 1 part".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[async_trait::async_trait]
 impl Device for BenchmarkSampler {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        self.out_channel = channel_property(ctx, "out-channel", "data");
+        self.configure(ctx)?;
         ctx.channel(&self.out_channel)?;
-        self.msg_size = ctx.property_or("msg-size", 1_000_000)?;
-        self.n_parts = ctx.property_or("num-parts", 1)?;
-        if ctx.property_text("multipart").is_some() && !bool_property(ctx, "multipart", false)? {
-            self.n_parts = 1;
-        }
-        self.same_msg = bool_property(ctx, "same-msg", false)?;
-        self.memset = bool_property(ctx, "memset", false)?;
-        let rate = rate_property(ctx, "rate", 0.0)?;
-        self.rate = rate_property(ctx, "msg-rate", rate)?;
-        if self.n_parts == 0 {
-            return Err("num-parts 0: expected at least 1 part".into());
-        }
         Ok(())
     }
 

@@ -6,9 +6,9 @@ use std::time::Instant;
 use tokio::io::AsyncWriteExt;
 
 use ferromq_core::{BoxError, Parts};
-use ferromq_device::{Device, DeviceContext, Flow};
+use ferromq_device::{Device, DeviceContext, DeviceError, Flow};
 
-use crate::{bool_property, channel_property, checksum_ok};
+use crate::{Properties, bool_property, channel_property, checksum_ok};
 
 /// What a sink saw.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -33,6 +33,8 @@ pub struct Sink {
     verify: bool,
     /// With `verify`: the parts every message must have (0: any).
     num_parts: usize,
+    /// `max-file-size`, for the file of `out-filename`.
+    max_file_size: u64,
     summary: SinkSummary,
     started: Option<Instant>,
     output: Option<OutputFile>,
@@ -54,6 +56,16 @@ impl Sink {
     /// What this sink has seen so far.
     pub fn summary(&self) -> SinkSummary {
         self.summary
+    }
+
+    /// Reads the properties (INIT's part that [`crate::Builtin::check_properties`] shares).
+    pub(crate) fn configure(&mut self, props: &impl Properties) -> Result<(), DeviceError> {
+        self.in_channel = channel_property(props, "in-channel", "data");
+        self.verify = bool_property(props, "verify", false)?;
+        self.num_parts = props.parse_or("num-parts", 0)?;
+        bool_property(props, "multipart", false)?;
+        self.max_file_size = props.parse_or("max-file-size", FAIRMQ_MAX_FILE_SIZE)?;
+        Ok(())
     }
 }
 
@@ -111,13 +123,9 @@ impl Sink {
 #[async_trait::async_trait]
 impl Device for Sink {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        self.in_channel = channel_property(ctx, "in-channel", "data");
+        self.configure(ctx)?;
         ctx.channel(&self.in_channel)?;
-        self.verify = bool_property(ctx, "verify", false)?;
-        self.num_parts = ctx.property_or("num-parts", 0)?;
-        bool_property(ctx, "multipart", false)?;
         self.summary = SinkSummary::default();
-        let max_size = ctx.property_or("max-file-size", FAIRMQ_MAX_FILE_SIZE)?;
         self.output = match ctx
             .property_text("out-filename")
             .filter(|path| !path.is_empty())
@@ -131,7 +139,7 @@ impl Device for Sink {
                     path,
                     file: tokio::io::BufWriter::new(file),
                     n_written: 0,
-                    max_size,
+                    max_size: self.max_file_size,
                 })
             }
         };
