@@ -296,6 +296,89 @@ async fn validate_and_graph() {
 }
 
 #[tokio::test]
+async fn a_built_in_devices_bad_property_values_are_refused_with_their_lines_before_anything_runs()
+{
+    // What each device refuses at INIT: `validate` used to call this file valid, and `run`
+    // started every device before the sampler failed.
+    let text = r#"transport = "zeromq"
+
+[[device]]
+id = "sampler"
+kind = "sampler"
+properties = { msg-size = -1, rate = 100 }
+
+[[device.channel]]
+name = "data"
+type = "push"
+
+[[device]]
+id = "sink"
+kind = "sink"
+properties = { verify = "maybe" }
+
+[[device.channel]]
+name = "data"
+type = "pull"
+connect = "sampler.data"
+
+[[device]]
+id = "paced"
+kind = "bsampler"
+properties = { msg-rate = nan }
+
+[[device.channel]]
+name = "data"
+type = "push"
+
+[[device]]
+id = "replay"
+kind = "replay"
+
+[[device.channel]]
+name = "data"
+type = "push"
+"#;
+    let file = std::env::temp_dir().join(format!(
+        "ferromq-bad-properties-{}.toml",
+        std::process::id()
+    ));
+    std::fs::write(&file, text).unwrap();
+    let name = file.display().to_string();
+    let expected = [
+        format!("{name}:6:27: device \"sampler\": property \"msg-size\" has invalid value \"-1\""),
+        format!("{name}:15:25: device \"sink\": property \"verify\" has invalid value \"maybe\""),
+        format!("{name}:25:27: device \"paced\": property \"msg-rate\" has invalid value NaN"),
+        format!("{name}:33:8: device \"replay\": property \"file\" is missing"),
+    ];
+    for command in ["validate", "run"] {
+        let output = tokio::time::timeout(
+            STEP,
+            Command::new(env!("CARGO_BIN_EXE_ferromq"))
+                .arg(command)
+                .arg(&file)
+                .stdin(Stdio::null())
+                .output(),
+        )
+        .await
+        .expect("ends in time")
+        .expect("run ferromq");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{command}: {stderr}");
+        for line in &expected {
+            assert!(
+                stderr.contains(line.as_str()),
+                "{command}: no {line:?} in {stderr}"
+            );
+        }
+        assert!(
+            !stderr.contains("INIT"),
+            "{command} started a device: {stderr}"
+        );
+    }
+    std::fs::remove_file(&file).unwrap();
+}
+
+#[tokio::test]
 async fn exec_devices_are_started_with_the_device_options() {
     // Any binary that takes FairMQ's device options can be an exec device; ferromq itself does.
     let exe = env!("CARGO_BIN_EXE_ferromq");

@@ -898,6 +898,8 @@ fn check_topology(input: &[u8]) -> Result<bool, String> {
     let known = Known {
         kinds: &kinds,
         transports: &TRANSPORTS,
+        // As `ferromq run` loads: the built-in devices' property reading is fed the file too.
+        check_properties: Some(ferromq_cli::launch::check_builtin_properties),
     };
     match ferromq_topology::load("fuzz.toml", &text, &known) {
         Ok(topology) => {

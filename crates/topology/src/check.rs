@@ -518,6 +518,7 @@ impl<'a> Loader<'a> {
             })
             .unwrap_or(0);
         let properties = self.properties(device, &context);
+        self.check_properties(device, &kind, &properties, &context);
         let restart = self.restart_policy(device, &context);
         let min_replicas = self.min_replicas(device, replicas, &context);
         let mut seen_channels: BTreeSet<String> = BTreeSet::new();
@@ -797,6 +798,39 @@ impl<'a> Loader<'a> {
             );
         }
         replicas
+    }
+
+    /// A known built-in kind's properties, checked as the device will read them
+    /// ([`Known::check_properties`]); reported at the value at fault, or at the kind when the
+    /// problem is with no one property (a missing one). Not when a value was of the wrong form
+    /// already (reported by [`Loader::properties`]).
+    fn check_properties(
+        &mut self,
+        device: &DeviceToml,
+        kind: &DeviceKind,
+        properties: &BTreeMap<String, String>,
+        context: &str,
+    ) {
+        let (Some(check), DeviceKind::Builtin(kind)) = (self.known.check_properties, kind) else {
+            return;
+        };
+        let scalar = |value: &Spanned<toml::Value>| {
+            !matches!(
+                value.get_ref(),
+                toml::Value::Array(_) | toml::Value::Table(_) | toml::Value::Datetime(_)
+            )
+        };
+        if !self.known.kinds.contains(&kind.as_str()) || !device.properties.values().all(scalar) {
+            return;
+        }
+        if let Err(problem) = check(kind, device.id.get_ref(), properties) {
+            let span = problem
+                .key
+                .as_ref()
+                .and_then(|key| device.properties.get(key))
+                .map_or_else(|| device.kind.span(), Spanned::span);
+            self.checker.error(span, context, problem.message);
+        }
     }
 
     fn properties(&mut self, device: &DeviceToml, context: &str) -> BTreeMap<String, String> {

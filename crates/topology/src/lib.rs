@@ -22,7 +22,11 @@
 //! type = "pull"
 //! connect = "sampler.data"
 //! "#;
-//! let known = ferromq_topology::Known { kinds: &["sampler", "sink"], transports: &["zeromq"] };
+//! let known = ferromq_topology::Known {
+//!     kinds: &["sampler", "sink"],
+//!     transports: &["zeromq"],
+//!     check_properties: None,
+//! };
 //! let topology = ferromq_topology::load("demo.toml", text, &known).unwrap();
 //! assert_eq!(topology.instances().len(), 2);
 //! ```
@@ -44,6 +48,23 @@ pub struct Known<'a> {
     pub kinds: &'a [&'a str],
     /// Transports.
     pub transports: &'a [&'a str],
+    /// Checks a built-in device's `properties` as the device itself will read them, so that a
+    /// value it would refuse at INIT is reported with the file's line before anything runs;
+    /// `None` checks nothing beyond their form.
+    pub check_properties: Option<CheckProperties>,
+}
+
+/// A built-in kind's property check: the kind, the device's id and its properties as text.
+pub type CheckProperties =
+    fn(kind: &str, id: &str, properties: &BTreeMap<String, String>) -> Result<(), PropertyProblem>;
+
+/// What [`CheckProperties`] found wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PropertyProblem {
+    /// The property at fault, when one is (the error is reported at its value).
+    pub key: Option<String>,
+    /// What is wrong, naming the property and its value.
+    pub message: String,
 }
 
 /// One problem in a topology file.

@@ -1,9 +1,10 @@
 //! Every validation error, from a deliberately broken file, with its position and message; and
 //! every bundled topology loads.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
-use ferromq_topology::{HostRef, Known, Restart, RestartPolicy, load};
+use ferromq_topology::{HostRef, Known, PropertyProblem, Restart, RestartPolicy, load};
 
 const KNOWN: Known<'static> = Known {
     kinds: &[
@@ -23,6 +24,7 @@ const KNOWN: Known<'static> = Known {
         "mcts-worker",
     ],
     transports: &["zeromq", "shmem", "ofi"],
+    check_properties: None,
 };
 
 #[test]
@@ -82,6 +84,76 @@ fn all_errors_are_reported_not_only_the_first() {
     let text = "[[device]]\nid = \"a\"\nkind = \"nope\"\nhost = -1\n";
     let errors = load("two.toml", text, &KNOWN).unwrap_err();
     assert_eq!(errors.0.len(), 2, "{errors}");
+}
+
+#[test]
+fn a_built_in_kinds_property_check_is_reported_at_the_value_or_the_kind() {
+    // Refuses `size` "-1" (naming the key) and a device without `file` (naming none).
+    fn check(
+        kind: &str,
+        id: &str,
+        properties: &BTreeMap<String, String>,
+    ) -> Result<(), PropertyProblem> {
+        assert!(
+            KNOWN.kinds.contains(&kind),
+            "exec or unknown kind {kind} checked"
+        );
+        if properties.get("size").map(String::as_str) == Some("-1") {
+            return Err(PropertyProblem {
+                key: Some("size".to_owned()),
+                message: format!("{id}: size -1"),
+            });
+        }
+        if kind == "sink" && !properties.contains_key("file") {
+            return Err(PropertyProblem {
+                key: None,
+                message: format!("{id}: no file"),
+            });
+        }
+        Ok(())
+    }
+    let known = Known {
+        check_properties: Some(check),
+        ..KNOWN
+    };
+    let text = r#"[[device]]
+id = "a"
+kind = "sampler"
+properties = { size = -1 }
+
+[[device]]
+id = "b"
+kind = "sink"
+properties = { size = 3 }
+
+[[device]]
+id = "c"
+kind = "exec"
+command = ["true"]
+properties = { size = -1 }
+
+[[device]]
+id = "d"
+kind = "nope"
+properties = { size = -1 }
+
+[[device]]
+id = "e"
+kind = "sampler"
+properties = { size = [-1] }
+"#;
+    let errors = load("checked.toml", text, &known).unwrap_err().to_string();
+    let lines: Vec<&str> = errors.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "checked.toml:4:23: device \"a\": a: size -1",
+            "checked.toml:8:8: device \"b\": b: no file",
+            "checked.toml:19:8: device \"d\": unknown kind \"nope\"; built in: sampler, bsampler, sink, processor, splitter, merger, proxy, multiplier, client, server, stf-source, builder, mcts-driver, mcts-worker, or exec",
+            "checked.toml:25:23: device \"e\": property \"size\" must be a string, number or boolean, not array",
+        ],
+        "{errors}"
+    );
 }
 
 #[test]
