@@ -322,7 +322,12 @@ fn bench_names_a_transport_part_count_or_segment_size_it_cannot_measure_before_i
         &["bench", "--transport", "shmem,bogus", "--duration", "0.1"],
         "--transport \"bogus\"",
     );
-    for parts in ["0", "1025"] {
+    for (option, value) in [
+        ("--num-parts", "0"),
+        ("--num-parts", "1025"),
+        // Smaller than the shm crate's smallest segment, which the member used to refuse.
+        ("--shm-segment-size", "0"),
+    ] {
         refused_before_any_member_starts(
             &[
                 "bench",
@@ -330,25 +335,12 @@ fn bench_names_a_transport_part_count_or_segment_size_it_cannot_measure_before_i
                 "shmem",
                 "--duration",
                 "0.1",
-                "--num-parts",
-                parts,
+                option,
+                value,
             ],
-            &format!("--num-parts {parts}"),
+            &format!("{option} {value}"),
         );
     }
-    // Smaller than the shm crate's smallest segment, which the member used to refuse.
-    refused_before_any_member_starts(
-        &[
-            "bench",
-            "--transport",
-            "shmem",
-            "--duration",
-            "0.1",
-            "--shm-segment-size",
-            "0",
-        ],
-        "--shm-segment-size 0",
-    );
 }
 
 #[test]
