@@ -4,6 +4,13 @@
 //! Each pair runs a warm-up, then measures for `--duration`; each process reports its own CPU
 //! use (user + system time from `getrusage`, over wall time). The receiver's count is the
 //! throughput. `--latency` measures round trips over req/rep instead.
+//!
+//! # Interruption and failure
+//! The members are the bench's children (`kill_on_drop`) and share its session (`bench-PID`):
+//! their shared memory and their files in the temp directory are named after it. However the
+//! bench ends (its results, a member's failure, SIGINT or SIGTERM), [`run_to_the_end`] kills
+//! the members still running and removes what they leave; a signal ends the bench with 128 plus
+//! its number (130, 143), as a shell reports it. `ferromq bench rpc` ends the same way.
 
 use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -164,7 +171,11 @@ pub async fn run(options: BenchOptions) -> ExitCode {
     if let Some(BenchKind::Rpc(rpc)) = options.what {
         return crate::rpc_bench::run(rpc).await;
     }
-    match run_all(&options).await {
+    let outcome = match run_to_the_end("ferromq bench", &session(), run_all(&options)).await {
+        Ok(outcome) => outcome,
+        Err(interrupted) => return interrupted,
+    };
+    match outcome {
         Ok(results) => {
             if options.json {
                 for result in &results {
@@ -181,6 +192,85 @@ pub async fn run(options: BenchOptions) -> ExitCode {
         Err(error) => {
             eprintln!("ferromq bench: {error:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// The session this bench's members share, and the start of their files' names.
+fn session() -> String {
+    format!("bench-{}", std::process::id())
+}
+
+/// Runs `bench` (a bench whose members share `session`) until it ends or SIGINT or SIGTERM
+/// arrives, then removes what its members leave ([`remove_member_leftovers`]). On a signal,
+/// `bench` is dropped first, which kills the members it started (`kill_on_drop`), and the
+/// exit code to end with is the `Err`: 128 plus the signal's number.
+pub(crate) async fn run_to_the_end<T>(
+    command: &str,
+    session: &str,
+    bench: impl std::future::Future<Output = T>,
+) -> std::result::Result<T, ExitCode> {
+    use tokio::signal::unix::{SignalKind, signal};
+    crate::transports::prepare_termination_signals();
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        eprintln!(
+            "{command}: cannot handle SIGINT and SIGTERM; a signal leaves the members' files"
+        );
+        let outcome = bench.await;
+        remove_member_leftovers(session);
+        return Ok(outcome);
+    };
+    let outcome = tokio::select! {
+        outcome = bench => Ok(outcome),
+        _ = interrupt.recv() => Err(("SIGINT", 130)),
+        _ = terminate.recv() => Err(("SIGTERM", 143)),
+    };
+    // Killed members (a signal, or the other member of a pair that failed) may still be
+    // dying, and a dying member may still create what the removal below is to remove.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while members_alive(session) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    remove_member_leftovers(session);
+    outcome.map_err(|(name, code)| {
+        eprintln!("{command}: {name}: stopped; its members were killed and their files removed");
+        ExitCode::from(code)
+    })
+}
+
+/// Whether a process started with `--session SESSION` (a member of this bench) still runs; a
+/// zombie has no command line and does not count.
+fn members_alive(session: &str) -> bool {
+    let option = format!("--session\0{session}\0");
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
+        .any(|cmdline| {
+            cmdline
+                .windows(option.len())
+                .any(|window| window == option.as_bytes())
+        })
+}
+
+/// Removes what the members of `session` leave: its shared memory, and the files and
+/// directories in the temp directory named after it (`ferromq-SESSION-...`: a pair's ipc
+/// directory, the rpc members' ipc files).
+pub(crate) fn remove_member_leftovers(session: &str) {
+    let _ = ferromq_shm::cleanup::clean_session(ferromq_shm::names::current_uid(), session, true);
+    let prefix = format!("ferromq-{session}-");
+    for entry in std::fs::read_dir(std::env::temp_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            let path = entry.path();
+            let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir_all(&path));
         }
     }
 }
@@ -283,10 +373,7 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
         let bytes_per_msg = msg_size.saturating_mul(options.num_parts).max(1);
         memcpy_rate(bytes_per_msg)
     });
-    let dir = std::env::temp_dir().join(format!(
-        "ferromq-bench-{}-{transport}-{msg_size}",
-        std::process::id()
-    ));
+    let dir = std::env::temp_dir().join(format!("ferromq-{}-{transport}-{msg_size}", session()));
     std::fs::create_dir_all(&dir)?;
     let exe = std::env::current_exe()?;
     let common = |role: &str| {
@@ -312,7 +399,7 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
                 "--shm-segment-size",
                 &options.shm_segment_size.to_string(),
             ])
-            .args(["--session", &format!("bench-{}", std::process::id())])
+            .args(["--session", &session()])
             .arg("--dir")
             .arg(&dir)
             .stdin(Stdio::null())
@@ -348,6 +435,10 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
         .args(address.split(' '))
         .spawn()?;
     let mut sender_lines = BufReader::new(sender.stdout.take().expect("piped")).lines();
+    eprintln!(
+        "ferromq bench: {transport} at {msg_size} bytes: measuring for {} s",
+        options.duration
+    );
     let limit = Duration::from_secs_f64(options.duration * 3.0 + 60.0);
     let sender_report = tokio::time::timeout(limit, sender_lines.next_line())
         .await
@@ -358,9 +449,8 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
         .context("receiver timed out")??
         .context("receiver said nothing")?;
     let (sender_status, receiver_status) = (sender.wait().await?, receiver.wait().await?);
-    let _ = std::fs::remove_dir_all(&dir);
-    let session = format!("bench-{}", std::process::id());
-    let _ = ferromq_shm::cleanup::clean_session(ferromq_shm::names::current_uid(), &session, true);
+    // Before the next pair starts; a pair that fails early is cleaned up by `run_to_the_end`.
+    remove_member_leftovers(&session());
     if !sender_status.success() || !receiver_status.success() {
         bail!("sender {sender_status}, receiver {receiver_status}");
     }

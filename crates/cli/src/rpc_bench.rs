@@ -299,10 +299,17 @@ async fn run_broadcasts(options: &RpcBenchOptions) -> Result<Vec<BroadcastResult
     Ok(results)
 }
 
-/// Runs every cell and prints the results.
+/// Runs every cell and prints the results; a signal ends it as `ferromq bench` (see
+/// `bench.rs`'s module docs).
 pub async fn run(options: RpcBenchOptions) -> ExitCode {
+    crate::bench::run_to_the_end("ferromq bench rpc", &session(), run_and_report(&options))
+        .await
+        .unwrap_or_else(|interrupted| interrupted)
+}
+
+async fn run_and_report(options: &RpcBenchOptions) -> ExitCode {
     if options.broadcast > 0 {
-        return match run_broadcasts(&options).await {
+        return match run_broadcasts(options).await {
             Ok(results) => {
                 for result in &results {
                     if options.json {
@@ -329,7 +336,7 @@ pub async fn run(options: RpcBenchOptions) -> ExitCode {
             }
         };
     }
-    match run_all(&options).await {
+    match run_all(options).await {
         Ok(results) => {
             if options.json {
                 for result in &results {
@@ -416,9 +423,13 @@ async fn run_all(options: &RpcBenchOptions) -> Result<Vec<RpcBenchResult>> {
             let aggregation = aggregation(mode)?;
             for &size in &options.call_size {
                 let mut rounds = Vec::new();
-                for _ in 0..options.rounds {
+                for round in 1..=options.rounds {
+                    let label = format!(
+                        "{transport}, {mode}, {size} B, round {round} of {}",
+                        options.rounds
+                    );
                     rounds.push(
-                        run_round(options, transport, aggregation, size)
+                        run_round(options, transport, aggregation, size, &label)
                             .await
                             .with_context(|| format!("{transport}, {mode}, {size} B"))?,
                     );
@@ -497,13 +508,18 @@ struct Group {
     session: String,
 }
 
+/// The session this bench's members share, and the start of their files' names.
+fn session() -> String {
+    format!("bench-rpc-{}", std::process::id())
+}
+
 async fn start_group(
     options: &RpcBenchOptions,
     transport_name: &str,
     aggregation: Aggregation,
     n_members: usize,
 ) -> Result<Group> {
-    let session = format!("bench-rpc-{}", std::process::id());
+    let session = session();
     let mut roles = Vec::new();
     let mut addresses = Vec::new();
     for me in 1..n_members {
@@ -570,7 +586,8 @@ async fn start_group(
 }
 
 impl Group {
-    /// Every role quits and must exit 0; the session's shared memory is removed in any case.
+    /// Every role quits and must exit 0; the session's shared memory and files are removed in
+    /// any case.
     async fn stop(mut self) -> Result<()> {
         let outcome = async {
             for member in 1..=self.roles.len() {
@@ -586,11 +603,7 @@ impl Group {
             Ok(())
         }
         .await;
-        let _ = ferromq_shm::cleanup::clean_session(
-            ferromq_shm::names::current_uid(),
-            &self.session,
-            true,
-        );
+        crate::bench::remove_member_leftovers(&self.session);
         outcome
     }
 }
@@ -615,8 +628,10 @@ async fn run_round(
     transport_name: &str,
     aggregation: Aggregation,
     size: usize,
+    label: &str,
 ) -> Result<Round> {
     let group = start_group(options, transport_name, aggregation, 2).await?;
+    eprintln!("ferromq bench rpc: {label}: measuring");
     // In a task of its own, as a device's code runs (`ferromq run` spawns the device): a
     // result that wakes a current-thread runtime's `block_on` future costs an eventfd write
     // and an I/O driver turn, ~2 us more per busy-polled round trip than waking a task.
@@ -645,6 +660,7 @@ async fn broadcast_round(
     n_members: usize,
 ) -> Result<(f64, f64)> {
     let group = start_group(options, transport_name, Aggregation::Ovfl, n_members).await?;
+    eprintln!("ferromq bench rpc: {transport_name}, broadcast to {n_members} members: measuring");
     let measured = async {
         let rpc = &group.rpc;
         let (mut broadcasts, mut round_trips) = (Vec::new(), Vec::new());

@@ -266,6 +266,150 @@ fn bench_rpc_refuses_a_light_load_rate_that_is_not_a_positive_number() {
     }
 }
 
+/// What a test does with a bench that did not end as it should: kills its process group (the
+/// bench, started with `process_group(0)`, and its members) and removes the shared memory and
+/// the temp directory's files of either bench's session (`bench-PID`, `bench-rpc-PID`).
+fn kill_and_clean_up(pid: u32) {
+    let group = nix::unistd::Pid::from_raw(pid as i32);
+    let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+    for session in ["bench", "bench-rpc"] {
+        let session = format!("{session}-{pid}");
+        let _ = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+            .args(["shm", "clean", "--force", "--session", &session])
+            .output();
+        for path in temp_files_of(&session) {
+            let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir_all(&path));
+        }
+    }
+}
+
+/// The temp directory's files and directories of a bench's `session`: the pair's directory
+/// (`bench`), the members' ipc files (`bench rpc`).
+fn temp_files_of(session: &str) -> Vec<std::path::PathBuf> {
+    let prefix = format!("ferromq-{session}-");
+    std::fs::read_dir(std::env::temp_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|entry| entry.path())
+        .collect()
+}
+
+/// Processes started with `--session SESSION` (a bench's members), zombies aside.
+fn members_of(session: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
+        .map(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " "))
+        .filter(|cmdline| cmdline.contains(&format!("--session {session} ")))
+        .collect()
+}
+
+/// A bench ended by a signal sent to it alone (as `timeout` or `kill` sends it; its members get
+/// none) kills its members, removes their shared memory and files, and exits with 128 plus the
+/// signal's number. Before, the members ran on to the end of their `--duration` and the pair's
+/// directory stayed in the temp directory.
+#[test]
+fn a_signalled_bench_stops_its_members_and_removes_their_files() {
+    use nix::sys::signal::Signal;
+    use std::io::BufRead as _;
+    let plain = [
+        "bench",
+        "--transport",
+        "shmem",
+        "--msg-size",
+        "64",
+        "--duration",
+        "60",
+    ];
+    let rpc = [
+        "bench",
+        "rpc",
+        "--transport",
+        "shmem",
+        "--mode",
+        "send",
+        "--call-size",
+        "8",
+        "--rounds",
+        "1",
+        "--duration",
+        "60",
+    ];
+    for (args, session, signal, code) in [
+        (&plain[..], "bench", Signal::SIGINT, 130),
+        (&rpc[..], "bench-rpc", Signal::SIGTERM, 143),
+    ] {
+        let mut bench = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .expect("run ferromq bench");
+        let pid = bench.id();
+        let session = format!("{session}-{pid}");
+        // The bench says when its members are up and measuring.
+        let stderr = bench.stderr.take().expect("piped");
+        let (said, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let _ = said.send(line);
+            }
+        });
+        let measuring = lines.recv_timeout(std::time::Duration::from_secs(30));
+        if !measuring
+            .as_ref()
+            .is_ok_and(|line| line.contains("measuring"))
+        {
+            kill_and_clean_up(pid);
+            panic!("{args:?}: no measuring line: {measuring:?}");
+        }
+        assert!(
+            !members_of(&session).is_empty(),
+            "{args:?}: no member running"
+        );
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).expect("signal");
+        let (exited, exit) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = exited.send(bench.wait());
+        });
+        let Ok(status) = exit.recv_timeout(std::time::Duration::from_secs(10)) else {
+            kill_and_clean_up(pid);
+            panic!("{args:?}: still running 10 s after {signal}");
+        };
+        let said: Vec<String> = lines.try_iter().collect();
+        let leftovers = (
+            members_of(&session),
+            temp_files_of(&session),
+            std::fs::read_dir("/dev/shm")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.contains(&session))
+                .collect::<Vec<_>>(),
+        );
+        if leftovers != (Vec::new(), Vec::new(), Vec::new()) {
+            kill_and_clean_up(pid);
+            panic!("{args:?}: after {signal}, left {leftovers:?}");
+        }
+        assert_eq!(
+            status.expect("wait").code(),
+            Some(code),
+            "{args:?}: {said:?}"
+        );
+        assert!(
+            said.iter().any(|line| line.contains(signal.as_str())),
+            "{args:?}: {said:?}"
+        );
+    }
+}
+
 /// `ferromq ARGS` fails at once (exit 1) with one line naming `culprit`: refused before any
 /// member process starts (a member that starts and fails says so on a line of its own). A bench
 /// that started members instead (100 000 processes for `--broadcast 100000`) is killed after
@@ -285,27 +429,8 @@ fn refused_before_any_member_starts(args: &[&str], culprit: &str) {
         let _ = exited.send(bench.wait_with_output());
     });
     let Ok(output) = exit.recv_timeout(std::time::Duration::from_secs(10)) else {
-        let group = nix::unistd::Pid::from_raw(pid as i32);
-        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        kill_and_clean_up(pid);
         let _ = exit.recv_timeout(std::time::Duration::from_secs(10));
-        for session in ["bench", "bench-rpc"] {
-            let _ = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-                .args(["shm", "clean", "--force", "--session"])
-                .arg(format!("{session}-{pid}"))
-                .output();
-            // The members' ipc files (`bench rpc`) and the pair's directory (`bench`).
-            let prefix = format!("ferromq-{session}-{pid}-");
-            for entry in std::fs::read_dir(std::env::temp_dir())
-                .into_iter()
-                .flatten()
-            {
-                let Ok(entry) = entry else { continue };
-                if entry.file_name().to_string_lossy().starts_with(&prefix) {
-                    let path = entry.path();
-                    let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir_all(&path));
-                }
-            }
-        }
         panic!("{args:?}: still running after 10 s");
     };
     let output = output.expect("wait for ferromq bench");
