@@ -2,11 +2,10 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use support::{Device, Ipc, finish, signal, wait_for_end, wait_for_line};
+use support::{Device, Ipc, TempFile, finish, signal, wait_for_end, wait_for_line};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 
@@ -335,33 +334,6 @@ impl Drop for ShmSession {
         let _ = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
             .args(["shm", "clean", "--session", &self.0, "--force"])
             .output();
-    }
-}
-
-/// A unique temporary file (its name ends in `tag`), removed on drop.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(tag: &str) -> TempFile {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        TempFile(std::env::temp_dir().join(format!("ferromq-cli-{}-{n}-{tag}", std::process::id())))
-    }
-
-    /// A unique temporary file holding `text`.
-    fn holding(tag: &str, text: &str) -> TempFile {
-        let file = TempFile::new(tag);
-        std::fs::write(&file.0, text).unwrap();
-        file
-    }
-
-    fn path(&self) -> String {
-        self.0.display().to_string()
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
     }
 }
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use support::shm_objects_of;
+use support::{TempFile, shm_objects_of};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -338,12 +338,8 @@ kind = "replay"
 name = "data"
 type = "push"
 "#;
-    let file = std::env::temp_dir().join(format!(
-        "ferromq-bad-properties-{}.toml",
-        std::process::id()
-    ));
-    std::fs::write(&file, text).unwrap();
-    let name = file.display().to_string();
+    let file = TempFile::holding("bad-properties.toml", text);
+    let name = file.path();
     let expected = [
         format!("{name}:6:27: device \"sampler\": property \"msg-size\" has invalid value \"-1\""),
         format!("{name}:15:25: device \"sink\": property \"verify\" has invalid value \"maybe\""),
@@ -355,7 +351,7 @@ type = "push"
             STEP,
             Command::new(env!("CARGO_BIN_EXE_ferromq"))
                 .arg(command)
-                .arg(&file)
+                .arg(&file.0)
                 .stdin(Stdio::null())
                 .output(),
         )
@@ -375,7 +371,6 @@ type = "push"
             "{command} started a device: {stderr}"
         );
     }
-    std::fs::remove_file(&file).unwrap();
 }
 
 #[tokio::test]

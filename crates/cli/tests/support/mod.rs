@@ -349,3 +349,33 @@ pub fn ids_in_state(snapshot: &serde_json::Value, state: &str) -> Vec<String> {
     ids.sort();
     ids
 }
+
+/// A unique temporary file (its name ends in `tag`), removed on drop, also when a test fails.
+#[allow(dead_code)]
+pub struct TempFile(pub std::path::PathBuf);
+
+#[allow(dead_code)]
+impl TempFile {
+    pub fn new(tag: &str) -> TempFile {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        TempFile(std::env::temp_dir().join(format!("ferromq-cli-{}-{n}-{tag}", std::process::id())))
+    }
+
+    /// A unique temporary file holding `text`.
+    pub fn holding(tag: &str, text: &str) -> TempFile {
+        let file = TempFile::new(tag);
+        std::fs::write(&file.0, text).unwrap();
+        file
+    }
+
+    pub fn path(&self) -> String {
+        self.0.display().to_string()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
