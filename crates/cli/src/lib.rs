@@ -50,7 +50,7 @@ use clap::Parser;
 use ferromq_device::Device;
 
 pub use options::{BuiltinOptions, ControlMode, DeviceOptions};
-pub use run::run_device;
+pub use run::{run_builtin_device, run_device};
 pub use transports::built_in_transports;
 
 #[derive(Parser)]

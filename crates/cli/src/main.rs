@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use ferromq_cli::shm_command::{self, ShmCommand};
-use ferromq_cli::{BuiltinOptions, DeviceOptions, launch, run_device};
+use ferromq_cli::{BuiltinOptions, DeviceOptions, launch, run_builtin_device};
 use ferromq_devices::Builtin;
 
 #[derive(Parser)]
@@ -142,7 +142,7 @@ fn run_builtin(kind: Builtin, mut options: DeviceOptions, builtin: &BuiltinOptio
     options.also_ignored.extend(builtin.ignored());
     // Built-in devices count `--max-iterations` as FairMQ's benchmark devices do (N + 1).
     options.max_iterations = ferromq_devices::fairmq_iterations(options.max_iterations);
-    run_device(kind.create(), &options, &properties)
+    run_builtin_device(kind, &options, &properties)
 }
 
 fn main() -> ExitCode {
@@ -182,7 +182,7 @@ fn main() -> ExitCode {
                 ("file", file.display().to_string()),
                 ("speed", speed.to_string()),
             ];
-            run_device(Builtin::Replay.create(), &options, &properties)
+            run_builtin_device(Builtin::Replay, &options, &properties)
         }
         Command::Bench(options) => ferromq_cli::block_on(1, ferromq_cli::bench::run(options)),
         Command::BenchRpcRole(options) => {

@@ -26,13 +26,38 @@ pub fn run_device<D: Device>(
     options: &DeviceOptions,
     extra_properties: &[(&str, String)],
 ) -> ExitCode {
+    run_checked_device(device, options, extra_properties, |_| Ok(()))
+}
+
+/// [`run_device`] for a built-in device: its properties are checked as it will read them
+/// ([`Builtin::check_properties`](ferromq_devices::Builtin::check_properties)) before anything
+/// binds, a bad value being a usage error (exit 2) like a bad option's.
+pub fn run_builtin_device(
+    kind: ferromq_devices::Builtin,
+    options: &DeviceOptions,
+    extra_properties: &[(&str, String)],
+) -> ExitCode {
+    run_checked_device(kind.create(), options, extra_properties, |config| {
+        kind.check_properties(&config.id, &config.properties)
+    })
+}
+
+fn run_checked_device<D: Device>(
+    device: D,
+    options: &DeviceOptions,
+    extra_properties: &[(&str, String)],
+    check: impl FnOnce(&ferromq_device::DeviceConfig) -> Result<(), ferromq_device::DeviceError>,
+) -> ExitCode {
     crate::logging::init(
         &options.id,
         options.severity,
         options.verbosity,
         options.color,
     );
-    let config = match options.device_config(extra_properties) {
+    let config = match options
+        .device_config(extra_properties)
+        .and_then(|config| check(&config).map(|()| config).map_err(Into::into))
+    {
         Ok(config) => config,
         Err(error) => {
             eprintln!("ferromq: {error:#}");

@@ -340,7 +340,7 @@ impl Drop for ShmSession {
 #[tokio::test]
 async fn bad_values_are_usage_errors_naming_the_option_and_the_value() {
     let ipc = Ipc::new("bad-values");
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 12] = [
         (&["sampler", "--rate", "1e-300"], "--rate 1e-300"),
         (&["sampler", "--rate", "-1"], "--rate -1.0"),
         (&["sampler", "--rate", "nan"], "--rate NaN"),
@@ -357,6 +357,15 @@ async fn bad_values_are_usage_errors_naming_the_option_and_the_value() {
         ),
         (&["sampler", "--msg-size", "-1"], "-1"),
         (&["sampler", "--max-iterations", "many"], "many"),
+        // A property as the device reads it at INIT, refused before it binds.
+        (
+            &["sampler", "--property", "num-parts=0"],
+            "property \"num-parts\" has invalid value \"0\"",
+        ),
+        (
+            &["bsampler", "--property", "same-msg=maybe"],
+            "property \"same-msg\" has invalid value \"maybe\"",
+        ),
     ];
     for (args, expected) in cases {
         let (kind, options) = args.split_first().expect("a kind");
