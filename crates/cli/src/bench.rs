@@ -202,7 +202,7 @@ fn session() -> String {
 }
 
 /// Runs `bench` (a bench whose members share `session`) until it ends or SIGINT or SIGTERM
-/// arrives, then removes what its members leave ([`remove_member_leftovers`]). On a signal,
+/// arrives, then removes what its members leave ([`clean_up_after`]). On a signal,
 /// `bench` is dropped first, which kills the members it started (`kill_on_drop`), and the
 /// exit code to end with is the `Err`: 128 plus the signal's number.
 pub(crate) async fn run_to_the_end<T>(
@@ -220,7 +220,7 @@ pub(crate) async fn run_to_the_end<T>(
             "{command}: cannot handle SIGINT and SIGTERM; a signal leaves the members' files"
         );
         let outcome = bench.await;
-        remove_member_leftovers(session);
+        clean_up_after(session).await;
         return Ok(outcome);
     };
     let outcome = tokio::select! {
@@ -228,17 +228,27 @@ pub(crate) async fn run_to_the_end<T>(
         _ = interrupt.recv() => Err(("SIGINT", 130)),
         _ = terminate.recv() => Err(("SIGTERM", 143)),
     };
-    // Killed members (a signal, or the other member of a pair that failed) may still be
-    // dying, and a dying member may still create what the removal below is to remove.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while members_alive(session) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    remove_member_leftovers(session);
+    clean_up_after(session).await;
     outcome.map_err(|(name, code)| {
         eprintln!("{command}: {name}: stopped; its members were killed and their files removed");
         ExitCode::from(code)
     })
+}
+
+/// Once no member of `session` is alive (at most 5 s: killed members, after a signal or the
+/// other member of a pair that failed, may still be dying, and a dying member may still create
+/// what is to be removed), removes what they left. Reading /proc and removing files block: on
+/// a thread of their own.
+pub(crate) async fn clean_up_after(session: &str) {
+    let session = session.to_owned();
+    let _ = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while members_alive(&session) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        remove_member_leftovers(&session);
+    })
+    .await;
 }
 
 /// Whether a process started with `--session SESSION` (a member of this bench) still runs; a
@@ -260,7 +270,7 @@ fn members_alive(session: &str) -> bool {
 /// Removes what the members of `session` leave: its shared memory, and the files and
 /// directories in the temp directory named after it (`ferromq-SESSION-...`: a pair's ipc
 /// directory, the rpc members' ipc files).
-pub(crate) fn remove_member_leftovers(session: &str) {
+fn remove_member_leftovers(session: &str) {
     let _ = ferromq_shm::cleanup::clean_session(ferromq_shm::names::current_uid(), session, true);
     let prefix = format!("ferromq-{session}-");
     for entry in std::fs::read_dir(std::env::temp_dir())
@@ -450,7 +460,7 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
         .context("receiver said nothing")?;
     let (sender_status, receiver_status) = (sender.wait().await?, receiver.wait().await?);
     // Before the next pair starts; a pair that fails early is cleaned up by `run_to_the_end`.
-    remove_member_leftovers(&session());
+    clean_up_after(&session()).await;
     if !sender_status.success() || !receiver_status.success() {
         bail!("sender {sender_status}, receiver {receiver_status}");
     }

@@ -603,7 +603,7 @@ impl Group {
             Ok(())
         }
         .await;
-        crate::bench::remove_member_leftovers(&self.session);
+        crate::bench::clean_up_after(&self.session).await;
         outcome
     }
 }

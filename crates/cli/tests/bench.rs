@@ -324,6 +324,8 @@ fn a_signalled_bench_stops_its_members_and_removes_their_files() {
         "64",
         "--duration",
         "60",
+        "--shm-segment-size",
+        "268435456",
     ];
     let rpc = [
         "bench",

@@ -353,6 +353,7 @@ type = "push"
                 .arg(command)
                 .arg(&file.0)
                 .stdin(Stdio::null())
+                .kill_on_drop(true)
                 .output(),
         )
         .await

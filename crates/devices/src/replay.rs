@@ -33,7 +33,7 @@ impl Replay {
             .ok_or_else(|| {
                 props.invalid(
                     "file",
-                    "is missing: replay needs the recording: --property file=PATH (or `ferromq replay FILE`)"
+                    "is missing: replay needs the recording to play (`ferromq replay FILE` gives it)"
                         .to_owned(),
                 )
             })?;

@@ -11,9 +11,9 @@ use toml::Spanned;
 
 use crate::file_form::{ChannelToml, DeviceToml, FileToml, OneOrMany, RpcToml};
 use crate::{
-    AutoAddress, ChannelSpec, DeviceKind, DeviceSpec, HostRef, HostSpec, Known, MAX_CONNECTIONS,
-    MAX_HOST_INDEX, MAX_INSTANCES, MAX_REPLICAS, Restart, RestartPolicy, Topology, TopologyError,
-    TopologyErrors,
+    AutoAddress, ChannelSpec, DeviceKind, DeviceSpec, HostRef, HostSpec, Known,
+    LAUNCHER_PROPERTIES, MAX_CONNECTIONS, MAX_HOST_INDEX, MAX_INSTANCES, MAX_REPLICAS, Restart,
+    RestartPolicy, Topology, TopologyError, TopologyErrors,
 };
 
 pub(crate) struct Checker<'a> {
@@ -518,7 +518,7 @@ impl<'a> Loader<'a> {
             })
             .unwrap_or(0);
         let properties = self.properties(device, &context);
-        self.check_properties(device, &kind, &properties, &context);
+        self.check_properties(device, &kind, &properties);
         let restart = self.restart_policy(device, &context);
         let min_replicas = self.min_replicas(device, replicas, &context);
         let mut seen_channels: BTreeSet<String> = BTreeSet::new();
@@ -803,13 +803,12 @@ impl<'a> Loader<'a> {
     /// A known built-in kind's properties, checked as the device will read them
     /// ([`Known::check_properties`]); reported at the value at fault, or at the kind when the
     /// problem is with no one property (a missing one). Not when a value was of the wrong form
-    /// already (reported by [`Loader::properties`]).
+    /// or is the launcher's (reported by [`Loader::properties`]).
     fn check_properties(
         &mut self,
         device: &DeviceToml,
         kind: &DeviceKind,
         properties: &BTreeMap<String, String>,
-        context: &str,
     ) {
         let (Some(check), DeviceKind::Builtin(kind)) = (self.known.check_properties, kind) else {
             return;
@@ -820,7 +819,14 @@ impl<'a> Loader<'a> {
                 toml::Value::Array(_) | toml::Value::Table(_) | toml::Value::Datetime(_)
             )
         };
-        if !self.known.kinds.contains(&kind.as_str()) || !device.properties.values().all(scalar) {
+        let launcher_set = device
+            .properties
+            .keys()
+            .any(|key| LAUNCHER_PROPERTIES.contains(&key.as_str()));
+        if !self.known.kinds.contains(&kind.as_str())
+            || !device.properties.values().all(scalar)
+            || launcher_set
+        {
             return;
         }
         if let Err(problem) = check(kind, device.id.get_ref(), properties) {
@@ -829,7 +835,8 @@ impl<'a> Loader<'a> {
                 .as_ref()
                 .and_then(|key| device.properties.get(key))
                 .map_or_else(|| device.kind.span(), Spanned::span);
-            self.checker.error(span, context, problem.message);
+            // The message names the device itself.
+            self.checker.error(span, "", problem.message);
         }
     }
 
@@ -838,6 +845,15 @@ impl<'a> Loader<'a> {
             .properties
             .iter()
             .map(|(key, value)| {
+                if LAUNCHER_PROPERTIES.contains(&key.as_str()) {
+                    self.checker.error(
+                        value.span(),
+                        context,
+                        format!(
+                            "property {key:?} is set by the launcher for each replica; a value here would be overridden"
+                        ),
+                    );
+                }
                 let text = match value.get_ref() {
                     toml::Value::String(text) => text.clone(),
                     toml::Value::Integer(number) => number.to_string(),

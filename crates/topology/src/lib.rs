@@ -41,6 +41,10 @@ use std::fmt;
 
 use ferromq_core::ChannelConfig;
 
+/// The properties a launcher gives every instance of a device itself (its replica's index and
+/// the device's replica count), which a topology file may not set.
+pub const LAUNCHER_PROPERTIES: [&str; 2] = ["replica-index", "replica-count"];
+
 /// What the binary that loads the topology has built in.
 #[derive(Debug, Clone, Copy)]
 pub struct Known<'a> {
@@ -49,7 +53,8 @@ pub struct Known<'a> {
     /// Transports.
     pub transports: &'a [&'a str],
     /// Checks a built-in device's `properties` as the device itself will read them, so that a
-    /// value it would refuse at INIT is reported with the file's line before anything runs;
+    /// value it would refuse when it starts is reported with the file's line before anything
+    /// runs;
     /// `None` checks nothing beyond their form.
     pub check_properties: Option<CheckProperties>,
 }
@@ -63,7 +68,7 @@ pub type CheckProperties =
 pub struct PropertyProblem {
     /// The property at fault, when one is (the error is reported at its value).
     pub key: Option<String>,
-    /// What is wrong, naming the property and its value.
+    /// What is wrong, naming the device, the property and its value (reported as it is).
     pub message: String,
 }
 

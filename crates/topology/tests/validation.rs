@@ -101,13 +101,13 @@ fn a_built_in_kinds_property_check_is_reported_at_the_value_or_the_kind() {
         if properties.get("size").map(String::as_str) == Some("-1") {
             return Err(PropertyProblem {
                 key: Some("size".to_owned()),
-                message: format!("{id}: size -1"),
+                message: format!("device {id:?}: size -1"),
             });
         }
         if kind == "sink" && !properties.contains_key("file") {
             return Err(PropertyProblem {
                 key: None,
-                message: format!("{id}: no file"),
+                message: format!("device {id:?}: no file"),
             });
         }
         Ok(())
@@ -147,8 +147,8 @@ properties = { size = [-1] }
     assert_eq!(
         lines,
         [
-            "checked.toml:4:23: device \"a\": a: size -1",
-            "checked.toml:8:8: device \"b\": b: no file",
+            "checked.toml:4:23: device \"a\": size -1",
+            "checked.toml:8:8: device \"b\": no file",
             "checked.toml:19:8: device \"d\": unknown kind \"nope\"; built in: sampler, bsampler, sink, processor, splitter, merger, proxy, multiplier, client, server, stf-source, builder, mcts-driver, mcts-worker, or exec",
             "checked.toml:25:23: device \"e\": property \"size\" must be a string, number or boolean, not array",
         ],

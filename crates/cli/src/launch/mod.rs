@@ -97,6 +97,10 @@ pub fn load_topology(file: &Path) -> Result<Topology> {
 /// [`Known::check_properties`] for the built-in devices: what each would refuse at INIT
 /// ([`Builtin::check_properties`]), before `validate` says a file is valid or `run` starts a
 /// process. The fuzz crate's topology target loads with it too.
+///
+/// # Errors
+/// The property at fault (when one is) and the device's error, naming the device, the property
+/// and its value.
 pub fn check_builtin_properties(
     kind: &str,
     id: &str,
@@ -107,15 +111,12 @@ pub fn check_builtin_properties(
     };
     builtin
         .check_properties(id, properties)
-        .map_err(|error| match error {
-            DeviceError::Property { key, problem, .. } => PropertyProblem {
-                message: format!("property {key:?} {problem}"),
-                key: Some(key),
+        .map_err(|error| PropertyProblem {
+            key: match &error {
+                DeviceError::Property { key, .. } => Some(key.clone()),
+                _ => None,
             },
-            other => PropertyProblem {
-                key: None,
-                message: other.to_string(),
-            },
+            message: error.to_string(),
         })
 }
 
