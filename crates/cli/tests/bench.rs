@@ -266,6 +266,28 @@ fn bench_rpc_refuses_a_light_load_rate_that_is_not_a_positive_number() {
     }
 }
 
+/// `ferromq ARGS` in a process group of its own (its members join it), stderr piped.
+fn spawn_in_its_own_group(args: &[&str]) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("run ferromq bench")
+}
+
+/// What `wait` returns, on a channel a test can wait on with a timeout.
+fn ended<T: Send + 'static>(
+    wait: impl FnOnce() -> T + Send + 'static,
+) -> std::sync::mpsc::Receiver<T> {
+    let (exited, exit) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = exited.send(wait());
+    });
+    exit
+}
+
 /// What a test does with a bench that did not end as it should: kills its process group (the
 /// bench, started with `process_group(0)`, and its members) and removes the shared memory and
 /// the temp directory's files of either bench's session (`bench-PID`, `bench-rpc-PID`).
@@ -345,13 +367,7 @@ fn a_signalled_bench_stops_its_members_and_removes_their_files() {
         (&plain[..], "bench", Signal::SIGINT, 130),
         (&rpc[..], "bench-rpc", Signal::SIGTERM, 143),
     ] {
-        let mut bench = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-            .args(args)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .expect("run ferromq bench");
+        let mut bench = spawn_in_its_own_group(args);
         let pid = bench.id();
         let session = format!("{session}-{pid}");
         // The bench says when its members are up and measuring.
@@ -376,10 +392,7 @@ fn a_signalled_bench_stops_its_members_and_removes_their_files() {
             "{args:?}: no member running"
         );
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).expect("signal");
-        let (exited, exit) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = exited.send(bench.wait());
-        });
+        let exit = ended(move || bench.wait());
         let Ok(status) = exit.recv_timeout(std::time::Duration::from_secs(10)) else {
             kill_and_clean_up(pid);
             panic!("{args:?}: still running 10 s after {signal}");
@@ -418,18 +431,9 @@ fn a_signalled_bench_stops_its_members_and_removes_their_files() {
 /// 10 s with its members (its process group), their shared memory and their files in the temp
 /// directory are removed, and the test fails.
 fn refused_before_any_member_starts(args: &[&str], culprit: &str) {
-    let bench = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .expect("run ferromq bench");
+    let bench = spawn_in_its_own_group(args);
     let pid = bench.id();
-    let (exited, exit) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = exited.send(bench.wait_with_output());
-    });
+    let exit = ended(move || bench.wait_with_output());
     let Ok(output) = exit.recv_timeout(std::time::Duration::from_secs(10)) else {
         kill_and_clean_up(pid);
         let _ = exit.recv_timeout(std::time::Duration::from_secs(10));
