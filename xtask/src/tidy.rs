@@ -197,6 +197,40 @@ mod tests {
         );
     }
 
+    /// The README's `cargo run --release -- run ...` needs exactly one binary among the default
+    /// members (the CLI's `ferromq`; the fuzz driver is left out), and every other crate is a
+    /// default member, so that a plain `cargo build --release` builds it.
+    #[test]
+    fn the_default_members_hold_every_crate_and_one_binary() {
+        let root = workspace_root();
+        let manifest = fs::read_to_string(root.join("Cargo.toml")).expect("read Cargo.toml");
+        let start = manifest
+            .find("default-members = [")
+            .expect("Cargo.toml lists default-members");
+        let list = &manifest[start..];
+        let list = &list[..list.find(']').expect("the list is closed")];
+        for krate in fs::read_dir(root.join("crates"))
+            .expect("crates/")
+            .flatten()
+        {
+            if !krate.path().join("Cargo.toml").exists() {
+                continue;
+            }
+            let dir = format!("\"crates/{}\"", krate.file_name().to_string_lossy());
+            let has_binary = krate.path().join("src/main.rs").exists()
+                || fs::read_to_string(krate.path().join("Cargo.toml"))
+                    .expect("read a crate's Cargo.toml")
+                    .contains("[[bin]]");
+            let wanted = !has_binary || dir == "\"crates/cli\"";
+            assert_eq!(
+                list.contains(&dir),
+                wanted,
+                "{dir} should {}be a default member",
+                if wanted { "" } else { "not " }
+            );
+        }
+    }
+
     /// ARCHITECTURE.md's code map names every crate directory (`crates/<dir>` is package
     /// `ferromq-<dir>`) and the built-in kinds on the `ferromq-devices` line.
     #[test]
