@@ -35,8 +35,8 @@
 //!
 //! # Bad values
 //! [`Builtin::check_properties`] refuses, before anything runs, what a device would refuse when
-//! it starts (the same reading; `ferromq validate` and `ferromq run` call it for a topology's built-in
-//! devices). Rates must be 0 (unlimited) or finite and at least [`MIN_RATE`]; sizes are allocated
+//! it starts (the same reading; `ferromq validate`, `run` and `graph` call it for a topology's
+//! built-in devices, `ferromq device` for its own properties). Rates must be 0 (unlimited) or finite and at least [`MIN_RATE`]; sizes are allocated
 //! fallibly, through the channel's transport (a shmem channel reports a message larger than its
 //! segment, naming both sizes), so that an impossible `msg-size` is an error naming the size,
 //! never an abort.
@@ -200,8 +200,8 @@ impl Builtin {
 impl Builtin {
     /// Checks the properties a device of this kind called `id` would be given, as the device
     /// reads them when it starts (at INIT; the mcts devices as RUNNING starts), before anything
-    /// runs (`ferromq validate`, and `ferromq run` before it starts a
-    /// process): the same reading, so the same values are refused with the same error. What
+    /// runs (`ferromq validate`, `run` and `graph` on a topology, `ferromq device` before it
+    /// binds): the same reading, so the same values are refused with the same error. What
     /// needs the device's surroundings (its channels, a `payload-file` or recording to read, an
     /// `out-filename` to create, its rpc group) is left to INIT.
     ///

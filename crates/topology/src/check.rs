@@ -517,8 +517,12 @@ impl<'a> Loader<'a> {
                 )
             })
             .unwrap_or(0);
+        let n_errors = self.checker.errors.len();
         let properties = self.properties(device, &context);
-        self.check_properties(device, &kind, &properties);
+        // What the device would read, only when every value was usable as written.
+        if self.checker.errors.len() == n_errors {
+            self.check_properties(device, &kind, &properties);
+        }
         let restart = self.restart_policy(device, &context);
         let min_replicas = self.min_replicas(device, replicas, &context);
         let mut seen_channels: BTreeSet<String> = BTreeSet::new();
@@ -802,8 +806,8 @@ impl<'a> Loader<'a> {
 
     /// A known built-in kind's properties, checked as the device will read them
     /// ([`Known::check_properties`]); reported at the value at fault, or at the kind when the
-    /// problem is with no one property (a missing one). Not when a value was of the wrong form
-    /// or is the launcher's (reported by [`Loader::properties`]).
+    /// problem is with no one property (a missing one). Called only when [`Loader::properties`]
+    /// found every value usable (of a right form, none the launcher's).
     fn check_properties(
         &mut self,
         device: &DeviceToml,
@@ -813,20 +817,7 @@ impl<'a> Loader<'a> {
         let (Some(check), DeviceKind::Builtin(kind)) = (self.known.check_properties, kind) else {
             return;
         };
-        let scalar = |value: &Spanned<toml::Value>| {
-            !matches!(
-                value.get_ref(),
-                toml::Value::Array(_) | toml::Value::Table(_) | toml::Value::Datetime(_)
-            )
-        };
-        let launcher_set = device
-            .properties
-            .keys()
-            .any(|key| LAUNCHER_PROPERTIES.contains(&key.as_str()));
-        if !self.known.kinds.contains(&kind.as_str())
-            || !device.properties.values().all(scalar)
-            || launcher_set
-        {
+        if !self.known.kinds.contains(&kind.as_str()) {
             return;
         }
         if let Err(problem) = check(kind, device.id.get_ref(), properties) {

@@ -94,9 +94,9 @@ pub fn load_topology(file: &Path) -> Result<Topology> {
         .map_err(|errors| anyhow!("{errors}"))
 }
 
-/// [`Known::check_properties`] for the built-in devices: what each would refuse at INIT
-/// ([`Builtin::check_properties`]), before `validate` says a file is valid or `run` starts a
-/// process. The fuzz crate's topology target loads with it too.
+/// [`Known::check_properties`] for the built-in devices: what each would refuse when it starts
+/// ([`Builtin::check_properties`]), before `validate` or `graph` says anything of a file or
+/// `run` starts a process. The fuzz crate's topology target loads with it too.
 ///
 /// # Errors
 /// The property at fault (when one is) and the device's error, naming the device, the property

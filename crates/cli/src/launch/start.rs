@@ -210,11 +210,12 @@ fn device_command(wiring: &Wiring<'_>, instance: &Instance) -> DeviceCommand {
     for (key, value) in &instance.properties {
         push(&["--property", &format!("{key}={value}")]);
     }
+    let [index_key, count_key] = ferromq_topology::LAUNCHER_PROPERTIES;
     push(&[
         "--property",
-        &format!("replica-index={}", instance.replica_index),
+        &format!("{index_key}={}", instance.replica_index),
         "--property",
-        &format!("replica-count={}", instance.replica_count),
+        &format!("{count_key}={}", instance.replica_count),
     ]);
     let mut env = Vec::new();
     if !host.is_here() {
