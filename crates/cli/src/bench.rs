@@ -141,7 +141,7 @@ fn transport_and_address(
         "shm-segment-size".to_owned(),
         options.shm_segment_size.to_string(),
     );
-    let transport = transport_kind(name)?;
+    let transport = transport_kind(name, true)?;
     let address = if name.ends_with("-tcp") {
         "tcp://127.0.0.1:0".to_owned()
     } else {
@@ -154,15 +154,19 @@ fn transport_and_address(
 }
 
 /// The transport a bench transport's name creates; the `-tcp` ones are reached over loopback
-/// tcp, the others over an ipc file.
-fn transport_kind(name: &str) -> Result<&'static str> {
+/// tcp, the others over an ipc file. `ofi-tcp` only where `with_ofi` (`ferromq bench rpc` has
+/// no ofi members).
+pub(crate) fn transport_kind(name: &str, with_ofi: bool) -> Result<&'static str> {
     match name {
         "zeromq-ipc" | "zeromq-tcp" => Ok("zeromq"),
         "shmem" => Ok("shmem"),
-        "ofi-tcp" => Ok("ofi"),
-        other => bail!(
+        "ofi-tcp" if with_ofi => Ok("ofi"),
+        other if with_ofi => bail!(
             "--transport {other:?}: the transports are zeromq-ipc, zeromq-tcp, shmem and ofi-tcp (with --features ofi)"
         ),
+        other => {
+            bail!("--transport {other:?}: the transports are shmem, zeromq-ipc and zeromq-tcp")
+        }
     }
 }
 
@@ -348,7 +352,7 @@ async fn run_all(options: &BenchOptions) -> Result<Vec<BenchResult>> {
     // Refused before any process starts.
     let mut measures_shmem = false;
     for transport in &options.transport {
-        measures_shmem |= transport_kind(transport)? == "shmem";
+        measures_shmem |= transport_kind(transport, true)? == "shmem";
     }
     let max_parts = ferromq_devices::MAX_PARTS;
     if !(1..=max_parts).contains(&options.num_parts) {

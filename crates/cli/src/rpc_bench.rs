@@ -211,21 +211,9 @@ fn transport_and_address(
         ipc()
     };
     Ok((
-        transports.create(transport_kind(name)?, &options)?,
+        transports.create(crate::bench::transport_kind(name, false)?, &options)?,
         Address::parse(&address)?,
     ))
-}
-
-/// The transport a bench transport's name creates (`zeromq-ipc` and `zeromq-tcp` differ in
-/// their addresses only).
-fn transport_kind(name: &str) -> Result<&'static str> {
-    match name {
-        "shmem" => Ok("shmem"),
-        "zeromq-ipc" | "zeromq-tcp" => Ok("zeromq"),
-        other => {
-            bail!("--transport {other:?}: the transports are shmem, zeromq-ipc and zeromq-tcp")
-        }
-    }
 }
 
 /// The most members `--broadcast` starts: each one but this process is a process of its own.
@@ -234,7 +222,7 @@ const MAX_BROADCAST_MEMBERS: usize = 256;
 /// Refuses, before any process starts, what the bench cannot measure.
 fn check_options(options: &RpcBenchOptions) -> Result<()> {
     for transport in &options.transport {
-        transport_kind(transport)?;
+        crate::bench::transport_kind(transport, false)?;
     }
     if options.broadcast > 0 {
         if options.broadcast < 2 {

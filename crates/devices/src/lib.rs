@@ -195,9 +195,7 @@ impl Builtin {
             Builtin::Replay => Box::new(Replay::default()),
         }
     }
-}
 
-impl Builtin {
     /// Checks the properties a device of this kind called `id` would be given, as the device
     /// reads them when it starts (at INIT; the mcts devices as RUNNING starts), before anything
     /// runs (`ferromq validate`, `run` and `graph` on a topology, `ferromq device` before it
