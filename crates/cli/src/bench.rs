@@ -239,15 +239,20 @@ pub(crate) async fn run_to_the_end<T>(
     })
 }
 
-/// Once no member of `session` is alive (at most 5 s: killed members, after a signal or the
-/// other member of a pair that failed, may still be dying, and a dying member may still create
-/// what is to be removed), removes what they left. Reading /proc and removing files block: on
+/// Once no member of `session` is alive, nor a shared-memory watchdog one of them started (at
+/// most 5 s: killed members, after a signal or the other member of a pair that failed, may
+/// still be dying, and a dying member or its watchdog may still create what is to be removed),
+/// removes what they left. Reading /proc and removing files block: on
 /// a thread of their own.
 pub(crate) async fn clean_up_after(session: &str) {
     let session = session.to_owned();
     let _ = tokio::task::spawn_blocking(move || {
         let deadline = Instant::now() + Duration::from_secs(5);
-        while members_alive(&session) && Instant::now() < deadline {
+        // A member's shared-memory watchdog, started late, would make its lock file again
+        // after the removal below (it removes it once it sees its member gone).
+        while (members_alive(&session) || ferromq_shm::cleanup::watchdog_running(&session))
+            && Instant::now() < deadline
+        {
             std::thread::sleep(Duration::from_millis(5));
         }
         remove_member_leftovers(&session);

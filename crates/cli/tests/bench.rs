@@ -397,7 +397,16 @@ fn a_signalled_bench_stops_its_members_and_removes_their_files() {
             kill_and_clean_up(pid);
             panic!("{args:?}: still running 10 s after {signal}");
         };
-        let said: Vec<String> = lines.try_iter().collect();
+        // What the bench said up to its end: its last line may still be on its way through the
+        // reader thread, which stops at the end of the pipe (the bench and its members gone).
+        let mut said = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            match lines.recv_timeout(left) {
+                Ok(line) => said.push(line),
+                Err(_) => break,
+            }
+        }
         let leftovers = (
             members_of(&session),
             temp_files_of(&session),

@@ -246,6 +246,24 @@ pub fn ensure_watchdog(uid: u32, session: &str) {
 
 use std::os::unix::process::CommandExt;
 
+/// Whether a watchdog of `session` runs: a process started as one (by [`ensure_watchdog`]),
+/// whether or not it has taken its lock yet. A watchdog that starts after its session was
+/// cleaned makes its lock file again and removes it once it sees its starter gone (within
+/// [`WATCHDOG_POLL`]); who cleans up after a session's processes waits for it first.
+pub fn watchdog_running(session: &str) -> bool {
+    let entry = format!("{WATCHDOG_SESSION_VAR}={}", sanitise_session(session));
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|process| std::fs::read(process.path().join("environ")).ok())
+        .any(|environ| {
+            environ
+                .split(|&byte| byte == 0)
+                .any(|variable| variable == entry.as_bytes())
+        })
+}
+
 /// Call first thing in `main`: when this process was started as a session's watchdog, watches
 /// and exits; otherwise returns at once and lets devices of this binary start watchdogs.
 pub fn run_watchdog_if_requested() {
