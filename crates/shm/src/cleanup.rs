@@ -249,7 +249,7 @@ use std::os::unix::process::CommandExt;
 /// Whether a watchdog of `session` runs: a process started as one (by [`ensure_watchdog`]),
 /// whether or not it has taken its lock yet. A watchdog that starts after its session was
 /// cleaned makes its lock file again and removes it once it sees its starter gone (within
-/// [`WATCHDOG_POLL`]); who cleans up after a session's processes waits for it first.
+/// its 200 ms polls); who cleans up after a session's processes waits for it first.
 pub fn watchdog_running(session: &str) -> bool {
     let entry = format!("{WATCHDOG_SESSION_VAR}={}", sanitise_session(session));
     std::fs::read_dir("/proc")
