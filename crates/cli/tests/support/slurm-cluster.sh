@@ -32,11 +32,17 @@ port_free() {
     [ -z "$(ss -Htan "( sport = :$1 )" 2>/dev/null)" ]
 }
 
+# Ports come from below the kernel's ephemeral range (ip_local_port_range): a port
+# picked inside it can be taken by any outgoing connection on the host between the
+# check and the daemon's bind, and a slurmd that cannot bind leaves its node "unk*".
 declare -A USED_PORTS=()
 pick_port() {
-    local p i
+    local p i low span
+    low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+    [ "$low" -gt 12000 ] || die "ephemeral ports start at $low; no room below them for the daemons"
+    span=$(( low - 10000 ))
     for i in $(seq 1 500); do
-        p=$(( 20000 + (RANDOM * 32768 + RANDOM) % 30000 ))
+        p=$(( 10000 + (RANDOM * 32768 + RANDOM) % span ))
         [ -n "${USED_PORTS[$p]:-}" ] && continue
         if port_free "$p"; then USED_PORTS[$p]=1; echo "$p"; return 0; fi
     done
@@ -246,6 +252,13 @@ EOF
     done
     echo "slurm-cluster.sh: nodes not idle after 30 s; sinfo says:" >&2
     printf '%s\n' "$out" >&2
+    # the logs go with DIR when the caller cleans up: show their ends here
+    local log
+    for log in "$DIR"/log/slurmctld.log "$DIR"/log/slurmd-*.log; do
+        [ -f "$log" ] || continue
+        echo "--- last lines of $log:" >&2
+        tail -n 15 "$log" >&2
+    done
     exit 1
 }
 
