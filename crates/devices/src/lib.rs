@@ -229,6 +229,33 @@ impl Builtin {
     }
 }
 
+/// [`ferromq_topology::Known::check_properties`] for the built-in devices: what each would
+/// refuse when it starts ([`Builtin::check_properties`]), checked while a topology loads, before
+/// `ferromq validate` or `graph` says anything of a file or `ferromq run` starts a process. A
+/// kind that is not built in is left alone. The fuzz crate's topology target loads with it too.
+///
+/// # Errors
+/// The property at fault (when one is) and the device's error, naming the device, the property
+/// and its value.
+pub fn check_topology_properties(
+    kind: &str,
+    id: &str,
+    properties: &BTreeMap<String, String>,
+) -> Result<(), ferromq_topology::PropertyProblem> {
+    let Some(builtin) = Builtin::from_name(kind) else {
+        return Ok(());
+    };
+    builtin
+        .check_properties(id, properties)
+        .map_err(|error| ferromq_topology::PropertyProblem {
+            key: match &error {
+                DeviceError::Property { key, .. } => Some(key.clone()),
+                _ => None,
+            },
+            message: error.to_string(),
+        })
+}
+
 /// Where a built-in device reads its properties: its context at INIT, or a topology's table
 /// when [`Builtin::check_properties`] checks them before anything runs. Each device reads them
 /// in one function (`configure`) over this trait, so both refuse the same values.

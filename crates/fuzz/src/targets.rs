@@ -899,7 +899,7 @@ fn check_topology(input: &[u8]) -> Result<bool, String> {
         kinds: &kinds,
         transports: &TRANSPORTS,
         // As `ferromq run` loads: the built-in devices' property reading is fed the file too.
-        check_properties: Some(ferromq_cli::launch::check_builtin_properties),
+        check_properties: Some(ferromq_devices::check_topology_properties),
     };
     match ferromq_topology::load("fuzz.toml", &text, &known) {
         Ok(topology) => {

@@ -30,10 +30,10 @@ use std::time::Duration;
 
 use crate::console::Console;
 use anyhow::{Context, Result, anyhow, bail};
+use ferromq_device::State;
 use ferromq_device::control::{ControlClient, DeviceToLauncher, LauncherToDevice};
-use ferromq_device::{DeviceError, State};
 use ferromq_devices::Builtin;
-use ferromq_topology::{Instance, Known, PropertyProblem, Topology};
+use ferromq_topology::{Instance, Known, Topology};
 
 mod hosts;
 mod process;
@@ -88,36 +88,10 @@ pub fn load_topology(file: &Path) -> Result<Topology> {
     let known = Known {
         kinds: &kinds,
         transports: &transports,
-        check_properties: Some(check_builtin_properties),
+        check_properties: Some(ferromq_devices::check_topology_properties),
     };
     ferromq_topology::load(&file.display().to_string(), &text, &known)
         .map_err(|errors| anyhow!("{errors}"))
-}
-
-/// [`Known::check_properties`] for the built-in devices: what each would refuse when it starts
-/// ([`Builtin::check_properties`]), before `validate` or `graph` says anything of a file or
-/// `run` starts a process. The fuzz crate's topology target loads with it too.
-///
-/// # Errors
-/// The property at fault (when one is) and the device's error, naming the device, the property
-/// and its value.
-pub fn check_builtin_properties(
-    kind: &str,
-    id: &str,
-    properties: &BTreeMap<String, String>,
-) -> std::result::Result<(), PropertyProblem> {
-    let Some(builtin) = Builtin::from_name(kind) else {
-        return Ok(());
-    };
-    builtin
-        .check_properties(id, properties)
-        .map_err(|error| PropertyProblem {
-            key: match &error {
-                DeviceError::Property { key, .. } => Some(key.clone()),
-                _ => None,
-            },
-            message: error.to_string(),
-        })
 }
 
 /// A task aborted when this is dropped.
