@@ -1,9 +1,11 @@
 //! ferromq's project automation, run as `cargo xtask <task>` (an alias in `.cargo/config.toml`).
 //!
 //! - `ci`: what `.ci/run` checks (after installing the system packages it needs): formatting,
-//!   clippy with warnings denied, the test suite, each without and with `--features ofi,otel`.
+//!   clippy with warnings denied, the test suite, each without and with `--features ofi,otel`,
+//!   and the docs with rustdoc's warnings denied.
 //! - `fmt`: formats the workspace.
-//! - `lint`: clippy over every target with warnings denied, without and with `--features ofi,otel`.
+//! - `lint`: clippy over every target with warnings denied, without and with `--features ofi,otel`,
+//!   and rustdoc with warnings denied.
 //! - `bench`: the criterion suites and `ferromq bench`, then `target/bench-report/report.md` and
 //!   SVG plots.
 //! - `soak --minutes N`: the default and pub/sub topologies under the release `ferromq run`,
@@ -177,7 +179,9 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Clippy with warnings denied over every target, without and with the ofi transport.
+/// Clippy with warnings denied over every target, without and with the ofi transport; then
+/// rustdoc with warnings denied (a public doc linking a private item, a link that resolves to
+/// nothing), with every feature on so that the ofi crates' docs are read too.
 fn lint_steps() -> Vec<Vec<&'static str>> {
     vec![
         vec![
@@ -197,6 +201,15 @@ fn lint_steps() -> Vec<Vec<&'static str>> {
             "--",
             "-D",
             "warnings",
+        ],
+        vec![
+            "doc",
+            "--workspace",
+            "--no-deps",
+            "--features",
+            "ofi,otel",
+            "--config",
+            "build.rustdocflags=[\"-D\", \"warnings\"]",
         ],
     ]
 }
@@ -311,6 +324,7 @@ mod tests {
             "fmt --all -- --check",
             "clippy --workspace --all-targets -- -D warnings",
             "clippy --workspace --all-targets --features ofi,otel -- -D warnings",
+            "doc --workspace --no-deps --features ofi,otel --config build.rustdocflags=[\"-D\", \"warnings\"]",
             "test --workspace",
             "test --workspace --features ofi,otel",
         ] {

@@ -8,7 +8,7 @@
 //! # Interruption and failure
 //! The members are the bench's children (`kill_on_drop`) and share its session (`bench-PID`):
 //! their shared memory and their files in the temp directory are named after it. However the
-//! bench ends (its results, a member's failure, SIGINT or SIGTERM), [`run_to_the_end`] kills
+//! bench ends (its results, a member's failure, SIGINT or SIGTERM), `run_to_the_end` kills
 //! the members still running and removes what they leave; a signal ends the bench with 128 plus
 //! its number (130, 143), as a shell reports it. `ferromq bench rpc` ends the same way.
 

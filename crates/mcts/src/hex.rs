@@ -5,7 +5,7 @@
 //! Speed matters here (a rollout is a few moves and playouts): nothing below allocates but the
 //! clone of a position. A move looks for a win only in the group of the stone just placed, and
 //! a playout works on a bit per cell on the stack: player 0's stones, grown from the top row a
-//! ring of neighbours at a time with shifts ([`Cells`]) until they reach the bottom row or stop
+//! ring of neighbours at a time with shifts (`Cells`) until they reach the bottom row or stop
 //! growing. Boards of up to 128 cells (11x11) take two words, larger ones six.
 
 use serde::{Deserialize, Serialize};

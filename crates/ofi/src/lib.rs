@@ -6,7 +6,7 @@
 //! channel key `provider` names another provider. The address is where the zmq side channel
 //! binds; the libfabric endpoint picks its own port on the same interface and tells the peer.
 //!
-//! - [`fabric`](crate::fabric) (private): the only module that calls libfabric.
+//! - `fabric` (private): the only module that calls libfabric.
 //! - `engine`: one thread per endpoint posts operations and polls the completion queue, and
 //!   keeps the registration cache (each shm segment or region registered once).
 //! - `protocol`: the side channel's messages (hello, announce, grant, heartbeat, bye) and the
@@ -30,7 +30,7 @@
 //!   came). A message accepted before any peer existed waits for
 //!   one (it is not lost); one never granted by a peer that died goes to the next peer.
 //! - A peer that dies (no heartbeat for `ofi-peer-timeout-ms`, a broken side channel, a failed
-//!   completion) is reported by the next send or receive as [`ferromq_core::Error::PeerGone`],
+//!   completion) is reported by the next send or receive as `ferromq_core::Error::PeerGone`,
 //!   with the number of messages lost in transfer; nothing hangs.
 //!
 //! Without the `ofi` feature this crate is empty.

@@ -17,7 +17,7 @@
 //! before): a `call_buffer` of 64 MiB in memory new to its destination paid ~2.5 µs for that
 //! fault and another 1-1.5 µs for the page table of a new 2 MiB stretch, the whole difference
 //! to a call of 4 KiB (issue 14). The table's pages are mapped once, when a receiver opens the
-//! segment ([`map_header_table`]), so a receiver that only passes a large block on, or reads a
+//! segment (`map_header_table`), so a receiver that only passes a large block on, or reads a
 //! part of it, touches no page of it it does not read. Small blocks keep their headers before
 //! their data: their neighbours' headers share their pages, which one fault maps together.
 //!
@@ -54,7 +54,7 @@ pub const BLOCK_ALIGN: usize = 64;
 
 /// Message blocks of at least this many bytes get a header in the segment's table while a
 /// slot is free: from this size on, the pages around an inline header are the block's own data
-/// (see [`FIRST_TOUCH_BY_WRITE_FROM`]).
+/// (a read fault maps the 64 KiB-aligned window around the faulting page).
 pub const TABLE_HEADERS_FROM: usize = 64 << 10;
 /// The table's size at most, in pages of 4 KiB (64 slots each): 1024 slots.
 pub const MAX_TABLE_PAGES: usize = 16;

@@ -547,7 +547,7 @@ impl Segment {
     }
 
     /// The processes attached now (dead ones included until their slot is reused; a claim not
-    /// finished within [`CLAIM_WAIT`] is nobody).
+    /// finished within 200 ms is nobody).
     pub fn attached(&self) -> Vec<ProcessId> {
         let give_up = Instant::now() + CLAIM_WAIT;
         self.header()

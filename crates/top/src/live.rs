@@ -1,7 +1,7 @@
 //! The live view: the table redrawn in the terminal every interval until `q`, Esc or Ctrl-C.
 //!
 //! The terminal is put in raw mode on the alternate screen for the view's life and given back
-//! as it was on every way out, an error or a panic included ([`TerminalGuard`]). Keys arrive as
+//! as it was on every way out, an error or a panic included (`TerminalGuard`). Keys arrive as
 //! an async stream beside the refresh tick, so a key is acted on at once, not at the next
 //! refresh; a look that waits for slow devices (a second at most) is raced against the keys too.
 
