@@ -242,18 +242,33 @@ pub(crate) async fn run_to_the_end<T>(
 /// Once no member of `session` is alive, nor a shared-memory watchdog one of them started (at
 /// most 5 s: killed members, after a signal or the other member of a pair that failed, may
 /// still be dying, and a dying member or its watchdog may still create what is to be removed),
-/// removes what they left. Reading /proc and removing files block: on
-/// a thread of their own.
+/// removes what they left, and says so on stderr when something still ran at the limit. The
+/// caller must hold no shared memory of `session` itself: the session's watchdog stays while
+/// it does. Reading /proc and removing files block: on a thread of their own.
 pub(crate) async fn clean_up_after(session: &str) {
     let session = session.to_owned();
     let _ = tokio::task::spawn_blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let limit = Duration::from_secs(5);
+        let deadline = Instant::now() + limit;
         // A member's shared-memory watchdog, started late, would make its lock file again
         // after the removal below (it removes it once it sees its member gone).
-        while (members_alive(&session) || ferromq_shm::cleanup::watchdog_running(&session))
-            && Instant::now() < deadline
-        {
+        let still_running = loop {
+            let running = if members_alive(&session) {
+                Some("a member")
+            } else if ferromq_shm::cleanup::watchdog_running(&session) {
+                Some("a shared-memory watchdog")
+            } else {
+                None
+            };
+            if running.is_none() || Instant::now() >= deadline {
+                break running;
+            }
             std::thread::sleep(Duration::from_millis(5));
+        };
+        if let Some(what) = still_running {
+            eprintln!(
+                "ferromq bench: {what} of session {session} still ran after {limit:?}; its files are removed anyway"
+            );
         }
         remove_member_leftovers(&session);
     })

@@ -576,13 +576,19 @@ async fn start_group(
 impl Group {
     /// Every role quits and must exit 0; the session's shared memory and files are removed in
     /// any case.
-    async fn stop(mut self) -> Result<()> {
+    async fn stop(self) -> Result<()> {
+        let Group {
+            rpc,
+            lender,
+            mut roles,
+            session,
+        } = self;
         let outcome = async {
-            for member in 1..=self.roles.len() {
-                self.rpc.call_return::<Quit>(member, &()).await?;
+            for member in 1..=roles.len() {
+                rpc.call_return::<Quit>(member, &()).await?;
             }
-            self.rpc.shutdown().await?;
-            for role in &mut self.roles {
+            rpc.shutdown().await?;
+            for role in &mut roles {
                 let status = tokio::time::timeout(Duration::from_secs(30), role.wait()).await??;
                 if !status.success() {
                     bail!("a destination exited with {status}");
@@ -591,7 +597,11 @@ impl Group {
             Ok(())
         }
         .await;
-        crate::bench::clean_up_after(&self.session).await;
+        // This process's own shared memory goes first: while this process holds it, the
+        // session's watchdog rightly stays, and the cleanup would wait its whole 5 s for it
+        // after every round.
+        drop((rpc, lender));
+        crate::bench::clean_up_after(&session).await;
         outcome
     }
 }

@@ -234,6 +234,34 @@ fn bench_rpc_reports_every_mode_as_json() {
     assert_eq!(modes, ["send", "trad", "ovfl", "send", "trad", "ovfl"]);
 }
 
+/// After each round the bench waits until nothing of the round's session runs before it
+/// removes the session's files. Its own shared memory held the session's watchdog alive, so
+/// every shmem round waited out the whole 5-s limit (and said so).
+#[test]
+fn bench_rpc_rounds_end_without_waiting_out_their_cleanup() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args([
+            "bench",
+            "rpc",
+            "--json",
+            "--duration",
+            "0.1",
+            "--rounds",
+            "2",
+        ])
+        .args(["--round-trips", "50", "--call-size", "8"])
+        .args(["--transport", "shmem", "--mode", "send"])
+        .output()
+        .expect("run ferromq bench rpc");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(json_lines(&output).len(), 1, "one cell: {stderr}");
+    assert!(
+        !stderr.contains("still ran after"),
+        "a round's cleanup waited out its limit: {stderr}"
+    );
+}
+
 #[test]
 fn bench_rpc_runs_light_load_at_one_percent_of_each_rounds_rate_by_default() {
     let lines = short_bench_rpc(&["--transport", "shmem", "--mode", "send"]);
