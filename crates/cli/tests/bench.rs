@@ -187,7 +187,12 @@ fn bench_latency_over_push_pull_reports_percentiles() {
 
 /// `ferromq bench rpc --json`, one short round of 8 B calls, with `args`: its lines.
 fn short_bench_rpc(args: &[&str]) -> Vec<serde_json::Value> {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+    json_lines(&short_bench_rpc_rounds("1", args))
+}
+
+/// `ferromq bench rpc` with short rounds, `rounds` of them per cell.
+fn short_bench_rpc_rounds(rounds: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
         .args([
             "bench",
             "rpc",
@@ -195,13 +200,12 @@ fn short_bench_rpc(args: &[&str]) -> Vec<serde_json::Value> {
             "--duration",
             "0.2",
             "--rounds",
-            "1",
+            rounds,
         ])
         .args(["--round-trips", "50", "--call-size", "8"])
         .args(args)
         .output()
-        .expect("run ferromq bench rpc");
-    json_lines(&output)
+        .expect("run ferromq bench rpc")
 }
 
 #[test]
@@ -239,20 +243,7 @@ fn bench_rpc_reports_every_mode_as_json() {
 /// every shmem round waited out the whole 5-s limit (and said so).
 #[test]
 fn bench_rpc_rounds_end_without_waiting_out_their_cleanup() {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-        .args([
-            "bench",
-            "rpc",
-            "--json",
-            "--duration",
-            "0.1",
-            "--rounds",
-            "2",
-        ])
-        .args(["--round-trips", "50", "--call-size", "8"])
-        .args(["--transport", "shmem", "--mode", "send"])
-        .output()
-        .expect("run ferromq bench rpc");
+    let output = short_bench_rpc_rounds("2", &["--transport", "shmem", "--mode", "send"]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
     assert_eq!(json_lines(&output).len(), 1, "one cell: {stderr}");
