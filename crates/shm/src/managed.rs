@@ -415,7 +415,7 @@ enum Release {
     /// One reference of a managed block.
     Block,
     /// A region buffer: the creator is told through its acknowledgement queue.
-    Region(Arc<dyn Fn(u64, u64, u64) + Send + Sync>, u64),
+    Region(crate::region::Acknowledge, u64),
     /// Nothing (the handle was sent on).
     Nothing,
 }
@@ -519,7 +519,7 @@ impl ShmBuffer {
         segment: Arc<Segment>,
         data_offset: usize,
         size: usize,
-        acknowledge: Arc<dyn Fn(u64, u64, u64) + Send + Sync>,
+        acknowledge: crate::region::Acknowledge,
         hint: u64,
     ) -> ShmBuffer {
         ShmBuffer {

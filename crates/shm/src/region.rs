@@ -10,6 +10,10 @@
 //! never held back when idle (FairMQ could wait up to 500 ms). A release never waits for the
 //! creator: one that finds its ring full (the creator stopped or slow) is queued in the process
 //! and moved into the ring, in order, by a short-lived thread of its own (see `AckProducer`).
+//! That queue dies with the process, so a process that leaves (its transport's session
+//! dropped) first waits for it to reach the ring: while the creator lives, at most
+//! `ACK_FLUSH_LIMIT` (10 s, then it warns with the number lost). A creator that died gets
+//! nothing; its region goes with the session.
 //!
 //! # Ownership
 //! The region's bytes are the creator's; a range lent to a message in flight cannot be written
@@ -184,13 +188,38 @@ impl AckProducer {
         }
     }
 
-    /// The overflow thread: moves queued acknowledgements into the ring as room appears,
-    /// pausing from 50 µs up to 10 ms while the ring stays full.
-    fn drain_overflow(self: Arc<Self>) {
-        let creator = ProcessId {
+    /// Moves queued acknowledgements into the ring, oldest first, while it has room; whether
+    /// one moved.
+    fn move_queued(&self, overflow: &mut Overflow) -> bool {
+        let mut moved = false;
+        while let Some(&block) = overflow.queued.front() {
+            match self.offer(block) {
+                Offered::Written => moved = true,
+                Offered::Full => break,
+                Offered::Lost => {}
+            }
+            overflow.queued.pop_front();
+        }
+        moved
+    }
+
+    /// The region's object name, for messages.
+    pub(crate) fn region_name(&self) -> String {
+        self.segment.name().to_string()
+    }
+
+    fn creator(&self) -> ProcessId {
+        ProcessId {
             pid: self.segment.name().creator_pid,
             start_time: 0,
-        };
+        }
+    }
+
+    /// Waits until every acknowledgement queued for want of room is in the ring, the creator
+    /// is gone, or `deadline` has passed; how many are still queued. A process that leaves calls
+    /// it (`Session`'s drop): the queue lives in this process, and an exit would lose it while
+    /// the creator still waits for those ranges. Moves them itself where no thread does.
+    pub(crate) fn flush(&self, deadline: std::time::Instant) -> usize {
         let mut pause = Duration::from_micros(50);
         loop {
             {
@@ -198,13 +227,34 @@ impl AckProducer {
                     .overflow
                     .lock()
                     .expect("acknowledgement queue poisoned");
-                while let Some(&block) = overflow.queued.front() {
-                    match self.offer(block) {
-                        Offered::Written => pause = Duration::from_micros(50),
-                        Offered::Full => break,
-                        Offered::Lost => {}
-                    }
-                    overflow.queued.pop_front();
+                if !overflow.draining {
+                    self.move_queued(&mut overflow);
+                }
+                if overflow.queued.is_empty()
+                    || std::time::Instant::now() >= deadline
+                    || !self.creator().is_alive()
+                {
+                    return overflow.queued.len();
+                }
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(10));
+        }
+    }
+
+    /// The overflow thread: moves queued acknowledgements into the ring as room appears,
+    /// pausing from 50 µs up to 10 ms while the ring stays full.
+    fn drain_overflow(self: Arc<Self>) {
+        let creator = self.creator();
+        let mut pause = Duration::from_micros(50);
+        loop {
+            {
+                let mut overflow = self
+                    .overflow
+                    .lock()
+                    .expect("acknowledgement queue poisoned");
+                if self.move_queued(&mut overflow) {
+                    pause = Duration::from_micros(50);
                 }
                 if overflow.queued.is_empty() {
                     overflow.draining = false;
@@ -258,7 +308,7 @@ pub struct UnmanagedRegion {
     index: u32,
     data_size: usize,
     lent: Arc<Mutex<BTreeMap<u64, u64>>>,
-    acknowledge: Arc<dyn Fn(u64, u64, u64) + Send + Sync>,
+    acknowledge: Acknowledge,
     stop: Arc<AtomicBool>,
     poller: Option<std::thread::JoinHandle<()>>,
 }
@@ -273,7 +323,7 @@ impl UnmanagedRegion {
         let data_size = segment.len() - REGION_DATA_START;
         let lent: Arc<Mutex<BTreeMap<u64, u64>>> = Arc::default();
         let producer = Arc::new(AckProducer::new(Arc::clone(&segment)));
-        let acknowledge: Arc<dyn Fn(u64, u64, u64) + Send + Sync> =
+        let acknowledge: Acknowledge =
             Arc::new(move |offset, size, hint| producer.push(RegionBlock { offset, size, hint }));
         let stop = Arc::new(AtomicBool::new(false));
         // A plain thread: polling must not depend on the device's runtime being driven.
@@ -452,12 +502,22 @@ impl Drop for UnmanagedRegion {
     }
 }
 
-/// Builds the acknowledgement closure for a region opened from the wire.
-pub(crate) fn remote_acknowledger(
-    segment: Arc<Segment>,
-) -> Arc<dyn Fn(u64, u64, u64) + Send + Sync> {
+/// What a region buffer's release calls: `(offset, size, hint)` back to the creator.
+pub(crate) type Acknowledge = Arc<dyn Fn(u64, u64, u64) + Send + Sync>;
+
+/// How long a process that leaves waits for the creators of the regions it released buffers of
+/// to make room for the acknowledgements their rings could not take (see
+/// [`AckProducer::flush`]).
+pub(crate) const ACK_FLUSH_LIMIT: Duration = Duration::from_secs(10);
+
+/// The acknowledgement closure for a region opened from the wire, and the producer behind it
+/// (flushed when the session is dropped).
+pub(crate) fn remote_acknowledger(segment: Arc<Segment>) -> (Arc<AckProducer>, Acknowledge) {
     let producer = Arc::new(AckProducer::new(segment));
-    Arc::new(move |offset, size, hint| producer.push(RegionBlock { offset, size, hint }))
+    let pushing = Arc::clone(&producer);
+    let acknowledge: Acknowledge =
+        Arc::new(move |offset, size, hint| pushing.push(RegionBlock { offset, size, hint }));
+    (producer, acknowledge)
 }
 
 #[cfg(test)]

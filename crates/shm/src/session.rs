@@ -13,7 +13,10 @@ use crate::delivery::{DeliverySlots, SentCounter, TakenCounter};
 use crate::error::ShmError;
 use crate::managed::{OwnedSegment, ShmBuffer};
 use crate::names::{ObjectKind, ObjectName, current_uid};
-use crate::region::{REGION_DATA_START, RegionCallback, UnmanagedRegion, remote_acknowledger};
+use crate::region::{
+    ACK_FLUSH_LIMIT, AckProducer, Acknowledge, REGION_DATA_START, RegionCallback, UnmanagedRegion,
+    remote_acknowledger,
+};
 use crate::ring::{EntryKind, OrphanFate, OrphanRing, RingConsumer, RingProducer, Wake};
 use crate::segment::Segment;
 use crate::wire::{DeliveryRef, ObjectRef, PartRef, WireRange, session_hash};
@@ -102,7 +105,25 @@ impl ShmOptions {
     }
 }
 
-type RemoteRegion = (Arc<Segment>, Arc<dyn Fn(u64, u64, u64) + Send + Sync>);
+/// Another process's region as this one maps it: its memory, and the way its releases go back
+/// to its creator.
+struct RemoteRegion {
+    segment: Arc<Segment>,
+    /// Flushed when the session is dropped (see `Drop for Session`).
+    producer: Arc<AckProducer>,
+    acknowledge: Acknowledge,
+}
+
+impl RemoteRegion {
+    fn new(segment: Arc<Segment>) -> RemoteRegion {
+        let (producer, acknowledge) = remote_acknowledger(Arc::clone(&segment));
+        RemoteRegion {
+            segment,
+            producer,
+            acknowledge,
+        }
+    }
+}
 
 /// Opens a peer's object, locked into memory when `lock` (see [`ShmOptions::mlock_peers`]);
 /// a managed segment's table of large-block headers mapped (`managed.rs`, "Block layout").
@@ -631,12 +652,11 @@ impl Session {
                         .or_insert(segment);
                 }
                 ObjectKind::Region => {
-                    let acknowledge = remote_acknowledger(Arc::clone(&segment));
                     self.regions
                         .lock()
                         .expect("region map poisoned")
                         .entry(object)
-                        .or_insert((segment, acknowledge));
+                        .or_insert_with(|| RemoteRegion::new(segment));
                 }
             }
         }
@@ -656,19 +676,21 @@ impl Session {
         Ok(segment)
     }
 
-    fn region(&self, object: ObjectRef) -> Result<RemoteRegion, ShmError> {
+    /// A peer's region (mapped on first sight) and the acknowledgement its buffers call.
+    fn region(&self, object: ObjectRef) -> Result<(Arc<Segment>, Acknowledge), ShmError> {
         let mut regions = self.regions.lock().expect("region map poisoned");
-        if let Some((segment, acknowledge)) = regions.get(&object) {
-            return Ok((Arc::clone(segment), Arc::clone(acknowledge)));
+        if let Some(region) = regions.get(&object) {
+            return Ok((Arc::clone(&region.segment), Arc::clone(&region.acknowledge)));
         }
         let segment = Arc::new(Segment::open(self.object_name(
             ObjectKind::Region,
             object.creator_pid,
             object.index,
         ))?);
-        let acknowledge = remote_acknowledger(Arc::clone(&segment));
-        regions.insert(object, (Arc::clone(&segment), Arc::clone(&acknowledge)));
-        Ok((segment, acknowledge))
+        let region = RemoteRegion::new(segment);
+        let found = (Arc::clone(&region.segment), Arc::clone(&region.acknowledge));
+        regions.insert(object, region);
+        Ok(found)
     }
 
     /// The message a descriptor part names, after checking it. `last_segment` is the caller's
@@ -784,6 +806,29 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
+        // Releases of other processes' region buffers that found their ring full wait in this
+        // process (`region::AckProducer`): they go into their rings before it leaves, or its
+        // exit would lose them while their creators wait for those ranges.
+        let producers: Vec<Arc<AckProducer>> = self
+            .regions
+            .lock()
+            .map(|map| {
+                map.values()
+                    .map(|region| Arc::clone(&region.producer))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let deadline = std::time::Instant::now() + ACK_FLUSH_LIMIT;
+        for producer in producers {
+            let left = producer.flush(deadline);
+            if left > 0 {
+                tracing::warn!(
+                    region = %producer.region_name(),
+                    n_acknowledgements = left,
+                    "the region's creator made no room for these acknowledgements within {ACK_FLUSH_LIMIT:?}: they are lost"
+                );
+            }
+        }
         // The last process of a session to leave takes the session's shared memory with it.
         let mut mapped: Vec<Arc<Segment>> = self
             .segments
@@ -795,7 +840,7 @@ impl Drop for Session {
                 .lock()
                 .map(|map| {
                     map.values()
-                        .map(|(segment, _)| Arc::clone(segment))
+                        .map(|region| Arc::clone(&region.segment))
                         .collect::<Vec<_>>()
                 })
                 .unwrap_or_default(),

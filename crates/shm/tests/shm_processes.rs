@@ -90,6 +90,10 @@ fn main() {
         ),
         trial("region_created_and_destroyed_events", region_events),
         trial(
+            "a_releaser_that_exits_first_delivers_the_acknowledgements_its_ring_had_no_room_for",
+            region_acknowledgements_outlive_their_releaser,
+        ),
+        trial(
             "closing_a_push_whose_receiver_is_gone_returns_within_linger",
             close_without_receiver,
         ),
@@ -486,13 +490,50 @@ async fn run_role(role: &str) -> Result<()> {
             .await??;
         }
         "dropper" => {
-            // Receives and drops everything; the senders' releases happen here.
+            // Receives and drops everything; the senders' releases happen here. With HOLD,
+            // it takes nothing before its stdin ends.
             let mut pull = open(&transport, SocketType::Pull, Method::Connect, &address).await?;
             let n_msgs: u64 = env("COUNT").parse()?;
+            if std::env::var_os("HOLD").is_some() {
+                tokio::task::spawn_blocking(|| {
+                    std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())
+                })
+                .await??;
+            }
             for _ in 0..n_msgs {
                 drop(pull.receive_parts().await?);
             }
             println!("DONE");
+        }
+        "region-owner" => {
+            // Creates a region, sends COUNT of its 64-byte buffers (says SENT), then waits for
+            // their acknowledgements and says how many came (ACKED n).
+            let n_buffers: usize = env("COUNT").parse()?;
+            let n_acked = Arc::new(AtomicUsize::new(0));
+            let counted = Arc::clone(&n_acked);
+            let region = transport
+                .create_region(
+                    n_buffers * 64,
+                    RegionCallback::Single(Box::new(move |_| {
+                        counted.fetch_add(1, Ordering::Relaxed);
+                    })),
+                )
+                .await?;
+            let mut push =
+                Channel::open(&transport, push_with(&address, 10_000, 10_000), "data").await?;
+            push.bind_configured().await?;
+            for buffer_idx in 0..n_buffers {
+                let message = region.message(buffer_idx * 64, 64, buffer_idx as u64)?;
+                push.send(message).await.map_err(|failed| failed.error)?;
+            }
+            println!("SENT");
+            let deadline = tokio::time::Instant::now() + STEP;
+            while n_acked.load(Ordering::Relaxed) < n_buffers
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::task::yield_now().await;
+            }
+            println!("ACKED {}", n_acked.load(Ordering::Relaxed));
         }
         "endless-sender" => {
             let mut push = open(&transport, SocketType::Push, Method::Connect, &address).await?;
@@ -842,6 +883,45 @@ fn region_round_trip() -> Result<()> {
             ensure!(region.n_lent() == 0, "nothing is still lent");
         }
         Ok(())
+    })
+}
+
+/// A process that released more of a region's buffers than its acknowledgement ring holds
+/// (1024) while the region's creator was stopped kept the rest queued in itself, and its exit
+/// lost them: the creator never got those ranges back (found in release builds of
+/// `region_round_trip`, whose receiver outran the creator's poller). Its exit now waits for
+/// the creator to take them.
+fn region_acknowledgements_outlive_their_releaser() -> Result<()> {
+    let session = Session::new("ackexit");
+    block_on(async {
+        let address = session.ipc("ackexit");
+        let n_buffers = 3000;
+        let count = [("COUNT", n_buffers.to_string())];
+        let mut owner = ChildRole::spawn("region-owner", &session, &address, &count);
+        let mut dropper = ChildRole::spawn_held(
+            "dropper",
+            &session,
+            &address,
+            &[count[0].clone(), ("HOLD", "1".to_owned())],
+        );
+        ensure!(owner.line().await? == "SENT", "the owner did not send");
+        signal(&owner.child, "STOP")?;
+        dropper.release();
+        ensure!(dropper.line().await? == "DONE", "the dropper took too few");
+        // ~2000 acknowledgements wait in the dropper for the stopped creator: it stays.
+        let exited = tokio::time::timeout(Duration::from_secs(1), dropper.child.wait()).await;
+        signal(&owner.child, "CONT")?;
+        ensure!(
+            exited.is_err(),
+            "the dropper exited ({exited:?}) with acknowledgements queued for its stopped creator"
+        );
+        let acked = owner.line().await?;
+        ensure!(
+            acked == format!("ACKED {n_buffers}"),
+            "the creator got back {acked}"
+        );
+        dropper.success().await?;
+        owner.success().await
     })
 }
 
