@@ -576,16 +576,24 @@ pub struct RoleOptions {
 
 /// Runs one side of a pair; prints one JSON report line.
 pub async fn run_role(options: RoleOptions) -> ExitCode {
-    match role(&options).await {
-        Ok(report) => {
+    // A task of its own, as a device's run is (`run.rs`), so that its receives wait as a
+    // device's do: a busy-polled receive that wakes its own task takes a place in the run
+    // queue, where the future the runtime blocks on would get a turn of the drivers instead.
+    let name = options.role.clone();
+    match tokio::spawn(async move { role(&options).await }).await {
+        Ok(Ok(report)) => {
             println!(
                 "{}",
                 serde_json::to_string(&report).expect("reports serialise")
             );
             ExitCode::SUCCESS
         }
+        Ok(Err(error)) => {
+            eprintln!("ferromq bench {name}: {error:#}");
+            ExitCode::FAILURE
+        }
         Err(error) => {
-            eprintln!("ferromq bench {}: {error:#}", options.role);
+            eprintln!("ferromq bench {name}: the role's task failed: {error}");
             ExitCode::FAILURE
         }
     }
