@@ -22,6 +22,7 @@
 //! the acknowledgements already queued.
 
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -220,52 +221,53 @@ impl AckProducer {
     /// it (`Session`'s drop): the queue lives in this process, and an exit would lose it while
     /// the creator still waits for those ranges. Moves them itself where no thread does.
     pub(crate) fn flush(&self, deadline: std::time::Instant) -> usize {
-        let mut pause = Duration::from_micros(50);
-        loop {
+        self.until_settled(|overflow| {
+            let moved = !overflow.draining && self.move_queued(overflow);
+            if overflow.queued.is_empty()
+                || std::time::Instant::now() >= deadline
+                || !self.creator().is_alive()
             {
-                let mut overflow = self
-                    .overflow
-                    .lock()
-                    .expect("acknowledgement queue poisoned");
-                if !overflow.draining {
-                    self.move_queued(&mut overflow);
-                }
-                if overflow.queued.is_empty()
-                    || std::time::Instant::now() >= deadline
-                    || !self.creator().is_alive()
-                {
-                    return overflow.queued.len();
-                }
+                return ControlFlow::Break(overflow.queued.len());
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(10));
-        }
+            ControlFlow::Continue(moved)
+        })
     }
 
-    /// The overflow thread: moves queued acknowledgements into the ring as room appears,
-    /// pausing from 50 µs up to 10 ms while the ring stays full.
+    /// The overflow thread: moves queued acknowledgements into the ring as room appears.
     fn drain_overflow(self: Arc<Self>) {
         let creator = self.creator();
+        self.until_settled(|overflow| {
+            let moved = self.move_queued(overflow);
+            if !overflow.queued.is_empty() && !creator.is_alive() {
+                tracing::warn!(region = %self.segment.name(), n_acknowledgements = overflow.queued.len(), "the region's creator is gone: its queued acknowledgements are dropped");
+                overflow.queued.clear();
+            }
+            if overflow.queued.is_empty() {
+                overflow.draining = false;
+                return ControlFlow::Break(());
+            }
+            ControlFlow::Continue(moved)
+        });
+    }
+
+    /// Looks at the queue, under its lock, until `look` ends the wait (`Break`); `look` says
+    /// whether it moved something (`Continue(moved)`). Between looks it pauses from 50 µs,
+    /// doubling up to 10 ms while the ring stays full, back to 50 µs after a look that moved.
+    fn until_settled<R>(&self, mut look: impl FnMut(&mut Overflow) -> ControlFlow<R, bool>) -> R {
         let mut pause = Duration::from_micros(50);
         loop {
-            {
+            let moved = {
                 let mut overflow = self
                     .overflow
                     .lock()
                     .expect("acknowledgement queue poisoned");
-                if self.move_queued(&mut overflow) {
-                    pause = Duration::from_micros(50);
+                match look(&mut overflow) {
+                    ControlFlow::Break(settled) => return settled,
+                    ControlFlow::Continue(moved) => moved,
                 }
-                if overflow.queued.is_empty() {
-                    overflow.draining = false;
-                    return;
-                }
-                if !creator.is_alive() {
-                    tracing::warn!(region = %self.segment.name(), n_acknowledgements = overflow.queued.len(), "the region's creator is gone: its queued acknowledgements are dropped");
-                    overflow.queued.clear();
-                    overflow.draining = false;
-                    return;
-                }
+            };
+            if moved {
+                pause = Duration::from_micros(50);
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(10));
