@@ -366,6 +366,25 @@ impl ChildRole {
     }
 }
 
+/// Returns once this process's stdin ends: a role's gate that its test opens by
+/// [`ChildRole::release`] (or by killing it).
+async fn until_stdin_ends() -> Result<()> {
+    tokio::task::spawn_blocking(|| {
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())
+    })
+    .await??;
+    Ok(())
+}
+
+/// Waits (at most [`STEP`]) until `count` reaches `target`; what it reached.
+async fn count_reaching(count: &AtomicUsize, target: usize) -> usize {
+    let deadline = tokio::time::Instant::now() + STEP;
+    while count.load(Ordering::Relaxed) < target && tokio::time::Instant::now() < deadline {
+        tokio::task::yield_now().await;
+    }
+    count.load(Ordering::Relaxed)
+}
+
 fn env(key: &str) -> String {
     std::env::var(key).unwrap_or_else(|_| panic!("role needs {key}"))
 }
@@ -484,10 +503,7 @@ async fn run_role(role: &str) -> Result<()> {
                 .await
                 .map_err(|failed| failed.error)?;
             println!("ASKED");
-            tokio::task::spawn_blocking(|| {
-                std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())
-            })
-            .await??;
+            until_stdin_ends().await?;
         }
         "dropper" => {
             // Receives and drops everything; the senders' releases happen here. With HOLD,
@@ -495,10 +511,7 @@ async fn run_role(role: &str) -> Result<()> {
             let mut pull = open(&transport, SocketType::Pull, Method::Connect, &address).await?;
             let n_msgs: u64 = env("COUNT").parse()?;
             if std::env::var_os("HOLD").is_some() {
-                tokio::task::spawn_blocking(|| {
-                    std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())
-                })
-                .await??;
+                until_stdin_ends().await?;
             }
             for _ in 0..n_msgs {
                 drop(pull.receive_parts().await?);
@@ -527,13 +540,7 @@ async fn run_role(role: &str) -> Result<()> {
                 push.send(message).await.map_err(|failed| failed.error)?;
             }
             println!("SENT");
-            let deadline = tokio::time::Instant::now() + STEP;
-            while n_acked.load(Ordering::Relaxed) < n_buffers
-                && tokio::time::Instant::now() < deadline
-            {
-                tokio::task::yield_now().await;
-            }
-            println!("ACKED {}", n_acked.load(Ordering::Relaxed));
+            println!("ACKED {}", count_reaching(&n_acked, n_buffers).await);
         }
         "endless-sender" => {
             let mut push = open(&transport, SocketType::Push, Method::Connect, &address).await?;
@@ -590,10 +597,7 @@ async fn run_role(role: &str) -> Result<()> {
                 verify(&pull.receive().await?, msg_idx)?;
             }
             println!("TOOK {n_msgs}");
-            tokio::task::spawn_blocking(|| {
-                std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())
-            })
-            .await??;
+            until_stdin_ends().await?;
         }
         "sub-taker" => {
             // Subscribes to everything and takes one message (the publisher's sign that the
@@ -616,10 +620,7 @@ async fn run_role(role: &str) -> Result<()> {
                 }
             }
             println!("TOOK {n_msgs}");
-            tokio::task::spawn_blocking(|| {
-                std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())
-            })
-            .await??;
+            until_stdin_ends().await?;
         }
         "locked-puller" => {
             // Takes one message, then says how much of its sender's segment (its creator is
@@ -866,15 +867,11 @@ fn region_round_trip() -> Result<()> {
                 "receiver dropped everything"
             );
             dropper.success().await?;
-            let deadline = tokio::time::Instant::now() + STEP;
-            while n_calls.load(Ordering::Relaxed) < n_buffers {
-                ensure!(
-                    tokio::time::Instant::now() < deadline,
-                    "only {} of {n_buffers} acknowledgements",
-                    n_calls.load(Ordering::Relaxed)
-                );
-                tokio::task::yield_now().await;
-            }
+            let n_acknowledged = count_reaching(&n_calls, n_buffers).await;
+            ensure!(
+                n_acknowledged >= n_buffers,
+                "only {n_acknowledged} of {n_buffers} acknowledgements"
+            );
             let seen = seen.lock().unwrap();
             ensure!(
                 seen.iter().all(|&count| count == 1),
