@@ -450,6 +450,9 @@ impl Rpc {
             backlog: VecDeque::new(),
             n_errors: 0,
             serving_since: std::time::Instant::now(),
+            looked_at: std::time::Instant::now(),
+            look_every: LOOK_EVERY_MIN,
+            until_look: LOOK_EVERY_MIN,
             delivered: false,
             output: Vec::new(),
         };
@@ -1400,34 +1403,74 @@ impl Node {
             }
         };
         invocation.caller = answer_to;
-        // A result nobody waits for is not encoded (a fire-and-forget call, or one that waits
-        // only for its acknowledgement).
+        let started =
+            buffer.and_then(|buffer| self.start(head, payload, buffer, invocation, intake));
+        self.finish(from, answer_to, head, started, intake).await
+    }
+
+    /// Starts the handler of the call `head` names. A result nobody waits for is not encoded
+    /// (a fire-and-forget call, or one that waits only for its acknowledgement).
+    fn start(
+        &self,
+        head: RecordHead,
+        payload: &[u8],
+        buffer: Option<Message>,
+        invocation: &Invocation,
+        intake: &mut Intake,
+    ) -> Result<Started, (Status, String)> {
         let wants_result = head.flags & wire::WANTS_RESULT != 0;
-        let started = buffer.and_then(|buffer| {
-            self.handlers.start(
-                head.handler,
-                invocation,
-                payload,
-                buffer,
-                wants_result.then_some(&mut intake.output),
-            )
-        });
-        let async_output;
-        let outcome = match started {
+        self.handlers.start(
+            head.handler,
+            invocation,
+            payload,
+            buffer,
+            wants_result.then_some(&mut intake.output),
+        )
+    }
+
+    /// Ends a started call: a running handler is awaited (the dispatcher delivering answers
+    /// meanwhile), and the result or failure goes where the call's flags say. `Break` when the
+    /// node stops while a handler runs.
+    async fn finish(
+        &self,
+        from: usize,
+        answer_to: usize,
+        head: RecordHead,
+        started: Result<Started, (Status, String)>,
+        intake: &mut Intake,
+    ) -> ControlFlow<()> {
+        match started {
             // Without `WANTS_RESULT` the buffer is not written, and not read either.
-            Ok(Started::Done) => Ok(intake.output.as_slice()),
+            Ok(Started::Done) => self.answer_done(from, answer_to, head, intake),
             Ok(Started::Running(mut running)) => {
                 match self.while_serving(&mut running, intake).await {
-                    Some(Ok(output)) => {
-                        async_output = output;
-                        Ok(async_output.as_slice())
-                    }
-                    Some(Err(failure)) => Err(failure),
+                    Some(Ok(output)) => self.conclude(from, answer_to, head, Ok(&output)),
+                    Some(Err(failure)) => self.conclude(from, answer_to, head, Err(failure)),
                     None => return ControlFlow::Break(()),
                 }
             }
-            Err(failure) => Err(failure),
-        };
+            Err(failure) => self.conclude(from, answer_to, head, Err(failure)),
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// [`Node::conclude`] for a handler that ran at once: its result is in `intake.output`.
+    fn answer_done(&self, from: usize, answer_to: usize, head: RecordHead, intake: &mut Intake) {
+        self.conclude(from, answer_to, head, Ok(&intake.output));
+        if intake.output.capacity() > OUTPUT_KEPT {
+            intake.output = Vec::new();
+        }
+    }
+
+    /// Sends what the call `head` asked for: its result (to `from`), its acknowledgement (to
+    /// `answer_to`, the root of a broadcast), or its failure, named and logged.
+    fn conclude(
+        &self,
+        from: usize,
+        answer_to: usize,
+        head: RecordHead,
+        outcome: Result<&[u8], (Status, String)>,
+    ) {
         match outcome {
             Ok(result) => {
                 if head.flags & wire::WANTS_RESULT != 0 {
@@ -1463,10 +1506,6 @@ impl Node {
                 );
             }
         }
-        if intake.output.capacity() > OUTPUT_KEPT {
-            intake.output = Vec::new();
-        }
-        ControlFlow::Continue(())
     }
 
     /// Runs `future` to its end while the dispatcher keeps reading: results, acknowledgements
@@ -1733,8 +1772,19 @@ impl Node {
                             when_full: WhenFull::Queue,
                         },
                     });
-                    self.serve(from, head, record.payload, buffer, invocation, intake)
-                        .await?;
+                    if head.kind == wire::KIND_CALL && head.flags & wire::PULL == 0 {
+                        // A plain call starts here, not in `serve`'s future: the head and
+                        // payload stay where they are instead of being moved into the future's
+                        // state and read back (a tenth of the dispatcher's time, 8-byte calls).
+                        invocation.caller = from;
+                        match self.start(head, record.payload, buffer, invocation, intake) {
+                            Ok(Started::Done) => self.answer_done(from, from, head, intake),
+                            started => self.finish(from, from, head, started, intake).await?,
+                        }
+                    } else {
+                        self.serve(from, head, record.payload, buffer, invocation, intake)
+                            .await?;
+                    }
                     // Answers leave every `RELEASE_EVERY` calls, not only at the frame's end:
                     // a caller with many calls in flight refills while the rest is served
                     // instead of waiting for the whole wave.
@@ -1746,10 +1796,10 @@ impl Node {
                     // intake is empty, and the members they call would idle meanwhile: after
                     // `YIELD_AFTER` of serving (looked at every 8 calls of a frame, counted
                     // across frames), the outlets get a turn to send.
-                    if served.is_multiple_of(8) && intake.serving_since.elapsed() >= YIELD_AFTER {
+                    if intake.served_one() {
                         self.release_answers();
                         tokio::task::yield_now().await;
-                        intake.serving_since = std::time::Instant::now();
+                        intake.turned(std::time::Instant::now());
                     }
                 }
                 // A fetched buffer takes its part even when it was delivered already.
@@ -1791,9 +1841,10 @@ const RELEASE_EVERY: u32 = 16;
 /// With the time counted across frames (2026-11-27, MCTS with 1 playout a rollout, whose
 /// frames take tens of µs): 2 workers on this project's machine 1.20-1.44x (three runs of 6-10
 /// rounds), 8 workers on 16 cores 1.19x (8 rounds); with 16 playouts, whose frames took longer
-/// already, 0.97-0.99x and 1.02x (0.84-1.26); `ferromq bench rpc` unchanged. The clock is
-/// still read every 8 calls of a frame, so a run of frames of fewer calls (`none`: one each)
-/// never yields mid-run: counting the calls across frames too cost `none` 7 % here.
+/// already, 0.97-0.99x and 1.02x (0.84-1.26); `ferromq bench rpc` unchanged. Calls are
+/// counted across frames too, and the clock read at their pace ([`Intake::served_one`]): a
+/// run of frames of one call each (`none`) yields as well, at a read every ~25 µs instead of
+/// the every 8 calls that cost `none` 7 % here.
 const YIELD_AFTER: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Whether `listed` is where an inbound bound at `bound` is reached: the same address, or for
@@ -1846,6 +1897,12 @@ struct Intake {
     /// frames, because a frame taken at once from a full intake lets nothing else run (see
     /// `YIELD_AFTER`).
     serving_since: std::time::Instant,
+    /// When the clock was last read for `serving_since` (see [`Intake::served_one`]).
+    looked_at: std::time::Instant,
+    /// Calls served between two reads of the clock, as their pace says.
+    look_every: u32,
+    /// Calls to serve before the next read.
+    until_look: u32,
     /// The frame being served completed the last call this member waited for (a lone
     /// `call_return`'s result, a lone ticket's acknowledgement): its caller is let run before
     /// the intake is looked at again.
@@ -1859,7 +1916,51 @@ struct Intake {
 /// one large result does not hold on to its size for the member's life.
 const OUTPUT_KEPT: usize = 64 << 10;
 
+/// The fewest and most calls the dispatcher serves between two looks at the clock.
+const LOOK_EVERY_MIN: u32 = 1;
+const LOOK_EVERY_MAX: u32 = 256;
+
+/// How long the dispatcher aims to serve between two looks at the clock: an eighth of
+/// [`YIELD_AFTER`], so a turn comes at most that late while the calls keep their pace.
+const LOOK_PERIOD: std::time::Duration = YIELD_AFTER.checked_div(8).expect("a nonzero divisor");
+
 impl Intake {
+    /// Counts a served call; true when the dispatcher has served [`YIELD_AFTER`] since its
+    /// last turn and is to let the other tasks run ([`Intake::turned`] once they have).
+    ///
+    /// The clock is read every `look_every` calls, a number set from the calls' pace so the
+    /// reads come every [`LOOK_PERIOD`]: read every 8 calls, as before, it was a seventh of the
+    /// dispatcher's time for 8-byte calls (`ferromq bench rpc --mode trad`, perf), while
+    /// calls that take tens of µs (the MCTS example's) want a read after every one. The
+    /// count doubles at most per read, so a slow call after a run of fast ones waits at most
+    /// `LOOK_EVERY_MAX` calls for its read, and the next read sets the count from its pace.
+    fn served_one(&mut self) -> bool {
+        self.until_look -= 1;
+        if self.until_look > 0 {
+            return false;
+        }
+        let now = std::time::Instant::now();
+        let per_call = now.duration_since(self.looked_at) / self.look_every;
+        let paced = LOOK_PERIOD
+            .as_nanos()
+            .checked_div(per_call.as_nanos())
+            .map_or(LOOK_EVERY_MAX, |n| {
+                u32::try_from(n).unwrap_or(LOOK_EVERY_MAX)
+            });
+        self.look_every = paced.clamp(LOOK_EVERY_MIN, (self.look_every * 2).min(LOOK_EVERY_MAX));
+        self.until_look = self.look_every;
+        self.looked_at = now;
+        now.duration_since(self.serving_since) >= YIELD_AFTER
+    }
+
+    /// The dispatcher let the other tasks run (or waited for a frame) at `now`: the time
+    /// served starts again, and so does the pace (a wait is no call's time).
+    fn turned(&mut self, now: std::time::Instant) {
+        self.serving_since = now;
+        self.looked_at = now;
+        self.until_look = self.look_every;
+    }
+
     /// The next frame from the channel or the loopback; `None` once the node stops.
     /// Cancel-safe: every branch is.
     async fn next(&mut self) -> Option<Parts> {
@@ -1951,7 +2052,7 @@ async fn dispatch(node: Weak<Node>, mut intake: Intake) -> ferromq_core::Result<
                     .await
                 };
                 if waited {
-                    intake.serving_since = std::time::Instant::now();
+                    intake.turned(std::time::Instant::now());
                 }
                 match next {
                     Some(parts) => (parts, false),
