@@ -1796,7 +1796,7 @@ impl Node {
                     // intake is empty, and the members they call would idle meanwhile: after
                     // `YIELD_AFTER` of serving (looked at every 8 calls of a frame, counted
                     // across frames), the outlets get a turn to send.
-                    if intake.served_one() {
+                    if served.is_multiple_of(8) && intake.served_eight() {
                         self.release_answers();
                         tokio::task::yield_now().await;
                         intake.turned(std::time::Instant::now());
@@ -1842,9 +1842,10 @@ const RELEASE_EVERY: u32 = 16;
 /// frames take tens of µs): 2 workers on this project's machine 1.20-1.44x (three runs of 6-10
 /// rounds), 8 workers on 16 cores 1.19x (8 rounds); with 16 playouts, whose frames took longer
 /// already, 0.97-0.99x and 1.02x (0.84-1.26); `ferromq bench rpc` unchanged. Calls are
-/// counted across frames too, and the clock read at their pace ([`Intake::served_one`]): a
-/// run of frames of one call each (`none`) yields as well, at a read every ~25 µs instead of
-/// the every 8 calls that cost `none` 7 % here.
+/// counted in eights within a frame, so a run of frames of fewer calls (`none`: one each; the
+/// MCTS search's `ovfl` frames) never yields mid-run: counting the calls across frames cost
+/// `none` 7 % here, and the MCTS search's 2 workers ~5 % (2026-12-03, 11 rounds). Within a
+/// frame the clock is read at the calls' pace ([`Intake::served_eight`]).
 const YIELD_AFTER: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Whether `listed` is where an inbound bound at `bound` is reached: the same address, or for
@@ -1897,11 +1898,11 @@ struct Intake {
     /// frames, because a frame taken at once from a full intake lets nothing else run (see
     /// `YIELD_AFTER`).
     serving_since: std::time::Instant,
-    /// When the clock was last read for `serving_since` (see [`Intake::served_one`]).
+    /// When the clock was last read for `serving_since` (see [`Intake::served_eight`]).
     looked_at: std::time::Instant,
-    /// Calls served between two reads of the clock, as their pace says.
+    /// Eights of calls served between two reads of the clock, as their pace says.
     look_every: u32,
-    /// Calls to serve before the next read.
+    /// Eights of calls to serve before the next read.
     until_look: u32,
     /// The frame being served completed the last call this member waited for (a lone
     /// `call_return`'s result, a lone ticket's acknowledgement): its caller is let run before
@@ -1916,34 +1917,35 @@ struct Intake {
 /// one large result does not hold on to its size for the member's life.
 const OUTPUT_KEPT: usize = 64 << 10;
 
-/// The fewest and most calls the dispatcher serves between two looks at the clock.
+/// The fewest and most eights of calls the dispatcher serves between two looks at the clock.
 const LOOK_EVERY_MIN: u32 = 1;
-const LOOK_EVERY_MAX: u32 = 256;
+const LOOK_EVERY_MAX: u32 = 32;
 
 /// How long the dispatcher aims to serve between two looks at the clock: an eighth of
 /// [`YIELD_AFTER`], so a turn comes at most that late while the calls keep their pace.
 const LOOK_PERIOD: std::time::Duration = YIELD_AFTER.checked_div(8).expect("a nonzero divisor");
 
 impl Intake {
-    /// Counts a served call; true when the dispatcher has served [`YIELD_AFTER`] since its
-    /// last turn and is to let the other tasks run ([`Intake::turned`] once they have).
+    /// Counts eight calls of a frame served; true when the dispatcher has served
+    /// [`YIELD_AFTER`] since its last turn and is to let the other tasks run
+    /// ([`Intake::turned`] once they have).
     ///
-    /// The clock is read every `look_every` calls, a number set from the calls' pace so the
-    /// reads come every [`LOOK_PERIOD`]: read every 8 calls, as before, it was a seventh of the
-    /// dispatcher's time for 8-byte calls (`ferromq bench rpc --mode trad`, perf), while
-    /// calls that take tens of µs (the MCTS example's) want a read after every one. The
-    /// count doubles at most per read, so a slow call after a run of fast ones waits at most
-    /// `LOOK_EVERY_MAX` calls for its read, and the next read sets the count from its pace.
-    fn served_one(&mut self) -> bool {
+    /// The clock is read every `look_every` eights, a number set from the calls' pace so the
+    /// reads come every [`LOOK_PERIOD`]: read at every eight, as before, it was a seventh of
+    /// the dispatcher's time for 8-byte calls (`ferromq bench rpc --mode trad`, perf), while
+    /// calls that take tens of µs want a read at every eight. The count at most doubles per
+    /// read, so slow calls after a run of fast ones wait at most `LOOK_EVERY_MAX` eights for
+    /// a read, and that read sets the count from their pace.
+    fn served_eight(&mut self) -> bool {
         self.until_look -= 1;
         if self.until_look > 0 {
             return false;
         }
         let now = std::time::Instant::now();
-        let per_call = now.duration_since(self.looked_at) / self.look_every;
+        let per_eight = now.duration_since(self.looked_at) / self.look_every;
         let paced = LOOK_PERIOD
             .as_nanos()
-            .checked_div(per_call.as_nanos())
+            .checked_div(per_eight.as_nanos())
             .map_or(LOOK_EVERY_MAX, |n| {
                 u32::try_from(n).unwrap_or(LOOK_EVERY_MAX)
             });
