@@ -1340,10 +1340,11 @@ impl Node {
         self.outlets.iter().for_each(|outlet| outlet.release());
     }
 
-    /// Runs the call in `head` from `from` and answers it. While the handler runs, frames that
-    /// arrive have their results and acknowledgements delivered at once (a handler may wait for
-    /// a call of its own) and wait in the backlog for their calls. `Break` when the node stops
-    /// meanwhile (the handler is dropped).
+    /// Runs the broadcast or pull call in `head` from `from` and answers it (a plain call is
+    /// started by `handle_frame` itself and ended by [`Node::finish`]). While the handler runs,
+    /// frames that arrive have their results and acknowledgements delivered at once (a handler
+    /// may wait for a call of its own) and wait in the backlog for their calls. `Break` when the
+    /// node stops meanwhile (the handler is dropped).
     async fn serve(
         self: &Arc<Self>,
         from: usize,
@@ -1794,8 +1795,9 @@ impl Node {
                     }
                     // Handlers that take long would hold the calls they made until the
                     // intake is empty, and the members they call would idle meanwhile: after
-                    // `YIELD_AFTER` of serving (looked at every 8 calls of a frame, counted
-                    // across frames), the outlets get a turn to send.
+                    // `YIELD_AFTER` of serving (counted across frames, looked at after 8
+                    // calls of a frame or more, as `Intake::served_eight` paces the looks),
+                    // the outlets get a turn to send.
                     if served.is_multiple_of(8) && intake.served_eight() {
                         self.release_answers();
                         tokio::task::yield_now().await;
@@ -1844,7 +1846,8 @@ const RELEASE_EVERY: u32 = 16;
 /// already, 0.97-0.99x and 1.02x (0.84-1.26); `ferromq bench rpc` unchanged. Calls are
 /// counted in eights within a frame, so a run of frames of fewer calls (`none`: one each; the
 /// MCTS search's `ovfl` frames) never yields mid-run: counting the calls across frames cost
-/// `none` 7 % here, and the MCTS search's 2 workers ~5 % (2026-12-03, 11 rounds). Within a
+/// `none` 7 % here, and the MCTS search's 2 workers ~5 % by the median of 11 noisy rounds
+/// (2026-12-03). Within a
 /// frame the clock is read at the calls' pace ([`Intake::served_eight`]).
 const YIELD_AFTER: std::time::Duration = std::time::Duration::from_micros(200);
 
