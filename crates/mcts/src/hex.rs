@@ -260,6 +260,7 @@ fn flood(
 pub struct Hex {
     size: u8,
     /// 0 empty, 1 player 0, 2 player 1; row-major.
+    #[serde(with = "cells_wire")]
     cells: Vec<u8>,
     to_move: Player,
     n_empty: u16,
@@ -271,6 +272,7 @@ pub struct Hex {
 #[derive(Deserialize)]
 struct HexFields {
     size: u8,
+    #[serde(with = "cells_wire")]
     cells: Vec<u8>,
     to_move: Player,
     n_empty: u16,
@@ -320,6 +322,37 @@ impl TryFrom<HexFields> for Hex {
             hash: fields.hash,
             winner: fields.winner,
         })
+    }
+}
+
+/// A board's cells travel as one byte string, not as a sequence of bytes: a new node's
+/// position crosses between workers in every `create` call, and decoding 121 cells one element
+/// at a time was most of the decoding.
+mod cells_wire {
+    use serde::{Deserializer, Serializer, de};
+
+    pub fn serialize<S: Serializer>(cells: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(cells)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        struct Cells;
+        impl de::Visitor<'_> for Cells {
+            type Value = Vec<u8>;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a Hex board's cells as a byte string")
+            }
+
+            fn visit_bytes<E: de::Error>(self, bytes: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(bytes.to_vec())
+            }
+
+            fn visit_byte_buf<E: de::Error>(self, bytes: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(bytes)
+            }
+        }
+        deserializer.deserialize_bytes(Cells)
     }
 }
 
