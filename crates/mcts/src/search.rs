@@ -10,20 +10,24 @@
 //!   the parent (deferred selection) and go on when the creation is backed up.
 //! - **Evaluation**: the new node runs `playouts` random games at its owner.
 //! - **Backpropagation** (`backup`, up the path the simulation carries): each parent adds the
-//!   result to the edge and removes the virtual loss; the root's owner tells the driver
-//!   (`finished`, one call for the simulations a handler finished).
+//!   result to the edge and removes the virtual loss; the root's owner counts the simulation
+//!   finished and tells the driver (`finished`, one call for [`REPORT_EVERY`] simulations, or
+//!   for the last ones).
 //!
-//! The driver starts simulations in batches (`start`, up to [`START_BATCH`]): the root's owner
-//! makes the batch's selections at the root one after the other, each counting its virtual
-//! loss, and the steps they lead to follow.
+//! The driver starts the first `in_flight` simulations in batches (`start`, up to
+//! [`START_BATCH`]): the root's owner makes the batch's selections at the root one after the
+//! other, each counting its virtual loss, and the steps they lead to follow. The rest of the
+//! budget goes with the first batch: the root's owner starts one more as each simulation
+//! finishes, so `in_flight` stay in flight without the driver, who is woken only by the reports
+//! (and by its clock, to [`Halt`] a search out of time).
 //!
 //! A step whose next node is owned by the same worker is taken there and then, in the same
 //! handler: only moves between owners are calls (with one worker, the calls are the driver's
-//! start and the report of the end, each shared by a batch of simulations). The number of
-//! local steps is reported beside the calls ([`Driver::traffic`]).
+//! first batches and the reports). The number of local steps is reported beside the calls
+//! ([`Driver::traffic`]).
 //!
 //! Every member runs its handlers one at a time, so a worker's tree needs no lock beyond the
-//! short one that makes the handlers `Sync`. The driver keeps `in_flight` simulations going.
+//! short one that makes the handlers `Sync`.
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -49,18 +53,22 @@ pub struct Step {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SelectArgs {
     node: u64,
+    #[serde(with = "path_wire")]
     path: Vec<Step>,
 }
 
-/// `count` new simulations, each starting with a selection at the root, `node`.
+/// `count` new simulations, each starting with a selection at the root, `node`; and `refill`
+/// more that the root's owner starts itself, one as each simulation finishes, to keep as many
+/// in flight without the driver.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct StartArgs {
     node: u64,
     count: u32,
+    refill: u64,
 }
 
 /// Simulations finished (at the root's owner), with their playouts.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct FinishedArgs {
     simulations: u32,
     playouts: u64,
@@ -69,6 +77,7 @@ pub struct FinishedArgs {
 /// The result of a simulation going up: at the last node of `path`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct BackupArgs {
+    #[serde(with = "path_wire")]
     path: Vec<Step>,
     /// Summed scores of the playouts for player 0 and 1.
     scores: [f64; 2],
@@ -123,6 +132,11 @@ procedure!(
 procedure!(
     /// Simulations finished (to the driver), with their playouts.
     Finished, "mcts-finished", FinishedArgs, ()
+);
+procedure!(
+    /// The root's owner starts no more simulations of its own (a search out of time): how
+    /// many it started in this search.
+    Halt, "mcts-halt", (), u64
 );
 procedure!(
     /// Forget the tree: a new search from the root with this hash.
@@ -322,10 +336,6 @@ struct WorkerState<G: Game> {
     rng: Rng,
     /// Steps taken here without a call, since the worker started.
     local_steps: u64,
-    /// Paths of finished simulations, emptied, for the next ones to start with: a path per
-    /// rollout from the allocator, grown as it went down, was a malloc and a realloc of the
-    /// ~3 per rollout.
-    spare_paths: Vec<Vec<Step>>,
     /// The steps a handler has yet to take and the calls it will make: kept from one handler
     /// to the next. Two fresh lists grown in every handler (a `start` batch's reach kilobytes)
     /// were a third of the workers' time in the allocator (`perf`, 2 workers, 1 playout: 17 %
@@ -335,10 +345,146 @@ struct WorkerState<G: Game> {
     /// The largest encoded position so far: a created node's position is encoded into a
     /// buffer this size, not one grown from nothing (six reallocations for 11x11 Hex).
     position_bytes: usize,
+    /// At the root's owner, where every simulation starts and finishes: what it keeps going
+    /// of the search and has yet to report.
+    root_work: RootWork,
+}
+
+/// The root's owner's share of a search. The driver starts the first simulations (`start`)
+/// and hands the rest of the budget over (`refill`); the root's owner starts one of those as
+/// each simulation finishes and reports the finished ones in batches. Before, every
+/// simulation that finished went back to the driver and the driver started the next: with 2
+/// workers on 2 cores (11x11, 16 playouts) the driver was woken ~3 300 times a second, ~9 % of
+/// a core taken from the workers, each wake-up a worker preempted.
+#[derive(Debug, Default)]
+struct RootWork {
+    /// Simulations the root's owner may still start itself.
+    refill: u64,
+    /// Simulations it started itself in this search (for [`Halt`]).
+    refilled: u64,
+    /// Simulations started and not finished.
+    running: u64,
+    /// Finished and not yet reported to the driver.
+    unreported: FinishedArgs,
+}
+
+/// Finished simulations the root's owner reports in one call at the least, unless none is left
+/// running: the driver hears of the search's end at once, of its progress a few hundred times
+/// a second.
+pub const REPORT_EVERY: u32 = 256;
+
+impl RootWork {
+    /// A simulation that used `playouts` finished: whether to start another.
+    fn finished(&mut self, playouts: u32) -> bool {
+        self.running = self.running.saturating_sub(1);
+        self.unreported.simulations += 1;
+        self.unreported.playouts += u64::from(playouts);
+        if self.refill == 0 {
+            return false;
+        }
+        self.refill -= 1;
+        self.refilled += 1;
+        self.running += 1;
+        true
+    }
+
+    /// The finished simulations to report now, if it is time.
+    fn report(&mut self) -> Option<FinishedArgs> {
+        let due = self.unreported.simulations >= REPORT_EVERY
+            || (self.unreported.simulations > 0 && self.running == 0);
+        due.then(|| std::mem::take(&mut self.unreported))
+    }
 }
 
 /// Paths a worker keeps for reuse at the most.
 const MAX_SPARE_PATHS: usize = 1024;
+
+thread_local! {
+    /// Emptied paths, for the next simulations to start with and for paths that arrive to be
+    /// decoded into: a path per rollout from the allocator, grown as it went down, was a malloc
+    /// and a realloc of the ~3 per rollout, and every step between workers freed one at the
+    /// caller and made one at the callee. Kept per thread, not in [`WorkerState`]: a path is
+    /// decoded before its handler takes the state's lock, on the thread that runs the handler.
+    static SPARE_PATHS: std::cell::RefCell<Vec<Vec<Step>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// An empty path, kept from a finished simulation or a call sent when there is one.
+fn spare_path() -> Vec<Step> {
+    SPARE_PATHS
+        .with_borrow_mut(Vec::pop)
+        .unwrap_or_else(|| Vec::with_capacity(8))
+}
+
+/// Keeps `path` (emptied) for a later [`spare_path`].
+fn recycle_path(mut path: Vec<Step>) {
+    SPARE_PATHS.with_borrow_mut(|spare| {
+        if spare.len() < MAX_SPARE_PATHS {
+            path.clear();
+            spare.push(path);
+        }
+    });
+}
+
+/// A path travels as one byte string, ten bytes a step (the node's hash and the edge, little
+/// endian), decoded into a [`spare_path`]: a step between workers carries the path, and
+/// decoding element by element (a hash as a 10-byte varint) into fresh lists, with the
+/// allocator's share, was ~40 % of the CPU a second worker added per rollout (`perf`, 11x11,
+/// 16 playouts, 1 and 2 workers; paths and positions together).
+mod path_wire {
+    use serde::{Deserializer, Serializer, de};
+
+    use super::{Step, spare_path};
+
+    const STEP_BYTES: usize = 10;
+    /// Paths up to this long are encoded on the stack.
+    const ON_STACK: usize = 16;
+
+    pub fn serialize<S: Serializer>(path: &[Step], serializer: S) -> Result<S::Ok, S::Error> {
+        let encode = |bytes: &mut [u8]| {
+            for (step, at) in path.iter().zip(bytes.chunks_exact_mut(STEP_BYTES)) {
+                at[..8].copy_from_slice(&step.node.to_le_bytes());
+                at[8..].copy_from_slice(&step.edge.to_le_bytes());
+            }
+        };
+        let len = path.len() * STEP_BYTES;
+        if path.len() <= ON_STACK {
+            let mut bytes = [0u8; ON_STACK * STEP_BYTES];
+            encode(&mut bytes[..len]);
+            serializer.serialize_bytes(&bytes[..len])
+        } else {
+            let mut bytes = vec![0u8; len];
+            encode(&mut bytes);
+            serializer.serialize_bytes(&bytes)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Step>, D::Error> {
+        struct Path;
+        impl de::Visitor<'_> for Path {
+            type Value = Vec<Step>;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(formatter, "a simulation's path, {STEP_BYTES} bytes a step")
+            }
+
+            fn visit_bytes<E: de::Error>(self, bytes: &[u8]) -> Result<Vec<Step>, E> {
+                if !bytes.len().is_multiple_of(STEP_BYTES) {
+                    return Err(E::invalid_length(bytes.len(), &self));
+                }
+                let mut path = spare_path();
+                path.extend(bytes.chunks_exact(STEP_BYTES).map(|at| {
+                    let (node, edge) = at.split_at(8);
+                    Step {
+                        node: u64::from_le_bytes(node.try_into().expect("8 bytes")),
+                        edge: u16::from_le_bytes(edge.try_into().expect("2 bytes")),
+                    }
+                }));
+                Ok(path)
+            }
+        }
+        deserializer.deserialize_bytes(Path)
+    }
+}
 
 impl<G: Game> WorkerState<G> {
     fn new(settings: SearchSettings, placement: Placement, seed: u64) -> WorkerState<G> {
@@ -349,25 +495,10 @@ impl<G: Game> WorkerState<G> {
             placement,
             rng: Rng::new(seed),
             local_steps: 0,
-            spare_paths: Vec::new(),
             work: Vec::new(),
             calls: Vec::new(),
             position_bytes: 0,
-        }
-    }
-
-    /// An empty path for a new simulation.
-    fn new_path(&mut self) -> Vec<Step> {
-        self.spare_paths
-            .pop()
-            .unwrap_or_else(|| Vec::with_capacity(8))
-    }
-
-    /// Keeps the path of a finished simulation for a later one.
-    fn recycle(&mut self, mut path: Vec<Step>) {
-        if self.spare_paths.len() < MAX_SPARE_PATHS {
-            path.clear();
-            self.spare_paths.push(path);
+            root_work: RootWork::default(),
         }
     }
 
@@ -397,6 +528,18 @@ impl<G: Game> WorkerState<G> {
                     self.create(args, position, work)
                 }
                 Outgoing::Backup(dest, args) if dest == me => self.backup(args, work),
+                Outgoing::Finished(playouts) => {
+                    if self.root_work.finished(playouts) {
+                        work.push(Outgoing::Select(
+                            me,
+                            SelectArgs {
+                                node: self.placement.root,
+                                path: spare_path(),
+                            },
+                        ));
+                    }
+                    continue;
+                }
                 elsewhere => {
                     calls.push(elsewhere);
                     continue;
@@ -517,7 +660,7 @@ impl<G: Game> WorkerState<G> {
                 },
             ),
             None => {
-                self.recycle(path);
+                recycle_path(path);
                 Outgoing::Finished(playouts)
             }
         }
@@ -531,7 +674,7 @@ impl<G: Game> WorkerState<G> {
             created,
         } = args;
         let Some(step) = path.pop() else {
-            self.recycle(path);
+            recycle_path(path);
             out.push(Outgoing::Finished(playouts));
             return;
         };
@@ -580,20 +723,25 @@ impl<G: Game> WorkerState<G> {
 }
 
 /// Makes the calls a handler decided on (`outgoing`, emptied); they queue (a handler never
-/// waits for room). The simulations it finished are reported to the driver in one call.
+/// waits for room). At the root's owner, the finished simulations go to the driver in one call
+/// when their report is due ([`RootWork::report`]).
 fn send<G: Game>(rpc: &Rpc, outgoing: &mut Vec<Outgoing<G>>, state: &mut WorkerState<G>) {
-    let mut finished = FinishedArgs {
-        simulations: 0,
-        playouts: 0,
-    };
     for call in outgoing.drain(..) {
+        // A call's path is encoded as it is queued: the list is kept for another.
         let sent = match call {
-            Outgoing::Select(dest, args) => rpc.queue_call::<Select<G>>(dest, &args),
+            Outgoing::Select(dest, args) => {
+                let sent = rpc.queue_call::<Select<G>>(dest, &args);
+                recycle_path(args.path);
+                sent
+            }
             Outgoing::Create(dest, args, position) => {
                 match postcard::to_extend(&position, Vec::with_capacity(state.position_bytes)) {
                     Ok(bytes) => {
                         state.position_bytes = state.position_bytes.max(bytes.len());
-                        rpc.queue_call_buffer::<Create<G>>(dest, &args, Message::from(bytes))
+                        let sent =
+                            rpc.queue_call_buffer::<Create<G>>(dest, &args, Message::from(bytes));
+                        recycle_path(args.path);
+                        sent
                     }
                     Err(error) => {
                         tracing::error!(%error, "a new node's position does not encode");
@@ -601,18 +749,19 @@ fn send<G: Game>(rpc: &Rpc, outgoing: &mut Vec<Outgoing<G>>, state: &mut WorkerS
                     }
                 }
             }
-            Outgoing::Backup(dest, args) => rpc.queue_call::<Backup<G>>(dest, &args),
-            Outgoing::Finished(playouts) => {
-                finished.simulations += 1;
-                finished.playouts += u64::from(playouts);
-                continue;
+            Outgoing::Backup(dest, args) => {
+                let sent = rpc.queue_call::<Backup<G>>(dest, &args);
+                recycle_path(args.path);
+                sent
             }
+            // Counted where it finished (`settle`), never a call of its own.
+            Outgoing::Finished(_) => continue,
         };
         if let Err(error) = sent {
             tracing::error!(%error, "a search call could not be made");
         }
     }
-    if finished.simulations > 0
+    if let Some(finished) = state.root_work.report()
         && let Err(error) = rpc.queue_call::<Finished<G>>(0, &finished)
     {
         tracing::error!(%error, "finished simulations could not be reported");
@@ -637,6 +786,7 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
         Arc::clone(&state),
     );
     let on_traffic = Arc::clone(&state);
+    let on_halt = Arc::clone(&state);
     fn guard<G: Game>(state: &Mutex<WorkerState<G>>) -> std::sync::MutexGuard<'_, WorkerState<G>> {
         state
             .lock()
@@ -663,10 +813,12 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
         })
         .on_sync::<Start<G>, _>(move |invocation: &Invocation, args| {
             step(&on_start, invocation.rpc(), |state, out| {
+                state.root_work.running += u64::from(args.count);
+                state.root_work.refill = state.root_work.refill.saturating_add(args.refill);
                 for _ in 0..args.count {
                     let root = SelectArgs {
                         node: args.node,
-                        path: state.new_path(),
+                        path: spare_path(),
                     };
                     state.select(root, out);
                 }
@@ -702,7 +854,13 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
             state.nodes.clear();
             state.deferred.clear();
             state.placement = state.placement.rooted_at(root);
+            state.root_work = RootWork::default();
             std::future::ready(())
+        })
+        .on::<Halt<G>, _, _>(move |_, ()| {
+            let mut state = guard(&on_halt);
+            state.root_work.refill = 0;
+            std::future::ready(state.root_work.refilled)
         })
         .on::<RootStats<G>, _, _>(move |_, hash| {
             let state = guard(&on_stats);
@@ -824,8 +982,9 @@ pub enum SearchError {
 /// Simulations the driver keeps in flight per worker unless told otherwise.
 ///
 /// A simulation waits in its worker's queue and in the frames its calls travel in; with too few
-/// in flight a worker runs dry between the driver's refills. On 11x11 with one worker and one
-/// playout per rollout (a rollout ~3 µs of tree and game), 64 in flight gave 124 k rollouts/s,
+/// in flight a worker runs dry. On 11x11 with one worker and one playout per rollout (a
+/// rollout ~3 µs of tree and game; measured when the driver still started every simulation),
+/// 64 in flight gave 124 k rollouts/s,
 /// 128 179 k, 256 213 k, 512 240 k; with two workers and 16 playouts 64 gave 57-63 k and 256
 /// 71-77 k. More in flight spread the search wider (each counts a virtual loss), so the default
 /// stops at 256. 512 (2026-11-27, 07c202b) made 8 workers on 16 cores 1.06-1.10x as fast
@@ -834,12 +993,11 @@ pub enum SearchError {
 /// rollouts a move, 2 workers), against 46 % with 256.
 pub const IN_FLIGHT_PER_WORKER: usize = 256;
 
-/// Simulations the driver starts with one call at most.
+/// Simulations the driver starts with one call at most (the first `in_flight` of a search).
 ///
-/// The root's owner runs a batch's selections at the root in one handler and reports the
-/// simulations that handler finished in one call: with one worker, whose steps are all local, a
-/// batch is a run of whole simulations between two records. Smaller batches leave the worker
-/// idle between refills less often; larger ones cost fewer records.
+/// The root's owner runs a batch's selections at the root in one handler, and with one worker,
+/// whose steps are all local, the whole simulations too: smaller batches let the first ones
+/// finish, and the root's owner refill, sooner; larger ones cost fewer records.
 pub const START_BATCH: u64 = 32;
 
 /// The driver's side of a group: member 0, the workers 1..=n.
@@ -914,41 +1072,48 @@ impl<G: Game> Driver<G> {
         let base_simulations = self.counts.simulations.load(Ordering::Relaxed);
         let base_playouts = self.counts.playouts.load(Ordering::Relaxed);
         let finished = || self.counts.simulations.load(Ordering::Relaxed) - base_simulations;
+        // The first simulations from here, in batches; the rest of the budget the root's owner
+        // starts itself as simulations finish (`RootWork`), handed over with the first batch.
+        let first = (self.in_flight.max(1) as u64).min(rollouts);
         let mut started = 0u64;
+        while started < first {
+            let count = (first - started).min(START_BATCH);
+            let start = StartArgs {
+                node: root,
+                count: count as u32,
+                refill: if started == 0 { rollouts - first } else { 0 },
+            };
+            rpc.call::<Start<G>>(root_owner, &start).await?;
+            started += count;
+        }
         let mut rollouts = rollouts;
-        while finished() < rollouts {
-            if time.is_some_and(|time| started_at.elapsed() >= time) {
-                // Out of time: no new simulation; those in flight finish.
-                rollouts = started;
-                if finished() >= rollouts {
-                    break;
-                }
-            }
+        let mut halted = false;
+        let mut progress = (finished(), Instant::now());
+        loop {
             let done = self.counts.done.notified();
             tokio::pin!(done);
             done.as_mut().enable();
-            loop {
-                let room = (self.in_flight as u64)
-                    .saturating_sub(started - finished())
-                    .min(rollouts - started)
-                    .min(START_BATCH);
-                if room == 0 {
-                    break;
-                }
-                let start = StartArgs {
-                    node: root,
-                    count: room as u32,
-                };
-                rpc.call::<Start<G>>(root_owner, &start).await?;
-                started += room;
-            }
-            if finished() >= rollouts {
+            let now_finished = finished();
+            if now_finished >= rollouts {
                 break;
             }
-            if tokio::time::timeout(self.stall_timeout, done)
-                .await
-                .is_err()
-                && finished() < rollouts
+            if now_finished != progress.0 {
+                progress = (now_finished, Instant::now());
+            }
+            let mut wait = self.stall_timeout.saturating_sub(progress.1.elapsed());
+            if let Some(time) = time.filter(|_| !halted) {
+                let left = time.saturating_sub(started_at.elapsed());
+                if left.is_zero() {
+                    // Out of time: no new simulation; those in flight finish, and count.
+                    rollouts = started + rpc.call_return::<Halt<G>>(root_owner, &()).await?;
+                    halted = true;
+                    continue;
+                }
+                wait = wait.min(left);
+            }
+            if tokio::time::timeout(wait, done).await.is_err()
+                && finished() == progress.0
+                && progress.1.elapsed() >= self.stall_timeout
             {
                 return Err(self.stalled().await);
             }
@@ -1092,9 +1257,9 @@ mod tests {
                 edges: None,
             },
         );
-        // One worker: every step is local, and the simulation ends in a report.
+        // One worker: every step is local, and the simulation ends counted for the report.
         let simulate = |state: &mut WorkerState<crate::hex::Hex>| {
-            let path = state.new_path();
+            let path = spare_path();
             let allocation = path.as_ptr();
             let mut calls = state.take_step(1, |state, out| {
                 state.select(
@@ -1105,25 +1270,116 @@ mod tests {
                     out,
                 )
             });
-            assert!(matches!(calls.as_slice(), [Outgoing::Finished(_)]));
+            assert!(calls.is_empty(), "no call to make");
+            assert_eq!(state.root_work.report().map(|f| f.simulations), Some(1));
             // (An empty list's pointer is the same dangling one every time: a list grown
             // and dropped would pass the comparison below without its capacity.)
-            assert!(state.work.capacity() > 0 && calls.capacity() > 0);
-            let lists = (state.work.as_ptr(), calls.as_ptr());
+            assert!(state.work.capacity() > 0);
+            let lists = state.work.as_ptr();
             calls.clear();
             state.calls = calls;
             (allocation, lists)
         };
         let (first_path, first_lists) = simulate(&mut state);
-        assert_eq!(state.spare_paths.len(), 1, "the finished path is kept");
+        assert_eq!(
+            SPARE_PATHS.with_borrow(Vec::len),
+            1,
+            "the finished path is kept"
+        );
         for _ in 0..20 {
             let (path, lists) = simulate(&mut state);
             assert_eq!(path, first_path, "the kept path is reused");
-            assert_eq!(
-                lists, first_lists,
-                "the kept step and call lists are reused"
-            );
+            assert_eq!(lists, first_lists, "the kept list of steps is reused");
         }
+    }
+
+    /// The root's owner starts a simulation of the refill as each one finishes, in the same
+    /// handler, and reports them once none is left running.
+    #[test]
+    fn the_roots_owner_refills_and_reports_when_nothing_runs() {
+        use crate::game::Game;
+        let root = crate::hex::Hex::new(5).expect("a 5x5 board");
+        let root_hash = root.hash();
+        let mut state = WorkerState::new(
+            SearchSettings::default(),
+            Placement::new(1, root_hash, 16),
+            1,
+        );
+        state.nodes.insert(
+            root_hash,
+            Node {
+                position: root,
+                edges: None,
+            },
+        );
+        state.root_work.running = 1;
+        state.root_work.refill = 2;
+        let calls = state.take_step(1, |state, out| {
+            let path = spare_path();
+            state.select(
+                SelectArgs {
+                    node: root_hash,
+                    path,
+                },
+                out,
+            )
+        });
+        assert!(calls.is_empty());
+        let work = &state.root_work;
+        assert_eq!((work.refill, work.refilled, work.running), (0, 2, 0));
+        let report = state.root_work.report().expect("due: nothing runs");
+        assert_eq!((report.simulations, report.playouts), (3, 48));
+        assert!(state.root_work.report().is_none(), "reported once");
+    }
+
+    #[test]
+    fn finished_simulations_are_reported_in_batches() {
+        let mut work = RootWork {
+            running: u64::from(REPORT_EVERY) + 10,
+            ..RootWork::default()
+        };
+        for _ in 1..REPORT_EVERY {
+            assert!(!work.finished(16), "no refill to start");
+            assert!(work.report().is_none(), "not due while others run");
+        }
+        assert!(!work.finished(16));
+        let report = work.report().expect("due at REPORT_EVERY");
+        assert_eq!(report.simulations, REPORT_EVERY);
+        for _ in 0..10 {
+            work.finished(1);
+        }
+        assert_eq!(
+            work.report().map(|r| r.simulations),
+            Some(10),
+            "the last ones"
+        );
+    }
+
+    #[test]
+    fn a_path_travels_as_ten_bytes_a_step_and_a_torn_one_is_refused() {
+        let long: Vec<Step> = (0..40u64)
+            .map(|idx| Step {
+                node: u64::MAX - idx,
+                edge: idx as u16 * 1000,
+            })
+            .collect();
+        for len in [0, 1, 16, 17, 40] {
+            let args = SelectArgs {
+                node: 7,
+                path: long[..len].to_vec(),
+            };
+            let bytes = postcard::to_allocvec(&args).unwrap();
+            // The node (a 1-byte varint), the string's length (a varint), the steps.
+            let length_bytes = if 10 * len < 128 { 1 } else { 2 };
+            assert_eq!(bytes.len(), 1 + length_bytes + 10 * len);
+            let back: SelectArgs = postcard::from_bytes(&bytes).unwrap();
+            assert_eq!(back.node, 7);
+            let steps = |path: &[Step]| path.iter().map(|s| (s.node, s.edge)).collect::<Vec<_>>();
+            assert_eq!(steps(&back.path), steps(&long[..len]));
+        }
+        // Eleven bytes: not a whole number of steps.
+        let torn = postcard::to_allocvec(&(7u8, &[1u8; 11][..])).unwrap();
+        assert!(postcard::from_bytes::<SelectArgs>(&torn).is_err());
     }
 
     #[test]
