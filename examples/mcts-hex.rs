@@ -10,7 +10,9 @@
 //! (10000), `--aggregate none|trad|ovfl` (ovfl), `--aggregate-bytes B` and `--aggregate-us U`
 //! (`trad`'s frame size and longest hold: 4096, 100), `--playouts P` per new node (16),
 //! `--in-flight K` simulations per worker (256), `--seconds T` per search or move (none: the
-//! rollouts alone are the budget), `--transport shmem|zeromq` (shmem),
+//! rollouts alone are the budget), `--warm-up T` (a search of T seconds from the same position
+//! before the one measured, its tree then dropped: processes a few hundred milliseconds old
+//! search slower, see the README), `--transport shmem|zeromq` (shmem),
 //! `--versus random|plain` with `--games G` (10) and `--plain-iterations I` (the rollouts),
 //! `--plain` (time the single-process UCT alone), `--json`.
 
@@ -47,6 +49,7 @@ struct Options {
     games: u32,
     plain_iterations: Option<u64>,
     seconds: Option<f64>,
+    warm_up: Option<f64>,
     plain: bool,
     json: bool,
 }
@@ -68,6 +71,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         games: 10,
         plain_iterations: None,
         seconds: None,
+        warm_up: None,
         plain: false,
         json: false,
     };
@@ -125,12 +129,32 @@ fn parse(args: &[String]) -> Result<Options, String> {
             },
             "--games" => options.games = number(flag, value()?, 1)?,
             "--plain-iterations" => options.plain_iterations = Some(number(flag, value()?, 1)?),
-            "--seconds" => match value()?.parse::<f64>() {
-                Ok(seconds) if seconds > 0.0 && seconds.is_finite() => {
-                    options.seconds = Some(seconds)
+            "--seconds" => {
+                let text = value()?;
+                match text.parse::<f64>() {
+                    Ok(seconds) if seconds > 0.0 && seconds.is_finite() => {
+                        options.seconds = Some(seconds)
+                    }
+                    _ => {
+                        return Err(format!(
+                            "{flag} {text}: a positive number of seconds per search"
+                        ));
+                    }
                 }
-                _ => return Err(format!("{flag}: a positive number of seconds per search")),
-            },
+            }
+            "--warm-up" => {
+                let text = value()?;
+                match text.parse::<f64>() {
+                    Ok(seconds) if seconds > 0.0 && seconds.is_finite() => {
+                        options.warm_up = Some(seconds)
+                    }
+                    _ => {
+                        return Err(format!(
+                            "{flag} {text}: a positive number of seconds to search first"
+                        ));
+                    }
+                }
+            }
             "--plain" => options.plain = true,
             "--json" => options.json = true,
             other => {
@@ -232,6 +256,23 @@ async fn drive(options: &Options) -> Result<(), String> {
 
 async fn one_search(options: &Options, search: &LocalSearch<Hex>) -> Result<(), String> {
     let position = Hex::new(options.board).map_err(|error| error.to_string())?;
+    if let Some(warm_up) = options.warm_up {
+        // Its tree goes with the next search's reset; the processes and their memory stay.
+        search
+            .driver
+            .search_within(&position, u64::MAX, Some(Duration::from_secs_f64(warm_up)))
+            .await
+            .map_err(|error| error.to_string())?;
+    }
+    // The counts are the members' since they started: the warm-up's are taken off.
+    let before = match options.warm_up {
+        Some(_) => search
+            .driver
+            .traffic()
+            .await
+            .map_err(|error| error.to_string())?,
+        None => Default::default(),
+    };
     let result = search
         .driver
         .search_within(
@@ -258,11 +299,15 @@ async fn one_search(options: &Options, search: &LocalSearch<Hex>) -> Result<(), 
         .take(5)
         .map(|edge| format!("[\"{}\",{}]", position.move_name(edge.mv), edge.visits))
         .collect();
-    let (records, frames, local_steps) = (traffic.records, traffic.frames, traffic.local_steps);
-    let share = traffic.aggregated as f64 / records.max(1) as f64;
+    let (records, frames, local_steps) = (
+        traffic.records.saturating_sub(before.records),
+        traffic.frames.saturating_sub(before.frames),
+        traffic.local_steps.saturating_sub(before.local_steps),
+    );
+    let share = traffic.aggregated.saturating_sub(before.aggregated) as f64 / records.max(1) as f64;
     if options.json {
         println!(
-            "{{\"board\":{},\"workers\":{},\"aggregate\":\"{}\",\"transport\":\"{}\",\"rollouts\":{},\"rollouts_per_s\":{rate:.0},\"playouts\":{},\"playouts_per_s\":{:.0},\"best_move\":\"{best}\",\"root_visits\":[{}],\"remote_calls\":{records},\"remote_frames\":{frames},\"aggregated_share\":{share:.3},\"local_steps\":{local_steps},\"seconds\":{:.3}}}",
+            "{{\"board\":{},\"workers\":{},\"aggregate\":\"{}\",\"transport\":\"{}\",\"rollouts\":{},\"rollouts_per_s\":{rate:.0},\"playouts\":{},\"playouts_per_s\":{:.0},\"best_move\":\"{best}\",\"root_visits\":[{}],\"remote_calls\":{records},\"remote_frames\":{frames},\"aggregated_share\":{share:.3},\"local_steps\":{local_steps},\"seconds\":{:.3},\"warm_up_s\":{}}}",
             options.board,
             options.workers,
             options.aggregate,
@@ -271,7 +316,8 @@ async fn one_search(options: &Options, search: &LocalSearch<Hex>) -> Result<(), 
             result.playouts,
             result.playouts as f64 / result.seconds,
             top.join(","),
-            result.seconds
+            result.seconds,
+            options.warm_up.unwrap_or(0.0)
         );
     } else {
         println!(

@@ -50,6 +50,10 @@ fn main() -> ExitCode {
             mcts_trad_settings,
         ),
         trial(
+            "mcts_hex_example_warms_up_then_counts_only_the_measured_search",
+            mcts_warm_up,
+        ),
+        trial(
             "mcts_hex_example_plays_games_against_a_random_player",
             mcts_versus_random,
         ),
@@ -292,6 +296,33 @@ fn mcts_trad_settings() -> Result<()> {
         ensure!(
             code == 2 && stderr.contains(&format!("{flag} {value}")),
             "{flag} {value}: exit {code}, {stderr}"
+        );
+    }
+    Ok(())
+}
+
+fn mcts_warm_up() -> Result<()> {
+    // The warm-up runs until its time is up (many more than 300 rollouts on 5x5); the figures
+    // are the measured search's alone.
+    let cold = mcts_small_search("300", &[])?;
+    let warm = mcts_small_search("300", &["--warm-up", "0.3"])?;
+    ensure!(
+        warm.contains("\"rollouts\":300,") && warm.contains("\"warm_up_s\":0.3}"),
+        "{warm}"
+    );
+    ensure!(cold.contains("\"warm_up_s\":0}"), "{cold}");
+    // A simulation makes at most a few calls per step down and up a 5x5 tree.
+    let calls = json_number(&warm, "remote_calls")?;
+    ensure!(
+        calls > 0 && calls < 300 * 25,
+        "{calls} remote calls counted for 300 rollouts: {warm}"
+    );
+    for value in ["0", "-1", "soon"] {
+        let args = vec!["--warm-up".to_owned(), value.to_owned()];
+        let (code, _, stderr) = ExampleProcess::spawn("mcts-hex", &args)?.finish("mcts-hex")?;
+        ensure!(
+            code == 2 && stderr.contains(&format!("--warm-up {value}")),
+            "--warm-up {value}: exit {code}, {stderr}"
         );
     }
     Ok(())
