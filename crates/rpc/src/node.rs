@@ -446,6 +446,7 @@ impl Rpc {
         let intake = Intake {
             inbound,
             loopback: loopback_queue,
+            inbound_first: false,
             stopped,
             backlog: VecDeque::new(),
             n_errors: 0,
@@ -1893,6 +1894,11 @@ pub(crate) fn tree_children(
 struct Intake {
     inbound: Channel,
     loopback: mpsc::UnboundedReceiver<Parts>,
+    /// The last frame came from the loopback: the channel is looked at first for the next. A
+    /// member whose handlers call it again (a search's root owner starting the next
+    /// simulations) always has a frame there, and looked at first it kept the channel, and
+    /// every other member's calls, waiting for ever.
+    inbound_first: bool,
     stopped: watch::Receiver<bool>,
     /// Frames whose calls wait for the handler running now (their answers were delivered).
     backlog: VecDeque<Parts>,
@@ -1971,14 +1977,21 @@ impl Intake {
     async fn next(&mut self) -> Option<Parts> {
         // A frame that is there already comes without the select: no registration with the
         // stop's `watch` (a lock to enter its list and one to leave it), no receive future, per
-        // frame of a stream. Same order as the select's: the stop, the loopback, the channel.
+        // frame of a stream. Same order as the select's: the stop, the loopback, the channel,
+        // but for the channel first after a frame from the loopback (`inbound_first`).
         if !*self.stopped.borrow() {
             // The runtime's budget, as the channel's receive spends it: a dispatcher fed frame
             // after frame of one call each (which `YIELD_AFTER` never interrupts) still gives
             // the other tasks a turn every 128 frames. Before the take: a cancelled yield loses
             // nothing.
             tokio::task::consume_budget().await;
+            if std::mem::take(&mut self.inbound_first)
+                && let Some(parts) = self.inbound.try_receive_parts()
+            {
+                return Some(parts);
+            }
             if let Ok(parts) = self.loopback.try_recv() {
+                self.inbound_first = true;
                 return Some(parts);
             }
             if let Some(parts) = self.inbound.try_receive_parts() {
@@ -1993,7 +2006,10 @@ impl Intake {
                         return None;
                     }
                 }
-                parts = self.loopback.recv() => return parts,
+                parts = self.loopback.recv() => {
+                    self.inbound_first = true;
+                    return parts;
+                }
                 received = self.inbound.receive_parts() => match received {
                     Ok(parts) => return Some(parts),
                     Err(error) => {

@@ -183,6 +183,24 @@ impl Procedure for BadResult {
     type Output = Unserialisable;
 }
 
+/// Works 50 µs and calls itself again at the member it runs at, `n` times more: with many of
+/// these chains going, a member always has calls of its own to serve, and a frame of them
+/// outlasts the dispatcher's slice, so the calls its first handlers made leave (for the member
+/// itself) while it is served. `stop-calling-itself` ends the chains early.
+struct CallItself;
+impl Procedure for CallItself {
+    const NAME: &'static str = "call-itself";
+    type Args = u64;
+    type Output = ();
+}
+
+struct StopCallingItself;
+impl Procedure for StopCallingItself {
+    const NAME: &'static str = "stop-calling-itself";
+    type Args = ();
+    type Output = ();
+}
+
 struct Quit;
 impl Procedure for Quit {
     const NAME: &'static str = "quit";
@@ -195,6 +213,7 @@ struct Service {
     last_sum: Mutex<(u64, u64, u64)>,
     hits: AtomicU64,
     hit_caller: AtomicU64,
+    calls_itself: std::sync::atomic::AtomicBool,
     quit: tokio::sync::Notify,
 }
 
@@ -205,12 +224,14 @@ impl Default for Service {
             last_sum: Mutex::default(),
             hits: AtomicU64::new(0),
             hit_caller: AtomicU64::new(u64::MAX),
+            calls_itself: std::sync::atomic::AtomicBool::new(true),
             quit: tokio::sync::Notify::new(),
         }
     }
 }
 
 fn handlers(service: &Arc<Service>) -> Handlers {
+    let (again, stop) = (Arc::clone(service), Arc::clone(service));
     let (log, take, sums, last, hits, count, quit, waited) = (
         Arc::clone(service),
         Arc::clone(service),
@@ -289,6 +310,20 @@ fn handlers(service: &Arc<Service>) -> Handlers {
                     .queue_call::<Touch>(0, &path)
                     .expect("member 0 is in the group");
             }
+        })
+        .on_sync::<CallItself, _>(move |invocation, more| {
+            let started = std::time::Instant::now();
+            while started.elapsed() < Duration::from_micros(50) {
+                std::hint::spin_loop();
+            }
+            if more > 0 && again.calls_itself.load(Ordering::Relaxed) {
+                let rpc = invocation.rpc();
+                rpc.queue_call::<CallItself>(rpc.me(), &(more - 1))
+                    .expect("a member calls itself");
+            }
+        })
+        .on_sync::<StopCallingItself, _>(move |_, ()| {
+            stop.calls_itself.store(false, Ordering::Relaxed)
         })
         .on_sync::<BadResult, _>(|_, ()| Unserialisable)
         .on_sync::<Touch, _>(|_, path| {
@@ -655,6 +690,15 @@ fn main() {
         "calls_made_while_frames_keep_coming_leave_before_the_intake_runs_dry",
         || run(frames_that_keep_coming()),
     ));
+    for kind in [Kind::Shmem, Kind::Ipc] {
+        tests.push(Trial::test(
+            format!(
+                "a_member_that_keeps_calling_itself_still_serves_the_others_over_{}",
+                kind.name()
+            ),
+            move || run(calling_itself(kind)),
+        ));
+    }
     tests.push(Trial::test(
         "broadcast_to_15_members_over_a_binary_tree_reaches_each_once",
         || run(broadcast_15()),
@@ -1150,6 +1194,35 @@ async fn frames_that_keep_coming() -> Result<()> {
         log == [1],
         "the last call did not see the file that calls made by earlier handlers had asked for: {log:?}"
     );
+    group.quit().await
+}
+
+/// Member 1 always has calls of its own waiting (16 chains of `call-itself`, each call
+/// queueing the next), yet the calls of member 0 are served: before, the dispatcher looked at
+/// its own calls first whenever there were some, and never came to the channel (the MCTS
+/// search's root owner, starting the next simulations by calls to itself, never answered the
+/// driver's `halt`).
+async fn calling_itself(kind: Kind) -> Result<()> {
+    let group = Group::start(
+        kind,
+        2,
+        Aggregation::Ovfl,
+        Duration::from_secs(10),
+        "itself",
+    )
+    .await?;
+    let rpc = &group.rpc;
+    for _ in 0..16 {
+        rpc.call::<CallItself>(1, &u64::MAX).await?;
+    }
+    for round in 0..20u64 {
+        let sum = rpc
+            .call_return::<Add>(1, &(round, 1))
+            .await
+            .with_context(|| format!("round {round}: member 1 serves only itself"))?;
+        ensure!(sum == round + 1);
+    }
+    rpc.call_return::<StopCallingItself>(1, &()).await?;
     group.quit().await
 }
 
