@@ -310,6 +310,13 @@ fn mcts_warm_up() -> Result<()> {
         warm.contains("\"rollouts\":300,") && warm.contains("\"warm_up_s\":0.3}"),
         "{warm}"
     );
+    // One worker, every step local: the root's owner, which starts the next simulations by
+    // calls to itself, still answers the driver's halt when the warm-up's time is up.
+    let alone = mcts_small_search("300", &["--warm-up", "0.3", "--workers", "1"])?;
+    ensure!(
+        alone.contains("\"rollouts\":300,") && alone.contains("\"workers\":1,"),
+        "{alone}"
+    );
     ensure!(cold.contains("\"warm_up_s\":0}"), "{cold}");
     // A simulation makes at most a few calls per step down and up a 5x5 tree.
     let calls = json_number(&warm, "remote_calls")?;

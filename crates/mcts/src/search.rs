@@ -67,6 +67,13 @@ pub struct StartArgs {
     refill: u64,
 }
 
+/// `count` simulations of the refill, each starting with a selection at the root, `node`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RefillArgs {
+    node: u64,
+    count: u32,
+}
+
 /// Simulations finished (at the root's owner), with their playouts.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct FinishedArgs {
@@ -132,6 +139,10 @@ procedure!(
 procedure!(
     /// Simulations finished (to the driver), with their playouts.
     Finished, "mcts-finished", FinishedArgs, ()
+);
+procedure!(
+    /// New simulations of the refill (the root's owner to itself).
+    Refill, "mcts-refill", RefillArgs, ()
 );
 procedure!(
     /// The root's owner starts no more simulations of its own (a search out of time): how
@@ -351,8 +362,11 @@ struct WorkerState<G: Game> {
 }
 
 /// The root's owner's share of a search. The driver starts the first simulations (`start`)
-/// and hands the rest of the budget over (`refill`); the root's owner starts one of those as
-/// each simulation finishes and reports the finished ones in batches. Before, every
+/// and hands the rest of the budget over (`refill`); the root's owner starts one of those for
+/// each simulation that finishes and reports the finished ones in batches. The ones a handler
+/// owes are started by a call to itself at its end ([`Refill`]), not in the handler: with
+/// every step local (one worker) a handler that started them would go on until the budget
+/// was spent, and answer nothing meanwhile (not the driver's `halt`). Before, every
 /// simulation that finished went back to the driver and the driver started the next: with 2
 /// workers on 2 cores (11x11, 16 playouts) the driver was woken ~3 300 times a second, ~9 % of
 /// a core taken from the workers, each wake-up a worker preempted.
@@ -362,8 +376,10 @@ struct RootWork {
     refill: u64,
     /// Simulations it started itself in this search (for [`Halt`]).
     refilled: u64,
-    /// Simulations started and not finished.
+    /// Simulations started or owed and not finished.
     running: u64,
+    /// Simulations of the refill owed: started by the [`Refill`] call the handler ends with.
+    owed: u32,
     /// Finished and not yet reported to the driver.
     unreported: FinishedArgs,
 }
@@ -374,18 +390,22 @@ struct RootWork {
 pub const REPORT_EVERY: u32 = 256;
 
 impl RootWork {
-    /// A simulation that used `playouts` finished: whether to start another.
-    fn finished(&mut self, playouts: u32) -> bool {
+    /// A simulation that used `playouts` finished; another is owed while the refill lasts.
+    fn finished(&mut self, playouts: u32) {
         self.running = self.running.saturating_sub(1);
         self.unreported.simulations += 1;
         self.unreported.playouts += u64::from(playouts);
-        if self.refill == 0 {
-            return false;
+        if self.refill > 0 {
+            self.refill -= 1;
+            self.refilled += 1;
+            self.running += 1;
+            self.owed += 1;
         }
-        self.refill -= 1;
-        self.refilled += 1;
-        self.running += 1;
-        true
+    }
+
+    /// The simulations owed, to start now.
+    fn take_owed(&mut self) -> u32 {
+        std::mem::take(&mut self.owed)
     }
 
     /// The finished simulations to report now, if it is time.
@@ -529,15 +549,7 @@ impl<G: Game> WorkerState<G> {
                 }
                 Outgoing::Backup(dest, args) if dest == me => self.backup(args, work),
                 Outgoing::Finished(playouts) => {
-                    if self.root_work.finished(playouts) {
-                        work.push(Outgoing::Select(
-                            me,
-                            SelectArgs {
-                                node: self.placement.root,
-                                path: spare_path(),
-                            },
-                        ));
-                    }
+                    self.root_work.finished(playouts);
                     continue;
                 }
                 elsewhere => {
@@ -546,6 +558,17 @@ impl<G: Game> WorkerState<G> {
                 }
             }
             self.local_steps += 1;
+        }
+    }
+
+    /// `count` new simulations, each a selection at `root` (this worker's), one after the other.
+    fn start_at(&mut self, root: u64, count: u32, out: &mut Vec<Outgoing<G>>) {
+        for _ in 0..count {
+            let args = SelectArgs {
+                node: root,
+                path: spare_path(),
+            };
+            self.select(args, out);
         }
     }
 
@@ -761,6 +784,16 @@ fn send<G: Game>(rpc: &Rpc, outgoing: &mut Vec<Outgoing<G>>, state: &mut WorkerS
             tracing::error!(%error, "a search call could not be made");
         }
     }
+    let owed = state.root_work.take_owed();
+    if owed > 0 {
+        let refill = RefillArgs {
+            node: state.placement.root,
+            count: owed,
+        };
+        if let Err(error) = rpc.queue_call::<Refill<G>>(rpc.me(), &refill) {
+            tracing::error!(%error, "the refill could not be started");
+        }
+    }
     if let Some(finished) = state.root_work.report()
         && let Err(error) = rpc.queue_call::<Finished<G>>(0, &finished)
     {
@@ -787,6 +820,7 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
     );
     let on_traffic = Arc::clone(&state);
     let on_halt = Arc::clone(&state);
+    let on_refill = Arc::clone(&state);
     fn guard<G: Game>(state: &Mutex<WorkerState<G>>) -> std::sync::MutexGuard<'_, WorkerState<G>> {
         state
             .lock()
@@ -815,13 +849,12 @@ pub fn worker_handlers<G: Game>(n_workers: usize, settings: SearchSettings, seed
             step(&on_start, invocation.rpc(), |state, out| {
                 state.root_work.running += u64::from(args.count);
                 state.root_work.refill = state.root_work.refill.saturating_add(args.refill);
-                for _ in 0..args.count {
-                    let root = SelectArgs {
-                        node: args.node,
-                        path: spare_path(),
-                    };
-                    state.select(root, out);
-                }
+                state.start_at(args.node, args.count, out)
+            });
+        })
+        .on_sync::<Refill<G>, _>(move |invocation: &Invocation, args| {
+            step(&on_refill, invocation.rpc(), |state, out| {
+                state.start_at(args.node, args.count, out)
             });
         })
         .on_buffer_sync::<Create<G>, _>(move |invocation: &Invocation, args, buffer: Message| {
@@ -1293,10 +1326,11 @@ mod tests {
         }
     }
 
-    /// The root's owner starts a simulation of the refill as each one finishes, in the same
-    /// handler, and reports them once none is left running.
+    /// The root's owner owes a simulation of the refill for each one that finishes, started by
+    /// the call the handler ends with (not in the handler, which would otherwise not end
+    /// while the refill lasts), and reports once none is left running.
     #[test]
-    fn the_roots_owner_refills_and_reports_when_nothing_runs() {
+    fn the_roots_owner_owes_a_refill_per_finished_simulation_and_reports_when_nothing_runs() {
         use crate::game::Game;
         let root = crate::hex::Hex::new(5).expect("a 5x5 board");
         let root_hash = root.hash();
@@ -1312,24 +1346,24 @@ mod tests {
                 edges: None,
             },
         );
-        state.root_work.running = 1;
-        state.root_work.refill = 2;
-        let calls = state.take_step(1, |state, out| {
-            let path = spare_path();
-            state.select(
-                SelectArgs {
-                    node: root_hash,
-                    path,
-                },
-                out,
-            )
-        });
-        assert!(calls.is_empty());
+        state.root_work.running = 2;
+        state.root_work.refill = 1;
+        let calls = state.take_step(1, |state, out| state.start_at(root_hash, 2, out));
+        assert!(calls.is_empty(), "every step local");
         let work = &state.root_work;
-        assert_eq!((work.refill, work.refilled, work.running), (0, 2, 0));
+        assert_eq!(
+            (work.refill, work.refilled, work.owed, work.running),
+            (0, 1, 1, 1),
+            "one of the two finished was refilled"
+        );
+        assert!(state.root_work.report().is_none(), "one still runs");
+        assert_eq!(state.root_work.take_owed(), 1);
+        let calls = state.take_step(1, |state, out| state.start_at(root_hash, 1, out));
+        assert!(calls.is_empty());
         let report = state.root_work.report().expect("due: nothing runs");
         assert_eq!((report.simulations, report.playouts), (3, 48));
         assert!(state.root_work.report().is_none(), "reported once");
+        assert_eq!(state.root_work.take_owed(), 0, "the refill is spent");
     }
 
     #[test]
@@ -1339,10 +1373,11 @@ mod tests {
             ..RootWork::default()
         };
         for _ in 1..REPORT_EVERY {
-            assert!(!work.finished(16), "no refill to start");
+            work.finished(16);
             assert!(work.report().is_none(), "not due while others run");
         }
-        assert!(!work.finished(16));
+        work.finished(16);
+        assert_eq!(work.take_owed(), 0, "no refill to start");
         let report = work.report().expect("due at REPORT_EVERY");
         assert_eq!(report.simulations, REPORT_EVERY);
         for _ in 0..10 {

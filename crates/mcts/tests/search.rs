@@ -182,20 +182,48 @@ async fn tic_tac_toe_never_loses_against_perfect_play() {
     driver.rpc().shutdown().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_time_budget_ends_the_search_with_every_simulation_finished() {
-    let (driver, workers) = group::<Hex>(2, Aggregation::Ovfl).await;
+/// One worker too: every step there is local, and the root's owner, which keeps the search
+/// going, must still answer the driver's halt when the time is up. (A handler that never ends
+/// holds a thread of the runtime the whole group shares, so the search runs on a thread of its
+/// own and the test gives up on it after a minute.)
+#[test]
+fn a_time_budget_ends_the_search_with_every_simulation_finished() {
+    for n_workers in [2, 1] {
+        let (ended, end) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(time_budget(n_workers));
+            let _ = ended.send(());
+        });
+        match end.recv_timeout(Duration::from_secs(60)) {
+            Ok(()) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                panic!("{n_workers} workers: the search did not end")
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                panic!("{n_workers} workers: the search failed (its panic is above)")
+            }
+        }
+    }
+}
+
+async fn time_budget(n_workers: usize) {
+    let (driver, workers) = group::<Hex>(n_workers, Aggregation::Ovfl).await;
     let position = Hex::new(7).unwrap();
     let result = driver
         .search_within(&position, u64::MAX, Some(Duration::from_millis(300)))
         .await
-        .unwrap();
+        .unwrap_or_else(|error| panic!("{n_workers} workers: {error}"));
     assert!(result.rollouts > 0 && result.rollouts < u64::MAX);
     assert!(result.best_move.is_some());
     assert_eq!(
         driver.pending().await.unwrap(),
         (0, 0),
-        "simulations left in flight"
+        "{n_workers} workers: simulations left in flight"
     );
     for worker in workers {
         worker.shutdown().await.unwrap();
