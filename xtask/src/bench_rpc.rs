@@ -322,8 +322,9 @@ fn rate_of(program: &Path, args: &[String], workspace: &Path) -> Option<f64> {
 }
 
 /// Runs `ferromq bench rpc` (3 rounds; again with `--light-load-rate` for `send` and `ovfl`),
-/// then the `mcts-hex` example (1, 2, 4 workers per mode; `--plain`) and `mcts-crate-hex` (1, 2
-/// threads), 3 rounds interleaved; their report sections, or `None` when a run failed.
+/// then the `mcts-hex` example (1, 2, 4 workers per mode, each search measured after a 1 s
+/// warm-up search, as BENCHMARKS.md asks; `--plain`) and `mcts-crate-hex` (1, 2 threads), 3
+/// rounds interleaved; their report sections, or `None` when a run failed.
 pub fn run(cargo: &str, workspace: &Path, ferromq: &Path) -> Option<String> {
     eprintln!("xtask: ferromq bench rpc");
     let rpc = bench_rpc(
@@ -418,7 +419,11 @@ pub fn run(cargo: &str, workspace: &Path, ferromq: &Path) -> Option<String> {
                     &crate_example
                 }
                 mode => {
-                    args.extend(["--aggregate", mode, "--json", "--workers"].map(str::to_owned));
+                    // Processes a few hundred ms old search slower (README, "Distributed MCTS").
+                    args.extend(
+                        ["--aggregate", mode, "--warm-up", "1", "--json", "--workers"]
+                            .map(str::to_owned),
+                    );
                     args.push(workers.to_string());
                     &example
                 }
