@@ -17,9 +17,10 @@
 //! The driver starts the first `in_flight` simulations in batches (`start`, up to
 //! [`START_BATCH`]): the root's owner makes the batch's selections at the root one after the
 //! other, each counting its virtual loss, and the steps they lead to follow. The rest of the
-//! budget goes with the first batch: the root's owner starts one more as each simulation
-//! finishes, so `in_flight` stay in flight without the driver, who is woken only by the reports
-//! (and by its clock, to [`Halt`] a search out of time).
+//! budget goes with the first batch: the root's owner starts one more for each simulation that
+//! finishes (those of a handler by one [`Refill`] call to itself as it ends), so `in_flight`
+//! stay in flight without the driver, who is woken only by the reports (and by its clock, to
+//! [`Halt`] a search out of time).
 //!
 //! A step whose next node is owned by the same worker is taken there and then, in the same
 //! handler: only moves between owners are calls (with one worker, the calls are the driver's
