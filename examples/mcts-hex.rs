@@ -97,6 +97,15 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 }),
             }
         }
+        /// `text` as a positive, finite number of seconds.
+        fn positive_seconds(flag: &str, text: String, what: &str) -> Result<f64, String> {
+            match text.parse::<f64>() {
+                Ok(seconds) if seconds > 0.0 && seconds.is_finite() => Ok(seconds),
+                _ => Err(format!(
+                    "{flag} {text}: a positive number of seconds {what}"
+                )),
+            }
+        }
         fn number<T>(flag: &str, text: String, min: T) -> Result<T, String>
         where
             T: std::str::FromStr + PartialOrd + std::fmt::Display,
@@ -130,30 +139,10 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--games" => options.games = number(flag, value()?, 1)?,
             "--plain-iterations" => options.plain_iterations = Some(number(flag, value()?, 1)?),
             "--seconds" => {
-                let text = value()?;
-                match text.parse::<f64>() {
-                    Ok(seconds) if seconds > 0.0 && seconds.is_finite() => {
-                        options.seconds = Some(seconds)
-                    }
-                    _ => {
-                        return Err(format!(
-                            "{flag} {text}: a positive number of seconds per search"
-                        ));
-                    }
-                }
+                options.seconds = Some(positive_seconds(flag, value()?, "per search")?);
             }
             "--warm-up" => {
-                let text = value()?;
-                match text.parse::<f64>() {
-                    Ok(seconds) if seconds > 0.0 && seconds.is_finite() => {
-                        options.warm_up = Some(seconds)
-                    }
-                    _ => {
-                        return Err(format!(
-                            "{flag} {text}: a positive number of seconds to search first"
-                        ));
-                    }
-                }
+                options.warm_up = Some(positive_seconds(flag, value()?, "to search first")?);
             }
             "--plain" => options.plain = true,
             "--json" => options.json = true,

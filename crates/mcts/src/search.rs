@@ -1272,10 +1272,8 @@ mod tests {
         }
     }
 
-    /// A finished simulation's path is kept, and the next simulation starts with it: no path
-    /// from the allocator per rollout; nor lists for a handler's steps and calls.
-    #[test]
-    fn the_next_simulation_starts_with_a_finished_ones_path_and_lists() {
+    /// The state of the only worker of a search of empty 5x5 Hex, holding the root; its hash.
+    fn one_worker_at_an_empty_5x5_board() -> (WorkerState<crate::hex::Hex>, u64) {
         use crate::game::Game;
         let root = crate::hex::Hex::new(5).expect("a 5x5 board");
         let root_hash = root.hash();
@@ -1291,6 +1289,14 @@ mod tests {
                 edges: None,
             },
         );
+        (state, root_hash)
+    }
+
+    /// A finished simulation's path is kept, and the next simulation starts with it: no path
+    /// from the allocator per rollout; nor lists for a handler's steps and calls.
+    #[test]
+    fn the_next_simulation_starts_with_a_finished_ones_path_and_lists() {
+        let (mut state, root_hash) = one_worker_at_an_empty_5x5_board();
         // One worker: every step is local, and the simulation ends counted for the report.
         let simulate = |state: &mut WorkerState<crate::hex::Hex>| {
             let path = spare_path();
@@ -1332,21 +1338,7 @@ mod tests {
     /// while the refill lasts), and reports once none is left running.
     #[test]
     fn the_roots_owner_owes_a_refill_per_finished_simulation_and_reports_when_nothing_runs() {
-        use crate::game::Game;
-        let root = crate::hex::Hex::new(5).expect("a 5x5 board");
-        let root_hash = root.hash();
-        let mut state = WorkerState::new(
-            SearchSettings::default(),
-            Placement::new(1, root_hash, 16),
-            1,
-        );
-        state.nodes.insert(
-            root_hash,
-            Node {
-                position: root,
-                edges: None,
-            },
-        );
+        let (mut state, root_hash) = one_worker_at_an_empty_5x5_board();
         state.root_work.running = 2;
         state.root_work.refill = 1;
         let calls = state.take_step(1, |state, out| state.start_at(root_hash, 2, out));
