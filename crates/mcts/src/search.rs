@@ -751,21 +751,17 @@ impl<G: Game> WorkerState<G> {
 /// when their report is due ([`RootWork::report`]).
 fn send<G: Game>(rpc: &Rpc, outgoing: &mut Vec<Outgoing<G>>, state: &mut WorkerState<G>) {
     for call in outgoing.drain(..) {
-        // A call's path is encoded as it is queued: the list is kept for another.
-        let sent = match call {
-            Outgoing::Select(dest, args) => {
-                let sent = rpc.queue_call::<Select<G>>(dest, &args);
-                recycle_path(args.path);
-                sent
-            }
+        let (sent, path) = match call {
+            Outgoing::Select(dest, args) => (rpc.queue_call::<Select<G>>(dest, &args), args.path),
             Outgoing::Create(dest, args, position) => {
                 match postcard::to_extend(&position, Vec::with_capacity(state.position_bytes)) {
                     Ok(bytes) => {
                         state.position_bytes = state.position_bytes.max(bytes.len());
-                        let sent =
-                            rpc.queue_call_buffer::<Create<G>>(dest, &args, Message::from(bytes));
-                        recycle_path(args.path);
-                        sent
+                        let buffer = Message::from(bytes);
+                        (
+                            rpc.queue_call_buffer::<Create<G>>(dest, &args, buffer),
+                            args.path,
+                        )
                     }
                     Err(error) => {
                         tracing::error!(%error, "a new node's position does not encode");
@@ -773,14 +769,12 @@ fn send<G: Game>(rpc: &Rpc, outgoing: &mut Vec<Outgoing<G>>, state: &mut WorkerS
                     }
                 }
             }
-            Outgoing::Backup(dest, args) => {
-                let sent = rpc.queue_call::<Backup<G>>(dest, &args);
-                recycle_path(args.path);
-                sent
-            }
+            Outgoing::Backup(dest, args) => (rpc.queue_call::<Backup<G>>(dest, &args), args.path),
             // Counted where it finished (`settle`), never a call of its own.
             Outgoing::Finished(_) => continue,
         };
+        // The path was encoded as the call was queued: the list is kept for another.
+        recycle_path(path);
         if let Err(error) = sent {
             tracing::error!(%error, "a search call could not be made");
         }
