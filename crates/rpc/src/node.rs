@@ -1897,9 +1897,8 @@ struct Intake {
     /// The last frame came from the loopback: the channel is looked at first for the next. A
     /// member whose handlers call it again (a search's root owner starting the next
     /// simulations) always has a frame there, and looked at first it kept the channel, and
-    /// every other member's calls, waiting for ever. (A channel whose frames come only
-    /// through its receive, as zeromq's inproc, is not looked at before the select, where the
-    /// loopback still comes first.)
+    /// every other member's calls, waiting for ever. (This takes a channel that hands over
+    /// what is there without waiting: shmem's, and zeromq's pull over tcp, ipc and inproc.)
     inbound_first: bool,
     stopped: watch::Receiver<bool>,
     /// Frames whose calls wait for the handler running now (their answers were delivered).

@@ -690,7 +690,7 @@ fn main() {
         "calls_made_while_frames_keep_coming_leave_before_the_intake_runs_dry",
         || run(frames_that_keep_coming()),
     ));
-    for kind in [Kind::Shmem, Kind::Ipc] {
+    for kind in [Kind::Shmem, Kind::Ipc, Kind::Tcp, Kind::Inproc] {
         tests.push(Trial::test(
             format!(
                 "a_member_that_keeps_calling_itself_still_serves_the_others_over_{}",

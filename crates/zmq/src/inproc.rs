@@ -359,10 +359,24 @@ impl InprocChannel {
         let received = self.inbox.recv().await;
         // The node holds a sender to its own inbox, so it never reports closed.
         let envelope = received.expect("an inproc inbox outlives its node");
+        Ok(self.opened(envelope))
+    }
+
+    /// A message that is in the inbox already, without waiting: `None` when it is empty. A
+    /// reader that looks here before it waits (the rpc dispatcher after a frame of its own
+    /// loopback) sees the peers' messages as it would over tcp, ipc or shmem, instead of only
+    /// when nothing else is ready.
+    pub(crate) fn try_receive(&mut self) -> Option<Parts> {
+        let envelope = self.inbox.try_recv().ok()?;
+        Some(self.opened(envelope))
+    }
+
+    /// The parts of a received envelope; a rep socket keeps whom to answer.
+    fn opened(&mut self, envelope: Envelope) -> Parts {
         if self.socket_type == SocketType::Rep {
             self.reply_to = Some(envelope.from);
         }
-        Ok(envelope.parts)
+        envelope.parts
     }
 
     /// Waits up to `linger` for peers to take what this socket sent. Inproc sends hand messages

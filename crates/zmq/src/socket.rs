@@ -331,6 +331,7 @@ impl Socket for ZmqSocket {
     fn try_receive_parts(&mut self) -> Option<Parts> {
         match &mut self.backend {
             Backend::Zmtp(zmtp) if self.socket_type.can_receive() => zmtp.try_receive(),
+            Backend::Inproc(inproc) if self.socket_type.can_receive() => inproc.try_receive(),
             _ => None,
         }
     }
