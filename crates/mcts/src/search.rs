@@ -18,7 +18,8 @@
 //! [`START_BATCH`]): the root's owner makes the batch's selections at the root one after the
 //! other, each counting its virtual loss, and the steps they lead to follow. The rest of the
 //! budget goes with the first batch: the root's owner starts one more for each simulation that
-//! finishes (those of a handler by one [`Refill`] call to itself as it ends), so `in_flight`
+//! finishes (in the handler it finished in, up to `REFILLS_IN_A_HANDLER`; the rest by one
+//! [`Refill`] call to itself as the handler ends), so `in_flight`
 //! stay in flight without the driver, who is woken only by the reports (and by its clock, to
 //! [`Halt`] a search out of time).
 //!
@@ -364,10 +365,11 @@ struct WorkerState<G: Game> {
 
 /// The root's owner's share of a search. The driver starts the first simulations (`start`)
 /// and hands the rest of the budget over (`refill`); the root's owner starts one of those for
-/// each simulation that finishes and reports the finished ones in batches. The ones a handler
-/// owes are started by a call to itself at its end ([`Refill`]), not in the handler: with
-/// every step local (one worker) a handler that started them would go on until the budget
-/// was spent, and answer nothing meanwhile (not the driver's `halt`). Before, every
+/// each simulation that finishes and reports the finished ones in batches. A handler starts
+/// up to `REFILLS_IN_A_HANDLER` of them itself and owes the rest to a call to itself at its
+/// end ([`Refill`]): with every step local (one worker) a handler that started them all would
+/// go on until the budget was spent, and answer nothing meanwhile (not the driver's `halt`).
+/// Before, every
 /// simulation that finished went back to the driver and the driver started the next: with 2
 /// workers on 2 cores (11x11, 16 playouts) the driver was woken ~3 300 times a second, ~9 % of
 /// a core taken from the workers, each wake-up a worker preempted.
@@ -379,7 +381,8 @@ struct RootWork {
     refilled: u64,
     /// Simulations started or owed and not finished.
     running: u64,
-    /// Simulations of the refill owed: started by the [`Refill`] call the handler ends with.
+    /// Simulations of the refill owed: started in the handler up to its bound, the rest by the
+    /// [`Refill`] call the handler ends with.
     owed: u32,
     /// Finished and not yet reported to the driver.
     unreported: FinishedArgs,
@@ -416,6 +419,12 @@ impl RootWork {
         due.then(|| std::mem::take(&mut self.unreported))
     }
 }
+
+/// Simulations of the refill a handler starts itself at the most, as others finish in it; the
+/// rest it owes to its [`Refill`] call. A call to itself per finished simulation costs a
+/// record and a turn of the dispatcher each; with no bound a handler whose steps are all local
+/// (one worker) would run until the budget was spent.
+const REFILLS_IN_A_HANDLER: u32 = 32;
 
 /// Paths a worker keeps for reuse at the most.
 const MAX_SPARE_PATHS: usize = 1024;
@@ -542,6 +551,7 @@ impl<G: Game> WorkerState<G> {
     /// Takes the steps of `work` that stay at this worker (member `me`), and those they lead
     /// to, until `work` is empty: the steps elsewhere go to `calls`.
     fn settle(&mut self, me: usize, work: &mut Vec<Outgoing<G>>, calls: &mut Vec<Outgoing<G>>) {
+        let mut refills_here = 0;
         while let Some(step) = work.pop() {
             match step {
                 Outgoing::Select(dest, args) if dest == me => self.select(args, work),
@@ -551,6 +561,12 @@ impl<G: Game> WorkerState<G> {
                 Outgoing::Backup(dest, args) if dest == me => self.backup(args, work),
                 Outgoing::Finished(playouts) => {
                     self.root_work.finished(playouts);
+                    if refills_here < REFILLS_IN_A_HANDLER && self.root_work.owed > 0 {
+                        self.root_work.owed -= 1;
+                        refills_here += 1;
+                        let root = self.placement.root;
+                        self.start_at(root, 1, work);
+                    }
                     continue;
                 }
                 elsewhere => {
@@ -1327,11 +1343,12 @@ mod tests {
         }
     }
 
-    /// The root's owner owes a simulation of the refill for each one that finishes, started by
-    /// the call the handler ends with (not in the handler, which would otherwise not end
-    /// while the refill lasts), and reports once none is left running.
+    /// The root's owner starts a simulation of the refill for each one that finishes: in the
+    /// handler for the first `REFILLS_IN_A_HANDLER`, the rest owed to the call the handler ends
+    /// with (with every step local, a handler would otherwise not end while the refill lasts);
+    /// it reports once none is left running.
     #[test]
-    fn the_roots_owner_owes_a_refill_per_finished_simulation_and_reports_when_nothing_runs() {
+    fn the_roots_owner_refills_in_a_handler_up_to_a_bound_and_reports_when_nothing_runs() {
         let (mut state, root_hash) = one_worker_at_an_empty_5x5_board();
         state.root_work.running = 2;
         state.root_work.refill = 1;
@@ -1340,17 +1357,42 @@ mod tests {
         let work = &state.root_work;
         assert_eq!(
             (work.refill, work.refilled, work.owed, work.running),
-            (0, 1, 1, 1),
-            "one of the two finished was refilled"
+            (0, 1, 0, 0),
+            "one of the two finished was refilled, in the handler"
         );
-        assert!(state.root_work.report().is_none(), "one still runs");
-        assert_eq!(state.root_work.take_owed(), 1);
-        let calls = state.take_step(1, |state, out| state.start_at(root_hash, 1, out));
-        assert!(calls.is_empty());
         let report = state.root_work.report().expect("due: nothing runs");
         assert_eq!((report.simulations, report.playouts), (3, 48));
         assert!(state.root_work.report().is_none(), "reported once");
+
+        // A refill longer than a handler's share: the handler owes the rest.
+        let bound = u64::from(REFILLS_IN_A_HANDLER);
+        state.root_work.running = 1;
+        state.root_work.refill = bound + 5;
+        let calls = state.take_step(1, |state, out| state.start_at(root_hash, 1, out));
+        assert!(calls.is_empty());
+        let work = &state.root_work;
+        assert_eq!(
+            (work.refill, work.refilled, work.owed, work.running),
+            (4, 1 + bound + 1, 1, 1),
+            "(one before) {REFILLS_IN_A_HANDLER} started in the handler, the next owed",
+        );
+        assert!(state.root_work.report().is_none(), "one still runs");
+        let owed = state.root_work.take_owed();
+        assert_eq!(owed, 1);
+        let calls = state.take_step(1, |state, out| state.start_at(root_hash, owed, out));
+        assert!(calls.is_empty());
+        let report = state.root_work.report().expect("due: nothing runs");
+        assert_eq!(
+            u64::from(report.simulations),
+            1 + bound + 5,
+            "the first and the whole refill"
+        );
         assert_eq!(state.root_work.take_owed(), 0, "the refill is spent");
+        assert_eq!(
+            state.root_work.refilled,
+            1 + bound + 5,
+            "one before, then all"
+        );
     }
 
     #[test]
