@@ -19,9 +19,9 @@
 //! other, each counting its virtual loss, and the steps they lead to follow. The rest of the
 //! budget goes with the first batch: the root's owner starts one more for each simulation that
 //! finishes (in the handler it finished in, up to `REFILLS_IN_A_HANDLER`; the rest by one
-//! [`Refill`] call to itself as the handler ends), so `in_flight`
-//! stay in flight without the driver, who is woken only by the reports (and by its clock, to
-//! [`Halt`] a search out of time).
+//! [`Refill`] call to itself as the handler ends), so `in_flight` stay in flight without the
+//! driver, who is woken only by the reports (and by its clock, to [`Halt`] a search out of
+//! time).
 //!
 //! A step whose next node is owned by the same worker is taken there and then, in the same
 //! handler: only moves between owners are calls (with one worker, the calls are the driver's
@@ -369,10 +369,9 @@ struct WorkerState<G: Game> {
 /// up to `REFILLS_IN_A_HANDLER` of them itself and owes the rest to a call to itself at its
 /// end ([`Refill`]): with every step local (one worker) a handler that started them all would
 /// go on until the budget was spent, and answer nothing meanwhile (not the driver's `halt`).
-/// Before, every
-/// simulation that finished went back to the driver and the driver started the next: with 2
-/// workers on 2 cores (11x11, 16 playouts) the driver was woken ~3 300 times a second, ~9 % of
-/// a core taken from the workers, each wake-up a worker preempted.
+/// Before, every simulation that finished went back to the driver and the driver started the
+/// next: with 2 workers on 2 cores (11x11, 16 playouts) the driver was woken ~3 300 times a
+/// second, ~9 % of a core taken from the workers, each wake-up a worker preempted.
 #[derive(Debug, Default)]
 struct RootWork {
     /// Simulations the root's owner may still start itself.
