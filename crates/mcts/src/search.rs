@@ -406,6 +406,13 @@ impl RootWork {
         }
     }
 
+    /// One simulation owed, to start here and now: false when none is.
+    fn take_one_owed(&mut self) -> bool {
+        let owed = self.owed > 0;
+        self.owed -= u32::from(owed);
+        owed
+    }
+
     /// The simulations owed, to start now.
     fn take_owed(&mut self) -> u32 {
         std::mem::take(&mut self.owed)
@@ -560,8 +567,7 @@ impl<G: Game> WorkerState<G> {
                 Outgoing::Backup(dest, args) if dest == me => self.backup(args, work),
                 Outgoing::Finished(playouts) => {
                     self.root_work.finished(playouts);
-                    if refills_here < REFILLS_IN_A_HANDLER && self.root_work.owed > 0 {
-                        self.root_work.owed -= 1;
+                    if refills_here < REFILLS_IN_A_HANDLER && self.root_work.take_one_owed() {
                         refills_here += 1;
                         let root = self.placement.root;
                         self.start_at(root, 1, work);
