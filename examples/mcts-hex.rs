@@ -11,8 +11,8 @@
 //! (`trad`'s frame size and longest hold: 4096, 100), `--playouts P` per new node (16),
 //! `--in-flight K` simulations per worker (256), `--seconds T` per search or move (none: the
 //! rollouts alone are the budget), `--warm-up T` (a search of T seconds from the same position
-//! before the one measured, its tree then dropped: processes a few hundred milliseconds old
-//! search slower, see the README), `--transport shmem|zeromq` (shmem),
+//! before the one measured, its tree then dropped: BENCHMARKS.md's warm-up), `--transport
+//! shmem|zeromq` (shmem),
 //! `--versus random|plain` with `--games G` (10) and `--plain-iterations I` (the rollouts),
 //! `--plain` (time the single-process UCT alone), `--json`.
 

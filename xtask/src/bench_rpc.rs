@@ -419,7 +419,8 @@ pub fn run(cargo: &str, workspace: &Path, ferromq: &Path) -> Option<String> {
                     &crate_example
                 }
                 mode => {
-                    // Processes a few hundred ms old search slower (README, "Distributed MCTS").
+                    // BENCHMARKS.md's warm-up. The JSON line is read once the run has ended, so
+                    // nothing starts beside the search (README, "Distributed MCTS").
                     args.extend(
                         ["--aggregate", mode, "--warm-up", "1", "--json", "--workers"]
                             .map(str::to_owned),
