@@ -307,7 +307,7 @@ pub fn render_mcts(lines: &[MctsLine]) -> String {
 
 /// Runs `program` with `args` and reads the rate from its `--json` line; `None` (and why, on
 /// stderr) when it fails.
-fn rate_of(program: &Path, args: &[String], workspace: &Path) -> Option<f64> {
+pub(crate) fn rate_of(program: &Path, args: &[String], workspace: &Path) -> Option<f64> {
     let rate = stdout_of(program, args, workspace)?
         .lines()
         .find_map(|line| serde_json::from_str::<Rate>(line).ok());

@@ -15,6 +15,8 @@
 //!   `target/launch-scale/report.md` (needs root, slurm-wlm and munge).
 //! - `side-by-side --fairmq PREFIX`: C++ FairMQ's benchmark device pair and ferromq's, same
 //!   options, interleaved; `target/side-by-side/report.md`.
+//! - `mcts-scaling`: the `mcts-hex` example with one worker and with N, rounds interleaved,
+//!   nothing started beside a search; each round's efficiency and their medians.
 //!
 //! The project's tidy rules (no sleeps in tests, module docs, unsafe confined to the crates that
 //! need it) are `#[test]`s in this crate, so `cargo test --workspace` enforces them.
@@ -24,6 +26,7 @@ mod bench;
 mod bench_metrics;
 mod bench_rpc;
 mod launch_scale;
+mod mcts_scaling;
 mod side_by_side;
 mod soak;
 mod tidy;
@@ -100,6 +103,45 @@ enum Task {
         #[arg(long, value_parser = positive_rate)]
         msg_rate: Option<f64>,
     },
+    /// The `mcts-hex` example's scaling efficiency: one worker against N, rounds interleaved,
+    /// each run's JSON read after it ended (nothing starts beside a search); prints each round
+    /// and the medians (min-max), and how many rounds reached --bound.
+    MctsScaling {
+        /// Rounds; each runs one search with one worker, then one with --workers.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=100))]
+        rounds: u64,
+        /// Workers compared with one.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..=64))]
+        workers: u64,
+        /// Hex board size (--board).
+        #[arg(long, default_value_t = 11, value_parser = clap::value_parser!(u64).range(2..=19))]
+        board: u64,
+        /// Rollouts per search (default 40 000; with --seconds, no limit but the time).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        rollouts: Option<u64>,
+        /// Seconds per search.
+        #[arg(long, value_parser = run_seconds)]
+        seconds: Option<f64>,
+        /// Seconds of a search before the measured one (BENCHMARKS.md's warm-up).
+        #[arg(long, value_parser = run_seconds)]
+        warm_up: Option<f64>,
+        /// Aggregation of the calls between workers.
+        #[arg(long, default_value = "ovfl", value_parser = ["none", "trad", "ovfl"])]
+        aggregate: String,
+        /// The efficiency a round counts as reaching (issue 15: 0.7 at 2 workers).
+        #[arg(long, default_value_t = 0.7, value_parser = efficiency_bound)]
+        bound: f64,
+    },
+}
+
+/// An efficiency for `--bound`: above 0, at most 1.
+fn efficiency_bound(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(bound) if bound > 0.0 && bound <= 1.0 => Ok(bound),
+        _ => Err(format!(
+            "{text:?} is not an efficiency: expected a number above 0 and at most 1"
+        )),
+    }
 }
 
 /// Seconds for `--seconds`: from 0.1 to 600.
@@ -139,6 +181,42 @@ fn main() -> ExitCode {
             return exit_code(launch_scale::run(&cargo, workspace, &options));
         }
         Task::Soak { minutes } => return exit_code(soak::run(&cargo, workspace, minutes)),
+        Task::MctsScaling {
+            rounds,
+            workers,
+            board,
+            rollouts,
+            seconds,
+            warm_up,
+            aggregate,
+            bound,
+        } => {
+            let mut search_args = vec![
+                "--board".to_owned(),
+                board.to_string(),
+                "--aggregate".to_owned(),
+                aggregate,
+            ];
+            // A time limit alone bounds the search; otherwise 40 000 rollouts (the README's).
+            let rollouts = rollouts.unwrap_or(if seconds.is_some() {
+                100_000_000
+            } else {
+                40_000
+            });
+            search_args.extend(["--rollouts".to_owned(), rollouts.to_string()]);
+            for (flag, value) in [("--seconds", seconds), ("--warm-up", warm_up)] {
+                if let Some(value) = value {
+                    search_args.extend([flag.to_owned(), value.to_string()]);
+                }
+            }
+            let options = mcts_scaling::Options {
+                rounds: rounds as usize,
+                workers: workers as usize,
+                search_args,
+                bound,
+            };
+            return exit_code(mcts_scaling::run(&cargo, workspace, &options));
+        }
         Task::SideBySide {
             fairmq,
             rounds,
