@@ -113,7 +113,7 @@ enum Task {
         /// Workers compared with one.
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..=64))]
         workers: u64,
-        /// Hex board size (--board).
+        /// Hex board size (--board; 2 to 19, as the game takes).
         #[arg(long, default_value_t = 11, value_parser = clap::value_parser!(u64).range(2..=19))]
         board: u64,
         /// Rollouts per search (default 40 000; with --seconds, no limit but the time).

@@ -32,7 +32,9 @@ pub struct Options {
 /// One round's rates, rollouts a second.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Round {
+    /// The search with one worker.
     pub one_worker: f64,
+    /// The search with [`Options::workers`].
     pub n_workers: f64,
 }
 
