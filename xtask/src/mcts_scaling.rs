@@ -12,7 +12,6 @@
 //! with the command that failed; nothing is left behind (the example cleans its own session).
 
 use std::path::Path;
-use std::process::Command;
 
 use crate::soak::median;
 
@@ -81,12 +80,7 @@ pub fn summarise(rounds: &[Round], workers: usize, bound: f64) -> Summary {
 /// Builds the example and runs the rounds; false (with the reason on stderr) when the build or
 /// a run failed.
 pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
-    let built = Command::new(cargo)
-        .args(["build", "--release", "--example", "mcts-hex"])
-        .current_dir(workspace)
-        .status()
-        .is_ok_and(|status| status.success());
-    if !built {
+    if !crate::run_cargo(cargo, &["build", "--release", "--example", "mcts-hex"], &[]) {
         eprintln!("xtask: building the mcts-hex example failed");
         return false;
     }
