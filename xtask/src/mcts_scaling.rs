@@ -13,7 +13,7 @@
 
 use std::path::Path;
 
-use crate::soak::median;
+use crate::bench::Spread;
 
 /// What one invocation measures.
 #[derive(Debug, Clone)]
@@ -40,12 +40,12 @@ pub struct Round {
 /// The rounds' summary.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Summary {
-    /// Median, min and max of one worker's rate.
-    pub one_worker: (f64, f64, f64),
-    /// Median, min and max of N workers' rate.
-    pub n_workers: (f64, f64, f64),
-    /// Median, min and max of the rounds' efficiencies.
-    pub efficiency: (f64, f64, f64),
+    /// One worker's rates.
+    pub one_worker: Spread,
+    /// N workers' rates.
+    pub n_workers: Spread,
+    /// The rounds' efficiencies.
+    pub efficiency: Spread,
     /// Rounds whose efficiency reached the bound.
     pub n_at_bound: usize,
 }
@@ -53,12 +53,6 @@ pub struct Summary {
 /// N workers' rate over N times one worker's.
 pub fn efficiency(round: &Round, workers: usize) -> f64 {
     round.n_workers / (workers as f64 * round.one_worker)
-}
-
-fn median_min_max(values: &[f64]) -> (f64, f64, f64) {
-    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    (median(values), min, max)
 }
 
 /// The summary of `rounds` (at least one) of `workers` against one worker.
@@ -70,9 +64,9 @@ pub fn summarise(rounds: &[Round], workers: usize, bound: f64) -> Summary {
     let one: Vec<f64> = rounds.iter().map(|round| round.one_worker).collect();
     let many: Vec<f64> = rounds.iter().map(|round| round.n_workers).collect();
     Summary {
-        one_worker: median_min_max(&one),
-        n_workers: median_min_max(&many),
-        efficiency: median_min_max(&efficiencies),
+        one_worker: Spread::of(&one),
+        n_workers: Spread::of(&many),
+        efficiency: Spread::of(&efficiencies),
         n_at_bound: efficiencies.iter().filter(|&&value| value >= bound).count(),
     }
 }
@@ -122,10 +116,15 @@ pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
         rounds.push(round);
     }
     let summary = summarise(&rounds, options.workers, options.bound);
-    let kilo = |(median, min, max): (f64, f64, f64)| {
-        format!("{:.1} k ({:.1}-{:.1})", median / 1e3, min / 1e3, max / 1e3)
+    let kilo = |spread: Spread| {
+        format!(
+            "{:.1} k ({:.1}-{:.1})",
+            spread.median / 1e3,
+            spread.min / 1e3,
+            spread.max / 1e3
+        )
     };
-    let (median, min, max) = summary.efficiency;
+    let Spread { median, min, max } = summary.efficiency;
     println!(
         "1 worker {}, {} workers {}, efficiency {median:.2} ({min:.2}-{max:.2}), {} rounds of {} at or over {}",
         kilo(summary.one_worker),
@@ -160,9 +159,10 @@ mod tests {
         ];
         assert!((efficiency(&rounds[1], 2) - 0.65).abs() < 1e-12);
         let summary = summarise(&rounds, 2, 0.7);
-        assert_eq!(summary.one_worker, (110.0, 100.0, 120.0));
-        assert_eq!(summary.n_workers, (160.0, 156.0, 198.0));
-        let (median, min, max) = summary.efficiency;
+        let spread = |median, min, max| Spread { median, min, max };
+        assert_eq!(summary.one_worker, spread(110.0, 100.0, 120.0));
+        assert_eq!(summary.n_workers, spread(160.0, 156.0, 198.0));
+        let Spread { median, min, max } = summary.efficiency;
         assert!((median - 0.8).abs() < 1e-12, "{median}");
         assert!((min - 0.65).abs() < 1e-12, "{min}");
         assert!((max - 0.9).abs() < 1e-12, "{max}");
