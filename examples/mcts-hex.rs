@@ -7,14 +7,15 @@
 //! ```
 //!
 //! Options: `--board S` (default 11), `--workers N` (2), `--rollouts R` per search or move
-//! (10000), `--aggregate none|trad|ovfl` (ovfl), `--aggregate-bytes B` and `--aggregate-us U`
+//! (10000; no limit where `--seconds` is given alone), `--aggregate none|trad|ovfl` (ovfl), `--aggregate-bytes B` and `--aggregate-us U`
 //! (`trad`'s frame size and longest hold: 4096, 100), `--playouts P` per new node (16),
 //! `--in-flight K` simulations per worker (256), `--seconds T` per search or move (none: the
 //! rollouts alone are the budget), `--warm-up T` (a search of T seconds from the same position
 //! before the one measured, its tree then dropped: BENCHMARKS.md's warm-up), `--transport
 //! shmem|zeromq` (shmem),
-//! `--versus random|plain` with `--games G` (10) and `--plain-iterations I` (the rollouts),
-//! `--plain` (time the single-process UCT alone), `--json`.
+//! `--versus random|plain` with `--games G` (10) and `--plain-iterations I` (the rollouts;
+//! needed with `--seconds` alone), `--plain` (time the single-process UCT alone: `--rollouts`
+//! iterations, no `--seconds`), `--json`.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -38,7 +39,8 @@ pub fn make_transport(name: &str, session: &str) -> Result<Arc<dyn Transport>, S
 struct Options {
     board: usize,
     workers: usize,
-    rollouts: u64,
+    /// `--rollouts`, where given: see [`Options::rollout_budget`].
+    rollouts: Option<u64>,
     aggregate: Aggregation,
     aggregate_bytes: usize,
     aggregate_us: u64,
@@ -58,7 +60,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
     let mut options = Options {
         board: 11,
         workers: 2,
-        rollouts: 10_000,
+        rollouts: None,
         aggregate: Aggregation::Ovfl,
         aggregate_bytes: ferromq::rpc::RpcOptions::default().aggregate_bytes,
         aggregate_us: ferromq::rpc::RpcOptions::default()
@@ -115,7 +117,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         match flag.as_str() {
             "--board" => options.board = number(flag, value()?, 2)?,
             "--workers" => options.workers = number(flag, value()?, 1)?,
-            "--rollouts" => options.rollouts = number(flag, value()?, 1)?,
+            "--rollouts" => options.rollouts = Some(number(flag, value()?, 1)?),
             "--aggregate" => options.aggregate = value()?.parse()?,
             // The ranges a topology's group takes for the same settings.
             "--aggregate-bytes" => {
@@ -154,7 +156,38 @@ fn parse(args: &[String]) -> Result<Options, String> {
         }
     }
     Hex::new(options.board).map_err(|error| error.to_string())?;
+    if let Some(seconds) = options.seconds {
+        if options.plain {
+            return Err(format!(
+                "--seconds {seconds}: --plain times a fixed number of iterations (--rollouts R), \
+                 not a time"
+            ));
+        }
+        let plain_opponent = options.versus.as_deref() == Some("plain");
+        if plain_opponent && options.rollouts.is_none() && options.plain_iterations.is_none() {
+            return Err(format!(
+                "--versus plain --seconds {seconds}: the plain player searches a number of \
+                 iterations, not a time; give it --plain-iterations I (or both players \
+                 --rollouts R)"
+            ));
+        }
+    }
     Ok(options)
+}
+
+/// Rollouts per search or move when `--rollouts` is not given.
+const DEFAULT_ROLLOUTS: u64 = 10_000;
+
+impl Options {
+    /// The rollouts that end a search: `--rollouts`; without it, none where `--seconds` bounds
+    /// the search (a time budget given alone is the budget), else [`DEFAULT_ROLLOUTS`].
+    fn rollout_budget(&self) -> u64 {
+        match (self.rollouts, self.seconds) {
+            (Some(rollouts), _) => rollouts,
+            (None, Some(_)) => u64::MAX,
+            (None, None) => DEFAULT_ROLLOUTS,
+        }
+    }
 }
 
 pub fn main() -> ExitCode {
@@ -196,19 +229,21 @@ pub fn main() -> ExitCode {
 fn plain_alone(options: &Options) {
     let position = Hex::new(options.board).expect("checked");
     let started = Instant::now();
-    let best = PlainSearch::new(1, options.playouts).best_move(&position, options.rollouts);
+    // `parse` refuses `--seconds` here, so the budget is a number of iterations.
+    let rollouts = options.rollout_budget();
+    let best = PlainSearch::new(1, options.playouts).best_move(&position, rollouts);
     let seconds = started.elapsed().as_secs_f64();
-    let rate = options.rollouts as f64 / seconds;
+    let rate = rollouts as f64 / seconds;
     let best = best.map(|mv| position.move_name(mv)).unwrap_or_default();
     if options.json {
         println!(
             "{{\"plain\":true,\"board\":{},\"rollouts\":{},\"rollouts_per_s\":{rate:.0},\"playouts\":{},\"best_move\":\"{best}\",\"seconds\":{seconds:.3}}}",
-            options.board, options.rollouts, options.playouts
+            options.board, rollouts, options.playouts
         );
     } else {
         println!(
             "plain UCT, {}x{}: {} rollouts in {seconds:.2} s ({rate:.0}/s), best {best}",
-            options.board, options.board, options.rollouts
+            options.board, options.board, rollouts
         );
     }
 }
@@ -266,7 +301,7 @@ async fn one_search(options: &Options, search: &LocalSearch<Hex>) -> Result<(), 
         .driver
         .search_within(
             &position,
-            options.rollouts,
+            options.rollout_budget(),
             options.seconds.map(Duration::from_secs_f64),
         )
         .await
@@ -332,7 +367,10 @@ async fn play_games(
 ) -> Result<(), String> {
     let mut rng = Rng::new(0x5eed);
     let mut plain = PlainSearch::new(0x5eed, options.playouts);
-    let plain_iterations = options.plain_iterations.unwrap_or(options.rollouts);
+    // `parse` refuses a plain opponent without a number of iterations.
+    let plain_iterations = options
+        .plain_iterations
+        .unwrap_or_else(|| options.rollout_budget());
     let (mut wins, mut losses) = (0u32, 0u32);
     for game in 0..options.games {
         let ours = (game % 2) as u8;
@@ -346,7 +384,7 @@ async fn play_games(
                     .driver
                     .search_within(
                         &position,
-                        options.rollouts,
+                        options.rollout_budget(),
                         options.seconds.map(Duration::from_secs_f64),
                     )
                     .await
@@ -381,7 +419,14 @@ async fn play_games(
     if options.json {
         println!(
             "{{\"board\":{},\"workers\":{},\"versus\":\"{opponent}\",\"games\":{},\"rollouts\":{},\"wins\":{wins},\"losses\":{losses}}}",
-            options.board, options.workers, options.games, options.rollouts
+            options.board,
+            options.workers,
+            options.games,
+            // No number where the time alone bounded each move.
+            match options.rollout_budget() {
+                u64::MAX => "null".to_owned(),
+                rollouts => rollouts.to_string(),
+            }
         );
     } else {
         println!("against {opponent}: {wins} won, {losses} lost");

@@ -57,6 +57,10 @@ fn main() -> ExitCode {
             "mcts_hex_example_plays_games_against_a_random_player",
             mcts_versus_random,
         ),
+        trial(
+            "mcts_hex_example_searches_for_its_time_when_given_seconds_alone",
+            mcts_time_budget,
+        ),
         trial("killing_an_mcts_worker_fails_the_search_naming_it", || {
             mcts_worker_killed()
         }),
@@ -263,6 +267,68 @@ fn json_number(stdout: &str, field: &str) -> Result<u64> {
         .and_then(|rest| rest.split([',', '}']).next())
         .and_then(|number| number.parse().ok())
         .with_context(|| format!("no {field} in {stdout}"))
+}
+
+/// The floating-point `field` of one line of JSON.
+fn json_float(stdout: &str, field: &str) -> Result<f64> {
+    stdout
+        .split(&format!("\"{field}\":"))
+        .nth(1)
+        .and_then(|rest| rest.split([',', '}']).next())
+        .and_then(|number| number.parse().ok())
+        .with_context(|| format!("no {field} in {stdout}"))
+}
+
+fn mcts_time_budget() -> Result<()> {
+    // A time given alone is the budget: the search runs for it, not for the default 10 000
+    // rollouts (which 2 workers finish in ~0.03 s on 5x5: the search ended there before).
+    let stdout = mcts_example(&[
+        "--board",
+        "5",
+        "--workers",
+        "2",
+        "--seconds",
+        "0.3",
+        "--json",
+    ])?;
+    let seconds = json_float(&stdout, "seconds")?;
+    ensure!(
+        seconds >= 0.3,
+        "a search of 0.3 s ended after {seconds} s: {stdout}"
+    );
+    // Neither the single-process UCT nor a plain opponent searches for a time: refused, named.
+    for refused in [
+        &["--plain", "--seconds", "1"][..],
+        &["--versus", "plain", "--seconds", "1"],
+    ] {
+        let args: Vec<String> = refused.iter().map(|arg| (*arg).to_owned()).collect();
+        let (code, _, stderr) = ExampleProcess::spawn("mcts-hex", &args)?.finish("mcts-hex")?;
+        ensure!(
+            code == 2 && stderr.contains("--seconds 1"),
+            "{refused:?}: exit {code}, {stderr}"
+        );
+    }
+    // Given its iterations, the plain opponent plays a search that has only a time.
+    let stdout = mcts_example(&[
+        "--board",
+        "4",
+        "--workers",
+        "2",
+        "--versus",
+        "plain",
+        "--games",
+        "1",
+        "--seconds",
+        "0.02",
+        "--plain-iterations",
+        "200",
+        "--json",
+    ])?;
+    ensure!(
+        stdout.contains("\"games\":1,") && stdout.contains("\"rollouts\":null,"),
+        "{stdout}"
+    );
+    Ok(())
 }
 
 fn mcts_trad_settings() -> Result<()> {

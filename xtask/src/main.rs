@@ -197,13 +197,12 @@ fn main() -> ExitCode {
                 "--aggregate".to_owned(),
                 aggregate,
             ];
-            // A time limit alone bounds the search; otherwise 40 000 rollouts (the README's).
-            let rollouts = rollouts.unwrap_or(if seconds.is_some() {
-                100_000_000
-            } else {
-                40_000
-            });
-            search_args.extend(["--rollouts".to_owned(), rollouts.to_string()]);
+            // A time given alone bounds the search (the example then sets no rollout limit);
+            // otherwise 40 000 rollouts (the README's).
+            let rollouts = rollouts.or(seconds.is_none().then_some(40_000));
+            if let Some(rollouts) = rollouts {
+                search_args.extend(["--rollouts".to_owned(), rollouts.to_string()]);
+            }
             for (flag, value) in [("--seconds", seconds), ("--warm-up", warm_up)] {
                 if let Some(value) = value {
                     search_args.extend([flag.to_owned(), value.to_string()]);
