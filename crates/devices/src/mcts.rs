@@ -5,8 +5,9 @@
 //! tells the workers to finish, so that the run ends by itself.
 //!
 //! Properties (both): `game` (`hex` or `tictactoe`), `board` (Hex side, 11), `rpc-group`
-//! (`search`); worker: `playouts` (random games per new node, 16); driver: `rollouts` (10000),
-//! `seconds` (a time per move, 0 for none: the move is played when either budget is spent),
+//! (`search`); worker: `playouts` (random games per new node, 16); driver: `rollouts` (10000;
+//! no limit where `seconds` is set and `rollouts` is not), `seconds` (a time per move, 0 for
+//! none: the move is played when either budget is spent),
 //! `moves` (1; 0 plays to the end), `in-flight` (simulations per worker, 256:
 //! [`ferromq_mcts::search::IN_FLIGHT_PER_WORKER`]).
 
@@ -165,12 +166,14 @@ pub(crate) fn driver_settings(props: &impl Properties) -> Result<DriverSettings,
             format!("has invalid value \"{seconds}\": a time per move in seconds, 0 for none"),
         ));
     }
+    // A time set without `rollouts` is the move's budget alone, as users of a time budget expect.
+    let default_rollouts = if seconds > 0.0 { u64::MAX } else { 10_000 };
     let in_flight: usize = props.parse_or("in-flight", IN_FLIGHT_PER_WORKER)?;
     at_least_one("in-flight", in_flight as u64)?;
     Ok(DriverSettings {
         which: which(props)?,
         group: group(props)?,
-        rollouts: at_least_one("rollouts", props.parse_or("rollouts", 10_000)?)?,
+        rollouts: at_least_one("rollouts", props.parse_or("rollouts", default_rollouts)?)?,
         moves: props.parse_or("moves", 1)?,
         in_flight,
         time: (seconds > 0.0).then(|| std::time::Duration::from_secs_f64(seconds)),
@@ -270,4 +273,48 @@ async fn drive<G: Game>(
     }
     let left = leave(&rpc).await;
     outcome.and(left)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// A driver's properties, for [`driver_settings`].
+    struct Table(BTreeMap<String, String>);
+
+    impl Properties for Table {
+        fn device_id(&self) -> &str {
+            "driver"
+        }
+
+        fn text(&self, key: &str) -> Option<String> {
+            self.0.get(key).cloned()
+        }
+    }
+
+    fn settings(pairs: &[(&str, &str)]) -> Result<DriverSettings, DeviceError> {
+        let table = pairs
+            .iter()
+            .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+            .collect();
+        driver_settings(&Table(table))
+    }
+
+    #[test]
+    fn a_time_set_alone_is_the_budget_of_a_move() {
+        let timed = settings(&[("seconds", "2")]).unwrap();
+        assert_eq!(timed.rollouts, u64::MAX);
+        assert_eq!(timed.time, Some(std::time::Duration::from_secs(2)));
+        let both = settings(&[("seconds", "2"), ("rollouts", "500")]).unwrap();
+        assert_eq!(both.rollouts, 500);
+        let neither = settings(&[]).unwrap();
+        assert_eq!((neither.rollouts, neither.time), (10_000, None));
+        let Err(error) = settings(&[("seconds", "-1")]) else {
+            panic!("seconds = -1 was taken");
+        };
+        let error = error.to_string();
+        assert!(error.contains("seconds") && error.contains("-1"), "{error}");
+    }
 }
