@@ -95,16 +95,19 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 }
                 _ => Err(match max {
                     Some(max) => format!("{flag} {text}: a whole number from {min} to {max}"),
+                    None if text.parse::<u128>().is_ok_and(|number| number > 0) => {
+                        format!("{flag} {text}: too large a number")
+                    }
                     None => format!("{flag} {text}: a whole number of at least {min}"),
                 }),
             }
         }
-        /// `text` as a positive, finite number of seconds.
+        /// `text` as a positive number of seconds, at most `MAX_SECONDS`.
         fn positive_seconds(flag: &str, text: String, what: &str) -> Result<f64, String> {
             match text.parse::<f64>() {
-                Ok(seconds) if seconds > 0.0 && seconds.is_finite() => Ok(seconds),
+                Ok(seconds) if seconds > 0.0 && seconds <= MAX_SECONDS => Ok(seconds),
                 _ => Err(format!(
-                    "{flag} {text}: a positive number of seconds {what}"
+                    "{flag} {text}: a positive number of seconds {what}, at most {MAX_SECONDS:e}"
                 )),
             }
         }
@@ -116,7 +119,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         }
         match flag.as_str() {
             "--board" => options.board = number(flag, value()?, 2)?,
-            "--workers" => options.workers = number(flag, value()?, 1)?,
+            "--workers" => options.workers = within(flag, value()?, 1, Some(MAX_WORKERS))?,
             "--rollouts" => options.rollouts = Some(number(flag, value()?, 1)?),
             "--aggregate" => options.aggregate = value()?.parse()?,
             // The ranges a topology's group takes for the same settings.
@@ -174,6 +177,14 @@ fn parse(args: &[String]) -> Result<Options, String> {
     }
     Ok(options)
 }
+
+/// The most workers `--workers` starts: each is a process of its own, connected to every other
+/// member (256 make ~33 000 connections).
+const MAX_WORKERS: usize = 256;
+
+/// The longest time `--seconds` and `--warm-up` take: about 31 years, as the `ferromq` CLI's
+/// durations (a longer one is no `Duration`, and no timer could wait for it).
+const MAX_SECONDS: f64 = 1e9;
 
 /// Rollouts per search or move when `--rollouts` is not given.
 const DEFAULT_ROLLOUTS: u64 = 10_000;

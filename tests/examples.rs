@@ -297,14 +297,21 @@ fn mcts_time_budget() -> Result<()> {
         "a search of 0.3 s ended after {seconds} s: {stdout}"
     );
     // Neither the single-process UCT nor a plain opponent searches for a time: refused, named.
-    for refused in [
-        &["--plain", "--seconds", "1"][..],
-        &["--versus", "plain", "--seconds", "1"],
+    // Nor a time longer than any timer, nor more workers than the example starts.
+    for (refused, named) in [
+        (&["--plain", "--seconds", "1"][..], "--seconds 1"),
+        (&["--versus", "plain", "--seconds", "1"], "--seconds 1"),
+        (&["--seconds", "1e300"], "--seconds 1e300"),
+        (&["--workers", "100000"], "--workers 100000"),
+        (
+            &["--rollouts", "99999999999999999999"],
+            "--rollouts 99999999999999999999: too large",
+        ),
     ] {
         let args: Vec<String> = refused.iter().map(|arg| (*arg).to_owned()).collect();
         let (code, _, stderr) = ExampleProcess::spawn("mcts-hex", &args)?.finish("mcts-hex")?;
         ensure!(
-            code == 2 && stderr.contains("--seconds 1"),
+            code == 2 && stderr.contains(named),
             "{refused:?}: exit {code}, {stderr}"
         );
     }
@@ -390,7 +397,7 @@ fn mcts_warm_up() -> Result<()> {
         calls > 0 && calls < 300 * 25,
         "{calls} remote calls counted for 300 rollouts: {warm}"
     );
-    for value in ["0", "-1", "soon"] {
+    for value in ["0", "-1", "soon", "1e300"] {
         let args = vec!["--warm-up".to_owned(), value.to_owned()];
         let (code, _, stderr) = ExampleProcess::spawn("mcts-hex", &args)?.finish("mcts-hex")?;
         ensure!(

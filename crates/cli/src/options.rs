@@ -20,7 +20,6 @@ pub enum ControlMode {
     External,
 }
 
-/// FairMQ's boolean option values: `true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`.
 /// The longest duration an option takes: about 31 years (longer ones no timer can represent).
 pub const MAX_SECONDS: f64 = 1e9;
 

@@ -160,10 +160,15 @@ pub(crate) fn driver_settings(props: &impl Properties) -> Result<DriverSettings,
         }
     };
     let seconds: f64 = props.parse_or("seconds", 0.0)?;
-    if !(seconds >= 0.0 && seconds.is_finite()) {
+    // About 31 years, as the `ferromq` CLI's durations: a longer one is no `Duration`.
+    const MAX_SECONDS: f64 = 1e9;
+    if !(0.0..=MAX_SECONDS).contains(&seconds) {
         return Err(props.invalid(
             "seconds",
-            format!("has invalid value \"{seconds}\": a time per move in seconds, 0 for none"),
+            format!(
+                "has invalid value \"{seconds}\": a time per move in seconds, 0 for none, at \
+                 most {MAX_SECONDS:e}"
+            ),
         ));
     }
     // A time set without `rollouts` is the move's budget alone, as users of a time budget expect.
@@ -316,5 +321,12 @@ mod tests {
         };
         let error = error.to_string();
         assert!(error.contains("seconds") && error.contains("-1"), "{error}");
+        // Too long for a `Duration`: refused, not a panic when the move starts.
+        for huge in ["1e300", "inf", "NaN"] {
+            let Err(error) = settings(&[("seconds", huge)]) else {
+                panic!("seconds = {huge} was taken");
+            };
+            assert!(error.to_string().contains("seconds"), "{error}");
+        }
     }
 }
