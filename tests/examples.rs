@@ -259,8 +259,8 @@ fn mcts_budget() -> Result<()> {
     Ok(())
 }
 
-/// A number field of the example's JSON.
-fn json_number(stdout: &str, field: &str) -> Result<u64> {
+/// A number field of the example's JSON, as `T`.
+fn json_number<T: std::str::FromStr>(stdout: &str, field: &str) -> Result<T> {
     stdout
         .split(&format!("\"{field}\":"))
         .nth(1)
@@ -269,14 +269,15 @@ fn json_number(stdout: &str, field: &str) -> Result<u64> {
         .with_context(|| format!("no {field} in {stdout}"))
 }
 
-/// The floating-point `field` of one line of JSON.
-fn json_float(stdout: &str, field: &str) -> Result<f64> {
-    stdout
-        .split(&format!("\"{field}\":"))
-        .nth(1)
-        .and_then(|rest| rest.split([',', '}']).next())
-        .and_then(|number| number.parse().ok())
-        .with_context(|| format!("no {field} in {stdout}"))
+/// Runs the example with `args`, which it must refuse (exit 2) with `named` in its error.
+fn mcts_refuses(args: &[&str], named: &str) -> Result<()> {
+    let owned: Vec<String> = args.iter().map(|arg| (*arg).to_owned()).collect();
+    let (code, _, stderr) = ExampleProcess::spawn("mcts-hex", &owned)?.finish("mcts-hex")?;
+    ensure!(
+        code == 2 && stderr.contains(named),
+        "{args:?}: exit {code}, {stderr}"
+    );
+    Ok(())
 }
 
 fn mcts_time_budget() -> Result<()> {
@@ -291,7 +292,7 @@ fn mcts_time_budget() -> Result<()> {
         "0.3",
         "--json",
     ])?;
-    let seconds = json_float(&stdout, "seconds")?;
+    let seconds: f64 = json_number(&stdout, "seconds")?;
     ensure!(
         seconds >= 0.3,
         "a search of 0.3 s ended after {seconds} s: {stdout}"
@@ -308,12 +309,7 @@ fn mcts_time_budget() -> Result<()> {
             "--rollouts 99999999999999999999: too large",
         ),
     ] {
-        let args: Vec<String> = refused.iter().map(|arg| (*arg).to_owned()).collect();
-        let (code, _, stderr) = ExampleProcess::spawn("mcts-hex", &args)?.finish("mcts-hex")?;
-        ensure!(
-            code == 2 && stderr.contains(named),
-            "{refused:?}: exit {code}, {stderr}"
-        );
+        mcts_refuses(refused, named)?;
     }
     // Given its iterations, the plain opponent plays a search that has only a time.
     let stdout = mcts_example(&[
@@ -354,8 +350,8 @@ fn mcts_trad_settings() -> Result<()> {
                 micros,
             ],
         )?;
-        let calls = json_number(&stdout, "remote_calls")?;
-        let frames = json_number(&stdout, "remote_frames")?;
+        let calls: u64 = json_number(&stdout, "remote_calls")?;
+        let frames: u64 = json_number(&stdout, "remote_frames")?;
         ensure!(frames > 0 && frames <= calls, "{bytes} bytes: {stdout}");
         per_frame.push(calls as f64 / frames as f64);
     }
@@ -364,12 +360,7 @@ fn mcts_trad_settings() -> Result<()> {
         "calls per frame with 64-byte and 64-KiB frames: {per_frame:?}"
     );
     for (flag, value) in [("--aggregate-us", "10000001"), ("--aggregate-bytes", "63")] {
-        let args = vec![flag.to_owned(), value.to_owned()];
-        let (code, _, stderr) = ExampleProcess::spawn("mcts-hex", &args)?.finish("mcts-hex")?;
-        ensure!(
-            code == 2 && stderr.contains(&format!("{flag} {value}")),
-            "{flag} {value}: exit {code}, {stderr}"
-        );
+        mcts_refuses(&[flag, value], &format!("{flag} {value}"))?;
     }
     Ok(())
 }
@@ -392,18 +383,13 @@ fn mcts_warm_up() -> Result<()> {
     );
     ensure!(cold.contains("\"warm_up_s\":0}"), "{cold}");
     // A simulation makes at most a few calls per step down and up a 5x5 tree.
-    let calls = json_number(&warm, "remote_calls")?;
+    let calls: u64 = json_number(&warm, "remote_calls")?;
     ensure!(
         calls > 0 && calls < 300 * 25,
         "{calls} remote calls counted for 300 rollouts: {warm}"
     );
     for value in ["0", "-1", "soon", "1e300"] {
-        let args = vec!["--warm-up".to_owned(), value.to_owned()];
-        let (code, _, stderr) = ExampleProcess::spawn("mcts-hex", &args)?.finish("mcts-hex")?;
-        ensure!(
-            code == 2 && stderr.contains(&format!("--warm-up {value}")),
-            "--warm-up {value}: exit {code}, {stderr}"
-        );
+        mcts_refuses(&["--warm-up", value], &format!("--warm-up {value}"))?;
     }
     Ok(())
 }
@@ -422,7 +408,7 @@ fn mcts_versus_random() -> Result<()> {
         "2",
         "--json",
     ])?;
-    let wins = json_number(&stdout, "wins")?;
+    let wins: u64 = json_number(&stdout, "wins")?;
     ensure!(stdout.contains("\"games\":2,") && wins <= 2, "{stdout}");
     Ok(())
 }
