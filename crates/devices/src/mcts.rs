@@ -166,8 +166,9 @@ pub(crate) fn driver_settings(props: &impl Properties) -> Result<DriverSettings,
         return Err(props.invalid(
             "seconds",
             format!(
-                "has invalid value \"{seconds}\": a time per move in seconds, 0 for none, at \
-                 most {MAX_SECONDS:e}"
+                "has invalid value \"{}\": a time per move in seconds, 0 for none, at most \
+                 {MAX_SECONDS:e}",
+                props.text("seconds").unwrap_or_default()
             ),
         ));
     }
