@@ -6,9 +6,10 @@
 //! cargo run --release --example mcts-hex -- --board 7 --workers 2 --rollouts 2000 --versus random --games 40 --json
 //! ```
 //!
-//! Options: `--board S` (default 11), `--workers N` (2), `--rollouts R` per search or move
-//! (10000; no limit where `--seconds` is given alone), `--aggregate none|trad|ovfl` (ovfl), `--aggregate-bytes B` and `--aggregate-us U`
-//! (`trad`'s frame size and longest hold: 4096, 100), `--playouts P` per new node (16),
+//! Options: `--board S` (default 11), `--workers N` (2, at most 256), `--rollouts R` per search
+//! or move (10000; no limit where `--seconds` is given alone), `--aggregate none|trad|ovfl`
+//! (ovfl), `--aggregate-bytes B` and `--aggregate-us U` (`trad`'s frame size and longest hold:
+//! 4096, 100), `--playouts P` per new node (16),
 //! `--in-flight K` simulations per worker (256), `--seconds T` per search or move (none: the
 //! rollouts alone are the budget), `--warm-up T` (a search of T seconds from the same position
 //! before the one measured, its tree then dropped: BENCHMARKS.md's warm-up), `--transport
