@@ -20,7 +20,8 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::soak::{LauncherGuard, ProcessMemory, median};
+use crate::bench::{Spread, median};
+use crate::soak::{LauncherGuard, ProcessMemory};
 
 /// How long one run may take beyond its duration before it counts as hung.
 const RUN_ALLOWANCE: Duration = Duration::from_secs(300);
@@ -236,9 +237,8 @@ fn mib(bytes: f64) -> f64 {
 }
 
 fn spread(values: &[f64]) -> String {
-    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    format!("{:.2} ({min:.2}-{max:.2})", median(values))
+    let Spread { median, min, max } = Spread::of(values);
+    format!("{median:.2} ({min:.2}-{max:.2})")
 }
 
 /// Runs every size and writes the report; false when a run failed.

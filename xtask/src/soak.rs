@@ -40,6 +40,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::bench::median;
+
 /// Fraction of the samples ignored at the start.
 const WARMUP_FRACTION: f64 = 0.25;
 /// Allowed growth of the last third's median over the first third's, relative.
@@ -548,16 +550,6 @@ fn growth(values: &[f64], relative: f64, slack: f64) -> Option<Growth> {
         limit,
         grows: last > limit,
     })
-}
-
-pub(crate) fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    match sorted.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => sorted[n / 2],
-        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
-    }
 }
 
 /// What a `ferromq run` output says about the messages.
