@@ -85,13 +85,25 @@ fn count(
     Some(*value.get_ref() as u64)
 }
 
+/// A TOML float as a property's text: a whole number that fits a `u64` or `i64` without its
+/// `.0` (`board = 11.0` reaches the device as `11`, which integer properties parse), any other
+/// in the shortest form that reads back as the same `f64` (`1e300`, not 301 digits; `2.5`;
+/// `1e-7`; `inf`).
+fn float_text(number: f64) -> String {
+    if number.fract() == 0.0 && number.abs() < 1.8e19 {
+        format!("{number}")
+    } else {
+        format!("{number:?}")
+    }
+}
+
 /// A TOML value as the file could have written it (for error messages).
 fn toml_text(value: &toml::Value) -> String {
     match value {
         toml::Value::String(text) => format!("{text:?}"),
         toml::Value::Boolean(flag) => flag.to_string(),
         toml::Value::Integer(number) => number.to_string(),
-        toml::Value::Float(number) => number.to_string(),
+        toml::Value::Float(number) => float_text(*number),
         other => format!("a {}", other.type_str()),
     }
 }
@@ -848,7 +860,7 @@ impl<'a> Loader<'a> {
                 let text = match value.get_ref() {
                     toml::Value::String(text) => text.clone(),
                     toml::Value::Integer(number) => number.to_string(),
-                    toml::Value::Float(number) => number.to_string(),
+                    toml::Value::Float(number) => float_text(*number),
                     toml::Value::Boolean(flag) => flag.to_string(),
                     other => {
                         self.checker.error(

@@ -234,6 +234,30 @@ fn the_documented_channel_keys_are_the_key_table() {
 }
 
 #[test]
+fn float_properties_reach_the_device_as_the_file_wrote_them() {
+    let text = r#"
+[[device]]
+id = "a"
+kind = "sink"
+properties = { whole = 11.0, half = 2.5, huge = 1e300, tiny = 1e-7, big-whole = 1e18, minus = -3.0, none = inf }
+"#;
+    let topology = load("floats.toml", text, &KNOWN).unwrap_or_else(|errors| panic!("{errors}"));
+    let instances = topology.instances();
+    let properties = &instances[0].properties;
+    for (key, text) in [
+        ("whole", "11"),
+        ("half", "2.5"),
+        ("huge", "1e300"),
+        ("tiny", "1e-7"),
+        ("big-whole", "1000000000000000000"),
+        ("minus", "-3"),
+        ("none", "inf"),
+    ] {
+        assert_eq!(properties[key], text, "{key}");
+    }
+}
+
+#[test]
 fn an_rpc_group_becomes_an_inbound_and_one_push_socket_per_member() {
     let text = r#"
 transport = "shmem"
