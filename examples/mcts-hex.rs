@@ -103,12 +103,14 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 }),
             }
         }
-        /// `text` as a positive number of seconds, at most `MAX_SECONDS`.
+        /// `text` as a positive number of seconds, at most [`ferromq::MAX_SECONDS`] (a longer
+        /// one is no `Duration`).
         fn positive_seconds(flag: &str, text: String, what: &str) -> Result<f64, String> {
             match text.parse::<f64>() {
-                Ok(seconds) if seconds > 0.0 && seconds <= MAX_SECONDS => Ok(seconds),
+                Ok(seconds) if seconds > 0.0 && seconds <= ferromq::MAX_SECONDS => Ok(seconds),
                 _ => Err(format!(
-                    "{flag} {text}: a positive number of seconds {what}, at most {MAX_SECONDS:e}"
+                    "{flag} {text}: a positive number of seconds {what}, at most {:e}",
+                    ferromq::MAX_SECONDS
                 )),
             }
         }
@@ -182,10 +184,6 @@ fn parse(args: &[String]) -> Result<Options, String> {
 /// The most workers `--workers` starts: each is a process of its own, connected to every other
 /// member (256 make ~33 000 connections).
 const MAX_WORKERS: usize = 256;
-
-/// The longest time `--seconds` and `--warm-up` take: about 31 years, as the `ferromq` CLI's
-/// durations (a longer one is no `Duration`, and no timer could wait for it).
-const MAX_SECONDS: f64 = 1e9;
 
 /// Rollouts per search or move when `--rollouts` is not given.
 const DEFAULT_ROLLOUTS: u64 = 10_000;

@@ -20,8 +20,7 @@ pub enum ControlMode {
     External,
 }
 
-/// The longest duration an option takes: about 31 years (longer ones no timer can represent).
-pub const MAX_SECONDS: f64 = 1e9;
+pub use ferromq_core::MAX_SECONDS;
 
 /// clap's parser for a number of seconds: finite, above 0, at most [`MAX_SECONDS`].
 ///

@@ -198,6 +198,11 @@ pub enum ConfigError {
 /// file descriptors, and a forged count must not make a device allocate without bound.
 pub const MAX_NUM_SOCKETS: usize = 1024;
 
+/// The longest duration, in seconds, that an option or property takes: about 31 years. A longer
+/// one is no `Duration` (converting it panics) and no timer could wait for it; the CLI, the
+/// built-in devices and the examples refuse it by name.
+pub const MAX_SECONDS: f64 = 1e9;
+
 /// One endpoint of a channel: where it binds or connects.
 ///
 /// A channel has several when its address is FairMQ's multi-endpoint form,

@@ -33,7 +33,9 @@ mod transport;
 mod typed;
 
 pub use address::{Address, AddressError, TcpHost};
-pub use config::{ChannelConfig, ConfigError, Endpoint, MAX_NUM_SOCKETS, Method, SocketType};
+pub use config::{
+    ChannelConfig, ConfigError, Endpoint, MAX_NUM_SOCKETS, MAX_SECONDS, Method, SocketType,
+};
 pub use error::{BoxError, ChannelLabel, CodecError, Error, Result, SendError, error_chain};
 pub use keys::{CHANNEL_KEYS, ChannelKey, KeyKind, KeyValue, channel_key, known_channel_keys};
 pub use message::{

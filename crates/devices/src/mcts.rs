@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use ferromq_core::BoxError;
+use ferromq_core::{BoxError, MAX_SECONDS};
 use ferromq_device::{Device, DeviceContext, DeviceError};
 use ferromq_mcts::hex::Hex;
 use ferromq_mcts::search::{
@@ -160,8 +160,6 @@ pub(crate) fn driver_settings(props: &impl Properties) -> Result<DriverSettings,
         }
     };
     let seconds: f64 = props.parse_or("seconds", 0.0)?;
-    // About 31 years, as the `ferromq` CLI's durations: a longer one is no `Duration`.
-    const MAX_SECONDS: f64 = 1e9;
     if !(0.0..=MAX_SECONDS).contains(&seconds) {
         return Err(props.invalid(
             "seconds",

@@ -90,7 +90,7 @@ fn count(
 /// in the shortest form that reads back as the same `f64` (`1e300`, not 301 digits; `2.5`;
 /// `1e-7`; `inf`).
 fn float_text(number: f64) -> String {
-    if number.fract() == 0.0 && number.abs() < 1.8e19 {
+    if number.fract() == 0.0 && number.abs() < u64::MAX as f64 {
         format!("{number}")
     } else {
         format!("{number:?}")
