@@ -222,16 +222,59 @@ pub fn main() -> ExitCode {
         .build()
         .expect("a runtime");
     let driven = runtime.block_on(async move {
-        tokio::spawn(async move { drive(&options).await })
-            .await
-            .unwrap_or_else(|error| Err(format!("the driver task failed: {error}")))
+        let mut driving = tokio::spawn(async move { drive(&options).await });
+        tokio::select! {
+            joined = &mut driving => joined
+                .unwrap_or_else(|error| Err(format!("the driver task failed: {error}")))
+                .map(|()| None),
+            signal = stop_signal() => {
+                // The driver's future dropped kills the workers and removes the group's ipc
+                // files; the session's shared memory goes here, as after a search.
+                driving.abort();
+                let _ = driving.await;
+                clean_shared_memory();
+                Ok(Some(signal))
+            }
+        }
     });
     match driven {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(None) => ExitCode::SUCCESS,
+        Ok(Some((name, number))) => {
+            eprintln!("mcts-hex: stopped by {name}; the workers and their files are gone");
+            ExitCode::from(128 + number)
+        }
         Err(error) => {
             eprintln!("mcts-hex: {error}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The session of this driver's group: its ipc files' and shared memory's names.
+fn session() -> String {
+    format!("mcts-{}", std::process::id())
+}
+
+/// Removes the session's shared memory (every member's), whoever made it.
+fn clean_shared_memory() {
+    let _ =
+        ferromq::shm::cleanup::clean_session(ferromq::shm::names::current_uid(), &session(), true);
+}
+
+/// The first SIGINT or SIGTERM, with its name and number (never, where neither can be caught):
+/// the driver then stops the workers and removes what the group made before it exits, as a
+/// search that ends does, with the shell's code for the signal (128 + its number).
+async fn stop_signal() -> (&'static str, u8) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = interrupt.recv() => ("SIGINT", 2),
+        _ = terminate.recv() => ("SIGTERM", 15),
     }
 }
 
@@ -262,7 +305,7 @@ async fn drive(options: &Options) -> Result<(), String> {
     let config = LocalConfig {
         workers: options.workers,
         transport: options.transport.clone(),
-        session: format!("mcts-{}", std::process::id()),
+        session: session(),
         aggregation: options.aggregate,
         aggregate_bytes: options.aggregate_bytes,
         aggregate_delay: Duration::from_micros(options.aggregate_us),
@@ -280,11 +323,7 @@ async fn drive(options: &Options) -> Result<(), String> {
         Some(opponent) => play_games(options, &search, opponent).await,
     };
     let stopped = search.stop().await;
-    let _ = ferromq::shm::cleanup::clean_session(
-        ferromq::shm::names::current_uid(),
-        &config.session,
-        true,
-    );
+    clean_shared_memory();
     outcome.and(stopped)
 }
 

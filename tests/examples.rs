@@ -12,6 +12,7 @@ mod sampler_example;
 mod sink_example;
 
 use std::io::Read;
+use std::path::Path;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
@@ -60,6 +61,10 @@ fn main() -> ExitCode {
         trial(
             "mcts_hex_example_searches_for_its_time_when_given_seconds_alone",
             mcts_time_budget,
+        ),
+        trial(
+            "mcts_hex_example_stopped_by_a_signal_leaves_no_file",
+            mcts_stopped_by_signal,
         ),
         trial("killing_an_mcts_worker_fails_the_search_naming_it", || {
             mcts_worker_killed()
@@ -331,6 +336,64 @@ fn mcts_time_budget() -> Result<()> {
         stdout.contains("\"games\":1,") && stdout.contains("\"rollouts\":null,"),
         "{stdout}"
     );
+    Ok(())
+}
+
+/// The names in `dir` that contain `part`.
+fn names_with(dir: &Path, part: &str) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|entry| entry.ok())
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.contains(part))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn mcts_stopped_by_signal() -> Result<()> {
+    // Ctrl-C or a SIGTERM mid-search: the driver stops its workers and removes the group's ipc
+    // files and shared memory, and exits with the shell's code for the signal (before, a
+    // SIGTERM left every member's ipc file in the temporary directory).
+    for (signal, code) in [("TERM", 143), ("INT", 130)] {
+        let args: Vec<String> = [
+            "--board",
+            "5",
+            "--workers",
+            "2",
+            "--seconds",
+            "60",
+            "--json",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let example = ExampleProcess::spawn("mcts-hex", &args)?;
+        let pid = example.child.id();
+        let ipc_files = || names_with(&std::env::temp_dir(), &format!("ferromq-mcts-{pid}-"));
+        // Searching once the driver and both workers have bound their ipc files.
+        let deadline = Instant::now() + EXIT_TIMEOUT;
+        while ipc_files().len() < 3 {
+            ensure!(
+                Instant::now() < deadline,
+                "the group did not start: {:?}",
+                ipc_files()
+            );
+            std::thread::park_timeout(Duration::from_millis(20));
+        }
+        let sent = Command::new("kill")
+            .args([format!("-{signal}"), pid.to_string()])
+            .status()?;
+        ensure!(sent.success(), "kill -{signal} {pid} failed");
+        let (exit, _, stderr) = example.finish("mcts-hex")?;
+        ensure!(
+            exit == code && stderr.contains(&format!("stopped by SIG{signal}")),
+            "SIG{signal}: exit {exit}, {stderr}"
+        );
+        ensure!(ipc_files().is_empty(), "SIG{signal} left {:?}", ipc_files());
+        let shared = names_with(Path::new("/dev/shm"), &format!("mcts-{pid}"));
+        ensure!(shared.is_empty(), "SIG{signal} left {shared:?} in /dev/shm");
+    }
     Ok(())
 }
 

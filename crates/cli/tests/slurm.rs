@@ -1,7 +1,8 @@
 //! `ferromq run --launcher slurm` inside a real Slurm allocation: a private cluster of two
 //! simulated nodes on this host (`support/slurm-cluster.sh`: munged, slurmctld and two slurmd,
 //! n1 and n2, all under a temporary directory and stopped on drop, whatever happened).
-//! Needs root, slurm-wlm and munge (`.ci/run` installs them).
+//! Needs root, slurm-wlm and munge (`.ci/run` installs them); the last test, of `ferromq
+//! slurm-task` alone, none of them.
 
 mod support;
 
@@ -233,4 +234,72 @@ async fn the_printed_batch_script_runs_the_topology_under_sbatch() {
         String::from_utf8_lossy(&submitted.stderr)
     );
     assert!(log.contains("n2: [sink] sink summary"), "{log}");
+}
+
+/// Kills a process on drop (a test's child that outlived a failed assertion).
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// A SIGTERM that reaches `ferromq slurm-task` itself (Slurm signals the task's whole process
+/// group) is the device's to handle: the task stays, and reports the device's exit when it
+/// comes. With libfabric linked (`--features ofi`) a library's load-time handler used to get the
+/// signal through the task's own and end it, losing the device's exit. No cluster needed: the
+/// launcher's command exchange is served here.
+#[test]
+fn a_slurm_task_survives_sigterm_and_reports_its_devices_exit() {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = listener.local_addr().expect("an address").port();
+    let launcher = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().expect("the task's request");
+        let mut request = String::new();
+        BufReader::new(&stream)
+            .read_line(&mut request)
+            .expect("a request line");
+        let device = r#"trap "exit 7" TERM; echo ready $$; while :; do sleep 0.05; done"#;
+        let command = serde_json::json!({"program": "sh", "args": ["-c", device], "env": []});
+        writeln!(&stream, "{command}").expect("the answer");
+        request
+    });
+    let mut task = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .arg("slurm-task")
+        .env("SLURM_PROCID", "0")
+        .env("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
+        .env("FERROMQ_SLURM_COMMANDS", format!("{port} secret"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("ferromq slurm-task starts");
+    let _task_guard = KillOnDrop(task.id() as i32);
+    assert_eq!(launcher.join().expect("the launcher").trim(), "secret 0");
+    let mut lines = BufReader::new(task.stdout.take().expect("stdout")).lines();
+    let ready = lines.next().expect("a first line").expect("text");
+    let device: i32 = ready
+        .strip_prefix("ready ")
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("the device's first line, got {ready:?}"));
+    let _device_guard = KillOnDrop(device);
+    let signal = |pid: i32| {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .expect("kill")
+    };
+    signal(task.id() as i32);
+    signal(device);
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = task.wait().expect("the task's exit");
+    assert_eq!(
+        (status.code(), rest.last().map(String::as_str)),
+        (Some(7), Some("ferromq-task-exit: code 7")),
+        "the task after SIGTERM: {status:?}, its lines after the device's first: {rest:?}"
+    );
 }
