@@ -266,6 +266,9 @@ fn clean_shared_memory() {
 /// search that ends does, with the shell's code for the signal (128 + its number).
 async fn stop_signal() -> (&'static str, u8) {
     use tokio::signal::unix::{SignalKind, signal};
+    // With libfabric linked (the `ofi` feature) a library's load-time handler would otherwise
+    // get the signal through tokio's and end the process before the group is stopped.
+    ferromq::prepare_termination_signals();
     let (Ok(mut interrupt), Ok(mut terminate)) = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),

@@ -68,7 +68,8 @@
 //! - `zeromq` (default): the zeromq transport (tcp, ipc, inproc) over the pure-Rust `zeromq` crate.
 //! - `shmem` (default): the shared-memory transport, zero-copy between processes on one host.
 //! - `cli` (default): [`run_device_main`], [`run_device`] and [`DeviceOptions`], FairMQ's device
-//!   command line for your own binaries (the library of the `ferromq` binary; needs `shmem`).
+//!   command line for your own binaries (the library of the `ferromq` binary; needs `shmem`),
+//!   and [`prepare_termination_signals`] for a binary that catches SIGINT/SIGTERM itself.
 //! - `ofi`: the ofi transport over libfabric (RDMA with verbs, or tcp); needs libfabric >= 1.17
 //!   (`libfabric-dev`) to build.
 #![forbid(unsafe_code)]
@@ -77,6 +78,7 @@
 #[cfg(feature = "cli")]
 pub use ferromq_cli::{
     BuiltinOptions, ControlMode, DeviceOptions, block_on, run_device, run_device_main,
+    transports::prepare_termination_signals,
 };
 pub use ferromq_core::*;
 #[cfg(feature = "ofi")]
