@@ -9,8 +9,9 @@
 //! Options: `--board S` (default 11), `--workers N` (2, at most 256), `--rollouts R` per search
 //! or move (10000; no limit where `--seconds` is given alone), `--aggregate none|trad|ovfl`
 //! (ovfl), `--aggregate-bytes B` and `--aggregate-us U` (`trad`'s frame size and longest hold:
-//! 4096, 100), `--playouts P` per new node (16),
-//! `--in-flight K` simulations per worker (256), `--seconds T` per search or move (none: the
+//! 4096, 100), `--playouts P` per new node (16), `--spread-depth D` (nodes down to D moves
+//! below the root placed by their hash, deeper ones kept with their parent's owner; none: every
+//! node by its hash), `--in-flight K` simulations per worker (256), `--seconds T` per search or move (none: the
 //! rollouts alone are the budget), `--warm-up T` (a search of T seconds from the same position
 //! before the one measured, its tree then dropped: BENCHMARKS.md's warm-up), `--transport
 //! shmem|zeromq` (shmem),
@@ -46,6 +47,8 @@ struct Options {
     aggregate_bytes: usize,
     aggregate_us: u64,
     playouts: u32,
+    /// Nodes deeper than this below the root stay with their parent's owner.
+    spread_depth: u32,
     in_flight: usize,
     transport: String,
     versus: Option<String>,
@@ -68,6 +71,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
             .aggregate_delay
             .as_micros() as u64,
         playouts: 16,
+        spread_depth: SearchSettings::SPREAD_EVERYWHERE,
         in_flight: ferromq::mcts::search::IN_FLIGHT_PER_WORKER,
         transport: "shmem".to_owned(),
         versus: None,
@@ -135,6 +139,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 options.aggregate_us = within(flag, value()?, low, Some(high))?;
             }
             "--playouts" => options.playouts = number(flag, value()?, 1)?,
+            "--spread-depth" => options.spread_depth = number(flag, value()?, 0)?,
             "--in-flight" => options.in_flight = number(flag, value()?, 1)?,
             "--transport" => match value()?.as_str() {
                 name @ ("shmem" | "zeromq") => options.transport = name.to_owned(),
@@ -314,6 +319,7 @@ async fn drive(options: &Options) -> Result<(), String> {
         aggregate_delay: Duration::from_micros(options.aggregate_us),
         settings: SearchSettings {
             playouts: options.playouts,
+            spread_depth: options.spread_depth,
             ..SearchSettings::default()
         },
         timeout: Duration::from_secs(30),
@@ -381,9 +387,13 @@ async fn one_search(options: &Options, search: &LocalSearch<Hex>) -> Result<(), 
         traffic.local_steps.saturating_sub(before.local_steps),
     );
     let share = traffic.aggregated.saturating_sub(before.aggregated) as f64 / records.max(1) as f64;
+    let spread_depth = match options.spread_depth {
+        SearchSettings::SPREAD_EVERYWHERE => "null".to_owned(),
+        depth => depth.to_string(),
+    };
     if options.json {
         println!(
-            "{{\"board\":{},\"workers\":{},\"aggregate\":\"{}\",\"transport\":\"{}\",\"rollouts\":{},\"rollouts_per_s\":{rate:.0},\"playouts\":{},\"playouts_per_s\":{:.0},\"best_move\":\"{best}\",\"root_visits\":[{}],\"remote_calls\":{records},\"remote_frames\":{frames},\"aggregated_share\":{share:.3},\"local_steps\":{local_steps},\"seconds\":{:.3},\"warm_up_s\":{}}}",
+            "{{\"board\":{},\"workers\":{},\"aggregate\":\"{}\",\"transport\":\"{}\",\"rollouts\":{},\"rollouts_per_s\":{rate:.0},\"playouts\":{},\"playouts_per_s\":{:.0},\"best_move\":\"{best}\",\"root_visits\":[{}],\"remote_calls\":{records},\"remote_frames\":{frames},\"aggregated_share\":{share:.3},\"local_steps\":{local_steps},\"spread_depth\":{spread_depth},\"seconds\":{:.3},\"warm_up_s\":{}}}",
             options.board,
             options.workers,
             options.aggregate,

@@ -51,6 +51,10 @@ fn main() -> ExitCode {
             mcts_trad_settings,
         ),
         trial(
+            "mcts_hex_example_keeps_steps_below_its_spread_depth_local",
+            mcts_spread_depth,
+        ),
+        trial(
             "mcts_hex_example_warms_up_then_counts_only_the_measured_search",
             mcts_warm_up,
         ),
@@ -393,6 +397,29 @@ fn mcts_stopped_by_signal() -> Result<()> {
         ensure!(ipc_files().is_empty(), "SIG{signal} left {:?}", ipc_files());
         let shared = names_with(Path::new("/dev/shm"), &format!("mcts-{pid}"));
         ensure!(shared.is_empty(), "SIG{signal} left {shared:?} in /dev/shm");
+    }
+    Ok(())
+}
+
+fn mcts_spread_depth() -> Result<()> {
+    // Spread depth 0: every node stays with the root's owner; the only calls are the
+    // driver's batches and the reports.
+    let stdout = mcts_small_search("2000", &["--spread-depth", "0"])?;
+    let calls: u64 = json_number(&stdout, "remote_calls")?;
+    ensure!(
+        stdout.contains("\"spread_depth\":0,") && calls < 2000,
+        "--spread-depth 0: {stdout}"
+    );
+    let everywhere = mcts_small_search("2000", &[])?;
+    ensure!(
+        everywhere.contains("\"spread_depth\":null,"),
+        "no --spread-depth: {everywhere}"
+    );
+    for value in ["-1", "deep", "99999999999"] {
+        mcts_refuses(
+            &["--spread-depth", value],
+            &format!("--spread-depth {value}"),
+        )?;
     }
     Ok(())
 }

@@ -128,6 +128,10 @@ enum Task {
         /// Aggregation of the calls between workers.
         #[arg(long, default_value = "ovfl", value_parser = ["none", "trad", "ovfl"])]
         aggregate: String,
+        /// Nodes deeper than this many moves below the root stay with their parent's owner
+        /// (the example's --spread-depth; default: every node placed by its hash).
+        #[arg(long)]
+        spread_depth: Option<u32>,
         /// The efficiency a round counts as reaching (issue 15: 0.7 at 2 workers).
         #[arg(long, default_value_t = 0.7, value_parser = efficiency_bound)]
         bound: f64,
@@ -189,6 +193,7 @@ fn main() -> ExitCode {
             seconds,
             warm_up,
             aggregate,
+            spread_depth,
             bound,
         } => {
             let mut search_args = vec![
@@ -207,6 +212,9 @@ fn main() -> ExitCode {
                 if let Some(value) = value {
                     search_args.extend([flag.to_owned(), value.to_string()]);
                 }
+            }
+            if let Some(depth) = spread_depth {
+                search_args.extend(["--spread-depth".to_owned(), depth.to_string()]);
             }
             let options = mcts_scaling::Options {
                 rounds: rounds as usize,

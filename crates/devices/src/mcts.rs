@@ -5,10 +5,12 @@
 //! tells the workers to finish, so that the run ends by itself.
 //!
 //! Properties (both): `game` (`hex` or `tictactoe`), `board` (Hex side, 11), `rpc-group`
-//! (`search`); worker: `playouts` (random games per new node, 16); driver: `rollouts` (10000;
-//! no limit where `seconds` is set and `rollouts` is not), `seconds` (a time per move, 0 for
-//! none: the move is played when either budget is spent),
-//! `moves` (1; 0 plays to the end), `in-flight` (simulations per worker, 256:
+//! (`search`); worker: `playouts` (random games per new node, 16), `spread-depth` (nodes down
+//! to this many moves below the root placed by their hash, deeper ones kept with their parent's
+//! owner: [`SearchSettings::spread_depth`]; every node by its hash when not set); driver:
+//! `rollouts` (10000; no limit where `seconds` is set and `rollouts` is not), `seconds` (a
+//! time per move, 0 for none: the move is played when either budget is spent), `moves` (1; 0
+//! plays to the end), `in-flight` (simulations per worker, 256:
 //! [`ferromq_mcts::search::IN_FLIGHT_PER_WORKER`]).
 
 use std::sync::Arc;
@@ -74,6 +76,7 @@ pub(crate) fn worker_settings(props: &impl Properties) -> Result<WorkerSettings,
         group: group(props)?,
         search: SearchSettings {
             playouts: props.parse_or("playouts", 16)?,
+            spread_depth: props.parse_or("spread-depth", SearchSettings::SPREAD_EVERYWHERE)?,
             ..SearchSettings::default()
         },
         seed: props.parse_or("replica-index", 0)?,
@@ -326,6 +329,29 @@ mod tests {
                 panic!("seconds = {huge} was taken");
             };
             assert!(error.to_string().contains("seconds"), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_worker_reads_its_spread_depth_and_refuses_a_bad_one_by_name() {
+        let worker = |pairs: &[(&str, &str)]| {
+            let table = pairs
+                .iter()
+                .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+                .collect();
+            worker_settings(&Table(table)).map(|settings| settings.search.spread_depth)
+        };
+        assert_eq!(worker(&[]).unwrap(), SearchSettings::SPREAD_EVERYWHERE);
+        assert_eq!(worker(&[("spread-depth", "2")]).unwrap(), 2);
+        for bad in ["-1", "two", "99999999999"] {
+            let Err(error) = worker(&[("spread-depth", bad)]) else {
+                panic!("spread-depth = {bad} was taken");
+            };
+            let error = error.to_string();
+            assert!(
+                error.contains("spread-depth") && error.contains(bad),
+                "{error}"
+            );
         }
     }
 }

@@ -40,7 +40,7 @@ pub struct LocalConfig {
     pub aggregate_bytes: usize,
     /// How long `trad` holds a frame that is not full ([`RpcOptions::aggregate_delay`]).
     pub aggregate_delay: Duration,
-    /// Playouts and exploration.
+    /// Playouts, exploration and spread depth.
     pub settings: SearchSettings,
     /// The longest wait for a call.
     pub timeout: Duration,
@@ -259,7 +259,7 @@ fn members(addresses: &[String]) -> Result<Vec<Member>, String> {
 
 fn config_text(config: &LocalConfig) -> String {
     format!(
-        "{} {} {} {} {} {} {} {} {}",
+        "{} {} {} {} {} {} {} {} {} {}",
         config.workers,
         config.transport,
         config.session,
@@ -268,6 +268,7 @@ fn config_text(config: &LocalConfig) -> String {
         config.aggregate_delay.as_micros(),
         config.settings.playouts,
         config.settings.exploration,
+        config.settings.spread_depth,
         config.timeout.as_millis()
     )
 }
@@ -283,10 +284,11 @@ fn parse_config(text: &str) -> Result<LocalConfig, String> {
         aggregate_us,
         playouts,
         exploration,
+        spread_depth,
         timeout_ms,
     ] = fields[..]
     else {
-        return Err(format!("FERROMQ_MCTS_CONFIG {text:?} has not 9 fields"));
+        return Err(format!("FERROMQ_MCTS_CONFIG {text:?} has not 10 fields"));
     };
     let number = |field: &str| {
         field
@@ -305,6 +307,9 @@ fn parse_config(text: &str) -> Result<LocalConfig, String> {
             exploration: exploration
                 .parse()
                 .map_err(|error| format!("{exploration:?}: {error}"))?,
+            spread_depth: number(spread_depth)?
+                .try_into()
+                .map_err(|_| format!("spread depth {spread_depth:?} is too large"))?,
         },
         timeout: Duration::from_millis(number(timeout_ms)?),
     })

@@ -17,6 +17,14 @@ use ferromq_rpc::{Aggregation, Inbound, Member, Rpc, RpcOptions};
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
 async fn group<G: Game>(n_workers: usize, aggregation: Aggregation) -> (Driver<G>, Vec<Rpc>) {
+    group_with(n_workers, aggregation, SearchSettings::default()).await
+}
+
+async fn group_with<G: Game>(
+    n_workers: usize,
+    aggregation: Aggregation,
+    settings: SearchSettings,
+) -> (Driver<G>, Vec<Rpc>) {
     let transport: Arc<dyn Transport> = Arc::new(ferromq_zmq::ZmqTransport::new());
     let tag = NEXT.fetch_add(1, Ordering::Relaxed);
     let members: Vec<Member> = (0..=n_workers)
@@ -50,7 +58,7 @@ async fn group<G: Game>(n_workers: usize, aggregation: Aggregation) -> (Driver<G
         let handlers = if idx == 0 {
             driver_handlers::<G>(&counts)
         } else {
-            worker_handlers::<G>(n_workers, SearchSettings::default(), idx as u64)
+            worker_handlers::<G>(n_workers, settings, idx as u64)
         };
         let rpc = Rpc::start(
             Arc::clone(&transport),
@@ -225,6 +233,69 @@ async fn time_budget(n_workers: usize) {
         (0, 0),
         "{n_workers} workers: simulations left in flight"
     );
+    for worker in workers {
+        worker.shutdown().await.unwrap();
+    }
+    driver.rpc().shutdown().await.unwrap();
+}
+
+/// With a spread depth, the nodes below it stay with their parent's owner: at depth 0 every
+/// node is the root's owner's and no simulation makes a call between the workers; at depth 1
+/// the search still spreads (and, with 8 workers, still finds tic-tac-toe's values and leaves
+/// nothing in flight: a selection that waited for a child's creation goes where the edge says).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn below_the_spread_depth_nodes_stay_with_their_parents_owner() {
+    let settings = |spread_depth| SearchSettings {
+        spread_depth,
+        ..SearchSettings::default()
+    };
+    let position = Hex::new(5).unwrap();
+    let mut calls_per_simulation = Vec::new();
+    for spread_depth in [0, 1, SearchSettings::SPREAD_EVERYWHERE] {
+        let (driver, workers) =
+            group_with::<Hex>(2, Aggregation::Ovfl, settings(spread_depth)).await;
+        let result = driver.search(&position, 2000).await.unwrap();
+        assert_eq!(result.rollouts, 2000, "spread depth {spread_depth}");
+        assert_eq!(
+            driver.pending().await.unwrap(),
+            (0, 0),
+            "spread depth {spread_depth}"
+        );
+        let traffic = driver.traffic().await.unwrap();
+        calls_per_simulation.push(traffic.records as f64 / 2000.0);
+        if spread_depth == 0 {
+            // The driver's batches and the reports: fewer calls than simulations.
+            assert!(
+                traffic.records < 2000 && traffic.local_steps > 2000 * 3,
+                "spread depth 0: {traffic:?}"
+            );
+        }
+        for worker in workers {
+            worker.shutdown().await.unwrap();
+        }
+        driver.rpc().shutdown().await.unwrap();
+    }
+    assert!(
+        calls_per_simulation[0] < calls_per_simulation[1]
+            && calls_per_simulation[1] < calls_per_simulation[2],
+        "calls per simulation at spread depth 0, 1 and everywhere: {calls_per_simulation:?}"
+    );
+
+    let (mut driver, workers) = group_with::<TicTacToe>(8, Aggregation::Ovfl, settings(1)).await;
+    // 256 in flight per worker would be most of the budget: few results to choose by.
+    driver.in_flight = 64;
+    for moves in [&[0, 3, 1, 4][..], &[0, 4, 1], &[]] {
+        let position = TicTacToe::after(moves);
+        let (value, _) = position.solve();
+        let result = driver.search(&position, 3000).await.unwrap();
+        let best = result.best_move.expect("a move");
+        assert_eq!(
+            value_after(&position, best),
+            value,
+            "spread depth 1, after {moves:?}: {best} does not keep the value {value}"
+        );
+    }
+    assert_eq!(driver.pending().await.unwrap(), (0, 0));
     for worker in workers {
         worker.shutdown().await.unwrap();
     }
