@@ -79,6 +79,28 @@ async fn group_with<G: Game>(
     (driver.unwrap(), workers)
 }
 
+/// Stops the group: the workers, then the driver.
+async fn stop<G: Game>(driver: Driver<G>, workers: Vec<Rpc>) {
+    for worker in workers {
+        worker.shutdown().await.unwrap();
+    }
+    driver.rpc().shutdown().await.unwrap();
+}
+
+/// A search of 3000 rollouts after `moves` plays a move that keeps the position's value.
+async fn keeps_the_value(driver: &Driver<TicTacToe>, moves: &[u8], case: &str) {
+    let position = TicTacToe::after(moves);
+    let (value, _) = position.solve();
+    let result = driver.search(&position, 3000).await.unwrap();
+    let best = result.best_move.expect("a move");
+    assert_eq!(result.rollouts, 3000, "{case}after {moves:?}");
+    assert_eq!(
+        value_after(&position, best),
+        value,
+        "{case}after {moves:?} the search played {best}, which does not keep the value {value}"
+    );
+}
+
 fn value_after(position: &TicTacToe, mv: u8) -> f64 {
     let mut next = position.clone();
     next.play(mv);
@@ -97,22 +119,10 @@ async fn tic_tac_toe_finds_the_forced_win_and_keeps_the_draw() {
         &[4, 1, 0, 8, 6],
         &[],
     ] {
-        let position = TicTacToe::after(moves);
-        let (value, _) = position.solve();
-        let result = driver.search(&position, 3000).await.unwrap();
-        let best = result.best_move.expect("a move");
-        assert_eq!(result.rollouts, 3000);
-        assert_eq!(
-            value_after(&position, best),
-            value,
-            "after {moves:?} the search played {best}, which does not keep the value {value}"
-        );
+        keeps_the_value(&driver, moves, "").await;
     }
     assert_eq!(driver.pending().await.unwrap(), (0, 0));
-    for worker in workers {
-        worker.shutdown().await.unwrap();
-    }
-    driver.rpc().shutdown().await.unwrap();
+    stop(driver, workers).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,10 +159,7 @@ async fn hex_5x5_with_2_and_8_workers_ends_with_no_virtual_loss_in_every_mode() 
                 traffic.records + traffic.local_steps > 2000 * 3,
                 "{case}: {traffic:?}: fewer than 3 steps per simulation"
             );
-            for worker in workers {
-                worker.shutdown().await.unwrap();
-            }
-            driver.rpc().shutdown().await.unwrap();
+            stop(driver, workers).await;
         }
     }
 }
@@ -184,10 +191,7 @@ async fn tic_tac_toe_never_loses_against_perfect_play() {
             "lost as player {ours}: {position:?}"
         );
     }
-    for worker in workers {
-        worker.shutdown().await.unwrap();
-    }
-    driver.rpc().shutdown().await.unwrap();
+    stop(driver, workers).await;
 }
 
 /// One worker too: every step there is local, and the root's owner, which keeps the search
@@ -233,10 +237,7 @@ async fn time_budget(n_workers: usize) {
         (0, 0),
         "{n_workers} workers: simulations left in flight"
     );
-    for worker in workers {
-        worker.shutdown().await.unwrap();
-    }
-    driver.rpc().shutdown().await.unwrap();
+    stop(driver, workers).await;
 }
 
 /// With a spread depth, the nodes below it stay with their parent's owner: at depth 0 every
@@ -270,10 +271,7 @@ async fn below_the_spread_depth_nodes_stay_with_their_parents_owner() {
                 "spread depth 0: {traffic:?}"
             );
         }
-        for worker in workers {
-            worker.shutdown().await.unwrap();
-        }
-        driver.rpc().shutdown().await.unwrap();
+        stop(driver, workers).await;
     }
     assert!(
         calls_per_simulation[0] < calls_per_simulation[1]
@@ -285,19 +283,8 @@ async fn below_the_spread_depth_nodes_stay_with_their_parents_owner() {
     // 256 in flight per worker would be most of the budget: few results to choose by.
     driver.in_flight = 64;
     for moves in [&[0, 3, 1, 4][..], &[0, 4, 1], &[]] {
-        let position = TicTacToe::after(moves);
-        let (value, _) = position.solve();
-        let result = driver.search(&position, 3000).await.unwrap();
-        let best = result.best_move.expect("a move");
-        assert_eq!(
-            value_after(&position, best),
-            value,
-            "spread depth 1, after {moves:?}: {best} does not keep the value {value}"
-        );
+        keeps_the_value(&driver, moves, "spread depth 1, ").await;
     }
     assert_eq!(driver.pending().await.unwrap(), (0, 0));
-    for worker in workers {
-        worker.shutdown().await.unwrap();
-    }
-    driver.rpc().shutdown().await.unwrap();
+    stop(driver, workers).await;
 }
