@@ -62,7 +62,7 @@ pub struct Step {
     node: u64,
     edge: u16,
     /// The member that holds `node` (where the result goes back up to).
-    owner: u16,
+    owner: u32,
 }
 
 /// Selection continues at `node`.
@@ -200,7 +200,7 @@ pub struct Traffic {
 struct Edge {
     child: u64,
     /// The member that holds the child.
-    owner: u16,
+    owner: u32,
     /// Simulations on their way below it (each counted on its arm as a playout that scored
     /// nothing, until its result comes up).
     virtual_loss: u32,
@@ -490,7 +490,7 @@ fn recycle_path(mut path: Vec<Step>) {
     });
 }
 
-/// A path travels as one byte string, twelve bytes a step (the node's hash, the edge and the
+/// A path travels as one byte string, fourteen bytes a step (the node's hash, the edge and the
 /// node's owner, little endian), decoded into a [`spare_path`]: a step between workers carries
 /// the path, and
 /// decoding element by element (a hash as a 10-byte varint) into fresh lists, with the
@@ -501,7 +501,7 @@ mod path_wire {
 
     use super::{Step, spare_path};
 
-    const STEP_BYTES: usize = 12;
+    const STEP_BYTES: usize = 14;
     /// Paths up to this long are encoded on the stack.
     const ON_STACK: usize = 16;
 
@@ -545,7 +545,7 @@ mod path_wire {
                     Step {
                         node: u64::from_le_bytes(node.try_into().expect("8 bytes")),
                         edge: u16::from_le_bytes(edge.try_into().expect("2 bytes")),
-                        owner: u16::from_le_bytes(owner.try_into().expect("2 bytes")),
+                        owner: u32::from_le_bytes(owner.try_into().expect("4 bytes")),
                     }
                 }));
                 Ok(path)
@@ -679,7 +679,7 @@ impl<G: Game> WorkerState<G> {
             };
             edges.push(Edge {
                 child,
-                owner: owner as u16,
+                owner: owner as u32,
                 virtual_loss: 0,
                 state: ChildState::Absent,
             });
@@ -689,10 +689,10 @@ impl<G: Game> WorkerState<G> {
         path.push(Step {
             node: hash,
             edge: edge_idx as u16,
-            owner: self.me as u16,
+            owner: self.me as u32,
         });
         let child = edge.child;
-        let dest = usize::from(edge.owner);
+        let dest = edge.owner as usize;
         match edge.state {
             ChildState::Present => {
                 out.push(Outgoing::Select(dest, SelectArgs { node: child, path }))
@@ -740,7 +740,7 @@ impl<G: Game> WorkerState<G> {
     ) -> Outgoing<G> {
         match path.last() {
             Some(step) => Outgoing::Backup(
-                usize::from(step.owner),
+                step.owner as usize,
                 BackupArgs {
                     path,
                     scores,
@@ -795,7 +795,7 @@ impl<G: Game> WorkerState<G> {
         arms.add(edge_idx, u64::from(playouts), scores[usize::from(mover)]);
         if created && edge.state == ChildState::Creating {
             edge.state = ChildState::Present;
-            let dest = usize::from(edge.owner);
+            let dest = edge.owner as usize;
             let waiting = self.deferred.remove(&(step.node, step.edge));
             for waiting in waiting.into_iter().flatten() {
                 out.push(Outgoing::Select(
@@ -1469,12 +1469,12 @@ mod tests {
     }
 
     #[test]
-    fn a_path_travels_as_twelve_bytes_a_step_and_a_torn_one_is_refused() {
+    fn a_path_travels_as_fourteen_bytes_a_step_and_a_torn_one_is_refused() {
         let long: Vec<Step> = (0..40u64)
             .map(|idx| Step {
                 node: u64::MAX - idx,
                 edge: idx as u16 * 1000,
-                owner: idx as u16,
+                owner: idx as u32 * 100_000,
             })
             .collect();
         for len in [0, 1, 16, 17, 40] {
@@ -1484,8 +1484,8 @@ mod tests {
             };
             let bytes = postcard::to_allocvec(&args).unwrap();
             // The node (a 1-byte varint), the string's length (a varint), the steps.
-            let length_bytes = if 12 * len < 128 { 1 } else { 2 };
-            assert_eq!(bytes.len(), 1 + length_bytes + 12 * len);
+            let length_bytes = if 14 * len < 128 { 1 } else { 2 };
+            assert_eq!(bytes.len(), 1 + length_bytes + 14 * len);
             let back: SelectArgs = postcard::from_bytes(&bytes).unwrap();
             assert_eq!(back.node, 7);
             let steps = |path: &[Step]| {
