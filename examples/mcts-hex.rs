@@ -11,13 +11,12 @@
 //! (ovfl), `--aggregate-bytes B` and `--aggregate-us U` (`trad`'s frame size and longest hold:
 //! 4096, 100), `--playouts P` per new node (16), `--spread-depth D` (nodes down to D moves
 //! below the root placed by their hash, deeper ones kept with their parent's owner; none: every
-//! node by its hash), `--in-flight K` simulations per worker (256), `--seconds T` per search or move (none: the
-//! rollouts alone are the budget), `--warm-up T` (a search of T seconds from the same position
-//! before the one measured, its tree then dropped: BENCHMARKS.md's warm-up), `--transport
-//! shmem|zeromq` (shmem),
-//! `--versus random|plain` with `--games G` (10) and `--plain-iterations I` (the rollouts;
-//! needed with `--seconds` alone), `--plain` (time the single-process UCT alone: `--rollouts`
-//! iterations, no `--seconds`), `--json`.
+//! node by its hash), `--in-flight K` simulations per worker (256), `--seconds T` per search or
+//! move (none: the rollouts alone are the budget), `--warm-up T` (a search of T seconds from
+//! the same position before the one measured, its tree then dropped: BENCHMARKS.md's warm-up),
+//! `--transport shmem|zeromq` (shmem), `--versus random|plain` with `--games G` (10) and
+//! `--plain-iterations I` (the rollouts; needed with `--seconds` alone), `--plain` (time the
+//! single-process UCT alone: `--rollouts` iterations, no `--seconds`), `--json`.
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -492,10 +492,9 @@ fn recycle_path(mut path: Vec<Step>) {
 
 /// A path travels as one byte string, fourteen bytes a step (the node's hash, the edge and the
 /// node's owner, little endian), decoded into a [`spare_path`]: a step between workers carries
-/// the path, and
-/// decoding element by element (a hash as a 10-byte varint) into fresh lists, with the
-/// allocator's share, was ~40 % of the CPU a second worker added per rollout (`perf`, 11x11,
-/// 16 playouts, 1 and 2 workers; paths and positions together).
+/// the path, and decoding element by element (a hash as a 10-byte varint) into fresh lists,
+/// with the allocator's share, was ~40 % of the CPU a second worker added per rollout (`perf`,
+/// 11x11, 16 playouts, 1 and 2 workers; paths and positions together).
 mod path_wire {
     use serde::{Deserializer, Serializer, de};
 
