@@ -243,9 +243,9 @@ pub fn main() -> ExitCode {
     });
     match driven {
         Ok(None) => ExitCode::SUCCESS,
-        Ok(Some((name, number))) => {
+        Ok(Some(name)) => {
             eprintln!("mcts-hex: stopped by {name}; the workers and their files are gone");
-            ExitCode::from(128 + number)
+            ExitCode::from(ferromq::Signals::exit_code(name))
         }
         Err(error) => {
             eprintln!("mcts-hex: {error}");
@@ -265,23 +265,12 @@ fn clean_shared_memory() {
         ferromq::shm::cleanup::clean_session(ferromq::shm::names::current_uid(), &session(), true);
 }
 
-/// The first SIGINT or SIGTERM, with its name and number (never, where neither can be caught):
-/// the driver then stops the workers and removes what the group made before it exits, as a
-/// search that ends does, with the shell's code for the signal (128 + its number).
-async fn stop_signal() -> (&'static str, u8) {
-    use tokio::signal::unix::{SignalKind, signal};
-    // With libfabric linked (the `ofi` feature) a library's load-time handler would otherwise
-    // get the signal through tokio's and end the process before the group is stopped.
-    ferromq::prepare_termination_signals();
-    let (Ok(mut interrupt), Ok(mut terminate)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = interrupt.recv() => ("SIGINT", 2),
-        _ = terminate.recv() => ("SIGTERM", 15),
+/// The first SIGINT or SIGTERM (never, where neither can be caught): the driver then stops the
+/// workers and removes what the group made before it exits, as a search that ends does.
+async fn stop_signal() -> &'static str {
+    match ferromq::Signals::install() {
+        Ok(mut signals) => signals.next().await,
+        Err(_) => std::future::pending().await,
     }
 }
 

@@ -69,7 +69,7 @@
 //! - `shmem` (default): the shared-memory transport, zero-copy between processes on one host.
 //! - `cli` (default): [`run_device_main`], [`run_device`] and [`DeviceOptions`], FairMQ's device
 //!   command line for your own binaries (the library of the `ferromq` binary; needs `shmem`),
-//!   and [`prepare_termination_signals`] for a binary that catches SIGINT/SIGTERM itself.
+//!   and [`Signals`] for a binary that stops in order on SIGINT/SIGTERM itself.
 //! - `ofi`: the ofi transport over libfabric (RDMA with verbs, or tcp); needs libfabric >= 1.17
 //!   (`libfabric-dev`) to build.
 #![forbid(unsafe_code)]
@@ -77,8 +77,7 @@
 
 #[cfg(feature = "cli")]
 pub use ferromq_cli::{
-    BuiltinOptions, ControlMode, DeviceOptions, block_on, run_device, run_device_main,
-    transports::prepare_termination_signals,
+    BuiltinOptions, ControlMode, DeviceOptions, Signals, block_on, run_device, run_device_main,
 };
 pub use ferromq_core::*;
 #[cfg(feature = "ofi")]

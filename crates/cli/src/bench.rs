@@ -214,12 +214,7 @@ pub(crate) async fn run_to_the_end<T>(
     session: &str,
     bench: impl std::future::Future<Output = T>,
 ) -> std::result::Result<T, ExitCode> {
-    use tokio::signal::unix::{SignalKind, signal};
-    crate::transports::prepare_termination_signals();
-    let (Ok(mut interrupt), Ok(mut terminate)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
+    let Ok(mut signals) = crate::Signals::install() else {
         eprintln!(
             "{command}: cannot handle SIGINT and SIGTERM; a signal leaves the members' files"
         );
@@ -229,13 +224,12 @@ pub(crate) async fn run_to_the_end<T>(
     };
     let outcome = tokio::select! {
         outcome = bench => Ok(outcome),
-        _ = interrupt.recv() => Err(("SIGINT", 130)),
-        _ = terminate.recv() => Err(("SIGTERM", 143)),
+        name = signals.next() => Err(name),
     };
     clean_up_after(session).await;
-    outcome.map_err(|(name, code)| {
+    outcome.map_err(|name| {
         eprintln!("{command}: {name}: stopped; its members were killed and their files removed");
-        ExitCode::from(code)
+        ExitCode::from(crate::Signals::exit_code(name))
     })
 }
 

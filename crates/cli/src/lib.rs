@@ -41,6 +41,7 @@ pub mod rpc_bench;
 mod run;
 pub mod session_dir;
 pub mod shm_command;
+pub mod signals;
 pub mod top_command;
 pub mod transports;
 
@@ -51,6 +52,7 @@ use ferromq_device::Device;
 
 pub use options::{BuiltinOptions, ControlMode, DeviceOptions};
 pub use run::{run_builtin_device, run_device};
+pub use signals::Signals;
 pub use transports::built_in_transports;
 
 #[derive(Parser)]

@@ -226,21 +226,13 @@ async fn follow_parent(controller: DeviceController) {
 }
 
 async fn handle_signals(controller: DeviceController) {
-    use tokio::signal::unix::{SignalKind, signal};
-    crate::transports::prepare_termination_signals();
-    let (Ok(mut interrupt), Ok(mut terminate)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
+    let Ok(mut signals) = crate::Signals::install() else {
         tracing::warn!(
             "cannot install signal handlers; Ctrl-C will kill the device without teardown"
         );
         return;
     };
-    let name = tokio::select! {
-        _ = interrupt.recv() => "SIGINT",
-        _ = terminate.recv() => "SIGTERM",
-    };
+    let name = signals.next().await;
     tracing::info!("{name} received, going down (again to exit at once)");
     let state = controller.state();
     if matches!(
@@ -258,8 +250,7 @@ async fn handle_signals(controller: DeviceController) {
         tokio::spawn(async move { control::shut_down(&controller).await })
     };
     tokio::select! {
-        _ = interrupt.recv() => {}
-        _ = terminate.recv() => {}
+        _ = signals.next() => {}
         _ = shutdown => return,
     }
     crate::interactive::restore_terminal();

@@ -44,7 +44,7 @@ mod supervise;
 
 pub use self::hosts::LauncherKind;
 pub use self::process::run_slurm_task;
-pub(crate) use self::supervise::Signals;
+pub(crate) use crate::signals::Signals;
 
 use self::stop::stop_all;
 use self::supervise::{Ending, exited_device};

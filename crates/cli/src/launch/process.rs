@@ -694,16 +694,7 @@ pub fn run_slurm_task() -> Result<std::process::ExitCode> {
         .enable_all()
         .build()
         .context("cannot start a runtime")?;
-    let _caught = runtime.block_on(async {
-        use tokio::signal::unix::{SignalKind, signal};
-        // Else, with the ofi transport built in, a library's load-time handler gets the signal
-        // through tokio's and ends this process under the device.
-        crate::transports::prepare_termination_signals();
-        (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        )
-    });
+    let _caught = runtime.block_on(async { crate::Signals::install() });
     let mut child = child
         .spawn()
         .with_context(|| format!("cannot start {}", command.program))?;

@@ -1,45 +1,19 @@
-//! While a topology runs: signals, the live table, and watching every device's state, counters
+//! While a topology runs: signals ([`Signals`]), the live table, and watching every device's state, counters
 //! and exit, until a stop is due (a signal, the duration, completion, a failure).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
 use ferromq_device::State;
 use ferromq_device::control::LauncherToDevice;
 use ferromq_device::rates::Rates;
 
 use crate::console::Console;
+use crate::signals::Signals;
 
 use super::Running;
 use super::restart::{self, AfterExit};
 use super::start::Wiring;
-
-/// SIGINT and SIGTERM, installed before anything starts so that no signal finds the launcher
-/// without a handler.
-pub struct Signals {
-    interrupt: tokio::signal::unix::Signal,
-    terminate: tokio::signal::unix::Signal,
-}
-
-impl Signals {
-    pub(crate) fn install() -> Result<Signals> {
-        use tokio::signal::unix::{SignalKind, signal};
-        crate::transports::prepare_termination_signals();
-        Ok(Signals {
-            interrupt: signal(SignalKind::interrupt())?,
-            terminate: signal(SignalKind::terminate())?,
-        })
-    }
-
-    /// The next SIGINT or SIGTERM.
-    pub(crate) async fn next(&mut self) -> &'static str {
-        tokio::select! {
-            _ = self.interrupt.recv() => "SIGINT",
-            _ = self.terminate.recv() => "SIGTERM",
-        }
-    }
-}
 
 /// Why the run ends.
 pub(super) enum Ending {
