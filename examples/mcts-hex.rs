@@ -93,13 +93,17 @@ fn parse(args: &[String]) -> Result<Options, String> {
         where
             T: std::str::FromStr + PartialOrd + std::fmt::Display,
         {
-            match text.parse::<T>() {
+            let parsed = text.parse::<T>();
+            match parsed {
                 Ok(number) if number >= min && max.as_ref().is_none_or(|max| number <= *max) => {
                     Ok(number)
                 }
                 _ => Err(match max {
                     Some(max) => format!("{flag} {text}: a whole number from {min} to {max}"),
-                    None if text.parse::<u128>().is_ok_and(|number| number > 0) => {
+                    // A whole number `T` cannot hold; one it holds below `min` is too small.
+                    None if parsed.is_err()
+                        && text.parse::<u128>().is_ok_and(|number| number > 0) =>
+                    {
                         format!("{flag} {text}: too large a number")
                     }
                     None => format!("{flag} {text}: a whole number of at least {min}"),

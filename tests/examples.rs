@@ -317,6 +317,8 @@ fn mcts_time_budget() -> Result<()> {
             &["--rollouts", "99999999999999999999"],
             "--rollouts 99999999999999999999: too large",
         ),
+        // Below the least board: too small, not "too large" (as it said before).
+        (&["--board", "1"], "--board 1: a whole number of at least 2"),
     ] {
         mcts_refuses(refused, named)?;
     }
