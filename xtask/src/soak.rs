@@ -277,14 +277,12 @@ fn soak_one(
         .iter()
         .map(|sample| sample.shm_used as f64)
         .collect();
-    if let Some(verdict) = growth(&pages, RELATIVE_GROWTH, 0.0) {
-        let _ = writeln!(
-            report,
-            "- shared memory in use (/dev/shm, allocated bytes; information only): median {} -> {}",
-            human(verdict.baseline),
-            human(verdict.last)
-        );
-    }
+    information(
+        &mut report,
+        "shared memory in use (/dev/shm, allocated bytes)",
+        &pages,
+        human,
+    );
     series.push((
         "shared memory pages beyond the live blocks' highest use so far (/dev/shm allocated - peak `used`)"
             .to_owned(),
@@ -293,10 +291,7 @@ fn soak_one(
     ));
     series.push((
         "shared memory in live blocks (`ferromq shm list`, used)".to_owned(),
-        samples
-            .iter()
-            .map(|sample| sample.shm_used as f64)
-            .collect(),
+        used,
         SHM_USED_SLACK_BYTES,
     ));
     series.push((
@@ -311,13 +306,12 @@ fn soak_one(
         .iter()
         .map(|sample| sample.shm_messages as f64)
         .collect();
-    if let Some(verdict) = growth(&live_messages, RELATIVE_GROWTH, 0.0) {
-        let _ = writeln!(
-            report,
-            "- live shared-memory messages (information only): median {:.0} -> {:.0}",
-            verdict.baseline, verdict.last
-        );
-    }
+    information(
+        &mut report,
+        "live shared-memory messages",
+        &live_messages,
+        |count| format!("{count:.0}"),
+    );
     for (what, values, slack) in &series {
         match growth(values, RELATIVE_GROWTH, *slack) {
             Some(verdict) => {
@@ -551,6 +545,19 @@ fn human(value: f64) -> String {
         format!("{:.1} KiB", value / 1024.0)
     } else {
         format!("{value:.0}")
+    }
+}
+
+/// Reports how the medians of `values` moved (first third to last, as [`growth`] takes them),
+/// shown by `show`, without judging them.
+fn information(report: &mut String, what: &str, values: &[f64], show: fn(f64) -> String) {
+    if let Some(verdict) = growth(values, RELATIVE_GROWTH, 0.0) {
+        let _ = writeln!(
+            report,
+            "- {what} (information only): median {} -> {}",
+            show(verdict.baseline),
+            show(verdict.last)
+        );
     }
 }
 

@@ -143,7 +143,7 @@ async fn record(options: &RecordOptions) -> Result<u64> {
         options.channel,
         options.output.display()
     );
-    let signals = crate::launch::Signals::install()?;
+    let signals = crate::Signals::install()?;
     let outcome = take_copies(options, entry.pid, &mut stream, &mut writer, signals).await;
     // Whatever ended it: the device stops copying.
     let _ = control
@@ -191,7 +191,7 @@ async fn take_copies(
     pid: u32,
     stream: &mut Channel,
     writer: &mut Writer,
-    mut signals: crate::launch::Signals,
+    mut signals: crate::Signals,
 ) -> Result<Copies> {
     let started = Instant::now();
     let deadline = options

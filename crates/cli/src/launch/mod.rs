@@ -28,6 +28,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::Signals;
 use crate::console::Console;
 use anyhow::{Context, Result, anyhow, bail};
 use ferromq_device::State;
@@ -44,7 +45,6 @@ mod supervise;
 
 pub use self::hosts::LauncherKind;
 pub use self::process::run_slurm_task;
-pub(crate) use crate::signals::Signals;
 
 use self::stop::stop_all;
 use self::supervise::{Ending, exited_device};

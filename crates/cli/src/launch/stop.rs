@@ -11,7 +11,7 @@ use ferromq_device::control::{ControlClient, LauncherToDevice};
 use ferromq_zmq::ZmqTransport;
 
 use super::{Running, STOP_TIMEOUT};
-use crate::signals::Signals;
+use crate::Signals;
 
 /// For each device, the indices of the devices that send into it (push/pub into its pull/sub),
 /// from the topology's wiring. Pair, req and rep go both ways and impose no order.

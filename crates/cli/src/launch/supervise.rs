@@ -1,5 +1,5 @@
-//! While a topology runs: signals ([`Signals`]), the live table, and watching every device's state, counters
-//! and exit, until a stop is due (a signal, the duration, completion, a failure).
+//! While a topology runs: signals ([`Signals`]), the live table, and watching every device's
+//! state, counters and exit, until a stop is due (a signal, the duration, completion, a failure).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -8,8 +8,8 @@ use ferromq_device::State;
 use ferromq_device::control::LauncherToDevice;
 use ferromq_device::rates::Rates;
 
+use crate::Signals;
 use crate::console::Console;
-use crate::signals::Signals;
 
 use super::Running;
 use super::restart::{self, AfterExit};
