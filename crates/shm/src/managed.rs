@@ -39,7 +39,7 @@ use std::any::Any;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use ferromq_core::MessageBuffer;
 
@@ -429,6 +429,9 @@ pub struct ShmBuffer {
     data_offset: usize,
     capacity: usize,
     release: Release,
+    /// Set through a shared borrow when the handle's reference was handed to a receiver:
+    /// dropping it then releases nothing.
+    handed_on: AtomicBool,
 }
 
 /// How many empty buffer boxes each thread keeps for reuse.
@@ -461,7 +464,12 @@ impl ShmBuffer {
     /// Releases what the buffer holds (its reference, or its region range) and lets the
     /// segment go; afterwards the buffer is empty and its drop does nothing.
     fn release(&mut self) {
-        match std::mem::replace(&mut self.release, Release::Nothing) {
+        let release = std::mem::replace(&mut self.release, Release::Nothing);
+        if std::mem::take(self.handed_on.get_mut()) {
+            self.segment = None;
+            return;
+        }
+        match release {
             Release::Block => {
                 if let Some(segment) = &self.segment
                     && let Some(refs) = refs_at(segment, self.header_offset)
@@ -511,6 +519,7 @@ impl ShmBuffer {
             data_offset,
             capacity,
             release: Release::Block,
+            handed_on: AtomicBool::new(false),
         }
     }
 
@@ -528,6 +537,7 @@ impl ShmBuffer {
             data_offset,
             capacity: size,
             release: Release::Region(acknowledge, hint),
+            handed_on: AtomicBool::new(false),
         }
     }
 
@@ -687,6 +697,13 @@ impl ShmBuffer {
     /// Gives up this handle without releasing its reference: the receiver now holds it.
     pub(crate) fn disarm(mut self) {
         self.release = Release::Nothing;
+    }
+
+    /// [`ShmBuffer::disarm`] through a shared borrow, for a handle still inside its message:
+    /// the message's drop then releases nothing (and recycles the box), and the message is
+    /// not moved, which matters right after a descriptor's stores (`ShmSocket::try_send_parts`).
+    pub(crate) fn hand_on(&self) {
+        self.handed_on.store(true, Ordering::Relaxed);
     }
 
     /// [`ShmBuffer::disarm`] for a boxed handle, keeping the box for the next buffer.

@@ -744,6 +744,12 @@ impl Session {
     /// The descriptor of a message that already lives in this session's shared memory.
     pub(crate) fn describe(&self, message: &Message) -> Option<PartRef> {
         let buffer = message.buffer()?.as_any().downcast_ref::<ShmBuffer>()?;
+        self.describe_buffer(buffer, message.len())
+    }
+
+    /// [`Session::describe`] of a message's handle the caller has already found, `size` bytes
+    /// of it in use.
+    pub(crate) fn describe_buffer(&self, buffer: &ShmBuffer, size: usize) -> Option<PartRef> {
         let segment = buffer.segment();
         let name = segment.name();
         // This process's own segment (every message a sender made) is this session's without
@@ -755,7 +761,7 @@ impl Session {
         if !own && (name.uid != self.uid || name.session != self.encoded_session) {
             return None;
         }
-        let size = message.len() as u64;
+        let size = size as u64;
         let object = ObjectRef::of(name);
         Some(if buffer.is_region() {
             PartRef::Region {
