@@ -1,0 +1,135 @@
+//! A block sent by reference without waiting (`Channel::try_send_parts`, what a device's send
+//! tries first) belongs to its receiver from then on: the sender's handle, marked in place as
+//! handed on, must release nothing when it is dropped (the receiver's message would then point
+//! into a block the allocator hands out again), and the receiver's drop must release it once
+//! (the segment would otherwise fill).
+
+use std::time::Duration;
+
+use ferromq_core::{Channel, Message, Method, Parts, SocketType, Transport};
+use ferromq_shm::{ShmBuffer, ShmOptions, ShmTransport};
+
+mod support;
+use support::TestSession;
+
+/// 64 KiB blocks through a 4 MiB segment: each round's blocks are held by the receiver while
+/// the next ones are allocated, and 50 rounds go through the segment 25 times.
+const BLOCK: usize = 64 << 10;
+const PER_ROUND: u64 = 32;
+const N_ROUNDS: u64 = 50;
+
+fn live_blocks(transport: &ShmTransport) -> u64 {
+    transport.memory_figures().unwrap().live_blocks
+}
+
+/// Makes and drops one block: the sender reclaims what receivers released at its allocations.
+async fn reclaim_released(transport: &ShmTransport) {
+    drop(transport.new_message(BLOCK).await.unwrap());
+}
+
+/// A whole 64 KiB block with `idx` in its first and last 8 bytes.
+async fn numbered_block(transport: &ShmTransport, idx: u64) -> Message {
+    let mut message = transport.new_message(BLOCK).await.unwrap();
+    let bytes = message.data_mut();
+    bytes[..8].copy_from_slice(&idx.to_le_bytes());
+    bytes[BLOCK - 8..].copy_from_slice(&idx.to_le_bytes());
+    assert!(
+        message
+            .buffer()
+            .is_some_and(|buffer| buffer.as_any().downcast_ref::<ShmBuffer>().is_some()),
+        "a 64 KiB message is a block"
+    );
+    message
+}
+
+async fn open(
+    transport: &ShmTransport,
+    socket_type: SocketType,
+    method: Method,
+    address: &str,
+) -> Channel {
+    support::open_channel(transport, socket_type, method, address, false).await
+}
+
+#[tokio::test]
+async fn a_block_sent_without_waiting_is_the_receivers_until_it_drops_it() {
+    let session = TestSession::new("by-reference");
+    let transport = session.transport(ShmOptions {
+        segment_size: 4 << 20,
+        allocation_timeout: Duration::from_secs(5),
+        ..ShmOptions::default()
+    });
+    let address = session.address();
+    let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await;
+    let mut push = open(&transport, SocketType::Push, Method::Connect, &address).await;
+    // The ring is made with the connection; one message in and out first.
+    push.send(numbered_block(&transport, u64::MAX).await)
+        .await
+        .map_err(|failed| failed.error)
+        .unwrap();
+    drop(pull.receive().await.unwrap());
+    reclaim_released(&transport).await;
+    let rings = live_blocks(&transport);
+
+    let mut n_without_waiting = 0;
+    for round in 0..N_ROUNDS {
+        let first = round * PER_ROUND;
+        for idx in first..first + PER_ROUND {
+            let parts = Parts::from(numbered_block(&transport, idx).await);
+            match push.try_send_parts(parts) {
+                Ok(()) => n_without_waiting += 1,
+                Err(parts) => push
+                    .send_parts(parts)
+                    .await
+                    .map_err(|failed| failed.error)
+                    .unwrap(),
+            }
+        }
+        let mut held = Vec::new();
+        for _ in 0..PER_ROUND {
+            held.push(pull.receive().await.unwrap());
+        }
+        // Allocations made while the receiver holds them must not have reused their blocks.
+        for (message, idx) in held.iter().zip(first..) {
+            let bytes = message.data();
+            assert_eq!(bytes.len(), BLOCK);
+            assert_eq!(
+                bytes[..8],
+                idx.to_le_bytes(),
+                "message {idx}'s block was reused"
+            );
+            assert_eq!(
+                bytes[BLOCK - 8..],
+                idx.to_le_bytes(),
+                "message {idx}'s block was reused"
+            );
+        }
+        // (Live: referenced, or released and not reclaimed yet.)
+        assert!(
+            live_blocks(&transport) >= PER_ROUND,
+            "the {PER_ROUND} blocks the receiver holds are live: {:?}",
+            transport.memory_figures().unwrap()
+        );
+        drop(held);
+    }
+    assert!(
+        n_without_waiting > 0,
+        "no message took the path without waiting"
+    );
+    // Each block released once: all of them come back (and none was released twice, which
+    // would have freed a block another message held, caught above).
+    for _ in 0..1000 {
+        reclaim_released(&transport).await;
+        if live_blocks(&transport) <= rings {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        live_blocks(&transport) <= rings,
+        "blocks still referenced: {:?}",
+        transport.memory_figures().unwrap()
+    );
+    push.close().await.unwrap();
+    pull.close().await.unwrap();
+}
