@@ -4,10 +4,8 @@
 //! into a block the allocator hands out again), and the receiver's drop must release it once
 //! (the segment would otherwise fill).
 
-use std::time::Duration;
-
-use ferromq_core::{Channel, Message, Method, Parts, SocketType, Transport};
-use ferromq_shm::{ShmBuffer, ShmOptions, ShmTransport};
+use ferromq_core::{Message, Parts, Transport};
+use ferromq_shm::{ShmBuffer, ShmTransport};
 
 mod support;
 use support::TestSession;
@@ -42,26 +40,11 @@ async fn numbered_block(transport: &ShmTransport, idx: u64) -> Message {
     message
 }
 
-async fn open(
-    transport: &ShmTransport,
-    socket_type: SocketType,
-    method: Method,
-    address: &str,
-) -> Channel {
-    support::open_channel(transport, socket_type, method, address, false).await
-}
-
 #[tokio::test]
 async fn a_block_sent_without_waiting_is_the_receivers_until_it_drops_it() {
     let session = TestSession::new("by-reference");
-    let transport = session.transport(ShmOptions {
-        segment_size: 4 << 20,
-        allocation_timeout: Duration::from_secs(5),
-        ..ShmOptions::default()
-    });
-    let address = session.address();
-    let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await;
-    let mut push = open(&transport, SocketType::Push, Method::Connect, &address).await;
+    let transport = session.small_transport();
+    let (mut pull, mut push) = support::pull_and_push(&transport, &session.address()).await;
     // The ring is made with the connection; one message in and out first.
     push.send(numbered_block(&transport, u64::MAX).await)
         .await

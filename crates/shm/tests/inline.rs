@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use ferromq_core::{Channel, Message, Method, SocketType, Transport};
-use ferromq_shm::{ShmBuffer, ShmOptions, ShmTransport};
+use ferromq_shm::{ShmBuffer, ShmTransport};
 
 mod support;
 use support::TestSession;
@@ -75,21 +75,11 @@ async fn blocks_back_to(transport: &ShmTransport, before: u64) {
     );
 }
 
-fn transport(session: &TestSession) -> ShmTransport {
-    session.transport(ShmOptions {
-        segment_size: 4 << 20,
-        allocation_timeout: Duration::from_secs(5),
-        ..ShmOptions::default()
-    })
-}
-
 #[tokio::test]
 async fn a_short_message_in_a_block_travels_inline_and_its_block_comes_back_push() {
     let session = TestSession::new("inline-push");
-    let transport = transport(&session);
-    let address = session.address();
-    let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await;
-    let mut push = open(&transport, SocketType::Push, Method::Connect, &address).await;
+    let transport = session.small_transport();
+    let (mut pull, mut push) = support::pull_and_push(&transport, &session.address()).await;
     // The ring is made with the connection; one message in and out first.
     push.send(short_message_in_a_block(&transport, u64::MAX).await)
         .await
@@ -121,7 +111,7 @@ async fn a_short_message_in_a_block_travels_inline_and_its_block_comes_back_push
 #[tokio::test]
 async fn a_short_message_in_a_block_travels_inline_and_its_block_comes_back_pub_sub() {
     let session = TestSession::new("inline-pub");
-    let transport = transport(&session);
+    let transport = session.small_transport();
     let address = session.address();
     let mut publisher = open(&transport, SocketType::Pub, Method::Bind, &address).await;
     let mut subscribers = Vec::new();

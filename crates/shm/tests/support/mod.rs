@@ -37,6 +37,16 @@ impl TestSession {
             ..options
         })
     }
+    /// A transport of this session with a 4 MiB segment whose allocations wait at most 5 s:
+    /// for tests whose messages go through the segment many times over.
+    #[allow(dead_code, reason = "not every test file that has this module asks")]
+    pub fn small_transport(&self) -> ShmTransport {
+        self.transport(ShmOptions {
+            segment_size: 4 << 20,
+            allocation_timeout: std::time::Duration::from_secs(5),
+            ..ShmOptions::default()
+        })
+    }
 }
 
 impl Drop for TestSession {
@@ -70,4 +80,15 @@ pub async fn open_channel(
         Method::Connect => channel.connect_configured().await.unwrap(),
     }
     channel
+}
+
+/// A pull bound and a push connected at `address` (channels named `data`, no busy poll).
+#[allow(
+    dead_code,
+    reason = "not every test file that has this module opens a pair"
+)]
+pub async fn pull_and_push(transport: &ShmTransport, address: &str) -> (Channel, Channel) {
+    let pull = open_channel(transport, SocketType::Pull, Method::Bind, address, false).await;
+    let push = open_channel(transport, SocketType::Push, Method::Connect, address, false).await;
+    (pull, push)
 }
