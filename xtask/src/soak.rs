@@ -269,14 +269,10 @@ fn soak_one(
             )
         })
         .collect();
-    let pages: Vec<f64> = samples
-        .iter()
-        .map(|sample| sample.shm_bytes as f64)
-        .collect();
-    let used: Vec<f64> = samples
-        .iter()
-        .map(|sample| sample.shm_used as f64)
-        .collect();
+    // One figure of every sample, as the series take them.
+    let column = |figure: fn(&Sample) -> f64| samples.iter().map(figure).collect::<Vec<f64>>();
+    let pages = column(|sample| sample.shm_bytes as f64);
+    let used = column(|sample| sample.shm_used as f64);
     information(
         &mut report,
         "shared memory in use (/dev/shm, allocated bytes)",
@@ -296,20 +292,13 @@ fn soak_one(
     ));
     series.push((
         "shared memory objects (count)".to_owned(),
-        samples
-            .iter()
-            .map(|sample| sample.shm_files as f64)
-            .collect(),
+        column(|sample| sample.shm_files as f64),
         0.0,
     ));
-    let live_messages: Vec<f64> = samples
-        .iter()
-        .map(|sample| sample.shm_messages as f64)
-        .collect();
     information(
         &mut report,
         "live shared-memory messages",
-        &live_messages,
+        &column(|sample| sample.shm_messages as f64),
         |count| format!("{count:.0}"),
     );
     for (what, values, slack) in &series {

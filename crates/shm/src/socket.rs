@@ -1908,7 +1908,7 @@ fn describe_as_is(session: &Session, message: &Message) -> Option<PartRef> {
 /// [`describe_as_is`] for a message whose shared-memory handle (`shm`, from [`shm_buffer_of`])
 /// the caller has already looked for.
 fn describe_part(session: &Session, message: &Message, shm: Option<&ShmBuffer>) -> Option<PartRef> {
-    if message.len() <= session.options.inline_max && !shm.is_some_and(ShmBuffer::is_region) {
+    if fits_inline(session, message, shm) {
         return Some(PartRef::Inline(crate::small::InlineBytes::copy_of(
             message.data(),
         )));
@@ -1925,8 +1925,13 @@ fn shm_buffer_of(message: &Message) -> Option<&ShmBuffer> {
 /// travels so too (an rpc frame holding one call: 1.29 -> 1.64 M calls/s unaggregated): its
 /// block is released by the sender, in its own process, instead of adopted by the receiver.
 fn travels_inline(session: &Session, message: &Message) -> bool {
-    message.len() <= session.options.inline_max
-        && !shm_buffer_of(message).is_some_and(ShmBuffer::is_region)
+    fits_inline(session, message, shm_buffer_of(message))
+}
+
+/// [`travels_inline`] for a message whose shared-memory handle the caller has already looked
+/// for: short enough, and no region's range (whose creator must see the receiver's release).
+fn fits_inline(session: &Session, message: &Message, shm: Option<&ShmBuffer>) -> bool {
+    message.len() <= session.options.inline_max && !shm.is_some_and(ShmBuffer::is_region)
 }
 
 /// Whether a sent `message` travelled as a reference to its memory, which then belongs to the

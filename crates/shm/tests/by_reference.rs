@@ -5,10 +5,10 @@
 //! (the segment would otherwise fill).
 
 use ferromq_core::{Message, Parts, Transport};
-use ferromq_shm::{ShmBuffer, ShmTransport};
+use ferromq_shm::ShmTransport;
 
 mod support;
-use support::TestSession;
+use support::{TestSession, blocks_back_to, is_block, live_blocks, reclaim_released};
 
 /// 64 KiB blocks through a 4 MiB segment: each round's blocks are held by the receiver while
 /// the next ones are allocated, and 50 rounds go through the segment 25 times.
@@ -16,27 +16,13 @@ const BLOCK: usize = 64 << 10;
 const PER_ROUND: u64 = 32;
 const N_ROUNDS: u64 = 50;
 
-fn live_blocks(transport: &ShmTransport) -> u64 {
-    transport.memory_figures().unwrap().live_blocks
-}
-
-/// Makes and drops one block: the sender reclaims what receivers released at its allocations.
-async fn reclaim_released(transport: &ShmTransport) {
-    drop(transport.new_message(BLOCK).await.unwrap());
-}
-
 /// A whole 64 KiB block with `idx` in its first and last 8 bytes.
 async fn numbered_block(transport: &ShmTransport, idx: u64) -> Message {
     let mut message = transport.new_message(BLOCK).await.unwrap();
     let bytes = message.data_mut();
     bytes[..8].copy_from_slice(&idx.to_le_bytes());
     bytes[BLOCK - 8..].copy_from_slice(&idx.to_le_bytes());
-    assert!(
-        message
-            .buffer()
-            .is_some_and(|buffer| buffer.as_any().downcast_ref::<ShmBuffer>().is_some()),
-        "a 64 KiB message is a block"
-    );
+    assert!(is_block(&message), "a 64 KiB message is a block");
     message
 }
 
@@ -101,18 +87,7 @@ async fn a_block_sent_without_waiting_is_the_receivers_until_it_drops_it() {
     );
     // Each block released once: all of them come back (and none was released twice, which
     // would have freed a block another message held, caught above).
-    for _ in 0..1000 {
-        reclaim_released(&transport).await;
-        if live_blocks(&transport) <= rings {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
-    assert!(
-        live_blocks(&transport) <= rings,
-        "blocks still referenced: {:?}",
-        transport.memory_figures().unwrap()
-    );
+    blocks_back_to(&transport, rings).await;
     push.close().await.unwrap();
     pull.close().await.unwrap();
 }

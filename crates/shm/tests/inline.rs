@@ -8,10 +8,10 @@
 use std::time::Duration;
 
 use ferromq_core::{Channel, Message, Method, SocketType, Transport};
-use ferromq_shm::{ShmBuffer, ShmTransport};
+use ferromq_shm::ShmTransport;
 
 mod support;
-use support::TestSession;
+use support::{TestSession, blocks_back_to, is_block, live_blocks, reclaim_released};
 
 /// Through a 4 MiB segment: 2 000 blocks of 64 KiB (125 MiB) would fill it 31 times over.
 const N_MESSAGES: u64 = 2_000;
@@ -36,42 +36,12 @@ async fn short_message_in_a_block(transport: &ShmTransport, idx: u64) -> Message
     message
 }
 
-fn is_block(message: &Message) -> bool {
-    message
-        .buffer()
-        .is_some_and(|buffer| buffer.as_any().downcast_ref::<ShmBuffer>().is_some())
-}
-
 fn check(message: &Message, idx: u64) {
     assert_eq!(message.len(), USED);
     assert_eq!(message.data()[..8], idx.to_le_bytes());
     assert!(
         !is_block(message),
         "message {idx} arrived in the sender's block, not inline"
-    );
-}
-
-/// Makes and drops one block: the sender reclaims what receivers released at its allocations.
-async fn reclaim_released(transport: &ShmTransport) {
-    drop(transport.new_message(BLOCK).await.unwrap());
-}
-
-fn live_blocks(transport: &ShmTransport) -> u64 {
-    transport.memory_figures().unwrap().live_blocks
-}
-
-/// Waits (yielding) until no more blocks are referenced than `before` (the rings).
-async fn blocks_back_to(transport: &ShmTransport, before: u64) {
-    for _ in 0..1000 {
-        reclaim_released(transport).await;
-        if live_blocks(transport) <= before {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
-    panic!(
-        "blocks still referenced: {:?}",
-        transport.memory_figures().unwrap()
     );
 }
 

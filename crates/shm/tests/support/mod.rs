@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use ferromq_core::{Channel, ChannelConfig, Method, SocketType};
-use ferromq_shm::{ShmOptions, ShmTransport};
+use ferromq_core::{Channel, ChannelConfig, Message, Method, SocketType, Transport};
+use ferromq_shm::{ShmBuffer, ShmOptions, ShmTransport};
 
 pub struct TestSession {
     name: String,
@@ -91,4 +91,42 @@ pub async fn pull_and_push(transport: &ShmTransport, address: &str) -> (Channel,
     let pull = open_channel(transport, SocketType::Pull, Method::Bind, address, false).await;
     let push = open_channel(transport, SocketType::Push, Method::Connect, address, false).await;
     (pull, push)
+}
+
+/// Whether `message` lies in a shared-memory block or region of its own (not inline, not heap).
+#[allow(dead_code, reason = "not every test file that has this module asks")]
+pub fn is_block(message: &Message) -> bool {
+    message
+        .buffer()
+        .is_some_and(|buffer| buffer.as_any().downcast_ref::<ShmBuffer>().is_some())
+}
+
+/// Blocks referenced in `transport`'s segment, or released and not reclaimed yet.
+#[allow(dead_code, reason = "not every test file that has this module asks")]
+pub fn live_blocks(transport: &ShmTransport) -> u64 {
+    transport.memory_figures().unwrap().live_blocks
+}
+
+/// Makes and drops one 64 KiB block: the sender reclaims what receivers released at its
+/// allocations.
+#[allow(dead_code, reason = "not every test file that has this module asks")]
+pub async fn reclaim_released(transport: &ShmTransport) {
+    drop(transport.new_message(64 << 10).await.unwrap());
+}
+
+/// Waits (yielding) until no more blocks are referenced than `before` (the rings); panics
+/// naming the segment's figures when they do not come back.
+#[allow(dead_code, reason = "not every test file that has this module asks")]
+pub async fn blocks_back_to(transport: &ShmTransport, before: u64) {
+    for _ in 0..1000 {
+        reclaim_released(transport).await;
+        if live_blocks(transport) <= before {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!(
+        "blocks still referenced: {:?}",
+        transport.memory_figures().unwrap()
+    );
 }
