@@ -34,13 +34,9 @@ async fn a_busy_polled_receive_lets_a_task_that_yielded_run_between_its_looks() 
         false,
     )
     .await;
-    // The ring is made with the connection: one message in and out first, so that the receive
-    // below spins on a ring.
-    push.send(Message::from("first"))
-        .await
-        .map_err(|failed| failed.error)
-        .unwrap();
-    assert_eq!(pull.receive().await.unwrap().data(), b"first");
+    // One message in and out first, so that the receive below spins on a ring.
+    let first = support::one_message_through(&mut push, &mut pull, Message::from("first")).await;
+    assert_eq!(first.data(), b"first");
 
     let turns = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));

@@ -31,12 +31,8 @@ async fn a_block_sent_without_waiting_is_the_receivers_until_it_drops_it() {
     let session = TestSession::new("by-reference");
     let transport = session.small_transport();
     let (mut pull, mut push) = support::pull_and_push(&transport, &session.address()).await;
-    // The ring is made with the connection; one message in and out first.
-    push.send(numbered_block(&transport, u64::MAX).await)
-        .await
-        .map_err(|failed| failed.error)
-        .unwrap();
-    drop(pull.receive().await.unwrap());
+    let first = numbered_block(&transport, u64::MAX).await;
+    drop(support::one_message_through(&mut push, &mut pull, first).await);
     reclaim_released(&transport).await;
     let rings = live_blocks(&transport);
 

@@ -50,12 +50,11 @@ async fn a_short_message_in_a_block_travels_inline_and_its_block_comes_back_push
     let session = TestSession::new("inline-push");
     let transport = session.small_transport();
     let (mut pull, mut push) = support::pull_and_push(&transport, &session.address()).await;
-    // The ring is made with the connection; one message in and out first.
-    push.send(short_message_in_a_block(&transport, u64::MAX).await)
-        .await
-        .map_err(|failed| failed.error)
-        .unwrap();
-    check(&pull.receive().await.unwrap(), u64::MAX);
+    let first = short_message_in_a_block(&transport, u64::MAX).await;
+    check(
+        &support::one_message_through(&mut push, &mut pull, first).await,
+        u64::MAX,
+    );
     reclaim_released(&transport).await;
     let rings = live_blocks(&transport);
     let send = async {

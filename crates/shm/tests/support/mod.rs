@@ -93,6 +93,24 @@ pub async fn pull_and_push(transport: &ShmTransport, address: &str) -> (Channel,
     (pull, push)
 }
 
+/// Sends `message` through `push` and returns what `pull` receives: a connection's ring is made
+/// with the connection, so a test sends one message in and out before what it measures.
+#[allow(
+    dead_code,
+    reason = "not every test file that has this module sends first"
+)]
+pub async fn one_message_through(
+    push: &mut Channel,
+    pull: &mut Channel,
+    message: Message,
+) -> Message {
+    push.send(message)
+        .await
+        .map_err(|failed| failed.error)
+        .unwrap();
+    pull.receive().await.unwrap()
+}
+
 /// Whether `message` lies in a shared-memory block or region of its own (not inline, not heap).
 #[allow(dead_code, reason = "not every test file that has this module asks")]
 pub fn is_block(message: &Message) -> bool {
