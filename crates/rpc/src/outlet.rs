@@ -142,18 +142,30 @@ impl FrameBuf {
     }
 
     /// Appends a record: `head`, then the payload, with the payload's length set in the head.
-    /// `Ok(false)` when lent memory has no room; on `Ok(false)` and on an error nothing is
-    /// written. Lent memory is borrowed once per record (each borrow of a shared-memory
-    /// message checks that it is still the block's only holder).
+    /// `repeat`: `head` is a plain call to the handler of the frame's last call record, written
+    /// in the short form ([`wire::KIND_CALL_REPEAT`]) when its payload fits one (255 bytes);
+    /// a longer one is moved on to make room for the whole head. `Ok(false)` when lent memory
+    /// has no room; on `Ok(false)` and on an error nothing is written. Lent memory is borrowed
+    /// once per record (each borrow of a shared-memory message checks that it is still the
+    /// block's only holder).
     fn append_record<T: Serialize + ?Sized>(
         &mut self,
-        head: &[u8; wire::RECORD_HEAD_LEN],
+        head: &RecordHead,
         payload: &Payload<'_, T>,
+        repeat: bool,
     ) -> Result<bool, String> {
-        let (bytes, head_at, end) = match self {
+        let long_head;
+        let head_bytes: &[u8] = if repeat {
+            &[wire::KIND_CALL_REPEAT, 0, 0]
+        } else {
+            long_head = head.encode();
+            &long_head
+        };
+        let head_at = self.len();
+        let payload_at = head_at + head_bytes.len();
+        let end = match self {
             FrameBuf::Heap(vec) => {
-                let head_at = vec.len();
-                vec.extend_from_slice(head);
+                vec.extend_from_slice(head_bytes);
                 let encoded = match payload {
                     Payload::Raw(bytes) => {
                         vec.extend_from_slice(bytes);
@@ -170,16 +182,18 @@ impl FrameBuf {
                     return Err(error);
                 }
                 let end = vec.len();
-                (&mut vec[..], head_at, end)
+                if repeat && let Ok(short_len) = u16::try_from(end - payload_at) {
+                    vec[head_at + 1..payload_at].copy_from_slice(&short_len.to_le_bytes());
+                    return Ok(true);
+                }
+                end
             }
             FrameBuf::Lent { message, used } => {
                 let data = message.data_mut();
-                let head_at = *used;
-                let Some(head_room) = data.get_mut(head_at..head_at + head.len()) else {
+                let Some(head_room) = data.get_mut(head_at..payload_at) else {
                     return Ok(false);
                 };
-                head_room.copy_from_slice(head);
-                let payload_at = head_at + head.len();
+                head_room.copy_from_slice(head_bytes);
                 let payload_len = match payload {
                     Payload::Raw(bytes) => {
                         let Some(room) = data.get_mut(payload_at..payload_at + bytes.len()) else {
@@ -197,16 +211,54 @@ impl FrameBuf {
                     }
                 };
                 *used = payload_at + payload_len;
-                (data, head_at, *used)
+                if repeat && let Ok(short_len) = u16::try_from(payload_len) {
+                    data[head_at + 1..payload_at].copy_from_slice(&short_len.to_le_bytes());
+                    return Ok(true);
+                }
+                *used
             }
         };
-        let payload_len = end - head_at - wire::RECORD_HEAD_LEN;
+        let payload_len = end - payload_at;
+        // A short record whose payload did not fit its length field becomes a whole one.
+        if repeat {
+            if !self.widen(
+                payload_at,
+                end,
+                wire::RECORD_HEAD_LEN - wire::REPEAT_HEAD_LEN,
+            ) {
+                self.truncate(head_at);
+                return Ok(false);
+            }
+            self.bytes_mut()[head_at..head_at + wire::RECORD_HEAD_LEN]
+                .copy_from_slice(&head.encode());
+        }
         let Ok(payload_len) = u32::try_from(payload_len) else {
             self.truncate(head_at);
             return Err(format!("{payload_len} bytes of arguments (4 GiB at most)"));
         };
-        wire::set_payload_len(bytes, head_at, payload_len);
+        wire::set_payload_len(self.bytes_mut(), head_at, payload_len);
         Ok(true)
+    }
+
+    /// Moves the last bytes, `from..end` (`end` the frame's length), `by` bytes on; false
+    /// when lent memory has no room for them there.
+    fn widen(&mut self, from: usize, end: usize, by: usize) -> bool {
+        match self {
+            FrameBuf::Heap(vec) => {
+                vec.resize(end + by, 0);
+                vec.copy_within(from..end, from + by);
+                true
+            }
+            FrameBuf::Lent { message, used } => {
+                let data = message.data_mut();
+                if data.len() < end + by {
+                    return false;
+                }
+                data.copy_within(from..end, from + by);
+                *used = end + by;
+                true
+            }
+        }
     }
 
     fn truncate(&mut self, len: usize) {
@@ -239,6 +291,8 @@ impl FrameBuf {
 /// A frame being filled or waiting to be sent.
 struct Frame {
     buf: FrameBuf,
+    /// The handler of the last call record written: a plain call to it takes the short form.
+    last_call_handler: Option<u64>,
     /// Made at [`SMALL_FRAME`] bytes: grows into a full frame when a record finds no room.
     small: bool,
     n_records: u32,
@@ -394,6 +448,7 @@ impl Outlet {
         debug_assert!(written, "a frame has room for its header");
         Frame {
             buf,
+            last_call_handler: None,
             small,
             n_records: 0,
             buffers: Vec::new(),
@@ -462,13 +517,17 @@ impl Outlet {
             });
         }
         let was_idle = state.open.is_none() && state.sealed.is_empty();
-        let head_bytes = head.encode();
+        let plain_call = head.is_plain_call();
         loop {
             let small_fits = state.small_fits;
             let frame = state.open.get_or_insert_with(|| self.new_frame(small_fits));
             let head_at = frame.buf.len();
-            match frame.buf.append_record(&head_bytes, payload) {
+            let repeat = plain_call && frame.last_call_handler == Some(head.handler);
+            match frame.buf.append_record(&head, payload, repeat) {
                 Ok(true) => {
+                    if head.kind == wire::KIND_CALL {
+                        frame.last_call_handler = Some(head.handler);
+                    }
                     frame.n_records += 1;
                     frame.buffers.extend(buffer);
                     frame.on_left.extend(on_left);
@@ -1006,6 +1065,111 @@ mod tests {
         let outlet = lending_outlet(Aggregation::Trad, &lending);
         push_raw(&outlet, 1, &[1; 64]);
         assert_eq!(*lending.sizes.lock().unwrap(), vec![4096]);
+    }
+
+    /// The records of an outlet's open frame as (handler, flags, payload), and the frame's length.
+    fn open_records(outlet: &Outlet) -> (Vec<(u64, u8, Vec<u8>)>, usize) {
+        let frame = outlet.lock().open.take().expect("an open frame");
+        let (parts, _, n_records) = frame.into_parts();
+        let bytes = parts.get(0).expect("the frame").data().to_vec();
+        let mut reader = wire::FrameReader::new(&bytes).expect("a whole frame");
+        let records: Vec<_> = std::iter::from_fn(|| reader.next_record())
+            .map(|record| {
+                let record = record.expect("a whole record");
+                (
+                    record.head.handler,
+                    record.head.flags,
+                    record.payload.to_vec(),
+                )
+            })
+            .collect();
+        assert_eq!(records.len(), n_records as usize);
+        (records, bytes.len())
+    }
+
+    #[test]
+    fn plain_calls_to_the_handler_of_the_call_before_them_take_the_short_form() {
+        for lending in [None, Some(Arc::new(Lending::default()))] {
+            let outlet = match &lending {
+                None => heap_outlet(),
+                Some(lending) => lending_outlet(Aggregation::Trad, lending),
+            };
+            push_raw(&outlet, 1, &[1; 8]);
+            push_raw(&outlet, 1, &[2; 8]);
+            push_raw(&outlet, 1, &[3; 8]);
+            // Another handler, and a call that waits for its result, are whole records; a
+            // plain call after them repeats the handler of the one just before.
+            push_raw(&outlet, 2, &[4; 8]);
+            let wants_result = RecordHead::call(2, 9, wire::WANTS_RESULT);
+            let raw: Payload<'_, ()> = Payload::Raw(&[5; 8]);
+            assert!(
+                outlet
+                    .try_push(wants_result, &raw, None, None, true, true)
+                    .is_ok()
+            );
+            push_raw(&outlet, 2, &[6; 8]);
+            let (records, len) = open_records(&outlet);
+            let expected: Vec<(u64, u8, Vec<u8>)> = vec![
+                (1, 0, vec![1; 8]),
+                (1, 0, vec![2; 8]),
+                (1, 0, vec![3; 8]),
+                (2, 0, vec![4; 8]),
+                (2, wire::WANTS_RESULT, vec![5; 8]),
+                (2, 0, vec![6; 8]),
+            ];
+            assert_eq!(records, expected);
+            let long = wire::RECORD_HEAD_LEN + 8;
+            let short = wire::REPEAT_HEAD_LEN + 8;
+            assert_eq!(len, wire::HEADER_LEN + 3 * long + 3 * short);
+        }
+    }
+
+    #[test]
+    fn a_repeated_call_too_large_for_the_short_form_is_written_whole() {
+        let large = vec![7u8; usize::from(u16::MAX) + 1];
+        // In lent memory with room for the whole head, and in a heap frame.
+        let lending = Arc::new(Lending::default());
+        let config = OutletConfig {
+            aggregation: Aggregation::Trad,
+            frame_bytes: 4 * large.len(),
+            max_delay: Duration::from_secs(1),
+            max_queued: 100,
+        };
+        let transport: Arc<dyn Transport> = Arc::clone(&lending) as Arc<dyn Transport>;
+        let lent = Outlet::new(1, 0, config, Some(transport), Arc::new(Counts::default()));
+        let heap = Outlet::new(1, 0, config, None, Arc::new(Counts::default()));
+        for outlet in [lent, heap] {
+            push_raw(&outlet, 3, &[1]);
+            push_raw(&outlet, 3, &large);
+            push_raw(&outlet, 3, &[2]);
+            let (records, len) = open_records(&outlet);
+            // Compared as a whole: a failure would print 64 KiB.
+            assert!(records == vec![(3, 0, vec![1]), (3, 0, large.clone()), (3, 0, vec![2])]);
+            let whole = 2 * wire::RECORD_HEAD_LEN + 1 + large.len();
+            assert_eq!(len, wire::HEADER_LEN + whole + wire::REPEAT_HEAD_LEN + 1);
+        }
+
+        // Lent memory without room to widen it: the call goes into the next frame.
+        let lending = Arc::new(Lending::default());
+        let config = OutletConfig {
+            aggregation: Aggregation::Trad,
+            frame_bytes: wire::HEADER_LEN + wire::RECORD_HEAD_LEN + 1 + large.len() + 10,
+            max_delay: Duration::from_secs(1),
+            max_queued: 100,
+        };
+        let transport: Arc<dyn Transport> = Arc::clone(&lending) as Arc<dyn Transport>;
+        let outlet = Outlet::new(1, 0, config, Some(transport), Arc::new(Counts::default()));
+        push_raw(&outlet, 3, &[1]);
+        push_raw(&outlet, 3, &large);
+        let sealed = outlet
+            .lock()
+            .sealed
+            .pop_front()
+            .expect("the first frame, sealed");
+        let (parts, _, n_records) = sealed.into_parts();
+        assert_eq!((handlers_in(&parts), n_records), (vec![3], 1));
+        let (records, _) = open_records(&outlet);
+        assert!(records == vec![(3, 0, large)]);
     }
 
     #[test]
