@@ -143,7 +143,7 @@ impl FrameBuf {
 
     /// Appends a record: `head`, then the payload, with the payload's length set in the head.
     /// `repeat`: `head` is a plain call to the handler of the frame's last call record, written
-    /// in the short form ([`wire::KIND_CALL_REPEAT`]) when its payload fits one (255 bytes);
+    /// in the short form ([`wire::KIND_CALL_REPEAT`]) when the payload's length fits 16 bits;
     /// a longer one is moved on to make room for the whole head. `Ok(false)` when lent memory
     /// has no room; on `Ok(false)` and on an error nothing is written. Lent memory is borrowed
     /// once per record (each borrow of a shared-memory message checks that it is still the
