@@ -1,9 +1,9 @@
 //! Fuzzing ferromq's decoders of hostile input, on the stable toolchain.
 //!
 //! Every decoder fed from outside the process has a [`Target`]: shmem descriptor frames, ofi
-//! side-channel frames (feature `ofi`), the control protocol's JSON in both directions,
-//! `--mq-config` JSON, `--channel-config` lists, TOML topologies and channel addresses. [`run`]
-//! feeds a target inputs made by [`mutate::generate`] from valid seeds, each under
+//! side-channel frames (feature `ofi`), remote-invocation frames, the control protocol's JSON in
+//! both directions, `--mq-config` JSON, `--channel-config` lists, TOML topologies and channel
+//! addresses. [`run`] feeds a target inputs made by [`mutate::generate`] from valid seeds, each under
 //! [`std::panic::catch_unwind`], with a watchdog thread that declares a hang when one input runs
 //! longer than [`RunOptions::hang_after`]. Input `i` of seed `s` is a pure function of `(s, i)`
 //! ([`input`]), so every finding is reproducible from two numbers, and the `ferromq-fuzz` binary

@@ -73,6 +73,14 @@ pub fn all() -> Vec<Target> {
             check: check_shm_frame,
         },
         Target {
+            name: "rpc-frame",
+            about: "remote-invocation frames (ferromq_rpc's frame reader, as the dispatcher reads them), written again and read back",
+            shape: Shape::Binary,
+            dictionary: &["FRPC", "\u{2}", "\u{7}", "\u{1}", "\u{4}"],
+            seeds: || Ok(ferromq_rpc::fuzzing::frame_examples()),
+            check: ferromq_rpc::fuzzing::read_frame,
+        },
+        Target {
             name: "control-request",
             about: "the control protocol's requests (launcher to device JSON)",
             shape: Shape::Text,

@@ -37,6 +37,11 @@ fn shm_frame() {
 }
 
 #[test]
+fn rpc_frame() {
+    check("rpc-frame");
+}
+
+#[test]
 fn recording() {
     check("recording");
 }

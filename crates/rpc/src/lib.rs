@@ -69,3 +69,95 @@ pub use node::{
 pub use outlet::Aggregation;
 pub use plain::Plain;
 pub use wire::{Status, WireError};
+
+/// Entry points for `ferromq-fuzz` (crates/fuzz): the frame reader, reachable from outside the
+/// crate. Not part of the API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use crate::wire::{self, FrameReader, Record, RecordHead, Status};
+
+    /// Reads every record of `frame` as a member's dispatcher does (the sender's index, then
+    /// record by record, counting the parts that records with a buffer take), then writes the
+    /// records again as an outlet writes them and reads that back. `Ok(false)` when the frame
+    /// is refused; `Err` when the second reading differs from the first.
+    ///
+    /// # Errors
+    /// A description of the difference.
+    pub fn read_frame(frame: &[u8]) -> Result<bool, String> {
+        let Some((from, records)) = read_all(frame) else {
+            return Ok(false);
+        };
+        let written = wire::write_frame(from, &records);
+        match read_all(&written) {
+            Some((again_from, again)) if again_from == from && again == records => Ok(true),
+            Some(_) => Err(format!(
+                "{} records of member {from} read back otherwise once written again",
+                records.len()
+            )),
+            None => Err(format!(
+                "{} records of member {from}, written again, were refused",
+                records.len()
+            )),
+        }
+    }
+
+    fn read_all(frame: &[u8]) -> Option<(u32, Vec<Record<'_>>)> {
+        let mut reader = FrameReader::new(frame).ok()?;
+        let mut records = Vec::new();
+        let mut n_buffers = 0usize;
+        while let Some(record) = reader.next_record() {
+            let record = record.ok()?;
+            if record.head.flags & wire::BUFFER != 0 {
+                n_buffers += 1;
+            }
+            records.push(record);
+        }
+        std::hint::black_box(n_buffers);
+        Some((reader.from, records))
+    }
+
+    /// Frames to start from: every record kind, plain calls in the short form, a broadcast, an
+    /// empty frame.
+    pub fn frame_examples() -> Vec<Vec<u8>> {
+        let call = |handler, seq, flags| RecordHead::call(handler, seq, flags);
+        let answer = |kind, seq, status| RecordHead::answer(kind, 0xfeed, seq, status);
+        let mut broadcast = call(0xb0, 0, wire::WANTS_ACK);
+        broadcast.kind = wire::KIND_BROADCAST;
+        broadcast.arity = 2;
+        broadcast.root = 3;
+        let frames: Vec<Vec<(RecordHead, &[u8])>> = vec![
+            vec![],
+            vec![
+                (call(0xfeed, 0, 0), &[1; 8]),
+                (call(0xfeed, 0, 0), &[2; 8]),
+                (call(0xfeed, 0, 0), b""),
+                (call(0xbeef, 0, 0), &[3; 64]),
+                (call(0xbeef, 0, 0), &[4; 300]),
+            ],
+            vec![
+                (call(0xfeed, 1, wire::WANTS_RESULT), b"args"),
+                (call(0xfeed, 2, wire::BUFFER | wire::WANTS_ACK), b""),
+                (call(0xfeed, 3, wire::BUFFER | wire::PULL), b"pull"),
+                (call(0xfeed, 0, 0), &[5; 8]),
+            ],
+            vec![
+                (answer(wire::KIND_REPLY, 1, Status::Ok), b"result"),
+                (answer(wire::KIND_ACK, 2, Status::Panicked), b"why"),
+                (answer(wire::KIND_FETCH, 3, Status::Ok), b""),
+                (answer(wire::KIND_FETCHED, 3, Status::BadFrame), b""),
+            ],
+            vec![(broadcast, b"to all")],
+        ];
+        frames
+            .iter()
+            .enumerate()
+            .map(|(from, records)| {
+                let records: Vec<Record<'_>> = records
+                    .iter()
+                    .map(|&(head, payload)| Record { head, payload })
+                    .collect();
+                wire::write_frame(u32::try_from(from).unwrap_or(0), &records)
+            })
+            .collect()
+    }
+}
