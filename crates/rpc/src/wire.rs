@@ -10,8 +10,9 @@
 //!
 //! The second form ([`KIND_CALL_REPEAT`]) is a fire-and-forget call without a buffer to the
 //! handler of the call record before it in the same frame: what a stream of small calls to one
-//! handler is made of. For 8-byte arguments it is 10 bytes instead of 40, so a frame carries
-//! four times the calls and both sides touch a quarter of the memory per call.
+//! handler is made of. For 8-byte arguments it is 11 bytes instead of 40, so a frame carries
+//! three and a half times the calls and a copying transport (zeromq) moves a quarter of the
+//! bytes. It stands only for a call that is plain in every field (no status, root or arity).
 //!
 //! A call's payload is its arguments, serialised by postcard straight into the frame (which is
 //! shared memory on shmem, see `outlet.rs`); a reply's is the result, or for a failure the
