@@ -291,8 +291,8 @@ impl FrameBuf {
 /// A frame being filled or waiting to be sent.
 struct Frame {
     buf: FrameBuf,
-    /// The handler of the last call record written: a plain call to it takes the short form.
-    last_call_handler: Option<u64>,
+    /// What a short call record written next would stand for.
+    last_call: wire::LastCall,
     /// Made at [`SMALL_FRAME`] bytes: grows into a full frame when a record finds no room.
     small: bool,
     n_records: u32,
@@ -448,7 +448,7 @@ impl Outlet {
         debug_assert!(written, "a frame has room for its header");
         Frame {
             buf,
-            last_call_handler: None,
+            last_call: wire::LastCall::default(),
             small,
             n_records: 0,
             buffers: Vec::new(),
@@ -517,17 +517,14 @@ impl Outlet {
             });
         }
         let was_idle = state.open.is_none() && state.sealed.is_empty();
-        let plain_call = head.is_plain_call();
         loop {
             let small_fits = state.small_fits;
             let frame = state.open.get_or_insert_with(|| self.new_frame(small_fits));
             let head_at = frame.buf.len();
-            let repeat = plain_call && frame.last_call_handler == Some(head.handler);
+            let repeat = frame.last_call.repeated_by(&head);
             match frame.buf.append_record(&head, payload, repeat) {
                 Ok(true) => {
-                    if head.kind == wire::KIND_CALL {
-                        frame.last_call_handler = Some(head.handler);
-                    }
+                    frame.last_call.saw(&head);
                     frame.n_records += 1;
                     frame.buffers.extend(buffer);
                     frame.on_left.extend(on_left);

@@ -147,14 +147,6 @@ impl RecordHead {
         }
     }
 
-    /// A call that may be written in the short form when it follows a call to the same
-    /// handler: fire and forget, no buffer (every flag clear, no sequence number), and nothing
-    /// else set that the short form would lose (found by the `rpc-frame` fuzz target: a forged
-    /// call with a status, written again, read back without it).
-    pub(crate) fn is_plain_call(&self) -> bool {
-        *self == RecordHead::call(self.handler, 0, 0)
-    }
-
     pub(crate) fn answer(kind: u8, handler: u64, seq: u64, status: Status) -> RecordHead {
         RecordHead {
             kind,
@@ -201,16 +193,39 @@ pub(crate) fn set_payload_len(frame: &mut [u8], head_at: usize, len: u32) {
     frame[at..at + 4].copy_from_slice(&len.to_le_bytes());
 }
 
+/// What a short call record ([`KIND_CALL_REPEAT`]) stands for: a plain call to the handler of
+/// the frame's last call record. The writers (an outlet's frame, [`write_frame`]) and the
+/// reader each keep one per frame, so both ends apply the same rule.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct LastCall(Option<u64>);
+
+impl LastCall {
+    /// Whether `head` may be written short after the records so far: fire and forget, no
+    /// buffer, to the same handler, and nothing else set that the short form would lose (found
+    /// by the `rpc-frame` fuzz target: a forged call with a status, written again, read back
+    /// without it).
+    pub(crate) fn repeated_by(self, head: &RecordHead) -> bool {
+        self.0 == Some(head.handler) && *head == RecordHead::call(head.handler, 0, 0)
+    }
+
+    /// Notes a record written or read.
+    pub(crate) fn saw(&mut self, head: &RecordHead) {
+        if head.kind == KIND_CALL {
+            self.0 = Some(head.handler);
+        }
+    }
+}
+
 /// A frame from member `from` holding `records`, written as an outlet writes them: a plain call
 /// to the handler of the frame's previous call record takes the short form when its payload's
 /// length fits one. What the tests and the fuzzer's seeds are made of (the outlet writes into
 /// lent memory as it serialises, see `outlet.rs`).
 pub(crate) fn write_frame(from: u32, records: &[Record<'_>]) -> Vec<u8> {
     let mut frame = frame_header(from).to_vec();
-    let mut last_call_handler = None;
+    let mut last_call = LastCall::default();
     for record in records {
         let head = record.head;
-        let repeat = head.is_plain_call() && last_call_handler == Some(head.handler);
+        let repeat = last_call.repeated_by(&head);
         match u16::try_from(record.payload.len()) {
             Ok(short_len) if repeat => {
                 frame.push(KIND_CALL_REPEAT);
@@ -224,9 +239,7 @@ pub(crate) fn write_frame(from: u32, records: &[Record<'_>]) -> Vec<u8> {
             }
         }
         frame.extend_from_slice(record.payload);
-        if head.kind == KIND_CALL {
-            last_call_handler = Some(head.handler);
-        }
+        last_call.saw(&head);
     }
     set_record_count(&mut frame, u32::try_from(records.len()).unwrap_or(u32::MAX));
     frame
@@ -245,8 +258,8 @@ pub(crate) struct FrameReader<'a> {
     n_records: u32,
     next: u32,
     rest: &'a [u8],
-    /// The handler of the last call record read: a [`KIND_CALL_REPEAT`] record's.
-    last_call_handler: Option<u64>,
+    /// What a [`KIND_CALL_REPEAT`] record stands for.
+    last_call: LastCall,
 }
 
 impl<'a> FrameReader<'a> {
@@ -264,7 +277,7 @@ impl<'a> FrameReader<'a> {
             n_records,
             next: 0,
             rest: &frame[HEADER_LEN..],
-            last_call_handler: None,
+            last_call: LastCall::default(),
         })
     }
 
@@ -305,7 +318,8 @@ impl<'a> FrameReader<'a> {
             };
             let payload_len = usize::from(u16::from_le_bytes([*len_0, *len_1]));
             let handler = self
-                .last_call_handler
+                .last_call
+                .0
                 .ok_or(WireError::RepeatWithoutCall(self.next))?;
             if rest.len() < payload_len {
                 return Err(truncated(REPEAT_HEAD_LEN + payload_len, self.rest.len()));
@@ -343,9 +357,7 @@ impl<'a> FrameReader<'a> {
         };
         let (payload, rest) = rest.split_at(payload_len);
         self.rest = rest;
-        if kind == KIND_CALL {
-            self.last_call_handler = Some(head.handler);
-        }
+        self.last_call.saw(&head);
         Ok(Record { head, payload })
     }
 }
