@@ -1405,8 +1405,8 @@ impl Node {
             }
         };
         invocation.caller = answer_to;
-        let started =
-            buffer.and_then(|buffer| self.start(head, payload, buffer, invocation, intake));
+        let started = buffer
+            .and_then(|mut buffer| self.start(head, payload, &mut buffer, invocation, intake));
         self.finish(from, answer_to, head, started, intake).await
     }
 
@@ -1416,7 +1416,7 @@ impl Node {
         &self,
         head: RecordHead,
         payload: &[u8],
-        buffer: Option<Message>,
+        buffer: &mut Option<Message>,
         invocation: &Invocation,
         intake: &mut Intake,
     ) -> Result<Started, (Status, String)> {
@@ -1738,7 +1738,7 @@ impl Node {
             let head = record.head;
             match head.kind {
                 wire::KIND_CALL | wire::KIND_BROADCAST => {
-                    let buffer = if head.flags & wire::BUFFER != 0 {
+                    let mut buffer = if head.flags & wire::BUFFER != 0 {
                         match parts.next() {
                             Some(buffer) => Some(buffer),
                             None => {
@@ -1779,7 +1779,8 @@ impl Node {
                         // payload stay where they are instead of being moved into the future's
                         // state and read back (a tenth of the dispatcher's time, 8-byte calls).
                         invocation.caller = from;
-                        match self.start(head, record.payload, buffer, invocation, intake) {
+                        // The buffer is lent where it lies, not moved (see `handlers::Erased`).
+                        match self.start(head, record.payload, &mut buffer, invocation, intake) {
                             Ok(Started::Done) => self.answer_done(from, from, head, intake),
                             started => self.finish(from, from, head, started, intake).await?,
                         }
