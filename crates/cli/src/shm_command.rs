@@ -11,13 +11,16 @@ use ferromq_shm::names::current_uid;
 pub enum ShmCommand {
     /// Sessions, segments and regions of this user: size, use, free space, live messages, processes.
     List {
-        /// Only this session.
+        /// Only this session: the id the devices were given, or its name as this list shows
+        /// it (ids with characters other than letters, digits and `-` are shown encoded:
+        /// `run_1` as `run.5f1`).
         #[arg(long)]
         session: Option<String>,
     },
     /// Remove shared memory: one session, or every session whose processes are all dead.
     Clean {
-        /// The session to remove.
+        /// The session to remove: the id the devices were given, or its name as `ferromq shm
+        /// list` shows it.
         #[arg(long, conflicts_with = "stale", required_unless_present = "stale")]
         session: Option<String>,
         /// Remove every session none of whose processes runs any more (no session id needed).
@@ -78,8 +81,10 @@ pub fn run(command: &ShmCommand) -> ExitCode {
         ShmCommand::List { session } => {
             let sessions = match session {
                 Some(session) => {
-                    let objects = cleanup::list_objects(uid, Some(session));
-                    std::iter::once((ferromq_shm::names::sanitise_session(session), objects))
+                    // The id the devices were given, or the session as this list shows it.
+                    let encoded = cleanup::encoded_session_named(uid, session);
+                    let objects = cleanup::list_objects_encoded(uid, &encoded);
+                    std::iter::once((encoded, objects))
                         .filter(|(_, objects)| !objects.is_empty())
                         .collect()
                 }
@@ -108,7 +113,11 @@ pub fn run(command: &ShmCommand) -> ExitCode {
             session: Some(session),
             force,
             ..
-        } => match cleanup::clean_session(uid, session, *force) {
+        } => match cleanup::clean_session_encoded(
+            uid,
+            &cleanup::encoded_session_named(uid, session),
+            *force,
+        ) {
             Ok(removed) => {
                 println!("removed {} object(s) of session {session}", removed.len());
                 ExitCode::SUCCESS

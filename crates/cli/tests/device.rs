@@ -716,3 +716,99 @@ async fn multiple_endpoints_over(transport: &str) {
         sink.stdout
     );
 }
+
+/// `ferromq shm ARGS`: its exit code and stdout.
+fn shm(args: &[&str]) -> (Option<i32>, String, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .arg("shm")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// A session id with characters outside `[A-Za-z0-9-]` appears encoded in object names and in
+/// `ferromq shm list` (`_` as `.5f`, `.` as `.2e`). Its watchdog used to encode it a second
+/// time and find no objects, so a device killed with -9 left its 2 GiB segment in /dev/shm;
+/// `shm list --session` and `shm clean --session` did not know the name the list showed.
+#[tokio::test]
+async fn a_session_named_with_underscores_and_dots_is_listed_cleaned_and_watched() {
+    let session = ShmSession::new("under_score.dot");
+    let encoded = ferromq_shm::names::sanitise_session(&session.0);
+    assert!(
+        encoded.contains(".5f") && encoded.contains(".2e"),
+        "{encoded}"
+    );
+    let ipc = Ipc::new("encoded-session");
+    let mut sampler = Device::new("bsampler", "sampler1")
+        .args(&[
+            "--transport",
+            "shmem",
+            "--session",
+            &session.0,
+            "--shm-segment-size",
+            "16777216",
+            "--msg-size",
+            "1024",
+        ])
+        .channel("push", "bind", &ipc.address())
+        .spawn();
+    // No receiver: the sampler allocates its first message (its segment) and waits for a peer.
+    let deadline = tokio::time::Instant::now() + STEP;
+    loop {
+        let (_, listed, _) = shm(&["list"]);
+        if listed.contains(&format!("session {encoded} ")) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no session {encoded} in `shm list`: {listed}"
+        );
+        tokio::task::yield_now().await;
+    }
+    for name in [session.0.as_str(), encoded.as_str()] {
+        let (code, listed, _) = shm(&["list", "--session", name]);
+        assert_eq!(code, Some(0));
+        assert!(
+            listed.contains(&format!("session {encoded} (in use)")),
+            "`shm list --session {name}`: {listed}"
+        );
+        let (code, _, refused) = shm(&["clean", "--session", name]);
+        assert_eq!(
+            code,
+            Some(1),
+            "`shm clean --session {name}` of a session in use"
+        );
+        assert!(
+            refused.contains(&encoded) && refused.contains("in use by running processes"),
+            "{refused}"
+        );
+    }
+    sampler.start_kill().unwrap();
+    sampler.wait().await.unwrap();
+    let prefix = ferromq_shm::names::ObjectName::session_prefix(
+        ferromq_shm::names::current_uid(),
+        &session.0,
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left: Vec<String> = std::fs::read_dir("/dev/shm")
+            .unwrap()
+            .flatten()
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with(&prefix))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still in /dev/shm 10 s after kill -9: {left:?}"
+        );
+        tokio::task::yield_now().await;
+    }
+}

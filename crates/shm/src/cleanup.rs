@@ -54,21 +54,49 @@ fn shm_dir() -> PathBuf {
     PathBuf::from("/dev/shm")
 }
 
-/// Every ferromq object of user `uid`, optionally of one session only.
+/// Every ferromq object of user `uid`, optionally of one session only (the id the devices
+/// were given, `--session`).
 pub fn list_objects(uid: u32, session: Option<&str>) -> Vec<ObjectInfo> {
+    list_encoded(uid, session.map(sanitise_session).as_deref())
+}
+
+/// [`list_objects`] of a session named as it appears in object names and in `ferromq shm
+/// list` (encoded by [`sanitise_session`]).
+pub fn list_objects_encoded(uid: u32, encoded_session: &str) -> Vec<ObjectInfo> {
+    list_encoded(uid, Some(encoded_session))
+}
+
+/// The session as it appears in object names that `typed` names: the encoding of the id the
+/// devices were given, or, where no object has that, the encoded form itself as `ferromq shm
+/// list` shows it (`a.5fb` for `a_b`), when objects of it exist.
+pub fn encoded_session_named(uid: u32, typed: &str) -> String {
+    let encoded = sanitise_session(typed);
+    let has_objects = |session: &str| {
+        std::fs::read_dir(shm_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| ObjectName::parse(&entry.file_name().to_string_lossy()))
+            .any(|name| name.uid == uid && name.session == session)
+    };
+    if encoded != typed && !has_objects(&encoded) && has_objects(typed) {
+        return typed.to_owned();
+    }
+    encoded
+}
+
+/// The objects of `uid`, of the session `encoded` (as in object names) or of every session.
+/// Everything below the public functions works on the encoded session: encoding it twice
+/// (`a_b` → `a.5fb` → `a.2e5fb`) named no object, and left a crashed session's memory to
+/// nobody.
+fn list_encoded(uid: u32, encoded: Option<&str>) -> Vec<ObjectInfo> {
     let Ok(entries) = std::fs::read_dir(shm_dir()) else {
         return Vec::new();
     };
-    let session = session.map(sanitise_session);
     let mut objects: Vec<ObjectInfo> = entries
         .flatten()
         .filter_map(|entry| ObjectName::parse(&entry.file_name().to_string_lossy()))
-        .filter(|name| {
-            name.uid == uid
-                && session
-                    .as_ref()
-                    .is_none_or(|session| &name.session == session)
-        })
+        .filter(|name| name.uid == uid && encoded.is_none_or(|session| name.session == session))
         .filter_map(|name| {
             let segment = Segment::inspect(name.clone()).ok()?;
             let header = segment.header();
@@ -91,7 +119,7 @@ pub fn list_objects(uid: u32, session: Option<&str>) -> Vec<ObjectInfo> {
     objects
 }
 
-/// The objects of `uid` grouped by session.
+/// The objects of `uid` grouped by session, as each appears in object names (encoded).
 pub fn sessions(uid: u32) -> BTreeMap<String, Vec<ObjectInfo>> {
     let mut sessions: BTreeMap<String, Vec<ObjectInfo>> = BTreeMap::new();
     for object in list_objects(uid, None) {
@@ -103,18 +131,20 @@ pub fn sessions(uid: u32) -> BTreeMap<String, Vec<ObjectInfo>> {
     sessions
 }
 
-fn lock_path(uid: u32, session: &str) -> PathBuf {
+/// The watchdog's lock file of the session `encoded` (as in object names).
+fn lock_path(uid: u32, encoded: &str) -> PathBuf {
     shm_dir().join(format!(
         "{}watchdog",
-        ObjectName::session_prefix(uid, session)
+        ObjectName::encoded_session_prefix(uid, encoded)
     ))
 }
 
-/// Removes every object of `session` (and its watchdog lock file); returns what was removed.
-fn remove_session(uid: u32, session: &str) -> Vec<String> {
-    let prefix = ObjectName::session_prefix(uid, session);
+/// Removes every object of the session `encoded` (and its watchdog lock file); returns what
+/// was removed.
+fn remove_session(uid: u32, encoded: &str) -> Vec<String> {
+    let prefix = ObjectName::encoded_session_prefix(uid, encoded);
     let mut removed = Vec::new();
-    for object in list_objects(uid, Some(session)) {
+    for object in list_encoded(uid, Some(encoded)) {
         if Segment::remove(&object.name).is_ok() {
             removed.push(object.name.to_string());
         }
@@ -148,7 +178,20 @@ pub struct SessionInUse {
 /// # Errors
 /// [`SessionInUse`] naming the processes.
 pub fn clean_session(uid: u32, session: &str, force: bool) -> Result<Vec<String>, SessionInUse> {
-    let mut pids: Vec<u32> = list_objects(uid, Some(session))
+    clean_session_encoded(uid, &sanitise_session(session), force)
+}
+
+/// [`clean_session`] of a session named as it appears in object names (see
+/// [`encoded_session_named`]).
+///
+/// # Errors
+/// [`SessionInUse`] naming the processes.
+pub fn clean_session_encoded(
+    uid: u32,
+    encoded_session: &str,
+    force: bool,
+) -> Result<Vec<String>, SessionInUse> {
+    let mut pids: Vec<u32> = list_encoded(uid, Some(encoded_session))
         .into_iter()
         .flat_map(|object| object.live_processes)
         .collect();
@@ -156,11 +199,11 @@ pub fn clean_session(uid: u32, session: &str, force: bool) -> Result<Vec<String>
     pids.dedup();
     if !pids.is_empty() && !force {
         return Err(SessionInUse {
-            session: sanitise_session(session),
+            session: encoded_session.to_owned(),
             pids,
         });
     }
-    Ok(remove_session(uid, session))
+    Ok(remove_session(uid, encoded_session))
 }
 
 /// Removes every session of `uid` whose processes are all dead; returns what was removed.
@@ -180,11 +223,12 @@ pub fn clean_stale(uid: u32) -> Vec<String> {
 /// Removes the session's objects when no process but this one uses them.
 pub fn remove_session_if_unused(uid: u32, session: &str) {
     let me = std::process::id();
-    let in_use = list_objects(uid, Some(session))
+    let encoded = sanitise_session(session);
+    let in_use = list_encoded(uid, Some(&encoded))
         .iter()
         .any(|object| object.live_processes.iter().any(|&pid| pid != me));
     if !in_use {
-        let removed = remove_session(uid, session);
+        let removed = remove_session(uid, &encoded);
         if !removed.is_empty() {
             tracing::debug!(
                 session,
@@ -275,6 +319,8 @@ pub fn run_watchdog_if_requested() {
     std::process::exit(0);
 }
 
+/// Watches the session `session`, encoded as in object names (as [`ensure_watchdog`] passes
+/// it).
 fn watch(uid: u32, session: &str) {
     let Ok(file) = File::create(lock_path(uid, session)) else {
         return;
@@ -297,7 +343,7 @@ fn watch(uid: u32, session: &str) {
     });
     loop {
         std::thread::sleep(WATCHDOG_POLL);
-        let objects = list_objects(uid, Some(session));
+        let objects = list_encoded(uid, Some(session));
         if objects.is_empty() {
             let starter_gone = starter.is_some_and(|starter| !starter.is_alive());
             if seen_objects || starter_gone || started.elapsed() > Duration::from_secs(30) {

@@ -121,7 +121,13 @@ impl ObjectName {
 
     /// The prefix shared by every object of `session` of user `uid`.
     pub fn session_prefix(uid: u32, session: &str) -> String {
-        format!("{PREFIX}{uid}_{}_", sanitise_session(session))
+        ObjectName::encoded_session_prefix(uid, &sanitise_session(session))
+    }
+
+    /// [`ObjectName::session_prefix`] of a session already encoded (as in
+    /// [`ObjectName::session`]).
+    pub fn encoded_session_prefix(uid: u32, encoded_session: &str) -> String {
+        format!("{PREFIX}{uid}_{encoded_session}_")
     }
 }
 

@@ -73,6 +73,14 @@ fn main() {
             kill_9_cleanup,
         ),
         trial(
+            "kill_9_of_every_device_of_a_session_named_with_underscores_and_dots_leaves_no_shared_memory",
+            kill_9_cleanup_of_an_encoded_session,
+        ),
+        trial(
+            "clean_stale_removes_a_dead_session_named_with_underscores_and_dots",
+            clean_stale_of_an_encoded_session,
+        ),
+        trial(
             "forged_descriptors_are_rejected_and_the_receiver_goes_on",
             forged_descriptors,
         ),
@@ -981,7 +989,27 @@ fn segment_full() -> Result<()> {
 }
 
 fn kill_9_cleanup() -> Result<()> {
-    let session = Session::new("kill9");
+    kill_9_cleanup_of(Session::new("kill9"))
+}
+
+/// A session id outside `[A-Za-z0-9-]` appears encoded in object names (`a_b` as `a.5fb`);
+/// the watchdog used to encode it a second time, looked for objects under a name none had, and
+/// left a crashed session's memory behind.
+fn kill_9_cleanup_of_an_encoded_session() -> Result<()> {
+    kill_9_cleanup_of(Session::new("kill9_under.dot"))
+}
+
+/// The files in /dev/shm that belong to `session` (its objects and the watchdog's lock).
+fn files_of(session: &Session) -> Result<Vec<String>> {
+    let prefix = ferromq_shm::names::ObjectName::session_prefix(current_uid(), &session.0);
+    Ok(std::fs::read_dir("/dev/shm")?
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with(&prefix))
+        .collect())
+}
+
+fn kill_9_cleanup_of(session: Session) -> Result<()> {
     block_on(async {
         let address = session.ipc("kill9");
         let mut receiver = ChildRole::spawn("endless-receiver", &session, &address, &[]);
@@ -997,19 +1025,84 @@ fn kill_9_cleanup() -> Result<()> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             let left = list_objects(current_uid(), Some(&session.0));
-            let files_left = std::fs::read_dir("/dev/shm")?
-                .flatten()
-                .filter(|entry| entry.file_name().to_string_lossy().contains(&session.0))
-                .count();
-            if left.is_empty() && files_left == 0 {
+            let files_left = files_of(&session)?;
+            if left.is_empty() && files_left.is_empty() {
                 return Ok(());
             }
             ensure!(
                 tokio::time::Instant::now() < deadline,
-                "still in /dev/shm after 10 s: {files_left} object(s)"
+                "still in /dev/shm after 10 s: {files_left:?}"
             );
             tokio::task::yield_now().await;
         }
+    })
+}
+
+/// The pid of the watchdog of `session` (the process whose environment names it).
+fn watchdog_of(session: &Session) -> Option<u32> {
+    let entry = format!(
+        "FERROMQ_SHM_WATCHDOG_SESSION={}",
+        ferromq_shm::names::sanitise_session(&session.0)
+    );
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|process| {
+            let pid: u32 = process.file_name().to_str()?.parse().ok()?;
+            let environ = std::fs::read(process.path().join("environ")).ok()?;
+            environ
+                .split(|&byte| byte == 0)
+                .any(|variable| variable == entry.as_bytes())
+                .then_some(pid)
+        })
+}
+
+/// `ferromq shm clean --stale` (here `clean_stale`) finds a session whose processes all died by
+/// the session as object names spell it, and used to encode that a second time and remove
+/// nothing. The session's watchdog is stopped (SIGSTOP) first, so the removal is
+/// `clean_stale`'s, not the watchdog's.
+fn clean_stale_of_an_encoded_session() -> Result<()> {
+    let session = Session::new("stale_under.dot");
+    block_on(async {
+        let address = session.ipc("stale");
+        let mut receiver = ChildRole::spawn("endless-receiver", &session, &address, &[]);
+        ensure!(receiver.line().await? == "BOUND", "receiver bound");
+        let mut sender = ChildRole::spawn("endless-sender", &session, &address, &[]);
+        ensure!(receiver.line().await? == "GOT 100", "messages flow");
+        // The watchdog starts with the first segment; it may not have exec'd yet.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let watchdog = loop {
+            if let Some(pid) = watchdog_of(&session) {
+                break pid;
+            }
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "no watchdog for the session after 10 s"
+            );
+            tokio::task::yield_now().await;
+        };
+        let resume_and_kill = |name: &str| {
+            std::process::Command::new("kill")
+                .args([&format!("-{name}"), &watchdog.to_string()])
+                .status()
+        };
+        ensure!(resume_and_kill("STOP")?.success(), "SIGSTOP the watchdog");
+        let outcome = async {
+            sender.child.kill().await?;
+            receiver.child.kill().await?;
+            let removed = ferromq_shm::cleanup::clean_stale(current_uid());
+            let encoded = ferromq_shm::names::sanitise_session(&session.0);
+            ensure!(
+                removed.iter().any(|name| name.contains(&encoded)),
+                "clean_stale removed nothing of {encoded}: {removed:?}"
+            );
+            let left = files_of(&session)?;
+            ensure!(left.is_empty(), "left in /dev/shm: {left:?}");
+            Ok(())
+        }
+        .await;
+        let _ = resume_and_kill("KILL");
+        outcome
     })
 }
 
