@@ -166,9 +166,14 @@ fn main() -> ExitCode {
             speed,
             options,
         } => {
-            if !(speed.is_finite() && speed >= 0.0) {
+            let (min, max) = (
+                ferromq_devices::MIN_REPLAY_SPEED,
+                ferromq_devices::MAX_REPLAY_SPEED,
+            );
+            if !(speed == 0.0 || (min..=max).contains(&speed)) {
+                // `{:?}`: 1e308 as `1e308`, not 309 digits.
                 eprintln!(
-                    "ferromq: --speed {speed}: expected 0 (as fast as possible) or a positive factor"
+                    "ferromq: --speed {speed:?}: expected 0 (as fast as possible) or a factor from {min:e} to {max:e}"
                 );
                 return ExitCode::from(2);
             }

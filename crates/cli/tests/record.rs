@@ -465,11 +465,30 @@ async fn record_and_replay_refuse_what_they_cannot_do() {
         "{}",
         refused.stderr
     );
-    let bad_speed = finish(replay(not_a_recording.path(), "-1", "ipc:///nonexistent/x")).await;
-    assert_eq!(bad_speed.code, Some(2));
-    assert!(
-        bad_speed.stderr.contains("--speed -1"),
-        "{}",
-        bad_speed.stderr
-    );
+    // Negative, too slow to schedule (a tiny factor panicked the device turning the recorded
+    // gap into a wait), and too large to mean anything: each refused at once, by value.
+    for (speed, shown) in [
+        ("-1", "--speed -1.0"),
+        ("1e-300", "--speed 1e-300"),
+        ("1e-9", "--speed 1e-9"),
+        ("1e308", "--speed 1e308:"),
+    ] {
+        let bad_speed = finish(replay(
+            not_a_recording.path(),
+            speed,
+            "ipc:///nonexistent/x",
+        ))
+        .await;
+        assert_eq!(
+            bad_speed.code,
+            Some(2),
+            "--speed {speed}: {}",
+            bad_speed.stderr
+        );
+        assert!(
+            bad_speed.stderr.contains(shown) && !bad_speed.stderr.contains("panicked"),
+            "--speed {speed}: {}",
+            bad_speed.stderr
+        );
+    }
 }

@@ -66,7 +66,7 @@ pub use event_building::{Builder as EventBuilder, StfSource};
 pub use forwarders::{Merger, Multiplier, Processor, Proxy, Splitter};
 pub use mcts::{MctsDriver, MctsWorker};
 pub use pacing::Pacer;
-pub use replay::Replay;
+pub use replay::{MAX_SPEED as MAX_REPLAY_SPEED, MIN_SPEED as MIN_REPLAY_SPEED, Replay};
 pub use reqrep::{Client, Server};
 pub use sampler::{BenchmarkSampler, Sampler};
 pub use sink::{Sink, SinkSummary};
@@ -468,6 +468,31 @@ mod tests {
         for bad in [-1.0, 1e-300, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
             let problem = check_rate(bad).unwrap_err();
             assert!(problem.starts_with(&format!("{bad:?}:")), "{problem}");
+        }
+    }
+
+    /// A topology's replay with a tiny `speed` passed `ferromq validate` and then panicked
+    /// the device turning the first recorded gap into a wait.
+    #[test]
+    fn replay_speeds_are_checked_before_anything_runs() {
+        let with_speed = |speed: &str| {
+            let properties = BTreeMap::from([
+                ("file".to_owned(), "rec.fmqr".to_owned()),
+                ("speed".to_owned(), speed.to_owned()),
+            ]);
+            check_topology_properties("replay", "replay1", &properties)
+        };
+        for good in ["0", "1", "2.5", "0.001", "1e9"] {
+            assert!(with_speed(good).is_ok(), "speed {good}");
+        }
+        for bad in ["1e-30", "1e-300", "0.0009", "-1", "NaN", "inf", "2e9"] {
+            let problem = with_speed(bad).unwrap_err();
+            assert_eq!(problem.key.as_deref(), Some("speed"), "speed {bad}");
+            assert!(
+                problem.message.contains("from 1e-3 to 1e9"),
+                "{}",
+                problem.message
+            );
         }
     }
 

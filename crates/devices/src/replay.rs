@@ -21,7 +21,12 @@ pub struct Replay {
 }
 
 /// The largest `speed` taken: past it the pace is "as fast as possible" anyway.
-const MAX_SPEED: f64 = 1e9;
+pub const MAX_SPEED: f64 = 1e9;
+
+/// The smallest `speed` other than 0: a thousand times slower than recorded (a recorded
+/// millisecond takes a second). Below it a recorded millisecond would take hours, and the
+/// schedule's arithmetic leaves what a clock can hold.
+pub const MIN_SPEED: f64 = 1e-3;
 
 impl Replay {
     /// Reads the properties (INIT's part that [`crate::Builtin::check_properties`] shares).
@@ -38,11 +43,12 @@ impl Replay {
                 )
             })?;
         self.speed = props.parse_or("speed", 1.0)?;
-        if !(self.speed.is_finite() && (0.0..=MAX_SPEED).contains(&self.speed)) {
+        if !(self.speed == 0.0 || (MIN_SPEED..=MAX_SPEED).contains(&self.speed)) {
+            // `{:?}`: 1e308 as `1e308`, not 309 digits.
             return Err(props.invalid(
                 "speed",
                 format!(
-                    "has invalid value \"{}\": expected 0 (as fast as possible) or a positive factor up to {MAX_SPEED:e}",
+                    "has invalid value \"{:?}\": expected 0 (as fast as possible) or a factor from {MIN_SPEED:e} to {MAX_SPEED:e}",
                     self.speed
                 ),
             ));
@@ -87,7 +93,21 @@ impl Device for Replay {
             };
             if self.speed > 0.0 {
                 let first = *first_at.get_or_insert(record.at);
-                let due = started + (record.at.saturating_sub(first)).div_f64(self.speed);
+                let since_first = record.at.saturating_sub(first);
+                // A corrupt or absurd timestamp (centuries after the first) is no panic: the
+                // schedule it asks for is refused, naming the message.
+                let due = Duration::try_from_secs_f64(since_first.as_secs_f64() / self.speed)
+                    .ok()
+                    .and_then(|wait| started.checked_add(wait))
+                    .ok_or_else(|| {
+                        format!(
+                            "{}: message {} was recorded {:?} after the first; at speed {:?} its time to leave is past what the clock can hold",
+                            self.file,
+                            n_messages + 1,
+                            since_first,
+                            self.speed
+                        )
+                    })?;
                 if due > tokio::time::Instant::now() {
                     tokio::select! {
                         () = tokio::time::sleep_until(due) => {}
