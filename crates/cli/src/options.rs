@@ -389,6 +389,21 @@ impl DeviceOptions {
                 self.id
             );
         }
+        // Refused now, naming the option: a control endpoint that cannot bind used to leave
+        // the device in IDLE with nothing to control it.
+        if let Some(address) = &self.control_address {
+            match ferromq_core::Address::parse(address) {
+                Ok(
+                    ferromq_core::Address::Tcp { .. }
+                    | ferromq_core::Address::Ipc { .. }
+                    | ferromq_core::Address::Inproc { .. },
+                ) => {}
+                Ok(other) => bail!(
+                    "--control-address {address:?}: the control endpoint is a zeromq socket: expected tcp://, ipc:// or inproc://, not {other}"
+                ),
+                Err(error) => bail!("--control-address {address:?}: {error}"),
+            }
+        }
         Ok(())
     }
 

@@ -148,6 +148,11 @@ async fn drive(controller: &DeviceController, options: &DeviceOptions) -> Result
                 eprintln!("ferromq: {gone}; exiting");
                 std::process::exit(1);
             }
+            if served.is_err() {
+                // The endpoint failed (it could not bind, say): nothing can control the device
+                // any more, so it goes down now instead of idling until a signal.
+                let _ = control::shut_down(controller).await;
+            }
             served.map_err(|error| error_chain(&error))
         }
     }

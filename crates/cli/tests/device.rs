@@ -812,3 +812,35 @@ async fn a_session_named_with_underscores_and_dots_is_listed_cleaned_and_watched
         tokio::task::yield_now().await;
     }
 }
+
+/// A control address that is no address is a usage error naming the option; one that parses
+/// but cannot be bound (its directory does not exist) ends the device at once with the cause.
+/// Both used to leave the device in IDLE, silent, until a signal came.
+#[tokio::test]
+async fn a_control_endpoint_that_cannot_be_bound_ends_the_device() {
+    let data = Ipc::new("control-refused");
+    let external = |address: &str| {
+        Device::plain("sink", "sink1")
+            .args(&["--control", "external", "--control-address", address])
+            .channel("pull", "bind", &data.address())
+    };
+    for bad in ["bogus", "ipc://", "udp://x:1"] {
+        let refused = external(bad).finish().await;
+        assert_eq!(refused.code, Some(2), "{bad}: {}", refused.stderr);
+        assert!(
+            refused
+                .stderr
+                .contains(&format!("--control-address {bad:?}")),
+            "{bad}: {}",
+            refused.stderr
+        );
+    }
+    let unbindable = format!("ipc:///nonexistent-ferromq-{}/control", std::process::id());
+    let ended = external(&unbindable).finish().await;
+    assert_eq!(ended.code, Some(1), "{}", ended.stderr);
+    assert!(
+        ended.stderr.contains(&unbindable) && ended.stderr.contains("No such file"),
+        "{}",
+        ended.stderr
+    );
+}

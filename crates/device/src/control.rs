@@ -378,13 +378,14 @@ pub async fn serve_external_control(
         problem,
     };
     let config = control_channel_config(SocketType::Rep, Method::Bind, address);
+    // With its causes: "bad address" alone did not say what was wrong with it.
     let mut channel = Channel::open(transport, config, "control")
         .await
-        .map_err(|error| control_error(error.to_string()))?;
+        .map_err(|error| control_error(ferromq_core::error_chain(&error)))?;
     let bound = channel
         .bind_configured()
         .await
-        .map_err(|error| control_error(error.to_string()))?;
+        .map_err(|error| control_error(ferromq_core::error_chain(&error)))?;
     if endpoint.read_only {
         // Every device has one (for `ferromq top`): not worth a line of its log.
         tracing::debug!(device = %controller.id(), address = %bound, "observer endpoint bound");
