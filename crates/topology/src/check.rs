@@ -171,6 +171,7 @@ impl<'a> Loader<'a> {
             .iter()
             .map(|device| self.device(device.get_ref()))
             .collect();
+        self.check_instance_ids(&parsed, &devices);
         self.check_connections(&devices);
         let hosts = self.hosts(&parsed);
         let mut errors = self.checker.errors;
@@ -185,6 +186,53 @@ impl<'a> Loader<'a> {
         }
         errors.sort_by_key(|error| (error.line, error.column));
         Err(TopologyErrors(errors))
+    }
+
+    /// Every process's id once replicas are expanded (`sink` with 2 replicas is `sink-0` and
+    /// `sink-1`) is unique: a device `sink-0` beside them passed the check of ids as written
+    /// and then started two processes of one id, the second of which could not bind its
+    /// control endpoint.
+    fn check_instance_ids(&mut self, parsed: &FileToml, devices: &[DeviceSpec]) {
+        let mut owners: BTreeMap<String, (usize, String)> = BTreeMap::new();
+        for (device_idx, device) in devices.iter().enumerate() {
+            let instance_ids: Vec<String> = if device.replicas <= 1 {
+                vec![device.id.clone()]
+            } else {
+                (0..device.replicas)
+                    .map(|replica_idx| format!("{}-{replica_idx}", device.id))
+                    .collect()
+            };
+            for instance_id in instance_ids {
+                let Some((_, owner)) = owners.get(&instance_id) else {
+                    owners.insert(instance_id, (device_idx, device.id.clone()));
+                    continue;
+                };
+                // Same device id twice is reported as a duplicate id already.
+                if *owner == device.id {
+                    continue;
+                }
+                let this = if device.replicas <= 1 {
+                    format!("its process id {instance_id:?}")
+                } else {
+                    format!("its replica {instance_id:?}")
+                };
+                let owner_replicas = devices
+                    .iter()
+                    .find(|other| other.id == *owner)
+                    .map_or(1, |other| other.replicas);
+                let other = if owner_replicas <= 1 {
+                    format!("the id of device {owner:?}")
+                } else {
+                    format!("a replica of device {owner:?} (replicas = {owner_replicas})")
+                };
+                let message =
+                    format!("{this} is also {other}: every process needs an id of its own");
+                let span = parsed.device[device_idx].get_ref().id.span();
+                self.checker
+                    .error(span, format!("device {:?}", device.id), message);
+                break;
+            }
+        }
     }
 
     /// Turns every `[[rpc]]` group into channels and properties of its member devices: each
