@@ -30,6 +30,7 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod config_file;
 mod console;
 pub mod interactive;
 pub mod launch;

@@ -527,8 +527,7 @@ impl DeviceOptions {
                 .with_context(|| format!("--channel-config {text:?}"))?;
         }
         if let Some(path) = &self.mq_config {
-            let json = std::fs::read_to_string(path)
-                .with_context(|| format!("--mq-config {}", path.display()))?;
+            let json = crate::config_file::read_config(path, "--mq-config")?;
             let key = self.config_key.as_deref().unwrap_or(&self.id);
             let n_before = config.sockets.len();
             config.add_mq_config_for(&path.display().to_string(), &json, key)?;

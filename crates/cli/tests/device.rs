@@ -844,3 +844,47 @@ async fn a_control_endpoint_that_cannot_be_bound_ends_the_device() {
         ended.stderr
     );
 }
+
+/// Files without an end (`/dev/zero`) were read until memory ran out: a sampler's
+/// `--payload-file`, a device's `--mq-config`, a topology for `validate`, `graph` or `run`.
+/// Each read now stops past its bound and names the file.
+#[tokio::test]
+async fn endless_input_files_are_refused_naming_them() {
+    let ipc = Ipc::new("endless");
+    let sampler = Device::new("sampler", "sampler1")
+        .args(&["--payload-file", "/dev/zero", "--max-iterations", "1"])
+        .channel("push", "bind", &ipc.address())
+        .finish()
+        .await;
+    assert_eq!(sampler.code, Some(1), "{}", sampler.stderr);
+    assert!(
+        sampler
+            .stderr
+            .contains("payload-file \"/dev/zero\": longer than 1 GiB"),
+        "{}",
+        sampler.stderr
+    );
+    let mq_config = Device::new("sink", "sink1")
+        .args(&["--mq-config", "/dev/zero"])
+        .finish()
+        .await;
+    assert_eq!(mq_config.code, Some(2), "{}", mq_config.stderr);
+    assert!(
+        mq_config
+            .stderr
+            .contains("--mq-config /dev/zero: longer than 16 MiB"),
+        "{}",
+        mq_config.stderr
+    );
+    for command in ["validate", "graph", "run"] {
+        let topology = finish(support::ferromq_as_is(&[command, "/dev/zero"])).await;
+        assert_ne!(topology.code, Some(0), "{command}: {}", topology.stderr);
+        assert!(
+            topology
+                .stderr
+                .contains("topology /dev/zero: longer than 16 MiB"),
+            "{command}: {}",
+            topology.stderr
+        );
+    }
+}

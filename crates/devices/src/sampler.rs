@@ -76,15 +76,38 @@ impl Sampler {
     }
 }
 
+/// The largest `payload-file` read: a message of a gigabyte is a payload; more, or a file
+/// with no end (`/dev/zero`, read until memory ran out), is refused, naming the file.
+const MAX_PAYLOAD_FILE_BYTES: u64 = 1 << 30;
+
+/// The bytes of `payload-file` `path`, read up to one past [`MAX_PAYLOAD_FILE_BYTES`] (it
+/// may be a pipe, whose size cannot be asked first).
+fn read_payload_file(path: &str) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    let file =
+        std::fs::File::open(path).map_err(|error| format!("payload-file {path:?}: {error}"))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_PAYLOAD_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|error| format!("payload-file {path:?}: {error}"))?;
+    if bytes.len() as u64 > MAX_PAYLOAD_FILE_BYTES {
+        return Err(format!(
+            "payload-file {path:?}: longer than {} GiB, the most a payload file may hold",
+            MAX_PAYLOAD_FILE_BYTES >> 30
+        ));
+    }
+    Ok(bytes)
+}
+
 #[async_trait::async_trait]
 impl Device for Sampler {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         self.configure(ctx)?;
         ctx.channel(&self.out_channel)?;
         if let Some(path) = self.payload_file.clone() {
-            self.template = tokio::fs::read(&path)
+            self.template = tokio::task::spawn_blocking(move || read_payload_file(&path))
                 .await
-                .map_err(|error| format!("payload-file {path:?}: {error}"))?;
+                .map_err(|error| format!("payload-file: {error}"))??;
             self.check_payload_size(ctx)?;
         }
         Ok(())

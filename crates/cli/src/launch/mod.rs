@@ -81,8 +81,7 @@ pub struct RunOptions {
 /// # Errors
 /// The file cannot be read, or every validation error, one per line.
 pub fn load_topology(file: &Path) -> Result<Topology> {
-    let text =
-        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let text = crate::config_file::read_config(file, "topology")?;
     let kinds = Builtin::names();
     let transports = crate::built_in_transports().names();
     let known = Known {
