@@ -519,11 +519,14 @@ impl DeviceOptions {
         config.transport.clone_from(&self.transport);
         config.max_iterations = self.max_iterations;
         for text in &self.channel_config {
-            let mut channel = ChannelConfig::parse_key_values(text)
+            // FairMQ's repeated `address=`: one socket per address.
+            let mut sockets = ChannelConfig::parse_key_values_sockets(text)
                 .with_context(|| format!("--channel-config {text:?}"))?;
-            self.apply_network_interface(&mut channel)?;
+            for socket in &mut sockets {
+                self.apply_network_interface(socket)?;
+            }
             config
-                .add_channel(channel)
+                .add_channel_sockets(sockets)
                 .with_context(|| format!("--channel-config {text:?}"))?;
         }
         if let Some(path) = &self.mq_config {

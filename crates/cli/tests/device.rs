@@ -888,3 +888,67 @@ async fn endless_input_files_are_refused_naming_them() {
         );
     }
 }
+
+/// FairMQ reads each `address=` of a `--channel-config` as a socket of its own: the channel
+/// `data` of two addresses is `data[0]` and `data[1]`, and `data` alone means `data[0]`. Only
+/// the last address was kept. Any other key given twice was also taken silently (last wins);
+/// a `type` that said two things failed only once running: now refused naming both values.
+#[tokio::test]
+async fn each_address_of_a_channel_config_is_a_socket_and_other_keys_come_once() {
+    let (first, second) = (Ipc::new("socket-0"), Ipc::new("socket-1"));
+    let both = format!(
+        "name=data,type=push,method=bind,address={},address={},rateLogging=0",
+        first.address(),
+        second.address()
+    );
+    let sampler = Device::new("sampler", "sampler1")
+        .args(&["--max-iterations", "100", "--verbosity", "high"])
+        .args(&["--channel-config", &both]);
+    let sink = Device::new("sink", "sink1")
+        .args(&["--max-iterations", "100"])
+        .channel("pull", "connect", &first.address());
+    let (sampler, sink) = tokio::join!(sampler.finish(), sink.finish());
+    sampler.assert_exited(0);
+    sink.assert_exited(0);
+    for (socket, ipc) in [("data[0]", &first), ("data[1]", &second)] {
+        let bound = format!("bound channel={socket} address={}", ipc.address());
+        assert!(
+            sampler.stdout.contains(&bound) || sampler.stderr.contains(&bound),
+            "no {bound:?} in {}{}",
+            sampler.stdout,
+            sampler.stderr
+        );
+    }
+    assert!(
+        sink.stdout.contains("received 101 messages"),
+        "{}",
+        sink.stdout
+    );
+
+    let cases = [
+        (
+            "name=data,type=pull,type=push,method=bind,address=ipc:///tmp/x",
+            "channel key \"type\" is given twice (\"pull\", then \"push\")",
+        ),
+        (
+            "name=data,name=data2,type=pull,method=bind,address=ipc:///tmp/x",
+            "channel key \"name\" is given twice (\"data\", then \"data2\")",
+        ),
+        (
+            "name=data,type=pull,method=bind,address=ipc:///tmp/x,address=ipc:///tmp/y,numSockets=3",
+            "channel \"data\" has 2 addresses and numSockets 3",
+        ),
+    ];
+    for (config, problem) in cases {
+        let refused = Device::new("sink", "sink1")
+            .args(&["--channel-config", config])
+            .finish()
+            .await;
+        assert_eq!(refused.code, Some(2), "{config}: {}", refused.stderr);
+        assert!(
+            refused.stderr.contains(problem),
+            "{config}: {}",
+            refused.stderr
+        );
+    }
+}

@@ -175,6 +175,26 @@ pub enum ConfigError {
     /// `key` without `=value`.
     #[error("channel option {0:?} is not of the form key=value")]
     NotKeyValue(String),
+    /// A key given twice in one `--channel-config` (only `address` repeats: one socket each).
+    #[error("channel key {key:?} is given twice ({first:?}, then {second:?})")]
+    DuplicateKey {
+        /// The key.
+        key: String,
+        /// Its first value.
+        first: String,
+        /// Its second value.
+        second: String,
+    },
+    /// As many addresses as sockets, or `numSockets` left out.
+    #[error("channel {channel:?} has {n_addresses} addresses and numSockets {num_sockets}")]
+    SocketCount {
+        /// The channel.
+        channel: String,
+        /// How many `address=` keys it has.
+        n_addresses: usize,
+        /// Its `numSockets`.
+        num_sockets: usize,
+    },
     /// A key every channel needs.
     #[error("channel {channel:?} has no {key:?}")]
     MissingKey {
@@ -345,9 +365,58 @@ impl ChannelConfig {
     /// FairMQ's `sndTimeoutMs` and `rcvTimeoutMs` are checked and ignored: sends and receives
     /// here wait until done or cancelled.
     ///
+    /// A key given twice is an error ([`ConfigError::DuplicateKey`]), `address` included:
+    /// several addresses are several sockets ([`ChannelConfig::parse_key_values_sockets`]).
+    ///
     /// # Errors
     /// [`ConfigError`] naming the key and the value that is wrong.
     pub fn parse_key_values(text: &str) -> Result<ChannelConfig, ConfigError> {
+        let (config, addresses) = ChannelConfig::parse_pairs(text)?;
+        if let [first, second, ..] = addresses.as_slice() {
+            return Err(ConfigError::DuplicateKey {
+                key: "address".to_owned(),
+                first: first.clone(),
+                second: second.clone(),
+            });
+        }
+        Ok(config)
+    }
+
+    /// [`ChannelConfig::parse_key_values`] as FairMQ reads `--channel-config`: each `address=`
+    /// is a socket of the channel, so `name=data,...,address=tcp://a:1,address=tcp://b:2` is
+    /// the channel `data` of two sockets, `data[0]` and `data[1]` (as a JSON channel with two
+    /// `sockets`). With one address or none, the one configuration.
+    ///
+    /// # Errors
+    /// As [`ChannelConfig::parse_key_values`]; [`ConfigError::SocketCount`] where `numSockets`
+    /// is given and is not the number of addresses.
+    pub fn parse_key_values_sockets(text: &str) -> Result<Vec<ChannelConfig>, ConfigError> {
+        let (config, addresses) = ChannelConfig::parse_pairs(text)?;
+        if addresses.len() <= 1 {
+            return Ok(vec![config]);
+        }
+        if config.num_sockets > 1 && config.num_sockets != addresses.len() {
+            return Err(ConfigError::SocketCount {
+                channel: config.name,
+                n_addresses: addresses.len(),
+                num_sockets: config.num_sockets,
+            });
+        }
+        let n_sockets = addresses.len();
+        addresses
+            .into_iter()
+            .map(|address| {
+                let mut socket = config.clone();
+                socket.set("address", KeyValue::Text(&address))?;
+                socket.num_sockets = n_sockets;
+                socket.validate()?;
+                Ok(socket)
+            })
+            .collect()
+    }
+
+    /// The configuration and every `address=` value, in order.
+    fn parse_pairs(text: &str) -> Result<(ChannelConfig, Vec<String>), ConfigError> {
         let mut config = ChannelConfig::default();
         let (mut has_name, mut has_type, mut has_method) = (false, false, false);
         let mut pairs: Vec<String> = Vec::new();
@@ -370,12 +439,27 @@ impl ChannelConfig {
                 _ => pairs.push(piece.to_owned()),
             }
         }
+        let mut seen: Vec<(&str, &str)> = Vec::new();
+        let mut addresses = Vec::new();
         for pair in &pairs {
             let Some((key, value)) = pair.split_once('=') else {
                 return Err(ConfigError::NotKeyValue(pair.clone()));
             };
             let key = key.trim();
             config.set(key, KeyValue::Text(value))?;
+            if key == "address" {
+                addresses.push(value.to_owned());
+            } else if let Some((_, first)) = seen.iter().find(|(seen_key, _)| *seen_key == key) {
+                // FairMQ takes the last silently; a channel whose `type` said two things failed
+                // only once running, and one renamed by a second `name` only at INIT.
+                return Err(ConfigError::DuplicateKey {
+                    key: key.to_owned(),
+                    first: (*first).to_owned(),
+                    second: value.to_owned(),
+                });
+            } else {
+                seen.push((key, value));
+            }
             match key {
                 "name" => has_name = true,
                 "type" => has_type = true,
@@ -401,7 +485,7 @@ impl ChannelConfig {
             });
         }
         config.validate()?;
-        Ok(config)
+        Ok((config, addresses))
     }
 
     /// The configuration in `--channel-config` form (the inverse of
@@ -563,6 +647,65 @@ impl ChannelConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_address_is_a_socket_and_other_keys_come_once() {
+        let sockets = ChannelConfig::parse_key_values_sockets(
+            "name=data,type=push,method=bind,address=tcp://*:5555,address=ipc:///tmp/b,linger=7",
+        )
+        .unwrap();
+        assert_eq!(sockets.len(), 2);
+        for (socket, address) in sockets.iter().zip(["tcp://*:5555", "ipc:///tmp/b"]) {
+            assert_eq!(socket.address.as_deref(), Some(address));
+            assert_eq!((socket.num_sockets, socket.linger), (2, 7));
+            assert_eq!(socket.name, "data");
+        }
+        // numSockets may say the same number, not another.
+        assert_eq!(
+            ChannelConfig::parse_key_values_sockets(
+                "name=d,type=pull,method=bind,address=ipc:///a,address=ipc:///b,numSockets=2",
+            )
+            .unwrap()
+            .len(),
+            2
+        );
+        assert!(matches!(
+            ChannelConfig::parse_key_values_sockets(
+                "name=d,type=pull,method=bind,address=ipc:///a,address=ipc:///b,numSockets=3",
+            ),
+            Err(ConfigError::SocketCount {
+                n_addresses: 2,
+                num_sockets: 3,
+                ..
+            })
+        ));
+        // One address: the one configuration, as parse_key_values gives it.
+        let one = "name=d,type=pull,method=bind,address=ipc:///a";
+        assert_eq!(
+            ChannelConfig::parse_key_values_sockets(one).unwrap(),
+            vec![ChannelConfig::parse_key_values(one).unwrap()]
+        );
+        // parse_key_values has one configuration to give: a second address is refused.
+        let error = ChannelConfig::parse_key_values(
+            "name=d,type=pull,method=bind,address=ipc:///a,address=ipc:///b",
+        )
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "channel key \"address\" is given twice (\"ipc:///a\", then \"ipc:///b\")"
+        );
+        for (text, key) in [
+            ("name=d,type=pull,type=push,method=bind", "type"),
+            ("name=d,name=e,type=pull,method=bind", "name"),
+            ("name=d,type=pull,method=bind,linger=1,linger=1", "linger"),
+        ] {
+            let error = ChannelConfig::parse_key_values_sockets(text).unwrap_err();
+            assert!(
+                matches!(&error, ConfigError::DuplicateKey { key: found, .. } if found == key),
+                "{text}: {error}"
+            );
+        }
+    }
 
     #[test]
     fn defaults_are_fairmqs() {

@@ -77,6 +77,38 @@ impl DeviceConfig {
         Ok(())
     }
 
+    /// Adds a channel whose sockets each have their own configuration (their own address):
+    /// what [`ChannelConfig::parse_key_values_sockets`] gives for FairMQ's repeated `address=`.
+    /// One configuration is [`DeviceConfig::add_channel`]; several are the sockets
+    /// `name[0]`, `name[1]`, ... of one channel, as a JSON channel's `sockets` are.
+    ///
+    /// # Errors
+    /// As [`DeviceConfig::add_channel`].
+    pub fn add_channel_sockets(&mut self, sockets: Vec<ChannelConfig>) -> Result<()> {
+        let Some(first) = sockets.first() else {
+            return Ok(());
+        };
+        if sockets.len() == 1 {
+            return self.add_channel(first.clone());
+        }
+        let name = first.name.clone();
+        if self.sockets.iter().any(|socket| socket.config.name == name) {
+            return Err(DeviceError::Property {
+                device: self.id.clone(),
+                key: format!("channel {name}"),
+                problem: "is configured twice".to_owned(),
+            });
+        }
+        for (socket_idx, config) in sockets.into_iter().enumerate() {
+            config.validate().map_err(ferromq_core::Error::from)?;
+            self.sockets.push(SocketConfig {
+                name: format!("{name}[{socket_idx}]"),
+                config,
+            });
+        }
+        Ok(())
+    }
+
     /// Builder-style [`DeviceConfig::add_channel`].
     ///
     /// # Errors

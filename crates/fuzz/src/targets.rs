@@ -839,10 +839,25 @@ const CHANNEL_CONFIG_SEEDS: &[&str] = &[
     "name=out,type=push,method=bind,numSockets=3,autoBind=true,portRangeMin=22000,portRangeMax=23000",
     "name=x,type=pair,method=bind,address=tcp://127.0.0.1:0,transport=ofi,provider=tcp;ofi_rxm",
     "name=rep,type=rep,method=bind,address=verbs://[::1]:0,busyPoll=1,sndKernelSize=0,rcvKernelSize=65536",
+    "name=data,type=push,method=bind,address=tcp://*:5555,address=ipc:///tmp/y,numSockets=2",
 ];
 
 fn check_channel_config(input: &[u8]) -> Result<bool, String> {
     let text = String::from_utf8_lossy(input);
+    // What the CLI reads: one configuration per `address=`, each a socket of the channel.
+    if let Ok(sockets) = ChannelConfig::parse_key_values_sockets(&text) {
+        if sockets.len() > 1
+            && sockets
+                .iter()
+                .any(|socket| socket.num_sockets != sockets.len())
+        {
+            return Err(format!(
+                "{} sockets whose numSockets differ from their number",
+                sockets.len()
+            ));
+        }
+        let _ = DeviceConfig::new("fuzz").add_channel_sockets(sockets);
+    }
     let Ok(config) = ChannelConfig::parse_key_values(&text) else {
         return Ok(false);
     };
