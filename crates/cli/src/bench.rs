@@ -41,7 +41,7 @@ pub struct BenchOptions {
     #[arg(long = "msg-rate", default_value_t = 0.0, allow_hyphen_values = true, value_parser = crate::options::messages_per_second)]
     pub msg_rate: f64,
     /// Seconds to measure each pair (after a warm-up of a quarter of it, at least 0.25 s).
-    #[arg(long, default_value_t = 3.0, allow_hyphen_values = true, value_parser = crate::options::seconds)]
+    #[arg(long, default_value_t = 3.0, allow_hyphen_values = true, value_parser = crate::options::bench_seconds)]
     pub duration: f64,
     /// Send one buffer over and over instead of a new message each time (zeromq).
     #[arg(long = "same-msg")]
@@ -174,6 +174,11 @@ pub(crate) fn transport_kind(name: &str, with_ofi: bool) -> Result<&'static str>
 pub async fn run(options: BenchOptions) -> ExitCode {
     if let Some(BenchKind::Rpc(rpc)) = options.what {
         return crate::rpc_bench::run(rpc).await;
+    }
+    // Refused before any process starts, as a usage error (clap's code).
+    if let Err(error) = check(&options) {
+        eprintln!("ferromq bench: {error:#}");
+        return ExitCode::from(2);
     }
     let outcome = match run_to_the_end("ferromq bench", &session(), run_all(&options)).await {
         Ok(outcome) => outcome,
@@ -362,8 +367,12 @@ fn print_table(results: &[BenchResult], latency: bool) {
     }
 }
 
-async fn run_all(options: &BenchOptions) -> Result<Vec<BenchResult>> {
-    // Refused before any process starts.
+/// The fewest messages a paced run must send while it measures.
+const MIN_PACED_MESSAGES: f64 = 10.0;
+
+/// What the options ask for is measurable: known transports, parts, a segment that holds a
+/// message, and a rate that sends something while it measures.
+fn check(options: &BenchOptions) -> Result<()> {
     let mut measures_shmem = false;
     for transport in &options.transport {
         measures_shmem |= transport_kind(transport, true)? == "shmem";
@@ -382,6 +391,18 @@ async fn run_all(options: &BenchOptions) -> Result<Vec<BenchResult>> {
             options.shm_segment_size
         );
     }
+    // `--msg-rate 1e-9` waited ~31 years for the warm-up's first message.
+    if options.msg_rate > 0.0 && options.msg_rate * options.duration < MIN_PACED_MESSAGES {
+        bail!(
+            "--msg-rate {:?} with --duration {:?}: fewer than {MIN_PACED_MESSAGES} messages to measure; raise either",
+            options.msg_rate,
+            options.duration
+        );
+    }
+    Ok(())
+}
+
+async fn run_all(options: &BenchOptions) -> Result<Vec<BenchResult>> {
     let mut results = Vec::new();
     for transport in &options.transport {
         for &msg_size in &options.msg_size {

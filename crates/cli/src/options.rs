@@ -30,6 +30,24 @@ pub fn seconds(text: &str) -> Result<f64, String> {
     positive_number(text, "seconds", MAX_SECONDS)
 }
 
+/// The shortest measurement `ferromq bench` and `ferromq bench rpc` take: shorter, a run
+/// measures its own start and stop (`--duration 1e-9` reported 4e11 messages a second).
+pub const MIN_BENCH_SECONDS: f64 = 0.1;
+
+/// clap's parser for a benchmark's `--duration`: [`seconds`], at least [`MIN_BENCH_SECONDS`].
+///
+/// # Errors
+/// The text and what was expected.
+pub fn bench_seconds(text: &str) -> Result<f64, String> {
+    let value = seconds(text)?;
+    if value < MIN_BENCH_SECONDS {
+        return Err(format!(
+            "{text:?}: a measurement that short measures its own start; expected at least {MIN_BENCH_SECONDS} seconds"
+        ));
+    }
+    Ok(value)
+}
+
 /// The most calls per second `ferromq bench rpc --light-load-rate` accepts: above any rate one
 /// caller reaches (a call costs tens of nanoseconds at the least), so only a mistyped rate is
 /// refused.

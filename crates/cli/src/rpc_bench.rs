@@ -37,7 +37,7 @@ pub struct RpcBenchOptions {
     #[arg(long, value_delimiter = ',', default_value = "send,trad,ovfl")]
     pub mode: Vec<String>,
     /// Seconds each round streams calls.
-    #[arg(long, default_value_t = 1.0, allow_hyphen_values = true, value_parser = crate::options::seconds)]
+    #[arg(long, default_value_t = 1.0, allow_hyphen_values = true, value_parser = crate::options::bench_seconds)]
     pub duration: f64,
     /// Rounds per cell (the median is reported).
     #[arg(long, default_value_t = 3)]

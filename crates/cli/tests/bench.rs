@@ -459,6 +459,8 @@ fn a_signalled_bench_stops_its_members_and_removes_their_files() {
 /// 10 s with its members (its process group), their shared memory and their files in the temp
 /// directory are removed, and the test fails.
 fn refused_before_any_member_starts(args: &[&str], culprit: &str) {
+    // `bench` refuses as a usage error (2); `bench rpc` as a failed run (1).
+    let code = if args.get(1) == Some(&"rpc") { 1 } else { 2 };
     let bench = spawn_in_its_own_group(args);
     let pid = bench.id();
     let exit = ended(move || bench.wait_with_output());
@@ -469,7 +471,7 @@ fn refused_before_any_member_starts(args: &[&str], culprit: &str) {
     };
     let output = output.expect("wait for ferromq bench");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+    assert_eq!(output.status.code(), Some(code), "{args:?}: {stderr}");
     assert!(stderr.contains(culprit), "{args:?}: {stderr}");
     assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
 }
@@ -486,6 +488,9 @@ fn bench_names_a_transport_part_count_or_segment_size_it_cannot_measure_before_i
         ("--num-parts", "1025"),
         // Smaller than the shm crate's smallest segment, which the member used to refuse.
         ("--shm-segment-size", "0"),
+        // One message every ~31 years: the warm-up waited for its first.
+        ("--msg-rate", "1e-9"),
+        ("--msg-rate", "99"),
     ] {
         refused_before_any_member_starts(
             &[
@@ -499,6 +504,18 @@ fn bench_names_a_transport_part_count_or_segment_size_it_cannot_measure_before_i
             ],
             &format!("{option} {value}"),
         );
+    }
+}
+
+/// A measurement of a nanosecond reported 4e11 messages a second and exit 0.
+#[test]
+fn bench_durations_too_short_to_measure_are_usage_errors() {
+    for args in [
+        ["bench", "--duration", "1e-9"].as_slice(),
+        ["bench", "--duration", "0.099"].as_slice(),
+        ["bench", "rpc", "--duration", "1e-9"].as_slice(),
+    ] {
+        refused_naming(args, "expected at least 0.1 seconds");
     }
 }
 
