@@ -63,6 +63,18 @@ fn print_objects(objects: &[ObjectInfo]) {
                 .collect::<Vec<_>>()
                 .join(",")
         };
+        if let Some(problem) = &object.unreadable {
+            // Made by a process that died before it wrote the header (or still writes it).
+            println!(
+                "  {:<52} {:>10} {:>10} {:>12} {:>8}  {processes} (no header: {problem})",
+                object.name.to_string(),
+                human(object.size as u64),
+                "-",
+                "-",
+                "-"
+            );
+            continue;
+        }
         println!(
             "  {:<52} {:>10} {:>10} {:>12} {:>8}  {processes}",
             object.name.to_string(),

@@ -48,6 +48,9 @@ pub struct ObjectInfo {
     pub largest_free: u64,
     /// Attached processes that still run.
     pub live_processes: Vec<u32>,
+    /// Why its header could not be read, for an object without one (its creator died while
+    /// making it, or zeroing it): then `live_processes` is its creator if that still runs.
+    pub unreadable: Option<String>,
 }
 
 fn shm_dir() -> PathBuf {
@@ -98,9 +101,15 @@ fn list_encoded(uid: u32, encoded: Option<&str>) -> Vec<ObjectInfo> {
         .filter_map(|entry| ObjectName::parse(&entry.file_name().to_string_lossy()))
         .filter(|name| name.uid == uid && encoded.is_none_or(|session| name.session == session))
         .filter_map(|name| {
-            let segment = Segment::inspect(name.clone()).ok()?;
+            let segment = match Segment::inspect(name.clone()) {
+                Ok(segment) => segment,
+                // Gone since the directory was read.
+                Err(crate::ShmError::NotFound { .. }) => return None,
+                Err(error) => return Some(unreadable(name, &error)),
+            };
             let header = segment.header();
             Some(ObjectInfo {
+                unreadable: None,
                 size: segment.len(),
                 used: header.used_bytes.load(Ordering::Relaxed),
                 live_blocks: header.live_blocks.load(Ordering::Relaxed),
@@ -117,6 +126,33 @@ fn list_encoded(uid: u32, encoded: Option<&str>) -> Vec<ObjectInfo> {
         .collect();
     objects.sort_by(|a, b| a.name.cmp(&b.name));
     objects
+}
+
+/// An object whose header cannot be read: a process killed while it made the object (a large
+/// segment being zeroed takes seconds) left it without one. Only its name says who made it;
+/// it is in use while that process runs, and stale once it has died, so the watchdog and
+/// `ferromq shm clean --stale` remove it with its session (they did not see it at all).
+fn unreadable(name: ObjectName, error: &crate::ShmError) -> ObjectInfo {
+    let size = std::fs::metadata(shm_dir().join(name.to_string())).map_or(0, |metadata| {
+        usize::try_from(metadata.len()).unwrap_or(usize::MAX)
+    });
+    let creator = ProcessId {
+        pid: name.creator_pid,
+        start_time: 0,
+    };
+    ObjectInfo {
+        size,
+        used: 0,
+        live_blocks: 0,
+        largest_free: 0,
+        live_processes: if creator.is_alive() {
+            vec![creator.pid]
+        } else {
+            Vec::new()
+        },
+        unreadable: Some(error.to_string()),
+        name,
+    }
 }
 
 /// The objects of `uid` grouped by session, as each appears in object names (encoded).

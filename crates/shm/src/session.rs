@@ -253,11 +253,16 @@ impl Session {
                 let size = self.options.segment_size;
                 let session = self.options.session.clone();
                 let (zero, lock) = (self.options.zero_own, self.options.mlock_own);
+                // The watchdog first: a process killed while it makes (and zeroes, for
+                // seconds) its segment leaves an object without a header, which the watchdog
+                // removes once its creator is gone (`cleanup::unreadable`); started after,
+                // there was none to do it.
+                crate::cleanup::ensure_watchdog(self.uid, &session);
                 let owned = tokio::task::spawn_blocking(move || {
                     let segment = Segment::create_zeroed(name, size, zero)?;
                     if lock && let Err(refused) = segment.lock_in_memory() {
-                        // Nobody knows the object yet, and no watchdog was started for it:
-                        // it goes now rather than stay in /dev/shm.
+                        // Nobody knows the object yet: it goes now rather than stay in
+                        // /dev/shm until the watchdog sees this process gone.
                         let _ = Segment::remove(segment.name());
                         return Err(refused);
                     }
@@ -266,7 +271,6 @@ impl Session {
                 .await
                 .map_err(|error| ShmError::Os { name: "segment".to_owned(), operation: "create", reason: error.to_string() })??;
                 tracing::debug!(segment = %owned.segment().name(), size, "shared memory segment created");
-                crate::cleanup::ensure_watchdog(self.uid, &session);
                 self.segments
                     .lock()
                     .expect("segment map poisoned")

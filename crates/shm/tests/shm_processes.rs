@@ -81,6 +81,14 @@ fn main() {
             clean_stale_of_an_encoded_session,
         ),
         trial(
+            "a_segment_left_without_a_header_is_listed_and_cleaned_once_its_creator_is_dead",
+            headerless_segment_of_a_dead_creator,
+        ),
+        trial(
+            "the_watchdog_removes_a_segment_without_a_header_whose_creator_died",
+            watchdog_removes_a_headerless_segment,
+        ),
+        trial(
             "forged_descriptors_are_rejected_and_the_receiver_goes_on",
             forged_descriptors,
         ),
@@ -1035,6 +1043,89 @@ fn kill_9_cleanup_of(session: Session) -> Result<()> {
             );
             tokio::task::yield_now().await;
         }
+    })
+}
+
+/// A process that has ended: its pid and start time (`pid:start`, as a watchdog's starter is
+/// named).
+fn dead_process() -> Result<(u32, String)> {
+    let mut child = std::process::Command::new("cat")
+        .stdin(std::process::Stdio::piped())
+        .spawn()?;
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id()))?;
+    let start_time = stat
+        .rfind(')')
+        .and_then(|at| stat[at + 1..].split_whitespace().nth(19))
+        .context("no start time in /proc/<pid>/stat")?
+        .to_owned();
+    drop(child.stdin.take());
+    child.wait()?;
+    Ok((child.id(), start_time))
+}
+
+/// What a process killed while it made (or zeroed) its segment leaves: an object of the
+/// session, named after that process, 1 MiB of zeros without a header.
+fn headerless_segment(session: &Session, creator_pid: u32) -> Result<String> {
+    let name = ferromq_shm::names::ObjectName::new(
+        current_uid(),
+        &session.0,
+        ferromq_shm::names::ObjectKind::Segment,
+        creator_pid,
+        0,
+    )
+    .to_string();
+    std::fs::File::create(format!("/dev/shm/{name}"))?.set_len(1 << 20)?;
+    Ok(name)
+}
+
+/// `ferromq shm list` and `clean --stale` skipped an object whose header could not be read,
+/// so a segment whose creator was killed while zeroing it stayed in /dev/shm unseen.
+fn headerless_segment_of_a_dead_creator() -> Result<()> {
+    let session = Session::new("headerless");
+    let (dead, _) = dead_process()?;
+    let name = headerless_segment(&session, dead)?;
+    let listed = list_objects(current_uid(), Some(&session.0));
+    ensure!(listed.len() == 1, "listed {listed:?}");
+    ensure!(
+        listed[0].unreadable.is_some() && listed[0].live_processes.is_empty(),
+        "{listed:?}"
+    );
+    ensure!(listed[0].size == 1 << 20, "{listed:?}");
+    let removed = ferromq_shm::cleanup::clean_stale(current_uid());
+    ensure!(removed.contains(&name), "clean_stale removed {removed:?}");
+    let left = files_of(&session)?;
+    ensure!(left.is_empty(), "left in /dev/shm: {left:?}");
+    Ok(())
+}
+
+/// A device killed while it made its segment: its session's watchdog (started before the
+/// segment now) removes the headerless object once the device is gone.
+fn watchdog_removes_a_headerless_segment() -> Result<()> {
+    let session = Session::new("headerless-watchdog");
+    let (dead, start_time) = dead_process()?;
+    headerless_segment(&session, dead)?;
+    block_on(async {
+        let mut watchdog = Command::new(std::env::current_exe()?)
+            .env(
+                "FERROMQ_SHM_WATCHDOG_SESSION",
+                ferromq_shm::names::sanitise_session(&session.0),
+            )
+            .env(
+                "FERROMQ_SHM_WATCHDOG_STARTER",
+                format!("{dead}:{start_time}"),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let Ok(status) = tokio::time::timeout(Duration::from_secs(20), watchdog.wait()).await
+        else {
+            bail!("the watchdog still runs after 20 s");
+        };
+        ensure!(status?.success(), "the watchdog failed");
+        let left = files_of(&session)?;
+        ensure!(left.is_empty(), "the watchdog left {left:?}");
+        Ok(())
     })
 }
 
