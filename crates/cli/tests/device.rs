@@ -951,4 +951,18 @@ async fn each_address_of_a_channel_config_is_a_socket_and_other_keys_come_once()
             refused.stderr
         );
     }
+    // One name in two options: said as such, not as a property named "channel data".
+    let twice = Device::new("sink", "sink1")
+        .channel("pull", "bind", "ipc:///tmp/x")
+        .channel("pull", "bind", "ipc:///tmp/y")
+        .finish()
+        .await;
+    assert_eq!(twice.code, Some(2), "{}", twice.stderr);
+    assert!(
+        twice
+            .stderr
+            .contains("device \"sink1\": channel \"data\" is configured twice"),
+        "{}",
+        twice.stderr
+    );
 }

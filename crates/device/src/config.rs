@@ -62,10 +62,9 @@ impl DeviceConfig {
             .iter()
             .any(|socket| socket.config.name == config.name)
         {
-            return Err(DeviceError::Property {
+            return Err(DeviceError::DuplicateChannel {
                 device: self.id.clone(),
-                key: format!("channel {}", config.name),
-                problem: "is configured twice".to_owned(),
+                name: config.name,
             });
         }
         for name in config.socket_names() {
@@ -93,10 +92,9 @@ impl DeviceConfig {
         }
         let name = first.name.clone();
         if self.sockets.iter().any(|socket| socket.config.name == name) {
-            return Err(DeviceError::Property {
+            return Err(DeviceError::DuplicateChannel {
                 device: self.id.clone(),
-                key: format!("channel {name}"),
-                problem: "is configured twice".to_owned(),
+                name,
             });
         }
         for (socket_idx, config) in sockets.into_iter().enumerate() {
@@ -164,13 +162,34 @@ impl DeviceConfig {
                 );
             }
         }
-        let Some(device) =
-            file.fair_mq_options.devices.into_iter().find(|device| {
-                device.id.as_deref() == Some(key) || device.key.as_deref() == Some(key)
-            })
-        else {
+        let mut matching = file.fair_mq_options.devices.into_iter().filter(|device| {
+            device.id.as_deref() == Some(key) || device.key.as_deref() == Some(key)
+        });
+        let Some(device) = matching.next() else {
             return Err(mq_error(format!("no device with id (or key) {key:?}")));
         };
+        // Which of two entries was meant is the user's to say: the first used to win silently.
+        let n_more = matching.count();
+        if n_more > 0 {
+            return Err(mq_error(format!(
+                "{} devices have the id (or key) {key:?}; expected one",
+                n_more + 1
+            )));
+        }
+        let mut names: Vec<&str> = Vec::new();
+        for name in device
+            .channels
+            .iter()
+            .filter_map(|channel| channel.name.as_deref())
+        {
+            if names.contains(&name) {
+                // Both were bound as one name, and `data` reached the first only.
+                return Err(mq_error(format!(
+                    "device {key:?} has two channels named {name:?}"
+                )));
+            }
+            names.push(name);
+        }
         let from_command_line: Vec<String> = self
             .sockets
             .iter()
@@ -442,6 +461,42 @@ mod tests {
     /// The example of FairMQ's configuration documentation, in its own spelling (shared with
     /// the fuzz target's seeds).
     const FAIRMQ_EXAMPLE: &str = include_str!("../tests/data/fairmq-example.json");
+
+    /// Two entries of one id: the first was taken silently. Two channels of one name: both
+    /// were bound as that name, and the device's `data` reached the first only.
+    #[test]
+    fn an_id_or_a_channel_name_given_twice_is_refused() {
+        let twice = r#"{"fairMQOptions": {"devices": [
+            {"id": "d", "channels": [{"name": "a", "type": "push", "method": "bind", "address": "ipc:///tmp/a"}]},
+            {"key": "d", "channels": [{"name": "b", "type": "push", "method": "bind", "address": "ipc:///tmp/b"}]}
+        ]}}"#;
+        let error = DeviceConfig::new("d")
+            .add_mq_config("twice.json", twice)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("twice.json") && error.contains("2 devices have the id (or key) \"d\""),
+            "{error}"
+        );
+        let two_data = r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [
+            {"name": "data", "type": "push", "method": "bind", "address": "ipc:///tmp/a"},
+            {"name": "data", "type": "push", "method": "bind", "address": "ipc:///tmp/b"}
+        ]}]}}"#;
+        let mut config = DeviceConfig::new("d");
+        let error = config
+            .add_mq_config("two-data.json", two_data)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("device \"d\" has two channels named \"data\""),
+            "{error}"
+        );
+        assert!(
+            config.sockets.is_empty(),
+            "nothing added: {:?}",
+            config.sockets.len()
+        );
+    }
 
     #[test]
     fn reads_fairmqs_documented_format() {

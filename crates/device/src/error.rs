@@ -74,6 +74,14 @@ pub enum DeviceError {
         /// The names it has.
         available: String,
     },
+    /// Two channels of one name.
+    #[error("device {device:?}: channel {name:?} is configured twice")]
+    DuplicateChannel {
+        /// Device id.
+        device: String,
+        /// The channel's name.
+        name: String,
+    },
     /// A property is missing or of the wrong form.
     #[error("device {device:?}: property {key:?} {problem}")]
     Property {
