@@ -48,7 +48,7 @@ enum Command {
         #[arg(long, value_enum, default_value_t)]
         launcher: launch::LauncherKind,
         /// Hosts by position, for `host = 0, 1, ...` with --launcher ssh (e.g. --hosts a,b).
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, value_delimiter = ',', value_parser = ferromq_cli::options::host_name)]
         hosts: Vec<String>,
         /// Print an sbatch script that runs the topology with --launcher slurm, and exit.
         #[arg(long)]

@@ -30,6 +30,20 @@ pub fn seconds(text: &str) -> Result<f64, String> {
     positive_number(text, "seconds", MAX_SECONDS)
 }
 
+/// clap's parser for one host of `--hosts a,b`: a name, not empty (`a,,b` reached ssh as
+/// the host "") and without spaces.
+///
+/// # Errors
+/// The text and what was expected.
+pub fn host_name(text: &str) -> Result<String, String> {
+    if text.is_empty() || text.contains(char::is_whitespace) {
+        return Err(format!(
+            "{text:?}: expected a host name (hosts are separated by one comma)"
+        ));
+    }
+    Ok(text.to_owned())
+}
+
 /// The shortest measurement `ferromq bench` and `ferromq bench rpc` take: shorter, a run
 /// measures its own start and stop (`--duration 1e-9` reported 4e11 messages a second).
 pub const MIN_BENCH_SECONDS: f64 = 0.1;
@@ -385,6 +399,10 @@ impl DeviceOptions {
     /// # Errors
     /// A usage error naming the option and the value.
     pub fn check(&self) -> Result<()> {
+        // A topology refuses an empty id too; so does FairMQ's device.
+        if self.id.is_empty() {
+            bail!("--id \"\": expected the device's id");
+        }
         ferromq_devices::check_rate(self.rate).map_err(|problem| anyhow!("--rate {problem}"))?;
         if self.shm_segment_size == Some(0) {
             bail!("--shm-segment-size 0: expected a size in bytes of at least 1");

@@ -381,6 +381,45 @@ async fn bad_values_are_usage_errors_naming_the_option_and_the_value() {
             finished.stderr
         );
     }
+    // An empty id (a topology refuses one too), and an ipc path longer than a unix socket's
+    // (refused by the kernel only at BINDING): both found by a bad-input sweep.
+    let long_path = format!("ipc:///tmp/{}", "x".repeat(120));
+    let more: [(Device, &str); 2] = [
+        (
+            Device::new("sink", "").channel("pull", "bind", &ipc.address()),
+            "--id \"\": expected the device's id",
+        ),
+        (
+            Device::new("sink", "d").channel("pull", "bind", &long_path),
+            "a unix socket's path holds at most 107",
+        ),
+    ];
+    for (device, expected) in more {
+        let finished = device.finish().await;
+        assert_eq!(finished.code, Some(2), "{expected}: {}", finished.stderr);
+        assert!(
+            finished.stderr.contains(expected),
+            "{expected}: {}",
+            finished.stderr
+        );
+    }
+    // `--hosts a,,b` reached ssh as the host "".
+    let topology = concat!(env!("CARGO_MANIFEST_DIR"), "/../../topologies/default.toml");
+    let hosts = finish(support::ferromq_as_is(&[
+        "run",
+        topology,
+        "--launcher",
+        "ssh",
+        "--hosts",
+        "a,,b",
+    ]))
+    .await;
+    assert_eq!(hosts.code, Some(2), "{}", hosts.stderr);
+    assert!(
+        hosts.stderr.contains("expected a host name"),
+        "{}",
+        hosts.stderr
+    );
 }
 
 #[tokio::test]

@@ -12,6 +12,9 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
+/// The longest ipc path: Linux's `sun_path` has 108 bytes, one of them the terminating NUL.
+pub const MAX_IPC_PATH: usize = 107;
+
 /// Why an address string was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -49,6 +52,17 @@ pub enum AddressError {
     /// `ipc://` with nothing after it.
     #[error("address {0:?} has an empty path")]
     EmptyPath(String),
+    /// An ipc path longer than a unix socket's address holds (`sun_path`: 108 bytes with its
+    /// terminating NUL), which every bind and connect would refuse.
+    #[error(
+        "address {address:?} has a path of {len} bytes: a unix socket's path holds at most {MAX_IPC_PATH}"
+    )]
+    IpcPathTooLong {
+        /// The whole address.
+        address: String,
+        /// The path's length in bytes.
+        len: usize,
+    },
     /// `inproc://` with nothing after it.
     #[error("address {0:?} has an empty name")]
     EmptyName(String),
@@ -132,6 +146,12 @@ impl Address {
             "ipc" => {
                 if rest.is_empty() {
                     return Err(AddressError::EmptyPath(text.to_owned()));
+                }
+                if rest.len() > MAX_IPC_PATH {
+                    return Err(AddressError::IpcPathTooLong {
+                        address: text.to_owned(),
+                        len: rest.len(),
+                    });
                 }
                 Ok(Address::Ipc {
                     path: PathBuf::from(rest),
@@ -418,6 +438,17 @@ mod tests {
         );
         check_err("ipc://", AddressError::EmptyPath("ipc://".into()));
         check_err("inproc://", AddressError::EmptyName("inproc://".into()));
+        // Bound only at BINDING, and refused there by the kernel, before this check.
+        let longest = format!("ipc:///{}", "p".repeat(MAX_IPC_PATH - 1));
+        assert!(Address::parse(&longest).is_ok());
+        let too_long = format!("{longest}p");
+        check_err(
+            &too_long,
+            AddressError::IpcPathTooLong {
+                address: too_long.clone(),
+                len: MAX_IPC_PATH + 1,
+            },
+        );
     }
 
     #[test]

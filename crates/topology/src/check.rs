@@ -950,6 +950,14 @@ impl<'a> Loader<'a> {
             Some(OneOrMany::One(target)) => vec![target.clone()],
             Some(OneOrMany::Many(targets)) => targets.clone(),
         };
+        if name.is_empty() || name.contains(['[', ']', '.', ',', '=']) {
+            // What the device refuses when it starts: said here, by `validate` too.
+            self.checker.error(
+                channel.name.span(),
+                context,
+                format!("channel name {name:?}: expected a name without '[', ']', '.', ',' or '='"),
+            );
+        }
         let method = self.method(channel, !connect.is_empty(), context);
         let mut config = ChannelConfig::new(name.clone(), socket_type, method);
         config.rate_logging = 0;
