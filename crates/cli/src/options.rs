@@ -404,8 +404,13 @@ impl DeviceOptions {
             bail!("--id \"\": expected the device's id");
         }
         ferromq_devices::check_rate(self.rate).map_err(|problem| anyhow!("--rate {problem}"))?;
-        if self.shm_segment_size == Some(0) {
-            bail!("--shm-segment-size 0: expected a size in bytes of at least 1");
+        // The shm crate refuses a smaller segment only at INIT, naming the object, not the
+        // option (and 1 was taken here while 0 was refused).
+        let min_segment = ferromq_shm::segment::MIN_SEGMENT_SIZE as u64;
+        if let Some(size) = self.shm_segment_size
+            && size < min_segment
+        {
+            bail!("--shm-segment-size {size}: expected at least {min_segment} bytes");
         }
         if let Some(size) = self.shm_segment_size
             && usize::try_from(size).is_err()

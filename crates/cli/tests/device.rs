@@ -340,8 +340,13 @@ impl Drop for ShmSession {
 #[tokio::test]
 async fn bad_values_are_usage_errors_naming_the_option_and_the_value() {
     let ipc = Ipc::new("bad-values");
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 13] = [
         (&["sampler", "--rate", "1e-300"], "--rate 1e-300"),
+        // Taken, then refused at INIT naming the object but not the option.
+        (
+            &["sampler", "--shm-segment-size", "1"],
+            "--shm-segment-size 1: expected at least 8192 bytes",
+        ),
         (&["sampler", "--rate", "-1"], "--rate -1.0"),
         (&["sampler", "--rate", "nan"], "--rate NaN"),
         (&["sampler", "--rate", "inf"], "--rate inf"),
@@ -403,6 +408,20 @@ async fn bad_values_are_usage_errors_naming_the_option_and_the_value() {
             finished.stderr
         );
     }
+    // A transport's property is a property, not a "channel key".
+    let property = Device::new("sink", "d")
+        .args(&["--transport", "shmem", "--property", "shm-segment-size=abc"])
+        .channel("pull", "bind", &ipc.address())
+        .finish()
+        .await;
+    assert_eq!(property.code, Some(1), "{}", property.stderr);
+    assert!(
+        property
+            .stderr
+            .contains("property \"shm-segment-size\" has invalid value \"abc\""),
+        "{}",
+        property.stderr
+    );
     // `--hosts a,,b` reached ssh as the host "".
     let topology = concat!(env!("CARGO_MANIFEST_DIR"), "/../../topologies/default.toml");
     let hosts = finish(support::ferromq_as_is(&[

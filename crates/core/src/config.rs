@@ -172,6 +172,16 @@ pub enum ConfigError {
         /// What was expected.
         expected: &'static str,
     },
+    /// A device property a transport reads (`shm-segment-size`, ...), of the wrong form.
+    #[error("property {key:?} has invalid value {value:?}: expected {expected}")]
+    InvalidProperty {
+        /// The property.
+        key: String,
+        /// The value found.
+        value: String,
+        /// What was expected.
+        expected: &'static str,
+    },
     /// `key` without `=value`.
     #[error("channel option {0:?} is not of the form key=value")]
     NotKeyValue(String),

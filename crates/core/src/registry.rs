@@ -54,7 +54,7 @@ impl TransportOptions {
             return Ok(None);
         };
         text.trim().parse().map(Some).map_err(|_| {
-            Error::Config(ConfigError::InvalidValue {
+            Error::Config(ConfigError::InvalidProperty {
                 key: key.to_owned(),
                 value: text.clone(),
                 expected: "a non-negative integer",
@@ -71,7 +71,7 @@ impl TransportOptions {
             return Ok(None);
         };
         usize::try_from(number).map(Some).map_err(|_| {
-            Error::Config(ConfigError::InvalidValue {
+            Error::Config(ConfigError::InvalidProperty {
                 key: key.to_owned(),
                 value: number.to_string(),
                 expected: "a size this machine can address",
@@ -91,7 +91,7 @@ impl TransportOptions {
         match text.trim().to_ascii_lowercase().as_str() {
             "true" | "1" | "yes" | "on" => Ok(Some(true)),
             "false" | "0" | "no" | "off" => Ok(Some(false)),
-            _ => Err(Error::Config(ConfigError::InvalidValue {
+            _ => Err(Error::Config(ConfigError::InvalidProperty {
                 key: key.to_owned(),
                 value: text.clone(),
                 expected: "true or false",

@@ -67,6 +67,9 @@ impl Default for ShmOptions {
     }
 }
 
+// The smallest size `ShmOptions::from_device` names in its error.
+const _: () = assert!(crate::segment::MIN_SEGMENT_SIZE == 8192);
+
 impl ShmOptions {
     /// The options for a device: its session, and the defaults overridden by the properties
     /// `shm-segment-size`, `shm-allocation-timeout-ms`, `shm-allocation-retry-ms` and
@@ -84,11 +87,22 @@ impl ShmOptions {
         let mlock_everything = flag("shm-mlock-segment")?;
         let mlock_on_creation = flag("shm-mlock-segment-on-creation")?;
         let zero = flag("shm-zero-segment")? | flag("shm-zero-segment-on-creation")?;
+        let segment_size = device
+            .size("shm-segment-size")?
+            .unwrap_or(defaults.segment_size);
+        if segment_size < crate::segment::MIN_SEGMENT_SIZE {
+            // Named as the property it is (`--property`, a topology), before any object.
+            return Err(ferromq_core::Error::Config(
+                ferromq_core::ConfigError::InvalidProperty {
+                    key: "shm-segment-size".to_owned(),
+                    value: segment_size.to_string(),
+                    expected: "at least 8192 bytes, a segment's smallest size",
+                },
+            ));
+        }
         Ok(ShmOptions {
             session: device.session.clone(),
-            segment_size: device
-                .size("shm-segment-size")?
-                .unwrap_or(defaults.segment_size),
+            segment_size,
             allocation_timeout: device
                 .millis("shm-allocation-timeout-ms")?
                 .unwrap_or(defaults.allocation_timeout),
