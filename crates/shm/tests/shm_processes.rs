@@ -1102,27 +1102,13 @@ fn headerless_segment_of_a_dead_creator() -> Result<()> {
 /// segment now) removes the headerless object once the device is gone.
 fn watchdog_removes_a_headerless_segment() -> Result<()> {
     let session = Session::new("headerless-watchdog");
-    let (dead, start_time) = dead_process()?;
-    headerless_segment(&session, dead)?;
+    let starter = dead_process()?;
+    headerless_segment(&session, starter.0)?;
     block_on(async {
-        let mut watchdog = Command::new(std::env::current_exe()?)
-            .env(
-                "FERROMQ_SHM_WATCHDOG_SESSION",
-                ferromq_shm::names::sanitise_session(&session.0),
-            )
-            .env(
-                "FERROMQ_SHM_WATCHDOG_STARTER",
-                format!("{dead}:{start_time}"),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()?;
-        let Ok(status) = tokio::time::timeout(Duration::from_secs(20), watchdog.wait()).await
-        else {
+        let Some(status) = watchdog_of_dead_starter(&session, &starter, 20).await? else {
             bail!("the watchdog still runs after 20 s");
         };
-        ensure!(status?.success(), "the watchdog failed");
+        ensure!(status.success(), "the watchdog failed");
         let left = files_of(&session)?;
         ensure!(left.is_empty(), "the watchdog left {left:?}");
         Ok(())
@@ -1544,17 +1530,7 @@ fn refused_peer_ends_wait_for_room() -> Result<()> {
 /// in /dev/shm). The starter named here is a `cat` that ran, told its start time, and ended.
 fn watchdog_without_starter() -> Result<()> {
     let session = Session::new("starterexit");
-    let mut starter = std::process::Command::new("cat")
-        .stdin(std::process::Stdio::piped())
-        .spawn()?;
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", starter.id()))?;
-    let start_time = stat
-        .rfind(')')
-        .and_then(|at| stat[at + 1..].split_whitespace().nth(19))
-        .context("no start time in /proc/<pid>/stat")?
-        .to_owned();
-    drop(starter.stdin.take());
-    starter.wait()?;
+    let starter = dead_process()?;
     let lock_files = || -> Result<Vec<String>> {
         Ok(std::fs::read_dir("/dev/shm")?
             .flatten()
@@ -1563,29 +1539,46 @@ fn watchdog_without_starter() -> Result<()> {
             .collect())
     };
     block_on(async {
-        let mut watchdog = Command::new(std::env::current_exe()?)
-            .env("FERROMQ_SHM_WATCHDOG_SESSION", &session.0)
-            .env(
-                "FERROMQ_SHM_WATCHDOG_STARTER",
-                format!("{}:{start_time}", starter.id()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()?;
         // Well under the 30 s a watchdog waits for the objects of a session whose starter lives.
-        let Ok(status) = tokio::time::timeout(Duration::from_secs(10), watchdog.wait()).await
-        else {
+        let Some(status) = watchdog_of_dead_starter(&session, &starter, 10).await? else {
             bail!(
                 "the watchdog still runs after 10 s; lock files: {:?}",
                 lock_files()?
             );
         };
-        ensure!(status?.success(), "the watchdog failed");
+        ensure!(status.success(), "the watchdog failed");
         let left = lock_files()?;
         ensure!(left.is_empty(), "the watchdog left {left:?}");
         Ok(())
     })
+}
+
+/// Runs the watchdog of `session` as a device would start it, naming `starter` (a process that
+/// has ended) as the one that started it; its exit status, `None` if it still runs after
+/// `seconds`.
+async fn watchdog_of_dead_starter(
+    session: &Session,
+    starter: &(u32, String),
+    seconds: u64,
+) -> Result<Option<std::process::ExitStatus>> {
+    let (pid, start_time) = starter;
+    let mut watchdog = Command::new(std::env::current_exe()?)
+        .env(
+            "FERROMQ_SHM_WATCHDOG_SESSION",
+            ferromq_shm::names::sanitise_session(&session.0),
+        )
+        .env(
+            "FERROMQ_SHM_WATCHDOG_STARTER",
+            format!("{pid}:{start_time}"),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    match tokio::time::timeout(Duration::from_secs(seconds), watchdog.wait()).await {
+        Ok(status) => Ok(Some(status?)),
+        Err(_) => Ok(None),
+    }
 }
 
 fn region_events() -> Result<()> {
