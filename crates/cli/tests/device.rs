@@ -1024,3 +1024,47 @@ async fn each_address_of_a_channel_config_is_a_socket_and_other_keys_come_once()
         twice.stderr
     );
 }
+
+/// A built-in device whose channel cannot do what the device does on it (a sampler's `data`
+/// as pull, a sink's as push, a processor reading its push output) used to reach RUNNING and
+/// fail at its first send or receive; now INIT fails, naming the channel and its type.
+#[tokio::test]
+async fn a_channel_of_the_wrong_direction_fails_the_device_at_init() {
+    let ipc = Ipc::new("direction");
+    let cases = [
+        (
+            Device::new("sampler", "s").channel("pull", "bind", &ipc.address()),
+            "channel \"data\" is a pull socket, which cannot send, and the device sends on it",
+        ),
+        (
+            Device::new("sink", "s").channel("push", "bind", &ipc.address()),
+            "channel \"data\" is a push socket, which cannot receive, and the device receives on it",
+        ),
+        (
+            Device::new("processor", "s").args(&[
+                "--channel-config",
+                &format!(
+                    "name=data-in,type=pub,method=bind,address={}",
+                    ipc.address()
+                ),
+                "--channel-config",
+                "name=data-out,type=push,method=bind,address=ipc:///tmp/ferromq-direction-out",
+            ]),
+            "channel \"data-in\" is a pub socket, which cannot receive",
+        ),
+    ];
+    for (device, expected) in cases {
+        let failed = device.finish().await;
+        assert_eq!(failed.code, Some(1), "{expected}: {}", failed.stderr);
+        assert!(
+            failed.stderr.contains(expected),
+            "{expected}: {}",
+            failed.stderr
+        );
+        assert!(
+            !failed.stdout.contains("---> RUNNING"),
+            "{expected}: reached RUNNING: {}",
+            failed.stdout
+        );
+    }
+}

@@ -74,6 +74,21 @@ pub enum DeviceError {
         /// The names it has.
         available: String,
     },
+    /// A socket of a type that cannot do what the device does on its channel (a sampler's
+    /// `data` configured as pull).
+    #[error(
+        "device {device:?}: channel {channel:?} is a {socket_type} socket, which cannot {action}, and the device {action}s on it"
+    )]
+    ChannelRole {
+        /// Device id.
+        device: String,
+        /// The socket's name.
+        channel: String,
+        /// Its type.
+        socket_type: ferromq_core::SocketType,
+        /// `send` or `receive`.
+        action: &'static str,
+    },
     /// Two channels of one name.
     #[error("device {device:?}: channel {name:?} is configured twice")]
     DuplicateChannel {

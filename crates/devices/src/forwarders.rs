@@ -62,9 +62,13 @@ impl Processor {
 impl Device for Processor {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         self.configure(ctx)?;
-        self.inputs = crate::sockets_of(ctx, &channel_property(ctx, "in-channel", "data-in"))?;
+        self.inputs = crate::channel_for(
+            ctx,
+            &channel_property(ctx, "in-channel", "data-in"),
+            crate::Role::Receives,
+        )?;
         self.output = channel_property(ctx, "out-channel", "data-out");
-        ctx.channel(&self.output)?;
+        crate::channel_for(ctx, &self.output, crate::Role::Sends)?;
         Ok(())
     }
 
@@ -139,8 +143,16 @@ impl Splitter {
 impl Device for Splitter {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         self.configure(ctx)?;
-        self.inputs = crate::sockets_of(ctx, &channel_property(ctx, "in-channel", "data-in"))?;
-        self.outputs = crate::sockets_of(ctx, &channel_property(ctx, "out-channel", "data-out"))?;
+        self.inputs = crate::channel_for(
+            ctx,
+            &channel_property(ctx, "in-channel", "data-in"),
+            crate::Role::Receives,
+        )?;
+        self.outputs = crate::channel_for(
+            ctx,
+            &channel_property(ctx, "out-channel", "data-out"),
+            crate::Role::Sends,
+        )?;
         Ok(())
     }
 
@@ -178,9 +190,13 @@ pub struct Merger {
 #[async_trait::async_trait]
 impl Device for Merger {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        self.inputs = crate::sockets_of(ctx, &channel_property(ctx, "in-channel", "data-in"))?;
+        self.inputs = crate::channel_for(
+            ctx,
+            &channel_property(ctx, "in-channel", "data-in"),
+            crate::Role::Receives,
+        )?;
         self.output = channel_property(ctx, "out-channel", "data-out");
-        ctx.channel(&self.output)?;
+        crate::channel_for(ctx, &self.output, crate::Role::Sends)?;
         Ok(())
     }
 
@@ -222,8 +238,16 @@ pub struct Multiplier {
 #[async_trait::async_trait]
 impl Device for Multiplier {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        self.inputs = crate::sockets_of(ctx, &channel_property(ctx, "in-channel", "data-in"))?;
-        self.outputs = crate::sockets_of(ctx, &channel_property(ctx, "out-channel", "data-out"))?;
+        self.inputs = crate::channel_for(
+            ctx,
+            &channel_property(ctx, "in-channel", "data-in"),
+            crate::Role::Receives,
+        )?;
+        self.outputs = crate::channel_for(
+            ctx,
+            &channel_property(ctx, "out-channel", "data-out"),
+            crate::Role::Sends,
+        )?;
         Ok(())
     }
 

@@ -427,6 +427,45 @@ pub(crate) fn sockets_of(ctx: &DeviceContext, base: &str) -> Result<Vec<String>,
     Ok(names)
 }
 
+/// What a built-in device does on a channel: checked against its sockets' types at INIT, so
+/// that a sampler whose `data` is a pull fails there, naming the channel and its type, not at
+/// its first send in RUNNING.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    Sends,
+    Receives,
+}
+
+/// The sockets of channel `base` (`base`, or `base[0]`, `base[1]`, ...), each of a type that
+/// can do `role`.
+///
+/// # Errors
+/// [`DeviceError::UnknownChannel`] listing the channels; [`DeviceError::ChannelRole`] naming a
+/// socket of the wrong type.
+pub(crate) fn channel_for(
+    ctx: &mut DeviceContext,
+    base: &str,
+    role: Role,
+) -> Result<Vec<String>, DeviceError> {
+    let names = sockets_of(ctx, base)?;
+    for name in &names {
+        let socket_type = ctx.channel(name)?.config().socket_type;
+        let (able, action) = match role {
+            Role::Sends => (socket_type.can_send(), "send"),
+            Role::Receives => (socket_type.can_receive(), "receive"),
+        };
+        if !able {
+            return Err(DeviceError::ChannelRole {
+                device: ctx.id().to_owned(),
+                channel: name.clone(),
+                socket_type,
+                action,
+            });
+        }
+    }
+    Ok(names)
+}
+
 /// A boolean property in FairMQ's spellings: `true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`.
 pub(crate) fn bool_property(
     props: &impl Properties,
