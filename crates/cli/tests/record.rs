@@ -465,6 +465,20 @@ async fn record_and_replay_refuse_what_they_cannot_do() {
         "{}",
         refused.stderr
     );
+    // The cause once, not twice (it was both the message's end and its source).
+    let missing = finish(replay(
+        "/nonexistent-recording",
+        "1",
+        "ipc:///nonexistent/x",
+    ))
+    .await;
+    assert_eq!(missing.code, Some(1), "{}", missing.stderr);
+    assert_eq!(
+        missing.stderr.matches("No such file or directory").count(),
+        1,
+        "{}",
+        missing.stderr
+    );
     // Negative, too slow to schedule (a tiny factor panicked the device turning the recorded
     // gap into a wait), and too large to mean anything: each refused at once, by value.
     for (speed, shown) in [

@@ -87,12 +87,15 @@ pub struct Record {
 #[derive(Debug, thiserror::Error)]
 pub enum RecordingError {
     /// The file cannot be read or written.
-    #[error("{path}: {source}")]
+    ///
+    /// The cause is in the message only, not also a `source`: an error chain printed it twice
+    /// (`/x: No such file or directory (os error 2): No such file or directory (os error 2)`).
+    #[error("{path}: {cause}")]
     Io {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The file does not start as a recording does.
     #[error("{path} is not a ferromq recording (it does not start with \"ferromq-recording\")")]
@@ -137,7 +140,7 @@ impl Writer {
     pub fn create(path: &Path, header: &Header) -> Result<Writer, RecordingError> {
         let io = |source| RecordingError::Io {
             path: path.to_owned(),
-            source,
+            cause: source,
         };
         let file = std::fs::File::create(path).map_err(io)?;
         let mut writer = Writer {
@@ -162,7 +165,7 @@ impl Writer {
             .write_all(bytes)
             .map_err(|source| RecordingError::Io {
                 path: self.path.clone(),
-                source,
+                cause: source,
             })
     }
 
@@ -212,7 +215,10 @@ impl Writer {
             .into_inner()
             .map_err(|error| error.into_error())
             .and_then(|file| file.sync_all())
-            .map_err(|source| RecordingError::Io { path, source })?;
+            .map_err(|source| RecordingError::Io {
+                path,
+                cause: source,
+            })?;
         Ok(self.summary)
     }
 }
@@ -241,7 +247,7 @@ impl Reader {
     pub fn open(path: &Path) -> Result<Reader, RecordingError> {
         let io = |source| RecordingError::Io {
             path: path.to_owned(),
-            source,
+            cause: source,
         };
         let file = std::fs::File::open(path).map_err(io)?;
         let length = file.metadata().map_err(io)?.len();
@@ -381,7 +387,7 @@ impl<R: Read> Reader<R> {
             .read_exact(buffer)
             .map_err(|source| RecordingError::Io {
                 path: self.path.clone(),
-                source,
+                cause: source,
             })?;
         self.offset += buffer.len() as u64;
         self.remaining -= buffer.len() as u64;
