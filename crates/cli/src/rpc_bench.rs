@@ -290,6 +290,11 @@ async fn run_broadcasts(options: &RpcBenchOptions) -> Result<Vec<BroadcastResult
 /// Runs every cell and prints the results; a signal ends it as `ferromq bench` (see
 /// `bench.rs`'s module docs).
 pub async fn run(options: RpcBenchOptions) -> ExitCode {
+    // A usage error, with clap's code, as `ferromq bench` refuses its own.
+    if let Err(error) = check_options(&options) {
+        eprintln!("ferromq bench rpc: {error:#}");
+        return ExitCode::from(2);
+    }
     crate::bench::run_to_the_end("ferromq bench rpc", &session(), run_and_report(&options))
         .await
         .unwrap_or_else(|interrupted| interrupted)

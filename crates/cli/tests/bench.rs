@@ -459,8 +459,8 @@ fn a_signalled_bench_stops_its_members_and_removes_their_files() {
 /// 10 s with its members (its process group), their shared memory and their files in the temp
 /// directory are removed, and the test fails.
 fn refused_before_any_member_starts(args: &[&str], culprit: &str) {
-    // `bench` refuses as a usage error (2); `bench rpc` as a failed run (1).
-    let code = if args.get(1) == Some(&"rpc") { 1 } else { 2 };
+    // A usage error: clap's code.
+    let code = 2;
     let bench = spawn_in_its_own_group(args);
     let pid = bench.id();
     let exit = ended(move || bench.wait_with_output());
