@@ -427,6 +427,14 @@ pub(crate) fn sockets_of(ctx: &DeviceContext, base: &str) -> Result<Vec<String>,
     Ok(names)
 }
 
+/// Bytes checksummed (written by a sampler, read by a verifying sink) between two turns a
+/// device gives the runtime's other tasks, its control and observer endpoints among them. A
+/// checksum reads every byte, ~1 ms a MiB here (ten times that in a debug build), and a
+/// sampler behind its pace (or a sink with messages waiting) never waits, so it gave them a
+/// turn only every 128 sends or receives (tokio's budget): a 1 MiB sampler at 200 msg/s in a
+/// debug build left `ferromq top` without an answer for over a second.
+pub(crate) const CHECKSUM_BYTES_PER_TURN: usize = 4 << 20;
+
 /// What a built-in device does on a channel: checked against its sockets' types at INIT, so
 /// that a sampler whose `data` is a pull fails there, naming the channel and its type, not at
 /// its first send in RUNNING.

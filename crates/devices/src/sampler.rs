@@ -76,13 +76,6 @@ impl Sampler {
     }
 }
 
-/// Bytes checksummed between two turns the sampler gives the runtime's other tasks (its
-/// control and observer endpoints among them). A checksum reads every byte, ~1 ms a MiB here
-/// (ten times that in a debug build), and a sampler behind its pace does not wait between
-/// messages, so it gave them a turn only every 128 sends (tokio's budget): a 1 MiB sampler at
-/// 200 msg/s in a debug build left `ferromq top` without an answer for over a second.
-const CHECKSUM_BYTES_PER_TURN: usize = 4 << 20;
-
 /// The largest `payload-file` read: a message of a gigabyte is a payload; more, or a file
 /// with no end (`/dev/zero`, read until memory ran out), is refused, naming the file.
 const MAX_PAYLOAD_FILE_BYTES: u64 = 1 << 30;
@@ -144,7 +137,7 @@ impl Device for Sampler {
                 () = pacer.wait() => {}
                 () = &mut stopped => break,
             }
-            if checksummed >= CHECKSUM_BYTES_PER_TURN {
+            if checksummed >= crate::CHECKSUM_BYTES_PER_TURN {
                 checksummed = 0;
                 tokio::task::yield_now().await;
             }
