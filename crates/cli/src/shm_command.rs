@@ -125,20 +125,20 @@ pub fn run(command: &ShmCommand) -> ExitCode {
             session: Some(session),
             force,
             ..
-        } => match cleanup::clean_session_encoded(
-            uid,
-            &cleanup::encoded_session_named(uid, session),
-            *force,
-        ) {
-            Ok(removed) => {
-                println!("removed {} object(s) of session {session}", removed.len());
-                ExitCode::SUCCESS
+        } => {
+            // Said as object names spell it: `--session a.5fb` may name the id `a_b`.
+            let encoded = cleanup::encoded_session_named(uid, session);
+            match cleanup::clean_session_encoded(uid, &encoded, *force) {
+                Ok(removed) => {
+                    println!("removed {} object(s) of session {encoded}", removed.len());
+                    ExitCode::SUCCESS
+                }
+                Err(in_use) => {
+                    eprintln!("ferromq: {in_use}");
+                    ExitCode::FAILURE
+                }
             }
-            Err(in_use) => {
-                eprintln!("ferromq: {in_use}");
-                ExitCode::FAILURE
-            }
-        },
+        }
         ShmCommand::Clean { .. } => {
             let removed = cleanup::clean_stale(uid);
             println!("removed {} stale object(s)", removed.len());

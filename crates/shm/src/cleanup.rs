@@ -103,7 +103,7 @@ fn list_encoded(uid: u32, encoded: Option<&str>) -> Vec<ObjectInfo> {
         .filter_map(|name| {
             let segment = match Segment::inspect(name.clone()) {
                 Ok(segment) => segment,
-                // Gone since the directory was read.
+                // Gone since the directory was read (only a missing object reads so).
                 Err(crate::ShmError::NotFound { .. }) => return None,
                 Err(error) => return Some(unreadable(name, &error)),
             };

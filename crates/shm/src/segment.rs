@@ -299,10 +299,13 @@ impl Segment {
         Ok(segment)
     }
 
-    /// Maps an existing object to read its header, without attaching to it.
+    /// Maps an existing object to read its header, without attaching to it. Unlike
+    /// [`Segment::open`] it does not wait for a brand-new object's header: one without a header
+    /// is [`ShmError::Corrupt`] at once (listing judges such an object by its creator, and a
+    /// watchdog polling a segment being zeroed spun up to 2 s per look).
     ///
     /// # Errors
-    /// As [`Segment::open`].
+    /// As [`Segment::open`]; [`ShmError::NotFound`] only when the object does not exist.
     pub fn inspect(name: ObjectName) -> Result<Segment, ShmError> {
         Segment::map(name, false)
     }
@@ -313,9 +316,16 @@ impl Segment {
                 .os_id(name.to_string())
                 .open()
                 .map_err(|source| match source {
-                    shared_memory::ShmemError::MapOpenFailed(_) => ShmError::NotFound {
-                        name: name.to_string(),
-                    },
+                    // Only a missing object is "not found": any other failure (a 0-byte object
+                    // whose creator died before sizing it, which cannot be mapped; no file
+                    // descriptors left) must not read as gone to whoever decides what to remove.
+                    shared_memory::ShmemError::MapOpenFailed(errno)
+                        if errno == nix::errno::Errno::ENOENT as u32 =>
+                    {
+                        ShmError::NotFound {
+                            name: name.to_string(),
+                        }
+                    }
                     other => ShmError::Os {
                         name: name.to_string(),
                         operation: "open",
@@ -336,10 +346,11 @@ impl Segment {
             me: ProcessId::current(),
             attached,
         };
-        // The creator writes the magic last; a brand-new object may need a moment.
+        // The creator writes the magic last; a brand-new object may need a moment (waited for
+        // only by who attaches to it).
         let deadline = Instant::now() + Duration::from_secs(2);
         while segment.header().magic.load(Ordering::Acquire) != MAGIC {
-            if Instant::now() > deadline {
+            if !attached || Instant::now() > deadline {
                 return Err(ShmError::Corrupt {
                     name: segment.name.to_string(),
                     reason: "no ferromq header".to_owned(),

@@ -811,6 +811,8 @@ impl Session {
         let index = NEXT_REGION_INDEX.fetch_add(1, Ordering::Relaxed);
         let name = self.object_name(ObjectKind::Region, std::process::id(), index);
         let total = REGION_DATA_START + size;
+        // The watchdog first, as for the segment (`own_segment`).
+        crate::cleanup::ensure_watchdog(self.uid, &self.options.session);
         let segment = tokio::task::spawn_blocking(move || Segment::create(name, total))
             .await
             .map_err(|error| ShmError::Os {
@@ -818,7 +820,6 @@ impl Session {
                 operation: "create",
                 reason: error.to_string(),
             })??;
-        crate::cleanup::ensure_watchdog(self.uid, &self.options.session);
         let region = UnmanagedRegion::create(segment, index, callback);
         let mut own = self.own_regions.lock().expect("own regions poisoned");
         own.retain(|lent| lent.strong_count() > 0);

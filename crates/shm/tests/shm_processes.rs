@@ -76,11 +76,13 @@ fn main() {
             "kill_9_of_every_device_of_a_session_named_with_underscores_and_dots_leaves_no_shared_memory",
             kill_9_cleanup_of_an_encoded_session,
         ),
-        trial(
+        // Alone: clean_stale removes every stale session of the user, another trial's too.
+        trial_alone(
             "clean_stale_removes_a_dead_session_named_with_underscores_and_dots",
             clean_stale_of_an_encoded_session,
         ),
-        trial(
+        // Alone: clean_stale removes every stale session of the user, another trial's too.
+        trial_alone(
             "a_segment_left_without_a_header_is_listed_and_cleaned_once_its_creator_is_dead",
             headerless_segment_of_a_dead_creator,
         ),
@@ -1158,12 +1160,12 @@ fn clean_stale_of_an_encoded_session() -> Result<()> {
             );
             tokio::task::yield_now().await;
         };
-        let resume_and_kill = |name: &str| {
+        let signal_watchdog = |name: &str| {
             std::process::Command::new("kill")
                 .args([&format!("-{name}"), &watchdog.to_string()])
                 .status()
         };
-        ensure!(resume_and_kill("STOP")?.success(), "SIGSTOP the watchdog");
+        ensure!(signal_watchdog("STOP")?.success(), "SIGSTOP the watchdog");
         let outcome = async {
             sender.child.kill().await?;
             receiver.child.kill().await?;
@@ -1178,7 +1180,7 @@ fn clean_stale_of_an_encoded_session() -> Result<()> {
             Ok(())
         }
         .await;
-        let _ = resume_and_kill("KILL");
+        let _ = signal_watchdog("KILL");
         outcome
     })
 }
