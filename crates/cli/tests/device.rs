@@ -1031,6 +1031,11 @@ async fn each_address_of_a_channel_config_is_a_socket_and_other_keys_come_once()
 #[tokio::test]
 async fn a_channel_of_the_wrong_direction_fails_the_device_at_init() {
     let ipc = Ipc::new("direction");
+    let out = Ipc::new("direction-out");
+    let output = format!(
+        "name=data-out,type=push,method=bind,address={}",
+        out.address()
+    );
     let cases = [
         (
             Device::new("sampler", "s").channel("pull", "bind", &ipc.address()),
@@ -1048,7 +1053,7 @@ async fn a_channel_of_the_wrong_direction_fails_the_device_at_init() {
                     ipc.address()
                 ),
                 "--channel-config",
-                "name=data-out,type=push,method=bind,address=ipc:///tmp/ferromq-direction-out",
+                &output,
             ]),
             "channel \"data-in\" is a pub socket, which cannot receive",
         ),

@@ -62,13 +62,13 @@ impl Processor {
 impl Device for Processor {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         self.configure(ctx)?;
-        self.inputs = crate::channel_for(
+        self.inputs = crate::checked_sockets(
             ctx,
             &channel_property(ctx, "in-channel", "data-in"),
             crate::Role::Receives,
         )?;
         self.output = channel_property(ctx, "out-channel", "data-out");
-        crate::channel_for(ctx, &self.output, crate::Role::Sends)?;
+        crate::checked_socket(ctx, &self.output, crate::Role::Sends)?;
         Ok(())
     }
 
@@ -143,12 +143,12 @@ impl Splitter {
 impl Device for Splitter {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         self.configure(ctx)?;
-        self.inputs = crate::channel_for(
+        self.inputs = crate::checked_sockets(
             ctx,
             &channel_property(ctx, "in-channel", "data-in"),
             crate::Role::Receives,
         )?;
-        self.outputs = crate::channel_for(
+        self.outputs = crate::checked_sockets(
             ctx,
             &channel_property(ctx, "out-channel", "data-out"),
             crate::Role::Sends,
@@ -190,13 +190,13 @@ pub struct Merger {
 #[async_trait::async_trait]
 impl Device for Merger {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        self.inputs = crate::channel_for(
+        self.inputs = crate::checked_sockets(
             ctx,
             &channel_property(ctx, "in-channel", "data-in"),
             crate::Role::Receives,
         )?;
         self.output = channel_property(ctx, "out-channel", "data-out");
-        crate::channel_for(ctx, &self.output, crate::Role::Sends)?;
+        crate::checked_socket(ctx, &self.output, crate::Role::Sends)?;
         Ok(())
     }
 
@@ -238,12 +238,12 @@ pub struct Multiplier {
 #[async_trait::async_trait]
 impl Device for Multiplier {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        self.inputs = crate::channel_for(
+        self.inputs = crate::checked_sockets(
             ctx,
             &channel_property(ctx, "in-channel", "data-in"),
             crate::Role::Receives,
         )?;
-        self.outputs = crate::channel_for(
+        self.outputs = crate::checked_sockets(
             ctx,
             &channel_property(ctx, "out-channel", "data-out"),
             crate::Role::Sends,

@@ -445,33 +445,53 @@ pub(crate) enum Role {
 }
 
 /// The sockets of channel `base` (`base`, or `base[0]`, `base[1]`, ...), each of a type that
-/// can do `role`.
+/// can do `role`: for devices that use every socket of the channel (a processor's inputs).
 ///
 /// # Errors
 /// [`DeviceError::UnknownChannel`] listing the channels; [`DeviceError::ChannelRole`] naming a
 /// socket of the wrong type.
-pub(crate) fn channel_for(
+pub(crate) fn checked_sockets(
     ctx: &mut DeviceContext,
     base: &str,
     role: Role,
 ) -> Result<Vec<String>, DeviceError> {
     let names = sockets_of(ctx, base)?;
     for name in &names {
-        let socket_type = ctx.channel(name)?.config().socket_type;
-        let (able, action) = match role {
-            Role::Sends => (socket_type.can_send(), "send"),
-            Role::Receives => (socket_type.can_receive(), "receive"),
-        };
-        if !able {
-            return Err(DeviceError::ChannelRole {
-                device: ctx.id().to_owned(),
-                channel: name.clone(),
-                socket_type,
-                action,
-            });
-        }
+        checked_socket(ctx, name, role)?;
     }
     Ok(names)
+}
+
+/// The socket `name` the device uses (`name` itself, or `name[0]` of a channel with
+/// sub-channels, as every operation on `name` resolves it) can do `role`.
+///
+/// # Errors
+/// [`DeviceError::UnknownChannel`] listing the channels; [`DeviceError::ChannelRole`] naming the
+/// socket and its type.
+pub(crate) fn checked_socket(
+    ctx: &mut DeviceContext,
+    name: &str,
+    role: Role,
+) -> Result<(), DeviceError> {
+    let socket = ctx.channel(name)?.config();
+    let (socket_type, socket_name) = (socket.socket_type, socket.name.clone());
+    let (able, action) = match role {
+        Role::Sends => (socket_type.can_send(), "send"),
+        Role::Receives => (socket_type.can_receive(), "receive"),
+    };
+    if able {
+        return Ok(());
+    }
+    Err(DeviceError::ChannelRole {
+        device: ctx.id().to_owned(),
+        channel: if socket_name == name {
+            name.to_owned()
+        } else {
+            format!("{name} ({socket_name})")
+        },
+        socket_type,
+        action,
+    })
 }
 
 /// A boolean property in FairMQ's spellings: `true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`.

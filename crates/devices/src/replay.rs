@@ -61,7 +61,7 @@ impl Replay {
 impl Device for Replay {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         self.configure(ctx)?;
-        crate::channel_for(ctx, &self.out_channel, crate::Role::Sends)?;
+        crate::checked_socket(ctx, &self.out_channel, crate::Role::Sends)?;
         // Fail at INIT TASK, not RUNNING, on a file that is no recording.
         let path = std::path::PathBuf::from(&self.file);
         tokio::task::spawn_blocking(move || Reader::open(&path).map(|_| ()))

@@ -103,7 +103,7 @@ fn read_payload_file(path: &str) -> Result<Vec<u8>, String> {
 impl Device for Sampler {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         self.configure(ctx)?;
-        crate::channel_for(ctx, &self.out_channel, crate::Role::Sends)?;
+        crate::checked_socket(ctx, &self.out_channel, crate::Role::Sends)?;
         if let Some(path) = self.payload_file.clone() {
             self.template = tokio::task::spawn_blocking(move || read_payload_file(&path))
                 .await
@@ -222,7 +222,7 @@ impl BenchmarkSampler {
 impl Device for BenchmarkSampler {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         self.configure(ctx)?;
-        crate::channel_for(ctx, &self.out_channel, crate::Role::Sends)?;
+        crate::checked_socket(ctx, &self.out_channel, crate::Role::Sends)?;
         Ok(())
     }
 

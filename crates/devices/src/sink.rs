@@ -127,7 +127,7 @@ impl Sink {
 impl Device for Sink {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         self.configure(ctx)?;
-        crate::channel_for(ctx, &self.in_channel, crate::Role::Receives)?;
+        crate::checked_socket(ctx, &self.in_channel, crate::Role::Receives)?;
         self.summary = SinkSummary::default();
         self.output = match ctx
             .property_text("out-filename")
