@@ -228,6 +228,15 @@ pub enum ConfigError {
 /// file descriptors, and a forged count must not make a device allocate without bound.
 pub const MAX_NUM_SOCKETS: usize = 1024;
 
+/// A `--channel-config` list read: the configuration (with the last address), every address
+/// given, and whether `method` and `numSockets` were given rather than left to their defaults.
+struct Parsed {
+    config: ChannelConfig,
+    addresses: Vec<String>,
+    method_given: bool,
+    num_sockets_given: bool,
+}
+
 /// The longest duration, in seconds, that an option or property takes: about 31 years. A longer
 /// one is no `Duration` (converting it panics) and no timer could wait for it; the CLI, the
 /// built-in devices and the examples refuse it by name.
@@ -381,7 +390,9 @@ impl ChannelConfig {
     /// # Errors
     /// [`ConfigError`] naming the key and the value that is wrong.
     pub fn parse_key_values(text: &str) -> Result<ChannelConfig, ConfigError> {
-        let (config, addresses) = ChannelConfig::parse_pairs(text)?;
+        let Parsed {
+            config, addresses, ..
+        } = ChannelConfig::parse_pairs(text)?;
         if let [first, second, ..] = addresses.as_slice() {
             return Err(ConfigError::DuplicateKey {
                 key: "address".to_owned(),
@@ -401,11 +412,16 @@ impl ChannelConfig {
     /// As [`ChannelConfig::parse_key_values`]; [`ConfigError::SocketCount`] where `numSockets`
     /// is given and is not the number of addresses.
     pub fn parse_key_values_sockets(text: &str) -> Result<Vec<ChannelConfig>, ConfigError> {
-        let (config, addresses) = ChannelConfig::parse_pairs(text)?;
+        let Parsed {
+            config,
+            addresses,
+            method_given,
+            num_sockets_given,
+        } = ChannelConfig::parse_pairs(text)?;
         if addresses.len() <= 1 {
             return Ok(vec![config]);
         }
-        if config.num_sockets > 1 && config.num_sockets != addresses.len() {
+        if num_sockets_given && config.num_sockets != addresses.len() {
             return Err(ConfigError::SocketCount {
                 channel: config.name,
                 n_addresses: addresses.len(),
@@ -418,6 +434,14 @@ impl ChannelConfig {
             .map(|address| {
                 let mut socket = config.clone();
                 socket.set("address", KeyValue::Text(&address))?;
+                // Without `method`, each socket's own address says it (`@` bind, `+` connect),
+                // as each socket of a JSON channel does.
+                if !method_given {
+                    socket.method = socket.prefixed_method().ok_or(ConfigError::MissingKey {
+                        channel: config.name.clone(),
+                        key: "method",
+                    })?;
+                }
                 socket.num_sockets = n_sockets;
                 socket.validate()?;
                 Ok(socket)
@@ -425,8 +449,8 @@ impl ChannelConfig {
             .collect()
     }
 
-    /// The configuration and every `address=` value, in order.
-    fn parse_pairs(text: &str) -> Result<(ChannelConfig, Vec<String>), ConfigError> {
+    /// The configuration, every `address=` value in order, and which keys were given.
+    fn parse_pairs(text: &str) -> Result<Parsed, ConfigError> {
         let mut config = ChannelConfig::default();
         let (mut has_name, mut has_type, mut has_method) = (false, false, false);
         let mut pairs: Vec<String> = Vec::new();
@@ -477,7 +501,16 @@ impl ChannelConfig {
                 _ => {}
             }
         }
-        if !has_method && let Some(method) = config.prefixed_method() {
+        let method_given = has_method;
+        let num_sockets_given = seen.iter().any(|(key, _)| *key == "numSockets");
+        if !has_method && addresses.len() > 1 {
+            // Each socket's address must say its method (checked per socket by the caller).
+            has_method = addresses.iter().all(|address| {
+                let mut socket = config.clone();
+                socket.set("address", KeyValue::Text(address)).is_ok()
+                    && socket.prefixed_method().is_some()
+            });
+        } else if !has_method && let Some(method) = config.prefixed_method() {
             config.method = method;
             has_method = true;
         }
@@ -495,7 +528,12 @@ impl ChannelConfig {
             });
         }
         config.validate()?;
-        Ok((config, addresses))
+        Ok(Parsed {
+            config,
+            addresses,
+            method_given,
+            num_sockets_given,
+        })
     }
 
     /// The configuration in `--channel-config` form (the inverse of
@@ -520,19 +558,7 @@ impl ChannelConfig {
     /// # Errors
     /// The first problem found, as a [`ConfigError`].
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.name.is_empty() {
-            return Err(ConfigError::MissingKey {
-                channel: String::new(),
-                key: "name",
-            });
-        }
-        if self.name.contains(['[', ']', '.', ',', '=']) {
-            return Err(ConfigError::InvalidValue {
-                key: "name".to_owned(),
-                value: self.name.clone(),
-                expected: "a name without '[', ']', '.', ',' or '='",
-            });
-        }
+        ChannelConfig::check_name(&self.name)?;
         if self.snd_buf_size == 0 || self.rcv_buf_size == 0 {
             return Err(ConfigError::InvalidValue {
                 key: if self.snd_buf_size == 0 {
@@ -560,6 +586,28 @@ impl ChannelConfig {
             });
         }
         self.endpoints()?;
+        Ok(())
+    }
+
+    /// A channel's name is not empty and has none of the characters that sub-channels (`[`,
+    /// `]`), topology connections (`.`) and `--channel-config` lists (`,`, `=`) give meaning.
+    ///
+    /// # Errors
+    /// [`ConfigError::MissingKey`] for an empty name, [`ConfigError::InvalidValue`] naming it.
+    pub fn check_name(name: &str) -> Result<(), ConfigError> {
+        if name.is_empty() {
+            return Err(ConfigError::MissingKey {
+                channel: String::new(),
+                key: "name",
+            });
+        }
+        if name.contains(['[', ']', '.', ',', '=']) {
+            return Err(ConfigError::InvalidValue {
+                key: "name".to_owned(),
+                value: name.to_owned(),
+                expected: "a name without '[', ']', '.', ',' or '='",
+            });
+        }
         Ok(())
     }
 
@@ -688,6 +736,34 @@ mod tests {
                 num_sockets: 3,
                 ..
             })
+        ));
+        assert!(matches!(
+            ChannelConfig::parse_key_values_sockets(
+                "name=d,type=pull,method=bind,address=ipc:///a,address=ipc:///b,numSockets=1",
+            ),
+            Err(ConfigError::SocketCount {
+                n_addresses: 2,
+                num_sockets: 1,
+                ..
+            })
+        ));
+        // Without `method`, each socket's address says its own, or the list is refused.
+        let prefixed = ChannelConfig::parse_key_values_sockets(
+            "name=d,type=pair,address=@tcp://*:5555,address=+tcp://h:5556",
+        )
+        .unwrap();
+        assert_eq!(
+            prefixed
+                .iter()
+                .map(|socket| socket.method)
+                .collect::<Vec<_>>(),
+            vec![Method::Bind, Method::Connect]
+        );
+        assert!(matches!(
+            ChannelConfig::parse_key_values_sockets(
+                "name=d,type=pair,address=+tcp://h:5556,address=tcp://h:5557",
+            ),
+            Err(ConfigError::MissingKey { key: "method", .. })
         ));
         // One address: the one configuration, as parse_key_values gives it.
         let one = "name=d,type=pull,method=bind,address=ipc:///a";

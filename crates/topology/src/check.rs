@@ -195,14 +195,7 @@ impl<'a> Loader<'a> {
     fn check_instance_ids(&mut self, parsed: &FileToml, devices: &[DeviceSpec]) {
         let mut owners: BTreeMap<String, (usize, String)> = BTreeMap::new();
         for (device_idx, device) in devices.iter().enumerate() {
-            let instance_ids: Vec<String> = if device.replicas <= 1 {
-                vec![device.id.clone()]
-            } else {
-                (0..device.replicas)
-                    .map(|replica_idx| format!("{}-{replica_idx}", device.id))
-                    .collect()
-            };
-            for instance_id in instance_ids {
+            for instance_id in crate::instance_ids(&device.id, device.replicas) {
                 let Some((_, owner)) = owners.get(&instance_id) else {
                     owners.insert(instance_id, (device_idx, device.id.clone()));
                     continue;
@@ -950,13 +943,10 @@ impl<'a> Loader<'a> {
             Some(OneOrMany::One(target)) => vec![target.clone()],
             Some(OneOrMany::Many(targets)) => targets.clone(),
         };
-        if name.is_empty() || name.contains(['[', ']', '.', ',', '=']) {
+        if let Err(error) = ChannelConfig::check_name(&name) {
             // What the device refuses when it starts: said here, by `validate` too.
-            self.checker.error(
-                channel.name.span(),
-                context,
-                format!("channel name {name:?}: expected a name without '[', ']', '.', ',' or '='"),
-            );
+            self.checker
+                .error(channel.name.span(), context, error.to_string());
         }
         let method = self.method(channel, !connect.is_empty(), context);
         let mut config = ChannelConfig::new(name.clone(), socket_type, method);

@@ -327,14 +327,19 @@ pub fn load(file: &str, text: &str, known: &Known<'_>) -> Result<Topology, Topol
     check::Loader::new(file, text, known).load()
 }
 
+/// The process ids of a device `id` of `replicas` replicas: `id` alone, or `id-0`, `id-1`, ...
+fn instance_ids(id: &str, replicas: usize) -> Vec<String> {
+    if replicas <= 1 {
+        return vec![id.to_owned()];
+    }
+    (0..replicas)
+        .map(|replica_idx| format!("{id}-{replica_idx}"))
+        .collect()
+}
+
 impl Topology {
     fn instance_ids(&self, device: &DeviceSpec) -> Vec<String> {
-        if device.replicas <= 1 {
-            return vec![device.id.clone()];
-        }
-        (0..device.replicas)
-            .map(|replica_idx| format!("{}-{replica_idx}", device.id))
-            .collect()
+        instance_ids(&device.id, device.replicas)
     }
 
     /// The processes to start: replicas expanded, connections resolved to instances.
