@@ -88,13 +88,14 @@ pub struct Record {
 pub enum RecordingError {
     /// The file cannot be read or written.
     ///
-    /// The cause is in the message only, not also a `source`: an error chain printed it twice
+    /// The cause is the source only, not also in the message: an error chain printed it twice
     /// (`/x: No such file or directory (os error 2): No such file or directory (os error 2)`).
-    #[error("{path}: {cause}")]
+    #[error("{path}")]
     Io {
         /// The file.
         path: PathBuf,
         /// Why.
+        #[source]
         cause: std::io::Error,
     },
     /// The file does not start as a recording does.
