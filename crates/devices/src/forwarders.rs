@@ -58,15 +58,23 @@ impl Processor {
     }
 }
 
+/// Every socket of `in-channel` (default `data-in`), each able to receive.
+fn input_sockets(ctx: &mut DeviceContext) -> Result<Vec<String>, DeviceError> {
+    let base = channel_property(ctx, "in-channel", "data-in");
+    crate::checked_sockets(ctx, &base, crate::Role::Receives)
+}
+
+/// Every socket of `out-channel` (default `data-out`), each able to send.
+fn output_sockets(ctx: &mut DeviceContext) -> Result<Vec<String>, DeviceError> {
+    let base = channel_property(ctx, "out-channel", "data-out");
+    crate::checked_sockets(ctx, &base, crate::Role::Sends)
+}
+
 #[async_trait::async_trait]
 impl Device for Processor {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         self.configure(ctx)?;
-        self.inputs = crate::checked_sockets(
-            ctx,
-            &channel_property(ctx, "in-channel", "data-in"),
-            crate::Role::Receives,
-        )?;
+        self.inputs = input_sockets(ctx)?;
         self.output = channel_property(ctx, "out-channel", "data-out");
         crate::checked_socket(ctx, &self.output, crate::Role::Sends)?;
         Ok(())
@@ -143,16 +151,8 @@ impl Splitter {
 impl Device for Splitter {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         self.configure(ctx)?;
-        self.inputs = crate::checked_sockets(
-            ctx,
-            &channel_property(ctx, "in-channel", "data-in"),
-            crate::Role::Receives,
-        )?;
-        self.outputs = crate::checked_sockets(
-            ctx,
-            &channel_property(ctx, "out-channel", "data-out"),
-            crate::Role::Sends,
-        )?;
+        self.inputs = input_sockets(ctx)?;
+        self.outputs = output_sockets(ctx)?;
         Ok(())
     }
 
@@ -190,11 +190,7 @@ pub struct Merger {
 #[async_trait::async_trait]
 impl Device for Merger {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        self.inputs = crate::checked_sockets(
-            ctx,
-            &channel_property(ctx, "in-channel", "data-in"),
-            crate::Role::Receives,
-        )?;
+        self.inputs = input_sockets(ctx)?;
         self.output = channel_property(ctx, "out-channel", "data-out");
         crate::checked_socket(ctx, &self.output, crate::Role::Sends)?;
         Ok(())
@@ -238,16 +234,8 @@ pub struct Multiplier {
 #[async_trait::async_trait]
 impl Device for Multiplier {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        self.inputs = crate::checked_sockets(
-            ctx,
-            &channel_property(ctx, "in-channel", "data-in"),
-            crate::Role::Receives,
-        )?;
-        self.outputs = crate::checked_sockets(
-            ctx,
-            &channel_property(ctx, "out-channel", "data-out"),
-            crate::Role::Sends,
-        )?;
+        self.inputs = input_sockets(ctx)?;
+        self.outputs = output_sockets(ctx)?;
         Ok(())
     }
 
