@@ -504,12 +504,9 @@ impl ChannelConfig {
         let method_given = has_method;
         let num_sockets_given = seen.iter().any(|(key, _)| *key == "numSockets");
         if !has_method && addresses.len() > 1 {
-            // Each socket's address must say its method (checked per socket by the caller).
-            has_method = addresses.iter().all(|address| {
-                let mut socket = config.clone();
-                socket.set("address", KeyValue::Text(address)).is_ok()
-                    && socket.prefixed_method().is_some()
-            });
+            // Each socket's own address says its method: parse_key_values_sockets refuses a
+            // socket whose address does not (parse_key_values refuses a second address).
+            has_method = true;
         } else if !has_method && let Some(method) = config.prefixed_method() {
             config.method = method;
             has_method = true;

@@ -57,16 +57,7 @@ impl DeviceConfig {
     /// [`DeviceError::Channel`] when the configuration is invalid or the name is taken.
     pub fn add_channel(&mut self, config: ChannelConfig) -> Result<()> {
         config.validate().map_err(ferromq_core::Error::from)?;
-        if self
-            .sockets
-            .iter()
-            .any(|socket| socket.config.name == config.name)
-        {
-            return Err(DeviceError::DuplicateChannel {
-                device: self.id.clone(),
-                name: config.name,
-            });
-        }
+        self.refuse_if_configured(&config.name)?;
         for name in config.socket_names() {
             self.sockets.push(SocketConfig {
                 name,
@@ -91,17 +82,30 @@ impl DeviceConfig {
             return self.add_channel(first.clone());
         }
         let name = first.name.clone();
+        self.refuse_if_configured(&name)?;
+        // Every socket checked before any is added: a refusal adds nothing.
+        for config in &sockets {
+            config.validate().map_err(ferromq_core::Error::from)?;
+        }
+        self.sockets
+            .extend(
+                sockets
+                    .into_iter()
+                    .enumerate()
+                    .map(|(socket_idx, config)| SocketConfig {
+                        name: format!("{name}[{socket_idx}]"),
+                        config,
+                    }),
+            );
+        Ok(())
+    }
+
+    /// [`DeviceError::DuplicateChannel`] when a channel `name` is configured already.
+    fn refuse_if_configured(&self, name: &str) -> Result<()> {
         if self.sockets.iter().any(|socket| socket.config.name == name) {
             return Err(DeviceError::DuplicateChannel {
                 device: self.id.clone(),
-                name,
-            });
-        }
-        for (socket_idx, config) in sockets.into_iter().enumerate() {
-            config.validate().map_err(ferromq_core::Error::from)?;
-            self.sockets.push(SocketConfig {
-                name: format!("{name}[{socket_idx}]"),
-                config,
+                name: name.to_owned(),
             });
         }
         Ok(())

@@ -193,15 +193,16 @@ impl<'a> Loader<'a> {
     /// and then started two processes of one id, the second of which could not bind its
     /// control endpoint.
     fn check_instance_ids(&mut self, parsed: &FileToml, devices: &[DeviceSpec]) {
-        let mut owners: BTreeMap<String, (usize, String)> = BTreeMap::new();
+        // Each process id with the device it belongs to.
+        let mut owners: BTreeMap<String, &DeviceSpec> = BTreeMap::new();
         for (device_idx, device) in devices.iter().enumerate() {
             for instance_id in crate::instance_ids(&device.id, device.replicas) {
-                let Some((_, owner)) = owners.get(&instance_id) else {
-                    owners.insert(instance_id, (device_idx, device.id.clone()));
+                let Some(owner) = owners.get(&instance_id) else {
+                    owners.insert(instance_id, device);
                     continue;
                 };
                 // Same device id twice is reported as a duplicate id already.
-                if *owner == device.id {
+                if owner.id == device.id {
                     continue;
                 }
                 let this = if device.replicas <= 1 {
@@ -209,14 +210,13 @@ impl<'a> Loader<'a> {
                 } else {
                     format!("its replica {instance_id:?}")
                 };
-                let owner_replicas = devices
-                    .iter()
-                    .find(|other| other.id == *owner)
-                    .map_or(1, |other| other.replicas);
-                let other = if owner_replicas <= 1 {
-                    format!("the id of device {owner:?}")
+                let other = if owner.replicas <= 1 {
+                    format!("the id of device {:?}", owner.id)
                 } else {
-                    format!("a replica of device {owner:?} (replicas = {owner_replicas})")
+                    format!(
+                        "a replica of device {:?} (replicas = {})",
+                        owner.id, owner.replicas
+                    )
                 };
                 let message =
                     format!("{this} is also {other}: every process needs an id of its own");
