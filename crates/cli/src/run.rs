@@ -38,7 +38,8 @@ pub fn run_builtin_device(
     extra_properties: &[(&str, String)],
 ) -> ExitCode {
     run_checked_device(kind.create(), options, extra_properties, |config| {
-        kind.check_properties(&config.id, &config.properties)
+        let transport_properties = crate::built_in_transports().property_keys();
+        kind.check_properties(&config.id, &config.properties, &transport_properties)
     })
 }
 

@@ -340,7 +340,7 @@ impl Drop for ShmSession {
 #[tokio::test]
 async fn bad_values_are_usage_errors_naming_the_option_and_the_value() {
     let ipc = Ipc::new("bad-values");
-    let cases: [(&[&str], &str); 13] = [
+    let cases: [(&[&str], &str); 16] = [
         (&["sampler", "--rate", "1e-300"], "--rate 1e-300"),
         // Taken, then refused at INIT naming the object but not the option.
         (
@@ -370,6 +370,20 @@ async fn bad_values_are_usage_errors_naming_the_option_and_the_value() {
         (
             &["bsampler", "--property", "same-msg=maybe"],
             "property \"same-msg\" has invalid value \"maybe\"",
+        ),
+        // Options and properties the kind does not read were taken and changed nothing; a
+        // sampler given two sources of bytes sent one of them (a bad-input sweep).
+        (
+            &["sink", "--msg-size", "100"],
+            "property \"msg-size\" (= \"100\") is not one a sink reads; it reads in-channel",
+        ),
+        (
+            &["sampler", "--property", "msg-sise=10"],
+            "property \"msg-sise\" (= \"10\") is not one a sampler reads; did you mean \"msg-size\"?",
+        ),
+        (
+            &["sampler", "--text", "hello", "--msg-size", "100"],
+            "property \"msg-size\" is given with \"text\": a sampler sends one of payload-file, text and msg-size",
         ),
     ];
     for (args, expected) in cases {

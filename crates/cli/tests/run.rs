@@ -337,6 +337,15 @@ kind = "replay"
 [[device.channel]]
 name = "data"
 type = "push"
+
+[[device]]
+id = "typo"
+kind = "sink"
+properties = { verfy = true, shm-segment-size = 1048576 }
+
+[[device.channel]]
+name = "data"
+type = "pull"
 "#;
     let file = TempFile::holding("bad-properties.toml", text);
     let name = file.path();
@@ -345,6 +354,10 @@ type = "push"
         format!("{name}:15:25: device \"sink\": property \"verify\" has invalid value \"maybe\""),
         format!("{name}:25:27: device \"paced\": property \"msg-rate\" has invalid value NaN"),
         format!("{name}:33:8: device \"replay\": property \"file\" is missing"),
+        // A key no sink reads changed nothing, silently (a bad-input sweep).
+        format!(
+            "{name}:42:24: device \"typo\": property \"verfy\" (= \"true\") is not one a sink reads; did you mean \"verify\"?"
+        ),
     ];
     for command in ["validate", "run"] {
         let output = tokio::time::timeout(

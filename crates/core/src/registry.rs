@@ -124,6 +124,9 @@ pub struct TransportTraits {
     /// It reaches only processes on its own host (shmem): a launcher refuses a channel over it
     /// between devices it places on different hosts.
     pub one_host: bool,
+    /// The device properties it reads (`shm-segment-size`, ...): with the device's own, the
+    /// keys a device of a built-in kind takes; any other is refused as a typo, naming it.
+    pub properties: &'static [&'static str],
 }
 
 impl TransportTraits {
@@ -133,7 +136,15 @@ impl TransportTraits {
         wants_receive_memory: false,
         binds_ipc: true,
         one_host: false,
+        properties: &[],
     };
+
+    /// Reading the device properties `keys` ([`TransportTraits::properties`]).
+    #[must_use]
+    pub const fn reading(mut self, keys: &'static [&'static str]) -> TransportTraits {
+        self.properties = keys;
+        self
+    }
 
     /// With [`TransportTraits::lends_shared_memory`] set.
     #[must_use]
@@ -238,6 +249,19 @@ impl TransportRegistry {
         self.entries.contains_key(name)
     }
 
+    /// The device properties the registered transports read, sorted
+    /// ([`TransportTraits::properties`]).
+    pub fn property_keys(&self) -> Vec<&'static str> {
+        let mut keys: Vec<&'static str> = self
+            .entries
+            .values()
+            .flat_map(|entry| entry.traits.properties.iter().copied())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
     /// The registered names, sorted.
     pub fn names(&self) -> Vec<&'static str> {
         self.entries.keys().copied().collect()
@@ -327,6 +351,24 @@ mod tests {
             registry.create_default("b", "s").expect("b").name(),
             "nothing"
         );
+    }
+
+    #[test]
+    fn the_property_keys_are_every_transports_once_sorted() {
+        let mut registry = TransportRegistry::new();
+        assert!(registry.property_keys().is_empty());
+        registry.register(
+            "a",
+            TransportTraits::PLAIN.reading(&["a-size", "b-x"]),
+            |_| Ok(Arc::new(Nothing)),
+        );
+        registry.register(
+            "b",
+            TransportTraits::PLAIN.reading(&["b-x", "a-flag"]),
+            |_| Ok(Arc::new(Nothing)),
+        );
+        registry.register("c", TransportTraits::PLAIN, |_| Ok(Arc::new(Nothing)));
+        assert_eq!(registry.property_keys(), ["a-flag", "a-size", "b-x"]);
     }
 
     #[test]

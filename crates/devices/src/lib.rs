@@ -21,7 +21,11 @@
 //! | `mcts-worker` | rpc group `search` | `game`, `board`, `playouts` |
 //! | `replay` | out `data` | `file` (a recording of `ferromq record`), `speed` (1: as recorded, 0: as fast as possible) |
 //!
-//! `in-channel` and `out-channel` rename the channels.
+//! `in-channel` and `out-channel` rename the channels. Every device also takes
+//! [`COMMON_PROPERTIES`] (`rate`, `replica-index`, `replica-count`), the `chan.<channel>.*` and
+//! `rpc.<group>.*` namespaces, and the transports' keys (`shm-segment-size`, ...); any other key
+//! is refused ([`Builtin::check_properties`]). A `sampler` takes one of `payload-file`, `text`
+//! and `msg-size`.
 //!
 //! # `--max-iterations`: FairMQ's count
 //! FairMQ's `fairmq-bsampler` and `fairmq-sink` count `--max-iterations N` as *N iterations after
@@ -196,6 +200,71 @@ impl Builtin {
         }
     }
 
+    /// The properties a device of this kind reads besides [`COMMON_PROPERTIES`] (the crate
+    /// docs' table, with the channel renames).
+    pub fn properties(self) -> &'static [&'static str] {
+        match self {
+            Builtin::Sampler => &[
+                "out-channel",
+                "msg-size",
+                "text",
+                "payload-file",
+                "num-parts",
+                "checksum",
+                "memset",
+            ],
+            Builtin::BenchmarkSampler => &[
+                "out-channel",
+                "msg-size",
+                "msg-rate",
+                "same-msg",
+                "num-parts",
+                "multipart",
+                "memset",
+            ],
+            Builtin::Sink => &[
+                "in-channel",
+                "verify",
+                "num-parts",
+                "multipart",
+                "out-filename",
+                "max-file-size",
+            ],
+            Builtin::Processor => &["in-channel", "out-channel", "touch"],
+            Builtin::Splitter => &["in-channel", "out-channel", "routing"],
+            Builtin::Merger | Builtin::Proxy | Builtin::Multiplier => {
+                &["in-channel", "out-channel"]
+            }
+            Builtin::Client => &["out-channel", "msg-size"],
+            Builtin::Server => &["in-channel"],
+            Builtin::StfSource => &["stf-size"],
+            Builtin::Builder => &["max-outstanding"],
+            Builtin::MctsDriver => &[
+                "rpc-group",
+                "game",
+                "board",
+                "rollouts",
+                "moves",
+                "in-flight",
+                "seconds",
+            ],
+            Builtin::MctsWorker => &["rpc-group", "game", "board", "playouts", "spread-depth"],
+            Builtin::Replay => &["out-channel", "file", "speed"],
+        }
+    }
+
+    /// Whether a device of this kind takes property `key`: one of its own, one every device
+    /// takes, one of the channel or rpc namespaces, or one of `transport_properties` (what the
+    /// binary's transports read).
+    fn takes(self, key: &str, transport_properties: &[&str]) -> bool {
+        self.properties().contains(&key)
+            || COMMON_PROPERTIES.contains(&key)
+            || PROPERTY_NAMESPACES
+                .iter()
+                .any(|namespace| key.starts_with(namespace))
+            || transport_properties.contains(&key)
+    }
+
     /// Checks the properties a device of this kind called `id` would be given, as the device
     /// reads them when it starts (at INIT; the mcts devices as RUNNING starts), before anything
     /// runs (`ferromq validate`, `run` and `graph` on a topology, `ferromq device` before it
@@ -203,31 +272,101 @@ impl Builtin {
     /// needs the device's surroundings (its channels, a `payload-file` or recording to read, an
     /// `out-filename` to create, its rpc group) is left to INIT.
     ///
+    /// A key that no device of this kind reads (none of [`Builtin::properties`],
+    /// [`COMMON_PROPERTIES`], the [`PROPERTY_NAMESPACES`] and `transport_properties`) is
+    /// refused first, naming the nearest key it does take: a mistyped `msg-sise`, or `verify`
+    /// given to a sampler, would otherwise change nothing, silently (FairMQ's devices refuse an
+    /// option they do not have). `transport_properties` are the keys the binary's transports
+    /// read ([`ferromq_core::TransportRegistry::property_keys`]).
+    ///
     /// # Errors
     /// [`DeviceError::Property`] naming the device, the property and its value.
     pub fn check_properties(
         self,
         id: &str,
         properties: &BTreeMap<String, String>,
+        transport_properties: &[&str],
     ) -> Result<(), DeviceError> {
-        let table = PropertyTable { id, properties };
+        if let Some((key, value)) = properties
+            .iter()
+            .find(|(key, _)| !self.takes(key, transport_properties))
+        {
+            return Err(DeviceError::Property {
+                device: id.to_owned(),
+                key: key.clone(),
+                problem: self.not_taken(key, value, transport_properties),
+            });
+        }
+        self.configure(&PropertyTable { id, properties })
+    }
+
+    /// What is wrong with property `key` (= `value`), which this kind does not take.
+    fn not_taken(self, key: &str, value: &str, transport_properties: &[&str]) -> String {
+        let name = Builtin::ALL
+            .iter()
+            .find(|(_, kind)| *kind == self)
+            .map_or("device", |(name, _)| *name);
+        let own = self.properties();
+        let nearest = own
+            .iter()
+            .chain(&COMMON_PROPERTIES)
+            .chain(transport_properties)
+            .map(|known| (strsim::levenshtein(key, known), *known))
+            .filter(|(distance, _)| *distance <= 2)
+            .min();
+        let hint = nearest.map_or_else(String::new, |(_, known)| {
+            format!("did you mean {known:?}? ")
+        });
+        let own = if own.is_empty() {
+            "none of its own".to_owned()
+        } else {
+            own.join(", ")
+        };
+        format!(
+            "(= {value:?}) is not one a {name} reads; {hint}it reads {own}, and any device's {}, \
+             chan.<channel>.*, rpc.<group>.* and the transports' {}",
+            COMMON_PROPERTIES.join(", "),
+            if transport_properties.is_empty() {
+                "(none)".to_owned()
+            } else {
+                transport_properties.join(", ")
+            }
+        )
+    }
+
+    /// Reads `props` as a device of this kind does at INIT (each device's `configure`).
+    fn configure(self, table: &impl Properties) -> Result<(), DeviceError> {
         match self {
-            Builtin::Sampler => Sampler::default().configure(&table),
-            Builtin::BenchmarkSampler => BenchmarkSampler::default().configure(&table),
-            Builtin::Sink => Sink::default().configure(&table),
-            Builtin::Processor => Processor::default().configure(&table),
-            Builtin::Splitter => Splitter::default().configure(&table),
-            Builtin::Client => Client::default().configure(&table),
-            Builtin::StfSource => StfSource::default().configure(&table),
-            Builtin::Builder => EventBuilder::default().configure(&table),
-            Builtin::MctsDriver => mcts::driver_settings(&table).map(drop),
-            Builtin::MctsWorker => mcts::worker_settings(&table).map(drop),
-            Builtin::Replay => Replay::default().configure(&table),
+            Builtin::Sampler => Sampler::default().configure(table),
+            Builtin::BenchmarkSampler => BenchmarkSampler::default().configure(table),
+            Builtin::Sink => Sink::default().configure(table),
+            Builtin::Processor => Processor::default().configure(table),
+            Builtin::Splitter => Splitter::default().configure(table),
+            Builtin::Client => Client::default().configure(table),
+            Builtin::StfSource => StfSource::default().configure(table),
+            Builtin::Builder => EventBuilder::default().configure(table),
+            Builtin::MctsDriver => mcts::driver_settings(table).map(drop),
+            Builtin::MctsWorker => mcts::worker_settings(table).map(drop),
+            Builtin::Replay => Replay::default().configure(table),
             // Channel names only: any text is a name.
             Builtin::Merger | Builtin::Proxy | Builtin::Multiplier | Builtin::Server => Ok(()),
         }
     }
 }
+
+/// Properties every device takes, whatever its kind: FairMQ's generic `rate` (`ferromq device`
+/// always sets it; the samplers pace by it) and the launcher's replica index and count
+/// ([`ferromq_topology::LAUNCHER_PROPERTIES`]).
+pub const COMMON_PROPERTIES: [&str; 3] = [
+    "rate",
+    ferromq_topology::LAUNCHER_PROPERTIES[0],
+    ferromq_topology::LAUNCHER_PROPERTIES[1],
+];
+
+/// The namespaces of properties set per channel and per rpc group, which every device takes:
+/// `chan.<channel>.address` (where the device runner binds a channel) and
+/// `rpc.<group>.<setting>` (an rpc group's members and settings, from the launcher).
+pub const PROPERTY_NAMESPACES: [&str; 2] = ["chan.", "rpc."];
 
 /// [`ferromq_topology::Known::check_properties`] for the built-in devices: what each would
 /// refuse when it starts ([`Builtin::check_properties`]), checked while a topology loads, before
@@ -241,12 +380,13 @@ pub fn check_topology_properties(
     kind: &str,
     id: &str,
     properties: &BTreeMap<String, String>,
+    transport_properties: &[&str],
 ) -> Result<(), ferromq_topology::PropertyProblem> {
     let Some(builtin) = Builtin::from_name(kind) else {
         return Ok(());
     };
     builtin
-        .check_properties(id, properties)
+        .check_properties(id, properties, transport_properties)
         .map_err(|error| ferromq_topology::PropertyProblem {
             key: match &error {
                 DeviceError::Property { key, .. } => Some(key.clone()),
@@ -547,7 +687,7 @@ mod tests {
                 ("file".to_owned(), "rec.fmqr".to_owned()),
                 ("speed".to_owned(), speed.to_owned()),
             ]);
-            check_topology_properties("replay", "replay1", &properties)
+            check_topology_properties("replay", "replay1", &properties, &[])
         };
         for good in ["0", "1", "2.5", "0.001", "1e9"] {
             assert!(with_speed(good).is_ok(), "speed {good}");
@@ -575,6 +715,101 @@ mod tests {
         let error = try_zeroed("msg-size", usize::MAX).unwrap_err().to_string();
         assert!(error.contains(&usize::MAX.to_string()), "{error}");
         assert_eq!(try_zeroed("msg-size", 3).unwrap(), vec![0; 3]);
+    }
+
+    /// Records the keys a device's reading asks for.
+    struct Recording {
+        asked: std::cell::RefCell<std::collections::BTreeSet<String>>,
+    }
+
+    impl Properties for Recording {
+        fn device_id(&self) -> &str {
+            "recording"
+        }
+
+        fn text(&self, key: &str) -> Option<String> {
+            self.asked.borrow_mut().insert(key.to_owned());
+            None
+        }
+    }
+
+    /// Every key a kind's reading asks for is one it says it takes: a key missing from
+    /// [`Builtin::properties`] would be refused although the device reads it.
+    #[test]
+    fn each_kind_reads_only_the_properties_it_lists() {
+        for (name, kind) in Builtin::ALL {
+            let recording = Recording {
+                asked: std::cell::RefCell::default(),
+            };
+            // Some readings stop at a missing required key (`replay`'s file): still a subset.
+            let _ = kind.configure(&recording);
+            for key in recording.asked.into_inner() {
+                assert!(
+                    kind.takes(&key, &[]),
+                    "{name} reads {key:?} but does not list it"
+                );
+            }
+            let renamed = |key: &str| {
+                assert!(kind.takes(key, &[]), "{name}'s channels read {key:?}");
+                None
+            };
+            kind.channel_endpoints(renamed);
+        }
+    }
+
+    /// Found by a bad-input sweep: `ferromq device sink --msg-size 100`, a topology's sampler
+    /// with `msg-sise = 100` or `verify = true`, were taken and changed nothing.
+    #[test]
+    fn a_property_the_kind_does_not_read_is_refused_naming_the_nearest() {
+        let check = |kind: &str, key: &str| {
+            let properties = BTreeMap::from([(key.to_owned(), "100".to_owned())]);
+            check_topology_properties(kind, "d", &properties, &["shm-segment-size"])
+        };
+        let problem = check("sampler", "msg-sise").unwrap_err();
+        assert_eq!(problem.key.as_deref(), Some("msg-sise"));
+        assert!(
+            problem.message.starts_with(
+                "device \"d\": property \"msg-sise\" (= \"100\") is not one a sampler reads; \
+                 did you mean \"msg-size\"? it reads out-channel, msg-size,"
+            ),
+            "{}",
+            problem.message
+        );
+        assert!(
+            problem
+                .message
+                .ends_with("the transports' shm-segment-size"),
+            "{}",
+            problem.message
+        );
+        let problem = check("sink", "msg-size").unwrap_err();
+        assert!(
+            problem
+                .message
+                .contains("is not one a sink reads; it reads in-channel"),
+            "{}",
+            problem.message
+        );
+        let problem = check("merger", "shm-segment-sise").unwrap_err();
+        assert!(
+            problem
+                .message
+                .contains("did you mean \"shm-segment-size\""),
+            "{}",
+            problem.message
+        );
+        // What every device takes, the namespaces, the transports' keys; a kind not built in
+        // is not checked.
+        for key in [
+            "rate",
+            "replica-index",
+            "chan.data.address",
+            "rpc.search.aggregate",
+            "shm-segment-size",
+        ] {
+            assert!(check("sink", key).is_ok(), "{key}");
+        }
+        assert!(check("exec", "anything").is_ok());
     }
 
     #[test]

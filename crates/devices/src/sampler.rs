@@ -46,6 +46,17 @@ impl Sampler {
                 ),
             ));
         }
+        // One source of bytes: the others would be ignored, silently.
+        let sources: Vec<&str> = ["payload-file", "text", "msg-size"]
+            .into_iter()
+            .filter(|key| props.text(key).is_some())
+            .collect();
+        if let [first, second, ..] = sources[..] {
+            return Err(props.invalid(
+                second,
+                format!("is given with {first:?}: a sampler sends one of payload-file, text and msg-size"),
+            ));
+        }
         self.payload_file = props.text("payload-file");
         self.generated_size = None;
         self.template = Vec::new();

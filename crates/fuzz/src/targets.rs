@@ -877,6 +877,15 @@ fn check_channel_config(input: &[u8]) -> Result<bool, String> {
 /// The transports of the `ferromq` binary with every feature.
 const TRANSPORTS: [&str; 3] = ["zeromq", "shmem", "ofi"];
 
+/// The device properties those transports read (ofi's only with the `ofi` feature: without it
+/// an `ofi-*` key is refused as one no device reads, which only makes a load refuse more).
+fn transport_properties() -> Vec<&'static str> {
+    let keys = ferromq_shm::ShmOptions::PROPERTIES.iter();
+    #[cfg(feature = "ofi")]
+    let keys = keys.chain(&ferromq_ofi::OfiOptions::PROPERTIES);
+    keys.copied().collect()
+}
+
 fn workspace_dir(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
@@ -918,9 +927,11 @@ fn topology_seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
 fn check_topology(input: &[u8]) -> Result<bool, String> {
     let text = String::from_utf8_lossy(input);
     let kinds = Builtin::names();
+    let transport_properties = transport_properties();
     let known = Known {
         kinds: &kinds,
         transports: &TRANSPORTS,
+        transport_properties: &transport_properties,
         // As `ferromq run` loads: the built-in devices' property reading is fed the file too.
         check_properties: Some(ferromq_devices::check_topology_properties),
     };

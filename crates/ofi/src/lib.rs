@@ -167,9 +167,16 @@ impl Default for OfiOptions {
 }
 
 impl OfiOptions {
+    /// The device properties [`OfiOptions::from_device`] reads.
+    pub const PROPERTIES: [&'static str; 4] = [
+        "ofi-max-chunk-size",
+        "ofi-receive-window",
+        "ofi-peer-timeout-ms",
+        "ofi-max-message-size",
+    ];
+
     /// The options for a device: its receive memory, and the defaults overridden by the
-    /// properties `ofi-max-chunk-size`, `ofi-receive-window`, `ofi-peer-timeout-ms` and
-    /// `ofi-max-message-size`.
+    /// properties [`OfiOptions::PROPERTIES`] names.
     ///
     /// # Errors
     /// [`ferromq_core::Error::Config`] naming a property whose value is not a number of the
@@ -219,7 +226,8 @@ pub fn register(registry: &mut ferromq_core::TransportRegistry) {
         OfiTransport::NAME,
         ferromq_core::TransportTraits::PLAIN
             .wanting_receive_memory()
-            .without_ipc(),
+            .without_ipc()
+            .reading(&OfiOptions::PROPERTIES),
         |options| {
             let transport: Arc<dyn ferromq_core::Transport> =
                 Arc::new(OfiTransport::new(OfiOptions::from_device(options)?));
@@ -284,5 +292,25 @@ impl Transport for OfiTransport {
             Arc::clone(&self.options),
             Arc::clone(&self.stats),
         )?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OfiOptions;
+
+    /// Each key the transport says it reads (the keys a built-in device takes for it) is read:
+    /// a malformed value under it is refused, naming it.
+    #[test]
+    fn every_listed_property_is_read() {
+        for key in OfiOptions::PROPERTIES {
+            let mut device = ferromq_core::TransportOptions::for_session("s");
+            device.properties.insert(key.to_owned(), "abc".to_owned());
+            let error = OfiOptions::from_device(&device).expect_err(key);
+            assert!(
+                error.to_string().contains(&format!("{key:?}")),
+                "{key}: {error}"
+            );
+        }
     }
 }

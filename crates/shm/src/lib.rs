@@ -75,14 +75,15 @@ pub use region::{RegionBlock, RegionCallback, UnmanagedRegion};
 pub use session::ShmOptions;
 
 /// Adds the shmem transport to `registry` under [`ShmTransport::NAME`], configured per device
-/// from its session and the properties `shm-segment-size`, `shm-allocation-timeout-ms`,
-/// `shm-allocation-retry-ms` and `shm-inline-max` (FairMQ's `--shm-segment-size` and friends).
+/// from its session and the properties [`ShmOptions::PROPERTIES`] names (FairMQ's
+/// `--shm-segment-size` and friends).
 pub fn register(registry: &mut ferromq_core::TransportRegistry) {
     registry.register(
         ShmTransport::NAME,
         ferromq_core::TransportTraits::PLAIN
             .lending_shared_memory()
-            .on_one_host(),
+            .on_one_host()
+            .reading(&ShmOptions::PROPERTIES),
         |options| {
             let transport: Arc<dyn ferromq_core::Transport> =
                 Arc::new(ShmTransport::new(ShmOptions::from_device(options)?));

@@ -71,9 +71,21 @@ impl Default for ShmOptions {
 const _: () = assert!(crate::segment::MIN_SEGMENT_SIZE == 8192);
 
 impl ShmOptions {
+    /// The device properties [`ShmOptions::from_device`] reads (FairMQ's `--shm-*` options as
+    /// `ferromq device` passes them on, and `shm-inline-max`).
+    pub const PROPERTIES: [&'static str; 8] = [
+        "shm-segment-size",
+        "shm-allocation-timeout-ms",
+        "shm-allocation-retry-ms",
+        "shm-inline-max",
+        "shm-mlock-segment",
+        "shm-mlock-segment-on-creation",
+        "shm-zero-segment",
+        "shm-zero-segment-on-creation",
+    ];
+
     /// The options for a device: its session, and the defaults overridden by the properties
-    /// `shm-segment-size`, `shm-allocation-timeout-ms`, `shm-allocation-retry-ms` and
-    /// `shm-inline-max`.
+    /// [`ShmOptions::PROPERTIES`] names.
     ///
     /// # Errors
     /// [`ferromq_core::Error::Config`] naming a property whose value is not a number of the
@@ -945,6 +957,19 @@ mod tests {
                 .insert((*key).to_owned(), (*value).to_owned());
         }
         ShmOptions::from_device(&device)
+    }
+
+    /// Each key the transport says it reads (the keys a built-in device takes for it) is read:
+    /// a malformed value under it is refused, naming it.
+    #[test]
+    fn every_listed_property_is_read() {
+        for key in ShmOptions::PROPERTIES {
+            let error = from(&[(key, "abc")]).expect_err(key);
+            assert!(
+                error.to_string().contains(&format!("{key:?}")),
+                "{key}: {error}"
+            );
+        }
     }
 
     #[test]

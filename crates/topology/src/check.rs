@@ -873,7 +873,12 @@ impl<'a> Loader<'a> {
         if !self.known.kinds.contains(&kind.as_str()) {
             return;
         }
-        if let Err(problem) = check(kind, device.id.get_ref(), properties) {
+        if let Err(problem) = check(
+            kind,
+            device.id.get_ref(),
+            properties,
+            self.known.transport_properties,
+        ) {
             let span = problem
                 .key
                 .as_ref()

@@ -25,6 +25,7 @@
 //! let known = ferromq_topology::Known {
 //!     kinds: &["sampler", "sink"],
 //!     transports: &["zeromq"],
+//!     transport_properties: &[],
 //!     check_properties: None,
 //! };
 //! let topology = ferromq_topology::load("demo.toml", text, &known).unwrap();
@@ -52,6 +53,9 @@ pub struct Known<'a> {
     pub kinds: &'a [&'a str],
     /// Transports.
     pub transports: &'a [&'a str],
+    /// The device properties those transports read (`shm-segment-size`, ...), handed to
+    /// [`Known::check_properties`]: a built-in device takes them besides its own.
+    pub transport_properties: &'a [&'a str],
     /// Checks a built-in device's `properties` as the device itself will read them, so that a
     /// value it would refuse when it starts is reported with the file's line before anything
     /// runs;
@@ -59,9 +63,14 @@ pub struct Known<'a> {
     pub check_properties: Option<CheckProperties>,
 }
 
-/// A built-in kind's property check: the kind, the device's id and its properties as text.
-pub type CheckProperties =
-    fn(kind: &str, id: &str, properties: &BTreeMap<String, String>) -> Result<(), PropertyProblem>;
+/// A built-in kind's property check: the kind, the device's id, its properties as text, and the
+/// keys the transports read ([`Known::transport_properties`]).
+pub type CheckProperties = fn(
+    kind: &str,
+    id: &str,
+    properties: &BTreeMap<String, String>,
+    transport_properties: &[&str],
+) -> Result<(), PropertyProblem>;
 
 /// What [`CheckProperties`] found wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,6 +24,7 @@ const KNOWN: Known<'static> = Known {
         "mcts-worker",
     ],
     transports: &["zeromq", "shmem", "ofi"],
+    transport_properties: &[],
     check_properties: None,
 };
 
@@ -93,6 +94,7 @@ fn a_built_in_kinds_property_check_is_reported_at_the_value_or_the_kind() {
         kind: &str,
         id: &str,
         properties: &BTreeMap<String, String>,
+        _transport_properties: &[&str],
     ) -> Result<(), PropertyProblem> {
         assert!(
             KNOWN.kinds.contains(&kind),

@@ -83,10 +83,13 @@ pub struct RunOptions {
 pub fn load_topology(file: &Path) -> Result<Topology> {
     let text = crate::config_file::read_config(file, "topology")?;
     let kinds = Builtin::names();
-    let transports = crate::built_in_transports().names();
+    let registry = crate::built_in_transports();
+    let transports = registry.names();
+    let transport_properties = registry.property_keys();
     let known = Known {
         kinds: &kinds,
         transports: &transports,
+        transport_properties: &transport_properties,
         check_properties: Some(ferromq_devices::check_topology_properties),
     };
     ferromq_topology::load(&file.display().to_string(), &text, &known)
