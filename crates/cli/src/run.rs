@@ -241,9 +241,12 @@ async fn handle_signals(controller: DeviceController) {
     let name = signals.next().await;
     tracing::info!("{name} received, going down (again to exit at once)");
     let state = controller.state();
+    // INITIALIZING DEVICE too: making a zeroed or locked shared-memory segment there takes
+    // seconds (23 s for 8 GiB here), and the signal waited for all of it.
     if matches!(
         state,
         State::Running
+            | State::InitializingDevice
             | State::Binding
             | State::Connecting
             | State::InitializingTask

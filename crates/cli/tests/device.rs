@@ -1087,3 +1087,52 @@ async fn a_channel_of_the_wrong_direction_fails_the_device_at_init() {
         );
     }
 }
+
+/// SIGTERM while a device zeroes its segment (FairMQ's `--shm-zero-segment`): the signal was
+/// not acted on in INITIALIZING DEVICE, and the zeroing ran on to the last page (23 s for
+/// 8 GiB on this project's machine) before the device went down through INITIALIZED. Now it
+/// is interrupted there, the zeroing stops within a chunk, and the segment is removed.
+#[tokio::test]
+async fn a_signal_while_the_segment_is_zeroed_interrupts_the_zeroing() {
+    let session = ShmSession::new("zeroing");
+    let prefix = ferromq_shm::names::ObjectName::session_prefix(
+        ferromq_shm::names::current_uid(),
+        &session.0,
+    );
+    let objects = || -> Vec<String> {
+        std::fs::read_dir("/dev/shm")
+            .unwrap()
+            .flatten()
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with(&prefix) && name.contains("_seg_"))
+            .collect()
+    };
+    let ipc = Ipc::new("zeroing");
+    // 4 GiB: long enough to zero on any machine that the signal comes first (pages are
+    // touched only until it does).
+    let sink = Device::new("sink", "sink1")
+        .args(&["--transport", "shmem", "--session", &session.0])
+        .args(&["--shm-segment-size", "4294967296", "--shm-zero-segment"])
+        .channel("pull", "bind", &ipc.address())
+        .spawn();
+    let deadline = tokio::time::Instant::now() + STEP;
+    while objects().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no segment of {prefix}"
+        );
+        tokio::task::yield_now().await;
+    }
+    signal(&sink, "TERM");
+    let finished = finish(sink).await;
+    let interrupted = "interrupted in INITIALIZING DEVICE: SIGTERM received";
+    assert!(finished.stderr.contains(interrupted), "{}", finished.stderr);
+    assert!(
+        !finished.stderr.contains("---> INITIALIZED"),
+        "{}",
+        finished.stderr
+    );
+    finished.assert_exited(1);
+    // Removed by the device itself, not left for the watchdog.
+    assert_eq!(objects(), Vec::<String>::new());
+}

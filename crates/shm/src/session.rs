@@ -284,9 +284,14 @@ impl Session {
                 // removes once its creator is gone (`cleanup::unreadable`); started after,
                 // there was none to do it.
                 crate::cleanup::ensure_watchdog(self.uid, &session);
+                // Set when this future is dropped (a device taken down while it makes its
+                // segment): the blocking work stops within a chunk instead of holding the
+                // runtime's shutdown until the last page is zeroed or locked.
+                let given_up = Arc::new(AtomicBool::new(false));
+                let _give_up = GiveUpOnDrop(Arc::clone(&given_up));
                 let owned = tokio::task::spawn_blocking(move || {
-                    let segment = Segment::create_zeroed(name, size, zero)?;
-                    if lock && let Err(refused) = segment.lock_in_memory() {
+                    let segment = Segment::create_zeroed(name, size, zero, &given_up)?;
+                    if lock && let Err(refused) = segment.lock_in_memory_unless(&given_up) {
                         // Nobody knows the object yet: it goes now rather than stay in
                         // /dev/shm until the watchdog sees this process gone.
                         let _ = Segment::remove(segment.name());
@@ -942,6 +947,15 @@ impl RoomWait<'_> {
         }
         self.session.settle_full();
         Ok(true)
+    }
+}
+
+/// Sets its flag when dropped: tells blocking work that nobody waits for it any more.
+struct GiveUpOnDrop(Arc<AtomicBool>);
+
+impl Drop for GiveUpOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
