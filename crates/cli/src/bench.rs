@@ -472,12 +472,18 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
     };
     let mut receiver = common("receiver").spawn()?;
     let mut receiver_lines = BufReader::new(receiver.stdout.take().expect("piped")).lines();
-    let ready = tokio::time::timeout(Duration::from_secs(30), receiver_lines.next_line())
-        .await
-        .context("receiver never got ready")??;
+    let ready = role_line(
+        "receiver",
+        &mut receiver,
+        &mut receiver_lines,
+        Duration::from_secs(30),
+    )
+    .await
+    .context("the receiver never got ready")?;
     let address = ready
-        .and_then(|line| line.strip_prefix("READY ").map(str::to_owned))
-        .context("receiver said no address")?;
+        .strip_prefix("READY ")
+        .map(str::to_owned)
+        .with_context(|| format!("the receiver said {ready:?}, not its address"))?;
     // A push/pull round trip's receiver names both of its addresses: out, then back.
     let mut sender = common("sender")
         .arg("--address")
@@ -489,14 +495,8 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
         options.duration
     );
     let limit = Duration::from_secs_f64(options.duration * 3.0 + 60.0);
-    let sender_report = tokio::time::timeout(limit, sender_lines.next_line())
-        .await
-        .context("sender timed out")??
-        .context("sender said nothing")?;
-    let receiver_report = tokio::time::timeout(limit, receiver_lines.next_line())
-        .await
-        .context("receiver timed out")??
-        .context("receiver said nothing")?;
+    let sender_report = role_line("sender", &mut sender, &mut sender_lines, limit).await?;
+    let receiver_report = role_line("receiver", &mut receiver, &mut receiver_lines, limit).await?;
     let (sender_status, receiver_status) = (sender.wait().await?, receiver.wait().await?);
     // Before the next pair starts; a pair that fails early is cleaned up by `run_to_the_end`.
     clean_up_after(&session()).await;
@@ -523,6 +523,32 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
         msg_rate: options.msg_rate,
         memcpy_msgs_per_s,
     })
+}
+
+/// The next line a bench role process writes (`role` names it in errors), within `limit`. A
+/// role that ends without one failed (its error went to standard error, which it shares with
+/// this process): the error says how it exited, not only that it "said nothing".
+pub(crate) async fn role_line(
+    role: &str,
+    child: &mut tokio::process::Child,
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    limit: Duration,
+) -> Result<String> {
+    let line = tokio::time::timeout(limit, lines.next_line())
+        .await
+        .with_context(|| format!("the {role} wrote nothing for {limit:?}"))?
+        .with_context(|| format!("reading the {role}'s output"))?;
+    if let Some(line) = line {
+        return Ok(line);
+    }
+    // Its output closed: it is ending, or has ended.
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+    match status {
+        Ok(Ok(status)) => {
+            bail!("the {role} ended ({status}) without its report; its error is above")
+        }
+        _ => bail!("the {role} closed its output without its report"),
+    }
 }
 
 /// How many times a second one core copies `size` bytes with `memcpy` (`copy_from_slice`),

@@ -533,13 +533,17 @@ async fn start_group(
             .kill_on_drop(true)
             .spawn()?;
         let mut lines = BufReader::new(role.stdout.take().context("stdout")?).lines();
-        let bound = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .context("a destination never bound")??
-            .context("a destination said nothing")?;
+        let bound = crate::bench::role_line(
+            &format!("destination {me}"),
+            &mut role,
+            &mut lines,
+            Duration::from_secs(30),
+        )
+        .await
+        .context("a destination never bound")?;
         let address = bound
             .strip_prefix("bound ")
-            .context("a destination said no address")?;
+            .with_context(|| format!("destination {me} said {bound:?}, not its address"))?;
         addresses.push(Address::parse(address)?);
         roles.push(role);
     }

@@ -534,3 +534,20 @@ fn bench_rpc_names_what_it_cannot_measure_before_it_starts_a_process() {
         refused_before_any_member_starts(&args, culprit);
     }
 }
+
+/// A role process that fails (here the sender, whose messages are larger than its segment)
+/// was reported as "sender said nothing": the error now says which role ended, and how.
+#[test]
+fn a_failing_role_is_named_with_its_exit_status() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args(["bench", "--transport", "shmem", "--duration", "0.2"])
+        .args(["--msg-size", "1048576", "--shm-segment-size", "65536"])
+        .output()
+        .expect("run ferromq bench");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the sender ended (exit status: 1) without its report; its error is above"),
+        "{stderr}"
+    );
+}
