@@ -17,8 +17,8 @@
 //! | `server` | rep `data` | |
 //! | `stf-source` | in `requests`, out `data-out[i]` (one per builder) | `stf-size` |
 //! | `builder` | in `data-in`, out `requests[i]` (one per source) | `max-outstanding` |
-//! | `mcts-driver` | rpc group `search` (first member) | `game`, `board`, `rollouts`, `moves`, `in-flight` |
-//! | `mcts-worker` | rpc group `search` | `game`, `board`, `playouts` |
+//! | `mcts-driver` | rpc group `search` (first member; `rpc-group` renames it) | `game`, `board`, `rollouts`, `moves`, `in-flight`, `seconds` |
+//! | `mcts-worker` | rpc group `search` (`rpc-group`) | `game`, `board`, `playouts`, `spread-depth` |
 //! | `replay` | out `data` | `file` (a recording of `ferromq record`), `speed` (1: as recorded, 0: as fast as possible) |
 //!
 //! `in-channel` and `out-channel` rename the channels. Every device also takes
