@@ -14,7 +14,8 @@
 //!
 //! `--log-to-file FILE` sends the lines to FILE (appending, no colours, from `--file-severity`)
 //! instead of the console, as FairMQ does; a device's results (the sink's summary) still go to
-//! standard output.
+//! standard output. A destination that refuses a line (a full disk, `/dev/full`) is named once
+//! on standard error, and the lines go there from then on; the device runs on.
 
 use std::fmt;
 use std::io::IsTerminal;
@@ -201,37 +202,79 @@ where
 /// Where log lines go: standard output, or the file of `--log-to-file`.
 enum LineSink {
     Stdout,
-    File(Arc<Mutex<std::fs::File>>),
+    File(Arc<LogFile>),
+}
+
+/// The file of `--log-to-file`.
+struct LogFile {
+    file: Mutex<std::fs::File>,
+    path: std::path::PathBuf,
 }
 
 enum LineWriter {
     Stdout(std::io::Stdout),
-    File(Arc<Mutex<std::fs::File>>),
+    File(Arc<LogFile>),
+}
+
+/// A log destination failed to take a line (a full disk, `/dev/full`, a closed descriptor):
+/// from then on the lines go to standard error. Without this, `tracing-subscriber` printed an
+/// error of its own for every line and the device went on as if logged.
+static LOG_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Writes `bytes` to standard error instead of `destination`, which refused them with
+/// `error`; says so (once per process) first.
+fn log_to_stderr_instead(
+    destination: &dyn fmt::Display,
+    error: &std::io::Error,
+    bytes: &[u8],
+) -> std::io::Result<usize> {
+    use std::io::Write as _;
+    let mut stderr = std::io::stderr().lock();
+    if !LOG_FAILED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        let _ = writeln!(
+            stderr,
+            "ferromq: cannot write the log to {destination}: {error}; log lines go to standard error from now on"
+        );
+    }
+    let _ = stderr.write_all(bytes);
+    Ok(bytes.len())
 }
 
 impl std::io::Write for LineWriter {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if LOG_FAILED.load(std::sync::atomic::Ordering::Relaxed) {
+            let _ = std::io::stderr().write_all(bytes);
+            return Ok(bytes.len());
+        }
         match self {
             LineWriter::Stdout(stdout) => match stdout.write(bytes) {
                 // A reader that went away (`| head`) is not the device's problem.
                 Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(bytes.len()),
-                other => other,
+                Err(error) => log_to_stderr_instead(&"standard output", &error, bytes),
+                written => written,
             },
-            LineWriter::File(file) => file
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .write(bytes),
+            LineWriter::File(log) => {
+                let written = log
+                    .file
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .write(bytes);
+                written.or_else(|error| log_to_stderr_instead(&log.path.display(), &error, bytes))
+            }
         }
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        match self {
+        let flushed = match self {
             LineWriter::Stdout(stdout) => stdout.flush(),
-            LineWriter::File(file) => file
+            LineWriter::File(log) => log
+                .file
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .flush(),
-        }
+        };
+        // A failed flush is reported by the write that follows it, if any.
+        flushed.or(Ok(()))
     }
 }
 
@@ -241,13 +284,13 @@ impl<'a> MakeWriter<'a> for LineSink {
     fn make_writer(&'a self) -> Self::Writer {
         match self {
             LineSink::Stdout => LineWriter::Stdout(std::io::stdout()),
-            LineSink::File(file) => LineWriter::File(Arc::clone(file)),
+            LineSink::File(log) => LineWriter::File(Arc::clone(log)),
         }
     }
 }
 
 /// The file chosen by [`log_to_file`], with its severity.
-static LOG_FILE: OnceLock<(Arc<Mutex<std::fs::File>>, Severity)> = OnceLock::new();
+static LOG_FILE: OnceLock<(Arc<LogFile>, Severity)> = OnceLock::new();
 
 /// Makes the next [`init`] write log lines to `path` (appended) from `severity` up, instead of
 /// the console: FairMQ's `--log-to-file` and `--file-severity`.
@@ -259,7 +302,11 @@ pub fn log_to_file(path: &Path, severity: Severity) -> std::io::Result<()> {
         .create(true)
         .append(true)
         .open(path)?;
-    let _ = LOG_FILE.set((Arc::new(Mutex::new(file)), severity));
+    let log = LogFile {
+        file: Mutex::new(file),
+        path: path.to_owned(),
+    };
+    let _ = LOG_FILE.set((Arc::new(log), severity));
     Ok(())
 }
 

@@ -1136,3 +1136,28 @@ async fn a_signal_while_the_segment_is_zeroed_interrupts_the_zeroing() {
     // Removed by the device itself, not left for the watchdog.
     assert_eq!(objects(), Vec::<String>::new());
 }
+
+/// A log file that takes no line (`/dev/full`, a full disk): every line used to add an error of
+/// the logging library's own to standard error, and the lines were lost. Now the device says so
+/// once and logs to standard error.
+#[tokio::test]
+async fn a_log_file_that_takes_no_line_is_named_once_and_the_lines_go_to_stderr() {
+    let ipc = Ipc::new("log-full");
+    // A sink on a push channel fails at INITIALIZING TASK: a short run with a few lines.
+    let finished = Device::new("sink", "sink1")
+        .args(&["--log-to-file", "/dev/full"])
+        .channel("push", "bind", &ipc.address())
+        .finish()
+        .await;
+    finished.assert_exited(1);
+    let stderr = &finished.stderr;
+    assert_eq!(
+        stderr
+            .matches("ferromq: cannot write the log to /dev/full: ")
+            .count(),
+        1,
+        "{stderr}"
+    );
+    assert!(!stderr.contains("Unable to write an event"), "{stderr}");
+    assert!(stderr.contains("IDLE ---> INITIALIZING DEVICE"), "{stderr}");
+}
