@@ -572,7 +572,7 @@ impl ChannelConfig {
             return Err(ConfigError::InvalidValue {
                 key: "numSockets".to_owned(),
                 value: self.num_sockets.to_string(),
-                expected: "at most 1024 sockets per channel",
+                expected: "a number of sockets from 0 to 1024",
             });
         }
         if self.port_range_min > self.port_range_max {
@@ -894,7 +894,7 @@ mod tests {
                 ConfigError::InvalidValue {
                     key: "numSockets".into(),
                     value: n_sockets.to_string(),
-                    expected: "at most 1024 sockets per channel",
+                    expected: "a number of sockets from 0 to 1024",
                 },
             );
         }

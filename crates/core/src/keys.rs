@@ -152,7 +152,7 @@ pub const CHANNEL_KEYS: [ChannelKey; 20] = [
         "numSockets",
         count(0, MAX_NUM_SOCKETS as i64),
         "0",
-        "at most 1024 sockets per channel",
+        "a number of sockets from 0 to 1024",
     ),
     key("busyPoll", KeyKind::Bool, "false", "true or false"),
     key(
@@ -388,7 +388,13 @@ mod tests {
                 KeyValue::Text("70000"),
                 "a port from 1 to 65535",
             ),
-            ("numSockets", KeyValue::Integer(1025), "at most 1024"),
+            ("numSockets", KeyValue::Integer(1025), "from 0 to 1024"),
+            // "abc" read "expected at most 1024 sockets per channel" (a bad-input sweep).
+            (
+                "numSockets",
+                KeyValue::Text("abc"),
+                "a number of sockets from 0 to 1024",
+            ),
             ("autoBind", KeyValue::Text("yes"), "true or false"),
             ("busyPoll", KeyValue::Integer(2), "true or false"),
             ("linger", KeyValue::Bool(true), "a non-negative integer"),
