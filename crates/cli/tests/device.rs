@@ -436,6 +436,26 @@ async fn bad_values_are_usage_errors_naming_the_option_and_the_value() {
         "{}",
         property.stderr
     );
+    // A libfabric provider on a channel of another transport ran without it (a bad-input
+    // sweep): refused when the socket is made, naming the key and the value.
+    for transport in ["zeromq", "shmem"] {
+        let with_provider = format!(
+            "name=data,type=pull,method=bind,address={},provider=verbs;ofi_rxm",
+            ipc.address()
+        );
+        let refused = Device::new("sink", "d")
+            .args(&["--transport", transport, "--channel-config", &with_provider])
+            .finish()
+            .await;
+        assert_eq!(refused.code, Some(1), "{transport}: {}", refused.stderr);
+        assert!(
+            refused.stderr.contains(
+                "channel key \"provider\" has invalid value \"verbs;ofi_rxm\": expected none on this transport"
+            ),
+            "{transport}: {}",
+            refused.stderr
+        );
+    }
     // `--hosts a,,b` reached ssh as the host "".
     let topology = concat!(env!("CARGO_MANIFEST_DIR"), "/../../topologies/default.toml");
     let hosts = finish(support::ferromq_as_is(&[

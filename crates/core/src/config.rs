@@ -550,6 +550,23 @@ impl ChannelConfig {
         pairs.join(",")
     }
 
+    /// Refuses a libfabric `provider` on a channel whose transport (`zeromq`, `shmem`) takes
+    /// none: a channel moved off ofi with its provider left in place would otherwise run
+    /// without it, silently.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidValue`] naming the key and the provider.
+    pub fn refuse_provider(&self) -> Result<(), ConfigError> {
+        match &self.provider {
+            None => Ok(()),
+            Some(provider) => Err(ConfigError::InvalidValue {
+                key: "provider".to_owned(),
+                value: provider.clone(),
+                expected: "none on this transport: a libfabric provider is for ofi channels",
+            }),
+        }
+    }
+
     /// Checks what can be checked without a transport: the name, the address and the buffers.
     ///
     /// # Errors

@@ -193,6 +193,7 @@ impl Transport for ShmTransport {
         socket_name: &str,
     ) -> Result<Box<dyn Socket>> {
         config.validate()?;
+        config.refuse_provider()?;
         Ok(Box::new(
             socket::ShmSocket::new(Arc::clone(&self.session), config, socket_name).await?,
         ))

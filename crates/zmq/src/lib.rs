@@ -239,6 +239,7 @@ impl Transport for ZmqTransport {
         config: &ChannelConfig,
         socket_name: &str,
     ) -> Result<Box<dyn Socket>> {
+        config.refuse_provider()?;
         Ok(Box::new(self.create_zmq_socket(config, socket_name)?))
     }
 }
