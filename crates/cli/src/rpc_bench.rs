@@ -219,6 +219,10 @@ fn transport_and_address(
 /// The most members `--broadcast` starts: each one but this process is a process of its own.
 const MAX_BROADCAST_MEMBERS: usize = 256;
 
+/// The most `--round-trips` a round measures: their samples are kept (80 MB at this bound), and
+/// 10 M round trips take minutes already. 99 999 999 999 aborted the bench allocating them.
+const MAX_ROUND_TRIPS: usize = 10_000_000;
+
 /// Refuses, before any process starts, what the bench cannot measure.
 fn check_options(options: &RpcBenchOptions) -> Result<()> {
     for transport in &options.transport {
@@ -250,6 +254,12 @@ fn check_options(options: &RpcBenchOptions) -> Result<()> {
     }
     if options.round_trips == 0 {
         bail!("--round-trips 0: at least one round trip is needed for their p50 and p99");
+    }
+    if options.round_trips > MAX_ROUND_TRIPS {
+        bail!(
+            "--round-trips {}: at most {MAX_ROUND_TRIPS} (each one's time is kept for the p50 and p99)",
+            options.round_trips
+        );
     }
     Ok(())
 }
@@ -954,7 +964,22 @@ async fn role(options: &RpcRoleOptions) -> Result<()> {
         rpc_options,
     )
     .await?;
-    quit.notified().await;
+    // A bench that dies (a signal, an abort) cannot send `Quit`: the destination would serve
+    // an empty group for ever, orphaned. Its parent changing says so.
+    let parent = nix::unistd::getppid();
+    let orphaned = async {
+        let mut look = tokio::time::interval(Duration::from_millis(200));
+        loop {
+            look.tick().await;
+            if nix::unistd::getppid() != parent {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        () = quit.notified() => {}
+        () = orphaned => bail!("the bench that started this destination is gone"),
+    }
     rpc.shutdown().await?;
     Ok(())
 }

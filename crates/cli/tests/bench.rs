@@ -526,6 +526,11 @@ fn bench_rpc_names_what_it_cannot_measure_before_it_starts_a_process() {
         (["--mode", "fast"], "--mode \"fast\""),
         (["--rounds", "0"], "--rounds 0"),
         (["--round-trips", "0"], "--round-trips 0"),
+        // Aborted allocating 800 GB for the samples (a bad-input sweep).
+        (
+            ["--round-trips", "99999999999"],
+            "--round-trips 99999999999: at most 10000000",
+        ),
         (["--transport", "ofi"], "--transport \"ofi\""),
         (["--broadcast", "1"], "--broadcast 1"),
         (["--broadcast", "100000"], "--broadcast 100000"),
@@ -550,4 +555,83 @@ fn a_failing_role_is_named_with_its_exit_status() {
         stderr.contains("the sender ended (exit status: 1) without its report; its error is above"),
         "{stderr}"
     );
+}
+
+/// A bench rpc killed mid-run (here by SIGKILL; the sweep found it after an abort) left its
+/// destination process serving for ever: it now goes when its parent does.
+#[test]
+fn a_destination_outlives_no_killed_bench() {
+    let mut bench = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args([
+            "bench",
+            "rpc",
+            "--transport",
+            "zeromq-ipc",
+            "--mode",
+            "send",
+        ])
+        .args(["--call-size", "8", "--rounds", "1", "--duration", "30"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start ferromq bench rpc");
+    let session = format!("bench-rpc-{}", bench.id());
+    // Once it measures, its destination has the member list and serves (before, a bench gone
+    // ended its destinations through their closed standard input).
+    let stderr = std::io::BufReader::new(bench.stderr.take().expect("piped"));
+    for line in std::io::BufRead::lines(stderr) {
+        if line.expect("read the bench's stderr").contains("measuring") {
+            break;
+        }
+    }
+    let destinations = || -> Vec<String> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|entry| {
+                let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                let cmdline = String::from_utf8_lossy(&cmdline).into_owned();
+                (cmdline.contains("bench-rpc-role") && cmdline.contains(&session))
+                    .then(|| pid.to_string())
+            })
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while destinations().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no destination started"
+        );
+        std::thread::yield_now();
+    }
+    bench.kill().expect("kill -9 the bench");
+    bench.wait().expect("reap the bench");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let left = destinations();
+        if left.is_empty() {
+            break;
+        }
+        if std::time::Instant::now() >= deadline {
+            for pid in &left {
+                let _ = std::process::Command::new("kill")
+                    .args(["-9", pid])
+                    .status();
+            }
+            let states: Vec<String> = left
+                .iter()
+                .map(|pid| {
+                    std::fs::read_to_string(format!("/proc/{pid}/status"))
+                        .unwrap_or_default()
+                        .lines()
+                        .filter(|l| l.starts_with("State") || l.starts_with("PPid"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .collect();
+            panic!("destinations {left:?} outlived their bench by 30 s: {states:?}");
+        }
+        std::thread::yield_now();
+    }
 }
