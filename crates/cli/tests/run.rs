@@ -440,3 +440,49 @@ connect = "sampler.data"
         finished.stdout
     );
 }
+
+/// A binder of several sockets (`numSockets = 2`) without an address got one ipc path for all
+/// of them, and the second failed with "address in use" (a bad-input sweep): each now binds
+/// loopback tcp on a port of its own.
+#[tokio::test]
+async fn a_binder_of_several_sockets_without_an_address_runs() {
+    for transport in ["zeromq", "shmem"] {
+        let text = format!(
+            r#"transport = "{transport}"
+
+[[device]]
+id = "s"
+kind = "sampler"
+max-iterations = 100
+properties = {{ msg-size = 100 }}
+
+[[device.channel]]
+name = "data"
+type = "push"
+numSockets = 2
+
+[[device]]
+id = "k"
+kind = "sink"
+max-iterations = 100
+
+[[device.channel]]
+name = "data"
+type = "pull"
+connect = "s.data"
+"#
+        );
+        let file = TempFile::holding(&format!("several-sockets-{transport}.toml"), &text);
+        let session = format!("test-several-{}-{transport}", std::process::id());
+        let support::Finished {
+            code,
+            stdout,
+            stderr,
+        } = support::finish(ferromq_run(&file.0, &["--session", &session])).await;
+        assert_eq!(code, Some(0), "{transport}: {stdout}{stderr}");
+        assert!(
+            stdout.contains("received 101 messages"),
+            "{transport}: {stdout}{stderr}"
+        );
+    }
+}

@@ -52,10 +52,37 @@ impl Checker<'_> {
 
 /// Host names as SSH, DNS and Slurm write them (`user@machine`, `n[1-4]` is not expanded).
 fn valid_host_name(name: &str) -> bool {
+    // Not `-...`: the name is the default ssh destination, which ssh would read as an option.
     !name.is_empty()
+        && !name.starts_with('-')
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || ".-_@:[]".contains(c))
+}
+
+/// An ssh destination (`[user@]host`, `ssh://...`, an alias of the ssh config): one word that
+/// ssh does not take for an option (`-oProxyCommand=...` ran a command of the file's).
+fn valid_ssh_destination(destination: &str) -> bool {
+    !destination.starts_with('-')
+        && !destination
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+}
+
+/// The address other hosts reach a host at: an IP address (IPv6 bracketed or not) or a DNS
+/// name, without a port (the launcher adds the ports).
+fn valid_host_address(address: &str) -> bool {
+    let unbracketed = address
+        .strip_prefix('[')
+        .and_then(|rest| rest.strip_suffix(']'))
+        .unwrap_or(address);
+    unbracketed.parse::<std::net::IpAddr>().is_ok()
+        || (!address.is_empty()
+            && !address.starts_with('-')
+            && !address.starts_with('.')
+            && address
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.'))
 }
 
 fn count(
@@ -527,7 +554,7 @@ impl<'a> Loader<'a> {
                 self.checker.error(
                     host.span(),
                     &context,
-                    "a host name is letters, digits and `.-_@:[]`, not empty",
+                    "a host name is letters, digits and `.-_@:[]`, not empty, not starting with `-`",
                 );
             }
             let host = host.get_ref();
@@ -545,6 +572,26 @@ impl<'a> Loader<'a> {
                 address: text(&host.address, "address"),
                 ferromq: text(&host.ferromq, "ferromq"),
             };
+            if let (Some(ssh), Some(value)) = (&spec.ssh, &host.ssh)
+                && !valid_ssh_destination(ssh)
+            {
+                self.checker.error(
+                    value.span(),
+                    &context,
+                    format!("ssh {ssh:?} is no ssh destination: one word, not starting with `-`"),
+                );
+            }
+            if let (Some(address), Some(value)) = (&spec.address, &host.address)
+                && !valid_host_address(address)
+            {
+                self.checker.error(
+                    value.span(),
+                    &context,
+                    format!(
+                        "address {address:?} is neither an IP address nor a host name (no port: the launcher picks them)"
+                    ),
+                );
+            }
             hosts.insert(name.clone(), spec);
         }
         hosts
@@ -774,11 +821,18 @@ impl<'a> Loader<'a> {
 
     fn check_device_id(&mut self, device: &DeviceToml, context: &str) {
         let id = device.id.get_ref();
-        if id.is_empty() || id.contains(['.', ' ', '/']) {
+        // Control characters too: a newline split the lines the launcher reads of the device
+        // (its control endpoint was never found), a NUL could not be passed as an argument.
+        // A leading `-` reads as an option to an exec device.
+        if id.is_empty()
+            || id.contains(['.', ' ', '/'])
+            || id.contains(char::is_control)
+            || id.starts_with('-')
+        {
             self.checker.error(
                 device.id.span(),
                 context,
-                "a device id must be non-empty, without '.', ' ' or '/'",
+                "a device id must be non-empty, without '.', ' ', '/' or control characters, not starting with '-'",
             );
         }
         if let Some(first) = self.seen_ids.get(id) {
@@ -1038,9 +1092,21 @@ impl<'a> Loader<'a> {
         replicas: usize,
         context: &str,
     ) {
-        if let Err(error) = ferromq_core::Address::parse(address.get_ref()) {
-            self.checker
-                .error(address.span(), context, error.to_string());
+        match ferromq_core::Address::parse(address.get_ref()) {
+            Err(error) => self
+                .checker
+                .error(address.span(), context, error.to_string()),
+            // Each device of a topology is a process of its own: an inproc peer would never
+            // come (a sampler and a sink over inproc "ran", exit 0, with 0 messages).
+            Ok(ferromq_core::Address::Inproc { .. }) => self.checker.error(
+                address.span(),
+                context,
+                format!(
+                    "{} reaches only sockets of the same process, and each device of a topology is a process of its own: use ipc:// or tcp://",
+                    address.get_ref()
+                ),
+            ),
+            Ok(_) => {}
         }
         if method != Method::Bind {
             return;
@@ -1194,5 +1260,35 @@ impl<'a> Loader<'a> {
                 format!("a {socket_type} channel cannot connect to {target:?}, a {target_type} channel (a {socket_type} pairs with a {})", socket_type.peer()),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{valid_host_address, valid_host_name, valid_ssh_destination};
+
+    /// Found by a bad-input sweep: `ssh = "-oProxyCommand=..."` went to ssh as an option, and
+    /// `address = "10.0.0.1:5555"` became `tcp://10.0.0.1:5555:0`.
+    #[test]
+    fn hosts_are_words_ssh_takes_for_destinations_and_addresses_without_ports() {
+        for good in ["n1", "me@n1", "ssh://me@n1:2222", "node-1.cluster"] {
+            assert!(valid_ssh_destination(good), "{good}");
+        }
+        for bad in ["-oProxyCommand=touch x", "-x", "a b", "a\nb"] {
+            assert!(!valid_ssh_destination(bad), "{bad}");
+        }
+        for good in [
+            "10.0.0.1",
+            "::1",
+            "[fe80::1]",
+            "node-1.cluster",
+            "localhost",
+        ] {
+            assert!(valid_host_address(good), "{good}");
+        }
+        for bad in ["10.0.0.1:5555", "not an address!", "-x", "a_b", "[n1]", ""] {
+            assert!(!valid_host_address(bad), "{bad}");
+        }
+        assert!(valid_host_name("n1") && !valid_host_name("-oX"));
     }
 }

@@ -107,8 +107,10 @@ fn auto_bind_address(
         return format!("tcp://{}:0", bracketed(&host.address));
     }
     match topology.auto_address {
-        // The run directory exists on the launcher's host only.
-        AutoAddress::Ipc if host.is_here() => {
+        // The run directory exists on the launcher's host only. One ipc path takes one socket:
+        // a channel of several (`numSockets`) binds each on loopback tcp, its own port (all on
+        // one path, the second failed with "address in use").
+        AutoAddress::Ipc if host.is_here() && config.num_sockets <= 1 => {
             format!("ipc://{}/{}.{socket}.ipc", run_dir.display(), instance.id)
         }
         AutoAddress::Ipc | AutoAddress::Tcp => "tcp://127.0.0.1:0".to_owned(),
@@ -176,11 +178,11 @@ fn device_command(wiring: &Wiring<'_>, instance: &Instance) -> DeviceCommand {
         format!("tcp://{}:0", bracketed(&host.address))
     };
     let mut push = |items: &[&str]| args.extend(items.iter().map(|item| (*item).to_owned()));
+    // `--key=value` where a value may start with `-` (an id "--help", a session "-x"): given
+    // as the next word, the device took it for an option of its own.
     push(&[
-        "--id",
-        &instance.id,
-        "--session",
-        session,
+        &format!("--id={}", instance.id),
+        &format!("--session={session}"),
         "--transport",
         &topology.transport,
         "--control",
@@ -208,14 +210,12 @@ fn device_command(wiring: &Wiring<'_>, instance: &Instance) -> DeviceCommand {
         push(&["--channel-config", &config.to_key_values()]);
     }
     for (key, value) in &instance.properties {
-        push(&["--property", &format!("{key}={value}")]);
+        push(&[&format!("--property={key}={value}")]);
     }
     let [index_key, count_key] = ferromq_topology::LAUNCHER_PROPERTIES;
     push(&[
-        "--property",
-        &format!("{index_key}={}", instance.replica_index),
-        "--property",
-        &format!("{count_key}={}", instance.replica_count),
+        &format!("--property={index_key}={}", instance.replica_index),
+        &format!("--property={count_key}={}", instance.replica_count),
     ]);
     let mut env = Vec::new();
     if !host.is_here() {

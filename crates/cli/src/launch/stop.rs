@@ -302,25 +302,37 @@ pub(super) async fn clean_other_hosts(
         .iter()
         .filter(|host| !host.is_here() && !lost.contains(&host.name));
     let cleanups = reachable.map(|host| async move {
-        let prefix = match &host.start {
+        let session_arg = format!("--session={session}");
+        let words = [
+            host.ferromq.as_str(),
+            "shm",
+            "clean",
+            &session_arg,
+            "--force",
+        ];
+        // ssh hands its remote command to the remote user's shell as one line: quoted, as a
+        // device's start is (a path with a space, or `;`, ran as two commands); srun runs the
+        // words as they are.
+        let (prefix, remote) = match &host.start {
             StartOn::Here => return,
-            StartOn::Ssh(destination) => match super::process::ssh_command(destination) {
-                Ok(ssh) => ssh,
-                Err(_) => return,
-            },
-            StartOn::Slurm { job, node } => super::process::on_node(job, node),
+            StartOn::Ssh(destination) => {
+                match (
+                    super::process::ssh_command(destination),
+                    shlex::try_join(words),
+                ) {
+                    (Ok(ssh), Ok(line)) => (ssh, vec![line]),
+                    _ => return,
+                }
+            }
+            StartOn::Slurm { job, node } => (
+                super::process::on_node(job, node),
+                words.map(str::to_owned).to_vec(),
+            ),
         };
         let mut command = tokio::process::Command::new(&prefix[0]);
         command
             .args(&prefix[1..])
-            .args([
-                host.ferromq.as_str(),
-                "shm",
-                "clean",
-                "--session",
-                session,
-                "--force",
-            ])
+            .args(&remote)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
