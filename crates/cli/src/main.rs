@@ -41,7 +41,7 @@ enum Command {
         #[arg(long)]
         transport: Option<String>,
         /// Session id (default: one per run).
-        #[arg(long)]
+        #[arg(long, value_parser = ferromq_cli::options::session_id)]
         session: Option<String>,
         /// How devices start: here, on other hosts through ssh, or as tasks of a Slurm job
         /// step (inside salloc/sbatch); devices are placed by their `host` key.

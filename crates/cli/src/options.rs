@@ -36,9 +36,28 @@ pub fn seconds(text: &str) -> Result<f64, String> {
 /// # Errors
 /// The text and what was expected.
 pub fn host_name(text: &str) -> Result<String, String> {
-    if text.is_empty() || text.contains(char::is_whitespace) {
+    // Not `-...`: a host name is an ssh destination, which ssh would read as an option.
+    if text.is_empty()
+        || text.starts_with('-')
+        || text.contains(|c: char| c.is_whitespace() || c.is_control())
+    {
         return Err(format!(
             "{text:?}: expected a host name (hosts are separated by one comma)"
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+/// clap's parser for a session id (`--session`): not empty (`--session=` ran in a session
+/// called "default", and `shm clean --session ''` cleaned that one) and without control
+/// characters (a newline split the lines a launcher reads of its devices).
+///
+/// # Errors
+/// The text and what was expected.
+pub fn session_id(text: &str) -> Result<String, String> {
+    if text.is_empty() || text.contains(char::is_control) {
+        return Err(format!(
+            "{text:?}: expected a session id (not empty, no control characters)"
         ));
     }
     Ok(text.to_owned())
@@ -125,7 +144,7 @@ pub struct DeviceOptions {
     #[arg(long = "config-key", value_name = "KEY")]
     pub config_key: Option<String>,
     /// Session id: devices of one session share transport resources.
-    #[arg(long, default_value = "default")]
+    #[arg(long, default_value = "default", value_parser = session_id)]
     pub session: String,
     /// How the state machine is driven.
     #[arg(long, value_enum, default_value = "interactive")]
@@ -402,6 +421,12 @@ impl DeviceOptions {
         // A topology refuses an empty id too; so does FairMQ's device.
         if self.id.is_empty() {
             bail!("--id \"\": expected the device's id");
+        }
+        if self.id.contains(char::is_control) {
+            bail!(
+                "--id {:?}: expected an id without control characters",
+                self.id
+            );
         }
         ferromq_devices::check_rate(self.rate).map_err(|problem| anyhow!("--rate {problem}"))?;
         // The shm crate refuses a smaller segment only at INIT, naming the object, not the

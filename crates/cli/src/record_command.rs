@@ -25,6 +25,7 @@ use ferromq_record::{Direction, Header, Record, Writer};
 #[derive(Debug, clap::Args)]
 pub struct RecordOptions {
     /// The session of the device (`ferromq top` lists them).
+    #[arg(value_parser = crate::options::session_id)]
     pub session: String,
     /// The device's id.
     pub device: String,

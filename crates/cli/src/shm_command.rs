@@ -14,14 +14,14 @@ pub enum ShmCommand {
         /// Only this session: the id the devices were given, or its name as this list shows
         /// it (ids with characters other than letters, digits and `-` are shown encoded:
         /// `run_1` as `run.5f1`).
-        #[arg(long)]
+        #[arg(long, value_parser = crate::options::session_id)]
         session: Option<String>,
     },
     /// Remove shared memory: one session, or every session whose processes are all dead.
     Clean {
         /// The session to remove: the id the devices were given, or its name as `ferromq shm
         /// list` shows it.
-        #[arg(long, conflicts_with = "stale", required_unless_present = "stale")]
+        #[arg(long, conflicts_with = "stale", required_unless_present = "stale", value_parser = crate::options::session_id)]
         session: Option<String>,
         /// Remove every session none of whose processes runs any more (no session id needed).
         #[arg(long)]

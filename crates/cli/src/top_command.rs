@@ -12,6 +12,7 @@ use ferromq_top::{Observer, render};
 #[derive(Debug, clap::Args)]
 pub struct TopOptions {
     /// Only this session's devices (default: every session of this user).
+    #[arg(value_parser = crate::options::session_id)]
     pub session: Option<String>,
     /// Print one snapshot as a plain table and exit.
     #[arg(long)]

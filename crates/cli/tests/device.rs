@@ -340,7 +340,7 @@ impl Drop for ShmSession {
 #[tokio::test]
 async fn bad_values_are_usage_errors_naming_the_option_and_the_value() {
     let ipc = Ipc::new("bad-values");
-    let cases: [(&[&str], &str); 16] = [
+    let cases: [(&[&str], &str); 18] = [
         (&["sampler", "--rate", "1e-300"], "--rate 1e-300"),
         // Taken, then refused at INIT naming the object but not the option.
         (
@@ -381,6 +381,16 @@ async fn bad_values_are_usage_errors_naming_the_option_and_the_value() {
             &["sampler", "--property", "msg-sise=10"],
             "property \"msg-sise\" (= \"10\") is not one a sampler reads; did you mean \"msg-size\"?",
         ),
+        // `--session=` ran in a session called "default"; a newline in an id split the
+        // launcher's lines (a bad-input sweep).
+        (
+            &["sink", "--session", ""],
+            "expected a session id (not empty",
+        ),
+        (
+            &["sink", "--session", "a\nb"],
+            "expected a session id (not empty",
+        ),
         (
             &["sampler", "--text", "hello", "--msg-size", "100"],
             "property \"msg-size\" is given with \"text\": a sampler sends one of payload-file, text and msg-size",
@@ -403,10 +413,14 @@ async fn bad_values_are_usage_errors_naming_the_option_and_the_value() {
     // An empty id (a topology refuses one too), and an ipc path longer than a unix socket's
     // (refused by the kernel only at BINDING): both found by a bad-input sweep.
     let long_path = format!("ipc:///tmp/{}", "x".repeat(120));
-    let more: [(Device, &str); 2] = [
+    let more: [(Device, &str); 3] = [
         (
             Device::new("sink", "").channel("pull", "bind", &ipc.address()),
             "--id \"\": expected the device's id",
+        ),
+        (
+            Device::new("sink", "a\nb").channel("pull", "bind", &ipc.address()),
+            "--id \"a\\nb\": expected an id without control characters",
         ),
         (
             Device::new("sink", "d").channel("pull", "bind", &long_path),

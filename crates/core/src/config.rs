@@ -615,11 +615,11 @@ impl ChannelConfig {
                 key: "name",
             });
         }
-        if name.contains(['[', ']', '.', ',', '=']) {
+        if name.contains(['[', ']', '.', ',', '=']) || name.contains(char::is_control) {
             return Err(ConfigError::InvalidValue {
                 key: "name".to_owned(),
                 value: name.to_owned(),
-                expected: "a name without '[', ']', '.', ',' or '='",
+                expected: "a name without '[', ']', '.', ',', '=' or control characters",
             });
         }
         Ok(())

@@ -70,7 +70,7 @@ pub const CHANNEL_KEYS: [ChannelKey; 20] = [
         "name",
         KeyKind::Text,
         "",
-        "a name without '[', ']', '.', ',' or '='",
+        "a name without '[', ']', '.', ',', '=' or control characters",
     ),
     key(
         "type",
