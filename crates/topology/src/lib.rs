@@ -446,31 +446,49 @@ impl Topology {
     }
 
     /// Graphviz DOT: devices as nodes, connections as edges labelled with type and transport.
+    /// Ids and labels are quoted DOT strings (a `"` in an id made the file invalid).
     pub fn to_dot(&self) -> String {
         let mut dot = String::from("digraph topology {\n  rankdir=LR;\n  node [shape=box];\n");
         for device in &self.devices {
-            let label = match (&device.kind, device.replicas) {
-                (DeviceKind::Builtin(kind), 1) => format!("{}\\n({kind})", device.id),
-                (DeviceKind::Builtin(kind), replicas) => {
-                    format!("{}\\n({kind} x{replicas})", device.id)
+            let kind = match (&device.kind, device.replicas) {
+                (DeviceKind::Builtin(kind), 1) => format!("({kind})"),
+                (DeviceKind::Builtin(kind), replicas) => format!("({kind} x{replicas})"),
+                (DeviceKind::Exec(command), _) => {
+                    format!("(exec {})", command.first().map_or("", String::as_str))
                 }
-                (DeviceKind::Exec(command), _) => format!(
-                    "{}\\n(exec {})",
-                    device.id,
-                    command.first().map_or("", String::as_str)
-                ),
             };
-            dot.push_str(&format!("  \"{}\" [label=\"{label}\"];\n", device.id));
+            dot.push_str(&format!(
+                "  \"{}\" [label=\"{}\\n{}\"];\n",
+                dot_escaped(&device.id),
+                dot_escaped(&device.id),
+                dot_escaped(&kind)
+            ));
         }
         for (from, to, label) in self.edges() {
-            dot.push_str(&format!("  \"{from}\" -> \"{to}\" [label=\"{label}\"];\n"));
+            dot.push_str(&format!(
+                "  \"{}\" -> \"{}\" [label=\"{}\"];\n",
+                dot_escaped(&from),
+                dot_escaped(&to),
+                dot_escaped(&label)
+            ));
         }
         dot.push_str("}\n");
         dot
     }
 
-    /// Mermaid flowchart of the same graph.
+    /// Mermaid flowchart of the same graph. Nodes are named by their device's position (`d0`,
+    /// `d1`, ...; ids made of other characters than ASCII letters and digits collided when
+    /// their characters were replaced), labelled with the id, `"` and `|` written as entities.
     pub fn to_mermaid(&self) -> String {
+        let node = |id: &str| {
+            self.devices
+                .iter()
+                .position(|device| device.id == id)
+                .map_or_else(
+                    || format!("x_{}", mermaid_text(id)),
+                    |index| format!("d{index}"),
+                )
+        };
         let mut mermaid = String::from("flowchart LR\n");
         for device in &self.devices {
             let kind = match &device.kind {
@@ -479,15 +497,16 @@ impl Topology {
             };
             mermaid.push_str(&format!(
                 "  {}[\"{} ({kind})\"]\n",
-                mermaid_id(&device.id),
-                device.id
+                node(&device.id),
+                mermaid_text(&device.id)
             ));
         }
         for (from, to, label) in self.edges() {
             mermaid.push_str(&format!(
-                "  {} -->|{label}| {}\n",
-                mermaid_id(&from),
-                mermaid_id(&to)
+                "  {} -->|\"{}\"| {}\n",
+                node(&from),
+                mermaid_text(&label),
+                node(&to)
             ));
         }
         mermaid
@@ -522,8 +541,12 @@ impl Topology {
     }
 }
 
-fn mermaid_id(id: &str) -> String {
-    id.chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect()
+/// `text` inside a DOT string: `\\` and `"` escaped.
+fn dot_escaped(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// `text` inside a Mermaid label: `"` and `|` as entities.
+fn mermaid_text(text: &str) -> String {
+    text.replace('"', "#quot;").replace('|', "#124;")
 }

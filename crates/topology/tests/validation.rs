@@ -462,3 +462,56 @@ expendable = true
     assert!(Restart::OnFailure.applies(false) && !Restart::OnFailure.applies(true));
     assert!(Restart::Always.applies(true) && !Restart::Never.applies(false));
 }
+
+/// Found by a bad-input sweep: a `"` in an id made the DOT invalid, and Mermaid named `日本`
+/// and `中国` (and `a-b` and `a_b`) alike, drawing their edge as a loop.
+#[test]
+fn graphs_quote_ids_and_keep_devices_apart() {
+    let text = r#"
+[[device]]
+id = 'a"b'
+kind = "sampler"
+[[device.channel]]
+name = "data"
+type = "push"
+
+[[device]]
+id = "日本"
+kind = "sink"
+[[device.channel]]
+name = "data"
+type = "pull"
+connect = 'a"b.data'
+
+[[device]]
+id = "中国"
+kind = "sink"
+[[device.channel]]
+name = "data"
+type = "pull"
+connect = 'a"b.data'
+"#;
+    let topology = load("graph.toml", text, &KNOWN).unwrap_or_else(|errors| panic!("{errors}"));
+    let dot = topology.to_dot();
+    assert!(
+        dot.contains(r#"  "a\"b" [label="a\"b\n(sampler)"];"#),
+        "{dot}"
+    );
+    assert!(
+        dot.contains(r#"  "a\"b" -> "日本" [label="a\"b.data pull (zeromq)"];"#),
+        "{dot}"
+    );
+    let mermaid = topology.to_mermaid();
+    for line in [
+        r#"  d0["a#quot;b (sampler)"]"#,
+        r#"  d1["日本 (sink)"]"#,
+        r#"  d2["中国 (sink)"]"#,
+        r#"  d0 -->|"a#quot;b.data pull (zeromq)"| d1"#,
+        r#"  d0 -->|"a#quot;b.data pull (zeromq)"| d2"#,
+    ] {
+        assert!(
+            mermaid.lines().any(|seen| seen == line),
+            "no {line:?} in\n{mermaid}"
+        );
+    }
+}
