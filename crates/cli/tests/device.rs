@@ -216,7 +216,7 @@ async fn malformed_mq_config_is_rejected_naming_key_and_position() {
     assert!(
         sampler
             .stderr
-            .contains("key \"sndBufSize\" has invalid value \"-1\": expected at least 1 message")
+            .contains("key \"sndBufSize\" has invalid value \"-1\": expected a whole number, at least 1 message")
             && sampler.stderr.contains("line 7 column")
             && sampler.stderr.contains("bad.json"),
         "{}",
@@ -470,6 +470,19 @@ async fn bad_values_are_usage_errors_naming_the_option_and_the_value() {
             refused.stderr
         );
     }
+    // A directory as an ipc path read "address in use" (a bad-input sweep).
+    let directory = Device::new("sink", "d")
+        .channel("pull", "bind", "ipc:///tmp")
+        .finish()
+        .await;
+    assert_eq!(directory.code, Some(1), "{}", directory.stderr);
+    assert!(
+        directory
+            .stderr
+            .contains("bind failed: /tmp is a directory"),
+        "{}",
+        directory.stderr
+    );
     // `--hosts a,,b` reached ssh as the host "".
     let topology = concat!(env!("CARGO_MANIFEST_DIR"), "/../../topologies/default.toml");
     let hosts = finish(support::ferromq_as_is(&[

@@ -582,7 +582,7 @@ impl ChannelConfig {
                 }
                 .to_owned(),
                 value: "0".to_owned(),
-                expected: "at least 1 message",
+                expected: "a whole number, at least 1 message",
             });
         }
         if self.num_sockets > MAX_NUM_SOCKETS {
@@ -886,7 +886,7 @@ mod tests {
             ConfigError::InvalidValue {
                 key: "sndBufSize".into(),
                 value: "-1".into(),
-                expected: "at least 1 message",
+                expected: "a whole number, at least 1 message",
             },
         );
         check_key_values_err(

@@ -85,13 +85,13 @@ pub const CHANNEL_KEYS: [ChannelKey; 20] = [
         "sndBufSize",
         count(1, i64::MAX),
         "1000",
-        "at least 1 message",
+        "a whole number, at least 1 message",
     ),
     key(
         "rcvBufSize",
         count(1, i64::MAX),
         "1000",
-        "at least 1 message",
+        "a whole number, at least 1 message",
     ),
     key(
         "sndKernelSize",
@@ -383,6 +383,12 @@ mod tests {
         let mut config = ChannelConfig::default();
         let cases = [
             ("sndBufSize", KeyValue::Integer(0), "at least 1 message"),
+            // "abc" and "1e3" read "expected at least 1 message" alone (a bad-input sweep).
+            (
+                "rcvBufSize",
+                KeyValue::Text("1e3"),
+                "a whole number, at least 1 message",
+            ),
             (
                 "portRangeMax",
                 KeyValue::Text("70000"),

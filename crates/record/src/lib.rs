@@ -251,7 +251,13 @@ impl Reader {
             cause: source,
         };
         let file = std::fs::File::open(path).map_err(io)?;
-        let length = file.metadata().map_err(io)?.len();
+        let metadata = file.metadata().map_err(io)?;
+        if metadata.is_dir() {
+            // Opened (a directory opens for reading) and then read as an empty file: "is not a
+            // ferromq recording" (a bad-input sweep).
+            return Err(io(std::io::Error::from(std::io::ErrorKind::IsADirectory)));
+        }
+        let length = metadata.len();
         Reader::from_reader(BufReader::with_capacity(1 << 20, file), length, path)
     }
 }
@@ -499,6 +505,11 @@ mod tests {
         let error = Reader::open(&path).err().unwrap().to_string();
         let _ = std::fs::remove_file(&path);
         assert!(error.contains("is not a ferromq recording"), "{error}");
+        // A directory read "is not a ferromq recording" (a bad-input sweep).
+        let dir = std::env::temp_dir();
+        let error = Reader::open(&dir).err().unwrap();
+        let chain = ferromq_core::error_chain(&error);
+        assert!(chain.contains("is a directory"), "{chain}");
     }
 
     #[test]

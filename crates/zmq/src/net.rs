@@ -626,8 +626,20 @@ pub(crate) fn bind_ipc_std(
     // as libzmq does. A live one means another process binds this address.
     if let Ok(metadata) = std::fs::symlink_metadata(path) {
         if !metadata.file_type().is_socket() {
-            return Err(Error::AddressInUse {
+            // Not "address in use" (ipc:///tmp said so): what is there, and that only a stale
+            // socket is ever removed.
+            let what = if metadata.is_dir() {
+                "a directory"
+            } else {
+                "a file that is not a socket"
+            };
+            return Err(Error::Bind {
                 channel: label.clone(),
+                source: format!(
+                    "{} is {what} (only a socket file left by a process that ended is replaced)",
+                    path.display()
+                )
+                .into(),
             });
         }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
