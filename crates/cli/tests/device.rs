@@ -483,6 +483,15 @@ async fn bad_values_are_usage_errors_naming_the_option_and_the_value() {
         "{}",
         directory.stderr
     );
+    // No channel at all read "its channels: " and nothing (a bad-input sweep).
+    let bare = Device::new("sink", "d").finish().await;
+    assert_eq!(bare.code, Some(1), "{}", bare.stderr);
+    assert!(
+        bare.stderr
+            .contains("has no channel \"data\"; its channels: none (give it one with"),
+        "{}",
+        bare.stderr
+    );
     // `--hosts a,,b` reached ssh as the host "".
     let topology = concat!(env!("CARGO_MANIFEST_DIR"), "/../../topologies/default.toml");
     let hosts = finish(support::ferromq_as_is(&[

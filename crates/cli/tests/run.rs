@@ -486,3 +486,19 @@ connect = "s.data"
         );
     }
 }
+
+/// An mcts worker in no rpc group said "an mcts worker needs the driver listed first" (a
+/// bad-input sweep): it now says it is in no group, and how to declare one.
+#[tokio::test]
+async fn an_mcts_worker_in_no_group_is_told_so() {
+    let text = "[[device]]\nid = \"w\"\nkind = \"mcts-worker\"\n";
+    let file = TempFile::holding("lone-worker.toml", text);
+    let session = format!("test-lone-worker-{}", std::process::id());
+    let finished = support::finish(ferromq_run(&file.0, &["--session", &session])).await;
+    assert_eq!(finished.code, Some(1), "{}", finished.stderr);
+    let all = format!("{}{}", finished.stdout, finished.stderr);
+    assert!(
+        all.contains("device \"w\" is in no rpc group \"search\": declare one with [[rpc]]"),
+        "{all}"
+    );
+}

@@ -225,6 +225,16 @@ impl DeviceContext {
             .collect()
     }
 
+    /// The channels, `, `-separated, for an error naming one that is not there; "none" said
+    /// as such (a device without channels read "its channels: " and nothing).
+    fn available_channels(&self) -> String {
+        if self.channels.is_empty() {
+            "none (give it one with --channel-config, --mq-config or a topology's [[device.channel]])".to_owned()
+        } else {
+            self.channel_names().join(", ")
+        }
+    }
+
     /// Names of the sockets that receive (pull, sub, rep, req, pair), in configuration order.
     pub fn input_channel_names(&self) -> Vec<String> {
         self.channels
@@ -263,7 +273,7 @@ impl DeviceContext {
             .ok_or_else(|| DeviceError::UnknownChannel {
                 device: self.id.clone(),
                 name: name.to_owned(),
-                available: self.channel_names().join(", "),
+                available: self.available_channels(),
             })
     }
 
@@ -320,7 +330,7 @@ impl DeviceContext {
             return Err(DeviceError::UnknownChannel {
                 device: self.id.clone(),
                 name: base.to_owned(),
-                available: self.channel_names().join(", "),
+                available: self.available_channels(),
             });
         }
         self.channel_generation += 1;
@@ -344,7 +354,7 @@ impl DeviceContext {
             .ok_or_else(|| DeviceError::UnknownChannel {
                 device: self.id.clone(),
                 name: format!("{name} (its transport {transport_name} is not made)"),
-                available: self.channel_names().join(", "),
+                available: self.available_channels(),
             })
     }
 
@@ -602,7 +612,7 @@ impl DeviceContext {
             return Err(DeviceError::UnknownChannel {
                 device: self.id.clone(),
                 name: String::new(),
-                available: self.channel_names().join(", "),
+                available: self.available_channels(),
             });
         }
         if let [idx] = wanted[..] {

@@ -100,9 +100,14 @@ impl Device for MctsWorker {
 
 async fn work<G: Game>(ctx: &mut DeviceContext, settings: WorkerSettings) -> Result<(), BoxError> {
     let group = settings.group;
-    let members = ctx
-        .property_text(&format!("rpc.{group}.members"))
-        .unwrap_or_default();
+    // Not a member at all read "needs the driver listed first" (a bad-input sweep).
+    let Some(members) = ctx.property_text(&format!("rpc.{group}.members")) else {
+        return Err(format!(
+            "device {:?} is in no rpc group {group:?}: declare one with [[rpc]] (name = {group:?}, members = the driver, then the workers)",
+            ctx.id()
+        )
+        .into());
+    };
     let n_workers = members.split(',').count().saturating_sub(1);
     if members.split(',').next() == Some(ctx.id()) || n_workers == 0 {
         return Err(format!(
