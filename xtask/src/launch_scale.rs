@@ -108,7 +108,12 @@ fn running_after(line: &str) -> Option<f64> {
 
 /// Memory of every device process (`ferromq device ... --session SESSION`).
 fn session_memory(session: &str) -> Vec<ProcessMemory> {
-    let needle = format!("--session\0{session}\0");
+    // The launcher passes `--session=SESSION` (a value may start with `-`); by hand it is two
+    // words.
+    let needles = [
+        format!("--session={session}\0"),
+        format!("--session\0{session}\0"),
+    ];
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -117,7 +122,8 @@ fn session_memory(session: &str) -> Vec<ProcessMemory> {
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
                 let cmdline = String::from_utf8_lossy(&cmdline);
-                cmdline.contains(&needle) && cmdline.contains("\0device\0")
+                needles.iter().any(|needle| cmdline.contains(needle.as_str()))
+                    && cmdline.contains("\0device\0")
             })
         })
         .filter_map(|pid| {

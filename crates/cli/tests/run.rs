@@ -237,7 +237,7 @@ async fn a_killed_device_stops_the_topology_and_is_named() {
     let devices = children_of(launcher);
     let (sink, _) = devices
         .iter()
-        .find(|(_, cmdline)| cmdline.contains("--id sink "))
+        .find(|(_, cmdline)| cmdline.contains("--id=sink "))
         .expect("the sink's process")
         .clone();
     assert!(

@@ -109,13 +109,20 @@ pub fn spawn_piped(mut command: tokio::process::Command) -> Child {
 /// The processes whose command line names `--session SESSION` (a launcher's devices).
 #[allow(dead_code)]
 pub fn processes_of_session(session: &str) -> Vec<i32> {
-    let needle = format!("\0--session\0{session}\0");
+    // The launcher passes `--session=SESSION`; by hand it is two words.
+    let needles = [
+        format!("\0--session={session}\0"),
+        format!("\0--session\0{session}\0"),
+    ];
     std::fs::read_dir("/proc")
         .expect("/proc")
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(&needle))
+                .is_ok_and(|cmdline| {
+                    let cmdline = String::from_utf8_lossy(&cmdline);
+                    needles.iter().any(|needle| cmdline.contains(needle.as_str()))
+                })
         })
         .collect()
 }
