@@ -136,10 +136,21 @@ fn toml_text(value: &toml::Value) -> String {
 }
 
 /// A `connect = "device.channel"` of one channel, checked once every device is known.
+/// What a connect target's check needs of a channel.
+#[derive(Clone)]
+struct IndexedChannel {
+    socket_type: SocketType,
+    method: Method,
+    /// Its own transport (`None`: the file's default).
+    transport: Option<String>,
+}
+
 struct Connection {
     device: String,
     channel: String,
     socket_type: SocketType,
+    /// The connecting channel's own transport (`None`: the file's default).
+    transport: Option<String>,
     target: String,
     span: Range<usize>,
 }
@@ -151,7 +162,7 @@ pub(crate) struct Loader<'a> {
     /// Device ids and where they are defined.
     seen_ids: BTreeMap<String, Range<usize>>,
     /// Channel types, methods and spans by (device, channel), for the connection checks.
-    channel_index: BTreeMap<(String, String), (SocketType, Method, Range<usize>)>,
+    channel_index: BTreeMap<(String, String), IndexedChannel>,
     connections: Vec<Connection>,
     /// Bind addresses given in the file, and which channel binds each.
     bind_addresses: BTreeMap<String, String>,
@@ -199,7 +210,7 @@ impl<'a> Loader<'a> {
             .map(|device| self.device(device.get_ref()))
             .collect();
         self.check_instance_ids(&parsed, &devices);
-        self.check_connections(&devices);
+        self.check_connections(&devices, &transport);
         let hosts = self.hosts(&parsed);
         let mut errors = self.checker.errors;
         if errors.is_empty() {
@@ -1021,7 +1032,11 @@ impl<'a> Loader<'a> {
         self.set_keys(&mut config, channel, context);
         self.channel_index.insert(
             (id.to_owned(), name.clone()),
-            (socket_type, method, channel.name.span()),
+            IndexedChannel {
+                socket_type,
+                method,
+                transport: config.transport.clone(),
+            },
         );
         let connect_span = channel
             .connect
@@ -1042,6 +1057,7 @@ impl<'a> Loader<'a> {
                 device: id.to_owned(),
                 channel: name.clone(),
                 socket_type,
+                transport: config.transport.clone(),
                 target,
                 span: connect_span.clone(),
             });
@@ -1171,7 +1187,7 @@ impl<'a> Loader<'a> {
 
     /// Every `connect` names a binding channel of a compatible type, and the instances'
     /// connections stay within [`MAX_CONNECTIONS`].
-    fn check_connections(&mut self, devices: &[DeviceSpec]) {
+    fn check_connections(&mut self, devices: &[DeviceSpec], default_transport: &str) {
         let replicas_of: BTreeMap<&str, u64> = devices
             .iter()
             .map(|device| (device.id.as_str(), device.replicas as u64))
@@ -1182,9 +1198,11 @@ impl<'a> Loader<'a> {
                 device: device_id,
                 channel: channel_name,
                 socket_type,
+                transport,
                 target,
                 span,
             } = connection;
+            let transport = transport.as_deref().unwrap_or(default_transport);
             let context = format!("device {device_id:?} channel {channel_name:?}");
             // Each instance of this device connects to each instance of the target device.
             let target_replicas = target
@@ -1209,18 +1227,25 @@ impl<'a> Loader<'a> {
                     ),
                 );
             }
-            self.check_target(socket_type, &target, span, &context);
+            self.check_target(
+                (socket_type, transport, default_transport),
+                &target,
+                span,
+                &context,
+            );
         }
     }
 
-    /// One connect target: an existing, binding channel of a compatible type.
+    /// One connect target: an existing, binding channel of a compatible type, on the same
+    /// transport (`from`: the connecting channel's type and transport, and the file's default).
     fn check_target(
         &mut self,
-        socket_type: SocketType,
+        from: (SocketType, &str, &str),
         target: &str,
         span: Range<usize>,
         context: &str,
     ) {
+        let (socket_type, transport, default_transport) = from;
         let Some((target_device, target_channel)) = target.split_once('.') else {
             return;
         };
@@ -1232,7 +1257,11 @@ impl<'a> Loader<'a> {
             );
             return;
         }
-        let Some((target_type, target_method, _)) = self
+        let Some(IndexedChannel {
+            socket_type: target_type,
+            method: target_method,
+            transport: target_transport,
+        }) = self
             .channel_index
             .get(&(target_device.to_owned(), target_channel.to_owned()))
             .cloned()
@@ -1251,6 +1280,17 @@ impl<'a> Loader<'a> {
                 span.clone(),
                 context,
                 format!("connect {target:?}: that channel connects too; one end must bind"),
+            );
+        }
+        let target_transport = target_transport.as_deref().unwrap_or(default_transport);
+        if target_transport != transport {
+            // Refused by the peers only when they meet ("the peer uses the zeromq transport").
+            self.checker.error(
+                span.clone(),
+                context,
+                format!(
+                    "connect {target:?}: that channel is on {target_transport}, this one on {transport}; both ends of a connection use one transport"
+                ),
             );
         }
         if !socket_type.is_compatible_with(target_type) {
