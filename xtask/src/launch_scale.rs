@@ -122,7 +122,9 @@ fn session_memory(session: &str) -> Vec<ProcessMemory> {
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
                 let cmdline = String::from_utf8_lossy(&cmdline);
-                needles.iter().any(|needle| cmdline.contains(needle.as_str()))
+                needles
+                    .iter()
+                    .any(|needle| cmdline.contains(needle.as_str()))
                     && cmdline.contains("\0device\0")
             })
         })

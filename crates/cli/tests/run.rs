@@ -346,6 +346,14 @@ properties = { verfy = true, shm-segment-size = 1048576 }
 [[device.channel]]
 name = "data"
 type = "pull"
+
+[[device]]
+id = "misnamed"
+kind = "sampler"
+
+[[device.channel]]
+name = "foo"
+type = "push"
 "#;
     let file = TempFile::holding("bad-properties.toml", text);
     let name = file.path();
@@ -357,6 +365,10 @@ type = "pull"
         // A key no sink reads changed nothing, silently (a bad-input sweep).
         format!(
             "{name}:42:24: device \"typo\": property \"verfy\" (= \"true\") is not one a sink reads; did you mean \"verify\"?"
+        ),
+        // A channel a built-in device does not use, and none it does: failed only at INIT.
+        format!(
+            "{name}:50:8: device \"misnamed\": no channel \"data\" (a sampler uses it; out-channel renames it); its channels: foo"
         ),
     ];
     for command in ["validate", "run"] {

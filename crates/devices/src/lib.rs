@@ -396,6 +396,44 @@ pub fn check_topology_properties(
         })
 }
 
+/// [`ferromq_topology::Known::required_channels`] for the built-in devices: the channels a
+/// device of `kind` uses ([`Builtin::channel_endpoints`], renamed by its properties as the
+/// device renames them), each with how a device gets it; `None` for a kind not built in.
+pub fn required_channels(
+    kind: &str,
+    properties: &BTreeMap<String, String>,
+) -> Option<Vec<(String, String)>> {
+    let builtin = Builtin::from_name(kind)?;
+    let renames = builtin.properties();
+    let how = |name: &str| match builtin {
+        Builtin::MctsDriver | Builtin::MctsWorker => format!(
+            "an [[rpc]] group named {:?} gives its members this channel",
+            name.trim_end_matches("-out")
+        ),
+        _ => {
+            let renamed: Vec<&str> = ["in-channel", "out-channel"]
+                .into_iter()
+                .filter(|key| renames.contains(key))
+                .collect();
+            if renamed.is_empty() {
+                format!("a {kind} uses it")
+            } else {
+                format!("a {kind} uses it; {} renames it", renamed.join(" or "))
+            }
+        }
+    };
+    let endpoints = builtin.channel_endpoints(|key| properties.get(key).cloned());
+    Some(
+        endpoints
+            .into_iter()
+            .map(|(name, _, _)| {
+                let how = how(&name);
+                (name, how)
+            })
+            .collect(),
+    )
+}
+
 /// Where a built-in device reads its properties: its context at INIT, or a topology's table
 /// when [`Builtin::check_properties`] checks them before anything runs. Each device reads them
 /// in one function (`configure`) over this trait, so both refuse the same values.

@@ -934,6 +934,7 @@ fn check_topology(input: &[u8]) -> Result<bool, String> {
         transport_properties: &transport_properties,
         // As `ferromq run` loads: the built-in devices' property reading is fed the file too.
         check_properties: Some(ferromq_devices::check_topology_properties),
+        required_channels: Some(ferromq_devices::required_channels),
     };
     match ferromq_topology::load("fuzz.toml", &text, &known) {
         Ok(topology) => {

@@ -653,6 +653,7 @@ impl<'a> Loader<'a> {
                 self.channel(&id, replicas, channel, &context)
             })
             .collect();
+        self.check_required_channels(device, &kind, &properties, &seen_channels, &context);
         DeviceSpec {
             id,
             kind,
@@ -663,6 +664,37 @@ impl<'a> Loader<'a> {
             hosts,
             restart,
             min_replicas,
+        }
+    }
+
+    /// A built-in device has every channel it uses ([`Known::required_channels`]): a sampler
+    /// whose only channel was `foo` passed `validate` and failed at INIT with "has no channel
+    /// \"data\"". Reported at the kind, naming what provides the channel.
+    fn check_required_channels(
+        &mut self,
+        device: &DeviceToml,
+        kind: &DeviceKind,
+        properties: &BTreeMap<String, String>,
+        channels: &BTreeSet<String>,
+        context: &str,
+    ) {
+        let (Some(required), DeviceKind::Builtin(kind)) = (self.known.required_channels, kind)
+        else {
+            return;
+        };
+        for (name, how) in required(kind, properties).unwrap_or_default() {
+            if !channels.contains(&name) {
+                let has = if channels.is_empty() {
+                    "none".to_owned()
+                } else {
+                    channels.iter().cloned().collect::<Vec<_>>().join(", ")
+                };
+                self.checker.error(
+                    device.kind.span(),
+                    context,
+                    format!("no channel {name:?} ({how}); its channels: {has}"),
+                );
+            }
         }
     }
 

@@ -27,6 +27,7 @@
 //!     transports: &["zeromq"],
 //!     transport_properties: &[],
 //!     check_properties: None,
+//!     required_channels: None,
 //! };
 //! let topology = ferromq_topology::load("demo.toml", text, &known).unwrap();
 //! assert_eq!(topology.instances().len(), 2);
@@ -61,7 +62,15 @@ pub struct Known<'a> {
     /// runs;
     /// `None` checks nothing beyond their form.
     pub check_properties: Option<CheckProperties>,
+    /// The channels a built-in device uses, each with what provides it, so that a device
+    /// without one is reported at its kind before anything runs; `None` checks no names.
+    pub required_channels: Option<RequiredChannels>,
 }
+
+/// A built-in kind's channels as its properties name them (`in-channel` renames, an rpc group's
+/// `rpc-group`): `(name, how a device gets it)`; `None` for a kind that is not built in.
+pub type RequiredChannels =
+    fn(kind: &str, properties: &BTreeMap<String, String>) -> Option<Vec<(String, String)>>;
 
 /// A built-in kind's property check: the kind, the device's id, its properties as text, and the
 /// keys the transports read ([`Known::transport_properties`]).

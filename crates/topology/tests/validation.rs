@@ -26,6 +26,7 @@ const KNOWN: Known<'static> = Known {
     transports: &["zeromq", "shmem", "ofi"],
     transport_properties: &[],
     check_properties: None,
+    required_channels: None,
 };
 
 #[test]

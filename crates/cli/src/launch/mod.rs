@@ -91,6 +91,7 @@ pub fn load_topology(file: &Path) -> Result<Topology> {
         transports: &transports,
         transport_properties: &transport_properties,
         check_properties: Some(ferromq_devices::check_topology_properties),
+        required_channels: Some(ferromq_devices::required_channels),
     };
     ferromq_topology::load(&file.display().to_string(), &text, &known)
         .map_err(|errors| anyhow!("{errors}"))

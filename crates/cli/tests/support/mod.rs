@@ -118,11 +118,12 @@ pub fn processes_of_session(session: &str) -> Vec<i32> {
         .expect("/proc")
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|cmdline| {
-                    let cmdline = String::from_utf8_lossy(&cmdline);
-                    needles.iter().any(|needle| cmdline.contains(needle.as_str()))
-                })
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                let cmdline = String::from_utf8_lossy(&cmdline);
+                needles
+                    .iter()
+                    .any(|needle| cmdline.contains(needle.as_str()))
+            })
         })
         .collect()
 }
