@@ -34,8 +34,8 @@ pub struct RecordOptions {
     /// The recording to write (created or replaced).
     #[arg(long, short)]
     pub output: PathBuf,
-    /// Stop after this many messages.
-    #[arg(long)]
+    /// Stop after this many messages (at least 1: `--messages 0` recorded nothing and exited 0).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub messages: Option<u64>,
     /// Stop after this many seconds.
     #[arg(long, value_parser = crate::options::seconds)]

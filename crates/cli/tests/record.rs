@@ -430,6 +430,25 @@ async fn record_and_replay_refuse_what_they_cannot_do() {
         nowhere.stderr
     );
 
+    // `--messages 0` recorded nothing and exited 0 (a bad-input sweep).
+    let zero = finish(support::ferromq_as_is(&[
+        "record",
+        "s",
+        "d",
+        "data",
+        "--output",
+        "/nonexistent/x.fmqr",
+        "--messages",
+        "0",
+    ]))
+    .await;
+    assert_eq!(zero.code, Some(2), "{}", zero.stderr);
+    assert!(
+        zero.stderr.contains("'0' for '--messages"),
+        "{}",
+        zero.stderr
+    );
+
     let session = format!("record-refuse-{}", std::process::id());
     let ipc = Ipc::new("record-refuse");
     let sink = Device::new("sink", "quiet")
