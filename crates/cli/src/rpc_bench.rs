@@ -47,8 +47,8 @@ pub struct RpcBenchOptions {
     pub round_trips: usize,
     /// Instead of calls: a broadcast to this many members (this process and N-1 others) until
     /// each ran the handler, against a call_return round trip to one of them (p50s of 200);
-    /// 2 to 256.
-    #[arg(long, default_value_t = 0)]
+    /// 2 to 256. It measures one kind of call: not with --mode or --call-size.
+    #[arg(long, default_value_t = 0, conflicts_with_all = ["mode", "call_size"])]
     pub broadcast: usize,
     /// Both ends spin on their inbound channels instead of sleeping (channel option busyPoll).
     #[arg(long = "busy-poll")]

@@ -26,8 +26,9 @@ pub enum ShmCommand {
         /// Remove every session none of whose processes runs any more (no session id needed).
         #[arg(long)]
         stale: bool,
-        /// Remove the session even while processes use it.
-        #[arg(long)]
+        /// Remove the session even while processes use it (not with --stale, which removes
+        /// only sessions nobody uses).
+        #[arg(long, conflicts_with = "stale")]
         force: bool,
     },
 }

@@ -538,6 +538,11 @@ fn bench_rpc_names_what_it_cannot_measure_before_it_starts_a_process() {
         let args = [["bench", "rpc"].as_slice(), args.as_slice()].concat();
         refused_before_any_member_starts(&args, culprit);
     }
+    // Taken and ignored (a bad-input sweep): a broadcast measures one kind of call.
+    refused_naming(
+        &["bench", "rpc", "--broadcast", "2", "--mode", "trad"],
+        "'--broadcast <BROADCAST>' cannot be used with '--mode <MODE>'",
+    );
 }
 
 /// A role process that fails (here the sender, whose messages are larger than its segment)

@@ -1217,3 +1217,15 @@ async fn a_log_file_that_takes_no_line_is_named_once_and_the_lines_go_to_stderr(
     assert!(!stderr.contains("Unable to write an event"), "{stderr}");
     assert!(stderr.contains("IDLE ---> INITIALIZING DEVICE"), "{stderr}");
 }
+
+/// `shm clean --stale --force` ran as `--stale`, the force taken and ignored (a bad-input
+/// sweep): --stale removes only what nobody uses, so the two are refused together.
+#[test]
+fn shm_clean_refuses_force_with_stale() {
+    let (code, _, stderr) = shm(&["clean", "--stale", "--force"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("'--stale' cannot be used with '--force'"),
+        "{stderr}"
+    );
+}
