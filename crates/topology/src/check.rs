@@ -891,14 +891,20 @@ impl<'a> Loader<'a> {
 
     fn device_kind(&mut self, device: &DeviceToml, context: &str) -> DeviceKind {
         match (device.kind.get_ref().as_str(), &device.command) {
-            ("exec", Some(command)) if !command.get_ref().is_empty() => {
+            // A program named "" passed validate and failed to start ("cannot start : ...").
+            ("exec", Some(command))
+                if command
+                    .get_ref()
+                    .first()
+                    .is_some_and(|program| !program.trim().is_empty()) =>
+            {
                 DeviceKind::Exec(command.get_ref().clone())
             }
             ("exec", _) => {
                 self.checker.error(
                     device.kind.span(),
                     context,
-                    "kind \"exec\" needs command = [\"program\", \"args\"...]",
+                    "kind \"exec\" needs command = [\"program\", \"args\"...], the program not empty",
                 );
                 DeviceKind::Exec(Vec::new())
             }
@@ -991,6 +997,17 @@ impl<'a> Loader<'a> {
             .properties
             .iter()
             .map(|(key, value)| {
+                // A device is given `--property=KEY=VALUE`: an empty key, or one with `=`,
+                // reached it as another key than the file's.
+                if key.is_empty() || key.contains('=') || key.contains(char::is_control) {
+                    self.checker.error(
+                        value.span(),
+                        context,
+                        format!(
+                            "property {key:?}: a key is not empty, without '=' or control characters"
+                        ),
+                    );
+                }
                 if LAUNCHER_PROPERTIES.contains(&key.as_str()) {
                     self.checker.error(
                         value.span(),
