@@ -907,6 +907,9 @@ fn count_call(count: &AtomicU64) {
 }
 
 async fn role(options: &RpcRoleOptions) -> Result<()> {
+    // The bench that started this process, read first: read once the group runs, a bench
+    // killed meanwhile had already left it to init, and the change was never seen.
+    let parent = nix::unistd::getppid();
     let aggregation = aggregation(&options.mode)?;
     let (transport, address) = transport_and_address(
         &options.transport,
@@ -966,7 +969,6 @@ async fn role(options: &RpcRoleOptions) -> Result<()> {
     .await?;
     // A bench that dies (a signal, an abort) cannot send `Quit`: the destination would serve
     // an empty group for ever, orphaned. Its parent changing says so.
-    let parent = nix::unistd::getppid();
     let orphaned = async {
         let mut look = tokio::time::interval(Duration::from_millis(200));
         loop {

@@ -627,12 +627,30 @@ fn a_destination_outlives_no_killed_bench() {
             let states: Vec<String> = left
                 .iter()
                 .map(|pid| {
-                    std::fs::read_to_string(format!("/proc/{pid}/status"))
+                    let tasks: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                        .map(|task| {
+                            let path = task.path();
+                            let stat =
+                                std::fs::read_to_string(path.join("stat")).unwrap_or_default();
+                            let wchan =
+                                std::fs::read_to_string(path.join("wchan")).unwrap_or_default();
+                            let state = stat
+                                .rsplit_once(") ")
+                                .map_or("?", |(_, rest)| &rest[..1])
+                                .to_owned();
+                            format!("{state}:{wchan}")
+                        })
+                        .collect();
+                    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
                         .unwrap_or_default()
                         .lines()
                         .filter(|l| l.starts_with("State") || l.starts_with("PPid"))
                         .collect::<Vec<_>>()
-                        .join(" ")
+                        .join(" ");
+                    format!("{status} tasks {tasks:?}")
                 })
                 .collect();
             panic!("destinations {left:?} outlived their bench by 30 s: {states:?}");
