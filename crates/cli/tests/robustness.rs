@@ -290,31 +290,32 @@ async fn an_unthrottled_shmem_sender_waits_for_a_stopped_receiver_and_loses_noth
     let ipc = Ipc::new("shmwait");
     let session = format!("shmwait{}", std::process::id());
     let address = ipc.address();
-    let device = |kind: &str, socket_type: &str, method: &str| {
+    let device = |kind: &str, socket_type: &str, method: &str, extra: &[&str]| {
         let config =
             format!("name=data,type={socket_type},method={method},address={address},rateLogging=1");
-        static_device(
-            kind,
-            kind,
-            &[
+        let args = [
+            [
                 "--transport",
                 "shmem",
                 "--session",
                 &session,
                 "--max-iterations",
                 &max_iterations,
-                "--msg-size",
-                "65536",
                 "--channel-config",
                 &config,
-            ],
-        )
+            ]
+            .as_slice(),
+            extra,
+        ]
+        .concat();
+        static_device(kind, kind, &args)
     };
-    let mut sink = device("sink", "pull", "bind");
+    // `--msg-size` for the sender only: a sink refuses an option it does not read.
+    let mut sink = device("sink", "pull", "bind", &[]);
     let mut sink_lines = BufReader::new(sink.stdout.take().expect("stdout")).lines();
     let mut sink_seen = Vec::new();
     wait_for_line(&mut sink_lines, "READY ---> RUNNING", &mut sink_seen).await;
-    let mut sampler = device("bsampler", "push", "connect");
+    let mut sampler = device("bsampler", "push", "connect", &["--msg-size", "65536"]);
     let mut sampler_lines = BufReader::new(sampler.stdout.take().expect("stdout")).lines();
     let mut sampler_seen = Vec::new();
     loop {
