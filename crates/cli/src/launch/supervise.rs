@@ -110,8 +110,6 @@ pub(super) async fn supervise(
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let mut previous: BTreeMap<(String, String), ferromq_core::CounterSnapshot> = BTreeMap::new();
     let mut last_table = Instant::now();
-    // The RUN replies said every device entered RUNNING; all back in READY later means done.
-    let mut seen_running = devices.iter().any(|device| device.state == State::Running);
     loop {
         // Made anew each round: a restarted device has a new process, and one left behind
         // (expendable) is watched no more.
@@ -129,13 +127,7 @@ pub(super) async fn supervise(
         }
         // Requests to a device that hangs can take their whole timeout: a signal meanwhile is
         // acted on at once, not after them.
-        let poll = poll_devices(
-            devices,
-            &mut seen_running,
-            &mut previous,
-            &mut last_table,
-            interval,
-        );
+        let poll = poll_devices(devices, &mut previous, &mut last_table, interval);
         let round = tokio::select! {
             name = signals.next() => return Ending::Signal(name),
             round = poll => round,
@@ -203,7 +195,6 @@ async fn any_exit(exits: &[tokio::sync::watch::Receiver<Option<std::process::Exi
 /// One round of supervision: exits, states, and every `interval` the table of rates.
 async fn poll_devices(
     devices: &mut [Running],
-    seen_running: &mut bool,
     previous: &mut BTreeMap<(String, String), ferromq_core::CounterSnapshot>,
     last_table: &mut Instant,
     interval: Duration,
@@ -227,12 +218,14 @@ async fn poll_devices(
             )));
         }
     }
-    *seen_running |= devices.iter().any(|device| device.state == State::Running);
-    if *seen_running
-        && devices
-            .iter()
-            .filter(|device| device.left_behind.is_none())
-            .all(|device| device.state == State::Ready)
+    // Supervision starts once every device answered RUN by entering RUNNING: all back in READY
+    // means done. (It used to wait until it had seen one RUNNING itself: devices that finished
+    // their work at once were READY at the start's last look, and the run waited for ever, a
+    // sampler and sink of 101 messages under load.)
+    if devices
+        .iter()
+        .filter(|device| device.left_behind.is_none())
+        .all(|device| device.state == State::Ready)
     {
         return Round::Ends(Ending::Finished);
     }
