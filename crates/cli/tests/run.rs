@@ -500,15 +500,41 @@ connect = "s.data"
 }
 
 /// An mcts worker in no rpc group said "an mcts worker needs the driver listed first" (a
-/// bad-input sweep): it now says it is in no group, and how to declare one.
+/// bad-input sweep): a topology now refuses it before it runs, and a worker started by hand
+/// with the group's channels but without its members says it is in no group.
 #[tokio::test]
 async fn an_mcts_worker_in_no_group_is_told_so() {
     let text = "[[device]]\nid = \"w\"\nkind = \"mcts-worker\"\n";
     let file = TempFile::holding("lone-worker.toml", text);
     let session = format!("test-lone-worker-{}", std::process::id());
-    let finished = support::finish(ferromq_run(&file.0, &["--session", &session])).await;
-    assert_eq!(finished.code, Some(1), "{}", finished.stderr);
-    let all = format!("{}{}", finished.stdout, finished.stderr);
+    let refused = support::finish(ferromq_run(&file.0, &["--session", &session])).await;
+    assert_eq!(refused.code, Some(2), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains(
+            "device \"w\": no channel \"search\" (an [[rpc]] group named \"search\" gives its members this channel)"
+        ),
+        "{}",
+        refused.stderr
+    );
+    let ipc = format!("ipc:///tmp/lone-worker-{}", std::process::id());
+    let by_hand = support::finish(support::ferromq_as_is(&[
+        "device",
+        "mcts-worker",
+        "--id",
+        "w",
+        "--control",
+        "static",
+        "--session",
+        &session,
+        "--channel-config",
+        &format!("name=search,type=pull,method=bind,address={ipc}.in"),
+        "--channel-config",
+        &format!("name=search-out,type=push,method=connect,address={ipc}.out"),
+    ]))
+    .await;
+    let _ = std::fs::remove_file(format!("/tmp/lone-worker-{}.in", std::process::id()));
+    assert_eq!(by_hand.code, Some(1), "{}", by_hand.stderr);
+    let all = format!("{}{}", by_hand.stdout, by_hand.stderr);
     assert!(
         all.contains("device \"w\" is in no rpc group \"search\": declare one with [[rpc]]"),
         "{all}"
