@@ -109,9 +109,12 @@ fn device_pid(launcher_pid: u32, id: &str) -> Option<u32> {
             let parent: u32 = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
             let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
             let args: Vec<&[u8]> = cmdline.split(|&byte| byte == 0).collect();
-            let is_device = args
-                .windows(2)
-                .any(|pair| pair[0] == b"--id" && pair[1] == id.as_bytes());
+            // The launcher passes `--id=ID`; by hand it is two words.
+            let joined = format!("--id={id}");
+            let is_device = args.contains(&joined.as_bytes())
+                || args
+                    .windows(2)
+                    .any(|pair| pair[0] == b"--id" && pair[1] == id.as_bytes());
             (parent == launcher_pid && is_device).then_some(pid)
         })
 }

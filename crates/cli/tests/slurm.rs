@@ -93,10 +93,15 @@ fn devices_of(session: &str) -> Vec<u32> {
 }
 
 fn device_pid(session: &str, id: &str) -> Option<u32> {
-    let needle = format!("--id\0{id}\0");
+    // The launcher passes `--id=ID`; by hand it is two words.
+    let needles = [format!("\0--id={id}\0"), format!("--id\0{id}\0")];
     devices_of(session).into_iter().find(|pid| {
-        std::fs::read(format!("/proc/{pid}/cmdline"))
-            .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(&needle))
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            needles
+                .iter()
+                .any(|needle| cmdline.contains(needle.as_str()))
+        })
     })
 }
 
