@@ -573,7 +573,7 @@ mod tests {
             r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "push", "method": "bind", "sndBufSize": -1}]}]}}"#,
             &[
                 "bad.json",
-                "key \"sndBufSize\" has invalid value \"-1\": expected at least 1 message",
+                "key \"sndBufSize\" has invalid value \"-1\": expected a whole number, at least 1 message",
                 "line 1 column",
             ],
         );
@@ -612,7 +612,7 @@ mod tests {
             &json("\"4294967296\""),
             &[
                 "bad.json",
-                "key \"numSockets\" has invalid value \"4294967296\": expected at most 1024",
+                "key \"numSockets\" has invalid value \"4294967296\": expected a number of sockets from 0 to 1024",
                 "line 1 column",
             ],
         );
