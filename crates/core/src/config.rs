@@ -222,6 +222,21 @@ pub enum ConfigError {
         #[source]
         source: AddressError,
     },
+    /// One endpoint of a several-endpoint address (`@tcp://*:5555,+tcp://host:5556`) is
+    /// empty, as in `tcp://a:1,,tcp://b:2`.
+    #[error(
+        "channel {channel:?}: address {address:?} has an empty endpoint (endpoint {position} of {count})"
+    )]
+    EmptyEndpoint {
+        /// The channel.
+        channel: String,
+        /// The whole address.
+        address: String,
+        /// Which endpoint is empty, counted from 1.
+        position: usize,
+        /// How many endpoints the address has.
+        count: usize,
+    },
 }
 
 /// The most sockets one channel may have (`numSockets`): each is a real socket with its own
@@ -646,9 +661,19 @@ impl ChannelConfig {
         let Some(text) = self.address.as_deref() else {
             return Ok(Vec::new());
         };
+        let count = text.split(',').count();
         text.split(',')
             .map(str::trim)
-            .map(|piece| {
+            .enumerate()
+            .map(|(idx, piece)| {
+                if count > 1 && piece.is_empty() {
+                    return Err(ConfigError::EmptyEndpoint {
+                        channel: self.name.clone(),
+                        address: text.to_owned(),
+                        position: idx + 1,
+                        count,
+                    });
+                }
                 let (method, address) = match piece.chars().next() {
                     Some('@') => (Method::Bind, &piece[1..]),
                     Some('+' | '>') => (Method::Connect, &piece[1..]),
@@ -667,9 +692,11 @@ impl ChannelConfig {
     /// or `+`), so that the channel needs no `method` of its own.
     pub fn prefixed_method(&self) -> Option<Method> {
         let text = self.address.as_deref()?;
+        // An empty endpoint is not a missing method: `endpoints` names it.
         let mut methods = text
             .split(',')
             .map(str::trim)
+            .filter(|piece| !piece.is_empty())
             .map(|piece| match piece.chars().next() {
                 Some('@') => Some(Method::Bind),
                 Some('+' | '>') => Some(Method::Connect),
@@ -949,6 +976,22 @@ mod tests {
                 channel: "d".into(),
                 source: AddressError::MissingPort("tcp://x".into()),
             },
+        );
+        // An empty endpoint (from a JSON file, which keeps the commas) is named by position,
+        // not reported as the whole address being empty.
+        let gap = ChannelConfig {
+            name: "d".into(),
+            address: Some("@tcp://*:1,,+tcp://h:2".into()),
+            ..ChannelConfig::default()
+        };
+        assert_eq!(
+            gap.endpoints().unwrap_err(),
+            ConfigError::EmptyEndpoint {
+                channel: "d".into(),
+                address: "@tcp://*:1,,+tcp://h:2".into(),
+                position: 2,
+                count: 3,
+            }
         );
         // FairMQ's timeouts are taken and checked.
         ChannelConfig::parse_key_values(

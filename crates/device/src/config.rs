@@ -151,6 +151,9 @@ impl DeviceConfig {
             path: path.to_owned(),
             problem,
         };
+        // Boost's JSON parser, FairMQ's, skips a UTF-8 byte order mark (as editors on Windows
+        // write one), so a file FairMQ reads is read here too.
+        let json = json.strip_prefix('\u{feff}').unwrap_or(json);
         let file: MqConfigFile =
             serde_json::from_str(json).map_err(|error| mq_error(error.to_string()))?;
         if let Ok(value) = serde_json::from_str::<serde_json::Value>(json) {
@@ -212,14 +215,21 @@ impl DeviceConfig {
                 );
                 continue;
             }
-            for (socket_idx, config) in channel.expand().map_err(mq_error)?.into_iter().enumerate()
-            {
+            let configs = channel.expand().map_err(mq_error)?;
+            let n_entries = configs.len();
+            for (socket_idx, config) in configs.into_iter().enumerate() {
                 config.validate().map_err(|error| {
-                    mq_error(format!(
-                        "channel {:?} socket {socket_idx}: {}",
-                        config.name,
-                        crate::error_chain(&error)
-                    ))
+                    let chain = crate::error_chain(&error);
+                    let channel = format!("channel {:?}", config.name);
+                    // "socket N" only where the channel has several to tell apart, and the
+                    // channel named once.
+                    mq_error(if n_entries > 1 {
+                        format!("{channel} socket {socket_idx}: {chain}")
+                    } else if chain.starts_with(&channel) {
+                        chain
+                    } else {
+                        format!("{channel}: {chain}")
+                    })
                 })?;
                 let n_sockets = config.num_sockets;
                 let name = if n_sockets > 1 {
@@ -701,6 +711,40 @@ mod tests {
         let channel = &config.sockets[0].config;
         assert!(channel.binds() && channel.connects());
         assert_eq!(channel.endpoints().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn an_empty_endpoint_is_named_by_position_and_the_channel_once() {
+        let mut config = DeviceConfig::new("d");
+        let error = config
+            .add_mq_config(
+                "gap.json",
+                r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "pull", "address": "@tcp://*:5555,,+tcp://host:5556"}]}]}}"#,
+            )
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            "gap.json: channel \"x\": address \"@tcp://*:5555,,+tcp://host:5556\" \
+             has an empty endpoint (endpoint 2 of 3)"
+        );
+        // With several sockets, which one is said.
+        check_error(
+            r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "pull", "method": "bind", "sockets": [{"address": "tcp://*:1"}, {"address": "tcp://*:2,,tcp://*:3"}]}]}]}}"#,
+            &["channel \"x\" socket 1: ", "(endpoint 2 of 3)"],
+        );
+    }
+
+    #[test]
+    fn a_utf8_byte_order_mark_is_skipped_as_fairmq_does() {
+        let mut config = DeviceConfig::new("d");
+        config
+            .add_mq_config(
+                "bom.json",
+                "\u{feff}{\"fairMQOptions\": {\"devices\": [{\"id\": \"d\", \"channels\": [{\"name\": \"x\", \"type\": \"pull\", \"method\": \"bind\"}]}]}}",
+            )
+            .unwrap();
+        assert_eq!(config.sockets[0].name, "x");
     }
 
     #[test]
