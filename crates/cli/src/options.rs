@@ -455,6 +455,18 @@ impl DeviceOptions {
                 self.id
             );
         }
+        // Taken and then ignored otherwise: nothing would ever bind it.
+        if let Some(address) = &self.control_address
+            && self.control != ControlMode::External
+        {
+            let mode = self
+                .control
+                .to_possible_value()
+                .map_or_else(String::new, |value| value.get_name().to_owned());
+            bail!(
+                "--control-address {address:?}: only --control external reads it (this device has --control {mode})"
+            );
+        }
         // Refused now, naming the option: a control endpoint that cannot bind used to leave
         // the device in IDLE with nothing to control it.
         if let Some(address) = &self.control_address {

@@ -963,6 +963,22 @@ async fn a_control_endpoint_that_cannot_be_bound_ends_the_device() {
             refused.stderr
         );
     }
+    // An address no endpoint would bind is refused rather than ignored.
+    for mode in ["static", "interactive"] {
+        let ignored = Device::plain("sink", "sink1")
+            .args(&["--control", mode, "--control-address", "ipc:///tmp/x"])
+            .channel("pull", "bind", &data.address())
+            .finish()
+            .await;
+        assert_eq!(ignored.code, Some(2), "{mode}: {}", ignored.stderr);
+        assert!(
+            ignored.stderr.contains(&format!(
+                "--control-address \"ipc:///tmp/x\": only --control external reads it (this device has --control {mode})"
+            )),
+            "{mode}: {}",
+            ignored.stderr
+        );
+    }
     let unbindable = format!("ipc:///nonexistent-ferromq-{}/control", std::process::id());
     let ended = external(&unbindable).finish().await;
     assert_eq!(ended.code, Some(1), "{}", ended.stderr);
