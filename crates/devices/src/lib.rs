@@ -138,6 +138,14 @@ impl Builtin {
             .map(|(_, kind)| *kind)
     }
 
+    /// This kind's name, as a topology's `kind` and `ferromq device KIND` spell it.
+    pub fn name(self) -> &'static str {
+        Builtin::ALL
+            .iter()
+            .find(|(_, kind)| *kind == self)
+            .map_or("device", |(name, _)| *name)
+    }
+
     /// The names, for help texts and errors.
     pub fn names() -> Vec<&'static str> {
         Builtin::ALL.iter().map(|(name, _)| *name).collect()
@@ -302,10 +310,7 @@ impl Builtin {
 
     /// What is wrong with property `key` (= `value`), which this kind does not take.
     fn not_taken(self, key: &str, value: &str, transport_properties: &[&str]) -> String {
-        let name = Builtin::ALL
-            .iter()
-            .find(|(_, kind)| *kind == self)
-            .map_or("device", |(name, _)| *name);
+        let name = self.name();
         let own = self.properties();
         let nearest = own
             .iter()
@@ -773,6 +778,14 @@ mod tests {
 
     /// Every key a kind's reading asks for is one it says it takes: a key missing from
     /// [`Builtin::properties`] would be refused although the device reads it.
+    #[test]
+    fn each_kind_is_found_by_its_own_name() {
+        for (name, kind) in Builtin::ALL {
+            assert_eq!(kind.name(), name);
+            assert_eq!(Builtin::from_name(name), Some(kind));
+        }
+    }
+
     #[test]
     fn each_kind_reads_only_the_properties_it_lists() {
         for (name, kind) in Builtin::ALL {
