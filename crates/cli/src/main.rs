@@ -20,7 +20,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a built-in device (sampler, sink, bsampler, processor, splitter, merger, proxy, multiplier).
+    /// Run a built-in device: a sampler, sink or forwarder, a client or server, an event
+    /// builder's source or builder, an MCTS driver or worker, or a replay (KIND lists them).
     Device {
         /// The kind of device.
         #[arg(value_parser = clap::builder::PossibleValuesParser::new(Builtin::names()))]
