@@ -12,7 +12,10 @@ use crate::{Properties, channel_property};
 /// boundaries as recorded, at the recorded pace times `speed` (default 1; 2 is twice as fast;
 /// 0 as fast as the channel takes them). `--max-iterations` bounds how many. A file cut short
 /// (its recorder did not finish) is replayed up to its last whole message, with a warning; a
-/// corrupt one fails the device at the first bad byte, naming the offset.
+/// corrupt or inconsistent one (a message without parts, a sequence number not above the one
+/// before, a summary that disagrees with the messages, bytes after the end record) fails the
+/// device where the reading reaches the bad record, naming the file, the offset and the value,
+/// once the messages before it were sent.
 #[derive(Debug, Default)]
 pub struct Replay {
     out_channel: String,

@@ -12,7 +12,10 @@
 //!
 //! Reading never trusts the file: every length is checked against [`MAX_PARTS`],
 //! [`MAX_PART_SIZE`] and what is left of the file before anything is allocated, and every
-//! problem is an error naming the file and the byte offset.
+//! problem is an error naming the file and the byte offset. A file must also agree with
+//! itself: every message has a part, sequence numbers only grow, the summary counts what the
+//! file holds, and nothing follows the end record. [`Reader`] checks each as it reaches it, so
+//! the messages before a bad record are read (and replayed) before the error.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -238,6 +241,11 @@ pub struct Reader<R = BufReader<std::fs::File>> {
     header: Header,
     summary: Option<Summary>,
     ended: bool,
+    /// What was read so far, for the summary to agree with (`missed`: the sequence numbers
+    /// skipped).
+    read: Summary,
+    /// The last message's sequence number: the next one must be above it.
+    last_sequence: Option<u64>,
 }
 
 impl Reader {
@@ -283,6 +291,12 @@ impl<R: Read> Reader<R> {
             },
             summary: None,
             ended: false,
+            read: Summary {
+                messages: 0,
+                bytes: 0,
+                missed: 0,
+            },
+            last_sequence: None,
         };
         let mut magic = [0u8; 18];
         if length < MAGIC.len() as u64 || reader.take(&mut magic).is_err() || &magic != MAGIC {
@@ -309,7 +323,8 @@ impl<R: Read> Reader<R> {
     }
 
     /// The recording's summary, once [`Reader::next_record`] returned `None` (`None` then: the
-    /// recorder did not finish the file).
+    /// recorder did not finish the file). It agrees with the messages read: the reader refused
+    /// the file otherwise.
     pub fn summary(&self) -> Option<Summary> {
         self.summary
     }
@@ -317,12 +332,16 @@ impl<R: Read> Reader<R> {
     /// The next message, or `None` at the end.
     ///
     /// # Errors
-    /// [`RecordingError::Corrupt`] naming the offset, or [`RecordingError::Io`].
+    /// [`RecordingError::Corrupt`] naming the offset, or [`RecordingError::Io`]. Besides bytes
+    /// that are not what the format says, a message without parts, a sequence number not above
+    /// the one before, a summary that disagrees with the messages and bytes after the end
+    /// record are corrupt: messages are counted from 1 in what it says.
     pub fn next_record(&mut self) -> Result<Option<Record>, RecordingError> {
         if self.ended || self.remaining == 0 {
             self.ended = true;
             return Ok(None);
         }
+        let record_at = self.offset;
         let mut tag = [0u8; 1];
         self.take(&mut tag)?;
         match tag[0] {
@@ -331,12 +350,21 @@ impl<R: Read> Reader<R> {
                 let json = self.json_bytes("summary")?;
                 let summary = serde_json::from_slice(&json)
                     .map_err(|error| self.corrupt(format!("the summary is not valid: {error}")))?;
+                self.check_summary(&summary, record_at)?;
+                if self.remaining > 0 {
+                    // A file written on after its end, or two recordings joined.
+                    return Err(self.corrupt(format!(
+                        "{} byte(s) after the end record, where the file should end",
+                        self.remaining
+                    )));
+                }
                 self.summary = Some(summary);
                 self.ended = true;
                 return Ok(None);
             }
             other => return Err(self.corrupt(format!("unknown record tag {other}"))),
         }
+        let msg_idx = self.read.messages + 1;
         let mut head = [0u8; 21];
         self.take(&mut head)?;
         let direction = match head[0] {
@@ -348,8 +376,37 @@ impl<R: Read> Reader<R> {
         let sequence = word(1);
         let at = Duration::from_nanos(word(9));
         let n_parts = u32::from_le_bytes(head[17..21].try_into().expect("4 bytes"));
+        // The tap numbers a channel's messages, both ways, in the order they pass.
+        if let Some(last) = self.last_sequence.filter(|&last| sequence <= last) {
+            let previous = msg_idx - 1;
+            let problem = if sequence == last {
+                format!(
+                    "message {msg_idx} has sequence number {sequence}, which channel {:?} already had (message {previous})",
+                    self.header.channel
+                )
+            } else {
+                format!(
+                    "message {msg_idx} has sequence number {sequence}, below message {previous}'s {last}: channel {:?} numbers its messages upward",
+                    self.header.channel
+                )
+            };
+            return Err(self.corrupt_at(record_at, problem));
+        }
+        if n_parts == 0 {
+            return Err(self.corrupt_at(
+                record_at,
+                format!(
+                    "message {msg_idx} (sequence number {sequence}) has 0 parts: a message has at least 1"
+                ),
+            ));
+        }
         if n_parts > MAX_PARTS {
-            return Err(self.corrupt(format!("{n_parts} parts (at most {MAX_PARTS})")));
+            return Err(self.corrupt_at(
+                record_at,
+                format!(
+                    "message {msg_idx} (sequence number {sequence}) has {n_parts} parts (at most {MAX_PARTS})"
+                ),
+            ));
         }
         let mut parts = Vec::with_capacity(n_parts as usize);
         for part_idx in 0..n_parts {
@@ -358,14 +415,20 @@ impl<R: Read> Reader<R> {
             let length = u64::from_le_bytes(length);
             if length > MAX_PART_SIZE || length > self.remaining {
                 return Err(self.corrupt(format!(
-                    "part {part_idx} of message {sequence} says {length} bytes, {} are left",
+                    "part {} of message {msg_idx} (sequence number {sequence}) says {length} bytes, {} are left",
+                    part_idx + 1,
                     self.remaining
                 )));
             }
             let mut bytes = vec![0u8; usize::try_from(length).expect("checked above")];
             self.take(&mut bytes)?;
+            self.read.bytes += length;
             parts.push(Bytes::from(bytes));
         }
+        // Numbers the tap gave that are not in the file: missed, as the summary must say.
+        self.read.missed += sequence - self.last_sequence.map_or(0, |last| last + 1);
+        self.last_sequence = Some(sequence);
+        self.read.messages = msg_idx;
         Ok(Some(Record {
             direction,
             sequence,
@@ -375,11 +438,48 @@ impl<R: Read> Reader<R> {
     }
 
     fn corrupt(&self, problem: String) -> RecordingError {
+        self.corrupt_at(self.offset, problem)
+    }
+
+    /// A problem of the record (or field) that starts at `offset`.
+    fn corrupt_at(&self, offset: u64, problem: String) -> RecordingError {
         RecordingError::Corrupt {
             path: self.path.clone(),
-            offset: self.offset,
+            offset,
             problem,
         }
+    }
+
+    /// The end record at `offset` says `summary`: it must count what was read (its `missed`
+    /// at least the numbers the sequence skips; the tap may have missed more after the last).
+    fn check_summary(&self, summary: &Summary, offset: u64) -> Result<(), RecordingError> {
+        let read = self.read;
+        let mut disagreements = Vec::new();
+        if summary.messages != read.messages {
+            disagreements.push(format!(
+                "{} messages, the file holds {}",
+                summary.messages, read.messages
+            ));
+        }
+        if summary.bytes != read.bytes {
+            disagreements.push(format!(
+                "{} bytes, its messages hold {}",
+                summary.bytes, read.bytes
+            ));
+        }
+        if summary.missed < read.missed {
+            disagreements.push(format!(
+                "{} missed, its sequence numbers skip {}",
+                summary.missed, read.missed
+            ));
+        }
+        if disagreements.is_empty() {
+            return Ok(());
+        }
+        Err(self.corrupt_at(
+            offset,
+            format!("the summary says {}", disagreements.join("; ")),
+        ))
     }
 
     fn take(&mut self, buffer: &mut [u8]) -> Result<(), RecordingError> {
@@ -447,6 +547,155 @@ mod tests {
                 .map(|part| Bytes::copy_from_slice(part))
                 .collect(),
         }
+    }
+
+    /// The bytes of a finished recording of `records`, `missed` missed. The writer writes
+    /// whatever it is given: records that break the format's rules make a file to refuse.
+    fn written(tag: &str, records: &[Record], missed: u64) -> Vec<u8> {
+        let path = scratch(tag);
+        let mut writer = Writer::create(&path, &header()).unwrap();
+        for record in records {
+            writer.write(record).unwrap();
+        }
+        writer.finish(missed).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        bytes
+    }
+
+    /// Where the first message record starts.
+    fn header_len() -> usize {
+        MAGIC.len() + 4 + 4 + serde_json::to_vec(&header()).unwrap().len()
+    }
+
+    /// How many bytes `record` takes in a file.
+    fn record_len(record: &Record) -> usize {
+        22 + record
+            .parts
+            .iter()
+            .map(|part| 8 + part.len())
+            .sum::<usize>()
+    }
+
+    /// `bytes` read to the end as the file `run.fmqrec`: the sequence numbers read, or the
+    /// error.
+    fn read_all(bytes: &[u8]) -> Result<Vec<u64>, String> {
+        let path = Path::new("run.fmqrec");
+        let mut reader =
+            Reader::from_reader(bytes, bytes.len() as u64, path).map_err(|e| e.to_string())?;
+        let mut sequences = Vec::new();
+        while let Some(record) = reader.next_record().map_err(|e| e.to_string())? {
+            sequences.push(record.sequence);
+        }
+        Ok(sequences)
+    }
+
+    /// Reading `bytes` fails with `run.fmqrec at byte {offset}: {problem}`.
+    fn check_refused(bytes: &[u8], offset: usize, problem: &str) {
+        assert_eq!(
+            read_all(bytes),
+            Err(format!("run.fmqrec at byte {offset}: {problem}"))
+        );
+    }
+
+    #[test]
+    fn bytes_after_the_end_record_are_refused() {
+        let finished = written("trailing", &[record(0, &[b"a"])], 0);
+        assert_eq!(read_all(&finished), Ok(vec![0]));
+        let end = finished.len();
+        let mut written_on = finished.clone();
+        written_on.push(0);
+        check_refused(
+            &written_on,
+            end,
+            "1 byte(s) after the end record, where the file should end",
+        );
+        let joined = [finished.as_slice(), finished.as_slice()].concat();
+        check_refused(
+            &joined,
+            end,
+            &format!("{end} byte(s) after the end record, where the file should end"),
+        );
+    }
+
+    #[test]
+    fn a_summary_that_disagrees_with_the_messages_is_refused() {
+        // 2 messages, 4 bytes, sequence number 1 skipped.
+        let records = [record(0, &[b"ab", b"c"]), record(2, &[b"d"])];
+        let finished = written("summary", &records, 1);
+        assert_eq!(read_all(&finished), Ok(vec![0, 2]));
+        let end_at = header_len() + records.iter().map(record_len).sum::<usize>();
+        let with_summary = |json: &str| {
+            let mut bytes = finished[..end_at].to_vec();
+            bytes.push(TAG_END);
+            bytes.extend_from_slice(&json_len(json.as_bytes()).to_le_bytes());
+            bytes.extend_from_slice(json.as_bytes());
+            bytes
+        };
+        for (json, problem) in [
+            (
+                r#"{"messages":3,"bytes":4,"missed":1}"#,
+                "the summary says 3 messages, the file holds 2",
+            ),
+            (
+                r#"{"messages":2,"bytes":5,"missed":1}"#,
+                "the summary says 5 bytes, its messages hold 4",
+            ),
+            (
+                r#"{"messages":2,"bytes":4,"missed":0}"#,
+                "the summary says 0 missed, its sequence numbers skip 1",
+            ),
+            (
+                r#"{"messages":0,"bytes":0,"missed":0}"#,
+                "the summary says 0 messages, the file holds 2; 0 bytes, its messages hold 4; \
+                 0 missed, its sequence numbers skip 1",
+            ),
+        ] {
+            check_refused(&with_summary(json), end_at, problem);
+        }
+        // More missed than skipped: the tap missed messages after the last one recorded.
+        let missed_after = with_summary(r#"{"messages":2,"bytes":4,"missed":9}"#);
+        assert_eq!(read_all(&missed_after), Ok(vec![0, 2]));
+        // The numbers before the first message count too.
+        let late_start = written("summary-late", &[record(3, &[b"x"])], 0);
+        check_refused(
+            &late_start,
+            header_len() + record_len(&record(3, &[b"x"])),
+            "the summary says 0 missed, its sequence numbers skip 3",
+        );
+    }
+
+    #[test]
+    fn a_sequence_number_not_above_the_one_before_is_refused() {
+        let duplicate = [record(0, &[b"a"]), record(1, &[b"b"]), record(1, &[b"c"])];
+        let backwards = [record(0, &[b"a"]), record(5, &[b"b"]), record(3, &[b"c"])];
+        let third_at = header_len() + record_len(&duplicate[0]) + record_len(&duplicate[1]);
+        check_refused(
+            &written("duplicate", &duplicate, 0),
+            third_at,
+            "message 3 has sequence number 1, which channel \"data\" already had (message 2)",
+        );
+        check_refused(
+            &written("backwards", &backwards, 4),
+            third_at,
+            "message 3 has sequence number 3, below message 2's 5: channel \"data\" numbers its \
+             messages upward",
+        );
+        // Both directions share the numbers.
+        let mut received = record(1, &[b"in"]);
+        received.direction = Direction::In;
+        let both_ways = written("both-ways", &[record(0, &[b"out"]), received], 0);
+        assert_eq!(read_all(&both_ways), Ok(vec![0, 1]));
+    }
+
+    #[test]
+    fn a_message_without_parts_is_refused() {
+        let records = [record(0, &[b"a"]), record(1, &[])];
+        check_refused(
+            &written("no-parts", &records, 0),
+            header_len() + record_len(&records[0]),
+            "message 2 (sequence number 1) has 0 parts: a message has at least 1",
+        );
     }
 
     #[test]
