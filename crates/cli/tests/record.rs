@@ -525,3 +525,90 @@ async fn record_and_replay_refuse_what_they_cannot_do() {
         );
     }
 }
+
+/// Writes a finished recording of channel `data`: a message of `parts` parts for each of
+/// `sequences`, `missed` missed.
+fn recording_of(path: &str, sequences: &[u64], parts: usize, missed: u64) {
+    let header = ferromq_record::Header {
+        device: "test".into(),
+        session: "test".into(),
+        channel: "data".into(),
+        channel_config: "name=data,type=push".into(),
+        started_unix_ms: 0,
+        ferromq_version: "test".into(),
+    };
+    let mut writer =
+        ferromq_record::Writer::create(std::path::Path::new(path), &header).expect("create");
+    for &sequence in sequences {
+        writer
+            .write(&ferromq_record::Record {
+                direction: ferromq_record::Direction::Out,
+                sequence,
+                at: Duration::ZERO,
+                parts: vec![bytes::Bytes::from(format!("message {sequence}")); parts],
+            })
+            .expect("write");
+    }
+    writer.finish(missed).expect("finish");
+}
+
+/// A recording that contradicts itself (a sweep found each replayed without a word, exit 0)
+/// fails the replay (exit 1) where the reading reaches it, naming the file, the place and the
+/// value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_refuses_a_recording_that_contradicts_itself() {
+    let into = Ipc::new("replay-inconsistent");
+    let sink = Device::new("sink", "inconsistent-sink")
+        .channel("pull", "bind", &into.address())
+        .spawn();
+    let recording = Scratch::new("replay-inconsistent");
+    let path = recording.path();
+    let bad_files: [(&str, &dyn Fn()); 4] = [
+        (
+            "1 byte(s) after the end record, where the file should end",
+            &|| {
+                recording_of(path, &[0, 1], 1, 0);
+                let mut bytes = std::fs::read(path).unwrap();
+                bytes.push(b'x');
+                std::fs::write(path, bytes).unwrap();
+            },
+        ),
+        ("the summary says 9 messages, the file holds 2", &|| {
+            recording_of(path, &[0, 1], 1, 0);
+            let mut bytes = std::fs::read(path).unwrap();
+            let count = b"\"messages\":2";
+            let at = bytes
+                .windows(count.len())
+                .rposition(|window| window == count)
+                .expect("the summary's message count");
+            bytes[at + count.len() - 1] = b'9';
+            std::fs::write(path, bytes).unwrap();
+        }),
+        (
+            "message 3 has sequence number 1, which channel \"data\" already had (message 2)",
+            &|| recording_of(path, &[0, 1, 1], 1, 0),
+        ),
+        (
+            "message 1 (sequence number 0) has 0 parts: a message has at least 1",
+            &|| recording_of(path, &[0], 0, 0),
+        ),
+    ];
+    let mut not_refused = Vec::new();
+    for (problem, write) in bad_files {
+        write();
+        let replayed = finish(replay(path, "0", &into.address())).await;
+        if replayed.code != Some(1)
+            || !replayed.stderr.contains(&format!("{path} at byte "))
+            || !replayed.stderr.contains(problem)
+            || replayed.stderr.contains("panicked")
+        {
+            not_refused.push(format!(
+                "{problem}: exit {:?}, {}",
+                replayed.code, replayed.stderr
+            ));
+        }
+    }
+    signal(&sink, "INT");
+    finish(sink).await.assert_exited_0();
+    assert!(not_refused.is_empty(), "{not_refused:#?}");
+}
