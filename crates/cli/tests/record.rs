@@ -612,3 +612,82 @@ async fn replay_refuses_a_recording_that_contradicts_itself() {
     finish(sink).await.assert_exited_0();
     assert!(not_refused.is_empty(), "{not_refused:#?}");
 }
+
+/// A replay that `--max-iterations` ends early, on a recording longer than its reader reads
+/// ahead, said the finished file had no end record (the reader, cut off, reported none); and
+/// the bytes it said it replayed were counted before each send, not after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_ended_by_max_iterations_counts_what_it_sent_and_blames_no_file() {
+    let into = Ipc::new("replay-cut");
+    let sink = Device::new("sink", "cut-sink")
+        .channel("pull", "bind", &into.address())
+        .spawn();
+    let recording = Scratch::new("replay-cut");
+    let sequences: Vec<u64> = (0..3000).collect();
+    recording_of(recording.path(), &sequences, 1, 0);
+    let replayed = finish(ferromq_as_is(&[
+        "replay",
+        recording.path(),
+        "--id",
+        "replay",
+        "--control",
+        "static",
+        "--speed",
+        "0",
+        "--max-iterations",
+        "10",
+        "--color",
+        "false",
+        "--channel-config",
+        &format!(
+            "name=data,type=push,method=connect,address={},rateLogging=0",
+            into.address()
+        ),
+    ]))
+    .await;
+    signal(&sink, "INT");
+    finish(sink).await.assert_exited_0();
+    replayed.assert_exited_0();
+    let text = format!("{}{}", replayed.stdout, replayed.stderr);
+    assert!(!text.contains("no end record"), "{text}");
+    let n_messages: u64 = text
+        .split("replayed ")
+        .find_map(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no count of messages replayed in:\n{text}"));
+    let sent_bytes: u64 = (0..n_messages)
+        .map(|sequence| format!("message {sequence}").len() as u64)
+        .sum();
+    assert!(
+        text.contains(&format!(
+            "replayed {n_messages} messages ({sent_bytes} bytes)"
+        )),
+        "{text}"
+    );
+    // Stopped while its first message waits for a peer: nothing was sent, no byte either.
+    let session = format!("replay-nopeer-{}", std::process::id());
+    let nowhere = Ipc::new("replay-nopeer");
+    let waiting = ferromq_as_is(&[
+        "replay",
+        recording.path(),
+        "--id",
+        "replay",
+        "--session",
+        &session,
+        "--control",
+        "static",
+        "--speed",
+        "0",
+        "--color",
+        "false",
+        "--channel-config",
+        &format!(
+            "name=data,type=push,method=connect,address={},rateLogging=0",
+            nowhere.address()
+        ),
+    ]);
+    running(&session, "replay").await;
+    signal(&waiting, "INT");
+    let stopped = finish(waiting).await;
+    let text = format!("{}{}", stopped.stdout, stopped.stderr);
+    assert!(text.contains("replayed 0 messages (0 bytes)"), "{text}");
+}

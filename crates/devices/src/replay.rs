@@ -90,8 +90,12 @@ impl Device for Replay {
         let started = tokio::time::Instant::now();
         let mut first_at: Option<Duration> = None;
         let (mut n_messages, mut n_bytes) = (0u64, 0u64);
+        // Whether the loop took everything the reader had: only then does what the reader
+        // found at the end (its summary, an error) concern this run.
+        let mut read_to_end = false;
         while ctx.next_iteration() {
             let Some(record) = incoming.recv().await else {
+                read_to_end = true;
                 break;
             };
             if self.speed > 0.0 {
@@ -119,27 +123,34 @@ impl Device for Replay {
                 }
             }
             let mut parts = Parts::with_capacity(record.parts.len());
+            let mut size = 0u64;
             for part in record.parts {
-                n_bytes += part.len() as u64;
+                size += part.len() as u64;
                 parts.push(Message::from(part));
             }
             match ctx.send_parts_on(out, parts).await {
-                Ok(()) => n_messages += 1,
+                Ok(()) => {
+                    n_messages += 1;
+                    n_bytes += size;
+                }
                 Err(_) if ctx.stop_requested() => break,
                 Err(error) => return Err(error.into()),
             }
         }
         drop(incoming);
-        match reading.await.map_err(|error| error.to_string())? {
-            Ok(Some(_)) => {}
-            Ok(None) => tracing::warn!(
-                device = %ctx.id(),
-                file = %self.file,
-                "the recording has no end record (its recorder did not finish): replayed what it holds"
-            ),
-            // Stopped early: the reader's error past that point is not this run's business.
-            Err(_) if ctx.stop_requested() => {}
-            Err(error) => return Err(error.into()),
+        let outcome = reading.await.map_err(|error| error.to_string())?;
+        // Stopped early (a stop, `--max-iterations`): the reader, cut off, reached no end
+        // record, and what it found past the last message sent is not this run's business.
+        if read_to_end {
+            match outcome {
+                Ok(Some(_)) => {}
+                Ok(None) => tracing::warn!(
+                    device = %ctx.id(),
+                    file = %self.file,
+                    "the recording has no end record (its recorder did not finish): replayed what it holds"
+                ),
+                Err(error) => return Err(error.into()),
+            }
         }
         tracing::info!(
             device = %ctx.id(),
