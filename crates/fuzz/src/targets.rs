@@ -606,8 +606,8 @@ fn check_recording(input: &[u8]) -> Result<bool, String> {
             Err(_) => return Ok(false),
         }
     }
-    // Accepted: a whole recording, its closing summary read (a summary that disagrees with the
-    // messages is the file's claim, not a decoding error).
+    // Accepted: a whole recording, its closing summary read and agreeing with the messages
+    // (the reader refuses one that does not).
     Ok(reader.summary().is_some())
 }
 
