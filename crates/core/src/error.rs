@@ -153,6 +153,13 @@ pub enum Error {
         /// The operation tried.
         operation: &'static str,
     },
+    /// A send of a message without parts: there is nothing to deliver (FairMQ's sockets refuse
+    /// an empty vector of parts too), and taking it would count a message nobody receives.
+    #[error("{channel}: cannot send a message of no parts (a message has at least one)")]
+    EmptyMessage {
+        /// The channel.
+        channel: ChannelLabel,
+    },
     /// The channel's transport cannot do this for its socket type (a send reserved ahead on a
     /// channel whose transport cannot promise room before the send).
     #[error("{channel}: cannot {operation}: {reason}")]
@@ -238,6 +245,7 @@ impl Error {
             | Error::Connect { channel, .. }
             | Error::WrongSocketType { channel, .. }
             | Error::Unsupported { channel, .. }
+            | Error::EmptyMessage { channel }
             | Error::Codec { channel, .. }
             | Error::TransportMismatch { channel, .. }
             | Error::SessionMismatch { channel }

@@ -649,7 +649,7 @@ impl Channel {
     /// # Errors
     /// The parts, not sent.
     pub fn try_send_parts(&mut self, parts: Parts) -> std::result::Result<(), Parts> {
-        if self.turn.is_some_and(|turn| turn != Turn::Send) {
+        if self.turn.is_some_and(|turn| turn != Turn::Send) || parts.is_empty() {
             return Err(parts);
         }
         let n_bytes = parts.total_size();
@@ -730,6 +730,9 @@ impl Channel {
         if let Err(error) = self.check_turn(Turn::Send) {
             return Err(SendError::new(error, parts));
         }
+        if parts.is_empty() {
+            return Err(SendError::new(self.empty_message(), parts));
+        }
         let n_bytes = parts.total_size();
         // Before the send, so a cancelled yield loses nothing (see "Fairness").
         tokio::task::consume_budget().await;
@@ -741,6 +744,14 @@ impl Channel {
         }
         self.count_sent(n_bytes, tapped);
         Ok(())
+    }
+
+    /// Why a message of no parts is not sent: it would deliver nothing (zeromq writes no
+    /// frame for it), yet count as sent and be tapped.
+    fn empty_message(&self) -> Error {
+        Error::EmptyMessage {
+            channel: self.label().clone(),
+        }
     }
 
     /// What every send does once the socket took the message: counts it, hands the tap its
@@ -1054,6 +1065,9 @@ impl SendPermit<'_> {
     #[allow(clippy::result_large_err)]
     pub fn send_parts(self, parts: Parts) -> Result<(), SendError<Parts>> {
         let channel = self.channel;
+        if parts.is_empty() {
+            return Err(SendError::new(channel.empty_message(), parts));
+        }
         let n_bytes = parts.total_size();
         let tapped = channel.tap.prepare(&parts);
         channel.socket.send_reserved(parts)?;
@@ -1188,6 +1202,29 @@ mod tests {
                 receives: Arc::clone(&self.receives),
             }))
         }
+    }
+
+    /// A message of no parts is refused and handed back, as FairMQ refuses an empty vector:
+    /// it was taken, counted and tapped, and no transport delivered anything for it.
+    #[tokio::test]
+    async fn a_message_of_no_parts_is_refused_not_counted() {
+        let config = ChannelConfig::new("data", SocketType::Push, Method::Bind)
+            .with_address("tcp://127.0.0.1:1");
+        let transport = TestTransport::new(Double::OffThread);
+        let mut channel = Channel::open(&transport, config, "data").await.unwrap();
+        assert!(channel.try_send_parts(Parts::new()).is_err());
+        let refused = channel.send_parts(Parts::new()).await.unwrap_err();
+        assert!(refused.message.is_empty());
+        assert_eq!(
+            refused.error.to_string(),
+            format!(
+                "{}: cannot send a message of no parts (a message has at least one)",
+                channel.label()
+            )
+        );
+        assert_eq!(channel.counters().snapshot().messages_out, 0);
+        channel.send(Message::from("one")).await.unwrap();
+        assert_eq!(channel.counters().snapshot().messages_out, 1);
     }
 
     /// `busyPoll` keeps polling one receive: a fresh attempt per spin (what it did) dropped the
