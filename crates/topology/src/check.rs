@@ -294,6 +294,12 @@ impl<'a> Loader<'a> {
                     .error(group.name.span(), &context, "duplicate rpc group name");
                 continue;
             }
+            // Checked once, at the group: given to every member's two channels, an unknown
+            // transport was reported once for each of them.
+            let transport = group
+                .transport
+                .clone()
+                .filter(|transport| self.check_transport(transport, &context));
             let Some((instance_ids, member_idxs)) = self.rpc_members(parsed, &group, &context)
             else {
                 continue;
@@ -342,7 +348,7 @@ impl<'a> Loader<'a> {
                         method: None,
                         address: None,
                         connect: None,
-                        transport: group.transport.clone(),
+                        transport: transport.clone(),
                         keys: inbound_keys.clone(),
                     },
                 ));
@@ -357,7 +363,7 @@ impl<'a> Loader<'a> {
                             group.members.span(),
                             OneOrMany::Many(targets.clone()),
                         )),
-                        transport: group.transport.clone(),
+                        transport: transport.clone(),
                         keys: vec![(
                             num_sockets_key,
                             Spanned::new(span.clone(), toml::Value::Integer(n_sockets)),
@@ -507,13 +513,13 @@ impl<'a> Loader<'a> {
         ok.then_some(properties)
     }
 
-    /// Refuses a transport the binary does not have.
-    fn check_transport(&mut self, transport: &Spanned<String>, context: &str) {
-        if !self
+    /// Refuses a transport the binary does not have; whether it has it.
+    fn check_transport(&mut self, transport: &Spanned<String>, context: &str) -> bool {
+        let known = self
             .known
             .transports
-            .contains(&transport.get_ref().as_str())
-        {
+            .contains(&transport.get_ref().as_str());
+        if !known {
             self.checker.error(
                 transport.span(),
                 context,
@@ -524,6 +530,7 @@ impl<'a> Loader<'a> {
                 ),
             );
         }
+        known
     }
 
     /// The transport of channels that name none: the file's, or zeromq.

@@ -313,6 +313,28 @@ spin-us = 0
     }
 }
 
+/// Found by a bad-input sweep: a group's `transport` went to each member's two channels, and
+/// an unknown one was reported once for each (4 times for 2 members).
+#[test]
+fn an_rpc_groups_unknown_transport_is_reported_once() {
+    let text = r#"[[device]]
+id = "driver"
+kind = "sink"
+[[device]]
+id = "worker"
+kind = "sink"
+[[rpc]]
+name = "search"
+members = ["driver", "worker"]
+transport = "tcp"
+"#;
+    let errors = load("rpc.toml", text, &KNOWN).unwrap_err().to_string();
+    assert_eq!(
+        errors,
+        "rpc.toml:10:13: rpc \"search\": transport \"tcp\" is not built in (built in: zeromq, shmem, ofi)"
+    );
+}
+
 #[test]
 fn a_bad_host_table_reports_every_problem() {
     let text =
