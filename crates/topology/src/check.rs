@@ -376,8 +376,8 @@ impl<'a> Loader<'a> {
 
     /// The channel keys an rpc group gives its members' inbound channels: `busyPoll` from
     /// `busy-poll`, `spinUs` from `spin-us` (checked against the channel key's bounds here, so
-    /// that a bad value points at the `[[rpc]]` table); `None` (with the errors noted) when a
-    /// value is out of range.
+    /// that a bad value points at the `[[rpc]]` table; refused beside `busy-poll = true`);
+    /// `None` (with the errors noted) when a value is out of range.
     fn rpc_inbound_keys(
         &mut self,
         group: &RpcToml,
@@ -387,6 +387,21 @@ impl<'a> Loader<'a> {
         let key = |name: &str| {
             ferromq_core::channel_key(name).expect("busyPoll and spinUs are channel keys")
         };
+        // A busy-polled receive never sleeps, so it never spins before sleeping: a spin-us
+        // beside busy-poll = true was taken and changed nothing. The group is still wired, so
+        // that its members are not also told they lack its channels.
+        if let (Some(busy), Some(spin)) = (&group.busy_poll, &group.spin_us)
+            && *busy.get_ref()
+        {
+            self.checker.error(
+                spin.span(),
+                context,
+                format!(
+                    "spin-us = {} does nothing with busy-poll = true (a busy-polled inbound never sleeps, so it never spins before sleeping): give one of the two",
+                    spin.get_ref()
+                ),
+            );
+        }
         if let Some(busy) = &group.busy_poll {
             keys.push((
                 key("busyPoll").name,
@@ -474,6 +489,7 @@ impl<'a> Loader<'a> {
             format!("rpc.{name}.members"),
             toml::Value::String(instance_ids.join(",")),
         )];
+        self.check_aggregation_keys(group, context);
         let mut ok = true;
         if let Some(aggregate) = &group.aggregate {
             if matches!(aggregate.get_ref().as_str(), "none" | "trad" | "ovfl") {
@@ -511,6 +527,39 @@ impl<'a> Loader<'a> {
             }
         }
         ok.then_some(properties)
+    }
+
+    /// Refuses an rpc group's `aggregate-bytes` and `aggregate-us` where its `aggregate` (`ovfl`
+    /// when not given) does not use them: `none` sends each call in a frame of its own and
+    /// `ovfl` sends at once what the destination takes, so neither holds a frame for
+    /// `aggregate-us`, and `none` fills no frame of `aggregate-bytes` (ferromq-rpc's outlet).
+    /// Such a key was taken and changed nothing. The values are usable, so the group is still
+    /// wired (its members are not also told they lack its channels).
+    fn check_aggregation_keys(&mut self, group: &RpcToml, context: &str) {
+        let (aggregation, given) = match &group.aggregate {
+            Some(aggregate) => (aggregate.get_ref().as_str(), ""),
+            None => ("ovfl", ", the default"),
+        };
+        if let Some(bytes) = &group.aggregate_bytes
+            && aggregation == "none"
+        {
+            self.checker.error(
+                bytes.span(),
+                context,
+                "aggregate-bytes does nothing with aggregate = \"none\" (each call is a frame of its own): give it only with \"trad\" or \"ovfl\"",
+            );
+        }
+        if let Some(micros) = &group.aggregate_us
+            && matches!(aggregation, "none" | "ovfl")
+        {
+            self.checker.error(
+                micros.span(),
+                context,
+                format!(
+                    "aggregate-us does nothing with aggregate = \"{aggregation}\"{given} (only \"trad\" holds a frame that is not full): give it only with \"trad\""
+                ),
+            );
+        }
     }
 
     /// Refuses a transport the binary does not have; whether it has it.

@@ -276,7 +276,6 @@ name = "search"
 members = ["driver", "worker"]
 aggregate = "trad"
 aggregate-us = 50
-busy-poll = true
 spin-us = 0
 "#;
     let topology = load("rpc.toml", text, &KNOWN).unwrap_or_else(|errors| panic!("{errors}"));
@@ -297,7 +296,7 @@ spin-us = 0
         assert_eq!(inbound.config.name, "search");
         assert_eq!(inbound.config.socket_type, ferromq_core::SocketType::Pull);
         assert_eq!(inbound.config.method, ferromq_core::Method::Bind);
-        assert!(inbound.config.busy_poll);
+        assert!(!inbound.config.busy_poll);
         assert_eq!(inbound.config.spin_us, 0);
         assert_ne!(
             ferromq_core::DEFAULT_SPIN_US,
@@ -333,6 +332,80 @@ transport = "tcp"
         errors,
         "rpc.toml:10:13: rpc \"search\": transport \"tcp\" is not built in (built in: zeromq, shmem, ofi)"
     );
+}
+
+/// Found by a bad-input sweep: rpc keys that do not apply together were taken and changed
+/// nothing. Each is refused once, at the group, which is still wired: its members (here a kind
+/// that needs the group's channels) are not also told they lack them.
+#[test]
+fn rpc_keys_that_do_not_apply_together_are_refused_once() {
+    fn group_channels(
+        kind: &str,
+        _properties: &BTreeMap<String, String>,
+    ) -> Option<Vec<(String, String)>> {
+        (kind == "mcts-worker").then(|| {
+            ["search", "search-out"]
+                .map(|name| (name.to_owned(), "its rpc group gives it".to_owned()))
+                .to_vec()
+        })
+    }
+    let known = Known {
+        required_channels: Some(group_channels),
+        ..KNOWN
+    };
+    for (keys, expected) in [
+        (
+            "busy-poll = true\nspin-us = 20",
+            "t.toml:9:11: rpc \"search\": spin-us = 20 does nothing with busy-poll = true (a busy-polled inbound never sleeps, so it never spins before sleeping): give one of the two",
+        ),
+        (
+            "aggregate = \"none\"\naggregate-bytes = 8192",
+            "t.toml:9:19: rpc \"search\": aggregate-bytes does nothing with aggregate = \"none\" (each call is a frame of its own): give it only with \"trad\" or \"ovfl\"",
+        ),
+        (
+            "aggregate = \"none\"\naggregate-us = 50",
+            "t.toml:9:16: rpc \"search\": aggregate-us does nothing with aggregate = \"none\" (only \"trad\" holds a frame that is not full): give it only with \"trad\"",
+        ),
+        (
+            "timeout-ms = 5\naggregate-us = 50",
+            "t.toml:9:16: rpc \"search\": aggregate-us does nothing with aggregate = \"ovfl\", the default (only \"trad\" holds a frame that is not full): give it only with \"trad\"",
+        ),
+    ] {
+        let text = format!(
+            "[[device]]\nid = \"worker\"\nkind = \"mcts-worker\"\nreplicas = 2\n[[rpc]]\nname = \"search\"\nmembers = [\"worker\"]\n{keys}\n"
+        );
+        let errors = load("t.toml", &text, &known).unwrap_err().to_string();
+        assert_eq!(errors, expected, "{keys}");
+    }
+    // Each alone, or with the aggregation that uses it, is taken.
+    for keys in [
+        "busy-poll = false\nspin-us = 20",
+        "aggregate = \"trad\"\naggregate-us = 50\naggregate-bytes = 8192",
+        "aggregate = \"ovfl\"\naggregate-bytes = 8192",
+    ] {
+        let text = format!(
+            "[[device]]\nid = \"worker\"\nkind = \"mcts-worker\"\n[[rpc]]\nname = \"search\"\nmembers = [\"worker\"]\n{keys}\n"
+        );
+        load("t.toml", &text, &known).unwrap_or_else(|errors| panic!("{keys}: {errors}"));
+    }
+}
+
+/// `busy-poll = true` reaches the members' inbound channels (given alone: with `spin-us` it
+/// is refused, see invalid-rpc-spin-us-busy-poll.toml).
+#[test]
+fn an_rpc_groups_busy_poll_reaches_its_inbound_channels() {
+    let text = r#"[[device]]
+id = "driver"
+kind = "sink"
+[[rpc]]
+name = "search"
+members = ["driver"]
+busy-poll = true
+"#;
+    let topology = load("rpc.toml", text, &KNOWN).unwrap_or_else(|errors| panic!("{errors}"));
+    let inbound = &topology.instances()[0].channels[0];
+    assert_eq!(inbound.config.name, "search");
+    assert!(inbound.config.busy_poll);
 }
 
 #[test]
