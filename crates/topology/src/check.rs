@@ -135,6 +135,40 @@ fn toml_text(value: &toml::Value) -> String {
     }
 }
 
+/// The keys of group `G` that ferromq-rpc reads from a member's properties, `rpc.G.KEY` (its
+/// `join` and `options_from_properties`); an `[[rpc]]` group sets them for its members.
+const RPC_GROUP_KEYS: [&str; 6] = [
+    "members",
+    "aggregate",
+    "aggregate-bytes",
+    "aggregate-us",
+    "timeout-ms",
+    "tree-arity",
+];
+
+/// What is wrong with a property in the `rpc.` namespace that is no `rpc.<group>.<key>` of
+/// [`RPC_GROUP_KEYS`] (a mistyped `rpc.g.agregate` was taken and changed nothing), naming the
+/// nearest key; `None` for a key outside the namespace or one the rpc crate reads.
+fn rpc_property_problem(key: &str) -> Option<String> {
+    let rest = key.strip_prefix("rpc.")?;
+    let (group, name) = rest.split_once('.').unwrap_or((rest, ""));
+    if RPC_GROUP_KEYS.contains(&name) {
+        return None;
+    }
+    let hint = RPC_GROUP_KEYS
+        .iter()
+        .map(|known| (strsim::levenshtein(name, known), *known))
+        .filter(|(distance, _)| *distance <= 2)
+        .min()
+        .map_or_else(String::new, |(_, known)| {
+            format!("did you mean \"rpc.{group}.{known}\"? ")
+        });
+    Some(format!(
+        "is not one an rpc group reads; {hint}it reads rpc.<group>.{}",
+        RPC_GROUP_KEYS.join(", ")
+    ))
+}
+
 /// A `connect = "device.channel"` of one channel, checked once every device is known.
 /// What a connect target's check needs of a channel.
 #[derive(Clone)]
@@ -1061,6 +1095,16 @@ impl<'a> Loader<'a> {
                         context,
                         format!(
                             "property {key:?}: a key is not empty, without '=' or control characters"
+                        ),
+                    );
+                }
+                if let Some(problem) = rpc_property_problem(key) {
+                    self.checker.error(
+                        value.span(),
+                        context,
+                        format!(
+                            "property {key:?} (= {}) {problem}",
+                            toml_text(value.get_ref())
                         ),
                     );
                 }
