@@ -1192,7 +1192,20 @@ impl<'a> Loader<'a> {
             .as_ref()
             .map_or(channel.name.span(), Spanned::span);
         let mut targets = Vec::new();
+        let mut seen_targets: BTreeSet<String> = BTreeSet::new();
         for target in connect {
+            // Connected twice to one binder, and drawn as two edges; numSockets = N with the
+            // target named once gives N sockets, each connected to it.
+            if !seen_targets.insert(target.clone()) {
+                self.checker.error(
+                    connect_span.clone(),
+                    context,
+                    format!(
+                        "connect lists {target:?} twice: a channel connects to each binder once (for more connections to it, give the channel numSockets)"
+                    ),
+                );
+                continue;
+            }
             let Some((device_id, channel_name)) = target.split_once('.') else {
                 self.checker.error(
                     connect_span.clone(),
