@@ -169,6 +169,20 @@ fn rpc_property_problem(key: &str) -> Option<String> {
     ))
 }
 
+/// The address schemes a topology's channel over `transport` may use (`None`: a transport not
+/// judged here), as the transports take them when a device binds or connects: zeromq, and
+/// shmem (whose metadata goes over zeromq), tcp:// and ipc:// (ferromq-zmq's `endpoint::bind`
+/// and `net.rs`; inproc:// is refused in a topology for every transport, see `check_address`),
+/// ofi tcp:// and verbs:// (ferromq-ofi's `OfiSocket::plan`). A `verbs://` on a zeromq channel
+/// passed `validate` and was refused only when the device bound it.
+fn transport_schemes(transport: &str) -> Option<&'static [&'static str]> {
+    match transport {
+        "zeromq" | "shmem" => Some(&["tcp", "ipc"]),
+        "ofi" => Some(&["tcp", "verbs"]),
+        _ => None,
+    }
+}
+
 /// A `connect = "device.channel"` of one channel, checked once every device is known.
 /// What a connect target's check needs of a channel.
 #[derive(Clone)]
@@ -201,6 +215,8 @@ pub(crate) struct Loader<'a> {
     /// Bind addresses given in the file, and which channel binds each.
     bind_addresses: BTreeMap<String, String>,
     n_instances: usize,
+    /// The transport of channels that name none (the file's `transport`, or zeromq).
+    file_transport: String,
 }
 
 impl<'a> Loader<'a> {
@@ -217,6 +233,7 @@ impl<'a> Loader<'a> {
             connections: Vec::new(),
             bind_addresses: BTreeMap::new(),
             n_instances: 0,
+            file_transport: String::new(),
         }
     }
 
@@ -233,6 +250,7 @@ impl<'a> Loader<'a> {
         let mut parsed = parsed;
         self.rpc_groups(&mut parsed);
         let transport = self.default_transport(&parsed);
+        self.file_transport.clone_from(&transport);
         let auto_address = self.auto_address(&parsed);
         if parsed.device.is_empty() {
             self.checker
@@ -1170,13 +1188,17 @@ impl<'a> Loader<'a> {
         let method = self.method(channel, !connect.is_empty(), context);
         let mut config = ChannelConfig::new(name.clone(), socket_type, method);
         config.rate_logging = 0;
-        if let Some(address) = &channel.address {
-            config.address = Some(address.get_ref().clone());
-            self.check_address(address, method, replicas, context);
-        }
         if let Some(transport) = &channel.transport {
             self.check_transport(transport, context);
             config.transport = Some(transport.get_ref().clone());
+        }
+        if let Some(address) = &channel.address {
+            config.address = Some(address.get_ref().clone());
+            let transport = config
+                .transport
+                .clone()
+                .unwrap_or_else(|| self.file_transport.clone());
+            self.check_address(address, (method, &transport), replicas, context);
         }
         self.set_keys(&mut config, channel, context);
         self.channel_index.insert(
@@ -1262,14 +1284,16 @@ impl<'a> Loader<'a> {
         method
     }
 
-    /// An address written in the file: it parses, and a bind address is bound once.
+    /// An address written in the file: it parses, its channel's transport takes its scheme,
+    /// and a bind address is bound once (`channel`: the channel's method and transport).
     fn check_address(
         &mut self,
         address: &Spanned<String>,
-        method: Method,
+        channel: (Method, &str),
         replicas: usize,
         context: &str,
     ) {
+        let (method, transport) = channel;
         match ferromq_core::Address::parse(address.get_ref()) {
             Err(error) => self
                 .checker
@@ -1284,7 +1308,27 @@ impl<'a> Loader<'a> {
                     address.get_ref()
                 ),
             ),
-            Ok(_) => {}
+            // Refused by the transport only when the device binds or connects.
+            Ok(parsed) => {
+                if let Some(schemes) = transport_schemes(transport)
+                    && !schemes.contains(&parsed.scheme())
+                {
+                    self.checker.error(
+                        address.span(),
+                        context,
+                        format!(
+                            "address {}: transport {transport} takes {}, not {}://",
+                            address.get_ref(),
+                            schemes
+                                .iter()
+                                .map(|scheme| format!("{scheme}://"))
+                                .collect::<Vec<_>>()
+                                .join(" and "),
+                            parsed.scheme()
+                        ),
+                    );
+                }
+            }
         }
         if method != Method::Bind {
             return;

@@ -408,6 +408,64 @@ busy-poll = true
     assert!(inbound.config.busy_poll);
 }
 
+/// Found by a bad-input sweep: `verbs://` on a zeromq channel passed `validate` and was
+/// refused only when the device bound it. Each transport takes the schemes it binds and
+/// connects, whether the channel names it or the file's `transport` applies.
+#[test]
+fn each_transport_takes_the_address_schemes_it_binds() {
+    for (transport, address, refused) in [
+        ("zeromq", "ipc:///tmp/ferromq-scheme", None),
+        ("zeromq", "tcp://127.0.0.1:0", None),
+        (
+            "zeromq",
+            "verbs://10.0.0.1:5555",
+            Some("tcp:// and ipc://, not verbs://"),
+        ),
+        ("shmem", "ipc:///tmp/ferromq-scheme", None),
+        (
+            "shmem",
+            "verbs://10.0.0.1:5555",
+            Some("tcp:// and ipc://, not verbs://"),
+        ),
+        ("ofi", "verbs://10.0.0.1:5555", None),
+        ("ofi", "tcp://127.0.0.1:0", None),
+        (
+            "ofi",
+            "ipc:///tmp/ferromq-scheme",
+            Some("tcp:// and verbs://, not ipc://"),
+        ),
+    ] {
+        for channel_transport in [true, false] {
+            let (file_transport, own_transport) = if channel_transport {
+                ("zeromq", format!("transport = {transport:?}\n"))
+            } else {
+                (transport, String::new())
+            };
+            let text = format!(
+                "transport = {file_transport:?}\n[[device]]\nid = \"a\"\nkind = \"sink\"\n\
+                 [[device.channel]]\nname = \"data\"\ntype = \"pull\"\n{own_transport}\
+                 address = {address:?}\n"
+            );
+            let loaded = load("scheme.toml", &text, &KNOWN);
+            match refused {
+                None => {
+                    loaded.unwrap_or_else(|errors| panic!("{transport} {address}: {errors}"));
+                }
+                Some(takes) => {
+                    let errors = loaded.unwrap_err().to_string();
+                    let line = if channel_transport { 9 } else { 8 };
+                    assert_eq!(
+                        errors,
+                        format!(
+                            "scheme.toml:{line}:11: device \"a\" channel \"data\": address {address}: transport {transport} takes {takes}"
+                        )
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn a_bad_host_table_reports_every_problem() {
     let text =
