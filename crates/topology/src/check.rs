@@ -183,6 +183,78 @@ fn transport_schemes(transport: &str) -> Option<&'static [&'static str]> {
     }
 }
 
+/// The table of the file that byte `at` is in, named as the checks name it (`device "sink"`,
+/// `device "sink" channel "data"`, `rpc "search"`, `host "n1"`), or empty: toml's errors for a
+/// missing or duplicate key said neither which device nor (for a duplicate) which key. The
+/// file is read as far as it can be, so a file that does not parse is named too.
+fn table_context(text: &str, at: usize) -> String {
+    use toml::de::{DeTable, DeValue};
+    let text_of = |table: &DeTable<'_>, key: &str| {
+        table
+            .iter()
+            .find_map(|(name, value)| match value.get_ref() {
+                DeValue::String(text) if name.get_ref() == key => Some(text.to_string()),
+                _ => None,
+            })
+    };
+    let named = |what: &str, name: Option<String>| {
+        name.map_or_else(String::new, |name| format!("{what} {name:?}"))
+    };
+    let (root, _) = DeTable::parse_recoverable(text);
+    // Where each table starts (its header), and how it is named; the last one to start at or
+    // before `at` holds it.
+    let mut tables: Vec<(usize, String)> = Vec::new();
+    for (key, value) in root.get_ref() {
+        match (&**key.get_ref(), value.get_ref()) {
+            (what @ ("device" | "rpc"), DeValue::Array(entries)) => {
+                let name_key = if what == "device" { "id" } else { "name" };
+                for entry in entries {
+                    let DeValue::Table(table) = entry.get_ref() else {
+                        continue;
+                    };
+                    let context = named(what, text_of(table, name_key));
+                    tables.push((entry.span().start, context.clone()));
+                    let channels = table
+                        .iter()
+                        .find_map(|(name, value)| match value.get_ref() {
+                            DeValue::Array(channels)
+                                if what == "device" && name.get_ref() == "channel" =>
+                            {
+                                Some(channels)
+                            }
+                            _ => None,
+                        });
+                    for channel in channels.into_iter().flatten() {
+                        let DeValue::Table(channel_table) = channel.get_ref() else {
+                            continue;
+                        };
+                        let name = named("channel", text_of(channel_table, "name"));
+                        tables.push((
+                            channel.span().start,
+                            format!("{context} {name}").trim().to_owned(),
+                        ));
+                    }
+                }
+            }
+            ("hosts", DeValue::Table(hosts)) => {
+                for (name, host) in hosts {
+                    tables.push((
+                        host.span().start,
+                        named("host", Some(name.get_ref().to_string())),
+                    ));
+                }
+            }
+            _ => tables.push((value.span().start, String::new())),
+        }
+    }
+    tables
+        .into_iter()
+        .filter(|(start, _)| *start <= at)
+        .max_by_key(|(start, _)| *start)
+        .map(|(_, context)| context)
+        .unwrap_or_default()
+}
+
 /// A `connect = "device.channel"` of one channel, checked once every device is known.
 /// What a connect target's check needs of a channel.
 #[derive(Clone)]
@@ -242,8 +314,16 @@ impl<'a> Loader<'a> {
         let parsed: FileToml = match toml::from_str(self.checker.text) {
             Ok(parsed) => parsed,
             Err(error) => {
-                self.checker
-                    .error(error.span().unwrap_or(0..0), "", error.message().to_owned());
+                let span = error.span().unwrap_or(0..0);
+                let context = table_context(self.checker.text, span.start);
+                // toml's own message names no key here; the key is what the span covers.
+                let message = match self.checker.text.get(span.clone()) {
+                    Some(key) if error.message() == "duplicate key" && !key.is_empty() => {
+                        format!("duplicate key `{key}`")
+                    }
+                    _ => error.message().to_owned(),
+                };
+                self.checker.error(span, context, message);
                 return Err(TopologyErrors(self.checker.errors));
             }
         };

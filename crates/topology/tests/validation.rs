@@ -81,6 +81,41 @@ fn every_bundled_topology_loads() {
     assert!(n_files >= 7, "only {n_files} bundled topologies");
 }
 
+/// Found by a bad-input sweep: toml's errors for a missing or a duplicate key said neither
+/// which device (or channel, group, host) nor, for a duplicate, which key.
+#[test]
+fn toml_errors_name_the_table_and_the_key() {
+    for (text, expected) in [
+        (
+            "[[device]]\nid = \"a\"\nkind = \"sink\"\n\n[[device]]\nid = \"b\"\n",
+            "t.toml:5:1: device \"b\": missing field `kind`",
+        ),
+        (
+            "[[device]]\nid = \"a\"\nkind = \"sink\"\n[[device.channel]]\nname = \"data\"\n",
+            "t.toml:4:1: device \"a\" channel \"data\": missing field `type`",
+        ),
+        (
+            "[[device]]\nid = \"a\"\nkind = \"sink\"\n\n[[device]]\nid = \"b\"\nkind = \"sink\"\nkind = \"sampler\"\n",
+            "t.toml:8:1: device \"b\": duplicate key `kind`",
+        ),
+        (
+            "[[device]]\nid = \"a\"\nkind = \"sink\"\n[[device.channel]]\nname = \"data\"\ntype = \"pull\"\ntype = \"push\"\n",
+            "t.toml:7:1: device \"a\" channel \"data\": duplicate key `type`",
+        ),
+        (
+            "[[device]]\nid = \"a\"\nkind = \"sink\"\n[[rpc]]\nname = \"g\"\n",
+            "t.toml:4:1: rpc \"g\": missing field `members`",
+        ),
+        (
+            "[hosts.n1]\nssh = \"a\"\nssh = \"b\"\n[[device]]\nid = \"a\"\nkind = \"sink\"\n",
+            "t.toml:3:1: host \"n1\": duplicate key `ssh`",
+        ),
+    ] {
+        let errors = load("t.toml", text, &KNOWN).unwrap_err().to_string();
+        assert_eq!(errors, expected, "{text}");
+    }
+}
+
 #[test]
 fn all_errors_are_reported_not_only_the_first() {
     let text = "[[device]]\nid = \"a\"\nkind = \"nope\"\nhost = -1\n";
