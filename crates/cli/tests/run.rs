@@ -293,6 +293,20 @@ async fn validate_and_graph() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("invalid-push-push.toml:14:11:"));
+    // What a transport's address takes comes from the transports' own registrations.
+    let bad = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../topology/tests/data/invalid-address-scheme.toml");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .arg("validate")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("transport zeromq takes tcp:// and ipc://, not verbs://"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]

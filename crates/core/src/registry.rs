@@ -127,17 +127,29 @@ pub struct TransportTraits {
     /// The device properties it reads (`shm-segment-size`, ...): with the device's own, the
     /// keys a device of a built-in kind takes; any other is refused as a typo, naming it.
     pub properties: &'static [&'static str],
+    /// The address schemes its channels bind and connect (`tcp`, `ipc`, ...): a topology
+    /// whose channel over it has another is refused before anything runs.
+    pub schemes: &'static [&'static str],
 }
 
 impl TransportTraits {
-    /// A transport that binds ipc paths and needs nothing from its neighbours.
+    /// A transport that binds ipc paths and needs nothing from its neighbours, over zeromq's
+    /// schemes (tcp, ipc, inproc).
     pub const PLAIN: TransportTraits = TransportTraits {
         lends_shared_memory: false,
         wants_receive_memory: false,
         binds_ipc: true,
         one_host: false,
         properties: &[],
+        schemes: &["tcp", "ipc", "inproc"],
     };
+
+    /// Taking the address schemes `schemes` ([`TransportTraits::schemes`]).
+    #[must_use]
+    pub const fn taking_schemes(mut self, schemes: &'static [&'static str]) -> TransportTraits {
+        self.schemes = schemes;
+        self
+    }
 
     /// Reading the device properties `keys` ([`TransportTraits::properties`]).
     #[must_use]
@@ -247,6 +259,15 @@ impl TransportRegistry {
     /// Whether `name` is registered.
     pub fn contains(&self, name: &str) -> bool {
         self.entries.contains_key(name)
+    }
+
+    /// Each registered transport with the address schemes it takes
+    /// ([`TransportTraits::schemes`]), by name.
+    pub fn schemes(&self) -> Vec<(&'static str, &'static [&'static str])> {
+        self.entries
+            .iter()
+            .map(|(name, entry)| (*name, entry.traits.schemes))
+            .collect()
     }
 
     /// The device properties the registered transports read, sorted

@@ -886,6 +886,18 @@ fn transport_properties() -> Vec<&'static str> {
     keys.copied().collect()
 }
 
+/// The address schemes of those transports, as their registrations give them (zeromq's are
+/// the plain ones; ofi's only with the `ofi` feature: without it, unjudged).
+fn transport_schemes() -> Vec<(&'static str, &'static [&'static str])> {
+    let mut registry = ferromq_core::TransportRegistry::new();
+    ferromq_shm::register(&mut registry);
+    #[cfg(feature = "ofi")]
+    ferromq_ofi::register(&mut registry);
+    let mut schemes = registry.schemes();
+    schemes.push(("zeromq", ferromq_core::TransportTraits::PLAIN.schemes));
+    schemes
+}
+
 fn workspace_dir(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
@@ -928,10 +940,12 @@ fn check_topology(input: &[u8]) -> Result<bool, String> {
     let text = String::from_utf8_lossy(input);
     let kinds = Builtin::names();
     let transport_properties = transport_properties();
+    let transport_schemes = transport_schemes();
     let known = Known {
         kinds: &kinds,
         transports: &TRANSPORTS,
         transport_properties: &transport_properties,
+        transport_schemes: &transport_schemes,
         // As `ferromq run` loads: the built-in devices' property reading is fed the file too.
         check_properties: Some(ferromq_devices::check_topology_properties),
         required_channels: Some(ferromq_devices::required_channels),

@@ -227,6 +227,7 @@ pub fn register(registry: &mut ferromq_core::TransportRegistry) {
         ferromq_core::TransportTraits::PLAIN
             .wanting_receive_memory()
             .without_ipc()
+            .taking_schemes(&["tcp", "verbs"])
             .reading(&OfiOptions::PROPERTIES),
         |options| {
             let transport: Arc<dyn ferromq_core::Transport> =

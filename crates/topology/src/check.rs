@@ -169,20 +169,6 @@ fn rpc_property_problem(key: &str) -> Option<String> {
     ))
 }
 
-/// The address schemes a topology's channel over `transport` may use (`None`: a transport not
-/// judged here), as the transports take them when a device binds or connects: zeromq, and
-/// shmem (whose metadata goes over zeromq), tcp:// and ipc:// (ferromq-zmq's `endpoint::bind`
-/// and `net.rs`; inproc:// is refused in a topology for every transport, see `check_address`),
-/// ofi tcp:// and verbs:// (ferromq-ofi's `OfiSocket::plan`). A `verbs://` on a zeromq channel
-/// passed `validate` and was refused only when the device bound it.
-fn transport_schemes(transport: &str) -> Option<&'static [&'static str]> {
-    match transport {
-        "zeromq" | "shmem" => Some(&["tcp", "ipc"]),
-        "ofi" => Some(&["tcp", "verbs"]),
-        _ => None,
-    }
-}
-
 /// The table of the file that byte `at` is in, named as the checks name it (`device "sink"`,
 /// `device "sink" channel "data"`, `rpc "search"`, `host "n1"`), or empty: toml's errors for a
 /// missing or duplicate key said neither which device nor (for a duplicate) which key. The
@@ -1390,20 +1376,28 @@ impl<'a> Loader<'a> {
             ),
             // Refused by the transport only when the device binds or connects.
             Ok(parsed) => {
-                if let Some(schemes) = transport_schemes(transport)
+                // A `verbs://` on a zeromq channel passed and was refused only when the
+                // device bound it. The transports say what they take (their registry's
+                // traits); inproc, refused above, is left out of what a topology may use.
+                if let Some((_, schemes)) = self
+                    .known
+                    .transport_schemes
+                    .iter()
+                    .find(|(name, _)| *name == transport)
                     && !schemes.contains(&parsed.scheme())
                 {
+                    let usable: Vec<String> = schemes
+                        .iter()
+                        .filter(|scheme| **scheme != "inproc")
+                        .map(|scheme| format!("{scheme}://"))
+                        .collect();
                     self.checker.error(
                         address.span(),
                         context,
                         format!(
                             "address {}: transport {transport} takes {}, not {}://",
                             address.get_ref(),
-                            schemes
-                                .iter()
-                                .map(|scheme| format!("{scheme}://"))
-                                .collect::<Vec<_>>()
-                                .join(" and "),
+                            usable.join(" and "),
                             parsed.scheme()
                         ),
                     );

@@ -26,6 +26,7 @@
 //!     kinds: &["sampler", "sink"],
 //!     transports: &["zeromq"],
 //!     transport_properties: &[],
+//!     transport_schemes: &[("zeromq", &["tcp", "ipc"])],
 //!     check_properties: None,
 //!     required_channels: None,
 //! };
@@ -57,6 +58,9 @@ pub struct Known<'a> {
     /// The device properties those transports read (`shm-segment-size`, ...), handed to
     /// [`Known::check_properties`]: a built-in device takes them besides its own.
     pub transport_properties: &'a [&'a str],
+    /// The address schemes each transport takes (`("ofi", &["tcp", "verbs"])`): a channel's
+    /// address with another is refused at its line. A transport not listed is not judged.
+    pub transport_schemes: &'a [(&'a str, &'a [&'a str])],
     /// Checks a built-in device's `properties` as the device itself will read them, so that a
     /// value it would refuse when it starts is reported with the file's line before anything
     /// runs;

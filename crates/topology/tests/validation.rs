@@ -25,6 +25,11 @@ const KNOWN: Known<'static> = Known {
     ],
     transports: &["zeromq", "shmem", "ofi"],
     transport_properties: &[],
+    transport_schemes: &[
+        ("zeromq", &["tcp", "ipc", "inproc"]),
+        ("shmem", &["tcp", "ipc", "inproc"]),
+        ("ofi", &["tcp", "verbs"]),
+    ],
     check_properties: None,
     required_channels: None,
 };

@@ -86,10 +86,12 @@ pub fn load_topology(file: &Path) -> Result<Topology> {
     let registry = crate::built_in_transports();
     let transports = registry.names();
     let transport_properties = registry.property_keys();
+    let transport_schemes = registry.schemes();
     let known = Known {
         kinds: &kinds,
         transports: &transports,
         transport_properties: &transport_properties,
+        transport_schemes: &transport_schemes,
         check_properties: Some(ferromq_devices::check_topology_properties),
         required_channels: Some(ferromq_devices::required_channels),
     };
