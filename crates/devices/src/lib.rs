@@ -265,6 +265,9 @@ impl Builtin {
     /// takes, one of the channel or rpc namespaces, or one of `transport_properties` (what the
     /// binary's transports read).
     fn takes(self, key: &str, transport_properties: &[&str]) -> bool {
+        if rpc_property_problem(key).is_some() {
+            return false;
+        }
         self.properties().contains(&key)
             || COMMON_PROPERTIES.contains(&key)
             || PROPERTY_NAMESPACES
@@ -310,6 +313,9 @@ impl Builtin {
 
     /// What is wrong with property `key` (= `value`), which this kind does not take.
     fn not_taken(self, key: &str, value: &str, transport_properties: &[&str]) -> String {
+        if let Some(problem) = rpc_property_problem(key) {
+            return format!("(= {value:?}) {problem}");
+        }
         let name = self.name();
         let own = self.properties();
         let nearest = own
@@ -367,6 +373,12 @@ pub const COMMON_PROPERTIES: [&str; 3] = [
     ferromq_topology::LAUNCHER_PROPERTIES[0],
     ferromq_topology::LAUNCHER_PROPERTIES[1],
 ];
+
+/// What is wrong with `key` in the `rpc.` namespace: a key no rpc group's member reads
+/// ([`ferromq_rpc::GROUP_KEYS`]), as a topology's check says it.
+fn rpc_property_problem(key: &str) -> Option<String> {
+    ferromq_topology::rpc_property_problem(key, &ferromq_rpc::GROUP_KEYS)
+}
 
 /// The namespaces of properties set per channel and per rpc group, which every device takes:
 /// `chan.<channel>.address` (where the device runner binds a channel) and
@@ -861,6 +873,16 @@ mod tests {
             assert!(check("sink", key).is_ok(), "{key}");
         }
         assert!(check("exec", "anything").is_ok());
+        // Of the rpc namespace only the keys a group's member reads: `ferromq device` took a
+        // mistyped `rpc.g.agregate` and changed nothing.
+        let problem = check("mcts-worker", "rpc.search.agregate").unwrap_err();
+        assert_eq!(
+            problem.message,
+            "device \"d\": property \"rpc.search.agregate\" (= \"100\") is not one an rpc group \
+             reads; did you mean \"rpc.search.aggregate\"? it reads rpc.<group>.members, aggregate, \
+             aggregate-bytes, aggregate-us, timeout-ms, tree-arity"
+        );
+        assert!(check("sink", "rpc.search").is_err());
     }
 
     #[test]

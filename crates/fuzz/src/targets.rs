@@ -946,6 +946,7 @@ fn check_topology(input: &[u8]) -> Result<bool, String> {
         transports: &TRANSPORTS,
         transport_properties: &transport_properties,
         transport_schemes: &transport_schemes,
+        rpc_group_keys: &ferromq_rpc::GROUP_KEYS,
         // As `ferromq run` loads: the built-in devices' property reading is fed the file too.
         check_properties: Some(ferromq_devices::check_topology_properties),
         required_channels: Some(ferromq_devices::required_channels),

@@ -62,6 +62,18 @@ pub enum JoinError {
     Start(#[from] StartError),
 }
 
+/// The keys of group `G` that a member reads from its properties, `rpc.G.KEY` ([`join`] and
+/// [`options_from_properties`]); an `[[rpc]]` group sets them for its members. Any other
+/// `rpc.` property changes nothing, so the topology's check and `ferromq device` refuse it.
+pub const GROUP_KEYS: [&str; 6] = [
+    "members",
+    "aggregate",
+    "aggregate-bytes",
+    "aggregate-us",
+    "timeout-ms",
+    "tree-arity",
+];
+
 /// The settings of `group` from the device's properties (defaults where none is given).
 ///
 /// # Errors
@@ -69,6 +81,10 @@ pub enum JoinError {
 pub fn options_from_properties(ctx: &DeviceContext, group: &str) -> Result<RpcOptions, JoinError> {
     let mut options = RpcOptions::default();
     let property = |key: &str| {
+        debug_assert!(
+            GROUP_KEYS.contains(&key),
+            "{key} is read, not in GROUP_KEYS"
+        );
         let key = format!("rpc.{group}.{key}");
         ctx.property_text(&key).map(|value| (key, value))
     };
@@ -139,7 +155,7 @@ pub async fn join_with(
         group: group.to_owned(),
         why,
     };
-    let members_key = format!("rpc.{group}.members");
+    let members_key = format!("rpc.{group}.{}", GROUP_KEYS[0]);
     let names: Vec<String> = ctx
         .property_text(&members_key)
         .ok_or_else(|| not_a_member(format!("it has no property {members_key:?} (declare the group with [[rpc]] in the topology)")))?

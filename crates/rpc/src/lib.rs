@@ -60,7 +60,7 @@ mod plain;
 mod wire;
 
 pub use error::{CallError, Refused, RemoteFailure};
-pub use group::{JoinError, join, join_with, options_from_properties};
+pub use group::{GROUP_KEYS, JoinError, join, join_with, options_from_properties};
 pub use handlers::{HandlerId, Handlers, Invocation, Procedure};
 pub use node::{
     AGGREGATE_BYTES_BOUNDS, AGGREGATE_US_BOUNDS, CallBuilder, Confirm, Inbound, Member, Rpc,

@@ -135,27 +135,18 @@ fn toml_text(value: &toml::Value) -> String {
     }
 }
 
-/// The keys of group `G` that ferromq-rpc reads from a member's properties, `rpc.G.KEY` (its
-/// `join` and `options_from_properties`); an `[[rpc]]` group sets them for its members.
-const RPC_GROUP_KEYS: [&str; 6] = [
-    "members",
-    "aggregate",
-    "aggregate-bytes",
-    "aggregate-us",
-    "timeout-ms",
-    "tree-arity",
-];
-
-/// What is wrong with a property in the `rpc.` namespace that is no `rpc.<group>.<key>` of
-/// [`RPC_GROUP_KEYS`] (a mistyped `rpc.g.agregate` was taken and changed nothing), naming the
-/// nearest key; `None` for a key outside the namespace or one the rpc crate reads.
-fn rpc_property_problem(key: &str) -> Option<String> {
+/// What is wrong with a property in the `rpc.` namespace that is no `rpc.<group>.<key>` with
+/// a key of `group_keys` (the keys an rpc group's member reads, [`Known::rpc_group_keys`]; a
+/// mistyped `rpc.g.agregate` was taken and changed nothing), naming the nearest key; `None` for
+/// a key outside the namespace or one a member reads. `ferromq device` refuses the same with
+/// the same words.
+pub fn rpc_property_problem(key: &str, group_keys: &[&str]) -> Option<String> {
     let rest = key.strip_prefix("rpc.")?;
     let (group, name) = rest.split_once('.').unwrap_or((rest, ""));
-    if RPC_GROUP_KEYS.contains(&name) {
+    if group_keys.contains(&name) {
         return None;
     }
-    let hint = RPC_GROUP_KEYS
+    let hint = group_keys
         .iter()
         .map(|known| (strsim::levenshtein(name, known), *known))
         .filter(|(distance, _)| *distance <= 2)
@@ -165,7 +156,7 @@ fn rpc_property_problem(key: &str) -> Option<String> {
         });
     Some(format!(
         "is not one an rpc group reads; {hint}it reads rpc.<group>.{}",
-        RPC_GROUP_KEYS.join(", ")
+        group_keys.join(", ")
     ))
 }
 
@@ -1182,7 +1173,12 @@ impl<'a> Loader<'a> {
                         ),
                     );
                 }
-                if let Some(problem) = rpc_property_problem(key) {
+                // A built-in kind's check (below) refuses these itself, in the same words.
+                let checked_by_kind = self.known.check_properties.is_some()
+                    && self.known.kinds.contains(&device.kind.get_ref().as_str());
+                if let Some(problem) = rpc_property_problem(key, self.known.rpc_group_keys)
+                    .filter(|_| !checked_by_kind)
+                {
                     self.checker.error(
                         value.span(),
                         context,

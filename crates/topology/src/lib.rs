@@ -27,6 +27,7 @@
 //!     transports: &["zeromq"],
 //!     transport_properties: &[],
 //!     transport_schemes: &[("zeromq", &["tcp", "ipc"])],
+//!     rpc_group_keys: &["members"],
 //!     check_properties: None,
 //!     required_channels: None,
 //! };
@@ -37,6 +38,8 @@
 #![warn(missing_docs)]
 
 mod check;
+
+pub use check::rpc_property_problem;
 mod file_form;
 
 use std::collections::BTreeMap;
@@ -61,6 +64,9 @@ pub struct Known<'a> {
     /// The address schemes each transport takes (`("ofi", &["tcp", "verbs"])`): a channel's
     /// address with another is refused at its line. A transport not listed is not judged.
     pub transport_schemes: &'a [(&'a str, &'a [&'a str])],
+    /// The keys an rpc group's member reads, `rpc.<group>.<key>` (ferromq-rpc's
+    /// `GROUP_KEYS`): any other `rpc.` property is refused as one that changes nothing.
+    pub rpc_group_keys: &'a [&'a str],
     /// Checks a built-in device's `properties` as the device itself will read them, so that a
     /// value it would refuse when it starts is reported with the file's line before anything
     /// runs;

@@ -30,6 +30,14 @@ const KNOWN: Known<'static> = Known {
         ("shmem", &["tcp", "ipc", "inproc"]),
         ("ofi", &["tcp", "verbs"]),
     ],
+    rpc_group_keys: &[
+        "members",
+        "aggregate",
+        "aggregate-bytes",
+        "aggregate-us",
+        "timeout-ms",
+        "tree-arity",
+    ],
     check_properties: None,
     required_channels: None,
 };

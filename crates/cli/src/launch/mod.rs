@@ -92,6 +92,7 @@ pub fn load_topology(file: &Path) -> Result<Topology> {
         transports: &transports,
         transport_properties: &transport_properties,
         transport_schemes: &transport_schemes,
+        rpc_group_keys: &ferromq_rpc::GROUP_KEYS,
         check_properties: Some(ferromq_devices::check_topology_properties),
         required_channels: Some(ferromq_devices::required_channels),
     };
