@@ -413,9 +413,9 @@ impl<'a> Loader<'a> {
             else {
                 continue;
             };
-            let Some(properties) = self.rpc_properties(&group, &instance_ids, &context) else {
-                continue;
-            };
+            // Values that are no setting are reported and left out; the group is still wired,
+            // so its members are not also told they lack its channels.
+            let properties = self.rpc_properties(&group, &instance_ids, &context);
             let n_sockets = instance_ids.len() as i64;
             let targets: Vec<String> = group
                 .members
@@ -429,9 +429,7 @@ impl<'a> Loader<'a> {
             let spanned = |value: String| Spanned::new(group.name.span(), value);
             // busy-poll and spin-us: how the members' inbound channels wait (channel keys
             // busyPoll and spinUs).
-            let Some(inbound_keys) = self.rpc_inbound_keys(&group, &context) else {
-                continue;
-            };
+            let inbound_keys = self.rpc_inbound_keys(&group, &context);
             for device_idx in member_idxs {
                 let device = parsed.device[device_idx].get_mut();
                 for (key, value) in &properties {
@@ -491,7 +489,7 @@ impl<'a> Loader<'a> {
         &mut self,
         group: &RpcToml,
         context: &str,
-    ) -> Option<Vec<(&'static str, Spanned<toml::Value>)>> {
+    ) -> Vec<(&'static str, Spanned<toml::Value>)> {
         let mut keys = Vec::new();
         let key = |name: &str| {
             ferromq_core::channel_key(name).expect("busyPoll and spinUs are channel keys")
@@ -522,13 +520,14 @@ impl<'a> Loader<'a> {
             let ferromq_core::KeyKind::Integer { min, max } = spin_us.kind else {
                 unreachable!("spinUs is an integer key");
             };
-            let micros = count(spin, &mut self.checker, context, "spin-us", (min, max))?;
-            keys.push((
-                spin_us.name,
-                Spanned::new(spin.span(), toml::Value::Integer(micros as i64)),
-            ));
+            if let Some(micros) = count(spin, &mut self.checker, context, "spin-us", (min, max)) {
+                keys.push((
+                    spin_us.name,
+                    Spanned::new(spin.span(), toml::Value::Integer(micros as i64)),
+                ));
+            }
         }
-        Some(keys)
+        keys
     }
 
     /// The instance ids of an rpc group's members, in order, and the members' device indices;
@@ -586,20 +585,20 @@ impl<'a> Loader<'a> {
         Some((instance_ids, device_idxs))
     }
 
-    /// The properties every member of an rpc group gets, each value checked.
+    /// The properties every member of an rpc group gets, each value checked: one that is no
+    /// setting is reported and left out.
     fn rpc_properties(
         &mut self,
         group: &RpcToml,
         instance_ids: &[String],
         context: &str,
-    ) -> Option<Vec<(String, toml::Value)>> {
+    ) -> Vec<(String, toml::Value)> {
         let name = group.name.get_ref();
         let mut properties = vec![(
             format!("rpc.{name}.members"),
             toml::Value::String(instance_ids.join(",")),
         )];
         self.check_aggregation_keys(group, context);
-        let mut ok = true;
         if let Some(aggregate) = &group.aggregate {
             if matches!(aggregate.get_ref().as_str(), "none" | "trad" | "ovfl") {
                 properties.push((
@@ -615,7 +614,6 @@ impl<'a> Loader<'a> {
                         aggregate.get_ref()
                     ),
                 );
-                ok = false;
             }
         }
         let numbers = [
@@ -625,17 +623,16 @@ impl<'a> Loader<'a> {
             ("tree-arity", &group.tree_arity, (1, 255)),
         ];
         for (key, value, bounds) in numbers {
-            if let Some(value) = value {
-                match count(value, &mut self.checker, context, key, bounds) {
-                    Some(number) => properties.push((
-                        format!("rpc.{name}.{key}"),
-                        toml::Value::Integer(number as i64),
-                    )),
-                    None => ok = false,
-                }
+            if let Some(value) = value
+                && let Some(number) = count(value, &mut self.checker, context, key, bounds)
+            {
+                properties.push((
+                    format!("rpc.{name}.{key}"),
+                    toml::Value::Integer(number as i64),
+                ));
             }
         }
-        ok.then_some(properties)
+        properties
     }
 
     /// Refuses an rpc group's `aggregate-bytes` and `aggregate-us` where its `aggregate` (`ovfl`

@@ -414,6 +414,19 @@ fn rpc_keys_that_do_not_apply_together_are_refused_once() {
             "aggregate = \"none\"\naggregate-us = 50",
             "t.toml:9:16: rpc \"search\": aggregate-us does nothing with aggregate = \"none\" (only \"trad\" holds a frame that is not full): give it only with \"trad\"",
         ),
+        // A value that is no setting is reported, and the group still wired.
+        (
+            "aggregate = \"bogus\"",
+            "t.toml:8:13: rpc \"search\": aggregate \"bogus\" is not none, trad or ovfl",
+        ),
+        (
+            "tree-arity = 0",
+            "t.toml:8:14: rpc \"search\": tree-arity must be at least 1, not 0",
+        ),
+        (
+            "spin-us = -1",
+            "t.toml:8:11: rpc \"search\": spin-us must be at least 0, not -1",
+        ),
         (
             "timeout-ms = 5\naggregate-us = 50",
             "t.toml:9:16: rpc \"search\": aggregate-us does nothing with aggregate = \"ovfl\", the default (only \"trad\" holds a frame that is not full): give it only with \"trad\"",
