@@ -218,6 +218,10 @@ impl std::fmt::Debug for OfiOptions {
     }
 }
 
+/// The address schemes an ofi channel binds and connects (`tcp://`, `verbs://`;
+/// [`ferromq_core::TransportTraits::schemes`]).
+pub const SCHEMES: [&str; 2] = ["tcp", "verbs"];
+
 /// Adds the ofi transport to `registry` under [`OfiTransport::NAME`], configured per device
 /// from the properties `ofi-max-chunk-size`, `ofi-receive-window`, `ofi-peer-timeout-ms` and
 /// `ofi-max-message-size`; it receives into the memory it is given (the device's shmem).
@@ -227,7 +231,7 @@ pub fn register(registry: &mut ferromq_core::TransportRegistry) {
         ferromq_core::TransportTraits::PLAIN
             .wanting_receive_memory()
             .without_ipc()
-            .taking_schemes(&["tcp", "verbs"])
+            .taking_schemes(&SCHEMES)
             .reading(&OfiOptions::PROPERTIES),
         |options| {
             let transport: Arc<dyn ferromq_core::Transport> =
