@@ -92,19 +92,33 @@ pub fn run(command: &ShmCommand) -> ExitCode {
     let uid = current_uid();
     match command {
         ShmCommand::List { session } => {
-            let sessions = match session {
+            let (sessions, locks) = match session {
                 Some(session) => {
                     // The id the devices were given, or the session as this list shows it.
                     let encoded = cleanup::encoded_session_named(uid, session);
                     let objects = cleanup::list_objects_encoded(uid, &encoded);
-                    std::iter::once((encoded, objects))
-                        .filter(|(_, objects)| !objects.is_empty())
-                        .collect()
+                    let sessions: std::collections::BTreeMap<_, _> =
+                        std::iter::once((encoded, objects))
+                            .filter(|(_, objects)| !objects.is_empty())
+                            .collect();
+                    if sessions.is_empty() {
+                        println!("no ferromq shared memory of session {session} for user {uid}");
+                    }
+                    (sessions, Vec::new())
                 }
-                None => cleanup::sessions(uid),
+                None => {
+                    let sessions = cleanup::sessions(uid);
+                    let locks = cleanup::stale_watchdog_locks(uid);
+                    if sessions.is_empty() && locks.is_empty() {
+                        println!("no ferromq shared memory for user {uid}");
+                    }
+                    (sessions, locks)
+                }
             };
-            if sessions.is_empty() {
-                println!("no ferromq shared memory for user {uid}");
+            for lock in locks {
+                println!(
+                    "{lock}: a watchdog's lock file that no watchdog holds (stale; `ferromq shm clean --stale` removes it)"
+                );
             }
             for (session, objects) in sessions {
                 let alive = objects

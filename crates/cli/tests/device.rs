@@ -69,8 +69,8 @@ async fn sampler_to_sink_over_shared_memory_leaves_nothing_behind() {
         .unwrap();
     let list = String::from_utf8_lossy(&list.stdout);
     assert!(
-        list.contains("no ferromq shared memory"),
-        "the last device removed the session's memory: {list}"
+        list.contains(&format!("no ferromq shared memory of session {session}")),
+        "the last device removed the session's memory (and the list says which): {list}"
     );
 }
 

@@ -98,6 +98,8 @@ fn list_encoded(uid: u32, encoded: Option<&str>) -> Vec<ObjectInfo> {
     };
     let mut objects: Vec<ObjectInfo> = entries
         .flatten()
+        // A directory or link named like an object is none of ours (shm_open makes files).
+        .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_file()))
         .filter_map(|entry| ObjectName::parse(&entry.file_name().to_string_lossy()))
         .filter(|name| name.uid == uid && encoded.is_none_or(|session| name.session == session))
         .filter_map(|name| {
@@ -131,26 +133,46 @@ fn list_encoded(uid: u32, encoded: Option<&str>) -> Vec<ObjectInfo> {
 /// An object whose header cannot be read: a process killed while it made the object (a large
 /// segment being zeroed takes seconds) left it without one. Only its name says who made it;
 /// it is in use while that process runs, and stale once it has died, so the watchdog and
-/// `ferromq shm clean --stale` remove it with its session (they did not see it at all).
+/// `ferromq shm clean --stale` remove it with its session (they did not see it at all). The
+/// creator started before the object was made: a process with its pid that started after the
+/// object's last change (a reused pid) is not it.
 fn unreadable(name: ObjectName, error: &crate::ShmError) -> ObjectInfo {
-    let size = std::fs::metadata(shm_dir().join(name.to_string())).map_or(0, |metadata| {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = std::fs::metadata(shm_dir().join(name.to_string())).ok();
+    let size = metadata.as_ref().map_or(0, |metadata| {
         usize::try_from(metadata.len()).unwrap_or(usize::MAX)
     });
-    let creator = ProcessId {
-        pid: name.creator_pid,
-        start_time: 0,
+    let changed = metadata.as_ref().map(|metadata| {
+        std::time::UNIX_EPOCH
+            + Duration::from_secs(u64::try_from(metadata.ctime()).unwrap_or(0))
+            + Duration::from_nanos(u64::try_from(metadata.ctime_nsec()).unwrap_or(0))
+    });
+    let creator_runs = match changed {
+        Some(changed) => crate::segment::alive_since(name.creator_pid, changed),
+        None => ProcessId {
+            pid: name.creator_pid,
+            start_time: 0,
+        }
+        .is_alive(),
+    };
+    // Said as a person would: the OS's "invalid argument" for an empty object tells nothing.
+    let why = match &metadata {
+        Some(metadata) if metadata.len() == 0 => {
+            "empty (its creator died before it sized it)".to_owned()
+        }
+        _ => error.to_string(),
     };
     ObjectInfo {
         size,
         used: 0,
         live_blocks: 0,
         largest_free: 0,
-        live_processes: if creator.is_alive() {
-            vec![creator.pid]
+        live_processes: if creator_runs {
+            vec![name.creator_pid]
         } else {
             Vec::new()
         },
-        unreadable: Some(error.to_string()),
+        unreadable: Some(why),
         name,
     }
 }
@@ -242,7 +264,8 @@ pub fn clean_session_encoded(
     Ok(remove_session(uid, encoded_session))
 }
 
-/// Removes every session of `uid` whose processes are all dead; returns what was removed.
+/// Removes every session of `uid` whose processes are all dead, and every watchdog lock file
+/// no watchdog holds ([`stale_watchdog_locks`]); returns what was removed.
 pub fn clean_stale(uid: u32) -> Vec<String> {
     let mut removed = Vec::new();
     for (session, objects) in sessions(uid) {
@@ -253,7 +276,45 @@ pub fn clean_stale(uid: u32) -> Vec<String> {
             removed.extend(remove_session(uid, &session));
         }
     }
+    for lock in stale_watchdog_locks(uid) {
+        if std::fs::remove_file(shm_dir().join(&lock)).is_ok() {
+            removed.push(lock);
+        }
+    }
     removed
+}
+
+/// The watchdog lock files of `uid` that no watchdog holds and whose session has no object
+/// left: a watchdog killed (SIGKILL) after its session's memory went leaves its lock file, which
+/// no listing showed and nothing removed. A lock this process can take is one nobody holds; a
+/// watchdog that starts meanwhile makes its file again.
+pub fn stale_watchdog_locks(uid: u32) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(shm_dir()) else {
+        return Vec::new();
+    };
+    let with_objects = sessions(uid);
+    let own_prefix = format!("{}{uid}_", crate::names::PREFIX);
+    let mut locks: Vec<String> = entries
+        .flatten()
+        .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_file()))
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| {
+            let Some(session) = name
+                .strip_prefix(&own_prefix)
+                .and_then(|rest| rest.strip_suffix("_watchdog"))
+            else {
+                return false;
+            };
+            if with_objects.contains_key(session) {
+                return false;
+            }
+            File::open(shm_dir().join(name)).is_ok_and(|file| {
+                nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok()
+            })
+        })
+        .collect();
+    locks.sort();
+    locks
 }
 
 /// Removes the session's objects when no process but this one uses them.

@@ -14,7 +14,7 @@
 //! is an atomic.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use shared_memory::{Shmem, ShmemConf};
 
@@ -142,6 +142,33 @@ impl ProcessId {
             None => false,
         }
     }
+}
+
+/// True while a process `pid` runs that started no later than `time` (to within a second:
+/// the kernel gives its boot time in whole seconds): the process that made something at `time`
+/// and still runs, not a later one that reuses its pid. Without the boot time, the pid alone.
+pub(crate) fn alive_since(pid: u32, time: SystemTime) -> bool {
+    let Some(start_ticks) = process_start_time(pid) else {
+        return false;
+    };
+    let Some(boot) = boot_time() else {
+        return true;
+    };
+    // `/proc` counts in USER_HZ, 100 on every architecture Linux reports it for.
+    let started = boot + Duration::from_millis(start_ticks.saturating_mul(10));
+    started <= time + Duration::from_secs(1)
+}
+
+/// When the machine booted (`btime` of `/proc/stat`).
+fn boot_time() -> Option<SystemTime> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let seconds: u64 = stat
+        .lines()
+        .find_map(|line| line.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(UNIX_EPOCH + Duration::from_secs(seconds))
 }
 
 fn process_start_time(pid: u32) -> Option<u64> {
@@ -421,6 +448,18 @@ impl Segment {
                 ),
             });
         }
+        // A copy cut short, or an object truncated since: its header (and what `shm list`
+        // shows of it) describes memory the object does not have, and a look past the end
+        // would be a SIGBUS.
+        let made_as = segment.header().size;
+        if made_as != len as u64 {
+            return Err(ShmError::Corrupt {
+                name: segment.name.to_string(),
+                reason: format!(
+                    "its header says {made_as} bytes, the object holds {len} (truncated or resized)"
+                ),
+            });
+        }
         Ok(segment)
     }
 
@@ -681,6 +720,16 @@ impl Drop for TestObject {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A process that started after something was made is not its maker, though it has the
+    /// maker's pid (a sweep: an object named after pid 1 was "in use" for ever).
+    #[test]
+    fn a_process_is_alive_since_a_time_only_if_it_started_by_then() {
+        let me = std::process::id();
+        assert!(alive_since(me, SystemTime::now()));
+        assert!(!alive_since(me, UNIX_EPOCH + Duration::from_secs(1000)));
+        assert!(!alive_since(u32::MAX, SystemTime::now()));
+    }
 
     /// A segment of this test's own, removed when the test ends.
     struct Fixture {

@@ -86,6 +86,11 @@ fn main() {
             "a_segment_left_without_a_header_is_listed_and_cleaned_once_its_creator_is_dead",
             headerless_segment_of_a_dead_creator,
         ),
+        // Alone: clean_stale removes every stale session of the user, another trial's too.
+        trial_alone(
+            "odd_objects_are_listed_for_what_they_are_and_stale_locks_removed",
+            odd_objects_and_stale_locks,
+        ),
         trial(
             "the_watchdog_removes_a_segment_without_a_header_whose_creator_died",
             watchdog_removes_a_headerless_segment,
@@ -1097,6 +1102,74 @@ fn headerless_segment_of_a_dead_creator() -> Result<()> {
     ensure!(removed.contains(&name), "clean_stale removed {removed:?}");
     let left = files_of(&session)?;
     ensure!(left.is_empty(), "left in /dev/shm: {left:?}");
+    Ok(())
+}
+
+/// Found by a sweep of `ferromq shm`: an empty object was "open failed: os error 22"; a copy
+/// of a segment's first 8 KiB was listed with the whole segment's free space (its header
+/// believed); and a watchdog's lock file, left when the watchdog was killed after its
+/// session's memory went, was neither listed nor removed by `clean --stale`.
+fn odd_objects_and_stale_locks() -> Result<()> {
+    use ferromq_shm::names::{ObjectKind, ObjectName};
+    let session = Session::new("odd-objects");
+    let (dead, _) = dead_process()?;
+    let object =
+        |index: u32| ObjectName::new(current_uid(), &session.0, ObjectKind::Segment, dead, index);
+    std::fs::File::create(format!("/dev/shm/{}", object(0)))?;
+    {
+        let whole = ferromq_shm::segment::Segment::create(object(1), 1 << 20)?;
+        drop(whole);
+        let bytes = std::fs::read(format!("/dev/shm/{}", object(1)))?;
+        std::fs::write(format!("/dev/shm/{}", object(2)), &bytes[..8192])?;
+        ferromq_shm::segment::Segment::remove(&object(1))?;
+    }
+    let listed = list_objects(current_uid(), Some(&session.0));
+    let problem = |index: u32| {
+        listed
+            .iter()
+            .find(|info| info.name == object(index))
+            .and_then(|info| info.unreadable.clone())
+            .unwrap_or_default()
+    };
+    ensure!(
+        problem(0) == "empty (its creator died before it sized it)",
+        "{listed:?}"
+    );
+    ensure!(
+        problem(2).ends_with(
+            "its header says 1048576 bytes, the object holds 8192 (truncated or resized)"
+        ),
+        "{listed:?}"
+    );
+    let removed = ferromq_shm::cleanup::clean_stale(current_uid());
+    ensure!(
+        files_of(&session)?.is_empty(),
+        "clean_stale removed {removed:?}"
+    );
+    // A lock file alone: stale while nobody holds it, not while a watchdog does.
+    let lock = format!(
+        "{}watchdog",
+        ObjectName::session_prefix(current_uid(), &session.0)
+    );
+    let held = std::fs::File::create(format!("/dev/shm/{lock}"))?;
+    let held = nix::fcntl::Flock::lock(held, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|(_, errno)| errno)?;
+    ensure!(
+        !ferromq_shm::cleanup::stale_watchdog_locks(current_uid()).contains(&lock),
+        "a held lock counted as stale"
+    );
+    drop(held);
+    ensure!(
+        ferromq_shm::cleanup::stale_watchdog_locks(current_uid()).contains(&lock),
+        "a lock nobody holds was not listed"
+    );
+    let removed = ferromq_shm::cleanup::clean_stale(current_uid());
+    ensure!(removed.contains(&lock), "clean_stale removed {removed:?}");
+    ensure!(
+        files_of(&session)?.is_empty(),
+        "left {:?}",
+        files_of(&session)?
+    );
     Ok(())
 }
 
