@@ -384,6 +384,19 @@ fn check(options: &BenchOptions) -> Result<()> {
             options.num_parts
         );
     }
+    // No allocation holds more than `isize::MAX` bytes: a larger message cannot be made.
+    let max_message = isize::MAX as usize;
+    for &msg_size in &options.msg_size {
+        if msg_size
+            .checked_mul(options.num_parts)
+            .is_none_or(|bytes| bytes > max_message)
+        {
+            bail!(
+                "--msg-size {msg_size} with --num-parts {}: a message has at most {max_message} bytes",
+                options.num_parts
+            );
+        }
+    }
     let min_segment = ferromq_shm::segment::MIN_SEGMENT_SIZE as u64;
     if measures_shmem && options.shm_segment_size < min_segment {
         bail!(
@@ -418,10 +431,12 @@ async fn run_all(options: &BenchOptions) -> Result<Vec<BenchResult>> {
 
 async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> Result<BenchResult> {
     // Measured before the pair starts, so neither disturbs the other.
-    let memcpy_msgs_per_s = (options.touch && !options.latency).then(|| {
-        let bytes_per_msg = msg_size.saturating_mul(options.num_parts).max(1);
-        memcpy_rate(bytes_per_msg)
-    });
+    let memcpy_msgs_per_s = if options.touch && !options.latency {
+        // `check` bounds the product.
+        Some(memcpy_rate((msg_size * options.num_parts).max(1))?)
+    } else {
+        None
+    };
     let dir = std::env::temp_dir().join(format!("ferromq-{}-{transport}-{msg_size}", session()));
     std::fs::create_dir_all(&dir)?;
     let exe = std::env::current_exe()?;
@@ -553,13 +568,30 @@ pub(crate) async fn role_line(
 
 /// How many times a second one core copies `size` bytes with `memcpy` (`copy_from_slice`),
 /// cycling through buffers of 64 MiB in all on each side (more than the caches hold, like the
-/// blocks a stream of messages cycles through) for about 0.3 s after one warm-up pass.
-fn memcpy_rate(size: usize) -> f64 {
+/// blocks a stream of messages cycles through) for about 0.3 s after one warm-up pass. The
+/// buffers are allocated fallibly: a size the memory cannot hold four times (two buffers a
+/// side from 32 MiB on) is an error, not an abort.
+fn memcpy_rate(size: usize) -> Result<f64> {
     const WORKING_SET: usize = 64 << 20;
     const MEASURE: Duration = Duration::from_millis(300);
     let n_buffers = (WORKING_SET / size).clamp(2, 64);
-    let sources: Vec<Vec<u8>> = (0..n_buffers).map(|idx| vec![idx as u8; size]).collect();
-    let mut targets: Vec<Vec<u8>> = (0..n_buffers).map(|_| vec![0u8; size]).collect();
+    let buffer = |fill: u8| -> Result<Vec<u8>> {
+        let mut buffer = Vec::new();
+        buffer.try_reserve_exact(size).with_context(|| {
+            format!(
+                "--touch: cannot allocate {} buffers of {size} bytes to measure memcpy",
+                2 * n_buffers
+            )
+        })?;
+        buffer.resize(size, fill);
+        Ok(buffer)
+    };
+    let sources = (0..n_buffers)
+        .map(|idx| buffer(idx as u8))
+        .collect::<Result<Vec<_>>>()?;
+    let mut targets = (0..n_buffers)
+        .map(|_| buffer(0))
+        .collect::<Result<Vec<_>>>()?;
     for (target, source) in targets.iter_mut().zip(&sources) {
         target.copy_from_slice(source);
     }
@@ -572,7 +604,7 @@ fn memcpy_rate(size: usize) -> f64 {
         std::hint::black_box(&targets[target]);
         n_copies += 1;
     }
-    n_copies as f64 / started.elapsed().as_secs_f64()
+    Ok(n_copies as f64 / started.elapsed().as_secs_f64())
 }
 
 /// Options of the hidden `bench-role` subcommand (one side of a pair).

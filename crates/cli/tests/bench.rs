@@ -662,3 +662,42 @@ fn a_destination_outlives_no_killed_bench() {
         std::thread::yield_now();
     }
 }
+
+/// `--touch` measures memcpy at the message's size with buffers of that size, made before any
+/// member starts: a size the memory cannot hold aborted the bench (`memory allocation of
+/// 1000000000000 bytes failed`, SIGABRT). It is now the pair's error, exit 1. A size no
+/// allocation can have at all is refused before anything starts.
+#[test]
+fn bench_names_a_message_size_it_cannot_allocate() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args(["bench", "--touch", "--transport", "zeromq-ipc"])
+        .args(["--msg-size", "1000000000000", "--duration", "0.1"])
+        .output()
+        .expect("run ferromq bench");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("zeromq-ipc at 1000000000000 bytes: --touch: cannot allocate"),
+        "{stderr}"
+    );
+    refused_before_any_member_starts(
+        &[
+            "bench",
+            "--msg-size",
+            "9223372036854775808",
+            "--duration",
+            "0.1",
+        ],
+        "--msg-size 9223372036854775808 with --num-parts 1: a message has at most 9223372036854775807 bytes",
+    );
+    refused_before_any_member_starts(
+        &[
+            "bench",
+            "--msg-size",
+            "4611686018427387904",
+            "--num-parts",
+            "2",
+        ],
+        "--msg-size 4611686018427387904 with --num-parts 2",
+    );
+}
