@@ -8,10 +8,15 @@
 //! # Interruption and failure
 //! The members are the bench's children (`kill_on_drop`) and share its session (`bench-PID`):
 //! their shared memory and their files in the temp directory are named after it. However the
-//! bench ends (its results, a member's failure, SIGINT or SIGTERM), `run_to_the_end` kills
-//! the members still running and removes what they leave; a signal ends the bench with 128 plus
-//! its number (130, 143), as a shell reports it. `ferromq bench rpc` ends the same way.
+//! bench ends (its results, a member's failure, SIGINT, SIGTERM or SIGHUP), `run_to_the_end`
+//! kills the members still running and removes what they leave; a signal ends the bench with
+//! 128 plus its number (130, 143, 129), as a shell reports it. A bench that cannot do that
+//! (SIGKILL, SIGQUIT, an abort) leaves its members to themselves: each watches its parent
+//! (`crate::run::launcher_gone`) and, once the bench is gone, stops and removes the pair's
+//! directory; their shared memory goes with the last of them (or the session's watchdog).
+//! `ferromq bench rpc` ends the same way.
 
+use std::io::Write as _;
 use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
@@ -210,8 +215,8 @@ fn session() -> String {
     format!("bench-{}", std::process::id())
 }
 
-/// Runs `bench` (a bench whose members share `session`) until it ends or SIGINT or SIGTERM
-/// arrives, then removes what its members leave ([`clean_up_after`]). On a signal,
+/// Runs `bench` (a bench whose members share `session`) until it ends or SIGINT, SIGTERM or
+/// SIGHUP arrives, then removes what its members leave ([`clean_up_after`]). On a signal,
 /// `bench` is dropped first, which kills the members it started (`kill_on_drop`), and the
 /// exit code to end with is the `Err`: 128 plus the signal's number.
 pub(crate) async fn run_to_the_end<T>(
@@ -227,14 +232,23 @@ pub(crate) async fn run_to_the_end<T>(
         clean_up_after(session).await;
         return Ok(outcome);
     };
+    // The hangup of the terminal it runs in stops it as SIGTERM does (exit 129).
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let hung_up = async {
+        match &mut hangup {
+            Some(hangup) => drop(hangup.recv().await),
+            None => std::future::pending().await,
+        }
+    };
     let outcome = tokio::select! {
         outcome = bench => Ok(outcome),
-        name = signals.next() => Err(name),
+        name = signals.next() => Err((name, crate::Signals::exit_code(name))),
+        () = hung_up => Err(("SIGHUP", 129)),
     };
     clean_up_after(session).await;
-    outcome.map_err(|name| {
+    outcome.map_err(|(name, code)| {
         eprintln!("{command}: {name}: stopped; its members were killed and their files removed");
-        ExitCode::from(crate::Signals::exit_code(name))
+        ExitCode::from(code)
     })
 }
 
@@ -469,6 +483,7 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
+            .env(crate::run::LAUNCHER_PID_ENV, std::process::id().to_string())
             .kill_on_drop(true);
         // The roles take the same switches as the command.
         let switches = [
@@ -647,18 +662,36 @@ pub struct RoleOptions {
     busy_poll: bool,
 }
 
-/// Runs one side of a pair; prints one JSON report line.
+/// Runs one side of a pair; prints one JSON report line. A member whose bench dies stops,
+/// and removes the pair's directory (its shared memory goes with its last process).
 pub async fn run_role(options: RoleOptions) -> ExitCode {
+    // The bench gives its pid: one killed before this process looked is noticed too.
+    let bench = crate::run::launcher();
+    let name = options.role.clone();
+    let dir = options.dir.clone();
     // A task of its own, as a device's run is (`run.rs`), so that its receives wait as a
     // device's do: a busy-polled receive that wakes its own task takes a place in the run
     // queue, where the future the runtime blocks on would get a turn of the drivers instead.
-    let name = options.role.clone();
-    match tokio::spawn(async move { role(&options).await }).await {
+    let mut task = tokio::spawn(async move { role(&options).await });
+    let outcome = tokio::select! {
+        outcome = &mut task => outcome,
+        () = crate::run::launcher_gone(bench) => {
+            // Its channels and transport closed before the directory goes.
+            task.abort();
+            let _ = task.await;
+            let _ = std::fs::remove_dir_all(&dir);
+            eprintln!("ferromq bench {name}: the bench that started it is gone; stopped");
+            return ExitCode::FAILURE;
+        }
+    };
+    match outcome {
         Ok(Ok(report)) => {
-            println!(
-                "{}",
-                serde_json::to_string(&report).expect("reports serialise")
-            );
+            let line = serde_json::to_string(&report).expect("reports serialise");
+            // Not `println!`, which panics when the bench's end of the pipe is closed.
+            if let Err(error) = writeln!(std::io::stdout(), "{line}") {
+                eprintln!("ferromq bench {name}: cannot hand in the report: {error}");
+                return ExitCode::FAILURE;
+            }
             ExitCode::SUCCESS
         }
         Ok(Err(error)) => {

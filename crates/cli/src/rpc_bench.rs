@@ -540,6 +540,7 @@ async fn start_group(
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
+            .env(crate::run::LAUNCHER_PID_ENV, std::process::id().to_string())
             .kill_on_drop(true)
             .spawn()?;
         let mut lines = BufReader::new(role.stdout.take().context("stdout")?).lines();
@@ -907,9 +908,9 @@ fn count_call(count: &AtomicU64) {
 }
 
 async fn role(options: &RpcRoleOptions) -> Result<()> {
-    // The bench that started this process, read first: read once the group runs, a bench
-    // killed meanwhile had already left it to init, and the change was never seen.
-    let parent = nix::unistd::getppid();
+    // The bench that started this process (it gives its pid), read first: read once the group
+    // runs, a bench killed meanwhile had already left it to init, and the change was never seen.
+    let bench = crate::run::launcher();
     let aggregation = aggregation(&options.mode)?;
     let (transport, address) = transport_and_address(
         &options.transport,
@@ -969,18 +970,11 @@ async fn role(options: &RpcRoleOptions) -> Result<()> {
     .await?;
     // A bench that dies (a signal, an abort) cannot send `Quit`: the destination would serve
     // an empty group for ever, orphaned. Its parent changing says so.
-    let orphaned = async {
-        let mut look = tokio::time::interval(Duration::from_millis(200));
-        loop {
-            look.tick().await;
-            if nix::unistd::getppid() != parent {
-                return;
-            }
-        }
-    };
     tokio::select! {
         () = quit.notified() => {}
-        () = orphaned => bail!("the bench that started this destination is gone"),
+        () = crate::run::launcher_gone(bench) => {
+            bail!("the bench that started this destination is gone")
+        }
     }
     rpc.shutdown().await?;
     Ok(())

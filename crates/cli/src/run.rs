@@ -210,25 +210,37 @@ pub(crate) const LAUNCHER_PID_ENV: &str = "FERROMQ_LAUNCHER_PID";
 /// `ferromq_device::control::ControlEndpoint::heartbeat`).
 pub(crate) const LAUNCHER_HEARTBEAT_ENV: &str = "FERROMQ_LAUNCHER_HEARTBEAT_MS";
 
-/// A device driven by a launcher goes down when its launcher dies, so that no device is left
-/// running without anybody to stop it. The launcher is the parent named by
-/// [`LAUNCHER_PID_ENV`] (so that a launcher that died before this device looked is noticed
-/// too), or else whichever process was the parent when the device started.
-async fn follow_parent(controller: DeviceController) {
-    let launcher = std::env::var(LAUNCHER_PID_ENV)
+/// The process that started this one and that it goes when it goes: the parent named by
+/// [`LAUNCHER_PID_ENV`] (so that a launcher that died before this process looked is noticed
+/// too), or else the parent now. Read it first thing: a parent that dies hands the process to
+/// init or a subreaper.
+pub(crate) fn launcher() -> nix::unistd::Pid {
+    std::env::var(LAUNCHER_PID_ENV)
         .ok()
         .and_then(|pid| pid.parse::<i32>().ok())
-        .map_or_else(nix::unistd::getppid, nix::unistd::Pid::from_raw);
+        .map_or_else(nix::unistd::getppid, nix::unistd::Pid::from_raw)
+}
+
+/// Resolves once this process's parent is not `launcher` ([`launcher`]): it died, by SIGKILL
+/// or an abort too, where it could stop nothing itself. Compares every 250 ms (the cli crate
+/// forbids the unsafe `prctl(PR_SET_PDEATHSIG)`).
+pub(crate) async fn launcher_gone(launcher: nix::unistd::Pid) {
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
     loop {
         tick.tick().await;
         if nix::unistd::getppid() != launcher {
-            tracing::warn!("the launcher is gone; going down");
-            controller.abort("the launcher exited");
-            let _ = control::shut_down(&controller).await;
             return;
         }
     }
+}
+
+/// A device driven by a launcher goes down when its launcher dies, so that no device is left
+/// running without anybody to stop it.
+async fn follow_parent(controller: DeviceController) {
+    launcher_gone(launcher()).await;
+    tracing::warn!("the launcher is gone; going down");
+    controller.abort("the launcher exited");
+    let _ = control::shut_down(&controller).await;
 }
 
 async fn handle_signals(controller: DeviceController) {

@@ -349,6 +349,61 @@ fn members_of(session: &str) -> Vec<String> {
         .collect()
 }
 
+/// `ferromq ARGS` (a bench) started in a process group of its own, once it says that its
+/// members measure (within 30 s, or it is killed with its members and the test fails), and
+/// the lines of its standard error (which its members share) after that one.
+fn measuring(args: &[&str]) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead as _;
+    let mut bench = spawn_in_its_own_group(args);
+    let stderr = bench.stderr.take().expect("piped");
+    let (said, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            let _ = said.send(line);
+        }
+    });
+    let measuring = lines.recv_timeout(std::time::Duration::from_secs(30));
+    if !measuring
+        .as_ref()
+        .is_ok_and(|line| line.contains("measuring"))
+    {
+        kill_and_clean_up(bench.id());
+        panic!("{args:?}: no measuring line: {measuring:?}");
+    }
+    (bench, lines)
+}
+
+/// The rest of what a bench and its members said on standard error, up to the end of the pipe
+/// (all of them gone), or 10 s.
+fn said_to_the_end(lines: &std::sync::mpsc::Receiver<String>) -> Vec<String> {
+    let mut said = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        match lines.recv_timeout(left) {
+            Ok(line) => said.push(line),
+            Err(_) => break,
+        }
+    }
+    said
+}
+
+/// What runs or stays of a bench's `session`: its members, its files in the temp directory,
+/// its shared memory.
+fn leftovers_of(session: &str) -> (Vec<String>, Vec<std::path::PathBuf>, Vec<String>) {
+    (
+        members_of(session),
+        temp_files_of(session),
+        std::fs::read_dir("/dev/shm")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.contains(session))
+            .collect(),
+    )
+}
+
 /// A bench ended by a signal sent to it alone (as `timeout` or `kill` sends it; its members get
 /// none) kills its members, removes their shared memory and files, and exits with 128 plus the
 /// signal's number. Before, the members ran on to the end of their `--duration` and the pair's
@@ -356,7 +411,6 @@ fn members_of(session: &str) -> Vec<String> {
 #[test]
 fn a_signalled_bench_stops_its_members_and_removes_their_files() {
     use nix::sys::signal::Signal;
-    use std::io::BufRead as _;
     let plain = [
         "bench",
         "--transport",
@@ -385,27 +439,13 @@ fn a_signalled_bench_stops_its_members_and_removes_their_files() {
     for (args, session, signal, code) in [
         (&plain[..], "bench", Signal::SIGINT, 130),
         (&rpc[..], "bench-rpc", Signal::SIGTERM, 143),
+        // A closed terminal's: it killed the bench alone, as SIGKILL does.
+        (&plain[..], "bench", Signal::SIGHUP, 129),
+        (&rpc[..], "bench-rpc", Signal::SIGHUP, 129),
     ] {
-        let mut bench = spawn_in_its_own_group(args);
+        let (mut bench, lines) = measuring(args);
         let pid = bench.id();
         let session = format!("{session}-{pid}");
-        // The bench says when its members are up and measuring.
-        let stderr = bench.stderr.take().expect("piped");
-        let (said, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                let _ = said.send(line);
-            }
-        });
-        let measuring = lines.recv_timeout(std::time::Duration::from_secs(30));
-        if !measuring
-            .as_ref()
-            .is_ok_and(|line| line.contains("measuring"))
-        {
-            kill_and_clean_up(pid);
-            panic!("{args:?}: no measuring line: {measuring:?}");
-        }
         assert!(
             !members_of(&session).is_empty(),
             "{args:?}: no member running"
@@ -416,27 +456,8 @@ fn a_signalled_bench_stops_its_members_and_removes_their_files() {
             kill_and_clean_up(pid);
             panic!("{args:?}: still running 10 s after {signal}");
         };
-        // What the bench said up to its end: its last line may still be on its way through the
-        // reader thread, which stops at the end of the pipe (the bench and its members gone).
-        let mut said = Vec::new();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
-            match lines.recv_timeout(left) {
-                Ok(line) => said.push(line),
-                Err(_) => break,
-            }
-        }
-        let leftovers = (
-            members_of(&session),
-            temp_files_of(&session),
-            std::fs::read_dir("/dev/shm")
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|entry| entry.file_name().to_string_lossy().into_owned())
-                .filter(|name| name.contains(&session))
-                .collect::<Vec<_>>(),
-        );
+        let said = said_to_the_end(&lines);
+        let leftovers = leftovers_of(&session);
         if leftovers != (Vec::new(), Vec::new(), Vec::new()) {
             kill_and_clean_up(pid);
             panic!("{args:?}: after {signal}, left {leftovers:?}");
@@ -699,5 +720,46 @@ fn bench_names_a_message_size_it_cannot_allocate() {
             "2",
         ],
         "--msg-size 4611686018427387904 with --num-parts 2",
+    );
+}
+
+/// A bench killed where it cannot stop its members (SIGKILL here; SIGQUIT, or an abort, alike)
+/// left them running to the end of their `--duration`, after which each panicked writing its
+/// report to the closed pipe, and the pair's directory stayed in the temp directory. They now
+/// notice that their parent is gone, stop without a panic and leave nothing behind.
+#[test]
+fn members_of_a_killed_bench_stop_and_leave_nothing() {
+    let (mut bench, lines) = measuring(&[
+        "bench",
+        "--transport",
+        "shmem",
+        "--msg-size",
+        "1024",
+        "--duration",
+        "60",
+        "--shm-segment-size",
+        "268435456",
+    ]);
+    let pid = bench.id();
+    let session = format!("bench-{pid}");
+    assert_eq!(members_of(&session).len(), 2, "both members run");
+    bench.kill().expect("kill -9 the bench");
+    bench.wait().expect("reap the bench");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let leftovers = leftovers_of(&session);
+        if leftovers == (Vec::new(), Vec::new(), Vec::new()) {
+            break;
+        }
+        if std::time::Instant::now() >= deadline {
+            kill_and_clean_up(pid);
+            panic!("20 s after the bench was killed: {leftovers:?}");
+        }
+        std::thread::yield_now();
+    }
+    let said = said_to_the_end(&lines);
+    assert!(
+        !said.iter().any(|line| line.contains("panicked")),
+        "{said:?}"
     );
 }
