@@ -524,9 +524,13 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
         "ferromq bench: {transport} at {msg_size} bytes: measuring for {} s",
         options.duration
     );
+    // Both at once: a member that ends without its report (killed, failed) ends the pair as
+    // soon as it does, whichever it is, and the other is killed on the way out.
     let limit = Duration::from_secs_f64(options.duration * 3.0 + 60.0);
-    let sender_report = role_line("sender", &mut sender, &mut sender_lines, limit).await?;
-    let receiver_report = role_line("receiver", &mut receiver, &mut receiver_lines, limit).await?;
+    let (sender_report, receiver_report) = tokio::try_join!(
+        role_line("sender", &mut sender, &mut sender_lines, limit),
+        role_line("receiver", &mut receiver, &mut receiver_lines, limit),
+    )?;
     let (sender_status, receiver_status) = (sender.wait().await?, receiver.wait().await?);
     // Before the next pair starts; a pair that fails early is cleaned up by `run_to_the_end`.
     clean_up_after(&session()).await;
@@ -556,8 +560,9 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
 }
 
 /// The next line a bench role process writes (`role` names it in errors), within `limit`. A
-/// role that ends without one failed (its error went to standard error, which it shares with
-/// this process): the error says how it exited, not only that it "said nothing".
+/// role that ends without one failed: the error says how it ended, not only that it "said
+/// nothing". One that exited printed its error to standard error, which it shares with this
+/// process; one killed by a signal printed nothing.
 pub(crate) async fn role_line(
     role: &str,
     child: &mut tokio::process::Child,
@@ -574,9 +579,14 @@ pub(crate) async fn role_line(
     // Its output closed: it is ending, or has ended.
     let status = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
     match status {
-        Ok(Ok(status)) => {
-            bail!("the {role} ended ({status}) without its report; its error is above")
-        }
+        Ok(Ok(status)) => match std::os::unix::process::ExitStatusExt::signal(&status) {
+            Some(number) => {
+                let signal = nix::sys::signal::Signal::try_from(number)
+                    .map_or_else(|_| format!("signal {number}"), |signal| signal.to_string());
+                bail!("the {role} was killed ({signal})")
+            }
+            None => bail!("the {role} ended ({status}) without its report; its error is above"),
+        },
         _ => bail!("the {role} closed its output without its report"),
     }
 }

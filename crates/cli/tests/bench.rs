@@ -404,6 +404,23 @@ fn leftovers_of(session: &str) -> (Vec<String>, Vec<std::path::PathBuf>, Vec<Str
     )
 }
 
+/// The process ids of the members of a bench's `session` in `role` (sender, receiver).
+fn member_pids(session: &str, role: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            (cmdline.contains(&format!("bench-role {role} "))
+                && cmdline.contains(&format!("--session {session} ")))
+            .then_some(pid)
+        })
+        .collect()
+}
+
 /// A bench ended by a signal sent to it alone (as `timeout` or `kill` sends it; its members get
 /// none) kills its members, removes their shared memory and files, and exits with 128 plus the
 /// signal's number. Before, the members ran on to the end of their `--duration` and the pair's
@@ -760,6 +777,49 @@ fn members_of_a_killed_bench_stop_and_leave_nothing() {
     let said = said_to_the_end(&lines);
     assert!(
         !said.iter().any(|line| line.contains("panicked")),
+        "{said:?}"
+    );
+}
+
+/// A member killed mid-run (here the receiver, by SIGKILL) was noticed only once the sender's
+/// report was overdue (69 s for a 3-s run), as "the sender wrote nothing", and a killed member
+/// was said to have printed its error "above". The bench now ends at once, naming the member
+/// and its signal; the sender, its peer gone, is stopped and nothing stays behind.
+#[test]
+fn a_killed_member_is_named_at_once() {
+    let (mut bench, lines) = measuring(&[
+        "bench",
+        "--transport",
+        "zeromq-ipc",
+        "--msg-size",
+        "1024",
+        "--duration",
+        "60",
+    ]);
+    let pid = bench.id();
+    let session = format!("bench-{pid}");
+    let receivers = member_pids(&session, "receiver");
+    assert_eq!(receivers.len(), 1, "{:?}", members_of(&session));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(receivers[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill -9 the receiver");
+    let exit = ended(move || bench.wait());
+    let Ok(status) = exit.recv_timeout(std::time::Duration::from_secs(20)) else {
+        kill_and_clean_up(pid);
+        panic!("still running 20 s after its receiver was killed");
+    };
+    let said = said_to_the_end(&lines);
+    let leftovers = leftovers_of(&session);
+    if leftovers != (Vec::new(), Vec::new(), Vec::new()) {
+        kill_and_clean_up(pid);
+        panic!("left {leftovers:?}");
+    }
+    assert_eq!(status.expect("wait").code(), Some(1), "{said:?}");
+    let error = said.last().map_or("", String::as_str);
+    assert_eq!(
+        error, "ferromq bench: zeromq-ipc at 1024 bytes: the receiver was killed (SIGKILL)",
         "{said:?}"
     );
 }
