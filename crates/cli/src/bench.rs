@@ -185,24 +185,24 @@ pub async fn run(options: BenchOptions) -> ExitCode {
         eprintln!("ferromq bench: {error:#}");
         return ExitCode::from(2);
     }
-    let outcome = match run_to_the_end("ferromq bench", &session(), run_all(&options)).await {
-        Ok(outcome) => outcome,
-        Err(interrupted) => return interrupted,
-    };
-    match outcome {
-        Ok(results) => {
-            if options.json {
-                for result in &results {
-                    println!(
-                        "{}",
-                        serde_json::to_string(result).expect("results serialise")
-                    );
-                }
-            } else {
-                print_table(&results, options.latency);
-            }
-            ExitCode::SUCCESS
+    let (results, outcome) =
+        match run_to_the_end("ferromq bench", &session(), run_all(&options)).await {
+            Ok(ended) => ended,
+            Err(interrupted) => return interrupted,
+        };
+    // What was measured is printed whether or not a later pair failed.
+    if options.json {
+        for result in &results {
+            println!(
+                "{}",
+                serde_json::to_string(result).expect("results serialise")
+            );
         }
+    } else if !results.is_empty() {
+        print_table(&results, options.latency);
+    }
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("ferromq bench: {error:#}");
             ExitCode::FAILURE
@@ -429,18 +429,22 @@ fn check(options: &BenchOptions) -> Result<()> {
     Ok(())
 }
 
-async fn run_all(options: &BenchOptions) -> Result<Vec<BenchResult>> {
+/// Runs the transport × size pairs in turn until one fails: the results of those that ran,
+/// and the failure that ended the run, if any.
+async fn run_all(options: &BenchOptions) -> (Vec<BenchResult>, Result<()>) {
     let mut results = Vec::new();
     for transport in &options.transport {
         for &msg_size in &options.msg_size {
-            results.push(
-                run_pair(options, transport, msg_size)
-                    .await
-                    .with_context(|| format!("{transport} at {msg_size} bytes"))?,
-            );
+            match run_pair(options, transport, msg_size).await {
+                Ok(result) => results.push(result),
+                Err(error) => {
+                    let error = error.context(format!("{transport} at {msg_size} bytes"));
+                    return (results, Err(error));
+                }
+            }
         }
     }
-    Ok(results)
+    (results, Ok(()))
 }
 
 async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> Result<BenchResult> {

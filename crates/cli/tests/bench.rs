@@ -701,6 +701,9 @@ fn a_destination_outlives_no_killed_bench() {
     }
 }
 
+/// A message larger than any address space (4e18 bytes), which no machine can allocate.
+const UNALLOCATABLE: &str = "4000000000000000000";
+
 /// `--touch` measures memcpy at the message's size with buffers of that size, made before any
 /// member starts: a size the memory cannot hold aborted the bench (`memory allocation of
 /// 1000000000000 bytes failed`, SIGABRT). It is now the pair's error, exit 1. A size no
@@ -709,13 +712,15 @@ fn a_destination_outlives_no_killed_bench() {
 fn bench_names_a_message_size_it_cannot_allocate() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
         .args(["bench", "--touch", "--transport", "zeromq-ipc"])
-        .args(["--msg-size", "1000000000000", "--duration", "0.1"])
+        .args(["--msg-size", UNALLOCATABLE, "--duration", "0.1"])
         .output()
         .expect("run ferromq bench");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("zeromq-ipc at 1000000000000 bytes: --touch: cannot allocate"),
+        stderr.contains(&format!(
+            "zeromq-ipc at {UNALLOCATABLE} bytes: --touch: cannot allocate"
+        )),
         "{stderr}"
     );
     refused_before_any_member_starts(
@@ -822,4 +827,42 @@ fn a_killed_member_is_named_at_once() {
         error, "ferromq bench: zeromq-ipc at 1024 bytes: the receiver was killed (SIGKILL)",
         "{said:?}"
     );
+}
+
+/// A pair that fails after others finished threw their results away: nothing on standard
+/// output, exit 1. They are now printed (table or JSON), then the error, exit 1.
+#[test]
+fn bench_prints_what_it_measured_before_a_pair_failed() {
+    for json in [true, false] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+            .args(["bench", "--transport", "zeromq-ipc", "--duration", "0.1"])
+            .args(["--msg-size", &format!("64,{UNALLOCATABLE}")])
+            .args(json.then_some("--json"))
+            .output()
+            .expect("run ferromq bench");
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr),
+        );
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "ferromq bench: zeromq-ipc at {UNALLOCATABLE} bytes: the sender ended"
+            )),
+            "{stderr}"
+        );
+        let rows: Vec<&str> = stdout.lines().collect();
+        if json {
+            assert_eq!(rows.len(), 1, "{stdout}");
+            let result: serde_json::Value = serde_json::from_str(rows[0]).expect("json");
+            assert_eq!(result["msg_size"], 64, "{stdout}");
+        } else {
+            // The header, then the 64-byte pair's row.
+            assert_eq!(rows.len(), 2, "{stdout}");
+            assert!(
+                rows[1].starts_with("zeromq-ipc") && rows[1].contains(" 64 "),
+                "{stdout}"
+            );
+        }
+    }
 }
