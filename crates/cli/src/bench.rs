@@ -388,8 +388,16 @@ const MIN_PACED_MESSAGES: f64 = 10.0;
 /// message, and a rate that sends something while it measures.
 fn check(options: &BenchOptions) -> Result<()> {
     let mut measures_shmem = false;
+    let built_in = crate::built_in_transports();
     for transport in &options.transport {
-        measures_shmem |= transport_kind(transport, true)? == "shmem";
+        let kind = transport_kind(transport, true)?;
+        if !built_in.contains(kind) {
+            bail!(
+                "--transport {transport:?}: this ferromq was built without the {kind} transport (built in: {}; build with --features {kind})",
+                built_in.names().join(", ")
+            );
+        }
+        measures_shmem |= kind == "shmem";
     }
     let max_parts = ferromq_devices::MAX_PARTS;
     if !(1..=max_parts).contains(&options.num_parts) {

@@ -866,3 +866,21 @@ fn bench_prints_what_it_measured_before_a_pair_failed() {
         }
     }
 }
+
+/// `--transport ofi-tcp` passed the check in a build without ofi: the receiver failed
+/// (`unknown transport "ofi"`) after it started, exit 1. It is refused before anything starts,
+/// naming what is built in.
+#[cfg(not(feature = "ofi"))]
+#[test]
+fn bench_refuses_a_transport_this_build_lacks() {
+    refused_before_any_member_starts(
+        &[
+            "bench",
+            "--transport",
+            "zeromq-ipc,ofi-tcp",
+            "--duration",
+            "0.1",
+        ],
+        "--transport \"ofi-tcp\": this ferromq was built without the ofi transport (built in: shmem, zeromq; build with --features ofi)",
+    );
+}
