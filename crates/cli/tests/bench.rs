@@ -2,6 +2,9 @@
 
 use std::os::unix::process::CommandExt as _;
 
+/// A message larger than any address space (4e18 bytes), which no machine can allocate.
+const UNALLOCATABLE: &str = "4000000000000000000";
+
 /// The JSON objects a successful `--json` run printed, one a line.
 fn json_lines(output: &std::process::Output) -> Vec<serde_json::Value> {
     assert!(
@@ -583,13 +586,13 @@ fn bench_rpc_names_what_it_cannot_measure_before_it_starts_a_process() {
     );
 }
 
-/// A role process that fails (here the sender, whose messages are larger than its segment)
-/// was reported as "sender said nothing": the error now says which role ended, and how.
+/// A role process that fails (here the sender, which cannot allocate its message) was reported
+/// as "sender said nothing": the error now says which role ended, and how.
 #[test]
 fn a_failing_role_is_named_with_its_exit_status() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-        .args(["bench", "--transport", "shmem", "--duration", "0.2"])
-        .args(["--msg-size", "1048576", "--shm-segment-size", "65536"])
+        .args(["bench", "--transport", "zeromq-ipc", "--duration", "0.2"])
+        .args(["--msg-size", UNALLOCATABLE])
         .output()
         .expect("run ferromq bench");
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -598,6 +601,71 @@ fn a_failing_role_is_named_with_its_exit_status() {
         stderr.contains("the sender ended (exit status: 1) without its report; its error is above"),
         "{stderr}"
     );
+}
+
+/// A message larger than the sender's segment holds failed in the sender, once both members
+/// ran (exit 1). It is refused before anything starts, by the shm crate's block layout: a
+/// segment of 8192 bytes has 4096 after its header, which a 4032-byte message and its 64-byte
+/// header fill exactly.
+#[test]
+fn bench_refuses_a_message_its_shared_memory_segment_cannot_hold() {
+    for (msg_size, segment_size, num_parts, culprit) in [
+        (
+            "8192",
+            "8192",
+            "1",
+            "--msg-size 8192 with --shm-segment-size 8192 and --num-parts 1: a message takes 8256 bytes of a segment, which has room for 4096",
+        ),
+        (
+            "4033",
+            "8192",
+            "1",
+            "--msg-size 4033 with --shm-segment-size 8192",
+        ),
+        (
+            "2000",
+            "8192",
+            "2",
+            "--num-parts 2: a message takes 4224 bytes",
+        ),
+        // Larger than the default segment of 4 GiB.
+        (
+            "4294967296",
+            "4294967296",
+            "1",
+            "--msg-size 4294967296 with --shm-segment-size 4294967296",
+        ),
+    ] {
+        refused_before_any_member_starts(
+            &[
+                "bench",
+                "--transport",
+                "zeromq-ipc,shmem",
+                "--duration",
+                "0.1",
+                "--msg-size",
+                msg_size,
+                "--shm-segment-size",
+                segment_size,
+                "--num-parts",
+                num_parts,
+            ],
+            culprit,
+        );
+    }
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args([
+            "bench",
+            "--json",
+            "--transport",
+            "shmem",
+            "--duration",
+            "0.1",
+        ])
+        .args(["--msg-size", "4032", "--shm-segment-size", "8192"])
+        .output()
+        .expect("run ferromq bench");
+    assert_eq!(json_lines(&output).len(), 1);
 }
 
 /// A bench rpc killed mid-run (here by SIGKILL; the sweep found it after an abort) left its
@@ -700,9 +768,6 @@ fn a_destination_outlives_no_killed_bench() {
         std::thread::yield_now();
     }
 }
-
-/// A message larger than any address space (4e18 bytes), which no machine can allocate.
-const UNALLOCATABLE: &str = "4000000000000000000";
 
 /// `--touch` measures memcpy at the message's size with buffers of that size, made before any
 /// member starts: a size the memory cannot hold aborted the bench (`memory allocation of
