@@ -147,15 +147,34 @@ fn transport_and_address(
         options.shm_segment_size.to_string(),
     );
     let transport = transport_kind(name, true)?;
-    let address = if name.ends_with("-tcp") {
+    Ok((
+        crate::built_in_transports().create(transport, &transport_options)?,
+        pair_address(name, dir),
+    ))
+}
+
+/// The directory of a pair's files (its ipc sockets) in the temp directory, named after the
+/// bench's session (the bench's own process id).
+fn pair_dir(transport: &str, msg_size: usize) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("ferromq-{}-{transport}-{msg_size}", session()))
+}
+
+/// Where the receiver of a pair of `transport` whose files are in `dir` binds: loopback tcp for
+/// the `-tcp` transports, an ipc socket in `dir` for the others.
+fn pair_address(transport: &str, dir: &std::path::Path) -> String {
+    if transport.ends_with("-tcp") {
         "tcp://127.0.0.1:0".to_owned()
     } else {
         format!("ipc://{}/bench.ipc", dir.display())
-    };
-    Ok((
-        crate::built_in_transports().create(transport, &transport_options)?,
-        address,
-    ))
+    }
+}
+
+/// Where a push/pull round trip comes back, bound by the receiver too: beside `address`.
+fn back_address(address: &str) -> String {
+    match address.strip_suffix(".ipc") {
+        Some(stem) => format!("{stem}-back.ipc"),
+        None => address.to_owned(),
+    }
 }
 
 /// The transport a bench transport's name creates; the `-tcp` ones are reached over loopback
@@ -445,6 +464,31 @@ fn check(options: &BenchOptions) -> Result<()> {
             }
         }
     }
+    // The pairs' ipc sockets go in the temp directory, which is not made where it is missing,
+    // and whose path may leave a socket's path too long.
+    let temp_dir = std::env::temp_dir();
+    let temp_dir_error = |error: &dyn std::fmt::Display| {
+        anyhow::anyhow!(
+            "the temp directory {} (TMPDIR): {error}",
+            temp_dir.display()
+        )
+    };
+    match std::fs::metadata(&temp_dir) {
+        Ok(metadata) if metadata.is_dir() => {}
+        Ok(_) => return Err(temp_dir_error(&"not a directory")),
+        Err(error) => return Err(temp_dir_error(&error)),
+    }
+    for transport in &options.transport {
+        for &msg_size in &options.msg_size {
+            let address = pair_address(transport, &pair_dir(transport, msg_size));
+            let back = options.push_pull.then(|| back_address(&address));
+            for address in std::iter::once(address).chain(back) {
+                if let Err(error) = ferromq_core::Address::parse(&address) {
+                    return Err(temp_dir_error(&error));
+                }
+            }
+        }
+    }
     // `--msg-rate 1e-9` waited ~31 years for the warm-up's first message.
     if options.msg_rate > 0.0 && options.msg_rate * options.duration < MIN_PACED_MESSAGES {
         bail!(
@@ -482,8 +526,9 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
     } else {
         None
     };
-    let dir = std::env::temp_dir().join(format!("ferromq-{}-{transport}-{msg_size}", session()));
-    std::fs::create_dir_all(&dir)?;
+    // Not `create_dir_all`: a temp directory that is not there is not made.
+    let dir = pair_dir(transport, msg_size);
+    std::fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let exe = std::env::current_exe()?;
     let common = |role: &str| {
         let mut command = tokio::process::Command::new(&exe);
@@ -791,10 +836,7 @@ async fn role(options: &RoleOptions) -> Result<RoleReport> {
         ..ChannelConfig::new("data", socket_type, method).with_address(address)
     };
     // A push/pull round trip comes back over a second channel, bound by the receiver too.
-    let back_address = match address.strip_suffix(".ipc") {
-        Some(stem) => format!("{stem}-back.ipc"),
-        None => address.clone(),
-    };
+    let back_address = back_address(&address);
     if options.role == "receiver" {
         let mut channel = Channel::open(
             transport.as_ref(),

@@ -290,7 +290,19 @@ fn bench_rpc_refuses_a_light_load_rate_that_is_not_a_positive_number() {
 
 /// `ferromq ARGS` in a process group of its own (its members join it), stderr piped.
 fn spawn_in_its_own_group(args: &[&str]) -> std::process::Child {
-    std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+    spawn_in_its_own_group_in(None, args)
+}
+
+/// [`spawn_in_its_own_group`] with `TMPDIR` set to `temp_dir`, where it is given.
+fn spawn_in_its_own_group_in(
+    temp_dir: Option<&std::path::Path>,
+    args: &[&str],
+) -> std::process::Child {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"));
+    if let Some(temp_dir) = temp_dir {
+        command.env("TMPDIR", temp_dir);
+    }
+    command
         .args(args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -500,9 +512,18 @@ fn a_signalled_bench_stops_its_members_and_removes_their_files() {
 /// 10 s with its members (its process group), their shared memory and their files in the temp
 /// directory are removed, and the test fails.
 fn refused_before_any_member_starts(args: &[&str], culprit: &str) {
+    refused_before_any_member_starts_in(None, args, culprit);
+}
+
+/// [`refused_before_any_member_starts`] with `TMPDIR` set to `temp_dir`, where it is given.
+fn refused_before_any_member_starts_in(
+    temp_dir: Option<&std::path::Path>,
+    args: &[&str],
+    culprit: &str,
+) {
     // A usage error: clap's code.
     let code = 2;
-    let bench = spawn_in_its_own_group(args);
+    let bench = spawn_in_its_own_group_in(temp_dir, args);
     let pid = bench.id();
     let exit = ended(move || bench.wait_with_output());
     let Ok(output) = exit.recv_timeout(std::time::Duration::from_secs(10)) else {
@@ -948,4 +969,43 @@ fn bench_refuses_a_transport_this_build_lacks() {
         ],
         "--transport \"ofi-tcp\": this ferromq was built without the ofi transport (built in: shmem, zeromq; build with --features ofi)",
     );
+}
+
+/// `TMPDIR=/nonexistent` made /nonexistent (`create_dir_all`) and left it behind; a `TMPDIR`
+/// that made the pair's ipc path longer than a socket's path takes was refused only by the
+/// receiver, exit 1. Both are refused before anything starts, naming TMPDIR, and nothing is
+/// made.
+#[test]
+fn bench_refuses_a_temp_dir_it_cannot_use() {
+    let own = std::env::temp_dir().join(format!("ferromq-bench-test-{}", std::process::id()));
+    let missing = own.join("missing");
+    let bench = ["bench", "--transport", "shmem", "--msg-size", "64"];
+    let bench = [&bench[..], &["--duration", "0.1"]].concat();
+    let outcome = std::panic::catch_unwind(|| {
+        refused_before_any_member_starts_in(
+            Some(&missing),
+            &bench,
+            &format!(
+                "the temp directory {} (TMPDIR): No such file or directory",
+                missing.display()
+            ),
+        );
+        assert!(!own.exists(), "{} was made", own.display());
+        // 90 bytes of directory name: the pair's socket path is then over 107 bytes.
+        let long = own.join("d".repeat(90));
+        std::fs::create_dir_all(&long).expect("make the long temp directory");
+        refused_before_any_member_starts_in(
+            Some(&long),
+            &bench,
+            &format!(
+                "the temp directory {} (TMPDIR): address \"ipc://{}/ferromq-bench-",
+                long.display(),
+                long.display()
+            ),
+        );
+    });
+    let _ = std::fs::remove_dir_all(&own);
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
 }
