@@ -48,7 +48,8 @@ pub struct BenchOptions {
     /// Seconds to measure each pair (after a warm-up of a quarter of it, at least 0.25 s).
     #[arg(long, default_value_t = 3.0, allow_hyphen_values = true, value_parser = crate::options::bench_seconds)]
     pub duration: f64,
-    /// Send one buffer over and over instead of a new message each time (zeromq).
+    /// Send one buffer over and over instead of a new message each time (zeromq; shmem sends
+    /// from its segment, and is refused with it alone).
     #[arg(long = "same-msg")]
     pub same_msg: bool,
     /// Write every byte at the sender and read every byte at the receiver.
@@ -74,13 +75,17 @@ pub struct BenchOptions {
     /// One JSON object per measurement instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Size of each process's shared-memory segment.
-    #[arg(long = "shm-segment-size", default_value_t = 4 << 30)]
+    /// Size of each process's shared-memory segment (shmem; another size is refused where no
+    /// transport measured has a segment).
+    #[arg(long = "shm-segment-size", default_value_t = DEFAULT_SHM_SEGMENT_SIZE)]
     pub shm_segment_size: u64,
     /// Another benchmark instead of messages (`ferromq bench rpc --help`).
     #[command(subcommand)]
     pub what: Option<BenchKind>,
 }
+
+/// `--shm-segment-size` by default: 4 GiB.
+const DEFAULT_SHM_SEGMENT_SIZE: u64 = 4 << 30;
 
 /// The benchmarks other than message throughput and latency.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -408,6 +413,7 @@ const MIN_PACED_MESSAGES: f64 = 10.0;
 fn check(options: &BenchOptions) -> Result<()> {
     let mut measures_shmem = false;
     let built_in = crate::built_in_transports();
+    let mut traits = Vec::new();
     for transport in &options.transport {
         let kind = transport_kind(transport, true)?;
         if !built_in.contains(kind) {
@@ -417,6 +423,24 @@ fn check(options: &BenchOptions) -> Result<()> {
             );
         }
         measures_shmem |= kind == "shmem";
+        traits.push(built_in.traits(kind)?);
+    }
+    // Options no transport measured takes would be ignored without a word. A transport that
+    // lends shared memory sends from it (`send`), not from one heap buffer.
+    let transports = options.transport.join(",");
+    if options.same_msg && traits.iter().all(|traits| traits.lends_shared_memory) {
+        bail!(
+            "--same-msg with --transport {transports}: shared memory sends from its segment, not from one buffer; it is for zeromq"
+        );
+    }
+    let reads_segment_size = traits
+        .iter()
+        .any(|traits| traits.properties.contains(&"shm-segment-size"));
+    if options.shm_segment_size != DEFAULT_SHM_SEGMENT_SIZE && !reads_segment_size {
+        bail!(
+            "--shm-segment-size {} with --transport {transports}: no transport measured has a shared-memory segment",
+            options.shm_segment_size
+        );
     }
     let max_parts = ferromq_devices::MAX_PARTS;
     if !(1..=max_parts).contains(&options.num_parts) {

@@ -1009,3 +1009,23 @@ fn bench_refuses_a_temp_dir_it_cannot_use() {
         std::panic::resume_unwind(panic);
     }
 }
+
+/// `--same-msg` (zeromq's) with shmem alone, and `--shm-segment-size` with no shmem transport,
+/// were taken and ignored. Each is refused where no transport measured takes it.
+#[test]
+fn bench_refuses_an_option_no_transport_measured_takes() {
+    refused_before_any_member_starts(
+        &["bench", "--transport", "shmem", "--same-msg"],
+        "--same-msg with --transport shmem: shared memory sends from its segment",
+    );
+    refused_before_any_member_starts(
+        &[
+            "bench",
+            "--transport",
+            "zeromq-ipc,zeromq-tcp",
+            "--shm-segment-size",
+            "268435456",
+        ],
+        "--shm-segment-size 268435456 with --transport zeromq-ipc,zeromq-tcp: no transport measured has a shared-memory segment",
+    );
+}
