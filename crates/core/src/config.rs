@@ -222,6 +222,18 @@ pub enum ConfigError {
         #[source]
         source: AddressError,
     },
+    /// Two sockets of one channel bind the same address (`address=` given twice).
+    #[error("channel {channel:?}: sockets {first} and {second} both bind {address}")]
+    BoundTwice {
+        /// The channel.
+        channel: String,
+        /// The address.
+        address: String,
+        /// The first socket that binds it.
+        first: usize,
+        /// The second.
+        second: usize,
+    },
     /// One endpoint of a several-endpoint address (`@tcp://*:5555,+tcp://host:5556`) is
     /// empty, as in `tcp://a:1,,tcp://b:2`.
     #[error(
@@ -444,7 +456,7 @@ impl ChannelConfig {
             });
         }
         let n_sockets = addresses.len();
-        addresses
+        let sockets: Vec<ChannelConfig> = addresses
             .into_iter()
             .map(|address| {
                 let mut socket = config.clone();
@@ -461,7 +473,33 @@ impl ChannelConfig {
                 socket.validate()?;
                 Ok(socket)
             })
-            .collect()
+            .collect::<Result<_, ConfigError>>()?;
+        ChannelConfig::check_binds_once(&sockets)?;
+        Ok(sockets)
+    }
+
+    /// Refuses two of a channel's `sockets` that bind the same address: the second failed
+    /// with "address in use" once the first had bound, after a refused-peer warning.
+    ///
+    /// # Errors
+    /// [`ConfigError::BoundTwice`] naming the channel, the address and both sockets.
+    pub fn check_binds_once(sockets: &[ChannelConfig]) -> Result<(), ConfigError> {
+        for (idx, socket) in sockets.iter().enumerate() {
+            if socket.method != Method::Bind || socket.address.is_none() {
+                continue;
+            }
+            if let Some(first) = sockets[..idx].iter().position(|earlier| {
+                earlier.method == Method::Bind && earlier.address == socket.address
+            }) {
+                return Err(ConfigError::BoundTwice {
+                    channel: socket.name.clone(),
+                    address: socket.address.clone().unwrap_or_default(),
+                    first,
+                    second: idx,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The configuration, every `address=` value in order, and which keys were given.
@@ -942,6 +980,27 @@ mod tests {
                 },
             );
         }
+    }
+
+    #[test]
+    fn one_address_bound_by_two_sockets_is_refused_connected_twice_is_not() {
+        assert_eq!(
+            ChannelConfig::parse_key_values_sockets(
+                "name=data,type=pull,method=bind,address=ipc:///tmp/c,address=ipc:///tmp/c"
+            )
+            .unwrap_err(),
+            ConfigError::BoundTwice {
+                channel: "data".into(),
+                address: "ipc:///tmp/c".into(),
+                first: 0,
+                second: 1,
+            }
+        );
+        let twice = ChannelConfig::parse_key_values_sockets(
+            "name=data,type=push,method=connect,address=ipc:///tmp/c,address=ipc:///tmp/c",
+        )
+        .unwrap();
+        assert_eq!(twice.len(), 2);
     }
 
     #[test]

@@ -216,6 +216,8 @@ impl DeviceConfig {
                 continue;
             }
             let configs = channel.expand().map_err(mq_error)?;
+            ChannelConfig::check_binds_once(&configs)
+                .map_err(|error| mq_error(error.to_string()))?;
             let n_entries = configs.len();
             for (socket_idx, config) in configs.into_iter().enumerate() {
                 config.validate().map_err(|error| {
@@ -732,6 +734,14 @@ mod tests {
         check_error(
             r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "pull", "method": "bind", "sockets": [{"address": "tcp://*:1"}, {"address": "tcp://*:2,,tcp://*:3"}]}]}]}}"#,
             &["channel \"x\" socket 1: ", "(endpoint 2 of 3)"],
+        );
+    }
+
+    #[test]
+    fn two_sockets_binding_one_address_are_refused() {
+        check_error(
+            r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "pull", "method": "bind", "sockets": [{"address": "tcp://*:1"}, {"address": "tcp://*:1"}]}]}]}}"#,
+            &["bad.json: channel \"x\": sockets 0 and 1 both bind tcp://*:1"],
         );
     }
 
