@@ -161,9 +161,9 @@ pub struct DeviceOptions {
     /// Lowest log level shown on the console (RUST_LOG overrides): FairLogger's names.
     #[arg(long, value_enum, default_value = "info")]
     pub severity: Severity,
-    /// Lowest log level written to --log-to-file.
-    #[arg(long = "file-severity", value_enum, default_value = "debug")]
-    pub file_severity: Severity,
+    /// Lowest log level written to --log-to-file [default: debug].
+    #[arg(long = "file-severity", value_enum)]
+    pub file_severity: Option<Severity>,
     /// Colour log lines.
     #[arg(long, value_enum, default_value = "auto")]
     pub color: Color,
@@ -498,7 +498,7 @@ impl DeviceOptions {
     /// A usage error when the log file cannot be opened.
     pub fn prepare_logging(&self) -> Result<()> {
         if let Some(path) = &self.log_to_file {
-            crate::logging::log_to_file(path, self.file_severity)
+            crate::logging::log_to_file(path, self.file_severity.unwrap_or(Severity::Debug))
                 .with_context(|| format!("--log-to-file {}", path.display()))?;
         }
         Ok(())
@@ -590,6 +590,14 @@ impl DeviceOptions {
             tracing::warn!(
                 "FairMQ option(s) {} have no effect in ferromq and are ignored",
                 ignored.join(", ")
+            );
+        }
+        if let (Some(severity), None) = (self.file_severity, &self.log_to_file) {
+            tracing::warn!(
+                "--file-severity {} has no effect without --log-to-file (no log file is written)",
+                severity
+                    .to_possible_value()
+                    .map_or_else(String::new, |value| value.get_name().to_owned())
             );
         }
         let mut config = DeviceConfig::new(&self.id);

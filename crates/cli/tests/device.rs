@@ -586,6 +586,7 @@ async fn fairmqs_benchmark_recipe_runs_unchanged() {
     let sink = Device::new("sink", "sink1")
         .args(&common)
         .args(&["--in-channel", "data", "--out-filename", &output.path()])
+        .args(&["--file-severity", "trace"])
         .channel("pull", "bind", &ipc.address());
     let sampler = Device::new("bsampler", "bsampler1")
         .args(&common)
@@ -608,6 +609,13 @@ async fn fairmqs_benchmark_recipe_runs_unchanged() {
             .contains("--io-threads, --shm-monitor have no effect"),
         "{}",
         sampler.stdout
+    );
+    // Taken, as FairMQ takes it, and said to do nothing without a log file.
+    assert!(
+        sink.stdout
+            .contains("--file-severity trace has no effect without --log-to-file"),
+        "{}",
+        sink.stdout
     );
     // --max-iterations 9 is ten messages for FairMQ's pair; two parts of 1000 zeroed bytes each.
     assert!(
