@@ -571,6 +571,24 @@ pub(crate) async fn allocate(
         .map_err(|error| allocation_failed(key, size, &error))
 }
 
+/// `operation` (making a message), unless STOP comes first: `None` then. A transport waits for
+/// room when its memory is full (a shmem segment whose blocks a stalled receiver holds), up to
+/// its allocation timeout or, with `shm-throw-bad-alloc false`, for as long as it takes; a
+/// sender waiting so would otherwise sit out a stop (SIGINT included) the same time. FairMQ's
+/// allocation loop gives up when the device is interrupted, too. `stopped` is the context's
+/// [`DeviceContext::stopped`], pinned once per run; it is polled only when `operation` has to
+/// wait, so a message made at once costs no look at STOP.
+pub(crate) async fn unless_stopped<T>(
+    stopped: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+    operation: impl Future<Output = T>,
+) -> Option<T> {
+    tokio::select! {
+        biased;
+        outcome = operation => Some(outcome),
+        () = stopped.as_mut() => None,
+    }
+}
+
 /// The error of a message of `size` bytes (property `key`) that could not be made.
 pub(crate) fn allocation_failed(
     key: &str,

@@ -7,7 +7,7 @@ use ferromq_device::{Device, DeviceContext, DeviceError};
 
 use crate::{
     MAX_PARTS, Pacer, Properties, allocate, allocation_failed, bool_property, channel_property,
-    rate_property, try_zeroed, write_checksum,
+    rate_property, try_zeroed, unless_stopped, write_checksum,
 };
 
 /// Sends `--max-iterations` messages (or until STOP) of `msg-size` bytes, or of the `text`
@@ -125,22 +125,27 @@ impl Device for Sampler {
     }
 
     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        if let Some(msg_size) = self.generated_size.take() {
-            // One message from the transport first: a size its memory cannot hold (a shmem
-            // segment too small) is reported by the transport, naming both sizes, before the
-            // template takes as much heap.
-            drop(allocate(ctx, &self.out_channel, "msg-size", msg_size).await?);
-            let mut template = try_zeroed("msg-size", msg_size)?;
-            for (byte_idx, byte) in template.iter_mut().enumerate() {
-                *byte = (byte_idx % 251) as u8;
-            }
-            self.template = template;
-        }
-        let mut pacer = Pacer::new(self.rate);
         let stopped = ctx.stopped();
         tokio::pin!(stopped);
+        if let Some(msg_size) = self.generated_size {
+            // One message from the transport first: a size its memory cannot hold (a shmem
+            // segment too small) is reported by the transport, naming both sizes, before the
+            // template takes as much heap. STOP meanwhile leaves the template to the next run
+            // (and this one sends nothing: `next_iteration` sees STOP).
+            let first = allocate(ctx, &self.out_channel, "msg-size", msg_size);
+            if let Some(first) = unless_stopped(&mut stopped, first).await {
+                drop(first?);
+                let mut template = try_zeroed("msg-size", msg_size)?;
+                for (byte_idx, byte) in template.iter_mut().enumerate() {
+                    *byte = (byte_idx % 251) as u8;
+                }
+                self.template = template;
+                self.generated_size = None;
+            }
+        }
+        let mut pacer = Pacer::new(self.rate);
         let mut checksummed = 0;
-        while ctx.next_iteration() {
+        'messages: while ctx.next_iteration() {
             // The pacer first: when it is ready (always, unthrottled) STOP's future is not
             // polled, which would take its lock per message; `next_iteration` sees STOP.
             tokio::select! {
@@ -156,7 +161,11 @@ impl Device for Sampler {
             for part_idx in 0..self.num_parts {
                 let floor = if self.checksum { 8 } else { 0 };
                 let size = (self.template.len() / (part_idx + 1)).max(floor);
-                let mut message = allocate(ctx, &self.out_channel, "msg-size", size).await?;
+                let made = allocate(ctx, &self.out_channel, "msg-size", size);
+                let Some(made) = unless_stopped(&mut stopped, made).await else {
+                    break 'messages;
+                };
+                let mut message = made?;
                 let bytes = message.data_mut();
                 bytes.copy_from_slice(&self.template[..size]);
                 if self.checksum {
@@ -250,7 +259,7 @@ impl Device for BenchmarkSampler {
         let out = ctx.channel_id(&self.out_channel)?;
         let stopped = ctx.stopped();
         tokio::pin!(stopped);
-        while ctx.next_iteration() {
+        'messages: while ctx.next_iteration() {
             // The pacer first: when it is ready (always, unthrottled) STOP's future is not
             // polled, which would take its lock per message; `next_iteration` sees STOP.
             tokio::select! {
@@ -265,10 +274,12 @@ impl Device for BenchmarkSampler {
                 } else {
                     // Resolved channel, the transport's own memory (a shmem block, a
                     // recycled zeromq buffer), fallibly.
-                    let mut message = ctx
-                        .new_message_on(out, self.msg_size)
-                        .await
-                        .map_err(|error| allocation_failed("msg-size", self.msg_size, &error))?;
+                    let made = ctx.new_message_on(out, self.msg_size);
+                    let Some(made) = unless_stopped(&mut stopped, made).await else {
+                        break 'messages;
+                    };
+                    let mut message =
+                        made.map_err(|error| allocation_failed("msg-size", self.msg_size, &error))?;
                     if self.memset {
                         message.data_mut().fill(0);
                     }

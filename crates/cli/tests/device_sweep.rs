@@ -1,0 +1,107 @@
+//! Built-in devices found wanting by a sweep of `ferromq device`: real processes, real signals.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use support::{Device, Ipc, finish, ids_in_state, signal, top_json_until};
+
+/// How long a device may take to go down after the signal that asks it to.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// A unique shm session whose objects are removed when the guard drops, failed test included.
+struct ShmSession(String);
+
+impl ShmSession {
+    fn new(tag: &str) -> ShmSession {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        ShmSession(format!("sweep-{tag}-{}-{n}", std::process::id()))
+    }
+}
+
+impl Drop for ShmSession {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+            .args(["shm", "clean", "--session", &self.0, "--force"])
+            .output();
+    }
+}
+
+/// The first shmem figures `top --json` shows of device `id`.
+fn memory_of(snapshot: &serde_json::Value, id: &str) -> serde_json::Value {
+    snapshot["devices"]
+        .as_array()
+        .and_then(|devices| devices.iter().find(|device| device["id"] == id))
+        .map(|device| device["memory"][0].clone())
+        .unwrap_or_default()
+}
+
+/// A sender of `kind` whose receiver is stopped (SIGSTOP) fills its 1 MiB segment with 64 KiB
+/// messages and then waits for room; SIGINT ends it at once, as a stop in RUNNING does, exit 0.
+/// It ignored the signal: with `--shm-throw-bad-alloc false` it waited for room until a second
+/// signal killed it (exit 130), and otherwise until the allocation timed out, 10 s later, which
+/// it reported as a failure (exit 1).
+async fn a_sender_waiting_for_room_goes_down_at_the_first_signal(kind: &str, options: &[&str]) {
+    let session = ShmSession::new(kind);
+    let ipc = Ipc::new("room");
+    let shmem = [
+        "--transport",
+        "shmem",
+        "--session",
+        &session.0,
+        "--shm-segment-size",
+        "1048576",
+    ];
+    let sink = Device::new("sink", "stalled")
+        .args(&shmem)
+        .channel("pull", "bind", &ipc.address())
+        .spawn();
+    let sender = Device::new(kind, "waiting")
+        .args(&shmem)
+        .args(&["--msg-size", "65536"])
+        .args(options)
+        .channel("push", "connect", &ipc.address())
+        .spawn();
+    top_json_until(&session.0, |snapshot| {
+        ids_in_state(snapshot, "RUNNING").len() == 2
+    })
+    .await;
+    signal(&sink, "STOP");
+    // No room for another message: the sender waits for the sink to release one.
+    top_json_until(&session.0, |snapshot| {
+        memory_of(snapshot, "waiting")["largest_free"]
+            .as_u64()
+            .is_some_and(|largest_free| largest_free < 65536)
+    })
+    .await;
+    signal(&sender, "INT");
+    let sender = tokio::time::timeout(EXIT_TIMEOUT, finish(sender))
+        .await
+        .unwrap_or_else(|_| panic!("the {kind} waiting for room ignored SIGINT"));
+    sender.assert_exited_0();
+    assert!(
+        sender.stdout.contains("RUNNING ---> READY"),
+        "{}",
+        sender.stdout
+    );
+    signal(&sink, "CONT");
+    signal(&sink, "INT");
+    finish(sink).await.assert_exited_0();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bsampler_waiting_for_room_for_ever_goes_down_at_the_first_signal() {
+    a_sender_waiting_for_room_goes_down_at_the_first_signal(
+        "bsampler",
+        &["--shm-throw-bad-alloc", "false"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sampler_waiting_for_room_goes_down_at_the_first_signal() {
+    a_sender_waiting_for_room_goes_down_at_the_first_signal("sampler", &[]).await;
+}
