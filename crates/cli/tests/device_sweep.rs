@@ -105,3 +105,31 @@ async fn a_bsampler_waiting_for_room_for_ever_goes_down_at_the_first_signal() {
 async fn a_sampler_waiting_for_room_goes_down_at_the_first_signal() {
     a_sender_waiting_for_room_goes_down_at_the_first_signal("sampler", &[]).await;
 }
+
+/// Values a built-in device cannot work with are refused before it binds (exit 2), naming the
+/// device, the property, the value and what it takes.
+#[tokio::test]
+async fn bad_values_are_refused_naming_the_property_and_what_it_takes() {
+    let ipc = Ipc::new("bad-values");
+    let cases: &[(&[&str], &str)] = &[
+        // No upper bound: 10^12 parts aborted the device (exit 134) allocating their list.
+        (
+            &["bsampler", "--num-parts", "1000000000000", "--multipart"],
+            "device \"bad\": property \"num-parts\" has invalid value \"1000000000000\": expected 1 to 1024",
+        ),
+    ];
+    for (args, expected) in cases {
+        let (kind, options) = args.split_first().expect("a kind");
+        let finished = Device::new(kind, "bad")
+            .args(options)
+            .channel("push", "bind", &ipc.address())
+            .finish()
+            .await;
+        assert_eq!(finished.code, Some(2), "{args:?}: {}", finished.stderr);
+        assert!(
+            finished.stderr.contains(expected),
+            "{args:?}: {}",
+            finished.stderr
+        );
+    }
+}

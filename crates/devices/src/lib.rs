@@ -515,8 +515,22 @@ pub fn fairmq_iterations(max_iterations: u64) -> u64 {
     }
 }
 
-/// The most parts (`num-parts`) a sampler's message may have.
+/// The most parts (`num-parts`) a sampler's or bsampler's message may have.
 pub const MAX_PARTS: usize = 1024;
+
+/// Property `num-parts` of a sender (sampler, bsampler): 1 to [`MAX_PARTS`], 1 when absent. A
+/// message's parts are listed before they are made, so a count beyond that asked for a list no
+/// memory holds and aborted the device.
+pub(crate) fn parts_property(props: &impl Properties) -> Result<usize, DeviceError> {
+    let n_parts = props.parse_or("num-parts", 1)?;
+    if !(1..=MAX_PARTS).contains(&n_parts) {
+        return Err(props.invalid(
+            "num-parts",
+            format!("has invalid value \"{n_parts}\": expected 1 to {MAX_PARTS}"),
+        ));
+    }
+    Ok(n_parts)
+}
 
 /// The lowest positive rate a sender takes: one message every ~31 years. Lower rates have an
 /// interval no clock can represent.
@@ -773,6 +787,31 @@ mod tests {
                 "{}",
                 problem.message
             );
+        }
+    }
+
+    /// Found by a sweep: a bsampler took any `num-parts`, and 10^12 aborted it listing the
+    /// parts of its first message (`memory allocation of 48000000000000 bytes failed`).
+    #[test]
+    fn both_samplers_send_1_to_max_parts() {
+        let with_parts = |kind: &str, n_parts: &str| {
+            let properties = BTreeMap::from([("num-parts".to_owned(), n_parts.to_owned())]);
+            check_topology_properties(kind, "d", &properties, &[])
+        };
+        for kind in ["sampler", "bsampler"] {
+            for good in ["1", "1024"] {
+                assert!(with_parts(kind, good).is_ok(), "{kind} num-parts {good}");
+            }
+            for bad in ["0", "1025", "1000000000000"] {
+                let problem = with_parts(kind, bad).unwrap_err();
+                assert_eq!(
+                    problem.message,
+                    format!(
+                        "device \"d\": property \"num-parts\" has invalid value \"{bad}\": expected 1 to 1024"
+                    ),
+                    "{kind}"
+                );
+            }
         }
     }
 

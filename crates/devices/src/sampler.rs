@@ -6,8 +6,8 @@ use ferromq_core::{BoxError, Message, Parts};
 use ferromq_device::{Device, DeviceContext, DeviceError};
 
 use crate::{
-    MAX_PARTS, Pacer, Properties, allocate, allocation_failed, bool_property, channel_property,
-    rate_property, try_zeroed, unless_stopped, write_checksum,
+    Pacer, Properties, allocate, allocation_failed, bool_property, channel_property,
+    parts_property, rate_property, try_zeroed, unless_stopped, write_checksum,
 };
 
 /// Sends `--max-iterations` messages (or until STOP) of `msg-size` bytes, or of the `text`
@@ -36,16 +36,7 @@ impl Sampler {
         // The sampler writes every byte of every message anyway; `memset` changes nothing.
         bool_property(props, "memset", false)?;
         self.rate = rate_property(props, "rate", 0.0)?;
-        self.num_parts = props.parse_or("num-parts", 1)?;
-        if !(1..=MAX_PARTS).contains(&self.num_parts) {
-            return Err(props.invalid(
-                "num-parts",
-                format!(
-                    "has invalid value \"{}\": expected 1 to {MAX_PARTS}",
-                    self.num_parts
-                ),
-            ));
-        }
+        self.num_parts = parts_property(props)?;
         // One source of bytes: the others would be ignored, silently.
         let sources: Vec<&str> = ["payload-file", "text", "msg-size"]
             .into_iter()
@@ -220,7 +211,7 @@ impl BenchmarkSampler {
     pub(crate) fn configure(&mut self, props: &impl Properties) -> Result<(), DeviceError> {
         self.out_channel = channel_property(props, "out-channel", "data");
         self.msg_size = props.parse_or("msg-size", 1_000_000)?;
-        self.n_parts = props.parse_or("num-parts", 1)?;
+        self.n_parts = parts_property(props)?;
         if props.text("multipart").is_some() && !bool_property(props, "multipart", false)? {
             self.n_parts = 1;
         }
@@ -228,12 +219,6 @@ impl BenchmarkSampler {
         self.memset = bool_property(props, "memset", false)?;
         let rate = rate_property(props, "rate", 0.0)?;
         self.rate = rate_property(props, "msg-rate", rate)?;
-        if self.n_parts == 0 {
-            return Err(props.invalid(
-                "num-parts",
-                "has invalid value \"0\": expected at least 1 part".to_owned(),
-            ));
-        }
         Ok(())
     }
 }
