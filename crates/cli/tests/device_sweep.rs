@@ -5,7 +5,8 @@ mod support;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use support::{Device, Ipc, finish, ids_in_state, signal, top_json_until};
+use support::{Device, Ipc, finish, ids_in_state, signal, top_json_until, wait_for_line};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
 /// How long a device may take to go down after the signal that asks it to.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -131,5 +132,50 @@ async fn bad_values_are_refused_naming_the_property_and_what_it_takes() {
             "{args:?}: {}",
             finished.stderr
         );
+    }
+}
+
+/// A device whose stdout is closed (`ferromq device sink ... | head -c 1`) goes down as it would
+/// otherwise, its summary line lost: printing the summary panicked ("failed printing to stdout:
+/// Broken pipe") and the device failed in RESETTING TASK (sink) or RUNNING (processor), exit 1.
+#[tokio::test]
+async fn a_closed_stdout_costs_a_device_its_summary_and_nothing_else() {
+    let input = Ipc::new("closed-in");
+    let output = Ipc::new("closed-out");
+    let processor_channels = [
+        "--channel-config".to_owned(),
+        format!(
+            "name=data-in,type=pull,method=bind,address={},rateLogging=0",
+            input.address()
+        ),
+        "--channel-config".to_owned(),
+        format!(
+            "name=data-out,type=push,method=bind,address={},rateLogging=0",
+            output.address()
+        ),
+    ];
+    let processor_channels: Vec<&str> = processor_channels.iter().map(String::as_str).collect();
+    let devices = [
+        Device::new("sink", "closed").channel("pull", "bind", &input.address()),
+        Device::new("processor", "closed").args(&processor_channels),
+    ];
+    for device in devices {
+        let mut child = device.spawn();
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut seen = Vec::new();
+        wait_for_line(&mut lines, "READY ---> RUNNING", &mut seen).await;
+        drop(lines);
+        signal(&child, "INT");
+        let mut stderr = String::new();
+        let mut err = child.stderr.take().expect("stderr");
+        let status = tokio::time::timeout(EXIT_TIMEOUT, async {
+            let (_, status) = tokio::join!(err.read_to_string(&mut stderr), child.wait());
+            status
+        })
+        .await
+        .expect("the device did not exit in time")
+        .expect("wait for the device");
+        assert_eq!(status.code(), Some(0), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }

@@ -264,13 +264,13 @@ impl Device for Builder {
 
 impl Builder {
     fn report(&self, ctx: &DeviceContext) -> Result<(), BoxError> {
-        println!(
+        crate::print_summary(format_args!(
             "[{}] builder summary: built {} events from {} sources, at most {} outstanding",
             ctx.id(),
             self.n_built,
             self.sources.len(),
             self.max_outstanding
-        );
+        ));
         Ok(())
     }
 }

@@ -99,14 +99,14 @@ impl Device for Processor {
         }
         tracing::debug!(digest = self.digest, "processor done");
         // Like the sink's summary, this is the device's result: stdout whatever the log level.
-        println!(
+        crate::print_summary(format_args!(
             "[{}] processor summary: forwarded {} messages, {} bytes ({} arrived in shared memory), copied {} payload bytes",
             ctx.id(),
             self.forwarded,
             self.forwarded_bytes,
             self.in_shared_memory,
             ferromq_core::copied_bytes() - copied_before
-        );
+        ));
         Ok(())
     }
 }

@@ -616,6 +616,15 @@ pub(crate) fn allocation_failed(
     .into()
 }
 
+/// Prints a device's summary line (its result: `[id] sink summary: ...`) on stdout, whatever the
+/// log level. A stdout that cannot take it (closed: `ferromq device sink ... | head -c 1`) loses
+/// the line and nothing else, as the log lines are lost there: `println!` panicked on a broken
+/// pipe, and the device failed.
+pub(crate) fn print_summary(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _lost = writeln!(std::io::stdout().lock(), "{line}");
+}
+
 /// FNV-1a, 64 bits: fast, dependency-free, enough to catch corruption and misrouting.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {

@@ -210,10 +210,10 @@ impl Device for Sink {
             String::new()
         };
         // The summary is the sink's result: it goes to stdout whatever the log level.
-        println!(
+        crate::print_summary(format_args!(
             "[{}] sink summary: received {n_msgs} messages, {n_bytes} bytes in {seconds:.3} s ({rate:.0} msg/s){checksums}",
             ctx.id()
-        );
+        ));
         ctx.set_property("received-messages", n_msgs);
         ctx.set_property("received-bytes", n_bytes);
         Ok(())
