@@ -179,3 +179,34 @@ async fn a_closed_stdout_costs_a_device_its_summary_and_nothing_else() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+/// A send that fails outside a stop fails the device, as it does every other device: a server
+/// on a pull socket took every request, answered none and exited 0; a client on one waited for
+/// ever for the reply to a request it never sent.
+#[tokio::test]
+async fn a_failed_send_fails_a_client_and_a_server() {
+    let ipc = Ipc::new("unanswered");
+    let server = Device::new("server", "deaf")
+        .args(&["--max-iterations", "5"])
+        .channel("pull", "bind", &ipc.address())
+        .spawn();
+    let _sampler = Device::new("sampler", "asker")
+        .args(&["--max-iterations", "5"])
+        .channel("push", "connect", &ipc.address())
+        .spawn();
+    let client_ipc = Ipc::new("unasked");
+    let client = Device::new("client", "mute")
+        .channel("pull", "bind", &client_ipc.address())
+        .spawn();
+    for (kind, device) in [("server", server), ("client", client)] {
+        let finished = tokio::time::timeout(EXIT_TIMEOUT, finish(device))
+            .await
+            .unwrap_or_else(|_| panic!("the {kind} on a pull socket never ended"));
+        assert_eq!(finished.code, Some(1), "{kind}: {}", finished.stderr);
+        assert!(
+            finished.stderr.contains("channel \"data\"") && finished.stderr.contains("pull socket"),
+            "{kind}: {}",
+            finished.stderr
+        );
+    }
+}

@@ -37,8 +37,10 @@ impl Device for Client {
             let mut request =
                 crate::allocate(ctx, &self.channel, "msg-size", self.msg_size).await?;
             request.data_mut()[..8].copy_from_slice(&n_round_trips.to_le_bytes());
-            if ctx.send(&self.channel, request).await.is_err() && ctx.stop_requested() {
-                break;
+            match ctx.send(&self.channel, request).await {
+                Ok(()) => {}
+                Err(_) if ctx.stop_requested() => break,
+                Err(error) => return Err(error.into()),
             }
             let reply = match ctx.receive(&self.channel).await {
                 Ok(reply) => reply,
@@ -76,8 +78,15 @@ impl Device for Server {
                 Err(_) if ctx.stop_requested() => break,
                 Err(error) => return Err(error.into()),
             };
-            if ctx.send_parts(&self.channel, request).await.is_err() && ctx.stop_requested() {
-                break;
+            match ctx.send_parts(&self.channel, request).await {
+                Ok(()) => {}
+                Err(_) if ctx.stop_requested() => break,
+                // A requester that left before its answer costs that answer only, as with
+                // FairMQ's rep (zeromq drops it): the next request is answered.
+                Err(DeviceError::Channel(error @ ferromq_core::Error::PeerGone { .. })) => {
+                    tracing::warn!(device = %ctx.id(), %error, "answer dropped");
+                }
+                Err(error) => return Err(error.into()),
             }
         }
         Ok(())
