@@ -31,6 +31,10 @@ impl Drop for ShmSession {
     }
 }
 
+fn as_strs(strings: &[String]) -> Vec<&str> {
+    strings.iter().map(String::as_str).collect()
+}
+
 /// The first shmem figures `top --json` shows of device `id`.
 fn memory_of(snapshot: &serde_json::Value, id: &str) -> serde_json::Value {
     snapshot["devices"]
@@ -154,10 +158,9 @@ async fn a_closed_stdout_costs_a_device_its_summary_and_nothing_else() {
             output.address()
         ),
     ];
-    let processor_channels: Vec<&str> = processor_channels.iter().map(String::as_str).collect();
     let devices = [
         Device::new("sink", "closed").channel("pull", "bind", &input.address()),
-        Device::new("processor", "closed").args(&processor_channels),
+        Device::new("processor", "closed").args(&as_strs(&processor_channels)),
     ];
     for device in devices {
         let mut child = device.spawn();
@@ -207,6 +210,84 @@ async fn a_failed_send_fails_a_client_and_a_server() {
             finished.stderr.contains("channel \"data\"") && finished.stderr.contains("pull socket"),
             "{kind}: {}",
             finished.stderr
+        );
+    }
+}
+
+/// Every built-in device checks its channels' types at INIT, as the sampler and the sink do:
+/// a client on a push socket sent one request and then failed to receive, one on a rep socket
+/// and a multiplier sending on a rep ran until a message came, and a server on a req socket,
+/// a stf-source and a builder with their types swapped reached RUNNING before failing.
+#[tokio::test]
+async fn every_device_refuses_a_socket_of_the_wrong_type_at_init() {
+    let ipc = Ipc::new("types");
+    let other = Ipc::new("types-other");
+    let channel = |name: &str, socket_type: &str, address: &Ipc| {
+        format!(
+            "name={name},type={socket_type},method=bind,address={},rateLogging=0",
+            address.address()
+        )
+    };
+    let two = |first: String, second: String| {
+        [
+            "--channel-config".to_owned(),
+            first,
+            "--channel-config".to_owned(),
+            second,
+        ]
+    };
+    let multiplier = two(
+        channel("data-in", "pull", &ipc),
+        channel("data-out", "rep", &other),
+    );
+    let source = two(
+        channel("requests", "push", &ipc),
+        channel("data-out", "pull", &other),
+    );
+    let builder = two(
+        channel("data-in", "push", &ipc),
+        channel("requests", "pull", &other),
+    );
+    let cases = [
+        (
+            Device::new("client", "t").channel("push", "bind", &ipc.address()),
+            "channel \"data\" is a push socket, which cannot request, and the device requests on it",
+        ),
+        (
+            Device::new("client", "t").channel("rep", "bind", &ipc.address()),
+            "channel \"data\" is a rep socket, which cannot request",
+        ),
+        (
+            Device::new("server", "t").channel("req", "bind", &ipc.address()),
+            "channel \"data\" is a req socket, which cannot answer, and the device answers on it",
+        ),
+        (
+            Device::new("multiplier", "t").args(&as_strs(&multiplier)),
+            "channel \"data-out\" is a rep socket, which cannot send, and the device sends on it",
+        ),
+        (
+            Device::new("stf-source", "t").args(&as_strs(&source)),
+            "channel \"requests\" is a push socket, which cannot receive",
+        ),
+        (
+            Device::new("builder", "t").args(&as_strs(&builder)),
+            "channel \"data-in\" is a push socket, which cannot receive",
+        ),
+    ];
+    for (device, expected) in cases {
+        let failed = tokio::time::timeout(EXIT_TIMEOUT, device.finish())
+            .await
+            .unwrap_or_else(|_| panic!("{expected}: the device never ended"));
+        assert_eq!(failed.code, Some(1), "{expected}: {}", failed.stderr);
+        assert!(
+            failed.stderr.contains(expected),
+            "{expected}: {}",
+            failed.stderr
+        );
+        assert!(
+            !failed.stdout.contains("---> RUNNING"),
+            "{expected}: reached RUNNING: {}",
+            failed.stdout
         );
     }
 }

@@ -62,8 +62,8 @@ impl StfSource {
 impl Device for StfSource {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         self.configure(ctx)?;
-        self.outputs = crate::sockets_of(ctx, "data-out")?;
-        ctx.channel("requests")?;
+        crate::checked_socket(ctx, "requests", crate::Role::Receives)?;
+        self.outputs = crate::checked_sockets(ctx, "data-out", crate::Role::Sends)?;
         Ok(())
     }
 
@@ -230,8 +230,8 @@ impl Builder {
 impl Device for Builder {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         self.configure(ctx)?;
-        self.sources = crate::sockets_of(ctx, "requests")?;
-        ctx.channel("data-in")?;
+        crate::checked_socket(ctx, "data-in", crate::Role::Receives)?;
+        self.sources = crate::checked_sockets(ctx, "requests", crate::Role::Sends)?;
         self.next_event = 0;
         self.incomplete.clear();
         self.n_built = 0;

@@ -21,6 +21,10 @@
 //! | `mcts-worker` | rpc group `search` (`rpc-group`) | `game`, `board`, `playouts`, `spread-depth` |
 //! | `replay` | out `data` | `file` (a recording of `ferromq record`), `speed` (1: as recorded, 0: as fast as possible) |
 //!
+//! A device checks its channels' socket types at INIT, naming a channel of the wrong type: an
+//! output ("out") is push, pub or pair, an input ("in") pull, sub or pair, a client's channel
+//! req or pair and a server's rep or pair (a req or rep sends and receives only in turn).
+//!
 //! `in-channel` and `out-channel` rename the channels. Every device also takes
 //! [`COMMON_PROPERTIES`] (`rate`, `replica-index`, `replica-count`), the `chan.<channel>.*` and
 //! `rpc.<group>.*` namespaces, and the transports' keys (`shm-segment-size`, ...); any other key
@@ -63,7 +67,7 @@ mod sink;
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
-use ferromq_core::{BoxError, Message};
+use ferromq_core::{BoxError, Message, SocketType};
 use ferromq_device::{Device, DeviceContext, DeviceError};
 
 pub use event_building::{Builder as EventBuilder, StfSource};
@@ -676,8 +680,29 @@ pub(crate) const CHECKSUM_BYTES_PER_TURN: usize = 4 << 20;
 /// its first send in RUNNING.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {
+    /// Sends one message after another (push, pub, pair): a req sends one request and then
+    /// waits for its reply, and a rep sends only replies.
     Sends,
+    /// Receives one message after another (pull, sub, pair): a rep must answer each request
+    /// before it takes the next, and a req receives only replies.
     Receives,
+    /// Sends requests and receives their replies (req, pair): a client.
+    Requests,
+    /// Receives requests and answers each (rep, pair): a server.
+    Answers,
+}
+
+impl Role {
+    /// Whether a socket of `socket_type` does this, and the verb for an error that it does not.
+    fn done_by(self, socket_type: SocketType) -> (bool, &'static str) {
+        use SocketType::{Pair, Pub, Pull, Push, Rep, Req, Sub};
+        match self {
+            Role::Sends => (matches!(socket_type, Push | Pub | Pair), "send"),
+            Role::Receives => (matches!(socket_type, Pull | Sub | Pair), "receive"),
+            Role::Requests => (matches!(socket_type, Req | Pair), "request"),
+            Role::Answers => (matches!(socket_type, Rep | Pair), "answer"),
+        }
+    }
 }
 
 /// The sockets of channel `base` (`base`, or `base[0]`, `base[1]`, ...), each of a type that
@@ -711,10 +736,7 @@ pub(crate) fn checked_socket(
 ) -> Result<(), DeviceError> {
     let socket = ctx.channel(name)?.config();
     let (socket_type, socket_name) = (socket.socket_type, socket.name.clone());
-    let (able, action) = match role {
-        Role::Sends => (socket_type.can_send(), "send"),
-        Role::Receives => (socket_type.can_receive(), "receive"),
-    };
+    let (able, action) = role.done_by(socket_type);
     if able {
         return Ok(());
     }

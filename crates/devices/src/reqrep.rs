@@ -27,7 +27,7 @@ impl Client {
 impl Device for Client {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         self.configure(ctx)?;
-        ctx.channel(&self.channel)?;
+        crate::checked_socket(ctx, &self.channel, crate::Role::Requests)?;
         Ok(())
     }
 
@@ -67,7 +67,7 @@ pub struct Server {
 impl Device for Server {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         self.channel = channel_property(ctx, "in-channel", "data");
-        ctx.channel(&self.channel)?;
+        crate::checked_socket(ctx, &self.channel, crate::Role::Answers)?;
         Ok(())
     }
 
