@@ -291,3 +291,26 @@ async fn every_device_refuses_a_socket_of_the_wrong_type_at_init() {
         );
     }
 }
+
+/// A device given no channel says so and how to give it one, as the sampler does: the
+/// forwarders, stf-source and builder ended with an empty list, `its channels: `.
+#[tokio::test]
+async fn a_device_without_channels_says_how_to_give_it_one() {
+    let cases = [
+        ("processor", "data-in"),
+        ("splitter", "data-in"),
+        ("merger", "data-in"),
+        ("proxy", "data-in"),
+        ("multiplier", "data-in"),
+        ("stf-source", "requests"),
+        ("builder", "data-in"),
+    ];
+    for (kind, channel) in cases {
+        let bare = Device::new(kind, "bare").finish().await;
+        assert_eq!(bare.code, Some(1), "{kind}: {}", bare.stderr);
+        let expected = format!(
+            "device \"bare\" has no channel \"{channel}\"; its channels: none (give it one with"
+        );
+        assert!(bare.stderr.contains(&expected), "{kind}: {}", bare.stderr);
+    }
+}

@@ -655,14 +655,17 @@ pub(crate) fn channel_property(props: &impl Properties, key: &str, default: &str
 }
 
 /// The sockets of channel `base` (`data-out[0]`, `data-out[1]`, or just `data-out`).
+///
+/// # Errors
+/// The context's [`DeviceError::UnknownChannel`]: it lists the channels, or says there are
+/// none and how to give one.
 pub(crate) fn sockets_of(ctx: &DeviceContext, base: &str) -> Result<Vec<String>, DeviceError> {
     let names = ctx.sub_channel_names(base);
     if names.is_empty() {
-        return Err(DeviceError::UnknownChannel {
-            device: ctx.id().to_owned(),
-            name: base.to_owned(),
-            available: ctx.channel_names().join(", "),
-        });
+        // No channel `base`: resolved as every operation resolves a name, it fails with the
+        // context's own error (a socket configured as `base[0]` would be found, and used).
+        ctx.channel_id(base)?;
+        return Ok(vec![base.to_owned()]);
     }
     Ok(names)
 }
