@@ -122,14 +122,23 @@ async fn bad_values_are_refused_naming_the_property_and_what_it_takes() {
             &["bsampler", "--num-parts", "1000000000000", "--multipart"],
             "device \"bad\": property \"num-parts\" has invalid value \"1000000000000\": expected 1 to 1024",
         ),
+        // `--num-parts 0` was refused, the same value as a property taken (as "any count").
+        (
+            &["sink", "--property", "num-parts=0"],
+            "device \"bad\": property \"num-parts\" has invalid value \"0\": expected at least 1 part",
+        ),
     ];
     for (args, expected) in cases {
         let (kind, options) = args.split_first().expect("a kind");
-        let finished = Device::new(kind, "bad")
-            .args(options)
-            .channel("push", "bind", &ipc.address())
-            .finish()
-            .await;
+        // A channel the kind takes: the value alone is at fault.
+        let socket_type = if *kind == "sink" { "pull" } else { "push" };
+        let device =
+            Device::new(kind, "bad")
+                .args(options)
+                .channel(socket_type, "bind", &ipc.address());
+        let finished = tokio::time::timeout(EXIT_TIMEOUT, device.finish())
+            .await
+            .unwrap_or_else(|_| panic!("{args:?} was taken: the device ran on"));
         assert_eq!(finished.code, Some(2), "{args:?}: {}", finished.stderr);
         assert!(
             finished.stderr.contains(expected),

@@ -64,7 +64,15 @@ impl Sink {
     pub(crate) fn configure(&mut self, props: &impl Properties) -> Result<(), DeviceError> {
         self.in_channel = channel_property(props, "in-channel", "data");
         self.verify = bool_property(props, "verify", false)?;
+        // Absent: any count (0). Given, a count a message can have: `--num-parts 0` is refused
+        // as a usage error, and the property the same.
         self.num_parts = props.parse_or("num-parts", 0)?;
+        if let Some(text) = props.text("num-parts").filter(|_| self.num_parts == 0) {
+            return Err(props.invalid(
+                "num-parts",
+                format!("has invalid value {text:?}: expected at least 1 part"),
+            ));
+        }
         bool_property(props, "multipart", false)?;
         self.max_file_size = props.parse_or("max-file-size", FAIRMQ_MAX_FILE_SIZE)?;
         Ok(())
