@@ -127,11 +127,20 @@ async fn bad_values_are_refused_naming_the_property_and_what_it_takes() {
             &["sink", "--property", "num-parts=0"],
             "device \"bad\": property \"num-parts\" has invalid value \"0\": expected at least 1 part",
         ),
+        // Raised to 8 bytes, silently.
+        (
+            &["client", "--msg-size", "0"],
+            "device \"bad\": property \"msg-size\" has invalid value \"0\": expected at least 8 bytes",
+        ),
     ];
     for (args, expected) in cases {
         let (kind, options) = args.split_first().expect("a kind");
         // A channel the kind takes: the value alone is at fault.
-        let socket_type = if *kind == "sink" { "pull" } else { "push" };
+        let socket_type = match *kind {
+            "sink" => "pull",
+            "client" => "req",
+            _ => "push",
+        };
         let device =
             Device::new(kind, "bad")
                 .args(options)

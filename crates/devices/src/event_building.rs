@@ -52,7 +52,13 @@ pub struct StfSource {
 impl StfSource {
     /// Reads the properties (INIT's part that [`crate::Builtin::check_properties`] shares).
     pub(crate) fn configure(&mut self, props: &impl Properties) -> Result<(), DeviceError> {
-        self.stf_size = props.parse_or("stf-size", 65536usize)?.max(12);
+        self.stf_size = crate::at_least(
+            props,
+            "stf-size",
+            65536,
+            12,
+            "bytes (a sub-timeframe starts with its 8-byte event id and 4-byte source index)",
+        )?;
         self.source_index = props.parse_or("replica-index", 0u32)?;
         Ok(())
     }
@@ -221,7 +227,13 @@ impl Builder {
     pub(crate) fn configure(&mut self, props: &impl Properties) -> Result<(), DeviceError> {
         self.index = props.parse_or("replica-index", 0u64)?;
         self.n_builders = props.parse_or("replica-count", 1u64)?.max(1);
-        self.max_outstanding = props.parse_or("max-outstanding", 8usize)?.max(1);
+        self.max_outstanding = crate::at_least(
+            props,
+            "max-outstanding",
+            8,
+            1,
+            "event (a builder with none requested builds nothing)",
+        )?;
         Ok(())
     }
 }

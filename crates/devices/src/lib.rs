@@ -536,6 +536,26 @@ pub(crate) fn parts_property(props: &impl Properties) -> Result<usize, DeviceErr
     Ok(n_parts)
 }
 
+/// Property `key` as a count or size of at least `minimum` (`default` when absent); `unit`
+/// follows the minimum in the error, with why the device needs it. A smaller value is refused,
+/// not raised to the minimum behind the user's back.
+pub(crate) fn at_least(
+    props: &impl Properties,
+    key: &str,
+    default: usize,
+    minimum: usize,
+    unit: &str,
+) -> Result<usize, DeviceError> {
+    let value = props.parse_or(key, default)?;
+    if value < minimum {
+        return Err(props.invalid(
+            key,
+            format!("has invalid value \"{value}\": expected at least {minimum} {unit}"),
+        ));
+    }
+    Ok(value)
+}
+
 /// The lowest positive rate a sender takes: one message every ~31 years. Lower rates have an
 /// interval no clock can represent.
 pub const MIN_RATE: f64 = 1e-9;
@@ -846,6 +866,36 @@ mod tests {
                     "{kind}"
                 );
             }
+        }
+    }
+
+    /// Found by a sweep: values below what a device can work with were raised silently (a
+    /// client's `msg-size` 0 sent 8-byte requests, a stf-source's `stf-size` 0 sent 12 bytes,
+    /// a builder's `max-outstanding` 0 kept one event in flight).
+    #[test]
+    fn values_below_a_minimum_are_refused_naming_it() {
+        let check = |kind: &str, key: &str, value: &str| {
+            let properties = BTreeMap::from([(key.to_owned(), value.to_owned())]);
+            check_topology_properties(kind, "d", &properties, &[])
+        };
+        for (kind, key, below, minimum) in [
+            ("client", "msg-size", "0", "8"),
+            ("client", "msg-size", "7", "8"),
+            ("stf-source", "stf-size", "0", "12"),
+            ("stf-source", "stf-size", "11", "12"),
+            ("builder", "max-outstanding", "0", "1"),
+        ] {
+            assert!(check(kind, key, minimum).is_ok(), "{kind} {key} {minimum}");
+            let problem = check(kind, key, below).unwrap_err();
+            assert_eq!(problem.key.as_deref(), Some(key));
+            let expected = format!(
+                "device \"d\": property \"{key}\" has invalid value \"{below}\": expected at least {minimum} "
+            );
+            assert!(
+                problem.message.starts_with(&expected),
+                "{}",
+                problem.message
+            );
         }
     }
 

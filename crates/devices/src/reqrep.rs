@@ -18,7 +18,13 @@ impl Client {
     /// Reads the properties (INIT's part that [`crate::Builtin::check_properties`] shares).
     pub(crate) fn configure(&mut self, props: &impl Properties) -> Result<(), DeviceError> {
         self.channel = channel_property(props, "out-channel", "data");
-        self.msg_size = props.parse_or("msg-size", 64usize)?.max(8);
+        self.msg_size = crate::at_least(
+            props,
+            "msg-size",
+            64,
+            8,
+            "bytes (a request starts with its 8-byte number, which the reply must echo)",
+        )?;
         Ok(())
     }
 }
