@@ -127,6 +127,11 @@ async fn bad_values_are_refused_naming_the_property_and_what_it_takes() {
             &["sink", "--property", "num-parts=0"],
             "device \"bad\": property \"num-parts\" has invalid value \"0\": expected at least 1 part",
         ),
+        // msg-rate won, silently.
+        (
+            &["bsampler", "--rate", "10", "--msg-rate", "1000"],
+            "device \"bad\": property \"msg-rate\" (= \"1000\") is given with \"rate\" (= \"10\")",
+        ),
         // Raised to 8 bytes, silently.
         (
             &["client", "--msg-size", "0"],

@@ -899,6 +899,34 @@ mod tests {
         }
     }
 
+    /// Found by a sweep: `bsampler --rate 10 --msg-rate 1000` sent 1000 a second, silently.
+    /// `ferromq device` always sets `rate` (0 unless given), so 0 counts as not given.
+    #[test]
+    fn a_bsampler_takes_one_rate() {
+        let check = |rates: &[(&str, &str)]| {
+            let properties = rates
+                .iter()
+                .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+                .collect();
+            check_topology_properties("bsampler", "d", &properties, &[])
+        };
+        for good in [
+            &[("rate", "10")][..],
+            &[("msg-rate", "1000")],
+            &[("rate", "0"), ("msg-rate", "1000")],
+            &[("rate", "10"), ("msg-rate", "10")],
+        ] {
+            assert!(check(good).is_ok(), "{good:?}");
+        }
+        let problem = check(&[("rate", "10"), ("msg-rate", "1000")]).unwrap_err();
+        assert_eq!(problem.key.as_deref(), Some("msg-rate"));
+        assert_eq!(
+            problem.message,
+            "device \"d\": property \"msg-rate\" (= \"1000\") is given with \"rate\" (= \"10\"): \
+             both are a bsampler's messages per second; give one"
+        );
+    }
+
     #[test]
     fn iterations_count_as_fairmq_does() {
         assert_eq!(fairmq_iterations(0), 0);

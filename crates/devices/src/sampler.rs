@@ -219,6 +219,19 @@ impl BenchmarkSampler {
         self.memset = bool_property(props, "memset", false)?;
         let rate = rate_property(props, "rate", 0.0)?;
         self.rate = rate_property(props, "msg-rate", rate)?;
+        // Two paces are one too many (msg-rate won, silently). `ferromq device` always sets
+        // `rate`, 0 unless given, so 0 is no pace asked for.
+        if rate != 0.0 && self.rate != rate {
+            let text = |key| props.text(key).unwrap_or_default();
+            return Err(props.invalid(
+                "msg-rate",
+                format!(
+                    "(= {:?}) is given with \"rate\" (= {:?}): both are a bsampler's messages per second; give one",
+                    text("msg-rate"),
+                    text("rate")
+                ),
+            ));
+        }
         Ok(())
     }
 }
