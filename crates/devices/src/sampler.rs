@@ -6,8 +6,8 @@ use ferromq_core::{BoxError, Message, Parts};
 use ferromq_device::{Device, DeviceContext, DeviceError};
 
 use crate::{
-    Pacer, Properties, allocate, allocation_failed, bool_property, channel_property,
-    parts_property, rate_property, try_zeroed, unless_stopped, write_checksum,
+    Outgoing, Pacer, Properties, bool_property, channel_property, parts_property, rate_property,
+    try_zeroed, write_checksum,
 };
 
 /// Sends `--max-iterations` messages (or until STOP) of `msg-size` bytes, or of the `text`
@@ -116,6 +116,7 @@ impl Device for Sampler {
     }
 
     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let outgoing = Outgoing::new(ctx, &self.out_channel, "msg-size")?;
         let stopped = ctx.stopped();
         tokio::pin!(stopped);
         if let Some(msg_size) = self.generated_size {
@@ -123,8 +124,7 @@ impl Device for Sampler {
             // segment too small) is reported by the transport, naming both sizes, before the
             // template takes as much heap. STOP meanwhile leaves the template to the next run
             // (and this one sends nothing: `next_iteration` sees STOP).
-            let first = allocate(ctx, &self.out_channel, "msg-size", msg_size);
-            if let Some(first) = unless_stopped(&mut stopped, first).await {
+            if let Some(first) = outgoing.message(ctx, &mut stopped, msg_size).await {
                 drop(first?);
                 let mut template = try_zeroed("msg-size", msg_size)?;
                 for (byte_idx, byte) in template.iter_mut().enumerate() {
@@ -152,8 +152,7 @@ impl Device for Sampler {
             for part_idx in 0..self.num_parts {
                 let floor = if self.checksum { 8 } else { 0 };
                 let size = (self.template.len() / (part_idx + 1)).max(floor);
-                let made = allocate(ctx, &self.out_channel, "msg-size", size);
-                let Some(made) = unless_stopped(&mut stopped, made).await else {
+                let Some(made) = outgoing.message(ctx, &mut stopped, size).await else {
                     break 'messages;
                 };
                 let mut message = made?;
@@ -255,6 +254,7 @@ impl Device for BenchmarkSampler {
         };
         // Resolved once: no name lookup per message.
         let out = ctx.channel_id(&self.out_channel)?;
+        let outgoing = Outgoing::new(ctx, &self.out_channel, "msg-size")?;
         let stopped = ctx.stopped();
         tokio::pin!(stopped);
         'messages: while ctx.next_iteration() {
@@ -270,14 +270,12 @@ impl Device for BenchmarkSampler {
                 let message = if self.same_msg {
                     Message::from(shared.clone())
                 } else {
-                    // Resolved channel, the transport's own memory (a shmem block, a
-                    // recycled zeromq buffer), fallibly.
-                    let made = ctx.new_message_on(out, self.msg_size);
-                    let Some(made) = unless_stopped(&mut stopped, made).await else {
+                    // The transport's own memory (a shmem block, a recycled zeromq buffer).
+                    let Some(made) = outgoing.message(ctx, &mut stopped, self.msg_size).await
+                    else {
                         break 'messages;
                     };
-                    let mut message =
-                        made.map_err(|error| allocation_failed("msg-size", self.msg_size, &error))?;
+                    let mut message = made?;
                     if self.memset {
                         message.data_mut().fill(0);
                     }
