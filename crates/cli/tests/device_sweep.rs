@@ -337,3 +337,50 @@ async fn a_device_without_channels_says_how_to_give_it_one() {
         assert!(bare.stderr.contains(&expected), "{kind}: {}", bare.stderr);
     }
 }
+
+/// A verifying sink fed parts too short to hold a checksum said "checksum mismatch", as if
+/// the bytes had been damaged, where the sender had put no checksum in them.
+#[tokio::test]
+async fn a_part_too_short_for_a_checksum_is_said_to_be_so() {
+    let ipc = Ipc::new("short-parts");
+    let sink = Device::new("sink", "checker")
+        .args(&["--verify", "true"])
+        .channel("pull", "bind", &ipc.address())
+        .spawn();
+    let _sampler = Device::new("bsampler", "tiny")
+        .args(&["--msg-size", "4", "--max-iterations", "5"])
+        .channel("push", "connect", &ipc.address())
+        .spawn();
+    let finished = tokio::time::timeout(EXIT_TIMEOUT, finish(sink))
+        .await
+        .expect("the verifying sink ended");
+    assert_eq!(finished.code, Some(1), "{}", finished.stderr);
+    assert!(
+        finished.stderr.contains(
+            "message 0 part 0 (4 bytes): too short to carry a checksum (it takes 8 bytes)"
+        ),
+        "{}",
+        finished.stderr
+    );
+}
+
+/// An rpc group member started alone was told to declare its group in "the topology" it did
+/// not have.
+#[tokio::test]
+async fn an_mcts_worker_started_alone_is_told_it_needs_ferromq_run() {
+    let ipc = Ipc::new("lone-worker");
+    let worker = Device::new("mcts-worker", "lone")
+        .channel("pull", "bind", &ipc.address())
+        .spawn();
+    let finished = tokio::time::timeout(EXIT_TIMEOUT, finish(worker))
+        .await
+        .expect("the lone worker ended");
+    assert_eq!(finished.code, Some(1), "{}", finished.stderr);
+    assert!(
+        finished
+            .stderr
+            .contains("start it with `ferromq run`: a device started alone is in no group"),
+        "{}",
+        finished.stderr
+    );
+}

@@ -103,7 +103,7 @@ async fn work<G: Game>(ctx: &mut DeviceContext, settings: WorkerSettings) -> Res
     // Not a member at all read "needs the driver listed first" (a bad-input sweep).
     let Some(members) = ctx.property_text(&format!("rpc.{group}.members")) else {
         return Err(format!(
-            "device {:?} is in no rpc group {group:?}: declare one with [[rpc]] (name = {group:?}, members = the driver, then the workers)",
+            "device {:?} is in no rpc group {group:?}: declare one with [[rpc]] (name = {group:?}, members = the driver, then the workers) in a topology and start it with `ferromq run`: a device started alone is in no group",
             ctx.id()
         )
         .into());

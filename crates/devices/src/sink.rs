@@ -96,8 +96,15 @@ impl Sink {
             }
             for (part_idx, part) in parts.iter().enumerate() {
                 if !checksum_ok(part.data()) {
+                    // A part too short to hold one was never given a checksum (a sender
+                    // without `verify`, or of a size under 8): not a corrupted one.
+                    let problem = if part.len() < 8 {
+                        "too short to carry a checksum (it takes 8 bytes): was it sent with verify?"
+                    } else {
+                        "checksum mismatch"
+                    };
                     return Err(format!(
-                        "message {} part {part_idx} ({} bytes): checksum mismatch",
+                        "message {} part {part_idx} ({} bytes): {problem}",
                         self.summary.n_msgs,
                         part.len()
                     )

@@ -158,7 +158,7 @@ pub async fn join_with(
     let members_key = format!("rpc.{group}.{}", GROUP_KEYS[0]);
     let names: Vec<String> = ctx
         .property_text(&members_key)
-        .ok_or_else(|| not_a_member(format!("it has no property {members_key:?} (declare the group with [[rpc]] in the topology)")))?
+        .ok_or_else(|| not_a_member(format!("it has no property {members_key:?} (declare the group with [[rpc]] in a topology and start it with `ferromq run`: a device started alone is in no group)")))?
         .split(',')
         .map(str::to_owned)
         .collect();
