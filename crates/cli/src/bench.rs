@@ -469,16 +469,14 @@ fn check(options: &BenchOptions) -> Result<()> {
             options.shm_segment_size
         );
     }
-    // A message's parts are blocks in the sender's segment, after its header and its table of
-    // large-block headers (`data_start`): each a header's 64 bytes, then its data in units of
-    // 64 (the shm crate's "Block layout"). A message that cannot fit failed in the sender.
+    // A message's parts are blocks in the sender's segment (the shm crate's "Block layout"):
+    // one that cannot fit failed in the sender.
     if measures_shmem {
-        use ferromq_shm::managed::{BLOCK_ALIGN, data_start};
+        use ferromq_shm::managed::{block_footprint, block_room};
         let segment_size = usize::try_from(options.shm_segment_size).unwrap_or(usize::MAX);
-        let room = segment_size - data_start(segment_size);
+        let room = block_room(segment_size);
         for &msg_size in &options.msg_size {
-            let block = msg_size.div_ceil(BLOCK_ALIGN).max(1) * BLOCK_ALIGN + BLOCK_ALIGN;
-            let needed = block.saturating_mul(options.num_parts);
+            let needed = block_footprint(msg_size).saturating_mul(options.num_parts);
             if needed > room {
                 bail!(
                     "--msg-size {msg_size} with --shm-segment-size {} and --num-parts {}: a message takes {needed} bytes of a segment, which has room for {room}",

@@ -111,6 +111,17 @@ fn align_up(size: usize) -> usize {
     size.div_ceil(BLOCK_ALIGN).max(1) * BLOCK_ALIGN
 }
 
+/// Bytes a block holding `size` bytes takes of a segment: its inline header, then its data
+/// in units of [`BLOCK_ALIGN`] (see "Block layout").
+pub fn block_footprint(size: usize) -> usize {
+    align_up(size).saturating_add(BLOCK_ALIGN)
+}
+
+/// Bytes of a segment of `len` bytes that blocks can take: all after [`data_start`].
+pub fn block_room(len: usize) -> usize {
+    len.saturating_sub(data_start(len))
+}
+
 /// A block the owner handed out: where its header is, and its range (its inline header's 64
 /// bytes, then its data).
 #[derive(Debug, Clone, Copy)]
