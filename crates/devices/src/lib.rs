@@ -313,7 +313,9 @@ impl Builtin {
                 problem: self.not_taken(key, value, transport_properties),
             });
         }
-        self.configure(&PropertyTable { id, properties })
+        let table = PropertyTable { id, properties };
+        check_common_properties(&table)?;
+        self.configure(&table)
     }
 
     /// What is wrong with property `key` (= `value`), which this kind does not take.
@@ -368,6 +370,35 @@ impl Builtin {
             Builtin::Merger | Builtin::Proxy | Builtin::Multiplier | Builtin::Server => Ok(()),
         }
     }
+}
+
+/// The [`COMMON_PROPERTIES`]' values, whichever kind reads them: a sink took `rate=abc` or
+/// `replica-index=abc` without a word, as it does not read them, where a sampler refused the
+/// first. The rate is a rate; the replica index a number, below the replica count when that
+/// is given.
+fn check_common_properties(props: &impl Properties) -> Result<(), DeviceError> {
+    rate_property(props, COMMON_PROPERTIES[0], 0.0)?;
+    let index: u64 = props.parse_or(COMMON_PROPERTIES[1], 0)?;
+    // The index alone (a seed, say) has no count to be below.
+    if props.text(COMMON_PROPERTIES[2]).is_none() {
+        return Ok(());
+    }
+    let count: u64 = props.parse_or(COMMON_PROPERTIES[2], 1)?;
+    if count == 0 {
+        return Err(props.invalid(
+            COMMON_PROPERTIES[2],
+            "has invalid value \"0\": expected at least 1 replica".to_owned(),
+        ));
+    }
+    if index >= count {
+        return Err(props.invalid(
+            COMMON_PROPERTIES[1],
+            format!(
+                "has invalid value \"{index}\": expected below replica-count ({count}): replicas are numbered from 0"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Properties every device takes, whatever its kind: FairMQ's generic `rate` (`ferromq device`
@@ -615,9 +646,9 @@ pub(crate) async fn allocate(
 /// (`key`) and the size.
 ///
 /// A transport with room makes a message at once, and no future is built around it (racing
-/// every allocation against STOP cost a 64 B shmem bsampler 8 % of its rate). A full one waits for room (a shmem segment whose blocks a stalled
-/// receiver holds): up to its allocation timeout or, with `shm-throw-bad-alloc false`, for as
-/// long as it takes. STOP (SIGINT included) ends that wait, as FairMQ's allocation loop gives up
+/// every allocation against STOP cost a 64 B shmem bsampler 8 % of its rate). A full one
+/// waits for room (a shmem segment whose blocks a stalled receiver holds): up to its
+/// allocation timeout or, with `shm-throw-bad-alloc false`, for as long as it takes. STOP (SIGINT included) ends that wait, as FairMQ's allocation loop gives up
 /// when the device is interrupted; a sender would otherwise sit out the stop the same time.
 pub(crate) struct Outgoing {
     channel: ChannelId,
@@ -908,6 +939,54 @@ mod tests {
                     "{kind}"
                 );
             }
+        }
+    }
+
+    /// Found by a sweep: a sink, which reads none of them, took `rate=abc`, `replica-index=abc`
+    /// and a replica index at or past the replica count without a word.
+    #[test]
+    fn every_kind_checks_the_common_properties() {
+        let check = |kind: &str, pairs: &[(&str, &str)]| {
+            let properties: BTreeMap<String, String> = pairs
+                .iter()
+                .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+                .collect();
+            check_topology_properties(kind, "d", &properties, &[])
+        };
+        for kind in ["sink", "sampler", "server"] {
+            for (pairs, problem) in [
+                (&[("rate", "abc")][..], "property \"rate\""),
+                (
+                    &[("replica-index", "abc")][..],
+                    "property \"replica-index\"",
+                ),
+                (
+                    &[("replica-index", "5"), ("replica-count", "2")][..],
+                    "property \"replica-index\" has invalid value \"5\": expected below replica-count (2)",
+                ),
+                (
+                    &[("replica-count", "0")][..],
+                    "property \"replica-count\" has invalid value \"0\": expected at least 1 replica",
+                ),
+            ] {
+                let refused = check(kind, pairs).unwrap_err();
+                assert!(
+                    refused.message.contains(problem),
+                    "{kind}: {}",
+                    refused.message
+                );
+            }
+            assert!(
+                check(
+                    kind,
+                    &[
+                        ("replica-index", "1"),
+                        ("replica-count", "2"),
+                        ("rate", "0")
+                    ]
+                )
+                .is_ok()
+            );
         }
     }
 
