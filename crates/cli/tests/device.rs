@@ -2,15 +2,16 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use support::{Device, Ipc, TempFile, finish, signal, wait_for_end, wait_for_line};
+use support::{
+    Device, Ipc, ShmSession, TempFile, assert_each_fails_at_init, finish, signal, wait_for_end,
+    wait_for_line,
+};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 
 const STEP: Duration = Duration::from_secs(60);
-static NEXT: AtomicUsize = AtomicUsize::new(0);
 
 #[tokio::test]
 async fn sampler_to_sink_static_1000_checksummed() {
@@ -317,24 +318,6 @@ async fn external_control_drives_the_state_machine() {
         "{}",
         device.stdout
     );
-}
-
-/// A unique shm session whose objects are removed when the guard drops, failed test included.
-struct ShmSession(String);
-
-impl ShmSession {
-    fn new(tag: &str) -> ShmSession {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        ShmSession(format!("cli-{tag}-{}-{n}", std::process::id()))
-    }
-}
-
-impl Drop for ShmSession {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-            .args(["shm", "clean", "--session", &self.0, "--force"])
-            .output();
-    }
 }
 
 #[tokio::test]
@@ -1152,20 +1135,7 @@ async fn a_channel_of_the_wrong_direction_fails_the_device_at_init() {
             "channel \"data-in\" is a pub socket, which cannot receive",
         ),
     ];
-    for (device, expected) in cases {
-        let failed = device.finish().await;
-        assert_eq!(failed.code, Some(1), "{expected}: {}", failed.stderr);
-        assert!(
-            failed.stderr.contains(expected),
-            "{expected}: {}",
-            failed.stderr
-        );
-        assert!(
-            !failed.stdout.contains("---> RUNNING"),
-            "{expected}: reached RUNNING: {}",
-            failed.stdout
-        );
-    }
+    assert_each_fails_at_init(cases.into()).await;
 }
 
 /// SIGTERM while a device zeroes its segment (FairMQ's `--shm-zero-segment`): the signal was

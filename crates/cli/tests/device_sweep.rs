@@ -2,34 +2,16 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use support::{Device, Ipc, finish, ids_in_state, signal, top_json_until, wait_for_line};
+use support::{
+    Device, Ipc, ShmSession, assert_each_fails_at_init, finish, ids_in_state, signal,
+    top_json_until, wait_for_line,
+};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
 /// How long a device may take to go down after the signal that asks it to.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
-
-static NEXT: AtomicUsize = AtomicUsize::new(0);
-
-/// A unique shm session whose objects are removed when the guard drops, failed test included.
-struct ShmSession(String);
-
-impl ShmSession {
-    fn new(tag: &str) -> ShmSession {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        ShmSession(format!("sweep-{tag}-{}-{n}", std::process::id()))
-    }
-}
-
-impl Drop for ShmSession {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-            .args(["shm", "clean", "--session", &self.0, "--force"])
-            .output();
-    }
-}
 
 fn as_strs(strings: &[String]) -> Vec<&str> {
     strings.iter().map(String::as_str).collect()
@@ -297,22 +279,7 @@ async fn every_device_refuses_a_socket_of_the_wrong_type_at_init() {
             "channel \"data-in\" is a push socket, which cannot receive",
         ),
     ];
-    for (device, expected) in cases {
-        let failed = tokio::time::timeout(EXIT_TIMEOUT, device.finish())
-            .await
-            .unwrap_or_else(|_| panic!("{expected}: the device never ended"));
-        assert_eq!(failed.code, Some(1), "{expected}: {}", failed.stderr);
-        assert!(
-            failed.stderr.contains(expected),
-            "{expected}: {}",
-            failed.stderr
-        );
-        assert!(
-            !failed.stdout.contains("---> RUNNING"),
-            "{expected}: reached RUNNING: {}",
-            failed.stdout
-        );
-    }
+    assert_each_fails_at_init(cases.into()).await;
 }
 
 /// A device given no channel says so and how to give it one, as the sampler does: the

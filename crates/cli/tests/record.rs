@@ -357,8 +357,12 @@ async fn a_recorder_stops_when_its_device_ends_or_is_killed() {
     let _ = finish(sampler).await;
 }
 
-/// Writes a recording of `n` one-part checksummed messages `gap` apart.
-fn paced_recording(path: &str, n: u64, gap: Duration) {
+/// Writes a finished recording of channel `data` holding `records`, `missed` missed.
+fn write_recording(
+    path: &str,
+    records: impl IntoIterator<Item = ferromq_record::Record>,
+    missed: u64,
+) {
     let header = ferromq_record::Header {
         device: "test".into(),
         session: "test".into(),
@@ -369,17 +373,21 @@ fn paced_recording(path: &str, n: u64, gap: Duration) {
     };
     let mut writer =
         ferromq_record::Writer::create(std::path::Path::new(path), &header).expect("create");
-    for sequence in 0..n {
-        writer
-            .write(&ferromq_record::Record {
-                direction: ferromq_record::Direction::Out,
-                sequence,
-                at: gap * u32::try_from(sequence).expect("small"),
-                parts: vec![bytes::Bytes::from(format!("message {sequence}"))],
-            })
-            .expect("write");
+    for record in records {
+        writer.write(&record).expect("write");
     }
-    writer.finish(0).expect("finish");
+    writer.finish(missed).expect("finish");
+}
+
+/// Writes a recording of `n` one-part messages `gap` apart.
+fn paced_recording(path: &str, n: u64, gap: Duration) {
+    let records = (0..n).map(|sequence| ferromq_record::Record {
+        direction: ferromq_record::Direction::Out,
+        sequence,
+        at: gap * u32::try_from(sequence).expect("small"),
+        parts: vec![bytes::Bytes::from(format!("message {sequence}"))],
+    });
+    write_recording(path, records, 0);
 }
 
 /// Replays `path` at `speed` into a sink taking `n` messages; the seconds the replay says it
@@ -529,27 +537,13 @@ async fn record_and_replay_refuse_what_they_cannot_do() {
 /// Writes a finished recording of channel `data`: a message of `parts` parts for each of
 /// `sequences`, `missed` missed.
 fn recording_of(path: &str, sequences: &[u64], parts: usize, missed: u64) {
-    let header = ferromq_record::Header {
-        device: "test".into(),
-        session: "test".into(),
-        channel: "data".into(),
-        channel_config: "name=data,type=push".into(),
-        started_unix_ms: 0,
-        ferromq_version: "test".into(),
-    };
-    let mut writer =
-        ferromq_record::Writer::create(std::path::Path::new(path), &header).expect("create");
-    for &sequence in sequences {
-        writer
-            .write(&ferromq_record::Record {
-                direction: ferromq_record::Direction::Out,
-                sequence,
-                at: Duration::ZERO,
-                parts: vec![bytes::Bytes::from(format!("message {sequence}")); parts],
-            })
-            .expect("write");
-    }
-    writer.finish(missed).expect("finish");
+    let records = sequences.iter().map(|&sequence| ferromq_record::Record {
+        direction: ferromq_record::Direction::Out,
+        sequence,
+        at: Duration::ZERO,
+        parts: vec![bytes::Bytes::from(format!("message {sequence}")); parts],
+    });
+    write_recording(path, records, missed);
 }
 
 /// A recording that contradicts itself (a sweep found each replayed without a word, exit 0)

@@ -387,3 +387,46 @@ impl Drop for TempFile {
         let _ = std::fs::remove_file(&self.0);
     }
 }
+
+/// A unique shm session whose objects are removed when the guard drops, failed test included.
+#[allow(dead_code)]
+pub struct ShmSession(pub String);
+
+#[allow(dead_code)]
+impl ShmSession {
+    pub fn new(tag: &str) -> ShmSession {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        ShmSession(format!("cli-{tag}-{}-{n}", std::process::id()))
+    }
+}
+
+impl Drop for ShmSession {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+            .args(["shm", "clean", "--session", &self.0, "--force"])
+            .output();
+    }
+}
+
+/// Runs each device of `cases` and checks that it failed (exit 1) at INIT, before RUNNING,
+/// saying the case's text.
+#[allow(dead_code)]
+pub async fn assert_each_fails_at_init(cases: Vec<(Device, &str)>) {
+    for (device, expected) in cases {
+        let failed = tokio::time::timeout(std::time::Duration::from_secs(30), device.finish())
+            .await
+            .unwrap_or_else(|_| panic!("{expected}: the device never ended"));
+        assert_eq!(failed.code, Some(1), "{expected}: {}", failed.stderr);
+        assert!(
+            failed.stderr.contains(expected),
+            "{expected}: {}",
+            failed.stderr
+        );
+        assert!(
+            !failed.stdout.contains("---> RUNNING"),
+            "{expected}: reached RUNNING: {}",
+            failed.stdout
+        );
+    }
+}
