@@ -292,12 +292,21 @@ pub fn stale_watchdog_locks(uid: u32) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(shm_dir()) else {
         return Vec::new();
     };
-    let with_objects = sessions(uid);
-    let own_prefix = format!("{}{uid}_", crate::names::PREFIX);
-    let mut locks: Vec<String> = entries
+    let files: Vec<String> = entries
         .flatten()
         .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_file()))
         .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect();
+    // Which sessions have objects, by their names alone: nothing is mapped for this.
+    let with_objects: std::collections::BTreeSet<String> = files
+        .iter()
+        .filter_map(|name| ObjectName::parse(name))
+        .filter(|name| name.uid == uid)
+        .map(|name| name.session)
+        .collect();
+    let own_prefix = format!("{}{uid}_", crate::names::PREFIX);
+    let mut locks: Vec<String> = files
+        .into_iter()
         .filter(|name| {
             let Some(session) = name
                 .strip_prefix(&own_prefix)
@@ -305,7 +314,7 @@ pub fn stale_watchdog_locks(uid: u32) -> Vec<String> {
             else {
                 return false;
             };
-            if with_objects.contains_key(session) {
+            if with_objects.contains(session) {
                 return false;
             }
             File::open(shm_dir().join(name)).is_ok_and(|file| {

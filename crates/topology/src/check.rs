@@ -1155,6 +1155,10 @@ impl<'a> Loader<'a> {
     }
 
     fn properties(&mut self, device: &DeviceToml, context: &str) -> BTreeMap<String, String> {
+        // A built-in kind's check (`check_properties`) refuses unread `rpc.` keys itself, in
+        // the same words: only other devices' are refused here.
+        let rpc_keys_checked_by_kind = self.known.check_properties.is_some()
+            && self.known.kinds.contains(&device.kind.get_ref().as_str());
         device
             .properties
             .iter()
@@ -1170,11 +1174,8 @@ impl<'a> Loader<'a> {
                         ),
                     );
                 }
-                // A built-in kind's check (below) refuses these itself, in the same words.
-                let checked_by_kind = self.known.check_properties.is_some()
-                    && self.known.kinds.contains(&device.kind.get_ref().as_str());
                 if let Some(problem) = rpc_property_problem(key, self.known.rpc_group_keys)
-                    .filter(|_| !checked_by_kind)
+                    .filter(|_| !rpc_keys_checked_by_kind)
                 {
                     self.checker.error(
                         value.span(),
