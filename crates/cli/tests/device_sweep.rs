@@ -119,6 +119,32 @@ async fn bad_values_are_refused_naming_the_property_and_what_it_takes() {
             &["client", "--msg-size", "0"],
             "device \"bad\": property \"msg-size\" has invalid value \"0\": expected at least 8 bytes",
         ),
+        // The channel namespace took any key and any value; the runner read only
+        // `chan.<socket>.address`, skipped the addresses that did not parse and an empty list.
+        (
+            &["sink", "--property", "chan.data.adress=tcp://127.0.0.1:1"],
+            "device \"bad\": property \"chan.data.adress\" (= \"tcp://127.0.0.1:1\") is not read: the one property per channel is chan.<channel>.address",
+        ),
+        (
+            &[
+                "sink",
+                "--property",
+                "chan.data.0.address=tcp://127.0.0.1:1",
+            ],
+            "property \"chan.data.0.address\" (= \"tcp://127.0.0.1:1\") is not read",
+        ),
+        (
+            &["sink", "--property", "chan.data.address=tcp//127.0.0.1:1"],
+            "device \"bad\": property \"chan.data.address\" (= \"tcp//127.0.0.1:1\") has an address that does not parse",
+        ),
+        (
+            &["sink", "--property", "chan.data.address=tcp://127.0.0.1:1;"],
+            "property \"chan.data.address\" (= \"tcp://127.0.0.1:1;\") has an empty address, number 2 of 2",
+        ),
+        (
+            &["sink", "--property", "chan.data.address="],
+            "property \"chan.data.address\" is empty",
+        ),
     ];
     for (args, expected) in cases {
         let (kind, options) = args.split_first().expect("a kind");
@@ -350,4 +376,34 @@ async fn an_mcts_worker_started_alone_is_told_it_needs_ferromq_run() {
         "{}",
         finished.stderr
     );
+}
+
+/// An address given for a channel the device does not have was taken and used nowhere, the
+/// device running on its configured address (`chan.nosuch.address`, a bad-input sweep): only
+/// the device knows its channels, so it refuses the property when it binds.
+#[tokio::test]
+async fn an_address_for_a_channel_the_device_lacks_is_refused() {
+    let ipc = Ipc::new("no-such-channel");
+    let other = Ipc::new("no-such-channel-other");
+    let property = format!("chan.nosuch.address={}", other.address());
+    let expected = format!(
+        "device \"t\": property \"chan.nosuch.address\" (= \"{}\") names no channel of this device; its channels: data",
+        other.address()
+    );
+    let cases = [
+        (
+            Device::new("sink", "t")
+                .channel("pull", "bind", &ipc.address())
+                .args(&["--property", &property]),
+            expected.as_str(),
+        ),
+        // Connecting reads the same properties.
+        (
+            Device::new("sampler", "t")
+                .channel("push", "connect", &ipc.address())
+                .args(&["--property", &property]),
+            expected.as_str(),
+        ),
+    ];
+    assert_each_fails_at_init(cases.into()).await;
 }

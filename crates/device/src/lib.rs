@@ -64,5 +64,7 @@ pub use device::{ChannelId, Device, DeviceContext, Flow, parse_property};
 pub use error::{DeviceError, Result};
 /// An error and its causes on one line (core's, for device code that has only this crate).
 pub use ferromq_core::error_chain;
-pub use runner::{DeviceController, DeviceRunner, StateChange};
+pub use runner::{
+    CHANNEL_PROPERTY_PREFIX, DeviceController, DeviceRunner, StateChange, read_address_property,
+};
 pub use state::{State, Transition};

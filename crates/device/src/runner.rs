@@ -654,7 +654,7 @@ async fn do_work<D: Device>(
             device.init(ctx).await.map_err(hook_failed("init"))
         }
         State::Binding => {
-            let overrides = address_overrides(ctx);
+            let overrides = address_overrides(ctx, &config.id)?;
             let mut bound = Vec::new();
             for channel in ctx
                 .channels
@@ -681,7 +681,7 @@ async fn do_work<D: Device>(
             Ok(())
         }
         State::Connecting => {
-            let overrides = address_overrides(ctx);
+            let overrides = address_overrides(ctx, &config.id)?;
             for channel in ctx
                 .channels
                 .iter_mut()
@@ -741,24 +741,92 @@ async fn do_work<D: Device>(
     }
 }
 
+/// The namespace of the per-socket properties: `chan.<socket>.address` is the one key in it.
+pub const CHANNEL_PROPERTY_PREFIX: &str = "chan.";
+
+/// Reads property `key` = `value` of the channel namespace ([`CHANNEL_PROPERTY_PREFIX`]): the
+/// socket a `chan.<socket>.address` names (`data`, or `data[1]` for a channel of several
+/// sockets) and its addresses (`;` between several). `Ok(None)` for a key outside the
+/// namespace.
+///
+/// # Errors
+/// What is wrong, as a property error's problem says it: a key of the namespace of another
+/// shape (`chan.data.adress`, FairMQ's `chan.data.0.address`), or a value that is empty, has
+/// an empty entry, or has an address that does not parse.
+pub fn read_address_property<'key>(
+    key: &'key str,
+    value: &str,
+) -> std::result::Result<Option<(&'key str, Vec<Address>)>, String> {
+    let Some(rest) = key.strip_prefix(CHANNEL_PROPERTY_PREFIX) else {
+        return Ok(None);
+    };
+    let socket = rest
+        .strip_suffix(".address")
+        .filter(|socket| !socket.is_empty() && !socket.contains('.'))
+        .ok_or_else(|| {
+            format!(
+                "(= {value:?}) is not read: the one property per channel is \
+                 chan.<channel>.address (chan.<channel>[<socket index>].address for a channel \
+                 of several sockets)"
+            )
+        })?;
+    let entries: Vec<&str> = value.split(';').collect();
+    let mut addresses = Vec::with_capacity(entries.len());
+    for (idx, entry) in entries.iter().enumerate() {
+        if entry.trim().is_empty() {
+            return Err(if entries.len() == 1 {
+                "is empty; give the address to use (several separated by ';')".to_owned()
+            } else {
+                format!(
+                    "(= {value:?}) has an empty address, number {} of {}",
+                    idx + 1,
+                    entries.len()
+                )
+            });
+        }
+        addresses.push(Address::parse(entry).map_err(|error| {
+            format!("(= {value:?}) has an address that does not parse: {error}")
+        })?);
+    }
+    Ok(Some((socket, addresses)))
+}
+
 /// Addresses set through properties `chan.<socket>.address` (`;` between several), which
 /// override the configured ones: how a launcher hands out addresses decided at run time.
-fn address_overrides(ctx: &DeviceContext) -> BTreeMap<String, Vec<Address>> {
+///
+/// # Errors
+/// [`DeviceError::Property`] for a property of the channel namespace that
+/// [`read_address_property`] refuses or that names a socket the device does not have: an
+/// address given and silently not used would leave the device on another one.
+fn address_overrides(ctx: &DeviceContext, device: &str) -> Result<BTreeMap<String, Vec<Address>>> {
     let properties = ctx.properties.lock().expect("properties poisoned");
+    let names = ctx.channel_names();
     let mut overrides = BTreeMap::new();
-    for channel in &ctx.channels {
-        let Some(text) = properties.get(&format!("chan.{}.address", channel.name())) else {
+    for (key, value) in properties.range(CHANNEL_PROPERTY_PREFIX.to_owned()..) {
+        if !key.starts_with(CHANNEL_PROPERTY_PREFIX) {
+            break;
+        }
+        let problem = |problem: String| DeviceError::Property {
+            device: device.to_owned(),
+            key: key.clone(),
+            problem,
+        };
+        let Some((socket, addresses)) = read_address_property(key, value).map_err(problem)? else {
             continue;
         };
-        let addresses: Vec<Address> = text
-            .split(';')
-            .filter_map(|address| Address::parse(address).ok())
-            .collect();
-        if !addresses.is_empty() {
-            overrides.insert(channel.name().to_owned(), addresses);
+        if !names.iter().any(|name| name == socket) {
+            return Err(problem(format!(
+                "(= {value:?}) names no channel of this device; its channels: {}",
+                if names.is_empty() {
+                    "none".to_owned()
+                } else {
+                    names.join(", ")
+                }
+            )));
         }
+        overrides.insert(socket.to_owned(), addresses);
     }
-    overrides
+    Ok(overrides)
 }
 
 /// For a transport that wants memory to receive into (ofi): the device's transport that lends

@@ -26,8 +26,8 @@
 //! req or pair and a server's rep or pair (a req or rep sends and receives only in turn).
 //!
 //! `in-channel` and `out-channel` rename the channels. Every device also takes
-//! [`COMMON_PROPERTIES`] (`rate`, `replica-index`, `replica-count`), the `chan.<channel>.*` and
-//! `rpc.<group>.*` namespaces, and the transports' keys (`shm-segment-size`, ...); any other key
+//! [`COMMON_PROPERTIES`] (`rate`, `replica-index`, `replica-count`), `chan.<channel>.address`,
+//! the `rpc.<group>.*` namespace, and the transports' keys (`shm-segment-size`, ...); any other key
 //! is refused ([`Builtin::check_properties`]). A `sampler` takes one of `payload-file`, `text`
 //! and `msg-size`.
 //!
@@ -313,6 +313,15 @@ impl Builtin {
                 problem: self.not_taken(key, value, transport_properties),
             });
         }
+        for (key, value) in properties {
+            ferromq_device::read_address_property(key, value).map_err(|problem| {
+                DeviceError::Property {
+                    device: id.to_owned(),
+                    key: key.clone(),
+                    problem,
+                }
+            })?;
+        }
         let table = PropertyTable { id, properties };
         check_common_properties(&table)?;
         self.configure(&table)
@@ -342,7 +351,7 @@ impl Builtin {
         };
         format!(
             "(= {value:?}) is not one a {name} reads; {hint}it reads {own}, and any device's {}, \
-             chan.<channel>.*, rpc.<group>.* and the transports' {}",
+             chan.<channel>.address, rpc.<group>.* and the transports' {}",
             COMMON_PROPERTIES.join(", "),
             if transport_properties.is_empty() {
                 "(none)".to_owned()
@@ -417,9 +426,10 @@ fn rpc_property_problem(key: &str) -> Option<String> {
 }
 
 /// The namespaces of properties set per channel and per rpc group, which every device takes:
-/// `chan.<channel>.address` (where the device runner binds a channel) and
-/// `rpc.<group>.<setting>` (an rpc group's members and settings, from the launcher).
-pub const PROPERTY_NAMESPACES: [&str; 2] = ["chan.", "rpc."];
+/// `chan.<channel>.address` (where the device runner binds a channel; the one key of its
+/// namespace, [`ferromq_device::read_address_property`]) and `rpc.<group>.<setting>` (an rpc
+/// group's members and settings, from the launcher).
+pub const PROPERTY_NAMESPACES: [&str; 2] = [ferromq_device::CHANNEL_PROPERTY_PREFIX, "rpc."];
 
 /// [`ferromq_topology::Known::check_properties`] for the built-in devices: what each would
 /// refuse when it starts ([`Builtin::check_properties`]), checked while a topology loads, before
@@ -1156,12 +1166,26 @@ mod tests {
         for key in [
             "rate",
             "replica-index",
-            "chan.data.address",
             "rpc.search.aggregate",
             "shm-segment-size",
         ] {
             assert!(check("sink", key).is_ok(), "{key}");
         }
+        // The channel namespace holds one key, whose value is a list of addresses.
+        let address = BTreeMap::from([(
+            "chan.data.address".to_owned(),
+            "tcp://127.0.0.1:5555;ipc:///tmp/x".to_owned(),
+        )]);
+        assert!(check_topology_properties("sink", "d", &address, &[]).is_ok());
+        let problem = check("sink", "chan.data.address").unwrap_err();
+        assert_eq!(problem.key.as_deref(), Some("chan.data.address"));
+        assert!(
+            problem
+                .message
+                .contains("has an address that does not parse"),
+            "{}",
+            problem.message
+        );
         assert!(check("exec", "anything").is_ok());
         // Of the rpc namespace only the keys a group's member reads: `ferromq device` took a
         // mistyped `rpc.g.agregate` and changed nothing.
