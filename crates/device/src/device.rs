@@ -5,9 +5,12 @@
 //! on its input channels by the default `run`). Everything else has a default.
 //!
 //! # Cancel safety and STOP
-//! STOP fires the context's cancellation token. The context's send and receive calls return
-//! [`Error::Interrupted`] as soon as it fires, so a device blocked on a channel leaves RUNNING
-//! promptly; a message whose send was interrupted is dropped, as the device is stopping.
+//! STOP fires the context's cancellation token. The context's send and receive calls, and a
+//! `new_message` waiting for a full transport's room, return [`Error::Interrupted`] as soon as
+//! it fires, so a device blocked on a channel leaves RUNNING promptly; a message whose send was
+//! interrupted is dropped, as the device is stopping. A device that must still send after STOP
+//! (an answer it promised) goes to the channel and the transport themselves
+//! ([`DeviceContext::channel`], [`DeviceContext::transport_of`]), which STOP does not interrupt.
 //!
 //! # Long computations
 //! A standalone device runs its hooks on a current-thread tokio runtime, the one its channels'
@@ -400,10 +403,12 @@ impl DeviceContext {
     }
 
     /// A message of `size` bytes from the transport of channel `name` (shared memory for a
-    /// shmem channel, so that sending it copies nothing).
+    /// shmem channel, so that sending it copies nothing). A transport without room waits for
+    /// it (up to its allocation timeout, if it has one) unless STOP comes first.
     ///
     /// # Errors
-    /// [`DeviceError::UnknownChannel`], or the transport's allocation error.
+    /// [`DeviceError::UnknownChannel`], [`Error::Interrupted`] when STOP came before the
+    /// transport had room (at once if it came earlier), or the transport's allocation error.
     pub async fn new_message(&mut self, name: &str, size: usize) -> Result<Message, DeviceError> {
         let idx = self.channel_idx(name)?;
         self.new_message_at(idx, size).await
@@ -412,7 +417,7 @@ impl DeviceContext {
     /// [`DeviceContext::new_message`] for a channel resolved with [`DeviceContext::channel_id`].
     ///
     /// # Errors
-    /// [`DeviceError::StaleChannel`], or the transport's allocation error.
+    /// [`DeviceError::StaleChannel`], or as [`DeviceContext::new_message`].
     pub async fn new_message_on(
         &mut self,
         channel: ChannelId,
@@ -440,7 +445,13 @@ impl DeviceContext {
         match &self.last_transport {
             Some((_, transport)) => match transport.try_new_message(size) {
                 Some(message) => Ok(message),
-                None => Ok(transport.new_message(size).await?),
+                // A full transport (a shmem segment whose blocks a stalled receiver holds)
+                // waits for room; STOP ends the wait as it ends a send's, or a device would sit
+                // out its stop for the transport's allocation timeout (or for ever).
+                None => {
+                    let outcome = self.stop.interrupt(transport.new_message(size)).await;
+                    self.settle(idx, outcome)
+                }
             },
             None => Message::try_new(size).map_err(|error| {
                 DeviceError::from(ferromq_core::Error::Allocation {

@@ -524,3 +524,74 @@ async fn sends_and_receives_that_never_wait_still_let_other_tasks_run() {
     let device = task.await.unwrap();
     assert!(device.is_ok(), "{device:?}");
 }
+
+/// A transport whose memory is full and stays full (a shmem segment whose blocks a stopped
+/// receiver holds): no message is ever made.
+#[derive(Debug)]
+struct Full;
+
+#[async_trait::async_trait]
+impl ferromq_core::Transport for Full {
+    fn name(&self) -> &'static str {
+        "full"
+    }
+    async fn new_message(&self, _size: usize) -> ferromq_core::Result<Message> {
+        std::future::pending().await
+    }
+    async fn create_socket(
+        &self,
+        config: &ChannelConfig,
+        socket_name: &str,
+    ) -> ferromq_core::Result<Box<dyn ferromq_core::Socket>> {
+        Bottomless.create_socket(config, socket_name).await
+    }
+}
+
+/// Asks its transport for a message, which never has room: STOP must interrupt the wait.
+struct WaitsForRoom;
+
+#[async_trait::async_trait]
+impl Device for WaitsForRoom {
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        match ctx.new_message("out", 64).await {
+            Err(DeviceError::Channel(error)) if error.is_interrupted() => Ok(()),
+            other => Err(format!("expected an interruption, got {other:?}").into()),
+        }
+    }
+}
+
+/// A device waiting for its transport's room leaves RUNNING at STOP, as one waiting in a send
+/// does: `new_message` waited out the transport's allocation timeout (10 s on shmem), or for
+/// ever with `shm-throw-bad-alloc false`, and the stop with it.
+#[tokio::test]
+async fn stop_interrupts_a_message_waiting_for_room_and_the_device_goes_down_cleanly() {
+    let mut registry = ferromq_core::TransportRegistry::new();
+    registry.register("full", ferromq_core::TransportTraits::PLAIN, |_options| {
+        Ok(std::sync::Arc::new(Full))
+    });
+    let mut channel = ChannelConfig::new("out", SocketType::Push, Method::Connect)
+        .with_address(unique("full").as_str());
+    channel.transport = Some("full".to_owned());
+    let config = DeviceConfig::new("waiting").with_channel(channel).unwrap();
+    let (runner, controller) =
+        DeviceRunner::new(WaitsForRoom, config, std::sync::Arc::new(registry));
+    let task = tokio::spawn(runner.run());
+    let driver = {
+        let controller = controller.clone();
+        tokio::spawn(async move { control::run_static(&controller).await })
+    };
+    controller
+        .wait_for_state(State::Running, WAIT)
+        .await
+        .unwrap();
+    controller
+        .change_state(ferromq_device::Transition::Stop)
+        .await
+        .unwrap();
+    let device = tokio::time::timeout(WAIT.unwrap(), task)
+        .await
+        .expect("the device went on waiting for room after STOP")
+        .unwrap();
+    assert!(device.is_ok(), "{device:?}");
+    driver.abort();
+}

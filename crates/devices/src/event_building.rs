@@ -114,7 +114,8 @@ impl StfSource {
             .get(builder as usize % self.outputs.len())
             .expect("outputs is not empty")
             .clone();
-        let mut stf = crate::allocate(ctx, &output, "stf-size", self.stf_size).await?;
+        // Not interrupted by STOP, as the send below.
+        let mut stf = crate::allocate_promised(ctx, &output, "stf-size", self.stf_size).await?;
         stf.data_mut()[..8].copy_from_slice(&event_id.to_le_bytes());
         stf.data_mut()[8..12].copy_from_slice(&self.source_index.to_le_bytes());
         // Not interrupted by STOP: a request taken is a promise to its builder. A builder that

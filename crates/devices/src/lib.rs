@@ -639,16 +639,35 @@ pub(crate) fn try_zeroed(key: &str, size: usize) -> Result<Vec<u8>, BoxError> {
 
 /// A message of `size` bytes (property `key`) for channel `channel`, from the channel's
 /// transport (a block of a shmem segment, a recycled zeromq buffer, ...), fallibly: an
-/// impossible size is an error naming the property and the size, not an abort.
+/// impossible size is an error naming the property and the size, not an abort. `None` when
+/// STOP came while the transport waited for room ([`DeviceContext::new_message`]).
 pub(crate) async fn allocate(
     ctx: &mut DeviceContext,
     channel: &str,
     key: &str,
     size: usize,
+) -> Option<Result<Message, BoxError>> {
+    match ctx.new_message(channel, size).await {
+        Err(DeviceError::Channel(ferromq_core::Error::Interrupted { .. })) => None,
+        made => Some(made.map_err(|error| allocation_failed(key, size, &error))),
+    }
+}
+
+/// [`allocate`] for a message promised before STOP (an answer to a request taken): waits for
+/// the transport's room whether or not STOP came, as the promise's send does.
+pub(crate) async fn allocate_promised(
+    ctx: &mut DeviceContext,
+    channel: &str,
+    key: &str,
+    size: usize,
 ) -> Result<Message, BoxError> {
-    ctx.new_message(channel, size)
-        .await
-        .map_err(|error| allocation_failed(key, size, &error))
+    let made = match ctx.transport_of(channel) {
+        Ok(transport) => transport.new_message(size).await.map_err(DeviceError::from),
+        // A channel whose transport is not made gets its messages from the context, which
+        // makes them on the heap without waiting.
+        Err(_) => ctx.new_message(channel, size).await,
+    };
+    made.map_err(|error| allocation_failed(key, size, &error))
 }
 
 /// The messages a sender makes for one channel, from the channel's transport (a shmem block, a
@@ -658,8 +677,10 @@ pub(crate) async fn allocate(
 /// A transport with room makes a message at once, and no future is built around it (racing
 /// every allocation against STOP cost a 64 B shmem bsampler 8 % of its rate). A full one
 /// waits for room (a shmem segment whose blocks a stalled receiver holds): up to its
-/// allocation timeout or, with `shm-throw-bad-alloc false`, for as long as it takes. STOP (SIGINT included) ends that wait, as FairMQ's allocation loop gives up
-/// when the device is interrupted; a sender would otherwise sit out the stop the same time.
+/// allocation timeout or, with `shm-throw-bad-alloc false`, for as long as it takes. STOP
+/// (SIGINT included) ends that wait ([`DeviceContext::new_message`]), as FairMQ's allocation
+/// loop gives up when the device is interrupted; a sender would otherwise sit out the stop the
+/// same time.
 pub(crate) struct Outgoing {
     channel: ChannelId,
     /// The channel's transport, for the messages made at once.
@@ -686,12 +707,9 @@ impl Outgoing {
     }
 
     /// A message of `size` bytes; `None` when STOP came while the transport waited for room.
-    /// `stopped` is the context's [`DeviceContext::stopped`], pinned once per run; it is looked
-    /// at only while the transport waits.
     pub(crate) async fn message(
         &self,
         ctx: &mut DeviceContext,
-        stopped: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
         size: usize,
     ) -> Option<Result<Message, BoxError>> {
         let at_once = self
@@ -701,12 +719,10 @@ impl Outgoing {
         if let Some(message) = at_once {
             return Some(Ok(message));
         }
-        let made = tokio::select! {
-            biased;
-            made = ctx.new_message_on(self.channel, size) => made,
-            () = stopped.as_mut() => return None,
-        };
-        Some(made.map_err(|error| allocation_failed(self.key, size, &error)))
+        match ctx.new_message_on(self.channel, size).await {
+            Err(DeviceError::Channel(ferromq_core::Error::Interrupted { .. })) => None,
+            made => Some(made.map_err(|error| allocation_failed(self.key, size, &error))),
+        }
     }
 }
 

@@ -40,8 +40,11 @@ impl Device for Client {
     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         let mut n_round_trips = 0u64;
         while ctx.next_iteration() {
-            let mut request =
-                crate::allocate(ctx, &self.channel, "msg-size", self.msg_size).await?;
+            let Some(made) = crate::allocate(ctx, &self.channel, "msg-size", self.msg_size).await
+            else {
+                break;
+            };
+            let mut request = made?;
             request.data_mut()[..8].copy_from_slice(&n_round_trips.to_le_bytes());
             match ctx.send(&self.channel, request).await {
                 Ok(()) => {}

@@ -124,7 +124,7 @@ impl Device for Sampler {
             // segment too small) is reported by the transport, naming both sizes, before the
             // template takes as much heap. STOP meanwhile leaves the template to the next run
             // (and this one sends nothing: `next_iteration` sees STOP).
-            if let Some(first) = outgoing.message(ctx, &mut stopped, msg_size).await {
+            if let Some(first) = outgoing.message(ctx, msg_size).await {
                 drop(first?);
                 let mut template = try_zeroed("msg-size", msg_size)?;
                 for (byte_idx, byte) in template.iter_mut().enumerate() {
@@ -152,7 +152,7 @@ impl Device for Sampler {
             for part_idx in 0..self.num_parts {
                 let floor = if self.checksum { 8 } else { 0 };
                 let size = (self.template.len() / (part_idx + 1)).max(floor);
-                let Some(made) = outgoing.message(ctx, &mut stopped, size).await else {
+                let Some(made) = outgoing.message(ctx, size).await else {
                     break 'messages;
                 };
                 let mut message = made?;
@@ -271,8 +271,7 @@ impl Device for BenchmarkSampler {
                     Message::from(shared.clone())
                 } else {
                     // The transport's own memory (a shmem block, a recycled zeromq buffer).
-                    let Some(made) = outgoing.message(ctx, &mut stopped, self.msg_size).await
-                    else {
+                    let Some(made) = outgoing.message(ctx, self.msg_size).await else {
                         break 'messages;
                     };
                     let mut message = made?;
