@@ -292,9 +292,22 @@ async fn every_device_refuses_a_socket_of_the_wrong_type_at_init() {
             Device::new("server", "t").channel("req", "bind", &ipc.address()),
             "channel \"data\" is a req socket, which cannot answer, and the device answers on it",
         ),
+        // A req or rep socket sends and receives, only in turn: "cannot send" was wrong of it.
+        (
+            Device::new("sampler", "t").channel("req", "bind", &ipc.address()),
+            "channel \"data\" is a req socket, which sends a request only once the last one's reply came, and the device sends one message after another on it",
+        ),
+        (
+            Device::new("sink", "t").channel("req", "bind", &ipc.address()),
+            "channel \"data\" is a req socket, which receives only the replies to its own requests, and the device receives without asking on it",
+        ),
+        (
+            Device::new("sink", "t").channel("rep", "bind", &ipc.address()),
+            "channel \"data\" is a rep socket, which takes a request only once it answered the last, and the device receives without answering on it",
+        ),
         (
             Device::new("multiplier", "t").args(&as_strs(&multiplier)),
-            "channel \"data-out\" is a rep socket, which cannot send, and the device sends on it",
+            "channel \"data-out\" is a rep socket, which sends only replies, one per request it received, and the device sends unasked on it",
         ),
         (
             Device::new("stf-source", "t").args(&as_strs(&source)),

@@ -75,9 +75,10 @@ pub enum DeviceError {
         available: String,
     },
     /// A socket of a type that cannot do what the device does on its channel (a sampler's
-    /// `data` configured as pull).
+    /// `data` configured as pull, or as rep, which sends only replies).
     #[error(
-        "device {device:?}: channel {channel:?} is a {socket_type} socket, which cannot {action}, and the device {action}s on it"
+        "device {device:?}: channel {channel:?} is a {socket_type} socket, {}",
+        role_mismatch(*socket_type, action)
     )]
     ChannelRole {
         /// Device id.
@@ -161,6 +162,28 @@ pub enum DeviceError {
         /// What failed.
         problem: String,
     },
+}
+
+/// What a socket of `socket_type` cannot do of `action` (`send`, `receive`, `request`,
+/// `answer`), and what the device does: a req or rep socket sends and receives, but only in
+/// turn, so "cannot send" would be wrong of it.
+fn role_mismatch(socket_type: ferromq_core::SocketType, action: &str) -> String {
+    use ferromq_core::SocketType::{Rep, Req};
+    match (socket_type, action) {
+        (Rep, "send") => "which sends only replies, one per request it received, and the device \
+                          sends unasked on it"
+            .to_owned(),
+        (Req, "send") => "which sends a request only once the last one's reply came, and the \
+                          device sends one message after another on it"
+            .to_owned(),
+        (Req, "receive") => "which receives only the replies to its own requests, and the \
+                             device receives without asking on it"
+            .to_owned(),
+        (Rep, "receive") => "which takes a request only once it answered the last, and the \
+                             device receives without answering on it"
+            .to_owned(),
+        _ => format!("which cannot {action}, and the device {action}s on it"),
+    }
 }
 
 /// Result of device operations.
