@@ -197,7 +197,7 @@ fn main() -> ExitCode {
         Command::BenchRole(options) => {
             ferromq_cli::block_on(1, ferromq_cli::bench::run_role(options))
         }
-        Command::Validate { file } => match launch::load_topology(&file) {
+        Command::Validate { file } => match launch::load_topology(&file, None) {
             Ok(topology) => {
                 println!(
                     "{}: valid, {} device(s), {} process(es)",
@@ -212,7 +212,7 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Graph { file, format } => match launch::load_topology(&file) {
+        Command::Graph { file, format } => match launch::load_topology(&file, None) {
             Ok(topology) => {
                 match format {
                     GraphFormat::Dot => print!("{}", topology.to_dot()),

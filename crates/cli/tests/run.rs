@@ -552,3 +552,141 @@ async fn an_mcts_worker_in_no_group_is_told_so() {
         "{all}"
     );
 }
+
+/// `sampler.data -> sink.data`, the sampler's channel on the transport `own` names, the sink's
+/// on the file's `default` (both sent 100 messages).
+fn two_transports(default: &str, own: &str) -> String {
+    format!(
+        r#"transport = "{default}"
+
+[[device]]
+id = "sampler"
+kind = "sampler"
+max-iterations = 100
+
+[[device.channel]]
+name = "data"
+type = "push"
+transport = "{own}"
+
+[[device]]
+id = "sink"
+kind = "sink"
+max-iterations = 100
+
+[[device.channel]]
+name = "data"
+type = "pull"
+connect = "sampler.data"
+"#
+    )
+}
+
+/// `ferromq run FILE --transport NAME` checked the file with the file's own `transport` and
+/// only then put the channels that name none on NAME: a connection whose ends NAME puts on two
+/// transports passed the check and started every device (which could then never meet), and
+/// one whose ends only NAME puts on one transport was refused. The file is now checked as it
+/// will run, in `validate`'s words for the file written that way.
+#[tokio::test]
+async fn run_checks_the_topology_with_the_transport_it_is_given() {
+    let session = format!("test-given-transport-{}", std::process::id());
+    // Valid as written (both on zeromq); on shmem, the sink's end is not on the sampler's.
+    let written = TempFile::holding("given-zeromq.toml", &two_transports("zeromq", "zeromq"));
+    let as_run = TempFile::holding("given-as-run.toml", &two_transports("shmem", "zeromq"));
+    let validated = Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .arg("validate")
+        .arg(&as_run.0)
+        .output()
+        .await
+        .expect("run ferromq validate");
+    let validate_says = String::from_utf8_lossy(&validated.stderr).replace(&as_run.path(), "FILE");
+    assert_eq!(validated.status.code(), Some(2), "{validate_says}");
+    assert!(
+        validate_says.contains("FILE:21:11: device \"sink\" channel \"data\": connect \"sampler.data\": that channel is on zeromq, this one on shmem; both ends of a connection use one transport"),
+        "{validate_says}"
+    );
+    let refused = support::finish(ferromq_run(
+        &written.0,
+        &[
+            "--transport",
+            "shmem",
+            "--duration",
+            "5",
+            "--session",
+            &session,
+        ],
+    ))
+    .await;
+    let run_says = refused.stderr.replace(&written.path(), "FILE");
+    assert_eq!(refused.code, Some(2), "{run_says}{}", refused.stdout);
+    assert!(run_says.starts_with(&validate_says), "{run_says}");
+    assert!(
+        run_says.contains("checked as it would run: on --transport shmem"),
+        "{run_says}"
+    );
+    assert!(
+        !refused.stdout.contains("processes, session") && !refused.stdout.contains("INIT"),
+        "started devices: {}",
+        refused.stdout
+    );
+    // Refused as written (shmem against the default zeromq); both on shmem as run.
+    let written = TempFile::holding("given-reverse.toml", &two_transports("zeromq", "shmem"));
+    let ran = support::finish(ferromq_run(
+        &written.0,
+        &["--transport", "shmem", "--session", &session],
+    ))
+    .await;
+    assert_eq!(ran.code, Some(0), "{}{}", ran.stderr, ran.stdout);
+    assert!(
+        ran.stdout.contains("received 101 messages"),
+        "{}",
+        ran.stdout
+    );
+    assert_eq!(shm_objects_of(&session), 0, "left shared memory");
+}
+
+/// The ofi transport takes `tcp://` and `verbs://`: a file whose channels bind `ipc://` on the
+/// file's zeromq passed `ferromq run --transport ofi`'s check and failed once the device bound.
+#[cfg(feature = "ofi")]
+#[tokio::test]
+async fn run_checks_addresses_with_the_transport_it_is_given() {
+    let session = format!("test-given-scheme-{}", std::process::id());
+    let address = format!("ipc:///tmp/ferromq-given-scheme-{}", std::process::id());
+    let text = format!(
+        "transport = \"zeromq\"\n\n[[device]]\nid = \"sink\"\nkind = \"sink\"\n\n\
+         [[device.channel]]\nname = \"data\"\ntype = \"pull\"\naddress = \"{address}\"\n"
+    );
+    let written = TempFile::holding("given-scheme.toml", &text);
+    let refused = support::finish(ferromq_run(
+        &written.0,
+        &[
+            "--transport",
+            "ofi",
+            "--duration",
+            "5",
+            "--session",
+            &session,
+        ],
+    ))
+    .await;
+    assert_eq!(
+        refused.code,
+        Some(2),
+        "{}{}",
+        refused.stderr,
+        refused.stdout
+    );
+    assert!(
+        refused.stderr.contains(&format!(
+            "{}:10:11: device \"sink\" channel \"data\": address {address}: transport ofi takes tcp:// and verbs://, not ipc://",
+            written.path()
+        )),
+        "{}",
+        refused.stderr
+    );
+    assert!(
+        !refused.stdout.contains("INIT"),
+        "started devices: {}",
+        refused.stdout
+    );
+}

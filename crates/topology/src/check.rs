@@ -264,12 +264,22 @@ pub(crate) struct Loader<'a> {
     /// Bind addresses given in the file, and which channel binds each.
     bind_addresses: BTreeMap<String, String>,
     n_instances: usize,
-    /// The transport of channels that name none (the file's `transport`, or zeromq).
-    file_transport: String,
+    /// The transport of channels that name none, given instead of the file's (`ferromq run
+    /// --transport`).
+    given_transport: Option<&'a str>,
+    /// The transport of channels that name none: the one given, or the file's `transport`, or
+    /// zeromq.
+    default_transport: String,
 }
 
 impl<'a> Loader<'a> {
-    pub(crate) fn new(file: &'a str, text: &'a str, known: &'a Known<'a>) -> Loader<'a> {
+    /// `given_transport`: the transport of channels that name none, instead of the file's.
+    pub(crate) fn new(
+        file: &'a str,
+        text: &'a str,
+        known: &'a Known<'a>,
+        given_transport: Option<&'a str>,
+    ) -> Loader<'a> {
         Loader {
             known,
             checker: Checker {
@@ -282,7 +292,8 @@ impl<'a> Loader<'a> {
             connections: Vec::new(),
             bind_addresses: BTreeMap::new(),
             n_instances: 0,
-            file_transport: String::new(),
+            given_transport,
+            default_transport: String::new(),
         }
     }
 
@@ -306,8 +317,8 @@ impl<'a> Loader<'a> {
         };
         let mut parsed = parsed;
         self.rpc_groups(&mut parsed);
-        let transport = self.default_transport(&parsed);
-        self.file_transport.clone_from(&transport);
+        let transport = self.choose_default_transport(&parsed);
+        self.default_transport.clone_from(&transport);
         let auto_address = self.auto_address(&parsed);
         if parsed.device.is_empty() {
             self.checker
@@ -688,15 +699,30 @@ impl<'a> Loader<'a> {
         known
     }
 
-    /// The transport of channels that name none: the file's, or zeromq.
-    fn default_transport(&mut self, parsed: &FileToml) -> String {
-        match &parsed.transport {
+    /// The transport of channels that name none: the one given instead of the file's, or the
+    /// file's, or zeromq. The file's is checked in any case: it is still a line of the file.
+    fn choose_default_transport(&mut self, parsed: &FileToml) -> String {
+        let file_transport = match &parsed.transport {
             Some(transport) => {
                 self.check_transport(transport, "");
                 transport.get_ref().clone()
             }
             None => "zeromq".to_owned(),
+        };
+        let Some(given) = self.given_transport else {
+            return file_transport;
+        };
+        if !self.known.transports.contains(&given) {
+            self.checker.error(
+                0..0,
+                "",
+                format!(
+                    "transport {given:?}, given instead of the file's, is not built in (built in: {})",
+                    self.known.transports.join(", ")
+                ),
+            );
         }
+        given.to_owned()
     }
 
     fn auto_address(&mut self, parsed: &FileToml) -> AutoAddress {
@@ -1257,7 +1283,7 @@ impl<'a> Loader<'a> {
             let transport = config
                 .transport
                 .clone()
-                .unwrap_or_else(|| self.file_transport.clone());
+                .unwrap_or_else(|| self.default_transport.clone());
             self.check_address(address, (method, &transport), replicas, context);
         }
         self.set_keys(&mut config, channel, context);

@@ -352,7 +352,23 @@ pub const MAX_CONNECTIONS: u64 = 1_000_000;
 /// [`TopologyErrors`] with every problem found (syntax, unknown keys, duplicates, dangling or
 /// incompatible connections, address clashes, unknown kinds or transports, bad sizes).
 pub fn load(file: &str, text: &str, known: &Known<'_>) -> Result<Topology, TopologyErrors> {
-    check::Loader::new(file, text, known).load()
+    check::Loader::new(file, text, known, None).load()
+}
+
+/// [`load`] for a run whose channels that name no transport use `transport` instead of the
+/// file's `transport` key (`ferromq run --transport`): what depends on their transport (the
+/// schemes their addresses take, both ends of a connection on one transport) is checked with
+/// the one that will run them, and it is [`Topology::transport`].
+///
+/// # Errors
+/// As [`load`], and `transport` is not one of [`Known::transports`].
+pub fn load_with_transport(
+    file: &str,
+    text: &str,
+    known: &Known<'_>,
+    transport: &str,
+) -> Result<Topology, TopologyErrors> {
+    check::Loader::new(file, text, known, Some(transport)).load()
 }
 
 /// The process ids of a device `id` of `replicas` replicas: `id` alone, or `id-0`, `id-1`, ...

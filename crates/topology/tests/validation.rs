@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use ferromq_topology::{HostRef, Known, PropertyProblem, Restart, RestartPolicy, load};
+use ferromq_topology::{
+    HostRef, Known, PropertyProblem, Restart, RestartPolicy, load, load_with_transport,
+};
 
 const KNOWN: Known<'static> = Known {
     kinds: &[
@@ -525,6 +527,94 @@ fn each_transport_takes_the_address_schemes_it_binds() {
             }
         }
     }
+}
+
+/// `ferromq run FILE --transport NAME` checked the file with its own `transport` and only then
+/// ran its channels that name none on NAME: an address NAME does not take, or a connection
+/// whose ends NAME put on two transports, passed and failed once the devices ran; one the
+/// file's transport refused but NAME takes was refused. Loaded with the transport that will
+/// run them, those channels are checked with it, in `validate`'s words.
+#[test]
+fn a_transport_given_instead_of_the_files_is_the_one_checked() {
+    let address = |address: &str| {
+        format!(
+            "transport = \"zeromq\"\n[[device]]\nid = \"a\"\nkind = \"sink\"\n\
+             [[device.channel]]\nname = \"data\"\ntype = \"pull\"\naddress = {address:?}\n"
+        )
+    };
+    // Both ends of `b.data -> a.data`, `a`'s on the transport it names.
+    let connection = |transport: &str| {
+        format!(
+            "transport = \"zeromq\"\n[[device]]\nid = \"a\"\nkind = \"sampler\"\n\
+             [[device.channel]]\nname = \"data\"\ntype = \"push\"\ntransport = {transport:?}\n\
+             [[device]]\nid = \"b\"\nkind = \"sink\"\n\
+             [[device.channel]]\nname = \"data\"\ntype = \"pull\"\nconnect = \"a.data\"\n"
+        )
+    };
+    // (file, the transport given, what the file's transport says, what the given one says)
+    for (text, given, as_written, as_run) in [
+        (
+            address("ipc:///tmp/ferromq-given"),
+            "ofi",
+            None,
+            Some(
+                "given.toml:8:11: device \"a\" channel \"data\": address ipc:///tmp/ferromq-given: transport ofi takes tcp:// and verbs://, not ipc://",
+            ),
+        ),
+        (
+            address("verbs://10.0.0.1:5555"),
+            "ofi",
+            Some(
+                "given.toml:8:11: device \"a\" channel \"data\": address verbs://10.0.0.1:5555: transport zeromq takes tcp:// and ipc://, not verbs://",
+            ),
+            None,
+        ),
+        (
+            connection("zeromq"),
+            "shmem",
+            None,
+            Some(
+                "given.toml:15:11: device \"b\" channel \"data\": connect \"a.data\": that channel is on zeromq, this one on shmem; both ends of a connection use one transport",
+            ),
+        ),
+        (
+            connection("shmem"),
+            "shmem",
+            Some(
+                "given.toml:15:11: device \"b\" channel \"data\": connect \"a.data\": that channel is on shmem, this one on zeromq; both ends of a connection use one transport",
+            ),
+            None,
+        ),
+    ] {
+        for (loaded, expected) in [
+            (load("given.toml", &text, &KNOWN), as_written),
+            (
+                load_with_transport("given.toml", &text, &KNOWN, given),
+                as_run,
+            ),
+        ] {
+            match (loaded, expected) {
+                (Ok(topology), None) => {
+                    assert!(["zeromq", given].contains(&topology.transport.as_str()));
+                }
+                (Err(errors), Some(expected)) => assert_eq!(errors.to_string(), expected),
+                (loaded, expected) => panic!("{text}: {loaded:?}, expected {expected:?}"),
+            }
+        }
+    }
+    let topology = load_with_transport("given.toml", &connection("shmem"), &KNOWN, "shmem")
+        .unwrap_or_else(|errors| panic!("{errors}"));
+    assert_eq!(topology.transport, "shmem");
+    let errors = load_with_transport("given.toml", &connection("shmem"), &KNOWN, "carrier-pigeon")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        errors.lines().next(),
+        Some(
+            "given.toml:1:1: transport \"carrier-pigeon\", given instead of the file's, is not built in (built in: zeromq, shmem, ofi)"
+        ),
+        "{errors}"
+    );
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! `ferromq run FILE`: one process per device, driven through the state machine in step.
 //!
-//! 1. Load and check the topology (every error with file:line:col); nothing starts on an error.
+//! 1. Load and check the topology (every error with file:line:col) as it will run, with
+//!    `--transport` in place of the file's `transport`; nothing starts on an error.
 //! 2. Start every device with `--control external` and connect to its control endpoint.
 //! 3. Step all of them together: INIT DEVICE and COMPLETE INIT, then BIND (all bound), read the
 //!    addresses they bound and hand each connector its binders' addresses, then CONNECT (all
@@ -76,11 +77,13 @@ pub struct RunOptions {
     pub otlp_endpoint: Option<String>,
 }
 
-/// Loads and checks a topology file for this binary's kinds and transports.
+/// Loads and checks a topology file for this binary's kinds and transports; `transport`: the
+/// transport its channels that name none run on instead of the file's (`--transport`), which
+/// they are checked with too.
 ///
 /// # Errors
 /// The file cannot be read, or every validation error, one per line.
-pub fn load_topology(file: &Path) -> Result<Topology> {
+pub fn load_topology(file: &Path, transport: Option<&str>) -> Result<Topology> {
     let text = crate::config_file::read_config(file, "topology")?;
     let kinds = Builtin::names();
     let registry = crate::built_in_transports();
@@ -96,8 +99,12 @@ pub fn load_topology(file: &Path) -> Result<Topology> {
         check_properties: Some(ferromq_devices::check_topology_properties),
         required_channels: Some(ferromq_devices::required_channels),
     };
-    ferromq_topology::load(&file.display().to_string(), &text, &known)
-        .map_err(|errors| anyhow!("{errors}"))
+    let file = file.display().to_string();
+    match transport {
+        None => ferromq_topology::load(&file, &text, &known),
+        Some(transport) => ferromq_topology::load_with_transport(&file, &text, &known, transport),
+    }
+    .map_err(|errors| anyhow!("{errors}"))
 }
 
 /// A task aborted when this is dropped.
@@ -190,13 +197,6 @@ pub async fn run(options: RunOptions) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut topology = match load_topology(&options.file) {
-        Ok(topology) => topology,
-        Err(error) => {
-            eprintln!("{error:#}");
-            return ExitCode::from(2);
-        }
-    };
     if let Some(transport) = &options.transport {
         let built_in = crate::built_in_transports();
         if !built_in.contains(transport) {
@@ -206,8 +206,20 @@ pub async fn run(options: RunOptions) -> ExitCode {
             );
             return ExitCode::from(2);
         }
-        topology.transport.clone_from(transport);
     }
+    // Checked as it will run: the channels that name no transport on `--transport`'s.
+    let topology = match load_topology(&options.file, options.transport.as_deref()) {
+        Ok(topology) => topology,
+        Err(error) => {
+            eprintln!("{error:#}");
+            if let Some(transport) = &options.transport {
+                eprintln!(
+                    "ferromq: checked as it would run: on --transport {transport}, every channel that names no transport"
+                );
+            }
+            return ExitCode::from(2);
+        }
+    };
     if options.print_batch {
         return match hosts::batch_script(&topology, &options.file) {
             Ok(script) => {
