@@ -486,8 +486,28 @@ fn check(options: &BenchOptions) -> Result<()> {
             }
         }
     }
-    // The pairs' ipc sockets go in the temp directory, which is not made where it is missing,
-    // and whose path may leave a socket's path too long.
+    check_temp_dir(options.transport.iter().flat_map(|transport| {
+        options.msg_size.iter().flat_map(move |&msg_size| {
+            let address = pair_address(transport, &pair_dir(transport, msg_size));
+            let back = options.push_pull.then(|| back_address(&address));
+            std::iter::once(address).chain(back)
+        })
+    }))?;
+    // `--msg-rate 1e-9` waited ~31 years for the warm-up's first message.
+    if options.msg_rate > 0.0 && options.msg_rate * options.duration < MIN_PACED_MESSAGES {
+        bail!(
+            "--msg-rate {:?} with --duration {:?}: fewer than {MIN_PACED_MESSAGES} messages to measure; raise either",
+            options.msg_rate,
+            options.duration
+        );
+    }
+    Ok(())
+}
+
+/// The temp directory (`TMPDIR`) can hold a bench's ipc sockets, whose `addresses` are in it:
+/// it is a directory (one that is missing is not made), and its path leaves theirs short
+/// enough for a socket. The error names TMPDIR and its path.
+pub(crate) fn check_temp_dir(addresses: impl IntoIterator<Item = String>) -> Result<()> {
     let temp_dir = std::env::temp_dir();
     let temp_dir_error = |error: &dyn std::fmt::Display| {
         anyhow::anyhow!(
@@ -500,24 +520,10 @@ fn check(options: &BenchOptions) -> Result<()> {
         Ok(_) => return Err(temp_dir_error(&"not a directory")),
         Err(error) => return Err(temp_dir_error(&error)),
     }
-    for transport in &options.transport {
-        for &msg_size in &options.msg_size {
-            let address = pair_address(transport, &pair_dir(transport, msg_size));
-            let back = options.push_pull.then(|| back_address(&address));
-            for address in std::iter::once(address).chain(back) {
-                if let Err(error) = ferromq_core::Address::parse(&address) {
-                    return Err(temp_dir_error(&error));
-                }
-            }
+    for address in addresses {
+        if let Err(error) = ferromq_core::Address::parse(&address) {
+            return Err(temp_dir_error(&error));
         }
-    }
-    // `--msg-rate 1e-9` waited ~31 years for the warm-up's first message.
-    if options.msg_rate > 0.0 && options.msg_rate * options.duration < MIN_PACED_MESSAGES {
-        bail!(
-            "--msg-rate {:?} with --duration {:?}: fewer than {MIN_PACED_MESSAGES} messages to measure; raise either",
-            options.msg_rate,
-            options.duration
-        );
     }
     Ok(())
 }

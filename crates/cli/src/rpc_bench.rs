@@ -199,21 +199,25 @@ fn transport_and_address(
             .properties
             .insert("shm-mlock-segment".to_owned(), "true".to_owned());
     }
-    let ipc = || {
+    Ok((
+        transports.create(crate::bench::transport_kind(name, false)?, &options)?,
+        Address::parse(
+            &member_ipc_address(name, session, member)
+                .unwrap_or_else(|| "tcp://127.0.0.1:0".to_owned()),
+        )?,
+    ))
+}
+
+/// Where member `member` of a group over transport `name` binds, where that is an ipc file in
+/// the temp directory, named after the session; `None` for `zeromq-tcp`, which binds loopback
+/// tcp.
+fn member_ipc_address(name: &str, session: &str, member: usize) -> Option<String> {
+    (name != "zeromq-tcp").then(|| {
         format!(
             "ipc://{}/ferromq-{session}-rpc-{member}.ipc",
             std::env::temp_dir().display()
         )
-    };
-    let address = if name == "zeromq-tcp" {
-        "tcp://127.0.0.1:0".to_owned()
-    } else {
-        ipc()
-    };
-    Ok((
-        transports.create(crate::bench::transport_kind(name, false)?, &options)?,
-        Address::parse(&address)?,
-    ))
+    })
 }
 
 /// The most members `--broadcast` starts: each one but this process is a process of its own.
@@ -264,6 +268,28 @@ fn check_options(options: &RpcBenchOptions) -> Result<()> {
     Ok(())
 }
 
+/// The temp directory can hold the members' ipc files, as `ferromq bench` checks it for its
+/// pairs' (a group over `zeromq-tcp` alone has none); `options` passed [`check_options`].
+fn check_temp_dir(options: &RpcBenchOptions) -> Result<()> {
+    let n_members = if options.broadcast > 0 {
+        options.broadcast
+    } else {
+        2
+    };
+    let in_temp_dir: Vec<String> = options
+        .transport
+        .iter()
+        .flat_map(|transport| {
+            (0..n_members)
+                .filter_map(move |member| member_ipc_address(transport, &session(), member))
+        })
+        .collect();
+    if in_temp_dir.is_empty() {
+        return Ok(());
+    }
+    crate::bench::check_temp_dir(in_temp_dir)
+}
+
 /// One broadcast measurement (`--broadcast N`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct BroadcastResult {
@@ -301,7 +327,7 @@ async fn run_broadcasts(options: &RpcBenchOptions) -> Result<Vec<BroadcastResult
 /// `bench.rs`'s module docs).
 pub async fn run(options: RpcBenchOptions) -> ExitCode {
     // A usage error, with clap's code, as `ferromq bench` refuses its own.
-    if let Err(error) = check_options(&options) {
+    if let Err(error) = check_options(&options).and_then(|()| check_temp_dir(&options)) {
         eprintln!("ferromq bench rpc: {error:#}");
         return ExitCode::from(2);
     }

@@ -982,36 +982,63 @@ fn bench_refuses_a_transport_this_build_lacks() {
 
 /// `TMPDIR=/nonexistent` made /nonexistent (`create_dir_all`) and left it behind; a `TMPDIR`
 /// that made the pair's ipc path longer than a socket's path takes was refused only by the
-/// receiver, exit 1. Both are refused before anything starts, naming TMPDIR, and nothing is
-/// made.
+/// receiver, exit 1. `bench rpc` did not look at TMPDIR at all: its destination failed to bind.
+/// Either refuses a TMPDIR that is missing, a regular file or too long before anything starts,
+/// naming TMPDIR and its path, and nothing is made.
 #[test]
 fn bench_refuses_a_temp_dir_it_cannot_use() {
     let own = std::env::temp_dir().join(format!("ferromq-bench-test-{}", std::process::id()));
     let missing = own.join("missing");
+    let file = own.join("file");
     let bench = ["bench", "--transport", "shmem", "--msg-size", "64"];
     let bench = [&bench[..], &["--duration", "0.1"]].concat();
+    let rpc = ["bench", "rpc", "--transport", "zeromq-tcp,shmem"];
+    let rpc = [&rpc[..], &["--duration", "0.1"]].concat();
     let outcome = std::panic::catch_unwind(|| {
-        refused_before_any_member_starts_in(
-            Some(&missing),
-            &bench,
-            &format!(
-                "the temp directory {} (TMPDIR): No such file or directory",
-                missing.display()
-            ),
-        );
-        assert!(!own.exists(), "{} was made", own.display());
+        for args in [&bench, &rpc] {
+            refused_before_any_member_starts_in(
+                Some(&missing),
+                args,
+                &format!(
+                    "the temp directory {} (TMPDIR): No such file or directory",
+                    missing.display()
+                ),
+            );
+            assert!(!own.exists(), "{args:?}: {} was made", own.display());
+        }
+        std::fs::create_dir(&own).expect("make the test's directory");
+        std::fs::write(&file, "").expect("make a regular file");
+        for args in [&bench, &rpc] {
+            refused_before_any_member_starts_in(
+                Some(&file),
+                args,
+                &format!(
+                    "the temp directory {} (TMPDIR): not a directory",
+                    file.display()
+                ),
+            );
+            let made: Vec<_> = std::fs::read_dir(&own)
+                .expect("list the test's directory")
+                .flatten()
+                .map(|entry| entry.file_name())
+                .collect();
+            assert_eq!(made, ["file"], "{args:?}");
+            assert!(file.is_file(), "{args:?}");
+        }
         // 90 bytes of directory name: the pair's socket path is then over 107 bytes.
         let long = own.join("d".repeat(90));
         std::fs::create_dir_all(&long).expect("make the long temp directory");
-        refused_before_any_member_starts_in(
-            Some(&long),
-            &bench,
-            &format!(
-                "the temp directory {} (TMPDIR): address \"ipc://{}/ferromq-bench-",
-                long.display(),
-                long.display()
-            ),
-        );
+        for args in [&bench, &rpc] {
+            refused_before_any_member_starts_in(
+                Some(&long),
+                args,
+                &format!(
+                    "the temp directory {} (TMPDIR): address \"ipc://{}/ferromq-bench-",
+                    long.display(),
+                    long.display()
+                ),
+            );
+        }
     });
     let _ = std::fs::remove_dir_all(&own);
     if let Err(panic) = outcome {
