@@ -9,11 +9,14 @@
 //! The members are the bench's children (`kill_on_drop`) and share its session (`bench-PID`):
 //! their shared memory and their files in the temp directory are named after it. However the
 //! bench ends (its results, a member's failure, SIGINT, SIGTERM or SIGHUP), `run_to_the_end`
-//! kills the members still running and removes what they leave; a signal ends the bench with
-//! 128 plus its number (130, 143, 129), as a shell reports it. A bench that cannot do that
-//! (SIGKILL, SIGQUIT, an abort) leaves its members to themselves: each watches its parent
-//! (`crate::run::launcher_gone`) and, once the bench is gone, stops and removes the pair's
-//! directory; their shared memory goes with the last of them (or the session's watchdog).
+//! kills the members still running and removes what they leave; then `measure_to_the_end`
+//! prints the results of the pairs that finished (the rows or JSON lines a whole run prints),
+//! and a failure ends the bench with 1, a signal with 128 plus its number (130, 143, 129), as a
+//! shell reports it, also where a terminal's Ctrl-C reached a member too and its death ended
+//! the pair first. A bench that cannot stop them (SIGKILL, SIGQUIT, an abort) leaves its
+//! members to themselves: each watches its parent (`crate::run::launcher_gone`) and, once the
+//! bench is gone, stops and removes the pair's directory; their shared memory goes with the
+//! last of them (or the session's watchdog).
 //! `ferromq bench rpc` ends the same way.
 
 use std::io::Write as _;
@@ -23,6 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ferromq_core::{Channel, ChannelConfig, Message, Method, Parts, SocketType, Transport};
+use futures_util::FutureExt as _;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -209,29 +213,69 @@ pub async fn run(options: BenchOptions) -> ExitCode {
         eprintln!("ferromq bench: {error:#}");
         return ExitCode::from(2);
     }
-    let (results, outcome) =
-        match run_to_the_end("ferromq bench", &session(), run_all(&options)).await {
-            Ok(ended) => ended,
-            Err(interrupted) => return interrupted,
-        };
-    // What was measured is printed whether or not a later pair failed.
-    if options.json {
-        for result in &results {
-            println!(
-                "{}",
-                serde_json::to_string(result).expect("results serialise")
-            );
-        }
-    } else if !results.is_empty() {
-        print_table(&results, options.latency);
+    measure_to_the_end(
+        "ferromq bench",
+        &session(),
+        async |results| run_all(&options, results).await,
+        |out, results| {
+            if options.json {
+                write_json_lines(out, results)
+            } else {
+                print_table(out, results, options.latency)
+            }
+        },
+    )
+    .await
+}
+
+/// Runs `measure`, which adds each result to the list it is given as soon as it has it, to its
+/// end through [`run_to_the_end`]; then `print` writes what was measured to standard output,
+/// whether `measure` ended with its last result, with a failure or by a signal, so that
+/// nothing measured is lost. The exit code: 0; 1 after a failure (said on standard error, as
+/// is a result that cannot be printed); or the signal's.
+pub(crate) async fn measure_to_the_end<R>(
+    command: &str,
+    session: &str,
+    measure: impl AsyncFnOnce(&mut Vec<R>) -> Result<()>,
+    print: impl FnOnce(&mut dyn std::io::Write, &[R]) -> std::io::Result<()>,
+) -> ExitCode {
+    let mut results = Vec::new();
+    let ended = run_to_the_end(command, session, measure(&mut results)).await;
+    // Not `println!`, which panics where standard output is closed (`| head`, or a reader
+    // that the same Ctrl-C ended).
+    let printed = if results.is_empty() {
+        Ok(())
+    } else {
+        let mut out = std::io::stdout().lock();
+        print(&mut out, &results).and_then(|()| out.flush())
+    };
+    if let Err(error) = &printed {
+        eprintln!(
+            "{command}: cannot print the {} result(s) measured: {error}",
+            results.len()
+        );
     }
-    match outcome {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("ferromq bench: {error:#}");
+    match ended {
+        Err(interrupted) => interrupted,
+        Ok(Err(error)) => {
+            eprintln!("{command}: {error:#}");
             ExitCode::FAILURE
         }
+        Ok(Ok(())) if printed.is_err() => ExitCode::FAILURE,
+        Ok(Ok(())) => ExitCode::SUCCESS,
     }
+}
+
+/// `results` as JSON, one object a line (`--json`).
+pub(crate) fn write_json_lines<R: Serialize>(
+    out: &mut dyn std::io::Write,
+    results: &[R],
+) -> std::io::Result<()> {
+    for result in results {
+        let line = serde_json::to_string(result).expect("results serialise");
+        writeln!(out, "{line}")?;
+    }
+    Ok(())
 }
 
 /// The session this bench's members share, and the start of their files' names.
@@ -265,9 +309,28 @@ pub(crate) async fn run_to_the_end<T>(
         }
     };
     let outcome = tokio::select! {
-        outcome = bench => Ok(outcome),
+        biased;
         name = signals.next() => Err((name, crate::Signals::exit_code(name))),
         () = hung_up => Err(("SIGHUP", 129)),
+        outcome = bench => Ok(outcome),
+    };
+    // A terminal's Ctrl-C (or hangup) reaches the members too, and one that died of it may
+    // have ended the bench, as a failed pair, before the signal was seen here. The signal came
+    // first (the kernel sends it to the whole group before a member can die of it): one more
+    // turn of the drivers, which `yield_now` gives, delivers it.
+    let outcome = match outcome {
+        Ok(ended) => {
+            tokio::task::yield_now().await;
+            let hung_up = hangup
+                .as_mut()
+                .is_some_and(|hangup| hangup.recv().now_or_never().is_some());
+            match signals.next().now_or_never() {
+                Some(name) => Err((name, crate::Signals::exit_code(name))),
+                None if hung_up => Err(("SIGHUP", 129)),
+                None => Ok(ended),
+            }
+        }
+        interrupted => interrupted,
     };
     clean_up_after(session).await;
     outcome.map_err(|(name, code)| {
@@ -346,29 +409,37 @@ fn remove_member_leftovers(session: &str) {
     }
 }
 
-fn print_table(results: &[BenchResult], latency: bool) {
+fn print_table(
+    out: &mut dyn std::io::Write,
+    results: &[BenchResult],
+    latency: bool,
+) -> std::io::Result<()> {
     let touch = results
         .iter()
         .any(|result| result.memcpy_msgs_per_s.is_some());
     if latency {
-        println!(
+        writeln!(
+            out,
             "{:<12} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8}",
             "transport", "size", "p50 us", "p99 us", "p99.9 us", "cpu S%", "cpu R%"
-        );
+        )?;
     } else if touch {
-        println!(
+        writeln!(
+            out,
             "{:<12} {:>10} {:>12} {:>8} {:>8} {:>8} {:>12} {:>9}",
             "transport", "size", "msg/s", "GB/s", "cpu S%", "cpu R%", "memcpy msg/s", "÷ memcpy"
-        );
+        )?;
     } else {
-        println!(
+        writeln!(
+            out,
             "{:<12} {:>10} {:>12} {:>8} {:>8} {:>8}",
             "transport", "size", "msg/s", "GB/s", "cpu S%", "cpu R%"
-        );
+        )?;
     }
     for result in results {
         match result.latency_us {
-            Some([p50, p99, p999]) => println!(
+            Some([p50, p99, p999]) => writeln!(
+                out,
                 "{:<12} {:>10} {:>10.1} {:>10.1} {:>10.1} {:>8.1} {:>8.1}",
                 result.transport,
                 result.msg_size,
@@ -377,10 +448,11 @@ fn print_table(results: &[BenchResult], latency: bool) {
                 p999,
                 result.sender_cpu,
                 result.receiver_cpu
-            ),
+            )?,
             None if touch => {
                 let memcpy = result.memcpy_msgs_per_s.unwrap_or(f64::NAN);
-                println!(
+                writeln!(
+                    out,
                     "{:<12} {:>10} {:>12.0} {:>8.3} {:>8.1} {:>8.1} {:>12.0} {:>9.2}",
                     result.transport,
                     result.msg_size,
@@ -390,9 +462,10 @@ fn print_table(results: &[BenchResult], latency: bool) {
                     result.receiver_cpu,
                     memcpy,
                     result.msgs_per_s / memcpy
-                );
+                )?;
             }
-            None => println!(
+            None => writeln!(
+                out,
                 "{:<12} {:>10} {:>12.0} {:>8.3} {:>8.1} {:>8.1}",
                 result.transport,
                 result.msg_size,
@@ -400,9 +473,10 @@ fn print_table(results: &[BenchResult], latency: bool) {
                 result.gb_per_s,
                 result.sender_cpu,
                 result.receiver_cpu
-            ),
+            )?,
         }
     }
+    Ok(())
 }
 
 /// The fewest messages a paced run must send while it measures.
@@ -528,22 +602,18 @@ pub(crate) fn check_temp_dir(addresses: impl IntoIterator<Item = String>) -> Res
     Ok(())
 }
 
-/// Runs the transport × size pairs in turn until one fails: the results of those that ran,
-/// and the failure that ended the run, if any.
-async fn run_all(options: &BenchOptions) -> (Vec<BenchResult>, Result<()>) {
-    let mut results = Vec::new();
+/// Runs the transport × size pairs in turn until one fails, adding each pair's result to
+/// `results` as it ends (a signal may end the run at any pair).
+async fn run_all(options: &BenchOptions, results: &mut Vec<BenchResult>) -> Result<()> {
     for transport in &options.transport {
         for &msg_size in &options.msg_size {
-            match run_pair(options, transport, msg_size).await {
-                Ok(result) => results.push(result),
-                Err(error) => {
-                    let error = error.context(format!("{transport} at {msg_size} bytes"));
-                    return (results, Err(error));
-                }
-            }
+            let result = run_pair(options, transport, msg_size)
+                .await
+                .with_context(|| format!("{transport} at {msg_size} bytes"))?;
+            results.push(result);
         }
     }
-    (results, Ok(()))
+    Ok(())
 }
 
 async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> Result<BenchResult> {

@@ -305,9 +305,12 @@ pub struct BroadcastResult {
     pub round_trips: f64,
 }
 
-async fn run_broadcasts(options: &RpcBenchOptions) -> Result<Vec<BroadcastResult>> {
+/// Measures a broadcast per transport, adding each result to `results` as it is measured.
+async fn run_broadcasts(
+    options: &RpcBenchOptions,
+    results: &mut Vec<BroadcastResult>,
+) -> Result<()> {
     check_options(options)?;
-    let mut results = Vec::new();
     for transport in &options.transport {
         let (broadcast, round_trip) = broadcast_round(options, transport, options.broadcast)
             .await
@@ -320,70 +323,56 @@ async fn run_broadcasts(options: &RpcBenchOptions) -> Result<Vec<BroadcastResult
             round_trips: broadcast / round_trip.max(1e-9),
         });
     }
-    Ok(results)
+    Ok(())
 }
 
-/// Runs every cell and prints the results; a signal ends it as `ferromq bench` (see
-/// `bench.rs`'s module docs).
+/// Runs every cell and prints the results, those measured before a failure or a signal too; a
+/// signal ends it as `ferromq bench` (see `bench.rs`'s module docs).
 pub async fn run(options: RpcBenchOptions) -> ExitCode {
     // A usage error, with clap's code, as `ferromq bench` refuses its own.
     if let Err(error) = check_options(&options).and_then(|()| check_temp_dir(&options)) {
         eprintln!("ferromq bench rpc: {error:#}");
         return ExitCode::from(2);
     }
-    crate::bench::run_to_the_end("ferromq bench rpc", &session(), run_and_report(&options))
-        .await
-        .unwrap_or_else(|interrupted| interrupted)
-}
-
-async fn run_and_report(options: &RpcBenchOptions) -> ExitCode {
+    let command = "ferromq bench rpc";
     if options.broadcast > 0 {
-        return match run_broadcasts(options).await {
-            Ok(results) => {
-                for result in &results {
-                    if options.json {
-                        println!(
-                            "{}",
-                            serde_json::to_string(result).expect("results serialise")
-                        );
-                    } else {
-                        println!(
-                            "{}: broadcast to {} members {:.1} µs p50, a round trip {:.1} µs: {:.1} round trips",
-                            result.transport,
-                            result.broadcast_members,
-                            result.broadcast_p50_us,
-                            result.round_trip_p50_us,
-                            result.round_trips
-                        );
-                    }
+        return crate::bench::measure_to_the_end(
+            command,
+            &session(),
+            async |results| run_broadcasts(&options, results).await,
+            |out, results| {
+                if options.json {
+                    return crate::bench::write_json_lines(out, results);
                 }
-                ExitCode::SUCCESS
-            }
-            Err(error) => {
-                eprintln!("ferromq bench rpc: {error:#}");
-                ExitCode::FAILURE
-            }
-        };
+                for result in results {
+                    writeln!(
+                        out,
+                        "{}: broadcast to {} members {:.1} µs p50, a round trip {:.1} µs: {:.1} round trips",
+                        result.transport,
+                        result.broadcast_members,
+                        result.broadcast_p50_us,
+                        result.round_trip_p50_us,
+                        result.round_trips
+                    )?;
+                }
+                Ok(())
+            },
+        )
+        .await;
     }
-    match run_all(options).await {
-        Ok(results) => {
+    crate::bench::measure_to_the_end(
+        command,
+        &session(),
+        async |results| run_all(&options, results).await,
+        |out, results| {
             if options.json {
-                for result in &results {
-                    println!(
-                        "{}",
-                        serde_json::to_string(result).expect("results serialise")
-                    );
-                }
+                crate::bench::write_json_lines(out, results)
             } else {
-                print_table(&results, options.light_load_rate);
+                print_table(out, results, options.light_load_rate)
             }
-            ExitCode::SUCCESS
-        }
-        Err(error) => {
-            eprintln!("ferromq bench rpc: {error:#}");
-            ExitCode::FAILURE
-        }
-    }
+        },
+    )
+    .await
 }
 
 /// `@27k/s`, `@1.5M/s`, `@0.5/s`: a light-load rate in the table's header, at most 9 wide.
@@ -401,9 +390,14 @@ fn rate_label(rate: f64) -> String {
 
 /// The table; `light_load_rate`: the rate the light-load column was measured at, when one was
 /// given (the column's header says it; 1% of each row's rate otherwise).
-fn print_table(results: &[RpcBenchResult], light_load_rate: Option<f64>) {
+fn print_table(
+    out: &mut dyn std::io::Write,
+    results: &[RpcBenchResult],
+    light_load_rate: Option<f64>,
+) -> std::io::Result<()> {
     let light_load = light_load_rate.map_or_else(|| "1%-load".to_owned(), rate_label);
-    println!(
+    writeln!(
+        out,
         "{:<11} {:<5} {:>5} {:>12} {:>21} {:>8} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
         "transport",
         "mode",
@@ -419,9 +413,10 @@ fn print_table(results: &[RpcBenchResult], light_load_rate: Option<f64>) {
         "buf 4K",
         "buf 64M",
         "64M new"
-    );
+    )?;
     for result in results {
-        println!(
+        writeln!(
+            out,
             "{:<11} {:<5} {:>5} {:>12.0} {:>21} {:>8.1} {:>4.0}% {:>7.1}µs {:>7.1}µs {:>9.0} {:>7.1}µs {:>7.0}µs {:>8.0}µs {:>8.0}µs",
             result.transport,
             result.mode,
@@ -440,13 +435,14 @@ fn print_table(results: &[RpcBenchResult], light_load_rate: Option<f64>) {
             result.buffer_4k_us,
             result.buffer_64m_us,
             result.buffer_64m_fresh_us,
-        );
+        )?;
     }
+    Ok(())
 }
 
-async fn run_all(options: &RpcBenchOptions) -> Result<Vec<RpcBenchResult>> {
+/// Measures every cell, adding each one's result to `results` as its rounds end.
+async fn run_all(options: &RpcBenchOptions, results: &mut Vec<RpcBenchResult>) -> Result<()> {
     check_options(options)?;
-    let mut results = Vec::new();
     for transport in &options.transport {
         for mode in &options.mode {
             let aggregation = aggregation(mode)?;
@@ -474,7 +470,7 @@ async fn run_all(options: &RpcBenchOptions) -> Result<Vec<RpcBenchResult>> {
             }
         }
     }
-    Ok(results)
+    Ok(())
 }
 
 struct Round {

@@ -288,7 +288,7 @@ fn bench_rpc_refuses_a_light_load_rate_that_is_not_a_positive_number() {
     }
 }
 
-/// `ferromq ARGS` in a process group of its own (its members join it), stderr piped.
+/// `ferromq ARGS` in a process group of its own (its members join it), stdout and stderr piped.
 fn spawn_in_its_own_group(args: &[&str]) -> std::process::Child {
     spawn_in_its_own_group_in(None, args)
 }
@@ -304,7 +304,7 @@ fn spawn_in_its_own_group_in(
     }
     command
         .args(args)
-        .stdout(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .process_group(0)
         .spawn()
@@ -960,6 +960,137 @@ fn bench_prints_what_it_measured_before_a_pair_failed() {
             );
         }
     }
+}
+
+/// A bench ended by SIGINT or SIGTERM once some of its pairs (or `bench rpc`'s cells) had
+/// finished printed none of their results, only the signal's line: what they measured was
+/// thrown away. Their rows (or JSON lines) are now printed as a whole run prints them, and the
+/// bench exits with 128 plus the signal's number, also where a terminal's Ctrl-C reached its
+/// members too.
+#[test]
+fn an_interrupted_bench_prints_what_it_measured() {
+    use nix::sys::signal::Signal;
+    let plain = [
+        "bench",
+        "--transport",
+        "zeromq-ipc",
+        "--msg-size",
+        "64,128",
+        "--duration",
+        "2",
+    ];
+    let rpc = [
+        "bench",
+        "rpc",
+        "--transport",
+        "zeromq-ipc",
+        "--mode",
+        "send,trad",
+        "--call-size",
+        "8",
+        "--rounds",
+        "1",
+        "--duration",
+        "1",
+        "--round-trips",
+        "100",
+    ];
+    // SIGINT as a terminal's Ctrl-C sends it, to the bench and its members alike (a member
+    // killed by it ended the bench as a failed pair, exit 1, when it died first); SIGTERM to
+    // the bench alone, as `kill` sends it.
+    for (args, json, session, signal, to_group, code) in [
+        (&plain[..], false, "bench", Signal::SIGINT, true, 130),
+        (&plain[..], true, "bench", Signal::SIGTERM, false, 143),
+        (&rpc[..], false, "bench-rpc", Signal::SIGINT, true, 130),
+        (&rpc[..], true, "bench-rpc", Signal::SIGTERM, false, 143),
+    ] {
+        let args = [args, json.then_some("--json").as_slice()].concat();
+        // The first pair (cell) finished once the second measures, which then lasts a while:
+        // a warm-up, and at least a second's measurement.
+        let (mut bench, lines) = measuring(&args);
+        let pid = bench.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut said = Vec::new();
+        while !said
+            .last()
+            .is_some_and(|line: &String| line.contains("measuring"))
+        {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let Ok(line) = lines.recv_timeout(left) else {
+                kill_and_clean_up(pid);
+                panic!("{args:?}: the first pair never finished: {said:?}");
+            };
+            said.push(line);
+        }
+        let bench_pid = nix::unistd::Pid::from_raw(pid as i32);
+        if to_group {
+            nix::sys::signal::killpg(bench_pid, signal).expect("signal the bench's group");
+        } else {
+            nix::sys::signal::kill(bench_pid, signal).expect("signal the bench");
+        }
+        let mut stdout = bench.stdout.take().expect("piped");
+        let exit = ended(move || {
+            let mut printed = String::new();
+            let read = std::io::Read::read_to_string(&mut stdout, &mut printed);
+            (bench.wait(), read.map(|_| printed))
+        });
+        let Ok((status, printed)) = exit.recv_timeout(std::time::Duration::from_secs(20)) else {
+            kill_and_clean_up(pid);
+            panic!("{args:?}: still running 20 s after {signal}");
+        };
+        said.extend(said_to_the_end(&lines));
+        let leftovers = leftovers_of(&format!("{session}-{pid}"));
+        if leftovers != (Vec::new(), Vec::new(), Vec::new()) {
+            kill_and_clean_up(pid);
+            panic!("{args:?}: after {signal}, left {leftovers:?}");
+        }
+        let printed = printed.expect("read the bench's stdout");
+        assert_eq!(
+            status.expect("wait").code(),
+            Some(code),
+            "{args:?}: {said:?}\n{printed}"
+        );
+        // The first pair's row (after the table's header) or JSON line, and no other.
+        let rows: Vec<&str> = printed.lines().skip(usize::from(!json)).collect();
+        assert_eq!(rows.len(), 1, "{args:?}: {printed}");
+        if json {
+            let result: serde_json::Value = serde_json::from_str(rows[0]).expect("json");
+            let (key, value) = if session == "bench" {
+                ("msg_size", serde_json::json!(64))
+            } else {
+                ("mode", serde_json::json!("send"))
+            };
+            assert_eq!(result[key], value, "{args:?}: {printed}");
+        } else {
+            let first = if session == "bench" { " 64 " } else { " send " };
+            assert!(
+                rows[0].starts_with("zeromq-ipc") && rows[0].contains(first),
+                "{args:?}: {printed}"
+            );
+        }
+    }
+}
+
+/// A bench whose standard output was closed (`ferromq bench | head -0`) panicked printing
+/// its results (`failed printing to stdout`, exit 101): it now says it cannot print them,
+/// exit 1.
+#[test]
+fn a_bench_whose_output_is_closed_says_so() {
+    let mut bench = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+        .args(["bench", "--json", "--transport", "zeromq-ipc"])
+        .args(["--msg-size", "64", "--duration", "0.1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ferromq bench");
+    drop(bench.stdout.take());
+    let output = bench.wait_with_output().expect("wait for ferromq bench");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("ferromq bench: cannot print the 1 result(s) measured: Broken pipe"),
+        "{stderr}"
+    );
 }
 
 /// `--transport ofi-tcp` passed the check in a build without ofi: the receiver failed
