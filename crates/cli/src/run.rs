@@ -3,7 +3,8 @@
 //! # Signals
 //! The first SIGINT or SIGTERM takes the device down cleanly from whatever state it is in
 //! (STOP, RESET TASK, RESET DEVICE, END; a device stuck in a working state is aborted). A second
-//! one exits at once with code 130.
+//! one exits at once with code 130, saying how many messages that sends accepted had not left
+//! yet (they may be lost with the process).
 //!
 //! # Exit code
 //! 0 only when the device went down without passing through ERROR; otherwise 1, with the cause
@@ -275,6 +276,28 @@ async fn handle_signals(controller: DeviceController) {
         _ = shutdown => return,
     }
     crate::interactive::restore_terminal();
-    eprintln!("ferromq: second signal, exiting now");
+    eprintln!(
+        "ferromq: second signal, exiting now{}",
+        abandoned(&controller.counters())
+    );
     std::process::exit(130);
+}
+
+/// What a device that exits at once leaves behind: the messages its channels' sends accepted
+/// and had not handed on (`queued`: zeromq's not yet written to the kernel, shmem's not yet
+/// taken as of its last look), which may be lost with the process. Empty when there are none.
+fn abandoned(counters: &[(String, ferromq_core::CounterSnapshot)]) -> String {
+    let waiting: Vec<String> = counters
+        .iter()
+        .filter(|(_, counters)| counters.queued > 0)
+        .map(|(name, counters)| format!("{name}: {}", counters.queued))
+        .collect();
+    if waiting.is_empty() {
+        return String::new();
+    }
+    let total: u64 = counters.iter().map(|(_, counters)| counters.queued).sum();
+    format!(
+        "; {total} message(s) accepted by send had not left yet and may be lost ({})",
+        waiting.join(", ")
+    )
 }

@@ -420,3 +420,65 @@ async fn an_address_for_a_channel_the_device_lacks_is_refused() {
     ];
     assert_each_fails_at_init(cases.into()).await;
 }
+
+/// The length of the send queue of device `id`'s first channel in a `--json` snapshot.
+fn queued_of(snapshot: &serde_json::Value, id: &str) -> u64 {
+    snapshot["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|device| device["id"] == id)
+        .and_then(|device| device["channels"][0]["queued"].as_u64())
+        .unwrap_or(0)
+}
+
+/// A second signal ends a device at once (exit 130) and says what that leaves behind: the
+/// messages its sends accepted that had not left, here a sampler's queue behind a stopped sink
+/// while its close waits out a long linger. It said only "exiting now", and the contract is
+/// that a sender that cannot deliver says how many messages it lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_says_how_many_accepted_messages_had_not_left() {
+    let session = ShmSession::new("second-signal");
+    let ipc = Ipc::new("second-signal");
+    let sink = Device::new("sink", "stalled")
+        .args(&["--session", &session.0])
+        .channel("pull", "bind", &ipc.address())
+        .spawn();
+    let sampler = Device::new("sampler", "leaving")
+        .args(&["--session", &session.0, "--msg-size", "65536"])
+        .args(&[
+            "--channel-config",
+            &format!(
+                "name=data,type=push,method=connect,address={},sndBufSize=10,linger=600000,rateLogging=0",
+                ipc.address()
+            ),
+        ])
+        .spawn();
+    top_json_until(&session.0, |snapshot| {
+        ids_in_state(snapshot, "RUNNING").len() == 2
+    })
+    .await;
+    signal(&sink, "STOP");
+    top_json_until(&session.0, |snapshot| queued_of(snapshot, "leaving") > 0).await;
+    signal(&sampler, "INT");
+    // The first signal: the sampler stops and its close waits for the stopped sink.
+    top_json_until(&session.0, |snapshot| {
+        ids_in_state(snapshot, "RESETTING DEVICE") == ["leaving"]
+    })
+    .await;
+    signal(&sampler, "INT");
+    let sampler = tokio::time::timeout(EXIT_TIMEOUT, finish(sampler))
+        .await
+        .expect("the second signal did not end the sampler");
+    assert_eq!(sampler.code, Some(130), "{}", sampler.stderr);
+    assert!(
+        sampler.stderr.contains(
+            "ferromq: second signal, exiting now; 10 message(s) accepted by send had not left yet and may be lost (data: 10)"
+        ),
+        "{}",
+        sampler.stderr
+    );
+    signal(&sink, "CONT");
+    signal(&sink, "INT");
+    finish(sink).await.assert_exited_0();
+}
