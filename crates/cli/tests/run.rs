@@ -690,3 +690,42 @@ async fn run_checks_addresses_with_the_transport_it_is_given() {
         refused.stdout
     );
 }
+
+/// The sbatch script `--print-batch` prints runs what the same command without it would: its
+/// `ferromq run` is given the command's transport, duration, session and metrics options. It
+/// was given `--launcher slurm` alone, so `--transport shmem --duration 5` printed a job that
+/// ran on the file's transport until cancelled.
+#[tokio::test]
+async fn the_batch_script_passes_on_what_the_run_was_asked() {
+    let asked = [
+        "--launcher",
+        "slurm",
+        "--print-batch",
+        "--transport",
+        "zeromq",
+        "--duration",
+        "2.5",
+        "--session",
+        "batch-1",
+        "--metrics",
+        "127.0.0.1:9464",
+    ];
+    let printed = ferromq_run(&topology("multi-host.toml"), &asked)
+        .wait_with_output()
+        .await
+        .expect("run ferromq");
+    let stderr = String::from_utf8_lossy(&printed.stderr);
+    assert!(printed.status.success(), "{stderr}");
+    let script = String::from_utf8(printed.stdout).expect("UTF-8");
+    let exec = script
+        .lines()
+        .find(|line| line.starts_with("exec "))
+        .unwrap_or_else(|| panic!("no exec line: {script}"));
+    assert!(
+        exec.ends_with(
+            " --launcher slurm --transport zeromq --duration 2.5 --session batch-1 --metrics 127.0.0.1:9464"
+        ),
+        "{exec}"
+    );
+    assert!(!exec.contains("--print-batch"), "{exec}");
+}

@@ -293,7 +293,15 @@ fn command_output(program: &str, args: &[&str]) -> Result<String> {
 
 /// The batch script that runs `file` with `--launcher slurm` on as many nodes as it places
 /// devices on (`ferromq run FILE --launcher slurm --print-batch`).
-pub(super) fn batch_script(topology: &Topology, file: &std::path::Path) -> Result<String> {
+///
+/// `passed_on`: the options of the `ferromq run` that asked for the script which the job's
+/// `ferromq run` must be given too (`--transport`, `--duration`, ...), so that the job runs
+/// what the same command without `--print-batch` would.
+pub(super) fn batch_script(
+    topology: &Topology,
+    file: &std::path::Path,
+    passed_on: &[String],
+) -> Result<String> {
     let instances = topology.instances();
     let mut names = std::collections::BTreeSet::new();
     let mut max_index = 0;
@@ -328,11 +336,25 @@ pub(super) fn batch_script(topology: &Topology, file: &std::path::Path) -> Resul
             names.into_iter().collect::<Vec<_>>().join(",")
         ));
     }
-    script.push_str(&format!(
-        "exec {} run {} --launcher slurm\n",
-        shlex::try_quote(&own_binary()?).context("binary path")?,
-        shlex::try_quote(&file.display().to_string()).context("file path")?
-    ));
+    let mut command = vec![
+        shlex::try_quote(&own_binary()?)
+            .context("binary path")?
+            .into_owned(),
+        "run".to_owned(),
+        shlex::try_quote(&file.display().to_string())
+            .context("file path")?
+            .into_owned(),
+        "--launcher".to_owned(),
+        "slurm".to_owned(),
+    ];
+    for option in passed_on {
+        command.push(
+            shlex::try_quote(option)
+                .with_context(|| format!("option {option:?}"))?
+                .into_owned(),
+        );
+    }
+    script.push_str(&format!("exec {}\n", command.join(" ")));
     Ok(script)
 }
 

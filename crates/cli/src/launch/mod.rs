@@ -77,6 +77,35 @@ pub struct RunOptions {
     pub otlp_endpoint: Option<String>,
 }
 
+impl RunOptions {
+    /// The options a batch job's `ferromq run` is given (`--print-batch`): those that change
+    /// what runs or how it is watched, as given here. `--launcher` is the script's own, and
+    /// `--hosts` (positions for `--launcher ssh`) Slurm's allocation replaces.
+    fn passed_on(&self) -> Vec<String> {
+        let mut options = Vec::new();
+        let mut pass = |name: &str, value: String| {
+            options.push(name.to_owned());
+            options.push(value);
+        };
+        if let Some(transport) = &self.transport {
+            pass("--transport", transport.clone());
+        }
+        if let Some(duration) = self.duration {
+            pass("--duration", duration.as_secs_f64().to_string());
+        }
+        if let Some(session) = &self.session {
+            pass("--session", session.clone());
+        }
+        if let Some(metrics) = self.metrics {
+            pass("--metrics", metrics.to_string());
+        }
+        if let Some(endpoint) = &self.otlp_endpoint {
+            pass("--otlp-endpoint", endpoint.clone());
+        }
+        options
+    }
+}
+
 /// Loads and checks a topology file for this binary's kinds and transports; `transport`: the
 /// transport its channels that name none run on instead of the file's (`--transport`), which
 /// they are checked with too.
@@ -221,7 +250,7 @@ pub async fn run(options: RunOptions) -> ExitCode {
         }
     };
     if options.print_batch {
-        return match hosts::batch_script(&topology, &options.file) {
+        return match hosts::batch_script(&topology, &options.file, &options.passed_on()) {
             Ok(script) => {
                 print!("{script}");
                 ExitCode::SUCCESS
