@@ -645,6 +645,7 @@ impl ChannelConfig {
                 expected: "a number of sockets from 0 to 1024",
             });
         }
+        self.check_spin()?;
         if self.port_range_min > self.port_range_max {
             return Err(ConfigError::InvalidValue {
                 key: "portRangeMin".to_owned(),
@@ -653,6 +654,24 @@ impl ChannelConfig {
             });
         }
         self.endpoints()?;
+        Ok(())
+    }
+
+    /// Refuses a `spinUs` beside `busyPoll = true`: a busy-polled receive never sleeps, so it
+    /// never spins before sleeping, and the value would be taken and change nothing. 0 (never
+    /// spin) says the same as `busyPoll`, and the default cannot be told from a value left out.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidValue`] naming `spinUs` and its value.
+    pub fn check_spin(&self) -> Result<(), ConfigError> {
+        if self.busy_poll && self.spin_us != 0 && self.spin_us != crate::spin::DEFAULT_SPIN_US {
+            return Err(ConfigError::InvalidValue {
+                key: "spinUs".to_owned(),
+                value: self.spin_us.to_string(),
+                expected: "no spinUs beside busyPoll=true (a busy-polled receive never sleeps, \
+                           so it never spins before sleeping): give one of the two",
+            });
+        }
         Ok(())
     }
 
@@ -1052,6 +1071,25 @@ mod tests {
                 count: 3,
             }
         );
+        // A spin before sleeping does nothing for a receive that never sleeps, in either
+        // order; 0 says the same as busyPoll.
+        for text in [
+            "name=d,type=pull,method=bind,busyPoll=true,spinUs=250",
+            "name=d,type=pull,method=bind,spinUs=250,busyPoll=1",
+        ] {
+            check_key_values_err(
+                text,
+                ConfigError::InvalidValue {
+                    key: "spinUs".into(),
+                    value: "250".into(),
+                    expected: "no spinUs beside busyPoll=true (a busy-polled receive never \
+                               sleeps, so it never spins before sleeping): give one of the two",
+                },
+            );
+        }
+        ChannelConfig::parse_key_values("name=d,type=pull,method=bind,busyPoll=true,spinUs=0")
+            .unwrap();
+        ChannelConfig::parse_key_values("name=d,type=pull,method=bind,spinUs=250").unwrap();
         // FairMQ's timeouts are taken and checked.
         ChannelConfig::parse_key_values(
             "name=d,type=push,method=bind,sndTimeoutMs=-1,rcvTimeoutMs=100",

@@ -507,9 +507,11 @@ impl<'a> Loader<'a> {
         };
         // A busy-polled receive never sleeps, so it never spins before sleeping: a spin-us
         // beside busy-poll = true was taken and changed nothing. The group is still wired, so
-        // that its members are not also told they lack its channels.
-        if let (Some(busy), Some(spin)) = (&group.busy_poll, &group.spin_us)
-            && *busy.get_ref()
+        // that its members are not also told they lack its channels, without the spin (whose
+        // channel key each member's channel would refuse again).
+        let busy_polled = group.busy_poll.as_ref().is_some_and(|busy| *busy.get_ref());
+        if let Some(spin) = &group.spin_us
+            && busy_polled
         {
             self.checker.error(
                 spin.span(),
@@ -526,7 +528,9 @@ impl<'a> Loader<'a> {
                 Spanned::new(busy.span(), toml::Value::Boolean(*busy.get_ref())),
             ));
         }
-        if let Some(spin) = &group.spin_us {
+        if let Some(spin) = &group.spin_us
+            && !busy_polled
+        {
             let spin_us = key("spinUs");
             let ferromq_core::KeyKind::Integer { min, max } = spin_us.kind else {
                 unreachable!("spinUs is an integer key");
@@ -1468,6 +1472,14 @@ impl<'a> Loader<'a> {
             if let Err(error) = set {
                 self.checker.error(value.span(), context, error.to_string());
             }
+        }
+        if let Err(error) = config.check_spin() {
+            let span = channel
+                .keys
+                .iter()
+                .find(|(key, _)| *key == "spinUs")
+                .map_or_else(|| channel.name.span(), |(_, value)| value.span());
+            self.checker.error(span, context, error.to_string());
         }
         if config.port_range_min > config.port_range_max {
             let span = ["portRangeMax", "portRangeMin"]
