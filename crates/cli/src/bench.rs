@@ -79,10 +79,10 @@ pub struct BenchOptions {
     /// One JSON object per measurement instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Size of each process's shared-memory segment (shmem; another size is refused where no
-    /// transport measured has a segment).
-    #[arg(long = "shm-segment-size", default_value_t = DEFAULT_SHM_SEGMENT_SIZE)]
-    pub shm_segment_size: u64,
+    /// Size of each process's shared-memory segment (shmem; 4 GiB by default; refused where
+    /// no transport measured has a segment).
+    #[arg(long = "shm-segment-size")]
+    pub shm_segment_size: Option<u64>,
     /// Another benchmark instead of messages (`ferromq bench rpc --help`).
     #[command(subcommand)]
     pub what: Option<BenchKind>,
@@ -90,6 +90,13 @@ pub struct BenchOptions {
 
 /// `--shm-segment-size` by default: 4 GiB.
 const DEFAULT_SHM_SEGMENT_SIZE: u64 = 4 << 30;
+
+impl BenchOptions {
+    /// `--shm-segment-size`, or the default.
+    fn segment_size(&self) -> u64 {
+        self.shm_segment_size.unwrap_or(DEFAULT_SHM_SEGMENT_SIZE)
+    }
+}
 
 /// The benchmarks other than message throughput and latency.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -153,7 +160,7 @@ fn transport_and_address(
     let mut transport_options = ferromq_core::TransportOptions::for_session(session);
     transport_options.properties.insert(
         "shm-segment-size".to_owned(),
-        options.shm_segment_size.to_string(),
+        options.segment_size().to_string(),
     );
     let transport = transport_kind(name, true)?;
     Ok((
@@ -510,10 +517,11 @@ fn check(options: &BenchOptions) -> Result<()> {
     let reads_segment_size = traits
         .iter()
         .any(|traits| traits.properties.contains(&"shm-segment-size"));
-    if options.shm_segment_size != DEFAULT_SHM_SEGMENT_SIZE && !reads_segment_size {
+    if let Some(size) = options.shm_segment_size
+        && !reads_segment_size
+    {
         bail!(
-            "--shm-segment-size {} with --transport {transports}: no transport measured has a shared-memory segment",
-            options.shm_segment_size
+            "--shm-segment-size {size} with --transport {transports}: no transport measured has a shared-memory segment"
         );
     }
     let max_parts = ferromq_devices::MAX_PARTS;
@@ -537,24 +545,24 @@ fn check(options: &BenchOptions) -> Result<()> {
         }
     }
     let min_segment = ferromq_shm::segment::MIN_SEGMENT_SIZE as u64;
-    if measures_shmem && options.shm_segment_size < min_segment {
+    if measures_shmem && options.segment_size() < min_segment {
         bail!(
             "--shm-segment-size {}: expected at least {min_segment} bytes",
-            options.shm_segment_size
+            options.segment_size()
         );
     }
     // A message's parts are blocks in the sender's segment (the shm crate's "Block layout"):
     // one that cannot fit failed in the sender.
     if measures_shmem {
         use ferromq_shm::managed::{block_footprint, block_room};
-        let segment_size = usize::try_from(options.shm_segment_size).unwrap_or(usize::MAX);
+        let segment_size = usize::try_from(options.segment_size()).unwrap_or(usize::MAX);
         let room = block_room(segment_size);
         for &msg_size in &options.msg_size {
             let needed = block_footprint(msg_size).saturating_mul(options.num_parts);
             if needed > room {
                 bail!(
                     "--msg-size {msg_size} with --shm-segment-size {} and --num-parts {}: a message takes {needed} bytes of a segment, which has room for {room}",
-                    options.shm_segment_size,
+                    options.segment_size(),
                     options.num_parts
                 );
             }
@@ -649,7 +657,7 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
                 "--duration",
                 &options.duration.to_string(),
                 "--shm-segment-size",
-                &options.shm_segment_size.to_string(),
+                &options.segment_size().to_string(),
             ])
             .args(["--session", &session()])
             .arg("--dir")
@@ -904,7 +912,7 @@ async fn role(options: &RoleOptions) -> Result<RoleReport> {
         pub_sub: options.pub_sub,
         busy_poll: options.busy_poll,
         json: true,
-        shm_segment_size: options.shm_segment_size,
+        shm_segment_size: Some(options.shm_segment_size),
         what: None,
     };
     let (transport, address) = transport_and_address(

@@ -1195,4 +1195,15 @@ fn bench_refuses_an_option_no_transport_measured_takes() {
         ],
         "--shm-segment-size 268435456 with --transport zeromq-ipc,zeromq-tcp: no transport measured has a shared-memory segment",
     );
+    // The default's own value, given, is given: it was taken for no option.
+    refused_before_any_member_starts(
+        &[
+            "bench",
+            "--transport",
+            "zeromq-tcp",
+            "--shm-segment-size",
+            "4294967296",
+        ],
+        "--shm-segment-size 4294967296 with --transport zeromq-tcp: no transport measured has a shared-memory segment",
+    );
 }
