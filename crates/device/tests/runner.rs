@@ -26,6 +26,36 @@ fn unique(tag: &str) -> String {
     )
 }
 
+/// A device's runner and the driver of `--control static`'s sequence, each as a task, once
+/// the device is in RUNNING, with its controller.
+struct Running {
+    task: tokio::task::JoinHandle<ferromq_device::Result<()>>,
+    driver: tokio::task::JoinHandle<ferromq_device::Result<()>>,
+    controller: ferromq_device::DeviceController,
+}
+
+async fn running(
+    device: impl Device + 'static,
+    config: DeviceConfig,
+    registry: std::sync::Arc<ferromq_core::TransportRegistry>,
+) -> Running {
+    let (runner, controller) = DeviceRunner::new(device, config, registry);
+    let task = tokio::spawn(runner.run());
+    let driver = {
+        let controller = controller.clone();
+        tokio::spawn(async move { control::run_static(&controller).await })
+    };
+    controller
+        .wait_for_state(State::Running, WAIT)
+        .await
+        .unwrap();
+    Running {
+        task,
+        driver,
+        controller,
+    }
+}
+
 struct Idle;
 
 #[async_trait::async_trait]
@@ -162,16 +192,11 @@ async fn connecting_does_not_wait_for_the_peer_and_an_abort_ends_the_device() {
     let channel = ChannelConfig::new("data", SocketType::Pull, Method::Connect)
         .with_address(format!("ipc://{}", path.display()));
     let config = DeviceConfig::new("lonely").with_channel(channel).unwrap();
-    let (runner, controller) = DeviceRunner::new(Idle, config, transports());
-    let task = tokio::spawn(runner.run());
-    let driver = {
-        let controller = controller.clone();
-        tokio::spawn(async move { control::run_static(&controller).await })
-    };
-    controller
-        .wait_for_state(State::Running, WAIT)
-        .await
-        .unwrap();
+    let Running {
+        task,
+        driver,
+        controller,
+    } = running(Idle, config, transports()).await;
     controller.abort("SIGTERM");
     let driven = tokio::time::timeout(Duration::from_secs(30), driver)
         .await
@@ -573,17 +598,11 @@ async fn stop_interrupts_a_message_waiting_for_room_and_the_device_goes_down_cle
         .with_address(unique("full").as_str());
     channel.transport = Some("full".to_owned());
     let config = DeviceConfig::new("waiting").with_channel(channel).unwrap();
-    let (runner, controller) =
-        DeviceRunner::new(WaitsForRoom, config, std::sync::Arc::new(registry));
-    let task = tokio::spawn(runner.run());
-    let driver = {
-        let controller = controller.clone();
-        tokio::spawn(async move { control::run_static(&controller).await })
-    };
-    controller
-        .wait_for_state(State::Running, WAIT)
-        .await
-        .unwrap();
+    let Running {
+        task,
+        driver,
+        controller,
+    } = running(WaitsForRoom, config, std::sync::Arc::new(registry)).await;
     controller
         .change_state(ferromq_device::Transition::Stop)
         .await
