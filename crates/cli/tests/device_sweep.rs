@@ -122,24 +122,24 @@ async fn bad_values_are_refused_naming_the_property_and_what_it_takes() {
         // The channel namespace took any key and any value; the runner read only
         // `chan.<socket>.address`, skipped the addresses that did not parse and an empty list.
         (
-            &["sink", "--property", "chan.data.adress=tcp://127.0.0.1:1"],
-            "device \"bad\": property \"chan.data.adress\" (= \"tcp://127.0.0.1:1\") is not read: the one property per channel is chan.<channel>.address",
+            &["sink", "--property", "chan.data.adress=tcp://127.0.0.1:0"],
+            "device \"bad\": property \"chan.data.adress\" (= \"tcp://127.0.0.1:0\") is not read: the one property per channel is chan.<channel>.address",
         ),
         (
             &[
                 "sink",
                 "--property",
-                "chan.data.0.address=tcp://127.0.0.1:1",
+                "chan.data.0.address=tcp://127.0.0.1:0",
             ],
-            "property \"chan.data.0.address\" (= \"tcp://127.0.0.1:1\") is not read",
+            "property \"chan.data.0.address\" (= \"tcp://127.0.0.1:0\") is not read",
         ),
         (
-            &["sink", "--property", "chan.data.address=tcp//127.0.0.1:1"],
-            "device \"bad\": property \"chan.data.address\" (= \"tcp//127.0.0.1:1\") has an address that does not parse",
+            &["sink", "--property", "chan.data.address=tcp//127.0.0.1:0"],
+            "device \"bad\": property \"chan.data.address\" (= \"tcp//127.0.0.1:0\") has an address that does not parse",
         ),
         (
-            &["sink", "--property", "chan.data.address=tcp://127.0.0.1:1;"],
-            "property \"chan.data.address\" (= \"tcp://127.0.0.1:1;\") has an empty address, number 2 of 2",
+            &["sink", "--property", "chan.data.address=tcp://127.0.0.1:0;"],
+            "property \"chan.data.address\" (= \"tcp://127.0.0.1:0;\") has an empty address, number 2 of 2",
         ),
         (
             &["sink", "--property", "chan.data.address="],

@@ -708,7 +708,7 @@ async fn the_batch_script_passes_on_what_the_run_was_asked() {
         "--session",
         "batch-1",
         "--metrics",
-        "127.0.0.1:9464",
+        "127.0.0.1:0",
     ];
     let printed = ferromq_run(&topology("multi-host.toml"), &asked)
         .wait_with_output()
@@ -723,7 +723,7 @@ async fn the_batch_script_passes_on_what_the_run_was_asked() {
         .unwrap_or_else(|| panic!("no exec line: {script}"));
     assert!(
         exec.ends_with(
-            " --launcher slurm --transport zeromq --duration 2.5 --session batch-1 --metrics 127.0.0.1:9464"
+            " --launcher slurm --transport zeromq --duration 2.5 --session batch-1 --metrics 127.0.0.1:0"
         ),
         "{exec}"
     );

@@ -1190,7 +1190,7 @@ mod tests {
         // The channel namespace holds one key, whose value is a list of addresses.
         let address = BTreeMap::from([(
             "chan.data.address".to_owned(),
-            "tcp://127.0.0.1:5555;ipc:///tmp/x".to_owned(),
+            "tcp://127.0.0.1:0;ipc:///tmp/x".to_owned(),
         )]);
         assert!(check_topology_properties("sink", "d", &address, &[]).is_ok());
         let problem = check("sink", "chan.data.address").unwrap_err();
