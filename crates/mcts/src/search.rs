@@ -15,13 +15,13 @@
 //!   for the last ones).
 //!
 //! The driver starts the first `in_flight` simulations in batches (`start`, up to
-//! [`START_BATCH`]): the root's owner makes the batch's selections at the root one after the
-//! other, each counting its virtual loss, and the steps they lead to follow. The rest of the
-//! budget goes with the first batch: the root's owner starts one more for each simulation that
-//! finishes (in the handler it finished in, up to `REFILLS_IN_A_HANDLER`; the rest by one
-//! [`Refill`] call to itself as the handler ends), so `in_flight` stay in flight without the
-//! driver, who is woken only by the reports (and by its clock, to [`Halt`] a search out of
-//! time).
+//! [`START_BATCH`]; no more batches once a search's time is up): the root's owner makes the
+//! batch's selections at the root one after the other, each counting its virtual loss, and the
+//! steps they lead to follow. The rest of the budget goes with the first batch: the root's
+//! owner starts one more for each simulation that finishes (in the handler it finished in, up to
+//! `REFILLS_IN_A_HANDLER`; the rest by one [`Refill`] call to itself as the handler ends), so
+//! `in_flight` stay in flight without the driver, who is woken only by the reports (and by its
+//! clock, to [`Halt`] a search out of time).
 //!
 //! A step whose next node is owned by the same worker is taken there and then, in the same
 //! handler: only moves between owners are calls (with one worker, the calls are the driver's
@@ -1166,9 +1166,11 @@ impl<G: Game> Driver<G> {
         let finished = || self.counts.simulations.load(Ordering::Relaxed) - base_simulations;
         // The first simulations from here, in batches; the rest of the budget the root's owner
         // starts itself as simulations finish (`RootWork`), handed over with the first batch.
+        // Out of time, no more batches start: the halt below counts those that did.
         let first = (self.in_flight.max(1) as u64).min(rollouts);
+        let out_of_time = || time.is_some_and(|time| started_at.elapsed() >= time);
         let mut started = 0u64;
-        while started < first {
+        while started < first && !(started > 0 && out_of_time()) {
             let count = (first - started).min(START_BATCH);
             let start = StartArgs {
                 node: root,

@@ -288,3 +288,29 @@ async fn below_the_spread_depth_nodes_stay_with_their_parents_owner() {
     assert_eq!(driver.pending().await.unwrap(), (0, 0));
     stop(driver, workers).await;
 }
+
+/// A search whose time is up while the driver still starts its first simulations starts no
+/// more of them: before, it started every one of `in_flight` first (a million in flight ran
+/// `mcts-hex --seconds 1` for minutes), and they all had to finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_out_of_time_starts_no_more_first_simulations() {
+    let (mut driver, workers) = group::<TicTacToe>(2, Aggregation::Ovfl).await;
+    let in_flight = 50 * START_BATCH;
+    driver.in_flight = in_flight as usize;
+    // Up before the first batch has gone: that one starts, the driver halts the search.
+    let result = driver
+        .search_within(
+            &TicTacToe::default(),
+            u64::MAX,
+            Some(Duration::from_nanos(1)),
+        )
+        .await
+        .unwrap();
+    assert!(
+        result.rollouts >= START_BATCH && result.rollouts < in_flight,
+        "{} simulations for a search out of time before its first {in_flight} started",
+        result.rollouts
+    );
+    assert_eq!(driver.pending().await.unwrap(), (0, 0));
+    stop(driver, workers).await;
+}
