@@ -6,23 +6,26 @@
 //! cargo run --release --example mcts-hex -- --board 7 --workers 2 --rollouts 2000 --versus random --games 40 --json
 //! ```
 //!
-//! Options: `--board S` (default 11), `--workers N` (2, at most 256), `--rollouts R` per search
-//! or move (10000; no limit where `--seconds` is given alone), `--aggregate none|trad|ovfl`
-//! (ovfl), `--aggregate-bytes B` and `--aggregate-us U` (`trad`'s frame size and longest hold:
-//! 4096, 100), `--playouts P` per new node (16), `--spread-depth D` (nodes down to D moves
-//! below the root placed by their hash, deeper ones kept with their parent's owner; none: every
-//! node by its hash), `--in-flight K` simulations per worker (256), `--seconds T` per search or
-//! move (none: the rollouts alone are the budget), `--warm-up T` (a search of T seconds from
-//! the same position before the one measured, its tree then dropped: BENCHMARKS.md's warm-up),
-//! `--transport shmem|zeromq` (shmem), `--versus random|plain` with `--games G` (10) and
-//! `--plain-iterations I` (the rollouts; needed with `--seconds` alone), `--plain` (time the
-//! single-process UCT alone: `--rollouts` iterations, no `--seconds`), `--json`.
+//! Options: `--board S` (default 11, 2 to 19), `--workers N` (2, at most 256), `--rollouts R`
+//! per search or move (10000; no limit where `--seconds` is given alone), `--aggregate
+//! none|trad|ovfl` (ovfl), `--aggregate-bytes B` (the frame size of `trad` and `ovfl`: 4096)
+//! and `--aggregate-us U` (`trad`'s longest hold: 100), `--playouts P` per new node (16),
+//! `--spread-depth D` (nodes down to D moves below the root placed by their hash, deeper ones
+//! kept with their parent's owner; none: every node by its hash), `--in-flight K` simulations
+//! per worker (256, at most 4096), `--seconds T` per search or move (none: the rollouts alone
+//! are the budget), `--warm-up T` (a search of T seconds from the same position before the one
+//! measured, its tree then dropped: BENCHMARKS.md's warm-up; not with `--versus`),
+//! `--transport shmem|zeromq` (shmem), `--versus random|plain` with `--games G` (10) and, for
+//! `plain`, `--plain-iterations I` (the rollouts; needed with `--seconds` alone), `--plain`
+//! (time the single-process UCT alone: `--rollouts` iterations, no `--seconds`, and none of the
+//! options of the distributed search), `--json`. An option a run would not read is refused, as
+//! is every value out of range: a usage error exits with 2.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferromq::mcts::hex::Hex;
+use ferromq::mcts::hex::{Hex, MAX_SIZE, MIN_SIZE};
 use ferromq::mcts::local::{LocalConfig, LocalSearch, run_worker_if_asked};
 use ferromq::mcts::plain::PlainSearch;
 use ferromq::mcts::search::SearchSettings;
@@ -81,12 +84,18 @@ fn parse(args: &[String]) -> Result<Options, String> {
         plain: false,
         json: false,
     };
+    // Each option given, with its value as typed: what the checks below name.
+    let mut given: Vec<(&str, String)> = Vec::new();
     let mut args = args.iter();
     while let Some(flag) = args.next() {
+        let mut as_typed = flag.clone();
         let mut value = || {
-            args.next()
+            let value = args
+                .next()
                 .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))
+                .ok_or_else(|| format!("{flag} needs a value"))?;
+            as_typed = format!("{flag} {value}");
+            Ok::<_, String>(value)
         };
         /// `text` as a whole number from `min` (to `max`, when there is one).
         fn within<T>(flag: &str, text: String, min: T, max: Option<T>) -> Result<T, String>
@@ -128,10 +137,15 @@ fn parse(args: &[String]) -> Result<Options, String> {
             within(flag, text, min, None)
         }
         match flag.as_str() {
-            "--board" => options.board = number(flag, value()?, 2)?,
+            "--board" => options.board = within(flag, value()?, MIN_SIZE, Some(MAX_SIZE))?,
             "--workers" => options.workers = within(flag, value()?, 1, Some(MAX_WORKERS))?,
             "--rollouts" => options.rollouts = Some(number(flag, value()?, 1)?),
-            "--aggregate" => options.aggregate = value()?.parse()?,
+            "--aggregate" => {
+                let text = value()?;
+                options.aggregate = text
+                    .parse()
+                    .map_err(|error| format!("{flag} {text}: {error}"))?;
+            }
             // The ranges a topology's group takes for the same settings.
             "--aggregate-bytes" => {
                 let (low, high) = ferromq::rpc::AGGREGATE_BYTES_BOUNDS;
@@ -143,7 +157,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
             }
             "--playouts" => options.playouts = number(flag, value()?, 1)?,
             "--spread-depth" => options.spread_depth = number(flag, value()?, 0)?,
-            "--in-flight" => options.in_flight = number(flag, value()?, 1)?,
+            "--in-flight" => options.in_flight = within(flag, value()?, 1, Some(MAX_IN_FLIGHT))?,
             "--transport" => match value()?.as_str() {
                 name @ ("shmem" | "zeromq") => options.transport = name.to_owned(),
                 other => return Err(format!("--transport {other}: shmem or zeromq")),
@@ -168,8 +182,15 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 ));
             }
         }
+        given.push((flag.as_str(), as_typed));
     }
-    Hex::new(options.board).map_err(|error| error.to_string())?;
+    let typed = |flag: &str| {
+        given
+            .iter()
+            .rev()
+            .find(|(name, _)| *name == flag)
+            .map(|(_, typed)| typed.as_str())
+    };
     if let Some(seconds) = options.seconds {
         if options.plain {
             return Err(format!(
@@ -186,12 +207,91 @@ fn parse(args: &[String]) -> Result<Options, String> {
             ));
         }
     }
+    if options.plain
+        && let Some(other) = DISTRIBUTED_ONLY.iter().find_map(|flag| typed(flag))
+    {
+        return Err(format!(
+            "{other} with --plain: --plain times the single-process UCT alone, which reads \
+             only --board, --rollouts, --playouts and --json"
+        ));
+    }
+    match options.versus.as_deref() {
+        None => {
+            if let Some(games) = ["--games", "--plain-iterations"]
+                .iter()
+                .find_map(|flag| typed(flag))
+            {
+                return Err(format!(
+                    "{games} without --versus: there are games only against an opponent \
+                     (--versus random|plain)"
+                ));
+            }
+        }
+        Some(opponent) => {
+            if let Some(warm_up) = typed("--warm-up") {
+                return Err(format!(
+                    "{warm_up} with --versus {opponent}: the warm-up goes before a single \
+                     search (no --versus), not before the moves of games"
+                ));
+            }
+            if let Some(iterations) = typed("--plain-iterations").filter(|_| opponent != "plain") {
+                return Err(format!(
+                    "{iterations} with --versus {opponent}: they are the plain opponent's \
+                     (--versus plain)"
+                ));
+            }
+        }
+    }
+    // As a topology's rpc group refuses them (ferromq-topology): a frame size `none` never
+    // fills, a hold only `trad` makes.
+    if let Some(bytes) =
+        typed("--aggregate-bytes").filter(|_| options.aggregate == Aggregation::None)
+    {
+        return Err(format!(
+            "{bytes} with --aggregate none: each call is a frame of its own; give it only with \
+             --aggregate trad or ovfl"
+        ));
+    }
+    if let Some(micros) = typed("--aggregate-us").filter(|_| options.aggregate != Aggregation::Trad)
+    {
+        let default = if typed("--aggregate").is_none() {
+            " (the default)"
+        } else {
+            ""
+        };
+        return Err(format!(
+            "{micros} with --aggregate {}{default}: only trad holds a frame that is not full; \
+             give it only with --aggregate trad",
+            options.aggregate
+        ));
+    }
     Ok(options)
 }
 
 /// The most workers `--workers` starts: each is a process of its own, connected to every other
 /// member (256 make ~33 000 connections).
 const MAX_WORKERS: usize = 256;
+
+/// The most simulations `--in-flight` keeps in flight per worker (16 times the default; the
+/// benchmarks gain nothing past 1024). More only pile virtual losses on the same few nodes, and
+/// a search with a time ends only once those in flight have finished: a million ran a 1-s
+/// search for minutes.
+const MAX_IN_FLIGHT: usize = 4096;
+
+/// The options that only the distributed search reads, which `--plain` therefore refuses.
+const DISTRIBUTED_ONLY: [&str; 11] = [
+    "--workers",
+    "--transport",
+    "--aggregate",
+    "--aggregate-bytes",
+    "--aggregate-us",
+    "--spread-depth",
+    "--in-flight",
+    "--warm-up",
+    "--versus",
+    "--games",
+    "--plain-iterations",
+];
 
 /// Rollouts per search or move when `--rollouts` is not given.
 const DEFAULT_ROLLOUTS: u64 = 10_000;
@@ -318,7 +418,8 @@ async fn drive(options: &Options) -> Result<(), String> {
     };
     let program = std::env::current_exe().map_err(|error| error.to_string())?;
     let mut search = LocalSearch::<Hex>::start(&program, make_transport, &config).await?;
-    search.driver.in_flight = options.in_flight * options.workers;
+    // `parse` bounds both (at most 4096 x 256); saturating all the same.
+    search.driver.in_flight = options.in_flight.saturating_mul(options.workers);
     let outcome = match &options.versus {
         None => one_search(options, &search).await,
         Some(opponent) => play_games(options, &search, opponent).await,

@@ -70,6 +70,10 @@ fn main() -> ExitCode {
             "mcts_hex_example_stopped_by_a_signal_leaves_no_file",
             mcts_stopped_by_signal,
         ),
+        trial(
+            "mcts_hex_example_refuses_options_its_run_would_not_read_or_could_not_do",
+            mcts_refuses_unread_and_unbounded_options,
+        ),
         trial("killing_an_mcts_worker_fails_the_search_naming_it", || {
             mcts_worker_killed()
         }),
@@ -318,7 +322,7 @@ fn mcts_time_budget() -> Result<()> {
             "--rollouts 99999999999999999999: too large",
         ),
         // Below the least board: too small, not "too large" (as it said before).
-        (&["--board", "1"], "--board 1: a whole number of at least 2"),
+        (&["--board", "1"], "--board 1: a whole number from 2 to 19"),
     ] {
         mcts_refuses(refused, named)?;
     }
@@ -342,6 +346,99 @@ fn mcts_time_budget() -> Result<()> {
         stdout.contains("\"games\":1,") && stdout.contains("\"rollouts\":null,"),
         "{stdout}"
     );
+    Ok(())
+}
+
+fn mcts_refuses_unread_and_unbounded_options() -> Result<()> {
+    // Each case a run that ends at once but for its culprit (a later option replaces an earlier
+    // one); what the example did before is in the comments.
+    let quick = |culprit: &[&'static str]| {
+        let mut args = vec!["--board", "2", "--workers", "1", "--rollouts", "1"];
+        args.extend_from_slice(culprit);
+        args
+    };
+    let cases: [(Vec<&str>, &str); 12] = [
+        // Started all of them before it looked at the clock: a million ran `--seconds 1` for
+        // minutes.
+        (
+            quick(&["--in-flight", "1000000"]),
+            "--in-flight 1000000: a whole number from 1 to 4096",
+        ),
+        // "attempt to multiply with overflow".
+        (
+            quick(&["--workers", "2", "--in-flight", "18446744073709551615"]),
+            "--in-flight 18446744073709551615: a whole number from 1 to 4096",
+        ),
+        // The plain search ran; the options of the distributed one were ignored.
+        (
+            vec![
+                "--plain",
+                "--board",
+                "2",
+                "--rollouts",
+                "1",
+                "--workers",
+                "3",
+            ],
+            "--workers 3 with --plain: --plain times the single-process UCT alone",
+        ),
+        (
+            vec![
+                "--board",
+                "2",
+                "--rollouts",
+                "1",
+                "--versus",
+                "random",
+                "--plain",
+            ],
+            "--versus random with --plain",
+        ),
+        // The warm-up is one search's; the games ignored it.
+        (
+            quick(&["--versus", "random", "--games", "1", "--warm-up", "3"]),
+            "--warm-up 3 with --versus random: the warm-up goes before a single search",
+        ),
+        // Games and the plain opponent's iterations, with no games or no plain opponent.
+        (quick(&["--games", "5"]), "--games 5 without --versus"),
+        (
+            quick(&["--plain-iterations", "9"]),
+            "--plain-iterations 9 without --versus",
+        ),
+        (
+            quick(&[
+                "--versus",
+                "random",
+                "--games",
+                "1",
+                "--plain-iterations",
+                "9",
+            ]),
+            "--plain-iterations 9 with --versus random",
+        ),
+        // A hold only `trad` makes, with the default `ovfl`.
+        (
+            quick(&["--aggregate-us", "500"]),
+            "--aggregate-us 500 with --aggregate ovfl (the default): only trad holds a frame",
+        ),
+        // The topology's wording, without the option.
+        (
+            quick(&["--aggregate", "bogus"]),
+            "--aggregate bogus: aggregate = \"bogus\" is not an aggregation mode",
+        ),
+        // "a Hex board is 2x2 to 19x19, not 20x20", and "at least 2" with no upper limit.
+        (
+            quick(&["--board", "20"]),
+            "--board 20: a whole number from 2 to 19",
+        ),
+        (
+            quick(&["--board", "0"]),
+            "--board 0: a whole number from 2 to 19",
+        ),
+    ];
+    for (refused, named) in cases {
+        mcts_refuses(&refused, named)?;
+    }
     Ok(())
 }
 

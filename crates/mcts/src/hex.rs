@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::game::{Game, Outcome, Player, Rng, zobrist_key};
 
+/// The smallest board.
+pub const MIN_SIZE: usize = 2;
+
 /// The largest board.
 pub const MAX_SIZE: usize = 19;
 
@@ -285,7 +288,7 @@ impl TryFrom<HexFields> for Hex {
 
     fn try_from(fields: HexFields) -> Result<Hex, String> {
         let size = usize::from(fields.size);
-        if !(2..=MAX_SIZE).contains(&size) {
+        if !(MIN_SIZE..=MAX_SIZE).contains(&size) {
             return Err(BadSize(size).to_string());
         }
         if fields.cells.len() != size * size {
@@ -358,16 +361,16 @@ mod cells_wire {
 
 /// Why a board size is refused.
 #[derive(Debug, thiserror::Error)]
-#[error("a Hex board is 2x2 to {MAX_SIZE}x{MAX_SIZE}, not {0}x{0}")]
+#[error("a Hex board is {MIN_SIZE}x{MIN_SIZE} to {MAX_SIZE}x{MAX_SIZE}, not {0}x{0}")]
 pub struct BadSize(pub usize);
 
 impl Hex {
     /// An empty board.
     ///
     /// # Errors
-    /// [`BadSize`] outside 2..=19.
+    /// [`BadSize`] outside [`MIN_SIZE`]..=[`MAX_SIZE`].
     pub fn new(size: usize) -> Result<Hex, BadSize> {
-        if !(2..=MAX_SIZE).contains(&size) {
+        if !(MIN_SIZE..=MAX_SIZE).contains(&size) {
             return Err(BadSize(size));
         }
         Ok(Hex {
