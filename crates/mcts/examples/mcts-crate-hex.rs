@@ -7,14 +7,16 @@
 //! cargo run --release -p ferromq-mcts --example mcts-crate-hex -- --board 11 --rollouts 100000 --playouts 1 --threads 1
 //! ```
 //!
-//! Options: `--board S` (11), `--rollouts R` (100000), `--playouts P` per new node (1),
-//! `--threads T` (1). Prints one JSON object: `rollouts`, `rollouts_per_s`, `best_move`.
+//! Options: `--board S` (11, 2 to 19), `--rollouts R` (100000; at most 4294967295 with more
+//! than one thread, which the crate counts in a `u32`), `--playouts P` per new node (1),
+//! `--threads T` (1, at most 1024). Prints one JSON object: `rollouts`, `rollouts_per_s`,
+//! `best_move`. A value out of range is refused, naming the option (exit 2).
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use ferromq_mcts::hex::Hex;
+use ferromq_mcts::hex::{Hex, MAX_SIZE, MIN_SIZE};
 use ferromq_mcts::{Game, Outcome, Rng};
 use mcts::transposition_table::{ApproxTable, TranspositionHash};
 use mcts::tree_policy::UCTPolicy;
@@ -107,31 +109,51 @@ impl MCTS for Search {
     }
 }
 
+/// The most threads `--threads` starts. The crate spawns them all at once and aborts the
+/// process when one cannot be spawned; 1024 threads reserve 2 GiB of address space for their
+/// stacks, which Linux's default limits allow, and are more than the cores of any machine the
+/// comparison runs on (more threads than cores only take turns).
+const MAX_THREADS: u64 = 1024;
+
+/// The most rollouts of a search in more than one thread: the crate counts them in a `u32`.
+const MAX_PARALLEL_ROLLOUTS: u64 = u32::MAX as u64;
+
+/// Board size, rollouts, playouts and threads from the command line.
 fn parse(args: &[String]) -> Result<(usize, u64, u32, usize), String> {
     let (mut board, mut rollouts, mut playouts, mut threads) = (11usize, 100_000u64, 1u32, 1usize);
     let mut args = args.iter();
     while let Some(flag) = args.next() {
-        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let number = |min: u64| match value.parse::<u64>() {
-            Ok(number) if number >= min => Ok(number),
-            _ => Err(format!("{flag} {value}: a whole number of at least {min}")),
-        };
-        match flag.as_str() {
-            "--board" => board = number(2)? as usize,
-            "--rollouts" => rollouts = number(1)?,
-            "--playouts" => {
-                playouts =
-                    u32::try_from(number(1)?).map_err(|_| format!("{flag} {value}: too many"))?
-            }
-            "--threads" => threads = number(1)? as usize,
+        let (min, max) = match flag.as_str() {
+            "--board" => (MIN_SIZE as u64, MAX_SIZE as u64),
+            "--rollouts" => (1, u64::MAX),
+            "--playouts" => (1, u64::from(u32::MAX)),
+            "--threads" => (1, MAX_THREADS),
             other => {
                 return Err(format!(
                     "unknown option {other} (see the top of this example)"
                 ));
             }
+        };
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let number = value
+            .parse::<u64>()
+            .ok()
+            .filter(|number| (min..=max).contains(number))
+            .ok_or_else(|| format!("{flag} {value}: a whole number from {min} to {max}"))?;
+        match flag.as_str() {
+            "--board" => board = number as usize,
+            "--rollouts" => rollouts = number,
+            "--playouts" => playouts = u32::try_from(number).expect("at most u32::MAX above"),
+            _ => threads = number as usize,
         }
     }
-    Hex::new(board).map_err(|error| error.to_string())?;
+    if threads > 1 && rollouts > MAX_PARALLEL_ROLLOUTS {
+        return Err(format!(
+            "--rollouts {rollouts} with --threads {threads}: at most {MAX_PARALLEL_ROLLOUTS} \
+             (the mcts crate counts a parallel search's rollouts in a u32; --threads 1 has no \
+             such limit)"
+        ));
+    }
     Ok((board, rollouts, playouts, threads))
 }
 
@@ -163,7 +185,8 @@ fn main() -> ExitCode {
     if threads == 1 {
         manager.playout_n(rollouts);
     } else {
-        manager.playout_n_parallel(u32::try_from(rollouts).unwrap_or(u32::MAX), threads);
+        let rollouts = u32::try_from(rollouts).expect("parse bounds the rollouts of threads");
+        manager.playout_n_parallel(rollouts, threads);
     }
     let seconds = started.elapsed().as_secs_f64();
     let best = manager
@@ -175,4 +198,90 @@ fn main() -> ExitCode {
         rollouts as f64 / seconds
     );
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `parse` makes of `args`.
+    fn parsed(args: &[&str]) -> Result<(usize, u64, u32, usize), String> {
+        parse(&args.iter().map(|arg| (*arg).to_owned()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn every_value_it_cannot_use_is_refused_naming_the_option_and_its_range() {
+        for (args, error) in [
+            // crossbeam could not spawn them: the process aborted (exit 134).
+            (
+                &["--threads", "100000"][..],
+                "--threads 100000: a whole number from 1 to 1024",
+            ),
+            // "at least 2" before, for a board too large.
+            (
+                &["--board", "99999999999999999999"],
+                "--board 99999999999999999999: a whole number from 2 to 19",
+            ),
+            (
+                &["--board", "20"],
+                "--board 20: a whole number from 2 to 19",
+            ),
+            (&["--board", "1"], "--board 1: a whole number from 2 to 19"),
+            // "--json needs a value" before.
+            (
+                &["--json"],
+                "unknown option --json (see the top of this example)",
+            ),
+            // Capped at u32::MAX before, while the JSON reported the number asked for.
+            (
+                &["--rollouts", "4294967297", "--threads", "2"],
+                "--rollouts 4294967297 with --threads 2: at most 4294967295 (the mcts crate \
+                 counts a parallel search's rollouts in a u32; --threads 1 has no such limit)",
+            ),
+            (
+                &["--threads", "2", "--rollouts", "4294967296"],
+                "--rollouts 4294967296 with --threads 2: at most 4294967295 (the mcts crate \
+                 counts a parallel search's rollouts in a u32; --threads 1 has no such limit)",
+            ),
+            (
+                &["--playouts", "4294967296"],
+                "--playouts 4294967296: a whole number from 1 to 4294967295",
+            ),
+            (
+                &["--rollouts", "0"],
+                "--rollouts 0: a whole number from 1 to 18446744073709551615",
+            ),
+            (&["--threads"], "--threads needs a value"),
+        ] {
+            assert_eq!(parsed(args).err().as_deref(), Some(error), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn values_at_the_limits_are_taken() {
+        assert_eq!(parsed(&[]), Ok((11, 100_000, 1, 1)));
+        assert_eq!(
+            parsed(&[
+                "--board",
+                "19",
+                "--threads",
+                "1024",
+                "--rollouts",
+                "4294967295"
+            ]),
+            Ok((19, 4_294_967_295, 1, 1024))
+        );
+        // One thread counts in a u64.
+        assert_eq!(
+            parsed(&[
+                "--board",
+                "2",
+                "--rollouts",
+                "4294967297",
+                "--playouts",
+                "4294967295"
+            ]),
+            Ok((2, 4_294_967_297, u32::MAX, 1))
+        );
+    }
 }
