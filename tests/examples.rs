@@ -8,6 +8,8 @@
 mod mcts_example;
 #[path = "../examples/sampler.rs"]
 mod sampler_example;
+#[path = "../examples/sampler_sink.rs"]
+mod sampler_sink_example;
 #[path = "../examples/sink.rs"]
 mod sink_example;
 
@@ -29,6 +31,7 @@ fn main() -> ExitCode {
         Ok("sampler") => return sampler_example::main(),
         Ok("sink") => return sink_example::main(),
         Ok("mcts-hex") => return mcts_example::main(),
+        Ok("sampler_sink") => return sampler_sink_example::main(),
         _ => {}
     }
     // The mcts example's workers are this binary again, started by the example's driver.
@@ -42,6 +45,18 @@ fn main() -> ExitCode {
         trial("sampler_and_sink_examples_over_shmem", || {
             sampler_to_sink("shmem")
         }),
+        trial(
+            "sampler_sink_example_measures_for_its_seconds",
+            sampler_sink_runs,
+        ),
+        trial(
+            "sampler_sink_example_refuses_bad_arguments_naming_them",
+            sampler_sink_refuses,
+        ),
+        trial(
+            "sampler_sink_example_fails_naming_its_sampler_when_the_sampler_dies",
+            sampler_sink_sampler_killed,
+        ),
         trial(
             "mcts_hex_example_searches_exactly_its_budget_over_shmem_and_zeromq",
             mcts_budget,
@@ -224,6 +239,83 @@ fn sampler_to_sink(transport: &str) -> Result<()> {
         summary == format!("sink: {N_EVENTS} events, total energy {expected_energy}"),
         "unexpected sink summary {summary:?}"
     );
+    Ok(())
+}
+
+/// Runs the sampler_sink example with `args`: (exit code, stdout, stderr).
+fn sampler_sink_example(args: &[&str]) -> Result<(i32, String, String)> {
+    let args: Vec<String> = args.iter().map(|arg| (*arg).to_owned()).collect();
+    ExampleProcess::spawn("sampler_sink", &args)?.finish("sampler_sink")
+}
+
+fn sampler_sink_runs() -> Result<()> {
+    let (code, stdout, stderr) = sampler_sink_example(&["1", "64"])?;
+    ensure!(
+        code == 0 && stdout.contains("messages received in total"),
+        "exit {code}:\n{stdout}\n{stderr}"
+    );
+    Ok(())
+}
+
+fn sampler_sink_refuses() -> Result<()> {
+    // Found by a bad-input sweep: a number of seconds no `Instant` can add panicked, a size no
+    // memory holds aborted the sampler (and the sink said 0 msg/s and exited 0), a word said only
+    // "invalid digit found in string", and a third argument was ignored.
+    for (args, named) in [
+        (
+            &["18446744073709551615"][..],
+            "SECONDS 18446744073709551615",
+        ),
+        (&["1000000001"], "SECONDS 1000000001"),
+        (&["0"], "SECONDS 0"),
+        (&["abc"], "SECONDS abc"),
+        (&["-1"], "SECONDS -1"),
+        (&["1", "abc"], "MSG_SIZE abc"),
+        (&["2", "100000000000"], "MSG_SIZE 100000000000"),
+        (&["1", "1024", "extra"], "unexpected argument \"extra\""),
+    ] {
+        let (code, _, stderr) = sampler_sink_example(args)?;
+        ensure!(
+            code == 2 && stderr.contains(named) && stderr.contains("usage:"),
+            "{args:?}: exit {code}, {stderr}"
+        );
+    }
+    let (code, stdout, _) = sampler_sink_example(&["--help"])?;
+    ensure!(
+        code == 0 && stdout.contains("usage: sampler_sink [SECONDS] [MSG_SIZE]"),
+        "--help: exit {code}, {stdout}"
+    );
+    Ok(())
+}
+
+fn sampler_sink_sampler_killed() -> Result<()> {
+    // The sampler killed mid-run: the sink fails, naming the sampler and how it ended (before,
+    // it printed 0 msg/s until its time was up and exited 0).
+    let example = ExampleProcess::spawn("sampler_sink", &["30".to_owned()])?;
+    let pid = example.child.id();
+    let children = format!("/proc/{pid}/task/{pid}/children");
+    let deadline = Instant::now() + EXIT_TIMEOUT;
+    let sampler_pid = loop {
+        let listed = std::fs::read_to_string(&children).unwrap_or_default();
+        if let Some(child) = listed.split_whitespace().next() {
+            break child.to_owned();
+        }
+        ensure!(Instant::now() < deadline, "the sampler never started");
+        std::thread::park_timeout(Duration::from_millis(20));
+    };
+    let killed = Command::new("kill")
+        .args(["-KILL", &sampler_pid])
+        .status()?;
+    ensure!(killed.success(), "kill -KILL {sampler_pid} failed");
+    let (code, stdout, stderr) = example.finish("sampler_sink")?;
+    ensure!(
+        code == 1
+            && stderr.contains(&format!("the sampler (pid {sampler_pid}) ended"))
+            && stderr.contains("SIGKILL"),
+        "exit {code}:\n{stdout}\n{stderr}"
+    );
+    let ipc_file = std::env::temp_dir().join(format!("ferromq-example-{pid}.ipc"));
+    ensure!(!ipc_file.exists(), "{} was left", ipc_file.display());
     Ok(())
 }
 
