@@ -249,10 +249,43 @@ fn spread(values: &[f64]) -> String {
     format!("{median:.2} ({min:.2}-{max:.2})")
 }
 
+/// Where the topology crate says how many instances a topology may have.
+const TOPOLOGY_LIB: &str = "crates/topology/src/lib.rs";
+
+/// `ferromq_topology::MAX_INSTANCES`, read from its source: xtask stays free of the product
+/// crates (std, clap and the report's few), and a topology larger than that is refused by
+/// `ferromq run` only after the release build and the cluster's start.
+fn max_instances(workspace: &Path) -> Result<usize, String> {
+    let path = workspace.join(TOPOLOGY_LIB);
+    let text = std::fs::read_to_string(&path)
+        .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("pub const MAX_INSTANCES: usize = "))
+        .and_then(|rest| rest.strip_suffix(';')?.replace('_', "").parse().ok())
+        .ok_or_else(|| format!("{} defines no MAX_INSTANCES", path.display()))
+}
+
+/// Every `--devices` size: even (pairs), at least 2, at most `max_devices` (what a topology may
+/// expand to).
+fn check_devices(devices: &[usize], max_devices: usize) -> Result<(), String> {
+    match devices
+        .iter()
+        .find(|&&n| n < 2 || n % 2 == 1 || n > max_devices)
+    {
+        Some(bad) => Err(format!(
+            "--devices {bad}: expected an even number from 2 to {max_devices} (the most \
+             instances a topology may have)"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Runs every size and writes the report; false when a run failed.
 pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
-    if let Some(odd) = options.devices.iter().find(|&&n| n < 2 || n % 2 == 1) {
-        eprintln!("xtask launch-scale: --devices {odd}: expected an even number of at least 2");
+    let checked = max_instances(workspace)
+        .and_then(|max_devices| check_devices(&options.devices, max_devices));
+    if let Err(error) = checked {
+        eprintln!("xtask launch-scale: {error}");
         return false;
     }
     let Some(ferromq) = crate::build_release_ferromq(cargo, workspace, &[]) else {
@@ -358,6 +391,31 @@ pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by a bad-input sweep: `--devices` had no upper bound, so a topology no launcher
+    /// takes went on to a release build and a cluster start.
+    #[test]
+    fn device_counts_are_even_and_within_a_topologys_instances() {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("xtask sits in the workspace");
+        let max_devices = max_instances(workspace).expect("the topology crate's MAX_INSTANCES");
+        assert!(max_devices >= 1000, "{max_devices}");
+        assert_eq!(
+            check_devices(&[10, 100, 500, 1000, max_devices], max_devices),
+            Ok(())
+        );
+        for bad in [0, 1, 3, max_devices + 2, usize::MAX - 1] {
+            let error = check_devices(&[10, bad], max_devices).expect_err("refused");
+            assert_eq!(
+                error,
+                format!(
+                    "--devices {bad}: expected an even number from 2 to {max_devices} (the most \
+                     instances a topology may have)"
+                )
+            );
+        }
+    }
 
     #[test]
     fn the_launchers_running_line_is_read() {

@@ -56,15 +56,16 @@ enum Task {
     /// Runs the default and the pub/sub topologies with the release `ferromq run` for N minutes
     /// each; fails if a device's RSS or /dev/shm use grows or a message is lost.
     Soak {
-        /// Minutes per topology.
-        #[arg(long, default_value_t = 10.0)]
+        /// Minutes per topology (at least 0.14: 8 samples, a second apart).
+        #[arg(long, default_value_t = 10.0, value_parser = soak::minutes)]
         minutes: f64,
     },
     /// Time to RUNNING and memory per device of topologies of N trivial devices launched with
     /// `--launcher slurm` over two simulated Slurm nodes on this host (root, slurm-wlm, munge);
     /// writes target/launch-scale/report.md.
     LaunchScale {
-        /// Topology sizes in devices, comma separated, each even.
+        /// Topology sizes in devices, comma separated, each even, from 2 to the most instances
+        /// a topology may have (ferromq-topology's MAX_INSTANCES).
         #[arg(long, value_delimiter = ',', default_values_t = [10usize, 100, 500, 1000])]
         devices: Vec<usize>,
         /// Runs per size.
@@ -83,7 +84,8 @@ enum Task {
         /// Transports, comma separated; each is measured at every size.
         #[arg(long, value_enum, value_delimiter = ',', default_values_t = [side_by_side::Transport::Shmem])]
         transports: Vec<side_by_side::Transport>,
-        /// Message sizes in bytes, comma separated.
+        /// Message sizes in bytes, comma separated; at least 1, and with shmem below the
+        /// devices' segment (FairMQ's default, 2 000 000 000 bytes).
         #[arg(long, value_delimiter = ',', default_values_t = [64usize, 1024, 65536])]
         sizes: Vec<usize>,
         /// Messages per run at every size (--max-iterations; both sides send one more),
@@ -99,7 +101,8 @@ enum Task {
         /// each process used (% of a core) instead of the message rate, beside the machine's
         /// wake-up floor measured in each round (a thread that only sleeps and rings a
         /// doorbell as often as the samplers wake, and the thread it wakes); --seconds says
-        /// for how long (e.g. 30).
+        /// for how long (e.g. 30). A pace at which a run's messages outlast the run's timeout
+        /// is refused.
         #[arg(long, value_parser = positive_rate)]
         msg_rate: Option<f64>,
     },
@@ -384,6 +387,25 @@ mod tests {
             let error = positive_rate(bad).expect_err(bad);
             assert!(error.contains(bad), "{error}");
         }
+    }
+
+    /// The checks of `soak --minutes` are the parser's: a bad value is refused as typed, with
+    /// the flag, before anything is built.
+    #[test]
+    fn soak_minutes_are_refused_as_typed() {
+        let refused = |minutes: &str| {
+            Cli::try_parse_from(["xtask", "soak", "--minutes", minutes])
+                .err()
+                .map(|error| error.to_string())
+        };
+        for bad in ["1e308", "0.0001"] {
+            let error = refused(bad).unwrap_or_else(|| panic!("--minutes {bad} was taken"));
+            assert!(
+                error.contains("--minutes") && error.contains(&format!("{bad:?}")),
+                "{error}"
+            );
+        }
+        assert_eq!(refused("10"), None);
     }
 
     /// `.ci/run` only installs system packages and calls `cargo xtask ci`: CI has one

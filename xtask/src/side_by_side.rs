@@ -135,6 +135,51 @@ impl Options {
     }
 }
 
+/// FairMQ's default `--shm-segment-size` (2 000 000 000 bytes), the smaller of the segments the
+/// two pairs get (ferromq's default is 2 GiB); neither side is given another.
+const FAIRMQ_SEGMENT_SIZE: usize = 2_000_000_000;
+
+impl Options {
+    /// Refuses, before the release build, what no run could measure: a size of 0, a shmem size
+    /// that cannot fit the devices' segment, a pace too slow for a run to end within
+    /// [`Options::run_timeout`].
+    ///
+    /// The segment is checked only as far as xtask can without the shm crate (which would bring
+    /// tokio, zeromq and nix into xtask's build): a message at least the segment's size never
+    /// fits; a little smaller, the segment's and the block's headers decide, and the devices
+    /// refuse it naming both sizes.
+    pub fn check(&self) -> Result<(), String> {
+        let shmem = self.transports.contains(&Transport::Shmem);
+        for &size in &self.sizes {
+            if size == 0 {
+                return Err("--sizes 0: expected message sizes of at least 1 byte".to_owned());
+            }
+            if shmem && size >= FAIRMQ_SEGMENT_SIZE {
+                return Err(format!(
+                    "--sizes {size} with --transports shmem: a message must fit the devices' \
+                     shared-memory segment ({FAIRMQ_SEGMENT_SIZE} bytes, FairMQ's default, with \
+                     its headers): expected sizes below {FAIRMQ_SEGMENT_SIZE}"
+                ));
+            }
+        }
+        if let (Some(rate), Some(messages)) = (self.msg_rate, self.fixed_messages()) {
+            // Both sides send one more than --max-iterations.
+            let sent = messages as f64 + 1.0;
+            let timeout = self.run_timeout().as_secs_f64();
+            if sent / rate > timeout {
+                let slowest = (sent / timeout * 1000.0).ceil() / 1000.0;
+                return Err(format!(
+                    "--msg-rate {rate:?}: a paced run sends {sent} messages, {:.0} s at that \
+                     rate, longer than a run may take ({timeout} s): expected at least {slowest} \
+                     messages per second",
+                    sent / rate
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The `--max-iterations` that makes a pair measured at `rate` messages a second (counting
 /// N + 1) run about `seconds`.
 fn calibrated_messages(rate: f64, seconds: f64) -> u64 {
@@ -596,6 +641,10 @@ fn calibrate(
 /// failed. A FairMQ run that fails (its sink still waiting for messages its sampler sent, seen
 /// now and then at 1 KiB) is listed in the report and leaves that round out of the ratios.
 pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
+    if let Err(error) = options.check() {
+        eprintln!("xtask side-by-side: {error}");
+        return false;
+    }
     for program in [
         "bin/fairmq-bsampler",
         "bin/fairmq-sink",
@@ -925,6 +974,60 @@ mod tests {
         assert!(
             render(&calibrated, &[]).contains("runs of about 3 s"),
             "the report says how long its runs were"
+        );
+    }
+
+    /// Found by a bad-input sweep: `--sizes` was never checked (0, or larger than the devices'
+    /// segment), and `--msg-rate 0.001` was taken though a run at that pace outlasts its
+    /// timeout; both went on to a release build and runs that could only fail.
+    #[test]
+    fn sizes_and_paces_no_run_can_measure_are_refused() {
+        let options = |transports: &[Transport], sizes: &[usize], length, msg_rate| Options {
+            fairmq: PathBuf::new(),
+            rounds: 1,
+            transports: transports.to_vec(),
+            sizes: sizes.to_vec(),
+            length,
+            msg_rate,
+        };
+        let both = [Transport::Shmem, Transport::Zeromq];
+        let seconds = RunLength::Seconds(3.0);
+        let refused = |options: Options| options.check().expect_err("refused");
+        assert_eq!(
+            options(&both, &[64, 1024, 65536], seconds, None).check(),
+            Ok(())
+        );
+        assert_eq!(
+            options(&both, &[1999999999], seconds, Some(2500.0)).check(),
+            Ok(())
+        );
+        assert!(
+            refused(options(&both, &[64, 0], seconds, None))
+                .starts_with("--sizes 0: expected message sizes of at least 1 byte")
+        );
+        assert!(
+            refused(options(&both, &[2000000000], seconds, None))
+                .starts_with("--sizes 2000000000 with --transports shmem: a message must fit")
+        );
+        // Without shmem there is no segment to fit.
+        assert_eq!(
+            options(&[Transport::Zeromq], &[2000000000], seconds, None).check(),
+            Ok(())
+        );
+        // Two messages at 0.001 a second: 2000 s; a run of 3 s may take 90.
+        assert_eq!(
+            refused(options(&both, &[64], seconds, Some(0.001))),
+            "--msg-rate 0.001: a paced run sends 2 messages, 2000 s at that rate, longer than a \
+             run may take (90 s): expected at least 0.023 messages per second"
+        );
+        assert_eq!(options(&both, &[64], seconds, Some(0.023)).check(), Ok(()));
+        assert!(
+            refused(options(&both, &[64], seconds, Some(1e-300))).starts_with("--msg-rate 1e-300:")
+        );
+        // --messages 999 at 10 a second: 100 s, past the 60 s of a run of a fixed count.
+        assert!(
+            refused(options(&both, &[64], RunLength::Messages(999), Some(10.0)))
+                .ends_with("expected at least 16.667 messages per second")
         );
     }
 

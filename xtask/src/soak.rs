@@ -37,6 +37,9 @@
 //! subscriber's shortfall is reported as drops, not as a failure. The run must also exit 0 and
 //! leave no shared memory behind.
 //!
+//! `--minutes` is at least 0.14 (8 s): a sample a second at most, the fewest that leave
+//! `MIN_SAMPLES` after the warm-up; a shorter soak could only end in "too few samples".
+//!
 //! The findings go to stdout and `target/soak/report.md`; the exit code is non-zero when a
 //! topology failed, with one line per failure on stderr.
 
@@ -86,14 +89,45 @@ const SOAKS: [Soak; 2] = [
     },
 ];
 
-/// Runs every soak for `minutes` each; prints what it found; true when all passed.
-pub fn run(cargo: &str, workspace: &Path, minutes: f64) -> bool {
-    if !minutes.is_finite() || minutes <= 0.0 || minutes > 24.0 * 60.0 {
-        eprintln!(
-            "xtask soak: --minutes {minutes}: expected a number of minutes above 0, at most 1440"
-        );
-        return false;
+/// The shortest interval between samples (about 60 per run, one a second to one every five).
+const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// The longest interval between samples.
+const MAX_INTERVAL: Duration = Duration::from_secs(5);
+/// The longest soak per topology: a day.
+const MAX_MINUTES: f64 = 24.0 * 60.0;
+
+/// The shortest soak that can be judged: enough samples, one per [`MIN_INTERVAL`], that
+/// [`MIN_SAMPLES`] remain after the warm-up (8 s). A shorter one could only end in "too few
+/// samples to judge".
+fn min_duration() -> Duration {
+    let needed = (MIN_SAMPLES as f64 / (1.0 - WARMUP_FRACTION)).ceil();
+    MIN_INTERVAL.mul_f64(needed)
+}
+
+/// `--minutes`: a number of minutes from [`min_duration`] to [`MAX_MINUTES`]; the error quotes
+/// what was typed (Clap adds the flag).
+pub fn minutes(text: &str) -> Result<f64, String> {
+    let shortest = min_duration().as_secs_f64();
+    // Shown rounded up, so that the minimum as printed is accepted.
+    let shortest_minutes = (shortest / 60.0 * 100.0).ceil() / 100.0;
+    match text.parse::<f64>() {
+        Ok(minutes) if minutes * 60.0 >= shortest && minutes <= MAX_MINUTES => Ok(minutes),
+        Ok(minutes) if minutes > 0.0 && minutes * 60.0 < shortest => Err(format!(
+            "{text:?} is too short to judge growth: expected at least {shortest_minutes} minutes \
+             ({shortest} s: a sample a second at most, {MIN_SAMPLES} of them after the first \
+             {:.0}% of warm-up)",
+            WARMUP_FRACTION * 100.0
+        )),
+        _ => Err(format!(
+            "{text:?} is not a soak's length: expected minutes from {shortest_minutes} to \
+             {MAX_MINUTES}"
+        )),
     }
+}
+
+/// Runs every soak for `minutes` each (as [`minutes`] took them); prints what it found; true
+/// when all passed.
+pub fn run(cargo: &str, workspace: &Path, minutes: f64) -> bool {
     let Some(ferromq) = crate::build_release_ferromq(cargo, workspace, &[]) else {
         return false;
     };
@@ -196,7 +230,7 @@ fn soak_one(
     };
     let launcher_pid = launcher.0.id();
     // About 60 samples per run, between one per second and one per five.
-    let interval = (duration / 60).clamp(Duration::from_secs(1), Duration::from_secs(5));
+    let interval = (duration / 60).clamp(MIN_INTERVAL, MAX_INTERVAL);
     // The launcher stops its devices within its own timeouts; give it generous room.
     let deadline = Instant::now() + duration + STOP_ALLOWANCE;
     let mut samples: Vec<Sample> = Vec::new();
@@ -789,6 +823,42 @@ mod tests {
     fn check_growth(values: &[f64], slack: f64, grows: bool) {
         let verdict = growth(values, RELATIVE_GROWTH, slack).expect("enough samples");
         assert_eq!(verdict.grows, grows, "{values:?}: {verdict}");
+    }
+
+    /// Found by a bad-input sweep: `--minutes 1e308` was refused as a 309-digit number, and
+    /// `--minutes 0.0001` was taken, though no growth can be judged in 6 ms.
+    #[test]
+    fn minutes_are_long_enough_to_judge_and_refused_as_typed() {
+        assert_eq!(minutes("10"), Ok(10.0));
+        assert_eq!(
+            minutes("0.14"),
+            Ok(0.14),
+            "the minimum as the error prints it"
+        );
+        for (bad, says) in [
+            (
+                "1e308",
+                "\"1e308\" is not a soak's length: expected minutes from 0.14 to 1440",
+            ),
+            (
+                "0.0001",
+                "\"0.0001\" is too short to judge growth: expected at least 0.14 minutes (8 s",
+            ),
+            ("0.13", "\"0.13\" is too short"),
+            ("0", "\"0\" is not a soak's length"),
+            ("-1", "\"-1\" is not"),
+            ("NaN", "\"NaN\" is not"),
+            ("inf", "\"inf\" is not"),
+            ("long", "\"long\" is not"),
+        ] {
+            let error = minutes(bad).expect_err(bad);
+            assert!(error.starts_with(says), "{bad}: {error}");
+        }
+        // The shortest soak leaves its minimum of samples after the warm-up.
+        let n_samples = (min_duration().as_secs_f64() / MIN_INTERVAL.as_secs_f64()) as usize;
+        let values = vec![1.0; n_samples];
+        assert!(growth(&values, RELATIVE_GROWTH, 0.0).is_some());
+        assert!(growth(&values[1..], RELATIVE_GROWTH, 0.0).is_none());
     }
 
     #[test]
