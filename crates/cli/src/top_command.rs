@@ -17,12 +17,29 @@ pub struct TopOptions {
     /// Print one snapshot as a plain table and exit.
     #[arg(long)]
     pub once: bool,
-    /// Print one snapshot as JSON and exit.
+    /// Print one snapshot as JSON and exit (one snapshot with or without --once).
     #[arg(long)]
     pub json: bool,
-    /// Seconds between refreshes; for --once and --json, the time the rates are measured over.
-    #[arg(long, default_value = "1", value_parser = crate::options::seconds)]
+    /// Seconds between refreshes; for --once and --json, the time the rates are measured over
+    /// (at least 0.1).
+    #[arg(long, default_value = "1", value_parser = interval)]
     pub interval: f64,
+}
+
+/// clap's parser for `--interval`: [`crate::options::seconds`], at least
+/// [`crate::options::MIN_BENCH_SECONDS`], for the reason a benchmark's measurement is: rates
+/// over a shorter time measure the looks themselves (`--interval 1e-300` printed rates "over
+/// the last 0.0 s").
+fn interval(text: &str) -> Result<f64, String> {
+    let min = crate::options::MIN_BENCH_SECONDS;
+    let seconds = crate::options::seconds(text)?;
+    if seconds < min {
+        return Err(format!(
+            "{text:?}: rates over a time that short measure the looks themselves; expected at \
+             least {min} seconds"
+        ));
+    }
+    Ok(seconds)
 }
 
 /// Runs `ferromq top`; returns the exit code: 0, 1 when a snapshot found no device, 2 when
@@ -32,6 +49,8 @@ pub fn run(options: &TopOptions) -> ExitCode {
     let session = options.session.as_deref();
     let transport: Arc<dyn ferromq_core::Transport> = Arc::new(ferromq_zmq::ZmqTransport::new());
     let mut observer = Observer::new(transport);
+    // `--json` is a snapshot by itself; `--once` beside it changes nothing (README, "Watching
+    // what runs").
     if options.once || options.json {
         return crate::block_on(1, async {
             // Two looks `interval` apart: the second has rates.

@@ -206,6 +206,15 @@ async fn top_once_shows_standalone_devices_with_their_counts() {
         table.stdout
     );
 
+    // `--json` is one snapshot, with or without `--once` (README).
+    let both = top(&[&session, "--once", "--json", "--interval", "0.3"]).await;
+    both.assert_exited_0();
+    let value: serde_json::Value = serde_json::from_str(&both.stdout).expect("JSON");
+    assert_eq!(
+        ids_in_state(&value, "RUNNING"),
+        ["lonely-sink", "slow-sampler"]
+    );
+
     // Upstream first, as `ferromq run` stops a topology: the sampler waits until the sink took
     // what it sent. Both at once raced: a message sent just before the sampler's SIGINT, which
     // the sink, stopping too, no longer took, failed the sampler with "1 message(s) accepted by
@@ -282,6 +291,19 @@ async fn top_says_what_it_cannot_do() {
         let refused = top(&["--once", "--interval", bad]).await;
         assert_eq!(refused.code, Some(2), "--interval {bad}");
         assert!(refused.stderr.contains(bad), "{}", refused.stderr);
+    }
+    // Found by a bad-input sweep: rates over 1e-300 s were printed as "rates over the last
+    // 0.0 s", the time one look takes.
+    for short in ["1e-300", "0.09"] {
+        let refused = top(&["--once", "--interval", short]).await;
+        assert_eq!(refused.code, Some(2), "--interval {short}");
+        assert!(
+            refused.stderr.contains("--interval")
+                && refused.stderr.contains(short)
+                && refused.stderr.contains("expected at least 0.1 seconds"),
+            "{}",
+            refused.stderr
+        );
     }
 }
 
