@@ -9,7 +9,8 @@
 //! Options: `--board S` (default 11, 2 to 19), `--workers N` (2, at most 256), `--rollouts R`
 //! per search or move (10000; no limit where `--seconds` is given alone), `--aggregate
 //! none|trad|ovfl` (ovfl), `--aggregate-bytes B` (the frame size of `trad` and `ovfl`: 4096)
-//! and `--aggregate-us U` (`trad`'s longest hold: 100), `--playouts P` per new node (16),
+//! and `--aggregate-us U` (`trad`'s longest hold: 100), `--playouts P` per new node (16, at
+//! most 65536: a simulation's playouts are not interrupted),
 //! `--spread-depth D` (nodes down to D moves below the root placed by their hash, deeper ones
 //! kept with their parent's owner; none: every node by its hash), `--in-flight K` simulations
 //! per worker (256, at most 4096), `--seconds T` per search or move (none: the rollouts alone
@@ -155,7 +156,9 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 let (low, high) = ferromq::rpc::AGGREGATE_US_BOUNDS;
                 options.aggregate_us = within(flag, value()?, low, Some(high))?;
             }
-            "--playouts" => options.playouts = number(flag, value()?, 1)?,
+            "--playouts" => {
+                options.playouts = within(flag, value()?, 1, Some(SearchSettings::MAX_PLAYOUTS))?;
+            }
             "--spread-depth" => options.spread_depth = number(flag, value()?, 0)?,
             "--in-flight" => options.in_flight = within(flag, value()?, 1, Some(MAX_IN_FLIGHT))?,
             "--transport" => match value()?.as_str() {

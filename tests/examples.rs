@@ -449,7 +449,13 @@ fn mcts_refuses_unread_and_unbounded_options() -> Result<()> {
         args.extend_from_slice(culprit);
         args
     };
-    let cases: [(Vec<&str>, &str); 12] = [
+    let cases: [(Vec<&str>, &str); 13] = [
+        // One simulation's playouts are not interrupted: up to u32::MAX were taken, and a
+        // billion ran `--seconds 1` for hours.
+        (
+            quick(&["--playouts", "65537"]),
+            "--playouts 65537: a whole number from 1 to 65536",
+        ),
         // Started all of them before it looked at the clock: a million ran `--seconds 1` for
         // minutes.
         (

@@ -1044,6 +1044,20 @@ mod tests {
                 problem.message
             );
         }
+        // A simulation's playouts are not interrupted: 10^9 of them kept a worker in one
+        // handler for hours, past any search's time; 0 evaluated nothing.
+        let max = ferromq_mcts::search::SearchSettings::MAX_PLAYOUTS.to_string();
+        assert!(check("mcts-worker", "playouts", &max).is_ok());
+        for bad in ["0", "65537", "1000000000"] {
+            let problem = check("mcts-worker", "playouts", bad).unwrap_err();
+            assert_eq!(
+                problem.message,
+                format!(
+                    "device \"d\": property \"playouts\" has invalid value \"{bad}\": expected 1 \
+                     to 65536 random games per new node"
+                )
+            );
+        }
     }
 
     /// Found by a sweep: `bsampler --rate 10 --msg-rate 1000` sent 1000 a second, silently.

@@ -62,6 +62,22 @@ fn group(props: &impl Properties) -> Result<String, DeviceError> {
     props.parse_or("rpc-group", "search".to_owned())
 }
 
+/// Random games per new node: at least one, at most [`SearchSettings::MAX_PLAYOUTS`] (a
+/// simulation's playouts are not interrupted, so more would let a search overrun its time).
+fn playouts(props: &impl Properties) -> Result<u32, DeviceError> {
+    let playouts = props.parse_or("playouts", SearchSettings::default().playouts)?;
+    if !(1..=SearchSettings::MAX_PLAYOUTS).contains(&playouts) {
+        return Err(props.invalid(
+            "playouts",
+            format!(
+                "has invalid value \"{playouts}\": expected 1 to {} random games per new node",
+                SearchSettings::MAX_PLAYOUTS
+            ),
+        ));
+    }
+    Ok(playouts)
+}
+
 /// A worker's properties (what [`crate::Builtin::check_properties`] checks).
 pub(crate) struct WorkerSettings {
     which: Which,
@@ -75,7 +91,7 @@ pub(crate) fn worker_settings(props: &impl Properties) -> Result<WorkerSettings,
         which: which(props)?,
         group: group(props)?,
         search: SearchSettings {
-            playouts: props.parse_or("playouts", 16)?,
+            playouts: playouts(props)?,
             spread_depth: props.parse_or("spread-depth", SearchSettings::SPREAD_EVERYWHERE)?,
             ..SearchSettings::default()
         },

@@ -8,7 +8,8 @@
 //! ```
 //!
 //! Options: `--board S` (11, 2 to 19), `--rollouts R` (100000; at most 4294967295 with more
-//! than one thread, which the crate counts in a `u32`), `--playouts P` per new node (1),
+//! than one thread, which the crate counts in a `u32`), `--playouts P` per new node (1, at most
+//! 65536),
 //! `--threads T` (1, at most 1024). Prints one JSON object: `rollouts`, `rollouts_per_s`,
 //! `best_move`. A value out of range is refused, naming the option (exit 2).
 
@@ -126,7 +127,10 @@ fn parse(args: &[String]) -> Result<(usize, u64, u32, usize), String> {
         let (min, max) = match flag.as_str() {
             "--board" => (MIN_SIZE as u64, MAX_SIZE as u64),
             "--rollouts" => (1, u64::MAX),
-            "--playouts" => (1, u64::from(u32::MAX)),
+            "--playouts" => (
+                1,
+                u64::from(ferromq_mcts::search::SearchSettings::MAX_PLAYOUTS),
+            ),
             "--threads" => (1, MAX_THREADS),
             other => {
                 return Err(format!(
@@ -143,7 +147,9 @@ fn parse(args: &[String]) -> Result<(usize, u64, u32, usize), String> {
         match flag.as_str() {
             "--board" => board = number as usize,
             "--rollouts" => rollouts = number,
-            "--playouts" => playouts = u32::try_from(number).expect("at most u32::MAX above"),
+            "--playouts" => {
+                playouts = u32::try_from(number).expect("at most MAX_PLAYOUTS above");
+            }
             _ => threads = number as usize,
         }
     }
@@ -226,6 +232,11 @@ mod tests {
                 &["--board", "20"],
                 "--board 20: a whole number from 2 to 19",
             ),
+            // One simulation's playouts are not interrupted: up to u32::MAX were taken.
+            (
+                &["--playouts", "65537"],
+                "--playouts 65537: a whole number from 1 to 65536",
+            ),
             (&["--board", "1"], "--board 1: a whole number from 2 to 19"),
             // "--json needs a value" before.
             (
@@ -245,7 +256,7 @@ mod tests {
             ),
             (
                 &["--playouts", "4294967296"],
-                "--playouts 4294967296: a whole number from 1 to 4294967295",
+                "--playouts 4294967296: a whole number from 1 to 65536",
             ),
             (
                 &["--rollouts", "0"],
@@ -279,9 +290,9 @@ mod tests {
                 "--rollouts",
                 "4294967297",
                 "--playouts",
-                "4294967295"
+                "65536"
             ]),
-            Ok((2, 4_294_967_297, u32::MAX, 1))
+            Ok((2, 4_294_967_297, 65_536, 1))
         );
     }
 }
