@@ -72,10 +72,19 @@ pub const MIN_BENCH_SECONDS: f64 = 0.1;
 /// # Errors
 /// The text and what was expected.
 pub fn bench_seconds(text: &str) -> Result<f64, String> {
+    measured_seconds(text, "a measurement that short measures its own start")
+}
+
+/// [`seconds`] a measurement takes, at least [`MIN_BENCH_SECONDS`]; `shorter` says what a
+/// shorter time would measure instead.
+///
+/// # Errors
+/// The text, `shorter` and the minimum.
+pub fn measured_seconds(text: &str, shorter: &str) -> Result<f64, String> {
     let value = seconds(text)?;
     if value < MIN_BENCH_SECONDS {
         return Err(format!(
-            "{text:?}: a measurement that short measures its own start; expected at least {MIN_BENCH_SECONDS} seconds"
+            "{text:?}: {shorter}; expected at least {MIN_BENCH_SECONDS} seconds"
         ));
     }
     Ok(value)

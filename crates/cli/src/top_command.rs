@@ -26,20 +26,14 @@ pub struct TopOptions {
     pub interval: f64,
 }
 
-/// clap's parser for `--interval`: [`crate::options::seconds`], at least
-/// [`crate::options::MIN_BENCH_SECONDS`], for the reason a benchmark's measurement is: rates
-/// over a shorter time measure the looks themselves (`--interval 1e-300` printed rates "over
-/// the last 0.0 s").
+/// clap's parser for `--interval`: [`crate::options::measured_seconds`], for the reason a
+/// benchmark's measurement has a minimum (`--interval 1e-300` printed rates "over the last 0.0
+/// s").
 fn interval(text: &str) -> Result<f64, String> {
-    let min = crate::options::MIN_BENCH_SECONDS;
-    let seconds = crate::options::seconds(text)?;
-    if seconds < min {
-        return Err(format!(
-            "{text:?}: rates over a time that short measure the looks themselves; expected at \
-             least {min} seconds"
-        ));
-    }
-    Ok(seconds)
+    crate::options::measured_seconds(
+        text,
+        "rates over a time that short measure the looks themselves",
+    )
 }
 
 /// Runs `ferromq top`; returns the exit code: 0, 1 when a snapshot found no device, 2 when

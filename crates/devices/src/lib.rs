@@ -637,24 +637,9 @@ pub(crate) fn try_zeroed(key: &str, size: usize) -> Result<Vec<u8>, BoxError> {
     Ok(bytes)
 }
 
-/// A message of `size` bytes (property `key`) for channel `channel`, from the channel's
-/// transport (a block of a shmem segment, a recycled zeromq buffer, ...), fallibly: an
-/// impossible size is an error naming the property and the size, not an abort. `None` when
-/// STOP came while the transport waited for room ([`DeviceContext::new_message`]).
-pub(crate) async fn allocate(
-    ctx: &mut DeviceContext,
-    channel: &str,
-    key: &str,
-    size: usize,
-) -> Option<Result<Message, BoxError>> {
-    match ctx.new_message(channel, size).await {
-        Err(DeviceError::Channel(ferromq_core::Error::Interrupted { .. })) => None,
-        made => Some(made.map_err(|error| allocation_failed(key, size, &error))),
-    }
-}
-
-/// [`allocate`] for a message promised before STOP (an answer to a request taken): waits for
-/// the transport's room whether or not STOP came, as the promise's send does.
+/// A message of `size` bytes (property `key`) for channel `channel`, promised before STOP (an
+/// answer to a request taken): from the transport, fallibly, waiting for its room whether or
+/// not STOP came, as the promise's send does. Other senders use [`Outgoing`].
 pub(crate) async fn allocate_promised(
     ctx: &mut DeviceContext,
     channel: &str,

@@ -38,10 +38,10 @@ impl Device for Client {
     }
 
     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let outgoing = crate::Outgoing::new(ctx, &self.channel, "msg-size")?;
         let mut n_round_trips = 0u64;
         while ctx.next_iteration() {
-            let Some(made) = crate::allocate(ctx, &self.channel, "msg-size", self.msg_size).await
-            else {
+            let Some(made) = outgoing.message(ctx, self.msg_size).await else {
                 break;
             };
             let mut request = made?;
