@@ -45,7 +45,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// fmt --check, clippy -D warnings and the whole test suite, without and with `--features
-    /// ofi` (what CI runs; `.ci/run` installs the system packages, then calls this).
+    /// ofi,otel`, and rustdoc (what CI runs; `.ci/run` installs the system packages, then calls
+    /// this).
     Ci,
     /// Format the workspace.
     Fmt,

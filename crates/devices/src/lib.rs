@@ -1,7 +1,7 @@
 //! The devices every pipeline needs, so that a topology can be built without writing code.
 //!
 //! Each device reads its options from properties (set by `ferromq device KIND --msg-size ...` or
-//! a topology's `[devices.x.properties]`); [`Builtin::create`] makes one by name.
+//! a topology's `[[device]]` table, `properties = { ... }`); [`Builtin::create`] makes one by name.
 //!
 //! | kind | channels (default names) | properties |
 //! |---|---|---|
