@@ -4,7 +4,9 @@ mod support;
 
 use std::time::Duration;
 
-use support::{Ipc, ferromq, finish, signal, wait_for_line};
+use support::{
+    Device, Ipc, ShmSession, ferromq, finish, ids_in_state, signal, top_json_until, wait_for_line,
+};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -638,4 +640,122 @@ async fn auto_bind_picks_a_port_of_the_configured_range() {
         "{log}"
     );
     drop(taken);
+}
+
+/// A processor holding a message it took (a sampler's one message), its output's receiver
+/// stopped (SIGSTOP) before the connection was made, is stopped by SIGTERM. `linger`: its
+/// output's. Returns the sampler (paced, its next message 100 s away), the processor and the
+/// sink (stopped).
+async fn processor_holding_a_message_stopped(
+    session: &ShmSession,
+    input: &Ipc,
+    output: &Ipc,
+    linger: &str,
+) -> (
+    tokio::process::Child,
+    tokio::process::Child,
+    tokio::process::Child,
+) {
+    let shmem = ["--transport", "shmem", "--session", &session.0];
+    let sink = Device::new("sink", "stalled")
+        .args(&shmem)
+        .channel("pull", "bind", &output.address())
+        .spawn();
+    top_json_until(&session.0, |snapshot| {
+        ids_in_state(snapshot, "RUNNING") == ["stalled"]
+    })
+    .await;
+    signal(&sink, "STOP");
+    let processor = Device::new("processor", "holding")
+        .args(&shmem)
+        .args(&[
+            "--channel-config",
+            &format!(
+                "name=data-in,type=pull,method=bind,address={},rateLogging=0",
+                input.address()
+            ),
+            "--channel-config",
+            &format!(
+                "name=data-out,type=push,method=connect,address={},rateLogging=0,linger={linger}",
+                output.address()
+            ),
+        ])
+        .spawn();
+    // One message now, the next in 100 s: the processor takes one and nothing waits behind it.
+    let sampler = Device::new("sampler", "one")
+        .args(&shmem)
+        .args(&["--rate", "0.01"])
+        .channel("push", "connect", &input.address())
+        .spawn();
+    // The processor's receive returned it: the message is in its hands, its send waiting.
+    top_json_until(&session.0, |snapshot| {
+        snapshot["devices"].as_array().is_some_and(|devices| {
+            devices.iter().any(|device| {
+                device["id"] == "holding"
+                    && device["channels"].as_array().is_some_and(|channels| {
+                        channels.iter().any(|channel| {
+                            channel["name"] == "data-in" && channel["messages_in"] == 1
+                        })
+                    })
+            })
+        })
+    })
+    .await;
+    signal(&processor, "TERM");
+    (sampler, processor, sink)
+}
+
+/// Found by a contract sweep: a forwarder stopped while its send waited for room dropped the
+/// message it had taken and exited 0; nobody counted it. Now STOP ends its receiving, not the
+/// message in hand: a receiver that makes room within the output's `linger` gets it (both
+/// exit 0), and one that does not makes the processor fail naming the one message lost.
+#[tokio::test]
+async fn a_stopped_processor_forwards_the_message_in_hand_or_reports_it_lost() {
+    // The receiver comes back within linger (30 s here; it is woken right after the
+    // processor has its SIGTERM): the message arrives.
+    let session = ShmSession::new("fwdkeep");
+    let (input, output) = (Ipc::new("fwdkeep-in"), Ipc::new("fwdkeep-out"));
+    let (sampler, processor, sink) =
+        processor_holding_a_message_stopped(&session, &input, &output, "30000").await;
+    signal(&sink, "CONT");
+    let processor = tokio::time::timeout(EXIT_TIMEOUT, finish(processor))
+        .await
+        .expect("the processor ended");
+    processor.assert_exited_0();
+    signal(&sink, "INT");
+    let sink = finish(sink).await;
+    sink.assert_exited_0();
+    assert!(
+        sink.stdout.contains("received 1 messages"),
+        "the message in hand was dropped: {}{}",
+        sink.stdout,
+        sink.stderr
+    );
+    signal(&sampler, "INT");
+    finish(sampler).await.assert_exited_0();
+
+    // The receiver stays stopped for longer than linger (500 ms): the processor says it lost
+    // the message, and fails.
+    let session = ShmSession::new("fwdlost");
+    let (input, output) = (Ipc::new("fwdlost-in"), Ipc::new("fwdlost-out"));
+    let (sampler, processor, sink) =
+        processor_holding_a_message_stopped(&session, &input, &output, "500").await;
+    let processor = tokio::time::timeout(EXIT_TIMEOUT, finish(processor))
+        .await
+        .expect("the processor ended");
+    signal(&sink, "CONT");
+    signal(&sink, "INT");
+    finish(sink).await;
+    signal(&sampler, "INT");
+    finish(sampler).await;
+    processor.assert_exited(1);
+    assert!(
+        processor
+            .stderr
+            .contains("1 message(s) accepted by send were not delivered")
+            && processor.stderr.contains("not forwarded"),
+        "{}{}",
+        processor.stdout,
+        processor.stderr
+    );
 }
