@@ -207,6 +207,99 @@ async fn a_second_run_of_a_live_session_is_refused() {
     assert_eq!(code, Some(0), "{stderr}\n{seen:#?}");
 }
 
+/// The objects in /dev/shm of `session` that process `pid` made.
+fn objects_made_by(session: &str, pid: u32) -> Vec<String> {
+    ferromq_shm::cleanup::list_objects(ferromq_shm::names::current_uid(), Some(session))
+        .into_iter()
+        .filter(|object| object.name.creator_pid == pid)
+        .map(|object| object.name.to_string())
+        .collect()
+}
+
+/// A device started by hand into the session of a `ferromq run` (a FairMQ user's monitoring
+/// device, say) keeps its shared memory when the run ends, and stays usable: the run's end used
+/// to remove every object of the session by force, the live device's segment and the session
+/// watchdog's lock among them, and a sink that attached to the device afterwards failed
+/// ("shared memory ... does not exist"). The run's own devices' memory then goes with the last
+/// process of the session.
+#[tokio::test]
+async fn a_run_leaves_the_shared_memory_of_a_live_device_it_did_not_start() {
+    let session = support::ShmSession::new("hand");
+    let _kill = KillLeftovers(session.0.clone());
+    let ipc = support::Ipc::new("hand");
+    let shmem = [
+        "--transport",
+        "shmem",
+        "--session",
+        session.0.as_str(),
+        "--shm-segment-size",
+        "16777216",
+    ];
+    let mut sampler = support::Device::new("sampler", "hand")
+        .args(&shmem)
+        .args(&["--rate", "1000"])
+        .channel("pub", "bind", &ipc.address())
+        .spawn();
+    let hand = sampler.id().expect("the sampler runs");
+    let mut lines = BufReader::new(sampler.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    wait_for_line(&mut lines, "READY ---> RUNNING", &mut seen).await;
+    // Its segment exists from its socket's creation.
+    let ours = objects_made_by(&session.0, hand);
+    assert!(!ours.is_empty(), "no object of the sampler {hand}");
+
+    let run = finish(launcher(&[
+        &topology("default.toml"),
+        "--session",
+        &session.0,
+        "--duration",
+        "1",
+    ]))
+    .await;
+    run.assert_exited_0();
+    let kept = objects_made_by(&session.0, hand);
+    assert_eq!(
+        kept, ours,
+        "the run removed the live sampler's shared memory:\n{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout
+            .contains(&format!("of session {} in use by pid {hand}", session.0)),
+        "the run does not say what it left and why:\n{}",
+        run.stdout
+    );
+
+    // A sink attaches to the sampler now, and gets its messages.
+    let sink = support::Device::new("sink", "late")
+        .args(&shmem)
+        .args(&["--max-iterations", "10"])
+        .channel("sub", "connect", &ipc.address())
+        .finish()
+        .await;
+    sink.assert_exited_0();
+    assert!(
+        sink.stdout.contains("sink summary: received ")
+            && !sink.stdout.contains("received 0 messages"),
+        "{}",
+        sink.stdout
+    );
+    signal(&sampler, "TERM");
+    support::finish_rest(sampler, lines).await.assert_exited_0();
+
+    // The last process of the session removed everything, the run's devices' memory too.
+    let mut look = tokio::time::interval(Duration::from_millis(50));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while support::shm_objects_of(&session.0) > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "shared memory of session {} left 10 s after its last process",
+            session.0
+        );
+        look.tick().await;
+    }
+}
+
 /// The session directories of this test's launchers (`ferromq-run-*` whose lock names `pid`).
 fn session_dirs_of(pid: u32) -> Vec<std::path::PathBuf> {
     std::fs::read_dir(std::env::temp_dir())

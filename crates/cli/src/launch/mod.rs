@@ -13,7 +13,10 @@
 //!    in time is killed. A second Ctrl-C kills at once.
 //! 6. A device that exits or enters ERROR stops everything, and the exit code says so, naming it,
 //!    its state and its last output lines.
-//! 7. Afterwards the session's shared memory is removed, whatever happened.
+//! 7. Afterwards the session's shared memory is removed, whatever happened, unless a process
+//!    that is not one of this run's devices (one started by hand into the session) still uses
+//!    it: then all of it stays for the last process of the session (or its watchdog), and the
+//!    launcher says so.
 //!
 //!
 //! Devices may run on other hosts (`--launcher ssh|slurm`): `hosts.rs` places every instance,
@@ -407,17 +410,16 @@ pub async fn run(options: RunOptions) -> ExitCode {
         .filter(|device| device.process.lost_its_host())
         .map(|device| device.host.clone())
         .collect();
+    // Devices of this run that have not exited (a kill that took longer than its wait), by
+    // their pid here, to name them if they still hold the session's memory.
+    let not_exited: BTreeMap<u32, String> = devices
+        .iter()
+        .filter(|device| device.exited.is_none())
+        .filter_map(|device| Some((device.process.local_pid()?, device.instance.id.clone())))
+        .collect();
     drop(devices);
     stop::clean_other_hosts(&placement, &session, &lost).await;
-    let removed =
-        ferromq_shm::cleanup::clean_session(ferromq_shm::names::current_uid(), &session, true)
-            .unwrap_or_default();
-    if !removed.is_empty() {
-        println!(
-            "ferromq: removed {} shared memory object(s) of session {session}",
-            removed.len()
-        );
-    }
+    stop::clean_this_host(&session, not_exited).await;
     drop(session_dir);
     crate::metrics_endpoint::finish();
     match outcome {

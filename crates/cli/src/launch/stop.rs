@@ -282,10 +282,57 @@ async fn wait_until_inputs_are_still(control: &mut ControlClient) {
     }
 }
 
+/// Removes this host's shared memory of the session as `ferromq shm clean` without `--force`
+/// does: all of it once no process uses any of it. While a process of the session lives that is
+/// not one of this run's devices (a device started by hand into the session), all of it stays,
+/// this run's devices' memory too: a process may hold descriptors into a segment it has not
+/// mapped yet (a subscriber of this run's publisher that has not read them), so nothing of a
+/// session with a live process is removed (`ferromq_shm::cleanup`); the last process of the
+/// session removes it as it leaves, or the session's watchdog after a crash. Says what it
+/// removed, or what it left and for whom; `not_exited` names this run's devices, by pid, that
+/// had not exited. Reading /proc and removing files block: on a thread of their own.
+pub(super) async fn clean_this_host(session: &str, not_exited: BTreeMap<u32, String>) {
+    let session = session.to_owned();
+    let _ = tokio::task::spawn_blocking(move || {
+        let uid = ferromq_shm::names::current_uid();
+        match ferromq_shm::cleanup::clean_session(uid, &session, false) {
+            Ok(removed) if removed.is_empty() => {}
+            Ok(removed) => println!(
+                "ferromq: removed {} shared memory object(s) of session {session}",
+                removed.len()
+            ),
+            Err(in_use) => {
+                let n_left = ferromq_shm::cleanup::list_objects(uid, Some(&session)).len();
+                let users = in_use
+                    .pids
+                    .iter()
+                    .map(|pid| match not_exited.get(pid) {
+                        Some(id) => format!("{pid} (device {id:?} of this run, not exited yet)"),
+                        None => pid.to_string(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let pid_word = if in_use.pids.len() == 1 {
+                    "pid"
+                } else {
+                    "pids"
+                };
+                println!(
+                    "ferromq: left {n_left} shared memory object(s) of session {session} in use by \
+                     {pid_word} {users}: the last process of the session removes them as it \
+                     leaves (or the session's watchdog, after a crash)"
+                );
+            }
+        }
+    })
+    .await;
+}
+
 /// Removes the session's shared memory on every other host the devices ran on (this host's is
-/// removed by the caller): `ferromq shm clean` there, through ssh or `srun --overlap` on the
-/// node, each given 20 s; hosts in `lost` (unreachable) are only named. What it cannot reach is
-/// reported, not waited for.
+/// [`clean_this_host`]'s): `ferromq shm clean` there, without `--force` (processes of the
+/// session that this run did not start keep it, as here), through ssh or `srun --overlap` on
+/// the node, each given 20 s; hosts in `lost` (unreachable) are only named. What it cannot
+/// reach, or leaves, is reported, not waited for.
 pub(super) async fn clean_other_hosts(
     placement: &super::hosts::Placement,
     session: &str,
@@ -303,13 +350,7 @@ pub(super) async fn clean_other_hosts(
         .filter(|host| !host.is_here() && !lost.contains(&host.name));
     let cleanups = reachable.map(|host| async move {
         let session_arg = format!("--session={session}");
-        let words = [
-            host.ferromq.as_str(),
-            "shm",
-            "clean",
-            &session_arg,
-            "--force",
-        ];
+        let words = [host.ferromq.as_str(), "shm", "clean", &session_arg];
         // ssh hands its remote command to the remote user's shell as one line: quoted, as a
         // device's start is (a path with a space, or `;`, ran as two commands); srun runs the
         // words as they are.
@@ -340,8 +381,9 @@ pub(super) async fn clean_other_hosts(
         let outcome = tokio::time::timeout(Duration::from_secs(20), command.output()).await;
         match outcome {
             Ok(Ok(output)) if output.status.success() => {}
+            // Refused while processes of the session run there, or failed: its words say which.
             Ok(Ok(output)) => eprintln!(
-                "ferromq: cleaning shared memory on {} failed ({}): {}",
+                "ferromq: shared memory of session {session} on {} left ({}): {}",
                 host.name,
                 output.status,
                 String::from_utf8_lossy(&output.stderr).trim()
