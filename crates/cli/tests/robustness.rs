@@ -145,17 +145,38 @@ fn big_sampler(
     )
 }
 
+/// Reads `lines` until a rate line says messages came in (`carrying`) or none did.
+async fn wait_for_rate_line(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    seen: &mut Vec<String>,
+    carrying: bool,
+) {
+    loop {
+        wait_for_line(lines, "data: in: ", seen).await;
+        if seen.last().expect("a line").contains("in: 0 msg/s") != carrying {
+            return;
+        }
+    }
+}
+
 /// A sink logging its rate every second and a sampler of `iterations` (+ 1) messages of 1 MiB
-/// paced at 20/s, over `transport`, both running and the connection carrying data.
+/// paced at 20/s, over `transport`, both running and the connection carrying data. The sink
+/// stops after `sink_iterations` (+ 1).
 struct PacedPair {
     _ipc: Ipc,
+    session: String,
     sink: tokio::process::Child,
     sink_lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
     seen: Vec<String>,
     sampler: tokio::process::Child,
 }
 
-async fn paced_pair_carrying_data(transport: &str, tag: &str, iterations: &str) -> PacedPair {
+async fn paced_pair_carrying_data(
+    transport: &str,
+    tag: &str,
+    iterations: &str,
+    sink_iterations: &str,
+) -> PacedPair {
     let ipc = Ipc::new(tag);
     let session = format!("{tag}{}", std::process::id());
     let address = ipc.address();
@@ -168,7 +189,7 @@ async fn paced_pair_carrying_data(transport: &str, tag: &str, iterations: &str) 
             "--session",
             &session,
             "--max-iterations",
-            iterations,
+            sink_iterations,
             "--channel-config",
             &format!("name=data,type=pull,method=bind,address={address},rateLogging=1"),
         ],
@@ -195,19 +216,33 @@ async fn paced_pair_carrying_data(transport: &str, tag: &str, iterations: &str) 
         ],
     );
     // The first rate line with messages in: the connection is up and carrying data.
-    loop {
-        wait_for_line(&mut sink_lines, "data: in: ", &mut seen).await;
-        if !seen.last().expect("a line").contains("in: 0 msg/s") {
-            break;
-        }
-    }
+    wait_for_rate_line(&mut sink_lines, &mut seen, true).await;
     PacedPair {
         _ipc: ipc,
+        session,
         sink,
         sink_lines,
         seen,
         sampler,
     }
+}
+
+/// Stops (SIGSTOP) a receiver that takes `sampler`'s messages and waits for the sender, which
+/// hands the messages still to come over to the stopped receiver and exits 0.
+async fn sender_hands_over_to_stopped(
+    sink: &tokio::process::Child,
+    sampler: tokio::process::Child,
+) {
+    signal(sink, "STOP");
+    let sampler = finish(sampler).await;
+    sampler.assert_exited_0();
+    assert!(
+        sampler
+            .stdout
+            .contains("handed over to receivers that have not taken them yet"),
+        "the receiver was stopped with messages still to come: {}",
+        sampler.stdout
+    );
 }
 
 /// zeromq: 100 × 1 MiB, paced at 20/s, to a receiver that stops (SIGSTOP) once it has taken its
@@ -217,7 +252,7 @@ async fn paced_pair_carrying_data(transport: &str, tag: &str, iterations: &str) 
 /// connection: what the sender queued meanwhile arrives in one burst.)
 #[tokio::test]
 async fn a_sender_whose_receiver_stalls_past_linger_exits_non_zero_naming_the_count() {
-    let pair = paced_pair_carrying_data("zeromq", "stall", "99").await;
+    let pair = paced_pair_carrying_data("zeromq", "stall", "99", "99").await;
     signal(&pair.sink, "STOP");
     let sampler = finish(pair.sampler).await;
     signal(&pair.sink, "CONT");
@@ -245,19 +280,11 @@ async fn a_shmem_sender_exits_0_and_a_stalled_receiver_then_gets_every_message()
         mut sink_lines,
         mut seen,
         sampler,
-    } = paced_pair_carrying_data("shmem", "shmstall", "39").await;
-    signal(&sink, "STOP");
+        ..
+    } = paced_pair_carrying_data("shmem", "shmstall", "39", "39").await;
     // The receiver stays stopped until the sender is gone.
-    let sampler = finish(sampler).await;
+    sender_hands_over_to_stopped(&sink, sampler).await;
     signal(&sink, "CONT");
-    sampler.assert_exited_0();
-    assert!(
-        sampler
-            .stdout
-            .contains("handed over to receivers that have not taken them yet"),
-        "the receiver was stopped with messages still to come: {}",
-        sampler.stdout
-    );
     let rest = tokio::time::timeout(EXIT_TIMEOUT, async {
         while let Ok(Some(line)) = sink_lines.next_line().await {
             seen.push(line);
@@ -271,6 +298,103 @@ async fn a_shmem_sender_exits_0_and_a_stalled_receiver_then_gets_every_message()
         seen.iter()
             .any(|line| line.contains("received 40 messages, 41943040 bytes")),
         "{seen:#?}"
+    );
+}
+
+/// shmem: as above (100 messages over 5 s), but the stalled receiver is stopped (SIGTERM, then
+/// SIGCONT) after its sender handed the rest over and exited 0: it takes a few more (80 at
+/// most, its `--max-iterations`, so that it certainly leaves some however soon it sees the
+/// signal), closes with the others still in its ring, and reports them lost: exit 1, naming the
+/// count (sent minus received), its sender's memory released. Before, it released them
+/// without a word and exited 0.
+#[tokio::test]
+async fn a_shmem_receiver_stopped_with_messages_handed_over_to_it_exits_non_zero_naming_the_count()
+{
+    let PacedPair {
+        _ipc,
+        session,
+        sink,
+        sink_lines,
+        seen,
+        sampler,
+    } = paced_pair_carrying_data("shmem", "shmlost", "99", "79").await;
+    sender_hands_over_to_stopped(&sink, sampler).await;
+    signal(&sink, "TERM");
+    signal(&sink, "CONT");
+    let sink = tokio::time::timeout(EXIT_TIMEOUT, support::finish_rest(sink, sink_lines))
+        .await
+        .unwrap_or_else(|_| panic!("the sink never exited after SIGTERM: {seen:#?}"));
+    let log = format!("{}\n{}{}", seen.join("\n"), sink.stdout, sink.stderr);
+    let received: u64 = log
+        .split_once("sink summary: received ")
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no sink summary: {log}"));
+    let lost = 100 - received;
+    assert!(lost >= 20, "the sink took more than it was told: {log}");
+    assert_eq!(sink.code, Some(1), "{log}");
+    assert!(
+        log.contains(&format!(
+            "{lost} message(s) accepted by send were not delivered"
+        )),
+        "{lost} lost: {log}"
+    );
+    // The last process of the session gone, nothing of it is left in /dev/shm.
+    tokio::time::timeout(EXIT_TIMEOUT, async {
+        while support::shm_objects_of(&session) > 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the session's shared memory was never removed");
+}
+
+/// shmem: a req whose rep is killed (SIGKILL) while the req waits for its reply fails that
+/// receive, naming the replier's process, and the client exits 1, as over zeromq. The server is
+/// stopped first, until the client's rate falls to 0: its request is out, unanswered. Before,
+/// the client waited for ever in RUNNING.
+#[tokio::test]
+async fn a_shmem_client_whose_server_is_killed_mid_request_exits_non_zero_naming_it() {
+    let ipc = Ipc::new("repkill");
+    let session = support::ShmSession::new("repkill");
+    let address = ipc.address();
+    let device = |kind: &str, socket_type: &str, method: &str| {
+        let config =
+            format!("name=data,type={socket_type},method={method},address={address},rateLogging=1");
+        static_device(
+            kind,
+            kind,
+            &[
+                "--transport",
+                "shmem",
+                "--session",
+                &session.0,
+                "--channel-config",
+                &config,
+            ],
+        )
+    };
+    let server = device("server", "rep", "bind");
+    let server_pid = server.id().expect("the server runs");
+    let mut client = device("client", "req", "connect");
+    let mut client_lines = BufReader::new(client.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    wait_for_rate_line(&mut client_lines, &mut seen, true).await;
+    signal(&server, "STOP");
+    // A whole second without a reply: the client's request is out, unanswered.
+    wait_for_rate_line(&mut client_lines, &mut seen, false).await;
+    signal(&server, "KILL");
+    let client = tokio::time::timeout(EXIT_TIMEOUT, support::finish_rest(client, client_lines))
+        .await
+        .unwrap_or_else(|_| {
+            panic!("the client still waits for its killed server's reply: {seen:#?}")
+        });
+    let log = format!("{}{}", client.stdout, client.stderr);
+    assert_eq!(client.code, Some(1), "{log}");
+    assert!(
+        log.contains(&format!(
+            "peer gone: the replier (process {server_pid}) left before its reply came"
+        )),
+        "{log}"
     );
 }
 
@@ -320,12 +444,7 @@ async fn an_unthrottled_shmem_sender_waits_for_a_stopped_receiver_and_loses_noth
     let mut sampler = device("bsampler", "push", "connect", &["--msg-size", "65536"]);
     let mut sampler_lines = BufReader::new(sampler.stdout.take().expect("stdout")).lines();
     let mut sampler_seen = Vec::new();
-    loop {
-        wait_for_line(&mut sink_lines, "data: in: ", &mut sink_seen).await;
-        if !sink_seen.last().expect("a line").contains("in: 0 msg/s") {
-            break;
-        }
-    }
+    wait_for_rate_line(&mut sink_lines, &mut sink_seen, true).await;
     signal(&sink, "STOP");
     // The sender waits: after seconds of sending, a whole second in which it sent nothing,
     // and it is still running.

@@ -14,7 +14,9 @@
 //!   written to receivers that are all still there (a stopped receiver is): it waits in their
 //!   sockets and the session's memory outlives the sender. Otherwise it is reported as
 //!   [`Error::Undelivered`](ferromq_core::Error::Undelivered) (the socket decides, see
-//!   `socket.rs`).
+//!   `socket.rs`). What was handed over is the receiver's to report: a receiver that closes
+//!   without taking it returns `Undelivered` with its count (the sender marked its rings
+//!   handed over, `ring.rs`), so a loss is reported once, by one side.
 //!
 //! The counters live in the segment header, never in a block, so that a receiver's late add (the
 //! sender gave up and dropped its socket) can only touch a counter, never message memory. A slot

@@ -29,6 +29,9 @@
 //!                    start time of the process that adopted the ring (clock ticks since
 //!                    boot, from /proc), written before `consumer`; 0: unknown (the pid alone
 //!                    counts then)
+//! 176  handed_over u32
+//!                    1: the producer's close left what the consumer had not taken to it
+//!                    (reported handed over, not lost), written before its `finished` mark
 //! 256  data          RING_DATA bytes: entries at offsets that are multiples of 8
 //! entry := len u32 | kind u32 | len bytes | padding to 8      (kind 0: a record;
 //!          len u32::MAX: the rest up to the end is skipped    kind 1: a block holding one;
@@ -79,6 +82,11 @@
 //! that leaves first thus leaves its untaken entries to the producer (which may still write
 //! some before it sees the connection gone); a producer that finishes first leaves them to its
 //! consumer, which may still take them all. The last end then marks the ring settled (3). A
+//! producer whose close reported what its consumer had not taken as handed over (the consumer
+//! lives) says so in `handed_over` before it marks `finished` ([`RingProducer::hand_over`]): a
+//! consumer that then finishes last with entries left, or taken and not handed out, reports
+//! them lost (its close's `Undelivered`), since no one else will; without the word the
+//! producer's close reported them already. A
 //! consumer that dies never marks: its producer, finishing while the consumer (`consumer`, and
 //! `consumer_start` so that a pid reused by another process is not mistaken for it) still
 //! runs, keeps an [`OrphanRing`] and looks again whenever an allocation finds its segment
@@ -132,7 +140,8 @@ const RUNG_AT: usize = 144;
 const FINISHED: usize = 152;
 const BELL: usize = 160;
 const CONSUMER_START: usize = 168;
-const _: () = assert!(CONSUMER_START + 8 <= CONTROL);
+const HANDED_OVER: usize = 176;
+const _: () = assert!(HANDED_OVER + 4 <= CONTROL);
 /// Entries a producer writes at most before it publishes them to a consumer that is busy.
 const PUBLISH_EVERY: u32 = 32;
 /// Empty looks in a row after which a consumer asks for every entry at once; a busy-polled
@@ -277,6 +286,7 @@ impl RingProducer {
         memory.u32_at(FINISHED).store(0, Ordering::Relaxed);
         memory.u64_at(BELL).store(0, Ordering::Relaxed);
         memory.u64_at(CONSUMER_START).store(0, Ordering::Relaxed);
+        memory.u32_at(HANDED_OVER).store(0, Ordering::Relaxed);
         // The first entry's header slot: the block may have held anything before.
         memory.header(0).store(0, Ordering::Relaxed);
         // Release: whoever reads the announcement (sent after this) sees the ring initialised.
@@ -409,6 +419,13 @@ impl RingProducer {
         }
         .finish(RingEnd::Producer);
         (wake, consumer_left)
+    }
+
+    /// Says that what the consumer has not taken is handed over to it: the producer's close
+    /// reports it delivered, so a consumer that leaves it untaken must report it lost
+    /// ([`RingConsumer::finish`]). Before [`RingProducer::finish`], whose mark publishes it.
+    pub(crate) fn hand_over(&self) {
+        self.memory.u32_at(HANDED_OVER).store(1, Ordering::Relaxed);
     }
 
     /// The pid of the process that adopted the ring, 0 before one did.
@@ -818,15 +835,19 @@ impl RingConsumer {
         self.memory.u32_at(CLOSED).load(Ordering::Acquire) == 1 && !self.has_entries()
     }
 
-    /// Marks the consumer finished with the ring (see "Peer death and drop"): true when the
-    /// producer finished first, which leaves what this consumer did not take to it.
-    pub(crate) fn finish(&mut self) -> bool {
+    /// Marks the consumer finished with the ring (see "Peer death and drop"): `None` when the
+    /// producer has not finished yet (what is left is its to release and count), else whether
+    /// the producer handed what is left over ([`RingProducer::hand_over`]): it is this
+    /// consumer's to release, and, handed over, to report as lost.
+    pub(crate) fn finish(&mut self) -> Option<bool> {
         // What was taken and not handed out is this process's, released by its handles.
         self.release_to(self.next);
-        RingFinish {
+        let last = RingFinish {
             finished: self.memory.u32_at(FINISHED),
         }
-        .finish(RingEnd::Consumer)
+        .finish(RingEnd::Consumer);
+        // The producer's mark (read by the compare-and-swap, acquire) comes after its word.
+        last.then(|| self.memory.u32_at(HANDED_OVER).load(Ordering::Relaxed) == 1)
     }
 
     /// Marks what was left released, by the last end at the ring (see "Peer death and drop").

@@ -440,7 +440,9 @@ impl Session {
             .map(|orphan| orphan.announced_to(announced_to))
         {
             Ok(orphan) if consumer_left => match orphan.reader() {
-                Ok(mut reader) => self.release_untaken(&mut reader),
+                Ok(mut reader) => {
+                    self.release_untaken(&mut reader);
+                }
                 Err(error) => Self::left_in_ring(&error),
             },
             Ok(orphan) => {
@@ -454,12 +456,15 @@ impl Session {
 
     /// Closes `ring`, which this process consumed, for good: releases what is left in it if
     /// its producer finished first (a producer in this process then stops watching it at
-    /// once; one in another process at its next look).
-    pub(crate) fn finish_consuming(&self, ring: &mut RingConsumer) {
-        if ring.finish() {
-            self.release_untaken(ring);
-            self.settle_orphans();
-        }
+    /// once; one in another process at its next look). `Some` when that producer handed what
+    /// was left over to this consumer ([`RingProducer::hand_over`]), with how many messages the
+    /// ring still held: lost, and the producer reported them delivered. The messages taken
+    /// from the ring and not handed out are this process's to release, and, handed over, lost too.
+    pub(crate) fn finish_consuming(&self, ring: &mut RingConsumer) -> Option<u64> {
+        let handed_over = ring.finish()?;
+        let n_released = self.release_untaken(ring);
+        self.settle_orphans();
+        handed_over.then_some(n_released)
     }
 
     /// Looks at the consumers of the rings this process finished with while they were still at
@@ -476,7 +481,9 @@ impl Session {
         for orphan in watched {
             match orphan.fate() {
                 OrphanFate::Settled => {}
-                OrphanFate::Dead(mut reader) => self.release_untaken(&mut reader),
+                OrphanFate::Dead(mut reader) => {
+                    self.release_untaken(&mut reader);
+                }
                 OrphanFate::Waiting(orphan) => waiting.push(orphan),
             }
         }
@@ -492,11 +499,13 @@ impl Session {
 
     /// Releases the references held by the entries left in `ring`, whose reader is the last one
     /// at it (see `ring.rs`, "Peer death and drop"), and marks the ring settled: their messages
-    /// are materialised and dropped, counted nowhere (the sender counted them as not taken).
+    /// are materialised and dropped (the sender counted them as not taken; if it handed them
+    /// over to a consumer instead, that consumer's close reports them, see `socket.rs`).
     /// Each entry leaves the ring before its messages are dropped (a reader killed in between
     /// leaks them rather than have them released twice). Stops at an entry it cannot read:
-    /// what follows stays until the session's memory is removed.
-    pub(crate) fn release_untaken(&self, ring: &mut RingConsumer) {
+    /// what follows stays until the session's memory is removed. Returns how many messages
+    /// it released.
+    pub(crate) fn release_untaken(&self, ring: &mut RingConsumer) -> u64 {
         let mut entry = Vec::new();
         let mut decoded = crate::wire::decode_scratch();
         let mut last_segment = None;
@@ -543,6 +552,7 @@ impl Session {
                 "released the messages a receiver left untaken in its ring"
             );
         }
+        n_released
     }
 
     /// Replaces `entry`, a ring entry naming a block that holds a record too large for the

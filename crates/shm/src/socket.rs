@@ -539,6 +539,18 @@ impl ReqRepSide {
             .write_if_live(session, record, &mut self.entry))
     }
 
+    /// A req's, awaiting its reply over rings: the connection its request went by.
+    fn awaited_link(&self) -> Option<Arc<ferromq_zmq::PeerLink>> {
+        if !self.is_req() || self.carriage != Carriage::Rings {
+            return None;
+        }
+        let peer = self.peer.as_ref()?;
+        self.connections
+            .iter()
+            .find(|connection| connection.identity == *peer)
+            .map(|connection| Arc::clone(&connection.link))
+    }
+
     /// What a send now would do out of turn, `None` in turn: a req with a reply pending, a rep
     /// with no request to answer.
     fn out_of_turn(&self) -> Option<&'static str> {
@@ -556,6 +568,18 @@ impl ReqRepSide {
             return;
         }
         self.peer = if self.is_req() { None } else { peer };
+    }
+}
+
+/// A req's reply will not come: the connection `link` its request went by ended.
+fn replier_gone(link: &ferromq_zmq::PeerLink, label: &ChannelLabel) -> Error {
+    let replier = match link.peer_pid() {
+        Some(pid) => format!("the replier (process {pid})"),
+        None => "the replier".to_owned(),
+    };
+    Error::PeerGone {
+        channel: label.clone(),
+        reason: format!("{replier} left before its reply came"),
     }
 }
 
@@ -1237,9 +1261,15 @@ impl BatchedPush {
                             send_frame(&mut socket, &state, frame, n_records).await;
                         }
                         // The rings are published and closed (their doorbells written by the
-                        // socket's close); their consumers still take what they hold.
-                        state.outbox.lock().rings.clear();
+                        // socket's close); their consumers still take what they hold, and
+                        // report what they leave if it was handed over to them (`ring.rs`).
                         let held = ask_peers && socket.peers_hold_what_was_written();
+                        let rings = std::mem::take(&mut state.outbox.lock().rings);
+                        for connection in rings {
+                            if held {
+                                connection.ring.hand_over();
+                            }
+                        }
                         let closed = socket.close(linger).await.map(|()| held);
                         let _ = reply.send(closed);
                         return;
@@ -1525,21 +1555,53 @@ struct AdoptedRing {
     /// Entries taken from it into `pending` and not yet handed out: a finished ring stays
     /// while it has some.
     n_taken: usize,
+    /// Whether this receiver finished with it ([`AdoptedRing::finish`]).
+    finished: bool,
 }
 
 impl AdoptedRing {
+    fn new(ring: RingConsumer, peer: Option<Bytes>, session: Arc<Session>, id: u64) -> AdoptedRing {
+        AdoptedRing {
+            ring,
+            peer,
+            session,
+            id,
+            n_taken: 0,
+            finished: false,
+        }
+    }
+
     /// Gives up a taken entry once its message is handed out (or released): it leaves the ring.
     fn release(&mut self, end: u64) {
         self.ring.release_to(end);
         self.n_taken -= 1;
     }
+
+    /// Finishes with the ring (see `ring.rs`, "Peer death and drop"): entries taken and not
+    /// handed out leave it, for this process to release with `pending`. `Some` when its
+    /// producer, finished first, had handed what was left over to this receiver: the messages
+    /// the ring still held (released here), lost; the taken ones are lost too.
+    fn finish(&mut self) -> Option<u64> {
+        if std::mem::replace(&mut self.finished, true) {
+            return None;
+        }
+        self.session.finish_consuming(&mut self.ring)
+    }
 }
 
 impl Drop for AdoptedRing {
     fn drop(&mut self) {
-        // Entries taken and not handed out leave the ring here: this process releases them
-        // with `pending`.
-        self.session.finish_consuming(&mut self.ring);
+        // A socket that closes finishes its rings first and reports what they lost; one
+        // dropped without a close can only say so here.
+        if let Some(n_left) = self.finish() {
+            let n_messages = n_left + self.n_taken as u64;
+            if n_messages > 0 {
+                tracing::error!(
+                    n_messages,
+                    "a receiver dropped without a close lost messages handed over to it"
+                );
+            }
+        }
     }
 }
 
@@ -1552,6 +1614,9 @@ struct RingWait<'a> {
     spin: &'a mut SpinPolicy,
     /// Rung by the rings' producers (where they can reach it) instead of a doorbell frame.
     bell: Option<&'a crate::bell::Bell>,
+    /// A req's connection whose reply it awaits: the wait ends (`None`) once that ended, for
+    /// the caller to say so.
+    awaited: Option<&'a ferromq_zmq::PeerLink>,
 }
 
 impl RingWait<'_> {
@@ -1569,6 +1634,7 @@ impl RingWait<'_> {
             busy_poll,
             spin,
             bell,
+            awaited,
         } = self;
         rings.retain_mut(|adopted| adopted.n_taken > 0 || !adopted.ring.is_finished());
         let watch_rings = !rings.is_empty();
@@ -1665,11 +1731,16 @@ impl RingWait<'_> {
             if let std::task::Poll::Ready(received) = receive.as_mut().poll(cx) {
                 return std::task::Poll::Ready(Some(received));
             }
+            // The carrier wakes its receive when a connection ends; the safety net covers a
+            // wake-up that does not come.
+            if awaited.is_some_and(ferromq_zmq::PeerLink::is_gone) {
+                return std::task::Poll::Ready(None);
+            }
             if watch_rings && bell.is_some_and(|bell| bell.poll_rung(cx).is_ready()) {
                 rung = true;
                 return std::task::Poll::Ready(None);
             }
-            if watch_rings && safety_net.as_mut().poll(cx).is_ready() {
+            if (watch_rings || awaited.is_some()) && safety_net.as_mut().poll(cx).is_ready() {
                 return std::task::Poll::Ready(None);
             }
             std::task::Poll::Pending
@@ -2819,13 +2890,12 @@ impl Socket for ShmSocket {
                     self.frames.pop_front();
                     let ring = adopted?;
                     self.next_ring_id += 1;
-                    self.rings.push(AdoptedRing {
+                    self.rings.push(AdoptedRing::new(
                         ring,
                         peer,
-                        session: Arc::clone(&self.session),
-                        id: self.next_ring_id,
-                        n_taken: 0,
-                    });
+                        Arc::clone(&self.session),
+                        self.next_ring_id,
+                    ));
                     continue;
                 }
                 let (peer, frame) = (peer.clone(), frame.clone());
@@ -2861,6 +2931,15 @@ impl Socket for ShmSocket {
                 self.queue_decoded(peer.as_ref(), false)?;
                 continue;
             }
+            // A req's reply comes from the connection its request went by, or not at all once
+            // that ended (its replier died): what the replier sent before was looked at above
+            // (rings, frames), and its frames still queued in the socket are looked at once
+            // more below.
+            let awaited = match &self.inner {
+                Inner::ReqRep(req_rep) => req_rep.awaited_link(),
+                _ => None,
+            };
+            let gone_replier = awaited.clone().filter(|link| link.is_gone());
             let label = &self.label;
             let receive = match &mut self.inner {
                 Inner::Plain(socket)
@@ -2919,11 +2998,26 @@ impl Socket for ShmSocket {
                     });
                 }
             };
+            if let Some(link) = gone_replier {
+                // The connection's reader queued everything the peer sent before it marked the
+                // connection gone: one look finds it.
+                if let Some(received) = receive.now_or_never() {
+                    self.frames.extend(received?);
+                    continue;
+                }
+                // The req may send its next request (to another replier, or to this one once
+                // it is back).
+                if let Inner::ReqRep(req_rep) = &mut self.inner {
+                    req_rep.peer = None;
+                }
+                return Err(replier_gone(&link, &self.label));
+            }
             let waited = RingWait {
                 rings: &mut self.rings,
                 busy_poll: self.busy_poll,
                 spin: &mut self.ring_spin,
                 bell: self.bell.as_ref(),
+                awaited: awaited.as_deref(),
             }
             .or_socket(receive)
             .await;
@@ -2972,25 +3066,44 @@ impl Socket for ShmSocket {
                 ),
             })
         };
+        // Whether the receivers hold what they did not take is asked before the rings are
+        // finished: a ring handed over says so, and its consumer reports what it leaves
+        // untaken (`ring.rs`).
+        let held = n_untaken > 0
+            && match &mut self.inner {
+                Inner::Plain(socket)
+                | Inner::Pair(PairSide { socket, .. })
+                | Inner::ReqRep(ReqRepSide { socket, .. }) => socket.peers_hold_what_was_written(),
+                _ => false,
+            };
         // Rings are published and closed (their doorbells written by the socket's close); the
         // peers still take what they hold.
         match &mut self.inner {
             Inner::Pair(pair) => {
-                drop(pair.ring.take());
+                drop(pair.ring.take().inspect(|connection| {
+                    if held {
+                        connection.ring.hand_over();
+                    }
+                }));
             }
-            Inner::ReqRep(req_rep) => req_rep.connections.clear(),
+            Inner::ReqRep(req_rep) => {
+                for connection in req_rep.connections.drain(..) {
+                    drop(connection.ring.take().inspect(|connection| {
+                        if held {
+                            connection.ring.hand_over();
+                        }
+                    }));
+                }
+            }
             _ => {}
         }
         let result = match &mut self.inner {
             Inner::Plain(socket)
             | Inner::Pair(PairSide { socket, .. })
-            | Inner::ReqRep(ReqRepSide { socket, .. }) => {
-                let held = n_untaken > 0 && socket.peers_hold_what_was_written();
-                socket
-                    .close(linger)
-                    .await
-                    .and_then(|()| handed_over_or_lost(&self.label, held))
-            }
+            | Inner::ReqRep(ReqRepSide { socket, .. }) => socket
+                .close(linger)
+                .await
+                .and_then(|()| handed_over_or_lost(&self.label, held)),
             // The task sends everything queued before the close, then closes with linger.
             Inner::Batched(push) => {
                 // Queued descriptors wait for a peer; `linger` bounds how long. Past it the
@@ -3045,10 +3158,27 @@ impl Socket for ShmSocket {
             }
         };
         // The rings before what was taken from them (see `Drop for ShmSocket`).
+        let n_lost = self.finish_rings();
         self.rings.clear();
         self.pending.clear();
         self.frames.clear();
-        result
+        if n_lost == 0 {
+            return result;
+        }
+        let lost = Error::Undelivered {
+            channel: self.label.clone(),
+            n_messages: n_lost,
+            reason: "their senders handed them over to this receiver and left, and it closed \
+                     before taking them"
+                .to_owned(),
+        };
+        match result {
+            Ok(()) => Err(lost),
+            Err(error) => {
+                tracing::error!(error = %lost, "closing the channel failed");
+                Err(error)
+            }
+        }
     }
 }
 
@@ -3255,6 +3385,21 @@ impl ShmSocket {
         }
         queued.map_err(|error| (ring_idx, error))?;
         Ok(FromRings::Queued)
+    }
+
+    /// Finishes with the adopted rings (see `ring.rs`, "Peer death and drop") and counts the
+    /// messages lost with them: those a producer that finished first handed over to this
+    /// receiver (its close reported them delivered, `delivery.rs`) and that were not handed
+    /// out, in the ring or taken into `pending`. A producer that finishes after this receiver
+    /// counts what is left itself.
+    fn finish_rings(&mut self) -> u64 {
+        let mut n_lost = 0;
+        for adopted in &mut self.rings {
+            if let Some(n_left) = adopted.finish() {
+                n_lost += n_left + adopted.n_taken as u64;
+            }
+        }
+        n_lost
     }
 
     /// Lets a taken entry leave its ring (when its message is handed out or released), then
