@@ -431,13 +431,8 @@ async fn a_publishers_drops_for_a_stalled_subscriber_show_as_lost() {
     })
     .await;
     signal(&subscriber, "STOP");
-    let lost_of_publisher = |snapshot: &serde_json::Value| {
-        snapshot["devices"]
-            .as_array()
-            .and_then(|devices| devices.iter().find(|device| device["id"] == "fast-pub"))
-            .and_then(|device| device["channels"][0]["lost_slow_subscriber"].as_u64())
-            .unwrap_or(0)
-    };
+    let lost_of_publisher =
+        |snapshot: &serde_json::Value| figure_of(snapshot, "fast-pub", "lost_slow_subscriber");
     let dropping = top_json_until(&session, |snapshot| lost_of_publisher(snapshot) > 0).await;
     assert!(lost_of_publisher(&dropping) > 0);
     signal(&subscriber, "CONT");
@@ -446,4 +441,69 @@ async fn a_publishers_drops_for_a_stalled_subscriber_show_as_lost() {
     }
     finish(publisher).await.assert_exited_0();
     finish(subscriber).await.assert_exited_0();
+}
+
+/// Figure `name` of the first channel of device `id` in a `--json` snapshot (0 when the device
+/// is not in it: a stopped one does not answer).
+fn figure_of(snapshot: &serde_json::Value, id: &str, name: &str) -> u64 {
+    snapshot["devices"]
+        .as_array()
+        .and_then(|devices| devices.iter().find(|device| device["id"] == id))
+        .and_then(|device| device["channels"][0][name].as_u64())
+        .unwrap_or(0)
+}
+
+/// A zeromq publisher does not wait for a subscriber that stopped reading: the other one
+/// keeps getting messages, and what the stopped one misses shows as lost (as with shmem).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zeromq_publisher_keeps_serving_the_others_while_one_subscriber_is_stalled() {
+    let session = format!("top-zmq-lost-{}", std::process::id());
+    let ipc = Ipc::new("top-zmq-lost");
+    let zeromq = ["--session", session.as_str(), "--transport", "zeromq"];
+    let subscribers = ["stalled-sub", "healthy-sub"].map(|id| {
+        Device::new("sink", id)
+            .args(&zeromq)
+            .channel("sub", "connect", &ipc.address())
+            .spawn()
+    });
+    let publisher = Device::new("sampler", "zmq-pub")
+        .args(&zeromq)
+        .args(&[
+            "--msg-size",
+            "65536",
+            "--channel-config",
+            &format!(
+                "name=data,type=pub,method=bind,address={},rateLogging=0,sndBufSize=100",
+                ipc.address()
+            ),
+        ])
+        .spawn();
+    let messages_in =
+        |snapshot: &serde_json::Value, id: &str| figure_of(snapshot, id, "messages_in");
+    top_json_until(&session, |snapshot| {
+        ids_in_state(snapshot, "RUNNING").len() == 3
+            && messages_in(snapshot, "stalled-sub") > 0
+            && messages_in(snapshot, "healthy-sub") > 0
+    })
+    .await;
+    let [stalled, healthy] = subscribers;
+    signal(&stalled, "STOP");
+    let lost_of_publisher =
+        |snapshot: &serde_json::Value| figure_of(snapshot, "zmq-pub", "lost_slow_subscriber");
+    // Before the fix the publisher waited for the stalled subscriber: nothing was counted
+    // lost, and the healthy one got nothing more.
+    let dropping = top_json_until(&session, |snapshot| lost_of_publisher(snapshot) > 0).await;
+    let healthy_then = messages_in(&dropping, "healthy-sub");
+    let later = top_json_until(&session, |snapshot| {
+        messages_in(snapshot, "healthy-sub") > healthy_then + 1000
+    })
+    .await;
+    assert!(lost_of_publisher(&later) >= lost_of_publisher(&dropping));
+    signal(&stalled, "CONT");
+    signal(&publisher, "INT");
+    finish(publisher).await.assert_exited_0();
+    for subscriber in [stalled, healthy] {
+        signal(&subscriber, "INT");
+        finish(subscriber).await.assert_exited_0();
+    }
 }

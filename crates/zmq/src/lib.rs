@@ -10,7 +10,9 @@
 //! zmq.rs queues 100 000 messages per peer with no way to change it, and fails a send when no
 //! peer is connected. ferromq bounds what it hands to zmq.rs by `sndBufSize` (a full queue makes
 //! `send` wait, or time out with the message handed back) and makes a send with no peer wait for
-//! one. Pub drops for slow subscribers, as ZeroMQ documents.
+//! one. Pub never waits: over tcp and ipc each subscriber has a queue of `sndBufSize`
+//! messages, and one whose queue is full misses the message (counted as lost for a slow
+//! subscriber), as ZeroMQ documents; the others are not held back.
 //!
 //! # Shutdown
 //! zmq.rs has no linger: what is queued when a socket drops is lost. `close` waits up to the
@@ -141,8 +143,9 @@ pub const SHMEM_DESCRIPTOR_MIN_LEN: usize = 32;
 #[derive(Debug, Clone, Copy)]
 pub struct ZmqTransport {
     rules: PeerRules,
-    /// Whether push, pull and pair sockets over tcp and ipc are ferromq's own (a peer's death
-    /// loses nothing queued: see `zmtp_channel.rs`) rather than zmq.rs's. shmem's carrier has
+    /// Whether push, pull, pair and pub sockets over tcp and ipc are ferromq's own (a peer's
+    /// death loses nothing queued; a stalled subscriber holds back no one: see
+    /// `zmtp_channel.rs`) rather than zmq.rs's. shmem's carrier has
     /// them for their connections, which get descriptor rings
     /// ([`ZmqTransport::own_zmtp_with_peer_rules`]).
     own_zmtp: bool,
@@ -176,7 +179,7 @@ impl ZmqTransport {
         }
     }
 
-    /// [`ZmqTransport::with_peer_rules`] whose push, pull and pair over tcp and ipc are
+    /// [`ZmqTransport::with_peer_rules`] whose push, pull, pair and pub over tcp and ipc are
     /// ferromq's own (the shmem transport's descriptor carrier: its push and pair report each
     /// connection, see [`ZmqSocket::next_peer`]); other patterns stay on zmq.rs.
     pub fn own_zmtp_with_peer_rules(rules: PeerRules) -> ZmqTransport {

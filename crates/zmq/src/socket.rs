@@ -14,7 +14,7 @@ use crate::zmtp_channel::{Pattern, ZmtpChannel};
 enum Backend {
     Unattached,
     Net(Box<NetChannel>),
-    /// ferromq's own push and pair over tcp and ipc (see `zmtp_channel.rs`).
+    /// ferromq's own push, pull, pair and pub over tcp and ipc (see `zmtp_channel.rs`).
     Zmtp(Box<ZmtpChannel>),
     Inproc(InprocChannel),
 }
@@ -39,7 +39,7 @@ pub struct ZmqSocket {
     rules: crate::PeerRules,
     /// Its sending figures (tcp and ipc: the send queue and waits), from creation on.
     figures: std::sync::Arc<ferromq_core::SendFigures>,
-    /// Push and pair over tcp and ipc are ferromq's own ([`ZmtpChannel`]).
+    /// Push, pull, pair and pub over tcp and ipc are ferromq's own ([`ZmtpChannel`]).
     own_zmtp: bool,
     /// Its connections are handed out by [`ZmqSocket::next_peer`] (own push only).
     report_peers: bool,
@@ -130,7 +130,7 @@ impl ZmqSocket {
                 if self.own_zmtp
                     && (matches!(
                         self.socket_type,
-                        SocketType::Push | SocketType::Pair | SocketType::Pull
+                        SocketType::Push | SocketType::Pair | SocketType::Pull | SocketType::Pub
                     ) || (self.report_peers
                         && matches!(self.socket_type, SocketType::Req | SocketType::Rep))) =>
             {
@@ -139,6 +139,7 @@ impl ZmqSocket {
                     SocketType::Pair => Pattern::Pair,
                     SocketType::Req => Pattern::Req,
                     SocketType::Rep => Pattern::Rep,
+                    SocketType::Pub => Pattern::Pub,
                     _ => Pattern::Pull,
                 };
                 self.backend = Backend::Zmtp(Box::new(ZmtpChannel::new(
@@ -158,7 +159,7 @@ impl ZmqSocket {
             (Backend::Unattached, false) => {
                 if self.kernel_sizes != crate::zmtp_channel::KernelSizes::default() {
                     // zmq.rs makes these sockets' connections and does not hand them out.
-                    tracing::warn!(channel = %self.label, "sndKernelSize and rcvKernelSize apply to push, pull and pair over tcp and ipc; this socket's connections keep the system's default buffers");
+                    tracing::warn!(channel = %self.label, "sndKernelSize and rcvKernelSize apply to push, pull, pair and pub over tcp and ipc; this socket's connections keep the system's default buffers");
                 }
                 self.backend = Backend::Net(Box::new(NetChannel::new(
                     self.socket_type,

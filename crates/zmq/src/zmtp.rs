@@ -1,5 +1,5 @@
 //! The parts of ZMTP 3 (ZeroMQ's wire protocol, RFC 23/ZMTP with the NULL mechanism) that
-//! ferromq's own push and pair speak: the greeting, the READY command, message frames both
+//! ferromq's own sockets (push, pull, pair, pub) speak: the greeting, the READY command, message frames both
 //! ways, and PING (answered with PONG); other commands are read past.
 //!
 //! Everything here is a pure function over bytes, so the decoder is tested without sockets and a

@@ -1,7 +1,7 @@
 //! PUSH and PAIR over tcp and ipc, written by ferromq rather than zmq.rs, so that a message
-//! accepted by `send` is never lost with a peer that dies. (Also PULL, and the REQ and REP of
-//! shmem's descriptor carrier, which only take frames in and write through each connection's
-//! [`PeerLink`]: see [`Pattern`].)
+//! accepted by `send` is never lost with a peer that dies. (Also PULL, PUB, and the REQ and
+//! REP of shmem's descriptor carrier, which only take frames in and write through each
+//! connection's [`PeerLink`]: see [`Pattern`].)
 //!
 //! zmq.rs gives every peer a queue of its own and drops that queue when the peer's connection
 //! ends: a receiver SIGKILLed with messages queued for it took them along, and the sender,
@@ -20,6 +20,17 @@
 //! - `close` waits, `linger` being a bound on silence, until nothing is queued or held, and
 //!   reports what is left as [`Error::Undelivered`]; the kernel delivers what was written
 //!   after the process exits.
+//!
+//! A pub is the exception to the one queue: it never waits and gives each subscriber a queue of
+//! its own, bounded by `sndBufSize` (counting the batch in its writer's hands). `send` puts a
+//! copy of the message's handles (the bytes are shared) in the queue of every subscriber whose
+//! topics match; a subscriber whose queue is full misses the message, counted in the socket's
+//! `SendFigures::dropped_for_slow_subscribers` (libzmq's PUB drops at a subscriber's high-water
+//! mark the same way), so one stalled subscriber holds back neither the publisher nor the other
+//! subscribers (zmq.rs's PUB queued 100 000 messages per subscriber and said nothing of what it
+//! dropped; the `sndBufSize` wait put in front of it stopped everything instead). With no
+//! subscriber a message goes nowhere. What is queued for a subscriber goes with it when it
+//! leaves; `close` waits for the queues as for a push's.
 //!
 //! Each connection also has a reader, beside its writer in one task: it answers PINGs and, for
 //! a pair, puts whole messages in the socket's inbox (bounded by `rcvBufSize`: a full inbox
@@ -186,6 +197,10 @@ pub(crate) enum Pattern {
     /// shmem's carrier of a rep socket: as [`Pattern::Req`], with req peers; a peer of another
     /// transport or session is refused alone, as a pull refuses one.
     Rep,
+    /// Sends each message to every sub peer whose topics match, through a queue per peer
+    /// (bounded by `sndBufSize`): a full queue misses the message, as libzmq's PUB drops at a
+    /// subscriber's high-water mark, and the other peers are not held back.
+    Pub,
 }
 
 impl Pattern {
@@ -197,7 +212,16 @@ impl Pattern {
             Pattern::Pull => ("PULL", b"PUSH"),
             Pattern::Req => ("REQ", b"REP"),
             Pattern::Rep => ("REP", b"REQ"),
+            Pattern::Pub => ("PUB", b"SUB"),
         }
+    }
+
+    /// Whether a peer announcing `socket_type` is one this side serves (RFC 23's table: a PUB
+    /// serves SUB and XSUB).
+    fn serves(self, socket_type: &[u8]) -> bool {
+        let (_, theirs) = self.socket_types();
+        socket_type.eq_ignore_ascii_case(theirs)
+            || (self == Pattern::Pub && socket_type.eq_ignore_ascii_case(b"XSUB"))
     }
 
     /// Whether it serves many peers and refuses a wrong one alone.
@@ -277,6 +301,8 @@ struct State {
     peers: usize,
     peers_gone: u64,
     peer_pids: Vec<u32>,
+    /// A pub's peers, each with its topics and its own queue (`queue` stays empty).
+    subscribers: Vec<Subscriber>,
     /// A peer of another transport or session (a push or pair needs every peer to fit).
     mismatch: Option<Mismatch>,
     /// Peers a pull refused (it serves the others), by identity: each is said once, however
@@ -292,6 +318,39 @@ struct State {
     idle: VecDeque<IdleWriter>,
 }
 
+/// A pub's peer: what it subscribed to and the copies queued for it alone.
+struct Subscriber {
+    /// Its connection's writer, which also names it.
+    writer: Arc<Notify>,
+    /// Topic prefixes, one entry per subscription (a cancel removes one).
+    topics: Vec<Bytes>,
+    queue: VecDeque<Frames>,
+    /// Its messages in its writer's hands, not yet written whole.
+    held: usize,
+}
+
+impl Subscriber {
+    /// Whether a message whose first frame is `first` is for this peer (a prefix match, as
+    /// libzmq's; the empty topic matches everything).
+    fn wants(&self, first: &[u8]) -> bool {
+        self.topics.iter().any(|topic| first.starts_with(topic))
+    }
+
+    /// Takes in a subscription message (0x01 and the topic) or a cancel (0x00 and the topic);
+    /// anything else a sub sends is read past.
+    fn note(&mut self, body: &[u8]) {
+        match body.split_first() {
+            Some((1, topic)) => self.topics.push(Bytes::copy_from_slice(topic)),
+            Some((0, topic)) => {
+                if let Some(position) = self.topics.iter().position(|known| known == topic) {
+                    self.topics.swap_remove(position);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// A writer waiting for work.
 struct IdleWriter {
     writer: Arc<Notify>,
@@ -301,7 +360,18 @@ struct IdleWriter {
 
 impl State {
     fn unwritten(&self) -> usize {
-        self.queue.len() + self.held
+        let for_subscribers: usize = self
+            .subscribers
+            .iter()
+            .map(|subscriber| subscriber.queue.len())
+            .sum();
+        self.queue.len() + for_subscribers + self.held
+    }
+
+    fn subscriber(&mut self, writer: &Arc<Notify>) -> Option<&mut Subscriber> {
+        self.subscribers
+            .iter_mut()
+            .find(|subscriber| Arc::ptr_eq(&subscriber.writer, writer))
     }
 
     /// Wakes the next idle writer not woken yet, if any.
@@ -433,13 +503,42 @@ impl Shared {
         );
     }
 
-    /// Queues an accepted message behind the others and wakes a writer for it.
-    fn enqueue(&self, state: &mut State, parts: Parts) {
-        state
-            .queue
-            .push_back(parts.into_iter().map(Message::into_bytes).collect());
+    /// Queues an accepted message behind the others and wakes a writer for it; a pub's goes
+    /// to the queue of every subscriber it is for (see [`Shared::fan_out`]).
+    fn enqueue(&self, state: &mut State, parts: Parts, snd_buf_size: usize) {
+        let frames: Frames = parts.into_iter().map(Message::into_bytes).collect();
+        if self.pattern == Pattern::Pub {
+            self.fan_out(state, &frames, snd_buf_size);
+        } else {
+            state.queue.push_back(frames);
+            state.wake_a_writer();
+        }
         self.publish(state);
-        state.wake_a_writer();
+    }
+
+    /// A pub's message, to every subscriber whose topics match: a copy of the frames' handles
+    /// (the bytes are shared) into its queue, or, when that queue and its writer's hands hold
+    /// `snd_buf_size` already, nothing: the subscriber misses it, counted as a drop for a slow
+    /// subscriber. With no subscriber the message goes nowhere, as libzmq's PUB.
+    fn fan_out(&self, state: &mut State, frames: &Frames, snd_buf_size: usize) {
+        let first = frames.first().map_or(&[][..], |frame| &frame[..]);
+        let mut n_dropped = 0;
+        for subscriber in &mut state.subscribers {
+            if !subscriber.wants(first) {
+                continue;
+            }
+            if subscriber.queue.len() + subscriber.held >= snd_buf_size {
+                n_dropped += 1;
+                continue;
+            }
+            subscriber.queue.push_back(frames.clone());
+            subscriber.writer.notify_one();
+        }
+        if n_dropped > 0 {
+            self.figures
+                .dropped_for_slow_subscribers
+                .fetch_add(n_dropped, Ordering::Relaxed);
+        }
     }
 
     /// Whether a connection's link still holds frames to write.
@@ -467,6 +566,9 @@ impl Shared {
     /// is queued, and `writer` is then among the idle ones.
     fn take_batch(&self, writer: &Arc<Notify>) -> Option<Vec<Frames>> {
         let mut state = self.state();
+        if self.pattern == Pattern::Pub {
+            return take_subscriber_batch(&mut state, writer);
+        }
         if state.queue.is_empty() {
             state.wait_for_work(writer);
             return None;
@@ -486,25 +588,55 @@ impl Shared {
         Some(batch)
     }
 
-    /// The first `n_written` messages of a held batch were written; the rest go back to the
-    /// front of the queue, in order.
-    fn settle(&self, mut batch: Vec<Frames>, n_written: usize) {
+    /// The first `n_written` messages of a batch `writer` held were written; the rest go back
+    /// to the front of the queue (a pub's: of the writer's subscriber), in order.
+    fn settle(&self, writer: &Arc<Notify>, mut batch: Vec<Frames>, n_written: usize) {
         let n_held = batch.len();
         let unwritten = batch.split_off(n_written.min(n_held));
         let put_back = !unwritten.is_empty();
         {
             let mut state = self.state();
             state.held -= n_held;
-            for message in unwritten.into_iter().rev() {
-                state.queue.push_front(message);
+            if self.pattern == Pattern::Pub {
+                if let Some(subscriber) = state.subscriber(writer) {
+                    subscriber.held -= n_held;
+                    for message in unwritten.into_iter().rev() {
+                        subscriber.queue.push_front(message);
+                    }
+                }
+            } else {
+                for message in unwritten.into_iter().rev() {
+                    state.queue.push_front(message);
+                }
+                if put_back {
+                    state.wake_a_writer();
+                }
             }
             self.publish(&state);
-            if put_back {
-                state.wake_a_writer();
-            }
         }
         self.progress.notify_waiters();
     }
+}
+
+/// The next batch from the front of the queue of `writer`'s subscriber (a pub's); `None` when
+/// nothing is queued for it (its next message wakes it).
+fn take_subscriber_batch(state: &mut State, writer: &Arc<Notify>) -> Option<Vec<Frames>> {
+    let subscriber = state.subscriber(writer)?;
+    let mut batch = Vec::new();
+    let mut bytes = 0;
+    while batch.len() < BATCH_MESSAGES && bytes < BATCH_BYTES {
+        let Some(message) = subscriber.queue.pop_front() else {
+            break;
+        };
+        bytes += message.iter().map(Bytes::len).sum::<usize>();
+        batch.push(message);
+    }
+    if batch.is_empty() {
+        return None;
+    }
+    subscriber.held += batch.len();
+    state.held += batch.len();
+    Some(batch)
 }
 
 /// A push or pair socket over tcp and ipc (see the module docs).
@@ -703,10 +835,13 @@ impl ZmtpChannel {
             return Err(parts);
         }
         let mut state = self.shared.state();
-        if state.mismatch.is_some() || state.peers == 0 || state.unwritten() >= self.snd_buf_size {
+        // A pub never waits: it drops for a subscriber that has no room (see `fan_out`).
+        let must_wait = self.shared.pattern != Pattern::Pub
+            && (state.peers == 0 || state.unwritten() >= self.snd_buf_size);
+        if state.mismatch.is_some() || must_wait {
             return Err(parts);
         }
-        self.shared.enqueue(&mut state, parts);
+        self.shared.enqueue(&mut state, parts, self.snd_buf_size);
         Ok(())
     }
 
@@ -723,7 +858,9 @@ impl ZmtpChannel {
                 if let Some(mismatch) = state.mismatch {
                     return Err(mismatch.error(label));
                 }
-                if state.peers > 0 && state.unwritten() < self.snd_buf_size {
+                if self.shared.pattern == Pattern::Pub
+                    || (state.peers > 0 && state.unwritten() < self.snd_buf_size)
+                {
                     return Ok(());
                 }
             }
@@ -749,7 +886,7 @@ impl ZmtpChannel {
         if let Some(mismatch) = state.mismatch {
             return Err(SendError::new(mismatch.error(label), parts));
         }
-        self.shared.enqueue(&mut state, parts);
+        self.shared.enqueue(&mut state, parts, self.snd_buf_size);
         Ok(())
     }
 
@@ -970,11 +1107,12 @@ async fn serve(shared: Arc<Shared>, stream: Stream) {
         return;
     }
     let (ours, theirs) = shared.pattern.socket_types();
-    if !peer.socket_type.eq_ignore_ascii_case(theirs) {
+    if !shared.pattern.serves(&peer.socket_type) {
         tracing::warn!(channel = %shared.label, peer = %name, "refused a peer: a {ours} serves {} peers, this one is {:?}", String::from_utf8_lossy(theirs), String::from_utf8_lossy(&peer.socket_type));
         return;
     }
     let peer_pid = crate::handshake::peer_pid(&peer.identity);
+    let writer = Arc::new(Notify::new());
     {
         let mut state = shared.state();
         if shared.pattern == Pattern::Pair && state.peers > 0 {
@@ -983,6 +1121,14 @@ async fn serve(shared: Arc<Shared>, stream: Stream) {
             return;
         }
         state.peers += 1;
+        if shared.pattern == Pattern::Pub {
+            state.subscribers.push(Subscriber {
+                writer: Arc::clone(&writer),
+                topics: Vec::new(),
+                queue: VecDeque::new(),
+                held: 0,
+            });
+        }
         if let Some(pid) = peer_pid
             && !state.peer_pids.contains(&pid)
         {
@@ -992,7 +1138,7 @@ async fn serve(shared: Arc<Shared>, stream: Stream) {
     shared.progress.notify_waiters();
     let connection = Connection {
         link: Arc::new(PeerLink {
-            writer: Arc::new(Notify::new()),
+            writer,
             replies: Mutex::new(Vec::new()),
             gone: false.into(),
             peer_pid,
@@ -1026,6 +1172,11 @@ async fn serve(shared: Arc<Shared>, stream: Stream) {
         state.peers -= 1;
         state.peers_gone += 1;
         state.forget_writer(&connection.link.writer);
+        // What was queued for a subscriber goes with it, as with libzmq's PUB.
+        state
+            .subscribers
+            .retain(|subscriber| !Arc::ptr_eq(&subscriber.writer, &connection.link.writer));
+        shared.publish(&state);
         state
             .links
             .retain(|link| !Arc::ptr_eq(link, &connection.link));
@@ -1241,7 +1392,8 @@ async fn handshake(
 fn max_frame(pattern: Pattern) -> usize {
     match pattern {
         // Req and rep carriers get a ring's announcements and doorbells only.
-        Pattern::Push | Pattern::Req | Pattern::Rep => 64 * 1024,
+        // A pub's peers send subscriptions only.
+        Pattern::Push | Pattern::Req | Pattern::Rep | Pattern::Pub => 64 * 1024,
         Pattern::Pair | Pattern::Pull => usize::MAX,
     }
 }
@@ -1282,6 +1434,15 @@ async fn read_until_gone(
                 zmtp::Inbound::Command(_) => {}
                 zmtp::Inbound::Message { body, more } => {
                     if shared.pattern == Pattern::Push {
+                        continue;
+                    }
+                    if shared.pattern == Pattern::Pub {
+                        // A sub sends its subscriptions as single-frame messages (ZMTP 3.0:
+                        // this side announces 3.0, so a 3.1 peer does not send commands).
+                        if let Some(subscriber) = shared.state().subscriber(&connection.link.writer)
+                        {
+                            subscriber.note(body.data());
+                        }
                         continue;
                     }
                     if parts.is_empty() && shared.pattern.envelopes() {
@@ -1340,7 +1501,7 @@ async fn write_until_gone(shared: &Shared, connection: &Connection, stream: &Str
         // A peer that closed since the last look gets nothing more: the batch goes back, and
         // the connection ends once the reader took in what the peer sent before its end.
         if connection.peer_closed(stream) {
-            shared.settle(batch, 0);
+            shared.settle(writer, batch, 0);
             loop {
                 let mut woken = pin!(writer.notified());
                 woken.as_mut().enable();
@@ -1353,7 +1514,7 @@ async fn write_until_gone(shared: &Shared, connection: &Connection, stream: &Str
         let mut replies = connection.take_replies();
         let (n_written, failed) = write_batch(stream, &batch, &mut replies).await;
         tracing::trace!(channel = %shared.label, n_written, "wrote a batch");
-        shared.settle(batch, n_written);
+        shared.settle(writer, batch, n_written);
         if let Some(error) = failed {
             return error.to_string();
         }
@@ -1636,5 +1797,69 @@ mod tests {
         // A writer that takes a batch leaves the list.
         state.forget_writer(&second);
         assert_eq!(state.idle.len(), 1);
+    }
+
+    /// A pub's message goes to every subscriber whose topics match and has room; one whose
+    /// queue (with what its writer holds) is at `sndBufSize` misses it, counted as a drop for a
+    /// slow subscriber, and holds back no one. A cancel removes one subscription.
+    #[test]
+    fn a_pub_fans_out_by_topic_and_drops_for_a_full_subscriber() {
+        let figures = Arc::new(ferromq_core::SendFigures::default());
+        let channel = ZmtpChannel::new(
+            Pattern::Pub,
+            &ChannelLabel::new("data", ferromq_core::SocketType::Pub),
+            (2, 2),
+            KernelSizes::default(),
+            crate::PeerRules::ZEROMQ,
+            Arc::clone(&figures),
+            false,
+        );
+        let shared = &channel.shared;
+        let (stalled, healthy) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        {
+            let mut state = shared.state();
+            for writer in [&stalled, &healthy] {
+                state.subscribers.push(Subscriber {
+                    writer: Arc::clone(writer),
+                    topics: Vec::new(),
+                    queue: VecDeque::new(),
+                    held: 0,
+                });
+            }
+            let subscribe = |state: &mut State, writer, body: &[u8]| {
+                state.subscriber(writer).unwrap().note(body);
+            };
+            subscribe(&mut state, &stalled, b"\x01");
+            subscribe(&mut state, &healthy, b"\x01a");
+            subscribe(&mut state, &healthy, b"\x01b");
+            subscribe(&mut state, &healthy, b"\x00b");
+        }
+        let send = |topic: &'static [u8]| {
+            let mut state = shared.state();
+            shared.enqueue(&mut state, Parts::from(Message::from(topic)), 2);
+        };
+        send(b"a1");
+        send(b"b1");
+        // The healthy subscriber's writer takes its batch: it has room again.
+        let batch = shared.take_batch(&healthy).expect("a1 is queued for it");
+        assert_eq!(batch.len(), 1);
+        shared.settle(&healthy, batch, 1);
+        send(b"a2");
+        let queued = |writer| {
+            let mut state = shared.state();
+            let subscriber = state.subscriber(writer).unwrap();
+            subscriber
+                .queue
+                .iter()
+                .map(|frames| frames[0].clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(queued(&stalled), [&b"a1"[..], b"b1"]);
+        assert_eq!(queued(&healthy), [&b"a2"[..]]);
+        assert_eq!(
+            figures.dropped_for_slow_subscribers.load(Ordering::Relaxed),
+            1
+        );
+        assert_eq!(figures.queued.load(Ordering::Relaxed), 3);
     }
 }
