@@ -642,7 +642,7 @@ impl RingSender<'_> {
         &mut self,
         (session, delivery): (&Arc<Session>, DeliveryRef),
         record: &[PartRef],
-        label: &ChannelLabel,
+        (label, figures): (&ChannelLabel, &ferromq_core::SendFigures),
         timeout: Option<Duration>,
     ) -> Result<bool> {
         let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
@@ -652,8 +652,15 @@ impl RingSender<'_> {
         };
         let looks = RingLooks::default();
         let mut segment_full = None;
+        // Back-pressure, counted from the first wait until the record is in or the send gave
+        // up (a push counts its waits in its window; these sides wait here).
+        let mut waiting = None;
         loop {
-            match self.offer(session, delivery, record, label)? {
+            let offer = self.offer(session, delivery, record, label)?;
+            if !matches!(offer, RingOffer::Written | RingOffer::Frames) {
+                waiting.get_or_insert_with(|| figures.waiting());
+            }
+            match offer {
                 RingOffer::Written => return Ok(true),
                 RingOffer::Frames => return Ok(false),
                 RingOffer::NoPeer => {
@@ -2765,7 +2772,12 @@ impl Socket for ShmSocket {
         // A pair writes into its connection's ring when it has one (frames below otherwise).
         if let Inner::Pair(pair) = &mut self.inner {
             let sent = RingSender::Pair(pair)
-                .send((&self.session, delivery), &record, &self.label, timeout)
+                .send(
+                    (&self.session, delivery),
+                    &record,
+                    (&self.label, &self.figures),
+                    timeout,
+                )
                 .await;
             match sent {
                 Ok(true) => {
@@ -2804,7 +2816,12 @@ impl Socket for ShmSocket {
                     return Err(SendError::new(error, parts));
                 }
                 let sent = RingSender::ReqRep(req_rep)
-                    .send((&self.session, delivery), &record, &self.label, timeout)
+                    .send(
+                        (&self.session, delivery),
+                        &record,
+                        (&self.label, &self.figures),
+                        timeout,
+                    )
                     .await;
                 match sent {
                     Ok(_) => {

@@ -300,3 +300,59 @@ async fn a_req_and_a_rep_with_rings_take_a_message_in_turn_without_waiting() {
     assert!(req.try_send_parts(message(b"early").into()).is_err());
     rep.receive().await.unwrap();
 }
+
+/// A pair whose connection's ring is full waits for its peer to take, and that wait is its
+/// back-pressure: counted in the channel's send-wait figure, as a push's wait for its window
+/// is (`ferromq top`'s "wait %"). Found by a contract sweep: a pair blocked on a full ring
+/// showed 0 % where a zeromq pair showed 100 %.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pair_waiting_on_a_full_ring_counts_the_wait() {
+    let (_transport, mut receiver, mut sender, _cleanup) = pair_of_channels(
+        "pairwait",
+        Duration::from_secs(30),
+        (SocketType::Pair, SocketType::Pair),
+    )
+    .await;
+    // The first message makes the connection's ring.
+    sender.send(Message::from("first")).await.unwrap();
+    assert_eq!(receiver.receive().await.unwrap().data(), b"first");
+    // Small messages travel inside their ring entries: the ring fills long before sndBufSize.
+    let mut n_sent = 0_usize;
+    while sender
+        .try_send_parts(Message::from(vec![7_u8; 256]).into())
+        .is_ok()
+    {
+        n_sent += 1;
+        assert!(
+            n_sent < 1000,
+            "sndBufSize (1000) came before the ring was full"
+        );
+    }
+    let counters = sender.counters();
+    // The task hands the channel back: a socket dropped unclosed takes what it sent along.
+    let blocked = tokio::spawn(async move {
+        sender
+            .send(Message::from(vec![7_u8; 256]))
+            .await
+            .map_err(|failed| failed.error.to_string())?;
+        Ok::<_, String>(sender)
+    });
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while counters.snapshot().send_waited_ns == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the send's wait for room is counted while it waits");
+    for n in 0..=n_sent {
+        tokio::time::timeout(Duration::from_secs(20), receiver.receive())
+            .await
+            .unwrap_or_else(|_| panic!("message {n} of {} never came", n_sent + 1))
+            .unwrap();
+    }
+    let _sender = tokio::time::timeout(Duration::from_secs(20), blocked)
+        .await
+        .expect("the send went once the peer took")
+        .unwrap()
+        .unwrap();
+}
