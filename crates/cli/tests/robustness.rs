@@ -602,6 +602,9 @@ async fn a_foreign_peer_is_refused_and_the_shmem_receiver_keeps_serving() {
     wait_for_line(&mut lines, "READY ---> RUNNING", &mut seen).await;
     let context = zmq::Context::new();
     let foreign = context.socket(zmq::PUSH).expect("libzmq push");
+    // Refused, it may never write its messages: libzmq's default linger (for ever) would then
+    // hold the context's drop at the test's end (it hung CI once, the sink long gone).
+    foreign.set_linger(0).expect("linger");
     foreign.connect(&ipc.address()).expect("connect");
     for _ in 0..10 {
         foreign.send("not a descriptor", 0).expect("send");
