@@ -339,9 +339,10 @@ async fn a_shmem_receiver_stopped_with_messages_handed_over_to_it_exits_non_zero
         "{lost} lost: {log}"
     );
     // The last process of the session gone, nothing of it is left in /dev/shm.
+    let mut look = tokio::time::interval(Duration::from_millis(50));
     tokio::time::timeout(EXIT_TIMEOUT, async {
         while support::shm_objects_of(&session) > 0 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            look.tick().await;
         }
     })
     .await

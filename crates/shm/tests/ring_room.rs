@@ -337,9 +337,10 @@ async fn a_pair_waiting_on_a_full_ring_counts_the_wait() {
             .map_err(|failed| failed.error.to_string())?;
         Ok::<_, String>(sender)
     });
+    let mut look = tokio::time::interval(Duration::from_millis(5));
     tokio::time::timeout(Duration::from_secs(20), async {
         while counters.snapshot().send_waited_ns == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            look.tick().await;
         }
     })
     .await
