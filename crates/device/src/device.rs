@@ -8,7 +8,11 @@
 //! STOP fires the context's cancellation token. The context's send and receive calls, and a
 //! `new_message` waiting for a full transport's room, return [`Error::Interrupted`] as soon as
 //! it fires, so a device blocked on a channel leaves RUNNING promptly; a message whose send was
-//! interrupted is dropped, as the device is stopping. A device that must still send after STOP
+//! interrupted is dropped, as the device is stopping: right for a message the device made,
+//! which nobody had accepted yet. A message it took from an input was accepted by its sender,
+//! so a device passing messages on sends them with [`DeviceContext::forward_parts`], which
+//! keeps a message through STOP for the channel's `linger` and fails the device naming it if
+//! it still cannot leave. A device that must still send after STOP
 //! (an answer it promised) goes to the channel and the transport themselves
 //! ([`DeviceContext::channel`], [`DeviceContext::transport_of`]), which STOP does not interrupt.
 //!
@@ -473,7 +477,9 @@ impl DeviceContext {
         }
     }
 
-    /// Sends on channel `name`; returns [`Error::Interrupted`] if STOP comes first.
+    /// Sends on channel `name`; returns [`Error::Interrupted`] if STOP comes first, and the
+    /// message is dropped then (a message taken from an input goes by
+    /// [`DeviceContext::forward_parts`] instead).
     ///
     /// # Errors
     /// [`DeviceError::UnknownChannel`], or the channel's error.
@@ -533,6 +539,80 @@ impl DeviceContext {
         };
         let outcome = self.stop.interrupt(send).await;
         self.settle(idx, outcome)
+    }
+
+    /// Sends a message this device took from one of its inputs, which STOP must not drop.
+    ///
+    /// [`DeviceContext::send_parts`] gives up at STOP, and the parts in its wait go with it:
+    /// right for a message the device made (nobody had accepted it yet), wrong for one it
+    /// received, which its sender already counts as accepted. `forward_parts` keeps it. It
+    /// waits for room as a send does; once STOP is requested (before the call or during its
+    /// wait) it waits at most the channel's `linger` more, as a closing channel drains. A
+    /// message that still cannot leave is lost, and the call says so with
+    /// [`Error::Undelivered`] (one message), which moves the device to ERROR and makes its
+    /// process exit non-zero naming the loss. The built-in forwarders (processor, splitter,
+    /// merger, proxy, multiplier) send with it; a device of one's own that passes messages on
+    /// should too, and end its loop once [`DeviceContext::stop_requested`] says so.
+    ///
+    /// # Errors
+    /// [`DeviceError::UnknownChannel`], [`Error::Undelivered`] as above, or the channel's
+    /// error.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the parts, as with [`DeviceContext::send_parts`].
+    pub async fn forward_parts(&mut self, name: &str, parts: Parts) -> Result<(), DeviceError> {
+        let idx = self.channel_idx(name)?;
+        self.forward_parts_at(idx, parts).await
+    }
+
+    /// [`DeviceContext::forward_parts`] on a channel resolved with
+    /// [`DeviceContext::channel_id`].
+    ///
+    /// # Errors
+    /// [`DeviceError::StaleChannel`], or as [`DeviceContext::forward_parts`].
+    pub async fn forward_parts_on(
+        &mut self,
+        channel: ChannelId,
+        parts: Parts,
+    ) -> Result<(), DeviceError> {
+        let idx = self.resolve(channel)?;
+        self.forward_parts_at(idx, parts).await
+    }
+
+    async fn forward_parts_at(&mut self, idx: usize, parts: Parts) -> Result<(), DeviceError> {
+        // As `send_parts_at`, the usual case first; but STOP requested before the call does
+        // not refuse the parts: they are in hand, and only a wait is bounded by STOP.
+        tokio::task::consume_budget().await;
+        let parts = match self.channels[idx].try_send_parts(parts) {
+            Ok(()) => return Ok(()),
+            Err(parts) => parts,
+        };
+        let already_stopped = self.stop.is_requested();
+        let stopped = self.stop.requested_owned();
+        let channel = &mut self.channels[idx];
+        let linger = channel.config().linger_duration();
+        // One send future from first to last, so the parts are never out of it: STOP only
+        // changes how much longer it may wait.
+        let outcome = {
+            let mut send = std::pin::pin!(channel.send_parts(parts));
+            if !already_stopped {
+                tokio::select! {
+                    sent = &mut send => return sent.map_err(|failed| failed.error.into()),
+                    () = stopped => {}
+                }
+            }
+            tokio::time::timeout(linger, send).await
+        };
+        match outcome {
+            Ok(sent) => sent.map_err(|failed| failed.error.into()),
+            Err(_) => Err(DeviceError::Channel(Error::Undelivered {
+                channel: self.channels[idx].label().clone(),
+                n_messages: 1,
+                reason: format!(
+                    "a message taken from an input was not forwarded: stopped, and no room came for linger {linger:?}"
+                ),
+            })),
+        }
     }
 
     /// Receives one frame from channel `name`.

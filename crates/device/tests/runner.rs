@@ -614,3 +614,213 @@ async fn stop_interrupts_a_message_waiting_for_room_and_the_device_goes_down_cle
     assert!(device.is_ok(), "{device:?}");
     driver.abort();
 }
+
+/// A transport whose sends wait for a gate the test opens (a receiver that makes room late or
+/// never). It counts the polls of waiting sends, so the test sees a wait go on after STOP.
+#[derive(Debug, Clone)]
+struct Gated {
+    gate: std::sync::Arc<tokio::sync::Semaphore>,
+    waiting_polls: std::sync::Arc<AtomicU64>,
+    sent: std::sync::Arc<AtomicU64>,
+}
+
+impl Gated {
+    /// Shut: no room until the test adds some.
+    fn shut() -> Self {
+        Gated {
+            gate: std::sync::Arc::new(tokio::sync::Semaphore::new(0)),
+            waiting_polls: std::sync::Arc::default(),
+            sent: std::sync::Arc::default(),
+        }
+    }
+}
+
+struct GatedSocket {
+    label: ferromq_core::ChannelLabel,
+    transport: Gated,
+}
+
+#[async_trait::async_trait]
+impl ferromq_core::Socket for GatedSocket {
+    fn label(&self) -> &ferromq_core::ChannelLabel {
+        &self.label
+    }
+    async fn bind(
+        &mut self,
+        address: &ferromq_core::Address,
+    ) -> ferromq_core::Result<ferromq_core::Address> {
+        Ok(address.clone())
+    }
+    async fn connect(&mut self, _address: &ferromq_core::Address) -> ferromq_core::Result<()> {
+        Ok(())
+    }
+    async fn send_parts(
+        &mut self,
+        parts: Parts,
+        timeout: Option<Duration>,
+    ) -> Result<(), ferromq_core::SendError<Parts>> {
+        let Gated {
+            gate,
+            waiting_polls,
+            sent,
+        } = self.transport.clone();
+        let mut acquire = std::pin::pin!(gate.acquire_owned());
+        let room = std::future::poll_fn(|cx| {
+            waiting_polls.fetch_add(1, Ordering::SeqCst);
+            acquire.as_mut().poll(cx)
+        });
+        let room = match timeout {
+            Some(timeout) => tokio::time::timeout(timeout, room).await.ok(),
+            None => Some(room.await),
+        };
+        match room {
+            Some(Ok(permit)) => {
+                permit.forget();
+                sent.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+            _ => Err(ferromq_core::SendError::new(
+                ferromq_core::Error::Timeout {
+                    channel: self.label.clone(),
+                    after: timeout.unwrap_or_default(),
+                },
+                parts,
+            )),
+        }
+    }
+    fn try_send_parts(&mut self, parts: Parts) -> Result<(), Parts> {
+        match self.transport.gate.try_acquire() {
+            Ok(permit) => {
+                permit.forget();
+                self.transport.sent.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+            Err(_) => Err(parts),
+        }
+    }
+    async fn receive_parts(&mut self) -> ferromq_core::Result<Parts> {
+        std::future::pending().await
+    }
+    async fn close(&mut self, _linger: Duration) -> ferromq_core::Result<()> {
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl ferromq_core::Transport for Gated {
+    fn name(&self) -> &'static str {
+        "gated"
+    }
+    async fn create_socket(
+        &self,
+        config: &ChannelConfig,
+        _socket_name: &str,
+    ) -> ferromq_core::Result<Box<dyn ferromq_core::Socket>> {
+        Ok(Box::new(GatedSocket {
+            label: ferromq_core::ChannelLabel::new(config.name.clone(), config.socket_type),
+            transport: self.clone(),
+        }))
+    }
+}
+
+/// Passes on one message it "took from an input" with `forward_parts`.
+struct ForwardsOne;
+
+#[async_trait::async_trait]
+impl Device for ForwardsOne {
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let out = ctx.channel_id("out")?;
+        ctx.forward_parts_on(out, Parts::from(Message::from("taken from an input")))
+            .await?;
+        Ok(())
+    }
+}
+
+/// A device forwarding on `gated` with `linger` (ms), in RUNNING and waiting for room, with
+/// STOP asked for once the wait had begun.
+async fn forwarding_stopped_while_it_waits(gated: &Gated, linger: u64) -> Running {
+    let mut registry = ferromq_core::TransportRegistry::new();
+    let transport = gated.clone();
+    registry.register("gated", ferromq_core::TransportTraits::PLAIN, move |_| {
+        Ok(std::sync::Arc::new(transport.clone()))
+    });
+    let mut channel = ChannelConfig::new("out", SocketType::Push, Method::Connect)
+        .with_address(unique("gated").as_str());
+    channel.transport = Some("gated".to_owned());
+    channel.linger = linger;
+    let config = DeviceConfig::new("forwarder")
+        .with_channel(channel)
+        .unwrap();
+    let Running {
+        task,
+        driver,
+        controller,
+    } = running(ForwardsOne, config, std::sync::Arc::new(registry)).await;
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    while gated.waiting_polls.load(Ordering::SeqCst) == 0 {
+        tick.tick().await;
+    }
+    {
+        // Asked from a task of its own: the answer may wait for the device to leave RUNNING.
+        let controller = controller.clone();
+        tokio::spawn(async move { controller.change_state(Transition::Stop).await });
+    }
+    Running {
+        task,
+        driver,
+        controller,
+    }
+}
+
+/// Found by a contract sweep (the built-in processor dropped the message in hand at STOP and
+/// exited 0): `forward_parts` keeps a taken message through STOP. A receiver that makes room
+/// within the channel's linger gets it and the device goes down cleanly; one that does not
+/// makes the device fail naming the one message lost. `send_parts` drops it at STOP instead,
+/// which is right only for a message the device made itself.
+#[tokio::test]
+async fn a_forwarded_message_outlives_stop_for_linger_or_its_loss_fails_the_device() {
+    // Room comes after STOP, within linger: delivered, and the device ends cleanly.
+    let gated = Gated::shut();
+    let Running { task, driver, .. } = forwarding_stopped_while_it_waits(&gated, 30_000).await;
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    // The first poll was the wait before STOP; a later one is the wait going on after it.
+    while gated.waiting_polls.load(Ordering::SeqCst) < 2 {
+        tick.tick().await;
+    }
+    gated.gate.add_permits(1);
+    let device = tokio::time::timeout(WAIT.unwrap(), task)
+        .await
+        .expect("the device went down")
+        .unwrap();
+    assert!(device.is_ok(), "{device:?}");
+    assert_eq!(
+        gated.sent.load(Ordering::SeqCst),
+        1,
+        "the message was dropped"
+    );
+    driver.abort();
+
+    // No room within linger (100 ms): the device fails, naming the message it lost.
+    let gated = Gated::shut();
+    let Running {
+        task,
+        driver,
+        controller,
+    } = forwarding_stopped_while_it_waits(&gated, 100).await;
+    let device = tokio::time::timeout(WAIT.unwrap(), task)
+        .await
+        .expect("the device went down")
+        .unwrap();
+    assert!(
+        matches!(device, Err(DeviceError::Hook { hook: "run", .. })),
+        "a lost message fails the device: {device:?}"
+    );
+    let text = controller.last_error().expect("the device says why");
+    assert!(
+        text.contains("1 message(s) accepted by send were not delivered")
+            && text.contains("not forwarded"),
+        "{text}"
+    );
+    assert_eq!(gated.sent.load(Ordering::SeqCst), 0);
+    driver.abort();
+}

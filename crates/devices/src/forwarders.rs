@@ -4,7 +4,7 @@
 //! None of them copies a payload: a message received is the message sent on. The multiplier
 //! shares one immutable buffer between its outputs.
 
-use ferromq_core::{BoxError, Error, Message, Parts};
+use ferromq_core::{BoxError, Message, Parts};
 use ferromq_device::{Device, DeviceContext, DeviceError};
 
 use crate::{Properties, bool_property, channel_property, fnv1a};
@@ -24,68 +24,11 @@ async fn next_message(
     }
 }
 
-/// Sends a message this device took from an input; `false` once STOP ends the run.
-///
-/// STOP ends the receiving, not the message in hand: a send that STOP interrupts, or that
-/// follows it, goes on for the channel's `linger` without room, as a closing channel drains.
-/// A message that still cannot leave is lost, and that fails the device with
-/// [`Error::Undelivered`] (before, it was dropped and the device exited 0). On a socket that
-/// cannot reserve room (a shmem pair) the wait is raced against STOP as before, and a message
-/// STOP takes is reported the same way.
+/// Sends a message this device took from an input ([`DeviceContext::forward_parts`]: STOP
+/// ends the receiving, not the message in hand); `false` once STOP ends the run.
 async fn forward(ctx: &mut DeviceContext, output: &str, parts: Parts) -> Result<bool, BoxError> {
-    let stop_requested = ctx.stop_requested();
-    // As every send through the context: one unit of the cooperative budget, so a forwarder
-    // whose sends all complete at once still yields.
-    tokio::task::consume_budget().await;
-    let parts = match ctx.channel(output)?.try_send_parts(parts) {
-        Ok(()) => return Ok(!stop_requested),
-        Err(parts) => parts,
-    };
-    let stopped = ctx.stopped();
-    tokio::pin!(stopped);
-    let channel = ctx.channel(output)?;
-    if !stop_requested {
-        tokio::select! {
-            reserved = channel.reserve() => match reserved {
-                Ok(permit) => {
-                    permit.send_parts(parts).map_err(|failed| failed.error)?;
-                    return Ok(true);
-                }
-                Err(Error::Unsupported { .. }) => {
-                    tokio::select! {
-                        sent = channel.send_parts(parts) => {
-                            sent.map_err(|failed| failed.error)?;
-                            return Ok(true);
-                        }
-                        () = &mut stopped => {
-                            let why = "STOP came while it waited for room";
-                            return Err(not_forwarded(channel, why).into());
-                        }
-                    }
-                }
-                Err(error) => return Err(error.into()),
-            },
-            () = &mut stopped => {}
-        }
-    }
-    let linger = channel.config().linger_duration();
-    match channel.send_parts_timeout(parts, linger).await {
-        Ok(()) => Ok(false),
-        Err(failed) if matches!(failed.error, Error::Timeout { .. }) => {
-            let why = format!("stopped, and no room came for linger {linger:?}");
-            Err(not_forwarded(channel, &why).into())
-        }
-        Err(failed) => Err(failed.error.into()),
-    }
-}
-
-/// The error of a forwarder that ends with a message it took and could not send on.
-fn not_forwarded(channel: &ferromq_core::Channel, why: &str) -> Error {
-    Error::Undelivered {
-        channel: channel.label().clone(),
-        n_messages: 1,
-        reason: format!("a message taken from the input was not forwarded: {why}"),
-    }
+    ctx.forward_parts(output, parts).await?;
+    Ok(!ctx.stop_requested())
 }
 
 /// Passes each message from `in-channel` (`data-in`) to `out-channel` (`data-out`); with
