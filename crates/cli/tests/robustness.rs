@@ -349,14 +349,15 @@ async fn a_shmem_receiver_stopped_with_messages_handed_over_to_it_exits_non_zero
     .expect("the session's shared memory was never removed");
 }
 
-/// shmem: a req whose rep is killed (SIGKILL) while the req waits for its reply fails that
-/// receive, naming the replier's process, and the client exits 1, as over zeromq. The server is
-/// stopped first, until the client's rate falls to 0: its request is out, unanswered. Before,
-/// the client waited for ever in RUNNING.
-#[tokio::test]
-async fn a_shmem_client_whose_server_is_killed_mid_request_exits_non_zero_naming_it() {
-    let ipc = Ipc::new("repkill");
-    let session = support::ShmSession::new("repkill");
+/// A client (req) and its server (rep) over `transport`; the server is stopped until the
+/// client's rate falls to 0 (its request is out, unanswered), then SIGKILLed. Returns the
+/// client's exit code, its output, and the server's pid.
+async fn client_whose_server_is_killed_mid_request(
+    transport: &str,
+    tag: &str,
+) -> (Option<i32>, String, u32) {
+    let ipc = Ipc::new(tag);
+    let session = support::ShmSession::new(tag);
     let address = ipc.address();
     let device = |kind: &str, socket_type: &str, method: &str| {
         let config =
@@ -366,7 +367,7 @@ async fn a_shmem_client_whose_server_is_killed_mid_request_exits_non_zero_naming
             kind,
             &[
                 "--transport",
-                "shmem",
+                transport,
                 "--session",
                 &session.0,
                 "--channel-config",
@@ -390,11 +391,33 @@ async fn a_shmem_client_whose_server_is_killed_mid_request_exits_non_zero_naming
             panic!("the client still waits for its killed server's reply: {seen:#?}")
         });
     let log = format!("{}{}", client.stdout, client.stderr);
-    assert_eq!(client.code, Some(1), "{log}");
+    (client.code, log, server_pid)
+}
+
+/// shmem: a req whose rep is killed (SIGKILL) while the req waits for its reply fails that
+/// receive, naming the replier's process, and the client exits 1, as over zeromq. Before,
+/// the client waited for ever in RUNNING.
+#[tokio::test]
+async fn a_shmem_client_whose_server_is_killed_mid_request_exits_non_zero_naming_it() {
+    let (code, log, server_pid) =
+        client_whose_server_is_killed_mid_request("shmem", "repkill").await;
+    assert_eq!(code, Some(1), "{log}");
     assert!(
         log.contains(&format!(
             "peer gone: the replier (process {server_pid}) left before its reply came"
         )),
+        "{log}"
+    );
+}
+
+/// zeromq: the same, and the error says what happened (a contract sweep found zmq.rs's bare
+/// "No message received" there, naming neither the peer nor the cause).
+#[tokio::test]
+async fn a_zeromq_client_whose_server_is_killed_mid_request_exits_non_zero_saying_why() {
+    let (code, log, _) = client_whose_server_is_killed_mid_request("zeromq", "zrepkill").await;
+    assert_eq!(code, Some(1), "{log}");
+    assert!(
+        log.contains("peer gone: the replier's connection ended before its reply came"),
         "{log}"
     );
 }

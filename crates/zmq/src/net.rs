@@ -447,6 +447,23 @@ impl NetChannel {
                 {
                     tracing::debug!(channel = %label, %error, "peer dropped");
                 }
+                // A req's one peer of the moment ended its connection while the req awaited
+                // its reply (killed: reset; closed or restarted: zmq.rs's bare `NoMessage`).
+                Err(error @ (ZmqError::NoMessage | ZmqError::Codec(_) | ZmqError::Network(_)))
+                    if self.socket_type == SocketType::Req =>
+                {
+                    let cause = match error {
+                        ZmqError::NoMessage => "closed".to_owned(),
+                        ZmqError::Codec(codec) => codec.to_string(),
+                        other => other.to_string(),
+                    };
+                    return Err(Error::PeerGone {
+                        channel: label.clone(),
+                        reason: format!(
+                            "the replier's connection ended before its reply came ({cause})"
+                        ),
+                    });
+                }
                 Err(ZmqError::Other(reason)) if reason.contains("disconnected") => {
                     return Err(Error::PeerGone {
                         channel: label.clone(),
