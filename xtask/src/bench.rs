@@ -581,7 +581,7 @@ pub fn run(cargo: &str, workspace: &Path) -> bool {
         if args == paced_args {
             floor = crate::side_by_side::wake_up_floor(
                 Duration::from_secs(3),
-                crate::side_by_side::wake_period(2500.0),
+                crate::side_by_side::wake_period(2500.0, Duration::from_millis(5)),
             );
         }
         eprintln!("xtask: ferromq {} (run {})", args.join(" "), repetition + 1);

@@ -106,6 +106,11 @@ enum Task {
         /// is refused.
         #[arg(long, value_parser = positive_rate)]
         msg_rate: Option<f64>,
+        /// With --msg-rate: ferromq's sampler lets paced messages leave together within this
+        /// many ms (its --rate-burst-ms, 0 to 1000; FairMQ's limiter and ferromq's default
+        /// use 5); the wake-up floor is measured at ferromq's period.
+        #[arg(long, requires = "msg_rate", value_parser = clap::value_parser!(u64).range(0..=1000))]
+        rate_burst_ms: Option<u64>,
     },
     /// The `mcts-hex` example's scaling efficiency: one worker against N, rounds interleaved,
     /// each run's JSON read after it ended (nothing starts beside a search); prints each round
@@ -236,6 +241,7 @@ fn main() -> ExitCode {
             messages,
             seconds,
             msg_rate,
+            rate_burst_ms,
         } => {
             let options = side_by_side::Options {
                 fairmq,
@@ -247,6 +253,7 @@ fn main() -> ExitCode {
                     side_by_side::RunLength::Messages,
                 ),
                 msg_rate,
+                rate_burst_ms,
             };
             return exit_code(side_by_side::run(&cargo, workspace, &options));
         }

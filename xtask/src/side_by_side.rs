@@ -99,6 +99,15 @@ pub struct Options {
     pub length: RunLength,
     /// Paced runs (`--msg-rate`): report CPU use instead of the message rate.
     pub msg_rate: Option<f64>,
+    /// Paced runs: ferromq's sampler's `--rate-burst-ms` (its default, 5, when `None`).
+    pub rate_burst_ms: Option<u64>,
+}
+
+impl Options {
+    /// How long ahead of their due time ferromq's paced messages leave together.
+    fn ferromq_burst(&self) -> Duration {
+        self.rate_burst_ms.map_or(BURST, Duration::from_millis)
+    }
 }
 
 /// How many messages a run sends.
@@ -212,15 +221,15 @@ fn cpu_ticks(pid: u32) -> Option<u64> {
 }
 
 /// How often a paced device sleeps and wakes at most: FairMQ's rate limiter sleeps once per
-/// 5 ms of messages, ferromq's pacer once per `BURST` (5 ms); slower rates sleep before every
-/// message.
+/// 5 ms of messages, ferromq's pacer once per `BURST` (5 ms) unless `--rate-burst-ms` says
+/// otherwise; slower rates sleep before every message.
 const BURST: Duration = Duration::from_millis(5);
 
-/// How far apart a device paced to `msg_rate` messages a second wakes.
-pub(crate) fn wake_period(msg_rate: f64) -> Duration {
+/// How far apart a device paced to `msg_rate` messages a second in bursts of `burst` wakes.
+pub(crate) fn wake_period(msg_rate: f64, burst: Duration) -> Duration {
     Duration::try_from_secs_f64(1.0 / msg_rate)
-        .unwrap_or(BURST)
-        .max(BURST)
+        .unwrap_or(burst)
+        .max(burst)
 }
 
 /// How long the wake-up floor is measured in each round.
@@ -450,6 +459,10 @@ fn run_once(
         Side::Ferromq => {
             sink_args.splice(0..0, ["device".to_owned(), "sink".to_owned()]);
             sampler_args.splice(0..0, ["device".to_owned(), "bsampler".to_owned()]);
+            // FairMQ's bsampler has no such option: its limiter's slices are 5 ms.
+            if let Some(burst_ms) = options.rate_burst_ms {
+                sampler_args.extend(["--rate-burst-ms".to_owned(), burst_ms.to_string()]);
+            }
             (ferromq.to_owned(), ferromq.to_owned())
         }
     };
@@ -684,7 +697,7 @@ pub fn run(cargo: &str, workspace: &Path, options: &Options) -> bool {
         for cell in &mut cells {
             let (transport, size, messages) = (cell.transport, cell.size, cell.messages);
             if let Some(msg_rate) = options.msg_rate {
-                let period = wake_period(msg_rate);
+                let period = wake_period(msg_rate, options.ferromq_burst());
                 match wake_up_floor(FLOOR_RUN, period) {
                     Some(floor) => {
                         eprintln!(
@@ -835,12 +848,19 @@ fn render_cpu(options: &Options, msg_rate: f64, cells: &[Cell]) -> String {
          device pairs over ipc (sink binds, sampler connects), interleaved; CPU time of \
          each process from its first second to its end, in % of one core; medians with min-max. \
          Wake-up floor: in each round before the pair, a thread that only sleeps until its next \
-         burst ({:?} apart, as both samplers sleep) and rings a doorbell, and the thread it \
-         wakes ({:?} each round).\n",
+         burst ({:?} apart, {}) and rings a doorbell, and the thread it wakes ({:?} each \
+         round).\n",
         crate::bench::machine(),
         options.rounds,
         length_text(options.length),
-        wake_period(msg_rate),
+        wake_period(msg_rate, options.ferromq_burst()),
+        match options.rate_burst_ms {
+            None => "as both samplers sleep".to_owned(),
+            Some(burst_ms) => format!(
+                "as ferromq's sampler sleeps with --rate-burst-ms {burst_ms}; FairMQ's wakes every {:?}",
+                wake_period(msg_rate, BURST)
+            ),
+        },
         FLOOR_RUN
     );
     let _ = writeln!(
@@ -908,6 +928,7 @@ mod tests {
             sizes: vec![64],
             length: RunLength::Messages(9),
             msg_rate: None,
+            rate_burst_ms: None,
         };
         let runs = |rates: &[f64]| -> Vec<RunResult> {
             rates
@@ -954,6 +975,7 @@ mod tests {
             sizes: vec![64],
             length,
             msg_rate,
+            rate_burst_ms: None,
         };
         // 4 M msg/s for 3 s: 12 M messages, FairMQ's count (N + 1).
         assert_eq!(calibrated_messages(4e6, 3.0), 11_999_999);
@@ -989,6 +1011,7 @@ mod tests {
             sizes: sizes.to_vec(),
             length,
             msg_rate,
+            rate_burst_ms: None,
         };
         let both = [Transport::Shmem, Transport::Zeromq];
         let seconds = RunLength::Seconds(3.0);
@@ -1048,6 +1071,7 @@ mod tests {
             sizes: vec![1048576],
             length: RunLength::Messages(24_999),
             msg_rate: Some(2500.0),
+            rate_burst_ms: None,
         };
         let run = |sampler, sink| RunResult {
             rate: 2500.0,
@@ -1083,8 +1107,11 @@ mod tests {
 
     #[test]
     fn a_slow_rate_wakes_per_message_and_a_fast_one_per_burst() {
-        assert_eq!(wake_period(2500.0), BURST);
-        assert_eq!(wake_period(10.0), Duration::from_millis(100));
+        assert_eq!(wake_period(2500.0, BURST), BURST);
+        assert_eq!(wake_period(10.0, BURST), Duration::from_millis(100));
+        let burst = Duration::from_millis(20);
+        assert_eq!(wake_period(2500.0, burst), burst);
+        assert_eq!(wake_period(10.0, burst), Duration::from_millis(100));
     }
 
     #[test]

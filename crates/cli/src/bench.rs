@@ -49,6 +49,10 @@ pub struct BenchOptions {
     /// Messages per second to send (0 = as fast as possible).
     #[arg(long = "msg-rate", default_value_t = 0.0, allow_hyphen_values = true, value_parser = crate::options::messages_per_second)]
     pub msg_rate: f64,
+    /// With --msg-rate: how long ahead of their due time messages may leave together, in ms
+    /// (0 to 1000; 5, FairMQ's slice, by default), as the samplers' --rate-burst-ms.
+    #[arg(long = "rate-burst-ms", default_value_t = 5, value_name = "MS", value_parser = crate::options::rate_burst_ms)]
+    pub rate_burst_ms: u64,
     /// Seconds to measure each pair (after a warm-up of a quarter of it, at least 0.25 s).
     #[arg(long, default_value_t = 3.0, allow_hyphen_values = true, value_parser = crate::options::bench_seconds)]
     pub duration: f64,
@@ -652,6 +656,8 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
                 &options.num_parts.to_string(),
                 "--msg-rate",
                 &options.msg_rate.to_string(),
+                "--rate-burst-ms",
+                &options.rate_burst_ms.to_string(),
             ])
             .args([
                 "--duration",
@@ -827,6 +833,8 @@ pub struct RoleOptions {
     num_parts: usize,
     #[arg(long = "msg-rate")]
     msg_rate: f64,
+    #[arg(long = "rate-burst-ms")]
+    rate_burst_ms: u64,
     #[arg(long)]
     duration: f64,
     #[arg(long = "shm-segment-size")]
@@ -903,6 +911,7 @@ async fn role(options: &RoleOptions) -> Result<RoleReport> {
         msg_size: vec![],
         num_parts: options.num_parts,
         msg_rate: options.msg_rate,
+        rate_burst_ms: options.rate_burst_ms,
         duration: options.duration,
         same_msg: options.same_msg,
         touch: options.touch,
@@ -1053,7 +1062,10 @@ async fn send(
         .is_ok_and(|traits| traits.lends_shared_memory);
     let same = (options.same_msg && !lends_memory)
         .then(|| bytes::Bytes::from(vec![0u8; options.msg_size]));
-    let mut pacer = ferromq_devices::Pacer::new(options.msg_rate);
+    let mut pacer = ferromq_devices::Pacer::with_burst(
+        options.msg_rate,
+        std::time::Duration::from_millis(options.rate_burst_ms),
+    );
     let started = Instant::now();
     let mut measure_start = None;
     let mut cpu_at_start = 0.0;

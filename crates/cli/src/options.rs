@@ -128,6 +128,19 @@ pub fn messages_per_second(text: &str) -> Result<f64, String> {
     ferromq_devices::check_rate(value)
 }
 
+/// A `--rate-burst-ms` value (clap's parser): a whole number of ms, 0 to 1000
+/// ([`ferromq_devices::check_rate_burst_ms`]).
+///
+/// # Errors
+/// The text and what was expected.
+pub fn rate_burst_ms(text: &str) -> Result<u64, String> {
+    let value: u64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a whole number of milliseconds"))?;
+    ferromq_devices::check_rate_burst_ms(value).map(|_| value)
+}
+
 fn boolish() -> clap::builder::BoolishValueParser {
     clap::builder::BoolishValueParser::new()
 }
@@ -338,6 +351,11 @@ pub struct BuiltinOptions {
     /// Messages per second (bsampler; same as --rate).
     #[arg(long = "msg-rate", allow_negative_numbers = true)]
     pub msg_rate: Option<f64>,
+    /// How long ahead of their due time paced messages may leave together, in ms (sampler,
+    /// bsampler; 0 to 1000, default 5 as FairMQ's rate limiter): longer bursts wake the
+    /// sender and its receiver less often.
+    #[arg(long = "rate-burst-ms", value_name = "MS")]
+    pub rate_burst_ms: Option<u64>,
     /// (FairMQ bsampler) message alignment; accepted, with a warning: buffers are 8-byte aligned.
     #[arg(long = "msg-alignment", hide = true)]
     pub msg_alignment: Option<u64>,
@@ -381,6 +399,10 @@ impl BuiltinOptions {
             ("memset", self.memset.map(|value| value.to_string())),
             ("same-msg", self.same_msg.map(|value| value.to_string())),
             ("msg-rate", self.msg_rate.map(|value| value.to_string())),
+            (
+                "rate-burst-ms",
+                self.rate_burst_ms.map(|value| value.to_string()),
+            ),
             ("checksum", self.checksum.map(|value| value.to_string())),
             ("verify", self.verify.map(|value| value.to_string())),
             ("out-filename", path(&self.out_filename)),
@@ -405,6 +427,10 @@ impl BuiltinOptions {
     pub fn check(&self) -> Result<()> {
         if let Some(rate) = self.msg_rate {
             ferromq_devices::check_rate(rate).map_err(|problem| anyhow!("--msg-rate {problem}"))?;
+        }
+        if let Some(burst_ms) = self.rate_burst_ms {
+            ferromq_devices::check_rate_burst_ms(burst_ms)
+                .map_err(|problem| anyhow!("--rate-burst-ms {problem}"))?;
         }
         if self.num_parts == Some(0) {
             bail!("--num-parts 0: expected at least 1 part");

@@ -323,8 +323,12 @@ async fn external_control_drives_the_state_machine() {
 #[tokio::test]
 async fn bad_values_are_usage_errors_naming_the_option_and_the_value() {
     let ipc = Ipc::new("bad-values");
-    let cases: [(&[&str], &str); 18] = [
+    let cases: [(&[&str], &str); 19] = [
         (&["sampler", "--rate", "1e-300"], "--rate 1e-300"),
+        (
+            &["bsampler", "--rate-burst-ms", "5000"],
+            "--rate-burst-ms 5000: expected 0 to 1000 ms",
+        ),
         // Taken, then refused at INIT naming the object but not the option.
         (
             &["sampler", "--shm-segment-size", "1"],

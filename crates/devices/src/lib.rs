@@ -5,8 +5,8 @@
 //!
 //! | kind | channels (default names) | properties |
 //! |---|---|---|
-//! | `sampler` | out `data` | `msg-size`, `text`, `payload-file`, `rate`, `checksum`, `memset`, `num-parts` |
-//! | `bsampler` | out `data` | `msg-size`, `msg-rate`, `same-msg`, `num-parts`, `multipart`, `memset` |
+//! | `sampler` | out `data` | `msg-size`, `text`, `payload-file`, `rate`, `rate-burst-ms`, `checksum`, `memset`, `num-parts` |
+//! | `bsampler` | out `data` | `msg-size`, `msg-rate`, `rate-burst-ms`, `same-msg`, `num-parts`, `multipart`, `memset` |
 //! | `sink` | in `data` | `verify`, `num-parts`, `out-filename`, `max-file-size`, `multipart` |
 //! | `processor` | in `data-in`, out `data-out` | `touch` |
 //! | `splitter` | in `data-in`, out `data-out[i]` | `routing` (`round-robin` or `key`) |
@@ -220,6 +220,7 @@ impl Builtin {
             Builtin::Sampler => &[
                 "out-channel",
                 "msg-size",
+                "rate-burst-ms",
                 "text",
                 "payload-file",
                 "num-parts",
@@ -230,6 +231,7 @@ impl Builtin {
                 "out-channel",
                 "msg-size",
                 "msg-rate",
+                "rate-burst-ms",
                 "same-msg",
                 "num-parts",
                 "multipart",
@@ -626,6 +628,34 @@ pub(crate) fn rate_property(
     check_rate(rate).map_err(|problem| props.invalid(key, format!("has invalid value {problem}")))
 }
 
+/// `rate-burst-ms` as a [`Pacer`]'s burst: 0 (a wake-up per message) up to
+/// [`pacing::MAX_BURST`].
+///
+/// # Errors
+/// The value and what was expected, for the caller to prefix with the option's name.
+pub fn check_rate_burst_ms(burst_ms: u64) -> Result<std::time::Duration, String> {
+    let burst = std::time::Duration::from_millis(burst_ms);
+    if burst <= pacing::MAX_BURST {
+        Ok(burst)
+    } else {
+        Err(format!(
+            "{burst_ms}: expected 0 to {} ms, how long ahead of their due time paced messages may leave together",
+            pacing::MAX_BURST.as_millis()
+        ))
+    }
+}
+
+/// Property `rate-burst-ms` ([`check_rate_burst_ms`]; FairMQ's 5 ms, [`pacing::BURST`], when
+/// absent).
+pub(crate) fn rate_burst_property(
+    props: &impl Properties,
+) -> Result<std::time::Duration, DeviceError> {
+    let default_ms = pacing::BURST.as_millis() as u64;
+    let burst_ms: u64 = props.parse_or("rate-burst-ms", default_ms)?;
+    check_rate_burst_ms(burst_ms)
+        .map_err(|problem| props.invalid("rate-burst-ms", format!("has invalid value {problem}")))
+}
+
 /// A zeroed heap buffer of `size` bytes, or an error naming `key` and the size when this process
 /// cannot have that much memory (instead of aborting).
 pub(crate) fn try_zeroed(key: &str, size: usize) -> Result<Vec<u8>, BoxError> {
@@ -951,6 +981,42 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// `rate-burst-ms`: 0 to 1000 on both samplers, anything else refused naming it.
+    #[test]
+    fn both_samplers_take_a_rate_burst_of_0_to_1000_ms() {
+        let with_burst = |kind: &str, burst: &str| {
+            let properties = BTreeMap::from([("rate-burst-ms".to_owned(), burst.to_owned())]);
+            check_topology_properties(kind, "d", &properties, &[])
+        };
+        for kind in ["sampler", "bsampler"] {
+            for good in ["0", "5", "20", "1000"] {
+                assert!(
+                    with_burst(kind, good).is_ok(),
+                    "{kind} rate-burst-ms {good}"
+                );
+            }
+            let problem = with_burst(kind, "1001").unwrap_err();
+            assert_eq!(problem.key.as_deref(), Some("rate-burst-ms"));
+            assert!(
+                problem.message.starts_with(
+                    "device \"d\": property \"rate-burst-ms\" has invalid value 1001: expected 0 to 1000 ms"
+                ),
+                "{kind}: {}",
+                problem.message
+            );
+            for bad in ["-5", "2.5", "abc"] {
+                let problem = with_burst(kind, bad).unwrap_err();
+                assert!(
+                    problem.message.contains("\"rate-burst-ms\"") && problem.message.contains(bad),
+                    "{kind}: {}",
+                    problem.message
+                );
+            }
+        }
+        // A kind that does not pace refuses it as unknown.
+        assert!(with_burst("sink", "20").is_err());
     }
 
     /// Found by a sweep: a sink, which reads none of them, took `rate=abc`, `replica-index=abc`

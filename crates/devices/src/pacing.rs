@@ -4,11 +4,14 @@
 //! each message's due time and sleeps only when ahead of it, so `--rate 1000000` works.
 //!
 //! Nor does it wake up for every message: once it has slept until a message was due, the
-//! messages due within the next [`BURST`] leave at once, so a paced sender wakes at most
-//! 1 / [`BURST`] times a second (a wake-up costs more than a small message) and its receiver
-//! gets them in one go. No message leaves more than [`BURST`] before it is due, and the rate
-//! over any longer stretch is the rate asked for. FairMQ's rate limiter works in slices of the
-//! same length.
+//! messages due within the next burst ([`BURST`] unless the sender says otherwise: property
+//! `rate-burst-ms`) leave at once, so a paced sender wakes at most once per burst (a wake-up
+//! costs more than a small message) and its receiver gets them in one go. No message leaves
+//! more than a burst before it is due, and the rate over any longer stretch is the rate asked
+//! for. FairMQ's rate limiter works in slices of [`BURST`]'s length. A longer burst trades
+//! evenness for wake-ups: at 20 ms a paced sender and its receiver wake a quarter as often,
+//! which is most of what a slow paced stream costs (docs/performance-log.md); 0 wakes for
+//! every message.
 //!
 //! A sender held up for longer than [`MAX_DEBT`] (a receiver that connected late, a stalled
 //! peer) does not burst to catch up: the schedule restarts at the message that was late, so the
@@ -21,13 +24,19 @@ use tokio::time::Instant;
 /// How far behind its schedule a pacer may fall and still catch up.
 pub const MAX_DEBT: Duration = Duration::from_millis(100);
 
-/// How long ahead of their due time messages may leave together after a wake-up.
+/// How long ahead of their due time messages may leave together after a wake-up, by default
+/// (FairMQ's slice).
 pub const BURST: Duration = Duration::from_millis(5);
+
+/// The longest burst a sender may ask for (`rate-burst-ms`).
+pub const MAX_BURST: Duration = Duration::from_secs(1);
 
 /// Paces a sender to `rate` messages per second (0 = unlimited).
 #[derive(Debug)]
 pub struct Pacer {
     interval: Option<Duration>,
+    /// How long ahead of their due time messages leave together after a wake-up.
+    burst: Duration,
     start: Instant,
     n_sent: u32,
     /// Messages due before this leave without waiting (the burst opened by the last wake-up).
@@ -39,10 +48,17 @@ impl Pacer {
     /// rate too low for its interval to be represented ([`crate::check_rate`] refuses it) waits
     /// for ever between messages.
     pub fn new(rate: f64) -> Pacer {
+        Pacer::with_burst(rate, BURST)
+    }
+
+    /// A pacer for `rate` messages per second whose messages leave together within `burst`
+    /// after a wake-up (at most [`MAX_BURST`]; longer is taken as [`MAX_BURST`]).
+    pub fn with_burst(rate: f64, burst: Duration) -> Pacer {
         let interval =
             (rate > 0.0).then(|| Duration::try_from_secs_f64(1.0 / rate).unwrap_or(Duration::MAX));
         Pacer {
             interval,
+            burst: burst.min(MAX_BURST),
             start: Instant::now(),
             n_sent: 0,
             burst_end: None,
@@ -78,7 +94,7 @@ impl Pacer {
             self.start = now;
             self.n_sent = 1;
         }
-        self.burst_end = Instant::now().checked_add(BURST);
+        self.burst_end = Instant::now().checked_add(self.burst);
     }
 }
 
@@ -108,10 +124,10 @@ mod tests {
         assert_eq!(Instant::now(), start);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_fast_rate_wakes_once_per_burst_and_sends_nothing_too_early() {
-        // 2500 messages/s: one every 400 µs, 12 or 13 per 5 ms burst.
-        let mut pacer = Pacer::new(2500.0);
+    /// Paces one second of 2500 messages/s (one every 400 µs) with `pacer` and checks that no
+    /// message leaves more than `burst` early or more than a timer tick late; returns how
+    /// often the sender woke.
+    async fn wake_ups_pacing_2500_a_second(mut pacer: Pacer, burst: Duration) -> u32 {
         let start = Instant::now();
         let mut n_wake_ups = 0;
         let mut last = start;
@@ -124,8 +140,8 @@ mod tests {
             }
             let due = start + Duration::from_micros(400) * msg_idx;
             assert!(
-                now + BURST >= due,
-                "message {msg_idx} left more than a burst early"
+                now + burst >= due,
+                "message {msg_idx} left more than a burst ({burst:?}) early"
             );
             // tokio's timers fire on millisecond ticks; lateness never adds up.
             assert!(
@@ -133,9 +149,27 @@ mod tests {
                 "message {msg_idx} left late"
             );
         }
-        // One second of messages, in about 200 wake-ups rather than 2500.
+        assert!(Instant::now() - start >= Duration::from_secs(1) - burst);
+        n_wake_ups
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fast_rate_wakes_once_per_burst_and_sends_nothing_too_early() {
+        // FairMQ's 5 ms: 12 or 13 messages per wake-up, about 200 rather than 2500.
+        let n_wake_ups = wake_ups_pacing_2500_a_second(Pacer::new(2500.0), BURST).await;
         assert!(n_wake_ups <= 201, "{n_wake_ups} wake-ups");
-        assert!(Instant::now() - start >= Duration::from_secs(1) - BURST);
+        // A 20 ms burst (`rate-burst-ms 20`): a quarter as many.
+        let burst = Duration::from_millis(20);
+        let pacer = Pacer::with_burst(2500.0, burst);
+        let n_wake_ups = wake_ups_pacing_2500_a_second(pacer, burst).await;
+        assert!(n_wake_ups <= 51, "{n_wake_ups} wake-ups");
+        // No burst: nothing leaves before it is due (a timer tick may hold several).
+        let pacer = Pacer::with_burst(2500.0, Duration::ZERO);
+        let n_wake_ups = wake_ups_pacing_2500_a_second(pacer, Duration::ZERO).await;
+        assert!(n_wake_ups > 201, "{n_wake_ups} wake-ups");
+        // Longer than MAX_BURST is MAX_BURST.
+        let pacer = Pacer::with_burst(2500.0, Duration::from_secs(3600));
+        assert_eq!(pacer.burst, MAX_BURST);
     }
 
     #[tokio::test(start_paused = true)]

@@ -6,8 +6,8 @@ use ferromq_core::{BoxError, Message, Parts};
 use ferromq_device::{Device, DeviceContext, DeviceError};
 
 use crate::{
-    Outgoing, Pacer, Properties, bool_property, channel_property, parts_property, rate_property,
-    try_zeroed, write_checksum,
+    Outgoing, Pacer, Properties, bool_property, channel_property, parts_property,
+    rate_burst_property, rate_property, try_zeroed, write_checksum,
 };
 
 /// Sends `--max-iterations` messages (or until STOP) of `msg-size` bytes, or of the `text`
@@ -26,6 +26,8 @@ pub struct Sampler {
     generated_size: Option<usize>,
     checksum: bool,
     rate: f64,
+    /// `rate-burst-ms`: how long ahead of their due time paced messages may leave together.
+    rate_burst: std::time::Duration,
 }
 
 impl Sampler {
@@ -36,6 +38,7 @@ impl Sampler {
         // The sampler writes every byte of every message anyway; `memset` changes nothing.
         bool_property(props, "memset", false)?;
         self.rate = rate_property(props, "rate", 0.0)?;
+        self.rate_burst = rate_burst_property(props)?;
         self.num_parts = parts_property(props)?;
         // One source of bytes: the others would be ignored, silently.
         let sources: Vec<&str> = ["payload-file", "text", "msg-size"]
@@ -134,7 +137,7 @@ impl Device for Sampler {
                 self.generated_size = None;
             }
         }
-        let mut pacer = Pacer::new(self.rate);
+        let mut pacer = Pacer::with_burst(self.rate, self.rate_burst);
         let mut checksummed = 0;
         'messages: while ctx.next_iteration() {
             // The pacer first: when it is ready (always, unthrottled) STOP's future is not
@@ -203,6 +206,8 @@ pub struct BenchmarkSampler {
     same_msg: bool,
     memset: bool,
     rate: f64,
+    /// `rate-burst-ms`, as the sampler's.
+    rate_burst: std::time::Duration,
 }
 
 impl BenchmarkSampler {
@@ -218,6 +223,7 @@ impl BenchmarkSampler {
         self.memset = bool_property(props, "memset", false)?;
         let rate = rate_property(props, "rate", 0.0)?;
         self.rate = rate_property(props, "msg-rate", rate)?;
+        self.rate_burst = rate_burst_property(props)?;
         // Two paces are one too many (msg-rate won, silently). `ferromq device` always sets
         // `rate`, 0 unless given, so 0 is no pace asked for.
         if rate != 0.0 && self.rate != rate {
@@ -244,7 +250,7 @@ impl Device for BenchmarkSampler {
     }
 
     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
-        let mut pacer = Pacer::new(self.rate);
+        let mut pacer = Pacer::with_burst(self.rate, self.rate_burst);
         // With same-msg every message shares this one immutable (zeroed) buffer: no allocation,
         // no copy.
         let shared = if self.same_msg {
