@@ -40,6 +40,11 @@ use futures_util::FutureExt;
 use crate::error::DeviceError;
 use crate::stop::StopSignal;
 
+/// How long [`DeviceContext::forward_parts`] waits in one go on a socket that cannot set room
+/// aside (`Channel::reserve` unsupported) before it looks at STOP again: how late it may notice
+/// STOP there.
+const UNRESERVED_WAIT_SLICE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// What an `on_data` handler wants next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flow {
@@ -559,7 +564,8 @@ impl DeviceContext {
     /// error.
     ///
     /// # Cancel safety
-    /// Dropping the future drops the parts, as with [`DeviceContext::send_parts`].
+    /// Dropping the future drops the parts, as with [`DeviceContext::send_parts`]; the call
+    /// itself never drops a future that holds them.
     pub async fn forward_parts(&mut self, name: &str, parts: Parts) -> Result<(), DeviceError> {
         let idx = self.channel_idx(name)?;
         self.forward_parts_at(idx, parts).await
@@ -587,31 +593,54 @@ impl DeviceContext {
             Ok(()) => return Ok(()),
             Err(parts) => parts,
         };
-        let already_stopped = self.stop.is_requested();
-        let stopped = self.stop.requested_owned();
-        let channel = &mut self.channels[idx];
-        let linger = channel.config().linger_duration();
-        // One send future from first to last, so the parts are never out of it: STOP only
-        // changes how much longer it may wait.
-        let outcome = {
-            let mut send = std::pin::pin!(channel.send_parts(parts));
-            if !already_stopped {
-                tokio::select! {
-                    sent = &mut send => return sent.map_err(|failed| failed.error.into()),
-                    () = stopped => {}
-                }
+        let linger = self.channels[idx].config().linger_duration();
+        // No future that holds the parts is ever dropped: a socket that can set room aside
+        // waits for that (cancel-safe, the parts stay here); one that cannot waits in timed
+        // slices, whose timeouts hand the parts back, looking at STOP between them. Once STOP
+        // is requested, one timed send of `linger` has the last word.
+        let parts = if self.stop.is_requested() {
+            parts
+        } else {
+            let stopped = self.stop.requested_owned();
+            tokio::pin!(stopped);
+            let stop = &self.stop;
+            let channel = &mut self.channels[idx];
+            tokio::select! {
+                reserved = channel.reserve() => match reserved {
+                    Ok(permit) => return permit.send_parts(parts).map_err(|failed| failed.error.into()),
+                    Err(Error::Unsupported { .. }) => {
+                        let mut parts = parts;
+                        loop {
+                            match channel.send_parts_timeout(parts, UNRESERVED_WAIT_SLICE).await {
+                                Ok(()) => return Ok(()),
+                                Err(failed) if matches!(failed.error, Error::Timeout { .. }) => {
+                                    parts = failed.message;
+                                }
+                                Err(failed) => return Err(failed.error.into()),
+                            }
+                            if stop.is_requested() {
+                                break parts;
+                            }
+                        }
+                    }
+                    Err(error) => return Err(error.into()),
+                },
+                () = &mut stopped => parts,
             }
-            tokio::time::timeout(linger, send).await
         };
-        match outcome {
-            Ok(sent) => sent.map_err(|failed| failed.error.into()),
-            Err(_) => Err(DeviceError::Channel(Error::Undelivered {
-                channel: self.channels[idx].label().clone(),
-                n_messages: 1,
-                reason: format!(
-                    "a message taken from an input was not forwarded: stopped, and no room came for linger {linger:?}"
-                ),
-            })),
+        let channel = &mut self.channels[idx];
+        match channel.send_parts_timeout(parts, linger).await {
+            Ok(()) => Ok(()),
+            Err(failed) if matches!(failed.error, Error::Timeout { .. }) => {
+                Err(DeviceError::Channel(Error::Undelivered {
+                    channel: channel.label().clone(),
+                    n_messages: 1,
+                    reason: format!(
+                        "a message taken from an input was not forwarded: stopped, and no room came for linger {linger:?}"
+                    ),
+                }))
+            }
+            Err(failed) => Err(failed.error.into()),
         }
     }
 

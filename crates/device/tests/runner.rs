@@ -616,28 +616,61 @@ async fn stop_interrupts_a_message_waiting_for_room_and_the_device_goes_down_cle
 }
 
 /// A transport whose sends wait for a gate the test opens (a receiver that makes room late or
-/// never). It counts the polls of waiting sends, so the test sees a wait go on after STOP.
+/// never). With `reserves`, its sockets set room aside (`reserve_send`), as zeromq's push and
+/// shmem's do; without, they only send by waiting, as a shmem pair does. Each wait that starts
+/// records its timeout, so the test sees the wait after STOP (one of `linger`) begin.
 #[derive(Debug, Clone)]
 struct Gated {
+    reserves: bool,
     gate: std::sync::Arc<tokio::sync::Semaphore>,
-    waiting_polls: std::sync::Arc<AtomicU64>,
+    /// The longest timeout a send has waited with so far, in ms (`u64::MAX`: none).
+    longest_wait_ms: std::sync::Arc<AtomicU64>,
+    wait_started: std::sync::Arc<tokio::sync::Notify>,
     sent: std::sync::Arc<AtomicU64>,
 }
 
 impl Gated {
     /// Shut: no room until the test adds some.
-    fn shut() -> Self {
+    fn shut(reserves: bool) -> Self {
         Gated {
+            reserves,
             gate: std::sync::Arc::new(tokio::sync::Semaphore::new(0)),
-            waiting_polls: std::sync::Arc::default(),
+            longest_wait_ms: std::sync::Arc::default(),
+            wait_started: std::sync::Arc::default(),
             sent: std::sync::Arc::default(),
         }
+    }
+
+    /// Waits (under the tests' watchdog) until a send waits with a timeout of `at_least`.
+    async fn wait_started_with(&self, at_least: Duration) {
+        let waited_long_enough = async {
+            loop {
+                let notified = self.wait_started.notified();
+                let longest = self.longest_wait_ms.load(Ordering::SeqCst);
+                if u128::from(longest) >= at_least.as_millis() {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(WAIT.unwrap(), waited_long_enough)
+            .await
+            .unwrap_or_else(|_| panic!("no send waited for {at_least:?}"));
     }
 }
 
 struct GatedSocket {
     label: ferromq_core::ChannelLabel,
     transport: Gated,
+    /// Room set aside by `reserve_send`.
+    reserved: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl GatedSocket {
+    fn take(&mut self, permit: tokio::sync::OwnedSemaphorePermit) {
+        permit.forget();
+        self.transport.sent.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 #[async_trait::async_trait]
@@ -659,24 +692,23 @@ impl ferromq_core::Socket for GatedSocket {
         parts: Parts,
         timeout: Option<Duration>,
     ) -> Result<(), ferromq_core::SendError<Parts>> {
-        let Gated {
-            gate,
-            waiting_polls,
-            sent,
-        } = self.transport.clone();
-        let mut acquire = std::pin::pin!(gate.acquire_owned());
-        let room = std::future::poll_fn(|cx| {
-            waiting_polls.fetch_add(1, Ordering::SeqCst);
-            acquire.as_mut().poll(cx)
-        });
+        if let Some(permit) = self.reserved.take() {
+            self.take(permit);
+            return Ok(());
+        }
+        let wait_ms = timeout.map_or(u64::MAX, |timeout| timeout.as_millis() as u64);
+        self.transport
+            .longest_wait_ms
+            .fetch_max(wait_ms, Ordering::SeqCst);
+        self.transport.wait_started.notify_waiters();
+        let room = std::sync::Arc::clone(&self.transport.gate).acquire_owned();
         let room = match timeout {
             Some(timeout) => tokio::time::timeout(timeout, room).await.ok(),
             None => Some(room.await),
         };
         match room {
             Some(Ok(permit)) => {
-                permit.forget();
-                sent.fetch_add(1, Ordering::SeqCst);
+                self.take(permit);
                 Ok(())
             }
             _ => Err(ferromq_core::SendError::new(
@@ -689,13 +721,41 @@ impl ferromq_core::Socket for GatedSocket {
         }
     }
     fn try_send_parts(&mut self, parts: Parts) -> Result<(), Parts> {
-        match self.transport.gate.try_acquire() {
+        if let Some(permit) = self.reserved.take() {
+            self.take(permit);
+            return Ok(());
+        }
+        match std::sync::Arc::clone(&self.transport.gate).try_acquire_owned() {
             Ok(permit) => {
-                permit.forget();
-                self.transport.sent.fetch_add(1, Ordering::SeqCst);
+                self.take(permit);
                 Ok(())
             }
             Err(_) => Err(parts),
+        }
+    }
+    async fn reserve_send(&mut self) -> ferromq_core::Result<bool> {
+        if !self.transport.reserves {
+            return Ok(false);
+        }
+        if self.reserved.is_none() {
+            let room = std::sync::Arc::clone(&self.transport.gate).acquire_owned();
+            self.reserved = room.await.ok();
+        }
+        Ok(true)
+    }
+    fn send_reserved(&mut self, parts: Parts) -> Result<(), ferromq_core::SendError<Parts>> {
+        match self.reserved.take() {
+            Some(permit) => {
+                self.take(permit);
+                Ok(())
+            }
+            None => Err(ferromq_core::SendError::new(
+                ferromq_core::Error::Timeout {
+                    channel: self.label.clone(),
+                    after: Duration::ZERO,
+                },
+                parts,
+            )),
         }
     }
     async fn receive_parts(&mut self) -> ferromq_core::Result<Parts> {
@@ -719,6 +779,7 @@ impl ferromq_core::Transport for Gated {
         Ok(Box::new(GatedSocket {
             label: ferromq_core::ChannelLabel::new(config.name.clone(), config.socket_type),
             transport: self.clone(),
+            reserved: None,
         }))
     }
 }
@@ -737,7 +798,7 @@ impl Device for ForwardsOne {
 }
 
 /// A device forwarding on `gated` with `linger` (ms), in RUNNING and waiting for room, with
-/// STOP asked for once the wait had begun.
+/// STOP asked for once the wait had begun, and seen: its send waits with `linger` now.
 async fn forwarding_stopped_while_it_waits(gated: &Gated, linger: u64) -> Running {
     let mut registry = ferromq_core::TransportRegistry::new();
     let transport = gated.clone();
@@ -756,15 +817,16 @@ async fn forwarding_stopped_while_it_waits(gated: &Gated, linger: u64) -> Runnin
         driver,
         controller,
     } = running(ForwardsOne, config, std::sync::Arc::new(registry)).await;
-    let mut tick = tokio::time::interval(Duration::from_millis(5));
-    while gated.waiting_polls.load(Ordering::SeqCst) == 0 {
-        tick.tick().await;
+    if !gated.reserves {
+        // Its first slice of waiting: the forward has begun.
+        gated.wait_started_with(Duration::from_millis(1)).await;
     }
     {
         // Asked from a task of its own: the answer may wait for the device to leave RUNNING.
         let controller = controller.clone();
         tokio::spawn(async move { controller.change_state(Transition::Stop).await });
     }
+    gated.wait_started_with(Duration::from_millis(linger)).await;
     Running {
         task,
         driver,
@@ -773,54 +835,52 @@ async fn forwarding_stopped_while_it_waits(gated: &Gated, linger: u64) -> Runnin
 }
 
 /// Found by a contract sweep (the built-in processor dropped the message in hand at STOP and
-/// exited 0): `forward_parts` keeps a taken message through STOP. A receiver that makes room
-/// within the channel's linger gets it and the device goes down cleanly; one that does not
-/// makes the device fail naming the one message lost. `send_parts` drops it at STOP instead,
-/// which is right only for a message the device made itself.
+/// exited 0): `forward_parts` keeps a taken message through STOP, on sockets that reserve room
+/// and on those that only send by waiting. A receiver that makes room within the channel's
+/// linger gets it and the device goes down cleanly; one that does not makes the device fail
+/// naming the one message lost. `send_parts` drops it at STOP instead, which is right only for
+/// a message the device made itself.
 #[tokio::test]
 async fn a_forwarded_message_outlives_stop_for_linger_or_its_loss_fails_the_device() {
-    // Room comes after STOP, within linger: delivered, and the device ends cleanly.
-    let gated = Gated::shut();
-    let Running { task, driver, .. } = forwarding_stopped_while_it_waits(&gated, 30_000).await;
-    let mut tick = tokio::time::interval(Duration::from_millis(5));
-    // The first poll was the wait before STOP; a later one is the wait going on after it.
-    while gated.waiting_polls.load(Ordering::SeqCst) < 2 {
-        tick.tick().await;
-    }
-    gated.gate.add_permits(1);
-    let device = tokio::time::timeout(WAIT.unwrap(), task)
-        .await
-        .expect("the device went down")
-        .unwrap();
-    assert!(device.is_ok(), "{device:?}");
-    assert_eq!(
-        gated.sent.load(Ordering::SeqCst),
-        1,
-        "the message was dropped"
-    );
-    driver.abort();
+    for reserves in [true, false] {
+        // Room comes after STOP, within linger: delivered, and the device ends cleanly.
+        let gated = Gated::shut(reserves);
+        let Running { task, driver, .. } = forwarding_stopped_while_it_waits(&gated, 30_000).await;
+        gated.gate.add_permits(1);
+        let device = tokio::time::timeout(WAIT.unwrap(), task)
+            .await
+            .expect("the device went down")
+            .unwrap();
+        assert!(device.is_ok(), "reserves {reserves}: {device:?}");
+        assert_eq!(
+            gated.sent.load(Ordering::SeqCst),
+            1,
+            "reserves {reserves}: the message was dropped"
+        );
+        driver.abort();
 
-    // No room within linger (100 ms): the device fails, naming the message it lost.
-    let gated = Gated::shut();
-    let Running {
-        task,
-        driver,
-        controller,
-    } = forwarding_stopped_while_it_waits(&gated, 100).await;
-    let device = tokio::time::timeout(WAIT.unwrap(), task)
-        .await
-        .expect("the device went down")
-        .unwrap();
-    assert!(
-        matches!(device, Err(DeviceError::Hook { hook: "run", .. })),
-        "a lost message fails the device: {device:?}"
-    );
-    let text = controller.last_error().expect("the device says why");
-    assert!(
-        text.contains("1 message(s) accepted by send were not delivered")
-            && text.contains("not forwarded"),
-        "{text}"
-    );
-    assert_eq!(gated.sent.load(Ordering::SeqCst), 0);
-    driver.abort();
+        // No room within linger (100 ms): the device fails, naming the message it lost.
+        let gated = Gated::shut(reserves);
+        let Running {
+            task,
+            driver,
+            controller,
+        } = forwarding_stopped_while_it_waits(&gated, 100).await;
+        let device = tokio::time::timeout(WAIT.unwrap(), task)
+            .await
+            .expect("the device went down")
+            .unwrap();
+        assert!(
+            matches!(device, Err(DeviceError::Hook { hook: "run", .. })),
+            "reserves {reserves}: a lost message fails the device: {device:?}"
+        );
+        let text = controller.last_error().expect("the device says why");
+        assert!(
+            text.contains("1 message(s) accepted by send were not delivered")
+                && text.contains("not forwarded"),
+            "reserves {reserves}: {text}"
+        );
+        assert_eq!(gated.sent.load(Ordering::SeqCst), 0, "reserves {reserves}");
+        driver.abort();
+    }
 }
