@@ -448,21 +448,23 @@ impl NetChannel {
                     tracing::debug!(channel = %label, %error, "peer dropped");
                 }
                 // A req's one peer of the moment ended its connection while the req awaited
-                // its reply (killed: reset; closed or restarted: zmq.rs's bare `NoMessage`).
-                Err(error @ (ZmqError::NoMessage | ZmqError::Codec(_) | ZmqError::Network(_)))
-                    if self.socket_type == SocketType::Req =>
+                // its reply: killed (an I/O error on the connection), closed or restarted
+                // (zmq.rs's bare `NoMessage`), or gone before the receive began (zmq.rs's
+                // "Server disconnected"). A malformed frame from a live peer is not this.
+                Err(ZmqError::NoMessage) if self.socket_type == SocketType::Req => {
+                    return Err(replier_gone(label, "closed"));
+                }
+                Err(ZmqError::Codec(codec_error))
+                    if self.socket_type == SocketType::Req
+                        && connection_error(&codec_error).is_some() =>
                 {
-                    let cause = match error {
-                        ZmqError::NoMessage => "closed".to_owned(),
-                        ZmqError::Codec(codec) => codec.to_string(),
-                        other => other.to_string(),
-                    };
-                    return Err(Error::PeerGone {
-                        channel: label.clone(),
-                        reason: format!(
-                            "the replier's connection ended before its reply came ({cause})"
-                        ),
-                    });
+                    let cause = connection_error(&codec_error).map(ToString::to_string);
+                    return Err(replier_gone(label, &cause.unwrap_or_default()));
+                }
+                Err(ZmqError::Other(reason))
+                    if self.socket_type == SocketType::Req && reason.contains("disconnected") =>
+                {
+                    return Err(replier_gone(label, reason));
                 }
                 Err(ZmqError::Other(reason)) if reason.contains("disconnected") => {
                     return Err(Error::PeerGone {
@@ -672,4 +674,20 @@ pub(crate) fn bind_ipc_std(
         .set_nonblocking(true)
         .map_err(|source| bind_error(label, source))?;
     Ok(listener)
+}
+
+/// A req's receive that ended with its replier's connection: `cause` as observed.
+fn replier_gone(label: &ChannelLabel, cause: &str) -> Error {
+    Error::PeerGone {
+        channel: label.clone(),
+        reason: format!("the replier's connection ended before its reply came ({cause})"),
+    }
+}
+
+/// The I/O error under a codec error (zmq.rs's `CodecError::Io`, which the crate does not
+/// export): the connection failed, as opposed to a frame that did not decode.
+fn connection_error<'a>(
+    codec_error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a std::io::Error> {
+    std::error::Error::source(codec_error)?.downcast_ref::<std::io::Error>()
 }
