@@ -27,9 +27,11 @@
 //! Paced runs (`--msg-rate`) report CPU instead, and beside it the machine's wake-up floor,
 //! measured in the same round right before the pair ([`wake_up_floor`]): what a sender that does
 //! nothing but sleep until its next burst and ring a doorbell costs, and what the receiver that
-//! the doorbell wakes costs. Both devices sleep and wake once per burst whatever they send, and
-//! on a virtual machine a timer's wake-up alone costs most of a percent of a core at 200 a
-//! second, varying by the hour: the floor says how much of a device's figure is the machine's.
+//! the doorbell wakes costs. Both devices sleep and wake once per burst whatever they send (5 ms
+//! apart, or ferromq's `--rate-burst-ms`, which `--rate-burst-ms` here passes to its sampler;
+//! the floor is then measured at ferromq's period), and on a virtual machine a timer's wake-up
+//! alone costs most of a percent of a core at 200 a second, varying by the hour: the floor says
+//! how much of a device's figure is the machine's.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

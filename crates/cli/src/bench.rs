@@ -50,9 +50,9 @@ pub struct BenchOptions {
     #[arg(long = "msg-rate", default_value_t = 0.0, allow_hyphen_values = true, value_parser = crate::options::messages_per_second)]
     pub msg_rate: f64,
     /// With --msg-rate: how long ahead of their due time messages may leave together, in ms
-    /// (0 to 1000; 5, FairMQ's slice, by default), as the samplers' --rate-burst-ms.
-    #[arg(long = "rate-burst-ms", default_value_t = 5, value_name = "MS", value_parser = crate::options::rate_burst_ms)]
-    pub rate_burst_ms: u64,
+    /// (0 to 1000; 5, FairMQ's slice, when not given), as the samplers' --rate-burst-ms.
+    #[arg(long = "rate-burst-ms", value_name = "MS", requires = "msg_rate", value_parser = crate::options::rate_burst_ms)]
+    pub rate_burst_ms: Option<u64>,
     /// Seconds to measure each pair (after a warm-up of a quarter of it, at least 0.25 s).
     #[arg(long, default_value_t = 3.0, allow_hyphen_values = true, value_parser = crate::options::bench_seconds)]
     pub duration: f64,
@@ -587,6 +587,11 @@ fn check(options: &BenchOptions) -> Result<()> {
             options.duration
         );
     }
+    if let (Some(burst_ms), 0.0) = (options.rate_burst_ms, options.msg_rate) {
+        bail!(
+            "--rate-burst-ms {burst_ms} with --msg-rate 0: it shapes the bursts of a paced sender, and 0 does not pace"
+        );
+    }
     Ok(())
 }
 
@@ -657,7 +662,10 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
                 "--msg-rate",
                 &options.msg_rate.to_string(),
                 "--rate-burst-ms",
-                &options.rate_burst_ms.to_string(),
+                &options
+                    .rate_burst_ms
+                    .unwrap_or(ferromq_devices::DEFAULT_RATE_BURST_MS)
+                    .to_string(),
             ])
             .args([
                 "--duration",
@@ -911,7 +919,7 @@ async fn role(options: &RoleOptions) -> Result<RoleReport> {
         msg_size: vec![],
         num_parts: options.num_parts,
         msg_rate: options.msg_rate,
-        rate_burst_ms: options.rate_burst_ms,
+        rate_burst_ms: Some(options.rate_burst_ms),
         duration: options.duration,
         same_msg: options.same_msg,
         touch: options.touch,

@@ -354,7 +354,7 @@ pub struct BuiltinOptions {
     /// How long ahead of their due time paced messages may leave together, in ms (sampler,
     /// bsampler; 0 to 1000, default 5 as FairMQ's rate limiter): longer bursts wake the
     /// sender and its receiver less often.
-    #[arg(long = "rate-burst-ms", value_name = "MS")]
+    #[arg(long = "rate-burst-ms", value_name = "MS", value_parser = rate_burst_ms)]
     pub rate_burst_ms: Option<u64>,
     /// (FairMQ bsampler) message alignment; accepted, with a warning: buffers are 8-byte aligned.
     #[arg(long = "msg-alignment", hide = true)]
@@ -427,10 +427,6 @@ impl BuiltinOptions {
     pub fn check(&self) -> Result<()> {
         if let Some(rate) = self.msg_rate {
             ferromq_devices::check_rate(rate).map_err(|problem| anyhow!("--msg-rate {problem}"))?;
-        }
-        if let Some(burst_ms) = self.rate_burst_ms {
-            ferromq_devices::check_rate_burst_ms(burst_ms)
-                .map_err(|problem| anyhow!("--rate-burst-ms {problem}"))?;
         }
         if self.num_parts == Some(0) {
             bail!("--num-parts 0: expected at least 1 part");

@@ -567,6 +567,21 @@ fn bench_names_a_transport_part_count_or_segment_size_it_cannot_measure_before_i
             &format!("{option} {value}"),
         );
     }
+    // A burst shapes a pace; with none it would be taken and do nothing.
+    refused_before_any_member_starts(
+        &[
+            "bench",
+            "--transport",
+            "shmem",
+            "--duration",
+            "0.1",
+            "--msg-rate",
+            "0",
+            "--rate-burst-ms",
+            "20",
+        ],
+        "--rate-burst-ms 20 with --msg-rate 0",
+    );
 }
 
 /// A measurement of a nanosecond reported 4e11 messages a second and exit 0.

@@ -327,7 +327,7 @@ async fn bad_values_are_usage_errors_naming_the_option_and_the_value() {
         (&["sampler", "--rate", "1e-300"], "--rate 1e-300"),
         (
             &["bsampler", "--rate-burst-ms", "5000"],
-            "--rate-burst-ms 5000: expected 0 to 1000 ms",
+            "'5000' for '--rate-burst-ms <MS>': 5000: expected 0 to 1000 ms",
         ),
         // Taken, then refused at INIT naming the object but not the option.
         (

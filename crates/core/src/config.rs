@@ -323,7 +323,8 @@ pub struct ChannelConfig {
     #[serde(rename = "rcvKernelSize")]
     pub rcv_kernel_size: usize,
     /// How long closing waits without progress for accepted messages to leave, in milliseconds
-    /// (a bound on silence, not on the whole drain).
+    /// (a bound on silence, not on the whole drain); also how long a forwarder's send of a
+    /// message it took may still wait after STOP (`DeviceContext::forward_parts`).
     pub linger: u64,
     /// Seconds between rate log lines, 0 = off.
     #[serde(rename = "rateLogging")]

@@ -74,7 +74,7 @@ use ferromq_device::{ChannelId, Device, DeviceContext, DeviceError};
 pub use event_building::{Builder as EventBuilder, StfSource};
 pub use forwarders::{Merger, Multiplier, Processor, Proxy, Splitter};
 pub use mcts::{MctsDriver, MctsWorker};
-pub use pacing::Pacer;
+pub use pacing::{BURST, DEFAULT_RATE_BURST_MS, MAX_BURST, MAX_RATE_BURST_MS, Pacer};
 pub use replay::{MAX_SPEED as MAX_REPLAY_SPEED, MIN_SPEED as MIN_REPLAY_SPEED, Replay};
 pub use reqrep::{Client, Server};
 pub use sampler::{BenchmarkSampler, Sampler};
@@ -629,31 +629,40 @@ pub(crate) fn rate_property(
 }
 
 /// `rate-burst-ms` as a [`Pacer`]'s burst: 0 (a wake-up per message) up to
-/// [`pacing::MAX_BURST`].
+/// [`MAX_RATE_BURST_MS`].
 ///
 /// # Errors
 /// The value and what was expected, for the caller to prefix with the option's name.
 pub fn check_rate_burst_ms(burst_ms: u64) -> Result<std::time::Duration, String> {
-    let burst = std::time::Duration::from_millis(burst_ms);
-    if burst <= pacing::MAX_BURST {
-        Ok(burst)
+    if burst_ms <= MAX_RATE_BURST_MS {
+        Ok(std::time::Duration::from_millis(burst_ms))
     } else {
         Err(format!(
-            "{burst_ms}: expected 0 to {} ms, how long ahead of their due time paced messages may leave together",
-            pacing::MAX_BURST.as_millis()
+            "{burst_ms}: expected 0 to {MAX_RATE_BURST_MS} ms, how long ahead of their due time paced messages may leave together"
         ))
     }
 }
 
-/// Property `rate-burst-ms` ([`check_rate_burst_ms`]; FairMQ's 5 ms, [`pacing::BURST`], when
-/// absent).
+/// Property `rate-burst-ms` ([`check_rate_burst_ms`]; [`DEFAULT_RATE_BURST_MS`], FairMQ's
+/// slice, when absent) of a sender paced to `rate` messages a second. Given without a pace
+/// (`rate` 0) it would shape nothing, so it is refused.
 pub(crate) fn rate_burst_property(
     props: &impl Properties,
+    rate: f64,
 ) -> Result<std::time::Duration, DeviceError> {
-    let default_ms = pacing::BURST.as_millis() as u64;
-    let burst_ms: u64 = props.parse_or("rate-burst-ms", default_ms)?;
-    check_rate_burst_ms(burst_ms)
-        .map_err(|problem| props.invalid("rate-burst-ms", format!("has invalid value {problem}")))
+    let burst_ms: u64 = props.parse_or("rate-burst-ms", DEFAULT_RATE_BURST_MS)?;
+    let burst = check_rate_burst_ms(burst_ms).map_err(|problem| {
+        props.invalid("rate-burst-ms", format!("has invalid value {problem}"))
+    })?;
+    if rate == 0.0 && props.text("rate-burst-ms").is_some() {
+        return Err(props.invalid(
+            "rate-burst-ms",
+            format!(
+                "(= {burst_ms}) is given without a pace: it shapes the bursts of a paced sender (give rate or msg-rate too)"
+            ),
+        ));
+    }
+    Ok(burst)
 }
 
 /// A zeroed heap buffer of `size` bytes, or an error naming `key` and the size when this process
@@ -983,21 +992,23 @@ mod tests {
         }
     }
 
-    /// `rate-burst-ms`: 0 to 1000 on both samplers, anything else refused naming it.
+    /// `rate-burst-ms`: 0 to 1000 on both samplers when they are paced; anything else refused
+    /// naming it, and so is a burst given to a sender without a pace (it would shape nothing).
     #[test]
-    fn both_samplers_take_a_rate_burst_of_0_to_1000_ms() {
-        let with_burst = |kind: &str, burst: &str| {
-            let properties = BTreeMap::from([("rate-burst-ms".to_owned(), burst.to_owned())]);
+    fn both_samplers_take_a_rate_burst_of_0_to_1000_ms_with_a_pace() {
+        let check = |kind: &str, pairs: &[(&str, &str)]| {
+            let properties: BTreeMap<String, String> = pairs
+                .iter()
+                .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+                .collect();
             check_topology_properties(kind, "d", &properties, &[])
         };
-        for kind in ["sampler", "bsampler"] {
+        for (kind, pace) in [("sampler", "rate"), ("bsampler", "msg-rate")] {
+            let with_burst = |burst: &str| check(kind, &[(pace, "2500"), ("rate-burst-ms", burst)]);
             for good in ["0", "5", "20", "1000"] {
-                assert!(
-                    with_burst(kind, good).is_ok(),
-                    "{kind} rate-burst-ms {good}"
-                );
+                assert!(with_burst(good).is_ok(), "{kind} rate-burst-ms {good}");
             }
-            let problem = with_burst(kind, "1001").unwrap_err();
+            let problem = with_burst("1001").unwrap_err();
             assert_eq!(problem.key.as_deref(), Some("rate-burst-ms"));
             assert!(
                 problem.message.starts_with(
@@ -1007,16 +1018,29 @@ mod tests {
                 problem.message
             );
             for bad in ["-5", "2.5", "abc"] {
-                let problem = with_burst(kind, bad).unwrap_err();
+                let problem = with_burst(bad).unwrap_err();
                 assert!(
                     problem.message.contains("\"rate-burst-ms\"") && problem.message.contains(bad),
                     "{kind}: {}",
                     problem.message
                 );
             }
+            let problem = check(kind, &[("rate-burst-ms", "20")]).unwrap_err();
+            assert_eq!(
+                problem.message,
+                "device \"d\": property \"rate-burst-ms\" (= 20) is given without a pace: it shapes the bursts of a paced sender (give rate or msg-rate too)",
+                "{kind}"
+            );
         }
-        // A kind that does not pace refuses it as unknown.
-        assert!(with_burst("sink", "20").is_err());
+        // A kind that does not pace refuses it as one it does not read.
+        let problem = check("sink", &[("rate-burst-ms", "20")]).unwrap_err();
+        assert!(
+            problem.message.starts_with(
+                "device \"d\": property \"rate-burst-ms\" (= \"20\") is not one a sink reads"
+            ),
+            "{}",
+            problem.message
+        );
     }
 
     /// Found by a sweep: a sink, which reads none of them, took `rate=abc`, `replica-index=abc`

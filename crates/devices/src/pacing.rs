@@ -24,12 +24,17 @@ use tokio::time::Instant;
 /// How far behind its schedule a pacer may fall and still catch up.
 pub const MAX_DEBT: Duration = Duration::from_millis(100);
 
-/// How long ahead of their due time messages may leave together after a wake-up, by default
-/// (FairMQ's slice).
-pub const BURST: Duration = Duration::from_millis(5);
+/// `rate-burst-ms` when not given: FairMQ's slice.
+pub const DEFAULT_RATE_BURST_MS: u64 = 5;
 
 /// The longest burst a sender may ask for (`rate-burst-ms`).
-pub const MAX_BURST: Duration = Duration::from_secs(1);
+pub const MAX_RATE_BURST_MS: u64 = 1000;
+
+/// How long ahead of their due time messages may leave together after a wake-up, by default.
+pub const BURST: Duration = Duration::from_millis(DEFAULT_RATE_BURST_MS);
+
+/// The longest burst ([`MAX_RATE_BURST_MS`]).
+pub const MAX_BURST: Duration = Duration::from_millis(MAX_RATE_BURST_MS);
 
 /// Paces a sender to `rate` messages per second (0 = unlimited).
 #[derive(Debug)]

@@ -38,7 +38,7 @@ impl Sampler {
         // The sampler writes every byte of every message anyway; `memset` changes nothing.
         bool_property(props, "memset", false)?;
         self.rate = rate_property(props, "rate", 0.0)?;
-        self.rate_burst = rate_burst_property(props)?;
+        self.rate_burst = rate_burst_property(props, self.rate)?;
         self.num_parts = parts_property(props)?;
         // One source of bytes: the others would be ignored, silently.
         let sources: Vec<&str> = ["payload-file", "text", "msg-size"]
@@ -223,7 +223,7 @@ impl BenchmarkSampler {
         self.memset = bool_property(props, "memset", false)?;
         let rate = rate_property(props, "rate", 0.0)?;
         self.rate = rate_property(props, "msg-rate", rate)?;
-        self.rate_burst = rate_burst_property(props)?;
+        self.rate_burst = rate_burst_property(props, self.rate)?;
         // Two paces are one too many (msg-rate won, silently). `ferromq device` always sets
         // `rate`, 0 unless given, so 0 is no pace asked for.
         if rate != 0.0 && self.rate != rate {
