@@ -130,6 +130,10 @@ pub struct BenchResult {
     /// The rate limit the sender ran at (0 = as fast as possible).
     #[serde(default)]
     pub msg_rate: f64,
+    /// With a rate limit: how long ahead of their due time its messages could leave together,
+    /// in ms (`--rate-burst-ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_burst_ms: Option<u64>,
     /// Touch mode: messages per second one core copies with `memcpy` at this size, measured
     /// by `ferromq bench` just before the pair ran: the bound a pipeline that writes and reads
     /// every byte is compared with.
@@ -751,6 +755,11 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
         receiver_cpu: receiver_report.cpu_percent,
         latency_us: sender_report.latency_us,
         msg_rate: options.msg_rate,
+        rate_burst_ms: (options.msg_rate > 0.0).then(|| {
+            options
+                .rate_burst_ms
+                .unwrap_or(ferromq_devices::DEFAULT_RATE_BURST_MS)
+        }),
         memcpy_msgs_per_s,
     })
 }

@@ -84,6 +84,39 @@ fn bench_reports_for_every_transport() {
     }
 }
 
+/// A paced run sends at its rate and reports the rate and its burst; an unpaced one reports
+/// neither burst nor a made-up one.
+#[test]
+fn a_paced_bench_reports_its_rate_and_burst() {
+    let paced = |extra: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
+            .args([
+                "bench",
+                "--json",
+                "--duration",
+                "0.5",
+                "--transport",
+                "shmem",
+            ])
+            .args(["--msg-size", "64", "--msg-rate", "2000"])
+            .args(["--shm-segment-size", "268435456"])
+            .args(extra)
+            .output()
+            .expect("run ferromq bench");
+        let lines = json_lines(&output);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        lines[0].clone()
+    };
+    for (extra, burst) in [(&[][..], 5), (&["--rate-burst-ms", "20"][..], 20)] {
+        let line = paced(extra);
+        assert_eq!(line["msg_rate"].as_f64(), Some(2000.0), "{line}");
+        assert_eq!(line["rate_burst_ms"].as_u64(), Some(burst), "{line}");
+        // Paced, not flat out (millions a second): no speed is asserted, only the pace's cap.
+        let rate = line["msgs_per_s"].as_f64().unwrap();
+        assert!(rate > 0.0 && rate < 20_000.0, "{line}");
+    }
+}
+
 /// `--pub-sub` publishes to one subscriber: every transport reports what its subscriber
 /// received, labelled so; it excludes `--latency` (nothing comes back).
 #[test]
