@@ -18,24 +18,29 @@ fn json_lines(output: &std::process::Output) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// `ferromq bench --json ARGS` over every transport at 64 B and 64 KiB, half a second each:
-/// the six results, each labelled with `suffix`.
-fn every_transport(args: &[&str], suffix: &str) -> Vec<serde_json::Value> {
+/// `ferromq bench --json ARGS`, half a second a pair, shmem in a 256 MiB segment: the result
+/// lines.
+fn bench_json(args: &[&str]) -> Vec<serde_json::Value> {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-        .args([
-            "bench",
-            "--json",
-            "--duration",
-            "0.5",
-            "--msg-size",
-            "64,65536",
-        ])
-        .args(["--transport", "shmem,zeromq-ipc,zeromq-tcp"])
+        .args(["bench", "--json", "--duration", "0.5"])
         .args(["--shm-segment-size", "268435456"])
         .args(args)
         .output()
         .expect("run ferromq bench");
-    let lines = json_lines(&output);
+    json_lines(&output)
+}
+
+/// `ferromq bench --json ARGS` over every transport at 64 B and 64 KiB, half a second each:
+/// the six results, each labelled with `suffix`.
+fn every_transport(args: &[&str], suffix: &str) -> Vec<serde_json::Value> {
+    let mut all_args = vec![
+        "--msg-size",
+        "64,65536",
+        "--transport",
+        "shmem,zeromq-ipc,zeromq-tcp",
+    ];
+    all_args.extend_from_slice(args);
+    let lines = bench_json(&all_args);
     assert_eq!(lines.len(), 6, "{lines:?}");
     for line in &lines {
         assert!(
@@ -85,36 +90,26 @@ fn bench_reports_for_every_transport() {
 }
 
 /// A paced run sends at its rate and reports the rate and its burst; an unpaced one reports
-/// neither burst nor a made-up one.
+/// no burst.
 #[test]
 fn a_paced_bench_reports_its_rate_and_burst() {
-    let paced = |extra: &[&str]| {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
-            .args([
-                "bench",
-                "--json",
-                "--duration",
-                "0.5",
-                "--transport",
-                "shmem",
-            ])
-            .args(["--msg-size", "64", "--msg-rate", "2000"])
-            .args(["--shm-segment-size", "268435456"])
-            .args(extra)
-            .output()
-            .expect("run ferromq bench");
-        let lines = json_lines(&output);
-        assert_eq!(lines.len(), 1, "{lines:?}");
-        lines[0].clone()
-    };
+    let shmem_64 = ["--transport", "shmem", "--msg-size", "64"];
     for (extra, burst) in [(&[][..], 5), (&["--rate-burst-ms", "20"][..], 20)] {
-        let line = paced(extra);
+        let mut args = vec!["--msg-rate", "2000"];
+        args.extend_from_slice(&shmem_64);
+        args.extend_from_slice(extra);
+        let lines = bench_json(&args);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let line = &lines[0];
         assert_eq!(line["msg_rate"].as_f64(), Some(2000.0), "{line}");
         assert_eq!(line["rate_burst_ms"].as_u64(), Some(burst), "{line}");
         // Paced, not flat out (millions a second): no speed is asserted, only the pace's cap.
         let rate = line["msgs_per_s"].as_f64().unwrap();
         assert!(rate > 0.0 && rate < 20_000.0, "{line}");
     }
+    let unpaced = bench_json(&shmem_64);
+    assert_eq!(unpaced.len(), 1, "{unpaced:?}");
+    assert!(unpaced[0].get("rate_burst_ms").is_none(), "{}", unpaced[0]);
 }
 
 /// `--pub-sub` publishes to one subscriber: every transport reports what its subscriber
@@ -578,43 +573,24 @@ fn bench_names_a_transport_part_count_or_segment_size_it_cannot_measure_before_i
         &["bench", "--transport", "shmem,bogus", "--duration", "0.1"],
         "--transport \"bogus\"",
     );
-    for (option, value) in [
-        ("--num-parts", "0"),
-        ("--num-parts", "1025"),
+    for (options, culprit) in [
+        (&["--num-parts", "0"][..], "--num-parts 0"),
+        (&["--num-parts", "1025"], "--num-parts 1025"),
         // Smaller than the shm crate's smallest segment, which the member used to refuse.
-        ("--shm-segment-size", "0"),
+        (&["--shm-segment-size", "0"], "--shm-segment-size 0"),
         // One message every ~31 years: the warm-up waited for its first.
-        ("--msg-rate", "1e-9"),
-        ("--msg-rate", "99"),
+        (&["--msg-rate", "1e-9"], "--msg-rate 1e-9"),
+        (&["--msg-rate", "99"], "--msg-rate 99"),
+        // A burst shapes a pace; with none it would be taken and do nothing.
+        (
+            &["--msg-rate", "0", "--rate-burst-ms", "20"],
+            "--rate-burst-ms 20 with --msg-rate 0",
+        ),
     ] {
-        refused_before_any_member_starts(
-            &[
-                "bench",
-                "--transport",
-                "shmem",
-                "--duration",
-                "0.1",
-                option,
-                value,
-            ],
-            &format!("{option} {value}"),
-        );
+        let mut args = vec!["bench", "--transport", "shmem", "--duration", "0.1"];
+        args.extend_from_slice(options);
+        refused_before_any_member_starts(&args, culprit);
     }
-    // A burst shapes a pace; with none it would be taken and do nothing.
-    refused_before_any_member_starts(
-        &[
-            "bench",
-            "--transport",
-            "shmem",
-            "--duration",
-            "0.1",
-            "--msg-rate",
-            "0",
-            "--rate-burst-ms",
-            "20",
-        ],
-        "--rate-burst-ms 20 with --msg-rate 0",
-    );
 }
 
 /// A measurement of a nanosecond reported 4e11 messages a second and exit 0.

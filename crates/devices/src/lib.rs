@@ -992,19 +992,25 @@ mod tests {
         }
     }
 
+    /// [`check_topology_properties`] of device "d" of `kind` with the properties `pairs`.
+    fn check_pairs(
+        kind: &str,
+        pairs: &[(&str, &str)],
+    ) -> Result<(), ferromq_topology::PropertyProblem> {
+        let properties: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+            .collect();
+        check_topology_properties(kind, "d", &properties, &[])
+    }
+
     /// `rate-burst-ms`: 0 to 1000 on both samplers when they are paced; anything else refused
     /// naming it, and so is a burst given to a sender without a pace (it would shape nothing).
     #[test]
     fn both_samplers_take_a_rate_burst_of_0_to_1000_ms_with_a_pace() {
-        let check = |kind: &str, pairs: &[(&str, &str)]| {
-            let properties: BTreeMap<String, String> = pairs
-                .iter()
-                .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
-                .collect();
-            check_topology_properties(kind, "d", &properties, &[])
-        };
         for (kind, pace) in [("sampler", "rate"), ("bsampler", "msg-rate")] {
-            let with_burst = |burst: &str| check(kind, &[(pace, "2500"), ("rate-burst-ms", burst)]);
+            let with_burst =
+                |burst: &str| check_pairs(kind, &[(pace, "2500"), ("rate-burst-ms", burst)]);
             for good in ["0", "5", "20", "1000"] {
                 assert!(with_burst(good).is_ok(), "{kind} rate-burst-ms {good}");
             }
@@ -1025,7 +1031,7 @@ mod tests {
                     problem.message
                 );
             }
-            let problem = check(kind, &[("rate-burst-ms", "20")]).unwrap_err();
+            let problem = check_pairs(kind, &[("rate-burst-ms", "20")]).unwrap_err();
             assert_eq!(
                 problem.message,
                 "device \"d\": property \"rate-burst-ms\" (= 20) is given without a pace: it shapes the bursts of a paced sender (give rate or msg-rate too)",
@@ -1033,7 +1039,7 @@ mod tests {
             );
         }
         // A kind that does not pace refuses it as one it does not read.
-        let problem = check("sink", &[("rate-burst-ms", "20")]).unwrap_err();
+        let problem = check_pairs("sink", &[("rate-burst-ms", "20")]).unwrap_err();
         assert!(
             problem.message.starts_with(
                 "device \"d\": property \"rate-burst-ms\" (= \"20\") is not one a sink reads"
@@ -1047,13 +1053,6 @@ mod tests {
     /// and a replica index at or past the replica count without a word.
     #[test]
     fn every_kind_checks_the_common_properties() {
-        let check = |kind: &str, pairs: &[(&str, &str)]| {
-            let properties: BTreeMap<String, String> = pairs
-                .iter()
-                .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
-                .collect();
-            check_topology_properties(kind, "d", &properties, &[])
-        };
         for kind in ["sink", "sampler", "server"] {
             for (pairs, problem) in [
                 (&[("rate", "abc")][..], "property \"rate\""),
@@ -1070,7 +1069,7 @@ mod tests {
                     "property \"replica-count\" has invalid value \"0\": expected at least 1 replica",
                 ),
             ] {
-                let refused = check(kind, pairs).unwrap_err();
+                let refused = check_pairs(kind, pairs).unwrap_err();
                 assert!(
                     refused.message.contains(problem),
                     "{kind}: {}",
@@ -1078,7 +1077,7 @@ mod tests {
                 );
             }
             assert!(
-                check(
+                check_pairs(
                     kind,
                     &[
                         ("replica-index", "1"),
