@@ -100,6 +100,12 @@ impl BenchOptions {
     fn segment_size(&self) -> u64 {
         self.shm_segment_size.unwrap_or(DEFAULT_SHM_SEGMENT_SIZE)
     }
+
+    /// `--rate-burst-ms`, or the samplers' default.
+    fn rate_burst_ms_or_default(&self) -> u64 {
+        self.rate_burst_ms
+            .unwrap_or(ferromq_devices::DEFAULT_RATE_BURST_MS)
+    }
 }
 
 /// The benchmarks other than message throughput and latency.
@@ -666,10 +672,7 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
                 "--msg-rate",
                 &options.msg_rate.to_string(),
                 "--rate-burst-ms",
-                &options
-                    .rate_burst_ms
-                    .unwrap_or(ferromq_devices::DEFAULT_RATE_BURST_MS)
-                    .to_string(),
+                &options.rate_burst_ms_or_default().to_string(),
             ])
             .args([
                 "--duration",
@@ -755,11 +758,7 @@ async fn run_pair(options: &BenchOptions, transport: &str, msg_size: usize) -> R
         receiver_cpu: receiver_report.cpu_percent,
         latency_us: sender_report.latency_us,
         msg_rate: options.msg_rate,
-        rate_burst_ms: (options.msg_rate > 0.0).then(|| {
-            options
-                .rate_burst_ms
-                .unwrap_or(ferromq_devices::DEFAULT_RATE_BURST_MS)
-        }),
+        rate_burst_ms: (options.msg_rate > 0.0).then(|| options.rate_burst_ms_or_default()),
         memcpy_msgs_per_s,
     })
 }

@@ -5,7 +5,7 @@
 //! shares one immutable buffer between its outputs.
 
 use ferromq_core::{BoxError, Message, Parts};
-use ferromq_device::{Device, DeviceContext, DeviceError};
+use ferromq_device::{ChannelId, Device, DeviceContext, DeviceError};
 
 use crate::{Properties, bool_property, channel_property, fnv1a};
 
@@ -24,11 +24,20 @@ async fn next_message(
     }
 }
 
-/// Sends a message this device took from an input ([`DeviceContext::forward_parts`]: STOP
+/// Sends a message this device took from an input ([`DeviceContext::forward_parts_on`]: STOP
 /// ends the receiving, not the message in hand); `false` once STOP ends the run.
-async fn forward(ctx: &mut DeviceContext, output: &str, parts: Parts) -> Result<bool, BoxError> {
-    ctx.forward_parts(output, parts).await?;
+async fn forward(
+    ctx: &mut DeviceContext,
+    output: ChannelId,
+    parts: Parts,
+) -> Result<bool, BoxError> {
+    ctx.forward_parts_on(output, parts).await?;
     Ok(!ctx.stop_requested())
+}
+
+/// The sockets `names`, resolved once per run: no name lookup or copy per message.
+fn resolved(ctx: &DeviceContext, names: &[String]) -> Result<Vec<ChannelId>, DeviceError> {
+    names.iter().map(|name| ctx.channel_id(name)).collect()
 }
 
 /// Passes each message from `in-channel` (`data-in`) to `out-channel` (`data-out`); with
@@ -80,6 +89,7 @@ impl Device for Processor {
 
     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
         let copied_before = ferromq_core::copied_bytes();
+        let output = ctx.channel_id(&self.output)?;
         while let Some(parts) = next_message(ctx, &self.inputs).await? {
             if self.touch {
                 for part in &parts {
@@ -91,7 +101,7 @@ impl Device for Processor {
             if parts.iter().all(|part| part.memory_kind() == "shmem") {
                 self.in_shared_memory += 1;
             }
-            if !forward(ctx, &self.output, parts).await? {
+            if !forward(ctx, output, parts).await? {
                 break;
             }
         }
@@ -155,6 +165,7 @@ impl Device for Splitter {
     }
 
     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let outputs = resolved(ctx, &self.outputs)?;
         while let Some(parts) = next_message(ctx, &self.inputs).await? {
             let output_idx = match self.routing {
                 Routing::RoundRobin => {
@@ -169,8 +180,7 @@ impl Device for Splitter {
                     (u64::from_le_bytes(key) % self.outputs.len() as u64) as usize
                 }
             };
-            let output = self.outputs[output_idx].clone();
-            if !forward(ctx, &output, parts).await? {
+            if !forward(ctx, outputs[output_idx], parts).await? {
                 break;
             }
         }
@@ -195,8 +205,9 @@ impl Device for Merger {
     }
 
     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let output = ctx.channel_id(&self.output)?;
         while let Some(parts) = next_message(ctx, &self.inputs).await? {
-            if !forward(ctx, &self.output, parts).await? {
+            if !forward(ctx, output, parts).await? {
                 break;
             }
         }
@@ -238,13 +249,14 @@ impl Device for Multiplier {
     }
 
     async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let outputs = resolved(ctx, &self.outputs)?;
         while let Some(parts) = next_message(ctx, &self.inputs).await? {
             let frames: Vec<bytes::Bytes> = parts.into_iter().map(Message::into_bytes).collect();
             // Every output gets the message, STOP or not: a copy in hand is no less accepted.
             let mut go_on = true;
-            for output in self.outputs.clone() {
+            for &output in &outputs {
                 let shared: Parts = frames.iter().cloned().map(Message::from).collect();
-                go_on &= forward(ctx, &output, shared).await?;
+                go_on &= forward(ctx, output, shared).await?;
             }
             if !go_on {
                 return Ok(());
