@@ -3057,6 +3057,9 @@ impl Socket for ShmSocket {
     }
 
     async fn close(&mut self, linger: Duration) -> Result<()> {
+        // Before the carrier closes: what was handed over to this receiver in rings it has not
+        // adopted yet is counted with the rest (`finish_rings`, below).
+        self.adopt_unread_rings().await;
         // A counting sender first waits until its receivers took everything it accepted;
         // `linger` bounds the silence, not the whole drain.
         let n_untaken = match &self.sent {
@@ -3245,8 +3248,11 @@ impl ShmSocket {
         Ok(())
     }
 
-    /// Adopts the ring a push or a publisher announced.
-    async fn adopt_ring(&mut self, announced: wire::RingAnnounce) -> Result<RingConsumer> {
+    /// Maps the ring a push or a publisher announced, and the counter it names, and adopts it.
+    async fn adopt_announced_ring(
+        &mut self,
+        announced: wire::RingAnnounce,
+    ) -> Result<RingConsumer> {
         // A publisher counts no deliveries: its rings name no counter.
         let counter = announced
             .delivery
@@ -3261,7 +3267,13 @@ impl ShmSocket {
             let (block, _) = ShmBuffer::adopt_referenced_block(mapped, announced.range)?;
             RingConsumer::adopt_announced(block, announced.delivery, self.busy_poll)
         });
-        let mut ring = adopted.map_err(|error| transport_error(&self.label, error))?;
+        adopted.map_err(|error| transport_error(&self.label, error))
+    }
+
+    /// Adopts an announced ring to take from ([`ShmSocket::adopt_announced_ring`]), with this
+    /// socket's bell to ring when the receiver sleeps.
+    async fn adopt_ring(&mut self, announced: wire::RingAnnounce) -> Result<RingConsumer> {
+        let mut ring = self.adopt_announced_ring(announced).await?;
         // A busy-polled receive never waits for a doorbell.
         if self.bell.is_none() && !self.busy_poll {
             self.bell = crate::bell::Bell::bind();
@@ -3402,6 +3414,54 @@ impl ShmSocket {
         }
         queued.map_err(|error| (ring_idx, error))?;
         Ok(FromRings::Queued)
+    }
+
+    /// Adopts the rings whose announcements this receiver has not read yet: those among its
+    /// queued frames and those its carrier already holds (nothing is waited for). A receiver
+    /// that closes before it read anything (stopped while still in INIT TASK, or stalled until
+    /// then) never adopted them, and [`ShmSocket::finish_rings`] could not count what their
+    /// senders handed over to it. A ring that cannot be adopted is reported and left out.
+    async fn adopt_unread_rings(&mut self) {
+        if let Inner::Plain(socket)
+        | Inner::Pair(PairSide { socket, .. })
+        | Inner::ReqRep(ReqRepSide { socket, .. }) = &mut self.inner
+            && self.label.socket_type.can_receive()
+        {
+            let envelopes = socket.reports_peers()
+                && matches!(self.label.socket_type, SocketType::Req | SocketType::Rep);
+            while let Some(Ok(received)) = socket.receive_unboxed().now_or_never() {
+                let mut frames = received.into_iter().map(Message::into_bytes);
+                let peer = if envelopes { frames.next() } else { None };
+                self.frames
+                    .extend(frames.map(|frame| (peer.clone(), frame)));
+            }
+        }
+        for (peer, frame) in std::mem::take(&mut self.frames) {
+            let Some(announced) = wire::decode_ring_announce(&frame, self.session.hash) else {
+                continue;
+            };
+            let adopted = match announced {
+                Ok(announced) => self.adopt_announced_ring(announced).await,
+                Err(error) => Err(transport_error(&self.label, error)),
+            };
+            match adopted {
+                Ok(ring) => {
+                    self.next_ring_id += 1;
+                    self.rings.push(AdoptedRing::new(
+                        ring,
+                        peer,
+                        Arc::clone(&self.session),
+                        self.next_ring_id,
+                    ));
+                }
+                Err(error) => tracing::error!(
+                    channel = %self.label,
+                    %error,
+                    "a descriptor ring announced to this receiver could not be read at its close: \
+                     what its sender handed over to it is lost uncounted"
+                ),
+            }
+        }
     }
 
     /// Finishes with the adopted rings (see `ring.rs`, "Peer death and drop") and counts the

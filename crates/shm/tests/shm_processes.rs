@@ -173,6 +173,10 @@ fn main() {
             a_receiver_not_receiving_yet_gets_everything_from_a_sender_that_exited,
         ),
         trial(
+            "a_receiver_that_closes_before_reading_anything_from_a_sender_that_exited_reports_every_message_lost",
+            a_receiver_closing_unread_reports_what_was_handed_over,
+        ),
+        trial(
             "opening_a_peer_segment_does_not_stall_the_receivers_runtime",
             slow_segment_open_off_the_runtime,
         ),
@@ -2353,6 +2357,41 @@ fn a_receiver_not_receiving_yet_gets_everything_from_a_sender_that_exited() -> R
         let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await?;
         everything_from_a_sender_that_exited(&session, &address, &mut pull, ("push", 40, 1 << 20))
             .await
+    })
+}
+
+/// A sender pushes 40 messages of 1 MiB and exits 0, handing them over to its receiver, which
+/// is connected and has read nothing yet (a device told to stop while still in INIT TASK, or
+/// stalled until then): it closes without receiving. The descriptor ring's announcement still
+/// waits in its socket, so the receiver never adopted the ring; it must still say that the 40
+/// messages handed over to it are lost. Before, its close returned `Ok` and nobody reported them.
+fn a_receiver_closing_unread_reports_what_was_handed_over() -> Result<()> {
+    let session = Session::new("unread");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("unread");
+        let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await?;
+        let mut sender = ChildRole::spawn(
+            "exiting-sender",
+            &session,
+            &address,
+            &[
+                ("PATTERN", "push".into()),
+                ("COUNT", "40".into()),
+                ("SIZE", (1u64 << 20).to_string()),
+            ],
+        );
+        ensure!(sender.line().await? == "SENT 40");
+        sender.success().await?;
+        let closed = tokio::time::timeout(STEP, pull.close()).await?;
+        ensure!(
+            matches!(
+                closed,
+                Err(ferromq_core::Error::Undelivered { n_messages: 40, .. })
+            ),
+            "closing with 40 messages handed over and unread: {closed:?}"
+        );
+        Ok(())
     })
 }
 
