@@ -489,10 +489,11 @@ async fn run_role(role: &str) -> Result<()> {
             }
         }
         "exiting-sender" => {
-            // Sends COUNT messages of SIZE bytes through a PATTERN (pub or push) socket that
-            // connects to the receiver, and exits at once.
+            // Sends COUNT messages of SIZE bytes through a PATTERN (pub, pair or push) socket
+            // that connects to the receiver, and exits at once.
             let pattern = match env("PATTERN").as_str() {
                 "pub" => SocketType::Pub,
+                "pair" => SocketType::Pair,
                 _ => SocketType::Push,
             };
             let mut sender = open(&transport, pattern, Method::Connect, &address).await?;
@@ -2360,37 +2361,41 @@ fn a_receiver_not_receiving_yet_gets_everything_from_a_sender_that_exited() -> R
     })
 }
 
-/// A sender pushes 40 messages of 1 MiB and exits 0, handing them over to its receiver, which
-/// is connected and has read nothing yet (a device told to stop while still in INIT TASK, or
-/// stalled until then): it closes without receiving. The descriptor ring's announcement still
-/// waits in its socket, so the receiver never adopted the ring; it must still say that the 40
-/// messages handed over to it are lost. Before, its close returned `Ok` and nobody reported them.
+/// A sender (push, then pair) sends 40 messages of 1 MiB and exits 0, handing them over to its
+/// receiver, which is connected and has read nothing yet (a device told to stop while still in
+/// INIT TASK, or stalled until then): it closes without receiving. The descriptor ring's
+/// announcement still waits in its socket, so the receiver never adopted the ring; it must still
+/// say that the 40 messages handed over to it are lost. Before, its close returned `Ok` and
+/// nobody reported them.
 fn a_receiver_closing_unread_reports_what_was_handed_over() -> Result<()> {
     let session = Session::new("unread");
     block_on(async {
         let transport = session.transport();
-        let address = session.ipc("unread");
-        let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await?;
-        let mut sender = ChildRole::spawn(
-            "exiting-sender",
-            &session,
-            &address,
-            &[
-                ("PATTERN", "push".into()),
-                ("COUNT", "40".into()),
-                ("SIZE", (1u64 << 20).to_string()),
-            ],
-        );
-        ensure!(sender.line().await? == "SENT 40");
-        sender.success().await?;
-        let closed = tokio::time::timeout(STEP, pull.close()).await?;
-        ensure!(
-            matches!(
-                closed,
-                Err(ferromq_core::Error::Undelivered { n_messages: 40, .. })
-            ),
-            "closing with 40 messages handed over and unread: {closed:?}"
-        );
+        for (sender_type, receiver_type) in [("push", SocketType::Pull), ("pair", SocketType::Pair)]
+        {
+            let address = session.ipc(&format!("unread-{sender_type}"));
+            let mut receiver = open(&transport, receiver_type, Method::Bind, &address).await?;
+            let mut sender = ChildRole::spawn(
+                "exiting-sender",
+                &session,
+                &address,
+                &[
+                    ("PATTERN", sender_type.into()),
+                    ("COUNT", "40".into()),
+                    ("SIZE", (1u64 << 20).to_string()),
+                ],
+            );
+            ensure!(sender.line().await? == "SENT 40");
+            sender.success().await?;
+            let closed = tokio::time::timeout(STEP, receiver.close()).await?;
+            ensure!(
+                matches!(
+                    closed,
+                    Err(ferromq_core::Error::Undelivered { n_messages: 40, .. })
+                ),
+                "{sender_type}: closing with 40 messages handed over and unread: {closed:?}"
+            );
+        }
         Ok(())
     })
 }
