@@ -2905,14 +2905,7 @@ impl Socket for ShmSocket {
                         Err(error) => Err(transport_error(&self.label, error)),
                     };
                     self.frames.pop_front();
-                    let ring = adopted?;
-                    self.next_ring_id += 1;
-                    self.rings.push(AdoptedRing::new(
-                        ring,
-                        peer,
-                        Arc::clone(&self.session),
-                        self.next_ring_id,
-                    ));
+                    self.take_from_ring(adopted?, peer);
                     continue;
                 }
                 let (peer, frame) = (peer.clone(), frame.clone());
@@ -3248,6 +3241,17 @@ impl ShmSocket {
         Ok(())
     }
 
+    /// Adds an adopted `ring`, announced by `peer`, to those this socket takes from.
+    fn take_from_ring(&mut self, ring: RingConsumer, peer: Option<Bytes>) {
+        self.next_ring_id += 1;
+        self.rings.push(AdoptedRing::new(
+            ring,
+            peer,
+            Arc::clone(&self.session),
+            self.next_ring_id,
+        ));
+    }
+
     /// Maps the ring a push or a publisher announced, and the counter it names, and adopts it.
     async fn adopt_announced_ring(
         &mut self,
@@ -3445,15 +3449,7 @@ impl ShmSocket {
                 Err(error) => Err(transport_error(&self.label, error)),
             };
             match adopted {
-                Ok(ring) => {
-                    self.next_ring_id += 1;
-                    self.rings.push(AdoptedRing::new(
-                        ring,
-                        peer,
-                        Arc::clone(&self.session),
-                        self.next_ring_id,
-                    ));
-                }
+                Ok(ring) => self.take_from_ring(ring, peer),
                 Err(error) => tracing::error!(
                     channel = %self.label,
                     %error,
