@@ -92,7 +92,7 @@
 //! runs, keeps an [`OrphanRing`] and looks again whenever an allocation finds its segment
 //! full; once that process is gone it releases what the consumer left and the consumer's
 //! reference to the block. A ring no consumer adopted yet (its receiver never read the
-//! announcement, which it does at its first receive, or could not adopt it:
+//! announcement, which it does at its first receive or at its close, or could not adopt it:
 //! [`RingConsumer::adopt_announced`] then keeps the announcement's reference) is watched the
 //! same way through the process it was announced to, which the peer named in its handshake, by
 //! its pid alone (a reused pid keeps the ring): only that process could still adopt it.

@@ -1830,6 +1830,11 @@ fn spin_on_rings(rings: &mut [AdoptedRing]) -> bool {
 /// The most messages taken from one ring at a time.
 const RING_RUN: usize = 32;
 
+/// The most frames a closing receiver reads from its carrier looking for ring announcements it
+/// has not read ([`ShmSocket::adopt_unread_rings`]): far more than a receiver's rings announce
+/// (one frame each) and their doorbells leave queued.
+const UNREAD_AT_CLOSE: usize = 4096;
+
 /// A wait that a frame ends within this was ended by a frame already queued.
 const RING_STALE_FRAME: Duration = Duration::from_micros(5);
 
@@ -3252,7 +3257,7 @@ impl ShmSocket {
         ));
     }
 
-    /// Maps the ring a push or a publisher announced, and the counter it names, and adopts it.
+    /// Maps the ring a peer announced, and the counter it names, and adopts it.
     async fn adopt_announced_ring(
         &mut self,
         announced: wire::RingAnnounce,
@@ -3421,40 +3426,50 @@ impl ShmSocket {
     }
 
     /// Adopts the rings whose announcements this receiver has not read yet: those among its
-    /// queued frames and those its carrier already holds (nothing is waited for). A receiver
-    /// that closes before it read anything (stopped while still in INIT TASK, or stalled until
-    /// then) never adopted them, and [`ShmSocket::finish_rings`] could not count what their
-    /// senders handed over to it. A ring that cannot be adopted is reported and left out.
+    /// queued frames and those already in its carrier (no frame is waited for; at most
+    /// [`UNREAD_AT_CLOSE`] are read, so a peer still sending frames cannot keep the close going).
+    /// A receiver that closes before it read anything (stopped while still in INIT TASK, or
+    /// stalled until then) never adopted them, and [`ShmSocket::finish_rings`] could not count
+    /// what their senders handed over to it. A ring that cannot be adopted is reported and left
+    /// out. Cancel-safe as a receive is: an announcement leaves the queue once adopted.
     async fn adopt_unread_rings(&mut self) {
         if let Inner::Plain(socket)
         | Inner::Pair(PairSide { socket, .. })
         | Inner::ReqRep(ReqRepSide { socket, .. }) = &mut self.inner
-            && self.label.socket_type.can_receive()
         {
             let envelopes = socket.reports_peers()
                 && matches!(self.label.socket_type, SocketType::Req | SocketType::Rep);
-            while let Some(Ok(received)) = socket.receive_unboxed().now_or_never() {
+            for _ in 0..UNREAD_AT_CLOSE {
+                // Synchronous: what the carrier's connections have queued, whatever error a
+                // receive would report first (a peer refused earlier).
+                let Some(received) = socket.try_receive_parts() else {
+                    break;
+                };
                 let mut frames = received.into_iter().map(Message::into_bytes);
                 let peer = if envelopes { frames.next() } else { None };
                 self.frames
                     .extend(frames.map(|frame| (peer.clone(), frame)));
             }
         }
-        for (peer, frame) in std::mem::take(&mut self.frames) {
-            let Some(announced) = wire::decode_ring_announce(&frame, self.session.hash) else {
+        while let Some((peer, frame)) = self.frames.front() {
+            let Some(announced) = wire::decode_ring_announce(frame, self.session.hash) else {
+                // Descriptors in frames carry no hand-over mark: dropped at the close, as before.
+                self.frames.pop_front();
                 continue;
             };
+            let peer = peer.clone();
             let adopted = match announced {
                 Ok(announced) => self.adopt_announced_ring(announced).await,
                 Err(error) => Err(transport_error(&self.label, error)),
             };
+            self.frames.pop_front();
             match adopted {
                 Ok(ring) => self.take_from_ring(ring, peer),
                 Err(error) => tracing::error!(
                     channel = %self.label,
                     %error,
                     "a descriptor ring announced to this receiver could not be read at its close: \
-                     what its sender handed over to it is lost uncounted"
+                     what its sender handed over to it, if it did, is lost uncounted"
                 ),
             }
         }

@@ -177,6 +177,10 @@ fn main() {
             a_receiver_closing_unread_reports_what_was_handed_over,
         ),
         trial(
+            "a_receiver_that_closes_unread_while_its_sender_lives_leaves_the_count_to_the_sender",
+            a_receiver_closing_unread_before_its_sender_counts_nothing_twice,
+        ),
+        trial(
             "opening_a_peer_segment_does_not_stall_the_receivers_runtime",
             slow_segment_open_off_the_runtime,
         ),
@@ -393,6 +397,18 @@ impl ChildRole {
     }
 }
 
+/// Sends the role's COUNT messages of SIZE bytes, numbered from 0 (see `fill`); returns COUNT.
+async fn send_numbered(transport: &ShmTransport, sender: &mut Channel) -> Result<u64> {
+    let n_msgs: u64 = env("COUNT").parse()?;
+    let size: usize = env("SIZE").parse()?;
+    for msg_idx in 0..n_msgs {
+        let mut message = transport.new_message(size).await?;
+        fill(&mut message, msg_idx);
+        sender.send(message).await.map_err(|failed| failed.error)?;
+    }
+    Ok(n_msgs)
+}
+
 /// Returns once this process's stdin ends: a role's gate that its test opens by
 /// [`ChildRole::release`] (or by killing it).
 async fn until_stdin_ends() -> Result<()> {
@@ -497,15 +513,24 @@ async fn run_role(role: &str) -> Result<()> {
                 _ => SocketType::Push,
             };
             let mut sender = open(&transport, pattern, Method::Connect, &address).await?;
-            let n_msgs: u64 = env("COUNT").parse()?;
-            let size: usize = env("SIZE").parse()?;
-            for msg_idx in 0..n_msgs {
-                let mut message = transport.new_message(size).await?;
-                fill(&mut message, msg_idx);
-                sender.send(message).await.map_err(|failed| failed.error)?;
-            }
+            let n_msgs = send_numbered(&transport, &mut sender).await?;
             sender.close().await?;
             println!("SENT {n_msgs}");
+        }
+        "held-sender" => {
+            // Pushes COUNT messages of SIZE bytes, says SENT, and closes only once its stdin
+            // ends; then says how the close went (CLOSED OK, or CLOSED UNDELIVERED n).
+            let mut push = open(&transport, SocketType::Push, Method::Connect, &address).await?;
+            let n_msgs = send_numbered(&transport, &mut push).await?;
+            println!("SENT {n_msgs}");
+            until_stdin_ends().await?;
+            match push.close().await {
+                Ok(()) => println!("CLOSED OK"),
+                Err(ferromq_core::Error::Undelivered { n_messages, .. }) => {
+                    println!("CLOSED UNDELIVERED {n_messages}");
+                }
+                Err(error) => return Err(error.into()),
+            }
         }
         "requester" => {
             let mut req = open(&transport, SocketType::Req, Method::Connect, &address).await?;
@@ -2397,6 +2422,35 @@ fn a_receiver_closing_unread_reports_what_was_handed_over() -> Result<()> {
             );
         }
         Ok(())
+    })
+}
+
+/// The other order: a sender pushes 40 messages of 1 MiB and stays; its receiver, having read
+/// nothing, closes first. Nothing was handed over yet, so the receiver, adopting the ring at
+/// its close, closes `Ok`; the sender, closing after it, finds its receiver gone and reports
+/// the 40 itself. Each loss is reported once, by one side.
+fn a_receiver_closing_unread_before_its_sender_counts_nothing_twice() -> Result<()> {
+    let session = Session::new("unreadlive");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("unreadlive");
+        let mut pull = open(&transport, SocketType::Pull, Method::Bind, &address).await?;
+        let mut sender = ChildRole::spawn_held(
+            "held-sender",
+            &session,
+            &address,
+            &[("COUNT", "40".into()), ("SIZE", (1u64 << 20).to_string())],
+        );
+        ensure!(sender.line().await? == "SENT 40");
+        let closed = tokio::time::timeout(STEP, pull.close()).await?;
+        ensure!(
+            closed.is_ok(),
+            "the receiver was handed nothing over: {closed:?}"
+        );
+        drop(pull);
+        sender.release();
+        ensure!(sender.line().await? == "CLOSED UNDELIVERED 40");
+        sender.success().await
     })
 }
 
