@@ -1835,6 +1835,21 @@ const RING_RUN: usize = 32;
 /// (one frame each) and their doorbells leave queued.
 const UNREAD_AT_CLOSE: usize = 4096;
 
+/// The frames of one message from a ring carrier `socket` of type `socket_type`, each with the
+/// peer it came from where the carrier says: a req's or rep's messages come behind their peer's
+/// identity.
+fn carried_frames(
+    socket: &ZmqSocket,
+    socket_type: SocketType,
+    received: Parts,
+) -> impl Iterator<Item = (Option<Bytes>, Bytes)> + use<> {
+    let envelopes =
+        socket.reports_peers() && matches!(socket_type, SocketType::Req | SocketType::Rep);
+    let mut frames = received.into_iter().map(Message::into_bytes);
+    let peer = if envelopes { frames.next() } else { None };
+    frames.map(move |frame| (peer.clone(), frame))
+}
+
 /// A wait that a frame ends within this was ended by a frame already queued.
 const RING_STALE_FRAME: Duration = Duration::from_micros(5);
 
@@ -2900,19 +2915,11 @@ impl Socket for ShmSocket {
                     }
                 }
             }
+            if let Some(adopted) = self.adopt_queued_announcement(true).await {
+                adopted?;
+                continue;
+            }
             if let Some((peer, frame)) = self.frames.front() {
-                if let Some(announced) = wire::decode_ring_announce(frame, self.session.hash) {
-                    let peer = peer.clone();
-                    // Mapped while the announcement stays queued: a receive cancelled
-                    // meanwhile loses nothing.
-                    let adopted = match announced {
-                        Ok(announced) => self.adopt_ring(announced).await,
-                        Err(error) => Err(transport_error(&self.label, error)),
-                    };
-                    self.frames.pop_front();
-                    self.take_from_ring(adopted?, peer);
-                    continue;
-                }
                 let (peer, frame) = (peer.clone(), frame.clone());
                 let unseen = match decode_frame(
                     &frame,
@@ -2959,21 +2966,11 @@ impl Socket for ShmSocket {
             let receive = match &mut self.inner {
                 Inner::Plain(socket)
                 | Inner::Pair(PairSide { socket, .. })
-                | Inner::ReqRep(ReqRepSide { socket, .. }) => {
-                    // A req or rep carrier's messages come behind their peer's identity.
-                    let envelopes = socket.reports_peers()
-                        && matches!(label.socket_type, SocketType::Req | SocketType::Rep);
-                    async move {
-                        let mut frames = socket
-                            .receive_unboxed()
-                            .await?
-                            .into_iter()
-                            .map(Message::into_bytes);
-                        let peer = if envelopes { frames.next() } else { None };
-                        Ok(frames.map(|frame| (peer.clone(), frame)).collect())
-                    }
-                    .left_future()
+                | Inner::ReqRep(ReqRepSide { socket, .. }) => async move {
+                    let received = socket.receive_unboxed().await?;
+                    Ok(carried_frames(socket, label.socket_type, received).collect())
                 }
+                .left_future(),
                 Inner::Subscriber(subscriber) if !subscriber.dealers.is_empty() => {
                     // Made when first polled: zmq.rs allocates for each receive, and a wait
                     // that its rings end first never gets that far.
@@ -3437,35 +3434,22 @@ impl ShmSocket {
         | Inner::Pair(PairSide { socket, .. })
         | Inner::ReqRep(ReqRepSide { socket, .. }) = &mut self.inner
         {
-            let envelopes = socket.reports_peers()
-                && matches!(self.label.socket_type, SocketType::Req | SocketType::Rep);
             for _ in 0..UNREAD_AT_CLOSE {
                 // Synchronous: what the carrier's connections have queued, whatever error a
                 // receive would report first (a peer refused earlier).
                 let Some(received) = socket.try_receive_parts() else {
                     break;
                 };
-                let mut frames = received.into_iter().map(Message::into_bytes);
-                let peer = if envelopes { frames.next() } else { None };
                 self.frames
-                    .extend(frames.map(|frame| (peer.clone(), frame)));
+                    .extend(carried_frames(socket, self.label.socket_type, received));
             }
         }
-        while let Some((peer, frame)) = self.frames.front() {
-            let Some(announced) = wire::decode_ring_announce(frame, self.session.hash) else {
+        while !self.frames.is_empty() {
+            match self.adopt_queued_announcement(false).await {
                 // Descriptors in frames carry no hand-over mark: dropped at the close, as before.
-                self.frames.pop_front();
-                continue;
-            };
-            let peer = peer.clone();
-            let adopted = match announced {
-                Ok(announced) => self.adopt_announced_ring(announced).await,
-                Err(error) => Err(transport_error(&self.label, error)),
-            };
-            self.frames.pop_front();
-            match adopted {
-                Ok(ring) => self.take_from_ring(ring, peer),
-                Err(error) => tracing::error!(
+                None => drop(self.frames.pop_front()),
+                Some(Ok(())) => {}
+                Some(Err(error)) => tracing::error!(
                     channel = %self.label,
                     %error,
                     "a descriptor ring announced to this receiver could not be read at its close: \
@@ -3473,6 +3457,24 @@ impl ShmSocket {
                 ),
             }
         }
+    }
+
+    /// Adopts the ring announced by the frame at the front of `frames`, if it is an
+    /// announcement (`None` otherwise), and adds it to this socket's rings; `with_bell`: a
+    /// receive that may sleep on it also gets the socket's bell rung ([`ShmSocket::adopt_ring`]).
+    /// The announcement stays queued while its memory is mapped, so a caller cancelled
+    /// meanwhile loses nothing; it leaves the queue, adopted or refused, once that is done.
+    async fn adopt_queued_announcement(&mut self, with_bell: bool) -> Option<Result<()>> {
+        let (peer, frame) = self.frames.front()?;
+        let announced = wire::decode_ring_announce(frame, self.session.hash)?;
+        let peer = peer.clone();
+        let adopted = match announced {
+            Ok(announced) if with_bell => self.adopt_ring(announced).await,
+            Ok(announced) => self.adopt_announced_ring(announced).await,
+            Err(error) => Err(transport_error(&self.label, error)),
+        };
+        self.frames.pop_front();
+        Some(adopted.map(|ring| self.take_from_ring(ring, peer)))
     }
 
     /// Finishes with the adopted rings (see `ring.rs`, "Peer death and drop") and counts the
