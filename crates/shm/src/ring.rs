@@ -86,7 +86,9 @@
 //! lives) says so in `handed_over` before it marks `finished` ([`RingProducer::hand_over`]): a
 //! consumer that then finishes last with entries left, or taken and not handed out, reports
 //! them lost (its close's `Undelivered`), since no one else will; without the word the
-//! producer's close reported them already. A
+//! producer's close reported them already. A consumer that finished before the word never
+//! reads it: the producer, then last, releases what is left and counts it
+//! ([`crate::session::Session::finish_producing`]), for its close to report. A
 //! consumer that dies never marks: its producer, finishing while the consumer (`consumer`, and
 //! `consumer_start` so that a pid reused by another process is not mistaken for it) still
 //! runs, keeps an [`OrphanRing`] and looks again whenever an allocation finds its segment

@@ -424,25 +424,27 @@ impl Session {
     /// eye on a consumer still at the ring in case it dies, or, for a ring no consumer adopted
     /// yet, on the process it was `announced_to` (the peer's handshake names it): only that
     /// process can adopt it, so once it is gone what the ring holds is released. Whether the
-    /// consumer must get a doorbell.
+    /// consumer must get a doorbell, and how many messages the consumer had left untaken when
+    /// it finished first (released here; 0 when it had not finished). A producer that
+    /// [handed them over](RingProducer::hand_over) counts those lost: its close reported them
+    /// delivered, and a consumer that finished first never read the word.
     pub(crate) fn finish_producing(
         &self,
         ring: &mut RingProducer,
         announced_to: Option<u32>,
-    ) -> Wake {
+    ) -> (Wake, u64) {
         let (wake, consumer_left) = ring.finish();
         if !consumer_left && ring.consumer_pid() == 0 && announced_to.is_none() {
             // Never adopted, and nothing is known of a consumer to watch.
-            return wake;
+            return (wake, 0);
         }
+        let mut n_released = 0;
         match ring
             .orphan()
             .map(|orphan| orphan.announced_to(announced_to))
         {
             Ok(orphan) if consumer_left => match orphan.reader() {
-                Ok(mut reader) => {
-                    self.release_untaken(&mut reader);
-                }
+                Ok(mut reader) => n_released = self.release_untaken(&mut reader),
                 Err(error) => Self::left_in_ring(&error),
             },
             Ok(orphan) => {
@@ -451,7 +453,7 @@ impl Session {
             }
             Err(error) => Self::left_in_ring(&error),
         }
-        wake
+        (wake, n_released)
     }
 
     /// Closes `ring`, which this process consumed, for good: releases what is left in it if
@@ -971,7 +973,13 @@ impl Drop for GiveUpOnDrop {
 
 #[cfg(test)]
 mod tests {
-    use super::ShmOptions;
+    use std::sync::Arc;
+
+    use super::{Session, ShmOptions};
+    use crate::managed::{OwnedSegment, ShmBuffer};
+    use crate::ring::{EntryKind, Pushed, RING_BLOCK, RingConsumer, RingProducer};
+    use crate::segment::{Segment, TestObject};
+    use crate::wire::{DeliveryRef, PartRef, WireRange};
 
     fn from(properties: &[(&str, &str)]) -> ferromq_core::Result<ShmOptions> {
         let mut device = ferromq_core::TransportOptions::for_session("s");
@@ -994,6 +1002,66 @@ mod tests {
                 "{key}: {error}"
             );
         }
+    }
+
+    /// A ring in a segment of the test's own, its consumer adopted, and `n_messages` one-part
+    /// records written and published into it.
+    fn ring_with_records(
+        tag: &str,
+        n_messages: u64,
+    ) -> (TestObject, Arc<OwnedSegment>, RingProducer, RingConsumer) {
+        let object = TestObject::segment(&format!("session-{tag}"));
+        let owned = Arc::new(OwnedSegment::new(
+            Segment::create(object.0.clone(), 4 << 20).unwrap(),
+        ));
+        let mut producer = RingProducer::new(owned.allocate_long_lived(RING_BLOCK).unwrap());
+        producer.block().add_references(1);
+        let (block, _) = ShmBuffer::adopt_referenced_block(
+            Arc::clone(owned.segment()),
+            WireRange {
+                offset: producer.block().data_offset() as u64,
+                size: RING_BLOCK as u64,
+            },
+        )
+        .unwrap();
+        let consumer = RingConsumer::adopt(block, DeliveryRef::NONE, false).unwrap();
+        for seq in 0..n_messages {
+            let mut entry = Vec::new();
+            let part = crate::small::InlineBytes::copy_of(&seq.to_le_bytes());
+            crate::wire::append_record(&mut entry, &[PartRef::Inline(part)]);
+            assert!(!matches!(
+                producer.push(EntryKind::Record, &entry),
+                Pushed::Full
+            ));
+        }
+        let _ = producer.publish();
+        (object, owned, producer, consumer)
+    }
+
+    /// The hand-over race of a sender's close: it finds its receiver alive and hands over what
+    /// was not taken (its close reports it delivered), but the receiver had already finished
+    /// with the ring, so it never reads the word. The producer, last at the ring, releases
+    /// those messages and must say how many, for its close to report them lost.
+    #[test]
+    fn a_producer_finishing_after_its_consumer_says_how_many_it_released() {
+        let session = Session::new(from(&[]).unwrap());
+        let (_object, _owned, mut producer, mut consumer) = ring_with_records("first", 3);
+        assert_eq!(
+            session.finish_consuming(&mut consumer),
+            None,
+            "the consumer finished first"
+        );
+        producer.hand_over();
+        let (_, n_released) = session.finish_producing(&mut producer, None);
+        assert_eq!(n_released, 3);
+
+        // The other order: the consumer, last, reads the word and reports them itself; the
+        // producer released nothing.
+        let (_object, _owned, mut producer, mut consumer) = ring_with_records("last", 3);
+        producer.hand_over();
+        let (_, n_released) = session.finish_producing(&mut producer, None);
+        assert_eq!(n_released, 0);
+        assert_eq!(session.finish_consuming(&mut consumer), Some(3));
     }
 
     #[test]

@@ -68,7 +68,7 @@ impl Drop for SubscriberPeer {
         };
         // Its doorbell, if any, has no one to wake: the subscriber is gone or leaving. (Its
         // process is not known here: a ring it never adopted stays until the session ends.)
-        self.session.finish_producing(ring, None);
+        let _ = self.session.finish_producing(ring, None);
     }
 }
 
@@ -312,6 +312,7 @@ impl PairSide {
                     link,
                     doorbell: Arc::clone(&self.doorbell),
                     doorbell_due: false,
+                    finished: false,
                     session: Arc::clone(session),
                 });
                 self.carriage = Carriage::Rings;
@@ -531,6 +532,7 @@ impl ReqRepSide {
             link: Arc::clone(&connection.link),
             doorbell: Arc::clone(&self.doorbell),
             doorbell_due: false,
+            finished: false,
             session: Arc::clone(session),
         });
         session.watch_producer(&connection.ring);
@@ -782,9 +784,39 @@ struct ConnectionRing {
     doorbell_due: bool,
     /// To release what a consumer that left did not take, when the ring is dropped.
     session: Arc<Session>,
+    /// Set by [`ConnectionRing::finish_at_close`]: the drop has nothing left to do.
+    finished: bool,
 }
 
 impl ConnectionRing {
+    /// Finishes the ring at its socket's close (see `ring.rs`, "Peer death and drop"), first
+    /// [handing](RingProducer::hand_over) what its consumer has not taken over to it when
+    /// `hand_over`: the close then reports it delivered. Returns how many messages are lost
+    /// though handed over: those of a consumer that had finished before the word reached it,
+    /// released here (it never reads the word, so nobody else counts them). 0 when not handed
+    /// over: the close counts everything not taken.
+    fn finish_at_close(mut self, hand_over: bool) -> u64 {
+        if hand_over {
+            self.ring.hand_over();
+        }
+        let n_released = self.finish();
+        if hand_over { n_released } else { 0 }
+    }
+
+    /// Finishes the ring, ringing the doorbell of a consumer that waits: how many messages a
+    /// consumer that finished first left, released here.
+    fn finish(&mut self) -> u64 {
+        self.finished = true;
+        // A peer in this process lives as long as the ring's orphan would be looked at.
+        let announced_to = self
+            .link
+            .peer_pid()
+            .filter(|&pid| pid != std::process::id());
+        let (wake, n_released) = self.session.finish_producing(&mut self.ring, announced_to);
+        self.ring_doorbell(wake);
+        n_released
+    }
+
     fn ring_doorbell(&self, wake: Wake) {
         if self.ring.ring_bell_or_need_frame(wake) {
             self.link.send_frame(&self.doorbell);
@@ -838,13 +870,9 @@ async fn wait_for_ring_room(looks: &RingLooks, deadline: Option<tokio::time::Ins
 
 impl Drop for ConnectionRing {
     fn drop(&mut self) {
-        // A peer in this process lives as long as the ring's orphan would be looked at.
-        let announced_to = self
-            .link
-            .peer_pid()
-            .filter(|&pid| pid != std::process::id());
-        let wake = self.session.finish_producing(&mut self.ring, announced_to);
-        self.ring_doorbell(wake);
+        if !self.finished {
+            self.finish();
+        }
     }
 }
 
@@ -912,6 +940,13 @@ struct PushState {
     n_queued: std::sync::atomic::AtomicU64,
     /// Records the zeromq socket refused (peer of another transport or session, ...).
     n_refused: std::sync::atomic::AtomicU64,
+    /// Set by the task at the close once what the receivers had not taken is handed over to
+    /// them ([`RingProducer::hand_over`]): from then on it is theirs to report, not the close's.
+    handed_over: std::sync::atomic::AtomicBool,
+    /// Set with `handed_over`: messages lost though handed over, released by the task because
+    /// their receiver had finished before the word reached it
+    /// ([`ConnectionRing::finish_at_close`]).
+    n_lost_at_hand_over: std::sync::atomic::AtomicU64,
     /// False while a connection the socket was asked to make is not made yet: the outbox takes
     /// nothing then, so a sender's first messages wait (as `send` waits for a peer on the zeromq
     /// transport) and its task gets the runtime to connect, even when the sender would never
@@ -1034,6 +1069,7 @@ impl PushState {
                 link,
                 doorbell: Arc::clone(&self.doorbell),
                 doorbell_due: false,
+                finished: false,
                 session: Arc::clone(&self.session),
             });
         }
@@ -1101,6 +1137,7 @@ impl PushState {
                         link,
                         doorbell: Arc::clone(&self.doorbell),
                         doorbell_due: false,
+                        finished: false,
                         session: Arc::clone(&self.session),
                     });
                     outbox.carriage = Carriage::Rings;
@@ -1203,6 +1240,8 @@ impl BatchedPush {
             failed: false.into(),
             n_queued: 0.into(),
             n_refused: 0.into(),
+            handed_over: false.into(),
+            n_lost_at_hand_over: 0.into(),
             connected: false.into(),
         });
         state.session.watch_producer(&state);
@@ -1272,10 +1311,13 @@ impl BatchedPush {
                         // report what they leave if it was handed over to them (`ring.rs`).
                         let held = ask_peers && socket.peers_hold_what_was_written();
                         let rings = std::mem::take(&mut state.outbox.lock().rings);
-                        for connection in rings {
-                            if held {
-                                connection.ring.hand_over();
-                            }
+                        let n_lost: u64 = rings
+                            .into_iter()
+                            .map(|connection| connection.finish_at_close(held))
+                            .sum();
+                        if held {
+                            state.n_lost_at_hand_over.store(n_lost, Ordering::Release);
+                            state.handed_over.store(true, Ordering::Release);
                         }
                         let closed = socket.close(linger).await.map(|()| held);
                         let _ = reply.send(closed);
@@ -2355,7 +2397,7 @@ impl PublisherOut {
             let Some(mut ring) = subscriber.ring.take() else {
                 continue;
             };
-            let wake = subscriber.session.finish_producing(&mut ring, None);
+            let (wake, _) = subscriber.session.finish_producing(&mut ring, None);
             if ring.ring_bell_or_need_frame(wake) {
                 let identity = subscriber.identity.clone();
                 let _ = self.send_frame(&identity, self.doorbell.clone());
@@ -3065,9 +3107,18 @@ impl Socket for ShmSocket {
         // written to a receiver that is still there (stalled, or not receiving yet): the
         // descriptor waits in its socket and the session's memory outlives this process (see
         // `cleanup.rs`), so it will be taken. Only what no live receiver holds is lost.
-        let handed_over_or_lost = |label: &ChannelLabel, held: bool| {
+        // `n_lost_at_hand_over`: what was handed over to receivers that had already finished
+        // with their rings (`ConnectionRing::finish_at_close`).
+        let handed_over_or_lost = |label: &ChannelLabel, held: bool, n_lost_at_hand_over: u64| {
             if n_untaken == 0 {
                 return Ok(());
+            }
+            if held && n_lost_at_hand_over > 0 {
+                return Err(Error::Undelivered {
+                    channel: label.clone(),
+                    n_messages: n_lost_at_hand_over,
+                    reason: "their receiver closed before they were handed over to it".to_owned(),
+                });
             }
             if held {
                 tracing::info!(channel = %label, n_messages = n_untaken, "handed over to receivers that have not taken them yet");
@@ -3093,32 +3144,26 @@ impl Socket for ShmSocket {
             };
         // Rings are published and closed (their doorbells written by the socket's close); the
         // peers still take what they hold.
-        match &mut self.inner {
-            Inner::Pair(pair) => {
-                drop(pair.ring.take().inspect(|connection| {
-                    if held {
-                        connection.ring.hand_over();
-                    }
-                }));
-            }
-            Inner::ReqRep(req_rep) => {
-                for connection in req_rep.connections.drain(..) {
-                    drop(connection.ring.take().inspect(|connection| {
-                        if held {
-                            connection.ring.hand_over();
-                        }
-                    }));
-                }
-            }
-            _ => {}
-        }
+        let n_lost_at_hand_over: u64 = match &mut self.inner {
+            Inner::Pair(pair) => pair
+                .ring
+                .take()
+                .map_or(0, |connection| connection.finish_at_close(held)),
+            Inner::ReqRep(req_rep) => req_rep
+                .connections
+                .drain(..)
+                .filter_map(|connection| connection.ring.take())
+                .map(|connection| connection.finish_at_close(held))
+                .sum(),
+            _ => 0,
+        };
         let result = match &mut self.inner {
             Inner::Plain(socket)
             | Inner::Pair(PairSide { socket, .. })
             | Inner::ReqRep(ReqRepSide { socket, .. }) => socket
                 .close(linger)
                 .await
-                .and_then(|()| handed_over_or_lost(&self.label, held)),
+                .and_then(|()| handed_over_or_lost(&self.label, held, n_lost_at_hand_over)),
             // The task sends everything queued before the close, then closes with linger.
             Inner::Batched(push) => {
                 // Queued descriptors wait for a peer; `linger` bounds how long. Past it the
@@ -3133,19 +3178,35 @@ impl Socket for ShmSocket {
                 }
                 let n_queued = push.state.n_queued.load(Ordering::Acquire);
                 let n_refused = push.state.n_refused.load(Ordering::Acquire);
+                // Once the task handed over what the receivers had not taken, that is theirs to
+                // report (`ring.rs`), even if the close timed out after it (the carrier's close
+                // flushes doorbells) or a peer refused: this close counts only what it kept.
+                let handed_over = push.state.handed_over.load(Ordering::Acquire);
+                let n_lost_at_hand_over = push.state.n_lost_at_hand_over.load(Ordering::Acquire);
+                let n_kept = |n_not_handed: u64| {
+                    if handed_over {
+                        n_not_handed + n_lost_at_hand_over
+                    } else {
+                        n_not_handed.max(n_untaken)
+                    }
+                };
                 match closed {
                     _ if n_refused > 0 => Err(Error::Undelivered {
                         channel: self.label.clone(),
-                        n_messages: (n_refused + n_queued).max(n_untaken),
+                        n_messages: n_kept(n_refused + n_queued),
                         reason: "the peer refused their descriptors".to_owned(),
                     }),
+                    Err(_) if n_kept(n_queued) == 0 => {
+                        tracing::info!(channel = %self.label, n_messages = n_untaken, "handed over to receivers that have not taken them yet; the carrier's close timed out");
+                        Ok(())
+                    }
                     Err(_) => Err(Error::Undelivered {
                         channel: self.label.clone(),
-                        n_messages: n_queued.max(n_untaken),
+                        n_messages: n_kept(n_queued),
                         reason: format!("no peer took them within linger = {linger:?}"),
                     }),
                     Ok(Err(error)) => Err(error),
-                    Ok(Ok(held)) => handed_over_or_lost(&self.label, held),
+                    Ok(Ok(held)) => handed_over_or_lost(&self.label, held, n_lost_at_hand_over),
                 }
             }
             // What was handed to zmq.rs goes out first (linger bounding the silence), then the
