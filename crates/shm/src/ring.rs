@@ -32,6 +32,9 @@
 //! 176  handed_over u32
 //!                    1: the producer's close left what the consumer had not taken to it
 //!                    (reported handed over, not lost), written before its `finished` mark
+//! 180  taken_at_finish u32
+//!                    messages the consumer had taken from the ring and not handed out when
+//!                    it finished, written before its `finished` mark
 //! 256  data          RING_DATA bytes: entries at offsets that are multiples of 8
 //! entry := len u32 | kind u32 | len bytes | padding to 8      (kind 0: a record;
 //!          len u32::MAX: the rest up to the end is skipped    kind 1: a block holding one;
@@ -87,7 +90,8 @@
 //! consumer that then finishes last with entries left, or taken and not handed out, reports
 //! them lost (its close's `Undelivered`), since no one else will; without the word the
 //! producer's close reported them already. A consumer that finished before the word never
-//! reads it: the producer, then last, releases what is left and counts it
+//! reads it: it writes how many messages it took and did not hand out (`taken_at_finish`)
+//! before its mark, and the producer, then last, releases what is left and counts both
 //! ([`crate::session::Session::finish_producing`]), for its close to report. A
 //! consumer that dies never marks: its producer, finishing while the consumer (`consumer`, and
 //! `consumer_start` so that a pid reused by another process is not mistaken for it) still
@@ -143,7 +147,8 @@ const FINISHED: usize = 152;
 const BELL: usize = 160;
 const CONSUMER_START: usize = 168;
 const HANDED_OVER: usize = 176;
-const _: () = assert!(HANDED_OVER + 4 <= CONTROL);
+const TAKEN_AT_FINISH: usize = 180;
+const _: () = assert!(TAKEN_AT_FINISH + 4 <= CONTROL);
 /// Entries a producer writes at most before it publishes them to a consumer that is busy.
 const PUBLISH_EVERY: u32 = 32;
 /// Empty looks in a row after which a consumer asks for every entry at once; a busy-polled
@@ -289,6 +294,7 @@ impl RingProducer {
         memory.u64_at(BELL).store(0, Ordering::Relaxed);
         memory.u64_at(CONSUMER_START).store(0, Ordering::Relaxed);
         memory.u32_at(HANDED_OVER).store(0, Ordering::Relaxed);
+        memory.u32_at(TAKEN_AT_FINISH).store(0, Ordering::Relaxed);
         // The first entry's header slot: the block may have held anything before.
         memory.header(0).store(0, Ordering::Relaxed);
         // Release: whoever reads the announcement (sent after this) sees the ring initialised.
@@ -428,6 +434,14 @@ impl RingProducer {
     /// ([`RingConsumer::finish`]). Before [`RingProducer::finish`], whose mark publishes it.
     pub(crate) fn hand_over(&self) {
         self.memory.u32_at(HANDED_OVER).store(1, Ordering::Relaxed);
+    }
+
+    /// How many messages a consumer that finished first had taken from the ring and not
+    /// handed out (it drops them): with what the ring still holds, what it left. A peer's word,
+    /// only counted.
+    pub(crate) fn taken_at_consumers_finish(&self) -> u64 {
+        // The consumer's mark (read by `finish`'s compare-and-swap, acquire) came after it.
+        u64::from(self.memory.u32_at(TAKEN_AT_FINISH).load(Ordering::Relaxed))
     }
 
     /// The pid of the process that adopted the ring, 0 before one did.
@@ -837,13 +851,19 @@ impl RingConsumer {
         self.memory.u32_at(CLOSED).load(Ordering::Acquire) == 1 && !self.has_entries()
     }
 
-    /// Marks the consumer finished with the ring (see "Peer death and drop"): `None` when the
-    /// producer has not finished yet (what is left is its to release and count), else whether
-    /// the producer handed what is left over ([`RingProducer::hand_over`]): it is this
-    /// consumer's to release, and, handed over, to report as lost.
-    pub(crate) fn finish(&mut self) -> Option<bool> {
+    /// Marks the consumer finished with the ring (see "Peer death and drop"), having taken
+    /// `n_taken` messages from it that it did not hand out: `None` when the producer has not
+    /// finished yet (what is left, those included, is its to count), else whether the producer
+    /// handed what is left over ([`RingProducer::hand_over`]): it is this consumer's to
+    /// release, and, handed over, to report as lost.
+    pub(crate) fn finish(&mut self, n_taken: u64) -> Option<bool> {
         // What was taken and not handed out is this process's, released by its handles.
         self.release_to(self.next);
+        // Before the mark, which publishes it.
+        self.memory.u32_at(TAKEN_AT_FINISH).store(
+            u32::try_from(n_taken).unwrap_or(u32::MAX),
+            Ordering::Relaxed,
+        );
         let last = RingFinish {
             finished: self.memory.u32_at(FINISHED),
         }
@@ -1191,7 +1211,7 @@ mod tests {
         assert!(fixture.consumer.peek(&mut entry).unwrap().is_some());
         fixture.consumer.take_peeked();
         assert_eq!(what_a_reader_of_the_rest_finds(&fixture), vec![(4, b'l')]);
-        fixture.consumer.finish();
+        fixture.consumer.finish(1);
         assert!(what_a_reader_of_the_rest_finds(&fixture).is_empty());
     }
 

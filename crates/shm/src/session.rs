@@ -424,8 +424,9 @@ impl Session {
     /// eye on a consumer still at the ring in case it dies, or, for a ring no consumer adopted
     /// yet, on the process it was `announced_to` (the peer's handshake names it): only that
     /// process can adopt it, so once it is gone what the ring holds is released. Whether the
-    /// consumer must get a doorbell, and how many messages the consumer had left untaken when
-    /// it finished first (released here; 0 when it had not finished). A producer that
+    /// consumer must get a doorbell, and how many messages the consumer had left when it
+    /// finished first (those the ring still held, released here, and those it had taken and
+    /// not handed out, which it dropped; 0 when it had not finished). A producer that
     /// [handed them over](RingProducer::hand_over) counts those lost: its close reported them
     /// delivered, and a consumer that finished first never read the word.
     pub(crate) fn finish_producing(
@@ -443,10 +444,13 @@ impl Session {
             .orphan()
             .map(|orphan| orphan.announced_to(announced_to))
         {
-            Ok(orphan) if consumer_left => match orphan.reader() {
-                Ok(mut reader) => n_released = self.release_untaken(&mut reader),
-                Err(error) => Self::left_in_ring(&error),
-            },
+            Ok(orphan) if consumer_left => {
+                n_released = ring.taken_at_consumers_finish();
+                match orphan.reader() {
+                    Ok(mut reader) => n_released += self.release_untaken(&mut reader),
+                    Err(error) => Self::left_in_ring(&error),
+                }
+            }
             Ok(orphan) => {
                 self.orphans.lock().expect("orphans poisoned").push(orphan);
                 self.settle_orphans();
@@ -458,15 +462,16 @@ impl Session {
 
     /// Closes `ring`, which this process consumed, for good: releases what is left in it if
     /// its producer finished first (a producer in this process then stops watching it at
-    /// once; one in another process at its next look). `Some` when that producer handed what
-    /// was left over to this consumer ([`RingProducer::hand_over`]), with how many messages the
-    /// ring still held: lost, and the producer reported them delivered. The messages taken
-    /// from the ring and not handed out are this process's to release, and, handed over, lost too.
-    pub(crate) fn finish_consuming(&self, ring: &mut RingConsumer) -> Option<u64> {
-        let handed_over = ring.finish()?;
+    /// once; one in another process at its next look). The `n_taken` messages taken from the
+    /// ring and not handed out are this process's to release. `Some` when that producer handed
+    /// what was left over to this consumer ([`RingProducer::hand_over`]), with how many
+    /// messages were lost: those the ring still held and the `n_taken`, which the producer
+    /// reported delivered. A producer that finishes last counts them all itself.
+    pub(crate) fn finish_consuming(&self, ring: &mut RingConsumer, n_taken: u64) -> Option<u64> {
+        let handed_over = ring.finish(n_taken)?;
         let n_released = self.release_untaken(ring);
         self.settle_orphans();
-        handed_over.then_some(n_released)
+        handed_over.then_some(n_released + n_taken)
     }
 
     /// Looks at the consumers of the rings this process finished with while they were still at
@@ -1041,27 +1046,34 @@ mod tests {
     /// The hand-over race of a sender's close: it finds its receiver alive and hands over what
     /// was not taken (its close reports it delivered), but the receiver had already finished
     /// with the ring, so it never reads the word. The producer, last at the ring, releases
-    /// those messages and must say how many, for its close to report them lost.
+    /// what is left and must say how many messages the consumer left, those it had taken and
+    /// dropped included, for its close to report them lost.
     #[test]
     fn a_producer_finishing_after_its_consumer_says_how_many_it_released() {
         let session = Session::new(from(&[]).unwrap());
         let (_object, _owned, mut producer, mut consumer) = ring_with_records("first", 3);
+        let mut entry = Vec::new();
+        assert!(consumer.peek(&mut entry).unwrap().is_some());
+        consumer.take_peeked();
         assert_eq!(
-            session.finish_consuming(&mut consumer),
+            session.finish_consuming(&mut consumer, 1),
             None,
-            "the consumer finished first"
+            "the consumer, with one message taken and not handed out, finished first"
         );
         producer.hand_over();
-        let (_, n_released) = session.finish_producing(&mut producer, None);
-        assert_eq!(n_released, 3);
+        let (_, n_lost) = session.finish_producing(&mut producer, None);
+        assert_eq!(
+            n_lost, 3,
+            "two left in the ring, one dropped by the consumer"
+        );
 
         // The other order: the consumer, last, reads the word and reports them itself; the
         // producer released nothing.
         let (_object, _owned, mut producer, mut consumer) = ring_with_records("last", 3);
         producer.hand_over();
-        let (_, n_released) = session.finish_producing(&mut producer, None);
-        assert_eq!(n_released, 0);
-        assert_eq!(session.finish_consuming(&mut consumer), Some(3));
+        let (_, n_lost) = session.finish_producing(&mut producer, None);
+        assert_eq!(n_lost, 0);
+        assert_eq!(session.finish_consuming(&mut consumer, 0), Some(3));
     }
 
     #[test]

@@ -1310,12 +1310,20 @@ impl BatchedPush {
                         // socket's close); their consumers still take what they hold, and
                         // report what they leave if it was handed over to them (`ring.rs`).
                         let held = ask_peers && socket.peers_hold_what_was_written();
-                        let rings = std::mem::take(&mut state.outbox.lock().rings);
+                        let (rings, every_connection_has_a_ring) = {
+                            let mut outbox = state.outbox.lock();
+                            let every =
+                                outbox.carriage != Carriage::Frames && outbox.ringless.is_empty();
+                            (std::mem::take(&mut outbox.rings), every)
+                        };
                         let n_lost: u64 = rings
                             .into_iter()
                             .map(|connection| connection.finish_at_close(held))
                             .sum();
-                        if held {
+                        // Descriptors in frames are handed over only once the carrier has
+                        // written them (its close, below, may time out first): what the close
+                        // counts then is left to it.
+                        if held && every_connection_has_a_ring {
                             state.n_lost_at_hand_over.store(n_lost, Ordering::Release);
                             state.handed_over.store(true, Ordering::Release);
                         }
@@ -1628,13 +1636,15 @@ impl AdoptedRing {
 
     /// Finishes with the ring (see `ring.rs`, "Peer death and drop"): entries taken and not
     /// handed out leave it, for this process to release with `pending`. `Some` when its
-    /// producer, finished first, had handed what was left over to this receiver: the messages
-    /// the ring still held (released here), lost; the taken ones are lost too.
+    /// producer, finished first, had handed what was left over to this receiver: how many
+    /// messages are lost, those the ring still held (released here) and the taken ones. A
+    /// producer that finishes after it counts them all.
     fn finish(&mut self) -> Option<u64> {
         if std::mem::replace(&mut self.finished, true) {
             return None;
         }
-        self.session.finish_consuming(&mut self.ring)
+        self.session
+            .finish_consuming(&mut self.ring, self.n_taken as u64)
     }
 }
 
@@ -1642,14 +1652,11 @@ impl Drop for AdoptedRing {
     fn drop(&mut self) {
         // A socket that closes finishes its rings first and reports what they lost; one
         // dropped without a close can only say so here.
-        if let Some(n_left) = self.finish() {
-            let n_messages = n_left + self.n_taken as u64;
-            if n_messages > 0 {
-                tracing::error!(
-                    n_messages,
-                    "a receiver dropped without a close lost messages handed over to it"
-                );
-            }
+        if let Some(n_messages) = self.finish().filter(|&n_messages| n_messages > 0) {
+            tracing::error!(
+                n_messages,
+                "a receiver dropped without a close lost messages handed over to it"
+            );
         }
     }
 }
@@ -3114,11 +3121,7 @@ impl Socket for ShmSocket {
                 return Ok(());
             }
             if held && n_lost_at_hand_over > 0 {
-                return Err(Error::Undelivered {
-                    channel: label.clone(),
-                    n_messages: n_lost_at_hand_over,
-                    reason: "their receiver closed before they were handed over to it".to_owned(),
-                });
+                return Err(lost_at_hand_over(label, n_lost_at_hand_over));
             }
             if held {
                 tracing::info!(channel = %label, n_messages = n_untaken, "handed over to receivers that have not taken them yet");
@@ -3160,10 +3163,13 @@ impl Socket for ShmSocket {
         let result = match &mut self.inner {
             Inner::Plain(socket)
             | Inner::Pair(PairSide { socket, .. })
-            | Inner::ReqRep(ReqRepSide { socket, .. }) => socket
-                .close(linger)
-                .await
-                .and_then(|()| handed_over_or_lost(&self.label, held, n_lost_at_hand_over)),
+            | Inner::ReqRep(ReqRepSide { socket, .. }) => match socket.close(linger).await {
+                Ok(()) => handed_over_or_lost(&self.label, held, n_lost_at_hand_over),
+                Err(error) => {
+                    log_lost_at_hand_over(&self.label, n_lost_at_hand_over);
+                    Err(error)
+                }
+            },
             // The task sends everything queued before the close, then closes with linger.
             Inner::Batched(push) => {
                 // Queued descriptors wait for a peer; `linger` bounds how long. Past it the
@@ -3174,7 +3180,10 @@ impl Socket for ShmSocket {
                 });
                 let closed = tokio::time::timeout(linger + Duration::from_millis(100), close).await;
                 if closed.is_err() {
+                    // Stopped, not just asked to stop: the task may be between its hand-over
+                    // and its word on it (on another worker), which the counts below read.
                     push.task.abort();
+                    let _ = (&mut push.task).await;
                 }
                 let n_queued = push.state.n_queued.load(Ordering::Acquire);
                 let n_refused = push.state.n_refused.load(Ordering::Acquire);
@@ -3196,16 +3205,26 @@ impl Socket for ShmSocket {
                         n_messages: n_kept(n_refused + n_queued),
                         reason: "the peer refused their descriptors".to_owned(),
                     }),
-                    Err(_) if n_kept(n_queued) == 0 => {
-                        tracing::info!(channel = %self.label, n_messages = n_untaken, "handed over to receivers that have not taken them yet; the carrier's close timed out");
-                        Ok(())
+                    Err(_) if handed_over && n_queued == 0 => {
+                        if n_lost_at_hand_over > 0 {
+                            Err(lost_at_hand_over(&self.label, n_lost_at_hand_over))
+                        } else {
+                            tracing::info!(channel = %self.label, n_messages = n_untaken, "handed over to receivers that have not taken them yet (the carrier's close timed out)");
+                            Ok(())
+                        }
                     }
+                    // Counted, and every message taken: nothing is lost though the carrier's
+                    // close timed out.
+                    Err(_) if self.sent.is_some() && n_untaken == 0 && n_queued == 0 => Ok(()),
                     Err(_) => Err(Error::Undelivered {
                         channel: self.label.clone(),
                         n_messages: n_kept(n_queued),
                         reason: format!("no peer took them within linger = {linger:?}"),
                     }),
-                    Ok(Err(error)) => Err(error),
+                    Ok(Err(error)) => {
+                        log_lost_at_hand_over(&self.label, n_lost_at_hand_over);
+                        Err(error)
+                    }
                     Ok(Ok(held)) => handed_over_or_lost(&self.label, held, n_lost_at_hand_over),
                 }
             }
@@ -3255,6 +3274,23 @@ impl Socket for ShmSocket {
                 Err(error)
             }
         }
+    }
+}
+
+/// The loss of messages handed over to a receiver that had finished with its ring before the
+/// word reached it ([`ConnectionRing::finish_at_close`]).
+fn lost_at_hand_over(label: &ChannelLabel, n_messages: u64) -> Error {
+    Error::Undelivered {
+        channel: label.clone(),
+        n_messages,
+        reason: "their receiver closed before they were handed over to it".to_owned(),
+    }
+}
+
+/// Logs [`lost_at_hand_over`]'s loss when a close reports another error instead.
+fn log_lost_at_hand_over(label: &ChannelLabel, n_messages: u64) {
+    if n_messages > 0 {
+        tracing::error!(error = %lost_at_hand_over(label, n_messages), "closing the channel failed");
     }
 }
 
@@ -3547,7 +3583,7 @@ impl ShmSocket {
         let mut n_lost = 0;
         for adopted in &mut self.rings {
             if let Some(n_left) = adopted.finish() {
-                n_lost += n_left + adopted.n_taken as u64;
+                n_lost += n_left;
             }
         }
         n_lost
