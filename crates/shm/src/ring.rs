@@ -882,7 +882,7 @@ impl RingConsumer {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::managed::OwnedSegment;
     use crate::segment::TestObject;
@@ -905,16 +905,17 @@ mod tests {
     }
 
     /// A segment of this test's own with a ring in it, and the consumer's end adopted as a
-    /// pull would from the announcement.
-    struct Fixture {
+    /// pull would from the announcement (also for the session's tests).
+    pub(crate) struct Fixture {
         _object: TestObject,
         _owned: Arc<OwnedSegment>,
-        producer: RingProducer,
-        consumer: RingConsumer,
+        pub(crate) producer: RingProducer,
+        pub(crate) consumer: RingConsumer,
     }
 
     impl Fixture {
-        fn new(tag: u32) -> Fixture {
+        /// `tag` tells the tests' segments apart (each test its own).
+        pub(crate) fn new(tag: u32) -> Fixture {
             Fixture::adopted(tag, false)
         }
 

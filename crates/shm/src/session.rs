@@ -978,13 +978,10 @@ impl Drop for GiveUpOnDrop {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::{Session, ShmOptions};
-    use crate::managed::{OwnedSegment, ShmBuffer};
-    use crate::ring::{EntryKind, Pushed, RING_BLOCK, RingConsumer, RingProducer};
-    use crate::segment::{Segment, TestObject};
-    use crate::wire::{DeliveryRef, PartRef, WireRange};
+    use crate::ring::tests::Fixture;
+    use crate::ring::{EntryKind, Pushed};
+    use crate::wire::PartRef;
 
     fn from(properties: &[(&str, &str)]) -> ferromq_core::Result<ShmOptions> {
         let mut device = ferromq_core::TransportOptions::for_session("s");
@@ -1009,38 +1006,21 @@ mod tests {
         }
     }
 
-    /// A ring in a segment of the test's own, its consumer adopted, and `n_messages` one-part
-    /// records written and published into it.
-    fn ring_with_records(
-        tag: &str,
-        n_messages: u64,
-    ) -> (TestObject, Arc<OwnedSegment>, RingProducer, RingConsumer) {
-        let object = TestObject::segment(&format!("session-{tag}"));
-        let owned = Arc::new(OwnedSegment::new(
-            Segment::create(object.0.clone(), 4 << 20).unwrap(),
-        ));
-        let mut producer = RingProducer::new(owned.allocate_long_lived(RING_BLOCK).unwrap());
-        producer.block().add_references(1);
-        let (block, _) = ShmBuffer::adopt_referenced_block(
-            Arc::clone(owned.segment()),
-            WireRange {
-                offset: producer.block().data_offset() as u64,
-                size: RING_BLOCK as u64,
-            },
-        )
-        .unwrap();
-        let consumer = RingConsumer::adopt(block, DeliveryRef::NONE, false).unwrap();
+    /// A ring in a segment of the test's own (`tag`), its consumer adopted, and `n_messages`
+    /// one-part records written and published into it.
+    fn ring_with_records(tag: u32, n_messages: u64) -> Fixture {
+        let mut fixture = Fixture::new(tag);
         for seq in 0..n_messages {
             let mut entry = Vec::new();
             let part = crate::small::InlineBytes::copy_of(&seq.to_le_bytes());
             crate::wire::append_record(&mut entry, &[PartRef::Inline(part)]);
             assert!(!matches!(
-                producer.push(EntryKind::Record, &entry),
+                fixture.producer.push(EntryKind::Record, &entry),
                 Pushed::Full
             ));
         }
-        let _ = producer.publish();
-        (object, owned, producer, consumer)
+        let _ = fixture.producer.publish();
+        fixture
     }
 
     /// The hand-over race of a sender's close: it finds its receiver alive and hands over what
@@ -1051,17 +1031,17 @@ mod tests {
     #[test]
     fn a_producer_finishing_after_its_consumer_says_how_many_it_released() {
         let session = Session::new(from(&[]).unwrap());
-        let (_object, _owned, mut producer, mut consumer) = ring_with_records("first", 3);
+        let mut first = ring_with_records(9000, 3);
         let mut entry = Vec::new();
-        assert!(consumer.peek(&mut entry).unwrap().is_some());
-        consumer.take_peeked();
+        assert!(first.consumer.peek(&mut entry).unwrap().is_some());
+        first.consumer.take_peeked();
         assert_eq!(
-            session.finish_consuming(&mut consumer, 1),
+            session.finish_consuming(&mut first.consumer, 1),
             None,
             "the consumer, with one message taken and not handed out, finished first"
         );
-        producer.hand_over();
-        let (_, n_lost) = session.finish_producing(&mut producer, None);
+        first.producer.hand_over();
+        let (_, n_lost) = session.finish_producing(&mut first.producer, None);
         assert_eq!(
             n_lost, 3,
             "two left in the ring, one dropped by the consumer"
@@ -1069,11 +1049,11 @@ mod tests {
 
         // The other order: the consumer, last, reads the word and reports them itself; the
         // producer released nothing.
-        let (_object, _owned, mut producer, mut consumer) = ring_with_records("last", 3);
-        producer.hand_over();
-        let (_, n_lost) = session.finish_producing(&mut producer, None);
+        let mut last = ring_with_records(9001, 3);
+        last.producer.hand_over();
+        let (_, n_lost) = session.finish_producing(&mut last.producer, None);
         assert_eq!(n_lost, 0);
-        assert_eq!(session.finish_consuming(&mut consumer, 0), Some(3));
+        assert_eq!(session.finish_consuming(&mut last.consumer, 0), Some(3));
     }
 
     #[test]
