@@ -20,8 +20,9 @@
 //!
 //! The counters live in the segment header, never in a block, so that a receiver's late add (the
 //! sender gave up and dropped its socket) can only touch a counter, never message memory. A slot
-//! is reused by the next socket of the process; it starts from the counter's value at the claim,
-//! so only late adds of a former user can inflate what it sees as taken.
+//! freed is claimed again only after every other free slot ([`DeliverySlots`]); it starts from
+//! the counter's value at the claim, so only late adds of a former user can inflate what it sees
+//! as taken, and those come long after (a receiver taking what was handed over to it).
 //!
 //! # Cancellation and peer death
 //! Waiting for room or for the close is cancel-safe: nothing is taken or sent while waiting.
@@ -39,15 +40,18 @@ use crate::managed::OwnedSegment;
 use crate::segment::{DELIVERY_COUNTERS, Segment};
 use crate::wire::DeliveryRef;
 
-/// The free counter slots of one process's segment.
+/// The free counter slots of one process's segment, claimed oldest-freed first: a slot goes
+/// back to the end of the line, so a new socket (a device's next INIT DEVICE) does not take
+/// over the counter its predecessor's receivers may still add to for what was handed over to
+/// them (which would make the new socket count those as its own messages taken).
 pub(crate) struct DeliverySlots {
-    free: Mutex<Vec<u32>>,
+    free: Mutex<std::collections::VecDeque<u32>>,
 }
 
 impl Default for DeliverySlots {
     fn default() -> DeliverySlots {
         DeliverySlots {
-            free: Mutex::new((0..DELIVERY_COUNTERS as u32).rev().collect()),
+            free: Mutex::new((0..DELIVERY_COUNTERS as u32).collect()),
         }
     }
 }
@@ -104,7 +108,11 @@ impl SentCounter {
     /// Claims a slot of `owned`; `None` when all [`DELIVERY_COUNTERS`] are in use (the socket
     /// then sends without counting: no back-pressure beyond zeromq's, no drain on close).
     pub(crate) fn claim(owned: &OwnedSegment, slots: &Arc<DeliverySlots>) -> Option<SentCounter> {
-        let slot = slots.free.lock().expect("delivery slots poisoned").pop()?;
+        let slot = slots
+            .free
+            .lock()
+            .expect("delivery slots poisoned")
+            .pop_front()?;
         let segment = Arc::clone(owned.segment());
         let base = segment
             .delivery_counter(slot)
@@ -231,7 +239,7 @@ impl Drop for SentCounter {
             .free
             .lock()
             .expect("delivery slots poisoned")
-            .push(self.slot);
+            .push_back(self.slot);
     }
 }
 
@@ -266,5 +274,29 @@ impl TakenCounter {
         if let Some(counter) = self.segment.delivery_counter(self.slot) {
             counter.fetch_add(1, Ordering::AcqRel);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::segment::TestObject;
+
+    /// A socket that closes frees its slot; the next socket of the process takes another one,
+    /// not the slot whose receivers may still add to it for what was handed over to them.
+    #[test]
+    fn a_freed_slot_is_claimed_after_every_other() {
+        let object = TestObject::segment("delivery-slots");
+        let owned = OwnedSegment::new(Segment::create(object.0.clone(), 1 << 20).unwrap());
+        let slots = Arc::new(DeliverySlots::default());
+        let first = SentCounter::claim(&owned, &slots).unwrap();
+        let freed = first.slot;
+        drop(first);
+        let mut claimed = Vec::new();
+        while let Some(counter) = SentCounter::claim(&owned, &slots) {
+            claimed.push(counter);
+        }
+        assert_eq!(claimed.len(), DELIVERY_COUNTERS);
+        assert_eq!(claimed.last().map(|counter| counter.slot), Some(freed));
     }
 }
