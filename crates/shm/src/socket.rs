@@ -1310,20 +1310,21 @@ impl BatchedPush {
                         // socket's close); their consumers still take what they hold, and
                         // report what they leave if it was handed over to them (`ring.rs`).
                         let held = ask_peers && socket.peers_hold_what_was_written();
-                        let (rings, every_connection_has_a_ring) = {
+                        let (rings, by_rings) = {
                             let mut outbox = state.outbox.lock();
-                            let every =
-                                outbox.carriage != Carriage::Frames && outbox.ringless.is_empty();
-                            (std::mem::take(&mut outbox.rings), every)
+                            let by_rings = outbox.carriage == Carriage::Rings;
+                            (std::mem::take(&mut outbox.rings), by_rings)
                         };
                         let n_lost: u64 = rings
                             .into_iter()
                             .map(|connection| connection.finish_at_close(held))
                             .sum();
-                        // Descriptors in frames are handed over only once the carrier has
-                        // written them (its close, below, may time out first): what the close
-                        // counts then is left to it.
-                        if held && every_connection_has_a_ring {
+                        // Records go into rings alone once the first connection got one (a
+                        // connection still waiting for its ring is sent nothing). Descriptors in
+                        // frames are handed over only once the carrier has written them (its
+                        // close, below, may time out first): what the close counts then is left
+                        // to it.
+                        if held && by_rings {
                             state.n_lost_at_hand_over.store(n_lost, Ordering::Release);
                             state.handed_over.store(true, Ordering::Release);
                         }
@@ -3110,6 +3111,12 @@ impl Socket for ShmSocket {
             Some(sent) => sent.wait_until_taken(linger).await,
             None => 0,
         };
+        // A pair's peer may have sent its first messages (announcing their ring) during that
+        // wait, and handed them over at its close: looked for again, as late as the socket is
+        // still open.
+        if matches!(self.inner, Inner::Pair(_)) {
+            self.adopt_unread_rings().await;
+        }
         // What a receiver has not taken after that is handed over when its descriptor was
         // written to a receiver that is still there (stalled, or not receiving yet): the
         // descriptor waits in its socket and the session's memory outlives this process (see
@@ -3260,15 +3267,25 @@ impl Socket for ShmSocket {
         if n_lost == 0 {
             return result;
         }
+        const LOST_HERE: &str = "their senders handed them over to this receiver and left, and it closed before \
+             taking them";
         let lost = Error::Undelivered {
             channel: self.label.clone(),
             n_messages: n_lost,
-            reason: "their senders handed them over to this receiver and left, and it closed \
-                     before taking them"
-                .to_owned(),
+            reason: LOST_HERE.to_owned(),
         };
         match result {
             Ok(()) => Err(lost),
+            // A pair loses both ways: what it sent and what was handed over to it.
+            Err(Error::Undelivered {
+                channel,
+                n_messages,
+                reason,
+            }) => Err(Error::Undelivered {
+                channel,
+                n_messages: n_messages + n_lost,
+                reason: format!("{n_messages} sent: {reason}; {n_lost} received: {LOST_HERE}"),
+            }),
             Err(error) => {
                 tracing::error!(error = %lost, "closing the channel failed");
                 Err(error)

@@ -181,6 +181,14 @@ fn main() {
             a_receiver_closing_unread_before_its_sender_counts_nothing_twice,
         ),
         trial(
+            "a_pair_closing_after_its_peer_reports_what_it_sent_and_what_was_handed_over_to_it",
+            a_pair_closing_after_its_peer_reports_both_losses,
+        ),
+        trial(
+            "a_pair_counts_what_its_peer_handed_over_while_its_close_waited",
+            a_pair_counts_what_was_handed_over_during_its_close,
+        ),
+        trial(
             "opening_a_peer_segment_does_not_stall_the_receivers_runtime",
             slow_segment_open_off_the_runtime,
         ),
@@ -321,8 +329,24 @@ async fn open(
     method: Method,
     address: &str,
 ) -> Result<Channel> {
+    // A role's close waits LINGER_MS of silence where its test says so.
+    let linger_ms = match std::env::var("LINGER_MS") {
+        Ok(linger_ms) => linger_ms.parse()?,
+        Err(_) => 10_000,
+    };
+    open_lingering(transport, socket_type, method, address, linger_ms).await
+}
+
+/// [`open`] with a close that waits `linger_ms` of silence for its receivers.
+async fn open_lingering(
+    transport: &ShmTransport,
+    socket_type: SocketType,
+    method: Method,
+    address: &str,
+    linger_ms: u64,
+) -> Result<Channel> {
     let config = ChannelConfig {
-        linger: 10_000,
+        linger: linger_ms,
         ..ChannelConfig::new("data", socket_type, method).with_address(address)
     };
     let mut channel = Channel::open(transport, config, "data").await?;
@@ -515,6 +539,15 @@ async fn run_role(role: &str) -> Result<()> {
             let mut sender = open(&transport, pattern, Method::Connect, &address).await?;
             let n_msgs = send_numbered(&transport, &mut sender).await?;
             sender.close().await?;
+            println!("SENT {n_msgs}");
+        }
+        "gated-pair-sender" => {
+            // Connects a pair and waits for its stdin to end; then sends COUNT messages of SIZE
+            // bytes, closes and says SENT n.
+            let mut pair = open(&transport, SocketType::Pair, Method::Connect, &address).await?;
+            until_stdin_ends().await?;
+            let n_msgs = send_numbered(&transport, &mut pair).await?;
+            pair.close().await?;
             println!("SENT {n_msgs}");
         }
         "held-sender" => {
@@ -2421,6 +2454,95 @@ fn a_receiver_closing_unread_reports_what_was_handed_over() -> Result<()> {
                 "{sender_type}: closing with 40 messages handed over and unread: {closed:?}"
             );
         }
+        Ok(())
+    })
+}
+
+/// Sends `n_msgs` numbered messages of 64 KiB through `pair`.
+async fn send_to_pair(transport: &ShmTransport, pair: &mut Channel, n_msgs: u64) -> Result<()> {
+    for msg_idx in 0..n_msgs {
+        let mut message = transport.new_message(64 << 10).await?;
+        fill(&mut message, msg_idx);
+        tokio::time::timeout(STEP, pair.send(message))
+            .await?
+            .map_err(|failed| failed.error)?;
+    }
+    Ok(())
+}
+
+/// A pair sends both ways and neither side reads (two devices told to stop at once). The peer,
+/// a child process, sends 40 messages of 64 KiB, hands them over at its close (this side is
+/// still there) and exits 0; this side, which sent 10 that the peer never took, closes after it
+/// and must report both losses: its own 10, whose receiver left, and the 40 handed over to it.
+/// Before, its close reported the 10 and only logged the 40.
+fn a_pair_closing_after_its_peer_reports_both_losses() -> Result<()> {
+    let session = Session::new("pairboth");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("pairboth");
+        let mut pair =
+            open_lingering(&transport, SocketType::Pair, Method::Bind, &address, 500).await?;
+        let mut peer = ChildRole::spawn(
+            "exiting-sender",
+            &session,
+            &address,
+            &[
+                ("PATTERN", "pair".into()),
+                ("COUNT", "40".into()),
+                ("SIZE", (64u64 << 10).to_string()),
+                ("LINGER_MS", "500".into()),
+            ],
+        );
+        send_to_pair(&transport, &mut pair, 10).await?;
+        ensure!(peer.line().await? == "SENT 40");
+        peer.success().await?;
+        let closed = tokio::time::timeout(STEP, pair.close()).await?;
+        ensure!(
+            matches!(
+                closed,
+                Err(ferromq_core::Error::Undelivered { n_messages: 50, .. })
+            ),
+            "10 sent and never taken, 40 handed over and never read: {closed:?}"
+        );
+        Ok(())
+    })
+}
+
+/// This side of a pair sent 10 messages its peer never takes and closes; while its close waits
+/// for them (linger), the peer, a child process, sends its first 40 messages (announcing their
+/// ring only now), hands them over (this side is still there) and exits 0. This side's close
+/// must count those 40 too. Before, it had looked for announced rings only before the wait, so
+/// the 40 were released by nobody's count.
+fn a_pair_counts_what_was_handed_over_during_its_close() -> Result<()> {
+    let session = Session::new("pairlate");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("pairlate");
+        let mut pair =
+            open_lingering(&transport, SocketType::Pair, Method::Bind, &address, 3_000).await?;
+        let mut peer = ChildRole::spawn_held(
+            "gated-pair-sender",
+            &session,
+            &address,
+            &[
+                ("COUNT", "40".into()),
+                ("SIZE", (64u64 << 10).to_string()),
+                ("LINGER_MS", "300".into()),
+            ],
+        );
+        send_to_pair(&transport, &mut pair, 10).await?;
+        let closing = tokio::spawn(async move { pair.close().await });
+        peer.release();
+        ensure!(peer.line().await? == "SENT 40");
+        peer.success().await?;
+        let closed = tokio::time::timeout(STEP, closing).await??;
+        ensure!(
+            matches!(
+                closed,
+                Err(ferromq_core::Error::Undelivered { n_messages: 50, .. })
+            ),
+            "10 sent and never taken, 40 handed over during the close: {closed:?}"
+        );
         Ok(())
     })
 }
