@@ -1163,14 +1163,17 @@ async fn serve(shared: Arc<Shared>, stream: Stream) {
         () = shared.stopped() => "the socket closed".to_owned(),
     };
     tracing::debug!(channel = %shared.label, peer = %name, %ended, "peer gone");
-    connection
-        .link
-        .gone
-        .store(true, std::sync::atomic::Ordering::Release);
     {
         let mut state = shared.state();
         state.peers -= 1;
         state.peers_gone += 1;
+        // After the count, under the lock: whoever lets a connection go because its link says
+        // gone (a shmem sender dropping its ring) then finds `peers_hold_what_was_written`
+        // false, and counts what was left in it rather than hand it over.
+        connection
+            .link
+            .gone
+            .store(true, std::sync::atomic::Ordering::Release);
         state.forget_writer(&connection.link.writer);
         // What was queued for a subscriber goes with it, as with libzmq's PUB.
         state
