@@ -21,8 +21,10 @@
 //! The counters live in the segment header, never in a block, so that a receiver's late add (the
 //! sender gave up and dropped its socket) can only touch a counter, never message memory. A slot
 //! freed is claimed again only after every other free slot ([`DeliverySlots`]); it starts from
-//! the counter's value at the claim, so only late adds of a former user can inflate what it sees
-//! as taken, and those come long after (a receiver taking what was handed over to it).
+//! the counter's value at the claim, so only late adds of a former user (a receiver taking what
+//! was handed over to it) can inflate what it sees as taken, and the later the reuse, the fewer
+//! of those remain. A process that opens and closes sockets fast can still reuse a slot soon:
+//! only a generation in every frame's reference would make this exact.
 //!
 //! # Cancellation and peer death
 //! Waiting for room or for the close is cancel-safe: nothing is taken or sent while waiting.

@@ -329,8 +329,8 @@ async fn open(
     method: Method,
     address: &str,
 ) -> Result<Channel> {
-    // A role's close waits LINGER_MS of silence where its test says so.
-    let linger_ms = match std::env::var("LINGER_MS") {
+    // A role's close waits ROLE_LINGER_MS of silence where its test says so.
+    let linger_ms = match std::env::var("ROLE_LINGER_MS") {
         Ok(linger_ms) => linger_ms.parse()?,
         Err(_) => 10_000,
     };
@@ -2490,7 +2490,8 @@ fn a_pair_closing_after_its_peer_reports_both_losses() -> Result<()> {
                 ("PATTERN", "pair".into()),
                 ("COUNT", "40".into()),
                 ("SIZE", (64u64 << 10).to_string()),
-                ("LINGER_MS", "500".into()),
+                // Long enough for this side's 10 sends to be in before the peer's close.
+                ("ROLE_LINGER_MS", "2000".into()),
             ],
         );
         send_to_pair(&transport, &mut pair, 10).await?;
@@ -2519,7 +2520,9 @@ fn a_pair_counts_what_was_handed_over_during_its_close() -> Result<()> {
         let transport = session.transport();
         let address = session.ipc("pairlate");
         let mut pair =
-            open_lingering(&transport, SocketType::Pair, Method::Bind, &address, 3_000).await?;
+            // The peer's sends, its 300 ms linger and its exit all fall within this close's
+            // wait, with room for a loaded machine.
+            open_lingering(&transport, SocketType::Pair, Method::Bind, &address, 10_000).await?;
         let mut peer = ChildRole::spawn_held(
             "gated-pair-sender",
             &session,
@@ -2527,7 +2530,7 @@ fn a_pair_counts_what_was_handed_over_during_its_close() -> Result<()> {
             &[
                 ("COUNT", "40".into()),
                 ("SIZE", (64u64 << 10).to_string()),
-                ("LINGER_MS", "300".into()),
+                ("ROLE_LINGER_MS", "300".into()),
             ],
         );
         send_to_pair(&transport, &mut pair, 10).await?;
