@@ -2446,16 +2446,30 @@ fn a_receiver_closing_unread_reports_what_was_handed_over() -> Result<()> {
             ensure!(sender.line().await? == "SENT 40");
             sender.success().await?;
             let closed = tokio::time::timeout(STEP, receiver.close()).await?;
-            ensure!(
-                matches!(
-                    closed,
-                    Err(ferromq_core::Error::Undelivered { n_messages: 40, .. })
-                ),
-                "{sender_type}: closing with 40 messages handed over and unread: {closed:?}"
-            );
+            ensure_undelivered(
+                &closed,
+                40,
+                &format!("{sender_type}: closing with 40 messages handed over and unread"),
+            )?;
         }
         Ok(())
     })
+}
+
+/// Fails unless `closed` reports exactly `n_messages` undelivered, saying `what` was expected.
+fn ensure_undelivered(
+    closed: &ferromq_core::Result<()>,
+    n_messages: u64,
+    what: &str,
+) -> Result<()> {
+    ensure!(
+        matches!(
+            closed,
+            Err(ferromq_core::Error::Undelivered { n_messages: n, .. }) if *n == n_messages
+        ),
+        "{what}: {closed:?}"
+    );
+    Ok(())
 }
 
 /// Sends `n_msgs` numbered messages of 64 KiB through `pair`.
@@ -2498,14 +2512,11 @@ fn a_pair_closing_after_its_peer_reports_both_losses() -> Result<()> {
         ensure!(peer.line().await? == "SENT 40");
         peer.success().await?;
         let closed = tokio::time::timeout(STEP, pair.close()).await?;
-        ensure!(
-            matches!(
-                closed,
-                Err(ferromq_core::Error::Undelivered { n_messages: 50, .. })
-            ),
-            "10 sent and never taken, 40 handed over and never read: {closed:?}"
-        );
-        Ok(())
+        ensure_undelivered(
+            &closed,
+            50,
+            "10 sent and never taken, 40 handed over and never read",
+        )
     })
 }
 
@@ -2519,9 +2530,9 @@ fn a_pair_counts_what_was_handed_over_during_its_close() -> Result<()> {
     block_on(async {
         let transport = session.transport();
         let address = session.ipc("pairlate");
+        // The peer's sends, its 300 ms linger and its exit all fall within this close's wait,
+        // with room for a loaded machine.
         let mut pair =
-            // The peer's sends, its 300 ms linger and its exit all fall within this close's
-            // wait, with room for a loaded machine.
             open_lingering(&transport, SocketType::Pair, Method::Bind, &address, 10_000).await?;
         let mut peer = ChildRole::spawn_held(
             "gated-pair-sender",
@@ -2539,14 +2550,11 @@ fn a_pair_counts_what_was_handed_over_during_its_close() -> Result<()> {
         ensure!(peer.line().await? == "SENT 40");
         peer.success().await?;
         let closed = tokio::time::timeout(STEP, closing).await??;
-        ensure!(
-            matches!(
-                closed,
-                Err(ferromq_core::Error::Undelivered { n_messages: 50, .. })
-            ),
-            "10 sent and never taken, 40 handed over during the close: {closed:?}"
-        );
-        Ok(())
+        ensure_undelivered(
+            &closed,
+            50,
+            "10 sent and never taken, 40 handed over during the close",
+        )
     })
 }
 
