@@ -3102,21 +3102,16 @@ impl Socket for ShmSocket {
     }
 
     async fn close(&mut self, linger: Duration) -> Result<()> {
-        // Before the carrier closes: what was handed over to this receiver in rings it has not
-        // adopted yet is counted with the rest (`finish_rings`, below).
-        self.adopt_unread_rings().await;
         // A counting sender first waits until its receivers took everything it accepted;
         // `linger` bounds the silence, not the whole drain.
         let n_untaken = match &self.sent {
             Some(sent) => sent.wait_until_taken(linger).await,
             None => 0,
         };
-        // A pair's peer may have sent its first messages (announcing their ring) during that
-        // wait, and handed them over at its close: looked for again, as late as the socket is
-        // still open.
-        if matches!(self.inner, Inner::Pair(_)) {
-            self.adopt_unread_rings().await;
-        }
+        // Then, as late as the carrier is still open: what was handed over to this socket in
+        // rings it has not adopted yet is counted with the rest (`finish_rings`, below),
+        // including a ring that a pair's peer announced during that wait.
+        self.adopt_unread_rings().await;
         // What a receiver has not taken after that is handed over when its descriptor was
         // written to a receiver that is still there (stalled, or not receiving yet): the
         // descriptor waits in its socket and the session's memory outlives this process (see
@@ -3212,13 +3207,9 @@ impl Socket for ShmSocket {
                         n_messages: n_kept(n_refused + n_queued),
                         reason: "the peer refused their descriptors".to_owned(),
                     }),
+                    // Handed over before the carrier's close timed out: as if it had not.
                     Err(_) if handed_over && n_queued == 0 => {
-                        if n_lost_at_hand_over > 0 {
-                            Err(lost_at_hand_over(&self.label, n_lost_at_hand_over))
-                        } else {
-                            tracing::info!(channel = %self.label, n_messages = n_untaken, "handed over to receivers that have not taken them yet (the carrier's close timed out)");
-                            Ok(())
-                        }
+                        handed_over_or_lost(&self.label, true, n_lost_at_hand_over)
                     }
                     // Counted, and every message taken: nothing is lost though the carrier's
                     // close timed out.
