@@ -477,6 +477,7 @@ fn shm_frame_seeds() -> Result<Vec<Vec<u8>>, FuzzError> {
             index: 0,
         },
         slot: 5,
+        generation: 1,
     };
     Ok(batches
         .iter()

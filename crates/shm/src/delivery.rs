@@ -19,12 +19,18 @@
 //!   handed over, `ring.rs`), so a loss is reported once, by one side.
 //!
 //! The counters live in the segment header, never in a block, so that a receiver's late add (the
-//! sender gave up and dropped its socket) can only touch a counter, never message memory. A slot
-//! freed is claimed again only after every other free slot ([`DeliverySlots`]); it starts from
-//! the counter's value at the claim, so only late adds of a former user (a receiver taking what
-//! was handed over to it) can inflate what it sees as taken, and the later the reuse, the fewer
-//! of those remain. A process that opens and closes sockets fast can still reuse a slot soon:
-//! only a generation in every frame's reference would make this exact.
+//! sender gave up and dropped its socket) can only touch a counter, never message memory. A
+//! counter word holds the slot's generation in its top 16 bits and the count in the other 48;
+//! every claim of a slot starts a new generation (count 0), and every reference names the
+//! generation it was made for ([`DeliveryRef::generation`]). A receiver adds only while the word
+//! still holds its reference's generation (a compare-exchange), so a late add of a former user
+//! (a receiver taking, after its sender closed, what was handed over to it) never counts for
+//! the socket that claimed the slot since, however soon. Generations wrap after 65 536 claims
+//! of one slot, and a freed slot is claimed again only after every other free one
+//! ([`DeliverySlots`]): a former user's receiver would have to hold its reference through
+//! 14 million claims of the process's counters for its add to count again. A count wraps after
+//! 2^48 messages of one socket; what is in flight is computed modulo that, so only 2^48
+//! messages in flight at once could be miscounted.
 //!
 //! # Cancellation and peer death
 //! Waiting for room or for the close is cancel-safe: nothing is taken or sent while waiting.
@@ -42,18 +48,29 @@ use crate::managed::OwnedSegment;
 use crate::segment::{DELIVERY_COUNTERS, Segment};
 use crate::wire::DeliveryRef;
 
+/// The count's bits of a counter word; the generation is above them.
+const COUNT_MASK: u64 = (1 << 48) - 1;
+const GENERATION_SHIFT: u32 = 48;
+
 /// The free counter slots of one process's segment, claimed oldest-freed first: a slot goes
 /// back to the end of the line, so a new socket (a device's next INIT DEVICE) does not take
 /// over the counter its predecessor's receivers may still add to for what was handed over to
 /// them (which would make the new socket count those as its own messages taken).
+/// A slot goes with the generation of its last claim (0: never claimed; a zeroed counter word
+/// is no claim's).
 pub(crate) struct DeliverySlots {
-    free: Mutex<std::collections::VecDeque<u32>>,
+    free: Mutex<std::collections::VecDeque<(u16, u16)>>,
 }
 
 impl Default for DeliverySlots {
     fn default() -> DeliverySlots {
+        const _: () = assert!(DELIVERY_COUNTERS < u16::MAX as usize);
         DeliverySlots {
-            free: Mutex::new((0..DELIVERY_COUNTERS as u32).collect()),
+            free: Mutex::new(
+                (0..DELIVERY_COUNTERS as u16)
+                    .map(|slot| (slot, 0))
+                    .collect(),
+            ),
         }
     }
 }
@@ -62,9 +79,8 @@ impl Default for DeliverySlots {
 pub(crate) struct SentCounter {
     segment: Arc<Segment>,
     slots: Arc<DeliverySlots>,
-    slot: u32,
-    /// The counter's value when the slot was claimed.
-    base: u64,
+    slot: u16,
+    generation: u16,
     n_sent: u64,
     /// What was taken when the counter was last read: `send` reads the shared counter only
     /// when this says the window may be full, so the receiver's cache line stays its own.
@@ -110,21 +126,26 @@ impl SentCounter {
     /// Claims a slot of `owned`; `None` when all [`DELIVERY_COUNTERS`] are in use (the socket
     /// then sends without counting: no back-pressure beyond zeromq's, no drain on close).
     pub(crate) fn claim(owned: &OwnedSegment, slots: &Arc<DeliverySlots>) -> Option<SentCounter> {
-        let slot = slots
+        let (slot, last_generation) = slots
             .free
             .lock()
             .expect("delivery slots poisoned")
             .pop_front()?;
+        let generation = match last_generation.wrapping_add(1) {
+            0 => 1,
+            generation => generation,
+        };
         let segment = Arc::clone(owned.segment());
-        let base = segment
-            .delivery_counter(slot)
+        // From here on, only adds made for this generation count.
+        segment
+            .delivery_counter(u32::from(slot))
             .expect("claimed slots exist")
-            .load(Ordering::Acquire);
+            .store(u64::from(generation) << GENERATION_SHIFT, Ordering::Release);
         Some(SentCounter {
             segment,
             slots: Arc::clone(slots),
             slot,
-            base,
+            generation,
             n_sent: 0,
             known_taken: 0,
         })
@@ -135,20 +156,27 @@ impl SentCounter {
         DeliveryRef {
             segment: crate::wire::ObjectRef::of(self.segment.name()),
             slot: self.slot,
+            generation: self.generation,
         }
     }
 
+    /// What the receivers took, modulo 2^48.
     fn n_taken(&self) -> u64 {
         self.segment
-            .delivery_counter(self.slot)
+            .delivery_counter(u32::from(self.slot))
             .expect("claimed slots exist")
             .load(Ordering::Acquire)
-            .wrapping_sub(self.base)
+            & COUNT_MASK
+    }
+
+    /// Messages sent and not taken, when `taken` were taken (both counts modulo 2^48).
+    fn untaken(&self, taken: u64) -> u64 {
+        self.n_sent.wrapping_sub(taken) & COUNT_MASK
     }
 
     /// Messages sent and not yet taken.
     pub(crate) fn in_flight(&self) -> u64 {
-        self.n_sent.saturating_sub(self.n_taken())
+        self.untaken(self.n_taken())
     }
 
     /// Counts one more message accepted for sending; every [`QUEUE_LOOK_EVERY`] messages
@@ -158,10 +186,9 @@ impl SentCounter {
         self.n_sent += 1;
         if self.n_sent.is_multiple_of(QUEUE_LOOK_EVERY) {
             self.known_taken = self.n_taken();
-            figures.queued.store(
-                self.n_sent.saturating_sub(self.known_taken),
-                Ordering::Relaxed,
-            );
+            figures
+                .queued
+                .store(self.untaken(self.known_taken), Ordering::Relaxed);
         }
     }
 
@@ -170,11 +197,11 @@ impl SentCounter {
     /// True when fewer than `capacity` messages are in flight (0: no bound), without waiting.
     pub(crate) fn has_room(&mut self, capacity: usize) -> bool {
         let capacity = capacity as u64;
-        if capacity == 0 || self.n_sent.saturating_sub(self.known_taken) < capacity {
+        if capacity == 0 || self.untaken(self.known_taken) < capacity {
             return true;
         }
         self.known_taken = self.n_taken();
-        self.n_sent.saturating_sub(self.known_taken) < capacity
+        self.untaken(self.known_taken) < capacity
     }
 
     /// Also gives up (false) as soon as `abandon` says so: the socket failed and nothing more
@@ -196,7 +223,7 @@ impl SentCounter {
                 self.known_taken = taken;
                 progress_at = Instant::now();
             }
-            if self.n_sent.saturating_sub(taken) < capacity {
+            if self.untaken(taken) < capacity {
                 return true;
             }
             let now = Instant::now();
@@ -241,14 +268,15 @@ impl Drop for SentCounter {
             .free
             .lock()
             .expect("delivery slots poisoned")
-            .push_back(self.slot);
+            .push_back((self.slot, self.generation));
     }
 }
 
 /// A receiver's handle on the counter a sender named.
 pub(crate) struct TakenCounter {
     segment: Arc<Segment>,
-    slot: u32,
+    slot: u16,
+    generation: u16,
 }
 
 impl TakenCounter {
@@ -257,7 +285,7 @@ impl TakenCounter {
     /// # Errors
     /// [`ShmError::BadDescriptor`] for a slot past [`DELIVERY_COUNTERS`].
     pub(crate) fn new(segment: Arc<Segment>, delivery: DeliveryRef) -> Result<Self, ShmError> {
-        if segment.delivery_counter(delivery.slot).is_none() {
+        if segment.delivery_counter(u32::from(delivery.slot)).is_none() {
             return Err(ShmError::BadDescriptor {
                 reason: format!(
                     "delivery counter slot {} does not exist (at most {DELIVERY_COUNTERS})",
@@ -268,13 +296,24 @@ impl TakenCounter {
         Ok(TakenCounter {
             segment,
             slot: delivery.slot,
+            generation: delivery.generation,
         })
     }
 
-    /// Counts one message handed to the device.
+    /// Counts one message handed to the device, unless the slot was claimed again since the
+    /// reference was made (its sender closed: the add is no longer anyone's).
     pub(crate) fn count_taken(&self) {
-        if let Some(counter) = self.segment.delivery_counter(self.slot) {
-            counter.fetch_add(1, Ordering::AcqRel);
+        let Some(counter) = self.segment.delivery_counter(u32::from(self.slot)) else {
+            return;
+        };
+        let generation = u64::from(self.generation);
+        let mut word = counter.load(Ordering::Relaxed);
+        while word >> GENERATION_SHIFT == generation {
+            let added = (word & !COUNT_MASK) | (word.wrapping_add(1) & COUNT_MASK);
+            match counter.compare_exchange_weak(word, added, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(now) => word = now,
+            }
         }
     }
 }
@@ -300,5 +339,77 @@ mod tests {
         }
         assert_eq!(claimed.len(), DELIVERY_COUNTERS);
         assert_eq!(claimed.last().map(|counter| counter.slot), Some(freed));
+    }
+
+    /// A receiver that takes, late, what an earlier socket handed over to it adds nothing to
+    /// the counter of the socket that claimed the slot since: that socket's messages are not
+    /// its predecessor's, however soon the slot came back.
+    #[test]
+    fn a_late_take_of_a_former_user_of_a_slot_counts_nothing_for_its_new_user() {
+        let object = TestObject::segment("delivery-generation");
+        let owned = OwnedSegment::new(Segment::create(object.0.clone(), 1 << 20).unwrap());
+        let slots = Arc::new(DeliverySlots::default());
+        let mut first = SentCounter::claim(&owned, &slots).unwrap();
+        let first_ref = first.reference();
+        let first_receiver = TakenCounter::new(Arc::clone(owned.segment()), first_ref).unwrap();
+        let figures = ferromq_core::SendFigures::default();
+        first.note_sent(&figures);
+        first.note_sent(&figures);
+        first_receiver.count_taken();
+        assert_eq!(first.in_flight(), 1);
+        // The first socket closes with one message handed over and not yet taken; every other
+        // slot is claimed, so the next claim is its slot.
+        drop(first);
+        let mut others = Vec::new();
+        for _ in 1..DELIVERY_COUNTERS {
+            others.push(SentCounter::claim(&owned, &slots).unwrap());
+        }
+        let mut second = SentCounter::claim(&owned, &slots).unwrap();
+        assert_eq!(second.slot, first_ref.slot);
+        assert_ne!(second.reference(), first_ref, "a reused slot is named anew");
+        let second_receiver =
+            TakenCounter::new(Arc::clone(owned.segment()), second.reference()).unwrap();
+        second.note_sent(&figures);
+        second.note_sent(&figures);
+        // The first socket's receiver takes what was handed over to it.
+        first_receiver.count_taken();
+        assert_eq!(
+            second.in_flight(),
+            2,
+            "the former user's take counted for the new one"
+        );
+        second_receiver.count_taken();
+        assert_eq!(second.in_flight(), 1);
+        second_receiver.count_taken();
+        assert_eq!(second.in_flight(), 0);
+    }
+
+    /// A count that wraps past its 48 bits keeps its generation, and what is in flight stays
+    /// right across the wrap.
+    #[test]
+    fn a_count_wraps_within_its_generation() {
+        let object = TestObject::segment("delivery-wrap");
+        let owned = OwnedSegment::new(Segment::create(object.0.clone(), 1 << 20).unwrap());
+        let slots = Arc::new(DeliverySlots::default());
+        let mut sent = SentCounter::claim(&owned, &slots).unwrap();
+        let receiver = TakenCounter::new(Arc::clone(owned.segment()), sent.reference()).unwrap();
+        let word = owned
+            .segment()
+            .delivery_counter(u32::from(sent.slot))
+            .unwrap();
+        let generation = u64::from(sent.generation) << GENERATION_SHIFT;
+        // 2^48 - 1 messages sent and taken, then two more sent.
+        word.store(generation | COUNT_MASK, Ordering::Release);
+        sent.n_sent = COUNT_MASK + 2;
+        assert_eq!(sent.in_flight(), 2);
+        receiver.count_taken();
+        assert_eq!(
+            word.load(Ordering::Acquire),
+            generation,
+            "the count wrapped to 0"
+        );
+        assert_eq!(sent.in_flight(), 1);
+        receiver.count_taken();
+        assert_eq!(sent.in_flight(), 0);
     }
 }

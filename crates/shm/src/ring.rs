@@ -936,6 +936,7 @@ pub(crate) mod tests {
             let delivery = DeliveryRef {
                 segment: ObjectRef::of(&object.0),
                 slot: 3,
+                generation: 1,
             };
             let consumer = RingConsumer::adopt(block, delivery, busy).unwrap();
             Fixture {

@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! frame  := magic "FMQSHM02" | session hash u64 | delivery | n_records u32 | record*
-//! delivery := object | counter slot u32        (slot u32::MAX: none)
+//! delivery := object | counter u32             (slot in the low 16 bits, its generation in
+//!                                                the high 16; u32::MAX: none)
 //! record := n_parts u32 | part*
 //! part   := 0 u8 | len u32 | bytes                 (inline)
 //!         | 1 u8 | object | range                  (a block of a segment, its header before it)
@@ -105,14 +106,18 @@ pub enum PartRef {
     },
 }
 
-/// The sender's delivery counter a frame names: slot `slot` of the header of `segment`.
+/// The sender's delivery counter a frame names: slot `slot` of the header of `segment`, as
+/// claimed for the `generation`th time (a receiver's add counts only while the slot's
+/// generation is still this one; see `delivery.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DeliveryRef {
     /// The sender's segment.
     pub segment: ObjectRef,
     /// Counter slot in the segment's header; [`DeliveryRef::NONE`]'s for a sender that does
     /// not count (publishers, requesters).
-    pub slot: u32,
+    pub slot: u16,
+    /// Which claim of the slot the sender holds.
+    pub generation: u16,
 }
 
 impl DeliveryRef {
@@ -122,12 +127,33 @@ impl DeliveryRef {
             creator_pid: 0,
             index: 0,
         },
-        slot: u32::MAX,
+        slot: u16::MAX,
+        generation: u16::MAX,
     };
 
     /// True for a real counter.
     pub fn is_some(&self) -> bool {
-        self.slot != u32::MAX
+        self.slot != u16::MAX
+    }
+
+    /// The counter's 4 bytes on the wire: slot, then generation.
+    fn packed(&self) -> u32 {
+        if self.is_some() {
+            u32::from(self.slot) | (u32::from(self.generation) << 16)
+        } else {
+            u32::MAX
+        }
+    }
+
+    fn unpacked(segment: ObjectRef, packed: u32) -> DeliveryRef {
+        if packed == u32::MAX {
+            return DeliveryRef::NONE;
+        }
+        DeliveryRef {
+            segment,
+            slot: (packed & 0xFFFF) as u16,
+            generation: (packed >> 16) as u16,
+        }
     }
 }
 
@@ -229,7 +255,7 @@ pub fn encode_ring_announce(session_hash: u64, ring: RingAnnounce) -> Vec<u8> {
     frame.extend_from_slice(&encode_block_ref(ring.segment, ring.range));
     frame.extend_from_slice(&ring.delivery.segment.creator_pid.to_le_bytes());
     frame.extend_from_slice(&ring.delivery.segment.index.to_le_bytes());
-    frame.extend_from_slice(&ring.delivery.slot.to_le_bytes());
+    frame.extend_from_slice(&ring.delivery.packed().to_le_bytes());
     frame
 }
 
@@ -264,10 +290,7 @@ pub fn decode_ring_announce(
             bytes: &frame[16 + BLOCK_REF_LEN..],
             at: 0,
         };
-        let delivery = DeliveryRef {
-            segment: reader.object()?,
-            slot: reader.u32()?,
-        };
+        let delivery = DeliveryRef::unpacked(reader.object()?, reader.u32()?);
         Ok(RingAnnounce {
             segment,
             range,
@@ -298,7 +321,7 @@ pub fn frame_header(session_hash: u64, delivery: DeliveryRef, capacity: usize) -
     frame.extend_from_slice(&session_hash.to_le_bytes());
     frame.extend_from_slice(&delivery.segment.creator_pid.to_le_bytes());
     frame.extend_from_slice(&delivery.segment.index.to_le_bytes());
-    frame.extend_from_slice(&delivery.slot.to_le_bytes());
+    frame.extend_from_slice(&delivery.packed().to_le_bytes());
     frame.extend_from_slice(&0u32.to_le_bytes());
     frame
 }
@@ -477,10 +500,7 @@ pub fn decode_into(frame: &[u8], session_hash: u64, decoded: &mut Frame) -> Resu
                 .to_owned(),
         });
     }
-    let delivery = DeliveryRef {
-        segment: reader.object()?,
-        slot: reader.u32()?,
-    };
+    let delivery = DeliveryRef::unpacked(reader.object()?, reader.u32()?);
     let n_records = reader.u32()? as usize;
     // Every record takes at least 4 bytes: a forged count cannot make us allocate wildly.
     if n_records > frame.len() / 4 {
@@ -648,6 +668,7 @@ mod tests {
             index: 0,
         },
         slot: 3,
+        generation: 2,
     };
 
     #[test]

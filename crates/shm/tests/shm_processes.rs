@@ -1441,11 +1441,12 @@ fn forged_descriptors() -> Result<()> {
                             creator_pid: std::process::id(),
                             index,
                         },
-                        slot: 100_000,
+                        slot: 60_000,
+                        generation: 1,
                     },
                     &[vec![PartRef::Inline(b"counted".into())]],
                 ),
-                "delivery counter slot 100000",
+                "delivery counter slot 60000",
             ),
         ];
         for (frame, expected) in forgeries {
