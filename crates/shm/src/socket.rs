@@ -1536,6 +1536,9 @@ pub(crate) struct ShmSocket {
     last_taken: Option<(DeliveryRef, Arc<TakenCounter>)>,
     /// Frames dropped because they were no descriptor frames of this session.
     n_foreign_frames: u64,
+    /// What a look at the rings that does not wait (`try_receive_parts`) could not receive:
+    /// the next [`Socket::receive_parts`] returns it, after what was queued before it.
+    ring_error: Option<Error>,
     /// The send queue (sent and not taken, as of recently) and back-pressure waits.
     figures: Arc<ferromq_core::SendFigures>,
     /// Descriptor rings this pull adopted, one per connected push (see `ring.rs`), taken in
@@ -2015,6 +2018,7 @@ impl ShmSocket {
             last_segment: None,
             last_taken: None,
             n_foreign_frames: 0,
+            ring_error: None,
             figures: Arc::default(),
             rings: Vec::new(),
             next_ring: 0,
@@ -2800,9 +2804,15 @@ impl Socket for ShmSocket {
     }
 
     fn try_receive_parts(&mut self) -> Option<Parts> {
-        if self.pending.is_empty() && !self.rings.is_empty() {
-            // Errors and memory to map are the waiting receive's to handle.
-            let _ = self.take_from_rings();
+        if self.pending.is_empty() && !self.rings.is_empty() && self.ring_error.is_none() {
+            // Memory to map is the waiting receive's to handle, and so are errors: kept for it,
+            // since an entry that failed after it was taken (a message that could not be
+            // made of it) is not there for it to find again.
+            if let Err((ring_idx, error)) = self.take_from_rings() {
+                // A ring that cannot be read is dropped (its producer is broken).
+                self.rings.remove(ring_idx);
+                self.ring_error = Some(error);
+            }
         }
         let Received {
             parts, taken, peer, ..
@@ -2949,6 +2959,9 @@ impl Socket for ShmSocket {
         loop {
             if let Some(parts) = self.try_receive_parts() {
                 return Ok(parts);
+            }
+            if let Some(error) = self.ring_error.take() {
+                return Err(error);
             }
             if !self.rings.is_empty() {
                 match self.take_from_rings() {
@@ -3706,6 +3719,61 @@ mod tests {
             receive.as_mut().poll(&mut cx).is_pending(),
             "nothing was sent"
         );
+    }
+
+    /// A look at the rings that does not wait (`try_receive_parts`, the device's first look)
+    /// and finds an entry no message can be made of (its block is gone: a broken peer) leaves
+    /// the error to the next receive, which returns it after what came before the entry. The
+    /// look used to drop the entry and its error: the message vanished without a word.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_entry_no_message_can_be_made_of_fails_the_next_receive() {
+        let (_cleanup, transport, mut push, mut pull) =
+            push_and_pull("unreadable-entry", ferromq_core::DEFAULT_SPIN_US).await;
+        let before = Message::from("before");
+        push.send(before).await.unwrap();
+        let broken = ferromq_core::Transport::new_message(&transport, 4096)
+            .await
+            .unwrap();
+        let (segment, data_offset) = {
+            let buffer = broken
+                .buffer()
+                .and_then(|buffer| buffer.as_any().downcast_ref::<ShmBuffer>())
+                .expect("a block of the session");
+            (Arc::clone(buffer.segment()), buffer.data_offset())
+        };
+        push.send(broken).await.unwrap();
+        // The block's header says "no block" (its magic is the header's second word).
+        let magic = segment
+            .atomic_u32(data_offset - crate::managed::BLOCK_ALIGN + 4)
+            .unwrap();
+        let live = magic.swap(0, Ordering::AcqRel);
+
+        // The push's task writes into the ring once this one yields.
+        let started = std::time::Instant::now();
+        let first = loop {
+            if let Some(parts) = pull.try_receive_parts() {
+                break parts;
+            }
+            assert!(started.elapsed() < Duration::from_secs(5), "nothing came");
+            tokio::task::yield_now().await;
+        };
+        assert_eq!(first.get(0).map(Message::data), Some(&b"before"[..]));
+        assert!(
+            pull.try_receive_parts().is_none(),
+            "no message is made of the broken entry"
+        );
+        let error = tokio::time::timeout(Duration::from_secs(5), pull.receive_parts())
+            .await
+            .expect("the receive reports the broken entry at once")
+            .expect_err("the broken entry is an error");
+        magic.store(live, Ordering::Release);
+        let mut text = error.to_string();
+        let mut source = std::error::Error::source(&error);
+        while let Some(cause) = source {
+            text = format!("{text}: {cause}");
+            source = cause.source();
+        }
+        assert!(text.contains("no live block"), "{text}");
     }
 
     /// A pull asleep on its ring is woken by its bell when a burst comes, and finds the
