@@ -323,13 +323,18 @@ mod tests {
     use super::*;
     use crate::segment::TestObject;
 
+    /// A segment of its own (removed when the first value drops) and its counter slots.
+    fn counters(tag: &str) -> (TestObject, OwnedSegment, Arc<DeliverySlots>) {
+        let object = TestObject::segment(tag);
+        let owned = OwnedSegment::new(Segment::create(object.0.clone(), 1 << 20).unwrap());
+        (object, owned, Arc::new(DeliverySlots::default()))
+    }
+
     /// A socket that closes frees its slot; the next socket of the process takes another one,
     /// not the slot whose receivers may still add to it for what was handed over to them.
     #[test]
     fn a_freed_slot_is_claimed_after_every_other() {
-        let object = TestObject::segment("delivery-slots");
-        let owned = OwnedSegment::new(Segment::create(object.0.clone(), 1 << 20).unwrap());
-        let slots = Arc::new(DeliverySlots::default());
+        let (_object, owned, slots) = counters("delivery-slots");
         let first = SentCounter::claim(&owned, &slots).unwrap();
         let freed = first.slot;
         drop(first);
@@ -346,9 +351,7 @@ mod tests {
     /// its predecessor's, however soon the slot came back.
     #[test]
     fn a_late_take_of_a_former_user_of_a_slot_counts_nothing_for_its_new_user() {
-        let object = TestObject::segment("delivery-generation");
-        let owned = OwnedSegment::new(Segment::create(object.0.clone(), 1 << 20).unwrap());
-        let slots = Arc::new(DeliverySlots::default());
+        let (_object, owned, slots) = counters("delivery-generation");
         let mut first = SentCounter::claim(&owned, &slots).unwrap();
         let first_ref = first.reference();
         let first_receiver = TakenCounter::new(Arc::clone(owned.segment()), first_ref).unwrap();
@@ -388,9 +391,7 @@ mod tests {
     /// right across the wrap.
     #[test]
     fn a_count_wraps_within_its_generation() {
-        let object = TestObject::segment("delivery-wrap");
-        let owned = OwnedSegment::new(Segment::create(object.0.clone(), 1 << 20).unwrap());
-        let slots = Arc::new(DeliverySlots::default());
+        let (_object, owned, slots) = counters("delivery-wrap");
         let mut sent = SentCounter::claim(&owned, &slots).unwrap();
         let receiver = TakenCounter::new(Arc::clone(owned.segment()), sent.reference()).unwrap();
         let word = owned
