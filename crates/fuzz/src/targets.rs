@@ -68,7 +68,7 @@ pub fn all() -> Vec<Target> {
             name: "shm-frame",
             about: "shmem descriptor frames (ferromq_shm::wire::decode), with the encode round trip",
             shape: Shape::Binary,
-            dictionary: &["FMQSHM02", "\u{0}\u{0}\u{0}\u{0}", "\u{1}", "\u{2}"],
+            dictionary: &["FMQSHM03", "\u{0}\u{0}\u{0}\u{0}", "\u{1}", "\u{2}"],
             seeds: shm_frame_seeds,
             check: check_shm_frame,
         },

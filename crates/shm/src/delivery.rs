@@ -5,7 +5,8 @@
 //! segment ([`DELIVERY_COUNTERS`] per segment) and names it in each descriptor frame
 //! ([`DeliveryRef`]). A receiver adds one to that counter each time it hands a message to its
 //! device: not when the frame arrives, so a message still queued in a receiver that stops or
-//! crashes counts as not delivered. The sender only reads the counter:
+//! crashes counts as not delivered. The sender writes the counter only when it claims the slot
+//! (below) and reads it after that:
 //!
 //! - **Back-pressure**: `send` waits while `sndBufSize` messages are sent and not yet taken, so a
 //!   stalled receiver stops the sender instead of filling shared memory.
@@ -169,9 +170,12 @@ impl SentCounter {
             & COUNT_MASK
     }
 
-    /// Messages sent and not taken, when `taken` were taken (both counts modulo 2^48).
+    /// Messages sent and not taken, when `taken` were taken (both counts modulo 2^48). More
+    /// taken than sent (a forged or repeated frame naming this claim) reads as none in flight,
+    /// as a count that saturated would: never as 2^48 in flight, which would stop every send.
     fn untaken(&self, taken: u64) -> u64 {
-        self.n_sent.wrapping_sub(taken) & COUNT_MASK
+        let untaken = self.n_sent.wrapping_sub(taken) & COUNT_MASK;
+        if untaken > COUNT_MASK / 2 { 0 } else { untaken }
     }
 
     /// Messages sent and not yet taken.
@@ -412,5 +416,9 @@ mod tests {
         assert_eq!(sent.in_flight(), 1);
         receiver.count_taken();
         assert_eq!(sent.in_flight(), 0);
+        // One add too many (a forged or repeated frame) is not 2^48 messages in flight.
+        receiver.count_taken();
+        assert_eq!(sent.in_flight(), 0);
+        assert!(sent.has_room(1));
     }
 }

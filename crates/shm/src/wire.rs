@@ -4,7 +4,7 @@
 //! inline bytes (small payloads), a managed block, or a region range:
 //!
 //! ```text
-//! frame  := magic "FMQSHM02" | session hash u64 | delivery | n_records u32 | record*
+//! frame  := magic "FMQSHM03" | session hash u64 | delivery | n_records u32 | record*
 //! delivery := object | counter u32             (slot in the low 16 bits, its generation in
 //!                                                the high 16; u32::MAX: none)
 //! record := n_parts u32 | part*
@@ -136,19 +136,13 @@ impl DeliveryRef {
         self.slot != u16::MAX
     }
 
-    /// The counter's 4 bytes on the wire: slot, then generation.
+    /// The counter's 4 bytes on the wire: slot in the low 16 bits, generation in the high 16
+    /// (`NONE`'s are `u32::MAX`). Every value has one encoding, and every 4 bytes one value.
     fn packed(&self) -> u32 {
-        if self.is_some() {
-            u32::from(self.slot) | (u32::from(self.generation) << 16)
-        } else {
-            u32::MAX
-        }
+        u32::from(self.slot) | (u32::from(self.generation) << 16)
     }
 
     fn unpacked(segment: ObjectRef, packed: u32) -> DeliveryRef {
-        if packed == u32::MAX {
-            return DeliveryRef::NONE;
-        }
         DeliveryRef {
             segment,
             slot: (packed & 0xFFFF) as u16,
@@ -199,11 +193,11 @@ impl Frame {
 /// hand it the descriptor ring of their connection.
 ///
 /// ```text
-/// announce := magic "FMQRING1" | session hash u64 | object | range | delivery
+/// announce := magic "FMQRING2" | session hash u64 | object | range | delivery
 /// ```
 /// `object | range`: the ring's block, with a reference for the pull; `delivery`: the
 /// sender's counter, which every record in the ring counts at.
-pub const RING_MAGIC: &[u8; 8] = b"FMQRING1";
+pub const RING_MAGIC: &[u8; 8] = b"FMQRING2";
 /// Bytes of a ring announcement.
 pub const RING_ANNOUNCE_LEN: usize = 16 + BLOCK_REF_LEN + 12;
 /// Bytes of a block reference (object and range), as an indirect ring entry holds it.
@@ -690,6 +684,25 @@ mod tests {
             assert_eq!(decoded.records(), records());
             assert_eq!(decoded.delivery, delivery);
         }
+    }
+
+    /// Whatever 4 bytes name the counter decode to a value that encodes to them again (the
+    /// fuzz target's check): "none" keeps the object it came with, and a slot of "none" with
+    /// another generation stays as it came.
+    #[test]
+    fn every_counter_word_encodes_back_to_itself() {
+        let object = COUNTER.segment;
+        for packed in [u32::MAX, 0x00FF_FFFF, 0xFFFF_0003, 0x0002_0003, 0] {
+            let delivery = DeliveryRef::unpacked(object, packed);
+            assert_eq!(delivery.packed(), packed);
+            let frame = encode(42, delivery, &records());
+            assert_eq!(
+                encode(42, decode(&frame, 42).unwrap().delivery, &records()),
+                frame
+            );
+        }
+        assert!(!DeliveryRef::unpacked(object, u32::MAX).is_some());
+        assert!(DeliveryRef::unpacked(object, 0x0002_0003).is_some());
     }
 
     #[test]

@@ -135,7 +135,7 @@ use ferromq_core::{ChannelConfig, Result, Socket, Transport};
 /// [`ZmqTransport::with_peer_rules`]). A zeromq receiver that gets such a frame reports a
 /// shmem peer instead of delivering it as a payload. It is defined here, by the carrier of
 /// those frames, so that ferromq-core knows no transport's wire format.
-pub const SHMEM_DESCRIPTOR_MAGIC: &[u8; 8] = b"FMQSHM02";
+pub const SHMEM_DESCRIPTOR_MAGIC: &[u8; 8] = b"FMQSHM03";
 /// The shortest shmem descriptor frame (its header, no records).
 pub const SHMEM_DESCRIPTOR_MIN_LEN: usize = 32;
 
