@@ -1536,9 +1536,11 @@ pub(crate) struct ShmSocket {
     last_taken: Option<(DeliveryRef, Arc<TakenCounter>)>,
     /// Frames dropped because they were no descriptor frames of this session.
     n_foreign_frames: u64,
-    /// What a look at the rings that does not wait (`try_receive_parts`) could not receive:
-    /// the next [`Socket::receive_parts`] returns it, after what was queued before it.
-    ring_error: Option<Error>,
+    /// What a look at a ring could not receive, kept with the ring's [`AdoptedRing::id`]: the
+    /// next [`Socket::receive_parts`] that finds nothing queued returns it and drops the ring
+    /// then, not before, since what the look queued from that ring is released into it as it is
+    /// handed out (dropping it earlier counted those as not taken at the ring's finish).
+    ring_error: Option<(u64, Error)>,
     /// The send queue (sent and not taken, as of recently) and back-pressure waits.
     figures: Arc<ferromq_core::SendFigures>,
     /// Descriptor rings this pull adopted, one per connected push (see `ring.rs`), taken in
@@ -2809,9 +2811,7 @@ impl Socket for ShmSocket {
             // since an entry that failed after it was taken (a message that could not be
             // made of it) is not there for it to find again.
             if let Err((ring_idx, error)) = self.take_from_rings() {
-                // A ring that cannot be read is dropped (its producer is broken).
-                self.rings.remove(ring_idx);
-                self.ring_error = Some(error);
+                self.ring_error = Some((self.rings[ring_idx].id, error));
             }
         }
         let Received {
@@ -2960,7 +2960,10 @@ impl Socket for ShmSocket {
             if let Some(parts) = self.try_receive_parts() {
                 return Ok(parts);
             }
-            if let Some(error) = self.ring_error.take() {
+            if let Some((ring_id, error)) = self.ring_error.take() {
+                // A ring that cannot be read is dropped (its producer is broken); nothing of
+                // it is queued any more.
+                self.rings.retain(|adopted| adopted.id != ring_id);
                 return Err(error);
             }
             if !self.rings.is_empty() {
@@ -2972,7 +2975,9 @@ impl Socket for ShmSocket {
                     }
                     Ok(FromRings::Empty) => {}
                     Err((ring_idx, error)) => {
-                        // A ring that cannot be read is dropped (its producer is broken).
+                        // A ring that cannot be read is dropped (its producer is broken);
+                        // nothing is queued (`take_from_rings` keeps an error that comes after
+                        // what it queued).
                         self.rings.remove(ring_idx);
                         return Err(error);
                     }
@@ -3115,6 +3120,9 @@ impl Socket for ShmSocket {
     }
 
     async fn close(&mut self, linger: Duration) -> Result<()> {
+        if let Some((_, error)) = self.ring_error.take() {
+            tracing::error!(channel = %self.label, %error, "a message of a ring could not be received before the close: its sender counts it as not taken");
+        }
         // A counting sender first waits until its receivers took everything it accepted;
         // `linger` bounds the silence, not the whole drain.
         let n_untaken = match &self.sent {
@@ -3460,8 +3468,10 @@ impl ShmSocket {
         Ok(())
     }
 
-    /// Takes the next entry of the next ring that has one into `pending`; the error comes with
-    /// the ring's index (the ring is left as it is: the caller drops it).
+    /// Takes the next entry of the next ring that has one into `pending`. An error that comes
+    /// before anything was queued comes with the ring's index (the ring is left as it is: the
+    /// caller drops it); one after entries of a run were queued is kept in `ring_error`, for
+    /// the receive that finds them handed out.
     fn take_from_rings(&mut self) -> std::result::Result<FromRings, (usize, Error)> {
         let n_rings = self.rings.len();
         for step in 0..n_rings {
@@ -3470,7 +3480,16 @@ impl ShmSocket {
             // lines are read while they are still where the last look found them.
             let mut n_taken = 0;
             while n_taken < RING_RUN {
-                match self.take_one(ring_idx)? {
+                let taken = match self.take_one(ring_idx) {
+                    Ok(taken) => taken,
+                    Err((_, error)) if n_taken > 0 => {
+                        // What this run queued is handed out first, the error after it.
+                        self.ring_error = Some((self.rings[ring_idx].id, error));
+                        break;
+                    }
+                    Err(error) => return Err(error),
+                };
+                match taken {
                     FromRings::Queued => n_taken += 1,
                     FromRings::Empty => break,
                     needs_mapping @ FromRings::NeedsMapping(_) if n_taken == 0 => {
@@ -3723,8 +3742,9 @@ mod tests {
 
     /// A look at the rings that does not wait (`try_receive_parts`, the device's first look)
     /// and finds an entry no message can be made of (its block is gone: a broken peer) leaves
-    /// the error to the next receive, which returns it after what came before the entry. The
-    /// look used to drop the entry and its error: the message vanished without a word.
+    /// the error to the next receive, which returns it after what came before the entry, and
+    /// drops the ring only then. The look used to drop the entry and its error: the message
+    /// vanished without a word.
     #[tokio::test(flavor = "current_thread")]
     async fn an_entry_no_message_can_be_made_of_fails_the_next_receive() {
         let (_cleanup, transport, mut push, mut pull) =
@@ -3774,6 +3794,13 @@ mod tests {
             source = cause.source();
         }
         assert!(text.contains("no live block"), "{text}");
+        // "before" was delivered, and the broken entry's loss was the receiver's error: the
+        // sender has nothing to report. A ring dropped while "before" was still queued
+        // finished as if "before" had not been handed out, and the sender counted it lost.
+        push.close()
+            .await
+            .expect("nothing delivered is counted lost");
+        pull.close(Duration::from_millis(100)).await.unwrap();
     }
 
     /// A pull asleep on its ring is woken by its bell when a burst comes, and finds the
