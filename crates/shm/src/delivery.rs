@@ -13,7 +13,8 @@
 //! - **Close**: the sender waits until every message it accepted was taken; `linger` bounds how
 //!   long it waits *without progress*. What is left then was handed over if its descriptor was
 //!   written to receivers that are all still there (a stopped receiver is): it waits in their
-//!   sockets and the session's memory outlives the sender. Otherwise it is reported as
+//!   sockets and the session's memory outlives the sender. With a receiver gone, what is in
+//!   the rings of those still there is handed over ring by ring. Otherwise it is reported as
 //!   [`Error::Undelivered`](ferromq_core::Error::Undelivered) (the socket decides, see
 //!   `socket.rs`). What was handed over is the receiver's to report: a receiver that closes
 //!   without taking it returns `Undelivered` with its count (the sender marked its rings
@@ -163,24 +164,27 @@ impl SentCounter {
 
     /// What the receivers took, modulo 2^48.
     fn n_taken(&self) -> u64 {
-        self.segment
-            .delivery_counter(u32::from(self.slot))
-            .expect("claimed slots exist")
-            .load(Ordering::Acquire)
-            & COUNT_MASK
+        taken_at(&self.segment, self.slot)
     }
 
-    /// Messages sent and not taken, when `taken` were taken (both counts modulo 2^48). More
-    /// taken than sent (a forged or repeated frame naming this claim) reads as none in flight,
-    /// as a count that saturated would: never as 2^48 in flight, which would stop every send.
     fn untaken(&self, taken: u64) -> u64 {
-        let untaken = self.n_sent.wrapping_sub(taken) & COUNT_MASK;
-        if untaken > COUNT_MASK / 2 { 0 } else { untaken }
+        untaken(self.n_sent, taken)
     }
 
     /// Messages sent and not yet taken.
     pub(crate) fn in_flight(&self) -> u64 {
         self.untaken(self.n_taken())
+    }
+
+    /// [`SentCounter::in_flight`] for a reader apart from the socket, as of what was sent so
+    /// far: a closing socket, which sends nothing more, lends it to the task that finishes its
+    /// rings.
+    pub(crate) fn in_flight_view(&self) -> InFlightView {
+        InFlightView {
+            segment: Arc::clone(&self.segment),
+            slot: self.slot,
+            n_sent: self.n_sent,
+        }
     }
 
     /// Counts one more message accepted for sending; every [`QUEUE_LOOK_EVERY`] messages
@@ -263,6 +267,38 @@ impl SentCounter {
             left = now_left;
         }
         left
+    }
+}
+
+/// What slot `slot` of `segment` counts taken, modulo 2^48.
+fn taken_at(segment: &Segment, slot: u16) -> u64 {
+    segment
+        .delivery_counter(u32::from(slot))
+        .expect("claimed slots exist")
+        .load(Ordering::Acquire)
+        & COUNT_MASK
+}
+
+/// Messages sent and not taken, when `n_sent` were sent and `taken` taken (both modulo 2^48).
+/// More taken than sent (a forged or repeated frame naming this claim) reads as none in
+/// flight, as a count that saturated would: never as 2^48 in flight, which would stop every
+/// send.
+fn untaken(n_sent: u64, taken: u64) -> u64 {
+    let untaken = n_sent.wrapping_sub(taken) & COUNT_MASK;
+    if untaken > COUNT_MASK / 2 { 0 } else { untaken }
+}
+
+/// A closing socket's [`SentCounter::in_flight`], read where the socket is not.
+pub(crate) struct InFlightView {
+    segment: Arc<Segment>,
+    slot: u16,
+    n_sent: u64,
+}
+
+impl InFlightView {
+    /// Messages sent and not yet taken.
+    pub(crate) fn get(&self) -> u64 {
+        untaken(self.n_sent, taken_at(&self.segment, self.slot))
     }
 }
 

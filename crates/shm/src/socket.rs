@@ -716,9 +716,16 @@ fn new_ring(
 enum PushCommand {
     Bind(Address, tokio::sync::oneshot::Sender<Result<Address>>),
     Connect(Address, tokio::sync::oneshot::Sender<Result<()>>),
-    /// With `true`, replies whether the peers hold every frame written to them (see
-    /// [`ZmqSocket::peers_hold_what_was_written`]): asked only when something was not taken.
-    Close(Duration, bool, tokio::sync::oneshot::Sender<Result<bool>>),
+    /// With what was sent and not taken, when something was, replies whether it was handed
+    /// over: to peers that hold every frame written to them (see
+    /// [`ZmqSocket::peers_hold_what_was_written`]), or, with a peer gone, ring by ring to the
+    /// consumers still there ([`finish_rings_one_by_one`]), the rest counted in
+    /// [`PushState::n_lost_at_hand_over`].
+    Close(
+        Duration,
+        Option<crate::delivery::InFlightView>,
+        tokio::sync::oneshot::Sender<Result<bool>>,
+    ),
 }
 
 /// A push socket whose records are encoded by `send` straight into descriptor frames in an
@@ -803,6 +810,12 @@ impl ConnectionRing {
         if hand_over { n_released } else { 0 }
     }
 
+    /// Whether the ring's consumer still holds what was written to it: its connection has not
+    /// ended and its process lives (a stopped one does).
+    fn consumer_holds_what_was_written(&self) -> bool {
+        self.link.holds_what_was_written() && !self.ring.consumer_died()
+    }
+
     /// Finishes the ring, ringing the doorbell of a consumer that waits: how many messages a
     /// consumer that finished first left, released here.
     fn finish(&mut self) -> u64 {
@@ -848,6 +861,67 @@ impl ConnectionRing {
         }
         RingOffer::Written
     }
+}
+
+/// Finishes `rings` at a close that hands them over one by one: a receiver of the socket is
+/// gone (what it left is lost), so its peers do not all hold what was written to them, and its
+/// records go by rings. A ring is handed over if its consumer still holds what was written to
+/// it ([`ConnectionRing::consumer_holds_what_was_written`]). Returns how many of the messages
+/// `in_flight` says were not taken are lost: those in no ring handed over, which includes
+/// what a consumer that finished before the hand-over left (its ring's finish releases it,
+/// and it counts through `in_flight` alone).
+///
+/// What the rings hold is counted between two reads of `in_flight` that agree: a receiver
+/// that hands a message out moves its ring's head past it, then counts it taken, so a message
+/// handed out between the reads is seen by both or, in the instant between its two steps, by
+/// neither (one loss too many per receiver at most); one handed out after the count is both
+/// held and taken, which is right.
+fn finish_rings_one_by_one(rings: Vec<ConnectionRing>, in_flight: impl Fn() -> u64) -> u64 {
+    /// Counts tried before the last one is taken as it is (a loss too many per message
+    /// handed out meanwhile): receivers that keep taking at a close are rare, since the
+    /// close waited `linger` without progress.
+    const COUNTS: usize = 100;
+    let holds: Vec<bool> = rings
+        .iter()
+        .map(ConnectionRing::consumer_holds_what_was_written)
+        .collect();
+    let count = || -> Vec<u64> {
+        rings
+            .iter()
+            .zip(&holds)
+            .map(|(connection, &holds)| {
+                if holds {
+                    connection.ring.n_not_taken()
+                } else {
+                    0
+                }
+            })
+            .collect()
+    };
+    let mut n_untaken = in_flight();
+    let mut n_held = count();
+    for _ in 1..COUNTS {
+        let again = in_flight();
+        if again == n_untaken {
+            break;
+        }
+        n_untaken = again;
+        n_held = count();
+    }
+    let n_held: u64 = rings
+        .into_iter()
+        .zip(holds)
+        .zip(n_held)
+        .map(|((connection, hand_over), n_held)| {
+            // A consumer that had finished first held nothing: what it left is released now.
+            if connection.finish_at_close(hand_over) > 0 {
+                0
+            } else {
+                n_held
+            }
+        })
+        .sum();
+    n_untaken.saturating_sub(n_held)
 }
 
 /// Waits for the next look at a full ring (see [`RingLooks`]), at most until `deadline`;
@@ -945,7 +1019,8 @@ struct PushState {
     handed_over: std::sync::atomic::AtomicBool,
     /// Set with `handed_over`: messages lost though handed over, released by the task because
     /// their receiver had finished before the word reached it
-    /// ([`ConnectionRing::finish_at_close`]).
+    /// ([`ConnectionRing::finish_at_close`]), and, when a receiver was gone and the rings were
+    /// handed over one by one, those not taken that no ring of a receiver still there held.
     n_lost_at_hand_over: std::sync::atomic::AtomicU64,
     /// False while a connection the socket was asked to make is not made yet: the outbox takes
     /// nothing then, so a sender's first messages wait (as `send` waits for a peer on the zeromq
@@ -1301,7 +1376,7 @@ impl BatchedPush {
                         let _ = reply.send(connected);
                         continue;
                     }
-                    Some(PushCommand::Close(linger, ask_peers, reply)) => {
+                    Some(PushCommand::Close(linger, untaken, reply)) => {
                         // Everything accepted before the close goes first.
                         while let Some((frame, n_records)) = state.take_frame() {
                             send_frame(&mut socket, &state, frame, n_records).await;
@@ -1309,26 +1384,38 @@ impl BatchedPush {
                         // The rings are published and closed (their doorbells written by the
                         // socket's close); their consumers still take what they hold, and
                         // report what they leave if it was handed over to them (`ring.rs`).
-                        let held = ask_peers && socket.peers_hold_what_was_written();
+                        let held = untaken.is_some() && socket.peers_hold_what_was_written();
                         let (rings, by_rings) = {
                             let mut outbox = state.outbox.lock();
                             let by_rings = outbox.carriage == Carriage::Rings;
                             (std::mem::take(&mut outbox.rings), by_rings)
                         };
-                        let n_lost: u64 = rings
-                            .into_iter()
-                            .map(|connection| connection.finish_at_close(held))
-                            .sum();
                         // Records go into rings alone once the first connection got one (a
-                        // connection still waiting for its ring is sent nothing). Descriptors in
-                        // frames are handed over only once the carrier has written them (its
-                        // close, below, may time out first): what the close counts then is left
-                        // to it.
-                        if held && by_rings {
+                        // connection still waiting for its ring is sent nothing), so with a
+                        // receiver gone (it took what it took; what it left is lost) the
+                        // others' rings are still handed over, one by one: what was not taken
+                        // and is in none of them is what is lost.
+                        let (n_lost, ring_by_ring) = match untaken {
+                            Some(untaken) if !held && by_rings => {
+                                (finish_rings_one_by_one(rings, || untaken.get()), true)
+                            }
+                            _ => {
+                                let n_lost = rings
+                                    .into_iter()
+                                    .map(|connection| connection.finish_at_close(held))
+                                    .sum();
+                                (n_lost, false)
+                            }
+                        };
+                        // Descriptors in frames are handed over only once the carrier has
+                        // written them (its close, below, may time out first): what the close
+                        // counts then is left to it.
+                        let handed_over = held || ring_by_ring;
+                        if handed_over && by_rings {
                             state.n_lost_at_hand_over.store(n_lost, Ordering::Release);
                             state.handed_over.store(true, Ordering::Release);
                         }
-                        let closed = socket.close(linger).await.map(|()| held);
+                        let closed = socket.close(linger).await.map(|()| handed_over);
                         let _ = reply.send(closed);
                         return;
                     }
@@ -3136,9 +3223,11 @@ impl Socket for ShmSocket {
         // What a receiver has not taken after that is handed over when its descriptor was
         // written to a receiver that is still there (stalled, or not receiving yet): the
         // descriptor waits in its socket and the session's memory outlives this process (see
-        // `cleanup.rs`), so it will be taken. Only what no live receiver holds is lost.
-        // `n_lost_at_hand_over`: what was handed over to receivers that had already finished
-        // with their rings (`ConnectionRing::finish_at_close`).
+        // `cleanup.rs`), so it will be taken. Only what no live receiver holds is lost. With a
+        // receiver gone, the rings of those still there are handed over one by one
+        // (`finish_rings_one_by_one`). `n_lost_at_hand_over`: what was handed
+        // over to receivers that had already finished with their rings
+        // (`ConnectionRing::finish_at_close`), and, ring by ring, what no ring held.
         let handed_over_or_lost = |label: &ChannelLabel, held: bool, n_lost_at_hand_over: u64| {
             if n_untaken == 0 {
                 return Ok(());
@@ -3161,7 +3250,7 @@ impl Socket for ShmSocket {
         // Whether the receivers hold what they did not take is asked before the rings are
         // finished: a ring handed over says so, and its consumer reports what it leaves
         // untaken (`ring.rs`).
-        let held = n_untaken > 0
+        let mut held = n_untaken > 0
             && match &mut self.inner {
                 Inner::Plain(socket)
                 | Inner::Pair(PairSide { socket, .. })
@@ -3171,6 +3260,18 @@ impl Socket for ShmSocket {
         // Rings are published and closed (their doorbells written by the socket's close); the
         // peers still take what they hold.
         let n_lost_at_hand_over: u64 = match &mut self.inner {
+            // A pair whose earlier peer left (what it left is lost) hands what its current peer
+            // has not taken over to it, if that one still holds it: only the rest is lost.
+            Inner::Pair(pair) if n_untaken > 0 && !held => match pair.ring.take() {
+                Some(connection) => {
+                    held = true;
+                    let sent = self.sent.as_ref();
+                    finish_rings_one_by_one(vec![connection], || {
+                        sent.map_or(0, SentCounter::in_flight)
+                    })
+                }
+                None => 0,
+            },
             Inner::Pair(pair) => pair
                 .ring
                 .take()
@@ -3198,8 +3299,12 @@ impl Socket for ShmSocket {
                 // Queued descriptors wait for a peer; `linger` bounds how long. Past it the
                 // batching task is stopped and the loss reported, so closing never hangs on a
                 // receiver that is gone.
+                let untaken = match &self.sent {
+                    Some(sent) if n_untaken > 0 => Some(sent.in_flight_view()),
+                    _ => None,
+                };
                 let close = push.call(&self.label, |reply| {
-                    PushCommand::Close(linger, n_untaken > 0, reply)
+                    PushCommand::Close(linger, untaken, reply)
                 });
                 let closed = tokio::time::timeout(linger + Duration::from_millis(100), close).await;
                 if closed.is_err() {
@@ -3307,12 +3412,14 @@ impl Socket for ShmSocket {
 }
 
 /// The loss of messages handed over to a receiver that had finished with its ring before the
-/// word reached it ([`ConnectionRing::finish_at_close`]).
+/// word reached it ([`ConnectionRing::finish_at_close`]), or, with the rings handed over one
+/// by one, of those no ring of a receiver still there held (a receiver that left had them:
+/// [`finish_rings_one_by_one`]).
 fn lost_at_hand_over(label: &ChannelLabel, n_messages: u64) -> Error {
     Error::Undelivered {
         channel: label.clone(),
         n_messages,
-        reason: "their receiver closed before they were handed over to it".to_owned(),
+        reason: "their receivers left before taking them".to_owned(),
     }
 }
 
@@ -3699,18 +3806,7 @@ mod tests {
         tag: &str,
         spin_us: u32,
     ) -> (Cleanup, crate::ShmTransport, Channel, ShmSocket) {
-        let session = format!("{tag}-{}", std::process::id());
-        let ipc_path = std::env::temp_dir().join(format!("ferromq-{session}.ipc"));
-        let cleanup = Cleanup {
-            session: session.clone(),
-            ipc_path: ipc_path.clone(),
-        };
-        let transport = crate::ShmTransport::new(crate::ShmOptions {
-            session,
-            segment_size: 8 << 20,
-            ..crate::ShmOptions::default()
-        });
-        let address = format!("ipc://{}", ipc_path.display());
+        let (cleanup, transport, address) = own_session(tag);
         let config =
             ChannelConfig::new("data", SocketType::Push, Method::Bind).with_address(&address);
         let mut push = Channel::open(&transport, config, "data").await.unwrap();
@@ -3728,6 +3824,48 @@ mod tests {
         (cleanup, transport, push, pull)
     }
 
+    /// A session of the test's own (named after `tag`; removed with the cleanup) and an ipc
+    /// address in it.
+    fn own_session(tag: &str) -> (Cleanup, crate::ShmTransport, String) {
+        let session = format!("{tag}-{}", std::process::id());
+        let ipc_path = std::env::temp_dir().join(format!("ferromq-{session}.ipc"));
+        let cleanup = Cleanup {
+            session: session.clone(),
+            ipc_path: ipc_path.clone(),
+        };
+        let transport = crate::ShmTransport::new(crate::ShmOptions {
+            session,
+            segment_size: 8 << 20,
+            ..crate::ShmOptions::default()
+        });
+        (cleanup, transport, format!("ipc://{}", ipc_path.display()))
+    }
+
+    /// A socket of `transport` for `address`, neither bound nor connected yet, and the
+    /// address's endpoint.
+    async fn shm_socket(
+        transport: &crate::ShmTransport,
+        address: &str,
+        socket_type: SocketType,
+        method: Method,
+    ) -> (ShmSocket, Address) {
+        let config = ChannelConfig::new("data", socket_type, method).with_address(address);
+        let endpoint = config.endpoints().unwrap().remove(0).address;
+        let socket = ShmSocket::new(Arc::clone(&transport.session), &config, "data")
+            .await
+            .unwrap();
+        (socket, endpoint)
+    }
+
+    /// Looks every millisecond until `done` says so; fails, saying `what`, after 10 s.
+    async fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let started = std::time::Instant::now();
+        while !done() {
+            assert!(started.elapsed() < Duration::from_secs(10), "never: {what}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     /// Polls one receive of `pull` once, which finds nothing (nothing was sent), and drops it.
     fn look_once(pull: &mut ShmSocket) {
         let waker = futures::task::noop_waker();
@@ -3738,6 +3876,151 @@ mod tests {
             receive.as_mut().poll(&mut cx).is_pending(),
             "nothing was sent"
         );
+    }
+
+    /// A push that had two receivers, one of which left, closes with messages the other (not
+    /// receiving: stalled) has not taken. Those wait in that receiver's ring: they are handed
+    /// over to it, which takes them all afterwards, and the close reports only what the one
+    /// that left did not take: nothing, or 2 of the 3 it was sent. Before, one receiver gone
+    /// made the close report every message not taken as undelivered, whoever held it. Once
+    /// more with the other receiver finished with its ring before the close (15 of its 20 not
+    /// handed out, all taken into its queue): those are lost too, counted once.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_push_whose_receiver_left_hands_the_others_rings_over() {
+        a_push_whose_receiver_left_with(0, false).await;
+        a_push_whose_receiver_left_with(2, false).await;
+        a_push_whose_receiver_left_with(2, true).await;
+    }
+
+    async fn a_push_whose_receiver_left_with(n_left: usize, b_finishes_first: bool) {
+        let tag = format!("handover-left-{n_left}-{b_finishes_first}");
+        let (_cleanup, transport, address) = own_session(&tag);
+        let socket = |socket_type, method| shm_socket(&transport, &address, socket_type, method);
+        let (mut push, endpoint) = socket(SocketType::Push, Method::Bind).await;
+        push.bind(&endpoint).await.unwrap();
+        let n_rings = |push: &ShmSocket| match &push.inner {
+            Inner::Batched(batched) => {
+                let outbox = batched.state.outbox.lock();
+                let n_left = outbox
+                    .rings
+                    .iter()
+                    .filter(|connection| connection.link.is_gone())
+                    .count();
+                (outbox.rings.len(), n_left)
+            }
+            _ => unreachable!("a push batches"),
+        };
+
+        // Receiver A takes the first message and leaves `n_left`; receiver B connects and takes
+        // nothing.
+        let (mut pull_a, _) = socket(SocketType::Pull, Method::Connect).await;
+        pull_a.connect(&endpoint).await.unwrap();
+        for _ in 0..=n_left {
+            let to_a = Parts::from(Message::from("to a"));
+            push.send_parts(to_a, None).await.unwrap();
+        }
+        tokio::time::timeout(Duration::from_secs(10), pull_a.receive_parts())
+            .await
+            .unwrap()
+            .unwrap();
+        let (mut pull_b, _) = socket(SocketType::Pull, Method::Connect).await;
+        pull_b.connect(&endpoint).await.unwrap();
+        until("B's ring is made", || n_rings(&push).0 == 2).await;
+        // A leaves.
+        pull_a.close(Duration::from_millis(100)).await.unwrap();
+        drop(pull_a);
+        until("the push sees A gone", || n_rings(&push).1 == 1).await;
+        for msg_idx in 0..20u8 {
+            let message = Message::from(vec![msg_idx; 64]);
+            push.send_parts(Parts::from(message), None).await.unwrap();
+        }
+        if b_finishes_first {
+            // B takes the whole run into its queue, hands 5 out, and finishes with its ring
+            // while its connection stays (a socket dropped: it finishes first).
+            for _ in 0..5 {
+                pull_b.receive_parts().await.unwrap();
+            }
+            pull_b.finish_rings();
+            let closed = push.close(Duration::from_millis(200)).await;
+            let n_lost = n_left as u64 + 15;
+            assert!(
+                matches!(closed, Err(Error::Undelivered { n_messages, .. }) if n_messages == n_lost),
+                "{n_lost} lost: {closed:?}"
+            );
+            return;
+        }
+        let closed = push.close(Duration::from_millis(200)).await;
+        if n_left == 0 {
+            closed.expect("what B did not take was handed over to it: nothing is lost");
+        } else {
+            assert!(
+                matches!(closed, Err(Error::Undelivered { n_messages, .. }) if n_messages == n_left as u64),
+                "only what A left is lost: {closed:?}"
+            );
+        }
+        for msg_idx in 0..20u8 {
+            let parts = tokio::time::timeout(Duration::from_secs(10), pull_b.receive_parts())
+                .await
+                .expect("B gets what was handed over to it")
+                .unwrap();
+            assert_eq!(parts.get(0).map(Message::data), Some(&[msg_idx; 64][..]));
+        }
+        pull_b.close(Duration::from_millis(100)).await.unwrap();
+    }
+
+    /// A pair whose first peer left after taking what it was sent closes with messages its
+    /// second peer (not receiving: stalled) has not taken: they are handed over to it, which
+    /// takes them all afterwards, and nothing is lost. Before, the first peer gone made the
+    /// close report them undelivered.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_pair_whose_first_peer_left_hands_its_ring_over_to_the_second() {
+        let (_cleanup, transport, address) = own_session("pair-left");
+        let socket = |method| shm_socket(&transport, &address, SocketType::Pair, method);
+        let (mut pair, endpoint) = socket(Method::Bind).await;
+        pair.bind(&endpoint).await.unwrap();
+        let (mut first, _) = socket(Method::Connect).await;
+        first.connect(&endpoint).await.unwrap();
+        let to_first = Parts::from(Message::from("to the first"));
+        pair.send_parts(to_first, None).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), first.receive_parts())
+            .await
+            .unwrap()
+            .unwrap();
+        first.close(Duration::from_millis(100)).await.unwrap();
+        drop(first);
+        let first_gone = |pair: &ShmSocket| match &pair.inner {
+            Inner::Pair(side) => side
+                .ring
+                .0
+                .lock()
+                .as_ref()
+                .is_none_or(|connection| connection.link.is_gone()),
+            _ => unreachable!("a pair"),
+        };
+        until("the pair sees its first peer gone", || first_gone(&pair)).await;
+        let (mut second, _) = socket(Method::Connect).await;
+        second.connect(&endpoint).await.unwrap();
+        for msg_idx in 0..20u8 {
+            let message = Message::from(vec![msg_idx; 64]);
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                pair.send_parts(Parts::from(message), None),
+            )
+            .await
+            .expect("the pair finds its second peer")
+            .unwrap();
+        }
+        pair.close(Duration::from_millis(200))
+            .await
+            .expect("what the second peer did not take was handed over to it: nothing is lost");
+        for msg_idx in 0..20u8 {
+            let parts = tokio::time::timeout(Duration::from_secs(10), second.receive_parts())
+                .await
+                .expect("the second peer gets what was handed over to it")
+                .unwrap();
+            assert_eq!(parts.get(0).map(Message::data), Some(&[msg_idx; 64][..]));
+        }
+        second.close(Duration::from_millis(100)).await.unwrap();
     }
 
     /// A look at the rings that does not wait (`try_receive_parts`, the device's first look)

@@ -1233,6 +1233,14 @@ impl PeerLink {
     pub fn peer_pid(&self) -> Option<u32> {
         self.peer_pid
     }
+
+    /// True while the peer still holds what was written to it: the connection has not ended
+    /// and the process it named lives (a stopped one does). False for a peer that named no
+    /// process. [`ZmqSocket::peers_hold_what_was_written`](crate::ZmqSocket) asks it of every
+    /// peer a socket ever had; this, of one connection.
+    pub fn holds_what_was_written(&self) -> bool {
+        !self.is_gone() && self.peer_pid.is_some_and(crate::handshake::process_lives)
+    }
 }
 
 /// What the reader and the writer of one connection share.
