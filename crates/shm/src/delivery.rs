@@ -14,7 +14,7 @@
 //!   long it waits *without progress*. What is left then was handed over if its descriptor was
 //!   written to receivers that are all still there (a stopped receiver is): it waits in their
 //!   sockets and the session's memory outlives the sender. With a receiver gone, what is in
-//!   the rings of those still there is handed over ring by ring. Otherwise it is reported as
+//!   the rings of those still there is handed over ring by ring. Only the rest is reported as
 //!   [`Error::Undelivered`](ferromq_core::Error::Undelivered) (the socket decides, see
 //!   `socket.rs`). What was handed over is the receiver's to report: a receiver that closes
 //!   without taking it returns `Undelivered` with its count (the sender marked its rings
@@ -27,10 +27,10 @@
 //! generation it was made for ([`DeliveryRef::generation`]). A receiver adds only while the word
 //! still holds its reference's generation (a compare-exchange), so a late add of a former user
 //! (a receiver taking, after its sender closed, what was handed over to it) never counts for
-//! the socket that claimed the slot since, however soon. Generations wrap after 65 536 claims
-//! of one slot, and a freed slot is claimed again only after every other free one
-//! ([`DeliverySlots`]): a former user's receiver would have to hold its reference through
-//! 14 million claims of the process's counters for its add to count again. A count wraps after
+//! the socket that claimed the slot since, however soon. Generations wrap after 65 535 claims
+//! of one slot (0 marks a slot never claimed), and a freed slot is claimed again only after
+//! every other free one ([`DeliverySlots`]): a former user's receiver would have to hold its
+//! reference through 14 million claims of the process's counters for its add to count again. A count wraps after
 //! 2^48 messages of one socket; what is in flight is computed modulo that, so only 2^48
 //! messages in flight at once could be miscounted.
 //!

@@ -985,8 +985,9 @@ pub(crate) mod tests {
     /// Issue 13 §2's property: whatever the sizes of the entries (empty to the largest one a
     /// ring holds) and however the producer and consumer interleave, every entry arrives once,
     /// whole and in order, across many wraps of the ring; a full ring refuses and never
-    /// overwrites; the producer counts the entries not taken right at every step. Several seeds, each with its own size mix and run length, for a consumer
-    /// that reads the tail and one that reads headers (it also takes unpublished entries).
+    /// overwrites; the producer counts the entries not taken right at every step. Several
+    /// seeds, each with its own size mix and run length, for a consumer that reads the tail and
+    /// one that reads headers (it also takes unpublished entries).
     #[test]
     fn entries_of_every_size_wrap_around_whole_and_in_order() {
         for (seed, busy) in (1..=4u64).flat_map(|seed| [(seed, false), (seed, true)]) {
@@ -1181,7 +1182,8 @@ pub(crate) mod tests {
     /// Entries a consumer took but did not release stay in the ring for whoever reads what it
     /// left (a consumer killed with a run of entries taken and not handed out loses its
     /// producer nothing); released ones, and at `finish` all taken ones, leave it. A skip at
-    /// the ring's end after unreleased entries does not release them.
+    /// the ring's end after unreleased entries does not release them. The producer's own count
+    /// of what is not taken ([`RingProducer::n_not_taken`]) agrees at every step.
     #[test]
     fn entries_taken_and_not_released_stay_for_a_reader_of_what_is_left() {
         let mut fixture = Fixture::new(12);
@@ -1228,13 +1230,17 @@ pub(crate) mod tests {
             "the second entry starts the ring's next lap, behind a skip"
         );
         assert_eq!(what_a_reader_of_the_rest_finds(&fixture), summary(&entries));
+        // The producer's count of what its close hands over agrees, across the skip.
+        assert_eq!(fixture.producer.n_not_taken(), 3);
         fixture.consumer.release_to(ends[0]);
         assert_eq!(
             what_a_reader_of_the_rest_finds(&fixture),
             summary(&entries[1..])
         );
+        assert_eq!(fixture.producer.n_not_taken(), 2);
         fixture.consumer.release_to(ends[2]);
         assert!(what_a_reader_of_the_rest_finds(&fixture).is_empty());
+        assert_eq!(fixture.producer.n_not_taken(), 0);
         // A release out of order (an end already passed) changes nothing.
         fixture.consumer.release_to(ends[1]);
         assert!(what_a_reader_of_the_rest_finds(&fixture).is_empty());
@@ -1247,6 +1253,7 @@ pub(crate) mod tests {
         assert!(fixture.consumer.peek(&mut entry).unwrap().is_some());
         fixture.consumer.take_peeked();
         assert_eq!(what_a_reader_of_the_rest_finds(&fixture), vec![(4, b'l')]);
+        assert_eq!(fixture.producer.n_not_taken(), 1);
         fixture.consumer.finish(1);
         assert!(what_a_reader_of_the_rest_finds(&fixture).is_empty());
     }

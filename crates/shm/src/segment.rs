@@ -109,8 +109,8 @@ pub struct Header {
     attached: [AttachSlot; MAX_ATTACHED],
     /// Messages taken by the receivers of each of the owner's sending sockets, under the
     /// generation of the slot's last claim (`delivery.rs`). Receivers add; the owner writes
-    /// only when it claims a slot (a new generation, count 0). In the header, not in a block, so that a receiver's late add can
-    /// never land in memory that was reused for a message.
+    /// only when it claims a slot (a new generation, count 0). In the header, not in a block,
+    /// so that a receiver's late add can never land in memory that was reused for a message.
     delivered: [AtomicU64; DELIVERY_COUNTERS],
 }
 

@@ -6,7 +6,7 @@
 //! ```text
 //! frame  := magic "FMQSHM03" | session hash u64 | delivery | n_records u32 | record*
 //! delivery := object | counter u32             (slot in the low 16 bits, its generation in
-//!                                                the high 16; u32::MAX: none)
+//!                                                the high 16; slot 0xFFFF: none)
 //! record := n_parts u32 | part*
 //! part   := 0 u8 | len u32 | bytes                 (inline)
 //!         | 1 u8 | object | range                  (a block of a segment, its header before it)
