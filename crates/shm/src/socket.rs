@@ -3871,6 +3871,35 @@ mod tests {
         }
     }
 
+    /// Message `msg_idx` of a numbered run: 64 bytes of its number.
+    fn numbered(msg_idx: u8) -> Parts {
+        Parts::from(Message::from(vec![msg_idx; 64]))
+    }
+
+    /// The next message `socket` receives, within 10 s.
+    async fn received(socket: &mut ShmSocket) -> Parts {
+        tokio::time::timeout(Duration::from_secs(10), socket.receive_parts())
+            .await
+            .expect("a message within 10 s")
+            .unwrap()
+    }
+
+    /// Receives messages 0 to `n_msgs - 1` of a numbered run ([`numbered`]), in order.
+    async fn receive_numbered(socket: &mut ShmSocket, n_msgs: u8) {
+        for msg_idx in 0..n_msgs {
+            let parts = received(socket).await;
+            assert_eq!(parts.get(0).map(Message::data), Some(&[msg_idx; 64][..]));
+        }
+    }
+
+    /// Fails unless `closed` reports exactly `n_messages` undelivered.
+    fn assert_undelivered(closed: &Result<()>, n_messages: u64) {
+        assert!(
+            matches!(closed, Err(Error::Undelivered { n_messages: n, .. }) if *n == n_messages),
+            "{n_messages} undelivered expected: {closed:?}"
+        );
+    }
+
     /// Polls one receive of `pull` once, which finds nothing (nothing was sent), and drops it.
     fn look_once(pull: &mut ShmSocket) {
         let waker = futures::task::noop_waker();
@@ -3924,10 +3953,7 @@ mod tests {
             let to_a = Parts::from(Message::from("to a"));
             push.send_parts(to_a, None).await.unwrap();
         }
-        tokio::time::timeout(Duration::from_secs(10), pull_a.receive_parts())
-            .await
-            .unwrap()
-            .unwrap();
+        received(&mut pull_a).await;
         let (mut pull_b, _) = socket(SocketType::Pull, Method::Connect).await;
         pull_b.connect(&endpoint).await.unwrap();
         until("B's ring is made", || n_rings(&push).0 == 2).await;
@@ -3935,44 +3961,29 @@ mod tests {
         pull_a.close(Duration::from_millis(100)).await.unwrap();
         drop(pull_a);
         until("the push sees A gone", || n_rings(&push).1 == 1).await;
-        for msg_idx in 0..20u8 {
-            let message = Message::from(vec![msg_idx; 64]);
-            push.send_parts(Parts::from(message), None).await.unwrap();
+        for msg_idx in 0..20 {
+            push.send_parts(numbered(msg_idx), None).await.unwrap();
         }
         if b_finishes_first {
             // B hands 5 out, and finishes with its ring while its connection stays (as a
             // socket dropped does: it finishes first), 15 not handed out.
             for _ in 0..5 {
-                tokio::time::timeout(Duration::from_secs(10), pull_b.receive_parts())
-                    .await
-                    .unwrap()
-                    .unwrap();
+                received(&mut pull_b).await;
             }
             pull_b.finish_rings();
             let closed = push.close(Duration::from_millis(200)).await;
-            let n_lost = n_left as u64 + 15;
-            assert!(
-                matches!(closed, Err(Error::Undelivered { n_messages, .. }) if n_messages == n_lost),
-                "{n_lost} lost: {closed:?}"
-            );
+            assert_undelivered(&closed, n_left as u64 + 15);
             return;
         }
         let closed = push.close(Duration::from_millis(200)).await;
         if n_left == 0 {
             closed.expect("what B did not take was handed over to it: nothing is lost");
         } else {
-            assert!(
-                matches!(closed, Err(Error::Undelivered { n_messages, .. }) if n_messages == n_left as u64),
-                "only what A left is lost: {closed:?}"
-            );
+            // Only what A left is lost.
+            assert_undelivered(&closed, n_left as u64);
         }
-        for msg_idx in 0..20u8 {
-            let parts = tokio::time::timeout(Duration::from_secs(10), pull_b.receive_parts())
-                .await
-                .expect("B gets what was handed over to it")
-                .unwrap();
-            assert_eq!(parts.get(0).map(Message::data), Some(&[msg_idx; 64][..]));
-        }
+        // B gets what was handed over to it.
+        receive_numbered(&mut pull_b, 20).await;
         pull_b.close(Duration::from_millis(100)).await.unwrap();
     }
 
@@ -3990,10 +4001,7 @@ mod tests {
         first.connect(&endpoint).await.unwrap();
         let to_first = Parts::from(Message::from("to the first"));
         pair.send_parts(to_first, None).await.unwrap();
-        tokio::time::timeout(Duration::from_secs(10), first.receive_parts())
-            .await
-            .unwrap()
-            .unwrap();
+        received(&mut first).await;
         first.close(Duration::from_millis(100)).await.unwrap();
         drop(first);
         let first_gone = |pair: &ShmSocket| match &pair.inner {
@@ -4008,11 +4016,10 @@ mod tests {
         until("the pair sees its first peer gone", || first_gone(&pair)).await;
         let (mut second, _) = socket(Method::Connect).await;
         second.connect(&endpoint).await.unwrap();
-        for msg_idx in 0..20u8 {
-            let message = Message::from(vec![msg_idx; 64]);
+        for msg_idx in 0..20 {
             tokio::time::timeout(
                 Duration::from_secs(10),
-                pair.send_parts(Parts::from(message), None),
+                pair.send_parts(numbered(msg_idx), None),
             )
             .await
             .expect("the pair finds its second peer")
@@ -4021,13 +4028,8 @@ mod tests {
         pair.close(Duration::from_millis(200))
             .await
             .expect("what the second peer did not take was handed over to it: nothing is lost");
-        for msg_idx in 0..20u8 {
-            let parts = tokio::time::timeout(Duration::from_secs(10), second.receive_parts())
-                .await
-                .expect("the second peer gets what was handed over to it")
-                .unwrap();
-            assert_eq!(parts.get(0).map(Message::data), Some(&[msg_idx; 64][..]));
-        }
+        // The second peer gets what was handed over to it.
+        receive_numbered(&mut second, 20).await;
         second.close(Duration::from_millis(100)).await.unwrap();
     }
 
