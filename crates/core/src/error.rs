@@ -265,6 +265,39 @@ impl Error {
     }
 }
 
+/// What a receiving socket's `close` returns: `sent`, the result of closing its sending side,
+/// with `n_unread` messages that reached it and that it closed before taking (`why` says how
+/// they reached it). Both losses make one [`Error::Undelivered`] with their sum (a pair loses
+/// both ways); `Ok` when there are none. Another error of `sent` is returned as it is: a caller
+/// whose sending side can fail otherwise says the unread loss itself.
+pub fn with_unread_at_close(
+    sent: Result<()>,
+    channel: &ChannelLabel,
+    n_unread: u64,
+    why: &str,
+) -> Result<()> {
+    if n_unread == 0 {
+        return sent;
+    }
+    match sent {
+        Ok(()) => Err(Error::Undelivered {
+            channel: channel.clone(),
+            n_messages: n_unread,
+            reason: why.to_owned(),
+        }),
+        Err(Error::Undelivered {
+            channel,
+            n_messages,
+            reason,
+        }) => Err(Error::Undelivered {
+            channel,
+            n_messages: n_messages + n_unread,
+            reason: format!("{n_messages} sent: {reason}; {n_unread} received: {why}"),
+        }),
+        Err(error) => Err(error),
+    }
+}
+
 /// A typed payload could not be encoded or decoded.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -371,6 +404,46 @@ mod tests {
         assert_eq!(
             timeout.to_string(),
             r#"channel "data" (pull): timed out after 5ms"#
+        );
+    }
+
+    /// A receiving socket's close: what it lost receiving joins what it lost sending (a pair's
+    /// two ways) into one count; with nothing unread the sending side's result stands.
+    #[test]
+    fn unread_messages_at_close_join_the_sending_sides_loss() {
+        let channel = ChannelLabel::new("data", SocketType::Pair);
+        let unsent = || Error::Undelivered {
+            channel: channel.clone(),
+            n_messages: 2,
+            reason: "no peer".to_owned(),
+        };
+        assert!(with_unread_at_close(Ok(()), &channel, 0, "unread").is_ok());
+        match with_unread_at_close(Err(unsent()), &channel, 0, "unread") {
+            Err(Error::Undelivered { n_messages: 2, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        match with_unread_at_close(Ok(()), &channel, 3, "unread") {
+            Err(Error::Undelivered {
+                n_messages: 3,
+                reason,
+                ..
+            }) => assert_eq!(reason, "unread"),
+            other => panic!("{other:?}"),
+        }
+        match with_unread_at_close(Err(unsent()), &channel, 3, "unread") {
+            Err(Error::Undelivered {
+                n_messages: 5,
+                reason,
+                ..
+            }) => assert_eq!(reason, "2 sent: no peer; 3 received: unread"),
+            other => panic!("{other:?}"),
+        }
+        let interrupted = Error::Interrupted {
+            channel: channel.clone(),
+        };
+        assert!(
+            with_unread_at_close(Err(interrupted), &channel, 3, "unread")
+                .is_err_and(|error| error.is_interrupted())
         );
     }
 

@@ -36,7 +36,9 @@ pub use address::{Address, AddressError, TcpHost};
 pub use config::{
     ChannelConfig, ConfigError, Endpoint, MAX_NUM_SOCKETS, MAX_SECONDS, Method, SocketType,
 };
-pub use error::{BoxError, ChannelLabel, CodecError, Error, Result, SendError, error_chain};
+pub use error::{
+    BoxError, ChannelLabel, CodecError, Error, Result, SendError, error_chain, with_unread_at_close,
+};
 pub use keys::{CHANNEL_KEYS, ChannelKey, KeyKind, KeyValue, channel_key, known_channel_keys};
 pub use message::{
     Message, MessageBuffer, Parts, PartsIntoIter, RegistrableMemory, UsedSizeError, copied_bytes,

@@ -3386,32 +3386,19 @@ impl Socket for ShmSocket {
         self.rings.clear();
         self.pending.clear();
         self.frames.clear();
-        if n_lost == 0 {
-            return result;
-        }
         const LOST_HERE: &str = "their senders handed them over to this receiver and left, and it closed before \
              taking them";
-        let lost = Error::Undelivered {
-            channel: self.label.clone(),
-            n_messages: n_lost,
-            reason: LOST_HERE.to_owned(),
-        };
         match result {
-            Ok(()) => Err(lost),
-            // A pair loses both ways: what it sent and what was handed over to it.
-            Err(Error::Undelivered {
-                channel,
-                n_messages,
-                reason,
-            }) => Err(Error::Undelivered {
-                channel,
-                n_messages: n_messages + n_lost,
-                reason: format!("{n_messages} sent: {reason}; {n_lost} received: {LOST_HERE}"),
-            }),
-            Err(error) => {
+            Err(error) if n_lost > 0 && !matches!(error, Error::Undelivered { .. }) => {
+                let lost = Error::Undelivered {
+                    channel: self.label.clone(),
+                    n_messages: n_lost,
+                    reason: LOST_HERE.to_owned(),
+                };
                 tracing::error!(error = %lost, "closing the channel failed");
                 Err(error)
             }
+            result => ferromq_core::with_unread_at_close(result, &self.label, n_lost, LOST_HERE),
         }
     }
 }
