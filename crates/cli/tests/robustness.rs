@@ -159,9 +159,9 @@ async fn wait_for_rate_line(
     }
 }
 
-/// A sink logging its rate every second and a sampler of `iterations` (+ 1) messages of 1 MiB
-/// paced at 20/s, over `transport`, both running and the connection carrying data. The sink
-/// stops after `sink_iterations` (+ 1).
+/// A sink logging its rate every second and a sampler of `iterations` (+ 1) messages of
+/// `msg_size` bytes paced at 20/s, over `transport`, both running and the connection carrying
+/// data. The sink stops after `sink_iterations` (+ 1).
 struct PacedPair {
     _ipc: Ipc,
     session: String,
@@ -176,6 +176,7 @@ async fn paced_pair_carrying_data(
     tag: &str,
     iterations: &str,
     sink_iterations: &str,
+    msg_size: &str,
 ) -> PacedPair {
     let ipc = Ipc::new(tag);
     let session = format!("{tag}{}", std::process::id());
@@ -210,7 +211,7 @@ async fn paced_pair_carrying_data(
             "--rate",
             "20",
             "--msg-size",
-            "1048576",
+            msg_size,
             "--channel-config",
             &channel("push", "connect", &address),
         ],
@@ -227,19 +228,24 @@ async fn paced_pair_carrying_data(
     }
 }
 
+const MIB: &str = "1048576";
+
 /// Stops (SIGSTOP) a receiver that takes `sampler`'s messages and waits for the sender, which
-/// hands the messages still to come over to the stopped receiver and exits 0.
+/// hands the messages still to come over to the stopped receiver and exits 0 (over zeromq:
+/// writes them to the connection, which holds them when they are small).
 async fn sender_hands_over_to_stopped(
     sink: &tokio::process::Child,
     sampler: tokio::process::Child,
+    transport: &str,
 ) {
     signal(sink, "STOP");
     let sampler = finish(sampler).await;
     sampler.assert_exited_0();
     assert!(
-        sampler
-            .stdout
-            .contains("handed over to receivers that have not taken them yet"),
+        transport != "shmem"
+            || sampler
+                .stdout
+                .contains("handed over to receivers that have not taken them yet"),
         "the receiver was stopped with messages still to come: {}",
         sampler.stdout
     );
@@ -252,7 +258,7 @@ async fn sender_hands_over_to_stopped(
 /// connection: what the sender queued meanwhile arrives in one burst.)
 #[tokio::test]
 async fn a_sender_whose_receiver_stalls_past_linger_exits_non_zero_naming_the_count() {
-    let pair = paced_pair_carrying_data("zeromq", "stall", "99", "99").await;
+    let pair = paced_pair_carrying_data("zeromq", "stall", "99", "99", MIB).await;
     signal(&pair.sink, "STOP");
     let sampler = finish(pair.sampler).await;
     signal(&pair.sink, "CONT");
@@ -281,9 +287,9 @@ async fn a_shmem_sender_exits_0_and_a_stalled_receiver_then_gets_every_message()
         mut seen,
         sampler,
         ..
-    } = paced_pair_carrying_data("shmem", "shmstall", "39", "39").await;
+    } = paced_pair_carrying_data("shmem", "shmstall", "39", "39", MIB).await;
     // The receiver stays stopped until the sender is gone.
-    sender_hands_over_to_stopped(&sink, sampler).await;
+    sender_hands_over_to_stopped(&sink, sampler, "shmem").await;
     signal(&sink, "CONT");
     let rest = tokio::time::timeout(EXIT_TIMEOUT, async {
         while let Ok(Some(line)) = sink_lines.next_line().await {
@@ -301,15 +307,16 @@ async fn a_shmem_sender_exits_0_and_a_stalled_receiver_then_gets_every_message()
     );
 }
 
-/// shmem: as above (100 messages over 5 s), but the stalled receiver is stopped (SIGTERM, then
-/// SIGCONT) after its sender handed the rest over and exited 0: it takes a few more (80 at
-/// most, its `--max-iterations`, so that it certainly leaves some however soon it sees the
-/// signal), closes with the others still in its ring, and reports them lost: exit 1, naming the
-/// count (sent minus received), its sender's memory released. Before, it released them
-/// without a word and exited 0.
-#[tokio::test]
-async fn a_shmem_receiver_stopped_with_messages_handed_over_to_it_exits_non_zero_naming_the_count()
-{
+/// 100 messages of `msg_size` over `transport`, paced over 5 s, to a receiver stalled (SIGSTOP)
+/// and stopped (SIGTERM, then SIGCONT) after its sender handed the rest over and exited 0: it
+/// takes a few more (80 at most, its `--max-iterations`, so that it certainly leaves some
+/// however soon it sees the signal), closes with the others still for it, and must report them
+/// lost: exit 1, naming the count (sent minus received). Returns the receiver's log.
+async fn receiver_stopped_after_its_sender_left(
+    transport: &str,
+    tag: &str,
+    msg_size: &str,
+) -> (String, String) {
     let PacedPair {
         _ipc,
         session,
@@ -317,8 +324,8 @@ async fn a_shmem_receiver_stopped_with_messages_handed_over_to_it_exits_non_zero
         sink_lines,
         seen,
         sampler,
-    } = paced_pair_carrying_data("shmem", "shmlost", "99", "79").await;
-    sender_hands_over_to_stopped(&sink, sampler).await;
+    } = paced_pair_carrying_data(transport, tag, "99", "79", msg_size).await;
+    sender_hands_over_to_stopped(&sink, sampler, transport).await;
     signal(&sink, "TERM");
     signal(&sink, "CONT");
     let sink = tokio::time::timeout(EXIT_TIMEOUT, support::finish_rest(sink, sink_lines))
@@ -338,6 +345,15 @@ async fn a_shmem_receiver_stopped_with_messages_handed_over_to_it_exits_non_zero
         )),
         "{lost} lost: {log}"
     );
+    (session, log)
+}
+
+/// shmem: 1 MiB messages, handed over in the receiver's ring. Its sender's memory is released
+/// at the end. Before, the receiver released them without a word and exited 0.
+#[tokio::test]
+async fn a_shmem_receiver_stopped_with_messages_handed_over_to_it_exits_non_zero_naming_the_count()
+{
+    let (session, _) = receiver_stopped_after_its_sender_left("shmem", "shmlost", MIB).await;
     // The last process of the session gone, nothing of it is left in /dev/shm.
     let mut look = tokio::time::interval(Duration::from_millis(50));
     tokio::time::timeout(EXIT_TIMEOUT, async {
@@ -347,6 +363,15 @@ async fn a_shmem_receiver_stopped_with_messages_handed_over_to_it_exits_non_zero
     })
     .await
     .expect("the session's shared memory was never removed");
+}
+
+/// zeromq: 64-byte messages, which the sender wrote to the connection (the kernel holds them)
+/// before it exited 0. Before, the receiver closed with them in its inbox and its connection's
+/// buffer, exited 0, and they were lost without a word.
+#[tokio::test]
+async fn a_zeromq_receiver_stopped_with_messages_written_to_it_exits_non_zero_naming_the_count() {
+    let (_, log) = receiver_stopped_after_its_sender_left("zeromq", "zmqlost", "64").await;
+    assert!(log.contains("it closed before taking them"), "{log}");
 }
 
 /// A client (req) and its server (rep) over `transport`; the server is stopped until the

@@ -40,6 +40,14 @@ impl PeerRules {
     };
 }
 
+impl PeerRules {
+    /// Whether the socket carries the zeromq transport's own messages, not another
+    /// transport's frames (shmem's descriptors, which that transport accounts for).
+    pub(crate) fn carries_zeromq_messages(self) -> bool {
+        self.transport == crate::ZmqTransport::NAME
+    }
+}
+
 impl Default for PeerRules {
     fn default() -> PeerRules {
         PeerRules::ZEROMQ

@@ -379,8 +379,23 @@ impl InprocChannel {
         envelope.parts
     }
 
-    /// Waits up to `linger` for peers to take what this socket sent. Inproc sends hand messages
-    /// straight to the receiver's inbox, so there is nothing of ours left to flush.
+    /// Closes the inbox of a pull or pair (its peers' sends go to other peers, or wait) and
+    /// counts what is in it: messages sent to this socket that it did not take. 0 for the other
+    /// patterns (a sub's unread messages are not counted, as with ZeroMQ's PUB).
+    pub(crate) fn take_unread(&mut self) -> usize {
+        if !matches!(self.socket_type, SocketType::Pull | SocketType::Pair) {
+            return 0;
+        }
+        self.inbox.close();
+        let mut n_unread = 0;
+        while self.inbox.try_recv().is_ok() {
+            n_unread += 1;
+        }
+        n_unread
+    }
+
+    /// Inproc sends hand messages straight to the receiver's inbox, so there is nothing of ours
+    /// left to flush: unbinds.
     pub(crate) fn close(&mut self) {
         let mut registry = REGISTRY.lock().expect("inproc registry poisoned");
         for name in self.bound_names.drain(..) {

@@ -354,8 +354,18 @@ impl Socket for ZmqSocket {
             Backend::Net(net) => net.close(&self.label, linger).await,
             Backend::Zmtp(zmtp) => zmtp.close(&self.label, linger).await,
             Backend::Inproc(inproc) => {
+                let n_unread = if self.rules.carries_zeromq_messages() {
+                    inproc.take_unread()
+                } else {
+                    0
+                };
                 inproc.close();
-                Ok(())
+                ferromq_core::with_unread_at_close(
+                    Ok(()),
+                    &self.label,
+                    n_unread as u64,
+                    crate::zmtp_channel::UNREAD,
+                )
             }
             Backend::Unattached => Ok(()),
         };
@@ -567,5 +577,113 @@ mod tests {
             pull.close(Duration::ZERO).await.unwrap();
         }
         push.close(Duration::ZERO).await.unwrap();
+    }
+
+    /// A sender and a receiver of `kinds` (push and pull, or two pairs) over `address`, the
+    /// receiver bound with an inbox of `rcv_buf_size` messages.
+    async fn sender_and_receiver(
+        address: &str,
+        kinds: (SocketType, SocketType),
+        rcv_buf_size: usize,
+    ) -> (ZmqSocket, ZmqSocket) {
+        let parsed = Address::parse(address).unwrap();
+        let mut receiving =
+            ChannelConfig::new("data", kinds.1, ferromq_core::Method::Bind).with_address(address);
+        receiving.rcv_buf_size = rcv_buf_size;
+        let mut receiver = ZmqSocket::new(&receiving, "data", crate::PeerRules::ZEROMQ, true);
+        receiver.bind(&parsed).await.unwrap();
+        let sending = ChannelConfig::new("data", kinds.0, ferromq_core::Method::Connect)
+            .with_address(address);
+        let mut sender = ZmqSocket::new(&sending, "data", crate::PeerRules::ZEROMQ, true);
+        sender.connect(&parsed).await.unwrap();
+        (sender, receiver)
+    }
+
+    fn one_part(byte: u8, size: usize) -> Parts {
+        Parts::from(ferromq_core::Message::from(vec![byte; size]))
+    }
+
+    /// How many messages a close reported lost (0 for `Ok`).
+    fn n_undelivered(closed: Result<()>) -> u64 {
+        match closed {
+            Ok(()) => 0,
+            Err(ferromq_core::Error::Undelivered { n_messages, .. }) => n_messages,
+            Err(other) => panic!("not an Undelivered: {other}"),
+        }
+    }
+
+    /// A pull or pair of the zeromq transport that closes with messages its sender wrote to
+    /// it and it did not take reports them (`Undelivered`, naming the count), over ipc, tcp and
+    /// inproc: the sender, which had written them all, closed `Ok`. Before, the receiver
+    /// closed `Ok` and they were lost without a word.
+    #[tokio::test]
+    async fn a_receiver_closing_with_messages_it_did_not_take_reports_them() {
+        let file = IpcFile::new("unread");
+        let tcp_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addresses = [
+            file.address(),
+            format!("tcp://127.0.0.1:{tcp_port}"),
+            format!("inproc://unread-{}", std::process::id()),
+        ];
+        for address in &addresses {
+            for kinds in [
+                (SocketType::Push, SocketType::Pull),
+                (SocketType::Pair, SocketType::Pair),
+            ] {
+                let (mut sender, mut receiver) = sender_and_receiver(address, kinds, 1000).await;
+                for i in 0..20 {
+                    sender.send_unboxed(one_part(i, 64), None).await.unwrap();
+                }
+                for i in 0..5 {
+                    let parts = receiver.receive_unboxed().await.unwrap();
+                    assert_eq!(parts.get(0).unwrap().data()[0], i, "{address}: in order");
+                }
+                sender.close(Duration::from_secs(5)).await.unwrap();
+                match receiver.close(Duration::from_secs(5)).await {
+                    Err(ferromq_core::Error::Undelivered {
+                        n_messages, reason, ..
+                    }) => {
+                        assert_eq!(n_messages, 15, "{address} {kinds:?}: {reason}");
+                        assert!(reason.contains("closed before taking them"), "{reason}");
+                    }
+                    other => panic!("{address} {kinds:?}: 15 not taken, and {other:?}"),
+                }
+            }
+        }
+    }
+
+    /// A receiver that closes while its sender still writes: what it read is its count, what
+    /// the sender could not write any more is the sender's (its writes to the closed
+    /// connection fail and go back to its queue), so every message is taken or counted by one
+    /// of them, once (ipc: a unix stream's writer is told at once that its reader is gone).
+    #[tokio::test]
+    async fn a_receiver_closing_under_a_live_sender_leaves_every_message_counted_once() {
+        const N_SENT: u64 = 300;
+        const N_TAKEN: u64 = 5;
+        let file = IpcFile::new("unread-live");
+        let (mut sender, mut receiver) =
+            sender_and_receiver(&file.address(), (SocketType::Push, SocketType::Pull), 10).await;
+        // 300 KiB: more than the connection's kernel buffers and the receiver's inbox hold.
+        for i in 0..N_SENT {
+            sender
+                .send_unboxed(one_part(i as u8, 1024), None)
+                .await
+                .unwrap();
+        }
+        for _ in 0..N_TAKEN {
+            receiver.receive_unboxed().await.unwrap();
+        }
+        let unread = n_undelivered(receiver.close(Duration::from_secs(5)).await);
+        let unsent = n_undelivered(sender.close(Duration::from_millis(200)).await);
+        assert!(unread > 0, "the receiver held some in its inbox");
+        assert_eq!(
+            N_TAKEN + unread + unsent,
+            N_SENT,
+            "taken {N_TAKEN}, unread {unread}, unsent {unsent}"
+        );
     }
 }

@@ -21,6 +21,13 @@
 //!   reports what is left as [`Error::Undelivered`]; the kernel delivers what was written
 //!   after the process exits.
 //!
+//! What was written is then the receiver's to report. A pull's or pair's `close` (the zeromq
+//! transport's, not a carrier's: see [`crate::PeerRules`]) stops its peers' writes
+//! (`shutdown(SHUT_RD)`; a unix stream's writer gets `EPIPE` at once and puts its batch back),
+//! makes and serves no more connections, reads each one to its end into an inbox without a
+//! bound, and reports what the inbox and the receiver's batch hold as [`Error::Undelivered`].
+//! Over tcp the peer is not told: what it writes after the last read goes with the connection.
+//!
 //! A pub is the exception to the one queue: it never waits and gives each subscriber a queue of
 //! its own, bounded by `sndBufSize` (counting the batch in its writer's hands). `send` puts a
 //! copy of the message's handles (the bytes are shared) in the queue of every subscriber whose
@@ -62,6 +69,9 @@ use tokio::time::Instant;
 use crate::handshake::Mismatch;
 use crate::zmtp;
 
+/// Why a receiver's close reports the messages it was sent and did not take.
+pub(crate) const UNREAD: &str =
+    "their senders wrote them to this receiver, and it closed before taking them";
 /// The most messages, and about the most bytes, a writer takes at a time.
 const BATCH_MESSAGES: usize = 128;
 const BATCH_BYTES: usize = 1 << 20;
@@ -121,6 +131,19 @@ impl Stream {
             bytes = &bytes[n..];
         }
         Ok(())
+    }
+
+    /// Stops the peer's writes to this connection (a unix stream's peer then gets `EPIPE`
+    /// and keeps what it had not written; over tcp the peer is not told) while what came
+    /// before stays readable, the end then reading as `Ok(0)`.
+    fn shutdown_read(&self) {
+        use std::os::fd::AsRawFd;
+        let fd = match self {
+            Stream::Tcp(stream) => stream.as_raw_fd(),
+            Stream::Unix(stream) => stream.as_raw_fd(),
+        };
+        // A connection the peer ended already has nothing more to stop.
+        let _ = nix::sys::socket::shutdown(fd, nix::sys::socket::Shutdown::Read);
     }
 
     async fn readable(&self) -> std::io::Result<()> {
@@ -249,6 +272,10 @@ struct Shared {
     progress: Notify,
     figures: Arc<ferromq_core::SendFigures>,
     stop: watch::Sender<bool>,
+    /// A receiving socket's close began counting what it was sent and did not take: readers
+    /// stop their peers' writes and take in, without a bound, what came before; no connection
+    /// is made or served any more.
+    draining: watch::Sender<bool>,
     /// Whether connections are handed to the owner ([`ZmtpChannel::next_peer`]).
     report_peers: bool,
     /// Whether `next_peer` has something to hand out: a new peer or the mismatch. Set and
@@ -299,6 +326,8 @@ struct State {
     held: usize,
     /// Peers connected and through their handshake.
     peers: usize,
+    /// Connections in their handshake (a closing receiver waits for them too).
+    handshaking: usize,
     peers_gone: u64,
     peer_pids: Vec<u32>,
     /// A pub's peers, each with its topics and its own queue (`queue` stays empty).
@@ -473,11 +502,13 @@ impl Inbox {
             let n_permits = u32::try_from(wanted).unwrap_or(u32::MAX);
             let permits = match self.room.try_acquire_many(n_permits) {
                 Ok(permits) => permits,
-                // The semaphore is never closed.
-                Err(_) => match self.room.acquire_many(n_permits).await {
-                    Ok(permits) => permits,
-                    Err(_) => return,
-                },
+                Err(tokio::sync::TryAcquireError::Closed) => break,
+                Err(tokio::sync::TryAcquireError::NoPermits) => {
+                    match self.room.acquire_many(n_permits).await {
+                        Ok(permits) => permits,
+                        Err(_closed) => break,
+                    }
+                }
             };
             // Each permit now stands for a message in the inbox, until the receiver is done
             // with it.
@@ -485,6 +516,20 @@ impl Inbox {
             self.state().queue.extend(ready.drain(..n_permits as usize));
             self.arrived.notify_one();
         }
+        // The room is closed: the socket is closing and counts what it was not given.
+        if !ready.is_empty() {
+            self.state().queue.extend(ready.drain(..));
+        }
+    }
+
+    /// Lets every reader put in all it has, without waiting: the socket is closing.
+    fn open_without_bound(&self) {
+        self.room.close();
+    }
+
+    /// Messages in the inbox, not yet taken by the receiver.
+    fn len(&self) -> usize {
+        self.state().queue.len()
     }
 }
 
@@ -560,6 +605,15 @@ impl Shared {
 
     fn is_stopped(&self) -> bool {
         *self.stop.borrow()
+    }
+
+    async fn draining_began(&self) {
+        let mut draining = self.draining.subscribe();
+        let _ = draining.wait_for(|draining| *draining).await;
+    }
+
+    fn is_draining(&self) -> bool {
+        *self.draining.borrow()
     }
 
     /// The next batch from the front of the queue, now held by `writer`; `None` when nothing
@@ -649,6 +703,9 @@ pub(crate) struct ZmtpChannel {
     /// The accepting tasks: `close` waits for them to end, so that their addresses are free
     /// when it returns.
     listeners: Vec<tokio::task::JoinHandle<()>>,
+    /// A pull or pair of the zeromq transport (not a carrier of another transport's frames):
+    /// its close counts what its peers wrote to it and it did not take.
+    counts_unread: bool,
 }
 
 impl ZmtpChannel {
@@ -673,6 +730,7 @@ impl ZmtpChannel {
                 progress: Notify::new(),
                 figures,
                 stop: watch::Sender::new(false),
+                draining: watch::Sender::new(false),
                 report_peers,
                 kernel_sizes,
                 peer_news: AtomicBool::new(false),
@@ -680,6 +738,8 @@ impl ZmtpChannel {
             snd_buf_size: snd_buf_size.max(1),
             bound_ipc_paths: Vec::new(),
             listeners: Vec::new(),
+            counts_unread: matches!(pattern, Pattern::Pull | Pattern::Pair)
+                && rules.carries_zeromq_messages(),
         }
     }
 
@@ -756,7 +816,8 @@ impl ZmtpChannel {
         tokio::spawn(async move {
             let connecting = async {
                 let mut backoff = RECONNECT_MIN;
-                loop {
+                // A closing receiver connects no more (see `Shared::draining`).
+                while !shared.is_draining() {
                     match target.connect(shared.kernel_sizes, &shared.label).await {
                         Ok(stream) => {
                             serve(Arc::clone(&shared), stream).await;
@@ -950,8 +1011,33 @@ impl ZmtpChannel {
         }
     }
 
+    /// Stops its peers' writes and takes in what they wrote before (a bound of `linger` on the
+    /// wait for its connections to end): how many messages it was sent and did not take.
+    async fn count_unread(&mut self, linger: Duration) -> usize {
+        self.shared.inbox.open_without_bound();
+        self.shared.draining.send_replace(true);
+        let deadline = Instant::now() + linger;
+        loop {
+            let mut progressed = pin!(self.shared.progress.notified());
+            progressed.as_mut().enable();
+            let connected = {
+                let state = self.shared.state();
+                state.peers + state.handshaking
+            };
+            if connected == 0 {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, progressed).await.is_err() {
+                tracing::warn!(channel = %self.shared.label, n_connections = connected, "connections still being read after linger = {linger:?}: what they hold is not counted");
+                break;
+            }
+        }
+        self.batch.len() + self.shared.inbox.len()
+    }
+
     /// Waits up to `linger` of silence for every accepted message to be written, then stops
-    /// the socket's tasks; what was not written is reported.
+    /// the socket's tasks; what was not written is reported, and (a pull or pair of the
+    /// zeromq transport) what its peers wrote to it and it did not take.
     pub(crate) async fn close(
         &mut self,
         label: &ChannelLabel,
@@ -984,20 +1070,26 @@ impl ZmtpChannel {
         while Instant::now() < flush_until && self.shared.links_have_frames() {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        let unread = if self.counts_unread {
+            self.count_unread(linger).await
+        } else {
+            0
+        };
         self.shared.stop.send_replace(true);
         for listener in self.listeners.drain(..) {
             // It ends at once on the stop signal, dropping its listener.
             let _ = listener.await;
         }
         crate::net::remove_socket_files(&mut self.bound_ipc_paths);
-        if left == 0 {
-            return Ok(());
-        }
-        Err(Error::Undelivered {
-            channel: label.clone(),
-            n_messages: left as u64,
-            reason: format!("the peer took none for linger = {linger:?}"),
-        })
+        let sent = match left {
+            0 => Ok(()),
+            left => Err(Error::Undelivered {
+                channel: label.clone(),
+                n_messages: left as u64,
+                reason: format!("the peer took none for linger = {linger:?}"),
+            }),
+        };
+        ferromq_core::with_unread_at_close(sent, label, unread as u64, UNREAD)
     }
 }
 
@@ -1071,6 +1163,11 @@ impl Target {
 
 /// Serves one connected peer until it goes away or the socket stops.
 async fn serve(shared: Arc<Shared>, stream: Stream) {
+    if shared.is_draining() {
+        // A closing receiver takes no new connection: the peer keeps its messages.
+        return;
+    }
+    let handshaking = Handshaking::began(&shared);
     let handshaken = tokio::select! {
         handshaken = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&shared, &stream)) => handshaken,
         () = shared.stopped() => return,
@@ -1121,6 +1218,8 @@ async fn serve(shared: Arc<Shared>, stream: Stream) {
             return;
         }
         state.peers += 1;
+        // Under the same lock: a closing receiver sees the connection as one or the other.
+        handshaking.ended(&mut state);
         if shared.pattern == Pattern::Pub {
             state.subscribers.push(Subscriber {
                 writer: Arc::clone(&writer),
@@ -1243,6 +1342,37 @@ impl PeerLink {
     }
 }
 
+/// A connection counted in [`State::handshaking`] until it is a peer or gone.
+struct Handshaking<'a> {
+    shared: &'a Shared,
+    counted: bool,
+}
+
+impl<'a> Handshaking<'a> {
+    fn began(shared: &'a Shared) -> Handshaking<'a> {
+        shared.state().handshaking += 1;
+        Handshaking {
+            shared,
+            counted: true,
+        }
+    }
+
+    /// The connection is a peer now (`state` is the socket's, locked).
+    fn ended(mut self, state: &mut State) {
+        state.handshaking -= 1;
+        self.counted = false;
+    }
+}
+
+impl Drop for Handshaking<'_> {
+    fn drop(&mut self) {
+        if self.counted {
+            self.shared.state().handshaking -= 1;
+            self.shared.progress.notify_waiters();
+        }
+    }
+}
+
 /// What the reader and the writer of one connection share.
 struct Connection {
     /// The writer's wake-up and the bytes written ahead of batches (shared with the owner).
@@ -1260,6 +1390,8 @@ struct Connection {
 struct Early {
     bytes: bytes::BytesMut,
     end: Option<String>,
+    /// The peer's writes were stopped: the socket is closing ([`Shared::draining`]).
+    reading_stopped: bool,
 }
 
 impl Connection {
@@ -1296,12 +1428,24 @@ impl Connection {
 
     /// Reads more of what the peer sent into `decoder`, waiting for it: what the writer read
     /// early first, so the order holds. An error at the peer's end.
-    async fn read_more(&self, stream: &Stream, decoder: &mut zmtp::Decoder) -> Result<(), String> {
+    /// A closing receiver's connection ([`Shared::draining`]) first stops the peer's writes,
+    /// then reads up to the end what came before.
+    async fn read_more(
+        &self,
+        shared: &Shared,
+        stream: &Stream,
+        decoder: &mut zmtp::Decoder,
+    ) -> Result<(), String> {
         loop {
             let mut woken = pin!(self.reader.notified());
             woken.as_mut().enable();
+            let draining = shared.is_draining();
             {
                 let mut early = self.early();
+                if draining && !early.reading_stopped {
+                    stream.shutdown_read();
+                    early.reading_stopped = true;
+                }
                 if !early.bytes.is_empty() {
                     let bytes = early.bytes.split();
                     decoder.accept(&bytes);
@@ -1312,6 +1456,7 @@ impl Connection {
                 }
             }
             match stream.try_read_decoder(decoder) {
+                Ok(0) if draining => return Err("the socket closed".to_owned()),
                 Ok(0) => return Err("the peer closed its end".to_owned()),
                 Ok(_) => return Ok(()),
                 Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -1320,6 +1465,7 @@ impl Connection {
             tokio::select! {
                 readable = stream.readable() => readable.map_err(|error| error.to_string())?,
                 () = woken => {}
+                () = shared.draining_began(), if !draining => {}
             }
         }
     }
@@ -1471,7 +1617,7 @@ async fn read_until_gone(
             }
         }
         shared.inbox.put(&mut ready).await;
-        if let Err(end) = connection.read_more(stream, &mut decoder).await {
+        if let Err(end) = connection.read_more(shared, stream, &mut decoder).await {
             break end;
         }
     };
