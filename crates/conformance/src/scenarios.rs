@@ -27,6 +27,7 @@ pub(crate) static ALL: &[Scenario] = &[
     scenario!(a_stalled_receiver_holds_the_sender_back_and_nothing_is_lost),
     scenario!(a_reserved_send_never_waits_and_a_cancelled_reservation_loses_nothing),
     scenario!(close_returns_after_everything_accepted_was_delivered),
+    scenario!(a_receiver_closing_with_messages_it_did_not_take_reports_them),
     scenario!(binding_an_address_twice_is_refused),
     scenario!(a_closed_binder_leaves_its_address_free_for_the_next),
     scenario!(a_peer_of_an_incompatible_pattern_gets_nothing),
@@ -784,6 +785,45 @@ async fn close_returns_after_everything_accepted_was_delivered(
             "a message nobody sent arrived after the last one (index {})",
             index_of(message.data())
         )));
+    }
+    Ok(())
+}
+
+/// A sender whose close said everything was delivered (or handed over) leaves the receiver to
+/// account for it: a pull or pair that closes without taking some reports them, with their
+/// count, as `Undelivered`, so that its device fails instead of losing them without a word.
+async fn a_receiver_closing_with_messages_it_did_not_take_reports_them(
+    fixture: Arc<Fixture>,
+) -> Result<(), Failure> {
+    const N_SENT: usize = 20;
+    const N_TAKEN: usize = 5;
+    for socket_type in [SocketType::Pull, SocketType::Pair] {
+        let (mut receiver, address) = fixture.bound(socket_type).await?;
+        let sender_type = match socket_type {
+            SocketType::Pull => SocketType::Push,
+            _ => SocketType::Pair,
+        };
+        // A short linger: a shmem sender waits that long for the receiver to take them before it
+        // hands them over.
+        let mut config = Fixture::config(sender_type, Method::Connect);
+        config.linger = 200;
+        let sender = fixture.connected_with(config, &address).await?;
+        let mut sender = send_payloads(Arc::clone(&fixture), sender, vec![64; N_SENT]).await?;
+        receive_payloads(&mut receiver, &[64; N_TAKEN]).await?;
+        watch("closing the sender", sender.close())
+            .await?
+            .during("closing the sender after it sent everything")?;
+        match watch("closing the receiver", receiver.close()).await? {
+            Err(Error::Undelivered { n_messages, .. })
+                if n_messages == (N_SENT - N_TAKEN) as u64 => {}
+            other => {
+                return Err(Failure::expectation(format!(
+                    "a {socket_type:?} that took {N_TAKEN} of {N_SENT} closed with {other:?}, \
+                     not Undelivered with {}",
+                    N_SENT - N_TAKEN
+                )));
+            }
+        }
     }
     Ok(())
 }

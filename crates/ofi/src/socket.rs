@@ -2,7 +2,8 @@
 //!
 //! The socket is a thin front: `bind`/`connect` open the engine and start the driver; `send`
 //! takes a credit and hands the message to the driver; `receive` takes whole messages from a
-//! queue the driver fills; `close` asks the driver to drain and waits for it. An ofi channel has
+//! queue the driver fills; `close` asks the driver to drain and waits for it, then reports what
+//! is left in that queue (a pull's or pair's) as undelivered. An ofi channel has
 //! exactly one peer at a time: a second connector is refused with a reason it reports.
 
 use std::net::IpAddr;
@@ -408,15 +409,26 @@ impl Socket for OfiSocket {
             0
         };
         let _ = link.task.await;
-        self.received = None;
-        if lost > 0 {
-            return Err(Error::Undelivered {
+        // What reached this pull or pair whole and the device did not take: its sender saw the
+        // transfer complete, so it is this side's to report (a req's or rep's is not: a reply
+        // is the acknowledgement).
+        let unread = match (self.received.take(), self.config.socket_type) {
+            (Some(mut received), SocketType::Pull | SocketType::Pair) => {
+                received.close();
+                std::iter::from_fn(|| received.try_recv().ok()).count()
+            }
+            _ => 0,
+        };
+        let sent = match lost {
+            0 => Ok(()),
+            lost => Err(Error::Undelivered {
                 channel: self.label.clone(),
                 n_messages: lost as u64,
                 reason: format!("nothing moved to the peer for linger = {linger:?}"),
-            });
-        }
-        Ok(())
+            }),
+        };
+        const UNREAD: &str = "they reached this receiver, and it closed before taking them";
+        ferromq_core::with_unread_at_close(sent, &self.label, unread as u64, UNREAD)
     }
 }
 
