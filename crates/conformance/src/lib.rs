@@ -6,7 +6,8 @@
 //! pub/sub), multipart with empty parts, order, sizes from 0 B to 64 MiB, back-pressure (a stalled
 //! receiver holds the sender and nothing is lost), timeouts that hand the message back, cancelled
 //! receives that lose nothing, reserved sends that never wait and cancelled reservations that
-//! lose nothing, a late binder, linger on close, an address bound twice, a peer of
+//! lose nothing, a late binder, linger on close, a receiver closing with messages it did not
+//! take (it reports them), an address bound twice, a peer of
 //! the wrong pattern, and, in separate processes, a sender that exits right after sending, a
 //! receiver killed mid-stream and a sender killed mid-stream.
 //!
