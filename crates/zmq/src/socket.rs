@@ -656,11 +656,43 @@ mod tests {
         }
     }
 
+    /// Two pairs that each sent the other more than its connection and inbox hold, each taking
+    /// a few, close one after the other: every message, both ways, is taken or counted once,
+    /// by its sender (not written) or by its receiver (written, not taken). The first close
+    /// stops the second pair's writes; its reader still takes in what came before.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_pairs_closing_in_turn_leave_every_message_both_ways_counted_once() {
+        const N_SENT: u64 = 300;
+        const N_TAKEN: u64 = 5;
+        let file = IpcFile::new("unread-pairs");
+        let (mut first, mut second) =
+            sender_and_receiver(&file.address(), (SocketType::Pair, SocketType::Pair), 10).await;
+        for i in 0..N_SENT {
+            for pair in [&mut first, &mut second] {
+                pair.send_unboxed(one_part(i as u8, 1024), None)
+                    .await
+                    .unwrap();
+            }
+        }
+        for pair in [&mut first, &mut second] {
+            for _ in 0..N_TAKEN {
+                pair.receive_unboxed().await.unwrap();
+            }
+        }
+        let first_lost = n_undelivered(first.close(Duration::ZERO).await);
+        let second_lost = n_undelivered(second.close(Duration::from_millis(200)).await);
+        assert_eq!(
+            2 * N_TAKEN + first_lost + second_lost,
+            2 * N_SENT,
+            "lost by the first {first_lost}, by the second {second_lost}"
+        );
+    }
+
     /// A receiver that closes while its sender still writes: what it read is its count, what
     /// the sender could not write any more is the sender's (its writes to the closed
     /// connection fail and go back to its queue), so every message is taken or counted by one
     /// of them, once (ipc: a unix stream's writer is told at once that its reader is gone).
-    #[tokio::test]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_receiver_closing_under_a_live_sender_leaves_every_message_counted_once() {
         const N_SENT: u64 = 300;
         const N_TAKEN: u64 = 5;
@@ -677,7 +709,8 @@ mod tests {
         for _ in 0..N_TAKEN {
             receiver.receive_unboxed().await.unwrap();
         }
-        let unread = n_undelivered(receiver.close(Duration::from_secs(5)).await);
+        // No linger: reading what this host's buffers hold needs no wait for the peer.
+        let unread = n_undelivered(receiver.close(Duration::ZERO).await);
         let unsent = n_undelivered(sender.close(Duration::from_millis(200)).await);
         assert!(unread > 0, "the receiver held some in its inbox");
         assert_eq!(

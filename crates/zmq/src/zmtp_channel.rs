@@ -25,8 +25,15 @@
 //! transport's, not a carrier's: see [`crate::PeerRules`]) stops its peers' writes
 //! (`shutdown(SHUT_RD)`; a unix stream's writer gets `EPIPE` at once and puts its batch back),
 //! makes and serves no more connections, reads each one to its end into an inbox without a
-//! bound, and reports what the inbox and the receiver's batch hold as [`Error::Undelivered`].
-//! Over tcp the peer is not told: what it writes after the last read goes with the connection.
+//! bound (`linger`, at least [`DRAIN_AT_LEAST`], bounding the wait), and reports what the
+//! inbox and the receiver's batch hold as [`Error::Undelivered`], with what a pair had not
+//! written once its connections ended. Over tcp the peer is not told: what it writes after the
+//! last read goes with the connection. A writer whose write failed waits for its reader to
+//! take in what the peer sent before its end, so a pair drops nothing its peer counted as
+//! written.
+//!
+//! Cancellation: a cancelled `close` leaves a receiver draining (no connections, an unbounded
+//! inbox); nothing in ferromq cancels a close.
 //!
 //! A pub is the exception to the one queue: it never waits and gives each subscriber a queue of
 //! its own, bounded by `sndBufSize` (counting the batch in its writer's hands). `send` puts a
@@ -69,6 +76,9 @@ use tokio::time::Instant;
 use crate::handshake::Mismatch;
 use crate::zmtp;
 
+/// The least a closing receiver gives its connections to be read to their end, whatever its
+/// `linger`: reading what is in this host's buffers takes no peer's help, only the tasks' turns.
+const DRAIN_AT_LEAST: Duration = Duration::from_secs(1);
 /// Why a receiver's close reports the messages it was sent and did not take.
 pub(crate) const UNREAD: &str =
     "their senders wrote them to this receiver, and it closed before taking them";
@@ -791,9 +801,12 @@ impl ZmtpChannel {
                     }
                 }
             };
+            // A closing receiver accepts no more (see `Shared::draining`): its peers keep
+            // their messages and find the address refused.
             tokio::select! {
                 () = accepting => {}
                 () = shared.stopped() => {}
+                () = shared.draining_began() => {}
             }
         });
         self.listeners.push(accepting_task);
@@ -1011,11 +1024,18 @@ impl ZmtpChannel {
         }
     }
 
-    /// Stops its peers' writes and takes in what they wrote before (a bound of `linger` on the
-    /// wait for its connections to end): how many messages it was sent and did not take.
+    /// Stops its peers' writes and takes in what they wrote before (`linger`, at least
+    /// [`DRAIN_AT_LEAST`], bounding the wait for its connections to end): how many messages it
+    /// was sent and did not take.
     async fn count_unread(&mut self, linger: Duration) -> usize {
         self.shared.inbox.open_without_bound();
-        self.shared.draining.send_replace(true);
+        {
+            // Under the lock: a connection is either counted as handshaking already, or sees
+            // the drain and is not served (`Handshaking::began`).
+            let _state = self.shared.state();
+            self.shared.draining.send_replace(true);
+        }
+        let linger = linger.max(DRAIN_AT_LEAST);
         let deadline = Instant::now() + linger;
         loop {
             let mut progressed = pin!(self.shared.progress.notified());
@@ -1070,10 +1090,13 @@ impl ZmtpChannel {
         while Instant::now() < flush_until && self.shared.links_have_frames() {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        let unread = if self.counts_unread {
-            self.count_unread(linger).await
+        // A pair's writer may still write while its connection is read to the end: what it
+        // had not written is counted after that, once.
+        let (left, unread) = if self.counts_unread {
+            let unread = self.count_unread(linger).await;
+            (self.shared.state().unwritten(), unread)
         } else {
-            0
+            (left, 0)
         };
         self.shared.stop.send_replace(true);
         for listener in self.listeners.drain(..) {
@@ -1163,11 +1186,10 @@ impl Target {
 
 /// Serves one connected peer until it goes away or the socket stops.
 async fn serve(shared: Arc<Shared>, stream: Stream) {
-    if shared.is_draining() {
-        // A closing receiver takes no new connection: the peer keeps its messages.
+    // A closing receiver takes no new connection: the peer keeps its messages.
+    let Some(handshaking) = Handshaking::began(&shared) else {
         return;
-    }
-    let handshaking = Handshaking::began(&shared);
+    };
     let handshaken = tokio::select! {
         handshaken = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&shared, &stream)) => handshaken,
         () = shared.stopped() => return,
@@ -1349,12 +1371,18 @@ struct Handshaking<'a> {
 }
 
 impl<'a> Handshaking<'a> {
-    fn began(shared: &'a Shared) -> Handshaking<'a> {
-        shared.state().handshaking += 1;
-        Handshaking {
+    /// `None` once a receiver's close began to drain ([`Shared::draining`], set under the
+    /// same lock).
+    fn began(shared: &'a Shared) -> Option<Handshaking<'a>> {
+        let mut state = shared.state();
+        if shared.is_draining() {
+            return None;
+        }
+        state.handshaking += 1;
+        Some(Handshaking {
             shared,
             counted: true,
-        }
+        })
     }
 
     /// The connection is a peer now (`state` is the socket's, locked).
@@ -1475,6 +1503,19 @@ impl Connection {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+
+    /// Waits for the reader to have taken in everything the peer sent before its end; why it
+    /// ended. (The writer's wake-up: the reader wakes it when it ends.)
+    async fn reader_ended(&self) -> String {
+        loop {
+            let mut woken = pin!(self.link.writer.notified());
+            woken.as_mut().enable();
+            if let Some(ended) = self.ended() {
+                return ended;
+            }
+            woken.await;
+        }
     }
 
     fn take_replies(&self) -> Vec<u8> {
@@ -1659,21 +1700,17 @@ async fn write_until_gone(shared: &Shared, connection: &Connection, stream: &Str
         // the connection ends once the reader took in what the peer sent before its end.
         if connection.peer_closed(stream) {
             shared.settle(writer, batch, 0);
-            loop {
-                let mut woken = pin!(writer.notified());
-                woken.as_mut().enable();
-                if let Some(ended) = connection.ended() {
-                    return ended;
-                }
-                woken.await;
-            }
+            return connection.reader_ended().await;
         }
         let mut replies = connection.take_replies();
-        let (n_written, failed) = write_batch(stream, &batch, &mut replies).await;
+        let (n_written, failed) = write_batch(connection, stream, &batch, &mut replies).await;
         tracing::trace!(channel = %shared.label, n_written, "wrote a batch");
         shared.settle(writer, batch, n_written);
-        if let Some(error) = failed {
-            return error.to_string();
+        if failed.is_some() {
+            // The connection is broken (a closing receiver stopped our writes, or the peer is
+            // gone): what the peer wrote before its end is still taken in, and counted by this
+            // side's owner, before the connection goes.
+            return connection.reader_ended().await;
         }
     }
 }
@@ -1682,6 +1719,7 @@ async fn write_until_gone(shared: &Shared, connection: &Connection, stream: &Str
 /// bodies are gathered in one buffer, larger bodies go out from their own `Bytes`. How many
 /// messages were written whole, and the error that stopped it.
 async fn write_batch(
+    connection: &Connection,
     stream: &Stream,
     batch: &[Frames],
     replies: &mut Vec<u8>,
@@ -1727,7 +1765,13 @@ async fn write_batch(
     while !rest.is_empty() {
         // Linux refuses more than IOV_MAX (1024) slices in one call.
         let n_slices = rest.len().min(MAX_SLICES);
-        match stream.write_vectored(&rest[..n_slices]).await {
+        // A connection whose reader ended (the peer's end, or this side's close read it to
+        // the end) is not waited on for room: a stalled peer would hold it for ever.
+        let written = tokio::select! {
+            written = stream.write_vectored(&rest[..n_slices]) => written,
+            ended = connection.reader_ended() => Err(std::io::Error::other(ended)),
+        };
+        match written {
             Ok(0) => {
                 let n_whole = ends.partition_point(|&end| end <= n_bytes_written);
                 return (n_whole, Some(std::io::ErrorKind::WriteZero.into()));
