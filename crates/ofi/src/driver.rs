@@ -267,7 +267,10 @@ impl Driver {
             if self.finish_closing().await {
                 break;
             }
-            let may_post = !self.announced.is_empty() && self.room_to_post();
+            // A closing receiver grants nothing more: what the peer announced and was not
+            // granted stays the peer's to deliver or report.
+            let may_post =
+                self.closing.is_none() && !self.announced.is_empty() && self.room_to_post();
             let n_outstanding = self.n_outstanding();
             if let Some(closing) = &mut self.closing
                 && n_outstanding < closing.n_outstanding
@@ -372,9 +375,11 @@ impl Driver {
         self.unannounced.len() + self.awaiting_grant.len() + self.sending.len()
     }
 
-    /// When closing and every accepted message left: says goodbye, reports, and ends the loop.
+    /// When closing, every accepted message left and every message granted to the peer
+    /// arrived (it left the peer, which counts it delivered: it is this side's to take or to
+    /// report, `OfiSocket::close`): says goodbye, reports, and ends the loop.
     async fn finish_closing(&mut self) -> bool {
-        let drained = self.n_outstanding() == 0;
+        let drained = self.n_outstanding() == 0 && self.receiving.is_empty();
         if self.closing.is_none() || !drained {
             return false;
         }
