@@ -173,6 +173,15 @@ async fn sink(args: &[String], options: &Options) -> Result<()> {
         }
     }
     sampler_process.kill().await?;
+    // What the sampler wrote before it was killed is the sink's: taken here, for a close with
+    // messages not taken reports them lost.
+    loop {
+        match sink.receive_timeout(Duration::from_millis(100)).await {
+            Ok(_) => {}
+            Err(ferromq::Error::Timeout { .. }) => break,
+            Err(error) => return Err(error.into()),
+        }
+    }
     println!(
         "sink: {} messages received in total",
         counters.snapshot().messages_in

@@ -281,8 +281,21 @@ async fn on_data_poller_serves_every_busy_channel() {
             while channel.send(Message::from("x")).await.is_ok() {}
         }));
     }
-    driver.await.unwrap().unwrap();
-    task.await.unwrap().unwrap();
+    // It stops after 2000 with both inputs still flooded: what was sent to it and not taken
+    // is reported when its channels close, and the device fails for it.
+    let driven = driver.await.unwrap();
+    let ran = task.await.unwrap();
+    for ended in [
+        driven.map_err(|error| error.to_string()),
+        ran.map_err(|error| error.to_string()),
+    ] {
+        assert!(
+            ended
+                .as_ref()
+                .is_err_and(|error| error.contains("accepted by send were not delivered")),
+            "{ended:?}"
+        );
+    }
     let counts = reports.recv().await.unwrap();
     assert_eq!(counts.values().sum::<u64>(), 2000);
     for (channel, n_msgs) in &counts {
