@@ -688,6 +688,44 @@ mod tests {
         );
     }
 
+    /// A pair whose peer left while its inbox was full (its reader waiting for the owner to
+    /// take something) stops counting that connection as its peer once a write to it fails,
+    /// so the next peer is served and gets what the owner sends. Before, the connection waited
+    /// for its reader for ever, and every new peer was refused ("one peer at a time").
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pair_whose_peer_left_while_its_inbox_was_full_serves_the_next_peer() {
+        let file = IpcFile::new("pair-next-peer");
+        let address = file.address();
+        let (mut first_peer, mut pair) =
+            sender_and_receiver(&address, (SocketType::Pair, SocketType::Pair), 10).await;
+        // More than the pair's inbox and the connection hold: the peer's close gives up on the
+        // rest after its linger and leaves.
+        for i in 0..900u32 {
+            first_peer
+                .send_unboxed(one_part(i as u8, 4096), None)
+                .await
+                .unwrap();
+        }
+        assert!(n_undelivered(first_peer.close(Duration::from_millis(200)).await) > 0);
+        // Its write to the peer that left fails; the connection stops being the pair's peer.
+        pair.send_unboxed(one_part(1, 64), None).await.unwrap();
+        let config = ChannelConfig::new("data", SocketType::Pair, ferromq_core::Method::Connect)
+            .with_address(address.as_str());
+        let mut next_peer = ZmqSocket::new(&config, "data", crate::PeerRules::ZEROMQ, true);
+        next_peer
+            .connect(&Address::parse(&address).unwrap())
+            .await
+            .unwrap();
+        let received = tokio::time::timeout(Duration::from_secs(20), next_peer.receive_unboxed())
+            .await
+            .expect("the next peer was never served")
+            .unwrap();
+        assert_eq!(received.get(0).unwrap().data(), &[1; 64][..]);
+        next_peer.close(Duration::ZERO).await.unwrap();
+        // What the first peer wrote before it left is still the pair's to take or report.
+        assert!(n_undelivered(pair.close(Duration::ZERO).await) > 0);
+    }
+
     /// A receiver that closes while its sender still writes: what it read is its count, what
     /// the sender could not write any more is the sender's (its writes to the closed
     /// connection fail and go back to its queue), so every message is taken or counted by one

@@ -28,9 +28,10 @@
 //! bound (`linger`, at least [`DRAIN_AT_LEAST`], bounding the wait), and reports what the
 //! inbox and the receiver's batch hold as [`Error::Undelivered`], with what a pair had not
 //! written once its connections ended. Over tcp the peer is not told: what it writes after the
-//! last read goes with the connection. A writer whose write failed waits for its reader to
-//! take in what the peer sent before its end, so a pair drops nothing its peer counted as
-//! written.
+//! last read goes with the connection. A connection whose write failed (or whose peer
+//! closed) stops being a peer at once (sends go elsewhere, a pair serves a new peer) while its
+//! reader still takes in what the peer sent before its end, so over a unix stream, within the
+//! drain's bound, a pair drops nothing its peer counted as written.
 //!
 //! Cancellation: a cancelled `close` leaves a receiver draining (no connections, an unbounded
 //! inbox); nothing in ferromq cancels a close.
@@ -147,13 +148,22 @@ impl Stream {
     /// and keeps what it had not written; over tcp the peer is not told) while what came
     /// before stays readable, the end then reading as `Ok(0)`.
     fn shutdown_read(&self) {
+        self.shutdown(nix::sys::socket::Shutdown::Read);
+    }
+
+    /// Ends this side's writing: the peer reads its end.
+    fn shutdown_write(&self) {
+        self.shutdown(nix::sys::socket::Shutdown::Write);
+    }
+
+    fn shutdown(&self, how: nix::sys::socket::Shutdown) {
         use std::os::fd::AsRawFd;
         let fd = match self {
             Stream::Tcp(stream) => stream.as_raw_fd(),
             Stream::Unix(stream) => stream.as_raw_fd(),
         };
-        // A connection the peer ended already has nothing more to stop.
-        let _ = nix::sys::socket::shutdown(fd, nix::sys::socket::Shutdown::Read);
+        // A connection that ended already has nothing more to stop.
+        let _ = nix::sys::socket::shutdown(fd, how);
     }
 
     async fn readable(&self) -> std::io::Result<()> {
@@ -338,6 +348,9 @@ struct State {
     peers: usize,
     /// Connections in their handshake (a closing receiver waits for them too).
     handshaking: usize,
+    /// Connections no longer peers (their writes failed, or their peer closed) whose readers
+    /// still take in what came before the end (a closing receiver waits for them too).
+    ending: usize,
     peers_gone: u64,
     peer_pids: Vec<u32>,
     /// A pub's peers, each with its topics and its own queue (`queue` stays empty).
@@ -1042,7 +1055,7 @@ impl ZmtpChannel {
             progressed.as_mut().enable();
             let connected = {
                 let state = self.shared.state();
-                state.peers + state.handshaking
+                state.peers + state.handshaking + state.ending
             };
             if connected == 0 {
                 break;
@@ -1266,6 +1279,7 @@ async fn serve(shared: Arc<Shared>, stream: Stream) {
         }),
         reader: Notify::new(),
         ended: Mutex::new(None),
+        ending: AtomicBool::new(false),
         early: Mutex::new(Early::default()),
     };
     if shared.report_peers {
@@ -1284,6 +1298,17 @@ async fn serve(shared: Arc<Shared>, stream: Stream) {
         () = shared.stopped() => "the socket closed".to_owned(),
     };
     tracing::debug!(channel = %shared.label, peer = %name, %ended, "peer gone");
+    if connection.ending.load(Ordering::Acquire) {
+        shared.state().ending -= 1;
+        shared.progress.notify_waiters();
+    } else {
+        no_longer_a_peer(&shared, &connection);
+    }
+}
+
+/// The socket forgets `connection` as a peer: its sends, a pair's room for a new peer and
+/// `peers_hold_what_was_written` no longer count it.
+fn no_longer_a_peer(shared: &Shared, connection: &Connection) {
     {
         let mut state = shared.state();
         state.peers -= 1;
@@ -1411,6 +1436,8 @@ struct Connection {
     ended: Mutex<Option<String>>,
     /// What the writer read when it looked whether the peer is still there, for the reader.
     early: Mutex<Early>,
+    /// No longer a peer of the socket, its reader finishing ([`State::ending`]).
+    ending: AtomicBool,
 }
 
 /// Bytes (and the end) the writer read before the reader did.
@@ -1503,6 +1530,19 @@ impl Connection {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+
+    /// The connection can carry nothing more out (a write failed: a closing receiver stopped
+    /// our writes, or the peer is gone; or the peer closed): it stops being a peer at once, so
+    /// a pair serves a new one and sends go elsewhere, while its reader still takes in, for
+    /// this side's owner to take or count, what the peer sent before its end. Our end is shut
+    /// for writing, so a peer still there ends too. Why it ended, once the reader is done.
+    async fn no_longer_a_peer(&self, shared: &Shared, stream: &Stream) -> String {
+        stream.shutdown_write();
+        no_longer_a_peer(shared, self);
+        shared.state().ending += 1;
+        self.ending.store(true, Ordering::Release);
+        self.reader_ended().await
     }
 
     /// Waits for the reader to have taken in everything the peer sent before its end; why it
@@ -1686,10 +1726,8 @@ async fn write_until_gone(shared: &Shared, connection: &Connection, stream: &Str
                 return ended;
             }
             let replies = connection.take_replies();
-            if !replies.is_empty()
-                && let Err(error) = stream.write_all(&replies).await
-            {
-                return error.to_string();
+            if !replies.is_empty() && stream.write_all(&replies).await.is_err() {
+                return connection.no_longer_a_peer(shared, stream).await;
             }
             if let Some(batch) = shared.take_batch(writer) {
                 break batch;
@@ -1700,17 +1738,14 @@ async fn write_until_gone(shared: &Shared, connection: &Connection, stream: &Str
         // the connection ends once the reader took in what the peer sent before its end.
         if connection.peer_closed(stream) {
             shared.settle(writer, batch, 0);
-            return connection.reader_ended().await;
+            return connection.no_longer_a_peer(shared, stream).await;
         }
         let mut replies = connection.take_replies();
         let (n_written, failed) = write_batch(connection, stream, &batch, &mut replies).await;
         tracing::trace!(channel = %shared.label, n_written, "wrote a batch");
         shared.settle(writer, batch, n_written);
         if failed.is_some() {
-            // The connection is broken (a closing receiver stopped our writes, or the peer is
-            // gone): what the peer wrote before its end is still taken in, and counted by this
-            // side's owner, before the connection goes.
-            return connection.reader_ended().await;
+            return connection.no_longer_a_peer(shared, stream).await;
         }
     }
 }
