@@ -265,7 +265,10 @@ async fn handle_signals(controller: DeviceController) {
             | State::InitializingTask
             | State::ResettingTask
     ) {
-        controller.abort(format!("{name} received in {state}"));
+        // Only that state: one the device left meanwhile by itself (a RUNNING that reached
+        // its --max-iterations as the signal came) is not failed; `shut_down` below takes it
+        // down cleanly, its channels' closes reporting what they lost.
+        controller.abort_in(state, format!("{name} received in {state}"));
     }
     let shutdown = {
         let controller = controller.clone();

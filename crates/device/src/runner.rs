@@ -29,7 +29,8 @@ use crate::tap::TAP_FLUSH;
 
 enum Request {
     Change(Transition, oneshot::Sender<Result<State>>),
-    Abort(String),
+    /// Why, and the state it is meant for (`None`: whatever the device is in).
+    Abort(String, Option<State>),
 }
 
 /// One state change, as seen by [`DeviceController::subscribe_changes`].
@@ -148,7 +149,16 @@ impl DeviceController {
     /// Takes the device out of whatever it is doing: a STOP when RUNNING, otherwise the current
     /// working state is cancelled and the device goes to ERROR with `reason`.
     pub fn abort(&self, reason: impl Into<String>) {
-        let _ = self.requests.try_send(Request::Abort(reason.into()));
+        let _ = self.requests.try_send(Request::Abort(reason.into(), None));
+    }
+
+    /// [`DeviceController::abort`] of `state` only: a device that has left it by the time the
+    /// request is handled (a RUNNING that ended by itself as the signal came) is not failed;
+    /// whoever asked then takes it down cleanly ([`crate::control::shut_down`]).
+    pub fn abort_in(&self, state: State, reason: impl Into<String>) {
+        let _ = self
+            .requests
+            .try_send(Request::Abort(reason.into(), Some(state)));
     }
 
     /// Waits until the device is in `wanted`, at most `timeout` (forever if `None`).
@@ -409,7 +419,8 @@ impl<D: Device> DeviceRunner<D> {
                 });
             };
             match request {
-                Request::Abort(reason) => {
+                Request::Abort(_, Some(meant_for)) if meant_for != state => {}
+                Request::Abort(reason, _) => {
                     if !matches!(state, State::Error | State::Idle) {
                         self.fail(DeviceError::Interrupted {
                             device: self.config.id.clone(),
@@ -548,11 +559,12 @@ impl<D: Device> DeviceRunner<D> {
                             let _ = reply.send(Ok(State::Error));
                             break Err(DeviceError::Interrupted { device: id.clone(), state, reason: "ERROR FOUND requested".to_owned() });
                         }
-                        Some(Request::Abort(reason)) if state == State::Running => {
+                        Some(Request::Abort(_, Some(meant_for))) if meant_for != state => {}
+                        Some(Request::Abort(reason, _)) if state == State::Running => {
                             tracing::info!(device = %id, %reason, "stopping");
                             stop.request();
                         }
-                        Some(Request::Abort(reason)) => {
+                        Some(Request::Abort(reason, _)) => {
                             break Err(DeviceError::Interrupted { device: id.clone(), state, reason });
                         }
                         None => {

@@ -211,6 +211,42 @@ async fn connecting_does_not_wait_for_the_peer_and_an_abort_ends_the_device() {
     assert_eq!(controller.state(), State::Exiting);
 }
 
+/// A signal's abort meant for RUNNING that reaches the device once it left RUNNING by itself
+/// (its `--max-iterations` as the signal came) does not fail it: the shutdown that follows
+/// takes it down cleanly, RESET DEVICE closing its channels and reporting what they lost.
+/// Before, the abort failed it in READY (ERROR, exit 1, channels dropped without a close).
+#[tokio::test]
+async fn an_abort_meant_for_a_state_the_device_left_is_not_a_failure() {
+    let (runner, controller) = DeviceRunner::new(Idle, DeviceConfig::new("idle"), transports());
+    let task = tokio::spawn(runner.run());
+    for (transition, state) in [
+        (Transition::InitDevice, State::InitializingDevice),
+        (Transition::CompleteInit, State::Initialized),
+        (Transition::Bind, State::Bound),
+        (Transition::Connect, State::DeviceReady),
+        (Transition::InitTask, State::Ready),
+    ] {
+        controller.change_state(transition).await.unwrap();
+        controller.wait_for_state(state, WAIT).await.unwrap();
+    }
+    controller.abort_in(State::Running, "SIGTERM received in RUNNING");
+    control::shut_down(&controller).await.unwrap();
+    task.await.unwrap().unwrap();
+    // Meant for the state it is in, it still fails the device.
+    let (runner, controller) = DeviceRunner::new(Idle, DeviceConfig::new("idle"), transports());
+    let task = tokio::spawn(runner.run());
+    for transition in [Transition::InitDevice, Transition::CompleteInit] {
+        controller.change_state(transition).await.unwrap();
+    }
+    controller
+        .wait_for_state(State::Initialized, WAIT)
+        .await
+        .unwrap();
+    controller.abort_in(State::Initialized, "SIGTERM received in INITIALIZED");
+    assert!(control::shut_down(&controller).await.is_err());
+    assert!(task.await.unwrap().is_err());
+}
+
 struct CountsPerChannel {
     counts: std::collections::BTreeMap<String, u64>,
     report: tokio::sync::mpsc::UnboundedSender<std::collections::BTreeMap<String, u64>>,
