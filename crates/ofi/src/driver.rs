@@ -237,6 +237,9 @@ struct Closing {
     /// The engine's bytes sent when last looked at; more now is progress (what it receives
     /// is not: a pair's peer that keeps sending does not take what this end accepted).
     bytes_sent: u64,
+    /// The engine's bytes received when last looked at: progress while messages granted to
+    /// the peer are still arriving (a closing receiver waits for them).
+    bytes_received: u64,
     done: oneshot::Sender<usize>,
 }
 
@@ -246,13 +249,18 @@ impl Closing {
         self.deadline = Instant::now() + self.linger;
     }
 
-    /// At the deadline: true (and the silence starts again) if bytes left since the last look
-    /// (`bytes_sent` is the engine's count now), false if `linger` passed in silence.
-    fn bytes_left_since(&mut self, bytes_sent: u64) -> bool {
-        if bytes_sent == self.bytes_sent {
+    /// At the deadline: true (and the silence starts again) if bytes left since the last look,
+    /// or arrived while granted messages are awaited (`received`, `None` when none are), false
+    /// if `linger` passed in silence.
+    fn bytes_moved_since(&mut self, sent: u64, received: Option<u64>) -> bool {
+        let received_more = received.is_some_and(|received| received != self.bytes_received);
+        if sent == self.bytes_sent && !received_more {
             return false;
         }
-        self.bytes_sent = bytes_sent;
+        self.bytes_sent = sent;
+        if let Some(received) = received {
+            self.bytes_received = received;
+        }
         self.progressed();
         true
     }
@@ -297,6 +305,7 @@ impl Driver {
                                     deadline: Instant::now() + linger,
                                     n_outstanding: usize::MAX,
                                     bytes_sent: self.engine.bytes_sent(),
+                                    bytes_received: self.engine.bytes_received(),
                                     done,
                                 });
                                 break;
@@ -343,11 +352,14 @@ impl Driver {
                 () = sleep_until_opt(connect_due) => self.try_connect().await,
                 () = sleep_until_opt(closing_deadline) => {
                     let bytes_sent = self.engine.bytes_sent();
+                    let bytes_received =
+                        (!self.receiving.is_empty()).then(|| self.engine.bytes_received());
                     if let Some(closing) = &mut self.closing
-                        && closing.bytes_left_since(bytes_sent)
+                        && closing.bytes_moved_since(bytes_sent, bytes_received)
                     {
                         continue;
                     }
+                    self.give_up_awaited_receives();
                     let lost = self.n_outstanding();
                     if let Some(closing) = self.closing.take() {
                         let _ = closing.done.send(lost);
@@ -368,6 +380,23 @@ impl Driver {
         // Stopping the engine waits for its thread: off the async workers.
         let engine = self.engine;
         let _ = tokio::task::spawn_blocking(move || drop(engine)).await;
+    }
+
+    /// A close that waited `linger` in silence for messages granted to the peer: those that
+    /// arrived whole behind one that did not go to the queue `OfiSocket::close` counts (order
+    /// no longer matters); those still arriving are said, since the peer may count them
+    /// delivered.
+    fn give_up_awaited_receives(&mut self) {
+        for (_, (permit, parts)) in std::mem::take(&mut self.ready) {
+            permit.send(Parts::from(parts));
+        }
+        if !self.receiving.is_empty() {
+            tracing::warn!(
+                channel = %self.label,
+                n_messages = self.receiving.len(),
+                "closing: messages granted to the peer had not arrived whole after linger; they are dropped uncounted here"
+            );
+        }
     }
 
     /// Messages accepted by `send` that have not fully left yet.

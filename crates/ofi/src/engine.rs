@@ -265,6 +265,11 @@ impl EngineHandle {
     pub(crate) fn bytes_sent(&self) -> u64 {
         self.stats.bytes_sent.load(Ordering::Relaxed)
     }
+
+    /// Bytes received so far, counted per completed chunk as [`EngineHandle::bytes_sent`].
+    pub(crate) fn bytes_received(&self) -> u64 {
+        self.stats.bytes_received.load(Ordering::Relaxed)
+    }
 }
 
 impl Drop for EngineHandle {
