@@ -1312,6 +1312,11 @@ fn no_longer_a_peer(shared: &Shared, connection: &Connection) {
     {
         let mut state = shared.state();
         state.peers -= 1;
+        // Under the same lock: a closing receiver sees the connection as a peer or as ending,
+        // never as neither while its reader still works.
+        if connection.ending.load(Ordering::Acquire) {
+            state.ending += 1;
+        }
         state.peers_gone += 1;
         // After the count, under the lock: whoever lets a connection go because its link says
         // gone (a shmem sender dropping its ring) then finds `peers_hold_what_was_written`
@@ -1539,9 +1544,9 @@ impl Connection {
     /// for writing, so a peer still there ends too. Why it ended, once the reader is done.
     async fn no_longer_a_peer(&self, shared: &Shared, stream: &Stream) -> String {
         stream.shutdown_write();
-        no_longer_a_peer(shared, self);
-        shared.state().ending += 1;
+        // Nothing awaits from here to the count: a stop cannot come between the flag and it.
         self.ending.store(true, Ordering::Release);
+        no_longer_a_peer(shared, self);
         self.reader_ended().await
     }
 
