@@ -690,40 +690,61 @@ mod tests {
 
     /// A pair whose peer left while its inbox was full (its reader waiting for the owner to
     /// take something) stops counting that connection as its peer once a write to it fails,
-    /// so the next peer is served and gets what the owner sends. Before, the connection waited
-    /// for its reader for ever, and every new peer was refused ("one peer at a time").
+    /// so the next peer is served and gets what the owner sends: bound, it accepts the next
+    /// peer; connecting, it connects again. Before, the connection waited for its reader for
+    /// ever, and every new peer was refused ("one peer at a time"), or never connected to.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_pair_whose_peer_left_while_its_inbox_was_full_serves_the_next_peer() {
-        let file = IpcFile::new("pair-next-peer");
-        let address = file.address();
-        let (mut first_peer, mut pair) =
-            sender_and_receiver(&address, (SocketType::Pair, SocketType::Pair), 10).await;
-        // More than the pair's inbox and the connection hold: the peer's close gives up on the
-        // rest after its linger and leaves.
-        for i in 0..900u32 {
-            first_peer
-                .send_unboxed(one_part(i as u8, 4096), None)
-                .await
-                .unwrap();
+        for pair_binds in [true, false] {
+            let file = IpcFile::new(&format!("pair-next-peer-{pair_binds}"));
+            let address = file.address();
+            let parsed = Address::parse(&address).unwrap();
+            let (pair_method, peer_method) = if pair_binds {
+                (ferromq_core::Method::Bind, ferromq_core::Method::Connect)
+            } else {
+                (ferromq_core::Method::Connect, ferromq_core::Method::Bind)
+            };
+            let open = |method| {
+                let mut config = ChannelConfig::new("data", SocketType::Pair, method)
+                    .with_address(address.as_str());
+                config.rcv_buf_size = 10;
+                ZmqSocket::new(&config, "data", crate::PeerRules::ZEROMQ, true)
+            };
+            async fn attach(socket: &mut ZmqSocket, method: ferromq_core::Method, at: &Address) {
+                match method {
+                    ferromq_core::Method::Bind => drop(socket.bind(at).await.unwrap()),
+                    ferromq_core::Method::Connect => socket.connect(at).await.unwrap(),
+                }
+            }
+            let (mut pair, mut first_peer) = (open(pair_method), open(peer_method));
+            for (socket, method) in [(&mut pair, pair_method), (&mut first_peer, peer_method)] {
+                attach(socket, method, &parsed).await;
+            }
+            // More than the pair's inbox and the connection hold: the peer's close gives up on
+            // the rest after its linger and leaves.
+            for i in 0..900u32 {
+                first_peer
+                    .send_unboxed(one_part(i as u8, 4096), None)
+                    .await
+                    .unwrap();
+            }
+            assert!(n_undelivered(first_peer.close(Duration::from_millis(200)).await) > 0);
+            // Its write to the peer that left fails; the connection stops being its peer.
+            pair.send_unboxed(one_part(1, 64), None).await.unwrap();
+            let mut next_peer = open(peer_method);
+            attach(&mut next_peer, peer_method, &parsed).await;
+            let received =
+                tokio::time::timeout(Duration::from_secs(20), next_peer.receive_unboxed())
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("the next peer was never served (the pair binds: {pair_binds})")
+                    })
+                    .unwrap();
+            assert_eq!(received.get(0).unwrap().data(), &[1; 64][..]);
+            next_peer.close(Duration::ZERO).await.unwrap();
+            // What the first peer wrote before it left is still the pair's to take or report.
+            assert!(n_undelivered(pair.close(Duration::ZERO).await) > 0);
         }
-        assert!(n_undelivered(first_peer.close(Duration::from_millis(200)).await) > 0);
-        // Its write to the peer that left fails; the connection stops being the pair's peer.
-        pair.send_unboxed(one_part(1, 64), None).await.unwrap();
-        let config = ChannelConfig::new("data", SocketType::Pair, ferromq_core::Method::Connect)
-            .with_address(address.as_str());
-        let mut next_peer = ZmqSocket::new(&config, "data", crate::PeerRules::ZEROMQ, true);
-        next_peer
-            .connect(&Address::parse(&address).unwrap())
-            .await
-            .unwrap();
-        let received = tokio::time::timeout(Duration::from_secs(20), next_peer.receive_unboxed())
-            .await
-            .expect("the next peer was never served")
-            .unwrap();
-        assert_eq!(received.get(0).unwrap().data(), &[1; 64][..]);
-        next_peer.close(Duration::ZERO).await.unwrap();
-        // What the first peer wrote before it left is still the pair's to take or report.
-        assert!(n_undelivered(pair.close(Duration::ZERO).await) > 0);
     }
 
     /// A receiver that closes while its sender still writes: what it read is its count, what

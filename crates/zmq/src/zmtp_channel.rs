@@ -808,7 +808,7 @@ impl ZmtpChannel {
                 loop {
                     match listener.accept(shared.kernel_sizes, &shared.label).await {
                         Ok(stream) => {
-                            tokio::spawn(serve(Arc::clone(&shared), stream));
+                            tokio::spawn(serve(Arc::clone(&shared), stream, None));
                         }
                         Err(error) => accept_failed(&shared, &error).await,
                     }
@@ -846,7 +846,12 @@ impl ZmtpChannel {
                 while !shared.is_draining() {
                     match target.connect(shared.kernel_sizes, &shared.label).await {
                         Ok(stream) => {
-                            serve(Arc::clone(&shared), stream).await;
+                            // Connects again once this connection is no peer any more,
+                            // though its reader may still be taking in what came before
+                            // its end (for an owner that is not receiving: a while).
+                            let (no_peer, no_longer) = tokio::sync::oneshot::channel();
+                            tokio::spawn(serve(Arc::clone(&shared), stream, Some(no_peer)));
+                            let _ = no_longer.await;
                             backoff = RECONNECT_MIN;
                         }
                         Err(error) => {
@@ -1198,7 +1203,12 @@ impl Target {
 }
 
 /// Serves one connected peer until it goes away or the socket stops.
-async fn serve(shared: Arc<Shared>, stream: Stream) {
+/// `no_peer`, if given, is told (or dropped) once the connection is no peer of the socket.
+async fn serve(
+    shared: Arc<Shared>,
+    stream: Stream,
+    no_peer: Option<tokio::sync::oneshot::Sender<()>>,
+) {
     // A closing receiver takes no new connection: the peer keeps its messages.
     let Some(handshaking) = Handshaking::began(&shared) else {
         return;
@@ -1280,6 +1290,7 @@ async fn serve(shared: Arc<Shared>, stream: Stream) {
         reader: Notify::new(),
         ended: Mutex::new(None),
         ending: AtomicBool::new(false),
+        no_peer: Mutex::new(no_peer),
         early: Mutex::new(Early::default()),
     };
     if shared.report_peers {
@@ -1340,6 +1351,14 @@ fn no_longer_a_peer(shared: &Shared, connection: &Connection) {
         }
     }
     shared.progress.notify_waiters();
+    if let Some(no_peer) = connection
+        .no_peer
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+    {
+        let _ = no_peer.send(());
+    }
 }
 
 /// One connection of a push socket as its owner sees it (see [`crate::ZmqSocket::next_peer`]):
@@ -1443,6 +1462,8 @@ struct Connection {
     early: Mutex<Early>,
     /// No longer a peer of the socket, its reader finishing ([`State::ending`]).
     ending: AtomicBool,
+    /// Told once the connection is no peer any more: a connecting socket then connects again.
+    no_peer: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
 }
 
 /// Bytes (and the end) the writer read before the reader did.
