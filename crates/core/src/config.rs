@@ -85,6 +85,13 @@ impl SocketType {
     pub fn can_receive(self) -> bool {
         !matches!(self, SocketType::Push | SocketType::Pub)
     }
+
+    /// True for the types whose close reports, as `Error::Undelivered`, the messages that
+    /// reached them and that they did not take (pull, pair): a sub's are not counted (ZeroMQ's
+    /// PUB semantics), nor are req's or rep's (a reply is the acknowledgement).
+    pub fn counts_unread_at_close(self) -> bool {
+        matches!(self, SocketType::Pull | SocketType::Pair)
+    }
 }
 
 impl fmt::Display for SocketType {

@@ -412,8 +412,8 @@ impl Socket for OfiSocket {
         // What reached this pull or pair whole and the device did not take: its sender saw the
         // transfer complete, so it is this side's to report (a req's or rep's is not: a reply
         // is the acknowledgement).
-        let unread = match (self.received.take(), self.config.socket_type) {
-            (Some(mut received), SocketType::Pull | SocketType::Pair) => {
+        let unread = match self.received.take() {
+            Some(mut received) if self.config.socket_type.counts_unread_at_close() => {
                 received.close();
                 std::iter::from_fn(|| received.try_recv().ok()).count()
             }

@@ -383,7 +383,7 @@ impl InprocChannel {
     /// counts what is in it: messages sent to this socket that it did not take. 0 for the other
     /// patterns (a sub's unread messages are not counted, as with ZeroMQ's PUB).
     pub(crate) fn take_unread(&mut self) -> usize {
-        if !matches!(self.socket_type, SocketType::Pull | SocketType::Pair) {
+        if !self.socket_type.counts_unread_at_close() {
             return 0;
         }
         self.inbox.close();

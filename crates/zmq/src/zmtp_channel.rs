@@ -1563,7 +1563,7 @@ impl Connection {
     /// a pair serves a new one and sends go elsewhere, while its reader still takes in, for
     /// this side's owner to take or count, what the peer sent before its end. Our end is shut
     /// for writing, so a peer still there ends too. Why it ended, once the reader is done.
-    async fn no_longer_a_peer(&self, shared: &Shared, stream: &Stream) -> String {
+    async fn stop_being_a_peer(&self, shared: &Shared, stream: &Stream) -> String {
         stream.shutdown_write();
         // Nothing awaits from here to the count: a stop cannot come between the flag and it.
         self.ending.store(true, Ordering::Release);
@@ -1753,7 +1753,7 @@ async fn write_until_gone(shared: &Shared, connection: &Connection, stream: &Str
             }
             let replies = connection.take_replies();
             if !replies.is_empty() && stream.write_all(&replies).await.is_err() {
-                return connection.no_longer_a_peer(shared, stream).await;
+                return connection.stop_being_a_peer(shared, stream).await;
             }
             if let Some(batch) = shared.take_batch(writer) {
                 break batch;
@@ -1764,14 +1764,14 @@ async fn write_until_gone(shared: &Shared, connection: &Connection, stream: &Str
         // the connection ends once the reader took in what the peer sent before its end.
         if connection.peer_closed(stream) {
             shared.settle(writer, batch, 0);
-            return connection.no_longer_a_peer(shared, stream).await;
+            return connection.stop_being_a_peer(shared, stream).await;
         }
         let mut replies = connection.take_replies();
         let (n_written, failed) = write_batch(connection, stream, &batch, &mut replies).await;
         tracing::trace!(channel = %shared.label, n_written, "wrote a batch");
         shared.settle(writer, batch, n_written);
         if failed.is_some() {
-            return connection.no_longer_a_peer(shared, stream).await;
+            return connection.stop_being_a_peer(shared, stream).await;
         }
     }
 }
