@@ -154,6 +154,20 @@ pub enum DeviceError {
         /// Why.
         reason: String,
     },
+    /// The device failed (`failure`), and closing the channels the failure left open lost
+    /// messages too: what `send` had accepted and could not deliver within `linger`, or what
+    /// reached a receiver and was not taken, each with its channel and count.
+    #[error(
+        "{}; then, closing its channels: {}",
+        ferromq_core::error_chain(.failure.as_ref()),
+        joined(.losses)
+    )]
+    FailedThenLost {
+        /// What moved the device to ERROR.
+        failure: Box<DeviceError>,
+        /// Each channel's close error, [`ferromq_core::Error::Undelivered`] mostly.
+        losses: Vec<ferromq_core::Error>,
+    },
     /// The external control endpoint failed.
     #[error("control endpoint {address}: {problem}")]
     Control {
@@ -162,6 +176,15 @@ pub enum DeviceError {
         /// What failed.
         problem: String,
     },
+}
+
+/// Errors in one line, `; ` between them.
+fn joined(errors: &[ferromq_core::Error]) -> String {
+    errors
+        .iter()
+        .map(|error| ferromq_core::error_chain(error))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// What a socket of `socket_type` cannot do of `action` (`send`, `receive`, `request`,

@@ -6,6 +6,10 @@
 //! Working states (binding, connecting, running, ...) run concurrently with the request queue, so
 //! a STOP or an abort is seen at once in every state: a device blocked in CONNECTING on a peer
 //! that never comes can still be taken down ([`DeviceController::abort`] moves it to ERROR).
+//! From ERROR the device leaves through END, past RESETTING DEVICE: the runner closes the
+//! channels still open on its way out, each within its `linger`, so that a failure delivers or
+//! counts what they accepted instead of dropping it; the same when every controller is
+//! dropped before END.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -413,10 +417,12 @@ impl<D: Device> DeviceRunner<D> {
             }
             let Some(request) = self.requests.recv().await else {
                 self.stop_rate_logger();
+                let losses = self.close_channels_left().await;
                 self.close_taps().await;
-                return Err(DeviceError::DeviceGone {
+                let gone = DeviceError::DeviceGone {
                     device: self.config.id.clone(),
-                });
+                };
+                return Err(self.with_losses(gone, losses));
             };
             match request {
                 Request::Abort(_, Some(meant_for)) if meant_for != state => {}
@@ -458,11 +464,62 @@ impl<D: Device> DeviceRunner<D> {
             }
         }
         self.stop_rate_logger();
+        let losses = self.close_channels_left().await;
         self.close_taps().await;
         match self.failure.take() {
-            Some(failure) => Err(failure),
-            None => Ok(()),
+            Some(failure) => Err(self.with_losses(failure, losses)),
+            // Channels are left open only by a failure; were one to get here without, what
+            // it lost still fails the device.
+            None => match losses.into_iter().next() {
+                Some(loss) => Err(DeviceError::Channel(loss)),
+                None => Ok(()),
+            },
         }
+    }
+
+    /// Closes the channels a failure left open. ERROR goes to EXITING past RESETTING DEVICE,
+    /// which closes them on the way down without one; dropped instead, they took with them what
+    /// `send` had accepted and not yet delivered (a stalled receiver's messages over zeromq),
+    /// without a word. Closed here, each gets its `linger` to deliver it or hand it over as on
+    /// the way down, and what is lost all the same (or, at a receiver, reached it and was not
+    /// taken) is said with its count and channel. The device has failed already, so these
+    /// errors are logged beside the failure instead of replacing it (the exit code is 1
+    /// either way).
+    async fn close_channels_left(&mut self) -> Vec<Error> {
+        if self.ctx.channels.is_empty() {
+            return Vec::new();
+        }
+        let mut losses = Vec::new();
+        for channel in &mut self.ctx.channels {
+            if let Err(error) = channel.close().await {
+                tracing::error!(device = %self.config.id, "after the failure: {error}");
+                losses.push(error);
+            }
+        }
+        self.ctx.clear_channels();
+        self.shared
+            .lock()
+            .expect("shared state poisoned")
+            .bound_addresses
+            .clear();
+        losses
+    }
+
+    /// `failure`, with what closing the channels after it lost (see
+    /// [`Self::close_channels_left`]), also as the device's last error.
+    fn with_losses(&self, failure: DeviceError, losses: Vec<Error>) -> DeviceError {
+        if losses.is_empty() {
+            return failure;
+        }
+        let failure = DeviceError::FailedThenLost {
+            failure: Box::new(failure),
+            losses,
+        };
+        self.shared
+            .lock()
+            .expect("shared state poisoned")
+            .last_error = Some(error_chain(&failure));
+        failure
     }
 
     /// Closes every open tap and gives their forwarders up to [`TAP_FLUSH`] to hand the copies

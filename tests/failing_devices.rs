@@ -1,0 +1,340 @@
+//! A device that fails after it sent: what `send` accepted is still delivered, or its loss is
+//! counted and said, as on the normal way down (RESETTING DEVICE closes the channels). A failure
+//! goes ERROR -> EXITING, past RESETTING DEVICE; the device used to drop its channels there,
+//! and with them every message still on its way to a stalled receiver, without a word.
+//!
+//! This test binary runs the tests and, started again with `FERROMQ_TEST_ROLE`, plays the
+//! devices: `failing-sender` sends `COUNT` messages of `SIZE` bytes on its channel `data`
+//! (pausing after the first, so that the test can stop its receiver) and then fails;
+//! `counting-sink` receives and checks `COUNT` messages and prints `FIRST` after the first
+//! and `ALL` after the last.
+
+mod support;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use ferromq::prelude::*;
+use libtest_mimic::Arguments;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use support::{IpcPath, ROLE_VAR, block_on, env_number, payload, trial, verify};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+
+const FAILURE_TEXT: &str = "the detector caught fire";
+/// How long the sender waits after its first message: the test stops its receiver meanwhile.
+const PAUSE_AFTER_FIRST: Duration = Duration::from_secs(3);
+const N_MESSAGES: u64 = 60;
+/// 60 of these are far more than a stalled zeromq receiver's socket buffers take.
+const SIZE: u64 = 1 << 20;
+const STEP: Duration = Duration::from_secs(60);
+
+fn main() {
+    if let Ok(role) = std::env::var(ROLE_VAR) {
+        let code = match role.as_str() {
+            "failing-sender" => ferromq::run_device_main(|_| FailingSender),
+            "counting-sink" => ferromq::run_device_main(|_| CountingSink),
+            other => {
+                eprintln!("unknown role {other}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+        std::process::exit(if code == std::process::ExitCode::SUCCESS {
+            0
+        } else {
+            1
+        });
+    }
+    let tests = vec![
+        trial(
+            "a_failing_shmem_sender_still_delivers_to_a_stalled_receiver",
+            || stalled_receiver_gets_everything("shmem"),
+        ),
+        trial(
+            "a_failing_zeromq_sender_still_delivers_to_a_stalled_receiver",
+            || stalled_receiver_gets_everything("zeromq"),
+        ),
+        trial(
+            "a_failing_shmem_sender_whose_receiver_died_names_the_count",
+            || dead_receiver_is_counted("shmem"),
+        ),
+        trial(
+            "a_failing_zeromq_sender_whose_receiver_died_names_the_count",
+            || dead_receiver_is_counted("zeromq"),
+        ),
+    ];
+    libtest_mimic::run(&Arguments::from_args(), tests).exit();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The devices
+
+struct FailingSender;
+
+#[ferromq::async_trait]
+impl Device for FailingSender {
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let n_messages = env_number("COUNT");
+        let size = env_number("SIZE") as usize;
+        for idx in 0..n_messages {
+            ctx.send("data", Message::from(payload(idx, size))).await?;
+            if idx == 0 {
+                tokio::time::sleep(PAUSE_AFTER_FIRST).await;
+            }
+        }
+        println!("SENT {n_messages}");
+        Err(FAILURE_TEXT.into())
+    }
+}
+
+struct CountingSink;
+
+#[ferromq::async_trait]
+impl Device for CountingSink {
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let n_messages = env_number("COUNT");
+        for idx in 0..n_messages {
+            let message = ctx.receive("data").await?;
+            verify(idx, message.data())?;
+            if idx == 0 {
+                println!("FIRST");
+            }
+        }
+        println!("ALL");
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tests
+
+/// A device process of this binary in `role`, its stdout and stderr collected, killed on drop.
+struct DeviceProcess {
+    child: Child,
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+    seen: Vec<String>,
+}
+
+impl DeviceProcess {
+    fn spawn(role: &str, args: &[String]) -> DeviceProcess {
+        let mut child = Command::new(std::env::current_exe().expect("test binary path"))
+            .env(ROLE_VAR, role)
+            .env("COUNT", N_MESSAGES.to_string())
+            .env("SIZE", SIZE.to_string())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn a device");
+        let (sender, lines) = tokio::sync::mpsc::unbounded_channel();
+        forward_lines(child.stdout.take().expect("piped"), sender.clone());
+        forward_lines(child.stderr.take().expect("piped"), sender);
+        DeviceProcess {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id().expect("running") as i32)
+    }
+
+    /// Waits for a line containing `wanted`.
+    async fn wait_for(&mut self, wanted: &str) -> Result<()> {
+        let found = tokio::time::timeout(STEP, async {
+            while let Some(line) = self.lines.recv().await {
+                let found = line.contains(wanted);
+                self.seen.push(line);
+                if found {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        ensure!(
+            found == Ok(true),
+            "no line with {wanted:?} in\n{}",
+            self.seen.join("\n")
+        );
+        Ok(())
+    }
+
+    /// Waits for the exit; returns its code and everything the process printed.
+    async fn exit(&mut self) -> Result<(Option<i32>, String)> {
+        let status = tokio::time::timeout(STEP, self.child.wait())
+            .await
+            .with_context(|| format!("no exit in time; printed\n{}", self.seen.join("\n")))??;
+        while let Some(line) = self.lines.recv().await {
+            self.seen.push(line);
+        }
+        Ok((status.code(), self.seen.join("\n")))
+    }
+}
+
+fn forward_lines(
+    stream: impl AsyncRead + Unpin + Send + 'static,
+    lines: tokio::sync::mpsc::UnboundedSender<String>,
+) {
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(stream).lines();
+        while let Ok(Some(line)) = reader.next_line().await {
+            let _ = lines.send(line);
+        }
+    });
+}
+
+/// The options of a device of this test: its channel `data` on `address` over `transport`.
+fn device_args(
+    id: &str,
+    transport: &str,
+    session: &str,
+    channel: &str,
+    address: &str,
+) -> Vec<String> {
+    [
+        "--id",
+        id,
+        "--transport",
+        transport,
+        "--session",
+        session,
+        "--control",
+        "static",
+        "--color",
+        "false",
+        "--channel-config",
+        &format!("name=data,{channel},address={address}"),
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+fn session_name(tag: &str) -> String {
+    format!("failing-{tag}-{}", std::process::id())
+}
+
+/// The sender fails while its receiver is stopped with most of the messages on their way to
+/// it; the receiver, continued after the sender's failure, gets every one of them.
+fn stalled_receiver_gets_everything(transport: &'static str) -> Result<()> {
+    block_on(async move {
+        let path = IpcPath::new(&format!("failing-stall-{transport}"));
+        let session = session_name(&format!("stall-{transport}"));
+        let mut sink = DeviceProcess::spawn(
+            "counting-sink",
+            &device_args(
+                "sink",
+                transport,
+                &session,
+                "type=pull,method=bind",
+                &path.address(),
+            ),
+        );
+        // The sender's close waits this long for a stalled receiver to take something.
+        let mut sender = DeviceProcess::spawn(
+            "failing-sender",
+            &device_args(
+                "sender",
+                transport,
+                &session,
+                "type=push,method=connect,linger=20000",
+                &path.address(),
+            ),
+        );
+        sink.wait_for("FIRST").await?;
+        kill(sink.pid(), Signal::SIGSTOP)?;
+        let stopped = scopeguard_continue(sink.pid());
+        sender.wait_for("RUNNING ---> ERROR").await?;
+        // The sender is past its failure now, with messages still on their way.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        drop(stopped);
+        let (code, printed) = sender.exit().await?;
+        ensure!(code == Some(1), "the sender exited {code:?}:\n{printed}");
+        ensure!(
+            printed.contains(FAILURE_TEXT),
+            "the sender did not say why it failed:\n{printed}"
+        );
+        ensure!(
+            !printed.contains("were not delivered"),
+            "the sender reported losses:\n{printed}"
+        );
+        let (code, printed) = sink.exit().await?;
+        ensure!(
+            code == Some(0) && printed.contains("ALL"),
+            "the receiver did not get every message (exit {code:?}):\n{printed}"
+        );
+        Ok(())
+    })
+}
+
+/// The sender fails while its receiver is stopped, and the receiver is then killed: the
+/// sender exits 1 with its failure and a count of the messages that were not delivered.
+fn dead_receiver_is_counted(transport: &'static str) -> Result<()> {
+    block_on(async move {
+        let path = IpcPath::new(&format!("failing-dead-{transport}"));
+        let session = session_name(&format!("dead-{transport}"));
+        let mut sink = DeviceProcess::spawn(
+            "counting-sink",
+            &device_args(
+                "sink",
+                transport,
+                &session,
+                "type=pull,method=bind",
+                &path.address(),
+            ),
+        );
+        let mut sender = DeviceProcess::spawn(
+            "failing-sender",
+            &device_args(
+                "sender",
+                transport,
+                &session,
+                "type=push,method=connect,linger=3000",
+                &path.address(),
+            ),
+        );
+        sink.wait_for("FIRST").await?;
+        kill(sink.pid(), Signal::SIGSTOP)?;
+        sender.wait_for("RUNNING ---> ERROR").await?;
+        kill(sink.pid(), Signal::SIGKILL)?;
+        let _ = sink.exit().await?;
+        let (code, printed) = sender.exit().await?;
+        ensure!(code == Some(1), "the sender exited {code:?}:\n{printed}");
+        ensure!(
+            printed.contains(FAILURE_TEXT),
+            "the sender did not say why it failed:\n{printed}"
+        );
+        // Its last word says both: why it failed, and what that cost. The receiver took the
+        // first message; every later one was sent while it was stopped.
+        let last_word = printed
+            .lines()
+            .find(|line| line.starts_with("ferromq: device \"sender\" failed:"))
+            .with_context(|| format!("no final error line in\n{printed}"))?;
+        let lost = format!(
+            "channel \"data\" (push, {}): {} message(s) accepted by send were not delivered",
+            path.address(),
+            N_MESSAGES - 1
+        );
+        ensure!(
+            last_word.contains(FAILURE_TEXT) && last_word.contains(&lost),
+            "the sender's last word does not name its failure and {lost:?}:\n{printed}"
+        );
+        Ok(())
+    })
+}
+
+/// Continues a stopped process when dropped, so that a failing test leaves no stopped process.
+fn scopeguard_continue(pid: Pid) -> impl Drop {
+    struct Continue(Pid);
+    impl Drop for Continue {
+        fn drop(&mut self) {
+            let _ = kill(self.0, Signal::SIGCONT);
+        }
+    }
+    Continue(pid)
+}
