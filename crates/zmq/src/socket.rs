@@ -747,6 +747,78 @@ mod tests {
         }
     }
 
+    /// A connection ends as soon as a write to it fails, its reader possibly still taking in
+    /// what the peer sent before its end (here held back by a full inbox): the link says when
+    /// the reader is done, and from then on every message the peer wrote is taken without
+    /// waiting. (A shmem req whose replier left looks for the reply that way.)
+    #[tokio::test]
+    async fn a_link_says_when_everything_its_peer_sent_is_in_the_inbox() {
+        use futures::FutureExt;
+        const N_SENT: u64 = 900;
+        let file = IpcFile::new("link-read-everything");
+        let address = file.address();
+        let parsed = Address::parse(&address).unwrap();
+        let open = |method| {
+            let mut config =
+                ChannelConfig::new("data", SocketType::Pair, method).with_address(address.as_str());
+            config.rcv_buf_size = 10;
+            ZmqSocket::new(&config, "data", crate::PeerRules::ZEROMQ, true)
+        };
+        let mut pair = open(ferromq_core::Method::Bind);
+        pair.report_new_peers();
+        drop(pair.bind(&parsed).await.unwrap());
+        let mut peer = open(ferromq_core::Method::Connect);
+        peer.connect(&parsed).await.unwrap();
+        let (_, link) = tokio::time::timeout(Duration::from_secs(10), pair.next_peer())
+            .await
+            .expect("the peer connects")
+            .unwrap();
+        // More than the pair's inbox and the connection hold: the peer gives up on the rest.
+        for i in 0..N_SENT {
+            peer.send_unboxed(one_part(i as u8, 4096), None)
+                .await
+                .unwrap();
+        }
+        let n_unwritten = n_undelivered(peer.close(Duration::from_millis(200)).await);
+        // The write to the peer that left fails, and the connection ends.
+        link.send_frame(b"to nobody");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !link.is_gone() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the failed write ends the connection"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(
+            !link.has_read_everything(),
+            "the reader waits for room in the full inbox"
+        );
+        let mut n_taken = 0;
+        let taking = async {
+            loop {
+                tokio::select! {
+                    received = pair.receive_unboxed() => {
+                        received.unwrap();
+                        n_taken += 1;
+                    }
+                    () = link.read_everything() => break,
+                }
+            }
+        };
+        // The connection's task ends once its reader is done (it hung when the failed write
+        // was of frames alone).
+        tokio::time::timeout(Duration::from_secs(10), taking)
+            .await
+            .expect("the reader is done once the peer's end is read");
+        while let Some(received) = pair.receive_unboxed().now_or_never() {
+            received.unwrap();
+            n_taken += 1;
+        }
+        assert_eq!(n_taken, N_SENT - n_unwritten);
+        pair.close(Duration::ZERO).await.unwrap();
+    }
+
     /// A receiver that closes while its sender still writes: what it read is its count, what
     /// the sender could not write any more is the sender's (its writes to the closed
     /// connection fail and go back to its queue), so every message is taken or counted by one

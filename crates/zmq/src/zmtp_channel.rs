@@ -1285,6 +1285,8 @@ async fn serve(
             writer,
             replies: Mutex::new(Vec::new()),
             gone: false.into(),
+            read_everything: false.into(),
+            reader_done: Notify::new(),
             peer_pid,
         }),
         reader: Notify::new(),
@@ -1309,6 +1311,8 @@ async fn serve(
         () = shared.stopped() => "the socket closed".to_owned(),
     };
     tracing::debug!(channel = %shared.label, peer = %name, %ended, "peer gone");
+    // The reader is done (it finished, or it stopped with the socket): nothing more comes in.
+    connection.link.finish_reading();
     if connection.ending.load(Ordering::Acquire) {
         shared.state().ending -= 1;
         shared.progress.notify_waiters();
@@ -1374,6 +1378,10 @@ pub struct PeerLink {
     replies: Mutex<Vec<u8>>,
     /// The connection ended.
     gone: std::sync::atomic::AtomicBool,
+    /// The connection's reader is done: what the peer sent is in the socket's inbox.
+    read_everything: std::sync::atomic::AtomicBool,
+    /// Told when `read_everything` is set.
+    reader_done: Notify,
     /// The process the peer named in its handshake identity.
     peer_pid: Option<u32>,
 }
@@ -1393,9 +1401,36 @@ impl PeerLink {
         self.writer.notify_one();
     }
 
-    /// Whether the connection has ended (what was given to it since is lost).
+    /// Whether the connection has ended (what was given to it since is lost). Its reader may
+    /// still be taking in what the peer sent before its end: a connection ends as soon as a
+    /// write to it fails; see [`PeerLink::has_read_everything`].
     pub fn is_gone(&self) -> bool {
         self.gone.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Whether the connection's reader is done: everything the peer sent before the end is in
+    /// the socket's inbox (or the socket closed), so one look there finds it.
+    pub fn has_read_everything(&self) -> bool {
+        self.read_everything
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Waits until [`PeerLink::has_read_everything`]. Cancel-safe.
+    pub async fn read_everything(&self) {
+        loop {
+            let mut done = pin!(self.reader_done.notified());
+            done.as_mut().enable();
+            if self.has_read_everything() {
+                return;
+            }
+            done.await;
+        }
+    }
+
+    fn finish_reading(&self) {
+        self.read_everything
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.reader_done.notify_waiters();
     }
 
     /// The process the peer named in its handshake identity (a ferromq peer of this host's
@@ -1753,12 +1788,18 @@ async fn write_until_gone(shared: &Shared, connection: &Connection, stream: &Str
             }
             let replies = connection.take_replies();
             if !replies.is_empty() && stream.write_all(&replies).await.is_err() {
-                return connection.stop_being_a_peer(shared, stream).await;
+                // Out of this loop first: its enabled `woken` would stay first in line for the
+                // reader's wake-up that `stop_being_a_peer` waits for, and take it, never
+                // polled (the connection then never ended).
+                break None;
             }
             if let Some(batch) = shared.take_batch(writer) {
-                break batch;
+                break Some(batch);
             }
             woken.await;
+        };
+        let Some(batch) = batch else {
+            return connection.stop_being_a_peer(shared, stream).await;
         };
         // A peer that closed since the last look gets nothing more: the batch goes back, and
         // the connection ends once the reader took in what the peer sent before its end.
