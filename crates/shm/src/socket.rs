@@ -3166,9 +3166,22 @@ impl Socket for ShmSocket {
                 }
             };
             if let Some(link) = gone_replier {
-                // The connection's reader queued everything the peer sent before it marked the
-                // connection gone: one look finds it.
-                if let Some(received) = receive.now_or_never() {
+                // What the replier sent before the end is in the socket's inbox once the
+                // connection's reader is done. A connection ends as soon as a write to it fails
+                // (a link frame to a replier that closed), its reader possibly still at work:
+                // a reply it still takes in ends the wait as well.
+                let received = {
+                    let mut receive = std::pin::pin!(receive);
+                    if !link.has_read_everything() {
+                        tokio::select! {
+                            received = &mut receive => Some(received),
+                            () = link.read_everything() => receive.as_mut().now_or_never(),
+                        }
+                    } else {
+                        receive.as_mut().now_or_never()
+                    }
+                };
+                if let Some(received) = received {
                     self.frames.extend(received?);
                     continue;
                 }
