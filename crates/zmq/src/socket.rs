@@ -819,6 +819,62 @@ mod tests {
         pair.close(Duration::ZERO).await.unwrap();
     }
 
+    /// A socket dropped without a close says what it lost, as a close would count it: a sender
+    /// what it had accepted and not written, a receiver what reached it and it did not take.
+    #[tokio::test]
+    async fn a_socket_dropped_without_a_close_says_what_it_lost() {
+        #[derive(Clone, Default)]
+        struct Logged(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Logged {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let logged = Logged::default();
+        let writer = logged.clone();
+        let _logging = tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_writer(move || writer.clone())
+                .finish(),
+        );
+        let file = IpcFile::new("dropped-without-close");
+        let address = file.address();
+        let parsed = Address::parse(&address).unwrap();
+        let open = |method| {
+            let mut config =
+                ChannelConfig::new("data", SocketType::Pair, method).with_address(address.as_str());
+            config.rcv_buf_size = 10;
+            ZmqSocket::new(&config, "data", crate::PeerRules::ZEROMQ, true)
+        };
+        let mut receiver = open(ferromq_core::Method::Bind);
+        drop(receiver.bind(&parsed).await.unwrap());
+        let mut sender = open(ferromq_core::Method::Connect);
+        sender.connect(&parsed).await.unwrap();
+        // More than the receiver's inbox and the connection hold.
+        for i in 0..900u32 {
+            sender
+                .send_unboxed(one_part(i as u8, 4096), None)
+                .await
+                .unwrap();
+        }
+        // The receiver's inbox fills up.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(sender);
+        drop(receiver);
+        let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
+        for said in [
+            "a socket dropped without a close lost at most n_messages that send had accepted and not written yet",
+            "a receiver dropped without a close lost messages that reached it",
+        ] {
+            assert_eq!(text.matches(said).count(), 1, "{said:?} once in\n{text}");
+        }
+    }
+
     /// A receiver that closes while its sender still writes: what it read is its count, what
     /// the sender could not write any more is the sender's (its writes to the closed
     /// connection fail and go back to its queue), so every message is taken or counted by one

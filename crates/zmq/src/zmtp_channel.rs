@@ -60,7 +60,9 @@
 //!
 //! Cancellation and drop: the listeners, connectors and connections are tasks that end when
 //! the socket closes or is dropped; a write in progress then is abandoned, and its batch is
-//! counted as undelivered by `close`.
+//! counted as undelivered by `close`. A socket of the zeromq transport dropped without a close
+//! logs, as an error, what it loses: what `send` accepted and was not written (at most), and a
+//! pull's or pair's inbox and batch.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -1073,6 +1075,20 @@ impl ZmtpChannel {
         self.batch.len() + self.shared.inbox.len()
     }
 
+    /// What a drop now would lose: messages accepted and not written (queued, or in a batch a
+    /// writer holds, whose first messages may be written already: an upper bound), and (a
+    /// pull or pair that counts them) messages that reached it and were not taken. Those still
+    /// in the kernel's buffers of its connections are not known here.
+    fn lost_at_drop(&self) -> (usize, usize) {
+        let n_unwritten = self.shared.state().unwritten();
+        let n_unread = if self.counts_unread {
+            self.batch.len() + self.shared.inbox.len()
+        } else {
+            0
+        };
+        (n_unwritten, n_unread)
+    }
+
     /// Waits up to `linger` of silence for every accepted message to be written, then stops
     /// the socket's tasks; what was not written is reported, and (a pull or pair of the
     /// zeromq transport) what its peers wrote to it and it did not take.
@@ -1136,6 +1152,17 @@ impl ZmtpChannel {
 
 impl Drop for ZmtpChannel {
     fn drop(&mut self) {
+        // A socket that closes counts what it lost; one dropped without a close (its stop not
+        // sent yet) can only say so here. A carrier's frames are its transport's to count.
+        if !*self.shared.stop.borrow() && self.shared.rules.carries_zeromq_messages() {
+            let (n_unwritten, n_unread) = self.lost_at_drop();
+            if n_unwritten > 0 {
+                tracing::error!(channel = %self.shared.label, n_messages = n_unwritten, "a socket dropped without a close lost at most n_messages that send had accepted and not written yet");
+            }
+            if n_unread > 0 {
+                tracing::error!(channel = %self.shared.label, n_messages = n_unread, "a receiver dropped without a close lost messages that reached it");
+            }
+        }
         self.shared.stop.send_replace(true);
         for listener in &self.listeners {
             listener.abort();
