@@ -5,9 +5,9 @@
 //!
 //! This test binary runs the tests and, started again with `FERROMQ_TEST_ROLE`, plays the
 //! devices: `failing-sender` sends `COUNT` messages of `SIZE` bytes on its channel `data`
-//! (pausing after the first, so that the test can stop its receiver) and then fails;
-//! `counting-sink` receives and checks `COUNT` messages and prints `FIRST` after the first
-//! and `ALL` after the last.
+//! (after the first it waits for a line on its standard input, so that the test can stop its
+//! receiver first) and then fails; `counting-sink` receives and checks `COUNT` messages and
+//! prints `FIRST` after the first and `ALL` after the last.
 
 mod support;
 
@@ -20,15 +20,18 @@ use libtest_mimic::Arguments;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use support::{IpcPath, ROLE_VAR, block_on, env_number, payload, trial, verify};
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::process::{Child, Command};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
 
 const FAILURE_TEXT: &str = "the detector caught fire";
-/// How long the sender waits after its first message: the test stops its receiver meanwhile.
-const PAUSE_AFTER_FIRST: Duration = Duration::from_secs(3);
 const N_MESSAGES: u64 = 60;
-/// 60 of these are far more than a stalled zeromq receiver's socket buffers take.
+/// 60 of these are far more than a stalled zeromq receiver's socket buffers take, and none fits
+/// in them whole (`KERNEL_SIZES`): nothing is written whole before the receiver stops.
 const SIZE: u64 = 1 << 20;
+/// The connections' kernel buffers, whatever the host's defaults.
+const KERNEL_SIZES: &str = "sndKernelSize=65536,rcvKernelSize=65536";
+/// What the runner logs as it closes the channels a failure left open.
+const CLOSING_LEFT_OPEN: &str = "closing the channels the device left open";
 const STEP: Duration = Duration::from_secs(60);
 
 fn main() {
@@ -81,7 +84,9 @@ impl Device for FailingSender {
         for idx in 0..n_messages {
             ctx.send("data", Message::from(payload(idx, size))).await?;
             if idx == 0 {
-                tokio::time::sleep(PAUSE_AFTER_FIRST).await;
+                // The test's go: its receiver has the first message and is stopped now.
+                tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new()))
+                    .await??;
             }
         }
         println!("SENT {n_messages}");
@@ -113,6 +118,7 @@ impl Device for CountingSink {
 /// A device process of this binary in `role`, its stdout and stderr collected, killed on drop.
 struct DeviceProcess {
     child: Child,
+    stdin: ChildStdin,
     lines: tokio::sync::mpsc::UnboundedReceiver<String>,
     seen: Vec<String>,
 }
@@ -124,20 +130,28 @@ impl DeviceProcess {
             .env("COUNT", N_MESSAGES.to_string())
             .env("SIZE", SIZE.to_string())
             .args(args)
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .expect("spawn a device");
+        let stdin = child.stdin.take().expect("piped");
         let (sender, lines) = tokio::sync::mpsc::unbounded_channel();
         forward_lines(child.stdout.take().expect("piped"), sender.clone());
         forward_lines(child.stderr.take().expect("piped"), sender);
         DeviceProcess {
             child,
+            stdin,
             lines,
             seen: Vec::new(),
         }
+    }
+
+    /// Writes a line to its standard input.
+    async fn tell(&mut self, line: &str) -> Result<()> {
+        self.stdin.write_all(format!("{line}\n").as_bytes()).await?;
+        Ok(self.stdin.flush().await?)
     }
 
     fn pid(&self) -> Pid {
@@ -209,14 +223,27 @@ fn device_args(
         "--color",
         "false",
         "--channel-config",
-        &format!("name=data,{channel},address={address}"),
+        &format!("name=data,{channel},{KERNEL_SIZES},address={address}"),
     ]
     .map(str::to_owned)
     .to_vec()
 }
 
-fn session_name(tag: &str) -> String {
-    format!("failing-{tag}-{}", std::process::id())
+/// A shmem session's name, its objects removed when dropped (however the test ends): declared
+/// before the devices, it is dropped after them (they are killed on drop).
+struct Session(String);
+
+impl Session {
+    fn new(tag: &str) -> Session {
+        Session(format!("failing-{tag}-{}", std::process::id()))
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ =
+            ferromq_shm::cleanup::clean_session(ferromq_shm::names::current_uid(), &self.0, true);
+    }
 }
 
 /// The sender fails while its receiver is stopped with most of the messages on their way to
@@ -224,13 +251,14 @@ fn session_name(tag: &str) -> String {
 fn stalled_receiver_gets_everything(transport: &'static str) -> Result<()> {
     block_on(async move {
         let path = IpcPath::new(&format!("failing-stall-{transport}"));
-        let session = session_name(&format!("stall-{transport}"));
+        let session = Session::new(&format!("stall-{transport}"));
+        let session = &session.0;
         let mut sink = DeviceProcess::spawn(
             "counting-sink",
             &device_args(
                 "sink",
                 transport,
-                &session,
+                session,
                 "type=pull,method=bind",
                 &path.address(),
             ),
@@ -241,7 +269,7 @@ fn stalled_receiver_gets_everything(transport: &'static str) -> Result<()> {
             &device_args(
                 "sender",
                 transport,
-                &session,
+                session,
                 "type=push,method=connect,linger=20000",
                 &path.address(),
             ),
@@ -249,9 +277,9 @@ fn stalled_receiver_gets_everything(transport: &'static str) -> Result<()> {
         sink.wait_for("FIRST").await?;
         kill(sink.pid(), Signal::SIGSTOP)?;
         let stopped = scopeguard_continue(sink.pid());
-        sender.wait_for("RUNNING ---> ERROR").await?;
-        // The sender is past its failure now, with messages still on their way.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        sender.tell("go").await?;
+        // The sender failed, and its close waits, with messages still on their way.
+        sender.wait_for(CLOSING_LEFT_OPEN).await?;
         drop(stopped);
         let (code, printed) = sender.exit().await?;
         ensure!(code == Some(1), "the sender exited {code:?}:\n{printed}");
@@ -277,13 +305,14 @@ fn stalled_receiver_gets_everything(transport: &'static str) -> Result<()> {
 fn dead_receiver_is_counted(transport: &'static str) -> Result<()> {
     block_on(async move {
         let path = IpcPath::new(&format!("failing-dead-{transport}"));
-        let session = session_name(&format!("dead-{transport}"));
+        let session = Session::new(&format!("dead-{transport}"));
+        let session = &session.0;
         let mut sink = DeviceProcess::spawn(
             "counting-sink",
             &device_args(
                 "sink",
                 transport,
-                &session,
+                session,
                 "type=pull,method=bind",
                 &path.address(),
             ),
@@ -293,14 +322,15 @@ fn dead_receiver_is_counted(transport: &'static str) -> Result<()> {
             &device_args(
                 "sender",
                 transport,
-                &session,
+                session,
                 "type=push,method=connect,linger=3000",
                 &path.address(),
             ),
         );
         sink.wait_for("FIRST").await?;
         kill(sink.pid(), Signal::SIGSTOP)?;
-        sender.wait_for("RUNNING ---> ERROR").await?;
+        sender.tell("go").await?;
+        sender.wait_for(CLOSING_LEFT_OPEN).await?;
         kill(sink.pid(), Signal::SIGKILL)?;
         let _ = sink.exit().await?;
         let (code, printed) = sender.exit().await?;

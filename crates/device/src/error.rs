@@ -156,7 +156,9 @@ pub enum DeviceError {
     },
     /// The device failed (`failure`), and closing the channels the failure left open lost
     /// messages too: what `send` had accepted and could not deliver within `linger`, or what
-    /// reached a receiver and was not taken, each with its channel and count.
+    /// reached a receiver and was not taken, each with its channel and count. The text is the
+    /// failure's whole chain, then the losses (no `source`: a chain walker would put the
+    /// losses first).
     #[error(
         "{}; then, closing its channels: {}",
         ferromq_core::error_chain(.failure.as_ref()),

@@ -6,10 +6,12 @@
 //! Working states (binding, connecting, running, ...) run concurrently with the request queue, so
 //! a STOP or an abort is seen at once in every state: a device blocked in CONNECTING on a peer
 //! that never comes can still be taken down ([`DeviceController::abort`] moves it to ERROR).
-//! From ERROR the device leaves through END, past RESETTING DEVICE: the runner closes the
-//! channels still open on its way out, each within its `linger`, so that a failure delivers or
-//! counts what they accepted instead of dropping it; the same when every controller is
-//! dropped before END.
+//! From ERROR the device leaves through END, past RESETTING DEVICE: at END, before it announces
+//! EXITING, the runner closes the channels still open, together, each within its `linger`, so
+//! that a failure delivers or counts what they accepted instead of dropping it (the last error
+//! then names those losses after the failure); the same when every controller is dropped
+//! before END. A channel RESETTING DEVICE closed is out of the device's list at once, so an
+//! abort during that state leaves only the others to close.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -325,7 +327,8 @@ impl DeviceController {
             .collect()
     }
 
-    /// The error that moved the device to ERROR, if any.
+    /// The error that moved the device to ERROR, if any; from EXITING on, with what closing
+    /// the channels it left open lost ([`DeviceError::FailedThenLost`]).
     pub fn last_error(&self) -> Option<String> {
         self.shared
             .lock()
@@ -422,7 +425,10 @@ impl<D: Device> DeviceRunner<D> {
                 let gone = DeviceError::DeviceGone {
                     device: self.config.id.clone(),
                 };
-                return Err(self.with_losses(gone, losses));
+                let failure = self.with_losses(Some(gone), losses);
+                return Err(failure.unwrap_or_else(|| DeviceError::DeviceGone {
+                    device: self.config.id.clone(),
+                }));
             };
             match request {
                 Request::Abort(_, Some(meant_for)) if meant_for != state => {}
@@ -448,6 +454,13 @@ impl<D: Device> DeviceRunner<D> {
                             .await;
                         continue;
                     }
+                    if transition == Transition::End {
+                        // Before EXITING is announced: a device that is EXITING has closed
+                        // its channels and its last error is final.
+                        let losses = self.close_channels_left().await;
+                        let failure = self.failure.take();
+                        self.failure = self.with_losses(failure, losses);
+                    }
                     // Published before the reply, so the requester never reads the old state.
                     self.set_state(next);
                     let _ = reply.send(Ok(next));
@@ -464,37 +477,33 @@ impl<D: Device> DeviceRunner<D> {
             }
         }
         self.stop_rate_logger();
-        let losses = self.close_channels_left().await;
         self.close_taps().await;
         match self.failure.take() {
-            Some(failure) => Err(self.with_losses(failure, losses)),
-            // Channels are left open only by a failure; were one to get here without, what
-            // it lost still fails the device.
-            None => match losses.into_iter().next() {
-                Some(loss) => Err(DeviceError::Channel(loss)),
-                None => Ok(()),
-            },
+            Some(failure) => Err(failure),
+            None => Ok(()),
         }
     }
 
-    /// Closes the channels a failure left open. ERROR goes to EXITING past RESETTING DEVICE,
-    /// which closes them on the way down without one; dropped instead, they took with them what
-    /// `send` had accepted and not yet delivered (a stalled receiver's messages over zeromq),
-    /// without a word. Closed here, each gets its `linger` to deliver it or hand it over as on
-    /// the way down, and what is lost all the same (or, at a receiver, reached it and was not
-    /// taken) is said with its count and channel. The device has failed already, so these
-    /// errors are logged beside the failure instead of replacing it (the exit code is 1
-    /// either way).
+    /// Closes the channels a failure left open (at END, before EXITING is announced). ERROR
+    /// goes to EXITING past RESETTING DEVICE, which closes them on the way down without one;
+    /// dropped instead, they took with them what `send` had accepted and not yet delivered (a
+    /// stalled receiver's messages over zeromq), without a word. Closed here, together, each
+    /// gets its `linger` to deliver it or hand it over as on the way down, and what is lost all
+    /// the same (or, at a receiver, reached it and was not taken) is returned, each loss with
+    /// its count and channel, for [`Self::with_losses`] to put after the failure.
     async fn close_channels_left(&mut self) -> Vec<Error> {
         if self.ctx.channels.is_empty() {
             return Vec::new();
         }
-        let mut losses = Vec::new();
-        for channel in &mut self.ctx.channels {
-            if let Err(error) = channel.close().await {
-                tracing::error!(device = %self.config.id, "after the failure: {error}");
-                losses.push(error);
-            }
+        tracing::info!(device = %self.config.id, n_channels = self.ctx.channels.len(), "closing the channels the device left open, each within its linger");
+        // Together: the exit waits for the longest linger, not for their sum.
+        let closed = futures_util::future::join_all(
+            self.ctx.channels.iter_mut().map(|channel| channel.close()),
+        )
+        .await;
+        let losses: Vec<Error> = closed.into_iter().filter_map(Result::err).collect();
+        for loss in &losses {
+            tracing::error!(device = %self.config.id, error = %loss, "closing a channel the device left open lost messages");
         }
         self.ctx.clear_channels();
         self.shared
@@ -506,20 +515,25 @@ impl<D: Device> DeviceRunner<D> {
     }
 
     /// `failure`, with what closing the channels after it lost (see
-    /// [`Self::close_channels_left`]), also as the device's last error.
-    fn with_losses(&self, failure: DeviceError, losses: Vec<Error>) -> DeviceError {
+    /// [`Self::close_channels_left`]), also as the device's last error. Channels are left open
+    /// only by a failure; were a loss to come without one, it fails the device (the first loss;
+    /// every one is logged).
+    fn with_losses(&self, failure: Option<DeviceError>, losses: Vec<Error>) -> Option<DeviceError> {
         if losses.is_empty() {
             return failure;
         }
-        let failure = DeviceError::FailedThenLost {
-            failure: Box::new(failure),
-            losses,
+        let failure = match failure {
+            Some(failure) => DeviceError::FailedThenLost {
+                failure: Box::new(failure),
+                losses,
+            },
+            None => DeviceError::Channel(losses.into_iter().next()?),
         };
         self.shared
             .lock()
             .expect("shared state poisoned")
             .last_error = Some(error_chain(&failure));
-        failure
+        Some(failure)
     }
 
     /// Closes every open tap and gives their forwarders up to [`TAP_FLUSH`] to hand the copies
@@ -785,8 +799,12 @@ async fn do_work<D: Device>(
             // A message `send` accepted and the peer never got is a failure of the device, not
             // a warning: the device goes to ERROR and exits non-zero with the count.
             let mut undelivered = None;
-            for channel in &mut ctx.channels {
-                if let Err(error) = channel.close().await {
+            while let Some(channel) = ctx.channels.first_mut() {
+                let closed = channel.close().await;
+                // Out once closed: after an abort meanwhile the runner closes on its way out
+                // only what this did not.
+                ctx.channels.remove(0);
+                if let Err(error) = closed {
                     if undelivered.is_some() {
                         tracing::error!(device = %config.id, %error, "closing a channel failed");
                     } else {
