@@ -3172,13 +3172,15 @@ impl Socket for ShmSocket {
                 // a reply it still takes in ends the wait as well.
                 let received = {
                     let mut receive = std::pin::pin!(receive);
-                    if !link.has_read_everything() {
+                    if link.has_read_everything() {
+                        receive.as_mut().now_or_never()
+                    } else {
                         tokio::select! {
                             received = &mut receive => Some(received),
-                            () = link.read_everything() => receive.as_mut().now_or_never(),
+                            // One more pass looks at the rings (a reply rung by the bell) and
+                            // the frames, then ends here.
+                            () = link.everything_read() => continue,
                         }
-                    } else {
-                        receive.as_mut().now_or_never()
                     }
                 };
                 if let Some(received) = received {

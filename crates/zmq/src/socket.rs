@@ -788,7 +788,7 @@ mod tests {
                 std::time::Instant::now() < deadline,
                 "the failed write ends the connection"
             );
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            tokio::task::yield_now().await;
         }
         assert!(
             !link.has_read_everything(),
@@ -802,7 +802,7 @@ mod tests {
                         received.unwrap();
                         n_taken += 1;
                     }
-                    () = link.read_everything() => break,
+                    () = link.everything_read() => break,
                 }
             }
         };
@@ -862,8 +862,21 @@ mod tests {
                 .await
                 .unwrap();
         }
-        // The receiver's inbox fills up.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Until the receiver's inbox holds messages (the connection's tasks run as this
+        // yields), both ends having something to lose.
+        let lost_at_drop = |socket: &ZmqSocket| match &socket.backend {
+            Backend::Zmtp(zmtp) => zmtp.lost_at_drop(),
+            _ => panic!("a pair over ipc is ferromq's own"),
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while lost_at_drop(&receiver).1 == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the receiver's inbox fills up"
+            );
+            tokio::task::yield_now().await;
+        }
+        assert!(lost_at_drop(&sender).0 > 0);
         drop(sender);
         drop(receiver);
         let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();

@@ -60,9 +60,9 @@
 //!
 //! Cancellation and drop: the listeners, connectors and connections are tasks that end when
 //! the socket closes or is dropped; a write in progress then is abandoned, and its batch is
-//! counted as undelivered by `close`. A socket of the zeromq transport dropped without a close
-//! logs, as an error, what it loses: what `send` accepted and was not written (at most), and a
-//! pull's or pair's inbox and batch.
+//! counted as undelivered by `close`. One of the zeromq transport (tcp, ipc) dropped without a
+//! close logs, as an error, what it loses: what `send` accepted and was not written (at most),
+//! and a pull's or pair's inbox and batch.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -1079,7 +1079,7 @@ impl ZmtpChannel {
     /// writer holds, whose first messages may be written already: an upper bound), and (a
     /// pull or pair that counts them) messages that reached it and were not taken. Those still
     /// in the kernel's buffers of its connections are not known here.
-    fn lost_at_drop(&self) -> (usize, usize) {
+    pub(crate) fn lost_at_drop(&self) -> (usize, usize) {
         let n_unwritten = self.shared.state().unwritten();
         let n_unread = if self.counts_unread {
             self.batch.len() + self.shared.inbox.len()
@@ -1443,7 +1443,7 @@ impl PeerLink {
     }
 
     /// Waits until [`PeerLink::has_read_everything`]. Cancel-safe.
-    pub async fn read_everything(&self) {
+    pub async fn everything_read(&self) {
         loop {
             let mut done = pin!(self.reader_done.notified());
             done.as_mut().enable();
