@@ -130,6 +130,8 @@ async fn record(options: &RecordOptions) -> Result<u64> {
     let mut writer = Writer::create(&output, &header)?;
     let config = ChannelConfig {
         rate_logging: 0,
+        // It sends nothing: its close waits only for the tap's connection to end.
+        linger: 0,
         ..ChannelConfig::new("tap", SocketType::Pull, Method::Connect).with_address(&address)
     };
     let mut stream = Channel::open(&transport, config, "tap").await?;
@@ -155,6 +157,9 @@ async fn record(options: &RecordOptions) -> Result<u64> {
             ASK_TIMEOUT,
         )
         .await;
+    // Copies that came after the stop are not the recording's: what the close counts of them
+    // (a pull's unread messages) is no loss, and a stream dropped without a close says it is.
+    let _ = stream.close().await;
     let Copies {
         missed,
         started,
