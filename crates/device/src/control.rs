@@ -28,6 +28,9 @@
 //! `get_property`) and refuses the rest, so looking at a run never steers it, and an observer's
 //! requests never count as a launcher's sign of life.
 //! A refused request answers `{"ok":false,"state":...,"error":"transition RUN is not allowed in state IDLE"}`.
+//! A transition is answered once it is made: END from ERROR only after the channels the
+//! failure left open are closed (each within its `linger`), during which the endpoint answers
+//! nothing else; a launcher that must not wait sends `shutdown`, which is answered at once.
 
 use std::time::Duration;
 

@@ -11,7 +11,8 @@
 //! that a failure delivers or counts what they accepted instead of dropping it (the last error
 //! then names those losses after the failure); the same when every controller is dropped
 //! before END. A channel RESETTING DEVICE closed is out of the device's list at once, so an
-//! abort during that state leaves only the others to close.
+//! abort during that state leaves only the others to close at END, and the one it was closing,
+//! which is closed again (a loss it had found is logged).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -457,6 +458,7 @@ impl<D: Device> DeviceRunner<D> {
                     if transition == Transition::End {
                         // Before EXITING is announced: a device that is EXITING has closed
                         // its channels and its last error is final.
+                        self.stop_rate_logger();
                         let losses = self.close_channels_left().await;
                         let failure = self.failure.take();
                         self.failure = self.with_losses(failure, losses);
@@ -798,20 +800,24 @@ async fn do_work<D: Device>(
         State::ResettingDevice => {
             // A message `send` accepted and the peer never got is a failure of the device, not
             // a warning: the device goes to ERROR and exits non-zero with the count.
-            let mut undelivered = None;
+            let mut undelivered = UnreportedLoss {
+                device: &config.id,
+                loss: None,
+            };
             while let Some(channel) = ctx.channels.first_mut() {
                 let closed = channel.close().await;
-                // Out once closed: after an abort meanwhile the runner closes on its way out
-                // only what this did not.
+                // Out once closed: after an abort meanwhile the runner closes at END only what
+                // this did not (and the one it was closing, again).
                 ctx.channels.remove(0);
                 if let Err(error) = closed {
-                    if undelivered.is_some() {
+                    if undelivered.loss.is_some() {
                         tracing::error!(device = %config.id, %error, "closing a channel failed");
                     } else {
-                        undelivered = Some(error);
+                        undelivered.loss = Some(error);
                     }
                 }
             }
+            let undelivered = undelivered.loss.take();
             ctx.clear_channels();
             shared
                 .lock()
@@ -825,6 +831,21 @@ async fn do_work<D: Device>(
             }
         }
         _ => Ok(()),
+    }
+}
+
+/// The first loss RESETTING DEVICE found, to be returned once every channel is closed. An
+/// abort that cuts the state short drops it here: it is logged then, not lost unsaid.
+struct UnreportedLoss<'a> {
+    device: &'a str,
+    loss: Option<Error>,
+}
+
+impl Drop for UnreportedLoss<'_> {
+    fn drop(&mut self) {
+        if let Some(error) = self.loss.take() {
+            tracing::error!(device = %self.device, %error, "closing a channel failed (RESETTING DEVICE was interrupted)");
+        }
     }
 }
 

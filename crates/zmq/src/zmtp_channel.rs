@@ -34,7 +34,8 @@
 //! drain's bound, a pair drops nothing its peer counted as written.
 //!
 //! Cancellation: a cancelled `close` leaves a receiver draining (no connections, an unbounded
-//! inbox); nothing in ferromq cancels a close.
+//! inbox); a second `close` drains and counts again. In ferromq only an abort of a device's
+//! RESETTING DEVICE cancels a close, and the runner then closes that channel again at END.
 //!
 //! A pub is the exception to the one queue: it never waits and gives each subscriber a queue of
 //! its own, bounded by `sndBufSize` (counting the batch in its writer's hands). `send` puts a
