@@ -246,41 +246,68 @@ impl Drop for Session {
     }
 }
 
+/// A sink, and a sender whose channel lingers `linger_ms`, after the sender's failure: the sink
+/// took the first message and was stopped, and the sender is closing its channel with every
+/// later message on its way. Fields drop in order: the devices (killed), then their session.
+struct FailedWithReceiverStopped {
+    sink: DeviceProcess,
+    sender: DeviceProcess,
+    _session: Session,
+    path: IpcPath,
+}
+
+async fn fail_with_receiver_stopped(
+    transport: &str,
+    tag: &str,
+    linger_ms: u64,
+) -> Result<FailedWithReceiverStopped> {
+    let path = IpcPath::new(&format!("failing-{tag}-{transport}"));
+    let session = Session::new(&format!("{tag}-{transport}"));
+    let mut sink = DeviceProcess::spawn(
+        "counting-sink",
+        &device_args(
+            "sink",
+            transport,
+            &session.0,
+            "type=pull,method=bind",
+            &path.address(),
+        ),
+    );
+    let mut sender = DeviceProcess::spawn(
+        "failing-sender",
+        &device_args(
+            "sender",
+            transport,
+            &session.0,
+            &format!("type=push,method=connect,linger={linger_ms}"),
+            &path.address(),
+        ),
+    );
+    sink.wait_for("FIRST").await?;
+    kill(sink.pid(), Signal::SIGSTOP)?;
+    sender.tell("go").await?;
+    sender.wait_for(CLOSING_LEFT_OPEN).await?;
+    Ok(FailedWithReceiverStopped {
+        sink,
+        sender,
+        _session: session,
+        path,
+    })
+}
+
 /// The sender fails while its receiver is stopped with most of the messages on their way to
 /// it; the receiver, continued after the sender's failure, gets every one of them.
 fn stalled_receiver_gets_everything(transport: &'static str) -> Result<()> {
     block_on(async move {
-        let path = IpcPath::new(&format!("failing-stall-{transport}"));
-        let session = Session::new(&format!("stall-{transport}"));
-        let session = &session.0;
-        let mut sink = DeviceProcess::spawn(
-            "counting-sink",
-            &device_args(
-                "sink",
-                transport,
-                session,
-                "type=pull,method=bind",
-                &path.address(),
-            ),
-        );
         // The sender's close waits this long for a stalled receiver to take something.
-        let mut sender = DeviceProcess::spawn(
-            "failing-sender",
-            &device_args(
-                "sender",
-                transport,
-                session,
-                "type=push,method=connect,linger=20000",
-                &path.address(),
-            ),
-        );
-        sink.wait_for("FIRST").await?;
-        kill(sink.pid(), Signal::SIGSTOP)?;
-        let stopped = scopeguard_continue(sink.pid());
-        sender.tell("go").await?;
-        // The sender failed, and its close waits, with messages still on their way.
-        sender.wait_for(CLOSING_LEFT_OPEN).await?;
-        drop(stopped);
+        // Every field bound: one left to `..` would be dropped (its session cleaned) here.
+        let FailedWithReceiverStopped {
+            mut sink,
+            mut sender,
+            _session: _session_kept,
+            path: _path_kept,
+        } = fail_with_receiver_stopped(transport, "stall", 20_000).await?;
+        kill(sink.pid(), Signal::SIGCONT)?;
         let (code, printed) = sender.exit().await?;
         ensure!(code == Some(1), "the sender exited {code:?}:\n{printed}");
         ensure!(
@@ -304,33 +331,12 @@ fn stalled_receiver_gets_everything(transport: &'static str) -> Result<()> {
 /// sender exits 1 with its failure and a count of the messages that were not delivered.
 fn dead_receiver_is_counted(transport: &'static str) -> Result<()> {
     block_on(async move {
-        let path = IpcPath::new(&format!("failing-dead-{transport}"));
-        let session = Session::new(&format!("dead-{transport}"));
-        let session = &session.0;
-        let mut sink = DeviceProcess::spawn(
-            "counting-sink",
-            &device_args(
-                "sink",
-                transport,
-                session,
-                "type=pull,method=bind",
-                &path.address(),
-            ),
-        );
-        let mut sender = DeviceProcess::spawn(
-            "failing-sender",
-            &device_args(
-                "sender",
-                transport,
-                session,
-                "type=push,method=connect,linger=3000",
-                &path.address(),
-            ),
-        );
-        sink.wait_for("FIRST").await?;
-        kill(sink.pid(), Signal::SIGSTOP)?;
-        sender.tell("go").await?;
-        sender.wait_for(CLOSING_LEFT_OPEN).await?;
+        let FailedWithReceiverStopped {
+            mut sink,
+            mut sender,
+            _session: _session_kept,
+            path,
+        } = fail_with_receiver_stopped(transport, "dead", 3000).await?;
         kill(sink.pid(), Signal::SIGKILL)?;
         let _ = sink.exit().await?;
         let (code, printed) = sender.exit().await?;
@@ -356,15 +362,4 @@ fn dead_receiver_is_counted(transport: &'static str) -> Result<()> {
         );
         Ok(())
     })
-}
-
-/// Continues a stopped process when dropped, so that a failing test leaves no stopped process.
-fn scopeguard_continue(pid: Pid) -> impl Drop {
-    struct Continue(Pid);
-    impl Drop for Continue {
-        fn drop(&mut self) {
-            let _ = kill(self.0, Signal::SIGCONT);
-        }
-    }
-    Continue(pid)
 }

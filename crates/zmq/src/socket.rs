@@ -603,6 +603,14 @@ mod tests {
         Parts::from(ferromq_core::Message::from(vec![byte; size]))
     }
 
+    /// A pair of the zeromq transport on `address` whose inbox holds 10 messages: its peer's
+    /// writes soon wait for it.
+    fn pair_with_a_small_inbox(address: &str, method: ferromq_core::Method) -> ZmqSocket {
+        let mut config = ChannelConfig::new("data", SocketType::Pair, method).with_address(address);
+        config.rcv_buf_size = 10;
+        ZmqSocket::new(&config, "data", crate::PeerRules::ZEROMQ, true)
+    }
+
     /// How many messages a close reported lost (0 for `Ok`).
     fn n_undelivered(closed: Result<()>) -> u64 {
         match closed {
@@ -704,12 +712,7 @@ mod tests {
             } else {
                 (ferromq_core::Method::Connect, ferromq_core::Method::Bind)
             };
-            let open = |method| {
-                let mut config = ChannelConfig::new("data", SocketType::Pair, method)
-                    .with_address(address.as_str());
-                config.rcv_buf_size = 10;
-                ZmqSocket::new(&config, "data", crate::PeerRules::ZEROMQ, true)
-            };
+            let open = |method| pair_with_a_small_inbox(&address, method);
             async fn attach(socket: &mut ZmqSocket, method: ferromq_core::Method, at: &Address) {
                 match method {
                     ferromq_core::Method::Bind => drop(socket.bind(at).await.unwrap()),
@@ -758,12 +761,7 @@ mod tests {
         let file = IpcFile::new("link-read-everything");
         let address = file.address();
         let parsed = Address::parse(&address).unwrap();
-        let open = |method| {
-            let mut config =
-                ChannelConfig::new("data", SocketType::Pair, method).with_address(address.as_str());
-            config.rcv_buf_size = 10;
-            ZmqSocket::new(&config, "data", crate::PeerRules::ZEROMQ, true)
-        };
+        let open = |method| pair_with_a_small_inbox(&address, method);
         let mut pair = open(ferromq_core::Method::Bind);
         pair.report_new_peers();
         drop(pair.bind(&parsed).await.unwrap());
@@ -845,12 +843,7 @@ mod tests {
         let file = IpcFile::new("dropped-without-close");
         let address = file.address();
         let parsed = Address::parse(&address).unwrap();
-        let open = |method| {
-            let mut config =
-                ChannelConfig::new("data", SocketType::Pair, method).with_address(address.as_str());
-            config.rcv_buf_size = 10;
-            ZmqSocket::new(&config, "data", crate::PeerRules::ZEROMQ, true)
-        };
+        let open = |method| pair_with_a_small_inbox(&address, method);
         let mut receiver = open(ferromq_core::Method::Bind);
         drop(receiver.bind(&parsed).await.unwrap());
         let mut sender = open(ferromq_core::Method::Connect);
