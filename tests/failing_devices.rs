@@ -179,6 +179,18 @@ impl DeviceProcess {
         Ok(())
     }
 
+    /// Waits for the sender's exit, which must be 1 with its failure said; returns everything
+    /// it printed.
+    async fn exited_failing(&mut self) -> Result<String> {
+        let (code, printed) = self.exit().await?;
+        ensure!(code == Some(1), "the sender exited {code:?}:\n{printed}");
+        ensure!(
+            printed.contains(FAILURE_TEXT),
+            "the sender did not say why it failed:\n{printed}"
+        );
+        Ok(printed)
+    }
+
     /// Waits for the exit; returns its code and everything the process printed.
     async fn exit(&mut self) -> Result<(Option<i32>, String)> {
         let status = tokio::time::timeout(STEP, self.child.wait())
@@ -300,25 +312,14 @@ async fn fail_with_receiver_stopped(
 fn stalled_receiver_gets_everything(transport: &'static str) -> Result<()> {
     block_on(async move {
         // The sender's close waits this long for a stalled receiver to take something.
-        // Every field bound: one left to `..` would be dropped (its session cleaned) here.
-        let FailedWithReceiverStopped {
-            mut sink,
-            mut sender,
-            _session: _session_kept,
-            path: _path_kept,
-        } = fail_with_receiver_stopped(transport, "stall", 20_000).await?;
-        kill(sink.pid(), Signal::SIGCONT)?;
-        let (code, printed) = sender.exit().await?;
-        ensure!(code == Some(1), "the sender exited {code:?}:\n{printed}");
-        ensure!(
-            printed.contains(FAILURE_TEXT),
-            "the sender did not say why it failed:\n{printed}"
-        );
+        let mut failed = fail_with_receiver_stopped(transport, "stall", 20_000).await?;
+        kill(failed.sink.pid(), Signal::SIGCONT)?;
+        let printed = failed.sender.exited_failing().await?;
         ensure!(
             !printed.contains("were not delivered"),
             "the sender reported losses:\n{printed}"
         );
-        let (code, printed) = sink.exit().await?;
+        let (code, printed) = failed.sink.exit().await?;
         ensure!(
             code == Some(0) && printed.contains("ALL"),
             "the receiver did not get every message (exit {code:?}):\n{printed}"
@@ -331,20 +332,10 @@ fn stalled_receiver_gets_everything(transport: &'static str) -> Result<()> {
 /// sender exits 1 with its failure and a count of the messages that were not delivered.
 fn dead_receiver_is_counted(transport: &'static str) -> Result<()> {
     block_on(async move {
-        let FailedWithReceiverStopped {
-            mut sink,
-            mut sender,
-            _session: _session_kept,
-            path,
-        } = fail_with_receiver_stopped(transport, "dead", 3000).await?;
-        kill(sink.pid(), Signal::SIGKILL)?;
-        let _ = sink.exit().await?;
-        let (code, printed) = sender.exit().await?;
-        ensure!(code == Some(1), "the sender exited {code:?}:\n{printed}");
-        ensure!(
-            printed.contains(FAILURE_TEXT),
-            "the sender did not say why it failed:\n{printed}"
-        );
+        let mut failed = fail_with_receiver_stopped(transport, "dead", 3000).await?;
+        kill(failed.sink.pid(), Signal::SIGKILL)?;
+        let _ = failed.sink.exit().await?;
+        let printed = failed.sender.exited_failing().await?;
         // Its last word says both: why it failed, and what that cost. The receiver took the
         // first message; every later one was sent while it was stopped.
         let last_word = printed
@@ -353,7 +344,7 @@ fn dead_receiver_is_counted(transport: &'static str) -> Result<()> {
             .with_context(|| format!("no final error line in\n{printed}"))?;
         let lost = format!(
             "channel \"data\" (push, {}): {} message(s) accepted by send were not delivered",
-            path.address(),
+            failed.path.address(),
             N_MESSAGES - 1
         );
         ensure!(

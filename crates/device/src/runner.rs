@@ -426,10 +426,7 @@ impl<D: Device> DeviceRunner<D> {
                 let gone = DeviceError::DeviceGone {
                     device: self.config.id.clone(),
                 };
-                let failure = self.with_losses(Some(gone), losses);
-                return Err(failure.unwrap_or_else(|| DeviceError::DeviceGone {
-                    device: self.config.id.clone(),
-                }));
+                return Err(self.with_losses(gone, losses));
             };
             match request {
                 Request::Abort(_, Some(meant_for)) if meant_for != state => {}
@@ -459,9 +456,16 @@ impl<D: Device> DeviceRunner<D> {
                         // Before EXITING is announced: a device that is EXITING has closed
                         // its channels and its last error is final.
                         self.stop_rate_logger();
-                        let losses = self.close_channels_left().await;
-                        let failure = self.failure.take();
-                        self.failure = self.with_losses(failure, losses);
+                        let mut losses = self.close_channels_left().await;
+                        match self.failure.take() {
+                            Some(failure) => self.failure = Some(self.with_losses(failure, losses)),
+                            // Channels are left open only by a failure; were a loss to come
+                            // without one, it fails the device (the first; each is logged).
+                            None if !losses.is_empty() => {
+                                self.record_failure(DeviceError::Channel(losses.swap_remove(0)));
+                            }
+                            None => {}
+                        }
                     }
                     // Published before the reply, so the requester never reads the old state.
                     self.set_state(next);
@@ -517,25 +521,20 @@ impl<D: Device> DeviceRunner<D> {
     }
 
     /// `failure`, with what closing the channels after it lost (see
-    /// [`Self::close_channels_left`]), also as the device's last error. Channels are left open
-    /// only by a failure; were a loss to come without one, it fails the device (the first loss;
-    /// every one is logged).
-    fn with_losses(&self, failure: Option<DeviceError>, losses: Vec<Error>) -> Option<DeviceError> {
+    /// [`Self::close_channels_left`]), also as the device's last error.
+    fn with_losses(&self, failure: DeviceError, losses: Vec<Error>) -> DeviceError {
         if losses.is_empty() {
             return failure;
         }
-        let failure = match failure {
-            Some(failure) => DeviceError::FailedThenLost {
-                failure: Box::new(failure),
-                losses,
-            },
-            None => DeviceError::Channel(losses.into_iter().next()?),
+        let failure = DeviceError::FailedThenLost {
+            failure: Box::new(failure),
+            losses,
         };
         self.shared
             .lock()
             .expect("shared state poisoned")
             .last_error = Some(error_chain(&failure));
-        Some(failure)
+        failure
     }
 
     /// Closes every open tap and gives their forwarders up to [`TAP_FLUSH`] to hand the copies

@@ -1073,6 +1073,11 @@ impl ZmtpChannel {
                 break;
             }
         }
+        self.n_unread_held()
+    }
+
+    /// Messages that reached this socket and were not taken: its inbox and its own batch.
+    fn n_unread_held(&self) -> usize {
         self.batch.len() + self.shared.inbox.len()
     }
 
@@ -1083,7 +1088,7 @@ impl ZmtpChannel {
     pub(crate) fn lost_at_drop(&self) -> (usize, usize) {
         let n_unwritten = self.shared.state().unwritten();
         let n_unread = if self.counts_unread {
-            self.batch.len() + self.shared.inbox.len()
+            self.n_unread_held()
         } else {
             0
         };
