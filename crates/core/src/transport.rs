@@ -982,7 +982,17 @@ impl Channel {
     /// # Errors
     /// As [`Socket::close`].
     pub async fn close(&mut self) -> Result<()> {
-        let linger = self.config.linger_duration();
+        self.close_within(Duration::MAX).await
+    }
+
+    /// [`Channel::close`] with its linger cut to `limit` where that is shorter: for an owner
+    /// that must be done by a deadline of its own (an rpc member's shutdown). What is still
+    /// queued then is counted and reported as by a linger that ran out.
+    ///
+    /// # Errors
+    /// As [`Socket::close`].
+    pub async fn close_within(&mut self, limit: Duration) -> Result<()> {
+        let linger = self.config.linger_duration().min(limit);
         let closed = self.socket.close(linger).await;
         if let Err(Error::Undelivered { n_messages, .. }) = &closed {
             self.counters

@@ -63,8 +63,8 @@ pub use error::{CallError, Refused, RemoteFailure};
 pub use group::{GROUP_KEYS, JoinError, join, join_with, options_from_properties};
 pub use handlers::{HandlerId, Handlers, Invocation, Procedure};
 pub use node::{
-    AGGREGATE_BYTES_BOUNDS, AGGREGATE_US_BOUNDS, CallBuilder, Confirm, Inbound, Member, Rpc,
-    RpcOptions, RpcStats, StartError, Ticket, WhenFull,
+    AGGREGATE_BYTES_BOUNDS, AGGREGATE_US_BOUNDS, CLOSE_GRACE, CallBuilder, Confirm, Inbound,
+    Member, Rpc, RpcOptions, RpcStats, StartError, Ticket, WhenFull,
 };
 pub use outlet::Aggregation;
 pub use plain::Plain;

@@ -20,7 +20,9 @@
 //! call, so a `call_return` fails no earlier than 15/16 of the timeout. A channel that fails
 //! fails the pending calls to its destination at once. A result that arrives after its caller
 //! gave up is dropped. Dropping every [`Rpc`] handle stops the dispatcher and lets the outlets
-//! send what they hold before closing; [`Rpc::shutdown`] does the same and waits for it.
+//! send what they hold before closing; [`Rpc::shutdown`] does the same and waits for it, within
+//! its limit: every channel is closed by then (its linger cut to what is left), never dropped
+//! unclosed, and what a destination did not take is reported.
 
 use rustc_hash::FxHashMap;
 use std::collections::{HashMap, VecDeque};
@@ -42,6 +44,10 @@ use crate::error::{CallError, Refused, RemoteFailure};
 use crate::handlers::{Handlers, Invocation, Procedure, Started};
 use crate::outlet::{Aggregation, Counts, Outlet, OutletConfig, Payload, Rejection, Sink};
 use crate::wire::{self, FrameReader, RecordHead, Status};
+
+/// How long [`Rpc::shutdown_within`] waits past its limit for the channels' closes (the
+/// inbound's comes once the outlets ended) before it drops a channel unclosed.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 /// How a member packs, bounds and times its calls.
 #[derive(Debug, Clone)]
@@ -289,7 +295,7 @@ struct Node {
 impl Drop for Node {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
-        self.outlets.iter().for_each(|outlet| outlet.close());
+        self.outlets.iter().for_each(|outlet| outlet.close(None));
     }
 }
 
@@ -686,7 +692,9 @@ impl Rpc {
     }
 
     /// [`Rpc::shutdown`] within `limit`: what a destination has not taken by then (it stopped,
-    /// or the whole group is going down) is dropped and reported.
+    /// or the whole group is going down) is dropped and reported. Each channel is closed, its
+    /// linger cut to what is left of `limit`; the inbound channel's close comes after, within
+    /// [`CLOSE_GRACE`].
     ///
     /// # Errors
     /// [`ferromq_core::Error::Undelivered`] naming the first destination whose calls were
@@ -696,7 +704,14 @@ impl Rpc {
         for outlet in &self.node.outlets {
             outlet.flush(deadline).await;
         }
-        self.node.outlets.iter().for_each(|outlet| outlet.close());
+        self.node
+            .outlets
+            .iter()
+            .for_each(|outlet| outlet.close(Some(deadline)));
+        // The outlets end by the deadline themselves, each closing its channel (see
+        // `Outlet::run`), and the dispatcher closes the inbound once stopped: a task is
+        // aborted, its channel dropped without a close, only if that takes longer still.
+        let cut_off = deadline + CLOSE_GRACE;
         let tasks = std::mem::take(&mut *lock(&self.node.tasks));
         let n_tasks = tasks.len();
         let mut result = Ok(());
@@ -706,7 +721,7 @@ impl Rpc {
                 // The dispatcher, last: it served the peers until the outlets were empty.
                 let _ = self.node.stop.send(true);
             }
-            let outcome = match tokio::time::timeout_at(deadline, &mut task).await {
+            let outcome = match tokio::time::timeout_at(cut_off, &mut task).await {
                 Ok(Ok(outcome)) => outcome,
                 Ok(Err(_)) => Ok(()),
                 Err(_) => {

@@ -25,9 +25,12 @@
 //!
 //! Cancellation and drop: a caller that stops waiting for room has queued nothing. Closing seals
 //! the open frame and lets the task send every frame before it closes the channel (with the
-//! channel's linger). A channel that fails makes the outlet refuse every later call with the
-//! cause, and its queued calls are dropped (their callers' results and acknowledgements fail
-//! with the cause; see `node.rs`).
+//! channel's linger). A close with a deadline (a member's `shutdown_within`) ends by it: the
+//! send under way then is cancelled, the frames after it are given up, the channel closes with
+//! what is left of the time as its linger, and the task reports them as undelivered; it is
+//! never aborted with the channel in its hands. A channel that fails makes the outlet refuse
+//! every later call with the cause, and its queued calls are dropped (their callers' results
+//! and acknowledgements fail with the cause; see `node.rs`).
 
 use std::collections::VecDeque;
 use std::str::FromStr;
@@ -37,7 +40,7 @@ use std::time::Duration;
 
 use ferromq_core::{Channel, Message, Parts, Transport};
 use serde::Serialize;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::{Notify, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::wire::{self, RecordHead};
@@ -389,6 +392,9 @@ pub(crate) struct Outlet {
     room: Notify,
     /// Nothing is queued any more (for `flush`).
     drained: Notify,
+    /// The deadline of a bounded close ([`Outlet::close`]): a send still waiting then is given
+    /// up, and the channel's linger is cut to what is left of it.
+    close_by: watch::Sender<Option<Instant>>,
     counts: Arc<Counts>,
 }
 
@@ -420,6 +426,7 @@ impl Outlet {
             ready: Notify::new(),
             room: Notify::new(),
             drained: Notify::new(),
+            close_by: watch::Sender::new(None),
             counts,
         }
     }
@@ -705,8 +712,15 @@ impl Outlet {
         self.lock().n_queued
     }
 
-    /// Asks the task to send everything and close the channel.
-    pub(crate) fn close(&self) {
+    /// Asks the task to send everything and close the channel, by `deadline` where one is
+    /// given: a frame the channel has not taken by then is given up with every frame after it,
+    /// and the channel closes with what is left of the time as its linger (see
+    /// [`Outlet::run`]). Without one, the task sends everything and the channel keeps its own
+    /// linger.
+    pub(crate) fn close(&self, deadline: Option<Instant>) {
+        if deadline.is_some() {
+            self.close_by.send_replace(deadline);
+        }
         let mut state = self.lock();
         state.closing = true;
         self.seal(&mut state);
@@ -749,20 +763,27 @@ impl Outlet {
 
     /// The task: sends frames until closed, then closes the channel. `on_failure` hears why the
     /// channel failed, once.
+    ///
+    /// A close with a deadline ends by it: a send the channel has not taken by then is given
+    /// up (cancelled: the channel took nothing of it), with every frame queued after it, and
+    /// the channel closes with its linger cut to what is left (none). What was given up and
+    /// what the channel's close found not taken come back as one
+    /// [`ferromq_core::Error::Undelivered`] in frames. So the task never needs aborting, which
+    /// would drop the channel without a close.
     pub(crate) async fn run(
         self: Arc<Self>,
         sink: Sink,
         on_failure: impl Fn(String) + Send + 'static,
     ) -> ferromq_core::Result<()> {
         self.lock().sink = Some(sink);
-        loop {
+        let given_up = loop {
             let ready = self.ready.notified();
             tokio::pin!(ready);
             ready.as_mut().enable();
             let (next, due, closing) = self.next_frame();
             let Some(((parts, on_left, n_records), mut sink)) = next else {
                 if closing {
-                    break;
+                    break GivenUp::default();
                 }
                 match due {
                     // tokio's timers tick in milliseconds: a `trad` delay shorter than that
@@ -781,14 +802,28 @@ impl Outlet {
                 }
                 continue;
             };
-            let sent = match &mut sink {
-                Sink::Channel(channel) => channel
-                    .send_parts(parts)
-                    .await
-                    .map_err(|failed| failed.error.to_string()),
-                Sink::Loopback(queue) => queue
-                    .send(parts)
-                    .map_err(|_| "the rpc node is shut down".to_owned()),
+            let send = async {
+                match &mut sink {
+                    Sink::Channel(channel) => channel
+                        .send_parts(parts)
+                        .await
+                        .map_err(|failed| failed.error.to_string()),
+                    Sink::Loopback(queue) => queue
+                        .send(parts)
+                        .map_err(|_| "the rpc node is shut down".to_owned()),
+                }
+            };
+            let sent = tokio::select! {
+                biased;
+                sent = send => sent,
+                // Polled only when the send waits (`biased`): nothing to pay on the way of a
+                // send the channel takes at once.
+                () = close_deadline(&self.close_by) => {
+                    drop(on_left);
+                    let mut state = self.lock();
+                    state.sink = Some(sink);
+                    break self.give_up(&mut state, n_records);
+                }
             };
             let mut state = self.lock();
             if let Err(cause) = sent {
@@ -813,12 +848,77 @@ impl Outlet {
             }
             state.sink = Some(sink);
             self.sent(&mut state, on_left, n_records);
-        }
+        };
         let sink = self.lock().sink.take();
-        match sink {
-            Some(Sink::Channel(mut channel)) => channel.close().await,
-            Some(Sink::Loopback(_)) | None => Ok(()),
+        let Some(Sink::Channel(mut channel)) = sink else {
+            return Ok(());
+        };
+        let limit = (*self.close_by.borrow()).map_or(Duration::MAX, |by| {
+            by.saturating_duration_since(Instant::now())
+        });
+        let closed = channel.close_within(limit).await;
+        if given_up.frames == 0 {
+            return closed;
         }
+        let not_taken = match closed {
+            Ok(()) => 0,
+            Err(ferromq_core::Error::Undelivered { n_messages, .. }) => n_messages,
+            Err(other) => {
+                tracing::warn!(error = %other, "an rpc channel's close failed");
+                0
+            }
+        };
+        Err(ferromq_core::Error::Undelivered {
+            channel: channel.label().clone(),
+            n_messages: given_up.frames + not_taken,
+            reason: format!(
+                "the member's close reached its deadline: {} call(s) in {} frame(s) not sent, \
+                 {not_taken} frame(s) sent and not taken",
+                given_up.records, given_up.frames
+            ),
+        })
+    }
+
+    /// The close's deadline passed while the channel had not taken a frame of `n_records`
+    /// records: it and every frame after it are given up (their callers' waits end).
+    fn give_up(&self, state: &mut State, n_records: u32) -> GivenUp {
+        let mut given_up = GivenUp {
+            frames: 1,
+            records: u64::from(n_records),
+        };
+        for frame in state.sealed.drain(..).chain(state.open.take()) {
+            given_up.frames += 1;
+            given_up.records += u64::from(frame.n_records);
+        }
+        if let Some((_, _, n_records)) = state.unsent.take() {
+            given_up.frames += 1;
+            given_up.records += u64::from(n_records);
+        }
+        state.open_since = None;
+        state.n_queued = 0;
+        self.room.notify_waiters();
+        self.drained.notify_waiters();
+        given_up
+    }
+}
+
+/// What a bounded close gave up ([`Outlet::run`]).
+#[derive(Debug, Default)]
+struct GivenUp {
+    frames: u64,
+    records: u64,
+}
+
+/// Completes at the deadline of a bounded close, once one is asked for; never before.
+async fn close_deadline(close_by: &watch::Sender<Option<Instant>>) {
+    let mut close_by = close_by.subscribe();
+    let by = match close_by.wait_for(Option::is_some).await {
+        Ok(by) => *by,
+        Err(_) => None,
+    };
+    match by {
+        Some(by) => tokio::time::sleep_until(by).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -624,6 +624,101 @@ async fn run_member() -> Result<()> {
     Ok(())
 }
 
+/// Log lines, as a subscriber's writer writes them.
+#[derive(Clone, Default)]
+struct Logged(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logged {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A shutdown with a limit while its destination takes nothing (stopped) ends by the limit: it
+/// closes the channel to it, its linger cut to what is left, and reports what was not
+/// delivered in frames, naming the channel. It used to abort the outlet's task at the limit,
+/// which dropped the channel without a close (and the channel logged its loss as an error of
+/// its own), and to name the wrong member: the limit had passed before it looked at the first
+/// task, its own loopback, which it reported as undelivered with 0 calls. One thread, so that
+/// the test's log subscriber hears every task.
+fn shutdown_with_a_stalled_destination(kind: Kind) -> Result<(), Failed> {
+    let logged = Logged::default();
+    let writer = logged.clone();
+    let _logging = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish(),
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| Failed::from(error.to_string()))?;
+    let limit = Duration::from_millis(300);
+    runtime
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(240), async {
+                let group = Group::start(
+                    kind,
+                    2,
+                    Aggregation::None,
+                    Duration::from_secs(30),
+                    "stalled-stop",
+                )
+                .await?;
+                let rpc = group.rpc.clone();
+                ensure!(rpc.call_return::<Add>(1, &(1, 2)).await? == 3);
+                kill(group.process(1)?.pid(), Signal::SIGSTOP)?;
+                // More calls than the transport holds: frames wait in the outlet too.
+                let queue = rpc.clone().with_when_full(WhenFull::Queue);
+                for next in 0..20_000u64 {
+                    queue.call::<Append>(1, &next).await?;
+                }
+                let started = tokio::time::Instant::now();
+                let outcome = rpc.shutdown_within(limit).await;
+                let took = started.elapsed();
+                ensure!(
+                    took < limit + ferromq_rpc::CLOSE_GRACE,
+                    "the shutdown took {took:?} with a limit of {limit:?}"
+                );
+                match outcome {
+                    Err(ferromq_core::Error::Undelivered {
+                        channel,
+                        n_messages,
+                        reason,
+                    }) if channel.name == "rpc->member-1" && n_messages > 0 => {
+                        ensure!(reason.contains("not sent"), "{reason}");
+                    }
+                    other => bail!("shutting down with a stopped member: {other:?}"),
+                }
+                Ok(())
+            })
+            .await?
+        })
+        .map_err(|error| Failed::from(format!("{error:#}")))?;
+    let text = String::from_utf8_lossy(
+        &logged
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    )
+    .into_owned();
+    if text.contains("without a close") {
+        return Err(Failed::from(format!(
+            "a channel was dropped without a close:\n{text}"
+        )));
+    }
+    Ok(())
+}
+
 fn main() {
     ferromq_shm::run_watchdog_if_requested();
     // The deliberate panics of the `explode` handler are expected: not printed.
@@ -672,6 +767,15 @@ fn main() {
                 kind.name()
             ),
             move || run(dead_destination(kind)),
+        ));
+    }
+    for kind in [Kind::Shmem, Kind::Ipc] {
+        tests.push(Trial::test(
+            format!(
+                "a_shutdown_with_a_stalled_destination_closes_its_channel_by_the_limit_over_{}",
+                kind.name()
+            ),
+            move || shutdown_with_a_stalled_destination(kind),
         ));
     }
     tests.push(Trial::test(
