@@ -151,13 +151,18 @@ async fn work<G: Game>(ctx: &mut DeviceContext, settings: WorkerSettings) -> Res
 }
 
 /// Shuts the member down; calls that could not reach members already gone are no failure of
-/// this device (the group is ending, each member within half a second).
+/// this device (the group is ending, each member within half a second: the search they were
+/// part of is over), and one line says how many.
 async fn leave(rpc: &Rpc) -> Result<(), BoxError> {
     match rpc
         .shutdown_within(std::time::Duration::from_millis(500))
         .await
     {
-        Ok(()) | Err(ferromq_core::Error::Undelivered { .. }) => Ok(()),
+        Ok(()) => Ok(()),
+        Err(error @ ferromq_core::Error::Undelivered { .. }) => {
+            tracing::info!(%error, "left the search group with calls its members did not take: the group is ending");
+            Ok(())
+        }
         Err(error) => Err(error.into()),
     }
 }

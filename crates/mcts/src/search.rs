@@ -846,7 +846,7 @@ fn send<G: Game>(rpc: &Rpc, outgoing: &mut Vec<Outgoing<G>>, state: &mut WorkerS
         // The path was encoded as the call was queued: the list is kept for another.
         recycle_path(path);
         if let Err(error) = sent {
-            tracing::error!(%error, "a search call could not be made");
+            not_made(&error, "a search call could not be made");
         }
     }
     let owed = state.root_work.take_owed();
@@ -856,13 +856,24 @@ fn send<G: Game>(rpc: &Rpc, outgoing: &mut Vec<Outgoing<G>>, state: &mut WorkerS
             count: owed,
         };
         if let Err(error) = rpc.queue_call::<Refill<G>>(rpc.me(), &refill) {
-            tracing::error!(%error, "the refill could not be started");
+            not_made(&error, "the refill could not be started");
         }
     }
     if let Some(finished) = state.root_work.report()
         && let Err(error) = rpc.queue_call::<Finished<G>>(0, &finished)
     {
-        tracing::error!(%error, "finished simulations could not be reported");
+        not_made(&error, "finished simulations could not be reported");
+    }
+}
+
+/// Logs a call a handler could not make. One refused because this member is shutting down is
+/// the search being abandoned (a stop of the group: the handlers serve calls already in flight
+/// until the member's dispatcher stops), no error.
+fn not_made(error: &CallError, what: &str) {
+    if matches!(error, CallError::Stopped) {
+        tracing::debug!(%error, "{what} (the member is shutting down)");
+    } else {
+        tracing::error!(%error, "{what}");
     }
 }
 
