@@ -411,8 +411,9 @@ impl<D: Device> DeviceRunner<D> {
     /// Executes requested transitions until EXITING.
     ///
     /// # Errors
-    /// The error that moved the device to ERROR (it still ends through END → EXITING), or
-    /// [`DeviceError::DeviceGone`] when every controller was dropped before END.
+    /// The error that moved the device to ERROR (it still ends through END → EXITING, or
+    /// when every controller was dropped before END), or [`DeviceError::DeviceGone`] when
+    /// every controller was dropped before END and nothing had failed.
     pub async fn run(mut self) -> Result<()> {
         loop {
             let state = *self.state_sender.borrow();
@@ -423,10 +424,15 @@ impl<D: Device> DeviceRunner<D> {
                 self.stop_rate_logger();
                 let losses = self.close_channels_left().await;
                 self.close_taps().await;
-                let gone = DeviceError::DeviceGone {
-                    device: self.config.id.clone(),
-                };
-                return Err(self.with_losses(gone, losses));
+                // A device that failed ends with its failure (the controllers' end says
+                // nothing of why it is in ERROR); else with its controllers' end.
+                let failure = self
+                    .failure
+                    .take()
+                    .unwrap_or_else(|| DeviceError::DeviceGone {
+                        device: self.config.id.clone(),
+                    });
+                return Err(self.with_losses(failure, losses));
             };
             match request {
                 Request::Abort(_, Some(meant_for)) if meant_for != state => {}

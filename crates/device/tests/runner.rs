@@ -126,6 +126,49 @@ async fn failing_hook_moves_to_error_with_its_cause() {
     );
 }
 
+/// A failed device whose controllers are all dropped while it is in ERROR still ends with the
+/// error that failed it: it used to end with "device ... is gone", which named the controllers'
+/// end instead of the cause.
+#[tokio::test]
+async fn a_failed_device_whose_controllers_are_dropped_ends_with_its_failure() {
+    let (runner, controller) =
+        DeviceRunner::new(FailsInInitTask, DeviceConfig::new("broken"), transports());
+    let task = tokio::spawn(runner.run());
+    for (transition, target) in [
+        (Transition::InitDevice, State::InitializingDevice),
+        (Transition::CompleteInit, State::Initialized),
+        (Transition::Bind, State::Bound),
+        (Transition::Connect, State::DeviceReady),
+    ] {
+        controller.change_state(transition).await.unwrap();
+        controller.wait_for_state(target, WAIT).await.unwrap();
+    }
+    controller.change_state(Transition::InitTask).await.unwrap();
+    controller.wait_for_state(State::Error, WAIT).await.unwrap();
+    drop(controller);
+    let error = tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .expect("the runner ends once its controllers are gone")
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            DeviceError::Hook {
+                hook: "init_task",
+                ..
+            }
+        ),
+        "{error}"
+    );
+    let cause = std::error::Error::source(&error).map(ToString::to_string);
+    assert_eq!(
+        cause.as_deref(),
+        Some("calibration file missing"),
+        "{error}"
+    );
+}
+
 struct BlockedReceiver;
 
 #[async_trait::async_trait]
