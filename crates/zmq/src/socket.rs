@@ -374,6 +374,22 @@ impl Socket for ZmqSocket {
     }
 }
 
+impl Drop for ZmqSocket {
+    fn drop(&mut self) {
+        // A closed socket is unattached. An inproc receiver dropped without a close says what
+        // reached it and was not taken, as a tcp or ipc one does (`ZmtpChannel`'s drop): its
+        // senders handed those messages over, so nobody else counts them.
+        if let Backend::Inproc(inproc) = &mut self.backend
+            && self.rules.carries_zeromq_messages()
+        {
+            let n_unread = inproc.take_unread();
+            if n_unread > 0 {
+                tracing::error!(channel = %self.label, n_messages = n_unread, "a receiver dropped without a close lost messages that reached it");
+            }
+        }
+    }
+}
+
 impl ZmqSocket {
     /// Makes the connections [`Socket::connect`] accepted, waiting for each peer as long as it
     /// takes (a send or receive would make them on the way). Cancel-safe: a connection not made
@@ -879,6 +895,24 @@ mod tests {
         ] {
             assert_eq!(text.matches(said).count(), 1, "{said:?} once in\n{text}");
         }
+        // Inproc too: a sender hands its messages to the receiver's inbox, so a receiver
+        // dropped with them there is the one that can say so (it said nothing before).
+        logged.0.lock().unwrap().clear();
+        let address = format!("inproc://dropped-without-close-{}", std::process::id());
+        let parsed = Address::parse(&address).unwrap();
+        let mut receiver = pair_with_a_small_inbox(&address, ferromq_core::Method::Bind);
+        drop(receiver.bind(&parsed).await.unwrap());
+        let mut sender = pair_with_a_small_inbox(&address, ferromq_core::Method::Connect);
+        sender.connect(&parsed).await.unwrap();
+        for i in 0..3u8 {
+            sender.send_unboxed(one_part(i, 64), None).await.unwrap();
+        }
+        drop(receiver);
+        sender.close(Duration::ZERO).await.unwrap();
+        let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
+        let said = "a receiver dropped without a close lost messages that reached it";
+        assert_eq!(text.matches(said).count(), 1, "{said:?} once in\n{text}");
+        assert!(text.contains("n_messages=3"), "{text}");
     }
 
     /// A receiver that closes while its sender still writes: what it read is its count, what
