@@ -99,10 +99,11 @@ async fn a_sigint_stop_drains_every_stage() {
 }
 
 /// Ctrl-C in the middle of the bundled distributed search (an rpc group, whose members stop
-/// together while calls fly between them): the run exits 0 and says nothing is wrong. It used
-/// to log an error for every call a worker's handlers made after its member shut down, and a
-/// member whose shutdown ran out of time dropped its channels unclosed, which logged their
-/// loss as an error. What the ending group did not take is now one line per member.
+/// together while calls fly between them): the run exits 0 and logs no error. A member whose
+/// shutdown ran out of time dropped its channels unclosed, which logged their loss as an error
+/// (over zeromq in every run); what the ending group did not take is now one line per member.
+/// (The errors logged for calls refused by a member shutting down, seen in release builds, are
+/// `ferromq-mcts`'s `a_call_refused_by_a_member_shutting_down_is_no_error`.)
 #[tokio::test]
 async fn a_sigint_stops_a_searching_rpc_group_without_errors() {
     let bundled = std::fs::read_to_string(topology("mcts-hex.toml")).unwrap();
@@ -128,13 +129,7 @@ async fn a_sigint_stops_a_searching_rpc_group_without_errors() {
         let (code, stderr) = exit_and_stderr(run).await;
         let log = format!("{}\n{stderr}", seen.join("\n"));
         assert_eq!(code, Some(0), "{transport}:\n{log}");
-        for word in [
-            "ERROR",
-            "WARN",
-            "could not be made",
-            "without a close",
-            "killing",
-        ] {
+        for word in ["ERROR", "could not be made", "without a close", "killing"] {
             assert!(
                 !log.contains(word),
                 "{transport}: {word:?} on a clean stop:\n{log}"

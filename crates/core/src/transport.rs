@@ -377,6 +377,13 @@ fn add_as_only_writer(counter: &AtomicU64, n: u64) {
 }
 
 impl ChannelCounters {
+    /// Counts messages its owner had accepted for the channel and gave up before the channel
+    /// took them (an rpc outlet whose close reached its deadline), beside those a close reports
+    /// undelivered, so that the counters and `ferromq top` show every loss of the channel.
+    pub fn count_undelivered(&self, n_messages: u64) {
+        self.undelivered.fetch_add(n_messages, Ordering::Relaxed);
+    }
+
     /// Only the owning [`Channel`] calls this (its `&mut self` makes it the one writer).
     fn record_in(&self, n_bytes: usize) {
         add_as_only_writer(&self.messages_in, 1);

@@ -1302,6 +1302,74 @@ impl<G: Game> Driver<G> {
 mod tests {
     use super::*;
 
+    /// A call that a handler makes once its member shut down (a group whose members stop
+    /// together: the handlers serve calls already in flight) is refused as `Stopped`, the
+    /// search being abandoned: no error in the log. Any other refusal is one. A Ctrl-C of the
+    /// bundled search logged up to a hundred "could not be made" errors.
+    #[tokio::test]
+    async fn a_call_refused_by_a_member_shutting_down_is_no_error() {
+        #[derive(Clone, Default)]
+        struct Logged(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Logged {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let logged = Logged::default();
+        let writer = logged.clone();
+        let _logging = tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_writer(move || writer.clone())
+                .finish(),
+        );
+        let transport: Arc<dyn ferromq_core::Transport> =
+            Arc::new(ferromq_zmq::ZmqTransport::new());
+        let address = ferromq_core::Address::parse(&format!(
+            "inproc://refused-while-shutting-down-{}",
+            std::process::id()
+        ))
+        .unwrap();
+        let inbound = ferromq_rpc::Inbound::bind(transport.as_ref(), &address)
+            .await
+            .unwrap();
+        let members = [ferromq_rpc::Member {
+            name: "worker-1".to_owned(),
+            address,
+        }];
+        let rpc = Rpc::start(
+            transport,
+            0,
+            &members,
+            inbound,
+            Handlers::new(),
+            ferromq_rpc::RpcOptions::default(),
+        )
+        .await
+        .unwrap();
+        rpc.shutdown().await.unwrap();
+        let refill = RefillArgs { node: 1, count: 1 };
+        let refused = rpc
+            .queue_call::<Refill<crate::tictactoe::TicTacToe>>(0, &refill)
+            .unwrap_err();
+        assert!(matches!(refused, CallError::Stopped), "{refused}");
+        not_made(&refused, "the refill could not be started");
+        let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
+        assert!(!text.contains("ERROR"), "{text}");
+        let unreachable = CallError::Unreachable {
+            destination: "worker-2".to_owned(),
+            cause: "its channel failed".to_owned(),
+        };
+        not_made(&unreachable, "a search call could not be made");
+        let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.matches("ERROR").count(), 1, "{text}");
+        assert!(text.contains("worker-2"), "{text}");
+    }
+
     #[test]
     fn the_roots_owner_keeps_the_root_and_from_eight_workers_the_share_that_evens_the_loads() {
         let mut rng = crate::Rng::new(7);

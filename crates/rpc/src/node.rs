@@ -726,6 +726,9 @@ impl Rpc {
                 Ok(Err(_)) => Ok(()),
                 Err(_) => {
                     task.abort();
+                    // The outlet gave up at the limit; its channel's close, whose linger
+                    // bounds silence, not the whole close, is still under way: a destination
+                    // taking frames slowly. Its drop logs what it still held.
                     match self.node.outlets.get(idx).filter(|_| !is_dispatcher) {
                         Some(outlet) => Err(ferromq_core::Error::Undelivered {
                             channel: ferromq_core::ChannelLabel::new(
@@ -734,7 +737,9 @@ impl Rpc {
                             ),
                             n_messages: outlet.queued() as u64,
                             reason: format!(
-                                "the member took nothing for {limit:?} while this one shut down"
+                                "the channel's close was still under way {CLOSE_GRACE:?} past \
+                                 the shutdown's limit of {limit:?} and was cut short; its log \
+                                 says what it still held"
                             ),
                         }),
                         None => Ok(()),

@@ -718,12 +718,21 @@ impl Outlet {
     /// [`Outlet::run`]). Without one, the task sends everything and the channel keeps its own
     /// linger.
     pub(crate) fn close(&self, deadline: Option<Instant>) {
-        if deadline.is_some() {
-            self.close_by.send_replace(deadline);
-        }
         let mut state = self.lock();
         state.closing = true;
         self.seal(&mut state);
+        // Published only once the outlet refuses calls (under the lock): a call accepted
+        // after the task gave up would be neither sent nor counted. A later close keeps the
+        // earlier deadline.
+        if let Some(deadline) = deadline {
+            self.close_by.send_if_modified(|by| match by {
+                Some(earlier) if *earlier <= deadline => false,
+                _ => {
+                    *by = Some(deadline);
+                    true
+                }
+            });
+        }
         drop(state);
         self.ready.notify_one();
     }
@@ -860,6 +869,7 @@ impl Outlet {
         if given_up.frames == 0 {
             return closed;
         }
+        channel.counters().count_undelivered(given_up.frames);
         let not_taken = match closed {
             Ok(()) => 0,
             Err(ferromq_core::Error::Undelivered { n_messages, .. }) => n_messages,
