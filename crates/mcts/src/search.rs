@@ -1308,25 +1308,7 @@ mod tests {
     /// bundled search logged up to a hundred "could not be made" errors.
     #[tokio::test]
     async fn a_call_refused_by_a_member_shutting_down_is_no_error() {
-        #[derive(Clone, Default)]
-        struct Logged(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Logged {
-            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(bytes);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let logged = Logged::default();
-        let writer = logged.clone();
-        let _logging = tracing::subscriber::set_default(
-            tracing_subscriber::fmt()
-                .with_ansi(false)
-                .with_writer(move || writer.clone())
-                .finish(),
-        );
+        let logs = ferromq_log_capture::CapturedLogs::start();
         let transport: Arc<dyn ferromq_core::Transport> =
             Arc::new(ferromq_zmq::ZmqTransport::new());
         let address = ferromq_core::Address::parse(&format!(
@@ -1358,14 +1340,14 @@ mod tests {
             .unwrap_err();
         assert!(matches!(refused, CallError::Stopped), "{refused}");
         not_made(&refused, "the refill could not be started");
-        let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
+        let text = logs.text();
         assert!(!text.contains("ERROR"), "{text}");
         let unreachable = CallError::Unreachable {
             destination: "worker-2".to_owned(),
             cause: "its channel failed".to_owned(),
         };
         not_made(&unreachable, "a search call could not be made");
-        let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
+        let text = logs.text();
         assert_eq!(text.matches("ERROR").count(), 1, "{text}");
         assert!(text.contains("worker-2"), "{text}");
     }

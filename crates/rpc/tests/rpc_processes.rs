@@ -624,24 +624,6 @@ async fn run_member() -> Result<()> {
     Ok(())
 }
 
-/// Log lines, as a subscriber's writer writes them.
-#[derive(Clone, Default)]
-struct Logged(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logged {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// A shutdown with a limit while its destination takes nothing (stopped) ends by the limit: it
 /// closes the channel to it, its linger cut to what is left, and reports what was not
 /// delivered in frames, naming the channel. It used to abort the outlet's task at the limit,
@@ -650,14 +632,7 @@ impl std::io::Write for Logged {
 /// task, its own loopback, which it reported as undelivered with 0 calls. One thread, so that
 /// the test's log subscriber hears every task.
 fn shutdown_with_a_stalled_destination(kind: Kind) -> Result<(), Failed> {
-    let logged = Logged::default();
-    let writer = logged.clone();
-    let _logging = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish(),
-    );
+    let logs = ferromq_log_capture::CapturedLogs::start();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -705,13 +680,7 @@ fn shutdown_with_a_stalled_destination(kind: Kind) -> Result<(), Failed> {
             .await?
         })
         .map_err(|error| Failed::from(format!("{error:#}")))?;
-    let text = String::from_utf8_lossy(
-        &logged
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    )
-    .into_owned();
+    let text = logs.text();
     if text.contains("without a close") {
         return Err(Failed::from(format!(
             "a channel was dropped without a close:\n{text}"

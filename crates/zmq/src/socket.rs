@@ -837,25 +837,7 @@ mod tests {
     /// what it had accepted and not written, a receiver what reached it and it did not take.
     #[tokio::test]
     async fn a_socket_dropped_without_a_close_says_what_it_lost() {
-        #[derive(Clone, Default)]
-        struct Logged(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-        impl std::io::Write for Logged {
-            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(bytes);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let logged = Logged::default();
-        let writer = logged.clone();
-        let _logging = tracing::subscriber::set_default(
-            tracing_subscriber::fmt()
-                .with_ansi(false)
-                .with_writer(move || writer.clone())
-                .finish(),
-        );
+        let logs = ferromq_log_capture::CapturedLogs::start();
         let file = IpcFile::new("dropped-without-close");
         let address = file.address();
         let parsed = Address::parse(&address).unwrap();
@@ -888,7 +870,7 @@ mod tests {
         assert!(lost_at_drop(&sender).0 > 0);
         drop(sender);
         drop(receiver);
-        let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
+        let text = logs.text();
         for said in [
             "a socket dropped without a close lost at most n_messages that send had accepted and not written yet",
             "a receiver dropped without a close lost messages that reached it",
@@ -897,7 +879,7 @@ mod tests {
         }
         // Inproc too: a sender hands its messages to the receiver's inbox, so a receiver
         // dropped with them there is the one that can say so (it said nothing before).
-        logged.0.lock().unwrap().clear();
+        logs.clear();
         let address = format!("inproc://dropped-without-close-{}", std::process::id());
         let parsed = Address::parse(&address).unwrap();
         let mut receiver = pair_with_a_small_inbox(&address, ferromq_core::Method::Bind);
@@ -909,7 +891,7 @@ mod tests {
         }
         drop(receiver);
         sender.close(Duration::ZERO).await.unwrap();
-        let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
+        let text = logs.text();
         let said = "a receiver dropped without a close lost messages that reached it";
         assert_eq!(text.matches(said).count(), 1, "{said:?} once in\n{text}");
         assert!(text.contains("n_messages=3"), "{text}");
