@@ -84,18 +84,24 @@ async fn a_duration_stop_drains_every_stage_default_and_mixed_transports() {
 /// The same for Ctrl-C.
 #[tokio::test]
 async fn a_sigint_stop_drains_every_stage() {
-    let mut run = launcher(&[&topology("default.toml")]);
+    let run = launcher(&[&topology("default.toml")]);
+    let (code, log) = interrupted_once(run, "[sink] READY ---> RUNNING").await;
+    assert_eq!(code, Some(0), "{log}");
+    assert_nothing_lost(&log);
+}
+
+/// Sends SIGINT to a launcher once its stdout has a line with `needle`; its exit code and all
+/// it printed (stdout, then stderr).
+async fn interrupted_once(mut run: Child, needle: &str) -> (Option<i32>, String) {
     let mut lines = BufReader::new(run.stdout.take().expect("stdout")).lines();
     let mut seen = Vec::new();
-    wait_for_line(&mut lines, "[sink] READY ---> RUNNING", &mut seen).await;
+    wait_for_line(&mut lines, needle, &mut seen).await;
     signal(&run, "INT");
     while let Ok(Some(line)) = lines.next_line().await {
         seen.push(line);
     }
     let (code, stderr) = exit_and_stderr(run).await;
-    let log = format!("{}\n{stderr}", seen.join("\n"));
-    assert_eq!(code, Some(0), "{log}");
-    assert_nothing_lost(&log);
+    (code, format!("{}\n{stderr}", seen.join("\n")))
 }
 
 /// Ctrl-C in the middle of the bundled distributed search (an rpc group, whose members stop
@@ -118,16 +124,8 @@ async fn a_sigint_stops_a_searching_rpc_group_without_errors() {
             .replace("rollouts = 10000, moves = 4", "rollouts = 2000, moves = 0");
         let file = support::TempFile::holding("searching-group.toml", &text);
         let session = format!("sigint-group-{transport}-{}", std::process::id());
-        let mut run = launcher(&[&file.path(), "--session", &session]);
-        let mut lines = BufReader::new(run.stdout.take().expect("stdout")).lines();
-        let mut seen = Vec::new();
-        wait_for_line(&mut lines, "[driver] move 2: ", &mut seen).await;
-        signal(&run, "INT");
-        while let Ok(Some(line)) = lines.next_line().await {
-            seen.push(line);
-        }
-        let (code, stderr) = exit_and_stderr(run).await;
-        let log = format!("{}\n{stderr}", seen.join("\n"));
+        let run = launcher(&[&file.path(), "--session", &session]);
+        let (code, log) = interrupted_once(run, "[driver] move 2: ").await;
         assert_eq!(code, Some(0), "{transport}:\n{log}");
         for word in ["ERROR", "could not be made", "without a close", "killing"] {
             assert!(

@@ -56,6 +56,25 @@ async fn running(
     }
 }
 
+/// From IDLE to DEVICE READY, each transition with the state it leads to.
+const TO_DEVICE_READY: [(Transition, State); 4] = [
+    (Transition::InitDevice, State::InitializingDevice),
+    (Transition::CompleteInit, State::Initialized),
+    (Transition::Bind, State::Bound),
+    (Transition::Connect, State::DeviceReady),
+];
+
+/// Asks for each transition in turn and waits for the state it leads to.
+async fn step_through(
+    controller: &ferromq_device::DeviceController,
+    steps: &[(Transition, State)],
+) {
+    for &(transition, state) in steps {
+        controller.change_state(transition).await.unwrap();
+        controller.wait_for_state(state, WAIT).await.unwrap();
+    }
+}
+
 struct Idle;
 
 #[async_trait::async_trait]
@@ -134,15 +153,7 @@ async fn a_failed_device_whose_controllers_are_dropped_ends_with_its_failure() {
     let (runner, controller) =
         DeviceRunner::new(FailsInInitTask, DeviceConfig::new("broken"), transports());
     let task = tokio::spawn(runner.run());
-    for (transition, target) in [
-        (Transition::InitDevice, State::InitializingDevice),
-        (Transition::CompleteInit, State::Initialized),
-        (Transition::Bind, State::Bound),
-        (Transition::Connect, State::DeviceReady),
-    ] {
-        controller.change_state(transition).await.unwrap();
-        controller.wait_for_state(target, WAIT).await.unwrap();
-    }
+    step_through(&controller, &TO_DEVICE_READY).await;
     controller.change_state(Transition::InitTask).await.unwrap();
     controller.wait_for_state(State::Error, WAIT).await.unwrap();
     drop(controller);
@@ -262,16 +273,8 @@ async fn connecting_does_not_wait_for_the_peer_and_an_abort_ends_the_device() {
 async fn an_abort_meant_for_a_state_the_device_left_is_not_a_failure() {
     let (runner, controller) = DeviceRunner::new(Idle, DeviceConfig::new("idle"), transports());
     let task = tokio::spawn(runner.run());
-    for (transition, state) in [
-        (Transition::InitDevice, State::InitializingDevice),
-        (Transition::CompleteInit, State::Initialized),
-        (Transition::Bind, State::Bound),
-        (Transition::Connect, State::DeviceReady),
-        (Transition::InitTask, State::Ready),
-    ] {
-        controller.change_state(transition).await.unwrap();
-        controller.wait_for_state(state, WAIT).await.unwrap();
-    }
+    step_through(&controller, &TO_DEVICE_READY).await;
+    step_through(&controller, &[(Transition::InitTask, State::Ready)]).await;
     controller.abort_in(State::Running, "SIGTERM received in RUNNING");
     control::shut_down(&controller).await.unwrap();
     task.await.unwrap().unwrap();
