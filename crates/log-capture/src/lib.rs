@@ -10,6 +10,7 @@
 //! The subscriber is the thread's default while the [`CapturedLogs`] lives: it hears what runs
 //! on this thread (a current-thread runtime's tasks, `#[tokio::test]`'s default), not a
 //! multi-thread runtime's workers. Dropping it restores the previous default.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 use std::sync::{Arc, Mutex, PoisonError};
