@@ -1002,9 +1002,7 @@ impl Channel {
         let linger = self.config.linger_duration().min(limit);
         let closed = self.socket.close(linger).await;
         if let Err(Error::Undelivered { n_messages, .. }) = &closed {
-            self.counters
-                .undelivered
-                .fetch_add(*n_messages, Ordering::Relaxed);
+            self.counters.count_undelivered(*n_messages);
         }
         closed
     }

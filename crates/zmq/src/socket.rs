@@ -384,7 +384,7 @@ impl Drop for ZmqSocket {
         {
             let n_unread = inproc.take_unread();
             if n_unread > 0 {
-                tracing::error!(channel = %self.label, n_messages = n_unread, "a receiver dropped without a close lost messages that reached it");
+                crate::zmtp_channel::log_unread_at_drop(&self.label, n_unread);
             }
         }
     }

@@ -1166,7 +1166,7 @@ impl Drop for ZmtpChannel {
                 tracing::error!(channel = %self.shared.label, n_messages = n_unwritten, "a socket dropped without a close lost at most n_messages that send had accepted and not written yet");
             }
             if n_unread > 0 {
-                tracing::error!(channel = %self.shared.label, n_messages = n_unread, "a receiver dropped without a close lost messages that reached it");
+                log_unread_at_drop(&self.shared.label, n_unread);
             }
         }
         self.shared.stop.send_replace(true);
@@ -1175,6 +1175,12 @@ impl Drop for ZmtpChannel {
         }
         crate::net::remove_socket_files(&mut self.bound_ipc_paths);
     }
+}
+
+/// Says what a receiver dropped without a close lost: messages that reached it and it did not
+/// take (tcp, ipc and inproc alike; nobody else can count them).
+pub(crate) fn log_unread_at_drop(label: &ChannelLabel, n_unread: usize) {
+    tracing::error!(channel = %label, n_messages = n_unread, "a receiver dropped without a close lost messages that reached it");
 }
 
 /// A listener's accept failed (out of file descriptors, say): said once, retried shortly.
