@@ -382,6 +382,43 @@ impl InprocChannel {
     /// Closes the inbox of a pull or pair (its peers' sends go to other peers, or wait) and
     /// counts what is in it: messages sent to this socket that it did not take. 0 for the other
     /// patterns (a sub's unread messages are not counted, as with ZeroMQ's PUB).
+    ///
+    /// A peer that reserved room before the close may be writing into it on another thread,
+    /// past its check that the inbox is open: its send was accepted, so the count waits for it
+    /// (up to `linger`; the inbox knows while room is reserved) instead of leaving that message
+    /// in an inbox nobody reads. A peer that checks after the close gets its message back.
+    pub(crate) async fn take_unread_within(&mut self, linger: Duration) -> usize {
+        if !self.socket_type.counts_unread_at_close() {
+            return 0;
+        }
+        self.inbox.close();
+        let deadline = Instant::now() + linger;
+        let mut n_unread = 0;
+        loop {
+            match self.inbox.try_recv() {
+                Ok(_) => n_unread += 1,
+                // Closed, and no room is reserved any more: nothing else can arrive.
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                // Room is still reserved: what its holder sends, or the room's return.
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    match tokio::time::timeout_at(deadline, self.inbox.recv()).await {
+                        Ok(Some(_)) => n_unread += 1,
+                        Ok(None) => break,
+                        Err(_) => {
+                            tracing::debug!(
+                                ?linger,
+                                "an inproc peer still holds room reserved in this closed inbox"
+                            );
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        n_unread
+    }
+
+    /// [`InprocChannel::take_unread_within`] without waiting, for a socket dropped unclosed.
     pub(crate) fn take_unread(&mut self) -> usize {
         if !self.socket_type.counts_unread_at_close() {
             return 0;
@@ -425,4 +462,69 @@ fn timed_out<T>(label: &ChannelLabel, timeout: Option<Duration>, value: T) -> Se
         },
         value,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn label() -> ChannelLabel {
+        ChannelLabel::new("data", SocketType::Pull)
+    }
+
+    /// A pull bound at `name` and a push connected to it, the push holding room in the pull's
+    /// inbox taken out of its reservation: as a send past its check that the inbox is open.
+    async fn push_past_its_check(
+        name: &str,
+    ) -> (InprocChannel, InprocChannel, mpsc::OwnedPermit<Envelope>) {
+        let mut pull = InprocChannel::new(SocketType::Pull, 8);
+        pull.bind(&label(), name).expect("bind");
+        let mut push = InprocChannel::new(SocketType::Push, 8);
+        push.connect(name);
+        push.reserve().await;
+        let (_, permit) = push.reserved.take().expect("room reserved");
+        (pull, push, permit)
+    }
+
+    #[tokio::test]
+    async fn a_close_counts_a_send_into_room_reserved_before_it() {
+        let name = format!("unread-reserved-{}", std::process::id());
+        let (mut pull, push, permit) = push_past_its_check(&name).await;
+        let close = pull.take_unread_within(Duration::from_secs(30));
+        tokio::pin!(close);
+        assert!(
+            futures::poll!(close.as_mut()).is_pending(),
+            "the count waits while room is reserved"
+        );
+        permit.send(Envelope {
+            from: push.node.id,
+            parts: Parts::from(ferromq_core::Message::from("late")),
+        });
+        assert_eq!(close.await, 1, "the message sent into the room is counted");
+    }
+
+    #[tokio::test]
+    async fn a_close_ends_when_reserved_room_is_given_back_unused() {
+        let name = format!("unread-returned-{}", std::process::id());
+        let (mut pull, _push, permit) = push_past_its_check(&name).await;
+        let close = pull.take_unread_within(Duration::from_secs(30));
+        tokio::pin!(close);
+        assert!(futures::poll!(close.as_mut()).is_pending());
+        drop(permit);
+        assert_eq!(close.await, 0);
+    }
+
+    #[tokio::test]
+    async fn a_close_waits_for_reserved_room_no_longer_than_its_linger() {
+        let name = format!("unread-held-{}", std::process::id());
+        let (mut pull, _push, _permit) = push_past_its_check(&name).await;
+        let linger = Duration::from_millis(100);
+        let started = Instant::now();
+        assert_eq!(pull.take_unread_within(linger).await, 0);
+        let took = started.elapsed();
+        assert!(
+            took >= linger && took < linger + Duration::from_secs(5),
+            "took {took:?}"
+        );
+    }
 }
