@@ -42,7 +42,9 @@ use tokio::time::Instant;
 
 use crate::error::{CallError, Refused, RemoteFailure};
 use crate::handlers::{Handlers, Invocation, Procedure, Started};
-use crate::outlet::{Aggregation, Counts, Outlet, OutletConfig, Payload, Rejection, Sink};
+use crate::outlet::{
+    Aggregation, Counts, Flushed, Outlet, OutletConfig, Payload, Rejection, SHUT_DOWN, Sink,
+};
 use crate::wire::{self, FrameReader, RecordHead, Status};
 
 /// How long [`Rpc::shutdown_within`] waits past its limit for the channels' closes (the
@@ -650,16 +652,25 @@ impl Rpc {
     /// so far was handed to the transport.
     ///
     /// # Errors
-    /// [`CallError::Timeout`] naming a destination that took nothing for the timeout.
+    /// [`CallError::Timeout`] naming a destination that took nothing for the timeout;
+    /// [`CallError::Unreachable`] naming one whose channel failed (its calls were dropped), and
+    /// [`CallError::Stopped`] once a shutdown gave calls up.
     pub async fn flush(&self) -> Result<(), CallError> {
         let deadline = Instant::now() + self.node.options.timeout;
         for outlet in &self.node.outlets {
-            if !outlet.flush(deadline).await {
-                return Err(CallError::Timeout {
-                    destination: self.node.names[outlet.dest].clone(),
-                    handler: "flush".to_owned(),
-                    after: self.node.options.timeout,
-                });
+            match outlet.flush(deadline).await {
+                Flushed::Drained => {}
+                Flushed::TimedOut => {
+                    return Err(CallError::Timeout {
+                        destination: self.node.names[outlet.dest].clone(),
+                        handler: "flush".to_owned(),
+                        after: self.node.options.timeout,
+                    });
+                }
+                Flushed::NotSent(cause) => {
+                    let rejection = Rejection::Failed(cause);
+                    return Err(self.node.rejection_error(outlet.dest, "flush", rejection).0);
+                }
             }
         }
         Ok(())
@@ -1027,6 +1038,8 @@ impl CallBuilder<'_> {
             }),
             (None, Some(left)) => Ticket(TicketState::Left {
                 left,
+                node: Arc::downgrade(node),
+                dest: self.dest,
                 destination: destination(),
                 handler: P::NAME,
                 timeout,
@@ -1132,6 +1145,8 @@ enum TicketState {
     Done,
     Left {
         left: oneshot::Receiver<()>,
+        node: Weak<Node>,
+        dest: usize,
         destination: String,
         handler: &'static str,
         timeout: Duration,
@@ -1161,14 +1176,27 @@ impl Ticket {
             TicketState::Done => Ok(()),
             TicketState::Left {
                 left,
+                node,
+                dest,
                 destination,
                 handler,
                 timeout,
             } => match tokio::time::timeout(timeout, left).await {
                 Ok(Ok(())) => Ok(()),
-                Ok(Err(_)) => Err(CallError::Unreachable {
-                    destination,
-                    cause: format!("{handler} was dropped with its channel"),
+                // Dropped unsent: the outlet says why (its channel failed, or the shutdown gave
+                // the call up); a node that is gone was shut down.
+                Ok(Err(_)) => Err(match node.upgrade() {
+                    Some(node) => match node.outlets[dest].not_sent() {
+                        Some(cause) => {
+                            node.rejection_error(dest, handler, Rejection::Failed(cause))
+                                .0
+                        }
+                        None => CallError::Unreachable {
+                            destination,
+                            cause: format!("{handler} was dropped with its channel"),
+                        },
+                    },
+                    None => CallError::Stopped,
                 }),
                 Err(_) => Err(CallError::Timeout {
                     destination,
@@ -1273,7 +1301,7 @@ impl Node {
                 },
                 buffer,
             ),
-            Rejection::Failed(cause) if cause.contains("shut down") => (CallError::Stopped, None),
+            Rejection::Failed(cause) if cause == SHUT_DOWN => (CallError::Stopped, None),
             Rejection::Failed(cause) => (CallError::Unreachable { destination, cause }, None),
             Rejection::Encode(cause, buffer) => (
                 CallError::Codec {

@@ -55,6 +55,10 @@ const TIMER_TICK: Duration = Duration::from_millis(1);
 /// us, on each side of a round trip).
 const SMALL_FRAME: usize = 256;
 
+/// Why a shut-down outlet refuses or gave up a record ([`Rejection::Failed`]); the node reads it
+/// back as [`crate::CallError::Stopped`].
+pub(crate) const SHUT_DOWN: &str = "the rpc node is shut down";
+
 /// How calls to one destination are packed into frames (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Aggregation {
@@ -340,6 +344,8 @@ struct State {
     /// The channel failed: why. Nothing is accepted any more.
     failure: Option<String>,
     closing: bool,
+    /// A bounded close gave up records it had accepted ([`Outlet::run`]).
+    given_up: bool,
     /// The last frame that left fitted a small frame: the next starts small. One that did not
     /// (larger calls, or calls packed while the destination lags) makes frames start full
     /// until one leaves small again.
@@ -347,6 +353,14 @@ struct State {
 }
 
 impl State {
+    /// Why records accepted here were not all sent: the channel failed, or a bounded close
+    /// gave some up. `None` while everything accepted was sent or is still on its way.
+    fn not_sent(&self) -> Option<String> {
+        self.failure
+            .clone()
+            .or_else(|| self.given_up.then(|| SHUT_DOWN.to_owned()))
+    }
+
     /// `frame` made into parts to send; how large it left says how the next frame starts.
     fn leaving(&mut self, frame: Frame) -> Outgoing {
         self.small_fits = frame.buf.len() <= SMALL_FRAME;
@@ -420,6 +434,7 @@ impl Outlet {
                 n_queued: 0,
                 failure: None,
                 closing: false,
+                given_up: false,
                 small_fits: true,
             }),
             held: AtomicBool::new(false),
@@ -514,7 +529,7 @@ impl Outlet {
             return Err(Rejection::Failed(failure.clone()));
         }
         if state.closing {
-            return Err(Rejection::Failed("the rpc node is shut down".to_owned()));
+            return Err(Rejection::Failed(SHUT_DOWN.to_owned()));
         }
         if bounded && state.n_queued >= self.config.max_queued {
             return Err(Rejection::NoRoom {
@@ -679,14 +694,14 @@ impl Outlet {
 
     /// Sends the open frame now and waits until everything queued was handed to the
     /// transport; false at `deadline`.
-    pub(crate) async fn flush(&self, deadline: Instant) -> bool {
+    pub(crate) async fn flush(&self, deadline: Instant) -> Flushed {
         let drained = self.drained.notified();
         tokio::pin!(drained);
         drained.as_mut().enable();
         {
             let mut state = self.lock();
-            if state.n_queued == 0 || state.failure.is_some() {
-                return true;
+            if let Some(flushed) = Flushed::already(&state) {
+                return flushed;
             }
             self.seal(&mut state);
         }
@@ -696,15 +711,21 @@ impl Outlet {
                 .await
                 .is_err()
             {
-                return false;
+                return Flushed::TimedOut;
             }
             drained.set(self.drained.notified());
             drained.as_mut().enable();
-            let state = self.lock();
-            if state.n_queued == 0 || state.failure.is_some() {
-                return true;
+            if let Some(flushed) = Flushed::already(&self.lock()) {
+                return flushed;
             }
         }
+    }
+
+    /// Why records accepted here were not all sent (see [`Flushed::NotSent`]); `None` while
+    /// everything was sent or is on its way. A caller whose wait for its record to leave ended
+    /// without word asks this.
+    pub(crate) fn not_sent(&self) -> Option<String> {
+        self.lock().not_sent()
     }
 
     /// Records queued and not yet sent.
@@ -817,9 +838,7 @@ impl Outlet {
                         .send_parts(parts)
                         .await
                         .map_err(|failed| failed.error.to_string()),
-                    Sink::Loopback(queue) => queue
-                        .send(parts)
-                        .map_err(|_| "the rpc node is shut down".to_owned()),
+                    Sink::Loopback(queue) => queue.send(parts).map_err(|_| SHUT_DOWN.to_owned()),
                 }
             };
             let sent = tokio::select! {
@@ -828,10 +847,13 @@ impl Outlet {
                 // Polled only when the send waits (`biased`): nothing to pay on the way of a
                 // send the channel takes at once.
                 () = close_deadline(&self.close_by) => {
-                    drop(on_left);
                     let mut state = self.lock();
                     state.sink = Some(sink);
-                    break self.give_up(&mut state, n_records);
+                    let given_up = self.give_up(&mut state, n_records);
+                    drop(state);
+                    // After the state says so: a caller woken by this asks why.
+                    drop(on_left);
+                    break given_up;
                 }
             };
             let mut state = self.lock();
@@ -908,9 +930,33 @@ impl Outlet {
         );
         state.open_since = None;
         state.n_queued = 0;
+        state.given_up = true;
         self.room.notify_waiters();
         self.drained.notify_waiters();
         given_up
+    }
+}
+
+/// How [`Outlet::flush`] ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Flushed {
+    /// Everything accepted was handed to the channel.
+    Drained,
+    /// Records were still queued at the deadline.
+    TimedOut,
+    /// Records will never leave: the channel failed, or a bounded close gave them up (the
+    /// cause, as a [`Rejection::Failed`] says it).
+    NotSent(String),
+}
+
+impl Flushed {
+    /// The end of a flush already, or `None` while records are queued.
+    fn already(state: &State) -> Option<Flushed> {
+        match state.not_sent() {
+            Some(cause) => Some(Flushed::NotSent(cause)),
+            None if state.n_queued == 0 => Some(Flushed::Drained),
+            None => None,
+        }
     }
 }
 
@@ -964,6 +1010,27 @@ mod tests {
 
     fn heap_outlet() -> Outlet {
         heap_outlet_with(Aggregation::Trad)
+    }
+
+    #[tokio::test]
+    async fn a_flush_says_why_queued_records_will_not_leave() {
+        let outlet = heap_outlet();
+        let pushed = outlet.try_push(
+            RecordHead::call(1, 0, 0),
+            &Payload::Encode(&7u32),
+            None,
+            None,
+            true,
+            false,
+        );
+        assert!(pushed.is_ok());
+        let soon = Instant::now() + Duration::from_millis(50);
+        // No task sends: the record stays queued.
+        assert_eq!(outlet.flush(soon).await, Flushed::TimedOut);
+        outlet.lock().failure = Some("connection reset".to_owned());
+        let flushed = outlet.flush(Instant::now() + Duration::from_secs(30)).await;
+        assert_eq!(flushed, Flushed::NotSent("connection reset".to_owned()));
+        assert_eq!(outlet.not_sent().as_deref(), Some("connection reset"));
     }
 
     #[test]

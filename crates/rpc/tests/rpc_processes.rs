@@ -657,6 +657,12 @@ fn shutdown_with_a_stalled_destination(kind: Kind) -> Result<(), Failed> {
                 for next in 0..20_000u64 {
                     queue.call::<Append>(1, &next).await?;
                 }
+                // A caller waiting for its call to leave: the shutdown gives it up.
+                let left = queue
+                    .to(1)
+                    .confirm(Confirm::Left)
+                    .call::<Append>(&20_000)
+                    .await?;
                 let started = tokio::time::Instant::now();
                 let outcome = rpc.shutdown_within(limit).await;
                 let took = started.elapsed();
@@ -675,6 +681,18 @@ fn shutdown_with_a_stalled_destination(kind: Kind) -> Result<(), Failed> {
                     }
                     other => bail!("shutting down with a stopped member: {other:?}"),
                 }
+                // Both say the calls were given up by the shutdown, not lost with a channel
+                // or sent.
+                let confirmed = left.confirmed().await;
+                ensure!(
+                    confirmed == Err(CallError::Stopped),
+                    "a call given up waited for as left: {confirmed:?}"
+                );
+                let flushed = rpc.flush().await;
+                ensure!(
+                    flushed == Err(CallError::Stopped),
+                    "a flush after calls were given up: {flushed:?}"
+                );
                 Ok(())
             })
             .await?
