@@ -385,9 +385,17 @@ async fn serve<G: Game>(idx: usize, make_transport: MakeTransport) -> Result<(),
         }
     })
     .await;
-    // Peers are going away too: what is undelivered to them is not a failure of this worker.
+    // Peers are going away too: what is undelivered to them is not a failure of this worker,
+    // but it is said (stderr is the search's).
     match rpc.shutdown().await {
-        Ok(()) | Err(ferromq_core::Error::Undelivered { .. }) => Ok(()),
+        Ok(()) => Ok(()),
+        Err(error @ ferromq_core::Error::Undelivered { .. }) => {
+            eprintln!(
+                "worker {idx}: left the search group with calls its members did not take (the \
+                 group is ending): {error}"
+            );
+            Ok(())
+        }
         Err(error) => Err(error.to_string()),
     }
 }
