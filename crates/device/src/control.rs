@@ -436,9 +436,18 @@ pub async fn serve_external_control(
             limit = silence => {
                 if fell_silent.is_some() {
                     let _ = channel.close().await;
+                    // The caller ends the process with the channels unclosed: what they hold
+                    // is said, since no close will count it.
+                    let unsent = controller
+                        .counters()
+                        .into_iter()
+                        .filter(|(_, counters)| counters.queued > 0)
+                        .map(|(channel, counters)| (channel, counters.queued))
+                        .collect();
                     return Err(DeviceError::LauncherGone {
                         device: controller.id().to_owned(),
                         silent_for: limit,
+                        unsent,
                     });
                 }
                 fell_silent = Some((tokio::time::Instant::now(), limit));

@@ -42,15 +42,20 @@ pub enum DeviceError {
     },
     /// The launcher on another host fell silent (see `control::ControlEndpoint::heartbeat`)
     /// and the device did not get down to EXITING within the same time again: the caller
-    /// ends the process, since nobody is left to stop it.
+    /// ends the process, since nobody is left to stop it, and what its channels still hold
+    /// goes with it unclosed: `unsent` says how much, channel by channel.
     #[error(
-        "device {device:?}: the launcher fell silent for {silent_for:?} and the device did not go down within {silent_for:?} more"
+        "device {device:?}: the launcher fell silent for {silent_for:?} and the device did not go down within {silent_for:?} more{}",
+        unsent_at_end(unsent)
     )]
     LauncherGone {
         /// Device id.
         device: String,
         /// The heartbeat limit.
         silent_for: Duration,
+        /// Channels whose sends had accepted messages not handed on yet (their counters'
+        /// `queued`), with how many: at most that many are lost when the process ends.
+        unsent: Vec<(String, u64)>,
     },
     /// A channel operation failed.
     #[error(transparent)]
@@ -213,3 +218,21 @@ fn role_mismatch(socket_type: ferromq_core::SocketType, action: &str) -> String 
 
 /// Result of device operations.
 pub type Result<T, E = DeviceError> = std::result::Result<T, E>;
+
+/// What [`DeviceError::LauncherGone`] says of the messages its process ends with: nothing when
+/// no channel held any.
+fn unsent_at_end(unsent: &[(String, u64)]) -> String {
+    if unsent.is_empty() {
+        return String::new();
+    }
+    let total: u64 = unsent.iter().map(|(_, n)| n).sum();
+    let channels: Vec<String> = unsent
+        .iter()
+        .map(|(channel, n)| format!("{channel:?}: {n}"))
+        .collect();
+    format!(
+        "; its channels had accepted {total} messages not handed on yet ({}): up to that many are \
+         lost with the process",
+        channels.join(", ")
+    )
+}

@@ -483,30 +483,9 @@ impl Device for Stuck {
 
 /// Serves external control with a heartbeat limit and nobody ever asking anything.
 async fn serve_unattended(device: impl Device + 'static, tag: &str, to_running: bool) {
-    let (runner, controller) = DeviceRunner::new(device, DeviceConfig::new(tag), transports());
-    let _task = tokio::spawn(runner.run());
-    if to_running {
-        // INIT DEVICE .. RUN, the first six.
-        for transition in &Transition::ALL[..6] {
-            controller.change_state(*transition).await.unwrap();
-        }
-        assert_eq!(controller.state(), State::Running);
-    }
-    let path = std::env::temp_dir().join(format!("ferromq-{tag}-{}.ipc", std::process::id()));
-    let endpoint = control::ControlEndpoint {
-        address: format!("ipc://{}", path.display()),
-        heartbeat: Some(Duration::from_millis(200)),
-        first_contact: Duration::ZERO,
-        read_only: false,
-    };
-    let transport = ferromq_zmq::ZmqTransport::new();
-    let served = tokio::time::timeout(
-        Duration::from_secs(20),
-        control::serve_external_control(&transport, &endpoint, controller.clone(), |_| {}),
-    )
-    .await
-    .expect("a silent launcher must end the control endpoint");
-    let _ = std::fs::remove_file(&path);
+    let config = DeviceConfig::new(tag);
+    let heartbeat = Duration::from_millis(200);
+    let (served, controller) = serve_silently(device, config, to_running, heartbeat).await;
     if to_running {
         assert!(
             matches!(served, Err(DeviceError::LauncherGone { ref device, .. }) if device == tag),
@@ -519,6 +498,107 @@ async fn serve_unattended(device: impl Device + 'static, tag: &str, to_running: 
         );
         assert_eq!(controller.state(), State::Exiting);
     }
+}
+
+/// Runs `device` of `config` (to RUNNING when `to_running`) and serves its external control
+/// with a `heartbeat` limit and nobody ever asking anything, until the endpoint ends.
+async fn serve_silently(
+    device: impl Device + 'static,
+    config: DeviceConfig,
+    to_running: bool,
+    heartbeat: Duration,
+) -> (Result<(), DeviceError>, ferromq_device::DeviceController) {
+    let tag = config.id.clone();
+    let (runner, controller) = DeviceRunner::new(device, config, transports());
+    let _task = tokio::spawn(runner.run());
+    if to_running {
+        // INIT DEVICE .. RUN, the first six.
+        for transition in &Transition::ALL[..6] {
+            controller.change_state(*transition).await.unwrap();
+        }
+        assert_eq!(controller.state(), State::Running);
+    }
+    let path = std::env::temp_dir().join(format!("ferromq-{tag}-{}.ipc", std::process::id()));
+    let endpoint = control::ControlEndpoint {
+        address: format!("ipc://{}", path.display()),
+        heartbeat: Some(heartbeat),
+        first_contact: Duration::ZERO,
+        read_only: false,
+    };
+    let transport = ferromq_zmq::ZmqTransport::new();
+    let served = tokio::time::timeout(
+        Duration::from_secs(20),
+        control::serve_external_control(&transport, &endpoint, controller.clone(), |_| {}),
+    )
+    .await
+    .expect("a silent launcher must end the control endpoint");
+    let _ = std::fs::remove_file(&path);
+    (served, controller)
+}
+
+/// Fills its `out` channel until a send waits, says so, then ignores STOP: one stuck sending
+/// to a stalled peer.
+struct StuckFull(Option<tokio::sync::oneshot::Sender<()>>);
+
+#[async_trait::async_trait]
+impl Device for StuckFull {
+    async fn run(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
+        let out = ctx.channel("out")?;
+        loop {
+            let message = Message::from(vec![7_u8; 64 << 10]);
+            if out
+                .send_timeout(message, Duration::from_millis(100))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        if let Some(full) = self.0.take() {
+            let _ = full.send(());
+        }
+        std::future::pending().await
+    }
+}
+
+#[tokio::test]
+async fn a_device_ended_for_a_silent_launcher_says_what_its_channels_still_held() {
+    let tag = "unattended-full";
+    let path = std::env::temp_dir().join(format!("ferromq-{tag}-data-{}.ipc", std::process::id()));
+    let address = format!("ipc://{}", path.display());
+    // The peer: bound, and never reading.
+    let mut pull = ferromq_core::Channel::open(
+        &ferromq_zmq::ZmqTransport::new(),
+        ChannelConfig::new("in", SocketType::Pull, Method::Bind).with_address(address.as_str()),
+        "peer",
+    )
+    .await
+    .unwrap();
+    pull.bind_configured().await.unwrap();
+    let mut out =
+        ChannelConfig::new("out", SocketType::Push, Method::Connect).with_address(address.as_str());
+    out.snd_buf_size = 10;
+    let config = DeviceConfig::new(tag).with_channel(out).unwrap();
+    let (full, filled) = tokio::sync::oneshot::channel();
+    let device = StuckFull(Some(full));
+    // Long enough for the device to fill its channel before the launcher is taken for gone.
+    let heartbeat = Duration::from_secs(2);
+    let serve = serve_silently(device, config, true, heartbeat);
+    let ((served, _controller), filled) = tokio::join!(serve, filled);
+    filled.expect("the device filled its channel");
+    let _ = std::fs::remove_file(&path);
+    let error = served.expect_err("a stuck device is told to end its process");
+    let DeviceError::LauncherGone { ref unsent, .. } = error else {
+        panic!("{error:?}");
+    };
+    assert!(
+        matches!(unsent.as_slice(), [(channel, n)] if channel == "out" && *n > 0),
+        "{unsent:?}"
+    );
+    let text = error.to_string();
+    assert!(text.contains("\"out\": "), "{text}");
+    assert!(text.contains("up to that many are lost"), "{text}");
+    drop(pull);
 }
 
 #[tokio::test]
