@@ -15,7 +15,7 @@
 //!   linked when the bind happens.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
 
@@ -32,6 +32,11 @@ struct Node {
     id: u64,
     socket_type: SocketType,
     inbox: mpsc::Sender<Envelope>,
+    /// Set by the close that counts the inbox, before it looks at `n_sending`.
+    closing: AtomicBool,
+    /// Peers between their look at `closing` and the end of their write into the inbox (see
+    /// [`InprocChannel::take_unread`]).
+    n_sending: AtomicUsize,
     peers: Mutex<Vec<Weak<Node>>>,
     peers_changed: Notify,
     subscriptions: Mutex<Vec<Vec<u8>>>,
@@ -105,6 +110,8 @@ impl InprocChannel {
                 id: NEXT_NODE_ID.fetch_add(1, Ordering::Relaxed),
                 socket_type,
                 inbox: sender,
+                closing: AtomicBool::new(false),
+                n_sending: AtomicUsize::new(0),
                 peers: Mutex::default(),
                 peers_changed: Notify::new(),
                 subscriptions: Mutex::default(),
@@ -271,18 +278,22 @@ impl InprocChannel {
         self.reserved = None;
         loop {
             let changed = self.node.peers_changed.notified();
-            let peers = self.node.live_peers();
+            let mut peers = self.node.live_peers();
+            // A peer whose inbox is closed is closing: not one to send to (its room is refused
+            // at once, and a loop over it alone would never yield).
+            peers.retain(|peer| !peer.inbox.is_closed());
             if peers.is_empty() {
                 changed.await;
                 continue;
             }
             self.next_peer_idx = (self.next_peer_idx + 1) % peers.len();
             let peer = Arc::clone(&peers[self.next_peer_idx]);
-            // That peer closed meanwhile: pick another.
             if let Ok(permit) = peer.inbox.clone().reserve_owned().await {
                 self.reserved = Some((peer, permit));
                 return;
             }
+            // That peer closed meanwhile: pick another, giving the runtime a turn first.
+            tokio::task::consume_budget().await;
         }
     }
 
@@ -305,7 +316,11 @@ impl InprocChannel {
                 parts,
             ));
         };
-        if peer.inbox.is_closed() {
+        // Announced before the look at `closing`, ended after the write: a close that counts
+        // the inbox sees either this send's message there or `closing` here (`take_unread`).
+        peer.n_sending.fetch_add(1, Ordering::SeqCst);
+        if peer.closing.load(Ordering::SeqCst) {
+            peer.n_sending.fetch_sub(1, Ordering::Release);
             return Err(SendError::new(
                 Error::PeerGone {
                     channel: label.clone(),
@@ -318,6 +333,7 @@ impl InprocChannel {
             from: self.node.id,
             parts,
         });
+        peer.n_sending.fetch_sub(1, Ordering::Release);
         Ok(())
     }
 
@@ -383,47 +399,28 @@ impl InprocChannel {
     /// counts what is in it: messages sent to this socket that it did not take. 0 for the other
     /// patterns (a sub's unread messages are not counted, as with ZeroMQ's PUB).
     ///
-    /// A peer that reserved room before the close may be writing into it on another thread,
-    /// past its check that the inbox is open: its send was accepted, so the count waits for it
-    /// (up to `linger`; the inbox knows while room is reserved) instead of leaving that message
-    /// in an inbox nobody reads. A peer that checks after the close gets its message back.
-    pub(crate) async fn take_unread_within(&mut self, linger: Duration) -> usize {
-        if !self.socket_type.counts_unread_at_close() {
-            return 0;
-        }
-        self.inbox.close();
-        let deadline = Instant::now() + linger;
-        let mut n_unread = 0;
-        loop {
-            match self.inbox.try_recv() {
-                Ok(_) => n_unread += 1,
-                // Closed, and no room is reserved any more: nothing else can arrive.
-                Err(mpsc::error::TryRecvError::Disconnected) => break,
-                // Room is still reserved: what its holder sends, or the room's return.
-                Err(mpsc::error::TryRecvError::Empty) => {
-                    match tokio::time::timeout_at(deadline, self.inbox.recv()).await {
-                        Ok(Some(_)) => n_unread += 1,
-                        Ok(None) => break,
-                        Err(_) => {
-                            tracing::debug!(
-                                ?linger,
-                                "an inproc peer still holds room reserved in this closed inbox"
-                            );
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-        n_unread
-    }
-
-    /// [`InprocChannel::take_unread_within`] without waiting, for a socket dropped unclosed.
+    /// A peer may be writing into room it reserved before the close, on another thread: its
+    /// send was accepted, so the count waits for that write (a few instructions, no await)
+    /// instead of leaving the message in an inbox nobody reads. A peer that looks after
+    /// `closing` is set gets its message back; room reserved and not being written into is
+    /// not waited for.
     pub(crate) fn take_unread(&mut self) -> usize {
         if !self.socket_type.counts_unread_at_close() {
             return 0;
         }
+        self.node.closing.store(true, Ordering::SeqCst);
         self.inbox.close();
+        let mut n_spins = 0_u32;
+        while self.node.n_sending.load(Ordering::SeqCst) > 0 {
+            // Only a peer on another thread can be inside its write (it has no await), and
+            // only for a few instructions unless that thread was preempted there.
+            n_spins += 1;
+            if n_spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
         let mut n_unread = 0;
         while self.inbox.try_recv().is_ok() {
             n_unread += 1;
@@ -486,45 +483,84 @@ mod tests {
         (pull, push, permit)
     }
 
-    #[tokio::test]
-    async fn a_close_counts_a_send_into_room_reserved_before_it() {
-        let name = format!("unread-reserved-{}", std::process::id());
-        let (mut pull, push, permit) = push_past_its_check(&name).await;
-        let close = pull.take_unread_within(Duration::from_secs(30));
-        tokio::pin!(close);
+    #[test]
+    fn a_close_counts_a_send_it_met_halfway() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let name = format!("unread-halfway-{}", std::process::id());
+        let (mut pull, push, permit) = runtime.block_on(push_past_its_check(&name));
+        // The push is between its look at `closing` and its write, as on another thread.
+        let node = Arc::clone(&pull.node);
+        node.n_sending.fetch_add(1, Ordering::SeqCst);
+        assert!(!node.closing.load(Ordering::SeqCst));
+        let close = std::thread::spawn(move || pull.take_unread());
+        // The close has begun (it closed the inbox) and waits for the write.
+        while !node.closing.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
         assert!(
-            futures::poll!(close.as_mut()).is_pending(),
-            "the count waits while room is reserved"
+            !close.is_finished(),
+            "the count waits for the write under way"
         );
         permit.send(Envelope {
             from: push.node.id,
             parts: Parts::from(ferromq_core::Message::from("late")),
         });
-        assert_eq!(close.await, 1, "the message sent into the room is counted");
+        node.n_sending.fetch_sub(1, Ordering::Release);
+        assert_eq!(close.join().expect("close"), 1, "the message is counted");
     }
 
     #[tokio::test]
-    async fn a_close_ends_when_reserved_room_is_given_back_unused() {
+    async fn a_send_into_room_reserved_before_the_close_comes_back() {
         let name = format!("unread-returned-{}", std::process::id());
-        let (mut pull, _push, permit) = push_past_its_check(&name).await;
-        let close = pull.take_unread_within(Duration::from_secs(30));
-        tokio::pin!(close);
-        assert!(futures::poll!(close.as_mut()).is_pending());
-        drop(permit);
-        assert_eq!(close.await, 0);
+        let mut pull = InprocChannel::new(SocketType::Pull, 8);
+        pull.bind(&label(), &name).expect("bind");
+        let mut push = InprocChannel::new(SocketType::Push, 8);
+        push.connect(&name);
+        push.reserve().await;
+        // Room reserved and idle is not waited for.
+        assert_eq!(pull.take_unread(), 0);
+        let sent = push.send_reserved(&label(), Parts::from(ferromq_core::Message::from("m")));
+        let failed = sent.expect_err("the receiver closed");
+        assert!(
+            matches!(failed.error, Error::PeerGone { .. }),
+            "{:?}",
+            failed.error
+        );
+        assert_eq!(failed.message.len(), 1, "the message comes back");
     }
 
-    #[tokio::test]
-    async fn a_close_waits_for_reserved_room_no_longer_than_its_linger() {
-        let name = format!("unread-held-{}", std::process::id());
-        let (mut pull, _push, _permit) = push_past_its_check(&name).await;
-        let linger = Duration::from_millis(100);
-        let started = Instant::now();
-        assert_eq!(pull.take_unread_within(linger).await, 0);
-        let took = started.elapsed();
-        assert!(
-            took >= linger && took < linger + Duration::from_secs(5),
-            "took {took:?}"
-        );
+    /// A push whose only peer closed its inbox (and lives on) waits for another peer; it used
+    /// to retry the closed one without end, never yielding, which hung a current-thread
+    /// runtime.
+    #[test]
+    fn a_push_whose_only_peer_closed_waits_instead_of_spinning() {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .expect("runtime");
+            let outcome = runtime.block_on(async {
+                let name = format!("unread-spin-{}", std::process::id());
+                let mut pull = InprocChannel::new(SocketType::Pull, 8);
+                pull.bind(&label(), &name).expect("bind");
+                let mut push = InprocChannel::new(SocketType::Push, 8);
+                push.connect(&name);
+                pull.take_unread();
+                let message = Parts::from(ferromq_core::Message::from("m"));
+                let sent = push
+                    .send(&label(), message, Some(Duration::from_millis(50)))
+                    .await;
+                drop(pull);
+                sent.map_err(|failed| failed.error)
+            });
+            let _ = done.send(outcome);
+        });
+        let outcome = finished
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the send came back (it spun before)");
+        assert!(matches!(outcome, Err(Error::Timeout { .. })), "{outcome:?}");
     }
 }

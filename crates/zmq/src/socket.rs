@@ -355,7 +355,7 @@ impl Socket for ZmqSocket {
             Backend::Zmtp(zmtp) => zmtp.close(&self.label, linger).await,
             Backend::Inproc(inproc) => {
                 let n_unread = if self.rules.carries_zeromq_messages() {
-                    inproc.take_unread_within(linger).await
+                    inproc.take_unread()
                 } else {
                     0
                 };

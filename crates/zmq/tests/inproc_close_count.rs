@@ -1,9 +1,9 @@
 //! An inproc pull that closes while its push is sending accounts for every message the push's
 //! `send` accepted: each was received before the close or is counted by the close's
 //! `Undelivered`. A send that had room set aside before the close and writes into it just
-//! after the count (another thread, past its check that the inbox is open) is the case this
-//! guards: the close waits for such a send (up to its linger) instead of leaving the message in
-//! an inbox nobody reads.
+//! after the count (another thread, past its check that the receiver is open) is the case this
+//! guards: the close waits for such a write instead of leaving the message in an inbox nobody
+//! reads (`inproc.rs`'s unit tests drive that interleaving by hand).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
