@@ -391,8 +391,8 @@ async fn serve<G: Game>(idx: usize, make_transport: MakeTransport) -> Result<(),
         Ok(()) => Ok(()),
         Err(error @ ferromq_core::Error::Undelivered { .. }) => {
             eprintln!(
-                "worker {idx}: left the search group with calls its members did not take (the \
-                 group is ending): {error}"
+                "mcts worker {idx}: left the search group with what its members did not take \
+                 (the group is ending): {error}"
             );
             Ok(())
         }

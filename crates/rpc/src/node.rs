@@ -657,23 +657,25 @@ impl Rpc {
     /// [`CallError::Stopped`] once a shutdown gave calls up.
     pub async fn flush(&self) -> Result<(), CallError> {
         let deadline = Instant::now() + self.node.options.timeout;
+        // Every outlet is flushed, whatever became of one before it: the first failure is
+        // the answer.
+        let mut first_failure = None;
         for outlet in &self.node.outlets {
-            match outlet.flush(deadline).await {
-                Flushed::Drained => {}
-                Flushed::TimedOut => {
-                    return Err(CallError::Timeout {
-                        destination: self.node.names[outlet.dest].clone(),
-                        handler: "flush".to_owned(),
-                        after: self.node.options.timeout,
-                    });
-                }
+            let failure = match outlet.flush(deadline).await {
+                Flushed::Drained => continue,
+                Flushed::TimedOut => CallError::Timeout {
+                    destination: self.node.names[outlet.dest].clone(),
+                    handler: "flush".to_owned(),
+                    after: self.node.options.timeout,
+                },
                 Flushed::NotSent(cause) => {
                     let rejection = Rejection::Failed(cause);
-                    return Err(self.node.rejection_error(outlet.dest, "flush", rejection).0);
+                    self.node.rejection_error(outlet.dest, "flush", rejection).0
                 }
-            }
+            };
+            first_failure.get_or_insert(failure);
         }
-        Ok(())
+        first_failure.map_or(Ok(()), Err)
     }
 
     /// What this member sent so far.
@@ -1170,7 +1172,8 @@ impl Ticket {
     ///
     /// # Errors
     /// [`CallError::Remote`] for a failure at the destination (`Consumed`), a timeout naming
-    /// the destination, or [`CallError::Unreachable`] when its channel failed first.
+    /// the destination, [`CallError::Unreachable`] when its channel failed first, or
+    /// [`CallError::Stopped`] when the node was shut down before the call left or came back.
     pub async fn confirmed(self) -> Result<(), CallError> {
         match self.0 {
             TicketState::Done => Ok(()),
@@ -1313,13 +1316,14 @@ impl Node {
         }
     }
 
-    /// The channel to `dest` failed: every call waiting on it fails with `cause`.
+    /// The channel to `dest` failed (or, the loopback's, was shut down): every call waiting
+    /// on it fails with `cause`, as a refused call would.
     fn fail_pending_to(&self, dest: usize, cause: &str) {
         self.fail_pending_where(
             |entry| entry.dest() == dest,
-            |_| CallError::Unreachable {
-                destination: self.names[dest].clone(),
-                cause: cause.to_owned(),
+            |entry| {
+                let rejection = Rejection::Failed(cause.to_owned());
+                self.rejection_error(dest, entry.handler(), rejection).0
             },
         );
     }

@@ -1027,6 +1027,11 @@ mod tests {
         let soon = Instant::now() + Duration::from_millis(50);
         // No task sends: the record stays queued.
         assert_eq!(outlet.flush(soon).await, Flushed::TimedOut);
+        assert_eq!(
+            heap_outlet().flush(soon).await,
+            Flushed::Drained,
+            "nothing queued"
+        );
         outlet.lock().failure = Some("connection reset".to_owned());
         let flushed = outlet.flush(Instant::now() + Duration::from_secs(30)).await;
         assert_eq!(flushed, Flushed::NotSent("connection reset".to_owned()));
