@@ -10,23 +10,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use ferromq_core::{Channel, ChannelConfig, Error, Message, Method, SocketType};
-use ferromq_zmq::ZmqTransport;
+
+mod support;
 
 async fn open(socket_type: SocketType, method: Method, address: &str) -> Channel {
     let mut config = ChannelConfig::new("data", socket_type, method).with_address(address);
     // Room for the whole stream: the push is never held back, so the close meets it mid-send.
     config.snd_buf_size = 100_000;
     config.rcv_buf_size = 100_000;
-    let mut channel = Channel::open(&ZmqTransport::new(), config, "data")
-        .await
-        .expect("open");
-    match method {
-        Method::Bind => {
-            channel.bind_configured().await.expect("bind");
-        }
-        Method::Connect => channel.connect_configured().await.expect("connect"),
-    }
-    channel
+    support::open(config).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

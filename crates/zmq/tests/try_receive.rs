@@ -4,20 +4,11 @@
 //! peers' messages only when nothing else was ready.
 
 use ferromq_core::{Channel, ChannelConfig, Message, Method, Parts, SocketType};
-use ferromq_zmq::ZmqTransport;
+
+mod support;
 
 async fn open(socket_type: SocketType, method: Method, address: &str) -> Channel {
-    let config = ChannelConfig::new("data", socket_type, method).with_address(address);
-    let mut channel = Channel::open(&ZmqTransport::new(), config, "data")
-        .await
-        .expect("open");
-    match method {
-        Method::Bind => {
-            channel.bind_configured().await.expect("bind");
-        }
-        Method::Connect => channel.connect_configured().await.expect("connect"),
-    }
-    channel
+    support::open(ChannelConfig::new("data", socket_type, method).with_address(address)).await
 }
 
 fn text(parts: &Parts) -> Vec<&[u8]> {
