@@ -34,8 +34,8 @@ struct Node {
     inbox: mpsc::Sender<Envelope>,
     /// Set by the close that counts the inbox, before it looks at `n_sending`.
     closing: AtomicBool,
-    /// Peers between their look at `closing` and the end of their write into the inbox (see
-    /// [`InprocChannel::take_unread`]).
+    /// Peers sending into the inbox: from their announcement, made before they look at
+    /// `closing`, to the end of their write (see [`InprocChannel::take_unread`]).
     n_sending: AtomicUsize,
     peers: Mutex<Vec<Weak<Node>>>,
     peers_changed: Notify,
@@ -318,8 +318,10 @@ impl InprocChannel {
         };
         // Announced before the look at `closing`, ended after the write: a close that counts
         // the inbox sees either this send's message there or `closing` here (`take_unread`).
+        // A peer dropped, or closed without a count (rep, a shmem carrier), has no `closing`
+        // but a closed inbox.
         peer.n_sending.fetch_add(1, Ordering::SeqCst);
-        if peer.closing.load(Ordering::SeqCst) {
+        if peer.closing.load(Ordering::SeqCst) || peer.inbox.is_closed() {
             peer.n_sending.fetch_sub(1, Ordering::Release);
             return Err(SendError::new(
                 Error::PeerGone {
@@ -523,6 +525,26 @@ mod tests {
         assert_eq!(pull.take_unread(), 0);
         let sent = push.send_reserved(&label(), Parts::from(ferromq_core::Message::from("m")));
         let failed = sent.expect_err("the receiver closed");
+        assert!(
+            matches!(failed.error, Error::PeerGone { .. }),
+            "{:?}",
+            failed.error
+        );
+        assert_eq!(failed.message.len(), 1, "the message comes back");
+    }
+
+    #[tokio::test]
+    async fn a_send_into_room_of_a_peer_dropped_since_comes_back() {
+        // A rep counts nothing at its end: only its inbox's end says it is gone.
+        let name = format!("unread-dropped-{}", std::process::id());
+        let mut rep = InprocChannel::new(SocketType::Rep, 8);
+        rep.bind(&label(), &name).expect("bind");
+        let mut req = InprocChannel::new(SocketType::Req, 8);
+        req.connect(&name);
+        req.reserve().await;
+        drop(rep);
+        let sent = req.send_reserved(&label(), Parts::from(ferromq_core::Message::from("m")));
+        let failed = sent.expect_err("the replier is gone");
         assert!(
             matches!(failed.error, Error::PeerGone { .. }),
             "{:?}",
