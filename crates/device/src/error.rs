@@ -53,8 +53,9 @@ pub enum DeviceError {
         device: String,
         /// The heartbeat limit.
         silent_for: Duration,
-        /// Channels whose sends had accepted messages not handed on yet (their counters'
-        /// `queued`), with how many: at most that many are lost when the process ends.
+        /// Channels whose sends had accepted messages not handed on yet, with how many (their
+        /// counters' `queued`, as recent as each transport keeps it): what may be lost when
+        /// the process ends.
         unsent: Vec<(String, u64)>,
     },
     /// A channel operation failed.
@@ -231,7 +232,7 @@ fn unsent_at_end(unsent: &[(String, u64)]) -> String {
         .map(|(channel, n)| format!("{channel:?}: {n}"))
         .collect();
     format!(
-        "; its channels had accepted {total} messages not handed on yet ({}): up to that many are \
+        "; its channels had accepted about {total} messages not handed on yet ({}), which may be \
          lost with the process",
         channels.join(", ")
     )

@@ -649,7 +649,8 @@ impl Rpc {
     }
 
     /// Sends every frame now (`trad` holds frames otherwise) and waits until every call made
-    /// so far was handed to the transport.
+    /// so far was handed to the transport: destination by destination, in member order, all
+    /// within one timeout; the first failure is the answer.
     ///
     /// # Errors
     /// [`CallError::Timeout`] naming a destination that took nothing for the timeout;
