@@ -12,7 +12,8 @@
 //! - only compatible patterns are linked (push with pull, req with rep, ...): two pushes on one
 //!   name stay apart and their sends wait, as over tcp, where the handshake refuses them;
 //! - connecting before the binder exists is allowed: the connector waits in the registry and is
-//!   linked when the bind happens.
+//!   linked when the bind happens; so is a binder's restart: its connectors stay in the
+//!   registry and are linked to the next socket that binds the name, as tcp and ipc reconnect.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -84,7 +85,10 @@ fn link(first: &Arc<Node>, second: &Arc<Node>, name: &str) {
 #[derive(Default)]
 struct Slot {
     binder: Weak<Node>,
-    waiting_connectors: Vec<Weak<Node>>,
+    /// Every node connected to the name, linked to the binder or waiting for one: a binder
+    /// that closes leaves them here, and the next one to bind the name links them (ZeroMQ's
+    /// connections outlive their peer's restart; tcp and ipc reconnect).
+    connectors: Vec<Weak<Node>>,
 }
 
 static REGISTRY: LazyLock<Mutex<HashMap<String, Slot>>> = LazyLock::new(Mutex::default);
@@ -134,11 +138,8 @@ impl InprocChannel {
             });
         }
         slot.binder = Arc::downgrade(&self.node);
-        for connector in slot
-            .waiting_connectors
-            .drain(..)
-            .filter_map(|weak| weak.upgrade())
-        {
+        slot.connectors.retain(|weak| weak.strong_count() > 0);
+        for connector in slot.connectors.iter().filter_map(Weak::upgrade) {
             link(&self.node, &connector, name);
         }
         self.bound_names.push(name.to_owned());
@@ -148,13 +149,10 @@ impl InprocChannel {
     pub(crate) fn connect(&mut self, name: &str) {
         let mut registry = REGISTRY.lock().expect("inproc registry poisoned");
         let slot = registry.entry(name.to_owned()).or_default();
-        match slot.binder.upgrade() {
-            Some(binder) => link(&binder, &self.node, name),
-            None => {
-                slot.waiting_connectors
-                    .retain(|weak| weak.strong_count() > 0);
-                slot.waiting_connectors.push(Arc::downgrade(&self.node));
-            }
+        slot.connectors.retain(|weak| weak.strong_count() > 0);
+        slot.connectors.push(Arc::downgrade(&self.node));
+        if let Some(binder) = slot.binder.upgrade() {
+            link(&binder, &self.node, name);
         }
     }
 
@@ -439,7 +437,8 @@ impl InprocChannel {
                 if slot.binder.as_ptr() == Arc::as_ptr(&self.node) {
                     slot.binder = Weak::new();
                 }
-                if slot.binder.strong_count() == 0 && slot.waiting_connectors.is_empty() {
+                slot.connectors.retain(|weak| weak.strong_count() > 0);
+                if slot.binder.strong_count() == 0 && slot.connectors.is_empty() {
                     registry.remove(&name);
                 }
             }
@@ -471,18 +470,41 @@ mod tests {
         ChannelLabel::new("data", SocketType::Pull)
     }
 
+    /// A socket of `bound` bound at `name` and one of `connecting` connected to it.
+    fn linked(
+        bound: SocketType,
+        connecting: SocketType,
+        name: &str,
+    ) -> (InprocChannel, InprocChannel) {
+        let mut binder = InprocChannel::new(bound, 8);
+        binder.bind(&label(), name).expect("bind");
+        let mut connector = InprocChannel::new(connecting, 8);
+        connector.connect(name);
+        (binder, connector)
+    }
+
     /// A pull bound at `name` and a push connected to it, the push holding room in the pull's
     /// inbox taken out of its reservation: as a send past its check that the inbox is open.
     async fn push_past_its_check(
         name: &str,
     ) -> (InprocChannel, InprocChannel, mpsc::OwnedPermit<Envelope>) {
-        let mut pull = InprocChannel::new(SocketType::Pull, 8);
-        pull.bind(&label(), name).expect("bind");
-        let mut push = InprocChannel::new(SocketType::Push, 8);
-        push.connect(name);
+        let (pull, mut push) = linked(SocketType::Pull, SocketType::Push, name);
         push.reserve().await;
         let (_, permit) = push.reserved.take().expect("room reserved");
         (pull, push, permit)
+    }
+
+    /// Sends one message through `sender`'s reserved room and checks that it came back,
+    /// refused with `PeerGone`.
+    fn assert_comes_back(sender: &mut InprocChannel) {
+        let sent = sender.send_reserved(&label(), Parts::from(ferromq_core::Message::from("m")));
+        let failed = sent.expect_err("the receiver is closed or gone");
+        assert!(
+            matches!(failed.error, Error::PeerGone { .. }),
+            "{:?}",
+            failed.error
+        );
+        assert_eq!(failed.message.len(), 1, "the message comes back");
     }
 
     #[test]
@@ -516,41 +538,21 @@ mod tests {
     #[tokio::test]
     async fn a_send_into_room_reserved_before_the_close_comes_back() {
         let name = format!("unread-returned-{}", std::process::id());
-        let mut pull = InprocChannel::new(SocketType::Pull, 8);
-        pull.bind(&label(), &name).expect("bind");
-        let mut push = InprocChannel::new(SocketType::Push, 8);
-        push.connect(&name);
+        let (mut pull, mut push) = linked(SocketType::Pull, SocketType::Push, &name);
         push.reserve().await;
         // Room reserved and idle is not waited for.
         assert_eq!(pull.take_unread(), 0);
-        let sent = push.send_reserved(&label(), Parts::from(ferromq_core::Message::from("m")));
-        let failed = sent.expect_err("the receiver closed");
-        assert!(
-            matches!(failed.error, Error::PeerGone { .. }),
-            "{:?}",
-            failed.error
-        );
-        assert_eq!(failed.message.len(), 1, "the message comes back");
+        assert_comes_back(&mut push);
     }
 
     #[tokio::test]
     async fn a_send_into_room_of_a_peer_dropped_since_comes_back() {
         // A rep counts nothing at its end: only its inbox's end says it is gone.
         let name = format!("unread-dropped-{}", std::process::id());
-        let mut rep = InprocChannel::new(SocketType::Rep, 8);
-        rep.bind(&label(), &name).expect("bind");
-        let mut req = InprocChannel::new(SocketType::Req, 8);
-        req.connect(&name);
+        let (rep, mut req) = linked(SocketType::Rep, SocketType::Req, &name);
         req.reserve().await;
         drop(rep);
-        let sent = req.send_reserved(&label(), Parts::from(ferromq_core::Message::from("m")));
-        let failed = sent.expect_err("the replier is gone");
-        assert!(
-            matches!(failed.error, Error::PeerGone { .. }),
-            "{:?}",
-            failed.error
-        );
-        assert_eq!(failed.message.len(), 1, "the message comes back");
+        assert_comes_back(&mut req);
     }
 
     /// A push whose only peer closed its inbox (and lives on) waits for another peer; it used
@@ -566,10 +568,7 @@ mod tests {
                 .expect("runtime");
             let outcome = runtime.block_on(async {
                 let name = format!("unread-spin-{}", std::process::id());
-                let mut pull = InprocChannel::new(SocketType::Pull, 8);
-                pull.bind(&label(), &name).expect("bind");
-                let mut push = InprocChannel::new(SocketType::Push, 8);
-                push.connect(&name);
+                let (mut pull, mut push) = linked(SocketType::Pull, SocketType::Push, &name);
                 pull.take_unread();
                 let message = Parts::from(ferromq_core::Message::from("m"));
                 let sent = push
