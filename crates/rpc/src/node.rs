@@ -669,10 +669,7 @@ impl Rpc {
                     handler: "flush".to_owned(),
                     after: self.node.options.timeout,
                 },
-                Flushed::NotSent(cause) => {
-                    let rejection = Rejection::Failed(cause);
-                    self.node.rejection_error(outlet.dest, "flush", rejection).0
-                }
+                Flushed::NotSent(cause) => self.node.not_sent_error(outlet.dest, "flush", cause),
             };
             first_failure.get_or_insert(failure);
         }
@@ -1190,17 +1187,14 @@ impl Ticket {
                 // Dropped unsent: the outlet says why (its channel failed, or the shutdown gave
                 // the call up); a node that is gone was shut down.
                 Ok(Err(_)) => Err(match node.upgrade() {
+                    None => CallError::Stopped,
                     Some(node) => match node.outlets[dest].not_sent() {
-                        Some(cause) => {
-                            node.rejection_error(dest, handler, Rejection::Failed(cause))
-                                .0
-                        }
+                        Some(cause) => node.not_sent_error(dest, handler, cause),
                         None => CallError::Unreachable {
                             destination,
                             cause: format!("{handler} was dropped with its channel"),
                         },
                     },
-                    None => CallError::Stopped,
                 }),
                 Err(_) => Err(CallError::Timeout {
                     destination,
@@ -1317,15 +1311,20 @@ impl Node {
         }
     }
 
+    /// What a call of `handler` to `dest` that will not leave fails with, for `cause` as an
+    /// outlet says it: [`CallError::Stopped`] after a shutdown, [`CallError::Unreachable`]
+    /// otherwise (as a refused call).
+    fn not_sent_error(&self, dest: usize, handler: &str, cause: String) -> CallError {
+        self.rejection_error(dest, handler, Rejection::Failed(cause))
+            .0
+    }
+
     /// The channel to `dest` failed (or, the loopback's, was shut down): every call waiting
     /// on it fails with `cause`, as a refused call would.
     fn fail_pending_to(&self, dest: usize, cause: &str) {
         self.fail_pending_where(
             |entry| entry.dest() == dest,
-            |entry| {
-                let rejection = Rejection::Failed(cause.to_owned());
-                self.rejection_error(dest, entry.handler(), rejection).0
-            },
+            |entry| self.not_sent_error(dest, entry.handler(), cause.to_owned()),
         );
     }
 

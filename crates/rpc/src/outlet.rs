@@ -693,7 +693,7 @@ impl Outlet {
     }
 
     /// Sends the open frame now and waits until everything queued was handed to the
-    /// transport; false at `deadline`.
+    /// transport, at most until `deadline`; says how it ended.
     pub(crate) async fn flush(&self, deadline: Instant) -> Flushed {
         let drained = self.drained.notified();
         tokio::pin!(drained);
