@@ -649,8 +649,9 @@ impl Rpc {
     }
 
     /// Sends every frame now (`trad` holds frames otherwise) and waits until every call made
-    /// so far was handed to the transport: destination by destination, in member order, all
-    /// within one timeout; the first failure is the answer.
+    /// so far was handed to the transport: every destination at once, all within one timeout,
+    /// so one that takes nothing holds back neither the others' frames nor their time; the
+    /// first failure in member order is the answer.
     ///
     /// # Errors
     /// [`CallError::Timeout`] naming a destination that took nothing for the timeout;
@@ -658,11 +659,19 @@ impl Rpc {
     /// [`CallError::Stopped`] once a shutdown gave calls up.
     pub async fn flush(&self) -> Result<(), CallError> {
         let deadline = Instant::now() + self.node.options.timeout;
-        // Every outlet is flushed, whatever became of one before it: the first failure is
-        // the answer.
+        // Every outlet is sealed at the first poll and waited for side by side (a flush
+        // waiting on one before sealing the next left the next's frames held for as long as
+        // the first took): the first failure in member order is the answer.
+        let outcomes = futures::future::join_all(
+            self.node
+                .outlets
+                .iter()
+                .map(|outlet| outlet.flush(deadline)),
+        )
+        .await;
         let mut first_failure = None;
-        for outlet in &self.node.outlets {
-            let failure = match outlet.flush(deadline).await {
+        for (outlet, outcome) in self.node.outlets.iter().zip(outcomes) {
+            let failure = match outcome {
                 Flushed::Drained => continue,
                 Flushed::TimedOut => CallError::Timeout {
                     destination: self.node.names[outlet.dest].clone(),
@@ -712,9 +721,14 @@ impl Rpc {
     /// dropped and how many; or a channel's close error.
     pub async fn shutdown_within(&self, limit: Duration) -> ferromq_core::Result<()> {
         let deadline = Instant::now() + limit;
-        for outlet in &self.node.outlets {
-            outlet.flush(deadline).await;
-        }
+        // Side by side, as `flush`: a destination that takes nothing holds back no other's.
+        futures::future::join_all(
+            self.node
+                .outlets
+                .iter()
+                .map(|outlet| outlet.flush(deadline)),
+        )
+        .await;
         self.node
             .outlets
             .iter()

@@ -449,6 +449,18 @@ impl Group {
         timeout: Duration,
         tag: &str,
     ) -> Result<Group> {
+        Group::start_with(kind, n_members, options(mode, timeout), tag).await
+    }
+
+    /// As [`Group::start`], with this member's options as given (the others take its
+    /// aggregation and timeout).
+    async fn start_with(
+        kind: Kind,
+        n_members: usize,
+        own_options: RpcOptions,
+        tag: &str,
+    ) -> Result<Group> {
+        let (mode, timeout) = (own_options.aggregation, own_options.timeout);
         let session = Session::new(tag);
         let transport = kind.transport(&session.0);
         let mut others = Vec::new();
@@ -533,7 +545,7 @@ impl Group {
             &members,
             inbound,
             handlers(&service),
-            options(mode, timeout),
+            own_options,
         )
         .await?;
         for other in &mut others {
@@ -707,6 +719,81 @@ fn shutdown_with_a_stalled_destination(kind: Kind) -> Result<(), Failed> {
     Ok(())
 }
 
+/// The result of `returned`, a `call_return` of `rpc`'s, flushed out: `trad` holds a frame,
+/// a `call_return`'s too, for its delay otherwise.
+async fn flushed_return<R>(
+    rpc: &Rpc,
+    returned: impl Future<Output = Result<R, CallError>>,
+) -> Result<R> {
+    let (returned, flushed) = tokio::join!(returned, rpc.flush());
+    flushed.context("flushing a call_return")?;
+    Ok(returned?)
+}
+
+/// A flush sends every destination's frames at once: one destination that takes nothing
+/// (stopped, its channel full) holds back neither another's frames nor its time. The flush
+/// used to wait on destinations one after another, sealing each only when it got to it, so the
+/// frame `trad` held for member 2 waited for member 1's whole timeout (or its own aggregation
+/// delay, here longer than the test waits).
+async fn flush_with_a_stalled_destination(kind: Kind) -> Result<()> {
+    let group = Group::start_with(
+        kind,
+        3,
+        RpcOptions {
+            aggregate_delay: Duration::from_secs(10),
+            // A few calls a frame: more frames than the transport holds.
+            aggregate_bytes: 64,
+            ..options(Aggregation::Trad, Duration::from_secs(60))
+        },
+        "stalled-flush",
+    )
+    .await?;
+    let rpc = group.rpc.clone();
+    for dest in [1, 2] {
+        ensure!(flushed_return(&rpc, rpc.call_return::<Add>(dest, &(1, 2))).await? == 3);
+    }
+    let stopped = group.process(1)?.pid();
+    // A failure below leaves it stopped: the group's drop kills it.
+    kill(stopped, Signal::SIGSTOP)?;
+    // More calls than the transport holds: member 1's frames wait in its outlet.
+    let queue = rpc.clone().with_when_full(WhenFull::Queue);
+    for next in 0..20_000u64 {
+        queue.call::<Append>(1, &next).await?;
+    }
+    let consumed = rpc
+        .to(2)
+        .confirm(Confirm::Consumed)
+        .call::<Append>(&7)
+        .await?;
+    let flushing = tokio::spawn({
+        let rpc = rpc.clone();
+        async move { rpc.flush().await }
+    });
+    tokio::time::timeout(Duration::from_secs(5), consumed.confirmed())
+        .await
+        .context("member 2's call waited behind a flush stuck on stopped member 1")??;
+    if flushing.is_finished() {
+        let outcome = flushing.await?;
+        bail!("the flush ended with member 1 stopped: {outcome:?}");
+    }
+    kill(stopped, Signal::SIGCONT)?;
+    let flushed = tokio::time::timeout(Duration::from_secs(60), flushing)
+        .await
+        .context("the flush did not end once member 1 went on")??;
+    ensure!(
+        flushed.is_ok(),
+        "flushing after member 1 went on: {flushed:?}"
+    );
+    ensure!(flushed_return(&rpc, rpc.call_return::<TakeLog>(2, &())).await? == vec![7]);
+    let log = flushed_return(&rpc, rpc.call_return::<TakeLog>(1, &())).await?;
+    ensure!(
+        log.len() == 20_000 && log.iter().copied().eq(0..20_000),
+        "member 1 served {} calls, out of order or not all",
+        log.len()
+    );
+    Ok(())
+}
+
 fn main() {
     ferromq_shm::run_watchdog_if_requested();
     // The deliberate panics of the `explode` handler are expected: not printed.
@@ -764,6 +851,15 @@ fn main() {
                 kind.name()
             ),
             move || shutdown_with_a_stalled_destination(kind),
+        ));
+    }
+    for kind in [Kind::Shmem, Kind::Ipc] {
+        tests.push(Trial::test(
+            format!(
+                "a_flush_sends_to_every_destination_while_one_is_stalled_over_{}",
+                kind.name()
+            ),
+            move || run(flush_with_a_stalled_destination(kind)),
         ));
     }
     tests.push(Trial::test(
