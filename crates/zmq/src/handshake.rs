@@ -83,6 +83,12 @@ fn announced(peer_identity: &[u8]) -> Option<Announced<'_>> {
     })
 }
 
+/// Whether the peer announced a ferromq identity (it speaks ferromq's own commands, such as
+/// [`crate::zmtp::stop_writing`]); false for libzmq and FairMQ.
+pub(crate) fn is_ferromq(peer_identity: &[u8]) -> bool {
+    announced(peer_identity).is_some()
+}
+
 /// The process a ferromq peer announced in its identity; `None` for a foreign peer.
 pub(crate) fn peer_pid(peer_identity: &[u8]) -> Option<u32> {
     announced(peer_identity)?.pid

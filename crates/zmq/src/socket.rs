@@ -485,6 +485,8 @@ impl ZmqSocket {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     /// An ipc endpoint's file under the temporary directory, removed when dropped: also when
     /// the test fails.
@@ -686,18 +688,32 @@ mod tests {
     /// stops the second pair's writes; its reader still takes in what came before.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_pairs_closing_in_turn_leave_every_message_both_ways_counted_once() {
-        const N_SENT: u64 = 300;
-        const N_TAKEN: u64 = 5;
         let file = IpcFile::new("unread-pairs");
-        let (mut first, mut second) =
-            sender_and_receiver(&file.address(), (SocketType::Pair, SocketType::Pair), 10).await;
-        for i in 0..N_SENT {
-            for pair in [&mut first, &mut second] {
-                pair.send_unboxed(one_part(i as u8, 1024), None)
-                    .await
-                    .unwrap();
-            }
-        }
+        two_pairs_closing_in_turn(&file.address()).await;
+    }
+
+    /// As over ipc, over tcp, where the first pair's close asks the second to stop writing
+    /// instead of `SHUT_RD`, which a tcp peer is not told of.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_pairs_closing_in_turn_over_tcp_leave_every_message_both_ways_counted_once() {
+        let tcp_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        two_pairs_closing_in_turn(&format!("tcp://127.0.0.1:{tcp_port}")).await;
+    }
+
+    /// Two pairs on `address` each send the other until a send waits, take 5 and close, one
+    /// after the other: each accepted message, both ways, is taken or counted once.
+    async fn two_pairs_closing_in_turn(address: &str) {
+        const N_TAKEN: u64 = 5;
+        let (first, second) =
+            sender_and_receiver(address, (SocketType::Pair, SocketType::Pair), 10).await;
+        let (filled_first, filled_second) =
+            tokio::join!(tokio::spawn(fill(first)), tokio::spawn(fill(second)));
+        let ((mut first, first_sent), (mut second, second_sent)) =
+            (filled_first.unwrap(), filled_second.unwrap());
         for pair in [&mut first, &mut second] {
             for _ in 0..N_TAKEN {
                 pair.receive_unboxed().await.unwrap();
@@ -707,9 +723,27 @@ mod tests {
         let second_lost = n_undelivered(second.close(Duration::from_millis(200)).await);
         assert_eq!(
             2 * N_TAKEN + first_lost + second_lost,
-            2 * N_SENT,
-            "lost by the first {first_lost}, by the second {second_lost}"
+            first_sent + second_sent,
+            "{address}: sent {first_sent} and {second_sent}, lost by the first {first_lost}, \
+             by the second {second_lost}"
         );
+    }
+
+    /// Sends messages of 1 KiB until a send waits 50 ms (its queue, the kernel's buffers and
+    /// the peer's inbox full): the socket, and how many it accepted.
+    async fn fill(mut socket: ZmqSocket) -> (ZmqSocket, u64) {
+        let mut n_accepted = 0u64;
+        while socket
+            .send_unboxed(
+                one_part(n_accepted as u8, 1024),
+                Some(Duration::from_millis(50)),
+            )
+            .await
+            .is_ok()
+        {
+            n_accepted += 1;
+        }
+        (socket, n_accepted)
     }
 
     /// A pair whose peer left while its inbox was full (its reader waiting for the owner to
@@ -903,29 +937,64 @@ mod tests {
     /// of them, once (ipc: a unix stream's writer is told at once that its reader is gone).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_receiver_closing_under_a_live_sender_leaves_every_message_counted_once() {
-        const N_SENT: u64 = 300;
-        const N_TAKEN: u64 = 5;
         let file = IpcFile::new("unread-live");
+        closing_under_a_live_sender(&file.address()).await;
+    }
+
+    /// As over ipc, over tcp, where the sender is not told of the receiver's `SHUT_RD`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_receiver_closing_under_a_live_sender_over_tcp_leaves_every_message_counted_once() {
+        let tcp_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        closing_under_a_live_sender(&format!("tcp://127.0.0.1:{tcp_port}")).await;
+    }
+
+    /// A push on `address` sending messages of 1 KiB for as long as it can to a pull that
+    /// takes 5 and closes once the push had to wait (the connection's kernel buffers, the
+    /// push's queue and the pull's inbox full): each accepted message is taken or counted once.
+    async fn closing_under_a_live_sender(address: &str) {
+        const N_TAKEN: u64 = 5;
         let (mut sender, mut receiver) =
-            sender_and_receiver(&file.address(), (SocketType::Push, SocketType::Pull), 10).await;
-        // 300 KiB: more than the connection's kernel buffers and the receiver's inbox hold.
-        for i in 0..N_SENT {
-            sender
-                .send_unboxed(one_part(i as u8, 1024), None)
-                .await
-                .unwrap();
-        }
+            sender_and_receiver(address, (SocketType::Push, SocketType::Pull), 10).await;
+        let (waited_tx, mut waited_rx) = tokio::sync::watch::channel(false);
+        let closed = Arc::new(AtomicBool::new(false));
+        let sending = tokio::spawn({
+            let closed = Arc::clone(&closed);
+            async move {
+                let mut n_accepted = 0u64;
+                loop {
+                    let parts = one_part(n_accepted as u8, 1024);
+                    match sender
+                        .send_unboxed(parts, Some(Duration::from_millis(50)))
+                        .await
+                    {
+                        Ok(()) => n_accepted += 1,
+                        // Its peer gone, the push waits: nothing more will be accepted.
+                        Err(_) if closed.load(Ordering::SeqCst) => return (sender, n_accepted),
+                        Err(_) => {
+                            waited_tx.send_replace(true);
+                        }
+                    }
+                }
+            }
+        });
+        waited_rx.wait_for(|&waited| waited).await.unwrap();
         for _ in 0..N_TAKEN {
             receiver.receive_unboxed().await.unwrap();
         }
         // No linger: reading what this host's buffers hold needs no wait for the peer.
         let unread = n_undelivered(receiver.close(Duration::ZERO).await);
+        closed.store(true, Ordering::SeqCst);
+        let (mut sender, n_accepted) = sending.await.unwrap();
         let unsent = n_undelivered(sender.close(Duration::from_millis(200)).await);
         assert!(unread > 0, "the receiver held some in its inbox");
         assert_eq!(
             N_TAKEN + unread + unsent,
-            N_SENT,
-            "taken {N_TAKEN}, unread {unread}, unsent {unsent}"
+            n_accepted,
+            "{address}: taken {N_TAKEN}, unread {unread}, unsent {unsent} of {n_accepted} accepted"
         );
     }
 }

@@ -22,16 +22,24 @@
 //!   after the process exits.
 //!
 //! What was written is then the receiver's to report. A pull's or pair's `close` (the zeromq
-//! transport's, not a carrier's: see [`crate::PeerRules`]) stops its peers' writes
-//! (`shutdown(SHUT_RD)`; a unix stream's writer gets `EPIPE` at once and puts its batch back),
-//! makes and serves no more connections, reads each one to its end into an inbox without a
-//! bound (`linger`, at least [`DRAIN_AT_LEAST`], bounding the wait), and reports what the
-//! inbox and the receiver's batch hold as [`Error::Undelivered`], with what a pair had not
-//! written once its connections ended. Over tcp the peer is not told: what it writes after the
-//! last read goes with the connection. A connection whose write failed (or whose peer
-//! closed) stops being a peer at once (sends go elsewhere, a pair serves a new peer) while its
-//! reader still takes in what the peer sent before its end, so over a unix stream, within the
-//! drain's bound, a pair drops nothing its peer counted as written.
+//! transport's, not a carrier's: see [`crate::PeerRules`]) stops its peers' writes, makes and
+//! serves no more connections, reads each one to its end into an inbox without a bound
+//! (`linger`, at least [`DRAIN_AT_LEAST`], bounding the wait), and reports what the inbox and
+//! the receiver's batch hold as [`Error::Undelivered`], with what a pair had not written once
+//! its connections ended. How the peer's writes stop:
+//! - over a unix stream, `shutdown(SHUT_RD)`: the writer gets `EPIPE` at once and puts its
+//!   batch back;
+//! - over tcp, where `SHUT_RD` tells the peer nothing, a ferromq peer is asked
+//!   ([`zmtp::stop_writing`]): its writer stops mid-batch if need be, puts back what it had not
+//!   written whole and shuts its writing, so the end is read after everything written before
+//!   (a partial message at the end is dropped by the reader and counted by the writer);
+//! - a libzmq or FairMQ peer over tcp gets `SHUT_RD` and is not told: what it writes after the
+//!   last read goes with the connection.
+//!
+//! A connection whose write failed (or whose peer closed, or asked it to stop) stops being a
+//! peer at once (sends go elsewhere, a pair serves a new peer) while its reader still takes in
+//! what the peer sent before its end, so between ferromq peers, within the drain's bound, a
+//! pair drops nothing its peer counted as written.
 //!
 //! Cancellation: a cancelled `close` leaves a receiver draining (no connections, an unbounded
 //! inbox); a second `close` drains and counts again. In ferromq only an abort of a device's
@@ -145,6 +153,10 @@ impl Stream {
             bytes = &bytes[n..];
         }
         Ok(())
+    }
+
+    fn is_tcp(&self) -> bool {
+        matches!(self, Stream::Tcp(_))
     }
 
     /// Stops the peer's writes to this connection (a unix stream's peer then gets `EPIPE`
@@ -1331,6 +1343,8 @@ async fn serve(
         reader: Notify::new(),
         ended: Mutex::new(None),
         ending: AtomicBool::new(false),
+        peer_is_ferromq: crate::handshake::is_ferromq(&peer.identity),
+        writes_stopped: AtomicBool::new(false),
         no_peer: Mutex::new(no_peer),
         early: Mutex::new(Early::default()),
     };
@@ -1536,6 +1550,10 @@ struct Connection {
     early: Mutex<Early>,
     /// No longer a peer of the socket, its reader finishing ([`State::ending`]).
     ending: AtomicBool,
+    /// The peer announced a ferromq identity: it understands [`zmtp::stop_writing`].
+    peer_is_ferromq: bool,
+    /// The peer, closing, asked for no more writes ([`zmtp::Command::StopWriting`]).
+    writes_stopped: AtomicBool,
     /// Told once the connection is no peer any more: a connecting socket then connects again.
     no_peer: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
 }
@@ -1584,7 +1602,10 @@ impl Connection {
     /// Reads more of what the peer sent into `decoder`, waiting for it: what the writer read
     /// early first, so the order holds. An error at the peer's end.
     /// A closing receiver's connection ([`Shared::draining`]) first stops the peer's writes,
-    /// then reads up to the end what came before.
+    /// then reads up to the end what came before: a unix stream's by `shutdown(SHUT_RD)`, a
+    /// ferromq peer's over tcp by asking ([`zmtp::stop_writing`]; it then ends its writing,
+    /// so the end comes after everything it wrote), another tcp peer's by `SHUT_RD`, which
+    /// it is not told of: what it writes after the last read goes with the connection.
     async fn read_more(
         &self,
         shared: &Shared,
@@ -1598,7 +1619,16 @@ impl Connection {
             {
                 let mut early = self.early();
                 if draining && !early.reading_stopped {
-                    stream.shutdown_read();
+                    if stream.is_tcp() && self.peer_is_ferromq {
+                        self.link
+                            .replies
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .extend_from_slice(&zmtp::stop_writing());
+                        self.link.writer.notify_one();
+                    } else {
+                        stream.shutdown_read();
+                    }
                     early.reading_stopped = true;
                 }
                 if !early.bytes.is_empty() {
@@ -1643,6 +1673,27 @@ impl Connection {
         self.ending.store(true, Ordering::Release);
         no_longer_a_peer(shared, self);
         self.reader_ended().await
+    }
+
+    /// Why nothing more may be written: the reader ended, or the peer asked for no more
+    /// writes ([`zmtp::Command::StopWriting`]).
+    fn writes_end(&self) -> Option<String> {
+        if self.writes_stopped.load(Ordering::Acquire) {
+            return Some("the peer, closing, stopped our writes".to_owned());
+        }
+        self.ended()
+    }
+
+    /// Waits until [`Connection::writes_end`] says why. (The writer's wake-up.)
+    async fn writes_ended(&self) -> String {
+        loop {
+            let mut woken = pin!(self.link.writer.notified());
+            woken.as_mut().enable();
+            if let Some(end) = self.writes_end() {
+                return end;
+            }
+            woken.await;
+        }
     }
 
     /// Waits for the reader to have taken in everything the peer sent before its end; why it
@@ -1769,6 +1820,12 @@ async fn read_until_gone(
                 zmtp::Inbound::Command(zmtp::Command::Error(reason)) => {
                     break 'reading format!("the peer ended the connection: {reason}");
                 }
+                zmtp::Inbound::Command(zmtp::Command::StopWriting) => {
+                    // The writer stops (what it had not written whole goes back) and ends
+                    // our writing; this reader goes on to the peer's end.
+                    connection.writes_stopped.store(true, Ordering::Release);
+                    connection.link.writer.notify_one();
+                }
                 zmtp::Inbound::Command(_) => {}
                 zmtp::Inbound::Message { body, more } => {
                     if shared.pattern == Pattern::Push {
@@ -1824,6 +1881,9 @@ async fn write_until_gone(shared: &Shared, connection: &Connection, stream: &Str
             }
             if let Some(ended) = connection.ended() {
                 return ended;
+            }
+            if connection.writes_stopped.load(Ordering::Acquire) {
+                break None;
             }
             let replies = connection.take_replies();
             if !replies.is_empty() && stream.write_all(&replies).await.is_err() {
@@ -1907,10 +1967,11 @@ async fn write_batch(
         // Linux refuses more than IOV_MAX (1024) slices in one call.
         let n_slices = rest.len().min(MAX_SLICES);
         // A connection whose reader ended (the peer's end, or this side's close read it to
-        // the end) is not waited on for room: a stalled peer would hold it for ever.
+        // the end) is not waited on for room: a stalled peer would hold it for ever. Nor is
+        // one whose peer stopped our writes: it is read to our end and the rest goes back.
         let written = tokio::select! {
             written = stream.write_vectored(&rest[..n_slices]) => written,
-            ended = connection.reader_ended() => Err(std::io::Error::other(ended)),
+            ended = connection.writes_ended() => Err(std::io::Error::other(ended)),
         };
         match written {
             Ok(0) => {
