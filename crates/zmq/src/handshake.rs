@@ -83,8 +83,8 @@ fn announced(peer_identity: &[u8]) -> Option<Announced<'_>> {
     })
 }
 
-/// Whether the peer announced a ferromq identity (it speaks ferromq's own commands, such as
-/// [`crate::zmtp::stop_writing`]); false for libzmq and FairMQ.
+/// Whether the peer announced a ferromq identity (it reads a closing receiver's end of writing
+/// over tcp as a request to stop writing); false for libzmq and FairMQ.
 pub(crate) fn is_ferromq(peer_identity: &[u8]) -> bool {
     announced(peer_identity).is_some()
 }

@@ -692,8 +692,8 @@ mod tests {
         two_pairs_closing_in_turn(&file.address()).await;
     }
 
-    /// As over ipc, over tcp, where the first pair's close asks the second to stop writing
-    /// instead of `SHUT_RD`, which a tcp peer is not told of.
+    /// As over ipc, over tcp, where the first pair's close tells the second to stop writing by
+    /// ending its own writing (`SHUT_RD`, which a tcp peer is not told of, lost messages).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_pairs_closing_in_turn_over_tcp_leave_every_message_both_ways_counted_once() {
         let tcp_port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -702,6 +702,56 @@ mod tests {
             .unwrap()
             .port();
         two_pairs_closing_in_turn(&format!("tcp://127.0.0.1:{tcp_port}")).await;
+    }
+
+    /// A pair that sends while it does not receive holds back its peer's sends once its inbox
+    /// (`rcvBufSize`) and the connection's kernel buffers are full, over tcp and ipc. Before,
+    /// its writer's look whether the peer had closed (one read ahead per batch, kept for the
+    /// reader) took in the peer's stream while the reader waited for room: the peer's sends
+    /// never waited, and the pair's memory grew with everything the peer sent (1.4 M messages
+    /// of 1 KiB in 7 s here). Then both close within their lingers, whatever each still holds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pair_sending_without_receiving_holds_back_its_peer() {
+        let tcp_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let file = IpcFile::new("pair-holds-back");
+        for address in [format!("tcp://127.0.0.1:{tcp_port}"), file.address()] {
+            let (first, second) =
+                sender_and_receiver(&address, (SocketType::Pair, SocketType::Pair), 10).await;
+            // The second never receives; it sends until the first is done.
+            let done = Arc::new(AtomicBool::new(false));
+            let streaming = tokio::spawn({
+                let done = Arc::clone(&done);
+                async move {
+                    let mut second = second;
+                    while !done.load(Ordering::SeqCst) {
+                        let _ = second
+                            .send_unboxed(one_part(2, 1024), Some(Duration::from_millis(20)))
+                            .await;
+                    }
+                    second
+                }
+            });
+            // 200 MB: far more than the kernel's buffers, the queue and an inbox of 10 hold.
+            const MOST: u64 = 200_000;
+            let (mut first, n_sent) = fill_at_most(first, MOST).await;
+            done.store(true, Ordering::SeqCst);
+            let mut second = streaming.await.unwrap();
+            assert!(
+                n_sent < MOST,
+                "{address}: a pair that does not receive took {n_sent} messages without holding back"
+            );
+            let closing = async {
+                let _ = first.close(Duration::from_millis(200)).await;
+                let _ = second.close(Duration::ZERO).await;
+            };
+            tokio::time::timeout(Duration::from_secs(20), closing)
+                .await
+                .unwrap_or_else(|_| panic!("{address}: the pairs' closes did not end"));
+        }
     }
 
     /// Two pairs on `address` each send the other until a send waits, take 5 and close, one
@@ -731,15 +781,21 @@ mod tests {
 
     /// Sends messages of 1 KiB until a send waits 50 ms (its queue, the kernel's buffers and
     /// the peer's inbox full): the socket, and how many it accepted.
-    async fn fill(mut socket: ZmqSocket) -> (ZmqSocket, u64) {
+    async fn fill(socket: ZmqSocket) -> (ZmqSocket, u64) {
+        fill_at_most(socket, u64::MAX).await
+    }
+
+    /// As [`fill`], stopping at `most` messages.
+    async fn fill_at_most(mut socket: ZmqSocket, most: u64) -> (ZmqSocket, u64) {
         let mut n_accepted = 0u64;
-        while socket
-            .send_unboxed(
-                one_part(n_accepted as u8, 1024),
-                Some(Duration::from_millis(50)),
-            )
-            .await
-            .is_ok()
+        while n_accepted < most
+            && socket
+                .send_unboxed(
+                    one_part(n_accepted as u8, 1024),
+                    Some(Duration::from_millis(50)),
+                )
+                .await
+                .is_ok()
         {
             n_accepted += 1;
         }

@@ -1,7 +1,6 @@
 //! The parts of ZMTP 3 (ZeroMQ's wire protocol, RFC 23/ZMTP with the NULL mechanism) that
 //! ferromq's own sockets (push, pull, pair, pub) speak: the greeting, the READY command, message frames both
-//! ways, PING (answered with PONG) and ferromq's own [`stop_writing`] between ferromq peers;
-//! other commands are read past.
+//! ways, and PING (answered with PONG); other commands are read past.
 //!
 //! Everything here is a pure function over bytes, so the decoder is tested without sockets and a
 //! peer's bytes can never make it panic: sizes are checked before they are used.
@@ -108,8 +107,6 @@ pub(crate) enum Command {
     Error(String),
     /// PING: its context, to be echoed in the PONG.
     Ping(Bytes),
-    /// ferromq's own [`STOP_WRITING`]: the peer is closing and reads what came before.
-    StopWriting,
     /// Any other command (PONG, SUBSCRIBE, ...), read past.
     Other,
 }
@@ -133,22 +130,6 @@ pub(crate) enum Inbound {
         body: Message,
         more: bool,
     },
-}
-
-/// The name of the command a closing ferromq receiver sends its ferromq peers over tcp, where
-/// `shutdown(SHUT_RD)` tells the peer nothing (a unix stream's writer gets `EPIPE`): stop
-/// writing, keep what was not written whole, and end your writing (the receiver then reads the
-/// end after everything written before). Sent only to peers that announced a ferromq identity;
-/// read past by any other.
-const STOP_WRITING: &[u8] = b"FERROMQ-STOP-WRITING";
-
-/// The [`STOP_WRITING`] command frame.
-pub(crate) fn stop_writing() -> Vec<u8> {
-    let mut frame = Vec::with_capacity(LONG_HEADER + 1 + STOP_WRITING.len());
-    push_header(&mut frame, FLAG_COMMAND, 1 + STOP_WRITING.len());
-    frame.push(STOP_WRITING.len() as u8);
-    frame.extend_from_slice(STOP_WRITING);
-    frame
 }
 
 /// The PONG answering a PING with `context`.
@@ -401,7 +382,6 @@ fn decode_command(body: &[u8]) -> Result<Command, HandshakeError> {
             let context = data.get(2..).ok_or_else(|| malformed("PING"))?;
             Ok(Command::Ping(Bytes::copy_from_slice(context)))
         }
-        STOP_WRITING => Ok(Command::StopWriting),
         _ => Ok(Command::Other),
     }
 }
@@ -482,17 +462,6 @@ mod tests {
             &pong(b"hi")[..],
             &[FLAG_COMMAND, 7, 4, b'P', b'O', b'N', b'G', b'h', b'i']
         );
-    }
-
-    #[test]
-    fn a_stop_writing_command_is_decoded() {
-        let mut decoder = Decoder::new(1024);
-        decoder.accept(&stop_writing());
-        let Ok(Some(Inbound::Command(command))) = decoder.next_frame() else {
-            panic!("not a command");
-        };
-        assert_eq!(command, Command::StopWriting);
-        assert!(matches!(decoder.next_frame(), Ok(None)));
     }
 
     #[test]

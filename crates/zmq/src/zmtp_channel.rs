@@ -10,8 +10,9 @@
 //! that takes a batch from its front, writes it and only then lets it go:
 //! - a writer whose peer went away puts back, at the front and in order, every message of its
 //!   batch not yet written whole to the kernel, and the next peer (or the same one reconnected)
-//!   gets them. Before writing a batch, a writer looks (one non-blocking read) whether its peer
-//!   closed meanwhile, so a peer that died while the sender was stopped gets nothing written;
+//!   gets them. Before writing a batch, a writer looks (a `poll` that reads nothing) whether
+//!   its peer closed or shut its writing meanwhile, so a peer that died while the sender was
+//!   stopped gets nothing written;
 //! - what was written to the kernel is handed over (ARCHITECTURE.md's hand-over rule, as for any
 //!   transport): a receiver SIGKILLed later loses what sat in its socket buffer;
 //! - `send` waits while there is no peer or the queue plus the batches in writers' hands reach
@@ -29,17 +30,20 @@
 //! its connections ended. How the peer's writes stop:
 //! - over a unix stream, `shutdown(SHUT_RD)`: the writer gets `EPIPE` at once and puts its
 //!   batch back;
-//! - over tcp, where `SHUT_RD` tells the peer nothing, a ferromq peer is asked
-//!   ([`zmtp::stop_writing`]): its writer stops mid-batch if need be, puts back what it had not
-//!   written whole and shuts its writing, so the end is read after everything written before
-//!   (a partial message at the end is dropped by the reader and counted by the writer);
+//! - over tcp, where `SHUT_RD` tells the peer nothing, a ferromq peer is told by this side's
+//!   end of writing (`shutdown(SHUT_WR)`, a FIN): its writer sees it (`POLLRDHUP`) before its
+//!   next batch, puts that batch back and shuts its own writing, so the end is read after
+//!   everything it wrote. This side writes nothing more (a pair's batch under way stops, what
+//!   it had not written whole is counted; a partial message at the end is dropped by the
+//!   peer's reader). A peer whose end does not come within [`ANSWER_WITHIN`] (a stopped
+//!   process) gets `SHUT_RD` as below;
 //! - a libzmq or FairMQ peer over tcp gets `SHUT_RD` and is not told: what it writes after the
 //!   last read goes with the connection.
 //!
-//! A connection whose write failed (or whose peer closed, or asked it to stop) stops being a
-//! peer at once (sends go elsewhere, a pair serves a new peer) while its reader still takes in
-//! what the peer sent before its end, so between ferromq peers, within the drain's bound, a
-//! pair drops nothing its peer counted as written.
+//! A connection whose write failed (or whose peer closed) stops being a peer at once (sends go
+//! elsewhere, a pair serves a new peer) while its reader still takes in what the peer sent
+//! before its end, so between ferromq peers, within the drain's bound, a pair drops nothing its
+//! peer counted as written.
 //!
 //! Cancellation: a cancelled `close` leaves a receiver draining (no connections, an unbounded
 //! inbox); a second `close` drains and counts again. In ferromq only an abort of a device's
@@ -106,6 +110,10 @@ const COPY_LIMIT: usize = 16 * 1024;
 type Frames = smallvec::SmallVec<[Bytes; 1]>;
 /// The most slices one vectored write gets (Linux's IOV_MAX is 1024).
 const MAX_SLICES: usize = 512;
+/// How long a closing receiver waits for the end of a ferromq peer over tcp that it told to
+/// stop writing (its own end of writing) before it shuts its reading instead: a live peer's
+/// writer stops before its next batch; a stopped process never answers.
+const ANSWER_WITHIN: Duration = Duration::from_millis(500);
 /// How long a peer has to complete its handshake (libzmq's default handshake interval).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Reconnection back-off of a connecting socket.
@@ -157,6 +165,25 @@ impl Stream {
 
     fn is_tcp(&self) -> bool {
         matches!(self, Stream::Tcp(_))
+    }
+
+    /// Whether the peer shut its writing or closed (`POLLRDHUP`, `POLLHUP`, `POLLERR`), with
+    /// what it sent before still unread, and nothing read here. Never waits.
+    fn peer_hung_up(&self) -> bool {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        use std::os::fd::AsFd;
+        let fd = match self {
+            Stream::Tcp(stream) => stream.as_fd(),
+            Stream::Unix(stream) => stream.as_fd(),
+        };
+        let rdhup = PollFlags::from_bits_retain(nix::libc::POLLRDHUP);
+        let mut fds = [PollFd::new(fd, rdhup)];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(n_ready) if n_ready > 0 => fds[0].revents().is_some_and(|revents| {
+                revents.intersects(rdhup | PollFlags::POLLHUP | PollFlags::POLLERR)
+            }),
+            _ => false,
+        }
     }
 
     /// Stops the peer's writes to this connection (a unix stream's peer then gets `EPIPE`
@@ -235,6 +262,14 @@ impl Stream {
                 Err(error) => return Err(error),
             }
         }
+    }
+}
+
+/// Completes at `at`; never when `None`.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -1344,7 +1379,6 @@ async fn serve(
         ended: Mutex::new(None),
         ending: AtomicBool::new(false),
         peer_is_ferromq: crate::handshake::is_ferromq(&peer.identity),
-        writes_stopped: AtomicBool::new(false),
         no_peer: Mutex::new(no_peer),
         early: Mutex::new(Early::default()),
     };
@@ -1542,29 +1576,30 @@ impl Drop for Handshaking<'_> {
 struct Connection {
     /// The writer's wake-up and the bytes written ahead of batches (shared with the owner).
     link: Arc<PeerLink>,
-    /// Wakes the reader: the writer read something early.
+    /// Wakes the reader.
     reader: Notify,
     /// Why the peer's end is gone, once the reader saw it (after everything the peer sent).
     ended: Mutex<Option<String>>,
-    /// What the writer read when it looked whether the peer is still there, for the reader.
+    /// How this side's close stops the peer's writes.
     early: Mutex<Early>,
     /// No longer a peer of the socket, its reader finishing ([`State::ending`]).
     ending: AtomicBool,
-    /// The peer announced a ferromq identity: it understands [`zmtp::stop_writing`].
+    /// The peer announced a ferromq identity: over tcp, this side's end of writing tells it to
+    /// stop writing ([`Connection::read_more`]).
     peer_is_ferromq: bool,
-    /// The peer, closing, asked for no more writes ([`zmtp::Command::StopWriting`]).
-    writes_stopped: AtomicBool,
     /// Told once the connection is no peer any more: a connecting socket then connects again.
     no_peer: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
 }
 
-/// Bytes (and the end) the writer read before the reader did.
+/// How this side's close stops the peer's writes ([`Connection::read_more`]).
 #[derive(Default)]
 struct Early {
-    bytes: bytes::BytesMut,
-    end: Option<String>,
     /// The peer's writes were stopped: the socket is closing ([`Shared::draining`]).
     reading_stopped: bool,
+    /// When this side shut its writing to tell a ferromq peer over tcp to stop.
+    peer_told_at: Option<Instant>,
+    /// This side's reading was shut (`SHUT_RD`).
+    read_shut: bool,
 }
 
 impl Connection {
@@ -1574,38 +1609,23 @@ impl Connection {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Looks, with one non-blocking read, whether the peer closed its end: a write to a
-    /// connection whose peer is gone succeeds and is lost. What the read returns is kept for
-    /// the reader, which ends the connection after taking in what came before the end.
+    /// Looks, reading nothing, whether the peer closed its end or shut its writing: a write to
+    /// a connection whose peer is gone succeeds and is lost, and a ferromq peer over tcp that
+    /// shut its writing is closing and wants nothing more ([`Connection::read_more`]). The
+    /// reader ends the connection after taking in what came before the end. (It used to read
+    /// ahead here and keep the bytes for the reader: a pair that sent while it did not
+    /// receive, its reader waiting for room in the inbox, so took in its peer's whole stream,
+    /// without a bound, and the peer's sends never waited.)
     fn peer_closed(&self, stream: &Stream) -> bool {
-        let mut early = self.early();
-        if early.end.is_some() {
-            return true;
-        }
-        early.bytes.reserve(4096);
-        let end = match stream.try_read_buf(&mut early.bytes) {
-            Ok(0) => "the peer closed its end".to_owned(),
-            Ok(_) => {
-                drop(early);
-                self.reader.notify_one();
-                return false;
-            }
-            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => return false,
-            Err(error) => error.to_string(),
-        };
-        early.end = Some(end);
-        drop(early);
-        self.reader.notify_one();
-        true
+        self.ended().is_some() || stream.peer_hung_up()
     }
 
-    /// Reads more of what the peer sent into `decoder`, waiting for it: what the writer read
-    /// early first, so the order holds. An error at the peer's end.
+    /// Reads more of what the peer sent into `decoder`, waiting for it. An error at the
+    /// peer's end.
     /// A closing receiver's connection ([`Shared::draining`]) first stops the peer's writes,
-    /// then reads up to the end what came before: a unix stream's by `shutdown(SHUT_RD)`, a
-    /// ferromq peer's over tcp by asking ([`zmtp::stop_writing`]; it then ends its writing,
-    /// so the end comes after everything it wrote), another tcp peer's by `SHUT_RD`, which
-    /// it is not told of: what it writes after the last read goes with the connection.
+    /// then reads up to the end what came before (see the module's docs): over a unix stream
+    /// by `SHUT_RD`; over tcp, a ferromq peer by `SHUT_WR`, waiting [`ANSWER_WITHIN`] for its
+    /// end before `SHUT_RD`; another tcp peer by `SHUT_RD` at once.
     async fn read_more(
         &self,
         shared: &Shared,
@@ -1616,30 +1636,36 @@ impl Connection {
             let mut woken = pin!(self.reader.notified());
             woken.as_mut().enable();
             let draining = shared.is_draining();
-            {
+            let answer_by = {
                 let mut early = self.early();
                 if draining && !early.reading_stopped {
                     if stream.is_tcp() && self.peer_is_ferromq {
-                        self.link
-                            .replies
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .extend_from_slice(&zmtp::stop_writing());
-                        self.link.writer.notify_one();
+                        stream.shutdown_write();
+                        early.peer_told_at = Some(Instant::now());
                     } else {
                         stream.shutdown_read();
+                        early.read_shut = true;
                     }
                     early.reading_stopped = true;
                 }
-                if !early.bytes.is_empty() {
-                    let bytes = early.bytes.split();
-                    decoder.accept(&bytes);
-                    return Ok(());
+                let answer_by = early
+                    .peer_told_at
+                    .filter(|_| !early.read_shut)
+                    .map(|told_at| told_at + ANSWER_WITHIN);
+                if answer_by.is_some_and(|by| by <= Instant::now()) {
+                    // The peer did not stop (a stopped process): what it writes after the
+                    // last read goes with the connection.
+                    stream.shutdown_read();
+                    early.read_shut = true;
+                    None
+                } else {
+                    answer_by
                 }
-                if let Some(end) = &early.end {
-                    return Err(end.clone());
-                }
-            }
+            };
+            // A reader that always finds bytes never waits (nor does its inbox while the
+            // socket drains): the task's budget makes it yield now and then, so the writer
+            // beside it in the same task, and the socket's stop, get their turns.
+            tokio::task::consume_budget().await;
             match stream.try_read_decoder(decoder) {
                 Ok(0) if draining => return Err("the socket closed".to_owned()),
                 Ok(0) => return Err("the peer closed its end".to_owned()),
@@ -1651,6 +1677,7 @@ impl Connection {
                 readable = stream.readable() => readable.map_err(|error| error.to_string())?,
                 () = woken => {}
                 () = shared.draining_began(), if !draining => {}
+                () = sleep_until_some(answer_by) => {}
             }
         }
     }
@@ -1673,27 +1700,6 @@ impl Connection {
         self.ending.store(true, Ordering::Release);
         no_longer_a_peer(shared, self);
         self.reader_ended().await
-    }
-
-    /// Why nothing more may be written: the reader ended, or the peer asked for no more
-    /// writes ([`zmtp::Command::StopWriting`]).
-    fn writes_end(&self) -> Option<String> {
-        if self.writes_stopped.load(Ordering::Acquire) {
-            return Some("the peer, closing, stopped our writes".to_owned());
-        }
-        self.ended()
-    }
-
-    /// Waits until [`Connection::writes_end`] says why. (The writer's wake-up.)
-    async fn writes_ended(&self) -> String {
-        loop {
-            let mut woken = pin!(self.link.writer.notified());
-            woken.as_mut().enable();
-            if let Some(end) = self.writes_end() {
-                return end;
-            }
-            woken.await;
-        }
     }
 
     /// Waits for the reader to have taken in everything the peer sent before its end; why it
@@ -1820,12 +1826,6 @@ async fn read_until_gone(
                 zmtp::Inbound::Command(zmtp::Command::Error(reason)) => {
                     break 'reading format!("the peer ended the connection: {reason}");
                 }
-                zmtp::Inbound::Command(zmtp::Command::StopWriting) => {
-                    // The writer stops (what it had not written whole goes back) and ends
-                    // our writing; this reader goes on to the peer's end.
-                    connection.writes_stopped.store(true, Ordering::Release);
-                    connection.link.writer.notify_one();
-                }
                 zmtp::Inbound::Command(_) => {}
                 zmtp::Inbound::Message { body, more } => {
                     if shared.pattern == Pattern::Push {
@@ -1881,9 +1881,6 @@ async fn write_until_gone(shared: &Shared, connection: &Connection, stream: &Str
             }
             if let Some(ended) = connection.ended() {
                 return ended;
-            }
-            if connection.writes_stopped.load(Ordering::Acquire) {
-                break None;
             }
             let replies = connection.take_replies();
             if !replies.is_empty() && stream.write_all(&replies).await.is_err() {
@@ -1967,11 +1964,10 @@ async fn write_batch(
         // Linux refuses more than IOV_MAX (1024) slices in one call.
         let n_slices = rest.len().min(MAX_SLICES);
         // A connection whose reader ended (the peer's end, or this side's close read it to
-        // the end) is not waited on for room: a stalled peer would hold it for ever. Nor is
-        // one whose peer stopped our writes: it is read to our end and the rest goes back.
+        // the end) is not waited on for room: a stalled peer would hold it for ever.
         let written = tokio::select! {
             written = stream.write_vectored(&rest[..n_slices]) => written,
-            ended = connection.writes_ended() => Err(std::io::Error::other(ended)),
+            ended = connection.reader_ended() => Err(std::io::Error::other(ended)),
         };
         match written {
             Ok(0) => {

@@ -3,8 +3,9 @@
 //! counted by the pull's close (it reached the pull, which did not take it) or by the push's
 //! (never written whole). Over tcp the pull's `shutdown(SHUT_RD)` told the push nothing: the
 //! push went on writing into a connection the pull then dropped, and thousands of messages the
-//! push had written were counted by nobody. Now the pull asks a ferromq push to stop writing
-//! and reads up to the push's end.
+//! push had written were counted by nobody. Now the pull shuts its own writing instead, which
+//! a ferromq push sees before its next batch: it stops writing and shuts its own, and the pull
+//! reads up to that end.
 //!
 //! The pull is this test re-executed (`FERROMQ_TEST_ROLE=pull`, the test's own name as the
 //! filter): it prints `unread N` once closed.
@@ -43,6 +44,17 @@ fn n_undelivered(closed: Result<(), Error>) -> u64 {
     }
 }
 
+/// The child of the stopped-push test: connects a push and sends 1-KiB messages until it is
+/// killed.
+async fn push_role(address: &str) {
+    let mut push = support::open(config(SocketType::Push, Method::Connect, address)).await;
+    loop {
+        let _ = push
+            .send_timeout(Message::from(vec![7u8; 1024]), Duration::from_millis(50))
+            .await;
+    }
+}
+
 /// The child: connects, waits for a line on its stdin (the push is held back: the kernel's
 /// buffers between them are full), takes `N_TAKEN`, closes, says how many it did not take.
 async fn pull_role(address: &str) {
@@ -65,15 +77,20 @@ async fn pull_role(address: &str) {
 /// (telling the pull to go on once a send had to wait), then closes: taken + unread + unsent
 /// must be what was accepted.
 async fn push_against_a_closing_pull_process(test_name: &str, address: &str) {
+    let role = "pull";
     if let Ok(role) = std::env::var(ROLE_VAR) {
-        assert_eq!(role, "pull", "unknown role");
-        pull_role(&std::env::var(ADDRESS_VAR).expect("the address")).await;
+        let address = std::env::var(ADDRESS_VAR).expect("the address");
+        match role.as_str() {
+            "pull" => pull_role(&address).await,
+            "push" => push_role(&address).await,
+            other => panic!("unknown role {other}"),
+        }
         return;
     }
     let mut push: Channel = support::open(config(SocketType::Push, Method::Bind, address)).await;
     let mut child = Command::new(std::env::current_exe().expect("the test binary"))
         .args(["--exact", test_name, "--nocapture", "--test-threads", "1"])
-        .env(ROLE_VAR, "pull")
+        .env(ROLE_VAR, role)
         .env(ADDRESS_VAR, address)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -153,4 +170,53 @@ async fn a_pull_process_closing_mid_stream_over_ipc_accounts_for_every_accepted_
     if std::env::var(ROLE_VAR).is_err() {
         let _ = std::fs::remove_file(&path);
     }
+}
+
+/// A pull closing over tcp while its push (another process) is stopped, so that it never
+/// answers the pull's end of writing: the close shuts its reading after half a second and ends,
+/// instead of reading, for its whole linger (30 s here), a connection nothing comes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_closing_over_tcp_while_its_push_process_is_stopped_ends_without_its_linger() {
+    const NAME: &str =
+        "a_pull_closing_over_tcp_while_its_push_process_is_stopped_ends_without_its_linger";
+    if let Ok(role) = std::env::var(ROLE_VAR) {
+        assert_eq!(role, "push", "unknown role");
+        push_role(&std::env::var(ADDRESS_VAR).expect("the address")).await;
+        return;
+    }
+    let address = format!("tcp://127.0.0.1:{}", free_tcp_port());
+    let mut pull_config = config(SocketType::Pull, Method::Bind, &address);
+    pull_config.linger = 30_000;
+    let mut pull = support::open(pull_config).await;
+    let child = Command::new(std::env::current_exe().expect("the test binary"))
+        .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
+        .env(ROLE_VAR, "push")
+        .env(ADDRESS_VAR, &address)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the push's process");
+    let pid = nix::unistd::Pid::from_raw(child.id().expect("running") as i32);
+    for _ in 0..N_TAKEN {
+        tokio::time::timeout(STEP, pull.receive())
+            .await
+            .expect("a message within the step")
+            .expect("receive");
+    }
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("stopping the push");
+    let started = tokio::time::Instant::now();
+    let closed = tokio::time::timeout(STEP, pull.close()).await;
+    let took = started.elapsed();
+    // SIGKILL (the child's drop) ends a stopped process too.
+    drop(child);
+    let closed = closed.unwrap_or_else(|_| panic!("the close took over {STEP:?}"));
+    assert!(
+        took < Duration::from_secs(10),
+        "the close took {took:?} ({closed:?})"
+    );
+    assert!(
+        n_undelivered(closed) > 0,
+        "the pull's inbox held messages it did not take"
+    );
 }
