@@ -35,8 +35,12 @@
 //!   next batch, puts that batch back and shuts its own writing, so the end is read after
 //!   everything it wrote. This side writes nothing more (a pair's batch under way stops, what
 //!   it had not written whole is counted; a partial message at the end is dropped by the
-//!   peer's reader). A peer whose end does not come within [`ANSWER_WITHIN`] (a stopped
-//!   process) gets `SHUT_RD` as below;
+//!   peer's reader). A peer that neither sends nor ends for [`ANSWER_WITHIN`] (a stopped
+//!   process) gets `SHUT_RD` as below. Nor is a pair told whose own inbox is full while it
+//!   goes on sending: its window closed, this side's end of writing waits behind what this
+//!   side wrote. This side reads what comes until the drain's bound, and the socket's end
+//!   then (a reset, unread bytes still arriving) loses what either side had in flight,
+//!   uncounted (TCP can tell nothing to a peer that reads nothing);
 //! - a libzmq or FairMQ peer over tcp gets `SHUT_RD` and is not told: what it writes after the
 //!   last read goes with the connection.
 //!
@@ -111,8 +115,9 @@ type Frames = smallvec::SmallVec<[Bytes; 1]>;
 /// The most slices one vectored write gets (Linux's IOV_MAX is 1024).
 const MAX_SLICES: usize = 512;
 /// How long a closing receiver waits for the end of a ferromq peer over tcp that it told to
-/// stop writing (its own end of writing) before it shuts its reading instead: a live peer's
-/// writer stops before its next batch; a stopped process never answers.
+/// stop writing (its own end of writing), counted from the telling and again from each read
+/// that brought bytes, before it shuts its reading instead: a live peer's writer stops before
+/// its next batch; a stopped process never answers.
 const ANSWER_WITHIN: Duration = Duration::from_millis(500);
 /// How long a peer has to complete its handshake (libzmq's default handshake interval).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -1375,12 +1380,10 @@ async fn serve(
             reader_done: Notify::new(),
             peer_pid,
         }),
-        reader: Notify::new(),
         ended: Mutex::new(None),
         ending: AtomicBool::new(false),
         peer_is_ferromq: crate::handshake::is_ferromq(&peer.identity),
         no_peer: Mutex::new(no_peer),
-        early: Mutex::new(Early::default()),
     };
     if shared.report_peers {
         let mut state = shared.state();
@@ -1576,12 +1579,8 @@ impl Drop for Handshaking<'_> {
 struct Connection {
     /// The writer's wake-up and the bytes written ahead of batches (shared with the owner).
     link: Arc<PeerLink>,
-    /// Wakes the reader.
-    reader: Notify,
     /// Why the peer's end is gone, once the reader saw it (after everything the peer sent).
     ended: Mutex<Option<String>>,
-    /// How this side's close stops the peer's writes.
-    early: Mutex<Early>,
     /// No longer a peer of the socket, its reader finishing ([`State::ending`]).
     ending: AtomicBool,
     /// The peer announced a ferromq identity: over tcp, this side's end of writing tells it to
@@ -1591,24 +1590,19 @@ struct Connection {
     no_peer: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
 }
 
-/// How this side's close stops the peer's writes ([`Connection::read_more`]).
+/// How a closing receiver's reader stops its peer's writes ([`Connection::read_more`]).
 #[derive(Default)]
-struct Early {
+struct Stopping {
     /// The peer's writes were stopped: the socket is closing ([`Shared::draining`]).
-    reading_stopped: bool,
-    /// When this side shut its writing to tell a ferromq peer over tcp to stop.
-    peer_told_at: Option<Instant>,
+    peer_stopped: bool,
+    /// Since when the reader waits for the end of a ferromq peer over tcp that it told to stop
+    /// (by shutting its own writing): the telling, then each read that brought bytes.
+    waiting_since: Option<Instant>,
     /// This side's reading was shut (`SHUT_RD`).
     read_shut: bool,
 }
 
 impl Connection {
-    fn early(&self) -> std::sync::MutexGuard<'_, Early> {
-        self.early
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// Looks, reading nothing, whether the peer closed its end or shut its writing: a write to
     /// a connection whose peer is gone succeeds and is lost, and a ferromq peer over tcp that
     /// shut its writing is closing and wants nothing more ([`Connection::read_more`]). The
@@ -1624,44 +1618,38 @@ impl Connection {
     /// peer's end.
     /// A closing receiver's connection ([`Shared::draining`]) first stops the peer's writes,
     /// then reads up to the end what came before (see the module's docs): over a unix stream
-    /// by `SHUT_RD`; over tcp, a ferromq peer by `SHUT_WR`, waiting [`ANSWER_WITHIN`] for its
-    /// end before `SHUT_RD`; another tcp peer by `SHUT_RD` at once.
+    /// by `SHUT_RD`; over tcp, a ferromq peer by `SHUT_WR`, then `SHUT_RD` once nothing came
+    /// for [`ANSWER_WITHIN`] without its end; another tcp peer by `SHUT_RD` at once.
     async fn read_more(
         &self,
         shared: &Shared,
         stream: &Stream,
         decoder: &mut zmtp::Decoder,
+        stopping: &mut Stopping,
     ) -> Result<(), String> {
         loop {
-            let mut woken = pin!(self.reader.notified());
-            woken.as_mut().enable();
             let draining = shared.is_draining();
-            let answer_by = {
-                let mut early = self.early();
-                if draining && !early.reading_stopped {
-                    if stream.is_tcp() && self.peer_is_ferromq {
-                        stream.shutdown_write();
-                        early.peer_told_at = Some(Instant::now());
-                    } else {
-                        stream.shutdown_read();
-                        early.read_shut = true;
-                    }
-                    early.reading_stopped = true;
-                }
-                let answer_by = early
-                    .peer_told_at
-                    .filter(|_| !early.read_shut)
-                    .map(|told_at| told_at + ANSWER_WITHIN);
-                if answer_by.is_some_and(|by| by <= Instant::now()) {
-                    // The peer did not stop (a stopped process): what it writes after the
-                    // last read goes with the connection.
-                    stream.shutdown_read();
-                    early.read_shut = true;
-                    None
+            if draining && !stopping.peer_stopped {
+                if stream.is_tcp() && self.peer_is_ferromq {
+                    stream.shutdown_write();
+                    stopping.waiting_since = Some(Instant::now());
                 } else {
-                    answer_by
+                    stream.shutdown_read();
+                    stopping.read_shut = true;
                 }
-            };
+                stopping.peer_stopped = true;
+            }
+            let mut answer_by = stopping
+                .waiting_since
+                .filter(|_| !stopping.read_shut)
+                .map(|since| since + ANSWER_WITHIN);
+            if answer_by.is_some_and(|by| by <= Instant::now()) {
+                // The peer neither ended nor sent anything (a stopped process): what it
+                // writes after the last read goes with the connection.
+                stream.shutdown_read();
+                stopping.read_shut = true;
+                answer_by = None;
+            }
             // A reader that always finds bytes never waits (nor does its inbox while the
             // socket drains): the task's budget makes it yield now and then, so the writer
             // beside it in the same task, and the socket's stop, get their turns.
@@ -1669,13 +1657,18 @@ impl Connection {
             match stream.try_read_decoder(decoder) {
                 Ok(0) if draining => return Err("the socket closed".to_owned()),
                 Ok(0) => return Err("the peer closed its end".to_owned()),
-                Ok(_) => return Ok(()),
+                Ok(_) => {
+                    if answer_by.is_some() {
+                        // The peer's end comes after what it wrote: still coming.
+                        stopping.waiting_since = Some(Instant::now());
+                    }
+                    return Ok(());
+                }
                 Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(error) => return Err(error.to_string()),
             }
             tokio::select! {
                 readable = stream.readable() => readable.map_err(|error| error.to_string())?,
-                () = woken => {}
                 () = shared.draining_began(), if !draining => {}
                 () = sleep_until_some(answer_by) => {}
             }
@@ -1806,6 +1799,7 @@ async fn read_until_gone(
     // Whole messages decoded, not yet in the inbox: put in together, at most `INBOX_BATCH` at
     // a time and before the next read.
     let mut ready: Vec<Parts> = Vec::new();
+    let mut stopping = Stopping::default();
     let why = 'reading: loop {
         loop {
             let frame = match decoder.next_frame() {
@@ -1855,7 +1849,10 @@ async fn read_until_gone(
             }
         }
         shared.inbox.put(&mut ready).await;
-        if let Err(end) = connection.read_more(shared, stream, &mut decoder).await {
+        if let Err(end) = connection
+            .read_more(shared, stream, &mut decoder, &mut stopping)
+            .await
+        {
             break end;
         }
     };
