@@ -617,6 +617,15 @@ mod tests {
         (sender, receiver)
     }
 
+    /// A tcp address on loopback whose port was free a moment ago.
+    fn free_tcp_address() -> String {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .unwrap()
+            .port();
+        format!("tcp://127.0.0.1:{port}")
+    }
+
     fn one_part(byte: u8, size: usize) -> Parts {
         Parts::from(ferromq_core::Message::from(vec![byte; size]))
     }
@@ -645,14 +654,9 @@ mod tests {
     #[tokio::test]
     async fn a_receiver_closing_with_messages_it_did_not_take_reports_them() {
         let file = IpcFile::new("unread");
-        let tcp_port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
         let addresses = [
             file.address(),
-            format!("tcp://127.0.0.1:{tcp_port}"),
+            free_tcp_address(),
             format!("inproc://unread-{}", std::process::id()),
         ];
         for address in &addresses {
@@ -692,16 +696,13 @@ mod tests {
         two_pairs_closing_in_turn(&file.address()).await;
     }
 
-    /// As over ipc, over tcp, where the first pair's close tells the second to stop writing by
-    /// ending its own writing (`SHUT_RD`, which a tcp peer is not told of, lost messages).
+    /// As over ipc, over tcp (where `SHUT_RD` tells the peer nothing). The second pair's reader
+    /// waits for room in its inbox, so it does not see the first's end of writing; its writer,
+    /// with room again once the first drains, writes what it held, and the first reads that
+    /// until half a second passes without bytes, then shuts its reading.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_pairs_closing_in_turn_over_tcp_leave_every_message_both_ways_counted_once() {
-        let tcp_port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        two_pairs_closing_in_turn(&format!("tcp://127.0.0.1:{tcp_port}")).await;
+        two_pairs_closing_in_turn(&free_tcp_address()).await;
     }
 
     /// A pair that sends while it does not receive holds back its peer's sends once its inbox
@@ -712,13 +713,8 @@ mod tests {
     /// of 1 KiB in 7 s here). Then both close within their lingers, whatever each still holds.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_pair_sending_without_receiving_holds_back_its_peer() {
-        let tcp_port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
         let file = IpcFile::new("pair-holds-back");
-        for address in [format!("tcp://127.0.0.1:{tcp_port}"), file.address()] {
+        for address in [free_tcp_address(), file.address()] {
             let (first, second) =
                 sender_and_receiver(&address, (SocketType::Pair, SocketType::Pair), 10).await;
             // The second never receives; it sends until the first is done.
@@ -1000,12 +996,7 @@ mod tests {
     /// As over ipc, over tcp, where the sender is not told of the receiver's `SHUT_RD`.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_receiver_closing_under_a_live_sender_over_tcp_leaves_every_message_counted_once() {
-        let tcp_port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        closing_under_a_live_sender(&format!("tcp://127.0.0.1:{tcp_port}")).await;
+        closing_under_a_live_sender(&free_tcp_address()).await;
     }
 
     /// A push on `address` sending messages of 1 KiB for as long as it can to a pull that

@@ -46,8 +46,8 @@
 //!
 //! A connection whose write failed (or whose peer closed) stops being a peer at once (sends go
 //! elsewhere, a pair serves a new peer) while its reader still takes in what the peer sent
-//! before its end, so between ferromq peers, within the drain's bound, a pair drops nothing its
-//! peer counted as written.
+//! before its end, so between ferromq peers (within the drain's bound, and except for a pair
+//! over tcp that reads nothing, above) a pair drops nothing its peer counted as written.
 //!
 //! Cancellation: a cancelled `close` leaves a receiver draining (no connections, an unbounded
 //! inbox); a second `close` drains and counts again. In ferromq only an abort of a device's
