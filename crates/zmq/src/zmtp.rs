@@ -214,6 +214,13 @@ impl Decoder {
     }
 
     /// The peer's 64-byte greeting, once it is all there (it comes before any frame).
+    /// Whether a large body is being read and is not whole yet.
+    pub(crate) fn in_large_body(&self) -> bool {
+        self.large
+            .as_ref()
+            .is_some_and(|large| large.filled < large.message.len())
+    }
+
     pub(crate) fn take_greeting(&mut self) -> Option<[u8; 64]> {
         if self.buffer.len() < 64 {
             return None;

@@ -38,8 +38,9 @@
 //!   peer's reader). A peer that neither sends nor ends for [`ANSWER_WITHIN`] (a stopped
 //!   process) gets `SHUT_RD` as below. Nor is a pair told whose own inbox is full while it
 //!   goes on sending: its window closed, this side's end of writing waits behind what this
-//!   side wrote. This side reads what comes until the drain's bound, and the socket's end
-//!   then (a reset, unread bytes still arriving) loses what either side had in flight,
+//!   side wrote. This side reads what comes until more came than a peer that stopped can have
+//!   had under way ([`MOST_AFTER_TELLING`]), or the drain's bound, then shuts its reading; the
+//!   socket's end (a reset, unread bytes still arriving) loses what either side had in flight,
 //!   uncounted (TCP can tell nothing to a peer that reads nothing);
 //! - a libzmq or FairMQ peer over tcp gets `SHUT_RD` and is not told: what it writes after the
 //!   last read goes with the connection.
@@ -119,6 +120,13 @@ const MAX_SLICES: usize = 512;
 /// that brought bytes, before it shuts its reading instead: a live peer's writer stops before
 /// its next batch; a stopped process never answers.
 const ANSWER_WITHIN: Duration = Duration::from_millis(500);
+/// Beyond four times the connection's kernel buffers, the bytes a closing receiver reads from
+/// a ferromq peer over tcp after telling it to stop before it shuts its reading instead
+/// (looked at between large bodies only). A peer that stopped sends at most what the kernel
+/// buffers held and the batch it was writing; one that goes on past the bound never saw the
+/// telling (a pair whose own inbox is full), and reading on would only grow the inbox until
+/// the drain's bound.
+const MOST_AFTER_TELLING: usize = 64 << 20;
 /// How long a peer has to complete its handshake (libzmq's default handshake interval).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Reconnection back-off of a connecting socket.
@@ -170,6 +178,19 @@ impl Stream {
 
     fn is_tcp(&self) -> bool {
         matches!(self, Stream::Tcp(_))
+    }
+
+    /// This side's kernel buffers, send and receive, in bytes (0 where they cannot be read).
+    fn kernel_buffer_bytes(&self) -> usize {
+        use nix::sys::socket::{getsockopt, sockopt};
+        use std::os::fd::AsFd;
+        let fd = match self {
+            Stream::Tcp(stream) => stream.as_fd(),
+            Stream::Unix(stream) => stream.as_fd(),
+        };
+        let send = getsockopt(&fd, sockopt::SndBuf).unwrap_or(0);
+        let receive = getsockopt(&fd, sockopt::RcvBuf).unwrap_or(0);
+        send.saturating_add(receive)
     }
 
     /// Whether the peer shut its writing or closed (`POLLRDHUP`, `POLLHUP`, `POLLERR`), with
@@ -1598,6 +1619,10 @@ struct Stopping {
     /// Since when the reader waits for the end of a ferromq peer over tcp that it told to stop
     /// (by shutting its own writing): the telling, then each read that brought bytes.
     waiting_since: Option<Instant>,
+    /// Bytes read since that telling, and how many may come (`MOST_AFTER_TELLING` and the
+    /// kernel buffers).
+    read_since_telling: usize,
+    most_after_telling: usize,
     /// This side's reading was shut (`SHUT_RD`).
     read_shut: bool,
 }
@@ -1619,7 +1644,8 @@ impl Connection {
     /// A closing receiver's connection ([`Shared::draining`]) first stops the peer's writes,
     /// then reads up to the end what came before (see the module's docs): over a unix stream
     /// by `SHUT_RD`; over tcp, a ferromq peer by `SHUT_WR`, then `SHUT_RD` once nothing came
-    /// for [`ANSWER_WITHIN`] without its end; another tcp peer by `SHUT_RD` at once.
+    /// for [`ANSWER_WITHIN`] without its end, or more came than a peer that stopped can have had
+    /// under way ([`MOST_AFTER_TELLING`]); another tcp peer by `SHUT_RD` at once.
     async fn read_more(
         &self,
         shared: &Shared,
@@ -1633,6 +1659,8 @@ impl Connection {
                 if stream.is_tcp() && self.peer_is_ferromq {
                     stream.shutdown_write();
                     stopping.waiting_since = Some(Instant::now());
+                    stopping.most_after_telling =
+                        MOST_AFTER_TELLING.saturating_add(4 * stream.kernel_buffer_bytes());
                 } else {
                     stream.shutdown_read();
                     stopping.read_shut = true;
@@ -1657,10 +1685,18 @@ impl Connection {
             match stream.try_read_decoder(decoder) {
                 Ok(0) if draining => return Err("the socket closed".to_owned()),
                 Ok(0) => return Err("the peer closed its end".to_owned()),
-                Ok(_) => {
+                Ok(n_read) => {
                     if answer_by.is_some() {
-                        // The peer's end comes after what it wrote: still coming.
+                        // The peer's end comes after what it wrote: still coming, unless more
+                        // comes than a peer that stopped can have had under way.
                         stopping.waiting_since = Some(Instant::now());
+                        stopping.read_since_telling += n_read;
+                        if stopping.read_since_telling > stopping.most_after_telling
+                            && !decoder.in_large_body()
+                        {
+                            stream.shutdown_read();
+                            stopping.read_shut = true;
+                        }
                     }
                     return Ok(());
                 }
