@@ -719,18 +719,7 @@ mod tests {
                 sender_and_receiver(&address, (SocketType::Pair, SocketType::Pair), 10).await;
             // The second never receives; it sends until the first is done.
             let done = Arc::new(AtomicBool::new(false));
-            let streaming = tokio::spawn({
-                let done = Arc::clone(&done);
-                async move {
-                    let mut second = second;
-                    while !done.load(Ordering::SeqCst) {
-                        let _ = second
-                            .send_unboxed(one_part(2, 1024), Some(Duration::from_millis(20)))
-                            .await;
-                    }
-                    second
-                }
-            });
+            let streaming = send_until(second, Arc::clone(&done));
             // 200 MB: far more than the kernel's buffers, the queue and an inbox of 10 hold.
             const MOST: u64 = 200_000;
             let (mut first, n_sent) = fill_at_most(first, MOST).await;
@@ -766,18 +755,7 @@ mod tests {
         )
         .await;
         let done = Arc::new(AtomicBool::new(false));
-        let streaming = tokio::spawn({
-            let done = Arc::clone(&done);
-            async move {
-                let mut second = second;
-                while !done.load(Ordering::SeqCst) {
-                    let _ = second
-                        .send_unboxed(one_part(2, 1024), Some(Duration::from_millis(20)))
-                        .await;
-                }
-                second
-            }
-        });
+        let streaming = send_until(second, Arc::clone(&done));
         let (mut first, _) = fill(first).await;
         let started = tokio::time::Instant::now();
         let closed =
@@ -818,6 +796,22 @@ mod tests {
             "{address}: sent {first_sent} and {second_sent}, lost by the first {first_lost}, \
              by the second {second_lost}"
         );
+    }
+
+    /// A task sending messages of 1 KiB on `socket` (each send waiting at most 20 ms) until
+    /// `done`; it hands the socket back.
+    fn send_until(
+        mut socket: ZmqSocket,
+        done: Arc<AtomicBool>,
+    ) -> tokio::task::JoinHandle<ZmqSocket> {
+        tokio::spawn(async move {
+            while !done.load(Ordering::SeqCst) {
+                let _ = socket
+                    .send_unboxed(one_part(2, 1024), Some(Duration::from_millis(20)))
+                    .await;
+            }
+            socket
+        })
     }
 
     /// Sends messages of 1 KiB until a send waits 50 ms (its queue, the kernel's buffers and
