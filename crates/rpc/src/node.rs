@@ -659,16 +659,9 @@ impl Rpc {
     /// [`CallError::Stopped`] once a shutdown gave calls up.
     pub async fn flush(&self) -> Result<(), CallError> {
         let deadline = Instant::now() + self.node.options.timeout;
-        // Every outlet is sealed at the first poll and waited for side by side (a flush
-        // waiting on one before sealing the next left the next's frames held for as long as
-        // the first took): the first failure in member order is the answer.
-        let outcomes = futures::future::join_all(
-            self.node
-                .outlets
-                .iter()
-                .map(|outlet| outlet.flush(deadline)),
-        )
-        .await;
+        // Side by side (a flush waiting on one before sealing the next left the next's frames
+        // held for as long as the first took): the first failure in member order is the answer.
+        let outcomes = self.node.flush_outlets(deadline).await;
         let mut first_failure = None;
         for (outlet, outcome) in self.node.outlets.iter().zip(outcomes) {
             let failure = match outcome {
@@ -721,14 +714,7 @@ impl Rpc {
     /// dropped and how many; or a channel's close error.
     pub async fn shutdown_within(&self, limit: Duration) -> ferromq_core::Result<()> {
         let deadline = Instant::now() + limit;
-        // Side by side, as `flush`: a destination that takes nothing holds back no other's.
-        futures::future::join_all(
-            self.node
-                .outlets
-                .iter()
-                .map(|outlet| outlet.flush(deadline)),
-        )
-        .await;
+        self.node.flush_outlets(deadline).await;
         self.node
             .outlets
             .iter()
@@ -1323,6 +1309,12 @@ impl Node {
                 buffer,
             ),
         }
+    }
+
+    /// Flushes every outlet side by side, each until `deadline`: one that takes nothing holds
+    /// back neither another's frames nor its time. How each ended, in member order.
+    async fn flush_outlets(&self, deadline: Instant) -> Vec<Flushed> {
+        futures::future::join_all(self.outlets.iter().map(|outlet| outlet.flush(deadline))).await
     }
 
     /// What a call of `handler` to `dest` that will not leave fails with, for `cause` as an

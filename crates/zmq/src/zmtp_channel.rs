@@ -139,6 +139,15 @@ enum Stream {
     Unix(tokio::net::UnixStream),
 }
 
+impl std::os::fd::AsFd for Stream {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Stream::Tcp(stream) => stream.as_fd(),
+            Stream::Unix(stream) => stream.as_fd(),
+        }
+    }
+}
+
 impl Stream {
     async fn writable(&self) -> std::io::Result<()> {
         match self {
@@ -183,13 +192,8 @@ impl Stream {
     /// This side's kernel buffers, send and receive, in bytes (0 where they cannot be read).
     fn kernel_buffer_bytes(&self) -> usize {
         use nix::sys::socket::{getsockopt, sockopt};
-        use std::os::fd::AsFd;
-        let fd = match self {
-            Stream::Tcp(stream) => stream.as_fd(),
-            Stream::Unix(stream) => stream.as_fd(),
-        };
-        let send = getsockopt(&fd, sockopt::SndBuf).unwrap_or(0);
-        let receive = getsockopt(&fd, sockopt::RcvBuf).unwrap_or(0);
+        let send = getsockopt(self, sockopt::SndBuf).unwrap_or(0);
+        let receive = getsockopt(self, sockopt::RcvBuf).unwrap_or(0);
         send.saturating_add(receive)
     }
 
@@ -198,12 +202,8 @@ impl Stream {
     fn peer_hung_up(&self) -> bool {
         use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
         use std::os::fd::AsFd;
-        let fd = match self {
-            Stream::Tcp(stream) => stream.as_fd(),
-            Stream::Unix(stream) => stream.as_fd(),
-        };
         let rdhup = PollFlags::from_bits_retain(nix::libc::POLLRDHUP);
-        let mut fds = [PollFd::new(fd, rdhup)];
+        let mut fds = [PollFd::new(self.as_fd(), rdhup)];
         match poll(&mut fds, PollTimeout::ZERO) {
             Ok(n_ready) if n_ready > 0 => fds[0].revents().is_some_and(|revents| {
                 revents.intersects(rdhup | PollFlags::POLLHUP | PollFlags::POLLERR)
@@ -225,13 +225,9 @@ impl Stream {
     }
 
     fn shutdown(&self, how: nix::sys::socket::Shutdown) {
-        use std::os::fd::AsRawFd;
-        let fd = match self {
-            Stream::Tcp(stream) => stream.as_raw_fd(),
-            Stream::Unix(stream) => stream.as_raw_fd(),
-        };
+        use std::os::fd::{AsFd, AsRawFd};
         // A connection that ended already has nothing more to stop.
-        let _ = nix::sys::socket::shutdown(fd, how);
+        let _ = nix::sys::socket::shutdown(self.as_fd().as_raw_fd(), how);
     }
 
     async fn readable(&self) -> std::io::Result<()> {

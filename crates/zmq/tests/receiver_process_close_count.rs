@@ -44,6 +44,29 @@ fn n_undelivered(closed: Result<(), Error>) -> u64 {
     }
 }
 
+/// This test binary, to run test `test_name` alone in `role` against `address`; killed when
+/// dropped, its stderr the test's.
+fn role_process(test_name: &str, role: &str, address: &str) -> Command {
+    let mut command = Command::new(std::env::current_exe().expect("the test binary"));
+    command
+        .args(["--exact", test_name, "--nocapture", "--test-threads", "1"])
+        .env(ROLE_VAR, role)
+        .env(ADDRESS_VAR, address)
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    command
+}
+
+/// Takes `n` messages from `pull`, each within the step.
+async fn take(pull: &mut Channel, n: u64) {
+    for _ in 0..n {
+        tokio::time::timeout(STEP, pull.receive())
+            .await
+            .expect("a message within the step")
+            .expect("receive");
+    }
+}
+
 /// The child of the stopped-push test: connects a push and sends 1-KiB messages until it is
 /// killed.
 async fn push_role(address: &str) {
@@ -63,12 +86,7 @@ async fn pull_role(address: &str) {
         .await
         .expect("reading stdin")
         .expect("the parent's go");
-    for _ in 0..N_TAKEN {
-        tokio::time::timeout(STEP, pull.receive())
-            .await
-            .expect("a message within the step")
-            .expect("receive");
-    }
+    take(&mut pull, N_TAKEN).await;
     let unread = n_undelivered(pull.close().await);
     println!("unread {unread}");
 }
@@ -83,14 +101,9 @@ async fn push_against_a_closing_pull_process(test_name: &str, address: &str) {
         return;
     }
     let mut push: Channel = support::open(config(SocketType::Push, Method::Bind, address)).await;
-    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
-        .args(["--exact", test_name, "--nocapture", "--test-threads", "1"])
-        .env(ROLE_VAR, "pull")
-        .env(ADDRESS_VAR, address)
+    let mut child = role_process(test_name, "pull", address)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
         .spawn()
         .expect("the pull's process");
     let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
@@ -142,9 +155,8 @@ fn free_tcp_port() -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pull_process_closing_mid_stream_over_tcp_accounts_for_every_accepted_message() {
-    // The child gets the parent's address through its environment.
-    let address = std::env::var(ADDRESS_VAR)
-        .unwrap_or_else(|_| format!("tcp://127.0.0.1:{}", free_tcp_port()));
+    // (The child takes the parent's address from its environment, not this one.)
+    let address = format!("tcp://127.0.0.1:{}", free_tcp_port());
     push_against_a_closing_pull_process(
         "a_pull_process_closing_mid_stream_over_tcp_accounts_for_every_accepted_message",
         &address,
@@ -155,16 +167,13 @@ async fn a_pull_process_closing_mid_stream_over_tcp_accounts_for_every_accepted_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pull_process_closing_mid_stream_over_ipc_accounts_for_every_accepted_message() {
     let path = std::env::temp_dir().join(format!("ferromq-close-count-{}.ipc", std::process::id()));
-    let address =
-        std::env::var(ADDRESS_VAR).unwrap_or_else(|_| format!("ipc://{}", path.display()));
+    let address = format!("ipc://{}", path.display());
     push_against_a_closing_pull_process(
         "a_pull_process_closing_mid_stream_over_ipc_accounts_for_every_accepted_message",
         &address,
     )
     .await;
-    if std::env::var(ROLE_VAR).is_err() {
-        let _ = std::fs::remove_file(&path);
-    }
+    let _ = std::fs::remove_file(&path);
 }
 
 /// A pull closing over tcp while its push (another process) is stopped, so that it never
@@ -183,22 +192,12 @@ async fn a_pull_closing_over_tcp_while_its_push_process_is_stopped_ends_without_
     let mut pull_config = config(SocketType::Pull, Method::Bind, &address);
     pull_config.linger = 30_000;
     let mut pull = support::open(pull_config).await;
-    let child = Command::new(std::env::current_exe().expect("the test binary"))
-        .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
-        .env(ROLE_VAR, "push")
-        .env(ADDRESS_VAR, &address)
+    let child = role_process(NAME, "push", &address)
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
         .spawn()
         .expect("the push's process");
     let pid = nix::unistd::Pid::from_raw(child.id().expect("running") as i32);
-    for _ in 0..N_TAKEN {
-        tokio::time::timeout(STEP, pull.receive())
-            .await
-            .expect("a message within the step")
-            .expect("receive");
-    }
+    take(&mut pull, N_TAKEN).await;
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("stopping the push");
     let started = tokio::time::Instant::now();
     let closed = tokio::time::timeout(STEP, pull.close()).await;
