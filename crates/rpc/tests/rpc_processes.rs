@@ -636,6 +636,19 @@ async fn run_member() -> Result<()> {
     Ok(())
 }
 
+/// Stops member 1 (SIGSTOP; a failure after leaves it stopped, and the group's drop kills it)
+/// and queues calls 0..20 000 to it, more than the transport holds, so that frames wait in its
+/// outlet too: its pid, and the caller that queues when full.
+async fn stop_behind_queued_calls(group: &Group) -> Result<(Pid, Rpc)> {
+    let stopped = group.process(1)?.pid();
+    kill(stopped, Signal::SIGSTOP)?;
+    let queue = group.rpc.clone().with_when_full(WhenFull::Queue);
+    for next in 0..20_000u64 {
+        queue.call::<Append>(1, &next).await?;
+    }
+    Ok((stopped, queue))
+}
+
 /// A shutdown with a limit while its destination takes nothing (stopped) ends by the limit: it
 /// closes the channel to it, its linger cut to what is left, and reports what was not
 /// delivered in frames, naming the channel. It used to abort the outlet's task at the limit,
@@ -663,12 +676,7 @@ fn shutdown_with_a_stalled_destination(kind: Kind) -> Result<(), Failed> {
                 .await?;
                 let rpc = group.rpc.clone();
                 ensure!(rpc.call_return::<Add>(1, &(1, 2)).await? == 3);
-                kill(group.process(1)?.pid(), Signal::SIGSTOP)?;
-                // More calls than the transport holds: frames wait in the outlet too.
-                let queue = rpc.clone().with_when_full(WhenFull::Queue);
-                for next in 0..20_000u64 {
-                    queue.call::<Append>(1, &next).await?;
-                }
+                let (_, queue) = stop_behind_queued_calls(&group).await?;
                 // A caller waiting for its call to leave: the shutdown gives it up.
                 let left = queue
                     .to(1)
@@ -752,14 +760,7 @@ async fn flush_with_a_stalled_destination(kind: Kind) -> Result<()> {
     for dest in [1, 2] {
         ensure!(flushed_return(&rpc, rpc.call_return::<Add>(dest, &(1, 2))).await? == 3);
     }
-    let stopped = group.process(1)?.pid();
-    // A failure below leaves it stopped: the group's drop kills it.
-    kill(stopped, Signal::SIGSTOP)?;
-    // More calls than the transport holds: member 1's frames wait in its outlet.
-    let queue = rpc.clone().with_when_full(WhenFull::Queue);
-    for next in 0..20_000u64 {
-        queue.call::<Append>(1, &next).await?;
-    }
+    let (stopped, _) = stop_behind_queued_calls(&group).await?;
     let consumed = rpc
         .to(2)
         .confirm(Confirm::Consumed)
