@@ -737,11 +737,35 @@ impl Shared {
         Some(batch)
     }
 
-    /// The first `n_written` messages of a batch `writer` held were written; the rest go back
-    /// to the front of the queue (a pub's: of the writer's subscriber), in order.
-    fn settle(&self, writer: &Arc<Notify>, mut batch: Vec<Frames>, n_written: usize) {
-        let n_held = batch.len();
-        let unwritten = batch.split_off(n_written.min(n_held));
+    /// `n_more` more messages of the batch `writer` holds were written whole while the rest
+    /// of it is still being written: they stop counting as held now, so that what a process
+    /// that exits at this moment loses (`State::unwritten`) is exact, not the whole batch.
+    fn wrote_part_of_batch(&self, writer: &Arc<Notify>, n_more: usize) {
+        {
+            let mut state = self.state();
+            state.held -= n_more;
+            if self.pattern == Pattern::Pub
+                && let Some(subscriber) = state.subscriber(writer)
+            {
+                subscriber.held -= n_more;
+            }
+            self.publish(&state);
+        }
+        self.progress.notify_waiters();
+    }
+
+    /// The first `n_written` messages of a batch `writer` held were written, `n_counted` of
+    /// them counted already ([`Shared::wrote_part_of_batch`]); the rest go back to the front
+    /// of the queue (a pub's: of the writer's subscriber), in order.
+    fn settle(
+        &self,
+        writer: &Arc<Notify>,
+        mut batch: Vec<Frames>,
+        n_written: usize,
+        n_counted: usize,
+    ) {
+        let n_held = batch.len() - n_counted;
+        let unwritten = batch.split_off(n_written.min(batch.len()));
         let put_back = !unwritten.is_empty();
         {
             let mut state = self.state();
@@ -1150,8 +1174,8 @@ impl ZmtpChannel {
         self.batch.len() + self.shared.inbox.len()
     }
 
-    /// What a drop now would lose: messages accepted and not written (queued, or in a batch a
-    /// writer holds, whose first messages may be written already: an upper bound), and (a
+    /// What a drop now would lose: messages accepted and not written whole (queued, or in a
+    /// batch a writer holds, less what it wrote of it so far), and (a
     /// pull or pair that counts them) messages that reached it and were not taken. Those still
     /// in the kernel's buffers of its connections are not known here.
     pub(crate) fn lost_at_drop(&self) -> (usize, usize) {
@@ -1929,13 +1953,19 @@ async fn write_until_gone(shared: &Shared, connection: &Connection, stream: &Str
         // A peer that closed since the last look gets nothing more: the batch goes back, and
         // the connection ends once the reader took in what the peer sent before its end.
         if connection.peer_closed(stream) {
-            shared.settle(writer, batch, 0);
+            shared.settle(writer, batch, 0, 0);
             return connection.stop_being_a_peer(shared, stream).await;
         }
         let mut replies = connection.take_replies();
-        let (n_written, failed) = write_batch(connection, stream, &batch, &mut replies).await;
+        let mut n_counted = 0;
+        let (n_written, failed) =
+            write_batch(connection, stream, &batch, &mut replies, |n_whole| {
+                shared.wrote_part_of_batch(writer, n_whole - n_counted);
+                n_counted = n_whole;
+            })
+            .await;
         tracing::trace!(channel = %shared.label, n_written, "wrote a batch");
-        shared.settle(writer, batch, n_written);
+        shared.settle(writer, batch, n_written, n_counted);
         if failed.is_some() {
             return connection.stop_being_a_peer(shared, stream).await;
         }
@@ -1944,12 +1974,15 @@ async fn write_until_gone(shared: &Shared, connection: &Connection, stream: &Str
 
 /// Writes `batch` (after any pending `replies`) with vectored writes: frame headers and small
 /// bodies are gathered in one buffer, larger bodies go out from their own `Bytes`. How many
-/// messages were written whole, and the error that stopped it.
+/// messages were written whole, and the error that stopped it. A write that leaves the batch
+/// unfinished with more messages whole than before tells `wrote_whole` how many are whole now
+/// (a writer that waits for room with part of its batch in the kernel).
 async fn write_batch(
     connection: &Connection,
     stream: &Stream,
     batch: &[Frames],
     replies: &mut Vec<u8>,
+    mut wrote_whole: impl FnMut(usize),
 ) -> (usize, Option<std::io::Error>) {
     /// A stretch of the gathered buffer, or frame `.1` of message `.0` as it is.
     enum Piece {
@@ -2004,8 +2037,15 @@ async fn write_batch(
                 return (n_whole, Some(std::io::ErrorKind::WriteZero.into()));
             }
             Ok(n) => {
+                let n_whole_before = ends.partition_point(|&end| end <= n_bytes_written);
                 n_bytes_written += n;
                 std::io::IoSlice::advance_slices(&mut rest, n);
+                if !rest.is_empty() {
+                    let n_whole = ends.partition_point(|&end| end <= n_bytes_written);
+                    if n_whole > n_whole_before {
+                        wrote_whole(n_whole);
+                    }
+                }
             }
             Err(error) => {
                 let n_whole = ends.partition_point(|&end| end <= n_bytes_written);
@@ -2271,7 +2311,7 @@ mod tests {
         // The healthy subscriber's writer takes its batch: it has room again.
         let batch = shared.take_batch(&healthy).expect("a1 is queued for it");
         assert_eq!(batch.len(), 1);
-        shared.settle(&healthy, batch, 1);
+        shared.settle(&healthy, batch, 1, 0);
         send(b"a2");
         let queued = |writer| {
             let mut state = shared.state();
