@@ -740,18 +740,18 @@ impl Shared {
     /// `n_more` more messages of the batch `writer` holds were written whole while the rest
     /// of it is still being written: they stop counting as held now, so that what a process
     /// that exits at this moment loses (`State::unwritten`) is exact, not the whole batch.
+    /// Nobody is woken: a sender waiting for room, and a close waiting for progress, are
+    /// woken by the batch's end as before (woken at every partial write, a sender behind a
+    /// slow reader would switch tasks per write instead of per batch).
     fn wrote_part_of_batch(&self, writer: &Arc<Notify>, n_more: usize) {
+        let mut state = self.state();
+        state.held -= n_more;
+        if self.pattern == Pattern::Pub
+            && let Some(subscriber) = state.subscriber(writer)
         {
-            let mut state = self.state();
-            state.held -= n_more;
-            if self.pattern == Pattern::Pub
-                && let Some(subscriber) = state.subscriber(writer)
-            {
-                subscriber.held -= n_more;
-            }
-            self.publish(&state);
+            subscriber.held -= n_more;
         }
-        self.progress.notify_waiters();
+        self.publish(&state);
     }
 
     /// The first `n_written` messages of a batch `writer` held were written, `n_counted` of
