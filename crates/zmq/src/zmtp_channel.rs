@@ -15,8 +15,11 @@
 //!   stopped gets nothing written;
 //! - what was written to the kernel is handed over (ARCHITECTURE.md's hand-over rule, as for any
 //!   transport): a receiver SIGKILLed later loses what sat in its socket buffer;
-//! - `send` waits while there is no peer or the queue plus the batches in writers' hands reach
-//!   `sndBufSize`; a cancelled send leaves nothing behind (the message is queued only by the
+//! - `send` waits while there is no peer or the queue plus what the batches in writers' hands
+//!   have not written whole reach `sndBufSize` (a writer whose vectored write finishes some
+//!   of its batch's messages counts them out at once, so what a process that exits then loses
+//!   is exact; a waiting `send` is woken at the batch's end); a cancelled send leaves nothing
+//!   behind (the message is queued only by the
 //!   call that returns `Ok`);
 //! - `close` waits, `linger` being a bound on silence, until nothing is queued or held, and
 //!   reports what is left as [`Error::Undelivered`]; the kernel delivers what was written
@@ -55,7 +58,7 @@
 //! RESETTING DEVICE cancels a close, and the runner then closes that channel again at END.
 //!
 //! A pub is the exception to the one queue: it never waits and gives each subscriber a queue of
-//! its own, bounded by `sndBufSize` (counting the batch in its writer's hands). `send` puts a
+//! its own, bounded by `sndBufSize` (counting what its writer's batch has not written whole). `send` puts a
 //! copy of the message's handles (the bytes are shared) in the queue of every subscriber whose
 //! topics match; a subscriber whose queue is full misses the message, counted in the socket's
 //! `SendFigures::dropped_for_slow_subscribers` (libzmq's PUB drops at a subscriber's high-water
@@ -77,8 +80,8 @@
 //! skipped and takes more when it is done (libzmq's round robin over peers with room).
 //!
 //! Cancellation and drop: the listeners, connectors and connections are tasks that end when
-//! the socket closes or is dropped; a write in progress then is abandoned, and its batch is
-//! counted as undelivered by `close`. One of the zeromq transport (tcp, ipc) dropped without a
+//! the socket closes or is dropped; a write in progress then is abandoned, and what its batch
+//! had not written whole is counted as undelivered by `close`. One of the zeromq transport (tcp, ipc) dropped without a
 //! close logs, as an error, what it loses: what `send` accepted and was not written (at most),
 //! and a pull's or pair's inbox and batch.
 
@@ -657,8 +660,8 @@ impl Shared {
     }
 
     /// A pub's message, to every subscriber whose topics match: a copy of the frames' handles
-    /// (the bytes are shared) into its queue, or, when that queue and its writer's hands hold
-    /// `snd_buf_size` already, nothing: the subscriber misses it, counted as a drop for a slow
+    /// (the bytes are shared) into its queue, or, when that queue and what its writer's batch
+    /// has not written whole hold `snd_buf_size` already, nothing: the subscriber misses it, counted as a drop for a slow
     /// subscriber. With no subscriber the message goes nowhere, as libzmq's PUB.
     fn fan_out(&self, state: &mut State, frames: &Frames, snd_buf_size: usize) {
         let first = frames.first().map_or(&[][..], |frame| &frame[..]);
@@ -2022,6 +2025,8 @@ async fn write_batch(
         .collect();
     let mut rest = &mut slices[..];
     let mut n_bytes_written = 0;
+    // Messages `wrote_whole` was told of.
+    let mut n_told = 0;
     while !rest.is_empty() {
         // Linux refuses more than IOV_MAX (1024) slices in one call.
         let n_slices = rest.len().min(MAX_SLICES);
@@ -2037,13 +2042,13 @@ async fn write_batch(
                 return (n_whole, Some(std::io::ErrorKind::WriteZero.into()));
             }
             Ok(n) => {
-                let n_whole_before = ends.partition_point(|&end| end <= n_bytes_written);
                 n_bytes_written += n;
                 std::io::IoSlice::advance_slices(&mut rest, n);
                 if !rest.is_empty() {
                     let n_whole = ends.partition_point(|&end| end <= n_bytes_written);
-                    if n_whole > n_whole_before {
+                    if n_whole > n_told {
                         wrote_whole(n_whole);
+                        n_told = n_whole;
                     }
                 }
             }
@@ -2059,6 +2064,117 @@ async fn write_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A batch the kernel takes a little at a time: each write that finishes messages of it
+    /// (and not the batch) tells how many are whole, counted from the first byte written, the
+    /// replies before the batch included, so that a writer's held count is exact.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_partial_write_tells_how_many_messages_of_its_batch_are_whole() {
+        use nix::sys::socket::{setsockopt, sockopt};
+        let (ours, theirs) = tokio::net::UnixStream::pair().expect("a socket pair");
+        setsockopt(&ours, sockopt::SndBuf, &4096).expect("SO_SNDBUF");
+        setsockopt(&theirs, sockopt::RcvBuf, &4096).expect("SO_RCVBUF");
+        let stream = Stream::Unix(ours);
+        let theirs = Arc::new(theirs);
+        let connection = Connection {
+            link: Arc::new(PeerLink {
+                writer: Arc::new(Notify::new()),
+                replies: Mutex::new(Vec::new()),
+                gone: false.into(),
+                read_everything: false.into(),
+                reader_done: Notify::new(),
+                peer_pid: None,
+            }),
+            ended: Mutex::new(None),
+            ending: AtomicBool::new(false),
+            peer_is_ferromq: false,
+            no_peer: Mutex::new(None),
+        };
+        // Small messages gathered with their headers, and two-part ones with a large body
+        // written from its own buffer.
+        let batch: Vec<Frames> = (0..64)
+            .map(|msg_idx| {
+                if msg_idx % 2 == 0 {
+                    Frames::from_iter([Bytes::from(vec![1; 300])])
+                } else {
+                    Frames::from_iter([Bytes::from(vec![2; 10]), Bytes::from(vec![3; 20_000])])
+                }
+            })
+            .collect();
+        let mut replies = vec![0_u8; 700];
+        // Where each message ends in the bytes written, the replies first.
+        let mut ends = Vec::new();
+        let mut at = replies.len();
+        for message in &batch {
+            for (frame_idx, frame) in message.iter().enumerate() {
+                let mut header = Vec::new();
+                zmtp::push_message_header(&mut header, frame_idx, message.len(), frame.len());
+                at += header.len() + frame.len();
+            }
+            ends.push(at);
+        }
+        let n_read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        // A read of the socket itself: tokio's `try_read` reads nothing before its reactor
+        // has seen the socket readable.
+        let read_what_is_there = |theirs: &tokio::net::UnixStream| {
+            use std::os::fd::AsRawFd;
+            let mut buffer = [0_u8; 1500];
+            let mut n_bytes = 0;
+            while let Ok(n) = nix::sys::socket::recv(
+                theirs.as_raw_fd(),
+                &mut buffer,
+                nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+            ) {
+                if n == 0 {
+                    break;
+                }
+                n_bytes += n;
+            }
+            n_bytes
+        };
+        // A slow reader: a little at each turn.
+        let reader = {
+            let (theirs, n_read) = (Arc::clone(&theirs), Arc::clone(&n_read));
+            let n_bytes = *ends.last().expect("messages");
+            tokio::spawn(async move {
+                let mut buffer = [0_u8; 1500];
+                while n_read.load(Ordering::Relaxed) < n_bytes {
+                    let _ = theirs.readable().await;
+                    if let Ok(n) = theirs.try_read(&mut buffer) {
+                        n_read.fetch_add(n, Ordering::Relaxed);
+                    }
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        let mut told = Vec::new();
+        let (n_written, failed) =
+            write_batch(&connection, &stream, &batch, &mut replies, |n_whole| {
+                // The writer is between two writes: everything it wrote is read or in the
+                // kernel's buffers, which this reads out.
+                let drained = read_what_is_there(&theirs);
+                told.push((
+                    n_whole,
+                    n_read.fetch_add(drained, Ordering::Relaxed) + drained,
+                ));
+            })
+            .await;
+        assert_eq!((n_written, failed.map(|error| error.kind())), (64, None));
+        reader.await.expect("the reader");
+        assert!(told.len() >= 5, "{told:?}");
+        for (n_whole, n_bytes) in &told {
+            assert_eq!(
+                *n_whole,
+                ends.partition_point(|&end| end <= *n_bytes),
+                "{told:?}"
+            );
+            assert!(*n_whole < batch.len(), "{told:?}");
+        }
+        assert!(
+            told.windows(2).all(|pair| pair[0].0 < pair[1].0),
+            "{told:?}"
+        );
+    }
 
     /// A connection's (send, receive) kernel buffer sizes.
     fn kernel_buffers(stream: &Stream) -> (usize, usize) {
