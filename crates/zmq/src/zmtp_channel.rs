@@ -17,10 +17,9 @@
 //!   transport): a receiver SIGKILLed later loses what sat in its socket buffer;
 //! - `send` waits while there is no peer or the queue plus what the batches in writers' hands
 //!   have not written whole reach `sndBufSize` (a writer whose vectored write finishes some
-//!   of its batch's messages counts them out at once, so what a process that exits then loses
-//!   is exact; a waiting `send` is woken at the batch's end); a cancelled send leaves nothing
-//!   behind (the message is queued only by the
-//!   call that returns `Ok`);
+//!   of its batch's messages counts them out at once, so that what a process that exits then
+//!   loses is exact, and wakes a waiting `send`); a cancelled send leaves nothing behind (the
+//!   message is queued only by the call that returns `Ok`);
 //! - `close` waits, `linger` being a bound on silence, until nothing is queued or held, and
 //!   reports what is left as [`Error::Undelivered`]; the kernel delivers what was written
 //!   after the process exits.
@@ -58,9 +57,10 @@
 //! RESETTING DEVICE cancels a close, and the runner then closes that channel again at END.
 //!
 //! A pub is the exception to the one queue: it never waits and gives each subscriber a queue of
-//! its own, bounded by `sndBufSize` (counting what its writer's batch has not written whole). `send` puts a
-//! copy of the message's handles (the bytes are shared) in the queue of every subscriber whose
-//! topics match; a subscriber whose queue is full misses the message, counted in the socket's
+//! its own, bounded by `sndBufSize` (counting what its writer's batch has not written whole).
+//! `send` puts a copy of the message's handles (the bytes are shared) in the queue of every
+//! subscriber whose topics match; a subscriber whose queue is full misses the message, counted
+//! in the socket's
 //! `SendFigures::dropped_for_slow_subscribers` (libzmq's PUB drops at a subscriber's high-water
 //! mark the same way), so one stalled subscriber holds back neither the publisher nor the other
 //! subscribers (zmq.rs's PUB queued 100 000 messages per subscriber and said nothing of what it
@@ -81,9 +81,10 @@
 //!
 //! Cancellation and drop: the listeners, connectors and connections are tasks that end when
 //! the socket closes or is dropped; a write in progress then is abandoned, and what its batch
-//! had not written whole is counted as undelivered by `close`. One of the zeromq transport (tcp, ipc) dropped without a
-//! close logs, as an error, what it loses: what `send` accepted and was not written (at most),
-//! and a pull's or pair's inbox and batch.
+//! had not written whole is counted as undelivered by `close`. One of the zeromq transport
+//! (tcp, ipc) dropped without a close logs, as an error, what it loses: what `send` accepted
+//! and was not written (at most: a writer may still write between the count and its stop), and
+//! a pull's or pair's inbox and batch.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -661,8 +662,8 @@ impl Shared {
 
     /// A pub's message, to every subscriber whose topics match: a copy of the frames' handles
     /// (the bytes are shared) into its queue, or, when that queue and what its writer's batch
-    /// has not written whole hold `snd_buf_size` already, nothing: the subscriber misses it, counted as a drop for a slow
-    /// subscriber. With no subscriber the message goes nowhere, as libzmq's PUB.
+    /// has not written whole hold `snd_buf_size` already, nothing: the subscriber misses it,
+    /// counted as a drop for a slow subscriber. With no subscriber the message goes nowhere, as libzmq's PUB.
     fn fan_out(&self, state: &mut State, frames: &Frames, snd_buf_size: usize) {
         let first = frames.first().map_or(&[][..], |frame| &frame[..]);
         let mut n_dropped = 0;
@@ -743,18 +744,21 @@ impl Shared {
     /// `n_more` more messages of the batch `writer` holds were written whole while the rest
     /// of it is still being written: they stop counting as held now, so that what a process
     /// that exits at this moment loses (`State::unwritten`) is exact, not the whole batch.
-    /// Nobody is woken: a sender waiting for room, and a close waiting for progress, are
-    /// woken by the batch's end as before (woken at every partial write, a sender behind a
-    /// slow reader would switch tasks per write instead of per batch).
+    /// A sender waiting for room is woken, as by a batch's end: the queue it waits on is what
+    /// `ferromq top` shows, and a sender that waited with fewer than `sndBufSize` messages
+    /// unwritten would contradict it (a stalled receiver's sender showed 47 of 50 and waited).
     fn wrote_part_of_batch(&self, writer: &Arc<Notify>, n_more: usize) {
-        let mut state = self.state();
-        state.held -= n_more;
-        if self.pattern == Pattern::Pub
-            && let Some(subscriber) = state.subscriber(writer)
         {
-            subscriber.held -= n_more;
+            let mut state = self.state();
+            state.held -= n_more;
+            if self.pattern == Pattern::Pub
+                && let Some(subscriber) = state.subscriber(writer)
+            {
+                subscriber.held -= n_more;
+            }
+            self.publish(&state);
         }
-        self.publish(&state);
+        self.progress.notify_waiters();
     }
 
     /// The first `n_written` messages of a batch `writer` held were written, `n_counted` of
