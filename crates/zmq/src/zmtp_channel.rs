@@ -663,7 +663,8 @@ impl Shared {
     /// A pub's message, to every subscriber whose topics match: a copy of the frames' handles
     /// (the bytes are shared) into its queue, or, when that queue and what its writer's batch
     /// has not written whole hold `snd_buf_size` already, nothing: the subscriber misses it,
-    /// counted as a drop for a slow subscriber. With no subscriber the message goes nowhere, as libzmq's PUB.
+    /// counted as a drop for a slow subscriber. With no subscriber the message goes nowhere,
+    /// as libzmq's PUB.
     fn fan_out(&self, state: &mut State, frames: &Frames, snd_buf_size: usize) {
         let first = frames.first().map_or(&[][..], |frame| &frame[..]);
         let mut n_dropped = 0;
