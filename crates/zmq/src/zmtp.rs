@@ -213,7 +213,6 @@ impl Decoder {
         self.buffer.extend_from_slice(bytes);
     }
 
-    /// The peer's 64-byte greeting, once it is all there (it comes before any frame).
     /// Whether a large body is being read and is not whole yet.
     pub(crate) fn in_large_body(&self) -> bool {
         self.large
@@ -221,6 +220,7 @@ impl Decoder {
             .is_some_and(|large| large.filled < large.message.len())
     }
 
+    /// The peer's 64-byte greeting, once it is all there (it comes before any frame).
     pub(crate) fn take_greeting(&mut self) -> Option<[u8; 64]> {
         if self.buffer.len() < 64 {
             return None;

@@ -60,9 +60,8 @@
 //! its own, bounded by `sndBufSize` (counting what its writer's batch has not written whole).
 //! `send` puts a copy of the message's handles (the bytes are shared) in the queue of every
 //! subscriber whose topics match; a subscriber whose queue is full misses the message, counted
-//! in the socket's
-//! `SendFigures::dropped_for_slow_subscribers` (libzmq's PUB drops at a subscriber's high-water
-//! mark the same way), so one stalled subscriber holds back neither the publisher nor the other
+//! in the socket's `SendFigures::dropped_for_slow_subscribers` (libzmq's PUB drops at a
+//! subscriber's high-water mark the same way), so one stalled subscriber holds back neither the publisher nor the other
 //! subscribers (zmq.rs's PUB queued 100 000 messages per subscriber and said nothing of what it
 //! dropped; the `sndBufSize` wait put in front of it stopped everything instead). With no
 //! subscriber a message goes nowhere. What is queued for a subscriber goes with it when it
@@ -1420,20 +1419,12 @@ async fn serve(
         }
     }
     shared.progress.notify_waiters();
-    let connection = Connection {
-        link: Arc::new(PeerLink {
-            writer,
-            replies: Mutex::new(Vec::new()),
-            gone: false.into(),
-            read_everything: false.into(),
-            reader_done: Notify::new(),
-            peer_pid,
-        }),
-        ended: Mutex::new(None),
-        ending: AtomicBool::new(false),
-        peer_is_ferromq: crate::handshake::is_ferromq(&peer.identity),
-        no_peer: Mutex::new(no_peer),
-    };
+    let connection = Connection::new(
+        writer,
+        peer_pid,
+        crate::handshake::is_ferromq(&peer.identity),
+        no_peer,
+    );
     if shared.report_peers {
         let mut state = shared.state();
         state
@@ -1656,6 +1647,30 @@ struct Stopping {
 }
 
 impl Connection {
+    /// A connection through its handshake, not ended: its writer's wake-up, the process and
+    /// whether ferromq is its peer (from the handshake), and what to tell once it is no peer.
+    fn new(
+        writer: Arc<Notify>,
+        peer_pid: Option<u32>,
+        peer_is_ferromq: bool,
+        no_peer: Option<tokio::sync::oneshot::Sender<()>>,
+    ) -> Connection {
+        Connection {
+            link: Arc::new(PeerLink {
+                writer,
+                replies: Mutex::new(Vec::new()),
+                gone: false.into(),
+                read_everything: false.into(),
+                reader_done: Notify::new(),
+                peer_pid,
+            }),
+            ended: Mutex::new(None),
+            ending: AtomicBool::new(false),
+            peer_is_ferromq,
+            no_peer: Mutex::new(no_peer),
+        }
+    }
+
     /// Looks, reading nothing, whether the peer closed its end or shut its writing: a write to
     /// a connection whose peer is gone succeeds and is lost, and a ferromq peer over tcp that
     /// shut its writing is closing and wants nothing more ([`Connection::read_more`]). The
@@ -2081,20 +2096,7 @@ mod tests {
         setsockopt(&theirs, sockopt::RcvBuf, &4096).expect("SO_RCVBUF");
         let stream = Stream::Unix(ours);
         let theirs = Arc::new(theirs);
-        let connection = Connection {
-            link: Arc::new(PeerLink {
-                writer: Arc::new(Notify::new()),
-                replies: Mutex::new(Vec::new()),
-                gone: false.into(),
-                read_everything: false.into(),
-                reader_done: Notify::new(),
-                peer_pid: None,
-            }),
-            ended: Mutex::new(None),
-            ending: AtomicBool::new(false),
-            peer_is_ferromq: false,
-            no_peer: Mutex::new(None),
-        };
+        let connection = Connection::new(Arc::new(Notify::new()), None, false, None);
         // Small messages gathered with their headers, and two-part ones with a large body
         // written from its own buffer.
         let batch: Vec<Frames> = (0..64)
