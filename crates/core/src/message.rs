@@ -233,6 +233,20 @@ impl Message {
         }
     }
 
+    /// [`Message::data_mut`] lent to `write`: the same bytes, with one look at whether lent
+    /// memory is writable where `data_mut` takes two (a shared-memory block answers it from
+    /// its reference count, behind a dynamic call: for a caller that writes many small records
+    /// into one message, the two looks were a sixth of its time; perf, `ferromq bench rpc`).
+    pub fn with_data_mut<R>(&mut self, write: impl FnOnce(&mut [u8]) -> R) -> R {
+        let size = self.size;
+        if let Storage::Buffer(buffer) = &mut self.storage
+            && let Some(bytes) = buffer.0.as_bytes_mut()
+        {
+            return write(&mut bytes[..size]);
+        }
+        write(self.data_mut())
+    }
+
     fn make_unique(&mut self) {
         let copy = match &mut self.storage {
             Storage::Heap(_) | Storage::Unique(_) => return,
@@ -613,6 +627,53 @@ mod tests {
         assert_eq!(recycled(), 2, "a buffer taken out is the taker's");
         taken.recycle();
         assert_eq!(recycled(), 3);
+    }
+
+    /// A transport buffer its one holder may write.
+    struct Writable(Vec<u8>);
+
+    impl MessageBuffer for Writable {
+        fn as_bytes(&self) -> &[u8] {
+            &self.0
+        }
+        fn as_bytes_mut(&mut self) -> Option<&mut [u8]> {
+            Some(&mut self.0)
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+        fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+            self
+        }
+        fn transport_name(&self) -> &'static str {
+            "test"
+        }
+    }
+
+    #[test]
+    fn with_data_mut_writes_where_data_mut_would() {
+        // A writable buffer: in place.
+        let mut lent = Message::from_buffer(Box::new(Writable(vec![0; 8])));
+        let at = lent.data().as_ptr();
+        let seen = lent.with_data_mut(|bytes| {
+            bytes[0] = 1;
+            (bytes.as_ptr(), bytes.len())
+        });
+        assert_eq!(seen, (at, 8));
+        assert_eq!(lent.data()[0], 1);
+        // A read-only buffer: copied first, as `data_mut` does; the write lands in the copy.
+        let mut read_only = Message::from_buffer(ReadOnly::boxed(b"abc".to_vec()));
+        let at = read_only.data().as_ptr();
+        let seen = read_only.with_data_mut(|bytes| {
+            bytes[0] = b'x';
+            bytes.as_ptr()
+        });
+        assert_ne!(seen, at);
+        assert_eq!(read_only.data(), b"xbc");
+        // The heap: in place, only the message's bytes.
+        let mut heap = Message::from(vec![0u8; 16]);
+        heap.set_used_size(4).expect("4 of 16 bytes");
+        assert_eq!(heap.with_data_mut(|bytes| bytes.len()), 4);
     }
 
     #[test]
