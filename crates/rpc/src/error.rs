@@ -74,6 +74,14 @@ pub enum CallError {
     Stopped,
 }
 
+/// A boxed error ([`crate::CallWriter::call`]'s) taken out of its box, so that `?` works in a
+/// function that returns `Result<_, CallError>`.
+impl From<Box<CallError>> for CallError {
+    fn from(boxed: Box<CallError>) -> CallError {
+        *boxed
+    }
+}
+
 /// What went wrong at the destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RemoteFailure {

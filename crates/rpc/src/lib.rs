@@ -34,7 +34,8 @@
 //!   when its [`Ticket`] is done ([`Confirm`]: accepted, left, consumed).
 //! - Arguments and results are serde types (postcard), or [`Plain`] plain-old-data moved as
 //!   its bytes.
-//! - Calls from one member to another run in the order they were made.
+//! - Calls from one member to another run in the order they were made ([`CallWriter`]: its
+//!   own calls run in order; it is a sender of its own).
 //! - Handlers are async ([`Handlers::on`]) or synchronous ([`Handlers::on_sync`]: no future per
 //!   call; such a handler calls with [`Rpc::queue_call`]).
 //! - A missing handler, arguments that do not decode and a panicking handler come back to the
@@ -46,7 +47,8 @@
 //! In a device, [`join`] starts a member of a group declared in the topology (`[[rpc]]`).
 //!
 //! Module map: `wire.rs` (the frame), `handlers.rs` (procedures and the handler table),
-//! `outlet.rs` (aggregation and sending to one destination), `node.rs` (the member: calls,
+//! `outlet.rs` (aggregation and sending to one destination), `writer.rs` ([`CallWriter`]: one
+//! caller's `trad` calls in a frame of its own, no lock per call), `node.rs` (the member: calls,
 //! pending results, the dispatcher, broadcast trees), `group.rs` (joining a topology's group).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -58,6 +60,7 @@ mod node;
 mod outlet;
 mod plain;
 mod wire;
+mod writer;
 
 pub use error::{CallError, Refused, RemoteFailure};
 pub use group::{GROUP_KEYS, JoinError, join, join_with, options_from_properties};
@@ -69,6 +72,7 @@ pub use node::{
 pub use outlet::Aggregation;
 pub use plain::Plain;
 pub use wire::{Status, WireError};
+pub use writer::CallWriter;
 
 /// Entry points for `ferromq-fuzz` (crates/fuzz): the frame reader, reachable from outside the
 /// crate. Not part of the API.

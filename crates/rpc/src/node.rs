@@ -46,6 +46,7 @@ use crate::outlet::{
     Aggregation, Counts, Flushed, Outlet, OutletConfig, Payload, Rejection, SHUT_DOWN, Sink,
 };
 use crate::wire::{self, FrameReader, RecordHead, Status};
+use crate::writer::CallWriter;
 
 /// How long [`Rpc::shutdown_within`] waits past its limit for the channels' closes (the
 /// inbound's comes once the outlets ended) before it drops a channel unclosed.
@@ -301,6 +302,20 @@ impl Drop for Node {
     }
 }
 
+/// What [`Rpc::call_at_once`] did with a call. Small (the error boxed), so that it comes back
+/// in registers: a `Result<(), CallError>` came back through the caller's stack, and reading it
+/// there waited on the narrow stores that wrote it (perf, `ferromq bench rpc --shared-frame`).
+pub(crate) enum AtOnce {
+    /// The outlet took it.
+    Taken,
+    /// The outlet is full, or the destination is unknown: the builder waits (or queues) as
+    /// the node's policy says, or names the unknown destination.
+    Wait,
+    /// Refused for good (the channel failed, the node shut down, the arguments did not
+    /// serialise).
+    Refused(Box<CallError>),
+}
+
 /// A member of an rpc group; cheap to clone (all clones are the same member).
 #[derive(Clone)]
 pub struct Rpc {
@@ -526,19 +541,79 @@ impl Rpc {
     /// # Errors
     /// [`CallError`] when `dest` is unknown or unreachable, or full for the whole timeout.
     pub async fn call<P: Procedure>(&self, dest: usize, args: &P::Args) -> Result<(), CallError> {
-        // A call the outlet takes at once needs no ticket and no waiting: written here, without
-        // the builder's future (a third of a streaming caller's time).
+        match self.call_at_once::<P>(dest, args) {
+            AtOnce::Taken => Ok(()),
+            AtOnce::Refused(error) => Err(*error),
+            AtOnce::Wait => self.to(dest).call::<P>(args).await.map(drop),
+        }
+    }
+
+    /// The part of [`Rpc::call`] that does not wait. A call the outlet takes at once needs no
+    /// ticket and no waiting: written here, without the builder's future (a third of a
+    /// streaming caller's time). Shared with [`CallWriter::call`] as a function, not by calling
+    /// `Rpc::call`: a second caller of `Rpc::call::<P>` made the compiler stop inlining its
+    /// future into a streaming caller's loop, which then lost a fifth of its calls per second
+    /// (`ferromq bench rpc --mode trad --shared-frame`).
+    #[inline(always)]
+    pub(crate) fn call_at_once<P: Procedure>(&self, dest: usize, args: &P::Args) -> AtOnce {
         let bounded = self.when_full != WhenFull::Queue;
         match self.push_call(dest, P::id().0, &Payload::Encode(args), None, bounded) {
-            Some(Ok(())) => return Ok(()),
-            // Full: the builder waits (or queues) as the node's policy says; an unknown
-            // destination is the builder's to name.
-            Some(Err(Rejection::NoRoom { .. })) | None => {}
-            Some(Err(rejection)) => {
-                return Err(self.node.rejection_error(dest, P::NAME, rejection).0);
-            }
+            Some(Ok(())) => AtOnce::Taken,
+            Some(Err(Rejection::NoRoom { .. })) | None => AtOnce::Wait,
+            Some(Err(rejection)) => AtOnce::Refused(Box::new(
+                self.node.rejection_error(dest, P::NAME, rejection).0,
+            )),
         }
-        self.to(dest).call::<P>(args).await.map(drop)
+    }
+
+    /// A writer of calls to `dest` that holds them in a frame of its own, written without the
+    /// lock [`Rpc::call`] takes per call: for one caller streaming calls to one destination
+    /// that aggregates `trad` (see [`CallWriter`] for when its calls leave, and their order).
+    ///
+    /// # Errors
+    /// [`CallError::UnknownDestination`] when `dest` is not a member.
+    pub fn writer(&self, dest: usize) -> Result<CallWriter<'_>, CallError> {
+        let outlet = self
+            .node
+            .outlets
+            .get(dest)
+            .ok_or_else(|| self.unknown(dest))?;
+        Ok(CallWriter::new(self, dest, outlet))
+    }
+
+    /// The policy of this handle's calls when a destination is full.
+    pub(crate) fn when_full(&self) -> WhenFull {
+        self.when_full
+    }
+
+    /// How long a call waits for room or an answer.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.node.options.timeout
+    }
+
+    /// The error a call of `handler` to `dest` refused with `rejection` fails with.
+    pub(crate) fn refused(&self, dest: usize, handler: &str, rejection: Rejection) -> CallError {
+        self.node.rejection_error(dest, handler, rejection).0
+    }
+
+    /// Keeps a fire-and-forget call's failure for [`Rpc::take_failures`].
+    pub(crate) fn keep_failure(&self, error: CallError) {
+        self.node.keep_failure(error);
+    }
+
+    /// [`Rpc::flush`] for one destination.
+    pub(crate) async fn flush_one(&self, dest: usize) -> Result<(), CallError> {
+        let outlet = &self.node.outlets[dest];
+        let deadline = Instant::now() + self.node.options.timeout;
+        match outlet.flush(deadline).await {
+            Flushed::Drained => Ok(()),
+            Flushed::TimedOut => Err(CallError::Timeout {
+                destination: self.node.names[dest].clone(),
+                handler: "flush".to_owned(),
+                after: self.node.options.timeout,
+            }),
+            Flushed::NotSent(cause) => Err(self.node.not_sent_error(dest, "flush", cause)),
+        }
     }
 
     /// Queues a call of `P` to `dest` without waiting (unbounded, in order: [`WhenFull::Queue`]),
@@ -1714,6 +1789,16 @@ impl Node {
         }
     }
 
+    /// Keeps a fire-and-forget call's failure for [`Rpc::take_failures`] (the latest
+    /// [`MAX_KEPT_FAILURES`]).
+    fn keep_failure(&self, error: CallError) {
+        let mut failures = lock(&self.failures);
+        if failures.len() == MAX_KEPT_FAILURES {
+            failures.pop_front();
+        }
+        failures.push_back(error);
+    }
+
     /// Counts an acknowledgement; true when it completed the last call waiting for anything
     /// (see `complete_result`).
     fn complete_ack(&self, from: usize, head: RecordHead, payload: &[u8]) -> bool {
@@ -1722,11 +1807,7 @@ impl Node {
             if head.status != Status::Ok {
                 let error = self.remote_error(from, "", head.status, payload);
                 tracing::warn!(%error, "an rpc call failed at its destination");
-                let mut failures = lock(&self.failures);
-                if failures.len() == MAX_KEPT_FAILURES {
-                    failures.pop_front();
-                }
-                failures.push_back(error);
+                self.keep_failure(error);
             }
             return false;
         }

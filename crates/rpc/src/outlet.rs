@@ -320,6 +320,153 @@ impl Frame {
     }
 }
 
+/// A frame that one [`crate::CallWriter`] fills alone, without the outlet's lock, and hands
+/// to the outlet whole ([`Outlet::hand_over`]). Made as a `trad` frame is (lent memory on
+/// shmem, so a call is serialised where the destination reads it).
+pub(crate) struct OwnFrame {
+    frame: Frame,
+    /// When its first record was written: `aggregate-us` counts from it.
+    since: Option<Instant>,
+}
+
+impl OwnFrame {
+    pub(crate) fn n_records(&self) -> u32 {
+        self.frame.n_records
+    }
+
+    /// When its first record was written.
+    pub(crate) fn since(&self) -> Option<Instant> {
+        self.since
+    }
+
+    /// Holds `frame_bytes` or more: it leaves as it is.
+    pub(crate) fn is_full(&self, frame_bytes: usize) -> bool {
+        self.frame.buf.len() >= frame_bytes
+    }
+
+    /// Appends a plain call with `args` (the short form after a call to the same handler).
+    /// `Ok(false)`: no room in the frame's lent memory, nothing written; an error: the
+    /// arguments did not serialise, nothing written. A call larger than an empty lent frame is
+    /// written into the heap instead, as [`Outlet::try_push`] does. The error is boxed so that
+    /// the outcome comes back in registers, not through the caller's stack (a wide read of
+    /// narrow stores, which waits for them; perf, `ferromq bench rpc --mode trad`).
+    #[inline]
+    pub(crate) fn append_call<T: Serialize + ?Sized>(
+        &mut self,
+        handler: u64,
+        args: &T,
+        me: u32,
+    ) -> Result<bool, Box<str>> {
+        // A call after one to the same handler, into lent memory: the stream's common case,
+        // written in place with one look at the memory's writability.
+        if self.frame.last_call.repeated_by_plain_call_to(handler)
+            && let FrameBuf::Lent { message, used } = &mut self.frame.buf
+        {
+            let at = *used;
+            if let Some(len) = message.with_data_mut(|data| write_short_call(data, at, args))? {
+                *used = at + len;
+                self.frame.n_records += 1;
+                return Ok(true);
+            }
+        }
+        self.append_call_slowly(handler, &Payload::Encode(args), me)
+    }
+
+    /// [`OwnFrame::append_call`] for every case.
+    fn append_call_slowly<T: Serialize + ?Sized>(
+        &mut self,
+        handler: u64,
+        payload: &Payload<'_, T>,
+        me: u32,
+    ) -> Result<bool, Box<str>> {
+        let head = RecordHead::call(handler, 0, 0);
+        let frame = &mut self.frame;
+        loop {
+            let head_at = frame.buf.len();
+            let repeat = frame.last_call.repeated_by(&head);
+            if frame.buf.append_record(&head, payload, repeat)? {
+                frame.last_call.saw(&head);
+                frame.n_records += 1;
+                if self.since.is_none() {
+                    self.since = Some(Instant::now());
+                }
+                return Ok(true);
+            }
+            frame.buf.truncate(head_at);
+            if frame.n_records > 0 {
+                return Ok(false);
+            }
+            // A heap frame always has room, so the next pass writes the record.
+            frame.buf = FrameBuf::Heap(wire::frame_header(me).to_vec());
+        }
+    }
+}
+
+/// Writes a short call record ([`wire::KIND_CALL_REPEAT`]) with `args` at `at`: its length, or
+/// `None` (nothing written that counts) when it does not fit, or its payload's length does not
+/// fit the short form.
+///
+/// A record of up to [`STAGED_RECORD`] bytes is put together on the stack and stored into the
+/// frame in one copy. postcard writes a byte at a time (an `[u8; 8]` is eight one-byte
+/// stores), and a frame's memory is a block the destination has just read: each of its cache
+/// lines must be taken back from the other core before a store to it completes, and eleven
+/// stores a call filled the core's store buffer before the next line arrived (perf, `ferromq
+/// bench rpc --mode trad --call-size 8` through a writer: three fifths of the write's samples
+/// on the store after the first byte of a line).
+fn write_short_call<T: Serialize + ?Sized>(
+    data: &mut [u8],
+    at: usize,
+    args: &T,
+) -> Result<Option<usize>, Box<str>> {
+    let Some(room) = data.get_mut(at..) else {
+        return Ok(None);
+    };
+    let mut staged = [0u8; STAGED_RECORD];
+    let (head, rest) = staged
+        .split_first_chunk_mut::<{ wire::REPEAT_HEAD_LEN }>()
+        .expect("a staged record holds a head");
+    let payload_len = match postcard::to_slice(args, rest) {
+        Ok(written) => written.len(),
+        // Larger than the stage: written in place.
+        Err(postcard::Error::SerializeBufferFull) => return write_short_call_in_place(room, args),
+        Err(error) => return Err(error.to_string().into()),
+    };
+    let len = wire::REPEAT_HEAD_LEN + payload_len;
+    let Some(target) = room.get_mut(..len) else {
+        return Ok(None);
+    };
+    let [len_0, len_1] = u16::try_from(payload_len)
+        .expect("a staged payload is short")
+        .to_le_bytes();
+    *head = [wire::KIND_CALL_REPEAT, len_0, len_1];
+    target.copy_from_slice(&staged[..len]);
+    Ok(Some(len))
+}
+
+/// The bytes a short call record is put together in before it is stored ([`write_short_call`]).
+const STAGED_RECORD: usize = 64;
+
+/// [`write_short_call`] serialising straight into `room`, for arguments larger than the stage.
+fn write_short_call_in_place<T: Serialize + ?Sized>(
+    room: &mut [u8],
+    args: &T,
+) -> Result<Option<usize>, Box<str>> {
+    let Some((head, rest)) = room.split_first_chunk_mut::<{ wire::REPEAT_HEAD_LEN }>() else {
+        return Ok(None);
+    };
+    let payload_len = match postcard::to_slice(args, rest) {
+        Ok(written) => written.len(),
+        Err(postcard::Error::SerializeBufferFull) => return Ok(None),
+        Err(error) => return Err(error.to_string().into()),
+    };
+    let Ok(short_len) = u16::try_from(payload_len) else {
+        return Ok(None);
+    };
+    let [len_0, len_1] = short_len.to_le_bytes();
+    *head = [wire::KIND_CALL_REPEAT, len_0, len_1];
+    Ok(Some(wire::REPEAT_HEAD_LEN + payload_len))
+}
+
 /// The tunables of an outlet (from `RpcOptions`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct OutletConfig {
@@ -400,6 +547,9 @@ pub(crate) struct Outlet {
     state: Mutex<State>,
     /// Records were pushed held ([`Outlet::try_push_held`]) and not yet released.
     held: AtomicBool,
+    /// The outlet refuses records (failed or closing): what a [`crate::CallWriter`] looks
+    /// at per call instead of taking the lock.
+    refusing: AtomicBool,
     /// Records came in, or a frame was sealed: the task looks.
     ready: Notify,
     /// The task sent a frame: callers waiting for room look again.
@@ -438,6 +588,7 @@ impl Outlet {
                 small_fits: true,
             }),
             held: AtomicBool::new(false),
+            refusing: AtomicBool::new(false),
             ready: Notify::new(),
             room: Notify::new(),
             drained: Notify::new(),
@@ -500,6 +651,80 @@ impl Outlet {
         debug_assert!(fits, "a full frame holds a small one");
         frame.buf = buf;
         frame.small = false;
+    }
+
+    /// The tunables this outlet was made with.
+    #[inline]
+    pub(crate) fn config(&self) -> OutletConfig {
+        self.config
+    }
+
+    /// This member's index, as a frame's header names it.
+    #[inline]
+    pub(crate) fn me(&self) -> u32 {
+        self.me
+    }
+
+    /// The outlet refuses records (failed or closing); [`Outlet::hand_over`] says why.
+    #[inline]
+    pub(crate) fn refusing(&self) -> bool {
+        self.refusing.load(Ordering::Relaxed)
+    }
+
+    /// Why the outlet refuses records, if it does (as [`Outlet::try_push`] would say).
+    pub(crate) fn refusal(&self) -> Option<Rejection> {
+        let state = self.lock();
+        if let Some(failure) = &state.failure {
+            return Some(Rejection::Failed(failure.clone()));
+        }
+        state
+            .closing
+            .then(|| Rejection::Failed(SHUT_DOWN.to_owned()))
+    }
+
+    /// A frame for a [`crate::CallWriter`] to fill.
+    pub(crate) fn own_frame(&self) -> OwnFrame {
+        OwnFrame {
+            frame: self.new_frame(false),
+            since: None,
+        }
+    }
+
+    /// Queues the records of `frame` behind everything queued here (the shared open frame is
+    /// sealed first: its calls were made before), unless the outlet failed or closes, or,
+    /// `bounded`, holds `max-queued-calls` already. Refused, the frame comes back with why
+    /// (its `NoRoom` hands nothing else back; boxed, as refusals are rare and the frame is
+    /// large). An empty frame is dropped.
+    pub(crate) fn hand_over(
+        &self,
+        frame: OwnFrame,
+        bounded: bool,
+    ) -> Result<(), Box<(Rejection, OwnFrame)>> {
+        if frame.frame.n_records == 0 {
+            return Ok(());
+        }
+        let mut state = self.lock();
+        if let Some(failure) = &state.failure {
+            return Err(Box::new((Rejection::Failed(failure.clone()), frame)));
+        }
+        if state.closing {
+            return Err(Box::new((Rejection::Failed(SHUT_DOWN.to_owned()), frame)));
+        }
+        if bounded && state.n_queued >= self.config.max_queued {
+            let queued = state.n_queued;
+            let no_room = Rejection::NoRoom {
+                buffer: None,
+                on_left: None,
+                queued,
+            };
+            return Err(Box::new((no_room, frame)));
+        }
+        self.seal(&mut state);
+        state.n_queued += frame.frame.n_records as usize;
+        state.sealed.push_back(frame.frame);
+        drop(state);
+        self.ready.notify_one();
+        Ok(())
     }
 
     /// Appends one record, never bounded, without waking the task: the caller (the
@@ -741,6 +966,7 @@ impl Outlet {
     pub(crate) fn close(&self, deadline: Option<Instant>) {
         let mut state = self.lock();
         state.closing = true;
+        self.refusing.store(true, Ordering::Relaxed);
         self.seal(&mut state);
         // Published only once the outlet refuses calls (under the lock): a call accepted
         // after the task gave up would be neither sent nor counted. A later close keeps the
@@ -871,6 +1097,7 @@ impl Outlet {
                 state.open = None;
                 state.n_queued -= dropped;
                 state.failure = Some(cause.clone());
+                self.refusing.store(true, Ordering::Relaxed);
                 drop(state);
                 self.room.notify_waiters();
                 self.drained.notify_waiters();
@@ -1010,6 +1237,124 @@ mod tests {
 
     fn heap_outlet() -> Outlet {
         heap_outlet_with(Aggregation::Trad)
+    }
+
+    /// An own frame holding `n` calls of handler 1.
+    fn own_frame_of(outlet: &Outlet, n: u64) -> OwnFrame {
+        let mut frame = outlet.own_frame();
+        for value in 0..n {
+            let written = frame.append_call(1, &value, outlet.me());
+            assert_eq!(written, Ok(true));
+        }
+        frame
+    }
+
+    #[test]
+    fn a_writers_frame_is_queued_whole_behind_the_shared_one_or_handed_back_with_why() {
+        let outlet = heap_outlet();
+        // An empty frame is nothing to queue.
+        assert!(outlet.hand_over(outlet.own_frame(), true).is_ok());
+        assert_eq!(outlet.queued(), 0);
+        push_raw(&outlet, 2, b"shared");
+        assert!(outlet.hand_over(own_frame_of(&outlet, 150), true).is_ok());
+        assert_eq!(outlet.queued(), 151);
+        assert!(
+            outlet.lock().open.is_none(),
+            "the shared frame was sealed first"
+        );
+        let sealed: Vec<Vec<u64>> = std::mem::take(&mut outlet.lock().sealed)
+            .into_iter()
+            .map(|frame| {
+                let (parts, _, _) = frame.into_parts();
+                let bytes = parts.get(0).expect("the frame").data().to_vec();
+                let mut reader = wire::FrameReader::new(&bytes).expect("a whole frame");
+                std::iter::from_fn(|| reader.next_record())
+                    .map(|record| record.expect("a whole record").head.handler)
+                    .collect()
+            })
+            .collect();
+        assert_eq!(sealed, vec![vec![2], vec![1; 150]]);
+        // Full (bounded): handed back, with how many are queued; unbounded it goes in.
+        match outlet
+            .hand_over(own_frame_of(&outlet, 3), true)
+            .map_err(|refused| *refused)
+        {
+            Err((Rejection::NoRoom { queued: 151, .. }, frame)) => {
+                assert_eq!(frame.n_records(), 3);
+                assert!(outlet.hand_over(frame, false).is_ok());
+            }
+            other => panic!("a full outlet took a frame: {:?}", other.is_ok()),
+        }
+        assert_eq!(outlet.queued(), 154);
+        // Refusing (closed, failed): handed back with the cause, and said without the lock.
+        assert!(!outlet.refusing());
+        outlet.close(None);
+        assert!(outlet.refusing());
+        match outlet
+            .hand_over(own_frame_of(&outlet, 1), false)
+            .map_err(|refused| *refused)
+        {
+            Err((Rejection::Failed(cause), _)) => assert_eq!(cause, SHUT_DOWN),
+            other => panic!("a closed outlet took a frame: {:?}", other.is_ok()),
+        }
+        assert!(matches!(outlet.refusal(), Some(Rejection::Failed(cause)) if cause == SHUT_DOWN));
+        let failed = heap_outlet();
+        failed.lock().failure = Some("connection reset".to_owned());
+        match failed
+            .hand_over(own_frame_of(&failed, 1), false)
+            .map_err(|refused| *refused)
+        {
+            Err((Rejection::Failed(cause), _)) => assert_eq!(cause, "connection reset"),
+            other => panic!("a failed outlet took a frame: {:?}", other.is_ok()),
+        }
+    }
+
+    #[test]
+    fn a_writers_calls_read_back_as_written_whether_staged_in_place_or_whole() {
+        let lending = Arc::new(Lending::default());
+        let outlet = lending_outlet(Aggregation::Trad, &lending);
+        let me = outlet.me();
+        let mut frame = outlet.own_frame();
+        let small = [7u8; 8];
+        // Larger than the stage: a short record serialised in place.
+        let large = vec![3u8; 100];
+        let mut expected = vec![(1, small.to_vec()), (1, small.to_vec())];
+        let mut large_encoded = vec![100u8];
+        large_encoded.extend(&large);
+        expected.push((1, large_encoded));
+        assert_eq!(frame.append_call(1, &small, me), Ok(true));
+        assert_eq!(frame.append_call(1, &small, me), Ok(true));
+        assert_eq!(frame.append_call(1, &large, me), Ok(true));
+        // Another handler: whole, then short again, until the lent frame has no room.
+        while frame.append_call(2, &small, me) == Ok(true) {
+            expected.push((2, small.to_vec()));
+        }
+        let n_short = expected.len() - 4;
+        let whole = wire::RECORD_HEAD_LEN + 8;
+        let short = wire::REPEAT_HEAD_LEN + 8;
+        let written = wire::HEADER_LEN + whole + short + wire::REPEAT_HEAD_LEN + 101 + whole;
+        assert_eq!(frame.frame.buf.len(), written + short * n_short);
+        assert!(
+            frame.frame.buf.len() + short > 4096,
+            "it stopped only when full"
+        );
+        assert_eq!(frame.n_records() as usize, expected.len());
+        assert!(outlet.hand_over(frame, false).is_ok());
+        let sealed = outlet
+            .lock()
+            .sealed
+            .pop_front()
+            .expect("the frame handed over");
+        let (parts, _, _) = sealed.into_parts();
+        let bytes = parts.get(0).expect("the frame").data().to_vec();
+        let mut reader = wire::FrameReader::new(&bytes).expect("a whole frame");
+        let records: Vec<(u64, Vec<u8>)> = std::iter::from_fn(|| reader.next_record())
+            .map(|record| {
+                let record = record.expect("a whole record");
+                (record.head.handler, record.payload.to_vec())
+            })
+            .collect();
+        assert_eq!(records, expected);
     }
 
     #[tokio::test]

@@ -208,6 +208,12 @@ impl LastCall {
         self.0 == Some(head.handler) && *head == RecordHead::call(head.handler, 0, 0)
     }
 
+    /// Whether a plain call (see [`RecordHead::call`] with no seq or flags) to `handler` may be
+    /// written short: [`LastCall::repeated_by`] for a caller that knows its call is plain.
+    pub(crate) fn repeated_by_plain_call_to(self, handler: u64) -> bool {
+        self.0 == Some(handler)
+    }
+
     /// Notes a record written or read.
     pub(crate) fn saw(&mut self, head: &RecordHead) {
         if head.kind == KIND_CALL {

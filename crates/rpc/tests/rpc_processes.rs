@@ -836,6 +836,15 @@ fn main() {
             move || run(full_destination(kind)),
         ));
     }
+    for kind in [Kind::Shmem, Kind::Ipc] {
+        tests.push(Trial::test(
+            format!(
+                "a_full_destination_makes_a_writer_wait_and_loses_nothing_over_{}",
+                kind.name()
+            ),
+            move || run(full_destination_writer(kind)),
+        ));
+    }
     for kind in [Kind::Shmem, Kind::Tcp] {
         tests.push(Trial::test(
             format!(
@@ -962,6 +971,40 @@ async fn primitives(kind: Kind, mode: Aggregation) -> Result<()> {
         ),
         Aggregation::Ovfl => {}
     }
+
+    // A writer's calls run in order; it holds them only in `trad` (the others send at once),
+    // a flush hands them over, and so does a drop.
+    ensure!(matches!(
+        rpc.writer(7).err(),
+        Some(CallError::UnknownDestination { .. })
+    ));
+    {
+        let mut writer = rpc.writer(1)?;
+        for value in 0..N_CALLS {
+            writer.call::<Append>(&value).await?;
+        }
+        writer.flush().await?;
+        ensure!(
+            writer.held() == 0,
+            "{} calls held after a flush",
+            writer.held()
+        );
+        for value in N_CALLS..N_CALLS + 5 {
+            writer.call::<Append>(&value).await?;
+        }
+        let expected_held = if mode == Aggregation::Trad { 5 } else { 0 };
+        ensure!(
+            writer.held() == expected_held,
+            "{} calls held, {expected_held} expected",
+            writer.held()
+        );
+    }
+    let log = rpc.call_return::<TakeLog>(1, &()).await?;
+    ensure!(
+        log == (0..N_CALLS + 5).collect::<Vec<_>>(),
+        "{} calls through a writer came back out of order or incomplete",
+        log.len()
+    );
 
     // Tickets: consumed, and left.
     rpc.to(2)
@@ -1173,14 +1216,55 @@ async fn full_destination(kind: Kind) -> Result<()> {
     accepted.push(next);
     kill(pid, Signal::SIGCONT)?;
     waiting.await??;
+    took_every_accepted_call(&rpc, &accepted).await?;
+    group.quit().await
+}
+
+/// Member 1's log of appends is exactly `accepted`, in order.
+async fn took_every_accepted_call(rpc: &Rpc, accepted: &[u64]) -> Result<()> {
     let log = rpc.call_return::<TakeLog>(1, &()).await?;
     ensure!(
         log == accepted,
         "took {} calls, {} were accepted (first difference at {:?})",
         log.len(),
         accepted.len(),
-        log.iter().zip(&accepted).position(|(a, b)| a != b)
+        log.iter().zip(accepted).position(|(a, b)| a != b)
     );
+    Ok(())
+}
+
+/// A writer whose frame is full while the destination is stopped waits for room (until the
+/// timeout: the call then fails unwritten), and every call it accepted arrives, in order, once
+/// the destination runs again.
+async fn full_destination_writer(kind: Kind) -> Result<()> {
+    let timeout = Duration::from_secs(1);
+    let group = Group::start(kind, 2, Aggregation::Trad, timeout, "wfull").await?;
+    let rpc = group.rpc.clone();
+    ensure!(rpc.call_return::<Add>(1, &(1, 2)).await? == 3);
+    let pid = group.process(1)?.pid();
+    kill(pid, Signal::SIGSTOP)?;
+    let mut writer = rpc.writer(1)?;
+    let mut accepted = Vec::new();
+    let mut next = 0u64;
+    let error = loop {
+        match writer.call::<Append>(&next).await {
+            Ok(()) => accepted.push(next),
+            Err(error) => break *error,
+        }
+        next += 1;
+        ensure!(next < 100_000_000, "a stopped member never counted as full");
+    };
+    kill(pid, Signal::SIGCONT)?;
+    ensure!(
+        matches!(error, CallError::Timeout { ref destination, .. } if destination == "member-1"),
+        "{error}"
+    );
+    // The refused call was not written: the next one follows the last accepted.
+    next += 1;
+    writer.call::<Append>(&next).await?;
+    accepted.push(next);
+    writer.flush().await?;
+    took_every_accepted_call(&rpc, &accepted).await?;
     group.quit().await
 }
 
