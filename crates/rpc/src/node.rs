@@ -41,7 +41,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::{CallError, Refused, RemoteFailure};
-use crate::handlers::{Handlers, Invocation, Procedure, Started};
+use crate::handlers::{Handlers, Invocation, Procedure, Resolved, Started};
 use crate::outlet::{
     Aggregation, Counts, Flushed, Outlet, OutletConfig, Payload, Rejection, SHUT_DOWN, Sink,
 };
@@ -1866,6 +1866,8 @@ impl Node {
         // node's reference count went up and down per call, two locked instructions that were
         // a fifth of the dispatcher's work for 8-byte calls (perf, `ferromq bench rpc --mode trad`).
         let mut invocation = None;
+        // The handler of the frame's last plain call, for the calls after it.
+        let mut resolved: Option<Resolved<'_>> = None;
         while let Some(record) = reader.next_record() {
             let record = match record {
                 Ok(record) => record,
@@ -1918,8 +1920,23 @@ impl Node {
                         // payload stay where they are instead of being moved into the future's
                         // state and read back (a tenth of the dispatcher's time, 8-byte calls).
                         invocation.caller = from;
-                        // The buffer is lent where it lies, not moved (see `handlers::Erased`).
-                        match self.start(head, record.payload, &mut buffer, invocation, intake) {
+                        let handler = match resolved {
+                            Some(handler) if handler.id() == head.handler => Ok(handler),
+                            _ => self.handlers.resolve(head.handler),
+                        };
+                        let wants_result = head.flags & wire::WANTS_RESULT != 0;
+                        let started = handler.and_then(|handler| {
+                            resolved = Some(handler);
+                            // The buffer is lent where it lies, not moved (see
+                            // `handlers::Erased`).
+                            handler.start(
+                                invocation,
+                                record.payload,
+                                &mut buffer,
+                                wants_result.then_some(&mut intake.output),
+                            )
+                        });
+                        match started {
                             Ok(Started::Done) => self.answer_done(from, from, head, intake),
                             started => self.finish(from, from, head, started, intake).await?,
                         }
