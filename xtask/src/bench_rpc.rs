@@ -56,7 +56,7 @@ pub fn render_rpc(lines: &[RpcLine]) -> String {
     }
     let _ = writeln!(
         text,
-        "\n## Remote invocation (`ferromq bench rpc`)\n\nOne caller thread, empty handlers in a second process; calls/s counted when the handlers ran, medians of the rounds (min-max). MB/s is argument bytes. Seriema's MB/s (FDR InfiniBand, two hosts, its paper) beside ours.\n\n| transport | mode | size | calls/s (min-max) | MB/s | Seriema MB/s | target | call_return p50 / p99 | returns/s, 64 in flight |\n|---|---|---|---|---|---|---|---|---|"
+        "\n## Remote invocation (`ferromq bench rpc`)\n\nOne caller thread streaming through a `CallWriter` (its own frame, as each of Seriema's threads has; `--shared-frame` for `Rpc::call`, which differs in `trad` only), empty handlers in a second process; calls/s counted when the handlers ran, medians of the rounds (min-max). MB/s is argument bytes. Seriema's MB/s (FDR InfiniBand, two hosts, its paper) beside ours.\n\n| transport | mode | size | calls/s (min-max) | MB/s | Seriema MB/s | target | call_return p50 / p99 | returns/s, 64 in flight |\n|---|---|---|---|---|---|---|---|---|"
     );
     let find = |transport: &str, mode: &str, size: usize| find_line(lines, transport, mode, size);
     for line in lines {

@@ -2,8 +2,10 @@
 //!
 //! This process is the caller (one thread); a `bench-rpc-role` process is the destination,
 //! whose handlers do nothing but count. Per transport, mode and call size, each round streams
-//! calls for `--duration` and then asks the destination how many it ran (so a call counts once
-//! its handler ran); then it measures `call_return` round trips one at a time (p50, p99) and
+//! calls for `--duration` through a `CallWriter` (one caller's own frame, as Seriema's threads
+//! each have theirs; `--shared-frame`: through `Rpc::call`, under the outlet's lock per call;
+//! only `trad` differs, a writer sends the other modes' calls through `Rpc::call`) and then asks
+//! the destination how many it ran (so a call counts once its handler ran); then it measures `call_return` round trips one at a time (p50, p99) and
 //! with 64 in flight (returns per second), calls' latency at 1% of the measured rate (or at
 //! `--light-load-rate`, one rate for every mode, so that modes compare at the same load), and
 //! `call_buffer` of 4 KiB and 64 MiB until the handler ran (64 MiB twice: in memory new to the
@@ -53,6 +55,12 @@ pub struct RpcBenchOptions {
     /// Both ends spin on their inbound channels instead of sleeping (channel option busyPoll).
     #[arg(long = "busy-poll")]
     pub busy_poll: bool,
+    /// Stream through `Rpc::call` (the destination's frame, shared by every task of the
+    /// member, written under a lock per call) instead of a `CallWriter` (the caller's own
+    /// frame, Seriema's per-thread buffer). Only `trad` differs: a writer sends every other
+    /// mode's calls through `Rpc::call`.
+    #[arg(long = "shared-frame")]
+    pub shared_frame: bool,
     /// shmem: every process locks its own segment and its peers' into memory (FairMQ's
     /// --shm-mlock-segment), so that no first look at a block costs a page fault.
     #[arg(long = "shm-mlock-segment")]
@@ -75,6 +83,10 @@ pub struct RpcBenchResult {
     pub transport: String,
     /// send, trad or ovfl.
     pub mode: String,
+    /// What the calls were made through: `writer` (a `CallWriter`, the default) or `rpc-call`
+    /// (`Rpc::call`, `--shared-frame`). Only `trad` differs between the two.
+    #[serde(default)]
+    pub calls_through: String,
     /// Bytes of arguments per call.
     pub call_size: usize,
     /// Calls run by the destination per second (median of the rounds).
@@ -466,7 +478,14 @@ async fn run_all(options: &RpcBenchOptions, results: &mut Vec<RpcBenchResult>) -
                 if options.shm_mlock_segment {
                     label.push_str("+mlock");
                 }
-                results.push(summarise(&label, mode, size, &mut rounds));
+                let mut result = summarise(&label, mode, size, &mut rounds);
+                result.calls_through = if options.shared_frame {
+                    "rpc-call"
+                } else {
+                    "writer"
+                }
+                .to_owned();
+                results.push(result);
             }
         }
     }
@@ -498,6 +517,7 @@ fn summarise(transport: &str, mode: &str, size: usize, rounds: &mut [Round]) -> 
     RpcBenchResult {
         transport: transport.to_owned(),
         mode: mode.to_owned(),
+        calls_through: String::new(),
         call_size: size,
         calls_per_s,
         calls_per_s_min: rates[0],
@@ -721,6 +741,7 @@ async fn broadcast_round(
     Ok(measured)
 }
 
+/// Calls `P` at member 1 for `duration` through `Rpc::call` (`--shared-frame`); how many.
 async fn stream<P: Procedure>(rpc: &Rpc, args: &P::Args, duration: Duration) -> Result<u64> {
     let started = Instant::now();
     let mut n_calls = 0u64;
@@ -730,6 +751,28 @@ async fn stream<P: Procedure>(rpc: &Rpc, args: &P::Args, duration: Duration) -> 
         }
         n_calls += 256;
         if started.elapsed() >= duration {
+            return Ok(n_calls);
+        }
+    }
+}
+
+/// Calls `P` at member 1 for `duration` through a `CallWriter`; how many. What the writer
+/// holds at the end is flushed before the count.
+async fn stream_written<P: Procedure>(
+    rpc: &Rpc,
+    args: &P::Args,
+    duration: Duration,
+) -> Result<u64> {
+    let started = Instant::now();
+    let mut n_calls = 0u64;
+    let mut writer = rpc.writer(1)?;
+    loop {
+        for _ in 0..256 {
+            writer.call::<P>(args).await?;
+        }
+        n_calls += 256;
+        if started.elapsed() >= duration {
+            writer.flush().await?;
             return Ok(n_calls);
         }
     }
@@ -747,10 +790,13 @@ async fn measure(
     rpc.call_return::<TakeCount>(1, &()).await?;
     let before = rpc.stats();
     let started = Instant::now();
-    let n_sent = match size {
-        8 => stream::<Call8>(rpc, &[7; 8], duration).await?,
-        64 => stream::<Call64>(rpc, &[[7; 32]; 2], duration).await?,
-        _ => stream::<Call256>(rpc, &[[7; 32]; 8], duration).await?,
+    let n_sent = match (size, options.shared_frame) {
+        (8, true) => stream::<Call8>(rpc, &[7; 8], duration).await?,
+        (64, true) => stream::<Call64>(rpc, &[[7; 32]; 2], duration).await?,
+        (_, true) => stream::<Call256>(rpc, &[[7; 32]; 8], duration).await?,
+        (8, false) => stream_written::<Call8>(rpc, &[7; 8], duration).await?,
+        (64, false) => stream_written::<Call64>(rpc, &[[7; 32]; 2], duration).await?,
+        (_, false) => stream_written::<Call256>(rpc, &[[7; 32]; 8], duration).await?,
     };
     let n_run = rpc.call_return::<TakeCount>(1, &()).await?;
     let seconds = started.elapsed().as_secs_f64();

@@ -261,12 +261,27 @@ fn bench_rpc_reports_every_mode_as_json() {
             assert!(line[key].as_f64().unwrap() > 0.0, "{key}: {line}");
         }
         assert_eq!(line["call_size"], 8, "{line}");
+        assert_eq!(line["calls_through"], "writer", "{line}");
     }
     let modes: Vec<&str> = lines
         .iter()
         .map(|line| line["mode"].as_str().unwrap())
         .collect();
     assert_eq!(modes, ["send", "trad", "ovfl", "send", "trad", "ovfl"]);
+}
+
+/// `--shared-frame` streams through `Rpc::call`, and the line says so; every call counted ran
+/// (the bench checks that the destination ran as many as were made).
+#[test]
+fn bench_rpc_streams_through_rpc_call_with_shared_frame() {
+    let lines = short_bench_rpc(&["--transport", "shmem", "--mode", "trad", "--shared-frame"]);
+    assert_eq!(lines.len(), 1, "one cell");
+    assert_eq!(lines[0]["calls_through"], "rpc-call", "{}", lines[0]);
+    assert!(
+        lines[0]["calls_per_s"].as_f64().unwrap() > 0.0,
+        "{}",
+        lines[0]
+    );
 }
 
 /// After each round the bench waits until nothing of the round's session runs before it
