@@ -327,6 +327,10 @@ pub(crate) struct OwnFrame {
     frame: Frame,
     /// When its first record was written: `aggregate-us` counts from it.
     since: Option<Instant>,
+    /// `aggregate-bytes`: a frame holding as much takes no more records. Lent memory ends
+    /// there anyway; a heap frame (an outlet without lent memory: a member's own, ofi's)
+    /// would grow for as long as the outlet had no room to take it.
+    frame_bytes: usize,
 }
 
 impl OwnFrame {
@@ -339,15 +343,16 @@ impl OwnFrame {
         self.since
     }
 
-    /// Holds `frame_bytes` or more: it leaves as it is.
-    pub(crate) fn is_full(&self, frame_bytes: usize) -> bool {
-        self.frame.buf.len() >= frame_bytes
+    /// Holds `aggregate-bytes` or more: it leaves as it is.
+    pub(crate) fn is_full(&self) -> bool {
+        self.frame.buf.len() >= self.frame_bytes
     }
 
     /// Appends a plain call with `args` (the short form after a call to the same handler).
-    /// `Ok(false)`: no room in the frame's lent memory, nothing written; an error: the
-    /// arguments did not serialise, nothing written. A call larger than an empty lent frame is
-    /// written into the heap instead, as [`Outlet::try_push`] does. The error is boxed so that
+    /// `Ok(false)`: the frame is full ([`OwnFrame::is_full`]) or its lent memory has no room,
+    /// nothing written; an error: the arguments did not serialise, nothing written. A call
+    /// larger than an empty lent frame is written into the heap instead, as
+    /// [`Outlet::try_push`] does. The error is boxed so that
     /// the outcome comes back in registers, not through the caller's stack (a wide read of
     /// narrow stores, which waits for them; perf, `ferromq bench rpc --mode trad`).
     #[inline]
@@ -357,6 +362,9 @@ impl OwnFrame {
         args: &T,
         me: u32,
     ) -> Result<bool, Box<str>> {
+        if self.is_full() && self.frame.n_records > 0 {
+            return Ok(false);
+        }
         // A call after one to the same handler, into lent memory: the stream's common case,
         // written in place with one look at the memory's writability.
         if self.frame.last_call.repeated_by_plain_call_to(handler)
@@ -687,6 +695,7 @@ impl Outlet {
         OwnFrame {
             frame: self.new_frame(false),
             since: None,
+            frame_bytes: self.config.frame_bytes,
         }
     }
 
@@ -1247,6 +1256,28 @@ mod tests {
             assert_eq!(written, Ok(true));
         }
         frame
+    }
+
+    #[test]
+    fn a_writers_heap_frame_takes_no_more_calls_once_it_holds_a_frames_bytes() {
+        // No lent memory (a member's own outlet, ofi's): the heap would always have room.
+        let outlet = heap_outlet();
+        let mut frame = outlet.own_frame();
+        let mut n_calls = 0;
+        while frame.append_call(1, &[7u8; 8], outlet.me()) == Ok(true) {
+            n_calls += 1;
+            assert!(n_calls < 10_000, "a heap frame took calls without end");
+        }
+        assert!(frame.is_full());
+        assert_eq!(frame.n_records(), n_calls);
+        assert!(frame.frame.buf.len() < 4096 + wire::REPEAT_HEAD_LEN + 8);
+        // A call larger than a whole frame still goes into an empty one.
+        let mut frame = outlet.own_frame();
+        assert_eq!(
+            frame.append_call(1, &vec![1u8; 10_000], outlet.me()),
+            Ok(true)
+        );
+        assert!(frame.is_full());
     }
 
     #[test]

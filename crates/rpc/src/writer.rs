@@ -110,10 +110,9 @@ impl<'a> CallWriter<'a> {
     }
 
     /// Runs `P` at the destination; fire and forget: returns once the call is written (see
-    /// the module docs for when it leaves). The error is boxed: a call that was written
-    /// returns a word, not a [`CallError`]-sized result that its caller copies through memory
-    /// (perf, `ferromq bench rpc --mode trad --call-size 8`: the copy was a fifth of the
-    /// caller's time).
+    /// the module docs for when it leaves). The error is boxed, so that a written call's
+    /// result is one word: perf of a streaming caller (`ferromq bench rpc --mode trad
+    /// --call-size 8`) showed its loop waiting on the copy of a [`CallError`]-sized result.
     ///
     /// # Errors
     /// [`CallError::Timeout`] when the frame was full and the destination had no room for the
@@ -190,7 +189,7 @@ impl<'a> CallWriter<'a> {
         let Some(frame) = &self.frame else {
             return;
         };
-        let mut leave = frame.is_full(config.frame_bytes);
+        let mut leave = frame.is_full();
         if !leave {
             self.until_look -= 1;
             if self.until_look == 0 {
