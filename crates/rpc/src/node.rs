@@ -177,7 +177,8 @@ pub struct RpcStats {
     pub records: u64,
     /// Records that shared their frame with others.
     pub aggregated_records: u64,
-    /// Records queued now and not yet sent, over every destination.
+    /// Records queued now and not yet sent, over every destination, with the calls that
+    /// [`CallWriter`]s hold and have not handed over yet.
     pub queued_records: usize,
 }
 
@@ -726,7 +727,8 @@ impl Rpc {
     /// Sends every frame now (`trad` holds frames otherwise) and waits until every call made
     /// so far was handed to the transport: every destination at once, all within one timeout,
     /// so one that takes nothing holds back neither the others' frames nor their time; the
-    /// first failure in member order is the answer.
+    /// first failure in member order is the answer. Calls a [`CallWriter`] still holds are
+    /// its own to hand over ([`CallWriter::flush`], or dropping it) and are not waited for.
     ///
     /// # Errors
     /// [`CallError::Timeout`] naming a destination that took nothing for the timeout;
@@ -760,7 +762,12 @@ impl Rpc {
             frames: counts.frames.load(Ordering::Relaxed),
             records: counts.records.load(Ordering::Relaxed),
             aggregated_records: counts.aggregated.load(Ordering::Relaxed),
-            queued_records: self.node.outlets.iter().map(|outlet| outlet.queued()).sum(),
+            queued_records: self
+                .node
+                .outlets
+                .iter()
+                .map(|outlet| outlet.queued() + outlet.held_by_writers())
+                .sum(),
         }
     }
 
@@ -784,9 +791,12 @@ impl Rpc {
     /// linger cut to what is left of `limit`; the inbound channel's close comes after, within
     /// [`CLOSE_GRACE`].
     ///
+    /// Calls that a live [`CallWriter`] still holds once the channels close will not leave
+    /// (flush or drop writers first): they make the shutdown fail, as calls it dropped do.
+    ///
     /// # Errors
     /// [`ferromq_core::Error::Undelivered`] naming the first destination whose calls were
-    /// dropped and how many; or a channel's close error.
+    /// dropped, or were still held by a writer, and how many; or a channel's close error.
     pub async fn shutdown_within(&self, limit: Duration) -> ferromq_core::Result<()> {
         let deadline = Instant::now() + limit;
         self.node.flush_outlets(deadline).await;
@@ -794,13 +804,27 @@ impl Rpc {
             .outlets
             .iter()
             .for_each(|outlet| outlet.close(Some(deadline)));
+        // Closed, an outlet refuses a writer's frame: what writers hold now is lost.
+        let held = self.node.outlets.iter().find_map(|outlet| {
+            let held = outlet.held_by_writers();
+            (held > 0).then(|| ferromq_core::Error::Undelivered {
+                channel: ferromq_core::ChannelLabel::new(
+                    format!("rpc->{}", self.node.names[outlet.dest]),
+                    SocketType::Push,
+                ),
+                n_messages: held as u64,
+                reason: "a CallWriter still held them when the node shut down (flush or drop \
+                         writers before the shutdown)"
+                    .to_owned(),
+            })
+        });
         // The outlets end by the deadline themselves, each closing its channel (see
         // `Outlet::run`), and the dispatcher closes the inbound once stopped: a task is
         // aborted, its channel dropped without a close, only if that takes longer still.
         let cut_off = deadline + CLOSE_GRACE;
         let tasks = std::mem::take(&mut *lock(&self.node.tasks));
         let n_tasks = tasks.len();
-        let mut result = Ok(());
+        let mut result = held.map_or(Ok(()), Err);
         for (idx, mut task) in tasks.into_iter().enumerate() {
             let is_dispatcher = idx + 1 == n_tasks;
             if is_dispatcher {

@@ -34,8 +34,8 @@
 
 use std::collections::VecDeque;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use ferromq_core::{Channel, Message, Parts, Transport};
@@ -558,6 +558,10 @@ pub(crate) struct Outlet {
     /// The outlet refuses records (failed or closing): what a [`crate::CallWriter`] looks
     /// at per call instead of taking the lock.
     refusing: AtomicBool,
+    /// How many calls each live [`crate::CallWriter`] to this destination holds, a slot per
+    /// writer that it alone stores to: what `Rpc::stats` and a shutdown count as not yet
+    /// handed over.
+    writers: Mutex<Vec<Weak<AtomicU32>>>,
     /// Records came in, or a frame was sealed: the task looks.
     ready: Notify,
     /// The task sent a frame: callers waiting for room look again.
@@ -597,6 +601,7 @@ impl Outlet {
             }),
             held: AtomicBool::new(false),
             refusing: AtomicBool::new(false),
+            writers: Mutex::default(),
             ready: Notify::new(),
             room: Notify::new(),
             drained: Notify::new(),
@@ -688,6 +693,29 @@ impl Outlet {
         state
             .closing
             .then(|| Rejection::Failed(SHUT_DOWN.to_owned()))
+    }
+
+    /// A new writer's slot: it stores there how many calls it holds (see `writers`).
+    pub(crate) fn writer_slot(&self) -> Arc<AtomicU32> {
+        let slot = Arc::new(AtomicU32::new(0));
+        let mut writers = self
+            .writers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        writers.retain(|writer| writer.strong_count() > 0);
+        writers.push(Arc::downgrade(&slot));
+        slot
+    }
+
+    /// Calls the live writers to this destination hold, not yet handed over.
+    pub(crate) fn held_by_writers(&self) -> usize {
+        self.writers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|slot| slot.load(Ordering::Relaxed) as usize)
+            .sum()
     }
 
     /// A frame for a [`crate::CallWriter`] to fill.

@@ -9,32 +9,49 @@
 //! calls are written without a lock or an atomic read-modify-write, and the outlet's lock is
 //! taken once per frame, to hand the whole frame over.
 //!
-//! What it does, by the destination's aggregation mode:
-//! - `trad`: calls go into the writer's frame (lent shared memory on shmem, as the outlet's
-//!   own frames: serialised where the destination reads them). The frame is handed to the
-//!   outlet when it holds `aggregate-bytes`, when a call finds `aggregate-us` passed since the
-//!   frame's first call (the clock is read about every quarter of `aggregate-us` at the calls'
-//!   pace, at most every [`LOOK_EVERY_MAX`] calls), on [`CallWriter::flush`], and on drop. A
-//!   writer that stops calling holds what it wrote until one of these: flush it, or drop it,
-//!   when a pause begins.
-//! - `none` and `ovfl`: these send a call as soon as the destination is free to take it, which
-//!   a frame held by the caller would not; a writer's call is [`Rpc::call`].
+//! # Ownership
+//! In `trad`, calls go into the writer's frame (lent shared memory on shmem, as the outlet's
+//! own frames: serialised where the destination reads them) until it hands the frame to the
+//! outlet: when the frame holds `aggregate-bytes`, when a call finds `aggregate-us` passed
+//! since the frame's first call, on [`CallWriter::flush`], and on drop. `aggregate-us` is
+//! looked at only when a call is made (the clock read about every quarter of `aggregate-us`
+//! at the pace of the calls so far, at most every [`LOOK_EVERY_MAX`] calls): a writer that
+//! stops calling, or slows down after a fast run, holds what it wrote past `aggregate-us`
+//! until one of the others. Flush it, or drop it, when a pause begins; a caller that waits for
+//! something its held calls lead to waits for ever. For `none` and `ovfl`, which send as soon
+//! as the destination is free to take a call, a writer's call is [`Rpc::call`].
 //!
 //! Order: a writer's calls run at the destination in the order they were written. It is a
 //! sender of its own: calls made meanwhile through the [`Rpc`] (or another writer) to the same
 //! destination may run before the ones it still holds, as calls of two threads do in Seriema.
 //!
-//! A full destination: `max-queued-calls` is looked at when a frame is handed over, so up to
-//! one frame of calls more may be queued. With [`crate::WhenFull::Wait`] a call that finds the
-//! frame full and the outlet full waits for room, at most the timeout; with
+//! # Backpressure
+//! A writer starts a frame only while the outlet holds fewer than `max-queued-calls`, and
+//! hands a full frame over only then too; with [`crate::WhenFull::Wait`] it waits for room, at
+//! most the timeout, and the call then fails unwritten. So the outlet holds at most one frame
+//! (`aggregate-bytes` of calls) more per live writer, and a writer's own frame is bounded by
+//! `aggregate-bytes` (a first call larger than that still goes in). With
 //! [`crate::WhenFull::Queue`] frames are handed over unbounded.
 //!
-//! Cancellation and drop: a `call` or `flush` cancelled while it waits for room has written
-//! nothing new and keeps its frame. Dropping a writer hands its frame over at once,
-//! unbounded. A channel that failed, or a node shut down, refuses it: its calls are then
-//! reported as lost, in [`Rpc::take_failures`] and the log, with their number, as calls the
-//! outlet had queued are when its channel fails.
+//! # Disconnection
+//! A channel that failed makes the next call fail with [`CallError::Unreachable`]; the calls
+//! the writer held are reported lost, in the log with their number and as one error in
+//! [`Rpc::take_failures`], as calls the outlet had queued are when its channel fails.
+//!
+//! # Shutdown
+//! A shutdown closes the outlets, which then refuse a writer's frame: calls a writer still
+//! holds at that moment make [`Rpc::shutdown`] fail with how many, and are reported lost again
+//! when the writer is dropped. [`Rpc::flush`] does not reach into writers. Dropping a writer
+//! hands its frame over at once, unbounded.
+//!
+//! # Copies and allocation
+//! A frame is one block of the transport's memory per `aggregate-bytes` of calls (the heap
+//! for a member's own outlet and for transports that lend none). A short call after a call to
+//! the same handler is put together on the stack (up to 64 bytes) and stored into the frame
+//! in one copy; longer ones are serialised in place. Nothing is allocated per call.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -75,6 +92,9 @@ pub struct CallWriter<'a> {
     /// The destination aggregates `trad`: calls are held here.
     holds: bool,
     frame: Option<OwnFrame>,
+    /// How many calls `frame` holds, for `Rpc::stats` and a shutdown to count (the outlet
+    /// keeps a weak reference; only this writer stores to it).
+    held_here: Arc<AtomicU32>,
     /// Calls between two looks at the clock, set from the calls' pace so that a look comes
     /// about every quarter of `aggregate-us` (at most doubling per look, as the dispatcher's
     /// looks do, so a slowing caller is looked at again soon).
@@ -91,6 +111,7 @@ impl<'a> CallWriter<'a> {
             outlet,
             holds: outlet.config().aggregation == Aggregation::Trad,
             frame: None,
+            held_here: outlet.writer_slot(),
             look_every: 1,
             until_look: 1,
             looked_at: None,
@@ -112,13 +133,18 @@ impl<'a> CallWriter<'a> {
     /// Runs `P` at the destination; fire and forget: returns once the call is written (see
     /// the module docs for when it leaves). The error is boxed, so that a written call's
     /// result is one word: perf of a streaming caller (`ferromq bench rpc --mode trad
-    /// --call-size 8`) showed its loop waiting on the copy of a [`CallError`]-sized result.
+    /// --call-size 8`) showed its loop waiting on the copy of a [`CallError`]-sized result
+    /// (alternating runs then showed no clear change in calls/s either way).
     ///
     /// # Errors
-    /// [`CallError::Timeout`] when the frame was full and the destination had no room for the
-    /// whole timeout; [`CallError::Unreachable`] or [`CallError::Stopped`] once the channel
-    /// failed or the node shut down; [`CallError::Codec`] for arguments that do not
-    /// serialise. On an error this call was not written.
+    /// [`CallError::Timeout`] when the outlet had no room for the frame for the whole timeout;
+    /// [`CallError::Unreachable`] or [`CallError::Stopped`] once the channel failed or the
+    /// node shut down; [`CallError::Codec`] for arguments that do not serialise. On an error
+    /// this call was not written.
+    ///
+    /// # Cancel safety
+    /// Cancelled while it waits for room, the call was not written and the writer keeps what
+    /// it held; cancelled once written (it returns at once then), nothing is undone.
     pub async fn call<P: Procedure>(&mut self, args: &P::Args) -> Result<(), Box<CallError>> {
         if self.write_at_once::<P>(args) {
             return Ok(());
@@ -164,6 +190,9 @@ impl<'a> CallWriter<'a> {
         }
         let outlet = self.outlet;
         loop {
+            if self.frame.is_none() && self.bounded() {
+                self.wait_for_room(P::NAME).await?;
+            }
             let frame = self.frame.get_or_insert_with(|| outlet.own_frame());
             match frame.append_call(P::id().0, args, outlet.me()) {
                 Ok(true) => break,
@@ -189,6 +218,7 @@ impl<'a> CallWriter<'a> {
         let Some(frame) = &self.frame else {
             return;
         };
+        self.held_here.store(frame.n_records(), Ordering::Relaxed);
         let mut leave = frame.is_full();
         if !leave {
             self.until_look -= 1;
@@ -199,10 +229,11 @@ impl<'a> CallWriter<'a> {
         if leave {
             // Without waiting: a frame the outlet has no room for stays, and the next call
             // (or flush) waits for room before it writes.
-            if let Some(frame) = self.frame.take()
-                && let Err(refused) = outlet.hand_over(frame, self.bounded())
-            {
-                self.frame = Some(refused.1);
+            if let Some(frame) = self.frame.take() {
+                match outlet.hand_over(frame, self.bounded()) {
+                    Ok(()) => self.held_here.store(0, Ordering::Relaxed),
+                    Err(refused) => self.frame = Some(refused.1),
+                }
             }
         }
     }
@@ -232,6 +263,10 @@ impl<'a> CallWriter<'a> {
     ///
     /// # Errors
     /// As [`Rpc::flush`], for this destination.
+    ///
+    /// # Cancel safety
+    /// Cancelled while it waits for room, the writer keeps its frame; cancelled after the
+    /// hand-over, the frame is the outlet's and leaves as it would have.
     pub async fn flush(&mut self) -> Result<(), CallError> {
         self.hand_over_waiting("flush").await?;
         self.rpc.flush_one(self.dest).await
@@ -254,7 +289,10 @@ impl<'a> CallWriter<'a> {
                 .hand_over(frame, self.bounded())
                 .map_err(|refused| *refused)
             {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.held_here.store(0, Ordering::Relaxed);
+                    return Ok(());
+                }
                 Err((Rejection::NoRoom { queued, .. }, frame)) => {
                     self.frame = Some(frame);
                     let timeout = self.rpc.timeout();
@@ -276,8 +314,29 @@ impl<'a> CallWriter<'a> {
         }
     }
 
-    /// `frame`'s calls will not leave: said in the log and kept for [`Rpc::take_failures`].
+    /// Waits, at most the timeout, until the outlet has room (bounded): a writer starts a
+    /// frame only then. Frames are handed over when full or when the writer is dropped, so
+    /// without this a writer used for a call or two and dropped, again and again, queued a
+    /// frame each time however full the destination was.
+    async fn wait_for_room(&self, handler: &str) -> Result<(), CallError> {
+        let timeout = self.rpc.timeout();
+        if self.outlet.wait_for_room(Instant::now() + timeout).await {
+            return Ok(());
+        }
+        Err(CallError::Timeout {
+            destination: self.rpc.members()[self.dest].clone(),
+            handler: format!(
+                "{handler} (waiting for room: {} calls queued)",
+                self.outlet.queued()
+            ),
+            after: timeout,
+        })
+    }
+
+    /// `frame`'s calls will not leave: said in the log with their number, and kept for
+    /// [`Rpc::take_failures`] as one error.
     fn lost(&self, frame: &OwnFrame, error: &CallError) {
+        self.held_here.store(0, Ordering::Relaxed);
         tracing::warn!(
             destination = %self.rpc.members()[self.dest],
             lost = frame.n_records(),

@@ -845,6 +845,15 @@ fn main() {
             move || run(full_destination_writer(kind)),
         ));
     }
+    for kind in [Kind::Shmem, Kind::Ipc] {
+        tests.push(Trial::test(
+            format!(
+                "a_shutdown_while_a_writer_holds_calls_says_how_many_will_not_leave_over_{}",
+                kind.name()
+            ),
+            move || run(writer_at_shutdown(kind)),
+        ));
+    }
     for kind in [Kind::Shmem, Kind::Tcp] {
         tests.push(Trial::test(
             format!(
@@ -992,10 +1001,12 @@ async fn primitives(kind: Kind, mode: Aggregation) -> Result<()> {
         for value in N_CALLS..N_CALLS + 5 {
             writer.call::<Append>(&value).await?;
         }
-        let expected_held = if mode == Aggregation::Trad { 5 } else { 0 };
+        // `trad` holds them (unless a look at the clock found `aggregate-us` passed, as a
+        // preempted test can); the others send at once.
+        let most_held = if mode == Aggregation::Trad { 5 } else { 0 };
         ensure!(
-            writer.held() == expected_held,
-            "{} calls held, {expected_held} expected",
+            writer.held() <= most_held,
+            "{} calls held, at most {most_held} expected",
             writer.held()
         );
     }
@@ -1254,6 +1265,12 @@ async fn full_destination_writer(kind: Kind) -> Result<()> {
         next += 1;
         ensure!(next < 100_000_000, "a stopped member never counted as full");
     };
+    // A fresh writer used once (and dropped) waits for room too: were it to start a frame
+    // regardless, writers used once each would queue a frame apiece without bound.
+    match rpc.writer(1)?.call::<Append>(&u64::MAX).await {
+        Err(fresh) if matches!(*fresh, CallError::Timeout { .. }) => {}
+        other => bail!("a fresh writer's call to a full destination: {other:?}"),
+    }
     kill(pid, Signal::SIGCONT)?;
     ensure!(
         matches!(error, CallError::Timeout { ref destination, .. } if destination == "member-1"),
@@ -1266,6 +1283,45 @@ async fn full_destination_writer(kind: Kind) -> Result<()> {
     writer.flush().await?;
     took_every_accepted_call(&rpc, &accepted).await?;
     group.quit().await
+}
+
+/// Calls a writer still holds count as queued, and a shutdown while it holds them fails
+/// saying how many will not leave; the writer's drop afterwards reports them lost.
+async fn writer_at_shutdown(kind: Kind) -> Result<()> {
+    let own = RpcOptions {
+        // No frame leaves on its own while the test looks.
+        aggregate_delay: Duration::from_secs(60),
+        ..options(Aggregation::Trad, Duration::from_secs(30))
+    };
+    let group = Group::start_with(kind, 2, own, "wshut").await?;
+    let rpc = group.rpc.clone();
+    let mut writer = rpc.writer(1)?;
+    for value in 0..5 {
+        writer.call::<Append>(&value).await?;
+    }
+    ensure!(writer.held() == 5, "the writer holds {}", writer.held());
+    let queued = rpc.stats().queued_records;
+    ensure!(
+        queued == 5,
+        "{queued} calls counted as queued, the writer holds 5"
+    );
+    match rpc.shutdown().await {
+        Err(ferromq_core::Error::Undelivered {
+            channel,
+            n_messages: 5,
+            reason,
+        }) if channel.name == "rpc->member-1" => {
+            ensure!(reason.contains("CallWriter"), "{reason}");
+        }
+        other => bail!("a shutdown while a writer held 5 calls: {other:?}"),
+    }
+    drop(writer);
+    let failures = rpc.take_failures();
+    ensure!(
+        matches!(failures.as_slice(), [CallError::Stopped]),
+        "after the writer's drop: {failures:?}"
+    );
+    Ok(())
 }
 
 /// Calls pending at a member when it dies (a stalled `call_return`, an append waiting to be
