@@ -96,8 +96,9 @@ pub struct CallWriter<'a> {
     /// keeps a weak reference; only this writer stores to it).
     held_here: Arc<AtomicU32>,
     /// Calls between two looks at the clock, set from the calls' pace so that a look comes
-    /// about every quarter of `aggregate-us` (at most doubling per look, as the dispatcher's
-    /// looks do, so a slowing caller is looked at again soon).
+    /// about every quarter of `aggregate-us`. It at most doubles per look (as the dispatcher's
+    /// looks do), which limits how fast it grows; nothing shortens it before the next look, so
+    /// a caller that slows down after a fast run is looked at late (see the module docs).
     look_every: u32,
     until_look: u32,
     looked_at: Option<Instant>,
