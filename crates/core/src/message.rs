@@ -568,31 +568,41 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::AtomicUsize;
 
-    /// A read-only transport buffer that counts the boxes handed back through `recycle`.
-    struct ReadOnly {
+    /// A transport buffer, read-only unless made `writable` (as its one holder may write a
+    /// block), that counts the boxes handed back through `recycle`.
+    struct TestBuffer {
         bytes: Vec<u8>,
+        writable: bool,
         recycled: Arc<AtomicUsize>,
     }
 
-    impl ReadOnly {
-        fn boxed(bytes: Vec<u8>) -> Box<ReadOnly> {
-            ReadOnly::counted(bytes, &Arc::default())
+    impl TestBuffer {
+        fn boxed(bytes: Vec<u8>) -> Box<TestBuffer> {
+            TestBuffer::counted(bytes, &Arc::default())
         }
 
-        fn counted(bytes: Vec<u8>, recycled: &Arc<AtomicUsize>) -> Box<ReadOnly> {
-            Box::new(ReadOnly {
+        fn counted(bytes: Vec<u8>, recycled: &Arc<AtomicUsize>) -> Box<TestBuffer> {
+            Box::new(TestBuffer {
                 bytes,
+                writable: false,
                 recycled: Arc::clone(recycled),
+            })
+        }
+
+        fn writable(bytes: Vec<u8>) -> Box<TestBuffer> {
+            Box::new(TestBuffer {
+                writable: true,
+                ..*TestBuffer::boxed(bytes)
             })
         }
     }
 
-    impl MessageBuffer for ReadOnly {
+    impl MessageBuffer for TestBuffer {
         fn as_bytes(&self) -> &[u8] {
             &self.bytes
         }
         fn as_bytes_mut(&mut self) -> Option<&mut [u8]> {
-            None
+            self.writable.then_some(&mut self.bytes[..])
         }
         fn as_any(&self) -> &dyn Any {
             self
@@ -612,16 +622,16 @@ mod tests {
     fn a_finished_buffer_goes_back_through_recycle_unless_taken_out() {
         let count = Arc::new(AtomicUsize::new(0));
         let recycled = || count.load(Ordering::Relaxed);
-        drop(Message::from_buffer(ReadOnly::counted(
+        drop(Message::from_buffer(TestBuffer::counted(
             b"abc".to_vec(),
             &count,
         )));
         assert_eq!(recycled(), 1);
-        let bytes = Message::from_buffer(ReadOnly::counted(b"abc".to_vec(), &count)).into_bytes();
+        let bytes = Message::from_buffer(TestBuffer::counted(b"abc".to_vec(), &count)).into_bytes();
         assert_eq!((&bytes[..], recycled()), (&b"abc"[..], 1));
         drop(bytes);
         assert_eq!(recycled(), 2);
-        let (taken, _) = Message::from_buffer(ReadOnly::counted(b"abc".to_vec(), &count))
+        let (taken, _) = Message::from_buffer(TestBuffer::counted(b"abc".to_vec(), &count))
             .into_buffer()
             .unwrap_or_else(|_| panic!("a buffer message has a buffer"));
         assert_eq!(recycled(), 2, "a buffer taken out is the taker's");
@@ -629,31 +639,10 @@ mod tests {
         assert_eq!(recycled(), 3);
     }
 
-    /// A transport buffer its one holder may write.
-    struct Writable(Vec<u8>);
-
-    impl MessageBuffer for Writable {
-        fn as_bytes(&self) -> &[u8] {
-            &self.0
-        }
-        fn as_bytes_mut(&mut self) -> Option<&mut [u8]> {
-            Some(&mut self.0)
-        }
-        fn as_any(&self) -> &dyn Any {
-            self
-        }
-        fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
-            self
-        }
-        fn transport_name(&self) -> &'static str {
-            "test"
-        }
-    }
-
     #[test]
     fn with_data_mut_writes_where_data_mut_would() {
         // A writable buffer: in place.
-        let mut lent = Message::from_buffer(Box::new(Writable(vec![0; 8])));
+        let mut lent = Message::from_buffer(TestBuffer::writable(vec![0; 8]));
         let at = lent.data().as_ptr();
         let seen = lent.with_data_mut(|bytes| {
             bytes[0] = 1;
@@ -662,7 +651,7 @@ mod tests {
         assert_eq!(seen, (at, 8));
         assert_eq!(lent.data()[0], 1);
         // A read-only buffer: copied first, as `data_mut` does; the write lands in the copy.
-        let mut read_only = Message::from_buffer(ReadOnly::boxed(b"abc".to_vec()));
+        let mut read_only = Message::from_buffer(TestBuffer::boxed(b"abc".to_vec()));
         let at = read_only.data().as_ptr();
         let seen = read_only.with_data_mut(|bytes| {
             bytes[0] = b'x';
@@ -706,10 +695,10 @@ mod tests {
 
     #[test]
     fn read_only_buffer_copies_on_write_and_round_trips_to_bytes() {
-        let mut message = Message::from_buffer(ReadOnly::boxed(vec![5u8; 10]));
+        let mut message = Message::from_buffer(TestBuffer::boxed(vec![5u8; 10]));
         assert_eq!(message.memory_kind(), "test");
         let pointer = message.data().as_ptr();
-        let bytes = Message::from_buffer(ReadOnly::boxed(vec![5u8; 10])).into_bytes();
+        let bytes = Message::from_buffer(TestBuffer::boxed(vec![5u8; 10])).into_bytes();
         assert_eq!(bytes.len(), 10);
         message.set_used_size(4).unwrap();
         assert_eq!(message.data().as_ptr(), pointer);
@@ -741,7 +730,7 @@ mod tests {
             panic!("a heap message has no buffer")
         };
         assert_eq!(message.data(), b"abc");
-        let (buffer, size) = Message::from_buffer(ReadOnly::boxed(vec![0; 3]))
+        let (buffer, size) = Message::from_buffer(TestBuffer::boxed(vec![0; 3]))
             .into_buffer()
             .unwrap();
         assert_eq!((buffer.as_bytes().len(), size), (3, 3));

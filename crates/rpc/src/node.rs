@@ -592,6 +592,11 @@ impl Rpc {
         self.node.options.timeout
     }
 
+    /// The error of a call of `handler` to `dest` that waited for room for the whole timeout.
+    pub(crate) fn no_room(&self, dest: usize, handler: &str, queued: usize) -> CallError {
+        self.node.no_room(dest, handler, queued)
+    }
+
     /// The error a call of `handler` to `dest` refused with `rejection` fails with.
     pub(crate) fn refused(&self, dest: usize, handler: &str, rejection: Rejection) -> CallError {
         self.node.rejection_error(dest, handler, rejection).0
@@ -604,17 +609,9 @@ impl Rpc {
 
     /// [`Rpc::flush`] for one destination.
     pub(crate) async fn flush_one(&self, dest: usize) -> Result<(), CallError> {
-        let outlet = &self.node.outlets[dest];
         let deadline = Instant::now() + self.node.options.timeout;
-        match outlet.flush(deadline).await {
-            Flushed::Drained => Ok(()),
-            Flushed::TimedOut => Err(CallError::Timeout {
-                destination: self.node.names[dest].clone(),
-                handler: "flush".to_owned(),
-                after: self.node.options.timeout,
-            }),
-            Flushed::NotSent(cause) => Err(self.node.not_sent_error(dest, "flush", cause)),
-        }
+        let outcome = self.node.outlets[dest].flush(deadline).await;
+        self.node.flush_failure(dest, outcome).map_or(Ok(()), Err)
     }
 
     /// Queues a call of `P` to `dest` without waiting (unbounded, in order: [`WhenFull::Queue`]),
@@ -741,16 +738,9 @@ impl Rpc {
         let outcomes = self.node.flush_outlets(deadline).await;
         let mut first_failure = None;
         for (outlet, outcome) in self.node.outlets.iter().zip(outcomes) {
-            let failure = match outcome {
-                Flushed::Drained => continue,
-                Flushed::TimedOut => CallError::Timeout {
-                    destination: self.node.names[outlet.dest].clone(),
-                    handler: "flush".to_owned(),
-                    after: self.node.options.timeout,
-                },
-                Flushed::NotSent(cause) => self.node.not_sent_error(outlet.dest, "flush", cause),
-            };
-            first_failure.get_or_insert(failure);
+            if let Some(failure) = self.node.flush_failure(outlet.dest, outcome) {
+                first_failure.get_or_insert(failure);
+            }
         }
         first_failure.map_or(Ok(()), Err)
     }
@@ -808,10 +798,7 @@ impl Rpc {
         let held = self.node.outlets.iter().find_map(|outlet| {
             let held = outlet.held_by_writers();
             (held > 0).then(|| ferromq_core::Error::Undelivered {
-                channel: ferromq_core::ChannelLabel::new(
-                    format!("rpc->{}", self.node.names[outlet.dest]),
-                    SocketType::Push,
-                ),
+                channel: self.node.outlet_label(outlet.dest),
                 n_messages: held as u64,
                 reason: "a CallWriter still held them when the node shut down (flush or drop \
                          writers before the shutdown)"
@@ -841,10 +828,7 @@ impl Rpc {
                     // taking frames slowly. Its drop logs what it still held.
                     match self.node.outlets.get(idx).filter(|_| !is_dispatcher) {
                         Some(outlet) => Err(ferromq_core::Error::Undelivered {
-                            channel: ferromq_core::ChannelLabel::new(
-                                format!("rpc->{}", self.node.names[outlet.dest]),
-                                SocketType::Push,
-                            ),
+                            channel: self.node.outlet_label(outlet.dest),
                             n_messages: outlet.queued() as u64,
                             reason: format!(
                                 "the channel's close was still under way {CLOSE_GRACE:?} past \
@@ -1365,21 +1349,41 @@ impl Node {
                     let deadline =
                         *deadline.get_or_insert_with(|| Instant::now() + self.options.timeout);
                     if !outlet.wait_for_room(deadline).await {
-                        return Err((
-                            CallError::Timeout {
-                                destination: self.names[dest].clone(),
-                                handler: format!(
-                                    "{handler} (waiting for room: {queued} calls queued)"
-                                ),
-                                after: self.options.timeout,
-                            },
-                            buffer,
-                        ));
+                        return Err((self.no_room(dest, handler, queued), buffer));
                     }
                 }
                 Err(rejection) => return Err(self.rejection_error(dest, handler, rejection)),
             }
         }
+    }
+
+    /// The error of a call of `handler` to `dest` that waited for room for the whole timeout,
+    /// `queued` calls queued.
+    fn no_room(&self, dest: usize, handler: &str, queued: usize) -> CallError {
+        CallError::Timeout {
+            destination: self.names[dest].clone(),
+            handler: format!("{handler} (waiting for room: {queued} calls queued)"),
+            after: self.options.timeout,
+        }
+    }
+
+    /// How a flush of `dest`'s outlet ended, as the error a flush fails with; `None` when it
+    /// drained.
+    fn flush_failure(&self, dest: usize, outcome: Flushed) -> Option<CallError> {
+        match outcome {
+            Flushed::Drained => None,
+            Flushed::TimedOut => Some(CallError::Timeout {
+                destination: self.names[dest].clone(),
+                handler: "flush".to_owned(),
+                after: self.options.timeout,
+            }),
+            Flushed::NotSent(cause) => Some(self.not_sent_error(dest, "flush", cause)),
+        }
+    }
+
+    /// The label of the push channel to `dest`, as a loss report names it.
+    fn outlet_label(&self, dest: usize) -> ferromq_core::ChannelLabel {
+        ferromq_core::ChannelLabel::new(format!("rpc->{}", self.names[dest]), SocketType::Push)
     }
 
     fn rejection_error(

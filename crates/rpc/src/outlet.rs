@@ -430,31 +430,21 @@ fn write_short_call<T: Serialize + ?Sized>(
         return Ok(None);
     };
     let mut staged = [0u8; STAGED_RECORD];
-    let (head, rest) = staged
-        .split_first_chunk_mut::<{ wire::REPEAT_HEAD_LEN }>()
-        .expect("a staged record holds a head");
-    let payload_len = match postcard::to_slice(args, rest) {
-        Ok(written) => written.len(),
+    match write_short_call_in_place(&mut staged, args)? {
+        Some(len) => Ok(room.get_mut(..len).map(|target| {
+            target.copy_from_slice(&staged[..len]);
+            len
+        })),
         // Larger than the stage: written in place.
-        Err(postcard::Error::SerializeBufferFull) => return write_short_call_in_place(room, args),
-        Err(error) => return Err(error.to_string().into()),
-    };
-    let len = wire::REPEAT_HEAD_LEN + payload_len;
-    let Some(target) = room.get_mut(..len) else {
-        return Ok(None);
-    };
-    let [len_0, len_1] = u16::try_from(payload_len)
-        .expect("a staged payload is short")
-        .to_le_bytes();
-    *head = [wire::KIND_CALL_REPEAT, len_0, len_1];
-    target.copy_from_slice(&staged[..len]);
-    Ok(Some(len))
+        None => write_short_call_in_place(room, args),
+    }
 }
 
 /// The bytes a short call record is put together in before it is stored ([`write_short_call`]).
 const STAGED_RECORD: usize = 64;
 
-/// [`write_short_call`] serialising straight into `room`, for arguments larger than the stage.
+/// [`write_short_call`] serialising straight into `room`: its length, or `None` when it does not
+/// fit or its payload's length does not fit the short form.
 fn write_short_call_in_place<T: Serialize + ?Sized>(
     room: &mut [u8],
     args: &T,
@@ -508,6 +498,15 @@ struct State {
 }
 
 impl State {
+    /// Why the outlet refuses records, if it does: its channel failed, or it closes.
+    fn refusal(&self) -> Option<Rejection> {
+        if let Some(failure) = &self.failure {
+            return Some(Rejection::Failed(failure.clone()));
+        }
+        self.closing
+            .then(|| Rejection::Failed(SHUT_DOWN.to_owned()))
+    }
+
     /// Why records accepted here were not all sent: the channel failed, or a bounded close
     /// gave some up. `None` while everything accepted was sent or is still on its way.
     fn not_sent(&self) -> Option<String> {
@@ -686,22 +685,19 @@ impl Outlet {
 
     /// Why the outlet refuses records, if it does (as [`Outlet::try_push`] would say).
     pub(crate) fn refusal(&self) -> Option<Rejection> {
-        let state = self.lock();
-        if let Some(failure) = &state.failure {
-            return Some(Rejection::Failed(failure.clone()));
-        }
-        state
-            .closing
-            .then(|| Rejection::Failed(SHUT_DOWN.to_owned()))
+        self.lock().refusal()
+    }
+
+    fn writers(&self) -> std::sync::MutexGuard<'_, Vec<Weak<AtomicU32>>> {
+        self.writers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A new writer's slot: it stores there how many calls it holds (see `writers`).
     pub(crate) fn writer_slot(&self) -> Arc<AtomicU32> {
         let slot = Arc::new(AtomicU32::new(0));
-        let mut writers = self
-            .writers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut writers = self.writers();
         writers.retain(|writer| writer.strong_count() > 0);
         writers.push(Arc::downgrade(&slot));
         slot
@@ -709,9 +705,7 @@ impl Outlet {
 
     /// Calls the live writers to this destination hold, not yet handed over.
     pub(crate) fn held_by_writers(&self) -> usize {
-        self.writers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.writers()
             .iter()
             .filter_map(Weak::upgrade)
             .map(|slot| slot.load(Ordering::Relaxed) as usize)
@@ -741,11 +735,8 @@ impl Outlet {
             return Ok(());
         }
         let mut state = self.lock();
-        if let Some(failure) = &state.failure {
-            return Err(Box::new((Rejection::Failed(failure.clone()), frame)));
-        }
-        if state.closing {
-            return Err(Box::new((Rejection::Failed(SHUT_DOWN.to_owned()), frame)));
+        if let Some(refusal) = state.refusal() {
+            return Err(Box::new((refusal, frame)));
         }
         if bounded && state.n_queued >= self.config.max_queued {
             let queued = state.n_queued;
@@ -787,11 +778,8 @@ impl Outlet {
         hold: bool,
     ) -> Result<(), Rejection> {
         let mut state = self.lock();
-        if let Some(failure) = &state.failure {
-            return Err(Rejection::Failed(failure.clone()));
-        }
-        if state.closing {
-            return Err(Rejection::Failed(SHUT_DOWN.to_owned()));
+        if let Some(refusal) = state.refusal() {
+            return Err(refusal);
         }
         if bounded && state.n_queued >= self.config.max_queued {
             return Err(Rejection::NoRoom {

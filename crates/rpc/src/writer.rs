@@ -214,8 +214,7 @@ impl<'a> CallWriter<'a> {
     /// since its first call (looked at the calls' pace).
     #[inline]
     fn written(&mut self) {
-        let outlet = self.outlet;
-        let config = outlet.config();
+        let config = self.outlet.config();
         let Some(frame) = &self.frame else {
             return;
         };
@@ -228,14 +227,9 @@ impl<'a> CallWriter<'a> {
             }
         }
         if leave {
-            // Without waiting: a frame the outlet has no room for stays, and the next call
-            // (or flush) waits for room before it writes.
-            if let Some(frame) = self.frame.take() {
-                match outlet.hand_over(frame, self.bounded()) {
-                    Ok(()) => self.held_here.store(0, Ordering::Relaxed),
-                    Err(refused) => self.frame = Some(refused.1),
-                }
-            }
+            // Without waiting: a frame the outlet refuses stays, and the next call (or flush)
+            // waits for room, or reports the refusal, before it writes.
+            let _ = self.try_hand_over();
         }
     }
 
@@ -282,35 +276,41 @@ impl<'a> CallWriter<'a> {
     async fn hand_over_waiting(&mut self, handler: &str) -> Result<(), CallError> {
         let mut deadline = None;
         loop {
-            let Some(frame) = self.frame.take() else {
-                return Ok(());
-            };
-            match self
-                .outlet
-                .hand_over(frame, self.bounded())
-                .map_err(|refused| *refused)
-            {
-                Ok(()) => {
-                    self.held_here.store(0, Ordering::Relaxed);
-                    return Ok(());
-                }
-                Err((Rejection::NoRoom { queued, .. }, frame)) => {
-                    self.frame = Some(frame);
-                    let timeout = self.rpc.timeout();
-                    let deadline = *deadline.get_or_insert_with(|| Instant::now() + timeout);
+            match self.try_hand_over() {
+                Ok(()) => return Ok(()),
+                Err(Rejection::NoRoom { queued, .. }) => {
+                    let deadline =
+                        *deadline.get_or_insert_with(|| Instant::now() + self.rpc.timeout());
                     if !self.outlet.wait_for_room(deadline).await {
-                        return Err(CallError::Timeout {
-                            destination: self.rpc.members()[self.dest].clone(),
-                            handler: format!("{handler} (waiting for room: {queued} calls queued)"),
-                            after: timeout,
-                        });
+                        return Err(self.rpc.no_room(self.dest, handler, queued));
                     }
                 }
-                Err((rejection, frame)) => {
+                Err(rejection) => {
                     let error = self.rpc.refused(self.dest, handler, rejection);
-                    self.lost(&frame, &error);
+                    if let Some(frame) = self.frame.take() {
+                        self.lost(&frame, &error);
+                    }
                     return Err(error);
                 }
+            }
+        }
+    }
+
+    /// Hands the frame (if any) to the outlet without waiting, bounded as the policy says;
+    /// refused, the frame stays with the writer and the refusal comes back.
+    fn try_hand_over(&mut self) -> Result<(), Rejection> {
+        let Some(frame) = self.frame.take() else {
+            return Ok(());
+        };
+        match self.outlet.hand_over(frame, self.bounded()) {
+            Ok(()) => {
+                self.held_here.store(0, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(refused) => {
+                let (rejection, frame) = *refused;
+                self.frame = Some(frame);
+                Err(rejection)
             }
         }
     }
@@ -320,18 +320,14 @@ impl<'a> CallWriter<'a> {
     /// without this a writer used for a call or two and dropped, again and again, queued a
     /// frame each time however full the destination was.
     async fn wait_for_room(&self, handler: &str) -> Result<(), CallError> {
-        let timeout = self.rpc.timeout();
-        if self.outlet.wait_for_room(Instant::now() + timeout).await {
+        if self
+            .outlet
+            .wait_for_room(Instant::now() + self.rpc.timeout())
+            .await
+        {
             return Ok(());
         }
-        Err(CallError::Timeout {
-            destination: self.rpc.members()[self.dest].clone(),
-            handler: format!(
-                "{handler} (waiting for room: {} calls queued)",
-                self.outlet.queued()
-            ),
-            after: timeout,
-        })
+        Err(self.rpc.no_room(self.dest, handler, self.outlet.queued()))
     }
 
     /// `frame`'s calls will not leave: said in the log with their number, and kept for
