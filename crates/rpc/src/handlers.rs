@@ -20,7 +20,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::node::Rpc;
-use crate::wire::Status;
+use crate::wire::{FrameReader, Status};
 
 /// A remote function: its name (the id is derived from it) and its argument and result types.
 ///
@@ -124,10 +124,22 @@ type Erased = dyn Fn(
     + Send
     + Sync;
 
+/// A synchronous handler's run of a frame's short calls to it ([`crate::wire::KIND_CALL_REPEAT`]:
+/// plain, fire and forget, no buffer), read from the frame while they last, at most `most` of
+/// them: how many it took, and the failure of the last one taken if that one failed (the run
+/// stops there). Why: through [`Erased`], each 8-byte call of a stream was a dynamic call, an
+/// answer looked at and the dispatcher's bookkeeping, more than half of the destination's time
+/// (perf, `ferromq bench rpc --mode trad --call-size 8`); here the handler's own code loops
+/// over them, with one `catch_unwind` for the run.
+type ShortCalls =
+    dyn Fn(&Invocation, &mut FrameReader<'_>, u32) -> (u32, Option<(Status, String)>) + Send + Sync;
+
 struct Entry {
     name: &'static str,
     wants_buffer: bool,
     run: Arc<Erased>,
+    /// Only for synchronous handlers without a buffer ([`Handlers::on_sync`]).
+    short_calls: Option<Arc<ShortCalls>>,
 }
 
 /// The handlers one member serves, by id. Built before the node starts.
@@ -163,7 +175,7 @@ impl Handlers {
                 output.is_some(),
             )))
         };
-        self.insert::<P>(false, Arc::new(run))
+        self.insert::<P>(false, Arc::new(run), None)
     }
 
     /// Serves `P` with a synchronous `handler(invocation, args)`: it runs at once on the
@@ -175,6 +187,8 @@ impl Handlers {
         P: Procedure,
         F: Fn(&Invocation, P::Args) -> P::Output + Send + Sync + 'static,
     {
+        let handler = Arc::new(handler);
+        let for_short_calls = Arc::clone(&handler);
         let run = move |invocation: &Invocation,
                         payload: &[u8],
                         _buffer: &mut Option<Message>,
@@ -184,7 +198,29 @@ impl Handlers {
             encode_into::<P>(&output, into)?;
             Ok(Started::Done)
         };
-        self.insert::<P>(false, Arc::new(run))
+        let short_calls =
+            move |invocation: &Invocation, reader: &mut FrameReader<'_>, most: u32| {
+                let id = P::id().0;
+                let mut taken = 0;
+                let run = std::panic::catch_unwind(AssertUnwindSafe(|| -> Result<(), _> {
+                    while taken < most {
+                        let Some(payload) = reader.next_short_call_to(id) else {
+                            break;
+                        };
+                        taken += 1;
+                        // Nobody waits for the result of a short call: it is not encoded.
+                        let _ = for_short_calls(invocation, decode_args::<P>(payload)?);
+                    }
+                    Ok(())
+                }));
+                let failure = match run {
+                    Ok(Ok(())) => None,
+                    Ok(Err(failure)) => Some(failure),
+                    Err(panic) => Some((Status::Panicked, panic_message(panic.as_ref()))),
+                };
+                (taken, failure)
+            };
+        self.insert::<P>(false, Arc::new(run), Some(Arc::new(short_calls)))
     }
 
     /// As [`Handlers::on_sync`], for calls with a buffer.
@@ -204,7 +240,7 @@ impl Handlers {
             encode_into::<P>(&output, into)?;
             Ok(Started::Done)
         };
-        self.insert::<P>(true, Arc::new(run))
+        self.insert::<P>(true, Arc::new(run), None)
     }
 
     /// Serves `P` with `handler(invocation, args, buffer)`: the handler runs once the buffer is
@@ -228,10 +264,15 @@ impl Handlers {
                 output.is_some(),
             )))
         };
-        self.insert::<P>(true, Arc::new(run))
+        self.insert::<P>(true, Arc::new(run), None)
     }
 
-    fn insert<P: Procedure>(mut self, wants_buffer: bool, run: Arc<Erased>) -> Handlers {
+    fn insert<P: Procedure>(
+        mut self,
+        wants_buffer: bool,
+        run: Arc<Erased>,
+        short_calls: Option<Arc<ShortCalls>>,
+    ) -> Handlers {
         let id = P::id().0;
         if let Some(known) = self.entries.get(&id) {
             self.conflicts.push(format!(
@@ -248,6 +289,7 @@ impl Handlers {
                 name: P::NAME,
                 wants_buffer,
                 run,
+                short_calls,
             },
         );
         self
@@ -318,6 +360,20 @@ impl Resolved<'_> {
             );
         }
         (entry.run)(invocation, payload, buffer, output)
+    }
+
+    /// Runs the short calls to this handler that come next in `reader`, at most `most`: how
+    /// many ran (the failure of the last if it failed, see [`ShortCalls`]); `None` for a
+    /// handler that takes them one by one ([`Resolved::start`]).
+    #[inline]
+    pub(crate) fn run_short_calls(
+        self,
+        invocation: &Invocation,
+        reader: &mut FrameReader<'_>,
+        most: u32,
+    ) -> Option<(u32, Option<(Status, String)>)> {
+        let short_calls = self.entry.short_calls.as_deref()?;
+        Some(short_calls(invocation, reader, most))
     }
 }
 

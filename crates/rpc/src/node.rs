@@ -1893,10 +1893,36 @@ impl Node {
         // Made at the frame's first call and lent to each call's handler: made per call, the
         // node's reference count went up and down per call, two locked instructions that were
         // a fifth of the dispatcher's work for 8-byte calls (perf, `ferromq bench rpc --mode trad`).
-        let mut invocation = None;
+        let mut invocation: Option<Invocation> = None;
         // The handler of the frame's last plain call, for the calls after it.
         let mut resolved: Option<Resolved<'_>> = None;
-        while let Some(record) = reader.next_record() {
+        loop {
+            // The short calls after a plain call to a synchronous handler run in the handler's
+            // own loop (see `handlers::ShortCalls`), up to the next eighth call of the frame, so
+            // that answers leave and the outlets get their turn as they would call by call.
+            if let (Some(handler), Some(invocation)) = (resolved, invocation.as_mut())
+                && reader.at_short_call_to(handler.id())
+            {
+                invocation.caller = from;
+                if let Some((taken, failure)) =
+                    handler.run_short_calls(invocation, &mut reader, 8 - served % 8)
+                    && taken > 0
+                {
+                    if let Some(failure) = failure {
+                        let head = RecordHead::call(handler.id(), 0, 0);
+                        self.conclude(from, from, head, Err(failure));
+                    }
+                    served += taken;
+                    if self.served(served, intake) {
+                        tokio::task::yield_now().await;
+                        intake.turned(std::time::Instant::now());
+                    }
+                    continue;
+                }
+            }
+            let Some(record) = reader.next_record() else {
+                break;
+            };
             let record = match record {
                 Ok(record) => record,
                 Err(error) => {
@@ -1972,20 +1998,8 @@ impl Node {
                         self.serve(from, head, record.payload, buffer, invocation, intake)
                             .await?;
                     }
-                    // Answers leave every `RELEASE_EVERY` calls, not only at the frame's end:
-                    // a caller with many calls in flight refills while the rest is served
-                    // instead of waiting for the whole wave.
                     served += 1;
-                    if served.is_multiple_of(RELEASE_EVERY) {
-                        self.release_answers();
-                    }
-                    // Handlers that take long would hold the calls they made until the
-                    // intake is empty, and the members they call would idle meanwhile: after
-                    // `YIELD_AFTER` of serving (counted across frames, looked at after 8
-                    // calls of a frame or more, as `Intake::served_eight` paces the looks),
-                    // the outlets get a turn to send.
-                    if served.is_multiple_of(8) && intake.served_eight() {
-                        self.release_answers();
+                    if self.served(served, intake) {
                         tokio::task::yield_now().await;
                         intake.turned(std::time::Instant::now());
                     }
@@ -2011,6 +2025,25 @@ impl Node {
         }
         ControlFlow::Continue(())
     }
+
+    /// After the `served`th call of a frame. Answers leave every [`RELEASE_EVERY`] calls, not
+    /// only at the frame's end: a caller with many calls in flight refills while the rest is
+    /// served instead of waiting for the whole wave. Handlers that take long would hold the
+    /// calls they made until the intake is empty, and the members they call would idle
+    /// meanwhile: after [`YIELD_AFTER`] of serving (counted across frames, looked at every
+    /// eighth call of a frame, as [`Intake::served_eight`] paces the looks), the outlets get a
+    /// turn to send. True: the dispatcher yields now (the answers were released).
+    #[inline]
+    fn served(&self, served: u32, intake: &mut Intake) -> bool {
+        if served.is_multiple_of(RELEASE_EVERY) {
+            self.release_answers();
+        }
+        if served.is_multiple_of(8) && intake.served_eight() {
+            self.release_answers();
+            return true;
+        }
+        false
+    }
 }
 
 /// Calls served between two releases of their answers within one frame. `ferromq bench rpc
@@ -2018,6 +2051,9 @@ impl Node {
 /// frame's end 0.88 M returns/s, every 8 calls 0.82-0.92 M, every 16 1.02-1.11 M, every 32
 /// 1.07-1.12 M; 16 keeps the gain for fewer calls in flight.
 const RELEASE_EVERY: u32 = 16;
+// A run of short calls ends at the next eighth call (`Node::handle_frame`): it never passes a
+// release.
+const _: () = assert!(RELEASE_EVERY.is_multiple_of(8));
 
 /// How long the dispatcher serves calls before it lets the outlets send. 20 µs and 500 µs both
 /// served the MCTS search's two workers worse than 200 (50 µs: ~10 % fewer rollouts/s): a turn

@@ -99,6 +99,15 @@ impl Procedure for ExplodeAtOnce {
     type Output = ();
 }
 
+/// Appends its value to the log, and panics instead for values that end in 500: what shows
+/// that one failed call of a run of short calls fails alone.
+struct AppendUnless500;
+impl Procedure for AppendUnless500 {
+    const NAME: &'static str = "append-unless-500";
+    type Args = u64;
+    type Output = ();
+}
+
 struct NotServed;
 impl Procedure for NotServed {
     const NAME: &'static str = "not-served";
@@ -231,7 +240,11 @@ impl Default for Service {
 }
 
 fn handlers(service: &Arc<Service>) -> Handlers {
-    let (again, stop) = (Arc::clone(service), Arc::clone(service));
+    let (again, stop, unless_500) = (
+        Arc::clone(service),
+        Arc::clone(service),
+        Arc::clone(service),
+    );
     let (log, take, sums, last, hits, count, quit, waited) = (
         Arc::clone(service),
         Arc::clone(service),
@@ -247,6 +260,10 @@ fn handlers(service: &Arc<Service>) -> Handlers {
         .on_sync::<Add, _>(|_, (a, b)| a + b)
         .on_sync::<SumPlain, _>(|_, Plain(values)| Plain(values.iter().sum()))
         .on_sync::<Append, _>(move |_, value| log.log.lock().unwrap().push(value))
+        .on_sync::<AppendUnless500, _>(move |_, value| {
+            assert!(value % 1000 != 500, "deliberate: {value} ends in 500");
+            unless_500.log.lock().unwrap().push(value);
+        })
         .on_sync::<ExplodeAtOnce, _>(|_, ()| panic!("deliberate: a synchronous handler exploded"))
         .on::<TakeLog, _, _>(move |_, ()| {
             let taken = std::mem::take(&mut *take.log.lock().unwrap());
@@ -1015,6 +1032,34 @@ async fn primitives(kind: Kind, mode: Aggregation) -> Result<()> {
         log == (0..N_CALLS + 5).collect::<Vec<_>>(),
         "{} calls through a writer came back out of order or incomplete",
         log.len()
+    );
+
+    // A stream of small calls to a synchronous handler runs in the handler's own loop at the
+    // destination (short records, `trad` and a busy `ovfl`): a call of it that panics fails
+    // alone, reported as a fire-and-forget failure, and the calls after it still run, in order.
+    {
+        let mut writer = rpc.writer(1)?;
+        for value in 0..3000 {
+            writer.call::<AppendUnless500>(&value).await?;
+        }
+        writer.flush().await?;
+    }
+    let log = rpc.call_return::<TakeLog>(1, &()).await?;
+    let expected: Vec<u64> = (0..3000).filter(|value| value % 1000 != 500).collect();
+    ensure!(
+        log == expected,
+        "{} of {} calls around the failed ones ran, or out of order",
+        log.len(),
+        expected.len()
+    );
+    let failures = rpc.take_failures();
+    ensure!(
+        failures.len() == 3
+            && failures.iter().all(|failure| matches!(
+                remote(failure),
+                Some(("member-1", "append-unless-500", RemoteFailure::Panicked, _))
+            )),
+        "{failures:?}"
     );
 
     // Tickets: consumed, and left.
