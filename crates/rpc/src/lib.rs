@@ -80,17 +80,40 @@ pub use writer::CallWriter;
 pub mod fuzzing {
     use crate::wire::{self, FrameReader, Record, RecordHead, Status};
 
-    /// Reads every record of `frame` as a member's dispatcher does (the sender's index, then
-    /// record by record), then writes the
-    /// records again as an outlet writes them and reads that back. `Ok(false)` when the frame
-    /// is refused; `Err` when the second reading differs from the first.
+    /// Reads every record of `frame` record by record and as a member's dispatcher does (runs
+    /// of short calls taken whole), which must agree, then writes the records again as an
+    /// outlet writes them and reads that back. `Ok(false)` when the frame is refused; `Err`
+    /// when two readings differ.
     ///
     /// # Errors
     /// A description of the difference.
     pub fn read_frame(frame: &[u8]) -> Result<bool, String> {
+        let as_dispatcher = read_as_dispatcher(frame);
         let Some((from, records)) = read_all(frame) else {
-            return Ok(false);
+            return match as_dispatcher {
+                None => Ok(false),
+                Some((_, records)) => Err(format!(
+                    "refused record by record, read as {} records with runs of short calls",
+                    records.len()
+                )),
+            };
         };
+        match as_dispatcher {
+            Some((again_from, again)) if again_from == from && again == records => {}
+            Some((_, again)) => {
+                return Err(format!(
+                    "{} records record by record, {} otherwise with runs of short calls",
+                    records.len(),
+                    again.len()
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "{} records record by record, refused with runs of short calls",
+                    records.len()
+                ));
+            }
+        }
         let written = wire::write_frame(from, &records);
         match read_all(&written) {
             Some((again_from, again)) if again_from == from && again == records => Ok(true),
@@ -110,6 +133,43 @@ pub mod fuzzing {
         let mut records = Vec::new();
         while let Some(record) = reader.next_record() {
             records.push(record.ok()?);
+        }
+        Some((reader.from, records))
+    }
+
+    /// As [`read_all`], the way the dispatcher reads: after a plain call, the short calls to its
+    /// handler that follow are taken in runs (of at most eight, as the dispatcher's are) by
+    /// `FrameReader::next_short_call_to`, the rest record by record.
+    fn read_as_dispatcher(frame: &[u8]) -> Option<(u32, Vec<Record<'_>>)> {
+        let mut reader = FrameReader::new(frame).ok()?;
+        let mut records = Vec::new();
+        let mut plain_call_to = None;
+        loop {
+            if let Some(handler) = plain_call_to
+                && reader.at_short_call_to(handler)
+            {
+                let mut run = 0;
+                while run < 8
+                    && let Some(payload) = reader.next_short_call_to(handler)
+                {
+                    records.push(Record {
+                        head: RecordHead::call(handler, 0, 0),
+                        payload,
+                    });
+                    run += 1;
+                }
+                if run > 0 {
+                    continue;
+                }
+            }
+            let Some(record) = reader.next_record() else {
+                break;
+            };
+            let record = record.ok()?;
+            if record.head.kind == wire::KIND_CALL && record.head.flags & wire::PULL == 0 {
+                plain_call_to = Some(record.head.handler);
+            }
+            records.push(record);
         }
         Some((reader.from, records))
     }
