@@ -4,7 +4,7 @@
 //! whose handlers do nothing but count. Per transport, mode and call size, each round streams
 //! calls for `--duration` through a `CallWriter` (one caller's own frame, as Seriema's threads
 //! each have theirs; `--shared-frame`: through `Rpc::call`, under the outlet's lock per call;
-//! only `trad` differs, a writer sends the other modes' calls through `Rpc::call`) and then asks
+//! `trad` and `ovfl` differ, a writer sends `send`'s calls through `Rpc::call`) and then asks
 //! the destination how many it ran (so a call counts once its handler ran); then it measures `call_return` round trips one at a time (p50, p99) and
 //! with 64 in flight (returns per second), calls' latency at 1% of the measured rate (or at
 //! `--light-load-rate`, one rate for every mode, so that modes compare at the same load), and
@@ -57,8 +57,8 @@ pub struct RpcBenchOptions {
     pub busy_poll: bool,
     /// Stream through `Rpc::call` (the destination's frame, shared by every task of the
     /// member, written under a lock per call) instead of a `CallWriter` (the caller's own
-    /// frame, Seriema's per-thread buffer). Only `trad` differs: a writer sends every other
-    /// mode's calls through `Rpc::call`.
+    /// frame, Seriema's per-thread buffer). `trad` and `ovfl` differ (an `ovfl` writer holds
+    /// calls while the destination lags); a writer sends `send`'s calls through `Rpc::call`.
     #[arg(long = "shared-frame")]
     pub shared_frame: bool,
     /// shmem: every process locks its own segment and its peers' into memory (FairMQ's
@@ -84,7 +84,7 @@ pub struct RpcBenchResult {
     /// send, trad or ovfl.
     pub mode: String,
     /// What the calls were made through: `writer` (a `CallWriter`, the default) or `rpc-call`
-    /// (`Rpc::call`, `--shared-frame`). Only `trad` differs between the two.
+    /// (`Rpc::call`, `--shared-frame`). `trad` and `ovfl` differ between the two.
     #[serde(default)]
     pub calls_through: String,
     /// Bytes of arguments per call.

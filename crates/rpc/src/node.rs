@@ -569,7 +569,7 @@ impl Rpc {
 
     /// A writer of calls to `dest` that holds them in a frame of its own, written without the
     /// lock [`Rpc::call`] takes per call: for one caller streaming calls to one destination
-    /// that aggregates `trad` (see [`CallWriter`] for when its calls leave, and their order).
+    /// that aggregates `trad` or `ovfl` (see [`CallWriter`] for when its calls leave, and their order).
     ///
     /// # Errors
     /// [`CallError::UnknownDestination`] when `dest` is not a member.

@@ -574,6 +574,10 @@ pub(crate) struct Outlet {
     /// The outlet refuses records (failed or closing): what a [`crate::CallWriter`] looks
     /// at per call instead of taking the lock.
     refusing: AtomicBool,
+    /// Records are queued or on their way (`n_queued > 0`), stored under the lock wherever
+    /// that count changes: what an `ovfl` [`crate::CallWriter`] looks at per call to know
+    /// whether the destination lags (it then holds its calls, as `ovfl` packs them).
+    busy: AtomicBool,
     /// How many calls each live [`crate::CallWriter`] to this destination holds, a slot per
     /// writer that it alone stores to: what `Rpc::stats` and a shutdown count as not yet
     /// handed over.
@@ -617,6 +621,7 @@ impl Outlet {
             }),
             held: AtomicBool::new(false),
             refusing: AtomicBool::new(false),
+            busy: AtomicBool::new(false),
             writers: Mutex::default(),
             ready: Notify::new(),
             room: Notify::new(),
@@ -700,6 +705,18 @@ impl Outlet {
         self.refusing.load(Ordering::Relaxed)
     }
 
+    /// Records are queued or on their way: the destination has not taken all it was sent.
+    /// Read without the lock, so it may be a moment late either way.
+    #[inline]
+    pub(crate) fn busy(&self) -> bool {
+        self.busy.load(Ordering::Relaxed)
+    }
+
+    /// Publishes whether records are queued, after `state.n_queued` changed (under the lock).
+    fn queued_changed(&self, state: &State) {
+        self.busy.store(state.n_queued > 0, Ordering::Relaxed);
+    }
+
     /// Why the outlet refuses records, if it does (as [`Outlet::try_push`] would say).
     pub(crate) fn refusal(&self) -> Option<Rejection> {
         self.lock().refusal()
@@ -766,6 +783,7 @@ impl Outlet {
         }
         self.seal(&mut state);
         state.n_queued += frame.frame.n_records as usize;
+        self.queued_changed(&state);
         state.sealed.push_back(frame.frame);
         drop(state);
         self.ready.notify_one();
@@ -845,6 +863,7 @@ impl Outlet {
             }
         }
         state.n_queued += 1;
+        self.queued_changed(&state);
         // Only `trad` holds a frame for a while: the others need no clock read per call.
         if self.config.aggregation == Aggregation::Trad && state.open_since.is_none() {
             state.open_since = Some(Instant::now());
@@ -929,6 +948,7 @@ impl Outlet {
                 .fetch_add(u64::from(n_records), Ordering::Relaxed);
         }
         state.n_queued -= n_records as usize;
+        self.queued_changed(state);
         on_left.into_iter().for_each(|left| {
             let _ = left.send(());
         });
@@ -1138,6 +1158,7 @@ impl Outlet {
                 state.sealed.clear();
                 state.open = None;
                 state.n_queued -= dropped;
+                self.queued_changed(&state);
                 state.failure = Some(cause.clone());
                 self.refusing.store(true, Ordering::Relaxed);
                 drop(state);
@@ -1199,6 +1220,7 @@ impl Outlet {
         );
         state.open_since = None;
         state.n_queued = 0;
+        self.queued_changed(state);
         state.given_up = true;
         self.room.notify_waiters();
         self.drained.notify_waiters();
@@ -1319,9 +1341,11 @@ mod tests {
         // An empty frame is nothing to queue.
         assert!(outlet.hand_over(outlet.own_frame(), true).is_ok());
         assert_eq!(outlet.queued(), 0);
+        assert!(!outlet.busy());
         push_raw(&outlet, 2, b"shared");
         assert!(outlet.hand_over(own_frame_of(&outlet, 150), true).is_ok());
         assert_eq!(outlet.queued(), 151);
+        assert!(outlet.busy());
         assert!(
             outlet.lock().open.is_none(),
             "the shared frame was sealed first"
@@ -1533,6 +1557,7 @@ mod tests {
         let (sink, mut frames) = tokio::sync::mpsc::unbounded_channel();
         outlet.lock().sink = Some(Sink::Loopback(sink));
         let answer = |handler: u64| RecordHead::answer(wire::KIND_REPLY, handler, 0, Status::Ok);
+        assert!(!outlet.busy());
         for handler in [1, 2, 3] {
             assert!(
                 outlet
@@ -1544,7 +1569,10 @@ mod tests {
             frames.try_recv().is_err(),
             "a held answer left before its release"
         );
+        // What an `ovfl` writer looks at: records queued, then all of them sent.
+        assert!(outlet.busy());
         outlet.release();
+        assert!(!outlet.busy());
         let frame = frames
             .try_recv()
             .expect("the answers left at their release");

@@ -18,8 +18,12 @@
 //! at the pace of the calls so far, at most every [`LOOK_EVERY_MAX`] calls): a writer that
 //! stops calling, or slows down after a fast run, holds what it wrote past `aggregate-us`
 //! until one of the others. Flush it, or drop it, when a pause begins; a caller that waits for
-//! something its held calls lead to waits for ever. For `none` and `ovfl`, which send as soon
-//! as the destination is free to take a call, a writer's call is [`Rpc::call`].
+//! something its held calls lead to waits for ever. In `ovfl`, which sends as soon as the
+//! destination is free to take a call and packs the calls that come while it is not, a writer
+//! holds calls only while the outlet has calls queued or on their way (looked at per call,
+//! one relaxed load): a call that finds it idle hands over what the writer held with itself
+//! last, or, when the writer holds nothing, is sent as [`Rpc::call`] sends it; held calls
+//! leave as in `trad` otherwise. In `none` a writer's call is [`Rpc::call`].
 //!
 //! Order: a writer's calls run at the destination in the order they were written. It is a
 //! sender of its own: calls made meanwhile through the [`Rpc`] (or another writer) to the same
@@ -89,8 +93,8 @@ pub struct CallWriter<'a> {
     rpc: &'a Rpc,
     dest: usize,
     outlet: &'a Outlet,
-    /// The destination aggregates `trad`: calls are held here.
-    holds: bool,
+    /// When calls are held here, as the destination's aggregation says.
+    holds: Holds,
     frame: Option<OwnFrame>,
     /// How many calls `frame` holds, for `Rpc::stats` and a shutdown to count (the outlet
     /// keeps a weak reference; only this writer stores to it).
@@ -110,7 +114,11 @@ impl<'a> CallWriter<'a> {
             rpc,
             dest,
             outlet,
-            holds: outlet.config().aggregation == Aggregation::Trad,
+            holds: match outlet.config().aggregation {
+                Aggregation::Trad => Holds::Always,
+                Aggregation::Ovfl => Holds::WhileBusy,
+                Aggregation::None => Holds::Never,
+            },
             frame: None,
             held_here: outlet.writer_slot(),
             look_every: 1,
@@ -158,12 +166,15 @@ impl<'a> CallWriter<'a> {
     /// (an encoding error is met again on the slow path, which reports it).
     #[inline]
     fn write_at_once<P: Procedure>(&mut self, args: &P::Args) -> bool {
-        if !self.holds || self.outlet.refusing() {
+        if self.holds == Holds::Never || self.outlet.refusing() {
             return false;
         }
         let Some(frame) = &mut self.frame else {
             return false;
         };
+        if self.holds == Holds::WhileBusy && !self.outlet.busy() {
+            return false;
+        }
         if frame.append_call(P::id().0, args, self.outlet.me()) != Ok(true) {
             return false;
         }
@@ -173,7 +184,13 @@ impl<'a> CallWriter<'a> {
 
     /// [`CallWriter::call`] for every case.
     async fn call_slowly<P: Procedure>(&mut self, args: &P::Args) -> Result<(), CallError> {
-        if !self.holds {
+        let sends_now = match self.holds {
+            Holds::Always => false,
+            // Holding nothing, to an idle destination: sent at once, as `ovfl` sends.
+            Holds::WhileBusy => self.frame.is_none() && !self.outlet.busy(),
+            Holds::Never => true,
+        };
+        if sends_now {
             return match self.rpc.call_at_once::<P>(self.dest, args) {
                 AtOnce::Taken => Ok(()),
                 AtOnce::Refused(error) => Err(*error),
@@ -207,6 +224,11 @@ impl<'a> CallWriter<'a> {
             }
         }
         self.written();
+        // `ovfl`, and the destination has taken everything it was sent: what the writer held
+        // leaves now, with this call last (refused, it stays, as in `written`).
+        if self.holds == Holds::WhileBusy && !self.outlet.busy() {
+            let _ = self.try_hand_over();
+        }
         Ok(())
     }
 
@@ -342,6 +364,19 @@ impl<'a> CallWriter<'a> {
         );
         self.rpc.keep_failure(error.clone());
     }
+}
+
+/// When a [`CallWriter`] holds calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holds {
+    /// `trad`: every call, until a frame is full or `aggregate-us` passed.
+    Always,
+    /// `ovfl`: while the outlet has calls queued or on their way (the destination lags), as
+    /// `ovfl` packs the calls that come meanwhile; a call that finds it idle hands over what
+    /// the writer holds and is sent as [`Rpc::call`] sends it.
+    WhileBusy,
+    /// `none`: never; every call is [`Rpc::call`]'s.
+    Never,
 }
 
 impl Drop for CallWriter<'_> {
