@@ -7,6 +7,9 @@
 //! output into a buffer the dispatcher lends it (the same buffer call after call: no allocation
 //! per call). Only a result the caller waits for is encoded. A panic in the handler,
 //! synchronous or in its future, is caught and becomes [`Status::Panicked`] for the caller.
+//! A synchronous handler also runs the short calls of a frame that follow a plain call to it
+//! in a loop of its own (`ShortCalls`), where a call that panics or does not decode fails
+//! alone and the run goes on.
 
 use rustc_hash::FxHashMap;
 use std::future::Future;

@@ -138,7 +138,7 @@ pub mod fuzzing {
     }
 
     /// As [`read_all`], the way the dispatcher reads: after a plain call, the short calls to its
-    /// handler that follow are taken in runs (of at most eight, as the dispatcher's are) by
+    /// handler that follow are taken in runs (of at most `CALLS_PER_LOOK`, as the dispatcher's) by
     /// `FrameReader::next_short_call_to`, the rest record by record.
     fn read_as_dispatcher(frame: &[u8]) -> Option<(u32, Vec<Record<'_>>)> {
         let mut reader = FrameReader::new(frame).ok()?;
@@ -149,7 +149,7 @@ pub mod fuzzing {
                 && reader.at_short_call_to(handler)
             {
                 let mut run = 0;
-                while run < 8
+                while run < crate::node::CALLS_PER_LOOK
                     && let Some(payload) = reader.next_short_call_to(handler)
                 {
                     records.push(Record {

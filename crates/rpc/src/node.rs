@@ -569,7 +569,9 @@ impl Rpc {
 
     /// A writer of calls to `dest` that holds them in a frame of its own, written without the
     /// lock [`Rpc::call`] takes per call: for one caller streaming calls to one destination
-    /// that aggregates `trad` or `ovfl` (see [`CallWriter`] for when its calls leave, and their order).
+    /// that aggregates `trad` or `ovfl` (see [`CallWriter`] for when its calls leave, and their
+    /// order: held calls leave on a full frame, `aggregate-us`, `flush` or drop; flush it when
+    /// its calls pause).
     ///
     /// # Errors
     /// [`CallError::UnknownDestination`] when `dest` is not a member.
@@ -1904,9 +1906,11 @@ impl Node {
                 && reader.at_short_call_to(handler.id())
             {
                 invocation.caller = from;
-                if let Some((taken, failure)) =
-                    handler.run_short_calls(invocation, &mut reader, 8 - served % 8)
-                    && taken > 0
+                if let Some((taken, failure)) = handler.run_short_calls(
+                    invocation,
+                    &mut reader,
+                    CALLS_PER_LOOK - served % CALLS_PER_LOOK,
+                ) && taken > 0
                 {
                     if let Some(failure) = failure {
                         let head = RecordHead::call(handler.id(), 0, 0);
@@ -2038,7 +2042,7 @@ impl Node {
         if served.is_multiple_of(RELEASE_EVERY) {
             self.release_answers();
         }
-        if served.is_multiple_of(8) && intake.served_eight() {
+        if served.is_multiple_of(CALLS_PER_LOOK) && intake.served_eight() {
             self.release_answers();
             return true;
         }
@@ -2051,9 +2055,11 @@ impl Node {
 /// frame's end 0.88 M returns/s, every 8 calls 0.82-0.92 M, every 16 1.02-1.11 M, every 32
 /// 1.07-1.12 M; 16 keeps the gain for fewer calls in flight.
 const RELEASE_EVERY: u32 = 16;
-// A run of short calls ends at the next eighth call (`Node::handle_frame`): it never passes a
-// release.
-const _: () = assert!(RELEASE_EVERY.is_multiple_of(8));
+/// Calls of a frame between two looks at whether the dispatcher should yield
+/// ([`Intake::served_eight`]); a run of short calls ends at the next multiple
+/// (`Node::handle_frame`), so it never passes a look or a release.
+pub(crate) const CALLS_PER_LOOK: u32 = 8;
+const _: () = assert!(RELEASE_EVERY.is_multiple_of(CALLS_PER_LOOK));
 
 /// How long the dispatcher serves calls before it lets the outlets send. 20 µs and 500 µs both
 /// served the MCTS search's two workers worse than 200 (50 µs: ~10 % fewer rollouts/s): a turn

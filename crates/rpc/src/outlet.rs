@@ -430,10 +430,10 @@ fn write_short_call<T: Serialize + ?Sized>(
         return Ok(None);
     };
     // The stage's size from the arguments' (known when the call is compiled, for sized ones):
-    // a large stage zeroed for every 8-byte call cost those a fifth of their rate, a small one
+    // a large stage zeroed for every 8-byte call cost those up to a fifth of their rate, a small one
     // left 64-byte calls to be written in place, a byte at a time (9 M against 12 M calls/s;
     // `ferromq bench rpc --mode trad`).
-    if std::mem::size_of_val(args) <= SMALL_STAGE - 16 {
+    if std::mem::size_of_val(args) <= SMALL_STAGE - STAGE_SLACK {
         write_staged::<SMALL_STAGE, T>(room, args)
     } else {
         write_staged::<LARGE_STAGE, T>(room, args)
@@ -479,6 +479,11 @@ fn write_staged<const N: usize, T: Serialize + ?Sized>(
 /// 256-byte arguments fits).
 const SMALL_STAGE: usize = 64;
 const LARGE_STAGE: usize = 320;
+
+/// What a record may take beyond its arguments' size in memory: the short head and postcard's
+/// length prefixes. The size is the type's in memory, so a `Vec` or `String` (24 bytes) takes
+/// the small stage whatever it holds, and a record that does not fit it is written in place.
+const STAGE_SLACK: usize = 16;
 
 /// A short call record of up to this many bytes is stored as this many ([`write_staged`]).
 const SHORT_STORE: usize = 16;
@@ -597,9 +602,10 @@ pub(crate) struct Outlet {
     /// The outlet refuses records (failed or closing): what a [`crate::CallWriter`] looks
     /// at per call instead of taking the lock.
     refusing: AtomicBool,
-    /// Records are queued or on their way (`n_queued > 0`), stored under the lock wherever
-    /// that count changes: what an `ovfl` [`crate::CallWriter`] looks at per call to know
-    /// whether the destination lags (it then holds its calls, as `ovfl` packs them).
+    /// Records are queued or not yet handed to the transport (`n_queued > 0`), stored under
+    /// the lock wherever that count changes: what an `ovfl` [`crate::CallWriter`] looks at per
+    /// call to know whether the destination lags (it then holds its calls, as `ovfl` packs
+    /// them).
     busy: AtomicBool,
     /// How many calls each live [`crate::CallWriter`] to this destination holds, a slot per
     /// writer that it alone stores to: what `Rpc::stats` and a shutdown count as not yet
@@ -728,8 +734,9 @@ impl Outlet {
         self.refusing.load(Ordering::Relaxed)
     }
 
-    /// Records are queued or on their way: the destination has not taken all it was sent.
-    /// Read without the lock, so it may be a moment late either way.
+    /// Records are queued or not yet handed to the transport (a lagging destination, whose
+    /// transport takes no more, keeps them here). Read without the lock, so it may be a
+    /// moment late either way.
     #[inline]
     pub(crate) fn busy(&self) -> bool {
         self.busy.load(Ordering::Relaxed)
@@ -1491,16 +1498,23 @@ mod tests {
         }
         assert!(expected.len() > 250, "only {} calls fitted", expected.len());
         let used = frame.frame.buf.len();
+        let (len, read) = handed_over_payloads(&outlet, frame);
+        assert_eq!(len, used);
+        assert_eq!(read, expected);
+    }
+
+    /// Hands `frame` over and reads back what the outlet sealed: its length and its records'
+    /// payloads.
+    fn handed_over_payloads(outlet: &Outlet, frame: OwnFrame) -> (usize, Vec<Vec<u8>>) {
         assert!(outlet.hand_over(frame, false).is_ok());
         let sealed = outlet.lock().sealed.pop_front().expect("the frame");
         let (parts, _, _) = sealed.into_parts();
         let bytes = parts.get(0).expect("the frame").data().to_vec();
-        assert_eq!(bytes.len(), used);
         let mut reader = wire::FrameReader::new(&bytes).expect("a whole frame");
-        let read: Vec<Vec<u8>> = std::iter::from_fn(|| reader.next_record())
+        let read = std::iter::from_fn(|| reader.next_record())
             .map(|record| record.expect("a whole record").payload.to_vec())
             .collect();
-        assert_eq!(read, expected);
+        (bytes.len(), read)
     }
 
     #[test]
@@ -1516,14 +1530,7 @@ mod tests {
             assert_eq!(frame.append_call(1, &large, me), Ok(true));
             assert_eq!(frame.append_call(1, &larger, me), Ok(true));
         }
-        assert!(outlet.hand_over(frame, false).is_ok());
-        let sealed = outlet.lock().sealed.pop_front().expect("the frame");
-        let (parts, _, _) = sealed.into_parts();
-        let bytes = parts.get(0).expect("the frame").data().to_vec();
-        let mut reader = wire::FrameReader::new(&bytes).expect("a whole frame");
-        let read: Vec<Vec<u8>> = std::iter::from_fn(|| reader.next_record())
-            .map(|record| record.expect("a whole record").payload.to_vec())
-            .collect();
+        let (_, read) = handed_over_payloads(&outlet, frame);
         let expected = [vec![1u8; 64], vec![2; 256], vec![3; 416]];
         assert_eq!(read, [expected.clone(), expected].concat());
     }

@@ -20,8 +20,8 @@
 //! until one of the others. Flush it, or drop it, when a pause begins; a caller that waits for
 //! something its held calls lead to waits for ever. In `ovfl`, which sends as soon as the
 //! destination is free to take a call and packs the calls that come while it is not, a writer
-//! holds calls only while the outlet has calls queued or on their way (looked at per call,
-//! one relaxed load): a call that finds it idle hands over what the writer held with itself
+//! holds calls only while the outlet has calls queued or not yet handed to the transport
+//! (looked at per call, one relaxed load): a call that finds it idle hands over what the writer held with itself
 //! last, or, when the writer holds nothing, is sent as [`Rpc::call`] sends it; held calls
 //! leave as in `trad` otherwise. In `none` a writer's call is [`Rpc::call`].
 //!
@@ -51,8 +51,9 @@
 //! # Copies and allocation
 //! A frame is one block of the transport's memory per `aggregate-bytes` of calls (the heap
 //! for a member's own outlet and for transports that lend none). A short call after a call to
-//! the same handler is put together on the stack (up to 64 bytes) and stored into the frame
-//! in one copy; longer ones are serialised in place. Nothing is allocated per call.
+//! the same handler is put together on the stack (a stage of 64 or 320 bytes, by the size of
+//! the arguments' type) and stored into the frame in one copy; longer ones are serialised in
+//! place. Nothing is allocated per call.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -224,8 +225,8 @@ impl<'a> CallWriter<'a> {
             }
         }
         self.written();
-        // `ovfl`, and the destination has taken everything it was sent: what the writer held
-        // leaves now, with this call last (refused, it stays, as in `written`).
+        // `ovfl`, and the outlet has handed everything it queued to the transport: what the
+        // writer held leaves now, with this call last (refused, it stays, as in `written`).
         if self.holds == Holds::WhileBusy && !self.outlet.busy() {
             let _ = self.try_hand_over();
         }
@@ -371,9 +372,10 @@ impl<'a> CallWriter<'a> {
 enum Holds {
     /// `trad`: every call, until a frame is full or `aggregate-us` passed.
     Always,
-    /// `ovfl`: while the outlet has calls queued or on their way (the destination lags), as
-    /// `ovfl` packs the calls that come meanwhile; a call that finds it idle hands over what
-    /// the writer holds and is sent as [`Rpc::call`] sends it.
+    /// `ovfl`: while the outlet has calls queued or not yet handed to the transport (the
+    /// destination lags), as `ovfl` packs the calls that come meanwhile; a call that finds it
+    /// idle leaves at once, last in what the writer held, or as [`Rpc::call`] sends it when
+    /// the writer holds nothing.
     WhileBusy,
     /// `none`: never; every call is [`Rpc::call`]'s.
     Never,

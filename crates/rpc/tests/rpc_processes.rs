@@ -108,6 +108,23 @@ impl Procedure for AppendUnless500 {
     type Output = ();
 }
 
+/// Appends 1 or 0 to the log; its callers send `FlagAsByte`, whose 2 does not decode as a
+/// `bool`: what shows that a call of a run of short calls that does not decode fails alone.
+struct AppendFlag;
+impl Procedure for AppendFlag {
+    const NAME: &'static str = "append-flag";
+    type Args = bool;
+    type Output = ();
+}
+
+/// [`AppendFlag`] as its callers see it (same name, so the same handler).
+struct FlagAsByte;
+impl Procedure for FlagAsByte {
+    const NAME: &'static str = "append-flag";
+    type Args = u8;
+    type Output = ();
+}
+
 struct NotServed;
 impl Procedure for NotServed {
     const NAME: &'static str = "not-served";
@@ -240,7 +257,8 @@ impl Default for Service {
 }
 
 fn handlers(service: &Arc<Service>) -> Handlers {
-    let (again, stop, unless_500) = (
+    let (again, stop, unless_500, flags) = (
+        Arc::clone(service),
         Arc::clone(service),
         Arc::clone(service),
         Arc::clone(service),
@@ -260,6 +278,7 @@ fn handlers(service: &Arc<Service>) -> Handlers {
         .on_sync::<Add, _>(|_, (a, b)| a + b)
         .on_sync::<SumPlain, _>(|_, Plain(values)| Plain(values.iter().sum()))
         .on_sync::<Append, _>(move |_, value| log.log.lock().unwrap().push(value))
+        .on_sync::<AppendFlag, _>(move |_, flag| flags.log.lock().unwrap().push(u64::from(flag)))
         .on_sync::<AppendUnless500, _>(move |_, value| {
             assert!(value % 1000 != 500, "deliberate: {value} ends in 500");
             unless_500.log.lock().unwrap().push(value);
@@ -854,13 +873,15 @@ fn main() {
         ));
     }
     for kind in [Kind::Shmem, Kind::Ipc] {
-        tests.push(Trial::test(
-            format!(
-                "a_full_destination_makes_a_writer_wait_and_loses_nothing_over_{}",
-                kind.name()
-            ),
-            move || run(full_destination_writer(kind)),
-        ));
+        for mode in [Aggregation::Trad, Aggregation::Ovfl] {
+            tests.push(Trial::test(
+                format!(
+                    "a_full_destination_makes_a_writer_wait_and_loses_nothing_over_{}_with_aggregation_{mode}",
+                    kind.name()
+                ),
+                move || run(full_destination_writer(kind, mode)),
+            ));
+        }
     }
     for kind in [Kind::Shmem, Kind::Ipc] {
         tests.push(Trial::test(
@@ -998,8 +1019,8 @@ async fn primitives(kind: Kind, mode: Aggregation) -> Result<()> {
         Aggregation::Ovfl => {}
     }
 
-    // A writer's calls run in order; it holds them only in `trad` (the others send at once),
-    // a flush hands them over, and so does a drop.
+    // A writer's calls run in order; it holds them in `trad`, in `ovfl` while the destination
+    // lags (`none` sends at once), a flush hands them over, and so does a drop.
     ensure!(matches!(
         rpc.writer(7).err(),
         Some(CallError::UnknownDestination { .. })
@@ -1035,6 +1056,19 @@ async fn primitives(kind: Kind, mode: Aggregation) -> Result<()> {
         log.len()
     );
 
+    // `ovfl` sends a call that finds the destination idle at once, as `Rpc::call` does (the
+    // calls above were all taken: `TakeLog` came back after them).
+    if mode == Aggregation::Ovfl {
+        let mut writer = rpc.writer(1)?;
+        writer.call::<Append>(&1).await?;
+        ensure!(
+            writer.held() == 0,
+            "an ovfl writer held a call to an idle destination"
+        );
+        writer.flush().await?;
+        ensure!(rpc.call_return::<TakeLog>(1, &()).await? == vec![1]);
+    }
+
     // A stream of small calls to a synchronous handler runs in the handler's own loop at the
     // destination (short records, `trad` and a busy `ovfl`): a call of it that panics fails
     // alone, reported as a fire-and-forget failure, and the calls after it still run, in order.
@@ -1060,6 +1094,38 @@ async fn primitives(kind: Kind, mode: Aggregation) -> Result<()> {
                 remote(failure),
                 Some(("member-1", "append-unless-500", RemoteFailure::Panicked, _))
             )),
+        "{failures:?}"
+    );
+    // And one whose arguments do not decode.
+    {
+        let mut writer = rpc.writer(1)?;
+        for value in 0..300u32 {
+            let byte = if value == 150 {
+                2
+            } else {
+                (value % 3 % 2) as u8
+            };
+            writer.call::<FlagAsByte>(&byte).await?;
+        }
+        writer.flush().await?;
+    }
+    let log = rpc.call_return::<TakeLog>(1, &()).await?;
+    let expected: Vec<u64> = (0..300u64)
+        .filter(|&value| value != 150)
+        .map(|value| value % 3 % 2)
+        .collect();
+    ensure!(
+        log == expected,
+        "{} of 299 calls around the undecodable one ran, or out of order",
+        log.len()
+    );
+    let failures = rpc.take_failures();
+    ensure!(
+        failures.len() == 1
+            && matches!(
+                remote(&failures[0]),
+                Some(("member-1", "append-flag", RemoteFailure::BadArguments, _))
+            ),
         "{failures:?}"
     );
 
@@ -1293,9 +1359,9 @@ async fn took_every_accepted_call(rpc: &Rpc, accepted: &[u64]) -> Result<()> {
 /// A writer whose frame is full while the destination is stopped waits for room (until the
 /// timeout: the call then fails unwritten), and every call it accepted arrives, in order, once
 /// the destination runs again.
-async fn full_destination_writer(kind: Kind) -> Result<()> {
+async fn full_destination_writer(kind: Kind, mode: Aggregation) -> Result<()> {
     let timeout = Duration::from_secs(1);
-    let group = Group::start(kind, 2, Aggregation::Trad, timeout, "wfull").await?;
+    let group = Group::start(kind, 2, mode, timeout, "wfull").await?;
     let rpc = group.rpc.clone();
     ensure!(rpc.call_return::<Add>(1, &(1, 2)).await? == 3);
     let pid = group.process(1)?.pid();
@@ -1303,14 +1369,21 @@ async fn full_destination_writer(kind: Kind) -> Result<()> {
     let mut writer = rpc.writer(1)?;
     let mut accepted = Vec::new();
     let mut next = 0u64;
+    let mut most_held = 0;
     let error = loop {
         match writer.call::<Append>(&next).await {
             Ok(()) => accepted.push(next),
             Err(error) => break *error,
         }
+        most_held = most_held.max(writer.held());
         next += 1;
         ensure!(next < 100_000_000, "a stopped member never counted as full");
     };
+    // It held what it wrote while the destination lagged, `ovfl` as `trad`.
+    ensure!(
+        most_held > 0,
+        "a writer to a lagging destination never held a call"
+    );
     // A fresh writer used once (and dropped) waits for room too: were it to start a frame
     // regardless, writers used once each would queue a frame apiece without bound.
     match rpc.writer(1)?.call::<Append>(&u64::MAX).await {
