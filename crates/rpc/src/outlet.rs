@@ -430,9 +430,9 @@ fn write_short_call<T: Serialize + ?Sized>(
         return Ok(None);
     };
     // The stage's size from the arguments' (known when the call is compiled, for sized ones):
-    // a large stage zeroed for every 8-byte call cost those up to a fifth of their rate, a small one
-    // left 64-byte calls to be written in place, a byte at a time (9 M against 12 M calls/s;
-    // `ferromq bench rpc --mode trad`).
+    // a large stage zeroed for every 8-byte call cost those up to a fifth of their rate, a
+    // small one left 64-byte calls to be written in place, a byte at a time (9 M against 12 M
+    // calls/s; `ferromq bench rpc --mode trad`).
     if std::mem::size_of_val(args) <= SMALL_STAGE - STAGE_SLACK {
         write_staged::<SMALL_STAGE, T>(room, args)
     } else {

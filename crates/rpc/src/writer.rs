@@ -21,9 +21,10 @@
 //! something its held calls lead to waits for ever. In `ovfl`, which sends as soon as the
 //! destination is free to take a call and packs the calls that come while it is not, a writer
 //! holds calls only while the outlet has calls queued or not yet handed to the transport
-//! (looked at per call, one relaxed load): a call that finds it idle hands over what the writer held with itself
-//! last, or, when the writer holds nothing, is sent as [`Rpc::call`] sends it; held calls
-//! leave as in `trad` otherwise. In `none` a writer's call is [`Rpc::call`].
+//! (looked at per call, one relaxed load): a call that finds it idle hands over what the
+//! writer held with itself last, or, when the writer holds nothing, is sent as [`Rpc::call`]
+//! sends it; held calls leave as in `trad` otherwise. In `none` a writer's call is
+//! [`Rpc::call`].
 //!
 //! Order: a writer's calls run at the destination in the order they were written. It is a
 //! sender of its own: calls made meanwhile through the [`Rpc`] (or another writer) to the same
