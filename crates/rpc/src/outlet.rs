@@ -447,31 +447,27 @@ fn write_staged<const N: usize, T: Serialize + ?Sized>(
     args: &T,
 ) -> Result<Option<usize>, Box<str>> {
     let mut staged = [0u8; N];
-    match write_short_call_in_place(&mut staged, args)? {
-        // Stored as 16 bytes where the frame has room for them (the bytes past the record are
-        // the next record's, or never read): a copy whose length is known only at run time
-        // was a call to `memmove`, a quarter of the caller's time (perf, `ferromq bench rpc
-        // --mode trad --call-size 8`).
-        Some(len) if len <= SHORT_STORE => match (
+    let Some(len) = write_short_call_in_place(&mut staged, args)? else {
+        // Larger than the stage: written in place.
+        return write_short_call_in_place(room, args);
+    };
+    // Stored as 16 bytes where the frame has room for them (the bytes past the record are the
+    // next record's, or never read): a copy whose length is known only at run time was a call
+    // to `memmove`, a quarter of the caller's time (perf, `ferromq bench rpc --mode trad
+    // --call-size 8`).
+    if len <= SHORT_STORE
+        && let (Some(target), Some(short)) = (
             room.first_chunk_mut::<SHORT_STORE>(),
             staged.first_chunk::<SHORT_STORE>(),
-        ) {
-            (Some(target), Some(staged)) => {
-                *target = *staged;
-                Ok(Some(len))
-            }
-            _ => Ok(room.get_mut(..len).map(|target| {
-                target.copy_from_slice(&staged[..len]);
-                len
-            })),
-        },
-        Some(len) => Ok(room.get_mut(..len).map(|target| {
-            target.copy_from_slice(&staged[..len]);
-            len
-        })),
-        // Larger than the stage: written in place.
-        None => write_short_call_in_place(room, args),
+        )
+    {
+        *target = *short;
+        return Ok(Some(len));
     }
+    Ok(room.get_mut(..len).map(|target| {
+        target.copy_from_slice(&staged[..len]);
+        len
+    }))
 }
 
 /// The stages a short call record is put together in before it is stored
@@ -742,8 +738,16 @@ impl Outlet {
         self.busy.load(Ordering::Relaxed)
     }
 
-    /// Publishes whether records are queued, after `state.n_queued` changed (under the lock).
-    fn queued_changed(&self, state: &State) {
+    /// `n` more records queued (under the lock), published for [`Outlet::busy`].
+    fn queue_more(&self, state: &mut State, n: usize) {
+        state.n_queued += n;
+        self.busy.store(true, Ordering::Relaxed);
+    }
+
+    /// `n` records fewer queued (sent or given up; under the lock), published for
+    /// [`Outlet::busy`].
+    fn queue_less(&self, state: &mut State, n: usize) {
+        state.n_queued -= n;
         self.busy.store(state.n_queued > 0, Ordering::Relaxed);
     }
 
@@ -812,8 +816,7 @@ impl Outlet {
             return Err(Box::new((no_room, frame)));
         }
         self.seal(&mut state);
-        state.n_queued += frame.frame.n_records as usize;
-        self.queued_changed(&state);
+        self.queue_more(&mut state, frame.frame.n_records as usize);
         state.sealed.push_back(frame.frame);
         drop(state);
         self.ready.notify_one();
@@ -892,8 +895,7 @@ impl Outlet {
                 state.open = Some(heap);
             }
         }
-        state.n_queued += 1;
-        self.queued_changed(&state);
+        self.queue_more(&mut state, 1);
         // Only `trad` holds a frame for a while: the others need no clock read per call.
         if self.config.aggregation == Aggregation::Trad && state.open_since.is_none() {
             state.open_since = Some(Instant::now());
@@ -977,8 +979,7 @@ impl Outlet {
                 .aggregated
                 .fetch_add(u64::from(n_records), Ordering::Relaxed);
         }
-        state.n_queued -= n_records as usize;
-        self.queued_changed(state);
+        self.queue_less(state, n_records as usize);
         on_left.into_iter().for_each(|left| {
             let _ = left.send(());
         });
@@ -1177,7 +1178,7 @@ impl Outlet {
             let mut state = self.lock();
             if let Err(cause) = sent {
                 // The failed channel is dropped here (`release` finds no channel any more).
-                state.n_queued -= n_records as usize;
+                self.queue_less(&mut state, n_records as usize);
                 tracing::error!(destination = self.dest, %cause, "rpc channel failed");
                 let dropped: usize = state
                     .sealed
@@ -1187,8 +1188,7 @@ impl Outlet {
                     + state.open.as_ref().map_or(0, |f| f.n_records as usize);
                 state.sealed.clear();
                 state.open = None;
-                state.n_queued -= dropped;
-                self.queued_changed(&state);
+                self.queue_less(&mut state, dropped);
                 state.failure = Some(cause.clone());
                 self.refusing.store(true, Ordering::Relaxed);
                 drop(state);
@@ -1249,8 +1249,8 @@ impl Outlet {
             "a frame kept by `release` during a send"
         );
         state.open_since = None;
-        state.n_queued = 0;
-        self.queued_changed(state);
+        let n_queued = state.n_queued;
+        self.queue_less(state, n_queued);
         state.given_up = true;
         self.room.notify_waiters();
         self.drained.notify_waiters();
@@ -1457,21 +1457,7 @@ mod tests {
             "it stopped only when full"
         );
         assert_eq!(frame.n_records() as usize, expected.len());
-        assert!(outlet.hand_over(frame, false).is_ok());
-        let sealed = outlet
-            .lock()
-            .sealed
-            .pop_front()
-            .expect("the frame handed over");
-        let (parts, _, _) = sealed.into_parts();
-        let bytes = parts.get(0).expect("the frame").data().to_vec();
-        let mut reader = wire::FrameReader::new(&bytes).expect("a whole frame");
-        let records: Vec<(u64, Vec<u8>)> = std::iter::from_fn(|| reader.next_record())
-            .map(|record| {
-                let record = record.expect("a whole record");
-                (record.head.handler, record.payload.to_vec())
-            })
-            .collect();
+        let (_, records) = handed_over_records(&outlet, frame);
         assert_eq!(records, expected);
     }
 
@@ -1498,23 +1484,30 @@ mod tests {
         }
         assert!(expected.len() > 250, "only {} calls fitted", expected.len());
         let used = frame.frame.buf.len();
-        let (len, read) = handed_over_payloads(&outlet, frame);
+        let (len, records) = handed_over_records(&outlet, frame);
         assert_eq!(len, used);
-        assert_eq!(read, expected);
+        assert_eq!(payloads(records), expected);
     }
 
     /// Hands `frame` over and reads back what the outlet sealed: its length and its records'
-    /// payloads.
-    fn handed_over_payloads(outlet: &Outlet, frame: OwnFrame) -> (usize, Vec<Vec<u8>>) {
+    /// handlers and payloads.
+    fn handed_over_records(outlet: &Outlet, frame: OwnFrame) -> (usize, Vec<(u64, Vec<u8>)>) {
         assert!(outlet.hand_over(frame, false).is_ok());
         let sealed = outlet.lock().sealed.pop_front().expect("the frame");
         let (parts, _, _) = sealed.into_parts();
         let bytes = parts.get(0).expect("the frame").data().to_vec();
         let mut reader = wire::FrameReader::new(&bytes).expect("a whole frame");
-        let read = std::iter::from_fn(|| reader.next_record())
-            .map(|record| record.expect("a whole record").payload.to_vec())
+        let records = std::iter::from_fn(|| reader.next_record())
+            .map(|record| {
+                let record = record.expect("a whole record");
+                (record.head.handler, record.payload.to_vec())
+            })
             .collect();
-        (bytes.len(), read)
+        (bytes.len(), records)
+    }
+
+    fn payloads(records: Vec<(u64, Vec<u8>)>) -> Vec<Vec<u8>> {
+        records.into_iter().map(|(_, payload)| payload).collect()
     }
 
     #[test]
@@ -1530,9 +1523,9 @@ mod tests {
             assert_eq!(frame.append_call(1, &large, me), Ok(true));
             assert_eq!(frame.append_call(1, &larger, me), Ok(true));
         }
-        let (_, read) = handed_over_payloads(&outlet, frame);
+        let (_, records) = handed_over_records(&outlet, frame);
         let expected = [vec![1u8; 64], vec![2; 256], vec![3; 416]];
-        assert_eq!(read, [expected.clone(), expected].concat());
+        assert_eq!(payloads(records), [expected.clone(), expected].concat());
     }
 
     #[tokio::test]

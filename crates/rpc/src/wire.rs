@@ -258,6 +258,16 @@ pub(crate) struct Record<'a> {
     pub payload: &'a [u8],
 }
 
+/// The payload length a short record's head at the start of `record` gives, and the bytes
+/// after the head; `None` when the head is cut off.
+#[inline]
+fn short_head(record: &[u8]) -> Option<(usize, &[u8])> {
+    let [_, len_0, len_1, rest @ ..] = record else {
+        return None;
+    };
+    Some((usize::from(u16::from_le_bytes([*len_0, *len_1])), rest))
+}
+
 /// A frame whose header was checked; its records are read one by one.
 pub(crate) struct FrameReader<'a> {
     pub from: u32,
@@ -297,10 +307,7 @@ impl<'a> FrameReader<'a> {
         if !self.at_short_call_to(handler) {
             return None;
         }
-        let [_, len_0, len_1, rest @ ..] = self.rest else {
-            return None;
-        };
-        let payload_len = usize::from(u16::from_le_bytes([*len_0, *len_1]));
+        let (payload_len, rest) = short_head(self.rest)?;
         let (payload, rest) = rest.split_at_checked(payload_len)?;
         self.rest = rest;
         self.next += 1;
@@ -348,10 +355,9 @@ impl<'a> FrameReader<'a> {
             left,
         };
         if self.rest.first() == Some(&KIND_CALL_REPEAT) {
-            let [_, len_0, len_1, rest @ ..] = self.rest else {
+            let Some((payload_len, rest)) = short_head(self.rest) else {
                 return Err(truncated(REPEAT_HEAD_LEN, self.rest.len()));
             };
-            let payload_len = usize::from(u16::from_le_bytes([*len_0, *len_1]));
             let handler = self
                 .last_call
                 .0

@@ -168,15 +168,12 @@ impl<'a> CallWriter<'a> {
     /// (an encoding error is met again on the slow path, which reports it).
     #[inline]
     fn write_at_once<P: Procedure>(&mut self, args: &P::Args) -> bool {
-        if self.holds == Holds::Never || self.outlet.refusing() {
+        if !self.holding_now() || self.outlet.refusing() {
             return false;
         }
         let Some(frame) = &mut self.frame else {
             return false;
         };
-        if self.holds == Holds::WhileBusy && !self.outlet.busy() {
-            return false;
-        }
         if frame.append_call(P::id().0, args, self.outlet.me()) != Ok(true) {
             return false;
         }
@@ -186,13 +183,9 @@ impl<'a> CallWriter<'a> {
 
     /// [`CallWriter::call`] for every case.
     async fn call_slowly<P: Procedure>(&mut self, args: &P::Args) -> Result<(), CallError> {
-        let sends_now = match self.holds {
-            Holds::Always => false,
-            // Holding nothing, to an idle destination: sent at once, as `ovfl` sends.
-            Holds::WhileBusy => self.frame.is_none() && !self.outlet.busy(),
-            Holds::Never => true,
-        };
-        if sends_now {
+        // Holding nothing, and not holding now (`none`, or `ovfl` to an idle destination): sent
+        // at once.
+        if self.frame.is_none() && !self.holding_now() {
             return match self.rpc.call_at_once::<P>(self.dest, args) {
                 AtOnce::Taken => Ok(()),
                 AtOnce::Refused(error) => Err(*error),
@@ -228,10 +221,21 @@ impl<'a> CallWriter<'a> {
         self.written();
         // `ovfl`, and the outlet has handed everything it queued to the transport: what the
         // writer held leaves now, with this call last (refused, it stays, as in `written`).
-        if self.holds == Holds::WhileBusy && !self.outlet.busy() {
+        if !self.holding_now() {
             let _ = self.try_hand_over();
         }
         Ok(())
+    }
+
+    /// Whether a call now goes into the writer's frame ([`Holds`]): always in `trad`, in
+    /// `ovfl` while the outlet is busy, never in `none`.
+    #[inline]
+    fn holding_now(&self) -> bool {
+        match self.holds {
+            Holds::Always => true,
+            Holds::WhileBusy => self.outlet.busy(),
+            Holds::Never => false,
+        }
     }
 
     /// After a call was written: the frame leaves when full, or when `aggregate-us` passed
