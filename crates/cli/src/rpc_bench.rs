@@ -7,7 +7,9 @@
 //! `trad` and `ovfl` differ, a writer sends `send`'s calls through `Rpc::call`) and then asks
 //! the destination how many it ran (so a call counts once its handler ran); then it measures `call_return` round trips one at a time (p50, p99) and
 //! with 64 in flight (returns per second), calls' latency at 1% of the measured rate (or at
-//! `--light-load-rate`, one rate for every mode, so that modes compare at the same load), and
+//! `--light-load-rate`, one rate for every mode, so that modes compare at the same load): one
+//! way, from the call (made as the round streamed them) to its handler's start, on the host's
+//! CLOCK_MONOTONIC stamped into the call's arguments; and
 //! `call_buffer` of 4 KiB and 64 MiB until the handler ran (64 MiB twice: in memory new to the
 //! destination, then in memory it has had buffers in). The rounds' medians are reported,
 //! with min and max. The caller measures from a task, as a device's code runs (see
@@ -105,8 +107,10 @@ pub struct RpcBenchResult {
     pub return_p99_us: f64,
     /// `call_return`s per second with 64 in flight.
     pub returns_per_s_64_in_flight: f64,
-    /// A call's latency until its handler ran (a `Consumed` ticket), p50 in microseconds, with
-    /// calls paced at `light_load_calls_per_s`.
+    /// A call's latency from the call until its handler ran (one way: stamped with the host's
+    /// CLOCK_MONOTONIC at the call, read at the handler), p50 in microseconds, with calls made
+    /// as the round streamed them, paced at `light_load_calls_per_s`. (Until 2026-12-07: through
+    /// `Rpc::call`, until a `Consumed` ticket returned.)
     pub light_load_p50_us: f64,
     /// The rate of that measurement: 1% of the rate measured in the same round, or
     /// `--light-load-rate` (median over the rounds).
@@ -148,6 +152,79 @@ impl Procedure for Call256 {
     const NAME: &'static str = "bench-256";
     type Args = [[u8; 32]; 8];
     type Output = ();
+}
+
+/// As [`Call8`], [`Call64`] and [`Call256`], whose arguments' first 8 bytes are when the call
+/// was made (CLOCK_MONOTONIC, ns, little-endian: one clock for every process of the host): the
+/// destination records how long after that its handler ran, for the light-load measurement.
+struct Stamped8;
+impl Procedure for Stamped8 {
+    const NAME: &'static str = "bench-stamped-8";
+    type Args = [u8; 8];
+    type Output = ();
+}
+
+struct Stamped64;
+impl Procedure for Stamped64 {
+    const NAME: &'static str = "bench-stamped-64";
+    type Args = [[u8; 32]; 2];
+    type Output = ();
+}
+
+struct Stamped256;
+impl Procedure for Stamped256 {
+    const NAME: &'static str = "bench-stamped-256";
+    type Args = [[u8; 32]; 8];
+    type Output = ();
+}
+
+/// How many stamped calls the destination ran since the last ask, and the p50 of their
+/// latency in nanoseconds (0 when none); the record starts again.
+struct TakeLatencies;
+impl Procedure for TakeLatencies {
+    const NAME: &'static str = "bench-take-latencies";
+    type Args = ();
+    type Output = (u64, u64);
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the same clock in every process of the host.
+fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |now| {
+        (now.tv_sec() as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(now.tv_nsec() as u64)
+    })
+}
+
+/// The destination's record of stamped calls' latencies (ns), kept by its handlers.
+#[derive(Default)]
+struct Latencies(std::sync::Mutex<Vec<u64>>);
+
+impl Latencies {
+    /// A stamped call ran now: its stamp is in the first 8 bytes of `args`.
+    fn record(&self, args: &[u8]) {
+        let Some(stamp) = args.first_chunk::<8>() else {
+            return;
+        };
+        let latency = monotonic_ns().saturating_sub(u64::from_le_bytes(*stamp));
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(latency);
+    }
+
+    /// How many were recorded and their p50 (ns); the record starts again.
+    fn take(&self) -> (u64, u64) {
+        let mut latencies = std::mem::take(
+            &mut *self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        latencies.sort_unstable();
+        let p50 = latencies.get(latencies.len() / 2).copied().unwrap_or(0);
+        (latencies.len() as u64, p50)
+    }
 }
 
 /// How many calls the destination ran (and resets the count).
@@ -844,7 +921,8 @@ async fn measure(
     let returns_per_s = n_returns as f64 / in_flight_started.elapsed().as_secs_f64();
     let calls_per_s = n_sent as f64 / seconds;
     let light_load_calls_per_s = options.light_load_rate.unwrap_or(calls_per_s / 100.0);
-    let light_load_p50_us = light_load(rpc, size, light_load_calls_per_s).await?;
+    let light_load_p50_us =
+        light_load(rpc, size, light_load_calls_per_s, options.shared_frame).await?;
     let buffer_4k_us = buffer_calls(rpc, transport, 4 << 10, 20).await?;
     // First in memory the destination has not seen, then (the freed blocks handed out again)
     // in memory it has: a first look at a block's header costs the destination a page fault
@@ -867,44 +945,64 @@ async fn measure(
     })
 }
 
-/// The p50 of calls' latency until their handler ran, `rate` calls per second for 0.5 s, evenly
-/// spaced.
-async fn light_load(rpc: &Rpc, size: usize, rate: f64) -> Result<f64> {
-    use futures_util::{FutureExt as _, StreamExt as _};
-    let mut latencies = Vec::new();
-    let mut pending = futures_util::stream::FuturesUnordered::new();
+/// The p50 of calls' latency from the call until their handler ran, `rate` calls per second
+/// for 0.5 s, evenly spaced, made as the round streamed them (through a `CallWriter`, or
+/// `Rpc::call` with `--shared-frame`): a light load of the path whose rate it is a share of.
+/// Each call carries when it was made (CLOCK_MONOTONIC), and the destination records how long
+/// after that its handler ran: one way, on one clock. (Until 2026-12-07 the calls went
+/// through `Rpc::call` with a `Consumed` ticket whatever the mode, timed to the ticket's
+/// return: at 1 % of a writer's `trad` rate that was a quarter of what the ticketed path
+/// carries at 8 B, no light load.)
+async fn light_load(rpc: &Rpc, size: usize, rate: f64, shared_frame: bool) -> Result<f64> {
     let started = Instant::now();
-    let mut n_sent = 0.0;
+    let mut n_sent = 0u64;
+    let mut writer = if shared_frame {
+        None
+    } else {
+        Some(rpc.writer(1)?)
+    };
     // Each call when it is due, evenly spaced: tokio's millisecond timers would send them in a
     // burst per millisecond (at 1% of 12 M calls/s, 124 at once), which is not 1% load and
     // which `ovfl` then rightly packs. The caller looks at the clock between calls, yielding to
     // the member's tasks.
     while started.elapsed() < Duration::from_millis(500) {
-        if started.elapsed().as_secs_f64() * rate >= n_sent {
-            n_sent += 1.0;
-            let sent_at = Instant::now();
-            let call = rpc.to(1).confirm(Confirm::Consumed);
-            let ticket = match size {
-                8 => call.call::<Call8>(&[7; 8]).await?,
-                64 => call.call::<Call64>(&[[7; 32]; 2]).await?,
-                _ => call.call::<Call256>(&[[7; 32]; 8]).await?,
-            };
-            pending.push(async move { ticket.confirmed().await.map(|()| sent_at.elapsed()) });
+        if started.elapsed().as_secs_f64() * rate < n_sent as f64 {
+            tokio::task::yield_now().await;
             continue;
         }
-        while let Some(Some(done)) = pending.next().now_or_never() {
-            latencies.push(done?.as_secs_f64() * 1e6);
+        n_sent += 1;
+        let stamp = monotonic_ns().to_le_bytes();
+        match (size, writer.as_mut()) {
+            (8, Some(writer)) => writer.call::<Stamped8>(&stamp).await?,
+            (8, None) => rpc.call::<Stamped8>(1, &stamp).await?,
+            (64, writer) => {
+                let mut args = [[7; 32]; 2];
+                args[0][..8].copy_from_slice(&stamp);
+                match writer {
+                    Some(writer) => writer.call::<Stamped64>(&args).await?,
+                    None => rpc.call::<Stamped64>(1, &args).await?,
+                }
+            }
+            (_, writer) => {
+                let mut args = [[7; 32]; 8];
+                args[0][..8].copy_from_slice(&stamp);
+                match writer {
+                    Some(writer) => writer.call::<Stamped256>(&args).await?,
+                    None => rpc.call::<Stamped256>(1, &args).await?,
+                }
+            }
         }
-        tokio::task::yield_now().await;
     }
-    while let Some(done) = pending.next().await {
-        latencies.push(done?.as_secs_f64() * 1e6);
+    match writer.as_mut() {
+        Some(writer) => writer.flush().await?,
+        None => rpc.flush().await?,
     }
-    rpc.call_return::<TakeCount>(1, &()).await?;
-    if latencies.is_empty() {
-        return Ok(0.0);
+    drop(writer);
+    let (n_run, p50_ns) = rpc.call_return::<TakeLatencies>(1, &()).await?;
+    if n_run != n_sent {
+        bail!("{n_sent} light-load calls made, the destination ran {n_run}");
     }
-    Ok(median(&mut latencies))
+    Ok(p50_ns as f64 / 1e3)
 }
 
 /// The p50 time of `call_buffer` with a buffer of `size` bytes made by the transport, until the
@@ -1003,6 +1101,7 @@ async fn role(options: &RpcRoleOptions) -> Result<()> {
         .collect::<Result<Vec<_>, _>>()?;
     let members = members(&addresses);
     let count = Arc::new(AtomicU64::new(0));
+    let latencies = Arc::new(Latencies::default());
     let quit = Arc::new(tokio::sync::Notify::new());
     let handlers = {
         let (c8, c64, c256, take, quit) = (
@@ -1017,6 +1116,19 @@ async fn role(options: &RpcRoleOptions) -> Result<()> {
             .on_sync::<Call64, _>(move |_, _| count_call(&c64))
             .on_sync::<Call256, _>(move |_, _| count_call(&c256))
             .on_sync::<TakeCount, _>(move |_, ()| take.swap(0, Ordering::Relaxed))
+            .on_sync::<Stamped8, _>({
+                let latencies = Arc::clone(&latencies);
+                move |_, args| latencies.record(&args)
+            })
+            .on_sync::<Stamped64, _>({
+                let latencies = Arc::clone(&latencies);
+                move |_, args| latencies.record(&args[0])
+            })
+            .on_sync::<Stamped256, _>({
+                let latencies = Arc::clone(&latencies);
+                move |_, args| latencies.record(&args[0])
+            })
+            .on_sync::<TakeLatencies, _>(move |_, ()| latencies.take())
             .on_sync::<Echo, _>(|_, args| args)
             .on_sync::<Ping, _>(|_, ()| ())
             .on_buffer_sync::<TakeBuffer, _>(|_, len, buffer: ferromq_core::Message| {
@@ -1051,6 +1163,27 @@ async fn role(options: &RpcRoleOptions) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The destination's record: each stamped call's latency from the stamp in its first 8
+    /// bytes; arguments too short for a stamp are not counted; a take gives the count and the
+    /// p50 and starts again.
+    #[test]
+    fn latencies_are_measured_from_the_stamp_and_taken_once() {
+        let latencies = Latencies::default();
+        let now = monotonic_ns();
+        assert!(now > 0, "CLOCK_MONOTONIC reads");
+        for ago_ns in [1_000_000_000u64, 3_000_000_000, 2_000_000_000] {
+            latencies.record(&(now - ago_ns).to_le_bytes());
+        }
+        latencies.record(&[1, 2, 3]);
+        let (n, p50_ns) = latencies.take();
+        assert_eq!(n, 3);
+        assert!(
+            (2_000_000_000..2_500_000_000).contains(&p50_ns),
+            "p50 {p50_ns} ns of 1, 2 and 3 s ago"
+        );
+        assert_eq!(latencies.take(), (0, 0));
+    }
 
     #[test]
     fn a_light_load_rate_label_fits_its_column() {
