@@ -156,12 +156,15 @@ const PUBLISH_EVERY: u32 = 32;
 /// consumer (it spins for latency, not throughput, and reads headers, not the tail) is hungry
 /// from its adoption to its end and never writes the word: toggled at each entry found and at
 /// the empty look after it, as it was, the word's line (which the producer reads at every entry)
-/// crossed between the cores twice per entry. Busy-polled req/rep p50 at 64 B, `ferromq bench
-/// --transport shmem --latency --busy-poll --msg-size 64 --duration 0.3`, 2026-12-07 13:46-13:49 UTC,
-/// this project's machine, eight rounds of four runs alternating with the build before: in
-/// the machine's slower state 1.5 us against 1.7-1.9, in its faster one 1.0 against 1.0-1.2;
-/// busy-polled `call_return` lower in five rounds of eight, higher in one. Streaming through a
-/// busy-polled pull did not change beyond the machine's noise (`--busy-poll --msg-size 64`).
+/// crossed between the cores twice per entry. Busy-polled req/rep p50, `ferromq bench --transport
+/// shmem --latency --busy-poll`, 2026-12-07, this project's machine, runs alternating with the
+/// build before: at 13:46-13:49 UTC (`--msg-size 64 --duration 0.3`, eight rounds of four
+/// runs) 1.5 us against 1.7-1.9 in the machine's slower state, 1.0 against 1.0-1.2 in its
+/// faster one; at 14:08-14:09 (`--msg-size 64,1048576 --duration 0.5`, ten rounds of four)
+/// medians of twenty runs 1.33 against 1.45 us at 64 B (no run over 2 us against six) and
+/// 1.50 against 1.52 at 1 MiB, each build's runs spread over 0.96-2.66 us. Busy-polled
+/// `call_return` lower in five rounds of eight, higher in one. Streaming through a busy-polled
+/// pull did not change beyond the machine's noise (`--busy-poll --msg-size 64`).
 const HUNGRY_AFTER: u32 = 32;
 const ENTRY_HEADER: usize = 8;
 const SKIP: u32 = u32::MAX;
