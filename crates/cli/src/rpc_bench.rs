@@ -130,61 +130,47 @@ pub struct RpcBenchResult {
     pub rounds: usize,
 }
 
-/// 8 bytes of arguments.
-struct Call8;
-impl Procedure for Call8 {
-    const NAME: &'static str = "bench-8";
-    type Args = [u8; 8];
-    type Output = ();
+/// The bench's procedures, a unit struct and its [`Procedure`] each: `Name = "id": Args => Output`.
+macro_rules! procedures {
+    ($($(#[$doc:meta])* $name:ident = $id:literal: $args:ty => $output:ty;)*) => {$(
+        $(#[$doc])*
+        struct $name;
+        impl Procedure for $name {
+            const NAME: &'static str = $id;
+            type Args = $args;
+            type Output = $output;
+        }
+    )*};
 }
 
-/// 64 bytes of arguments.
-struct Call64;
-impl Procedure for Call64 {
-    const NAME: &'static str = "bench-64";
-    type Args = [[u8; 32]; 2];
-    type Output = ();
-}
-
-/// 256 bytes of arguments.
-struct Call256;
-impl Procedure for Call256 {
-    const NAME: &'static str = "bench-256";
-    type Args = [[u8; 32]; 8];
-    type Output = ();
-}
-
-/// As [`Call8`], [`Call64`] and [`Call256`], whose arguments' first 8 bytes are when the call
-/// was made (CLOCK_MONOTONIC, ns, little-endian: one clock for every process of the host): the
-/// destination records how long after that its handler ran, for the light-load measurement.
-struct Stamped8;
-impl Procedure for Stamped8 {
-    const NAME: &'static str = "bench-stamped-8";
-    type Args = [u8; 8];
-    type Output = ();
-}
-
-struct Stamped64;
-impl Procedure for Stamped64 {
-    const NAME: &'static str = "bench-stamped-64";
-    type Args = [[u8; 32]; 2];
-    type Output = ();
-}
-
-struct Stamped256;
-impl Procedure for Stamped256 {
-    const NAME: &'static str = "bench-stamped-256";
-    type Args = [[u8; 32]; 8];
-    type Output = ();
-}
-
-/// How many stamped calls the destination ran since the last ask, and the p50 of their
-/// latency in nanoseconds (0 when none); the record starts again.
-struct TakeLatencies;
-impl Procedure for TakeLatencies {
-    const NAME: &'static str = "bench-take-latencies";
-    type Args = ();
-    type Output = (u64, u64);
+procedures! {
+    /// 8 bytes of arguments.
+    Call8 = "bench-8": [u8; 8] => ();
+    /// 64 bytes of arguments.
+    Call64 = "bench-64": [[u8; 32]; 2] => ();
+    /// 256 bytes of arguments.
+    Call256 = "bench-256": [[u8; 32]; 8] => ();
+    /// As [`Call8`], whose arguments are when the call was made (CLOCK_MONOTONIC, ns,
+    /// little-endian: one clock for every process of the host): the destination records how
+    /// long after that its handler ran, for the light-load measurement.
+    Stamped8 = "bench-stamped-8": [u8; 8] => ();
+    /// As [`Call64`], the first 8 bytes a stamp as [`Stamped8`]'s.
+    Stamped64 = "bench-stamped-64": [[u8; 32]; 2] => ();
+    /// As [`Call256`], the first 8 bytes a stamp as [`Stamped8`]'s.
+    Stamped256 = "bench-stamped-256": [[u8; 32]; 8] => ();
+    /// How many stamped calls the destination ran since the last ask, and the p50 of their
+    /// latency in nanoseconds (0 when none); the record starts again.
+    TakeLatencies = "bench-take-latencies": () => (u64, u64);
+    /// How many calls the destination ran (and resets the count).
+    TakeCount = "bench-take-count": () => u64;
+    /// A round trip with 64 bytes each way.
+    Echo = "bench-echo": [[u8; 32]; 2] => [[u8; 32]; 2];
+    /// Takes a buffer (the handler runs once it is there in full).
+    TakeBuffer = "bench-take-buffer": u64 => ();
+    /// Nothing: for broadcasts and bare round trips.
+    Ping = "bench-ping": () => ();
+    /// Ends the destination.
+    Quit = "bench-quit": () => ();
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the same clock in every process of the host.
@@ -225,45 +211,6 @@ impl Latencies {
         let p50 = latencies.get(latencies.len() / 2).copied().unwrap_or(0);
         (latencies.len() as u64, p50)
     }
-}
-
-/// How many calls the destination ran (and resets the count).
-struct TakeCount;
-impl Procedure for TakeCount {
-    const NAME: &'static str = "bench-take-count";
-    type Args = ();
-    type Output = u64;
-}
-
-/// A round trip with 64 bytes each way.
-struct Echo;
-impl Procedure for Echo {
-    const NAME: &'static str = "bench-echo";
-    type Args = [[u8; 32]; 2];
-    type Output = [[u8; 32]; 2];
-}
-
-/// Takes a buffer (the handler runs once it is there in full).
-struct TakeBuffer;
-impl Procedure for TakeBuffer {
-    const NAME: &'static str = "bench-take-buffer";
-    type Args = u64;
-    type Output = ();
-}
-
-/// Nothing: for broadcasts and bare round trips.
-struct Ping;
-impl Procedure for Ping {
-    const NAME: &'static str = "bench-ping";
-    type Args = ();
-    type Output = ();
-}
-
-struct Quit;
-impl Procedure for Quit {
-    const NAME: &'static str = "bench-quit";
-    type Args = ();
-    type Output = ();
 }
 
 fn aggregation(mode: &str) -> Result<Aggregation> {
