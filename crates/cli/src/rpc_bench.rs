@@ -1,7 +1,7 @@
 //! `ferromq bench rpc`: remote invocation between two processes (like Seriema's Table 2).
 //!
 //! This process is the caller (one thread); a `bench-rpc-role` process is the destination,
-//! whose handlers do nothing but count. Per transport, mode and call size, each round streams
+//! whose handlers do nothing but count (the light load's record when each ran). Per transport, mode and call size, each round streams
 //! calls for `--duration` through a `CallWriter` (one caller's own frame, as Seriema's threads
 //! each have theirs; `--shared-frame`: through `Rpc::call`, under the outlet's lock per call;
 //! `trad` and `ovfl` differ, a writer sends `send`'s calls through `Rpc::call`) and then asks
@@ -57,8 +57,9 @@ pub struct RpcBenchOptions {
     /// Both ends spin on their inbound channels instead of sleeping (channel option busyPoll).
     #[arg(long = "busy-poll")]
     pub busy_poll: bool,
-    /// Stream through `Rpc::call` (the destination's frame, shared by every task of the
-    /// member, written under a lock per call) instead of a `CallWriter` (the caller's own
+    /// Stream (and make the light load's calls) through `Rpc::call` (the destination's frame,
+    /// shared by every task of the member, written under a lock per call) instead of a
+    /// `CallWriter` (the caller's own
     /// frame, Seriema's per-thread buffer). `trad` and `ovfl` differ (an `ovfl` writer holds
     /// calls while the destination lags); a writer sends `send`'s calls through `Rpc::call`.
     #[arg(long = "shared-frame")]
@@ -85,8 +86,9 @@ pub struct RpcBenchResult {
     pub transport: String,
     /// send, trad or ovfl.
     pub mode: String,
-    /// What the calls were made through: `writer` (a `CallWriter`, the default) or `rpc-call`
-    /// (`Rpc::call`, `--shared-frame`). `trad` and `ovfl` differ between the two.
+    /// What the streamed and the light load's calls were made through: `writer` (a
+    /// `CallWriter`, the default) or `rpc-call` (`Rpc::call`, `--shared-frame`). `trad` and
+    /// `ovfl` differ between the two.
     #[serde(default)]
     pub calls_through: String,
     /// Bytes of arguments per call.
@@ -173,15 +175,6 @@ procedures! {
     Quit = "bench-quit": () => ();
 }
 
-/// CLOCK_MONOTONIC in nanoseconds: the same clock in every process of the host.
-fn monotonic_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |now| {
-        (now.tv_sec() as u64)
-            .saturating_mul(1_000_000_000)
-            .saturating_add(now.tv_nsec() as u64)
-    })
-}
-
 /// The destination's record of stamped calls' latencies (ns), kept by its handlers.
 #[derive(Default)]
 struct Latencies(std::sync::Mutex<Vec<u64>>);
@@ -189,10 +182,15 @@ struct Latencies(std::sync::Mutex<Vec<u64>>);
 impl Latencies {
     /// A stamped call ran now: its stamp is in the first 8 bytes of `args`.
     fn record(&self, args: &[u8]) {
+        self.record_at(args, ferromq_shm::monotonic_ns());
+    }
+
+    /// A stamped call ran at `now_ns`; arguments too short for a stamp are not counted.
+    fn record_at(&self, args: &[u8], now_ns: u64) {
         let Some(stamp) = args.first_chunk::<8>() else {
             return;
         };
-        let latency = monotonic_ns().saturating_sub(u64::from_le_bytes(*stamp));
+        let latency = now_ns.saturating_sub(u64::from_le_bytes(*stamp));
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -896,7 +894,10 @@ async fn measure(
 /// for 0.5 s, evenly spaced, made as the round streamed them (through a `CallWriter`, or
 /// `Rpc::call` with `--shared-frame`): a light load of the path whose rate it is a share of.
 /// Each call carries when it was made (CLOCK_MONOTONIC), and the destination records how long
-/// after that its handler ran: one way, on one clock. (Until 2026-12-07 the calls went
+/// after that its handler ran: one way, on one clock. A `trad` writer has no timer: it looks
+/// at `aggregate-us` on calls, so a held call leaves with the first call made after that much
+/// passed (or at the flush that ends the load), and `trad`'s figure is `aggregate-us` plus up
+/// to one gap between calls. (Until 2026-12-07 the calls went
 /// through `Rpc::call` with a `Consumed` ticket whatever the mode, timed to the ticket's
 /// return: at 1 % of a writer's `trad` rate that was a quarter of what the ticketed path
 /// carries at 8 B, no light load.)
@@ -918,7 +919,7 @@ async fn light_load(rpc: &Rpc, size: usize, rate: f64, shared_frame: bool) -> Re
             continue;
         }
         n_sent += 1;
-        let stamp = monotonic_ns().to_le_bytes();
+        let stamp = ferromq_shm::monotonic_ns().to_le_bytes();
         match (size, writer.as_mut()) {
             (8, Some(writer)) => writer.call::<Stamped8>(&stamp).await?,
             (8, None) => rpc.call::<Stamped8>(1, &stamp).await?,
@@ -1002,7 +1003,8 @@ pub struct RpcRoleOptions {
     shm_mlock_segment: bool,
 }
 
-/// The destination: binds, learns the caller's address on stdin, counts calls until told to quit.
+/// The destination: binds, learns the caller's address on stdin, counts calls (and records the
+/// light load's latencies) until told to quit.
 pub async fn run_role(options: RpcRoleOptions) -> ExitCode {
     match role(&options).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -1117,18 +1119,12 @@ mod tests {
     #[test]
     fn latencies_are_measured_from_the_stamp_and_taken_once() {
         let latencies = Latencies::default();
-        let now = monotonic_ns();
-        assert!(now > 0, "CLOCK_MONOTONIC reads");
-        for ago_ns in [1_000_000_000u64, 3_000_000_000, 2_000_000_000] {
-            latencies.record(&(now - ago_ns).to_le_bytes());
+        let now_ns = 50_000;
+        for stamp_ns in [49_000u64, 47_000, 48_000] {
+            latencies.record_at(&stamp_ns.to_le_bytes(), now_ns);
         }
-        latencies.record(&[1, 2, 3]);
-        let (n, p50_ns) = latencies.take();
-        assert_eq!(n, 3);
-        assert!(
-            (2_000_000_000..2_500_000_000).contains(&p50_ns),
-            "p50 {p50_ns} ns of 1, 2 and 3 s ago"
-        );
+        latencies.record_at(&[1, 2, 3], now_ns);
+        assert_eq!(latencies.take(), (3, 2_000));
         assert_eq!(latencies.take(), (0, 0));
     }
 

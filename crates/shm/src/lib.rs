@@ -72,6 +72,7 @@ pub use cleanup::run_watchdog_if_requested;
 pub use error::ShmError;
 pub use managed::ShmBuffer;
 pub use region::{RegionBlock, RegionCallback, UnmanagedRegion};
+pub use ring::monotonic_ns;
 pub use session::ShmOptions;
 
 /// Adds the shmem transport to `registry` under [`ShmTransport::NAME`], configured per device

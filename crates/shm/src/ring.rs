@@ -162,16 +162,21 @@ const PUBLISH_EVERY: u32 = 32;
 /// runs) 1.5 us against 1.7-1.9 in the machine's slower state, 1.0 against 1.0-1.2 in its
 /// faster one; at 14:08-14:09 (`--msg-size 64,1048576 --duration 0.5`, ten rounds of four)
 /// medians of twenty runs 1.33 against 1.45 us at 64 B (no run over 2 us against six) and
-/// 1.50 against 1.52 at 1 MiB, each build's runs spread over 0.96-2.66 us. Busy-polled
-/// `call_return` lower in five rounds of eight, higher in one. Streaming through a busy-polled
-/// pull did not change beyond the machine's noise (`--busy-poll --msg-size 64`).
+/// 1.50 against 1.52 at 1 MiB (unchanged), each build's runs spread over 0.96-2.66 us; four
+/// runs each of `--duration 1` at 14:06-14:08 had this build's worst higher (1.39 against 1.26
+/// us at 64 B, 1.83 against 1.49 at 1 MiB). Busy-polled `call_return` lower in five rounds of
+/// eight, higher in one. The producer now publishes every entry to a busy-polled consumer (a
+/// fence, as it did whenever the word was up); busy-polled streaming at 64 B (`--busy-poll
+/// --msg-size 64`, six rounds of four runs) spread over 2.4-4.7 M msg/s for both builds, too
+/// wide to see a difference of that size.
 const HUNGRY_AFTER: u32 = 32;
 const ENTRY_HEADER: usize = 8;
 const SKIP: u32 = u32::MAX;
 
 /// Nanoseconds of CLOCK_MONOTONIC: the same clock in every process of the host, so a time
-/// one process writes into a ring another can compare with its own.
-pub(crate) fn monotonic_ns() -> u64 {
+/// one process writes into a ring (or a message) another can compare with its own. 0 if the
+/// clock cannot be read (Linux always can).
+pub fn monotonic_ns() -> u64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |now| {
         (now.tv_sec() as u64)
             .saturating_mul(1_000_000_000)
@@ -1291,6 +1296,17 @@ pub(crate) mod tests {
             assert!(!consumer.has_entries());
             assert_eq!(consumer.memory.u32_at(HUNGRY).load(Ordering::Relaxed), 1);
         }
+        // Not even a 1 written again: a word set to something else stays as it is through
+        // entries found, taken and looked for.
+        consumer.memory.u32_at(HUNGRY).store(2, Ordering::Relaxed);
+        producer.push(EntryKind::Record, b"s");
+        let _ = producer.publish();
+        assert!(consumer.has_entries());
+        while consumer.peek(&mut entry).unwrap().is_some() {
+            consumer.consume();
+        }
+        assert!(!consumer.has_entries());
+        assert_eq!(consumer.memory.u32_at(HUNGRY).load(Ordering::Relaxed), 2);
     }
 
     /// The doorbell protocol: a consumer about to wait gets exactly one doorbell from the next
