@@ -884,6 +884,17 @@ fn main() {
         }
     }
     for kind in [Kind::Shmem, Kind::Ipc] {
+        for mode in [Aggregation::Trad, Aggregation::Ovfl] {
+            tests.push(Trial::test(
+                format!(
+                    "a_writer_call_cancelled_while_waiting_for_room_is_not_written_over_{}_with_aggregation_{mode}",
+                    kind.name()
+                ),
+                move || run(writer_call_cancelled_while_full(kind, mode)),
+            ));
+        }
+    }
+    for kind in [Kind::Shmem, Kind::Ipc] {
         tests.push(Trial::test(
             format!(
                 "a_shutdown_while_a_writer_holds_calls_says_how_many_will_not_leave_over_{}",
@@ -1399,6 +1410,49 @@ async fn full_destination_writer(kind: Kind, mode: Aggregation) -> Result<()> {
     next += 1;
     writer.call::<Append>(&next).await?;
     accepted.push(next);
+    writer.flush().await?;
+    took_every_accepted_call(&rpc, &accepted).await?;
+    group.quit().await
+}
+
+/// A writer's call cancelled while it waits for room (the destination stopped, its queue
+/// full) was not written, and the writer still holds what it held: once the destination runs
+/// again, a call and a flush bring it exactly the calls accepted, in order, without the
+/// cancelled one.
+async fn writer_call_cancelled_while_full(kind: Kind, mode: Aggregation) -> Result<()> {
+    // A call to the full destination waits (for the test to cancel it) rather than failing.
+    let group = Group::start(kind, 2, mode, Duration::from_secs(60), "wcancel").await?;
+    let rpc = group.rpc.clone();
+    ensure!(rpc.call_return::<Add>(1, &(1, 2)).await? == 3);
+    let pid = group.process(1)?.pid();
+    kill(pid, Signal::SIGSTOP)?;
+    let mut writer = rpc.writer(1)?;
+    let mut accepted = Vec::new();
+    let mut next = 0u64;
+    // A call that finds room is written and returns at once; the first that waits is
+    // cancelled (a call cancelled sooner, on a slow host, is under the same contract).
+    let (cancelled, held_before) = loop {
+        let held_before = writer.held();
+        match tokio::time::timeout(Duration::from_millis(200), writer.call::<Append>(&next)).await {
+            Ok(written) => {
+                written?;
+                accepted.push(next);
+            }
+            Err(_cancelled) => break (next, held_before),
+        }
+        next += 1;
+        ensure!(next < 100_000_000, "a stopped member never counted as full");
+    };
+    ensure!(
+        writer.held() == held_before,
+        "the cancelled call changed what the writer holds: {} before, {} after",
+        held_before,
+        writer.held()
+    );
+    kill(pid, Signal::SIGCONT)?;
+    let after = cancelled + 1;
+    writer.call::<Append>(&after).await?;
+    accepted.push(after);
     writer.flush().await?;
     took_every_accepted_call(&rpc, &accepted).await?;
     group.quit().await
