@@ -884,6 +884,15 @@ fn main() {
         }
     }
     for kind in [Kind::Shmem, Kind::Ipc] {
+        tests.push(Trial::test(
+            format!(
+                "a_trad_writers_frame_leaves_after_aggregate_us_without_a_flush_over_{}",
+                kind.name()
+            ),
+            move || run(writer_frame_leaves_after_its_delay(kind)),
+        ));
+    }
+    for kind in [Kind::Shmem, Kind::Ipc] {
         for mode in [Aggregation::Trad, Aggregation::Ovfl] {
             tests.push(Trial::test(
                 format!(
@@ -1455,6 +1464,43 @@ async fn writer_call_cancelled_while_full(kind: Kind, mode: Aggregation) -> Resu
     accepted.push(after);
     writer.flush().await?;
     took_every_accepted_call(&rpc, &accepted).await?;
+    group.quit().await
+}
+
+/// A `trad` writer's frame that is not full leaves once `aggregate-us` passed since its first
+/// call, looked at on the calls that follow: without a flush or a full frame the writer comes
+/// to hold nothing, and the destination runs every call, in order.
+async fn writer_frame_leaves_after_its_delay(kind: Kind) -> Result<()> {
+    let own = RpcOptions {
+        aggregate_delay: Duration::from_millis(2),
+        // Room for ~400 000 of these calls, far more than 2 ms of this loop makes (~1 400 in
+        // a debug build here): the frame never fills.
+        aggregate_bytes: 4 << 20,
+        ..options(Aggregation::Trad, Duration::from_secs(30))
+    };
+    let group = Group::start_with(kind, 2, own, "wdelay").await?;
+    let rpc = group.rpc.clone();
+    ensure!(rpc.call_return::<Add>(1, &(1, 2)).await? == 3);
+    let mut writer = rpc.writer(1)?;
+    let mut next = 0u64;
+    let mut most_held = 0;
+    loop {
+        writer.call::<Append>(&next).await?;
+        next += 1;
+        let held = writer.held();
+        if held == 0 && most_held > 0 {
+            break;
+        }
+        most_held = most_held.max(held);
+        ensure!(
+            most_held < 100_000,
+            "the writer held {most_held} calls (a full frame, or no frame leaving on its delay)"
+        );
+        // The runtime's other tasks run between calls, as a caller's would.
+        tokio::task::yield_now().await;
+    }
+    ensure!(most_held > 1, "the frame left after {most_held} call(s)");
+    took_every_accepted_call(&rpc, &(0..next).collect::<Vec<_>>()).await?;
     group.quit().await
 }
 
