@@ -27,7 +27,8 @@ pub struct RpcLine {
     pub return_p50_us: f64,
     pub return_p99_us: f64,
     pub returns_per_s_64_in_flight: f64,
-    /// A call's latency until its handler ran at light load, p50 (0 from an older `ferromq`).
+    /// A call's latency from the call to its handler's start at light load, p50 (0 from an
+    /// older `ferromq`; until 2026-12-07 to a `Consumed` ticket's return).
     #[serde(default)]
     pub light_load_p50_us: f64,
     /// The rate of that light load (0 from an older `ferromq`).
@@ -122,7 +123,8 @@ fn find_line<'a>(
         .find(|line| line.transport == transport && line.mode == mode && line.call_size == size)
 }
 
-/// The light-load comparison: `ovfl` against unaggregated `send`, p50 until the handler ran,
+/// The light-load comparison: `ovfl` against unaggregated `send`, p50 from the call to its
+/// handler's start (one way, on the host's clock),
 /// from `lines` (each mode at 1 % of its own streaming rate, `ovfl`'s several times `send`'s
 /// calls a second) and from `at_one_rate` (`--light-load-rate`: both at one rate, which the
 /// target is judged on).
@@ -160,7 +162,7 @@ pub fn render_light_load(lines: &[RpcLine], at_one_rate: &[RpcLine]) -> String {
     }
     let _ = writeln!(
         text,
-        "\nLight load, p50 until the handler ran: each mode at 1 % of its own streaming rate, and both at one rate (`--light-load-rate`, 1 % of `ovfl`'s rate at 8 B over shmem). Target: `ovfl` ≤ {LIGHT_LOAD_TARGET}x `send` at one rate.\n\n| transport | size | rate | send | ovfl | ovfl ÷ send |\n|---|---|---|---|---|---|"
+        "\nLight load, p50 from the call to its handler's start (one way, on the host's CLOCK_MONOTONIC; calls made as the round streamed them): each mode at 1 % of its own streaming rate, and both at one rate (`--light-load-rate`, 1 % of `ovfl`'s rate at 8 B over shmem). Target: `ovfl` ≤ {LIGHT_LOAD_TARGET}x `send` at one rate.\n\n| transport | size | rate | send | ovfl | ovfl ÷ send |\n|---|---|---|---|---|---|"
     );
     for row in rows {
         let _ = writeln!(text, "{row}");
