@@ -124,10 +124,9 @@ fn find_line<'a>(
 }
 
 /// The light-load comparison: `ovfl` against unaggregated `send`, p50 from the call to its
-/// handler's start (one way, on the host's clock),
-/// from `lines` (each mode at 1 % of its own streaming rate, `ovfl`'s several times `send`'s
-/// calls a second) and from `at_one_rate` (`--light-load-rate`: both at one rate, which the
-/// target is judged on).
+/// handler's start (one way, on the host's clock), from `lines` (each mode at 1 % of its own
+/// streaming rate, `ovfl`'s several times `send`'s calls a second) and from `at_one_rate`
+/// (`--light-load-rate`: both at one rate, which the target is judged on).
 pub fn render_light_load(lines: &[RpcLine], at_one_rate: &[RpcLine]) -> String {
     let mut text = String::new();
     let mut rows = Vec::new();
