@@ -20,7 +20,7 @@
 //! 132  closed u32    1: the producer writes nothing more
 //! 136  consumer u32  pid of the process that adopted the ring (0 before)
 //! 140  hungry u32    1: the consumer looked and found nothing (it wants entries published);
-//!                    a busy-polled consumer leaves it at 1
+//!                    a busy-polled consumer clears it only while it takes a stream
 //! 144  rung_at u64   when the producer last rang the doorbell (CLOCK_MONOTONIC, ns)
 //! 152  finished u32  which end finished with the ring first: 1 the producer, 2 the consumer;
 //!                    3 once the last end released what was left
@@ -153,23 +153,31 @@ const _: () = assert!(TAKEN_AT_FINISH + 4 <= CONTROL);
 /// Entries a producer writes at most before it publishes them to a consumer that is busy.
 const PUBLISH_EVERY: u32 = 32;
 /// Empty looks in a row after which a consumer asks for every entry at once. A busy-polled
-/// consumer (it spins for latency, not throughput, and reads headers, not the tail) is hungry
-/// from its adoption to its end and never writes the word: toggled at each entry found and at
-/// the empty look after it, as it was, the word's line (which the producer reads at every entry)
-/// crossed between the cores twice per entry. Busy-polled req/rep p50, `ferromq bench --transport
-/// shmem --latency --busy-poll`, 2026-12-07, this project's machine, runs alternating with the
-/// build before: at 13:46-13:49 UTC (`--msg-size 64 --duration 0.3`, eight rounds of four
-/// runs) 1.5 us against 1.7-1.9 in the machine's slower state, 1.0 against 1.0-1.2 in its
-/// faster one; at 14:08-14:09 (`--msg-size 64,1048576 --duration 0.5`, ten rounds of four)
-/// medians of twenty runs 1.33 against 1.45 us at 64 B (no run over 2 us against six) and
-/// 1.50 against 1.52 at 1 MiB (unchanged), each build's runs spread over 0.96-2.66 us; four
-/// runs each of `--duration 1` at 14:06-14:08 had this build's worst higher (1.39 against 1.26
-/// us at 64 B, 1.83 against 1.49 at 1 MiB). Busy-polled `call_return` lower in five rounds of
-/// eight, higher in one. The producer now publishes every entry to a busy-polled consumer (a
-/// fence, as it did whenever the word was up); busy-polled streaming at 64 B (`--busy-poll
-/// --msg-size 64`, six rounds of four runs) spread over 2.4-4.7 M msg/s for both builds, too
-/// wide to see a difference of that size.
+/// consumer (it spins for latency, and reads headers, not the tail) asks at its first empty
+/// look, and stops asking only once it finds [`BUSY_STREAM_AFTER`] entries in a row: a round
+/// trip's entries, found one at a time, leave the word as it is. Written at each entry found
+/// and at the empty look after it, as it was, the word's line (which the producer reads at
+/// every entry) crossed between the cores twice per round trip; never written at all, a
+/// busy-polled stream paid the producer's fence at every entry. Busy-polled req/rep p50,
+/// `ferromq bench --transport shmem --latency --busy-poll`, 2026-12-07, this project's
+/// machine, the word never written, runs alternating with the build before: at 13:46-13:49 UTC
+/// (`--msg-size 64 --duration 0.3`, eight rounds of four runs) 1.5 us against 1.7-1.9 in the
+/// machine's slower state, 1.0 against 1.0-1.2 in its faster one; at 14:08-14:09
+/// (`--msg-size 64,1048576 --duration 0.5`, ten rounds of four) medians of twenty runs 1.33
+/// against 1.45 us at 64 B (no run over 2 us against six) and 1.50 against 1.52 at 1 MiB
+/// (unchanged), each build's runs spread over 0.96-2.66 us; four runs each of `--duration 1` at
+/// 14:06-14:08 had that build's worst higher (1.39 against 1.26 us at 64 B, 1.83 against 1.49
+/// at 1 MiB). Busy-polled streaming at 64 B (`--busy-poll --msg-size 64 --duration 1`, eight
+/// rounds of four, ~14:56) 4.23 M msg/s against 4.46 M by the median with the word never
+/// written: hence the runs. With them, rounds alternating the build before / never written /
+/// runs: req/rep at 64 B 1.22 / 1.17 / 1.14 us by the median of sixteen runs each, at 1 MiB
+/// 1.24 / 1.23 / 1.43 (each spread over ~1.1-2.3 us; 14:58-15:00 UTC); streaming 3.37 / 3.38 /
+/// 3.38 M msg/s by the median of twenty (spread 2.3-4.5 M; 15:00-15:02): no difference this
+/// machine shows.
 const HUNGRY_AFTER: u32 = 32;
+/// Entries a busy-polled consumer finds in a row before it lets the producer publish them in
+/// runs ([`HUNGRY_AFTER`]): more than a round trip brings at a time.
+const BUSY_STREAM_AFTER: u32 = 4;
 const ENTRY_HEADER: usize = 8;
 const SKIP: u32 = u32::MAX;
 
@@ -633,6 +641,10 @@ pub(crate) struct RingConsumer {
     hungry: bool,
     /// Looks in a row that found the ring empty.
     n_empty_looks: u32,
+    /// A consumer that reads headers: entries found in a row (each counted once, however
+    /// often it is looked at), and where the last one counted starts (`u64::MAX`: none).
+    n_found_in_a_row: u32,
+    found_at: u64,
     /// Whether this consumer finds entries by their headers instead of the producer's tail
     /// (a busy-polled one; see "Headers as readiness").
     reads_headers: bool,
@@ -715,6 +727,8 @@ impl RingConsumer {
             // As the producer starts the word: a new consumer wants its first entry at once.
             hungry: true,
             n_empty_looks: 0,
+            n_found_in_a_row: 0,
+            found_at: u64::MAX,
             reads_headers: busy_polled,
         })
     }
@@ -740,7 +754,18 @@ impl RingConsumer {
             self.next == self.known_tail
         };
         if self.reads_headers {
-            // Stays hungry (see `HUNGRY_AFTER`): nothing on the word's line changes.
+            // Hungry but while it takes a stream (see `HUNGRY_AFTER`): a round trip's entries,
+            // one at a time, change nothing on the word's line.
+            if empty {
+                self.n_found_in_a_row = 0;
+                self.set_hungry(true);
+            } else if self.found_at != self.next {
+                self.found_at = self.next;
+                self.n_found_in_a_row += 1;
+                if self.n_found_in_a_row >= BUSY_STREAM_AFTER {
+                    self.set_hungry(false);
+                }
+            }
             return !empty;
         }
         self.n_empty_looks = if empty { self.n_empty_looks + 1 } else { 0 };
@@ -1271,42 +1296,64 @@ pub(crate) mod tests {
         assert!(what_a_reader_of_the_rest_finds(&fixture).is_empty());
     }
 
-    /// A busy-polled consumer never writes the `hungry` word (see `HUNGRY_AFTER`): every
-    /// entry is published at once, whether it just found one or looked and found none, and
-    /// no entry rings a doorbell.
+    /// A busy-polled consumer taking entries one at a time (a round trip's pace) never writes
+    /// the `hungry` word, however often it looks at each (see `HUNGRY_AFTER`); one that finds
+    /// a stream (`BUSY_STREAM_AFTER` entries in a row) lets the producer publish in runs, and
+    /// asks for every entry again at its next empty look.
     #[test]
-    fn a_busy_polled_consumer_stays_hungry() {
+    fn a_busy_polled_consumer_writes_hungry_only_around_a_stream() {
         let mut fixture = Fixture::adopted(11, true);
         let Fixture {
             producer, consumer, ..
         } = &mut fixture;
+        let word = |consumer: &RingConsumer| consumer.memory.u32_at(HUNGRY).load(Ordering::Relaxed);
         let mut entry = Vec::new();
-        for round in 0..3u8 {
-            for n in 0..3u8 {
-                assert_eq!(
-                    producer.push(EntryKind::Record, &[round, n]),
-                    Pushed::Published(Wake(false)),
-                    "round {round}, entry {n}"
-                );
-                assert!(consumer.has_entries());
-            }
-            while consumer.peek(&mut entry).unwrap().is_some() {
-                consumer.consume();
-            }
-            assert!(!consumer.has_entries());
-            assert_eq!(consumer.memory.u32_at(HUNGRY).load(Ordering::Relaxed), 1);
-        }
-        // Not even a 1 written again: a word set to something else stays as it is through
-        // entries found, taken and looked for.
+        // Round trips: a word set to something else stays as it is through entries found,
+        // looked at again, taken, and looked for after them.
         consumer.memory.u32_at(HUNGRY).store(2, Ordering::Relaxed);
-        producer.push(EntryKind::Record, b"s");
+        for n in 0..3 * BUSY_STREAM_AFTER as u8 {
+            let _ = producer.push(EntryKind::Record, &[n]);
+            assert!(consumer.has_entries());
+            assert!(consumer.has_entries());
+            assert_eq!(consumer.peek(&mut entry).unwrap(), Some(EntryKind::Record));
+            assert_eq!(entry, [n]);
+            consumer.consume();
+            assert!(!consumer.has_entries());
+        }
+        assert_eq!(word(consumer), 2, "a round trip's look wrote the word");
+        // A stream: published at once while the consumer asks, in runs once it took enough in
+        // a row, at once again after its next empty look.
+        consumer.memory.u32_at(HUNGRY).store(1, Ordering::Relaxed);
         let _ = producer.publish();
-        assert!(consumer.has_entries());
+        for n in 0..2 * BUSY_STREAM_AFTER as u8 {
+            assert_eq!(
+                producer.push(EntryKind::Record, &[n]),
+                Pushed::Published(Wake(false)),
+                "entry {n} of the stream"
+            );
+        }
+        for _ in 0..BUSY_STREAM_AFTER {
+            assert!(consumer.peek(&mut entry).unwrap().is_some());
+            consumer.consume();
+        }
+        assert_eq!(
+            word(consumer),
+            0,
+            "a stream's consumer still asks for every entry"
+        );
+        assert!(matches!(
+            producer.push(EntryKind::Record, b"r"),
+            Pushed::Unpublished { .. }
+        ));
         while consumer.peek(&mut entry).unwrap().is_some() {
             consumer.consume();
         }
         assert!(!consumer.has_entries());
-        assert_eq!(consumer.memory.u32_at(HUNGRY).load(Ordering::Relaxed), 2);
+        assert_eq!(word(consumer), 1);
+        assert_eq!(
+            producer.push(EntryKind::Record, b"z"),
+            Pushed::Published(Wake(false))
+        );
     }
 
     /// The doorbell protocol: a consumer about to wait gets exactly one doorbell from the next
