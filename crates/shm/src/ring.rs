@@ -754,8 +754,8 @@ impl RingConsumer {
             self.next == self.known_tail
         };
         if self.reads_headers {
-            // Hungry but while it takes a stream (see `HUNGRY_AFTER`): a round trip's entries,
-            // one at a time, change nothing on the word's line.
+            // Hungry except while it takes a stream (see `HUNGRY_AFTER`): a round trip's
+            // entries, one at a time, change nothing on the word's line.
             if empty {
                 self.n_found_in_a_row = 0;
                 self.set_hungry(true);
