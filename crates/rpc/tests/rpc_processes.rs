@@ -851,77 +851,56 @@ fn main() {
         }
         return;
     }
+    const EVERY_KIND: [Kind; 4] = [Kind::Shmem, Kind::Ipc, Kind::Tcp, Kind::Inproc];
+    const SHMEM_AND_IPC: [Kind; 2] = [Kind::Shmem, Kind::Ipc];
+    const WRITER_MODES: [Aggregation; 2] = [Aggregation::Trad, Aggregation::Ovfl];
     let mut tests = Vec::new();
-    for kind in [Kind::Shmem, Kind::Ipc, Kind::Tcp, Kind::Inproc] {
-        for mode in [Aggregation::None, Aggregation::Trad, Aggregation::Ovfl] {
-            tests.push(Trial::test(
-                format!(
-                    "every_primitive_over_{}_with_aggregation_{mode}",
-                    kind.name()
-                ),
-                move || run(primitives(kind, mode)),
-            ));
-        }
-    }
-    for kind in [Kind::Shmem, Kind::Ipc] {
-        tests.push(Trial::test(
-            format!(
-                "a_full_destination_loses_nothing_with_each_policy_over_{}",
-                kind.name()
-            ),
-            move || run(full_destination(kind)),
-        ));
-    }
-    for kind in [Kind::Shmem, Kind::Ipc] {
-        for mode in [Aggregation::Trad, Aggregation::Ovfl] {
-            tests.push(Trial::test(
-                format!(
-                    "a_full_destination_makes_a_writer_wait_and_loses_nothing_over_{}_with_aggregation_{mode}",
-                    kind.name()
-                ),
-                move || run(full_destination_writer(kind, mode)),
-            ));
-        }
-    }
-    for kind in [Kind::Shmem, Kind::Ipc] {
-        tests.push(Trial::test(
-            format!(
-                "a_trad_writers_frame_leaves_after_aggregate_us_without_a_flush_over_{}",
-                kind.name()
-            ),
-            move || run(writer_frame_leaves_after_its_delay(kind)),
-        ));
-    }
-    for kind in [Kind::Shmem, Kind::Ipc] {
-        for mode in [Aggregation::Trad, Aggregation::Ovfl] {
-            tests.push(Trial::test(
-                format!(
-                    "a_writer_call_cancelled_while_waiting_for_room_is_not_written_over_{}_with_aggregation_{mode}",
-                    kind.name()
-                ),
-                move || run(writer_call_cancelled_while_full(kind, mode)),
-            ));
-        }
-    }
-    for kind in [Kind::Shmem, Kind::Ipc] {
-        tests.push(Trial::test(
-            format!(
-                "a_shutdown_while_a_writer_holds_calls_says_how_many_will_not_leave_over_{}",
-                kind.name()
-            ),
-            move || run(writer_at_shutdown(kind)),
-        ));
-    }
-    for kind in [Kind::Shmem, Kind::Tcp] {
-        tests.push(Trial::test(
-            format!(
-                "a_dead_destination_fails_pending_calls_within_the_timeout_over_{}",
-                kind.name()
-            ),
-            move || run(dead_destination(kind)),
-        ));
-    }
-    for kind in [Kind::Shmem, Kind::Ipc] {
+    per_kind_and_mode(
+        &mut tests,
+        "every_primitive",
+        &EVERY_KIND,
+        &[Aggregation::None, Aggregation::Trad, Aggregation::Ovfl],
+        primitives,
+    );
+    per_kind(
+        &mut tests,
+        "a_full_destination_loses_nothing_with_each_policy",
+        &SHMEM_AND_IPC,
+        full_destination,
+    );
+    per_kind_and_mode(
+        &mut tests,
+        "a_full_destination_makes_a_writer_wait_and_loses_nothing",
+        &SHMEM_AND_IPC,
+        &WRITER_MODES,
+        full_destination_writer,
+    );
+    per_kind(
+        &mut tests,
+        "a_trad_writers_frame_leaves_after_aggregate_us_without_a_flush",
+        &SHMEM_AND_IPC,
+        writer_frame_leaves_after_its_delay,
+    );
+    per_kind_and_mode(
+        &mut tests,
+        "a_writer_call_cancelled_while_waiting_for_room_is_not_written",
+        &SHMEM_AND_IPC,
+        &WRITER_MODES,
+        writer_call_cancelled_while_full,
+    );
+    per_kind(
+        &mut tests,
+        "a_shutdown_while_a_writer_holds_calls_says_how_many_will_not_leave",
+        &SHMEM_AND_IPC,
+        writer_at_shutdown,
+    );
+    per_kind(
+        &mut tests,
+        "a_dead_destination_fails_pending_calls_within_the_timeout",
+        &[Kind::Shmem, Kind::Tcp],
+        dead_destination,
+    );
+    for kind in SHMEM_AND_IPC {
         tests.push(Trial::test(
             format!(
                 "a_shutdown_with_a_stalled_destination_closes_its_channel_by_the_limit_over_{}",
@@ -930,15 +909,12 @@ fn main() {
             move || shutdown_with_a_stalled_destination(kind),
         ));
     }
-    for kind in [Kind::Shmem, Kind::Ipc] {
-        tests.push(Trial::test(
-            format!(
-                "a_flush_sends_to_every_destination_while_one_is_stalled_over_{}",
-                kind.name()
-            ),
-            move || run(flush_with_a_stalled_destination(kind)),
-        ));
-    }
+    per_kind(
+        &mut tests,
+        "a_flush_sends_to_every_destination_while_one_is_stalled",
+        &SHMEM_AND_IPC,
+        flush_with_a_stalled_destination,
+    );
     tests.push(Trial::test(
         "call_buffer_of_64_mib_over_shmem_runs_after_the_last_byte_and_copies_nothing",
         || run(big_buffer()),
@@ -955,20 +931,51 @@ fn main() {
         "calls_made_while_frames_keep_coming_leave_before_the_intake_runs_dry",
         || run(frames_that_keep_coming()),
     ));
-    for kind in [Kind::Shmem, Kind::Ipc, Kind::Tcp, Kind::Inproc] {
-        tests.push(Trial::test(
-            format!(
-                "a_member_that_keeps_calling_itself_still_serves_the_others_over_{}",
-                kind.name()
-            ),
-            move || run(calling_itself(kind)),
-        ));
-    }
+    per_kind(
+        &mut tests,
+        "a_member_that_keeps_calling_itself_still_serves_the_others",
+        &EVERY_KIND,
+        calling_itself,
+    );
     tests.push(Trial::test(
         "broadcast_to_15_members_over_a_binary_tree_reaches_each_once",
         || run(broadcast_15()),
     ));
     libtest_mimic::run(&Arguments::from_args(), tests).exit();
+}
+
+/// Adds `test` once per transport in `kinds`, named `{name}_over_{kind}`.
+fn per_kind<T>(tests: &mut Vec<Trial>, name: &str, kinds: &[Kind], test: fn(Kind) -> T)
+where
+    T: Future<Output = Result<()>> + 'static,
+{
+    for &kind in kinds {
+        tests.push(Trial::test(
+            format!("{name}_over_{}", kind.name()),
+            move || run(test(kind)),
+        ));
+    }
+}
+
+/// Adds `test` once per transport in `kinds` and aggregation in `modes`, named
+/// `{name}_over_{kind}_with_aggregation_{mode}`.
+fn per_kind_and_mode<T>(
+    tests: &mut Vec<Trial>,
+    name: &str,
+    kinds: &[Kind],
+    modes: &[Aggregation],
+    test: fn(Kind, Aggregation) -> T,
+) where
+    T: Future<Output = Result<()>> + 'static,
+{
+    for &kind in kinds {
+        for &mode in modes {
+            tests.push(Trial::test(
+                format!("{name}_over_{}_with_aggregation_{mode}", kind.name()),
+                move || run(test(kind, mode)),
+            ));
+        }
+    }
 }
 
 fn run(test: impl Future<Output = Result<()>>) -> Result<(), Failed> {
@@ -1376,16 +1383,27 @@ async fn took_every_accepted_call(rpc: &Rpc, accepted: &[u64]) -> Result<()> {
     Ok(())
 }
 
+/// A group of two (`tag` names its session) whose member 1 answered a call and was then
+/// stopped (SIGSTOP): the group, and the member's pid to let it go on.
+async fn with_member_1_stopped(
+    kind: Kind,
+    mode: Aggregation,
+    timeout: Duration,
+    tag: &str,
+) -> Result<(Group, Pid)> {
+    let group = Group::start(kind, 2, mode, timeout, tag).await?;
+    ensure!(group.rpc.call_return::<Add>(1, &(1, 2)).await? == 3);
+    let pid = group.process(1)?.pid();
+    kill(pid, Signal::SIGSTOP)?;
+    Ok((group, pid))
+}
+
 /// A writer whose frame is full while the destination is stopped waits for room (until the
 /// timeout: the call then fails unwritten), and every call it accepted arrives, in order, once
 /// the destination runs again.
 async fn full_destination_writer(kind: Kind, mode: Aggregation) -> Result<()> {
-    let timeout = Duration::from_secs(1);
-    let group = Group::start(kind, 2, mode, timeout, "wfull").await?;
+    let (group, pid) = with_member_1_stopped(kind, mode, Duration::from_secs(1), "wfull").await?;
     let rpc = group.rpc.clone();
-    ensure!(rpc.call_return::<Add>(1, &(1, 2)).await? == 3);
-    let pid = group.process(1)?.pid();
-    kill(pid, Signal::SIGSTOP)?;
     let mut writer = rpc.writer(1)?;
     let mut accepted = Vec::new();
     let mut next = 0u64;
@@ -1430,11 +1448,9 @@ async fn full_destination_writer(kind: Kind, mode: Aggregation) -> Result<()> {
 /// cancelled one.
 async fn writer_call_cancelled_while_full(kind: Kind, mode: Aggregation) -> Result<()> {
     // A call to the full destination waits (for the test to cancel it) rather than failing.
-    let group = Group::start(kind, 2, mode, Duration::from_secs(60), "wcancel").await?;
+    let (group, pid) =
+        with_member_1_stopped(kind, mode, Duration::from_secs(60), "wcancel").await?;
     let rpc = group.rpc.clone();
-    ensure!(rpc.call_return::<Add>(1, &(1, 2)).await? == 3);
-    let pid = group.process(1)?.pid();
-    kill(pid, Signal::SIGSTOP)?;
     let mut writer = rpc.writer(1)?;
     let mut accepted = Vec::new();
     let mut next = 0u64;
