@@ -132,20 +132,7 @@ pub struct RpcBenchResult {
     pub rounds: usize,
 }
 
-/// The bench's procedures, a unit struct and its [`Procedure`] each: `Name = "id": Args => Output`.
-macro_rules! procedures {
-    ($($(#[$doc:meta])* $name:ident = $id:literal: $args:ty => $output:ty;)*) => {$(
-        $(#[$doc])*
-        struct $name;
-        impl Procedure for $name {
-            const NAME: &'static str = $id;
-            type Args = $args;
-            type Output = $output;
-        }
-    )*};
-}
-
-procedures! {
+ferromq_rpc::procedures! {
     /// 8 bytes of arguments.
     Call8 = "bench-8": [u8; 8] => ();
     /// 64 bytes of arguments.

@@ -51,6 +51,32 @@ pub trait Procedure: 'static {
     }
 }
 
+/// Declares procedures, a unit struct and its [`Procedure`] each, one line apiece:
+/// `Name = "name": Args => Output;`, with the struct's docs, attributes and visibility before it.
+///
+/// ```
+/// ferromq_rpc::procedures! {
+///     /// Adds two numbers.
+///     pub Add = "add": (u64, u64) => u64;
+///     Ping = "ping": () => ();
+/// }
+/// use ferromq_rpc::Procedure as _;
+/// assert_eq!(Add::id(), ferromq_rpc::HandlerId::named("add"));
+/// assert_eq!(Ping::NAME, "ping");
+/// ```
+#[macro_export]
+macro_rules! procedures {
+    ($($(#[$meta:meta])* $vis:vis $name:ident = $id:literal: $args:ty => $output:ty;)*) => {$(
+        $(#[$meta])*
+        $vis struct $name;
+        impl $crate::Procedure for $name {
+            const NAME: &'static str = $id;
+            type Args = $args;
+            type Output = $output;
+        }
+    )*};
+}
+
 /// The id of a handler on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct HandlerId(pub u64);

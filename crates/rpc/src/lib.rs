@@ -26,6 +26,8 @@
 //! # Ok(()) }
 //! ```
 //!
+//! [`procedures!`] declares several procedures, a line each (`Add = "add": (u64, u64) => u64;`).
+//!
 //! - `call` (fire and forget), `call_buffer` (the handler runs once the buffer is there; on
 //!   shmem a buffer in shared memory moves as a descriptor; [`CallBuilder::call_buffer_pull`]:
 //!   the destination fetches it when it is ready), `call_return` (a typed result),

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use ferromq_core::{Address, Transport};
-use ferromq_rpc::{Aggregation, Handlers, Inbound, Member, Procedure, Rpc, RpcOptions};
+use ferromq_rpc::{Aggregation, Handlers, Inbound, Member, Rpc, RpcOptions};
 use ferromq_shm::{ShmOptions, ShmTransport};
 
 mod support;
@@ -23,12 +23,9 @@ use support::Session;
 #[global_allocator]
 static ALLOCATOR: ferromq_alloc_count::Counting = ferromq_alloc_count::Counting;
 
-/// 64 bytes each way, as `ferromq bench rpc`'s round trips.
-struct Echo;
-impl Procedure for Echo {
-    const NAME: &'static str = "allocations-echo";
-    type Args = [[u8; 32]; 2];
-    type Output = [[u8; 32]; 2];
+ferromq_rpc::procedures! {
+    /// 64 bytes each way, as `ferromq bench rpc`'s round trips.
+    Echo = "allocations-echo": [[u8; 32]; 2] => [[u8; 32]; 2];
 }
 
 const WARM_UP: u64 = 5_000;

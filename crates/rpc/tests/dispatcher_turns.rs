@@ -8,20 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ferromq_core::{Address, Transport};
-use ferromq_rpc::{Aggregation, Handlers, Inbound, Member, Procedure, Rpc, RpcOptions};
+use ferromq_rpc::{Aggregation, Handlers, Inbound, Member, Rpc, RpcOptions};
 
-struct Mark;
-impl Procedure for Mark {
-    const NAME: &'static str = "turns-mark";
-    type Args = u32;
-    type Output = ();
-}
-
-struct Done;
-impl Procedure for Done {
-    const NAME: &'static str = "turns-done";
-    type Args = ();
-    type Output = ();
+ferromq_rpc::procedures! {
+    Mark = "turns-mark": u32 => ();
+    Done = "turns-done": () => ();
 }
 
 /// Frames queued to the member itself before its dispatcher runs.

@@ -12,8 +12,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use ferromq_core::{Address, Message, Transport, copied_bytes};
 use ferromq_rpc::{
-    Aggregation, CallError, Confirm, Handlers, Inbound, Member, Plain, Procedure, RemoteFailure,
-    Rpc, RpcOptions, WhenFull,
+    Aggregation, CallError, Confirm, Handlers, Inbound, Member, Plain, RemoteFailure, Rpc,
+    RpcOptions, WhenFull,
 };
 use ferromq_shm::{ShmOptions, ShmTransport};
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -31,163 +31,46 @@ static NEXT: AtomicUsize = AtomicUsize::new(0);
 
 // ---- the procedures every member serves ----
 
-struct Add;
-impl Procedure for Add {
-    const NAME: &'static str = "add";
-    type Args = (u64, u64);
-    type Output = u64;
-}
-
-/// `add` without its arguments: the destination cannot decode them.
-struct AddNothing;
-impl Procedure for AddNothing {
-    const NAME: &'static str = "add";
-    type Args = ();
-    type Output = u64;
-}
-
-/// Plain-old-data arguments and result.
-struct SumPlain;
-impl Procedure for SumPlain {
-    const NAME: &'static str = "sum-plain";
-    type Args = Plain<[u64; 4]>;
-    type Output = Plain<u64>;
-}
-
-struct Append;
-impl Procedure for Append {
-    const NAME: &'static str = "append";
-    type Args = u64;
-    type Output = ();
-}
-
-/// Returns and clears what `append` collected.
-struct TakeLog;
-impl Procedure for TakeLog {
-    const NAME: &'static str = "take-log";
-    type Args = ();
-    type Output = Vec<u64>;
-}
-
-/// Sums a buffer's bytes; `last-sum` returns (length, sum, copied bytes in the process).
-struct SumBuffer;
-impl Procedure for SumBuffer {
-    const NAME: &'static str = "sum-buffer";
-    type Args = u64;
-    type Output = ();
-}
-
-struct LastSum;
-impl Procedure for LastSum {
-    const NAME: &'static str = "last-sum";
-    type Args = ();
-    type Output = (u64, u64, u64);
-}
-
-struct Explode;
-impl Procedure for Explode {
-    const NAME: &'static str = "explode";
-    type Args = ();
-    type Output = ();
-}
-
-/// Panics in a synchronous handler.
-struct ExplodeAtOnce;
-impl Procedure for ExplodeAtOnce {
-    const NAME: &'static str = "explode-at-once";
-    type Args = ();
-    type Output = ();
-}
-
-/// Appends its value to the log, and panics instead for values that end in 500: what shows
-/// that one failed call of a run of short calls fails alone.
-struct AppendUnless500;
-impl Procedure for AppendUnless500 {
-    const NAME: &'static str = "append-unless-500";
-    type Args = u64;
-    type Output = ();
-}
-
-/// Appends 1 or 0 to the log; its callers send `FlagAsByte`, whose 2 does not decode as a
-/// `bool`: what shows that a call of a run of short calls that does not decode fails alone.
-struct AppendFlag;
-impl Procedure for AppendFlag {
-    const NAME: &'static str = "append-flag";
-    type Args = bool;
-    type Output = ();
-}
-
-/// [`AppendFlag`] as its callers see it (same name, so the same handler).
-struct FlagAsByte;
-impl Procedure for FlagAsByte {
-    const NAME: &'static str = "append-flag";
-    type Args = u8;
-    type Output = ();
-}
-
-struct NotServed;
-impl Procedure for NotServed {
-    const NAME: &'static str = "not-served";
-    type Args = ();
-    type Output = ();
-}
-
-struct Hit;
-impl Procedure for Hit {
-    const NAME: &'static str = "hit";
-    type Args = ();
-    type Output = ();
-}
-
-/// How many `hit`s the member ran, and the caller the last one was given (`u64::MAX`: none).
-struct Hits;
-impl Procedure for Hits {
-    const NAME: &'static str = "hits";
-    type Args = ();
-    type Output = (u64, u64);
-}
-
-/// The caller the destination's handler was given (an asynchronous handler: its own copy of
-/// the invocation).
-struct Caller;
-impl Procedure for Caller {
-    const NAME: &'static str = "caller";
-    type Args = ();
-    type Output = u64;
-}
-
-/// A handler that calls another member: `append(value)` at `dest`, waiting until consumed.
-struct Relay;
-impl Procedure for Relay {
-    const NAME: &'static str = "relay";
-    type Args = (u64, u64);
-    type Output = ();
-}
-
-/// A handler that never finishes (the caller then waits for a dead member).
-struct Stall;
-impl Procedure for Stall {
-    const NAME: &'static str = "stall";
-    type Args = ();
-    type Output = ();
-}
-
-/// Works for a while (`spin_us`), then calls `touch(path)` at member 0; the call with
-/// `wait = true` instead waits (up to 20 s) for `path` to exist and logs whether it did
-/// (`append(1)` or `append(0)` at itself).
-struct Slow;
-impl Procedure for Slow {
-    const NAME: &'static str = "slow";
-    type Args = (u64, bool, String);
-    type Output = ();
-}
-
-/// Creates the file at the path.
-struct Touch;
-impl Procedure for Touch {
-    const NAME: &'static str = "touch";
-    type Args = String;
-    type Output = ();
+ferromq_rpc::procedures! {
+    Add = "add": (u64, u64) => u64;
+    /// `add` without its arguments: the destination cannot decode them.
+    AddNothing = "add": () => u64;
+    /// Plain-old-data arguments and result.
+    SumPlain = "sum-plain": Plain<[u64; 4]> => Plain<u64>;
+    Append = "append": u64 => ();
+    /// Returns and clears what `append` collected.
+    TakeLog = "take-log": () => Vec<u64>;
+    /// Sums a buffer's bytes; `last-sum` returns (length, sum, copied bytes in the process).
+    SumBuffer = "sum-buffer": u64 => ();
+    LastSum = "last-sum": () => (u64, u64, u64);
+    Explode = "explode": () => ();
+    /// Panics in a synchronous handler.
+    ExplodeAtOnce = "explode-at-once": () => ();
+    /// Appends its value to the log, and panics instead for values that end in 500: what shows
+    /// that one failed call of a run of short calls fails alone.
+    AppendUnless500 = "append-unless-500": u64 => ();
+    /// Appends 1 or 0 to the log; its callers send `FlagAsByte`, whose 2 does not decode as a
+    /// `bool`: what shows that a call of a run of short calls that does not decode fails alone.
+    AppendFlag = "append-flag": bool => ();
+    /// [`AppendFlag`] as its callers see it (same name, so the same handler).
+    FlagAsByte = "append-flag": u8 => ();
+    NotServed = "not-served": () => ();
+    Hit = "hit": () => ();
+    /// How many `hit`s the member ran, and the caller the last one was given (`u64::MAX`: none).
+    Hits = "hits": () => (u64, u64);
+    /// The caller the destination's handler was given (an asynchronous handler: its own copy of
+    /// the invocation).
+    Caller = "caller": () => u64;
+    /// A handler that calls another member: `append(value)` at `dest`, waiting until consumed.
+    Relay = "relay": (u64, u64) => ();
+    /// A handler that never finishes (the caller then waits for a dead member).
+    Stall = "stall": () => ();
+    /// Works for a while (`spin_us`), then calls `touch(path)` at member 0; the call with
+    /// `wait = true` instead waits (up to 20 s) for `path` to exist and logs whether it did
+    /// (`append(1)` or `append(0)` at itself).
+    Slow = "slow": (u64, bool, String) => ();
+    /// Creates the file at the path.
+    Touch = "touch": String => ();
 }
 
 /// A result that cannot be serialised.
@@ -200,38 +83,17 @@ impl serde::Serialize for Unserialisable {
     }
 }
 
-/// Returns a result that cannot be serialised: a failure for a caller that waits for it,
-/// nothing to a caller that does not (the result is not encoded).
-struct BadResult;
-impl Procedure for BadResult {
-    const NAME: &'static str = "bad-result";
-    type Args = ();
-    type Output = Unserialisable;
-}
-
-/// Works 50 µs and calls itself again at the member it runs at, `n` times more: with many of
-/// these chains going, a member always has calls of its own to serve, and a frame of them
-/// outlasts the dispatcher's slice, so the calls its first handlers made leave (for the member
-/// itself) while it is served. `stop-calling-itself` ends the chains early.
-struct CallItself;
-impl Procedure for CallItself {
-    const NAME: &'static str = "call-itself";
-    type Args = u64;
-    type Output = ();
-}
-
-struct StopCallingItself;
-impl Procedure for StopCallingItself {
-    const NAME: &'static str = "stop-calling-itself";
-    type Args = ();
-    type Output = ();
-}
-
-struct Quit;
-impl Procedure for Quit {
-    const NAME: &'static str = "quit";
-    type Args = ();
-    type Output = ();
+ferromq_rpc::procedures! {
+    /// Returns a result that cannot be serialised: a failure for a caller that waits for it,
+    /// nothing to a caller that does not (the result is not encoded).
+    BadResult = "bad-result": () => Unserialisable;
+    /// Works 50 µs and calls itself again at the member it runs at, `n` times more: with many of
+    /// these chains going, a member always has calls of its own to serve, and a frame of them
+    /// outlasts the dispatcher's slice, so the calls its first handlers made leave (for the member
+    /// itself) while it is served. `stop-calling-itself` ends the chains early.
+    CallItself = "call-itself": u64 => ();
+    StopCallingItself = "stop-calling-itself": () => ();
+    Quit = "quit": () => ();
 }
 
 struct Service {
