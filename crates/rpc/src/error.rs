@@ -72,6 +72,19 @@ pub enum CallError {
     /// The rpc node was shut down.
     #[error("the rpc node is shut down")]
     Stopped,
+    /// Calls accepted for the destination that will never leave: its channel failed while
+    /// they were queued, or a [`crate::CallWriter`] still held them when it could no longer
+    /// hand them over. One such error per loss, in [`crate::Rpc::take_failures`]; calls among
+    /// them that have a ticket (`call_return`, a confirmation) also fail through it.
+    #[error("device {destination}: {n_calls} accepted call(s) will not leave: {cause}")]
+    Lost {
+        /// The member the calls were for.
+        destination: String,
+        /// How many: calls, and answers to the destination's own calls queued among them.
+        n_calls: u64,
+        /// Why (the channel's failure, or that the node shut down).
+        cause: String,
+    },
 }
 
 /// A boxed error ([`crate::CallWriter::call`]'s) taken out of its box, so that `?` works in a

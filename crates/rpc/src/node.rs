@@ -460,9 +460,16 @@ impl Rpc {
         for (outlet, sink) in node.outlets.iter().zip(sinks) {
             let weak = Arc::downgrade(&node);
             let dest = outlet.dest;
-            let on_failure = move |cause: String| {
+            let on_failure = move |cause: String, n_lost: u64| {
                 if let Some(node) = weak.upgrade() {
                     node.fail_pending_to(dest, &cause);
+                    if n_lost > 0 {
+                        node.keep_failure(CallError::Lost {
+                            destination: node.names[dest].clone(),
+                            n_calls: n_lost,
+                            cause,
+                        });
+                    }
                 }
             };
             tasks.push(tokio::spawn(Arc::clone(outlet).run(sink, on_failure)));
@@ -763,8 +770,10 @@ impl Rpc {
         }
     }
 
-    /// Failures of fire-and-forget calls reported by their destinations since the last take
-    /// (the latest 1024).
+    /// Failures of fire-and-forget calls since the last take (the latest 1024): those their
+    /// destinations reported, one per call, and [`CallError::Lost`] for calls that will never
+    /// leave, one per loss with their number (a destination's channel failed with calls queued
+    /// for it; a [`CallWriter`] dropped with calls it could not hand over).
     pub fn take_failures(&self) -> Vec<CallError> {
         lock(&self.node.failures).drain(..).collect()
     }

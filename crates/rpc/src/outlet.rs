@@ -29,8 +29,11 @@
 //! send under way then is cancelled, the frames after it are given up, the channel closes with
 //! what is left of the time as its linger, and the task reports them as undelivered; it is
 //! never aborted with the channel in its hands. A channel that fails makes the outlet refuse
-//! every later call with the cause, and its queued calls are dropped (their callers' results
-//! and acknowledgements fail with the cause; see `node.rs`).
+//! every later call with the cause, and its queued calls are given up as a bounded close's
+//! are: their callers' results and acknowledgements fail with the cause, the node keeps one
+//! [`crate::CallError::Lost`] with their number for `take_failures`, the channel is closed, and
+//! the task reports them as undelivered, so the member's shutdown fails naming the
+//! destination (see `node.rs`).
 
 use std::collections::VecDeque;
 use std::str::FromStr;
@@ -1110,29 +1113,32 @@ impl Outlet {
         (Some((outgoing, sink)), None, false)
     }
 
-    /// The task: sends frames until closed, then closes the channel. `on_failure` hears why the
-    /// channel failed, once.
+    /// The task: sends frames until closed, then closes the channel. A channel that fails
+    /// ends it too: `on_failure` hears why, and how many records the outlet held then (the
+    /// frame the channel refused and the ones queued after it), once, and the channel is closed
+    /// as at a close.
     ///
     /// A close with a deadline ends by it: a send the channel has not taken by then is given
     /// up (cancelled: the channel took nothing of it), with every frame queued after it, and
     /// the channel closes with its linger cut to what is left (none). What was given up and
     /// what the channel's close found not taken come back as one
-    /// [`ferromq_core::Error::Undelivered`] in frames. So the task never needs aborting, which
-    /// would drop the channel without a close.
+    /// [`ferromq_core::Error::Undelivered`] in frames (the calls in its reason), as do what a
+    /// failed channel left. So the task never needs aborting, which would drop the channel
+    /// without a close.
     pub(crate) async fn run(
         self: Arc<Self>,
         sink: Sink,
-        on_failure: impl Fn(String) + Send + 'static,
+        on_failure: impl Fn(String, u64) + Send + 'static,
     ) -> ferromq_core::Result<()> {
         self.lock().sink = Some(sink);
-        let given_up = loop {
+        let (given_up, failure) = loop {
             let ready = self.ready.notified();
             tokio::pin!(ready);
             ready.as_mut().enable();
             let (next, due, closing) = self.next_frame();
             let Some(((parts, on_left, n_records), mut sink)) = next else {
                 if closing {
-                    break GivenUp::default();
+                    break (GivenUp::default(), None);
                 }
                 match due {
                     // tokio's timers tick in milliseconds: a `trad` delay shorter than that
@@ -1172,30 +1178,23 @@ impl Outlet {
                     drop(state);
                     // After the state says so: a caller woken by this asks why.
                     drop(on_left);
-                    break given_up;
+                    break (given_up, None);
                 }
             };
             let mut state = self.lock();
             if let Err(cause) = sent {
-                // The failed channel is dropped here (`release` finds no channel any more).
-                self.queue_less(&mut state, n_records as usize);
-                tracing::error!(destination = self.dest, %cause, "rpc channel failed");
-                let dropped: usize = state
-                    .sealed
-                    .iter()
-                    .map(|f| f.n_records as usize)
-                    .sum::<usize>()
-                    + state.open.as_ref().map_or(0, |f| f.n_records as usize);
-                state.sealed.clear();
-                state.open = None;
-                self.queue_less(&mut state, dropped);
+                // What the outlet held will never leave: the frame the channel refused and
+                // every frame queued after it. Counted as a bounded close's are, and the
+                // channel is closed as at the end (its close counts what it took and the peer
+                // did not), never dropped.
+                let given_up = self.give_up(&mut state, n_records);
                 state.failure = Some(cause.clone());
+                state.sink = Some(sink);
                 self.refusing.store(true, Ordering::Relaxed);
                 drop(state);
-                self.room.notify_waiters();
-                self.drained.notify_waiters();
-                on_failure(cause);
-                return Ok(());
+                tracing::error!(destination = self.dest, %cause, lost_calls = given_up.records, "rpc channel failed");
+                on_failure(cause.clone(), given_up.records);
+                break (given_up, Some(cause));
             }
             state.sink = Some(sink);
             self.sent(&mut state, on_left, n_records);
@@ -1220,19 +1219,24 @@ impl Outlet {
                 0
             }
         };
+        let why = match failure {
+            None => "the member's close reached its deadline".to_owned(),
+            Some(cause) => format!("the channel failed ({cause})"),
+        };
         Err(ferromq_core::Error::Undelivered {
             channel: channel.label().clone(),
             n_messages: given_up.frames + not_taken,
             reason: format!(
-                "the member's close reached its deadline: {} call(s) in {} frame(s) not sent, \
-                 {not_taken} frame(s) sent and not taken",
+                "{why}: {} call(s) in {} frame(s) not sent, {not_taken} frame(s) sent and not \
+                 taken",
                 given_up.records, given_up.frames
             ),
         })
     }
 
-    /// The close's deadline passed while the channel had not taken a frame of `n_records`
-    /// records: it and every frame after it are given up (their callers' waits end).
+    /// The close's deadline passed, or the channel failed, while the channel had not taken a
+    /// frame of `n_records` records: it and every frame after it are given up (their callers'
+    /// waits end).
     fn give_up(&self, state: &mut State, n_records: u32) -> GivenUp {
         let mut given_up = GivenUp {
             frames: 1,
@@ -1552,6 +1556,127 @@ mod tests {
         let flushed = outlet.flush(Instant::now() + Duration::from_secs(30)).await;
         assert_eq!(flushed, Flushed::NotSent("connection reset".to_owned()));
         assert_eq!(outlet.not_sent().as_deref(), Some("connection reset"));
+    }
+
+    /// A channel that takes `takes` frames, then refuses every other one as a peer gone.
+    #[derive(Debug)]
+    struct Refusing {
+        takes: usize,
+    }
+
+    struct RefusingSocket {
+        label: ferromq_core::ChannelLabel,
+        takes: usize,
+    }
+
+    #[async_trait::async_trait]
+    impl ferromq_core::Socket for RefusingSocket {
+        fn label(&self) -> &ferromq_core::ChannelLabel {
+            &self.label
+        }
+        async fn bind(
+            &mut self,
+            address: &ferromq_core::Address,
+        ) -> ferromq_core::Result<ferromq_core::Address> {
+            Ok(address.clone())
+        }
+        async fn connect(&mut self, _address: &ferromq_core::Address) -> ferromq_core::Result<()> {
+            Ok(())
+        }
+        async fn send_parts(
+            &mut self,
+            parts: Parts,
+            _timeout: Option<Duration>,
+        ) -> Result<(), ferromq_core::SendError<Parts>> {
+            if self.takes == 0 {
+                let error = ferromq_core::Error::PeerGone {
+                    channel: self.label.clone(),
+                    reason: "refused by the test".to_owned(),
+                };
+                return Err(ferromq_core::SendError::new(error, parts));
+            }
+            self.takes -= 1;
+            Ok(())
+        }
+        async fn receive_parts(&mut self) -> ferromq_core::Result<Parts> {
+            std::future::pending().await
+        }
+        async fn close(&mut self, _linger: Duration) -> ferromq_core::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Transport for Refusing {
+        fn name(&self) -> &'static str {
+            "refusing"
+        }
+
+        async fn create_socket(
+            &self,
+            config: &ferromq_core::ChannelConfig,
+            socket_name: &str,
+        ) -> ferromq_core::Result<Box<dyn ferromq_core::Socket>> {
+            Ok(Box::new(RefusingSocket {
+                label: ferromq_core::ChannelLabel::new(socket_name, config.socket_type),
+                takes: self.takes,
+            }))
+        }
+    }
+
+    /// A channel that fails with records queued: the frame it refused and every frame after
+    /// it are counted, told to the node (`on_failure`, which keeps them for `take_failures`)
+    /// and returned as the task's `Undelivered`, which the member's shutdown reports. Before,
+    /// they were dropped with no number anywhere, and the task ended `Ok`.
+    #[tokio::test]
+    async fn a_failed_channel_counts_the_records_it_held() {
+        let outlet = Arc::new(heap_outlet_with(Aggregation::None));
+        for value in 0..5u32 {
+            let pushed = outlet.try_push(
+                RecordHead::call(1, 0, 0),
+                &Payload::Encode(&value),
+                None,
+                None,
+                true,
+                false,
+            );
+            assert!(pushed.is_ok());
+        }
+        assert_eq!(outlet.queued(), 5);
+        let config = ferromq_core::ChannelConfig::new(
+            "rpc->member-1",
+            ferromq_core::SocketType::Push,
+            ferromq_core::Method::Connect,
+        )
+        .with_address("tcp://127.0.0.1:0");
+        let channel = Channel::open(&Refusing { takes: 2 }, config, "rpc->member-1")
+            .await
+            .expect("the test's channel opens");
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let on_failure = {
+            let told = Arc::clone(&told);
+            move |cause: String, lost: u64| told.lock().unwrap().push((cause, lost))
+        };
+        let ended = Arc::clone(&outlet)
+            .run(Sink::Channel(Box::new(channel)), on_failure)
+            .await;
+        match ended {
+            Err(ferromq_core::Error::Undelivered {
+                channel,
+                n_messages: 3,
+                reason,
+            }) => {
+                assert_eq!(channel.name, "rpc->member-1");
+                assert!(reason.contains("refused by the test"), "{reason}");
+            }
+            other => panic!("the task of a failed channel ended with {other:?}"),
+        }
+        let told = told.lock().unwrap();
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!(told[0].1, 3);
+        assert!(told[0].0.contains("refused by the test"), "{}", told[0].0);
+        assert_eq!(outlet.queued(), 0);
+        assert!(outlet.refusing());
     }
 
     #[test]

@@ -40,8 +40,8 @@
 //!
 //! # Disconnection
 //! A channel that failed makes the next call fail with [`CallError::Unreachable`]; the calls
-//! the writer held are reported lost, in the log with their number and as one error in
-//! [`Rpc::take_failures`], as calls the outlet had queued are when its channel fails.
+//! the writer held are reported lost, in the log and as one [`CallError::Lost`] with their
+//! number in [`Rpc::take_failures`], as calls the outlet had queued are when its channel fails.
 //!
 //! # Shutdown
 //! A shutdown closes the outlets, which then refuse a writer's frame: calls a writer still
@@ -358,17 +358,26 @@ impl<'a> CallWriter<'a> {
         Err(self.rpc.no_room(self.dest, handler, self.outlet.queued()))
     }
 
-    /// `frame`'s calls will not leave: said in the log with their number, and kept for
-    /// [`Rpc::take_failures`] as one error.
+    /// `frame`'s calls will not leave: said in the log, and kept for [`Rpc::take_failures`] as
+    /// one [`CallError::Lost`], with their number.
     fn lost(&self, frame: &OwnFrame, error: &CallError) {
         self.held_here.store(0, Ordering::Relaxed);
+        let destination = self.rpc.members()[self.dest].clone();
         tracing::warn!(
-            destination = %self.rpc.members()[self.dest],
+            %destination,
             lost = frame.n_records(),
             %error,
             "calls written through a CallWriter will not leave"
         );
-        self.rpc.keep_failure(error.clone());
+        let cause = match error {
+            CallError::Unreachable { cause, .. } => cause.clone(),
+            other => other.to_string(),
+        };
+        self.rpc.keep_failure(CallError::Lost {
+            destination,
+            n_calls: u64::from(frame.n_records()),
+            cause,
+        });
     }
 }
 
