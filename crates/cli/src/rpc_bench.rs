@@ -899,12 +899,17 @@ async fn light_load(rpc: &Rpc, size: usize, rate: f64, shared_frame: bool) -> Re
     // Each call when it is due, evenly spaced: tokio's millisecond timers would send them in a
     // burst per millisecond (at 1% of 12 M calls/s, 124 at once), which is not 1% load and
     // which `ovfl` then rightly packs. The caller looks at the clock between calls, yielding to
-    // the member's tasks.
+    // the member's tasks. Slot k is due k / rate after the start; a caller held up past several
+    // slots (descheduled) skips the ones it missed instead of sending them back to back, which
+    // would be a burst, not a light load.
+    let mut next_slot = 0f64;
     while started.elapsed() < Duration::from_millis(500) {
-        if started.elapsed().as_secs_f64() * rate < n_sent as f64 {
+        let slots_due = started.elapsed().as_secs_f64() * rate;
+        if slots_due < next_slot {
             tokio::task::yield_now().await;
             continue;
         }
+        next_slot = slots_due.floor() + 1.0;
         n_sent += 1;
         let stamp = ferromq_shm::monotonic_ns().to_le_bytes();
         match (size, writer.as_mut()) {
