@@ -73,9 +73,11 @@ pub enum CallError {
     #[error("the rpc node is shut down")]
     Stopped,
     /// Calls accepted for the destination that will never leave: its channel failed while
-    /// they were queued, or a [`crate::CallWriter`] still held them when it could no longer
+    /// the outlet held them, or a [`crate::CallWriter`] still held them when it could no longer
     /// hand them over. One such error per loss, in [`crate::Rpc::take_failures`]; calls among
-    /// them that have a ticket (`call_return`, a confirmation) also fail through it.
+    /// them that have a ticket (`call_return`, a confirmation) also fail through it, with
+    /// [`CallError::Unreachable`]. Frames the failed channel had taken and its peer never read
+    /// are not in it: its close counts them, in the member's shutdown error.
     #[error("device {destination}: {n_calls} accepted call(s) will not leave: {cause}")]
     Lost {
         /// The member the calls were for.

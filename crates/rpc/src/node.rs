@@ -770,10 +770,11 @@ impl Rpc {
         }
     }
 
-    /// Failures of fire-and-forget calls since the last take (the latest 1024): those their
-    /// destinations reported, one per call, and [`CallError::Lost`] for calls that will never
-    /// leave, one per loss with their number (a destination's channel failed with calls queued
-    /// for it; a [`CallWriter`] dropped with calls it could not hand over).
+    /// Failures no caller waits for, since the last take (the latest 1024): fire-and-forget
+    /// calls their destinations reported failed, one per call, and [`CallError::Lost`] for
+    /// accepted calls that will never leave, one per loss with their number (a destination's
+    /// channel failed with calls queued for it; a [`CallWriter`] dropped with calls it could
+    /// not hand over).
     pub fn take_failures(&self) -> Vec<CallError> {
         lock(&self.node.failures).drain(..).collect()
     }

@@ -31,9 +31,10 @@
 //! never aborted with the channel in its hands. A channel that fails makes the outlet refuse
 //! every later call with the cause, and its queued calls are given up as a bounded close's
 //! are: their callers' results and acknowledgements fail with the cause, the node keeps one
-//! [`crate::CallError::Lost`] with their number for `take_failures`, the channel is closed, and
-//! the task reports them as undelivered, so the member's shutdown fails naming the
-//! destination (see `node.rs`).
+//! [`crate::CallError::Lost`] with their number for `take_failures`, the channel is closed at
+//! once (what it took and the peer did not read is its close's count), and the task reports
+//! both as undelivered, so the member's shutdown fails naming the destination (see
+//! `node.rs`).
 
 use std::collections::VecDeque;
 use std::str::FromStr;
@@ -533,7 +534,8 @@ struct State {
     /// The channel failed: why. Nothing is accepted any more.
     failure: Option<String>,
     closing: bool,
-    /// A bounded close gave up records it had accepted ([`Outlet::run`]).
+    /// A bounded close, or the channel's failure, gave up records it had accepted
+    /// ([`Outlet::run`]).
     given_up: bool,
     /// The last frame that left fitted a small frame: the next starts small. One that did not
     /// (larger calls, or calls packed while the destination lags) makes frames start full
@@ -1116,7 +1118,8 @@ impl Outlet {
     /// The task: sends frames until closed, then closes the channel. A channel that fails
     /// ends it too: `on_failure` hears why, and how many records the outlet held then (the
     /// frame the channel refused and the ones queued after it), once, and the channel is closed
-    /// as at a close.
+    /// at once (no linger: it takes nothing more). The member's own loopback queue fails only
+    /// once the node is shut down, and then reports nothing.
     ///
     /// A close with a deadline ends by it: a send the channel has not taken by then is given
     /// up (cancelled: the channel took nothing of it), with every frame queued after it, and
@@ -1203,9 +1206,15 @@ impl Outlet {
         let Some(Sink::Channel(mut channel)) = sink else {
             return Ok(());
         };
-        let limit = (*self.close_by.borrow()).map_or(Duration::MAX, |by| {
-            by.saturating_duration_since(Instant::now())
-        });
+        // A failed channel takes nothing more: closed at once, so that its count is there
+        // without a linger's wait (a shutdown's limit, if one comes later, could not cut a
+        // close already under way).
+        let limit = match (&failure, *self.close_by.borrow()) {
+            (Some(_), _) => Duration::ZERO,
+            (None, by) => by.map_or(Duration::MAX, |by| {
+                by.saturating_duration_since(Instant::now())
+            }),
+        };
         let closed = channel.close_within(limit).await;
         if given_up.frames == 0 {
             return closed;
@@ -1285,7 +1294,7 @@ impl Flushed {
     }
 }
 
-/// What a bounded close gave up ([`Outlet::run`]).
+/// What a bounded close, or the channel's failure, gave up ([`Outlet::run`]).
 #[derive(Debug, Default)]
 struct GivenUp {
     frames: u64,
@@ -1558,15 +1567,18 @@ mod tests {
         assert_eq!(outlet.not_sent().as_deref(), Some("connection reset"));
     }
 
-    /// A channel that takes `takes` frames, then refuses every other one as a peer gone.
+    /// A channel that takes `takes` frames, then refuses every other one as a peer gone;
+    /// `closed` is set when it is closed.
     #[derive(Debug)]
     struct Refusing {
         takes: usize,
+        closed: Arc<AtomicBool>,
     }
 
     struct RefusingSocket {
         label: ferromq_core::ChannelLabel,
         takes: usize,
+        closed: Arc<AtomicBool>,
     }
 
     #[async_trait::async_trait]
@@ -1602,6 +1614,7 @@ mod tests {
             std::future::pending().await
         }
         async fn close(&mut self, _linger: Duration) -> ferromq_core::Result<()> {
+            self.closed.store(true, Ordering::Relaxed);
             Ok(())
         }
     }
@@ -1620,14 +1633,16 @@ mod tests {
             Ok(Box::new(RefusingSocket {
                 label: ferromq_core::ChannelLabel::new(socket_name, config.socket_type),
                 takes: self.takes,
+                closed: Arc::clone(&self.closed),
             }))
         }
     }
 
     /// A channel that fails with records queued: the frame it refused and every frame after
     /// it are counted, told to the node (`on_failure`, which keeps them for `take_failures`)
-    /// and returned as the task's `Undelivered`, which the member's shutdown reports. Before,
-    /// they were dropped with no number anywhere, and the task ended `Ok`.
+    /// and returned as the task's `Undelivered`, which the member's shutdown reports, and the
+    /// channel is closed. Before, they were dropped with no number anywhere, the task ended
+    /// `Ok`, and the channel was dropped unclosed.
     #[tokio::test]
     async fn a_failed_channel_counts_the_records_it_held() {
         let outlet = Arc::new(heap_outlet_with(Aggregation::None));
@@ -1649,7 +1664,12 @@ mod tests {
             ferromq_core::Method::Connect,
         )
         .with_address("tcp://127.0.0.1:0");
-        let channel = Channel::open(&Refusing { takes: 2 }, config, "rpc->member-1")
+        let closed = Arc::new(AtomicBool::new(false));
+        let refusing = Refusing {
+            takes: 2,
+            closed: Arc::clone(&closed),
+        };
+        let channel = Channel::open(&refusing, config, "rpc->member-1")
             .await
             .expect("the test's channel opens");
         let told = Arc::new(Mutex::new(Vec::new()));
@@ -1671,12 +1691,21 @@ mod tests {
             }
             other => panic!("the task of a failed channel ended with {other:?}"),
         }
-        let told = told.lock().unwrap();
+        let told = std::mem::take(&mut *told.lock().unwrap());
         assert_eq!(told.len(), 1, "{told:?}");
         assert_eq!(told[0].1, 3);
         assert!(told[0].0.contains("refused by the test"), "{}", told[0].0);
         assert_eq!(outlet.queued(), 0);
         assert!(outlet.refusing());
+        assert!(
+            closed.load(Ordering::Relaxed),
+            "the failed channel was not closed"
+        );
+        // Flushes and later calls are told the channel's cause, not a shutdown's.
+        let cause = outlet.not_sent().expect("records were not sent");
+        assert!(cause.contains("refused by the test"), "{cause}");
+        let flushed = outlet.flush(Instant::now() + Duration::from_secs(30)).await;
+        assert_eq!(flushed, Flushed::NotSent(cause));
     }
 
     #[test]

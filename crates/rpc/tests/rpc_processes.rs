@@ -1440,17 +1440,14 @@ async fn writer_at_shutdown(kind: Kind) -> Result<()> {
 /// uncounted, so over ipc the two numbers add up to at most every call. (A channel that fails
 /// outright counts what the outlet held at once: the outlet's unit tests.)
 async fn calls_queued_for_a_killed_member(kind: Kind) -> Result<()> {
+    // `stop_behind_queued_calls`'s calls: more than the transport takes from a stopped member,
+    // so the rest stays in the outlet. The member is idle when stopped (it answered the `add`),
+    // so it takes none of them.
     const N_CALLS: usize = 20_000;
     let group = Group::start(kind, 2, Aggregation::None, Duration::from_secs(30), "lost").await?;
     let rpc = group.rpc.clone();
     ensure!(rpc.call_return::<Add>(1, &(1, 2)).await? == 3);
-    let pid = group.process(1)?.pid();
-    kill(pid, Signal::SIGSTOP)?;
-    // More than the transport takes from a stopped member: the rest stays in the outlet.
-    let queue = rpc.clone().with_when_full(WhenFull::Queue);
-    for value in 0..N_CALLS as u64 {
-        queue.call::<Append>(1, &value).await?;
-    }
+    let (pid, _) = stop_behind_queued_calls(&group).await?;
     ensure!(
         rpc.stats().queued_records > 0,
         "the transport took every call from a stopped member"
