@@ -553,6 +553,60 @@ async fn an_mcts_worker_in_no_group_is_told_so() {
     );
 }
 
+/// A driver and a worker given different games (a bad-input sweep: Hex against tic-tac-toe,
+/// or Hex on two boards) searched on, the worker unable to read the driver's positions, and
+/// the run ended 0. The driver now asks every worker what it plays first and ends the run with
+/// an error naming the worker and both games. Tic-tac-toe with a `board` other than 3 is
+/// refused before anything runs.
+#[tokio::test]
+async fn mcts_members_that_play_different_games_end_the_run_naming_both() {
+    let topology = |driver: &str, worker: &str| {
+        format!(
+            "transport = \"zeromq\"\n[[device]]\nid = \"driver\"\nkind = \"mcts-driver\"\n\
+             properties = {{ {driver}, rollouts = 200, moves = 1 }}\n[[device]]\nid = \"worker\"\n\
+             kind = \"mcts-worker\"\nproperties = {{ {worker} }}\n[[rpc]]\nname = \"search\"\n\
+             members = [\"driver\", \"worker\"]\n"
+        )
+    };
+    let cases = [
+        (
+            r#"game = "hex", board = 5"#,
+            r#"game = "tictactoe""#,
+            r#"mcts worker "worker" plays tictactoe, the driver "driver" hex on a 5x5 board"#,
+        ),
+        (
+            r#"game = "hex", board = 5"#,
+            r#"game = "hex", board = 7"#,
+            r#"mcts worker "worker" plays hex on a 7x7 board, the driver "driver" hex on a 5x5 board"#,
+        ),
+    ];
+    for (idx, (driver, worker, said)) in cases.into_iter().enumerate() {
+        let file = TempFile::holding(
+            &format!("mcts-mismatch-{idx}.toml"),
+            &topology(driver, worker),
+        );
+        let session = format!("test-mcts-mismatch-{}-{idx}", std::process::id());
+        let run = support::finish(ferromq_run(&file.0, &["--session", &session])).await;
+        let all = format!("{}{}", run.stdout, run.stderr);
+        assert_eq!(run.code, Some(1), "{driver} against {worker}: {all}");
+        assert!(all.contains(said), "{driver} against {worker}: {all}");
+    }
+    let file = TempFile::holding(
+        "mcts-tictactoe-board.toml",
+        &topology(r#"game = "tictactoe", board = 5"#, r#"game = "tictactoe""#),
+    );
+    let session = format!("test-mcts-board-{}", std::process::id());
+    let refused = support::finish(ferromq_run(&file.0, &["--session", &session])).await;
+    assert_eq!(refused.code, Some(2), "{}", refused.stderr);
+    assert!(
+        refused
+            .stderr
+            .contains("tictactoe is played on a 3x3 board (board is Hex's side)"),
+        "{}",
+        refused.stderr
+    );
+}
+
 /// `sampler.data -> sink.data`, the sampler's channel on the transport `own` names, the sink's
 /// on the file's `default` (both sent 100 messages).
 fn two_transports(default: &str, own: &str) -> String {

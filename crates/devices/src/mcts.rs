@@ -2,9 +2,13 @@
 //! built-in devices, members of an rpc group of the topology (`[[rpc]]`, the driver listed
 //! first). The workers hold the tree; the driver plays `moves` moves from the empty board,
 //! searching `rollouts` simulations per move and logging each move with its rollouts/s, then
-//! tells the workers to finish, so that the run ends by itself.
+//! tells the workers to finish, so that the run ends by itself. Before it searches it asks
+//! every worker what it plays: a worker given another `game` or `board` ends the run with an
+//! error naming it and both games (the driver played on, each worker reading positions of
+//! another game as garbage, and the run ended 0).
 //!
-//! Properties (both): `game` (`hex` or `tictactoe`), `board` (Hex side, 11), `rpc-group`
+//! Properties (both): `game` (`hex` or `tictactoe`), `board` (Hex side, 11; tictactoe takes
+//! none but 3), `rpc-group`
 //! (`search`); worker: `playouts` (random games per new node, 16), `spread-depth` (nodes down
 //! to this many moves below the root placed by their hash, deeper ones kept with their parent's
 //! owner: [`SearchSettings::spread_depth`]; every node by its hash when not set); driver:
@@ -35,11 +39,31 @@ impl Procedure for Finish {
     type Output = ();
 }
 
+/// A worker's game, as [`Which::describe`] says it: the driver asks every worker before it
+/// searches, so that members that play different games (or Hex on different boards) stop with
+/// an error naming both instead of searching positions some of them cannot read.
+struct GameOf;
+impl Procedure for GameOf {
+    const NAME: &'static str = "mcts-device-game";
+    type Args = ();
+    type Output = String;
+}
+
 /// The game a device plays, from its properties.
 #[derive(Clone, Copy)]
 enum Which {
     Hex(usize),
     TicTacToe,
+}
+
+impl Which {
+    /// The game as its properties say it: `game = "hex", board = 11` is "hex on an 11x11 board".
+    fn describe(self) -> String {
+        match self {
+            Which::Hex(side) => format!("hex on a {side}x{side} board"),
+            Which::TicTacToe => "tictactoe".to_owned(),
+        }
+    }
 }
 
 fn which(props: &impl Properties) -> Result<Which, DeviceError> {
@@ -50,7 +74,20 @@ fn which(props: &impl Properties) -> Result<Which, DeviceError> {
             Hex::new(board).map_err(|error| props.invalid("board", error.to_string()))?;
             Ok(Which::Hex(board))
         }
-        "tictactoe" => Ok(Which::TicTacToe),
+        "tictactoe" => {
+            // `board` is Hex's side: tic-tac-toe's board is 3x3 whatever it says.
+            let board: usize = props.parse_or("board", 3)?;
+            if board != 3 {
+                return Err(props.invalid(
+                    "board",
+                    format!(
+                        "has invalid value \"{board}\": tictactoe is played on a 3x3 board \
+                         (board is Hex's side)"
+                    ),
+                ));
+            }
+            Ok(Which::TicTacToe)
+        }
         other => Err(props.invalid(
             "game",
             format!("has invalid value {other:?}: hex or tictactoe"),
@@ -133,6 +170,7 @@ async fn work<G: Game>(ctx: &mut DeviceContext, settings: WorkerSettings) -> Res
     }
     let finished = Arc::new(tokio::sync::Notify::new());
     let finish = Arc::clone(&finished);
+    let game = settings.which.describe();
     let handlers = worker_handlers::<G>(
         n_workers,
         settings.search,
@@ -141,13 +179,32 @@ async fn work<G: Game>(ctx: &mut DeviceContext, settings: WorkerSettings) -> Res
     .on::<Finish, _, _>(move |_, ()| {
         finish.notify_one();
         std::future::ready(())
-    });
+    })
+    .on::<GameOf, _, _>(move |_, ()| std::future::ready(game.clone()));
     let rpc = ferromq_rpc::join(ctx, &group, handlers).await?;
     tokio::select! {
         () = finished.notified() => {}
         () = ctx.stopped() => {}
     }
     leave(&rpc).await
+}
+
+/// Every worker of the group plays `which`, the driver's game; otherwise an error naming the
+/// first that does not, with both games.
+async fn same_game(rpc: &Rpc, driver: &str, which: Which, group: &str) -> Result<(), BoxError> {
+    let ours = which.describe();
+    for idx in 1..rpc.members().len() {
+        let theirs = rpc.call_return::<GameOf>(idx, &()).await?;
+        if theirs != ours {
+            return Err(format!(
+                "mcts worker {:?} plays {theirs}, the driver {driver:?} {ours}: give every \
+                 member of rpc group {group:?} the same `game` and `board`",
+                rpc.members()[idx]
+            )
+            .into());
+        }
+    }
+    Ok(())
 }
 
 /// Shuts the member down; calls that could not reach members already gone are no failure of
@@ -245,18 +302,26 @@ async fn drive<G: Game>(
     name: fn(&G, G::Move) -> String,
 ) -> Result<(), BoxError> {
     let DriverSettings {
+        which,
         group,
         rollouts,
         moves,
         in_flight,
         time,
-        ..
     } = settings;
     let counts = Arc::new(DriverCounts::default());
     let handlers = driver_handlers::<G>(&counts).on::<Finish, _, _>(|_, ()| std::future::ready(()));
     let rpc = ferromq_rpc::join(ctx, &group, handlers).await?;
     if rpc.me() != 0 {
         return Err(format!("the mcts driver must be listed first in rpc group {group:?}").into());
+    }
+    if let Err(error) = same_game(&rpc, ctx.id(), which, &group).await {
+        // The workers wait for the search; tell them it will not come.
+        if let Ok(ticket) = rpc.broadcast::<Finish>(&()).await {
+            let _ = ticket.confirmed().await;
+        }
+        let _ = leave(&rpc).await;
+        return Err(error);
     }
     let mut driver = Driver::<G>::new(rpc.clone(), counts);
     driver.in_flight = in_flight.saturating_mul(rpc.members().len().saturating_sub(1).max(1));
