@@ -178,6 +178,34 @@ async fn sigint_in_running_goes_down_through_every_reset_state_and_exits_0() {
     );
 }
 
+/// SIGINT while a sampler builds a large payload (4 GiB): it was built, then copied into the
+/// first message, in one go on the runtime's thread, and a signal went unheard for ~20 s (a
+/// bad-input sweep). Now the build looks at STOP every 16 MiB: the sampler goes down with
+/// nothing sent, having touched a few chunks of the payload.
+#[tokio::test]
+async fn a_signal_while_a_large_payload_is_built_stops_the_build() {
+    let ipc = Ipc::new("large-payload");
+    let mut sampler = Device::new("sampler", "large1")
+        .args(&["--msg-size", "4294967296"])
+        .channel("push", "bind", &ipc.address())
+        .spawn();
+    let mut lines = BufReader::new(sampler.stdout.take().expect("stdout")).lines();
+    let mut log = Vec::new();
+    wait_for_line(&mut lines, "READY ---> RUNNING", &mut log).await;
+    signal(&sampler, "INT");
+    wait_for_end(&mut lines, &mut log).await;
+    let exit = tokio::time::timeout(STEP, sampler.wait())
+        .await
+        .expect("exit")
+        .expect("wait");
+    assert_eq!(exit.code(), Some(0), "{log:#?}");
+    let stopped_building = "STOP while the 4294967296-byte payload was being built: nothing sent";
+    assert!(
+        log.iter().any(|line| line.contains(stopped_building)),
+        "{log:#?}"
+    );
+}
+
 /// A sampler and a sink, both at address `ADDRESS`, in FairMQ's format.
 const MQ_CONFIG: &str = include_str!("../../device/tests/data/sampler-sink.json");
 

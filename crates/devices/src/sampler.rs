@@ -1,6 +1,10 @@
 //! Senders: [`Sampler`] (generated, text or file payloads, checksummed) and
 //! [`BenchmarkSampler`] (FairMQ's `bsampler`: as fast as allowed, optionally the same buffer).
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+
 use bytes::Bytes;
 use ferromq_core::{BoxError, Message, Parts};
 use ferromq_device::{Device, DeviceContext, DeviceError};
@@ -104,6 +108,70 @@ fn read_payload_file(path: &str) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
+/// Bytes a sampler writes between two looks at STOP while it builds or fills a large message
+/// (a multiple of the payload's 251-byte period). A 4 GiB message was built and copied in one
+/// go on the runtime's thread, and a signal went unheard for ~20 s meanwhile (a bad-input
+/// sweep); 16 MiB take a few milliseconds.
+const BUILD_CHUNK: usize = (16 << 20) / 251 * 251;
+
+/// The generated payload of `size` bytes, byte i being `i % 251`, written a chunk at a time
+/// with a yield between chunks (so that a signal's STOP is heard); `None` when STOP came
+/// first. Each byte is written once (no zeroing first): the first period by hand, the rest
+/// copied from what is already there.
+async fn build_template<S: Future<Output = ()>>(
+    stopped: &mut Pin<&mut S>,
+    size: usize,
+) -> Result<Option<Vec<u8>>, BoxError> {
+    let mut template = Vec::new();
+    template
+        .try_reserve_exact(size)
+        .map_err(|_| format!("msg-size {size}: cannot allocate {size} bytes"))?;
+    template.extend((0..size.min(251)).map(|byte_idx| byte_idx as u8));
+    while template.len() < size {
+        let len = template.len();
+        // `len` stays a multiple of 251 (so the copy continues the pattern) until the last
+        // piece, which may be shorter.
+        let n = (size - len).min(len).min(BUILD_CHUNK);
+        template.extend_from_within(..n);
+        if template.len() < size && yield_and_look(stopped).await {
+            return Ok(None);
+        }
+    }
+    Ok(Some(template))
+}
+
+/// Copies `from` into `to` (of the same length); one larger than [`BUILD_CHUNK`] a chunk at a
+/// time with a yield between chunks. False when STOP came first (`to` is then partly written).
+async fn copy_heeding_stop<S: Future<Output = ()>>(
+    stopped: &mut Pin<&mut S>,
+    to: &mut [u8],
+    from: &[u8],
+) -> bool {
+    if to.len() <= BUILD_CHUNK {
+        to.copy_from_slice(from);
+        return true;
+    }
+    for (chunk_idx, (to, from)) in to
+        .chunks_mut(BUILD_CHUNK)
+        .zip(from.chunks(BUILD_CHUNK))
+        .enumerate()
+    {
+        if chunk_idx > 0 && yield_and_look(stopped).await {
+            return false;
+        }
+        to.copy_from_slice(from);
+    }
+    true
+}
+
+/// Lets the runtime's other tasks run (a signal's handler among them), then says whether
+/// `stopped` (the device's `ctx.stopped()`) has completed, without waiting for it. (A
+/// `&DeviceContext` held across the yield would make the device's future not `Send`.)
+async fn yield_and_look<S: Future<Output = ()>>(stopped: &mut Pin<&mut S>) -> bool {
+    tokio::task::yield_now().await;
+    std::future::poll_fn(|cx| Poll::Ready(stopped.as_mut().poll(cx).is_ready())).await
+}
+
 #[async_trait::async_trait]
 impl Device for Sampler {
     async fn init_task(&mut self, ctx: &mut DeviceContext) -> Result<(), BoxError> {
@@ -129,12 +197,16 @@ impl Device for Sampler {
             // (and this one sends nothing: `next_iteration` sees STOP).
             if let Some(first) = outgoing.message(ctx, msg_size).await {
                 drop(first?);
-                let mut template = try_zeroed("msg-size", msg_size)?;
-                for (byte_idx, byte) in template.iter_mut().enumerate() {
-                    *byte = (byte_idx % 251) as u8;
+                match build_template(&mut stopped, msg_size).await? {
+                    Some(template) => {
+                        self.template = template;
+                        self.generated_size = None;
+                    }
+                    None => tracing::info!(
+                        device = %ctx.id(),
+                        "STOP while the {msg_size}-byte payload was being built: nothing sent"
+                    ),
                 }
-                self.template = template;
-                self.generated_size = None;
             }
         }
         let mut pacer = Pacer::with_burst(self.rate, self.rate_burst);
@@ -160,7 +232,9 @@ impl Device for Sampler {
                 };
                 let mut message = made?;
                 let bytes = message.data_mut();
-                bytes.copy_from_slice(&self.template[..size]);
+                if !copy_heeding_stop(&mut stopped, bytes, &self.template[..size]).await {
+                    break 'messages;
+                }
                 if self.checksum {
                     // Vary the payload per message (and part) so that a misrouted, repeated or
                     // reordered message shows.
@@ -295,5 +369,59 @@ impl Device for BenchmarkSampler {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The payload built a chunk at a time is the byte-by-byte pattern, at every size around
+    /// the period and the chunk; a copy in chunks is the slice copied.
+    #[tokio::test]
+    async fn a_payload_built_in_chunks_is_the_pattern_and_copies_whole() {
+        let never = std::future::pending::<()>();
+        tokio::pin!(never);
+        for size in [
+            0,
+            1,
+            250,
+            251,
+            252,
+            502,
+            503,
+            BUILD_CHUNK - 1,
+            BUILD_CHUNK + 1,
+            2 * BUILD_CHUNK + 7,
+        ] {
+            let template = build_template(&mut never, size)
+                .await
+                .expect("allocated")
+                .expect("no STOP");
+            assert_eq!(template.len(), size);
+            let wrong = template
+                .iter()
+                .enumerate()
+                .position(|(byte_idx, byte)| *byte != (byte_idx % 251) as u8);
+            assert_eq!(wrong, None, "size {size}");
+            let mut copy = vec![0u8; size];
+            assert!(copy_heeding_stop(&mut never, &mut copy, &template).await);
+            assert!(copy == template, "size {size}");
+        }
+        // STOP before the second chunk: nothing built, and a copy stops after its first chunk.
+        let stopped = std::future::ready(());
+        tokio::pin!(stopped);
+        assert!(
+            build_template(&mut stopped, 2 * BUILD_CHUNK)
+                .await
+                .expect("allocated")
+                .is_none()
+        );
+        let mut copy = vec![0u8; 2 * BUILD_CHUNK];
+        let from = vec![1u8; 2 * BUILD_CHUNK];
+        let stopped = std::future::ready(());
+        tokio::pin!(stopped);
+        assert!(!copy_heeding_stop(&mut stopped, &mut copy, &from).await);
+        assert_eq!(copy.iter().filter(|byte| **byte == 1).count(), BUILD_CHUNK);
     }
 }
