@@ -140,21 +140,27 @@ async fn failing_init_task_ends_in_error_with_the_cause_on_stderr() {
     );
 }
 
-#[tokio::test]
-async fn sigint_in_running_goes_down_through_every_reset_state_and_exits_0() {
-    let ipc = Ipc::new("sigint");
-    let mut sink = Device::new("sink", "sink1")
-        .channel("pull", "bind", &ipc.address())
-        .spawn();
-    let mut lines = BufReader::new(sink.stdout.take().expect("stdout")).lines();
+/// Sends SIGINT to `device` as soon as it logs RUNNING; how it exited, and its log.
+async fn interrupted_when_running(mut device: Child) -> (std::process::ExitStatus, Vec<String>) {
+    let mut lines = BufReader::new(device.stdout.take().expect("stdout")).lines();
     let mut log = Vec::new();
     wait_for_line(&mut lines, "READY ---> RUNNING", &mut log).await;
-    signal(&sink, "INT");
+    signal(&device, "INT");
     wait_for_end(&mut lines, &mut log).await;
-    let exit = tokio::time::timeout(STEP, sink.wait())
+    let exit = tokio::time::timeout(STEP, device.wait())
         .await
         .expect("exit")
         .expect("wait");
+    (exit, log)
+}
+
+#[tokio::test]
+async fn sigint_in_running_goes_down_through_every_reset_state_and_exits_0() {
+    let ipc = Ipc::new("sigint");
+    let sink = Device::new("sink", "sink1")
+        .channel("pull", "bind", &ipc.address())
+        .spawn();
+    let (exit, log) = interrupted_when_running(sink).await;
     assert_eq!(exit.code(), Some(0), "{log:#?}");
     let transitions: Vec<&str> = log
         .iter()
@@ -185,19 +191,11 @@ async fn sigint_in_running_goes_down_through_every_reset_state_and_exits_0() {
 #[tokio::test]
 async fn a_signal_while_a_large_payload_is_built_stops_the_build() {
     let ipc = Ipc::new("large-payload");
-    let mut sampler = Device::new("sampler", "large1")
+    let sampler = Device::new("sampler", "large1")
         .args(&["--msg-size", "4294967296"])
         .channel("push", "bind", &ipc.address())
         .spawn();
-    let mut lines = BufReader::new(sampler.stdout.take().expect("stdout")).lines();
-    let mut log = Vec::new();
-    wait_for_line(&mut lines, "READY ---> RUNNING", &mut log).await;
-    signal(&sampler, "INT");
-    wait_for_end(&mut lines, &mut log).await;
-    let exit = tokio::time::timeout(STEP, sampler.wait())
-        .await
-        .expect("exit")
-        .expect("wait");
+    let (exit, log) = interrupted_when_running(sampler).await;
     assert_eq!(exit.code(), Some(0), "{log:#?}");
     let stopped_building = "STOP while the 4294967296-byte payload was being built: nothing sent";
     assert!(
