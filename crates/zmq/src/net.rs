@@ -560,7 +560,9 @@ pub(crate) fn remove_socket_files(paths: &mut Vec<PathBuf>) {
     }
 }
 
-/// Whether a tcp or ipc socket can connect to `address`: not `tcp://*`, not inproc.
+/// Whether a tcp or ipc socket can connect to `address`: not `tcp://*`, not port 0, not
+/// inproc. (Port 0 was taken, and the socket then tried to reach a port no peer can have for
+/// as long as it ran: a bad-input sweep.)
 pub(crate) fn check_connectable(label: &ChannelLabel, address: &Address) -> Result<(), Error> {
     match address {
         Address::Tcp {
@@ -569,6 +571,12 @@ pub(crate) fn check_connectable(label: &ChannelLabel, address: &Address) -> Resu
             channel: label.clone(),
             address: address.to_string(),
             reason: "cannot connect to '*': name the host (127.0.0.1 for this machine)",
+        }),
+        Address::Tcp { port: 0, .. } => Err(Error::UnsupportedAddress {
+            channel: label.clone(),
+            address: address.to_string(),
+            reason: "cannot connect to port 0, which asks a binding socket for a free port: \
+                     name the peer's port",
         }),
         Address::Tcp { .. } | Address::Ipc { .. } => Ok(()),
         other => Err(Error::UnsupportedAddress {
