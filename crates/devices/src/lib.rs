@@ -668,11 +668,17 @@ pub(crate) fn rate_burst_property(
 /// A zeroed heap buffer of `size` bytes, or an error naming `key` and the size when this process
 /// cannot have that much memory (instead of aborting).
 pub(crate) fn try_zeroed(key: &str, size: usize) -> Result<Vec<u8>, BoxError> {
+    let mut bytes = try_with_capacity(key, size)?;
+    bytes.resize(size, 0);
+    Ok(bytes)
+}
+
+/// An empty heap buffer with room for `size` bytes, or [`try_zeroed`]'s error.
+pub(crate) fn try_with_capacity(key: &str, size: usize) -> Result<Vec<u8>, BoxError> {
     let mut bytes = Vec::new();
     bytes
         .try_reserve_exact(size)
         .map_err(|_| format!("{key} {size}: cannot allocate {size} bytes"))?;
-    bytes.resize(size, 0);
     Ok(bytes)
 }
 

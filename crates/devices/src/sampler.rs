@@ -122,10 +122,7 @@ async fn build_template<S: Future<Output = ()>>(
     stopped: &mut Pin<&mut S>,
     size: usize,
 ) -> Result<Option<Vec<u8>>, BoxError> {
-    let mut template = Vec::new();
-    template
-        .try_reserve_exact(size)
-        .map_err(|_| format!("msg-size {size}: cannot allocate {size} bytes"))?;
+    let mut template = crate::try_with_capacity("msg-size", size)?;
     template.extend((0..size.min(251)).map(|byte_idx| byte_idx as u8));
     while template.len() < size {
         let len = template.len();

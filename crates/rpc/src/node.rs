@@ -463,13 +463,7 @@ impl Rpc {
             let on_failure = move |cause: String, n_lost: u64| {
                 if let Some(node) = weak.upgrade() {
                     node.fail_pending_to(dest, &cause);
-                    if n_lost > 0 {
-                        node.keep_failure(CallError::Lost {
-                            destination: node.names[dest].clone(),
-                            n_calls: n_lost,
-                            cause,
-                        });
-                    }
+                    node.keep_lost(dest, n_lost, cause);
                 }
             };
             tasks.push(tokio::spawn(Arc::clone(outlet).run(sink, on_failure)));
@@ -611,9 +605,10 @@ impl Rpc {
         self.node.rejection_error(dest, handler, rejection).0
     }
 
-    /// Keeps a fire-and-forget call's failure for [`Rpc::take_failures`].
-    pub(crate) fn keep_failure(&self, error: CallError) {
-        self.node.keep_failure(error);
+    /// Keeps `n_calls` calls to `dest` that will never leave, and why, for
+    /// [`Rpc::take_failures`] (as one [`CallError::Lost`]).
+    pub(crate) fn keep_lost(&self, dest: usize, n_calls: u64, cause: String) {
+        self.node.keep_lost(dest, n_calls, cause);
     }
 
     /// [`Rpc::flush`] for one destination.
@@ -1837,6 +1832,17 @@ impl Node {
             failures.pop_front();
         }
         failures.push_back(error);
+    }
+
+    /// [`Rpc::keep_lost`]; nothing for no calls.
+    fn keep_lost(&self, dest: usize, n_calls: u64, cause: String) {
+        if n_calls > 0 {
+            self.keep_failure(CallError::Lost {
+                destination: self.names[dest].clone(),
+                n_calls,
+                cause,
+            });
+        }
     }
 
     /// Counts an acknowledgement; true when it completed the last call waiting for anything

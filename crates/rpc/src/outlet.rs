@@ -1209,11 +1209,12 @@ impl Outlet {
         // A failed channel takes nothing more: closed at once, so that its count is there
         // without a linger's wait (a shutdown's limit, if one comes later, could not cut a
         // close already under way).
-        let limit = match (&failure, *self.close_by.borrow()) {
-            (Some(_), _) => Duration::ZERO,
-            (None, by) => by.map_or(Duration::MAX, |by| {
+        let limit = if failure.is_some() {
+            Duration::ZERO
+        } else {
+            (*self.close_by.borrow()).map_or(Duration::MAX, |by| {
                 by.saturating_duration_since(Instant::now())
-            }),
+            })
         };
         let closed = channel.close_within(limit).await;
         if given_up.frames == 0 {
@@ -1663,7 +1664,7 @@ mod tests {
             ferromq_core::SocketType::Push,
             ferromq_core::Method::Connect,
         )
-        .with_address("tcp://127.0.0.1:0");
+        .with_address("tcp://127.0.0.1:1");
         let closed = Arc::new(AtomicBool::new(false));
         let refusing = Refusing {
             takes: 2,

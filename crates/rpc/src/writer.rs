@@ -362,9 +362,8 @@ impl<'a> CallWriter<'a> {
     /// one [`CallError::Lost`], with their number.
     fn lost(&self, frame: &OwnFrame, error: &CallError) {
         self.held_here.store(0, Ordering::Relaxed);
-        let destination = self.rpc.members()[self.dest].clone();
         tracing::warn!(
-            %destination,
+            destination = %self.rpc.members()[self.dest],
             lost = frame.n_records(),
             %error,
             "calls written through a CallWriter will not leave"
@@ -373,11 +372,8 @@ impl<'a> CallWriter<'a> {
             CallError::Unreachable { cause, .. } => cause.clone(),
             other => other.to_string(),
         };
-        self.rpc.keep_failure(CallError::Lost {
-            destination,
-            n_calls: u64::from(frame.n_records()),
-            cause,
-        });
+        self.rpc
+            .keep_lost(self.dest, u64::from(frame.n_records()), cause);
     }
 }
 
