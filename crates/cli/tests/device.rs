@@ -1103,6 +1103,12 @@ async fn each_address_of_a_channel_config_is_a_socket_and_other_keys_come_once()
             "name=data,type=pull,method=bind,address=ipc:///tmp/x,address=ipc:///tmp/y,numSockets=3",
             "channel \"data\" has 2 addresses and numSockets 3",
         ),
+        // Accepted, then the second socket failed at bind with "address in use" (exit 1).
+        (
+            "name=data,type=pull,method=bind,address=ipc:///tmp/x,numSockets=4",
+            "channel \"data\": its 4 sockets (numSockets) would each bind ipc:///tmp/x, which \
+             one socket can hold",
+        ),
     ];
     for (config, problem) in cases {
         let refused = Device::new("sink", "sink1")

@@ -241,6 +241,22 @@ pub enum ConfigError {
         /// The second.
         second: usize,
     },
+    /// A channel of `numSockets` sub-channels with one address that each would bind
+    /// ([`ChannelConfig::check_sub_channels_bind_apart`]).
+    #[error(
+        "channel {channel:?}: its {num_sockets} sockets (numSockets) would each bind {address}, \
+         which one socket can hold: give each socket its own address (address= once per \
+         socket, or a JSON channel's sockets), connect instead, or for tcp bind port 0 or turn \
+         autoBind on"
+    )]
+    SharedBind {
+        /// The channel.
+        channel: String,
+        /// The address.
+        address: String,
+        /// Its `numSockets`.
+        num_sockets: usize,
+    },
     /// One endpoint of a several-endpoint address (`@tcp://*:5555,+tcp://host:5556`) is
     /// empty, as in `tcp://a:1,,tcp://b:2`.
     #[error(
@@ -486,6 +502,46 @@ impl ChannelConfig {
         Ok(sockets)
     }
 
+    /// Refuses a channel of `numSockets` > 1 sub-channels, all with this configuration, that
+    /// would each bind one address only one socket can hold (an ipc path, an inproc name, a
+    /// tcp port): the first bound it and the second failed at bind, "address in use", after the
+    /// device had started. A tcp port 0 (a free port each) and connecting are fine; so is a tcp
+    /// port with `autoBind`, whose later sockets take ports of the range, as FairMQ's do.
+    ///
+    /// # Errors
+    /// [`ConfigError::SharedBind`] naming the channel, the address and `numSockets`.
+    pub fn check_sub_channels_bind_apart(&self) -> Result<(), ConfigError> {
+        if self.num_sockets <= 1 {
+            return Ok(());
+        }
+        for endpoint in self.endpoints()? {
+            let apart = match &endpoint.address {
+                Address::Tcp { port: 0, .. } => true,
+                Address::Tcp { .. } => self.auto_bind,
+                _ => false,
+            };
+            if endpoint.method == Method::Bind && !apart {
+                return Err(ConfigError::SharedBind {
+                    channel: self.name.clone(),
+                    address: endpoint.address.to_string(),
+                    num_sockets: self.num_sockets,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this configuration binds a tcp port 0 and nothing else: each socket gets a free
+    /// port of its own, so several may share the address.
+    fn binds_any_port(&self) -> bool {
+        self.endpoints().is_ok_and(|endpoints| {
+            !endpoints.is_empty()
+                && endpoints
+                    .iter()
+                    .all(|endpoint| matches!(endpoint.address, Address::Tcp { port: 0, .. }))
+        })
+    }
+
     /// Refuses two of a channel's `sockets` that bind the same address: the second failed
     /// with "address in use" once the first had bound, after a refused-peer warning.
     ///
@@ -493,7 +549,8 @@ impl ChannelConfig {
     /// [`ConfigError::BoundTwice`] naming the channel, the address and both sockets.
     pub fn check_binds_once(sockets: &[ChannelConfig]) -> Result<(), ConfigError> {
         for (idx, socket) in sockets.iter().enumerate() {
-            if socket.method != Method::Bind || socket.address.is_none() {
+            if socket.method != Method::Bind || socket.address.is_none() || socket.binds_any_port()
+            {
                 continue;
             }
             if let Some(first) = sockets[..idx].iter().position(|earlier| {
@@ -1007,6 +1064,63 @@ mod tests {
                 },
             );
         }
+    }
+
+    #[test]
+    fn sub_channels_that_would_share_one_bound_address_are_refused() {
+        let parse = |text: &str| ChannelConfig::parse_key_values(text).unwrap();
+        for (text, address) in [
+            (
+                "name=data,type=pull,method=bind,address=ipc:///tmp/x,numSockets=4",
+                "ipc:///tmp/x",
+            ),
+            (
+                "name=data,type=pull,method=bind,address=inproc://x,numSockets=2",
+                "inproc://x",
+            ),
+            (
+                "name=data,type=pull,method=bind,address=tcp://127.0.0.1:5555,numSockets=2,autoBind=false",
+                "tcp://127.0.0.1:5555",
+            ),
+            (
+                "name=data,type=pull,address=+ipc:///tmp/y,@ipc:///tmp/x,numSockets=2",
+                "ipc:///tmp/x",
+            ),
+        ] {
+            let config = parse(text);
+            assert_eq!(
+                config.check_sub_channels_bind_apart(),
+                Err(ConfigError::SharedBind {
+                    channel: "data".into(),
+                    address: address.into(),
+                    num_sockets: config.num_sockets,
+                }),
+                "{text}"
+            );
+        }
+        // A free port each, autoBind's range, connecting, or one socket: each binds its own.
+        for text in [
+            "name=data,type=pull,method=bind,address=tcp://127.0.0.1:0,numSockets=4",
+            "name=data,type=pull,method=bind,address=tcp://127.0.0.1:5555,numSockets=2",
+            "name=data,type=push,method=connect,address=ipc:///tmp/x,numSockets=4",
+            "name=data,type=pull,method=bind,address=ipc:///tmp/x,numSockets=1",
+            "name=data,type=pull,method=bind,numSockets=3",
+        ] {
+            assert_eq!(
+                parse(text).check_sub_channels_bind_apart(),
+                Ok(()),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn two_sockets_may_each_bind_a_free_tcp_port() {
+        let sockets = ChannelConfig::parse_key_values_sockets(
+            "name=data,type=pull,method=bind,address=tcp://127.0.0.1:0,address=tcp://127.0.0.1:0",
+        )
+        .unwrap();
+        assert_eq!(sockets.len(), 2);
     }
 
     #[test]

@@ -54,9 +54,14 @@ impl DeviceConfig {
     /// Adds a channel; a channel with `numSockets` > 1 adds one socket per sub-channel.
     ///
     /// # Errors
-    /// [`DeviceError::Channel`] when the configuration is invalid or the name is taken.
+    /// [`DeviceError::Channel`] when the configuration is invalid, the name is taken, or the
+    /// sub-channels would each bind one address only one can hold
+    /// ([`ChannelConfig::check_sub_channels_bind_apart`]).
     pub fn add_channel(&mut self, config: ChannelConfig) -> Result<()> {
         config.validate().map_err(ferromq_core::Error::from)?;
+        config
+            .check_sub_channels_bind_apart()
+            .map_err(ferromq_core::Error::from)?;
         self.refuse_if_configured(&config.name)?;
         for name in config.socket_names() {
             self.sockets.push(SocketConfig {

@@ -1291,6 +1291,12 @@ impl<'a> Loader<'a> {
             self.check_address(address, (method, &transport), replicas, context);
         }
         self.set_keys(&mut config, channel, context);
+        // What the device would refuse when it starts (`DeviceConfig::add_channel`).
+        if let (Some(address), Err(error)) =
+            (&channel.address, config.check_sub_channels_bind_apart())
+        {
+            self.checker.error(address.span(), context, error.to_string());
+        }
         self.channel_index.insert(
             (id.to_owned(), name.clone()),
             IndexedChannel {
