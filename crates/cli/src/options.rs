@@ -1,5 +1,6 @@
 //! FairMQ's device options, and how they become a [`DeviceConfig`].
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -658,16 +659,37 @@ impl DeviceOptions {
         config
             .properties
             .insert("rate".to_owned(), self.rate.to_string());
+        // What the options set, and which option set it: a `--property` of the same key with
+        // another value was taken over it without a word, and one key given twice kept the
+        // last value.
+        let mut from_options: BTreeMap<String, String> = BTreeMap::new();
         for (key, value) in self.shm_properties() {
+            from_options.insert(key.to_owned(), shm_property_options(key).to_owned());
             config.properties.insert(key.to_owned(), value);
         }
         for (key, value) in extra_properties {
+            from_options.insert((*key).to_owned(), format!("--{key}"));
             config.properties.insert((*key).to_owned(), value.clone());
         }
+        let mut given: BTreeMap<&str, &str> = BTreeMap::new();
         for pair in &self.properties {
             let Some((key, value)) = pair.split_once('=') else {
                 bail!("--property {pair:?} is not KEY=VALUE");
             };
+            if let Some(earlier) = given.insert(key, value)
+                && earlier != value
+            {
+                bail!(
+                    "--property {key}={value}: {key} is given twice, first as {earlier:?}: give it once"
+                );
+            }
+            if let (Some(option), Some(set)) = (from_options.get(key), config.properties.get(key))
+                && set != value
+            {
+                bail!(
+                    "--property {key}={value} contradicts {option}, which sets {key} to {set:?}: give one of the two"
+                );
+            }
             config.properties.insert(key.to_owned(), value.to_owned());
         }
         // Unknown transports are refused now, naming the channel, not in the middle of INIT.
@@ -698,6 +720,22 @@ impl DeviceOptions {
         let ip = interface_address(interface)?;
         channel.address = Some(format!("tcp://{ip}:0"));
         Ok(())
+    }
+}
+
+/// The options that set shared-memory property `key` ([`DeviceOptions::shm_properties`]).
+fn shm_property_options(key: &str) -> &'static str {
+    match key {
+        "shm-segment-size" => "--shm-segment-size",
+        "shm-allocation-retry-ms" => "--bad-alloc-attempt-interval",
+        "shm-allocation-timeout-ms" => {
+            "--shm-allocation-timeout-ms (or --shm-throw-bad-alloc, --bad-alloc-max-attempts)"
+        }
+        "shm-mlock-segment" => "--shm-mlock-segment",
+        "shm-mlock-segment-on-creation" => "--shm-mlock-segment-on-creation",
+        "shm-zero-segment" => "--shm-zero-segment",
+        "shm-zero-segment-on-creation" => "--shm-zero-segment-on-creation",
+        _ => "an option",
     }
 }
 
@@ -836,6 +874,59 @@ mod tests {
         .unwrap();
         assert_eq!(config.properties["shm-segment-size"], "1048576");
         assert_eq!(config.properties["shm-allocation-timeout-ms"], "5");
+    }
+
+    #[test]
+    fn a_property_that_contradicts_an_option_or_itself_is_refused() {
+        let refused = |args: &[&str], extra: &[(&str, String)]| {
+            format!("{:#}", options(args).device_config(extra).unwrap_err())
+        };
+        assert_eq!(
+            refused(
+                &["--property", "verify=true"],
+                &[("verify", "false".to_owned())]
+            ),
+            "--property verify=true contradicts --verify, which sets verify to \"false\": give one of the two"
+        );
+        assert_eq!(
+            refused(
+                &[
+                    "--shm-throw-bad-alloc",
+                    "false",
+                    "--property",
+                    "shm-allocation-timeout-ms=5"
+                ],
+                &[]
+            ),
+            "--property shm-allocation-timeout-ms=5 contradicts --shm-allocation-timeout-ms (or \
+             --shm-throw-bad-alloc, --bad-alloc-max-attempts), which sets \
+             shm-allocation-timeout-ms to \"18446744073709551615\": give one of the two"
+        );
+        assert_eq!(
+            refused(
+                &["--property", "msg-size=10", "--property", "msg-size=20"],
+                &[]
+            ),
+            "--property msg-size=20: msg-size is given twice, first as \"10\": give it once"
+        );
+        // The same value twice says nothing new, and a property alone is taken.
+        let config = options(&[
+            "--property",
+            "verify=true",
+            "--property",
+            "verify=true",
+            "--property",
+            "msg-size=7",
+        ])
+        .device_config(&[("verify", "true".to_owned())])
+        .unwrap();
+        assert_eq!(
+            (
+                &*config.properties["verify"],
+                &*config.properties["msg-size"]
+            ),
+            ("true", "7")
+        );
     }
 
     #[test]
