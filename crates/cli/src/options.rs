@@ -23,13 +23,24 @@ pub enum ControlMode {
 
 pub use ferromq_core::MAX_SECONDS;
 
-/// clap's parser for a number of seconds: finite, above 0, at most [`MAX_SECONDS`].
+/// clap's parser for a number of seconds: finite, at least [`MIN_SECONDS`] (a nanosecond, the
+/// finest time a [`std::time::Duration`] keeps: `--duration 1e-320` was taken, and became no
+/// time at all), at most [`MAX_SECONDS`].
 ///
 /// # Errors
 /// The text and what was expected.
 pub fn seconds(text: &str) -> Result<f64, String> {
-    positive_number(text, "seconds", MAX_SECONDS)
+    let value = positive_number(text, "seconds", MAX_SECONDS)?;
+    if value < MIN_SECONDS {
+        return Err(format!(
+            "{text}: expected at least {MIN_SECONDS:e} seconds (a nanosecond)"
+        ));
+    }
+    Ok(value)
 }
+
+/// The shortest time [`seconds`] takes: one nanosecond.
+pub const MIN_SECONDS: f64 = 1e-9;
 
 /// clap's parser for one host of `--hosts a,b`: a name, not empty (`a,,b` reached ssh as
 /// the host "") and without spaces.
@@ -96,12 +107,24 @@ pub fn measured_seconds(text: &str, shorter: &str) -> Result<f64, String> {
 /// refused.
 pub const MAX_CALLS_PER_SECOND: f64 = 1e9;
 
-/// clap's parser for a rate of calls: finite, above 0, at most [`MAX_CALLS_PER_SECOND`].
+/// The lowest rate `ferromq bench rpc --light-load-rate` accepts: its light load lasts half a
+/// second, so a lower rate makes fewer than 5 calls to take a median of (`1e-300` made one).
+pub const MIN_CALLS_PER_SECOND: f64 = 10.0;
+
+/// clap's parser for a rate of calls: finite, at least [`MIN_CALLS_PER_SECOND`], at most
+/// [`MAX_CALLS_PER_SECOND`].
 ///
 /// # Errors
 /// The text and what was expected.
 pub fn calls_per_second(text: &str) -> Result<f64, String> {
-    positive_number(text, "calls per second", MAX_CALLS_PER_SECOND)
+    let value = positive_number(text, "calls per second", MAX_CALLS_PER_SECOND)?;
+    if value < MIN_CALLS_PER_SECOND {
+        return Err(format!(
+            "{text}: expected at least {MIN_CALLS_PER_SECOND} calls per second (the light load \
+             lasts 0.5 s: fewer calls give no median)"
+        ));
+    }
+    Ok(value)
 }
 
 /// A number of `unit`s in `text`, finite, above 0 and at most `max`.

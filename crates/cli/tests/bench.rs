@@ -316,7 +316,8 @@ fn bench_rpc_runs_light_load_at_one_percent_of_each_rounds_rate_by_default() {
 
 #[test]
 fn bench_rpc_refuses_a_light_load_rate_that_is_not_a_positive_number() {
-    for rate in ["0", "-5", "nan", "inf", "2e9", "fast"] {
+    // 1e-300 and 9.5 were taken: the half-second light load then made one call, or four.
+    for rate in ["0", "-5", "nan", "inf", "2e9", "fast", "1e-300", "9.5"] {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_ferromq"))
             .args(["bench", "rpc", "--light-load-rate", rate])
             .output()
