@@ -204,6 +204,26 @@ async fn a_signal_while_a_large_payload_is_built_stops_the_build() {
     );
 }
 
+/// The same for a bsampler that zeroes (`--memset`) a 4 GiB message: zeroed in one go, the
+/// signal went unheard until the whole message was written. Now it looks at STOP every 16 MiB
+/// and goes down without sending the message.
+#[tokio::test]
+async fn a_signal_while_a_large_message_is_zeroed_stops_the_fill() {
+    let ipc = Ipc::new("large-memset");
+    let bsampler = Device::new("bsampler", "memset1")
+        .args(&["--msg-size", "4294967296", "--memset"])
+        .channel("push", "bind", &ipc.address())
+        .spawn();
+    let (exit, log) = interrupted_when_running(bsampler).await;
+    assert_eq!(exit.code(), Some(0), "{log:#?}");
+    let stopped_zeroing =
+        "STOP while a 4294967296-byte message was being zeroed (memset): it was not sent";
+    assert!(
+        log.iter().any(|line| line.contains(stopped_zeroing)),
+        "{log:#?}"
+    );
+}
+
 /// A sampler and a sink, both at address `ADDRESS`, in FairMQ's format.
 const MQ_CONFIG: &str = include_str!("../../device/tests/data/sampler-sink.json");
 

@@ -161,6 +161,26 @@ async fn copy_heeding_stop<S: Future<Output = ()>>(
     true
 }
 
+/// Zeroes `bytes` (the bsampler's `memset`); more than [`BUILD_CHUNK`] a chunk at a time with
+/// a yield between chunks, as [`copy_heeding_stop`] copies. False when STOP came first (`bytes`
+/// is then partly zeroed).
+async fn zero_heeding_stop<S: Future<Output = ()>>(
+    stopped: &mut Pin<&mut S>,
+    bytes: &mut [u8],
+) -> bool {
+    if bytes.len() <= BUILD_CHUNK {
+        bytes.fill(0);
+        return true;
+    }
+    for (chunk_idx, chunk) in bytes.chunks_mut(BUILD_CHUNK).enumerate() {
+        if chunk_idx > 0 && yield_and_look(stopped).await {
+            return false;
+        }
+        chunk.fill(0);
+    }
+    true
+}
+
 /// Lets the runtime's other tasks run (a signal's handler among them), then says whether
 /// `stopped` (the device's `ctx.stopped()`) has completed, without waiting for it. (A
 /// `&DeviceContext` held across the yield would make the device's future not `Send`.)
@@ -352,8 +372,15 @@ impl Device for BenchmarkSampler {
                         break 'messages;
                     };
                     let mut message = made?;
-                    if self.memset {
-                        message.data_mut().fill(0);
+                    // A large message a chunk at a time: a 4 GiB one was zeroed in one go, and
+                    // a signal went unheard meanwhile (a bad-input sweep).
+                    if self.memset && !zero_heeding_stop(&mut stopped, message.data_mut()).await {
+                        tracing::info!(
+                            device = %ctx.id(),
+                            "STOP while a {}-byte message was being zeroed (memset): it was not sent",
+                            self.msg_size
+                        );
+                        break 'messages;
                     }
                     message
                 };
@@ -420,5 +447,30 @@ mod tests {
         tokio::pin!(stopped);
         assert!(!copy_heeding_stop(&mut stopped, &mut copy, &from).await);
         assert_eq!(copy.iter().filter(|byte| **byte == 1).count(), BUILD_CHUNK);
+    }
+
+    /// `memset` zeroes every byte at every size around the chunk, and STOP ends a large fill
+    /// after its first chunk.
+    #[tokio::test]
+    async fn a_message_zeroed_in_chunks_is_zero_and_heeds_stop() {
+        let never = std::future::pending::<()>();
+        tokio::pin!(never);
+        for size in [
+            0,
+            1,
+            BUILD_CHUNK - 1,
+            BUILD_CHUNK,
+            BUILD_CHUNK + 1,
+            2 * BUILD_CHUNK + 7,
+        ] {
+            let mut bytes = vec![9u8; size];
+            assert!(zero_heeding_stop(&mut never, &mut bytes).await);
+            assert!(bytes.iter().all(|byte| *byte == 0), "size {size}");
+        }
+        let stopped = std::future::ready(());
+        tokio::pin!(stopped);
+        let mut bytes = vec![9u8; 2 * BUILD_CHUNK];
+        assert!(!zero_heeding_stop(&mut stopped, &mut bytes).await);
+        assert_eq!(bytes.iter().filter(|byte| **byte == 0).count(), BUILD_CHUNK);
     }
 }
