@@ -468,6 +468,88 @@ connect = "sampler.data"
 /// A binder of several sockets (`numSockets = 2`) without an address got one ipc path for all
 /// of them, and the second failed with "address in use" (a bad-input sweep): each now binds
 /// loopback tcp on a port of its own.
+/// An `exec` device that is a shell running a process of its own, stopped before it opened its
+/// control endpoint: by SIGTERM (the launcher's first Ctrl-C) when the shell heeds it, and by
+/// SIGKILL (the second) when the shell and its child ignore SIGTERM. Before, the launcher
+/// signalled the shell alone, and its `sleep` ran on, reparented to init (a bad-input sweep).
+/// The launcher's exit status, its stderr, and whether the shell's child outlived it.
+async fn exec_shell_with_a_child_interrupted(trap: &str, n_interrupts: usize) -> (i32, String) {
+    assert!((1..=2).contains(&n_interrupts));
+    let session = format!("test-exec-tree-{}-{n_interrupts}", std::process::id());
+    let file = TempFile::holding(
+        "exec-tree.toml",
+        &format!(
+            r#"
+[[device]]
+id = "shell"
+kind = "exec"
+command = ["sh", "-c", "{trap}sleep 1000 & echo child $!; wait"]
+"#
+        ),
+    );
+    let mut run = ferromq_run(Path::new(&file.path()), &["--session", &session]);
+    let mut lines = BufReader::new(run.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    support::wait_for_line(&mut lines, "[shell] child ", &mut seen).await;
+    let child: u32 = seen
+        .last()
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        .expect("the child's pid");
+    assert!(alive(child), "{seen:?}");
+    support::signal(&run, "INT");
+    if n_interrupts == 2 {
+        // Again once the launcher said it heard the first.
+        support::wait_for_line(&mut lines, "again to kill", &mut seen).await;
+        support::signal(&run, "INT");
+    }
+    let mut stderr = run.stderr.take().expect("stderr");
+    let mut errors = String::new();
+    let (status, _, _) = tokio::time::timeout(STEP, async {
+        tokio::join!(
+            run.wait(),
+            stderr.read_to_string(&mut errors),
+            support::wait_for_end(&mut lines, &mut seen)
+        )
+    })
+    .await
+    .expect("exit in time");
+    // The signal is sent before the launcher exits; the child may take a moment to go.
+    let gone = tokio::time::timeout(STEP, async {
+        while alive(child) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    if gone.is_err() {
+        // Not left behind by a failing test.
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &child.to_string()])
+            .status();
+    }
+    assert!(
+        gone.is_ok(),
+        "the shell's child {child} outlived the launcher:\n{errors}\n{seen:#?}"
+    );
+    (
+        status.expect("wait").code().unwrap_or(-1),
+        format!("{errors}\n{}", seen.join("\n")),
+    )
+}
+
+#[tokio::test]
+async fn an_exec_devices_own_processes_are_stopped_with_it() {
+    let (code, errors) = exec_shell_with_a_child_interrupted("", 1).await;
+    assert_ne!(code, 0, "{errors}");
+    assert!(errors.contains("exited with signal: 15"), "{errors}");
+}
+
+#[tokio::test]
+async fn an_exec_devices_own_processes_are_killed_with_it() {
+    let (code, errors) = exec_shell_with_a_child_interrupted("trap '' TERM; ", 2).await;
+    assert_ne!(code, 0, "{errors}");
+    assert!(errors.contains("killing every device"), "{errors}");
+}
+
 #[tokio::test]
 async fn a_binder_of_several_sockets_without_an_address_runs() {
     for transport in ["zeromq", "shmem"] {

@@ -3,7 +3,8 @@
 //! [`DeviceProcess`]: its exit status when it has one, its announced control endpoint, and
 //! how to signal it.
 //!
-//! - **here**: the device is the launcher's child; signals go to its pid.
+//! - **here**: the device is the launcher's child; signals go to its pid and to every process
+//!   it started, but a shared-memory watchdog (`signal_tree`).
 //! - **ssh**: the child is the OpenSSH client running `exec env ... ferromq device ...` on the
 //!   host (no daemon of ours there; keys and options from the user's ssh config, the command
 //!   from `FERROMQ_SSH_COMMAND` when set, like git's `GIT_SSH_COMMAND`). The device's exit
@@ -206,7 +207,7 @@ impl DeviceProcess {
         match &self.reach {
             Reach::Here { pid } => {
                 if let Some(pid) = pid {
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid as i32), signal);
+                    signal_tree(*pid, signal);
                 }
             }
             Reach::Ssh { ssh, client_pid } => {
@@ -234,6 +235,68 @@ impl DeviceProcess {
         self.signal(nix::sys::signal::Signal::SIGKILL);
         let _ = tokio::time::timeout(Duration::from_secs(5), self.wait()).await;
     }
+}
+
+/// Sends `signal` to process `pid` and to every process it started, and they started, except
+/// a session's shared-memory watchdog (which must outlive its device to clean up after it, and
+/// runs in a process group of its own). Signalling the device alone left what it had started
+/// running: an `exec` device `sh -c "sleep 100"` stopped by SIGTERM or killed left its `sleep`
+/// behind, reparented to init (a bad-input sweep). For SIGKILL each process is stopped
+/// (SIGSTOP) as it is found, so that none starts another the walk would miss, then all are
+/// killed; other signals go out once the walk is done, to every process found.
+fn signal_tree(pid: u32, signal: nix::sys::signal::Signal) {
+    use nix::sys::signal::{Signal, kill};
+    let as_pid = |pid: u32| nix::unistd::Pid::from_raw(pid as i32);
+    let freeze = signal == Signal::SIGKILL;
+    if freeze {
+        let _ = kill(as_pid(pid), Signal::SIGSTOP);
+    }
+    let mut tree = vec![pid];
+    let mut spared = Vec::new();
+    loop {
+        let found: Vec<u32> = children_of(&tree)
+            .into_iter()
+            .filter(|child| !tree.contains(child) && !spared.contains(child))
+            .collect();
+        if found.is_empty() {
+            break;
+        }
+        for child in found {
+            if ferromq_shm::cleanup::is_watchdog(child) {
+                spared.push(child);
+                continue;
+            }
+            if freeze {
+                let _ = kill(as_pid(child), Signal::SIGSTOP);
+            }
+            tree.push(child);
+        }
+    }
+    for pid in tree {
+        let _ = kill(as_pid(pid), signal);
+    }
+}
+
+/// The processes whose parent is one of `parents` (`/proc/<pid>/stat`'s fourth field).
+fn children_of(parents: &[u32]) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    // After the command name, which may hold spaces and parentheses: state,
+                    // then the parent.
+                    let after_name = stat.rsplit_once(") ")?.1;
+                    after_name.split(' ').nth(1)?.parse::<u32>().ok()
+                })
+                .is_some_and(|parent| parents.contains(&parent))
+        })
+        .collect()
 }
 
 /// `srun` running one task on `node` beside the launcher's step.
