@@ -11,7 +11,11 @@ use crate::wire::Status;
 ///
 /// Failures at the destination (no such handler, arguments that do not decode, a panicking
 /// handler) come back to the caller as [`CallError::Remote`]; the destination keeps serving.
+///
+/// Non-exhaustive: a new way to fail (as `Lost` was) is not a breaking change; match the
+/// variants you act on and keep a catch-all arm.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CallError {
     /// The handler did not run, or did not finish, at the destination.
     #[error("device {destination}: handler {handler} {kind}: {cause}")]
@@ -97,8 +101,9 @@ impl From<Box<CallError>> for CallError {
     }
 }
 
-/// What went wrong at the destination.
+/// What went wrong at the destination (non-exhaustive, as [`CallError`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RemoteFailure {
     /// The destination has no handler with this id.
     UnknownHandler,
