@@ -220,9 +220,20 @@ impl DeviceConfig {
                 );
                 continue;
             }
+            let listed = channel
+                .sockets
+                .as_ref()
+                .is_some_and(|sockets| !sockets.is_empty());
             let configs = channel.expand().map_err(mq_error)?;
-            ChannelConfig::check_binds_once(&configs)
-                .map_err(|error| mq_error(error.to_string()))?;
+            // `numSockets` copies of one configuration bind as `--channel-config`'s do (a tcp
+            // port with autoBind gives the later ones ports of the range, as FairMQ's); the
+            // sockets a channel lists each bind their own address.
+            if !listed && configs.len() > 1 {
+                configs[0].check_sub_channels_bind_apart()
+            } else {
+                ChannelConfig::check_binds_once(&configs)
+            }
+            .map_err(|error| mq_error(error.to_string()))?;
             let n_entries = configs.len();
             for (socket_idx, config) in configs.into_iter().enumerate() {
                 config.validate().map_err(|error| {
@@ -748,6 +759,27 @@ mod tests {
             r#"{"fairMQOptions": {"devices": [{"id": "d", "channels": [{"name": "x", "type": "pull", "method": "bind", "sockets": [{"address": "tcp://*:1"}, {"address": "tcp://*:1"}]}]}]}}"#,
             &["bad.json: channel \"x\": sockets 0 and 1 both bind tcp://*:1"],
         );
+    }
+
+    /// `numSockets` copies of one bound address: refused where one socket holds it (an ipc
+    /// path), taken where each gets a port of its own (a tcp port with autoBind, FairMQ's
+    /// default, or port 0), as on the command line.
+    #[test]
+    fn numsockets_copies_of_one_bound_address_bind_as_on_the_command_line() {
+        let json = |address: &str| {
+            format!(
+                r#"{{"fairMQOptions": {{"devices": [{{"id": "d", "channels": [{{"name": "x", "type": "pull", "method": "bind", "numSockets": 2, "address": "{address}"}}]}}]}}}}"#
+            )
+        };
+        check_error(
+            &json("ipc:///tmp/one"),
+            &["bad.json: channel \"x\": its 2 sockets (numSockets) would each bind ipc:///tmp/one"],
+        );
+        for address in ["tcp://*:5555", "tcp://*:0"] {
+            let mut config = DeviceConfig::new("d");
+            config.add_mq_config("ok.json", &json(address)).unwrap();
+            assert_eq!(config.sockets.len(), 2, "{address}");
+        }
     }
 
     #[test]

@@ -1295,7 +1295,8 @@ impl<'a> Loader<'a> {
         if let (Some(address), Err(error)) =
             (&channel.address, config.check_sub_channels_bind_apart())
         {
-            self.checker.error(address.span(), context, error.to_string());
+            self.checker
+                .error(address.span(), context, error.to_string());
         }
         self.channel_index.insert(
             (id.to_owned(), name.clone()),
