@@ -343,9 +343,12 @@ impl Builtin {
             .map(|known| (strsim::levenshtein(key, known), *known))
             .filter(|(distance, _)| *distance <= 2)
             .min();
-        let hint = nearest.map_or_else(String::new, |(_, known)| {
-            format!("did you mean {known:?}? ")
-        });
+        let hint = match fairmq_option_as_property(key) {
+            Some(hint) => format!("{hint}; "),
+            None => nearest.map_or_else(String::new, |(_, known)| {
+                format!("did you mean {known:?}? ")
+            }),
+        };
         let own = if own.is_empty() {
             "none of its own".to_owned()
         } else {
@@ -380,6 +383,24 @@ impl Builtin {
             // Channel names only: any text is a name.
             Builtin::Merger | Builtin::Proxy | Builtin::Multiplier | Builtin::Server => Ok(()),
         }
+    }
+}
+
+/// For a FairMQ device option given as a property (`bad-alloc-max-attempts = -1` in a
+/// topology's `properties`, `--property shm-throw-bad-alloc=false`), what to give instead:
+/// these options become other properties (`ferromq device`'s `DeviceOptions::shm_properties`),
+/// so their own names are read by nobody.
+fn fairmq_option_as_property(key: &str) -> Option<&'static str> {
+    match key {
+        "shm-throw-bad-alloc" | "bad-alloc-max-attempts" => Some(
+            "it is a FairMQ device option (--shm-throw-bad-alloc, --bad-alloc-max-attempts): as a \
+             property, give shm-allocation-timeout-ms (milliseconds an allocation waits for room)",
+        ),
+        "bad-alloc-attempt-interval" => Some(
+            "it is a FairMQ device option (--bad-alloc-attempt-interval): as a property, give \
+             shm-allocation-retry-ms",
+        ),
+        _ => None,
     }
 }
 
@@ -1260,6 +1281,26 @@ mod tests {
             problem
                 .message
                 .contains("is not one a sink reads; it reads in-channel"),
+            "{}",
+            problem.message
+        );
+        // FairMQ's allocation options are options, not properties: said so, with the
+        // properties they become.
+        let problem = check("sampler", "bad-alloc-max-attempts").unwrap_err();
+        assert!(
+            problem.message.contains(
+                "property \"bad-alloc-max-attempts\" (= \"100\") is not one a sampler reads; it \
+                 is a FairMQ device option (--shm-throw-bad-alloc, --bad-alloc-max-attempts): as a \
+                 property, give shm-allocation-timeout-ms"
+            ),
+            "{}",
+            problem.message
+        );
+        let problem = check("sink", "bad-alloc-attempt-interval").unwrap_err();
+        assert!(
+            problem
+                .message
+                .contains("as a property, give shm-allocation-retry-ms"),
             "{}",
             problem.message
         );
