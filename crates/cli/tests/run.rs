@@ -465,14 +465,25 @@ connect = "sampler.data"
     );
 }
 
-/// A binder of several sockets (`numSockets = 2`) without an address got one ipc path for all
-/// of them, and the second failed with "address in use" (a bad-input sweep): each now binds
-/// loopback tcp on a port of its own.
+/// Kills process `pid` on drop, if it still lives: a test that fails leaves nothing running.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if alive(self.0) {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &self.0.to_string()])
+                .status();
+        }
+    }
+}
+
 /// An `exec` device that is a shell running a process of its own, stopped before it opened its
-/// control endpoint: by SIGTERM (the launcher's first Ctrl-C) when the shell heeds it, and by
+/// control endpoint: by SIGTERM (the launcher's first Ctrl-C), which the shell heeds, or by
 /// SIGKILL (the second) when the shell and its child ignore SIGTERM. Before, the launcher
 /// signalled the shell alone, and its `sleep` ran on, reparented to init (a bad-input sweep).
-/// The launcher's exit status, its stderr, and whether the shell's child outlived it.
+/// Returns the launcher's exit code and its output, once the shell's child is gone (the test
+/// fails if it outlives the launcher).
 async fn exec_shell_with_a_child_interrupted(trap: &str, n_interrupts: usize) -> (i32, String) {
     assert!((1..=2).contains(&n_interrupts));
     let session = format!("test-exec-tree-{}-{n_interrupts}", std::process::id());
@@ -495,6 +506,7 @@ command = ["sh", "-c", "{trap}sleep 1000 & echo child $!; wait"]
         .last()
         .and_then(|line| line.rsplit(' ').next()?.parse().ok())
         .expect("the child's pid");
+    let _child_killed = KillOnDrop(child);
     assert!(alive(child), "{seen:?}");
     support::signal(&run, "INT");
     if n_interrupts == 2 {
@@ -513,19 +525,14 @@ command = ["sh", "-c", "{trap}sleep 1000 & echo child $!; wait"]
     })
     .await
     .expect("exit in time");
-    // The signal is sent before the launcher exits; the child may take a moment to go.
+    // Killed before the launcher exits; the kernel may take a moment to end it.
+    let mut look = tokio::time::interval(Duration::from_millis(20));
     let gone = tokio::time::timeout(STEP, async {
         while alive(child) {
-            tokio::task::yield_now().await;
+            look.tick().await;
         }
     })
     .await;
-    if gone.is_err() {
-        // Not left behind by a failing test.
-        let _ = std::process::Command::new("kill")
-            .args(["-KILL", &child.to_string()])
-            .status();
-    }
     assert!(
         gone.is_ok(),
         "the shell's child {child} outlived the launcher:\n{errors}\n{seen:#?}"
@@ -538,18 +545,26 @@ command = ["sh", "-c", "{trap}sleep 1000 & echo child $!; wait"]
 
 #[tokio::test]
 async fn an_exec_devices_own_processes_are_stopped_with_it() {
-    let (code, errors) = exec_shell_with_a_child_interrupted("", 1).await;
-    assert_ne!(code, 0, "{errors}");
-    assert!(errors.contains("exited with signal: 15"), "{errors}");
+    let (code, output) = exec_shell_with_a_child_interrupted("", 1).await;
+    assert_ne!(code, 0, "{output}");
+    assert!(output.contains("exited with signal: 15"), "{output}");
+    assert!(
+        output.contains("device \"shell\" exited and left 1 process(es) it started running (")
+            && output.contains(" sleep): killed"),
+        "{output}"
+    );
 }
 
 #[tokio::test]
 async fn an_exec_devices_own_processes_are_killed_with_it() {
-    let (code, errors) = exec_shell_with_a_child_interrupted("trap '' TERM; ", 2).await;
-    assert_ne!(code, 0, "{errors}");
-    assert!(errors.contains("killing every device"), "{errors}");
+    let (code, output) = exec_shell_with_a_child_interrupted("trap '' TERM; ", 2).await;
+    assert_ne!(code, 0, "{output}");
+    assert!(output.contains("killing every device"), "{output}");
 }
 
+/// A binder of several sockets (`numSockets = 2`) without an address got one ipc path for all
+/// of them, and the second failed with "address in use" (a bad-input sweep): each now binds
+/// loopback tcp on a port of its own.
 #[tokio::test]
 async fn a_binder_of_several_sockets_without_an_address_runs() {
     for transport in ["zeromq", "shmem"] {

@@ -414,18 +414,6 @@ pub fn watchdog_running(session: &str) -> bool {
         })
 }
 
-/// Whether process `pid` is a session's watchdog (of any session): a launcher that kills a
-/// device and what it started spares it, since it must outlive the device to clean up after
-/// it. False for a process that is gone or whose environment cannot be read.
-pub fn is_watchdog(pid: u32) -> bool {
-    let prefix = format!("{WATCHDOG_SESSION_VAR}=");
-    std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| {
-        environ
-            .split(|&byte| byte == 0)
-            .any(|variable| variable.starts_with(prefix.as_bytes()))
-    })
-}
-
 /// Call first thing in `main`: when this process was started as a session's watchdog, watches
 /// and exits; otherwise returns at once and lets devices of this binary start watchdogs.
 pub fn run_watchdog_if_requested() {
@@ -533,35 +521,4 @@ pub fn watch_regions(
         }
     });
     receiver
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A process started with the watchdog's variable is one; this process and a gone one
-    /// are not.
-    #[test]
-    fn a_watchdog_is_told_by_its_environment() {
-        let mut marked = std::process::Command::new("cat")
-            .env(WATCHDOG_SESSION_VAR, "test-session")
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .expect("start cat");
-        let mut plain = std::process::Command::new("cat")
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .expect("start cat");
-        let seen = (
-            is_watchdog(marked.id()),
-            is_watchdog(plain.id()),
-            is_watchdog(std::process::id()),
-        );
-        // Their stdin closed, both end.
-        drop(marked.stdin.take());
-        drop(plain.stdin.take());
-        let _ = (marked.wait(), plain.wait());
-        assert_eq!(seen, (true, false, false));
-        assert!(!is_watchdog(marked.id()));
-    }
 }

@@ -3,8 +3,16 @@
 //! [`DeviceProcess`]: its exit status when it has one, its announced control endpoint, and
 //! how to signal it.
 //!
-//! - **here**: the device is the launcher's child; signals go to its pid and to every process
-//!   it started, but a shared-memory watchdog (`signal_tree`).
+//! - **here**: the device is the launcher's child, in a process group of its own (its pid), so
+//!   that what it starts can be told from everything else: SIGKILL goes to the group, and once
+//!   the run's devices are down, what is left of their groups is killed and named
+//!   (`kill_leftovers`); an `exec` device `sh -c "sleep 100"` left its `sleep` running,
+//!   reparented to init (a bad-input sweep). SIGTERM and SIGINT go to the device alone: a
+//!   wrapper that forwards them would pass the device a second one, which ends it at once. A
+//!   session's shared-memory watchdog runs in a group of its own and outlives its device, as
+//!   it must to clean up after it; a process that leaves the group (`setsid`) is not followed.
+//!   The terminal's Ctrl-C reaches the launcher alone, which stops the devices in data-flow
+//!   order.
 //! - **ssh**: the child is the OpenSSH client running `exec env ... ferromq device ...` on the
 //!   host (no daemon of ours there; keys and options from the user's ssh config, the command
 //!   from `FERROMQ_SSH_COMMAND` when set, like git's `GIT_SSH_COMMAND`). The device's exit
@@ -207,7 +215,14 @@ impl DeviceProcess {
         match &self.reach {
             Reach::Here { pid } => {
                 if let Some(pid) = pid {
-                    signal_tree(*pid, signal);
+                    let pid = nix::unistd::Pid::from_raw(*pid as i32);
+                    // SIGKILL to its group: what it started goes with it (see the module
+                    // documentation); anything else to the device alone.
+                    if signal != nix::sys::signal::Signal::SIGKILL
+                        || nix::sys::signal::killpg(pid, signal).is_err()
+                    {
+                        let _ = nix::sys::signal::kill(pid, signal);
+                    }
                 }
             }
             Reach::Ssh { ssh, client_pid } => {
@@ -237,66 +252,61 @@ impl DeviceProcess {
     }
 }
 
-/// Sends `signal` to process `pid` and to every process it started, and they started, except
-/// a session's shared-memory watchdog (which must outlive its device to clean up after it, and
-/// runs in a process group of its own). Signalling the device alone left what it had started
-/// running: an `exec` device `sh -c "sleep 100"` stopped by SIGTERM or killed left its `sleep`
-/// behind, reparented to init (a bad-input sweep). For SIGKILL each process is stopped
-/// (SIGSTOP) as it is found, so that none starts another the walk would miss, then all are
-/// killed; other signals go out once the walk is done, to every process found.
-fn signal_tree(pid: u32, signal: nix::sys::signal::Signal) {
-    use nix::sys::signal::{Signal, kill};
-    let as_pid = |pid: u32| nix::unistd::Pid::from_raw(pid as i32);
-    let freeze = signal == Signal::SIGKILL;
-    if freeze {
-        let _ = kill(as_pid(pid), Signal::SIGSTOP);
-    }
-    let mut tree = vec![pid];
-    let mut spared = Vec::new();
-    loop {
-        let found: Vec<u32> = children_of(&tree)
-            .into_iter()
-            .filter(|child| !tree.contains(child) && !spared.contains(child))
-            .collect();
-        if found.is_empty() {
-            break;
-        }
-        for child in found {
-            if ferromq_shm::cleanup::is_watchdog(child) {
-                spared.push(child);
-                continue;
-            }
-            if freeze {
-                let _ = kill(as_pid(child), Signal::SIGSTOP);
-            }
-            tree.push(child);
-        }
-    }
-    for pid in tree {
-        let _ = kill(as_pid(pid), signal);
-    }
-}
-
-/// The processes whose parent is one of `parents` (`/proc/<pid>/stat`'s fourth field).
-fn children_of(parents: &[u32]) -> Vec<u32> {
+/// The processes of the groups of local devices that already exited, killed: what each device
+/// started and left running (see the module documentation). Each `(id, pid)` is a device and
+/// its pid, which is its group's id; returns each device that left processes with their pids
+/// and names. One scan of `/proc` for all of them: call it off the async threads.
+pub(super) fn kill_leftovers(devices: &[(String, u32)]) -> Vec<(String, Vec<(u32, String)>)> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    entries
+    let mut members: Vec<(u32, u32, String)> = Vec::new();
+    for pid in entries
         .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| {
-                    // After the command name, which may hold spaces and parentheses: state,
-                    // then the parent.
-                    let after_name = stat.rsplit_once(") ")?.1;
-                    after_name.split(' ').nth(1)?.parse::<u32>().ok()
-                })
-                .is_some_and(|parent| parents.contains(&parent))
-        })
-        .collect()
+    {
+        let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        if let Some((name, group)) = name_and_group(&stat)
+            && devices.iter().any(|(_, device)| *device == group)
+        {
+            members.push((group, pid, name));
+        }
+    }
+    let mut left = Vec::new();
+    for (id, device) in devices {
+        let processes: Vec<(u32, String)> = members
+            .iter()
+            .filter(|(group, _, _)| group == device)
+            .map(|(_, pid, name)| (*pid, name.clone()))
+            .collect();
+        if processes.is_empty() {
+            continue;
+        }
+        // The group has members, so its id is nobody else's.
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(*device as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        left.push((id.clone(), processes));
+    }
+    left
+}
+
+/// A live process's command name and process group, from the bytes of its `/proc/<pid>/stat`
+/// (`pid (name) state ppid pgrp ...`; the name may hold spaces, parentheses and bytes that are
+/// not UTF-8, so the fields count from its last `)`). `None` for a zombie, which is already
+/// gone, and for text of another form.
+fn name_and_group(stat: &[u8]) -> Option<(String, u32)> {
+    let open = stat.iter().position(|&byte| byte == b'(')?;
+    let close = stat.iter().rposition(|&byte| byte == b')')?;
+    let name = String::from_utf8_lossy(stat.get(open + 1..close)?).into_owned();
+    let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
+    let mut fields = rest.split(' ');
+    let state = fields.next()?;
+    let group = fields.nth(1)?.parse().ok()?;
+    (state != "Z").then_some((name, group))
 }
 
 /// `srun` running one task on `node` beside the launcher's step.
@@ -339,7 +349,8 @@ pub(super) fn spawn_here(command: &DeviceCommand, sink: &OutputSink) -> Result<D
     process
         .args(&command.args)
         .envs(command.env.iter().cloned())
-        .env(crate::run::LAUNCHER_PID_ENV, std::process::id().to_string());
+        .env(crate::run::LAUNCHER_PID_ENV, std::process::id().to_string())
+        .process_group(0);
     let (child_pid, exit) =
         spawn_child(process, sink).with_context(|| format!("cannot start {}", command.program))?;
     Ok(DeviceProcess {
@@ -781,6 +792,20 @@ pub fn run_slurm_task() -> Result<std::process::ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A name with spaces, parentheses and bytes that are not UTF-8 does not shift the fields;
+    /// a zombie is no member.
+    #[test]
+    fn stat_fields_count_from_the_names_last_parenthesis() {
+        let mut stat = b"4242 (a) b (\xff) S 1 4240 4240 0 -1".to_vec();
+        assert_eq!(
+            name_and_group(&stat),
+            Some(("a) b (\u{fffd}".to_owned(), 4240))
+        );
+        stat = b"4243 (sleep) Z 1 4240 4240 0 -1".to_vec();
+        assert_eq!(name_and_group(&stat), None);
+        assert_eq!(name_and_group(b"garbage"), None);
+    }
 
     #[test]
     fn srun_reports_of_failed_tasks_become_exit_statuses() {

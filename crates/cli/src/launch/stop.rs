@@ -138,7 +138,33 @@ pub(super) async fn stop_all(
         }
         device.heartbeat = None;
     }
+    kill_leftovers(devices).await;
     forced
+}
+
+/// Kills what local devices that exited left running in their process groups, naming it.
+async fn kill_leftovers(devices: &[Running]) {
+    let exited: Vec<(String, u32)> = devices
+        .iter()
+        .filter(|device| device.exited.is_some())
+        .filter_map(|device| Some((device.instance.id.clone(), device.process.local_pid()?)))
+        .collect();
+    let Ok(left) =
+        tokio::task::spawn_blocking(move || super::process::kill_leftovers(&exited)).await
+    else {
+        return;
+    };
+    for (id, processes) in left {
+        let named: Vec<String> = processes
+            .iter()
+            .map(|(pid, name)| format!("{pid} {name}"))
+            .collect();
+        eprintln!(
+            "ferromq: device {id:?} exited and left {} process(es) it started running ({}): killed",
+            processes.len(),
+            named.join(", ")
+        );
+    }
 }
 
 /// Records in `last_progress` when the processes `pids` last did work together: at least
