@@ -506,7 +506,8 @@ impl ChannelConfig {
     /// would each bind one address only one socket can hold (an ipc path, an inproc name, a
     /// tcp port): the first bound it and the second failed at bind, "address in use", after the
     /// device had started. A tcp port 0 (a free port each) and connecting are fine; so is a tcp
-    /// port with `autoBind`, whose later sockets take ports of the range, as FairMQ's do.
+    /// port with `autoBind` (an address of one endpoint), whose later sockets take ports of the
+    /// range, as FairMQ's do; a verbs side channel on port 0 too.
     ///
     /// # Errors
     /// [`ConfigError::SharedBind`] naming the channel, the address and `numSockets`.
@@ -514,10 +515,14 @@ impl ChannelConfig {
         if self.num_sockets <= 1 {
             return Ok(());
         }
-        for endpoint in self.endpoints()? {
+        let endpoints = self.endpoints()?;
+        // The runner's autoBind takes a single tcp endpoint to a port of the range (which
+        // `validate` checks is one).
+        let auto_binds = self.auto_bind && endpoints.len() == 1;
+        for endpoint in endpoints {
             let apart = match &endpoint.address {
-                Address::Tcp { port: 0, .. } => true,
-                Address::Tcp { .. } => self.auto_bind,
+                Address::Tcp { port: 0, .. } | Address::Verbs { port: 0, .. } => true,
+                Address::Tcp { .. } => auto_binds,
                 _ => false,
             };
             if endpoint.method == Method::Bind && !apart {
@@ -531,14 +536,17 @@ impl ChannelConfig {
         Ok(())
     }
 
-    /// Whether this configuration binds a tcp port 0 and nothing else: each socket gets a free
-    /// port of its own, so several may share the address.
+    /// Whether this configuration binds a tcp (or verbs) port 0 and nothing else: each socket
+    /// gets a free port of its own, so several may share the address.
     fn binds_any_port(&self) -> bool {
         self.endpoints().is_ok_and(|endpoints| {
             !endpoints.is_empty()
-                && endpoints
-                    .iter()
-                    .all(|endpoint| matches!(endpoint.address, Address::Tcp { port: 0, .. }))
+                && endpoints.iter().all(|endpoint| {
+                    matches!(
+                        endpoint.address,
+                        Address::Tcp { port: 0, .. } | Address::Verbs { port: 0, .. }
+                    )
+                })
         })
     }
 
@@ -1086,6 +1094,11 @@ mod tests {
                 "name=data,type=pull,address=+ipc:///tmp/y,@ipc:///tmp/x,numSockets=2",
                 "ipc:///tmp/x",
             ),
+            // The runner's autoBind takes a single tcp endpoint.
+            (
+                "name=data,type=pull,address=@tcp://*:5555,+tcp://h:1,numSockets=2",
+                "tcp://*:5555",
+            ),
         ] {
             let config = parse(text);
             assert_eq!(
@@ -1101,6 +1114,7 @@ mod tests {
         // A free port each, autoBind's range, connecting, or one socket: each binds its own.
         for text in [
             "name=data,type=pull,method=bind,address=tcp://127.0.0.1:0,numSockets=4",
+            "name=data,type=pull,method=bind,address=verbs://127.0.0.1:0,numSockets=2",
             "name=data,type=pull,method=bind,address=tcp://127.0.0.1:5555,numSockets=2",
             "name=data,type=push,method=connect,address=ipc:///tmp/x,numSockets=4",
             "name=data,type=pull,method=bind,address=ipc:///tmp/x,numSockets=1",

@@ -1291,8 +1291,9 @@ impl<'a> Loader<'a> {
             self.check_address(address, (method, &transport), replicas, context);
         }
         self.set_keys(&mut config, channel, context);
-        // What the device would refuse when it starts (`DeviceConfig::add_channel`).
-        if let (Some(address), Err(error)) =
+        // What the device would refuse when it starts (`DeviceConfig::add_channel`); an
+        // address that does not parse was said above.
+        if let (Some(address), Err(error @ ferromq_core::ConfigError::SharedBind { .. })) =
             (&channel.address, config.check_sub_channels_bind_apart())
         {
             self.checker
