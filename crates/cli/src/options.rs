@@ -263,7 +263,8 @@ pub struct DeviceOptions {
     /// As --shm-zero-segment (ferromq creates every segment it zeroes).
     #[arg(long = "shm-zero-segment-on-creation", num_args = 0..=1, default_missing_value = "true", value_parser = boolish())]
     pub shm_zero_segment_on_creation: Option<bool>,
-    /// Any device property, KEY=VALUE (repeatable).
+    /// Any device property, KEY=VALUE (repeatable); one that contradicts an option given
+    /// (--verify false --property verify=true), or itself, is refused.
     #[arg(long = "property", value_name = "KEY=VALUE")]
     pub properties: Vec<String>,
     /// FairMQ options that have no effect here: accepted (so FairMQ's scripts run) with a warning.
@@ -691,7 +692,12 @@ impl DeviceOptions {
             config.properties.insert(key.to_owned(), value);
         }
         for (key, value) in extra_properties {
-            from_options.insert((*key).to_owned(), format!("--{key}"));
+            // The built-in devices' options, given on the command line; not what a caller
+            // sets otherwise (`ferromq replay`'s recording and its `--speed`, which has a
+            // default: a `--property` of those goes on taking precedence).
+            if BUILTIN_OPTION_KEYS.contains(key) {
+                from_options.insert((*key).to_owned(), format!("--{key}"));
+            }
             config.properties.insert((*key).to_owned(), value.clone());
         }
         let mut given: BTreeMap<&str, &str> = BTreeMap::new();
@@ -700,14 +706,14 @@ impl DeviceOptions {
                 bail!("--property {pair:?} is not KEY=VALUE");
             };
             if let Some(earlier) = given.insert(key, value)
-                && earlier != value
+                && !same_value(earlier, value)
             {
                 bail!(
                     "--property {key}={value}: {key} is given twice, first as {earlier:?}: give it once"
                 );
             }
             if let (Some(option), Some(set)) = (from_options.get(key), config.properties.get(key))
-                && set != value
+                && !same_value(set, value)
             {
                 bail!(
                     "--property {key}={value} contradicts {option}, which sets {key} to {set:?}: give one of the two"
@@ -744,6 +750,41 @@ impl DeviceOptions {
         channel.address = Some(format!("tcp://{ip}:0"));
         Ok(())
     }
+}
+
+/// The keys of [`BuiltinOptions::properties`]: each is the name of the option that sets it.
+const BUILTIN_OPTION_KEYS: [&str; 17] = [
+    "msg-size",
+    "text",
+    "payload-file",
+    "num-parts",
+    "multipart",
+    "memset",
+    "same-msg",
+    "msg-rate",
+    "rate-burst-ms",
+    "checksum",
+    "verify",
+    "out-filename",
+    "max-file-size",
+    "touch",
+    "in-channel",
+    "out-channel",
+    "routing",
+];
+
+/// Whether two values of a property say the same: the same text, the same truth (`yes` and
+/// `true`, as the devices read a flag) or the same number (`2` and `2.0`).
+fn same_value(a: &str, b: &str) -> bool {
+    let truth = |text: &str| match text.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Some(true),
+        "false" | "0" | "no" | "off" => Some(false),
+        _ => None,
+    };
+    let number = |text: &str| text.trim().parse::<f64>().ok();
+    a == b
+        || truth(a).is_some_and(|a| truth(b) == Some(a))
+        || number(a).is_some_and(|a| number(b) == Some(a))
 }
 
 /// The options that set shared-memory property `key` ([`DeviceOptions::shm_properties`]).
@@ -899,6 +940,23 @@ mod tests {
         assert_eq!(config.properties["shm-allocation-timeout-ms"], "5");
     }
 
+    /// Every key the built-in devices' options set is one the conflict check knows.
+    #[test]
+    fn the_builtin_option_keys_are_those_the_options_set() {
+        #[derive(Parser)]
+        struct Builtins {
+            #[command(flatten)]
+            options: BuiltinOptions,
+        }
+        let mut args = vec!["sampler".to_owned()];
+        for key in BUILTIN_OPTION_KEYS {
+            args.extend([format!("--{key}"), "1".to_owned()]);
+        }
+        let given = Builtins::try_parse_from(args).unwrap().options.properties();
+        let keys: Vec<&str> = given.iter().map(|(key, _)| *key).collect();
+        assert_eq!(keys, BUILTIN_OPTION_KEYS.to_vec());
+    }
+
     #[test]
     fn a_property_that_contradicts_an_option_or_itself_is_refused() {
         let refused = |args: &[&str], extra: &[(&str, String)]| {
@@ -932,6 +990,16 @@ mod tests {
             ),
             "--property msg-size=20: msg-size is given twice, first as \"10\": give it once"
         );
+        // Values that say the same in other words are no contradiction.
+        options(&["--property", "verify=yes", "--property", "msg-size=2.0"])
+            .device_config(&[("verify", "true".to_owned()), ("msg-size", "2".to_owned())])
+            .unwrap();
+        // What `ferromq replay` sets is not an option of `ferromq device`: a property of the
+        // same key takes precedence, as before.
+        let replay = options(&["--property", "speed=2"])
+            .device_config(&[("speed", "1".to_owned()), ("file", "rec".to_owned())])
+            .unwrap();
+        assert_eq!(replay.properties["speed"], "2");
         // The same value twice says nothing new, and a property alone is taken.
         let config = options(&[
             "--property",
