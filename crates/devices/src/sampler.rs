@@ -137,46 +137,45 @@ async fn build_template<S: Future<Output = ()>>(
     Ok(Some(template))
 }
 
-/// Copies `from` into `to` (of the same length); one larger than [`BUILD_CHUNK`] a chunk at a
-/// time with a yield between chunks. False when STOP came first (`to` is then partly written).
+/// Copies `from` into `to` (of the same length), a [`BUILD_CHUNK`] at a time as
+/// [`in_chunks_heeding_stop`] does. False when STOP came first (`to` is then partly written).
 async fn copy_heeding_stop<S: Future<Output = ()>>(
     stopped: &mut Pin<&mut S>,
     to: &mut [u8],
     from: &[u8],
 ) -> bool {
-    if to.len() <= BUILD_CHUNK {
-        to.copy_from_slice(from);
-        return true;
-    }
-    for (chunk_idx, (to, from)) in to
-        .chunks_mut(BUILD_CHUNK)
-        .zip(from.chunks(BUILD_CHUNK))
-        .enumerate()
-    {
-        if chunk_idx > 0 && yield_and_look(stopped).await {
-            return false;
-        }
-        to.copy_from_slice(from);
-    }
-    true
+    in_chunks_heeding_stop(stopped, to, |to, offset| {
+        to.copy_from_slice(&from[offset..offset + to.len()]);
+    })
+    .await
 }
 
-/// Zeroes `bytes` (the bsampler's `memset`); more than [`BUILD_CHUNK`] a chunk at a time with
-/// a yield between chunks, as [`copy_heeding_stop`] copies. False when STOP came first (`bytes`
-/// is then partly zeroed).
+/// Zeroes `bytes` (the bsampler's `memset`), a [`BUILD_CHUNK`] at a time as
+/// [`in_chunks_heeding_stop`] does. False when STOP came first (`bytes` is then partly
+/// zeroed).
 async fn zero_heeding_stop<S: Future<Output = ()>>(
     stopped: &mut Pin<&mut S>,
     bytes: &mut [u8],
 ) -> bool {
+    in_chunks_heeding_stop(stopped, bytes, |chunk, _| chunk.fill(0)).await
+}
+
+/// Runs `write(chunk, offset)` over `bytes`: in one go up to [`BUILD_CHUNK`], else a chunk at a
+/// time with a yield and a look at STOP between chunks. False when STOP came first.
+async fn in_chunks_heeding_stop<S: Future<Output = ()>>(
+    stopped: &mut Pin<&mut S>,
+    bytes: &mut [u8],
+    mut write: impl FnMut(&mut [u8], usize),
+) -> bool {
     if bytes.len() <= BUILD_CHUNK {
-        bytes.fill(0);
+        write(bytes, 0);
         return true;
     }
     for (chunk_idx, chunk) in bytes.chunks_mut(BUILD_CHUNK).enumerate() {
         if chunk_idx > 0 && yield_and_look(stopped).await {
             return false;
         }
-        chunk.fill(0);
+        write(chunk, chunk_idx * BUILD_CHUNK);
     }
     true
 }
@@ -377,6 +376,7 @@ impl Device for BenchmarkSampler {
                     if self.memset && !zero_heeding_stop(&mut stopped, message.data_mut()).await {
                         tracing::info!(
                             device = %ctx.id(),
+                            msg_size = self.msg_size,
                             "STOP while a {}-byte message was being zeroed (memset): it was not sent",
                             self.msg_size
                         );
