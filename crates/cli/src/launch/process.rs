@@ -276,15 +276,10 @@ pub(super) fn kill_leftovers(devices: &[(String, u32)]) -> Vec<(String, Vec<(u32
     }
     let mut left = Vec::new();
     for (id, device) in devices {
-        let processes: Vec<(u32, String)> = members
-            .iter()
-            .filter(|(group, _, _)| group == device)
-            .map(|(_, pid, name)| (*pid, name.clone()))
-            .collect();
-        if processes.is_empty() {
+        let Some(processes) = leftovers_of(*device, &members) else {
             continue;
-        }
-        // The group has members, so its id is nobody else's.
+        };
+        // The group has members and no leader, so its id is the device's.
         let _ = nix::sys::signal::killpg(
             nix::unistd::Pid::from_raw(*device as i32),
             nix::sys::signal::Signal::SIGKILL,
@@ -292,6 +287,21 @@ pub(super) fn kill_leftovers(devices: &[(String, u32)]) -> Vec<(String, Vec<(u32
         left.push((id.clone(), processes));
     }
     left
+}
+
+/// What device `device` (an exited process that led its group) left in its group, from
+/// `members` (`(group, pid, name)` of live processes): `None` when nothing, or when a live
+/// process has the device's pid. The kernel gives no new process a pid that a live group
+/// still uses as its id, so such a process was given the pid after the device's group was
+/// gone, and the group of that id (which it leads) is not the device's.
+fn leftovers_of(device: u32, members: &[(u32, u32, String)]) -> Option<Vec<(u32, String)>> {
+    let processes: Vec<(u32, String)> = members
+        .iter()
+        .filter(|(group, _, _)| *group == device)
+        .map(|(_, pid, name)| (*pid, name.clone()))
+        .collect();
+    let reused = processes.iter().any(|(pid, _)| *pid == device);
+    (!processes.is_empty() && !reused).then_some(processes)
 }
 
 /// A live process's command name and process group, from the bytes of its `/proc/<pid>/stat`
@@ -805,6 +815,25 @@ mod tests {
         stat = b"4243 (sleep) Z 1 4240 4240 0 -1".to_vec();
         assert_eq!(name_and_group(&stat), None);
         assert_eq!(name_and_group(b"garbage"), None);
+    }
+
+    /// A device's group with members and no leader is what it left; a group led by a process
+    /// that has the device's pid is another's (the pid was given again once the group was
+    /// gone), and is left alone.
+    #[test]
+    fn a_group_led_by_a_process_with_the_devices_pid_is_not_the_devices() {
+        let members = [
+            (100, 101, "sleep".to_owned()),
+            (100, 102, "cat".to_owned()),
+            (200, 200, "daemon".to_owned()),
+            (200, 201, "worker".to_owned()),
+        ];
+        assert_eq!(
+            leftovers_of(100, &members),
+            Some(vec![(101, "sleep".to_owned()), (102, "cat".to_owned())])
+        );
+        assert_eq!(leftovers_of(200, &members), None);
+        assert_eq!(leftovers_of(300, &members), None);
     }
 
     #[test]
