@@ -689,7 +689,7 @@ impl DeviceOptions {
         // last value.
         let mut from_options: BTreeMap<String, String> = BTreeMap::new();
         for (key, value) in self.shm_properties() {
-            from_options.insert(key.to_owned(), shm_property_options(key).to_owned());
+            from_options.insert(key.to_owned(), shm_property_options(key));
             config.properties.insert(key.to_owned(), value);
         }
         for (key, value) in extra_properties {
@@ -777,30 +777,23 @@ const BUILTIN_OPTION_KEYS: [&str; 17] = [
 /// Whether two values of a property say the same: the same text, the same truth (`yes` and
 /// `true`, as the devices read a flag) or the same number (`2` and `2.0`).
 fn same_value(a: &str, b: &str) -> bool {
-    let truth = |text: &str| match text.trim().to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" | "on" => Some(true),
-        "false" | "0" | "no" | "off" => Some(false),
-        _ => None,
-    };
+    let truth = ferromq_devices::flag_value;
     let number = |text: &str| text.trim().parse::<f64>().ok();
     a == b
         || truth(a).is_some_and(|a| truth(b) == Some(a))
         || number(a).is_some_and(|a| number(b) == Some(a))
 }
 
-/// The options that set shared-memory property `key` ([`DeviceOptions::shm_properties`]).
-fn shm_property_options(key: &str) -> &'static str {
+/// The options that set shared-memory property `key` ([`DeviceOptions::shm_properties`]): the
+/// option of the same name, but for the two FairMQ's allocation options set.
+fn shm_property_options(key: &str) -> String {
     match key {
-        "shm-segment-size" => "--shm-segment-size",
-        "shm-allocation-retry-ms" => "--bad-alloc-attempt-interval",
+        "shm-allocation-retry-ms" => "--bad-alloc-attempt-interval".to_owned(),
         "shm-allocation-timeout-ms" => {
             "--shm-allocation-timeout-ms (or --shm-throw-bad-alloc, --bad-alloc-max-attempts)"
+                .to_owned()
         }
-        "shm-mlock-segment" => "--shm-mlock-segment",
-        "shm-mlock-segment-on-creation" => "--shm-mlock-segment-on-creation",
-        "shm-zero-segment" => "--shm-zero-segment",
-        "shm-zero-segment-on-creation" => "--shm-zero-segment-on-creation",
-        _ => "an option",
+        _ => format!("--{key}"),
     }
 }
 

@@ -520,11 +520,8 @@ impl ChannelConfig {
         // `validate` checks is one).
         let auto_binds = self.auto_bind && endpoints.len() == 1;
         for endpoint in endpoints {
-            let apart = match &endpoint.address {
-                Address::Tcp { port: 0, .. } | Address::Verbs { port: 0, .. } => true,
-                Address::Tcp { .. } => auto_binds,
-                _ => false,
-            };
+            let apart = endpoint.address.wants_free_port()
+                || (auto_binds && matches!(endpoint.address, Address::Tcp { .. }));
             if endpoint.method == Method::Bind && !apart {
                 return Err(ConfigError::SharedBind {
                     channel: self.name.clone(),
@@ -541,12 +538,9 @@ impl ChannelConfig {
     fn binds_any_port(&self) -> bool {
         self.endpoints().is_ok_and(|endpoints| {
             !endpoints.is_empty()
-                && endpoints.iter().all(|endpoint| {
-                    matches!(
-                        endpoint.address,
-                        Address::Tcp { port: 0, .. } | Address::Verbs { port: 0, .. }
-                    )
-                })
+                && endpoints
+                    .iter()
+                    .all(|endpoint| endpoint.address.wants_free_port())
         })
     }
 

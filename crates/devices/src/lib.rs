@@ -934,13 +934,21 @@ pub(crate) fn bool_property(
     let Some(text) = props.text(key) else {
         return Ok(default);
     };
-    match text.trim().to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" | "on" => Ok(true),
-        "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(props.invalid(
+    flag_value(&text).ok_or_else(|| {
+        props.invalid(
             key,
             format!("has invalid value {text:?}: expected true or false"),
-        )),
+        )
+    })
+}
+
+/// A flag property's value as the devices read it: `true`, `1`, `yes`, `on` or their
+/// opposites, in any case; `None` for anything else.
+pub fn flag_value(text: &str) -> Option<bool> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Some(true),
+        "false" | "0" | "no" | "off" => Some(false),
+        _ => None,
     }
 }
 

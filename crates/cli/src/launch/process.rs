@@ -305,18 +305,24 @@ fn leftovers_of(device: u32, members: &[(u32, u32, String)]) -> Option<Vec<(u32,
 }
 
 /// A live process's command name and process group, from the bytes of its `/proc/<pid>/stat`
-/// (`pid (name) state ppid pgrp ...`; the name may hold spaces, parentheses and bytes that are
-/// not UTF-8, so the fields count from its last `)`). `None` for a zombie, which is already
+/// (`pid (name) state ppid pgrp ...`, [`stat_fields`]). `None` for a zombie, which is already
 /// gone, and for text of another form.
 fn name_and_group(stat: &[u8]) -> Option<(String, u32)> {
+    let (name, mut fields) = stat_fields(stat)?;
+    let state = fields.next()?;
+    let group = fields.nth(1)?.parse().ok()?;
+    (state != "Z").then_some((name, group))
+}
+
+/// The command name of `/proc/<pid>/stat`'s bytes, and the fields after it, from the state on
+/// (the name may hold spaces, parentheses and bytes that are not UTF-8: the fields count from
+/// its last `)`).
+pub(super) fn stat_fields(stat: &[u8]) -> Option<(String, std::str::Split<'_, char>)> {
     let open = stat.iter().position(|&byte| byte == b'(')?;
     let close = stat.iter().rposition(|&byte| byte == b')')?;
     let name = String::from_utf8_lossy(stat.get(open + 1..close)?).into_owned();
     let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
-    let mut fields = rest.split(' ');
-    let state = fields.next()?;
-    let group = fields.nth(1)?.parse().ok()?;
-    (state != "Z").then_some((name, group))
+    Some((name, rest.split(' ')))
 }
 
 /// `srun` running one task on `node` beside the launcher's step.

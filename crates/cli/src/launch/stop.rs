@@ -193,12 +193,11 @@ const BUSY_TICKS: u64 = 5;
 
 /// User plus system CPU time of process `pid`, in clock ticks (`/proc/<pid>/stat`).
 fn cpu_ticks_of(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
-    let after_name = stat.rsplit_once(") ")?.1;
-    let fields: Vec<&str> = after_name.split(' ').collect();
-    let user: u64 = fields.get(11)?.parse().ok()?;
-    let system: u64 = fields.get(12)?.parse().ok()?;
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name: state is field 3, utime 14, stime 15.
+    let (_, mut fields) = super::process::stat_fields(&stat)?;
+    let user: u64 = fields.nth(11)?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
     Some(user + system)
 }
 
