@@ -19,7 +19,11 @@ const N_MSGS: u64 = 2000;
 const FRAME_SIZES: [usize; 3] = [0, 300_000, 64];
 
 async fn open(socket_type: SocketType, method: Method, address: &str) -> Result<Channel> {
-    let config = ChannelConfig::new("data", socket_type, method).with_address(address);
+    let mut config = ChannelConfig::new("data", socket_type, method).with_address(address);
+    // A close waits as long as the test's own step, not FairMQ's default 500 ms: on a loaded CI
+    // machine the libzmq thread took no message for 500 ms once, and the push's close gave the
+    // rest up (475 of them), which is what linger is for, not what these tests check.
+    config.linger = STEP.as_millis() as u64;
     let mut channel = Channel::open(&ZmqTransport::new(), config, "data").await?;
     channel.attach_configured().await?;
     Ok(channel)
