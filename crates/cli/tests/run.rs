@@ -562,6 +562,118 @@ async fn an_exec_devices_own_processes_are_killed_with_it() {
     assert!(output.contains("killing every device"), "{output}");
 }
 
+/// The parent of process `pid` (`/proc/<pid>/stat`'s fourth field).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 2..]
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// A device restarted after it was killed left what it had started (a shell's `sleep`, the
+/// shell having become the device) running beside its new process until the whole run ended:
+/// it is killed, and named, when the device's exit is handled.
+#[tokio::test]
+async fn a_restarted_devices_own_processes_are_killed_at_its_restart() {
+    let session = format!("test-restart-leftovers-{}", std::process::id());
+    let file = TempFile::holding(
+        "restart-leftovers.toml",
+        &format!(
+            r#"
+[[device]]
+id = "sampler"
+kind = "sampler"
+properties = {{ rate = 100, msg-size = 100 }}
+[[device.channel]]
+name = "data"
+type = "push"
+
+[[device]]
+id = "sink"
+kind = "exec"
+command = ["sh", "-c", "sleep 1000 & echo child $!; exec \"$0\" device sink \"$@\"", "{}"]
+restart = "on-failure"
+restart-delay = 0.2
+[[device.channel]]
+name = "data"
+type = "pull"
+connect = "sampler.data"
+"#,
+            env!("CARGO_BIN_EXE_ferromq")
+        ),
+    );
+    let mut run = ferromq_run(Path::new(&file.path()), &["--session", &session]);
+    let mut lines = BufReader::new(run.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    let child_in = |seen: &[String]| -> u32 {
+        seen.last()
+            .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+            .expect("the child's pid")
+    };
+    support::wait_for_line(&mut lines, "[sink] child ", &mut seen).await;
+    let first_child = child_in(&seen);
+    let _first_killed = KillOnDrop(first_child);
+    let device = parent_of(first_child).expect("the first child's parent");
+    support::top_json_until(&session, |snapshot| {
+        support::ids_in_state(snapshot, "RUNNING").len() == 2
+    })
+    .await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(device as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the device");
+    support::wait_for_line(&mut lines, "[sink] child ", &mut seen).await;
+    let second_child = child_in(&seen);
+    let _second_killed = KillOnDrop(second_child);
+    support::wait_for_line(&mut lines, "is RUNNING again (restart 1)", &mut seen).await;
+    // Killed before the new process started; the kernel may take a moment to end it.
+    let mut look = tokio::time::interval(Duration::from_millis(20));
+    let gone = tokio::time::timeout(STEP, async {
+        while alive(first_child) {
+            look.tick().await;
+        }
+    })
+    .await;
+    assert!(
+        gone.is_ok(),
+        "the first process's child {first_child} runs beside the restarted device: {seen:#?}"
+    );
+    assert!(alive(second_child), "{seen:#?}");
+    support::signal(&run, "INT");
+    let mut stderr = run.stderr.take().expect("stderr");
+    let mut errors = String::new();
+    let (status, _, _) = tokio::time::timeout(STEP, async {
+        tokio::join!(
+            run.wait(),
+            stderr.read_to_string(&mut errors),
+            support::wait_for_end(&mut lines, &mut seen)
+        )
+    })
+    .await
+    .expect("exit in time");
+    let output = format!("{errors}\n{}", seen.join("\n"));
+    assert!(status.is_ok(), "{output}");
+    assert!(
+        errors.contains(&format!(
+            "device \"sink\" exited and left 1 process(es) it started running ({first_child} sleep): killed"
+        )),
+        "{output}"
+    );
+    let gone = tokio::time::timeout(STEP, async {
+        while alive(second_child) {
+            look.tick().await;
+        }
+    })
+    .await;
+    assert!(
+        gone.is_ok(),
+        "{second_child} outlived the launcher: {output}"
+    );
+}
+
 /// A binder of several sockets (`numSockets = 2`) without an address got one ipc path for all
 /// of them, and the second failed with "address in use" (a bad-input sweep): each now binds
 /// loopback tcp on a port of its own.

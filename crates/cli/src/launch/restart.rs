@@ -7,7 +7,9 @@
 //! tcp port 0 became a real port, reused now), so its connectors, whose zeromq sockets
 //! reconnect on their own, find it where it was; a connector is told its binders' addresses
 //! again. What the dead process had taken and not passed on is lost with it; what its peers
-//! had not handed to it yet waits in their queues for the new one (or another replica).
+//! had not handed to it yet waits in their queues for the new one (or another replica). What
+//! it started and left running in its process group is killed, and named, before anything
+//! else is decided (`stop::kill_and_name_leftovers`).
 //!
 //! Restarts count per instance for the whole run; the table shows them, `--metrics` exports
 //! them (`ferromq_device_restarts_total`). A stop or signal during a restart stops the new
@@ -41,6 +43,11 @@ pub(super) async fn after_exit(
     let status = devices[idx]
         .exited
         .expect("called for a device that exited");
+    // What it started and left running goes now, not when the run ends: a restarted device's
+    // old processes would run beside the new ones (and hold what they hold) until then.
+    if let Some(pid) = devices[idx].process.local_pid() {
+        super::stop::kill_and_name_leftovers(vec![(devices[idx].instance.id.clone(), pid)]).await;
+    }
     let policy = devices[idx].instance.restart;
     let host_lost = devices[idx].process.lost_its_host();
     let mut why_not = None;

@@ -149,6 +149,15 @@ async fn kill_leftovers(devices: &[Running]) {
         .filter(|device| device.exited.is_some())
         .filter_map(|device| Some((device.instance.id.clone(), device.process.local_pid()?)))
         .collect();
+    kill_and_name_leftovers(exited).await;
+}
+
+/// Kills what the exited local devices `exited` (id and pid) left running in their process
+/// groups, and names it on stderr. One scan of `/proc`, off the async threads.
+pub(super) async fn kill_and_name_leftovers(exited: Vec<(String, u32)>) {
+    if exited.is_empty() {
+        return;
+    }
     let Ok(left) =
         tokio::task::spawn_blocking(move || super::process::kill_leftovers(&exited)).await
     else {
