@@ -2278,25 +2278,34 @@ impl ShmSocket {
             _ => None,
         };
         let failure = || push_state.as_ref()?.failure();
-        let peer_gone = |reason: String| Error::PeerGone {
-            channel: self.label.clone(),
+        let peer_gone = |label: &ChannelLabel, reason: String| Error::PeerGone {
+            channel: label.clone(),
             reason,
         };
         if let Some(reason) = failure() {
-            return Err(peer_gone(reason));
+            return Err(peer_gone(&self.label, reason));
         }
-        if let Some(sent) = &mut self.sent
-            && !sent.has_room(self.window)
+        let window = self.window;
+        if self
+            .sent
+            .as_mut()
+            .is_some_and(|sent| !sent.has_room(window))
         {
+            // A pair about to wait counts what it handed out first: its peer, whose window
+            // that holds, may be waiting to send to it too.
+            self.count_handed_out();
+            let Some(sent) = &mut self.sent else {
+                return Ok(());
+            };
             let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
             let waiting = self.figures.waiting();
             let room = sent
-                .wait_for_room(self.window, deadline, || failure().is_some())
+                .wait_for_room(window, deadline, || failure().is_some())
                 .await;
             drop(waiting);
             if !room {
                 return Err(match failure() {
-                    Some(reason) => peer_gone(reason),
+                    Some(reason) => peer_gone(&self.label, reason),
                     None => Error::Timeout {
                         channel: self.label.clone(),
                         after: timeout.unwrap_or_default(),
@@ -4077,6 +4086,50 @@ mod tests {
         // The second peer gets what was handed over to it.
         receive_numbered(&mut second, 20).await;
         second.close(Duration::from_millis(100)).await.unwrap();
+    }
+
+    /// Two pair peers with a window of 4 messages: A fills it, B takes the first (its run took
+    /// all four) and sends five to A, the fifth waiting for A; A sends its fifth, then receives.
+    /// A receiver counts what it hands out once per run (`count_handed_out`): B's first take
+    /// was not counted when A looked at its window, and A waited for B while B waited for A,
+    /// for ever. B counts what it handed out before it waits.
+    #[tokio::test(flavor = "current_thread")]
+    async fn pair_peers_that_both_wait_to_send_do_not_wait_for_each_other() {
+        let (_cleanup, transport, address) = own_session("pair-both-wait");
+        let socket = |method| shm_socket(&transport, &address, SocketType::Pair, method);
+        let (mut a, endpoint) = socket(Method::Bind).await;
+        a.bind(&endpoint).await.unwrap();
+        let (mut b, _) = socket(Method::Connect).await;
+        b.connect(&endpoint).await.unwrap();
+        a.window = 4;
+        b.window = 4;
+        for msg_idx in 0..4 {
+            a.send_parts(numbered(msg_idx), None).await.unwrap();
+        }
+        let first = received(&mut b).await;
+        assert_eq!(first.get(0).map(Message::data), Some(&[0; 64][..]));
+        assert_eq!(b.pending.len(), 3, "B took the four in one run");
+        assert!(b.uncounted.is_some(), "B's take is not counted yet");
+        let a_side = async {
+            a.send_parts(numbered(4), None).await.unwrap();
+            receive_numbered(&mut a, 5).await;
+        };
+        let b_side = async {
+            for msg_idx in 0..5 {
+                b.send_parts(numbered(msg_idx), None).await.unwrap();
+            }
+            for msg_idx in 1..5 {
+                let parts = received(&mut b).await;
+                assert_eq!(parts.get(0).map(Message::data), Some(&[msg_idx; 64][..]));
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), async {
+            tokio::join!(a_side, b_side);
+        })
+        .await
+        .expect("neither peer waits for the other for ever");
+        a.close(Duration::from_millis(200)).await.unwrap();
+        b.close(Duration::from_millis(200)).await.unwrap();
     }
 
     /// A look at the rings that does not wait (`try_receive_parts`, the device's first look)
