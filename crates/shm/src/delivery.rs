@@ -340,16 +340,16 @@ impl TakenCounter {
         })
     }
 
-    /// Counts `n` messages handed to the device, unless the slot was claimed again since the
+    /// Counts one message handed to the device, unless the slot was claimed again since the
     /// reference was made (its sender closed: the add is no longer anyone's).
-    pub(crate) fn count_taken(&self, n: u64) {
+    pub(crate) fn count_taken(&self) {
         let Some(counter) = self.segment.delivery_counter(u32::from(self.slot)) else {
             return;
         };
         let generation = u64::from(self.generation);
         let mut word = counter.load(Ordering::Relaxed);
         while word >> GENERATION_SHIFT == generation {
-            let added = (word & !COUNT_MASK) | (word.wrapping_add(n) & COUNT_MASK);
+            let added = (word & !COUNT_MASK) | (word.wrapping_add(1) & COUNT_MASK);
             match counter.compare_exchange_weak(word, added, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => return,
                 Err(now) => word = now,
@@ -398,7 +398,7 @@ mod tests {
         let figures = ferromq_core::SendFigures::default();
         first.note_sent(&figures);
         first.note_sent(&figures);
-        first_receiver.count_taken(1);
+        first_receiver.count_taken();
         assert_eq!(first.in_flight(), 1);
         // The first socket closes with one message handed over and not yet taken; every other
         // slot is claimed, so the next claim is its slot.
@@ -415,15 +415,15 @@ mod tests {
         second.note_sent(&figures);
         second.note_sent(&figures);
         // The first socket's receiver takes what was handed over to it.
-        first_receiver.count_taken(1);
+        first_receiver.count_taken();
         assert_eq!(
             second.in_flight(),
             2,
             "the former user's take counted for the new one"
         );
-        second_receiver.count_taken(1);
+        second_receiver.count_taken();
         assert_eq!(second.in_flight(), 1);
-        second_receiver.count_taken(1);
+        second_receiver.count_taken();
         assert_eq!(second.in_flight(), 0);
     }
 
@@ -443,17 +443,17 @@ mod tests {
         word.store(generation | COUNT_MASK, Ordering::Release);
         sent.n_sent = COUNT_MASK + 2;
         assert_eq!(sent.in_flight(), 2);
-        receiver.count_taken(1);
+        receiver.count_taken();
         assert_eq!(
             word.load(Ordering::Acquire),
             generation,
             "the count wrapped to 0"
         );
         assert_eq!(sent.in_flight(), 1);
-        receiver.count_taken(1);
+        receiver.count_taken();
         assert_eq!(sent.in_flight(), 0);
         // One add too many (a forged or repeated frame) is not 2^48 messages in flight.
-        receiver.count_taken(1);
+        receiver.count_taken();
         assert_eq!(sent.in_flight(), 0);
         assert!(sent.has_room(1));
     }

@@ -872,11 +872,10 @@ impl ConnectionRing {
 /// and it counts through `in_flight` alone).
 ///
 /// What the rings hold is counted between two reads of `in_flight` that agree: a receiver
-/// that hands a message out moves its ring's head past it, then counts it taken once its run
-/// is handed out (`ShmSocket::count_handed_out`), so a message handed out between the reads is
-/// seen by both or, while its run is being handed out, by neither (a loss too many per such
-/// message: at most 31 per receiver, whose device stopped receiving in the middle of a run);
-/// one handed out after the count is both held and taken, which is right.
+/// that hands a message out moves its ring's head past it, then counts it taken, so a message
+/// handed out between the reads is seen by both or, in the instant between its two steps, by
+/// neither (one loss too many per receiver at most); one handed out after the count is both
+/// held and taken, which is right.
 fn finish_rings_one_by_one(rings: Vec<ConnectionRing>, in_flight: impl Fn() -> u64) -> u64 {
     /// Counts tried before the last one is taken as it is (a loss too many per message
     /// handed out meanwhile): receivers that keep taking at a close are rare, since the
@@ -1622,8 +1621,6 @@ pub(crate) struct ShmSocket {
     last_segment: Option<(ObjectRef, Arc<crate::segment::Segment>)>,
     /// The counter of the sender of the last counted frame.
     last_taken: Option<(DeliveryRef, Arc<TakenCounter>)>,
-    /// Messages handed out and not yet added to their sender's counter.
-    uncounted: Option<(DeliveryRef, u64)>,
     /// Frames dropped because they were no descriptor frames of this session.
     n_foreign_frames: u64,
     /// What a look at a ring could not receive, kept with the ring's [`AdoptedRing::id`]: the
@@ -1655,7 +1652,6 @@ impl Drop for ShmSocket {
     fn drop(&mut self) {
         // The rings first: the entries taken into `pending` leave them, so the messages
         // `pending` releases when it is dropped next are released once (see `TakenEntry`).
-        self.count_handed_out();
         self.rings.clear();
     }
 }
@@ -1674,7 +1670,7 @@ enum FromRings {
 struct Received {
     parts: Parts,
     /// The counter of its sender, advanced when it is handed out.
-    taken: Option<DeliveryRef>,
+    taken: Option<Arc<TakenCounter>>,
     /// The peer it came from, where the carrier says (req/rep: a rep's reply goes there).
     peer: Option<Bytes>,
     /// The ring entry it came in, which stays in its ring until it is handed out.
@@ -2110,7 +2106,6 @@ impl ShmSocket {
             decoded: wire::decode_scratch(),
             last_segment: None,
             last_taken: None,
-            uncounted: None,
             n_foreign_frames: 0,
             ring_error: None,
             figures: Arc::default(),
@@ -2278,34 +2273,25 @@ impl ShmSocket {
             _ => None,
         };
         let failure = || push_state.as_ref()?.failure();
-        let peer_gone = |label: &ChannelLabel, reason: String| Error::PeerGone {
-            channel: label.clone(),
+        let peer_gone = |reason: String| Error::PeerGone {
+            channel: self.label.clone(),
             reason,
         };
         if let Some(reason) = failure() {
-            return Err(peer_gone(&self.label, reason));
+            return Err(peer_gone(reason));
         }
-        let window = self.window;
-        if self
-            .sent
-            .as_mut()
-            .is_some_and(|sent| !sent.has_room(window))
+        if let Some(sent) = &mut self.sent
+            && !sent.has_room(self.window)
         {
-            // A pair about to wait counts what it handed out first: its peer, whose window
-            // that holds, may be waiting to send to it too.
-            self.count_handed_out();
-            let Some(sent) = &mut self.sent else {
-                return Ok(());
-            };
             let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
             let waiting = self.figures.waiting();
             let room = sent
-                .wait_for_room(window, deadline, || failure().is_some())
+                .wait_for_room(self.window, deadline, || failure().is_some())
                 .await;
             drop(waiting);
             if !room {
                 return Err(match failure() {
-                    Some(reason) => peer_gone(&self.label, reason),
+                    Some(reason) => peer_gone(reason),
                     None => Error::Timeout {
                         channel: self.label.clone(),
                         after: timeout.unwrap_or_default(),
@@ -2927,25 +2913,8 @@ impl Socket for ShmSocket {
             }
             // A filtered record's messages are released here, out of the ring.
         };
-        // Counted once the run it was taken in is handed out (nothing more queued), after
-        // `RING_RUN` messages, when a message of another sender comes, and when the rings are
-        // finished (close, drop): a sender's window sees it late by one run at most.
         if let Some(taken) = taken {
-            match &mut self.uncounted {
-                Some((counter, n)) if *counter == taken => *n += 1,
-                _ => {
-                    self.count_handed_out();
-                    self.uncounted = Some((taken, 1));
-                }
-            }
-        }
-        if self.pending.is_empty()
-            || self
-                .uncounted
-                .as_ref()
-                .is_some_and(|&(_, n)| n >= RING_RUN as u64)
-        {
-            self.count_handed_out();
+            taken.count_taken();
         }
         if let Inner::ReqRep(req_rep) = &mut self.inner {
             req_rep.received(peer);
@@ -3253,7 +3222,6 @@ impl Socket for ShmSocket {
     }
 
     async fn close(&mut self, linger: Duration) -> Result<()> {
-        self.count_handed_out();
         if let Some((_, error)) = self.ring_error.take() {
             tracing::error!(
                 channel = %self.label,
@@ -3569,21 +3537,20 @@ impl ShmSocket {
     fn queue_decoded(&mut self, peer: Option<&Bytes>, from_ring: bool) -> Result<()> {
         let delivery = self.decoded.delivery;
         // One sender's counter serves frame after frame: looked up when it changes.
-        let counts = match &self.last_taken {
-            Some((known, _)) if *known == delivery => true,
+        let taken = match &self.last_taken {
+            Some((known, taken)) if *known == delivery => Some(Arc::clone(taken)),
             _ => {
                 let taken = self
                     .session
                     .taken_counter(delivery)
-                    .map_err(|error| transport_error(&self.label, error))?;
-                let counts = taken.is_some();
-                if let Some(taken) = taken {
-                    self.last_taken = Some((delivery, Arc::new(taken)));
+                    .map_err(|error| transport_error(&self.label, error))?
+                    .map(Arc::new);
+                if let Some(taken) = &taken {
+                    self.last_taken = Some((delivery, Arc::clone(taken)));
                 }
-                counts
+                taken
             }
         };
-        let taken = counts.then_some(delivery);
         let mut parts_of_frame = self.decoded.parts.drain(..);
         for &n_parts in &self.decoded.record_lens {
             let mut parts = Parts::with_capacity(n_parts as usize);
@@ -3606,7 +3573,7 @@ impl ShmSocket {
             }
             self.pending.push_back(Received {
                 parts,
-                taken,
+                taken: taken.clone(),
                 peer: peer.cloned(),
                 entry: None,
                 filtered,
@@ -3767,8 +3734,6 @@ impl ShmSocket {
     /// out, in the ring or taken into `pending`. A producer that finishes after this receiver
     /// counts what is left itself.
     fn finish_rings(&mut self) -> u64 {
-        // What was handed out is counted before the rings say what they still hold.
-        self.count_handed_out();
         let mut n_lost = 0;
         for adopted in &mut self.rings {
             if let Some(n_left) = adopted.finish() {
@@ -3776,24 +3741,6 @@ impl ShmSocket {
             }
         }
         n_lost
-    }
-
-    /// Adds the messages handed out since the last time to their sender's counter. Once per
-    /// run, not per message: the counter is a line of the sender's, which a read-modify-write
-    /// takes from the sender's core, and the sender reads it again for its window (a 1 KiB
-    /// device pair: 4.3 -> 4.8 M msg/s; `try_receive_parts` says when).
-    fn count_handed_out(&mut self) {
-        let Some((delivery, n)) = self.uncounted.take() else {
-            return;
-        };
-        match &self.last_taken {
-            Some((known, counter)) if *known == delivery => counter.count_taken(n),
-            _ => {
-                if let Ok(Some(counter)) = self.session.taken_counter(delivery) {
-                    counter.count_taken(n);
-                }
-            }
-        }
     }
 
     /// Lets a taken entry leave its ring (when its message is handed out or released), then
@@ -4086,50 +4033,6 @@ mod tests {
         // The second peer gets what was handed over to it.
         receive_numbered(&mut second, 20).await;
         second.close(Duration::from_millis(100)).await.unwrap();
-    }
-
-    /// Two pair peers with a window of 4 messages: A fills it, B takes the first (its run took
-    /// all four) and sends five to A, the fifth waiting for A; A sends its fifth, then receives.
-    /// A receiver counts what it hands out once per run (`count_handed_out`): B's first take
-    /// was not counted when A looked at its window, and A waited for B while B waited for A,
-    /// for ever. B counts what it handed out before it waits.
-    #[tokio::test(flavor = "current_thread")]
-    async fn pair_peers_that_both_wait_to_send_do_not_wait_for_each_other() {
-        let (_cleanup, transport, address) = own_session("pair-both-wait");
-        let socket = |method| shm_socket(&transport, &address, SocketType::Pair, method);
-        let (mut a, endpoint) = socket(Method::Bind).await;
-        a.bind(&endpoint).await.unwrap();
-        let (mut b, _) = socket(Method::Connect).await;
-        b.connect(&endpoint).await.unwrap();
-        a.window = 4;
-        b.window = 4;
-        for msg_idx in 0..4 {
-            a.send_parts(numbered(msg_idx), None).await.unwrap();
-        }
-        let first = received(&mut b).await;
-        assert_eq!(first.get(0).map(Message::data), Some(&[0; 64][..]));
-        assert_eq!(b.pending.len(), 3, "B took the four in one run");
-        assert!(b.uncounted.is_some(), "B's take is not counted yet");
-        let a_side = async {
-            a.send_parts(numbered(4), None).await.unwrap();
-            receive_numbered(&mut a, 5).await;
-        };
-        let b_side = async {
-            for msg_idx in 0..5 {
-                b.send_parts(numbered(msg_idx), None).await.unwrap();
-            }
-            for msg_idx in 1..5 {
-                let parts = received(&mut b).await;
-                assert_eq!(parts.get(0).map(Message::data), Some(&[msg_idx; 64][..]));
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(20), async {
-            tokio::join!(a_side, b_side);
-        })
-        .await
-        .expect("neither peer waits for the other for ever");
-        a.close(Duration::from_millis(200)).await.unwrap();
-        b.close(Duration::from_millis(200)).await.unwrap();
     }
 
     /// A look at the rings that does not wait (`try_receive_parts`, the device's first look)
