@@ -168,6 +168,9 @@ struct Running {
     restarts: u32,
     /// Why the topology went on without it, once it ended and was expendable.
     left_behind: Option<String>,
+    /// Its process's leftovers were looked for when its exit was handled (`restart.rs`): the
+    /// stop's look passes it by, since its group's id may belong to another process by then.
+    leftovers_looked_for: bool,
 }
 
 impl Running {

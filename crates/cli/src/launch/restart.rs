@@ -46,6 +46,7 @@ pub(super) async fn after_exit(
     // What it started and left running goes now, not when the run ends: a restarted device's
     // old processes would run beside the new ones (and hold what they hold) until then.
     if let Some(pid) = devices[idx].process.local_pid() {
+        devices[idx].leftovers_looked_for = true;
         super::stop::kill_and_name_leftovers(vec![(devices[idx].instance.id.clone(), pid)]).await;
     }
     let policy = devices[idx].instance.restart;
@@ -149,6 +150,7 @@ async fn restart_one(device: &mut Running, wiring: &mut Wiring<'_>) -> Result<()
     device.state_since = std::time::Instant::now();
     device.counters.clear();
     device.restarts += 1;
+    device.leftovers_looked_for = false;
     connect_control(device, &host).await?;
     drive_to_running(std::slice::from_mut(device), wiring).await?;
     for ((id, socket), before) in bound_before {

@@ -437,6 +437,7 @@ fn spawn_all(wiring: &Wiring<'_>, devices: &mut Vec<Running>) -> Result<()> {
             exited: None,
             restarts: 0,
             left_behind: None,
+            leftovers_looked_for: false,
         });
     }
     Ok(())

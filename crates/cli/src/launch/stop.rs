@@ -146,34 +146,35 @@ pub(super) async fn stop_all(
 async fn kill_leftovers(devices: &[Running]) {
     let exited: Vec<(String, u32)> = devices
         .iter()
-        .filter(|device| device.exited.is_some())
+        .filter(|device| device.exited.is_some() && !device.leftovers_looked_for)
         .filter_map(|device| Some((device.instance.id.clone(), device.process.local_pid()?)))
         .collect();
     kill_and_name_leftovers(exited).await;
 }
 
 /// Kills what the exited local devices `exited` (id and pid) left running in their process
-/// groups, and names it on stderr. One scan of `/proc`, off the async threads.
+/// groups, and names it on stderr. One scan of `/proc`, off the async threads, which also
+/// says what it killed: a caller cancelled meanwhile (a signal while a restart is decided)
+/// loses neither.
 pub(super) async fn kill_and_name_leftovers(exited: Vec<(String, u32)>) {
     if exited.is_empty() {
         return;
     }
-    let Ok(left) =
-        tokio::task::spawn_blocking(move || super::process::kill_leftovers(&exited)).await
-    else {
-        return;
-    };
-    for (id, processes) in left {
-        let named: Vec<String> = processes
-            .iter()
-            .map(|(pid, name)| format!("{pid} {name}"))
-            .collect();
-        eprintln!(
-            "ferromq: device {id:?} exited and left {} process(es) it started running ({}): killed",
-            processes.len(),
-            named.join(", ")
-        );
-    }
+    let _ = tokio::task::spawn_blocking(move || {
+        for (id, processes) in super::process::kill_leftovers(&exited) {
+            let named: Vec<String> = processes
+                .iter()
+                .map(|(pid, name)| format!("{pid} {name}"))
+                .collect();
+            eprintln!(
+                "ferromq: device {id:?} exited and left {} process(es) it started running ({}): \
+                 killed",
+                processes.len(),
+                named.join(", ")
+            );
+        }
+    })
+    .await;
 }
 
 /// Records in `last_progress` when the processes `pids` last did work together: at least
