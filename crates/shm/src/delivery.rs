@@ -87,6 +87,11 @@ pub(crate) struct SentCounter {
     /// What was taken when the counter was last read: `send` reads the shared counter only
     /// when this says the window may be full, so the receiver's cache line stays its own.
     known_taken: u64,
+    /// Messages sent that no receiver will ever take, as the socket last counted them: what
+    /// the rings of receivers that died or left held (their memory is released). Outside the
+    /// window, or a receiver killed with the window full would stop every later send; still
+    /// in flight for the close, which reports them lost.
+    known_lost: u64,
 }
 
 /// How long a full window is polled by yielding, without the receivers taking anything, before
@@ -150,6 +155,7 @@ impl SentCounter {
             generation,
             n_sent: 0,
             known_taken: 0,
+            known_lost: 0,
         })
     }
 
@@ -169,6 +175,12 @@ impl SentCounter {
 
     fn untaken(&self, taken: u64) -> u64 {
         untaken(self.n_sent, taken)
+    }
+
+    /// What the window holds when `taken` were taken: those not taken that a receiver may
+    /// still take.
+    fn in_window(&self, taken: u64) -> u64 {
+        self.untaken(taken).saturating_sub(self.known_lost)
     }
 
     /// Messages sent and not yet taken.
@@ -205,21 +217,24 @@ impl SentCounter {
     /// True when fewer than `capacity` messages are in flight (0: no bound), without waiting.
     pub(crate) fn has_room(&mut self, capacity: usize) -> bool {
         let capacity = capacity as u64;
-        if capacity == 0 || self.untaken(self.known_taken) < capacity {
+        if capacity == 0 || self.in_window(self.known_taken) < capacity {
             return true;
         }
         self.known_taken = self.n_taken();
-        self.untaken(self.known_taken) < capacity
+        self.in_window(self.known_taken) < capacity
     }
 
     /// Also gives up (false) as soon as `abandon` says so: the socket failed and nothing more
-    /// will be taken.
+    /// will be taken. `known_lost` is asked at each look (see [`SentCounter::set_known_lost`]):
+    /// a receiver that died while this waits leaves room.
     pub(crate) async fn wait_for_room(
         &mut self,
         capacity: usize,
         deadline: Option<Instant>,
         abandon: impl Fn() -> bool,
+        known_lost: impl Fn() -> u64,
     ) -> bool {
+        self.known_lost = known_lost();
         if self.has_room(capacity) {
             return true;
         }
@@ -227,11 +242,13 @@ impl SentCounter {
         let mut progress_at = Instant::now();
         loop {
             let taken = self.n_taken();
-            if taken != self.known_taken {
+            let lost = known_lost();
+            if taken != self.known_taken || lost != self.known_lost {
                 self.known_taken = taken;
+                self.known_lost = lost;
                 progress_at = Instant::now();
             }
-            if self.untaken(taken) < capacity {
+            if self.in_window(taken) < capacity {
                 return true;
             }
             let now = Instant::now();
@@ -251,11 +268,12 @@ impl SentCounter {
     }
 
     /// Waits until every message sent was taken, giving up after `linger` in which nothing was
-    /// taken; returns how many were not.
-    pub(crate) async fn wait_until_taken(&self, linger: Duration) -> u64 {
+    /// taken, or once only the `known_lost` are left (no receiver will take them); returns how
+    /// many were not taken, those included.
+    pub(crate) async fn wait_until_taken(&self, linger: Duration, known_lost: u64) -> u64 {
         let mut left = self.in_flight();
         let mut progress_at = Instant::now();
-        while left > 0 {
+        while left > known_lost {
             if progress_at.elapsed() >= linger {
                 break;
             }

@@ -25,7 +25,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -196,11 +196,29 @@ struct PairSide {
 /// ring go too: [`PairSide::connection`], [`ReqRepSide::refresh`]).
 /// A ring leaves the lock before it is dropped: its drop releases what a dead consumer left
 /// (see `ring.rs`), too long to hold up an allocation waiting for the lock.
-struct RingSlot(crate::lock::ShortLock<Option<ConnectionRing>>);
+///
+/// The second field counts the messages that the rings of ended connections held and their
+/// receivers will never take ([`ConnectionRing::finish_gone`]): outside a pair's window.
+struct RingSlot(crate::lock::ShortLock<Option<ConnectionRing>>, AtomicU64);
 
 impl RingSlot {
     fn new() -> RingSlot {
-        RingSlot(crate::lock::ShortLock::new(None))
+        RingSlot(crate::lock::ShortLock::new(None), AtomicU64::new(0))
+    }
+
+    /// Finishes the ring if its connection ended, counting what its receiver will never take.
+    fn finish_if_gone(&self) {
+        if let Some(connection) = self.take_if_gone() {
+            self.1
+                .fetch_add(connection.finish_gone(), Ordering::Relaxed);
+        }
+    }
+
+    /// Messages that the rings of this slot's ended connections held and their receivers will
+    /// never take, after finishing the ring of a connection that ended.
+    fn lost_in_gone_rings(&self) -> u64 {
+        self.finish_if_gone();
+        self.1.load(Ordering::Relaxed)
     }
 
     /// The ring, out of the lock, if its connection ended (for the caller to drop).
@@ -248,7 +266,7 @@ impl RingSlot {
 
 impl crate::session::RingHolder for RingSlot {
     fn drop_rings_of_gone_connections(&self) {
-        drop(self.take_if_gone());
+        self.finish_if_gone();
     }
 }
 
@@ -294,7 +312,7 @@ impl PairSide {
         // Its peer gone, the ring goes now (what it holds is counted as not taken unless its
         // consumer still reads it, and what a dead one left is released), not when a next
         // peer comes, which may be never.
-        drop(self.ring.take_if_gone());
+        self.ring.finish_if_gone();
         let mut newest = self.next_link.take();
         while let Some(peer) = self.socket.try_next_peer() {
             let (_, link) = peer?;
@@ -763,6 +781,9 @@ struct Outbox {
     ringless: VecDeque<Arc<ferromq_zmq::PeerLink>>,
     /// Not before this instant.
     ringless_retry_at: tokio::time::Instant,
+    /// Messages the rings of gone connections held when they were dropped, which their
+    /// receivers, dead or finished with them, will never take (see `SentCounter::known_lost`).
+    n_lost_in_gone_rings: u64,
 }
 
 /// How often a push with ringless connections tries to make their rings, at most: an attempt
@@ -828,6 +849,25 @@ impl ConnectionRing {
         let (wake, n_released) = self.session.finish_producing(&mut self.ring, announced_to);
         self.ring_doorbell(wake);
         n_released
+    }
+
+    /// Finishes the ring of a connection that ended: how many of its messages its receiver
+    /// will never take. Those its ring held when the receiver died, or those it left when it
+    /// finished with the ring first (released here); none while it may still take them (it
+    /// lives and has not finished: it counts what it takes).
+    fn finish_gone(mut self) -> u64 {
+        // A receiver killed before it adopted the ring is known by the pid of its handshake.
+        let never_adopted_and_gone = || {
+            self.ring.consumer_pid() == 0
+                && self.link.peer_pid().is_some_and(|pid| {
+                    pid != std::process::id()
+                        && !crate::segment::ProcessId { pid, start_time: 0 }.is_alive()
+                })
+        };
+        let died = self.ring.consumer_died() || never_adopted_and_gone();
+        let n_left = self.ring.n_not_taken();
+        let n_released = self.finish();
+        if died { n_left } else { n_released }
     }
 
     fn ring_doorbell(&self, wake: Wake) {
@@ -951,13 +991,33 @@ impl Drop for ConnectionRing {
 }
 
 impl Outbox {
+    /// Finishes and drops the rings of connections that ended, counting in
+    /// `n_lost_in_gone_rings` what their receivers will never take. What a ring holds stays
+    /// counted as not taken (`delivery.rs`) unless its consumer still reads it.
+    fn drop_gone_rings(&mut self) {
+        if !self
+            .rings
+            .iter()
+            .any(|connection| connection.link.is_gone())
+        {
+            return;
+        }
+        let (gone, live): (Vec<ConnectionRing>, Vec<ConnectionRing>) =
+            std::mem::take(&mut self.rings)
+                .into_iter()
+                .partition(|connection| connection.link.is_gone());
+        self.rings = live;
+        for connection in gone {
+            self.n_lost_in_gone_rings += connection.finish_gone();
+        }
+    }
+
     /// Writes `entry` into the next connection's ring with room, ringing its doorbell when its
     /// consumer waits; false when every ring is full (or no connection is left). Sets
     /// `publish_soon` when the entry is the first of a burst left unpublished.
     fn push_to_a_ring(&mut self, kind: EntryKind, publish_soon: &mut bool) -> bool {
-        // A connection that ended takes nothing more; what its ring holds is counted as not
-        // taken (`delivery.rs`) unless its consumer still reads it.
-        self.rings.retain(|connection| !connection.link.is_gone());
+        // A connection that ended takes nothing more.
+        self.drop_gone_rings();
         let n_rings = self.rings.len();
         for step in 0..n_rings {
             let ring_idx = (self.next_ring + step) % n_rings;
@@ -1031,10 +1091,17 @@ struct PushState {
 
 impl crate::session::RingHolder for PushState {
     fn drop_rings_of_gone_connections(&self) {
-        self.outbox
-            .lock()
-            .rings
-            .retain(|connection| !connection.link.is_gone());
+        self.outbox.lock().drop_gone_rings();
+    }
+}
+
+impl PushState {
+    /// Messages sent that no receiver will ever take, after dropping the rings of the
+    /// connections that ended (see `SentCounter::known_lost`).
+    fn lost_in_gone_rings(&self) -> u64 {
+        let mut outbox = self.outbox.lock();
+        outbox.drop_gone_rings();
+        outbox.n_lost_in_gone_rings
     }
 }
 
@@ -1308,6 +1375,7 @@ impl BatchedPush {
                 entry: Vec::new(),
                 ringless: VecDeque::new(),
                 ringless_retry_at: tokio::time::Instant::now(),
+                n_lost_in_gone_rings: 0,
             }),
             ready: tokio::sync::Notify::new(),
             room: tokio::sync::Notify::new(),
@@ -2272,7 +2340,16 @@ impl ShmSocket {
             Inner::Batched(push) => Some(Arc::clone(&push.state)),
             _ => None,
         };
+        let pair_ring = match &self.inner {
+            Inner::Pair(pair) => Some(Arc::clone(&pair.ring)),
+            _ => None,
+        };
         let failure = || push_state.as_ref()?.failure();
+        let known_lost = || match (&push_state, &pair_ring) {
+            (Some(push), _) => push.lost_in_gone_rings(),
+            (None, Some(ring)) => ring.lost_in_gone_rings(),
+            (None, None) => 0,
+        };
         let peer_gone = |reason: String| Error::PeerGone {
             channel: self.label.clone(),
             reason,
@@ -2286,7 +2363,7 @@ impl ShmSocket {
             let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
             let waiting = self.figures.waiting();
             let room = sent
-                .wait_for_room(self.window, deadline, || failure().is_some())
+                .wait_for_room(self.window, deadline, || failure().is_some(), known_lost)
                 .await;
             drop(waiting);
             if !room {
@@ -3231,9 +3308,15 @@ impl Socket for ShmSocket {
             );
         }
         // A counting sender first waits until its receivers took everything it accepted;
-        // `linger` bounds the silence, not the whole drain.
+        // `linger` bounds the silence, not the whole drain. Not for what the rings of dead or
+        // finished receivers held: no receiver will take that (it is counted all the same).
+        let known_lost = match &self.inner {
+            Inner::Batched(push) => push.state.lost_in_gone_rings(),
+            Inner::Pair(pair) => pair.ring.lost_in_gone_rings(),
+            _ => 0,
+        };
         let n_untaken = match &self.sent {
-            Some(sent) => sent.wait_until_taken(linger).await,
+            Some(sent) => sent.wait_until_taken(linger, known_lost).await,
             None => 0,
         };
         // Then, as late as the carrier is still open: what was handed over to this socket in

@@ -129,6 +129,14 @@ fn main() {
             sender_and_receiver_on_one_cpu,
         ),
         trial(
+            "a_receiver_killed_with_the_window_full_leaves_room_for_the_next",
+            killed_receiver_frees_the_window,
+        ),
+        trial(
+            "a_pair_peer_killed_with_the_window_full_leaves_room_for_the_next",
+            killed_pair_peer_frees_the_window,
+        ),
+        trial(
             "messages_a_receiver_left_queued_when_it_exited_are_reported_undelivered",
             receiver_exits_with_messages_queued,
         ),
@@ -1872,6 +1880,87 @@ fn stopped_receiver_back_pressure() -> Result<()> {
         push.close().await?;
         ensure!(taker.line().await? == "TOOK 20");
         taker.success().await
+    })
+}
+
+/// A receiver stopped with its sender's window full (`sndBufSize = 5`) and then SIGKILLed
+/// leaves those 5 messages in its ring, never to be taken. They stayed in the sender's window
+/// for good: a second receiver connected and the sender could send it nothing, every send
+/// waiting for room that could not come (a sink restarted after it hung left its sampler
+/// stuck). What the dead receiver's ring held leaves the window (its memory is released); the
+/// close still reports it lost.
+fn killed_receiver_frees_the_window() -> Result<()> {
+    killed_receiver_frees_the_window_of(SocketType::Push)
+}
+
+/// The same with a pair, whose second peer comes after the first was killed.
+fn killed_pair_peer_frees_the_window() -> Result<()> {
+    killed_receiver_frees_the_window_of(SocketType::Pair)
+}
+
+fn killed_receiver_frees_the_window_of(socket_type: SocketType) -> Result<()> {
+    let pattern = if socket_type == SocketType::Pair {
+        "pair"
+    } else {
+        "pull"
+    };
+    let session = Session::new(&format!("killed-window-{pattern}"));
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("killed-window");
+        let config = ChannelConfig {
+            socket_type,
+            ..push_with(&address, 5, 1_000)
+        };
+        let mut push = Channel::open(&transport, config, "data").await?;
+        push.bind_configured().await?;
+        let env = [("COUNT", "20".to_owned()), ("PATTERN", pattern.to_owned())];
+        let make = async |msg_idx: u64| -> Result<Message> {
+            let mut message = transport.new_message(4096).await?;
+            fill(&mut message, msg_idx);
+            Ok(message)
+        };
+        // The first receiver connects and takes nothing (it waits for a line on its stdin).
+        let gated = [env.clone().as_slice(), &[("GATED", "1".to_owned())]].concat();
+        let mut first = ChildRole::spawn_held("taker", &session, &address, &gated);
+        ensure!(first.line().await? == "CONNECTED");
+        for msg_idx in 0..5 {
+            push.send_timeout(make(msg_idx).await?, STEP)
+                .await
+                .map_err(|failed| failed.error)?;
+        }
+        let refused = push
+            .send_timeout(make(5).await?, Duration::from_millis(300))
+            .await;
+        ensure!(
+            refused.is_err(),
+            "a 6th message in flight with sndBufSize = 5"
+        );
+        signal(&first.child, "KILL")?;
+        first.child.wait().await?;
+        let mut second = ChildRole::spawn("taker", &session, &address, &env);
+        ensure!(second.line().await? == "CONNECTED");
+        for msg_idx in 0..20 {
+            push.send_timeout(make(msg_idx).await?, STEP)
+                .await
+                .map_err(|failed| {
+                    anyhow::anyhow!(
+                        "send {msg_idx} to the second receiver: {} (the dead one's messages \
+                         still fill the window)",
+                        failed.error
+                    )
+                })?;
+        }
+        ensure!(second.line().await? == "TOOK 20");
+        let closed = push.close().await;
+        ensure!(
+            matches!(
+                closed,
+                Err(ferromq_core::Error::Undelivered { n_messages: 5, .. })
+            ),
+            "the dead receiver's 5 are reported lost: {closed:?}"
+        );
+        second.success().await
     })
 }
 
