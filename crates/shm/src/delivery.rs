@@ -9,7 +9,10 @@
 //! (below) and reads it after that:
 //!
 //! - **Back-pressure**: `send` waits while `sndBufSize` messages are sent and not yet taken, so a
-//!   stalled receiver stops the sender instead of filling shared memory.
+//!   stalled receiver stops the sender instead of filling shared memory. What the ring of a
+//!   receiver that died, or that finished with it first, held is not waited for: no receiver
+//!   will take it (the socket counts it, `socket.rs`'s `ConnectionRing::finish_gone`, and it
+//!   is still reported lost at the close).
 //! - **Close**: the sender waits until every message it accepted was taken; `linger` bounds how
 //!   long it waits *without progress*. What is left then was handed over if its descriptor was
 //!   written to receivers that are all still there (a stopped receiver is): it waits in their
@@ -36,8 +39,10 @@
 //!
 //! # Cancellation and peer death
 //! Waiting for room or for the close is cancel-safe: nothing is taken or sent while waiting.
-//! A receiver that dies takes nothing more: the sender's wait ends after `linger` of silence
-//! (close, which then reports what was not taken) or at the send timeout (send).
+//! A receiver that dies takes nothing more: once its connection's ring is dropped (the wait
+//! looks), what it held leaves the window and the close's wait; otherwise the sender's wait
+//! ends after `linger` of silence (close, which then reports what was not taken) or at the
+//! send timeout (send).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -212,9 +217,8 @@ impl SentCounter {
         }
     }
 
-    /// Waits until fewer than `capacity` messages are in flight (0: no bound); false when
-    /// `deadline` came first.
-    /// True when fewer than `capacity` messages are in flight (0: no bound), without waiting.
+    /// True when the window holds fewer than `capacity` messages (0: no bound), without
+    /// waiting: those sent, not taken and not known lost (as last counted).
     pub(crate) fn has_room(&mut self, capacity: usize) -> bool {
         let capacity = capacity as u64;
         if capacity == 0 || self.in_window(self.known_taken) < capacity {
@@ -224,9 +228,12 @@ impl SentCounter {
         self.in_window(self.known_taken) < capacity
     }
 
-    /// Also gives up (false) as soon as `abandon` says so: the socket failed and nothing more
-    /// will be taken. `known_lost` is asked at each look (see [`SentCounter::set_known_lost`]):
-    /// a receiver that died while this waits leaves room.
+    /// Waits until the window holds fewer than `capacity` messages (0: no bound); false when
+    /// `deadline` came first. Also gives up (false) as soon as `abandon` says so: the socket
+    /// failed and nothing more will be taken. `known_lost` (how many sent messages no receiver
+    /// will take, see `known_lost`) is asked first and then at each look once the receivers'
+    /// count stopped moving for [`SPIN_FOR`]: a receiver that died while this waits leaves
+    /// room, and a wait that a live receiver ends soon does not look at the rings.
     pub(crate) async fn wait_for_room(
         &mut self,
         capacity: usize,
@@ -242,11 +249,11 @@ impl SentCounter {
         let mut progress_at = Instant::now();
         loop {
             let taken = self.n_taken();
-            let lost = known_lost();
-            if taken != self.known_taken || lost != self.known_lost {
+            if taken != self.known_taken {
                 self.known_taken = taken;
-                self.known_lost = lost;
                 progress_at = Instant::now();
+            } else if progress_at.elapsed() >= SPIN_FOR {
+                self.known_lost = known_lost();
             }
             if self.in_window(taken) < capacity {
                 return true;
@@ -268,12 +275,16 @@ impl SentCounter {
     }
 
     /// Waits until every message sent was taken, giving up after `linger` in which nothing was
-    /// taken, or once only the `known_lost` are left (no receiver will take them); returns how
-    /// many were not taken, those included.
-    pub(crate) async fn wait_until_taken(&self, linger: Duration, known_lost: u64) -> u64 {
+    /// taken, or once only those no receiver will take are left (`known_lost`, asked at each
+    /// look); returns how many were not taken, those included.
+    pub(crate) async fn wait_until_taken(
+        &self,
+        linger: Duration,
+        known_lost: impl Fn() -> u64,
+    ) -> u64 {
         let mut left = self.in_flight();
         let mut progress_at = Instant::now();
-        while left > known_lost {
+        while left > known_lost() {
             if progress_at.elapsed() >= linger {
                 break;
             }

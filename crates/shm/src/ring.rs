@@ -74,7 +74,8 @@
 //! The ring's block holds two references, the producer's and the consumer's, each dropped by
 //! its side's handle; the owner reclaims it when both are gone. A consumer that dies leaves its
 //! reference, which its producer gives back once it finds the consumer gone (below), and the
-//! records in the ring are counted as not taken by the sender (`delivery.rs`). A producer that
+//! records in the ring are counted as not taken by the sender (`delivery.rs`), lost, out of its
+//! window once it dropped the ring (`socket.rs`'s `ConnectionRing::finish_gone`). A producer that
 //! exits leaves the ring readable: its segment outlives it while a process of the session lives
 //! (`cleanup.rs`), so a stalled consumer still takes everything after it resumes.
 //!
@@ -503,7 +504,8 @@ impl RingProducer {
 
     /// Whether the process that adopted the ring is gone (none has its pid, only a zombie, or
     /// one started at another time than it wrote; see [`OrphanRing::fate`]); false before one
-    /// adopted it. Reads `/proc`: for a segment found full, not for a send.
+    /// adopted it. Reads `/proc`: for a segment found full, or a connection that ended, not
+    /// for every send.
     pub(crate) fn consumer_died(&self) -> bool {
         self.memory
             .consumer()

@@ -196,20 +196,25 @@ struct PairSide {
 /// ring go too: [`PairSide::connection`], [`ReqRepSide::refresh`]).
 /// A ring leaves the lock before it is dropped: its drop releases what a dead consumer left
 /// (see `ring.rs`), too long to hold up an allocation waiting for the lock.
-///
-/// The second field counts the messages that the rings of ended connections held and their
-/// receivers will never take ([`ConnectionRing::finish_gone`]): outside a pair's window.
-struct RingSlot(crate::lock::ShortLock<Option<ConnectionRing>>, AtomicU64);
+struct RingSlot {
+    slot: crate::lock::ShortLock<Option<ConnectionRing>>,
+    /// Messages that the rings of ended connections held and their receivers will never take
+    /// ([`ConnectionRing::finish_gone`]): outside a pair's window.
+    n_lost_in_gone_rings: AtomicU64,
+}
 
 impl RingSlot {
     fn new() -> RingSlot {
-        RingSlot(crate::lock::ShortLock::new(None), AtomicU64::new(0))
+        RingSlot {
+            slot: crate::lock::ShortLock::new(None),
+            n_lost_in_gone_rings: AtomicU64::new(0),
+        }
     }
 
     /// Finishes the ring if its connection ended, counting what its receiver will never take.
     fn finish_if_gone(&self) {
         if let Some(connection) = self.take_if_gone() {
-            self.1
+            self.n_lost_in_gone_rings
                 .fetch_add(connection.finish_gone(), Ordering::Relaxed);
         }
     }
@@ -218,12 +223,12 @@ impl RingSlot {
     /// never take, after finishing the ring of a connection that ended.
     fn lost_in_gone_rings(&self) -> u64 {
         self.finish_if_gone();
-        self.1.load(Ordering::Relaxed)
+        self.n_lost_in_gone_rings.load(Ordering::Relaxed)
     }
 
     /// The ring, out of the lock, if its connection ended (for the caller to drop).
     fn take_if_gone(&self) -> Option<ConnectionRing> {
-        let mut ring = self.0.lock();
+        let mut ring = self.slot.lock();
         if ring
             .as_ref()
             .is_some_and(|connection| connection.link.is_gone())
@@ -236,14 +241,14 @@ impl RingSlot {
 
     /// The ring, out of the lock (for the caller to drop).
     fn take(&self) -> Option<ConnectionRing> {
-        self.0.lock().take()
+        self.slot.lock().take()
     }
 
     /// Puts in the ring of a new connection, where there is none: a pair lets the old one's go
     /// (by [`RingSlot::take_if_gone`]) before it looks for a new connection; a req's or rep's
     /// slot belongs to one connection, which gets one ring.
     fn set(&self, connection: ConnectionRing) {
-        let previous = self.0.lock().replace(connection);
+        let previous = self.slot.lock().replace(connection);
         debug_assert!(previous.is_none(), "a connection's ring replaced another");
         drop(previous);
     }
@@ -255,7 +260,7 @@ impl RingSlot {
         record: &[PartRef],
         entry: &mut Vec<u8>,
     ) -> Option<RingOffer> {
-        let mut ring = self.0.lock();
+        let mut ring = self.slot.lock();
         let connection = ring.as_mut()?;
         if connection.link.is_gone() {
             return None;
@@ -852,9 +857,16 @@ impl ConnectionRing {
     }
 
     /// Finishes the ring of a connection that ended: how many of its messages its receiver
-    /// will never take. Those its ring held when the receiver died, or those it left when it
-    /// finished with the ring first (released here); none while it may still take them (it
-    /// lives and has not finished: it counts what it takes).
+    /// will never take.
+    /// - A receiver that finished with the ring first (its close finishes its rings before its
+    ///   connection ends) left what the ring still holds and what it had taken and not handed
+    ///   out: the finish here releases both and says how many. The second figure is the
+    ///   receiver's word, so no more than a run of entries ([`RING_RUN`]) is believed.
+    /// - A receiver that died without finishing left what its ring holds from its head (what
+    ///   it took and did not hand out included); a watch on its ring releases it.
+    /// - A receiver that lives and has not finished may still take what is there (it counts
+    ///   what it takes): none. Its connection ended otherwise than by its close (rare on one
+    ///   host); what it leaves stays in the sender's window.
     fn finish_gone(mut self) -> u64 {
         // A receiver killed before it adopted the ring is known by the pid of its handshake.
         let never_adopted_and_gone = || {
@@ -866,8 +878,12 @@ impl ConnectionRing {
         };
         let died = self.ring.consumer_died() || never_adopted_and_gone();
         let n_left = self.ring.n_not_taken();
-        let n_released = self.finish();
-        if died { n_left } else { n_released }
+        let n_released = self.finish().min(n_left + RING_RUN as u64);
+        if died {
+            n_released.max(n_left)
+        } else {
+            n_released
+        }
     }
 
     fn ring_doorbell(&self, wake: Wake) {
@@ -3310,7 +3326,7 @@ impl Socket for ShmSocket {
         // A counting sender first waits until its receivers took everything it accepted;
         // `linger` bounds the silence, not the whole drain. Not for what the rings of dead or
         // finished receivers held: no receiver will take that (it is counted all the same).
-        let known_lost = match &self.inner {
+        let known_lost = || match &self.inner {
             Inner::Batched(push) => push.state.lost_in_gone_rings(),
             Inner::Pair(pair) => pair.ring.lost_in_gone_rings(),
             _ => 0,
@@ -3323,6 +3339,14 @@ impl Socket for ShmSocket {
         // rings it has not adopted yet is counted with the rest (`finish_rings`, below),
         // including a ring that a pair's peer announced during that wait.
         self.adopt_unread_rings().await;
+        // This socket's receiving side is done: it finishes with its rings before its carrier
+        // closes, so that a sender that sees the connection end finds the ring finished and
+        // counts what was left in it lost (`ConnectionRing::finish_gone`), not in flight for
+        // good. The rings before what was taken from them (see `Drop for ShmSocket`).
+        let n_lost = self.finish_rings();
+        self.rings.clear();
+        self.pending.clear();
+        self.frames.clear();
         // What a receiver has not taken after that is handed over when its descriptor was
         // written to a receiver that is still there (stalled, or not receiving yet): the
         // descriptor waits in its socket and the session's memory outlives this process (see
@@ -3479,11 +3503,6 @@ impl Socket for ShmSocket {
                 Ok(())
             }
         };
-        // The rings before what was taken from them (see `Drop for ShmSocket`).
-        let n_lost = self.finish_rings();
-        self.rings.clear();
-        self.pending.clear();
-        self.frames.clear();
         const LOST_HERE: &str = "their senders handed them over to this receiver and left, and it closed before \
              taking them";
         match result {
@@ -4092,7 +4111,7 @@ mod tests {
         let first_gone = |pair: &ShmSocket| match &pair.inner {
             Inner::Pair(side) => side
                 .ring
-                .0
+                .slot
                 .lock()
                 .as_ref()
                 .is_none_or(|connection| connection.link.is_gone()),

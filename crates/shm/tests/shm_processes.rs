@@ -137,6 +137,14 @@ fn main() {
             killed_pair_peer_frees_the_window,
         ),
         trial(
+            "a_receiver_killed_after_taking_some_with_the_window_full_leaves_room_for_the_next",
+            killed_receiver_that_took_some_frees_the_window,
+        ),
+        trial(
+            "a_receiver_that_closed_with_the_window_full_leaves_room_for_the_next",
+            closed_receiver_frees_the_window,
+        ),
+        trial(
             "messages_a_receiver_left_queued_when_it_exited_are_reported_undelivered",
             receiver_exits_with_messages_queued,
         ),
@@ -410,6 +418,14 @@ impl ChildRole {
         let mut child = command.spawn().expect("spawn role");
         let stdout = BufReader::new(child.stdout.take().expect("stdout"));
         ChildRole { child, stdout }
+    }
+
+    /// Writes `line` to the child's stdin (held: [`ChildRole::spawn_held`]).
+    async fn say(&mut self, line: &str) -> Result<()> {
+        let stdin = self.child.stdin.as_mut().context("stdin not held")?;
+        stdin.write_all(format!("{line}\n").as_bytes()).await?;
+        stdin.flush().await?;
+        Ok(())
     }
 
     async fn line(&mut self) -> Result<String> {
@@ -691,6 +707,14 @@ async fn run_role(role: &str) -> Result<()> {
                 verify(&pull.receive().await?, msg_idx)?;
             }
             println!("TOOK {n_msgs}");
+            // With CLOSE_AT_LINE set, closes its channel at the next line on its stdin and says
+            // CLOSED, then lives on until its stdin ends.
+            if std::env::var_os("CLOSE_AT_LINE").is_some() {
+                tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new()))
+                    .await??;
+                pull.close().await?;
+                println!("CLOSED");
+            }
             until_stdin_ends().await?;
         }
         "sub-taker" => {
@@ -1883,73 +1907,150 @@ fn stopped_receiver_back_pressure() -> Result<()> {
     })
 }
 
-/// A receiver stopped with its sender's window full (`sndBufSize = 5`) and then SIGKILLed
-/// leaves those 5 messages in its ring, never to be taken. They stayed in the sender's window
-/// for good: a second receiver connected and the sender could send it nothing, every send
-/// waiting for room that could not come (a sink restarted after it hung left its sampler
-/// stuck). What the dead receiver's ring held leaves the window (its memory is released); the
-/// close still reports it lost.
+/// A receiver that holds its sender's window full (`sndBufSize = 5`: 5 messages in its ring,
+/// not taken) and is then SIGKILLed leaves them there, never to be taken. They stayed in the
+/// sender's window for good: a second receiver connected and the sender could send it nothing,
+/// every send waiting for room that could not come (a sink restarted after it hung left its
+/// sampler stuck). What the dead receiver's ring held now leaves the window (its memory is
+/// released), and the close still reports it lost. Here the first receiver never received, so
+/// it never adopted its ring: it is known by its handshake's pid.
 fn killed_receiver_frees_the_window() -> Result<()> {
-    killed_receiver_frees_the_window_of(SocketType::Push)
+    frees_the_window(SocketType::Push, FirstLeaves::KilledBeforeAnyTake)
 }
 
 /// The same with a pair, whose second peer comes after the first was killed.
 fn killed_pair_peer_frees_the_window() -> Result<()> {
-    killed_receiver_frees_the_window_of(SocketType::Pair)
+    frees_the_window(SocketType::Pair, FirstLeaves::KilledBeforeAnyTake)
 }
 
-fn killed_receiver_frees_the_window_of(socket_type: SocketType) -> Result<()> {
+/// The same with a receiver that took 3 messages first (it adopted its ring, whose head moved):
+/// it is known by the pid it wrote into the ring.
+fn killed_receiver_that_took_some_frees_the_window() -> Result<()> {
+    frees_the_window(SocketType::Push, FirstLeaves::KilledAfterSome)
+}
+
+/// The same with a receiver that took 3 and then closed its channel, its process living on: its
+/// close finishes with its ring before its connection ends, so the sender finds what it left
+/// released, not in flight.
+fn closed_receiver_frees_the_window() -> Result<()> {
+    frees_the_window(SocketType::Push, FirstLeaves::ClosedAfterSome)
+}
+
+/// How the first receiver of [`frees_the_window`] leaves its sender.
+#[derive(Clone, Copy, PartialEq)]
+enum FirstLeaves {
+    KilledBeforeAnyTake,
+    KilledAfterSome,
+    ClosedAfterSome,
+}
+
+fn frees_the_window(socket_type: SocketType, leaves: FirstLeaves) -> Result<()> {
     let pattern = if socket_type == SocketType::Pair {
         "pair"
     } else {
         "pull"
     };
-    let session = Session::new(&format!("killed-window-{pattern}"));
+    let tag = match leaves {
+        FirstLeaves::KilledBeforeAnyTake => "killed",
+        FirstLeaves::KilledAfterSome => "killed-later",
+        FirstLeaves::ClosedAfterSome => "closed",
+    };
+    let session = Session::new(&format!("window-{tag}-{pattern}"));
     block_on(async {
         let transport = session.transport();
-        let address = session.ipc("killed-window");
+        let address = session.ipc("window");
         let config = ChannelConfig {
             socket_type,
             ..push_with(&address, 5, 1_000)
         };
         let mut push = Channel::open(&transport, config, "data").await?;
         push.bind_configured().await?;
-        let env = [("COUNT", "20".to_owned()), ("PATTERN", pattern.to_owned())];
         let make = async |msg_idx: u64| -> Result<Message> {
             let mut message = transport.new_message(4096).await?;
             fill(&mut message, msg_idx);
             Ok(message)
         };
-        // The first receiver connects and takes nothing (it waits for a line on its stdin).
-        let gated = [env.clone().as_slice(), &[("GATED", "1".to_owned())]].concat();
-        let mut first = ChildRole::spawn_held("taker", &session, &address, &gated);
-        ensure!(first.line().await? == "CONNECTED");
-        for msg_idx in 0..5 {
+        let send = async |push: &mut Channel, msg_idx: u64| -> Result<()> {
             push.send_timeout(make(msg_idx).await?, STEP)
                 .await
                 .map_err(|failed| failed.error)?;
+            Ok(())
+        };
+        let pattern = ("PATTERN", pattern.to_owned());
+        let mut first = match leaves {
+            // Connects and waits for a line on its stdin before it takes anything.
+            FirstLeaves::KilledBeforeAnyTake => ChildRole::spawn_held(
+                "taker",
+                &session,
+                &address,
+                &[
+                    ("COUNT", "5".to_owned()),
+                    ("GATED", "1".to_owned()),
+                    pattern.clone(),
+                ],
+            ),
+            // Takes 3, then waits for its stdin to end.
+            FirstLeaves::KilledAfterSome => ChildRole::spawn_held(
+                "taker",
+                &session,
+                &address,
+                &[("COUNT", "3".to_owned()), pattern.clone()],
+            ),
+            // Takes 3, then closes its channel at a line on its stdin and says CLOSED.
+            FirstLeaves::ClosedAfterSome => ChildRole::spawn_held(
+                "taker",
+                &session,
+                &address,
+                &[
+                    ("COUNT", "3".to_owned()),
+                    ("CLOSE_AT_LINE", "1".to_owned()),
+                    pattern.clone(),
+                ],
+            ),
+        };
+        ensure!(first.line().await? == "CONNECTED");
+        if leaves != FirstLeaves::KilledBeforeAnyTake {
+            for msg_idx in 0..3 {
+                send(&mut push, msg_idx).await?;
+            }
+            ensure!(first.line().await? == "TOOK 3");
+        }
+        // 5 in its ring, not taken: the window is full.
+        for msg_idx in 0..5 {
+            send(&mut push, msg_idx).await?;
         }
         let refused = push
             .send_timeout(make(5).await?, Duration::from_millis(300))
             .await;
         ensure!(
-            refused.is_err(),
-            "a 6th message in flight with sndBufSize = 5"
+            matches!(
+                refused.as_ref().map_err(|failed| &failed.error),
+                Err(ferromq_core::Error::Timeout { .. })
+            ),
+            "a 6th message in flight with sndBufSize = 5: {:?}",
+            refused.map_err(|failed| failed.error.to_string())
         );
-        signal(&first.child, "KILL")?;
-        first.child.wait().await?;
-        let mut second = ChildRole::spawn("taker", &session, &address, &env);
+        if leaves == FirstLeaves::ClosedAfterSome {
+            first.say("close").await?;
+            ensure!(first.line().await? == "CLOSED");
+        } else {
+            signal(&first.child, "KILL")?;
+            first.child.wait().await?;
+        }
+        let mut second = ChildRole::spawn(
+            "taker",
+            &session,
+            &address,
+            &[("COUNT", "20".to_owned()), pattern],
+        );
         ensure!(second.line().await? == "CONNECTED");
         for msg_idx in 0..20 {
-            push.send_timeout(make(msg_idx).await?, STEP)
-                .await
-                .map_err(|failed| {
-                    anyhow::anyhow!(
-                        "send {msg_idx} to the second receiver: {} (the dead one's messages \
-                         still fill the window)",
-                        failed.error
-                    )
-                })?;
+            send(&mut push, msg_idx).await.map_err(|error| {
+                anyhow::anyhow!(
+                    "send {msg_idx} to the second receiver: {error} (the first one's messages \
+                     still fill the window)"
+                )
+            })?;
         }
         ensure!(second.line().await? == "TOOK 20");
         let closed = push.close().await;
@@ -1958,8 +2059,12 @@ fn killed_receiver_frees_the_window_of(socket_type: SocketType) -> Result<()> {
                 closed,
                 Err(ferromq_core::Error::Undelivered { n_messages: 5, .. })
             ),
-            "the dead receiver's 5 are reported lost: {closed:?}"
+            "the first receiver's 5 are reported lost: {closed:?}"
         );
+        if leaves == FirstLeaves::ClosedAfterSome {
+            first.release();
+            first.success().await?;
+        }
         second.success().await
     })
 }

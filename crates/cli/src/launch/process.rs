@@ -6,8 +6,8 @@
 //! - **here**: the device is the launcher's child, in a process group of its own (its pid), so
 //!   that what it starts can be told from everything else: SIGKILL goes to the group, and what
 //!   is left of an exited device's group is killed and named (`kill_leftovers`) when its exit
-//!   is handled, before a restart, or once the run's devices are down for those that exited
-//!   during the stop; an `exec` device `sh -c "sleep 100"` left its `sleep` running,
+//!   is handled, before a restart, or once the run's devices are down for those whose exit
+//!   was not handled so; an `exec` device `sh -c "sleep 100"` left its `sleep` running,
 //!   reparented to init (a bad-input sweep). SIGTERM and SIGINT go to the device alone: a
 //!   wrapper that forwards them would pass the device a second one, which ends it at once. A
 //!   session's shared-memory watchdog runs in a group of its own and outlives its device, as
