@@ -231,9 +231,10 @@ impl SentCounter {
     /// Waits until the window holds fewer than `capacity` messages (0: no bound); false when
     /// `deadline` came first. Also gives up (false) as soon as `abandon` says so: the socket
     /// failed and nothing more will be taken. `known_lost` (how many sent messages no receiver
-    /// will take, see `known_lost`) is asked first and then at each look once the receivers'
-    /// count stopped moving for [`SPIN_FOR`]: a receiver that died while this waits leaves
-    /// room, and a wait that a live receiver ends soon does not look at the rings.
+    /// will take, see `known_lost`) is asked at each look once the receivers' count stopped
+    /// moving for [`SPIN_FOR`]: a receiver that died leaves room, and a wait that a live
+    /// receiver ends soon (a sender at a full window, message after message) does not look
+    /// at the rings.
     pub(crate) async fn wait_for_room(
         &mut self,
         capacity: usize,
@@ -241,7 +242,6 @@ impl SentCounter {
         abandon: impl Fn() -> bool,
         known_lost: impl Fn() -> u64,
     ) -> bool {
-        self.known_lost = known_lost();
         if self.has_room(capacity) {
             return true;
         }
@@ -252,13 +252,17 @@ impl SentCounter {
             if taken != self.known_taken {
                 self.known_taken = taken;
                 progress_at = Instant::now();
-            } else if progress_at.elapsed() >= SPIN_FOR {
-                self.known_lost = known_lost();
             }
             if self.in_window(taken) < capacity {
                 return true;
             }
             let now = Instant::now();
+            if now - progress_at >= SPIN_FOR {
+                self.known_lost = known_lost();
+                if self.in_window(taken) < capacity {
+                    return true;
+                }
+            }
             if deadline.is_some_and(|deadline| now >= deadline) || abandon() {
                 return false;
             }
