@@ -469,6 +469,40 @@ connect = "sampler.data"
     );
 }
 
+/// Waits (within [`STEP`]) for `run` to exit, reading its stderr and the rest of its stdout
+/// (into `seen`): its exit status and its stderr.
+async fn run_to_its_end(
+    run: &mut Child,
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    seen: &mut Vec<String>,
+) -> (std::process::ExitStatus, String) {
+    let mut stderr = run.stderr.take().expect("stderr");
+    let mut errors = String::new();
+    let (status, _, _) = tokio::time::timeout(STEP, async {
+        tokio::join!(
+            run.wait(),
+            stderr.read_to_string(&mut errors),
+            support::wait_for_end(lines, seen)
+        )
+    })
+    .await
+    .expect("exit in time");
+    (status.expect("wait"), errors)
+}
+
+/// Whether process `pid` is gone within [`STEP`]: the kernel may take a moment to end a
+/// killed one.
+async fn gone_within_step(pid: u32) -> bool {
+    let mut look = tokio::time::interval(Duration::from_millis(20));
+    tokio::time::timeout(STEP, async {
+        while alive(pid) {
+            look.tick().await;
+        }
+    })
+    .await
+    .is_ok()
+}
+
 /// Kills process `pid` on drop, if it still lives: a test that fails leaves nothing running.
 struct KillOnDrop(u32);
 
@@ -518,31 +552,14 @@ command = ["sh", "-c", "{trap}sleep 1000 & echo child $!; wait"]
         support::wait_for_line(&mut lines, "again to kill", &mut seen).await;
         support::signal(&run, "INT");
     }
-    let mut stderr = run.stderr.take().expect("stderr");
-    let mut errors = String::new();
-    let (status, _, _) = tokio::time::timeout(STEP, async {
-        tokio::join!(
-            run.wait(),
-            stderr.read_to_string(&mut errors),
-            support::wait_for_end(&mut lines, &mut seen)
-        )
-    })
-    .await
-    .expect("exit in time");
-    // Killed before the launcher exits; the kernel may take a moment to end it.
-    let mut look = tokio::time::interval(Duration::from_millis(20));
-    let gone = tokio::time::timeout(STEP, async {
-        while alive(child) {
-            look.tick().await;
-        }
-    })
-    .await;
+    let (status, errors) = run_to_its_end(&mut run, &mut lines, &mut seen).await;
+    // Killed before the launcher exits.
     assert!(
-        gone.is_ok(),
+        gone_within_step(child).await,
         "the shell's child {child} outlived the launcher:\n{errors}\n{seen:#?}"
     );
     (
-        status.expect("wait").code().unwrap_or(-1),
+        status.code().unwrap_or(-1),
         format!("{errors}\n{}", seen.join("\n")),
     )
 }
@@ -623,47 +640,24 @@ connect = "sampler.data"
     let second_child = child_in(&seen);
     let _second_killed = KillOnDrop(second_child);
     support::wait_for_line(&mut lines, "is RUNNING again (restart 1)", &mut seen).await;
-    // Killed before the new process started; the kernel may take a moment to end it.
-    let mut look = tokio::time::interval(Duration::from_millis(20));
-    let gone = tokio::time::timeout(STEP, async {
-        while alive(first_child) {
-            look.tick().await;
-        }
-    })
-    .await;
+    // Killed before the new process started.
     assert!(
-        gone.is_ok(),
+        gone_within_step(first_child).await,
         "the first process's child {first_child} runs beside the restarted device: {seen:#?}"
     );
     // Gone: its pid may be another process's from now on.
     std::mem::forget(first_killed);
     assert!(alive(second_child), "{seen:#?}");
     support::signal(&run, "INT");
-    let mut stderr = run.stderr.take().expect("stderr");
-    let mut errors = String::new();
-    let (status, _, _) = tokio::time::timeout(STEP, async {
-        tokio::join!(
-            run.wait(),
-            stderr.read_to_string(&mut errors),
-            support::wait_for_end(&mut lines, &mut seen)
-        )
-    })
-    .await
-    .expect("exit in time");
+    let (status, errors) = run_to_its_end(&mut run, &mut lines, &mut seen).await;
     let output = format!("{errors}\n{}", seen.join("\n"));
-    assert_eq!(status.expect("wait").code(), Some(0), "{output}");
+    assert_eq!(status.code(), Some(0), "{output}");
     let named = format!(
         "device \"sink\" exited and left 1 process(es) it started running ({first_child} sleep): killed"
     );
     assert_eq!(errors.matches(&named).count(), 1, "{output}");
-    let gone = tokio::time::timeout(STEP, async {
-        while alive(second_child) {
-            look.tick().await;
-        }
-    })
-    .await;
     assert!(
-        gone.is_ok(),
+        gone_within_step(second_child).await,
         "{second_child} outlived the launcher: {output}"
     );
 }

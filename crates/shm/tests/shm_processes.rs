@@ -1977,37 +1977,17 @@ fn frees_the_window(socket_type: SocketType, leaves: FirstLeaves) -> Result<()> 
             Ok(())
         };
         let pattern = ("PATTERN", pattern.to_owned());
-        let mut first = match leaves {
+        let (count, flag) = match leaves {
             // Connects and waits for a line on its stdin before it takes anything.
-            FirstLeaves::KilledBeforeAnyTake => ChildRole::spawn_held(
-                "taker",
-                &session,
-                &address,
-                &[
-                    ("COUNT", "5".to_owned()),
-                    ("GATED", "1".to_owned()),
-                    pattern.clone(),
-                ],
-            ),
+            FirstLeaves::KilledBeforeAnyTake => ("5", Some("GATED")),
             // Takes 3, then waits for its stdin to end.
-            FirstLeaves::KilledAfterSome => ChildRole::spawn_held(
-                "taker",
-                &session,
-                &address,
-                &[("COUNT", "3".to_owned()), pattern.clone()],
-            ),
+            FirstLeaves::KilledAfterSome => ("3", None),
             // Takes 3, then closes its channel at a line on its stdin and says CLOSED.
-            FirstLeaves::ClosedAfterSome => ChildRole::spawn_held(
-                "taker",
-                &session,
-                &address,
-                &[
-                    ("COUNT", "3".to_owned()),
-                    ("CLOSE_AT_LINE", "1".to_owned()),
-                    pattern.clone(),
-                ],
-            ),
+            FirstLeaves::ClosedAfterSome => ("3", Some("CLOSE_AT_LINE")),
         };
+        let mut first_env = vec![("COUNT", count.to_owned()), pattern.clone()];
+        first_env.extend(flag.map(|flag| (flag, "1".to_owned())));
+        let mut first = ChildRole::spawn_held("taker", &session, &address, &first_env);
         ensure!(first.line().await? == "CONNECTED");
         if leaves != FirstLeaves::KilledBeforeAnyTake {
             for msg_idx in 0..3 {
