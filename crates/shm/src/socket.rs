@@ -2356,16 +2356,7 @@ impl ShmSocket {
             Inner::Batched(push) => Some(Arc::clone(&push.state)),
             _ => None,
         };
-        let pair_ring = match &self.inner {
-            Inner::Pair(pair) => Some(Arc::clone(&pair.ring)),
-            _ => None,
-        };
         let failure = || push_state.as_ref()?.failure();
-        let known_lost = || match (&push_state, &pair_ring) {
-            (Some(push), _) => push.lost_in_gone_rings(),
-            (None, Some(ring)) => ring.lost_in_gone_rings(),
-            (None, None) => 0,
-        };
         let peer_gone = |reason: String| Error::PeerGone {
             channel: self.label.clone(),
             reason,
@@ -2376,6 +2367,16 @@ impl ShmSocket {
         if let Some(sent) = &mut self.sent
             && !sent.has_room(self.window)
         {
+            // Made only when the window is full: every `send_parts` comes through here.
+            let pair_ring = match &self.inner {
+                Inner::Pair(pair) => Some(Arc::clone(&pair.ring)),
+                _ => None,
+            };
+            let known_lost = || match (&push_state, &pair_ring) {
+                (Some(push), _) => push.lost_in_gone_rings(),
+                (None, Some(ring)) => ring.lost_in_gone_rings(),
+                (None, None) => 0,
+            };
             let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
             let waiting = self.figures.waiting();
             let room = sent
