@@ -168,6 +168,19 @@ enum Inner {
     Subscriber(SubscriberSide),
 }
 
+impl Inner {
+    /// Messages this socket sent that no receiver will ever take: what the rings of its
+    /// receivers that died or finished first held (see `SentCounter::known_lost`), after
+    /// dropping the rings of connections that ended. 0 for sockets that count no deliveries.
+    fn lost_in_gone_rings(&self) -> u64 {
+        match self {
+            Inner::Batched(push) => push.state.lost_in_gone_rings(),
+            Inner::Pair(pair) => pair.ring.lost_in_gone_rings(),
+            _ => 0,
+        }
+    }
+}
+
 /// A pair socket. Over tcp and ipc its carrier (ferromq's own ZMTP pair) reports its
 /// connection, which gets a descriptor ring at the first send (see `ring.rs`): every record
 /// then goes into the ring, the socket carrying the ring's announcement and doorbells (both
@@ -2367,20 +2380,15 @@ impl ShmSocket {
         if let Some(sent) = &mut self.sent
             && !sent.has_room(self.window)
         {
-            // Made only when the window is full: every `send_parts` comes through here.
-            let pair_ring = match &self.inner {
-                Inner::Pair(pair) => Some(Arc::clone(&pair.ring)),
-                _ => None,
-            };
-            let known_lost = || match (&push_state, &pair_ring) {
-                (Some(push), _) => push.lost_in_gone_rings(),
-                (None, Some(ring)) => ring.lost_in_gone_rings(),
-                (None, None) => 0,
-            };
             let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
             let waiting = self.figures.waiting();
             let room = sent
-                .wait_for_room(self.window, deadline, || failure().is_some(), known_lost)
+                .wait_for_room(
+                    self.window,
+                    deadline,
+                    || failure().is_some(),
+                    || self.inner.lost_in_gone_rings(),
+                )
                 .await;
             drop(waiting);
             if !room {
@@ -3327,13 +3335,11 @@ impl Socket for ShmSocket {
         // A counting sender first waits until its receivers took everything it accepted;
         // `linger` bounds the silence, not the whole drain. Not for what the rings of dead or
         // finished receivers held: no receiver will take that (it is counted all the same).
-        let known_lost = || match &self.inner {
-            Inner::Batched(push) => push.state.lost_in_gone_rings(),
-            Inner::Pair(pair) => pair.ring.lost_in_gone_rings(),
-            _ => 0,
-        };
         let n_untaken = match &self.sent {
-            Some(sent) => sent.wait_until_taken(linger, known_lost).await,
+            Some(sent) => {
+                sent.wait_until_taken(linger, || self.inner.lost_in_gone_rings())
+                    .await
+            }
             None => 0,
         };
         // Then, as late as the carrier is still open: what was handed over to this socket in

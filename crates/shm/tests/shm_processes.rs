@@ -1842,6 +1842,21 @@ fn push_with(address: &str, snd_buf_size: usize, linger: u64) -> ChannelConfig {
     }
 }
 
+/// Sends `message` as a 6th with `sndBufSize = 5` messages in flight: the send must time out
+/// (within 300 ms), handing the message back, which this returns.
+async fn refused_by_a_full_window(push: &mut Channel, message: Message) -> Result<Message> {
+    let refused = push.send_timeout(message, Duration::from_millis(300)).await;
+    ensure!(
+        matches!(
+            refused.as_ref().map_err(|failed| &failed.error),
+            Err(ferromq_core::Error::Timeout { .. })
+        ),
+        "a 6th message in flight with sndBufSize = 5: {:?}",
+        refused.map_err(|failed| failed.error.to_string())
+    );
+    Ok(refused.expect_err("checked above").message)
+}
+
 /// A receiver stopped by SIGSTOP takes nothing: the sender may have `sndBufSize` messages in
 /// flight, no more (shared memory does not fill up behind a stalled receiver), and after SIGCONT
 /// every message arrives intact.
@@ -1872,19 +1887,8 @@ fn stopped_receiver_back_pressure() -> Result<()> {
                 .map_err(|failed| failed.error)?;
             next += 1;
         }
-        let refused = push
-            .send_timeout(make(next).await?, Duration::from_millis(300))
-            .await;
-        ensure!(
-            matches!(
-                refused.as_ref().map_err(|failed| &failed.error),
-                Err(ferromq_core::Error::Timeout { .. })
-            ),
-            "a 6th message in flight to a stopped receiver with sndBufSize = 5: {:?}",
-            refused.map_err(|failed| failed.error.to_string())
-        );
         // The refused message comes back whole, still in shared memory, and is sent again.
-        let returned = refused.expect_err("checked above").message;
+        let returned = refused_by_a_full_window(&mut push, make(next).await?).await?;
         verify(&returned, next)?;
         ensure!(
             block_location(&returned).is_some(),
@@ -1999,17 +2003,7 @@ fn frees_the_window(socket_type: SocketType, leaves: FirstLeaves) -> Result<()> 
         for msg_idx in 0..5 {
             send(&mut push, msg_idx).await?;
         }
-        let refused = push
-            .send_timeout(make(5).await?, Duration::from_millis(300))
-            .await;
-        ensure!(
-            matches!(
-                refused.as_ref().map_err(|failed| &failed.error),
-                Err(ferromq_core::Error::Timeout { .. })
-            ),
-            "a 6th message in flight with sndBufSize = 5: {:?}",
-            refused.map_err(|failed| failed.error.to_string())
-        );
+        refused_by_a_full_window(&mut push, make(5).await?).await?;
         if leaves == FirstLeaves::ClosedAfterSome {
             first.say("close").await?;
             ensure!(first.line().await? == "CLOSED");
