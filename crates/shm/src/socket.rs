@@ -1766,7 +1766,8 @@ enum FromRings {
 /// A message received and not yet handed out.
 struct Received {
     parts: Parts,
-    /// The counter of its sender, advanced when it is handed out.
+    /// The counter of its sender, advanced when it is handed out; `None` for one from a ring
+    /// (its ring counts it, [`AdoptedRing::release`]) and for a sender that counts nothing.
     taken: Option<Arc<TakenCounter>>,
     /// The peer it came from, where the carrier says (req/rep: a rep's reply goes there).
     peer: Option<Bytes>,
@@ -1802,6 +1803,11 @@ struct AdoptedRing {
     /// Entries taken from it into `pending` and not yet handed out: a finished ring stays
     /// while it has some.
     n_taken: usize,
+    /// The counter of the ring's sender (`RingConsumer::delivery`), which every message taken
+    /// from the ring counts at when it is handed out ([`ShmSocket::give_up`]): looked up at the
+    /// first entry taken (`None` before; `Some(None)` when the sender counts nothing). Held
+    /// here, not by each message, so that a message costs no reference count of its own.
+    taken_counter: Option<Option<TakenCounter>>,
     /// Whether this receiver finished with it ([`AdoptedRing::finish`]).
     finished: bool,
 }
@@ -1814,14 +1820,21 @@ impl AdoptedRing {
             session,
             id,
             n_taken: 0,
+            taken_counter: None,
             finished: false,
         }
     }
 
-    /// Gives up a taken entry once its message is handed out (or released): it leaves the ring.
-    fn release(&mut self, end: u64) {
+    /// Gives up a taken entry once its message is handed out (`handed_out`: counted at its
+    /// sender's counter) or released: it leaves the ring. The head moves first, then the count,
+    /// as for a message that came in a frame: a receiver killed in between leaves its sender
+    /// one message too many in flight, never one counted twice.
+    fn release(&mut self, end: u64, handed_out: bool) {
         self.ring.release_to(end);
         self.n_taken -= 1;
+        if handed_out && let Some(Some(counter)) = &self.taken_counter {
+            counter.count_taken();
+        }
     }
 
     /// Finishes with the ring (see `ring.rs`, "Peer death and drop"): entries taken and not
@@ -3008,7 +3021,7 @@ impl Socket for ShmSocket {
         } = loop {
             let mut received = self.pending.pop_front()?;
             if let Some(entry) = received.entry.take() {
-                self.give_up(entry);
+                self.give_up(entry, !received.filtered);
             }
             if !received.filtered {
                 break received;
@@ -3639,14 +3652,16 @@ impl ShmSocket {
         Ok(ring)
     }
 
-    /// Hands the records of `self.decoded` to `pending`, each with its sender's counter and
-    /// the `peer` it came from (where known). A record a subscriber's topics do not match is
-    /// released at once, or, from a ring (`from_ring`), queued as filtered: its messages are
-    /// released after its entry leaves the ring.
+    /// Hands the records of `self.decoded` to `pending`, each with its sender's counter (one
+    /// from a ring counts at its ring's, [`AdoptedRing::release`]) and the `peer` it came from
+    /// (where known). A record a subscriber's topics do not match is released at once, or, from
+    /// a ring (`from_ring`), queued as filtered: its messages are released after its entry
+    /// leaves the ring.
     fn queue_decoded(&mut self, peer: Option<&Bytes>, from_ring: bool) -> Result<()> {
         let delivery = self.decoded.delivery;
         // One sender's counter serves frame after frame: looked up when it changes.
         let taken = match &self.last_taken {
+            _ if from_ring => None,
             Some((known, taken)) if *known == delivery => Some(Arc::clone(taken)),
             _ => {
                 let taken = self
@@ -3756,6 +3771,14 @@ impl ShmSocket {
         if !unseen.is_empty() {
             return Ok(FromRings::NeedsMapping(unseen));
         }
+        // The sender's counter, looked up once per ring, once its segment is mapped.
+        if self.rings[ring_idx].taken_counter.is_none() {
+            let counter = self
+                .session
+                .taken_counter(delivery)
+                .map_err(|error| failed(error))?;
+            self.rings[ring_idx].taken_counter = Some(counter);
+        }
         // The peer's identity is an `Arc`'s clone: no allocation per message.
         let peer = self.rings[ring_idx].peer.clone();
         let n_pending = self.pending.len();
@@ -3776,7 +3799,7 @@ impl ShmSocket {
         let grew = queued.is_ok() && self.pending.len() > n_pending;
         match self.pending.back_mut() {
             Some(received) if grew => received.entry = Some(entry),
-            _ => self.give_up(entry),
+            _ => self.give_up(entry, false),
         }
         queued.map_err(|error| (ring_idx, error))?;
         Ok(FromRings::Queued)
@@ -3857,13 +3880,13 @@ impl ShmSocket {
     /// killed in between leaks that block rather than have its sender, which releases what a
     /// dead receiver's ring holds, release it again. The ring may be gone: its entries left it
     /// when it was dropped.
-    fn give_up(&mut self, entry: TakenEntry) {
+    fn give_up(&mut self, entry: TakenEntry, handed_out: bool) {
         if let Some(adopted) = self
             .rings
             .iter_mut()
             .find(|adopted| adopted.id == entry.ring_id)
         {
-            adopted.release(entry.end);
+            adopted.release(entry.end, handed_out);
         }
         if let Some((mapped, range)) = entry.indirect {
             drop(ShmBuffer::adopt_referenced_block(mapped, range));
