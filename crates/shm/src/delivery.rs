@@ -12,7 +12,9 @@
 //!   stalled receiver stops the sender instead of filling shared memory. What the ring of a
 //!   receiver that died, or that finished with it first, held is not waited for: no receiver
 //!   will take it (the socket counts it, `socket.rs`'s `ConnectionRing::finish_gone`, and it
-//!   is still reported lost at the close).
+//!   is still reported lost at the close). A send that waits for room looks for such rings
+//!   once the receivers stopped taking, a send that does not wait (`try_send_parts`) at most
+//!   once per [`SPIN_FOR`] at a full window.
 //! - **Close**: the sender waits until every message it accepted was taken; `linger` bounds how
 //!   long it waits *without progress*. What is left then was handed over if its descriptor was
 //!   written to receivers that are all still there (a stopped receiver is): it waits in their
@@ -97,6 +99,8 @@ pub(crate) struct SentCounter {
     /// window, or a receiver killed with the window full would stop every later send; still
     /// in flight for the close, which reports them lost.
     known_lost: u64,
+    /// When a send that does not wait last asked for `known_lost` ([`SentCounter::has_room_now`]).
+    lost_asked_at: Option<Instant>,
 }
 
 /// How long a full window is polled by yielding, without the receivers taking anything, before
@@ -161,6 +165,7 @@ impl SentCounter {
             n_sent: 0,
             known_taken: 0,
             known_lost: 0,
+            lost_asked_at: None,
         })
     }
 
@@ -226,6 +231,27 @@ impl SentCounter {
         }
         self.known_taken = self.n_taken();
         self.in_window(self.known_taken) < capacity
+    }
+
+    /// [`SentCounter::has_room`] for a send that does not wait: a full window also asks
+    /// `known_lost` (see [`SentCounter::wait_for_room`]), at most once per [`SPIN_FOR`], so a
+    /// sender that only ever tries is not shut out for good by a receiver that died holding the
+    /// window full, and one that tries at a window a live receiver keeps full does not look at
+    /// the rings at every try.
+    pub(crate) fn has_room_now(&mut self, capacity: usize, known_lost: impl Fn() -> u64) -> bool {
+        if self.has_room(capacity) {
+            return true;
+        }
+        let now = Instant::now();
+        if self
+            .lost_asked_at
+            .is_some_and(|asked_at| now - asked_at < SPIN_FOR)
+        {
+            return false;
+        }
+        self.lost_asked_at = Some(now);
+        self.known_lost = known_lost();
+        self.in_window(self.known_taken) < capacity as u64
     }
 
     /// Waits until the window holds fewer than `capacity` messages (0: no bound); false when

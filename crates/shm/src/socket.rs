@@ -2886,7 +2886,7 @@ impl Socket for ShmSocket {
             return Err(parts);
         }
         if let Some(sent) = &mut self.sent
-            && !sent.has_room(self.window)
+            && !sent.has_room_now(self.window, || self.inner.lost_in_gone_rings())
         {
             return Err(parts);
         }

@@ -145,6 +145,10 @@ fn main() {
             closed_receiver_frees_the_window,
         ),
         trial(
+            "a_receiver_killed_with_the_window_full_leaves_room_for_sends_that_do_not_wait",
+            killed_receiver_frees_the_window_for_tries,
+        ),
+        trial(
             "messages_a_receiver_left_queued_when_it_exited_are_reported_undelivered",
             receiver_exits_with_messages_queued,
         ),
@@ -1919,25 +1923,61 @@ fn stopped_receiver_back_pressure() -> Result<()> {
 /// released), and the close still reports it lost. Here the first receiver never received, so
 /// it never adopted its ring: it is known by its handshake's pid.
 fn killed_receiver_frees_the_window() -> Result<()> {
-    frees_the_window(SocketType::Push, FirstLeaves::KilledBeforeAnyTake)
+    frees_the_window(
+        SocketType::Push,
+        FirstLeaves::KilledBeforeAnyTake,
+        Sends::Waiting,
+    )
 }
 
 /// The same with a pair, whose second peer comes after the first was killed.
 fn killed_pair_peer_frees_the_window() -> Result<()> {
-    frees_the_window(SocketType::Pair, FirstLeaves::KilledBeforeAnyTake)
+    frees_the_window(
+        SocketType::Pair,
+        FirstLeaves::KilledBeforeAnyTake,
+        Sends::Waiting,
+    )
 }
 
 /// The same with a receiver that took 3 messages first (it adopted its ring, whose head moved):
 /// it is known by the pid it wrote into the ring.
 fn killed_receiver_that_took_some_frees_the_window() -> Result<()> {
-    frees_the_window(SocketType::Push, FirstLeaves::KilledAfterSome)
+    frees_the_window(
+        SocketType::Push,
+        FirstLeaves::KilledAfterSome,
+        Sends::Waiting,
+    )
 }
 
 /// The same with a receiver that took 3 and then closed its channel, its process living on: its
 /// close finishes with its ring before its connection ends, so the sender finds what it left
 /// released, not in flight.
 fn closed_receiver_frees_the_window() -> Result<()> {
-    frees_the_window(SocketType::Push, FirstLeaves::ClosedAfterSome)
+    frees_the_window(
+        SocketType::Push,
+        FirstLeaves::ClosedAfterSome,
+        Sends::Waiting,
+    )
+}
+
+/// The same with a sender that, once the first receiver was killed, only tries
+/// (`Channel::try_send_parts`, which never waits). Only a send that waited for room looked at
+/// the rings of gone receivers, so a full window refused every try for good.
+fn killed_receiver_frees_the_window_for_tries() -> Result<()> {
+    frees_the_window(
+        SocketType::Push,
+        FirstLeaves::KilledBeforeAnyTake,
+        Sends::Trying,
+    )
+}
+
+/// How the sender of [`frees_the_window`] sends to the second receiver.
+#[derive(Clone, Copy, PartialEq)]
+enum Sends {
+    /// `send_timeout`, which waits for room.
+    Waiting,
+    /// `try_send_parts` again every millisecond until it takes the message.
+    Trying,
 }
 
 /// How the first receiver of [`frees_the_window`] leaves its sender.
@@ -1948,7 +1988,7 @@ enum FirstLeaves {
     ClosedAfterSome,
 }
 
-fn frees_the_window(socket_type: SocketType, leaves: FirstLeaves) -> Result<()> {
+fn frees_the_window(socket_type: SocketType, leaves: FirstLeaves, sends: Sends) -> Result<()> {
     let pattern = if socket_type == SocketType::Pair {
         "pair"
     } else {
@@ -1959,7 +1999,8 @@ fn frees_the_window(socket_type: SocketType, leaves: FirstLeaves) -> Result<()> 
         FirstLeaves::KilledAfterSome => "killed-later",
         FirstLeaves::ClosedAfterSome => "closed",
     };
-    let session = Session::new(&format!("window-{tag}-{pattern}"));
+    let tries = if sends == Sends::Trying { "-tries" } else { "" };
+    let session = Session::new(&format!("window-{tag}-{pattern}{tries}"));
     block_on(async {
         let transport = session.transport();
         let address = session.ipc("window");
@@ -2019,7 +2060,11 @@ fn frees_the_window(socket_type: SocketType, leaves: FirstLeaves) -> Result<()> 
         );
         ensure!(second.line().await? == "CONNECTED");
         for msg_idx in 0..20 {
-            send(&mut push, msg_idx).await.map_err(|error| {
+            let sent = match sends {
+                Sends::Waiting => send(&mut push, msg_idx).await,
+                Sends::Trying => try_until_taken(&mut push, make(msg_idx).await?).await,
+            };
+            sent.map_err(|error| {
                 anyhow::anyhow!(
                     "send {msg_idx} to the second receiver: {error} (the first one's messages \
                      still fill the window)"
@@ -2041,6 +2086,25 @@ fn frees_the_window(socket_type: SocketType, leaves: FirstLeaves) -> Result<()> 
         }
         second.success().await
     })
+}
+
+/// Offers `message` to `push` with `try_send_parts` every millisecond until it takes it (or
+/// [`STEP`] passed).
+async fn try_until_taken(push: &mut Channel, message: Message) -> Result<()> {
+    let mut parts = Parts::from(message);
+    let mut interval = tokio::time::interval(Duration::from_millis(1));
+    let deadline = tokio::time::Instant::now() + STEP;
+    loop {
+        parts = match push.try_send_parts(parts) {
+            Ok(()) => return Ok(()),
+            Err(refused) => refused,
+        };
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no try took the message within {STEP:?}"
+        );
+        interval.tick().await;
+    }
 }
 
 /// A sender and its receiver in two processes that share one CPU (as when devices outnumber
