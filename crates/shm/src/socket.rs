@@ -3773,10 +3773,7 @@ impl ShmSocket {
         }
         // The sender's counter, looked up once per ring, once its segment is mapped.
         if self.rings[ring_idx].taken_counter.is_none() {
-            let counter = self
-                .session
-                .taken_counter(delivery)
-                .map_err(|error| failed(error))?;
+            let counter = self.session.taken_counter(delivery).map_err(failed)?;
             self.rings[ring_idx].taken_counter = Some(counter);
         }
         // The peer's identity is an `Arc`'s clone: no allocation per message.
