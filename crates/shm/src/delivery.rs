@@ -210,15 +210,16 @@ impl SentCounter {
     }
 
     /// Counts one more message accepted for sending; every [`QUEUE_LOOK_EVERY`] messages
-    /// `figures.queued` is set to what is sent and not taken, so reading the receivers'
-    /// counter stays rare.
+    /// `figures.queued` is set to what is sent and not taken, less what the rings of gone
+    /// receivers held as last counted (no receiver will take those: not queued, lost), so
+    /// reading the receivers' counter stays rare.
     pub(crate) fn note_sent(&mut self, figures: &ferromq_core::SendFigures) {
         self.n_sent += 1;
         if self.n_sent.is_multiple_of(QUEUE_LOOK_EVERY) {
             self.known_taken = self.n_taken();
             figures
                 .queued
-                .store(self.untaken(self.known_taken), Ordering::Relaxed);
+                .store(self.in_window(self.known_taken), Ordering::Relaxed);
         }
     }
 
@@ -484,6 +485,34 @@ mod tests {
         assert_eq!(second.in_flight(), 1);
         second_receiver.count_taken();
         assert_eq!(second.in_flight(), 0);
+    }
+
+    /// The send-queue figure (`top`, the metrics) leaves out what the rings of gone receivers
+    /// held: it said those were queued for as long as the socket lived.
+    #[test]
+    fn the_queue_figure_leaves_out_what_gone_receivers_held() {
+        let (_object, owned, slots) = counters("delivery-queued");
+        let mut sent = SentCounter::claim(&owned, &slots).unwrap();
+        let receiver = TakenCounter::new(Arc::clone(owned.segment()), sent.reference()).unwrap();
+        let figures = ferromq_core::SendFigures::default();
+        for _ in 0..QUEUE_LOOK_EVERY / 2 {
+            sent.note_sent(&figures);
+        }
+        receiver.count_taken();
+        // A receiver died holding 100 of them (as its sender counted at a wait for room).
+        sent.known_lost = 100;
+        for _ in 0..QUEUE_LOOK_EVERY / 2 {
+            sent.note_sent(&figures);
+        }
+        assert_eq!(
+            figures.queued.load(Ordering::Relaxed),
+            QUEUE_LOOK_EVERY - 1 - 100
+        );
+        assert_eq!(
+            sent.in_flight(),
+            QUEUE_LOOK_EVERY - 1,
+            "still in flight for the close"
+        );
     }
 
     /// A count that wraps past its 48 bits keeps its generation, and what is in flight stays
