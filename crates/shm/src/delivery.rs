@@ -13,8 +13,8 @@
 //!   receiver that died, or that finished with it first, held is not waited for: no receiver
 //!   will take it (the socket counts it, `socket.rs`'s `ConnectionRing::finish_gone`, and it
 //!   is still reported lost at the close). A send that waits for room looks for such rings
-//!   once the receivers stopped taking, a send that does not wait (`try_send_parts`) at most
-//!   once per [`SPIN_FOR`] at a full window.
+//!   once the receivers stopped taking, a send that does not wait (`try_send_parts`) at every
+//!   [`ASK_LOST_EVERY`]th refusal for a full window.
 //! - **Close**: the sender waits until every message it accepted was taken; `linger` bounds how
 //!   long it waits *without progress*. What is left then was handed over if its descriptor was
 //!   written to receivers that are all still there (a stopped receiver is): it waits in their
@@ -99,14 +99,17 @@ pub(crate) struct SentCounter {
     /// window, or a receiver killed with the window full would stop every later send; still
     /// in flight for the close, which reports them lost.
     known_lost: u64,
-    /// When a send that does not wait last asked for `known_lost` ([`SentCounter::has_room_now`]).
-    lost_asked_at: Option<Instant>,
+    /// Sends that did not wait refused for a full window ([`SentCounter::has_room_now`]).
+    n_tries_refused: u64,
 }
 
 /// How long a full window is polled by yielding, without the receivers taking anything, before
 /// the sender sleeps between looks: a receiver that keeps taking is followed closely (sleeping
 /// a timer tick would leave it idle), a stalled one costs no CPU.
 pub(crate) const SPIN_FOR: Duration = Duration::from_micros(200);
+/// How often (in refusals for a full window) a send that does not wait asks what the rings of
+/// gone receivers held.
+const ASK_LOST_EVERY: u64 = 64;
 /// How often (in messages sent) a sender refreshes the send-queue figure.
 const QUEUE_LOOK_EVERY: u64 = 256;
 pub(crate) const POLL_PAUSE: Duration = Duration::from_millis(1);
@@ -165,7 +168,7 @@ impl SentCounter {
             n_sent: 0,
             known_taken: 0,
             known_lost: 0,
-            lost_asked_at: None,
+            n_tries_refused: 0,
         })
     }
 
@@ -235,22 +238,19 @@ impl SentCounter {
     }
 
     /// [`SentCounter::has_room`] for a send that does not wait: a full window also asks
-    /// `known_lost` (see [`SentCounter::wait_for_room`]), at most once per [`SPIN_FOR`], so a
-    /// sender that only ever tries is not shut out for good by a receiver that died holding the
-    /// window full, and one that tries at a window a live receiver keeps full does not look at
-    /// the rings at every try.
+    /// `known_lost` (see [`SentCounter::wait_for_room`]) at every [`ASK_LOST_EVERY`]th refusal,
+    /// so a sender that only ever tries is not shut out for good by a receiver that died
+    /// holding the window full, and one that tries at a window a live receiver keeps full (a
+    /// device's send tries first, then waits) neither looks at the rings nor reads the clock
+    /// at every try.
     pub(crate) fn has_room_now(&mut self, capacity: usize, known_lost: impl Fn() -> u64) -> bool {
         if self.has_room(capacity) {
             return true;
         }
-        let now = Instant::now();
-        if self
-            .lost_asked_at
-            .is_some_and(|asked_at| now - asked_at < SPIN_FOR)
-        {
+        self.n_tries_refused += 1;
+        if !self.n_tries_refused.is_multiple_of(ASK_LOST_EVERY) {
             return false;
         }
-        self.lost_asked_at = Some(now);
         self.known_lost = known_lost();
         self.in_window(self.known_taken) < capacity as u64
     }
