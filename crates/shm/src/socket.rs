@@ -3355,6 +3355,9 @@ impl Socket for ShmSocket {
             }
             None => 0,
         };
+        // Of those, what the rings of receivers that died or finished first held: the wait
+        // does not wait for them, so no linger went by for them.
+        let n_left_by_gone = self.inner.lost_in_gone_rings().min(n_untaken);
         // Then, as late as the carrier is still open: what was handed over to this socket in
         // rings it has not adopted yet is counted with the rest (`finish_rings`, below),
         // including a ring that a pair's peer announced during that wait.
@@ -3386,12 +3389,23 @@ impl Socket for ShmSocket {
                 tracing::info!(channel = %label, n_messages = n_untaken, "handed over to receivers that have not taken them yet");
                 return Ok(());
             }
+            let reason = if n_left_by_gone == n_untaken {
+                "their receivers left before taking them".to_owned()
+            } else if n_left_by_gone > 0 {
+                format!(
+                    "{n_left_by_gone} of them were in the rings of receivers that left; the \
+                     receivers took none of the others for linger = {linger:?}, and one of them \
+                     is gone"
+                )
+            } else {
+                format!(
+                    "the receivers took none of them for linger = {linger:?} and one of them is gone"
+                )
+            };
             Err(Error::Undelivered {
                 channel: label.clone(),
                 n_messages: n_untaken,
-                reason: format!(
-                    "the receivers took none of them for linger = {linger:?} and one of them is gone"
-                ),
+                reason,
             })
         };
         // Whether the receivers hold what they did not take is asked before the rings are

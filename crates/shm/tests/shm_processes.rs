@@ -149,6 +149,10 @@ fn main() {
             killed_receiver_frees_the_window_for_tries,
         ),
         trial(
+            "a_pair_whose_only_peer_was_killed_reports_what_it_held_as_left_not_lingered_on",
+            pair_close_after_its_only_peer_was_killed,
+        ),
+        trial(
             "messages_a_receiver_left_queued_when_it_exited_are_reported_undelivered",
             receiver_exits_with_messages_queued,
         ),
@@ -1971,6 +1975,52 @@ fn killed_receiver_frees_the_window_for_tries() -> Result<()> {
     )
 }
 
+/// A pair whose only peer was SIGKILLed holding its window full closes without waiting
+/// linger for those 5 (no receiver will take them), and says so: the close said "the receivers
+/// took none of them for linger = 60s and one of them is gone", a linger it never waited.
+fn pair_close_after_its_only_peer_was_killed() -> Result<()> {
+    let session = Session::new("window-pair-alone");
+    block_on(async {
+        let transport = session.transport();
+        let address = session.ipc("window");
+        let config = ChannelConfig {
+            socket_type: SocketType::Pair,
+            ..push_with(&address, 5, 60_000)
+        };
+        let mut pair = Channel::open(&transport, config, "data").await?;
+        pair.bind_configured().await?;
+        let env = [
+            ("COUNT", "5".to_owned()),
+            ("PATTERN", "pair".to_owned()),
+            ("GATED", "1".to_owned()),
+        ];
+        let mut peer = ChildRole::spawn_held("taker", &session, &address, &env);
+        ensure!(peer.line().await? == "CONNECTED");
+        for msg_idx in 0..5 {
+            let mut message = transport.new_message(4096).await?;
+            fill(&mut message, msg_idx);
+            pair.send_timeout(message, STEP)
+                .await
+                .map_err(|failed| failed.error)?;
+        }
+        let mut sixth = transport.new_message(4096).await?;
+        fill(&mut sixth, 5);
+        refused_by_a_full_window(&mut pair, sixth).await?;
+        signal(&peer.child, "KILL")?;
+        peer.child.wait().await?;
+        let closed = tokio::time::timeout(STEP, pair.close()).await?;
+        ensure!(
+            matches!(
+                &closed,
+                Err(ferromq_core::Error::Undelivered { n_messages: 5, reason, .. })
+                    if reason == "their receivers left before taking them"
+            ),
+            "the 5 the killed peer held are reported as left by it: {closed:?}"
+        );
+        Ok(())
+    })
+}
+
 /// How the sender of [`frees_the_window`] sends to the second receiver.
 #[derive(Clone, Copy, PartialEq)]
 enum Sends {
@@ -2075,10 +2125,12 @@ fn frees_the_window(socket_type: SocketType, leaves: FirstLeaves, sends: Sends) 
         let closed = push.close().await;
         ensure!(
             matches!(
-                closed,
-                Err(ferromq_core::Error::Undelivered { n_messages: 5, .. })
+                &closed,
+                Err(ferromq_core::Error::Undelivered { n_messages: 5, reason, .. })
+                    if reason == "their receivers left before taking them"
             ),
-            "the first receiver's 5 are reported lost: {closed:?}"
+            "the first receiver's 5 are reported lost, as left by a receiver that is gone (no \
+             linger was waited for them): {closed:?}"
         );
         if leaves == FirstLeaves::ClosedAfterSome {
             first.release();
