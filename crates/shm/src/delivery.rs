@@ -307,15 +307,17 @@ impl SentCounter {
 
     /// Waits until every message sent was taken, giving up after `linger` in which nothing was
     /// taken, or once only those no receiver will take are left (`known_lost`, asked at each
-    /// look); returns how many were not taken, those included.
+    /// look); returns how many were not taken, those included, and how many of them no receiver
+    /// will take as `known_lost` said at the last look (not waited for).
     pub(crate) async fn wait_until_taken(
         &self,
         linger: Duration,
         known_lost: impl Fn() -> u64,
-    ) -> u64 {
+    ) -> (u64, u64) {
         let mut left = self.in_flight();
         let mut progress_at = Instant::now();
-        while left > known_lost() {
+        let mut lost = known_lost();
+        while left > lost {
             if progress_at.elapsed() >= linger {
                 break;
             }
@@ -325,8 +327,9 @@ impl SentCounter {
                 progress_at = Instant::now();
             }
             left = now_left;
+            lost = known_lost();
         }
-        left
+        (left, lost.min(left))
     }
 }
 

@@ -3348,16 +3348,15 @@ impl Socket for ShmSocket {
         // A counting sender first waits until its receivers took everything it accepted;
         // `linger` bounds the silence, not the whole drain. Not for what the rings of dead or
         // finished receivers held: no receiver will take that (it is counted all the same).
-        let n_untaken = match &self.sent {
+        // `n_left_by_gone`: of those, what the rings of receivers that died or finished first
+        // held, which was not waited for.
+        let (n_untaken, n_left_by_gone) = match &self.sent {
             Some(sent) => {
                 sent.wait_until_taken(linger, || self.inner.lost_in_gone_rings())
                     .await
             }
-            None => 0,
+            None => (0, 0),
         };
-        // Of those, what the rings of receivers that died or finished first held: the wait
-        // does not wait for them, so no linger went by for them.
-        let n_left_by_gone = self.inner.lost_in_gone_rings().min(n_untaken);
         // Then, as late as the carrier is still open: what was handed over to this socket in
         // rings it has not adopted yet is counted with the rest (`finish_rings`, below),
         // including a ring that a pair's peer announced during that wait.
