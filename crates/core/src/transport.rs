@@ -272,8 +272,8 @@ pub trait Socket: Send {
 #[derive(Debug, Default)]
 pub struct SendFigures {
     /// Messages accepted by `send` and not handed on yet: zeromq, not yet written to the kernel
-    /// (push) or encoded for the wire (other patterns); shmem, not yet taken by a receiver (as
-    /// of recently).
+    /// (push) or encoded for the wire (other patterns); shmem, not yet taken by a receiver, less
+    /// what the rings of receivers that are gone held (as of recently).
     pub queued: AtomicU64,
     /// Nanoseconds sends spent waiting for room (`sndBufSize`, a full segment) or for a peer,
     /// in finished waits.

@@ -42,7 +42,7 @@
 //! # Cancellation and peer death
 //! Waiting for room or for the close is cancel-safe: nothing is taken or sent while waiting.
 //! A receiver that dies takes nothing more: once its connection's ring is dropped (the wait
-//! looks), what it held leaves the window and the close's wait; otherwise the sender's wait
+//! looks, and so does a send that does not wait, at every [`ASK_LOST_EVERY`]th refusal), what it held leaves the window and the close's wait; otherwise the sender's wait
 //! ends after `linger` of silence (close, which then reports what was not taken) or at the
 //! send timeout (send).
 
@@ -516,6 +516,35 @@ mod tests {
             QUEUE_LOOK_EVERY - 1,
             "still in flight for the close"
         );
+    }
+
+    /// A send that does not wait asks what gone receivers held at every [`ASK_LOST_EVERY`]th
+    /// refusal for a full window, not at each (a device's send tries at every message), and is
+    /// let through once that frees room.
+    #[test]
+    fn a_try_asks_what_gone_receivers_held_every_so_often() {
+        let (_object, owned, slots) = counters("delivery-try-asks");
+        let mut sent = SentCounter::claim(&owned, &slots).unwrap();
+        let figures = ferromq_core::SendFigures::default();
+        for _ in 0..5 {
+            sent.note_sent(&figures);
+        }
+        let asked = std::cell::Cell::new(0);
+        let known_lost = || {
+            asked.set(asked.get() + 1);
+            5
+        };
+        for _ in 1..ASK_LOST_EVERY {
+            assert!(!sent.has_room_now(5, known_lost));
+        }
+        assert_eq!(
+            asked.get(),
+            0,
+            "asked before the {ASK_LOST_EVERY}th refusal"
+        );
+        assert!(sent.has_room_now(5, known_lost));
+        assert_eq!(asked.get(), 1);
+        assert_eq!(sent.in_flight(), 5, "still in flight for the close");
     }
 
     /// A count that wraps past its 48 bits keeps its generation, and what is in flight stays

@@ -3889,13 +3889,19 @@ impl ShmSocket {
     /// gives back the entry's reference to the block holding its record, if any: a receiver
     /// killed in between leaks that block rather than have its sender, which releases what a
     /// dead receiver's ring holds, release it again. The ring may be gone: its entries left it
-    /// when it was dropped.
+    /// when it was dropped. Not when the entry's message is handed out: a ring stays while
+    /// entries taken from it wait in `pending`, and only a close or a drop, which hand nothing
+    /// out, drops it earlier; its count is the ring's ([`AdoptedRing::release`]).
     fn give_up(&mut self, entry: TakenEntry, handed_out: bool) {
-        if let Some(adopted) = self
+        let ring = self
             .rings
             .iter_mut()
-            .find(|adopted| adopted.id == entry.ring_id)
-        {
+            .find(|adopted| adopted.id == entry.ring_id);
+        debug_assert!(
+            ring.is_some() || !handed_out,
+            "a message handed out after its ring was dropped goes uncounted"
+        );
+        if let Some(adopted) = ring {
             adopted.release(entry.end, handed_out);
         }
         if let Some((mapped, range)) = entry.indirect {
