@@ -42,9 +42,10 @@
 //! # Cancellation and peer death
 //! Waiting for room or for the close is cancel-safe: nothing is taken or sent while waiting.
 //! A receiver that dies takes nothing more: once its connection's ring is dropped (the wait
-//! looks, and so does a send that does not wait, at every [`ASK_LOST_EVERY`]th refusal), what it held leaves the window and the close's wait; otherwise the sender's wait
-//! ends after `linger` of silence (close, which then reports what was not taken) or at the
-//! send timeout (send).
+//! looks, and so does a send that does not wait, at every [`ASK_LOST_EVERY`]th refusal), what
+//! it held leaves the window and the close's wait; otherwise the sender's wait ends after
+//! `linger` of silence (close, which then reports what was not taken) or at the send timeout
+//! (send).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -252,7 +253,7 @@ impl SentCounter {
             return false;
         }
         self.known_lost = known_lost();
-        self.in_window(self.known_taken) < capacity as u64
+        self.has_room(capacity)
     }
 
     /// Waits until the window holds fewer than `capacity` messages (0: no bound); false when

@@ -3674,6 +3674,7 @@ impl ShmSocket {
         let delivery = self.decoded.delivery;
         // One sender's counter serves frame after frame: looked up when it changes.
         let taken = match &self.last_taken {
+            // Counted by its ring instead.
             _ if from_ring => None,
             Some((known, taken)) if *known == delivery => Some(Arc::clone(taken)),
             _ => {
